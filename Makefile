@@ -1,0 +1,47 @@
+# kedge - see README.md. The two user-facing targets are `make demo` and `make test`.
+SHELL := /bin/bash
+GO ?= go
+export CGO_ENABLED := 0
+BIN := bin/kedge
+
+.PHONY: all deps generate check-generated build test test-unit test-kernels demo vet clean cleanup fuzz
+
+all: build
+
+deps:
+	@./scripts/deps.sh
+
+# Regenerates the bpf2go bindings (Go + .o) from bpf/. Output is committed.
+generate: deps
+	@$(GO) generate ./...
+
+# Fails when the committed bindings differ from what `make generate` produces.
+check-generated: generate
+	@if [ -n "$$(git status --porcelain -- internal)" ]; then \
+		echo "generated BPF bindings are stale - run 'make generate' and commit the result:"; \
+		git status --porcelain -- internal; exit 1; fi
+
+build: deps
+	@$(GO) build -trimpath -ldflags "-s -w" -o $(BIN) ./cmd/kedge
+
+vet:
+	@$(GO) vet ./...
+
+test: check-generated build vet
+	@./scripts/test.sh
+
+fuzz: build
+	@$(GO) test ./internal/parsetest -run '^$$' -fuzz FuzzParse -fuzztime 60s
+
+test-kernels: build
+	@$(GO) run ./tools/vmtest -all
+
+demo: build
+	@./$(BIN) cleanup --quiet
+	@./$(BIN) demo
+
+cleanup: build
+	@./$(BIN) cleanup
+
+clean:
+	rm -rf bin

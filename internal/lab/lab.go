@@ -1,0 +1,315 @@
+// Package lab builds network-namespace topologies for kedge's tests, demo and benchmarks.
+//
+// A lab is a set of hosts (one namespace each, one interface eth0) joined by a fabric
+// namespace: a bridge (one L2 segment) or a router (one subnet per host, forwarding on).
+// Addresses come from fixed test ranges (198.18.0.0/15, RFC 2544; 2001:db8::/32, RFC 3849),
+// neighbours are static and IPv6 DAD is off, so a lab is usable the moment Up returns.
+// Every name carries the kedge-<pid>- prefix; Close (or, after a crash, CleanupStale)
+// removes everything. Nothing is ever created in the caller's namespace.
+package lab
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Fabric selects how hosts are joined.
+type Fabric int
+
+const (
+	// Bridge puts every host on one L2 segment (198.18.0.0/24, 2001:db8::/64).
+	Bridge Fabric = iota
+	// Router gives host i the subnet 198.18.i.0/24 (2001:db8:i::/64) with the fabric
+	// namespace routing between them (.1 is the router, .2 the host).
+	Router
+)
+
+// Spec declares a topology.
+type Spec struct {
+	Name   string   // short lab name, part of every namespace name
+	Fabric Fabric   //
+	Hosts  []string // host names, in order; host i (from 1) gets addresses from i
+	MTU    int      // 0: the veth default (1500)
+}
+
+// Host is one namespace with its interface eth0.
+type Host struct {
+	*Netns
+	HostName string
+	Index    int // 1-based position in Spec.Hosts
+	Iface    string
+	IfIndex  int
+	MAC      net.HardwareAddr
+	IPv4     netip.Addr
+	IPv6     netip.Addr
+	Gateway4 netip.Addr // Router fabric only
+	Gateway6 netip.Addr
+}
+
+// Lab is a running topology. Close removes it.
+type Lab struct {
+	Spec   Spec
+	Fabric *Netns
+	Hosts  []*Host
+	byName map[string]*Host
+}
+
+const hostIface = "eth0"
+
+// Up builds the topology. On error everything created so far is removed.
+func Up(spec Spec) (_ *Lab, err error) {
+	if spec.Name == "" || len(spec.Hosts) == 0 {
+		return nil, errors.New("lab spec needs a name and at least one host")
+	}
+	if len(spec.Hosts) > 200 {
+		return nil, fmt.Errorf("lab spec has %d hosts, at most 200 fit the address plan", len(spec.Hosts))
+	}
+	l := &Lab{Spec: spec, byName: map[string]*Host{}}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, l.Close())
+		}
+	}()
+	if l.Fabric, err = NewNetns(OwnedName(spec.Name + "-fabric")); err != nil {
+		return nil, err
+	}
+	if err := l.setupFabric(); err != nil {
+		return nil, err
+	}
+	for i, name := range spec.Hosts {
+		if _, dup := l.byName[name]; dup {
+			return nil, fmt.Errorf("lab spec names host %q twice", name)
+		}
+		ns, err := NewNetns(OwnedName(spec.Name + "-" + name))
+		if err != nil {
+			return nil, err
+		}
+		h := &Host{Netns: ns, HostName: name, Index: i + 1, Iface: hostIface}
+		l.Hosts = append(l.Hosts, h)
+		l.byName[name] = h
+		if err := l.connect(h); err != nil {
+			return nil, fmt.Errorf("connect host %s: %w", name, err)
+		}
+	}
+	if err := l.staticNeighbours(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Host returns the named host or nil.
+func (l *Lab) Host(name string) *Host { return l.byName[name] }
+
+// Close deletes every namespace of the lab (hosts first, then the fabric).
+func (l *Lab) Close() error {
+	var errs []error
+	for i := len(l.Hosts) - 1; i >= 0; i-- {
+		errs = append(errs, l.Hosts[i].Close())
+	}
+	errs = append(errs, l.Fabric.Close())
+	return errors.Join(errs...)
+}
+
+func (l *Lab) setupFabric() error {
+	h, err := netlink.NewHandleAt(l.Fabric.Handle)
+	if err != nil {
+		return fmt.Errorf("open netlink in fabric: %w", err)
+	}
+	defer h.Close()
+	if err := linkUpByName(h, "lo"); err != nil {
+		return err
+	}
+	switch l.Spec.Fabric {
+	case Bridge:
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
+		if err := h.LinkAdd(br); err != nil {
+			return fmt.Errorf("add bridge: %w", err)
+		}
+		return linkUpByName(h, "br0")
+	case Router:
+		for _, k := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+			if err := l.Fabric.SetSysctl(k, "1"); err != nil {
+				return fmt.Errorf("enable forwarding in fabric: %w", err)
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown fabric kind %d", l.Spec.Fabric)
+}
+
+// addresses returns (host v4, host v6, gateway v4, gateway v6, prefix lengths) for host i.
+func (l *Lab) addresses(i int) (h4, h6, g4, g6 netip.Addr, p4, p6 int) {
+	if l.Spec.Fabric == Router {
+		h4 = netip.AddrFrom4([4]byte{198, 18, byte(i), 2})
+		g4 = netip.AddrFrom4([4]byte{198, 18, byte(i), 1})
+		h6 = v6(uint16(i), 2)
+		g6 = v6(uint16(i), 1)
+		return h4, h6, g4, g6, 24, 64
+	}
+	return netip.AddrFrom4([4]byte{198, 18, 0, byte(10 + i)}), v6(0, uint16(10+i)), netip.Addr{}, netip.Addr{}, 24, 64
+}
+
+func v6(subnet, host uint16) netip.Addr {
+	return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, byte(subnet >> 8), byte(subnet), 14: byte(host >> 8), 15: byte(host)})
+}
+
+// connect creates eth0 in the host with its peer v-<index> in the fabric, addresses and routes.
+func (l *Lab) connect(host *Host) error {
+	hh, err := netlink.NewHandleAt(host.Handle)
+	if err != nil {
+		return fmt.Errorf("open netlink in host: %w", err)
+	}
+	defer hh.Close()
+	fh, err := netlink.NewHandleAt(l.Fabric.Handle)
+	if err != nil {
+		return fmt.Errorf("open netlink in fabric: %w", err)
+	}
+	defer fh.Close()
+
+	peer := fmt.Sprintf("v%d", host.Index)
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: hostIface, MTU: l.Spec.MTU},
+		PeerName:      peer,
+		PeerNamespace: netlink.NsFd(int(l.Fabric.Handle)),
+		PeerMTU:       uint32(l.Spec.MTU),
+	}
+	if err := hh.LinkAdd(veth); err != nil {
+		return fmt.Errorf("add veth %s/%s: %w", hostIface, peer, err)
+	}
+	h4, h6, g4, g6, p4, p6 := l.addresses(host.Index)
+	host.IPv4, host.IPv6, host.Gateway4, host.Gateway6 = h4, h6, g4, g6
+
+	if err := linkUpByName(hh, "lo"); err != nil {
+		return err
+	}
+	link, err := hh.LinkByName(hostIface)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", hostIface, err)
+	}
+	host.IfIndex, host.MAC = link.Attrs().Index, link.Attrs().HardwareAddr
+	if err := addAddrs(hh, link, netip.PrefixFrom(h4, p4), netip.PrefixFrom(h6, p6)); err != nil {
+		return err
+	}
+	if err := hh.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up: %w", hostIface, err)
+	}
+
+	plink, err := fh.LinkByName(peer)
+	if err != nil {
+		return fmt.Errorf("find fabric %s: %w", peer, err)
+	}
+	switch l.Spec.Fabric {
+	case Bridge:
+		br, err := fh.LinkByName("br0")
+		if err != nil {
+			return fmt.Errorf("find br0: %w", err)
+		}
+		if err := fh.LinkSetMaster(plink, br); err != nil {
+			return fmt.Errorf("attach %s to br0: %w", peer, err)
+		}
+	case Router:
+		if err := addAddrs(fh, plink, netip.PrefixFrom(g4, p4), netip.PrefixFrom(g6, p6)); err != nil {
+			return err
+		}
+		for _, gw := range []netip.Addr{g4, g6} {
+			r := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw.AsSlice()}
+			if gw.Is4() {
+				r.Dst = &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}
+			} else {
+				r.Dst = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+			}
+			if err := hh.RouteAdd(r); err != nil {
+				return fmt.Errorf("add default route via %s: %w", gw, err)
+			}
+		}
+	}
+	if err := fh.LinkSetUp(plink); err != nil {
+		return fmt.Errorf("set %s up: %w", peer, err)
+	}
+	return nil
+}
+
+// staticNeighbours fills every neighbour table so no ARP/ND happens during measurements.
+func (l *Lab) staticNeighbours() error {
+	fh, err := netlink.NewHandleAt(l.Fabric.Handle)
+	if err != nil {
+		return fmt.Errorf("open netlink in fabric: %w", err)
+	}
+	defer fh.Close()
+	for _, h := range l.Hosts {
+		hh, err := netlink.NewHandleAt(h.Handle)
+		if err != nil {
+			return fmt.Errorf("open netlink in %s: %w", h.HostName, err)
+		}
+		switch l.Spec.Fabric {
+		case Bridge:
+			for _, o := range l.Hosts {
+				if o == h {
+					continue
+				}
+				err = addNeigh(hh, h.IfIndex, o.MAC, o.IPv4, o.IPv6)
+				if err != nil {
+					break
+				}
+			}
+		case Router:
+			var plink netlink.Link
+			plink, err = fh.LinkByName(fmt.Sprintf("v%d", h.Index))
+			if err == nil {
+				err = addNeigh(hh, h.IfIndex, plink.Attrs().HardwareAddr, h.Gateway4, h.Gateway6)
+			}
+			if err == nil {
+				err = addNeigh(fh, plink.Attrs().Index, h.MAC, h.IPv4, h.IPv6)
+			}
+		}
+		hh.Close()
+		if err != nil {
+			return fmt.Errorf("static neighbours for %s: %w", h.HostName, err)
+		}
+	}
+	return nil
+}
+
+func addNeigh(h *netlink.Handle, ifindex int, mac net.HardwareAddr, ips ...netip.Addr) error {
+	for _, ip := range ips {
+		n := &netlink.Neigh{LinkIndex: ifindex, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}
+		if ip.Is4() {
+			n.Family = unix.AF_INET
+		} else {
+			n.Family = unix.AF_INET6
+		}
+		if err := h.NeighSet(n); err != nil {
+			return fmt.Errorf("add neighbour %s: %w", ip, err)
+		}
+	}
+	return nil
+}
+
+func addAddrs(h *netlink.Handle, link netlink.Link, prefixes ...netip.Prefix) error {
+	for _, p := range prefixes {
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+		if p.Addr().Is6() {
+			a.Flags = unix.IFA_F_NODAD
+		}
+		if err := h.AddrAdd(link, a); err != nil {
+			return fmt.Errorf("add address %s to %s: %w", p, link.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
+func linkUpByName(h *netlink.Handle, name string) error {
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", name, err)
+	}
+	if err := h.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up: %w", name, err)
+	}
+	return nil
+}

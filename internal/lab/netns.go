@@ -1,0 +1,184 @@
+package lab
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netns"
+)
+
+// Prefix starts the name of everything kedge creates (namespaces, pin directories), so
+// leftovers are recognisable. Namespace names are Prefix-<owner pid>-<rest>.
+const Prefix = "kedge"
+
+// NetnsDir is where named network namespaces are bind-mounted (as `ip netns` does).
+const NetnsDir = "/run/netns"
+
+// Netns is a named network namespace owned by this process.
+type Netns struct {
+	Name   string
+	Handle netns.NsHandle
+}
+
+// OwnedName returns Prefix-<pid>-<name>: the owner pid lets CleanupStale tell a live run's
+// namespaces from a killed run's.
+func OwnedName(name string) string {
+	return fmt.Sprintf("%s-%d-%s", Prefix, os.Getpid(), name)
+}
+
+// NewNetns creates the named namespace (bind-mounted under NetnsDir) without moving the
+// calling goroutine into it.
+func NewNetns(name string) (*Netns, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("get current netns: %w", err)
+	}
+	defer orig.Close()
+	h, err := netns.NewNamed(name)
+	if err != nil {
+		_ = netns.Set(orig)
+		return nil, fmt.Errorf("create netns %s: %w", name, err)
+	}
+	if err := netns.Set(orig); err != nil {
+		// The thread is stuck in the new namespace: keep it locked so Go retires it.
+		runtime.LockOSThread()
+		h.Close()
+		return nil, fmt.Errorf("return to original netns: %w", err)
+	}
+	return &Netns{Name: name, Handle: h}, nil
+}
+
+// Path is the namespace's bind-mount path (usable with nsenter --net=PATH).
+func (n *Netns) Path() string { return filepath.Join(NetnsDir, n.Name) }
+
+// Close deletes the namespace; the kernel destroys its interfaces (and the peers of its
+// veths), qdiscs and attached programs once no process or fd holds it.
+func (n *Netns) Close() error {
+	if n == nil || n.Handle == -1 {
+		return nil
+	}
+	n.Handle.Close()
+	n.Handle = -1
+	if err := netns.DeleteNamed(n.Name); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("delete netns %s: %w", n.Name, err)
+	}
+	return nil
+}
+
+// Do runs fn on an OS thread that is inside the namespace. fn must not start goroutines
+// that expect to be in the namespace; sockets it opens stay in the namespace afterwards.
+func (n *Netns) Do(fn func() error) error {
+	return doIn(n.Handle, fn)
+}
+
+func doIn(h netns.NsHandle, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- fmt.Errorf("get current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(h); err != nil {
+			errc <- fmt.Errorf("enter netns: %w", err)
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			// Leave the thread locked: Go terminates it when this goroutine exits.
+			errc <- errors.Join(ferr, fmt.Errorf("return to original netns: %w", err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// Start starts cmd with its network namespace set to n (the child inherits the namespace
+// of the thread that forks it).
+func (n *Netns) Start(cmd *exec.Cmd) error {
+	return n.Do(cmd.Start)
+}
+
+// Command returns an exec.Cmd; start it with Start (not cmd.Start) to run it in n.
+func (n *Netns) Command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
+// Run runs a command in n and returns its combined output.
+func (n *Netns) Run(name string, args ...string) (string, error) {
+	cmd := n.Command(name, args...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := n.Start(cmd); err != nil {
+		return "", fmt.Errorf("start %s: %w", name, err)
+	}
+	if err := cmd.Wait(); err != nil {
+		return out.String(), fmt.Errorf("run %s %s: %w: %s", name, strings.Join(args, " "), err, out.String())
+	}
+	return out.String(), nil
+}
+
+// SetSysctl writes a per-namespace sysctl (e.g. "net/ipv4/ip_forward") inside n.
+func (n *Netns) SetSysctl(key, value string) error {
+	return n.Do(func() error {
+		return os.WriteFile(filepath.Join("/proc/sys", key), []byte(value), 0o644)
+	})
+}
+
+// OwnerPID parses the owner pid from a kedge namespace name; ok is false for other names.
+func OwnerPID(name string) (pid int, ok bool) {
+	rest, found := strings.CutPrefix(name, Prefix+"-")
+	if !found {
+		return 0, false
+	}
+	p, _, _ := strings.Cut(rest, "-")
+	pid, err := strconv.Atoi(p)
+	return pid, err == nil && pid > 0
+}
+
+// ProcessAlive reports whether pid names a running process.
+func ProcessAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// CleanupStale deletes kedge namespaces whose owner process is gone (all: every kedge
+// namespace, including a live run's). It returns the names it removed.
+func CleanupStale(all bool) ([]string, error) {
+	entries, err := os.ReadDir(NetnsDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", NetnsDir, err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		pid, ok := OwnerPID(e.Name())
+		if !ok || (!all && (ProcessAlive(pid) || pid == os.Getpid())) {
+			continue
+		}
+		if err := netns.DeleteNamed(e.Name()); err != nil {
+			errs = append(errs, fmt.Errorf("delete netns %s: %w", e.Name(), err))
+			continue
+		}
+		removed = append(removed, e.Name())
+	}
+	return removed, errors.Join(errs...)
+}

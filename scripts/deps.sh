@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what building and testing kedge needs on Debian 12, idempotently and quietly.
+# Called by `make deps` (and so by `make test` and `make demo`). Prints only what it installs.
+set -euo pipefail
+
+pkgs=(clang-19 llvm-19 libbpf-dev bpftool iproute2 ethtool python3 busybox-static cpio
+      qemu-system-x86 dnsutils iperf3 ca-certificates)
+missing=()
+for p in "${pkgs[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "deps: missing packages: ${missing[*]} - run as root (kedge's tests need root anyway)" >&2
+		exit 1
+	fi
+	echo "deps: installing ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq >/dev/null
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! command -v go >/dev/null 2>&1; then
+	echo "deps: Go is not installed; install Go >= 1.24 (https://go.dev/doc/install) and re-run" >&2
+	exit 1
+fi
+go mod download
