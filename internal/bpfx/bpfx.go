@@ -1,0 +1,88 @@
+// Package bpfx is kedge's loader and attach layer: loading collections with readable
+// verifier errors, attaching TC programs (TCX, falling back to clsact before 6.6) and XDP
+// programs (native, falling back to generic) inside a given network namespace, and the
+// kedge-owned bpffs directory for pins. Every attachment is an io.Closer that detaches.
+package bpfx
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
+	"github.com/vishvananda/netns"
+)
+
+// LoadError wraps a load failure; its message carries the verifier log's last lines, and
+// Full() the whole log (shown with kedge -v).
+type LoadError struct {
+	What string
+	err  error
+}
+
+func (e *LoadError) Error() string {
+	var ve *ebpf.VerifierError
+	if errors.As(e.err, &ve) {
+		return fmt.Sprintf("load %s: verifier rejected the program: %v (run with -v for the full verifier log)", e.What, ve)
+	}
+	if errors.Is(e.err, ebpf.ErrNotSupported) {
+		return fmt.Sprintf("load %s: %v - see 'kedge probe' for what this kernel offers", e.What, e.err)
+	}
+	return fmt.Sprintf("load %s: %v", e.What, e.err)
+}
+
+func (e *LoadError) Unwrap() error { return e.err }
+
+// Full returns the complete verifier log, or the plain error.
+func (e *LoadError) Full() string {
+	var ve *ebpf.VerifierError
+	if errors.As(e.err, &ve) {
+		return fmt.Sprintf("%+v", ve)
+	}
+	return e.err.Error()
+}
+
+// LoadAndAssign loads spec into to (a bpf2go objects struct). It never requires raising
+// RLIMIT_MEMLOCK: on kernels with memcg accounting (5.11+) the rlimit does not apply, and
+// on older ones RemoveMemlock's failure is reported only if loading then fails.
+func LoadAndAssign(what string, spec *ebpf.CollectionSpec, to any, opts *ebpf.CollectionOptions) error {
+	memlockErr := rlimit.RemoveMemlock()
+	if err := spec.LoadAndAssign(to, opts); err != nil {
+		if memlockErr != nil {
+			err = errors.Join(err, fmt.Errorf("raise RLIMIT_MEMLOCK: %w", memlockErr))
+		}
+		return &LoadError{What: what, err: err}
+	}
+	return nil
+}
+
+// InNetns runs fn on a thread inside ns (ns < 0: the caller's namespace). Interface indexes
+// are per namespace, so attaching must happen inside the target namespace.
+func InNetns(ns netns.NsHandle, fn func() error) error {
+	if ns < 0 {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- fmt.Errorf("get current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			errc <- fmt.Errorf("enter netns: %w", err)
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("return to original netns: %w", err))
+			return // thread stays locked; Go retires it
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}

@@ -1,0 +1,86 @@
+package bpfx
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// BPFFS is where kedge expects (and, if absent, mounts) the BPF filesystem.
+const BPFFS = "/sys/fs/bpf"
+
+// PinRoot holds one directory per running kedge instance: <PinRoot>/<name>.<pid>.
+var PinRoot = filepath.Join(BPFFS, "kedge")
+
+// EnsureBPFFS mounts bpffs at BPFFS when nothing is mounted there yet.
+func EnsureBPFFS() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(BPFFS, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := os.MkdirAll(BPFFS, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", BPFFS, err)
+	}
+	if err := unix.Mount("bpf", BPFFS, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpffs at %s: %w (pinning needs a BPF filesystem; mount one with 'mount -t bpf bpf %s')", BPFFS, err, BPFFS)
+	}
+	return nil
+}
+
+// PinDir creates <PinRoot>/<name>.<pid> for this process and returns it.
+func PinDir(name string) (string, error) {
+	if err := EnsureBPFFS(); err != nil {
+		return "", err
+	}
+	dir := filepath.Join(PinRoot, fmt.Sprintf("%s.%d", name, os.Getpid()))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("create pin dir: %w", err)
+	}
+	return dir, nil
+}
+
+// RemovePinDir unpins everything in dir and removes it, and PinRoot when it is empty.
+func RemovePinDir(dir string) error {
+	err := os.RemoveAll(dir)
+	_ = os.Remove(PinRoot) // only succeeds when empty
+	if err != nil {
+		return fmt.Errorf("remove pin dir %s: %w", dir, err)
+	}
+	return nil
+}
+
+// PinInstance is a pin directory with the instance name and owner pid parsed from it.
+type PinInstance struct {
+	Dir  string
+	Name string
+	PID  int
+}
+
+// ListPinDirs returns the instance directories under PinRoot (any owner).
+func ListPinDirs() ([]PinInstance, error) {
+	entries, err := os.ReadDir(PinRoot)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", PinRoot, err)
+	}
+	var out []PinInstance
+	for _, e := range entries {
+		i := strings.LastIndexByte(e.Name(), '.')
+		if i < 0 {
+			continue
+		}
+		pid, err := strconv.Atoi(e.Name()[i+1:])
+		if err != nil {
+			continue
+		}
+		out = append(out, PinInstance{Dir: filepath.Join(PinRoot, e.Name()), Name: e.Name()[:i], PID: pid})
+	}
+	return out, nil
+}

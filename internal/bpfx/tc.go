@@ -1,0 +1,245 @@
+package bpfx
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Direction of a TC attachment.
+type Direction int
+
+const (
+	Ingress Direction = iota
+	Egress
+)
+
+func (d Direction) String() string {
+	if d == Ingress {
+		return "ingress"
+	}
+	return "egress"
+}
+
+// TCMode selects the TC attach mechanism.
+type TCMode int
+
+const (
+	TCAuto   TCMode = iota // TCX when the kernel has it (6.6+), clsact otherwise
+	TCX                    // bpf_link based, detached when the last fd closes
+	TCClsact               // classic cls_bpf filter on a clsact qdisc
+)
+
+func (m TCMode) String() string {
+	return [...]string{"auto", "tcx", "clsact"}[m]
+}
+
+// TCTarget names where to attach.
+type TCTarget struct {
+	Netns   netns.NsHandle // -1: the caller's namespace
+	IfIndex int
+	Dir     Direction
+	Mode    TCMode
+	Name    string // filter name for clsact (prefix "kedge:" added); shown by tc filter show
+}
+
+// Attachment detaches on Close.
+type Attachment interface {
+	Close() error
+	// Mode reports how the program was attached ("tcx", "clsact", "xdp-native", ...).
+	Mode() string
+}
+
+type tcxAttachment struct{ l link.Link }
+
+func (a *tcxAttachment) Close() error { return a.l.Close() }
+func (a *tcxAttachment) Mode() string { return "tcx" }
+
+// FilterPrefix starts the name of every cls_bpf filter kedge adds: kedge:<pid>:<name>.
+// Cleanup recognises a dead run's filters by it.
+const FilterPrefix = "kedge:"
+
+// AttachTC attaches prog at the TC hook of an interface. With TCAuto it uses TCX and falls
+// back to clsact when the kernel lacks TCX.
+func AttachTC(prog *ebpf.Program, t TCTarget) (Attachment, error) {
+	if t.Mode == TCAuto || t.Mode == TCX {
+		a, err := attachTCX(prog, t)
+		if err == nil || t.Mode == TCX || !errors.Is(err, ebpf.ErrNotSupported) {
+			return a, err
+		}
+	}
+	return attachClsact(prog, t)
+}
+
+func attachTCX(prog *ebpf.Program, t TCTarget) (Attachment, error) {
+	at := ebpf.AttachTCXIngress
+	if t.Dir == Egress {
+		at = ebpf.AttachTCXEgress
+	}
+	var l link.Link
+	err := InNetns(t.Netns, func() (err error) {
+		l, err = link.AttachTCX(link.TCXOptions{Interface: t.IfIndex, Program: prog, Attach: at})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("attach tcx %s on ifindex %d: %w", t.Dir, t.IfIndex, err)
+	}
+	return &tcxAttachment{l: l}, nil
+}
+
+type clsactAttachment struct {
+	ns         netns.NsHandle
+	filter     *netlink.BpfFilter
+	addedQdisc bool
+}
+
+func (a *clsactAttachment) Mode() string { return "clsact" }
+
+func (a *clsactAttachment) Close() error {
+	h, err := netlinkHandle(a.ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	var errs []error
+	if err := h.FilterDel(a.filter); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) {
+		errs = append(errs, fmt.Errorf("delete tc filter %s: %w", a.filter.Name, err))
+	}
+	if a.addedQdisc {
+		errs = append(errs, removeClsactIfUnused(h, a.filter.LinkIndex))
+	}
+	return errors.Join(errs...)
+}
+
+func netlinkHandle(ns netns.NsHandle) (*netlink.Handle, error) {
+	var h *netlink.Handle
+	var err error
+	if ns < 0 {
+		h, err = netlink.NewHandle()
+	} else {
+		h, err = netlink.NewHandleAt(ns)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open netlink: %w", err)
+	}
+	return h, nil
+}
+
+func clsactQdisc(ifindex int) *netlink.GenericQdisc {
+	return &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+		QdiscType:  "clsact",
+	}
+}
+
+func attachClsact(prog *ebpf.Program, t TCTarget) (Attachment, error) {
+	h, err := netlinkHandle(t.Netns)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	a := &clsactAttachment{ns: t.Netns}
+	if err := h.QdiscAdd(clsactQdisc(t.IfIndex)); err == nil {
+		a.addedQdisc = true
+	} else if !errors.Is(err, unix.EEXIST) {
+		return nil, fmt.Errorf("add clsact qdisc on ifindex %d: %w (kernel without sch_ingress/clsact? see 'kedge probe')", t.IfIndex, err)
+	}
+	parent := uint32(netlink.HANDLE_MIN_INGRESS)
+	if t.Dir == Egress {
+		parent = netlink.HANDLE_MIN_EGRESS
+	}
+	a.filter = &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: t.IfIndex, Parent: parent, Handle: 1,
+			Protocol: unix.ETH_P_ALL, Priority: 1,
+		},
+		Fd:           prog.FD(),
+		Name:         fmt.Sprintf("%s%d:%s", FilterPrefix, os.Getpid(), t.Name),
+		DirectAction: true,
+	}
+	if err := h.FilterAdd(a.filter); err != nil {
+		if a.addedQdisc {
+			_ = h.QdiscDel(clsactQdisc(t.IfIndex))
+		}
+		return nil, fmt.Errorf("add tc %s filter on ifindex %d: %w", t.Dir, t.IfIndex, err)
+	}
+	return a, nil
+}
+
+// removeClsactIfUnused deletes the clsact qdisc when no filter is left on either hook.
+func removeClsactIfUnused(h *netlink.Handle, ifindex int) error {
+	link, err := h.LinkByIndex(ifindex)
+	if err != nil {
+		return nil // interface gone, qdisc with it
+	}
+	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+		fs, err := h.FilterList(link, parent)
+		if err != nil || len(fs) > 0 {
+			return nil
+		}
+	}
+	if err := h.QdiscDel(clsactQdisc(ifindex)); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("delete clsact qdisc on ifindex %d: %w", ifindex, err)
+	}
+	return nil
+}
+
+// CleanupFilters removes cls_bpf filters left by dead kedge processes on every interface of
+// the namespace (ns < 0: the caller's), and then clsact qdiscs left with no filters at all
+// on those interfaces. It touches nothing whose name does not carry FilterPrefix.
+func CleanupFilters(ns netns.NsHandle, alive func(pid int) bool) ([]string, error) {
+	h, err := netlinkHandle(ns)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for _, l := range links {
+		touched := false
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, err := h.FilterList(l, parent)
+			if err != nil {
+				continue
+			}
+			for _, f := range fs {
+				bf, ok := f.(*netlink.BpfFilter)
+				if !ok || !strings.HasPrefix(bf.Name, FilterPrefix) {
+					continue
+				}
+				var pid int
+				if _, err := fmt.Sscanf(strings.TrimPrefix(bf.Name, FilterPrefix), "%d:", &pid); err != nil || alive(pid) {
+					continue
+				}
+				if err := h.FilterDel(bf); err != nil {
+					errs = append(errs, fmt.Errorf("delete filter %s on %s: %w", bf.Name, l.Attrs().Name, err))
+					continue
+				}
+				touched = true
+				removed = append(removed, fmt.Sprintf("%s %s filter %s", l.Attrs().Name, parentName(parent), bf.Name))
+			}
+		}
+		if touched {
+			errs = append(errs, removeClsactIfUnused(h, l.Attrs().Index))
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+func parentName(p uint32) string {
+	if p == netlink.HANDLE_MIN_EGRESS {
+		return "egress"
+	}
+	return "ingress"
+}
