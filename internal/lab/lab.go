@@ -5,7 +5,9 @@
 // Addresses come from fixed test ranges (198.18.0.0/15, RFC 2544; 2001:db8::/32, RFC 3849),
 // neighbours are static and IPv6 DAD is off, so a lab is usable the moment Up returns.
 // Every name carries the kedge-<pid>- prefix; Close (or, after a crash, CleanupStale)
-// removes everything. Nothing is ever created in the caller's namespace.
+// removes everything. A persistent lab (Spec.Persistent, made by `kedge lab up`) outlives
+// its creator instead: its namespaces are named kedge-lab-<name>-<host>, Open finds it
+// again and Down (or Close) removes it. Nothing is ever created in the caller's namespace.
 package lab
 
 import (
@@ -13,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -35,6 +38,10 @@ type Spec struct {
 	Fabric Fabric   //
 	Hosts  []string // host names, in order; host i (from 1) gets addresses from i
 	MTU    int      // 0: the veth default (1500)
+	// Persistent names the namespaces kedge-lab-<Name>-<host> instead of kedge-<pid>-...,
+	// so the lab outlives this process (CleanupStale(false) leaves it alone); remove it with
+	// Close or Down. Name must then be letters, digits and '_' only.
+	Persistent bool
 }
 
 // Host is one namespace with its interface eth0.
@@ -63,11 +70,8 @@ const hostIface = "eth0"
 
 // Up builds the topology. On error everything created so far is removed.
 func Up(spec Spec) (_ *Lab, err error) {
-	if spec.Name == "" || len(spec.Hosts) == 0 {
-		return nil, errors.New("lab spec needs a name and at least one host")
-	}
-	if len(spec.Hosts) > 200 {
-		return nil, fmt.Errorf("lab spec has %d hosts, at most 200 fit the address plan", len(spec.Hosts))
+	if err := spec.validate(); err != nil {
+		return nil, err
 	}
 	l := &Lab{Spec: spec, byName: map[string]*Host{}}
 	defer func() {
@@ -75,17 +79,14 @@ func Up(spec Spec) (_ *Lab, err error) {
 			err = errors.Join(err, l.Close())
 		}
 	}()
-	if l.Fabric, err = NewNetns(OwnedName(spec.Name + "-fabric")); err != nil {
+	if l.Fabric, err = l.newNetns(fabricPart); err != nil {
 		return nil, err
 	}
 	if err := l.setupFabric(); err != nil {
 		return nil, err
 	}
 	for i, name := range spec.Hosts {
-		if _, dup := l.byName[name]; dup {
-			return nil, fmt.Errorf("lab spec names host %q twice", name)
-		}
-		ns, err := NewNetns(OwnedName(spec.Name + "-" + name))
+		ns, err := l.newNetns(name)
 		if err != nil {
 			return nil, err
 		}
@@ -100,6 +101,20 @@ func Up(spec Spec) (_ *Lab, err error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// newNetns creates the namespace for part (a host name or the fabric).
+func (l *Lab) newNetns(part string) (*Netns, error) {
+	name := OwnedName(l.Spec.Name + "-" + part)
+	if l.Spec.Persistent {
+		name = persistentName(l.Spec.Name, part)
+	}
+	ns, err := NewNetns(name)
+	if l.Spec.Persistent && errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("lab %s already exists (namespace %s): %w - remove it with 'kedge lab down %s' or pick another name",
+			l.Spec.Name, name, ErrExist, l.Spec.Name)
+	}
+	return ns, err
 }
 
 // Host returns the named host or nil.
