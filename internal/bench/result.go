@@ -1,0 +1,242 @@
+// Package bench holds what every kedge benchmark shares: the JSON result schema (one file per
+// run, one series per client), latency statistics, the text table of the thesis's Table 4.2
+// and the latency charts of its Figures 4.1 and 4.2.
+//
+// A result file is written by each client (the Go clients in internal/chaos and the Python
+// client in clients/apphedge.py write the same schema) and merged by the driver that runs a
+// scenario; analysis works on the merged file.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// SchemaVersion names the layout of Result. Bump it on any incompatible change;
+// ReadFile rejects files of another version.
+const SchemaVersion = "kedge.bench/v1"
+
+// Result is one benchmark run: where it ran, what it measured and with which parameters.
+type Result struct {
+	Schema    string    `json:"schema"`
+	Scenario  string    `json:"scenario"`
+	Timestamp time.Time `json:"timestamp"`
+	Machine   Machine   `json:"machine"`
+	// Kernel is `uname -r` of the machine the clients ran on.
+	Kernel string `json:"kernel"`
+	// Commit is the kedge commit (git rev-parse HEAD), "unknown" outside a checkout.
+	Commit     string         `json:"commit"`
+	Parameters map[string]any `json:"parameters,omitempty"`
+	Series     []Series       `json:"series"`
+}
+
+// Machine identifies the host a result comes from.
+type Machine struct {
+	Hostname string `json:"hostname"`
+	CPUModel string `json:"cpu_model"`
+	NProc    int    `json:"nproc"`
+}
+
+// Series is the per-request record of one client in one run. IDs, LatenciesUS and OK are
+// parallel arrays in send order, warm-up requests excluded. A request that timed out has
+// OK false and the time it waited (the timeout) as latency, so percentiles that reach into
+// timeouts are lower bounds; Timeouts counts them.
+type Series struct {
+	// Name labels the series in tables and legends ("baseline", "app-hedged (Go)", ...).
+	Name string `json:"name"`
+	// Client names the program that produced it ("go-baseline", "go-apphedge", "py-apphedge").
+	Client      string    `json:"client,omitempty"`
+	IDs         []uint32  `json:"ids"`
+	LatenciesUS []float64 `json:"latencies_us"`
+	OK          []bool    `json:"ok"`
+	Timeouts    int       `json:"timeouts"`
+	// HedgesSent is the number of hedge copies sent, nil when the client cannot know (the
+	// baseline client under the kernel hedger: the lab fills it from the hedger's counters).
+	HedgesSent *int `json:"hedges_sent,omitempty"`
+	// LateDuplicates counts responses received for an id that was already answered or
+	// abandoned (the loser of a hedge race reaching the application).
+	LateDuplicates int `json:"late_duplicates"`
+	// Backend says where hedges went ("same", "alt replica", ...); empty when not hedging.
+	Backend string `json:"backend,omitempty"`
+	// ElapsedS is the wall time of the measured part of the run, in seconds.
+	ElapsedS float64 `json:"elapsed_s,omitempty"`
+}
+
+// Requests is the number of measured requests in s.
+func (s Series) Requests() int { return len(s.LatenciesUS) }
+
+// Validate checks the invariants of the parallel arrays.
+func (s Series) Validate() error {
+	if s.Name == "" {
+		return errors.New("validate series: empty name")
+	}
+	if len(s.IDs) != len(s.LatenciesUS) || len(s.OK) != len(s.LatenciesUS) {
+		return fmt.Errorf("validate series %q: ids, latencies_us and ok differ in length (%d, %d, %d)",
+			s.Name, len(s.IDs), len(s.LatenciesUS), len(s.OK))
+	}
+	timeouts := 0
+	for _, ok := range s.OK {
+		if !ok {
+			timeouts++
+		}
+	}
+	if timeouts != s.Timeouts {
+		return fmt.Errorf("validate series %q: timeouts is %d but %d requests are not ok", s.Name, s.Timeouts, timeouts)
+	}
+	return nil
+}
+
+// NewResult starts a result for scenario on this machine, now, at the commit of the
+// working directory's git checkout.
+func NewResult(ctx context.Context, scenario string, params map[string]any) Result {
+	return Result{
+		Schema:     SchemaVersion,
+		Scenario:   scenario,
+		Timestamp:  time.Now().UTC().Truncate(time.Second),
+		Machine:    LocalMachine(),
+		Kernel:     KernelRelease(),
+		Commit:     Commit(ctx, ""),
+		Parameters: params,
+	}
+}
+
+// LocalMachine describes this host. Fields it cannot read stay empty.
+func LocalMachine() Machine {
+	m := Machine{NProc: runtime.NumCPU()}
+	m.Hostname, _ = os.Hostname()
+	m.CPUModel = cpuModel("/proc/cpuinfo")
+	return m
+}
+
+// cpuModel returns the first "model name" in a /proc/cpuinfo-formatted file.
+func cpuModel(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// KernelRelease is `uname -r`, read from /proc; empty when unreadable.
+func KernelRelease() string {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// Commit is `git rev-parse HEAD` in dir ("" for the working directory), or "unknown".
+func Commit(ctx context.Context, dir string) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "git", "rev-parse", "HEAD")
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// WriteFile writes r as indented JSON, replacing path atomically.
+func (r Result) WriteFile(path string) error {
+	b, err := json.MarshalIndent(r, "", " ")
+	if err != nil {
+		return fmt.Errorf("encode result: %w", err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write result: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write result: %w", err)
+	}
+	return nil
+}
+
+// ReadFile reads and validates a result file.
+func ReadFile(path string) (Result, error) {
+	var r Result
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return r, fmt.Errorf("read result: %w", err)
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, fmt.Errorf("decode result %s: %w", path, err)
+	}
+	if r.Schema != SchemaVersion {
+		return r, fmt.Errorf("read result %s: schema %q, want %q", path, r.Schema, SchemaVersion)
+	}
+	for _, s := range r.Series {
+		if err := s.Validate(); err != nil {
+			return r, fmt.Errorf("read result %s: %w", path, err)
+		}
+	}
+	return r, nil
+}
+
+// Merge combines results into one: the first result's metadata, the series of all in order.
+// Parameters that differ between inputs are kept per series name as "<series>.<key>".
+func Merge(rs ...Result) (Result, error) {
+	if len(rs) == 0 {
+		return Result{}, errors.New("merge results: nothing to merge")
+	}
+	out := rs[0]
+	out.Series = nil
+	out.Parameters = map[string]any{}
+	seen := map[string]bool{}
+	for _, r := range rs {
+		for _, s := range r.Series {
+			if seen[s.Name] {
+				return Result{}, fmt.Errorf("merge results: two series named %q (give clients distinct --name)", s.Name)
+			}
+			seen[s.Name] = true
+			out.Series = append(out.Series, s)
+		}
+	}
+	for k := range rs[0].Parameters {
+		same := true
+		for _, r := range rs[1:] {
+			if !sameJSON(r.Parameters[k], rs[0].Parameters[k]) {
+				same = false
+			}
+		}
+		if same {
+			out.Parameters[k] = rs[0].Parameters[k]
+		}
+	}
+	for _, r := range rs {
+		for k, v := range r.Parameters {
+			if _, ok := out.Parameters[k]; ok {
+				continue
+			}
+			for _, s := range r.Series {
+				out.Parameters[s.Name+"."+k] = v
+			}
+		}
+	}
+	return out, nil
+}
+
+func sameJSON(a, b any) bool {
+	ja, errA := json.Marshal(a)
+	jb, errB := json.Marshal(b)
+	return errA == nil && errB == nil && string(ja) == string(jb)
+}

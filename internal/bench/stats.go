@@ -1,0 +1,107 @@
+package bench
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Percentile returns the p-th percentile (0 < p <= 100) of sorted (ascending) by the
+// nearest-rank method: the smallest value such that at least p% of the values are <= it,
+// i.e. sorted[ceil(p/100*N)-1]. It never interpolates, so every reported percentile is a
+// latency some request actually had. p <= 0 gives the minimum; an empty slice gives NaN.
+//
+// With N = 5000 (the thesis setting) P99 is the 4950th value and P99.9 the 4995th; so when
+// 2% of the requests stall, P99 lands inside the stalled ones.
+func Percentile(sorted []float64, p float64) float64 {
+	n := len(sorted)
+	if n == 0 {
+		return math.NaN()
+	}
+	if p <= 0 {
+		return sorted[0]
+	}
+	// Subtract a little before ceil so that p/100*N landing on an integer is not pushed up
+	// by floating-point error (99.9/100*5000 is 4994.999999999999 or 4995.000000000001).
+	rank := int(math.Ceil(p/100*float64(n) - 1e-9))
+	rank = max(1, min(rank, n))
+	return sorted[rank-1]
+}
+
+// Summary is the row of Table 4.2 for one series, latencies in milliseconds.
+type Summary struct {
+	Name     string
+	N        int
+	Timeouts int
+	P50      float64
+	P95      float64
+	P99      float64
+	P999     float64
+	Max      float64
+	// ExtraLoad is hedges sent per measured request (0.02 = 2%), NaN when unknown.
+	ExtraLoad float64
+	Backend   string
+}
+
+// Summarize computes the percentiles of s (timeouts included at their waited time).
+func Summarize(s Series) Summary {
+	ms := make([]float64, len(s.LatenciesUS))
+	for i, us := range s.LatenciesUS {
+		ms[i] = us / 1000
+	}
+	slices.Sort(ms)
+	sum := Summary{
+		Name:      s.Name,
+		N:         len(ms),
+		Timeouts:  s.Timeouts,
+		P50:       Percentile(ms, 50),
+		P95:       Percentile(ms, 95),
+		P99:       Percentile(ms, 99),
+		P999:      Percentile(ms, 99.9),
+		Max:       Percentile(ms, 100),
+		ExtraLoad: math.NaN(),
+		Backend:   s.Backend,
+	}
+	if s.HedgesSent != nil && len(ms) > 0 {
+		sum.ExtraLoad = float64(*s.HedgesSent) / float64(len(ms))
+	}
+	return sum
+}
+
+// Reduction is the relative reduction of v against base, in percent ((base-v)/base*100);
+// NaN when base is not positive.
+func Reduction(base, v float64) float64 {
+	if !(base > 0) {
+		return math.NaN()
+	}
+	return (base - v) / base * 100
+}
+
+// HedgeExcess measures how late hedging rescues the requests it should rescue: for every
+// measured request whose id stalls (per isStall) and that was answered, the latency minus
+// the hedge threshold minus the median latency of the requests that do not stall. An ideal
+// hedger that fires exactly at the threshold and whose hedge is served like any normal
+// request has an excess near 0; timer slack, scheduling and GC pauses show up as excess.
+// Values in milliseconds, in send order; empty when no stalled id was answered or no
+// normal request exists to take a median from.
+func HedgeExcess(s Series, isStall func(id uint32) bool, threshold time.Duration) []float64 {
+	var normal []float64
+	for i, id := range s.IDs {
+		if s.OK[i] && !isStall(id) {
+			normal = append(normal, s.LatenciesUS[i]/1000)
+		}
+	}
+	if len(normal) == 0 {
+		return nil
+	}
+	slices.Sort(normal)
+	median := Percentile(normal, 50)
+	thr := float64(threshold) / float64(time.Millisecond)
+	var out []float64
+	for i, id := range s.IDs {
+		if s.OK[i] && isStall(id) {
+			out = append(out, s.LatenciesUS[i]/1000-thr-median)
+		}
+	}
+	return out
+}
