@@ -1,0 +1,421 @@
+package chaos
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+func TestStalls(t *testing.T) {
+	tests := []struct {
+		replica int
+		id      uint32
+		pct     int
+		want    bool
+	}{
+		{0, 0, 2, true},
+		{0, 1, 2, true},
+		{0, 2, 2, false},
+		{0, 99, 2, false},
+		{0, 100, 2, true},
+		{0, 4201, 2, true},
+		{1, 0, 2, false},
+		{1, 98, 2, true},
+		{1, 99, 2, true},
+		{1, 97, 2, false},
+		{2, 96, 2, true},
+		{0, 9, 10, true},
+		{0, 10, 10, false},
+		{0, 5, 0, false},
+		{0, 5, 100, true},
+		{0, 0xFFFFFFFF, 2, false}, // 4294967295 mod 100 = 95
+		{3, 0xFFFFFFFF, 2, true},  // 4294967295 + 6 = 4294967301, mod 100 = 1: no 32-bit wrap-around
+	}
+	for _, tt := range tests {
+		if got := Stalls(tt.replica, tt.id, tt.pct); got != tt.want {
+			t.Errorf("Stalls(%d, %d, %d) = %v, want %v", tt.replica, tt.id, tt.pct, got, tt.want)
+		}
+	}
+}
+
+func TestStallsDisjointAcrossReplicas(t *testing.T) {
+	for _, pct := range []int{1, 2, 5, 10, 25} {
+		replicas := 100 / pct
+		for id := uint32(0); id < 1000; id++ {
+			n := 0
+			for r := range replicas {
+				if Stalls(r, id, pct) {
+					n++
+				}
+			}
+			if n != 1 {
+				// With replicas*pct == 100 every id stalls on exactly one replica.
+				t.Fatalf("pct %d: id %d stalls on %d of %d replicas, want exactly 1", pct, id, n, replicas)
+			}
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name     string
+		mod      func(*Config)
+		replicas int
+		wantErr  bool
+	}{
+		{"default", func(*Config) {}, 1, false},
+		{"two replicas", func(*Config) {}, 2, false},
+		{"fifty replicas at 2%", func(*Config) {}, 50, false},
+		{"overlapping windows", func(*Config) {}, 51, true},
+		{"no replica", func(*Config) {}, 0, true},
+		{"negative pct", func(c *Config) { c.StallPct = -1 }, 1, true},
+		{"pct over 100", func(c *Config) { c.StallPct = 101 }, 1, true},
+		{"zero ttl", func(c *Config) { c.TTL = 0 }, 1, true},
+		{"negative stall", func(c *Config) { c.Stall = -time.Second }, 1, true},
+		{"negative cap", func(c *Config) { c.MaxEntries = -1 }, 1, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tt.mod(&c)
+			if err := c.Validate(tt.replicas); (err != nil) != tt.wantErr {
+				t.Errorf("Validate(%d) = %v, want error %v", tt.replicas, err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestReplayMemory(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	ttl := time.Second
+	steps := []struct {
+		id   uint32
+		at   time.Duration
+		want bool
+	}{
+		{7, 0, false},                    // first sight
+		{7, 10 * time.Millisecond, true}, // hedge within ttl
+		{8, 500 * time.Millisecond, false},
+		{7, 999 * time.Millisecond, true},
+		{7, 1000 * time.Millisecond, false}, // ttl over: first sight again (re-recorded)
+		{8, 1400 * time.Millisecond, true},  // survived one rotation in the previous generation
+		{7, 1500 * time.Millisecond, true},
+		{8, 1600 * time.Millisecond, false},
+	}
+	m := newReplayMemory(ttl, 100)
+	for i, s := range steps {
+		if got := m.seen(s.id, at(s.at)); got != s.want {
+			t.Errorf("step %d: seen(%d, +%v) = %v, want %v", i, s.id, s.at, got, s.want)
+		}
+	}
+}
+
+func TestReplayMemoryBounded(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	tests := []struct {
+		name           string
+		max            int
+		perTick        int           // ids per tick
+		tick           time.Duration // time between ticks
+		ticks          int
+		wantMaxSize    int
+		wantEarlyRotat bool
+	}{
+		// 1000 ids per 100 ms for 10 s with a 1 s ttl: at most two generations of 10k ids.
+		{"ttl bound", 1 << 20, 1000, 100 * time.Millisecond, 100, 2 * 11000, false},
+		// A cap of 500 keeps at most two generations of 500 whatever the rate.
+		{"cap bound", 500, 1000, 100 * time.Millisecond, 100, 1000, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newReplayMemory(time.Second, tt.max)
+			id := uint32(0)
+			for k := range tt.ticks {
+				now := t0.Add(time.Duration(k) * tt.tick)
+				for range tt.perTick {
+					m.seen(id, now)
+					id++
+				}
+				if sz := m.size(); sz > tt.wantMaxSize {
+					t.Fatalf("tick %d: %d ids held, want <= %d", k, sz, tt.wantMaxSize)
+				}
+			}
+			if got := m.earlyRotations.Load() > 0; got != tt.wantEarlyRotat {
+				t.Errorf("early rotations %d, want some: %v", m.earlyRotations.Load(), tt.wantEarlyRotat)
+			}
+		})
+	}
+}
+
+// startServer runs a server on loopback for the test's lifetime.
+func startServer(t *testing.T, cfg Config, replicas int) *Server {
+	t.Helper()
+	addrs := make([]string, replicas)
+	for i := range addrs {
+		addrs[i] = "127.0.0.1:0"
+	}
+	srv, err := Listen(cfg, addrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return srv
+}
+
+// dial opens a client socket to replica i of srv.
+func dial(t *testing.T, srv *Server, i int) *net.UDPConn {
+	t.Helper()
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(srv.Addrs()[i]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func sendID(t *testing.T, c *net.UDPConn, id uint32, extra ...byte) {
+	t.Helper()
+	b := binary.BigEndian.AppendUint32(nil, id)
+	if _, err := c.Write(append(b, extra...)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recvID reads one response within d; ok is false on timeout.
+func recvID(t *testing.T, c *net.UDPConn, d time.Duration) (id uint32, payload []byte, ok bool) {
+	t.Helper()
+	buf := make([]byte, 2048)
+	if err := c.SetReadDeadline(time.Now().Add(d)); err != nil {
+		t.Fatal(err)
+	}
+	n, err := c.Read(buf)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return 0, nil, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < IDLen {
+		t.Fatalf("response of %d bytes", n)
+	}
+	return binary.BigEndian.Uint32(buf), buf[:n], true
+}
+
+// waitStats polls srv's stats until cond holds or the deadline passes.
+func waitStats(t *testing.T, srv *Server, what string, cond func([]Stats) bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond(srv.Stats()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; stats %+v", what, srv.Stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestServerStallDoesNotBlockAndReplayIsFast(t *testing.T) {
+	cfg := Config{StallPct: 2, Stall: 300 * time.Millisecond, Fast: time.Millisecond, TTL: 10 * time.Second}
+	srv := startServer(t, cfg, 1)
+	c := dial(t, srv, 0)
+
+	start := time.Now()
+	sendID(t, c, 100, 'x', 'y') // stalls
+	sendID(t, c, 102)           // fast
+	id, _, ok := recvID(t, c, time.Second)
+	if !ok || id != 102 {
+		t.Fatalf("first response: id %d ok %v, want 102 (a stall must not delay other requests)", id, ok)
+	}
+	if el := time.Since(start); el >= cfg.Stall {
+		t.Errorf("fast response after %v, want < stall %v", el, cfg.Stall)
+	}
+
+	// The hedge for 100 is served from the replay memory, before the original.
+	hedgeSent := time.Now()
+	sendID(t, c, 100, 'x', 'y')
+	id, payload, ok := recvID(t, c, time.Second)
+	if !ok || id != 100 {
+		t.Fatalf("hedge response: id %d ok %v, want 100", id, ok)
+	}
+	if string(payload[IDLen:]) != "xy" {
+		t.Errorf("payload %q not echoed", payload[IDLen:])
+	}
+	if el := time.Since(hedgeSent); el >= cfg.Stall/2 {
+		t.Errorf("replayed id answered after %v, want the fast path", el)
+	}
+	// Then the stalled original arrives, no earlier than the stall.
+	id, _, ok = recvID(t, c, time.Second)
+	if !ok || id != 100 {
+		t.Fatalf("stalled response: id %d ok %v, want 100", id, ok)
+	}
+	if el := time.Since(start); el < cfg.Stall {
+		t.Errorf("stalled response after %v, want >= %v", el, cfg.Stall)
+	}
+	waitStats(t, srv, "counters", func(s []Stats) bool { return s[0].Responses == 3 })
+	st := srv.Stats()[0]
+	want := Stats{Addr: st.Addr, Requests: 3, Stalls: 1, Replays: 1, ReplaysRescued: 1, Responses: 3}
+	if st != want {
+		t.Errorf("stats %+v, want %+v", st, want)
+	}
+}
+
+func TestServerReplicasAndOutage(t *testing.T) {
+	cfg := Config{StallPct: 2, Stall: 5 * time.Second, Fast: time.Millisecond, TTL: 10 * time.Second}
+	srv := startServer(t, cfg, 3)
+	if err := srv.SetOutage(2, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.SetOutage(3, true); err == nil {
+		t.Error("SetOutage(3) on 3 replicas: no error")
+	}
+	c0, c1, c2 := dial(t, srv, 0), dial(t, srv, 1), dial(t, srv, 2)
+
+	// 98 stalls on replica 1 only, 100 on replica 0 only: each answered fast by the other.
+	tests := []struct {
+		conn *net.UDPConn
+		id   uint32
+	}{{c0, 98}, {c1, 100}, {c0, 5}, {c1, 5}}
+	for _, tt := range tests {
+		sendID(t, tt.conn, tt.id)
+		if id, _, ok := recvID(t, tt.conn, 2*time.Second); !ok || id != tt.id {
+			t.Errorf("id %d: got %d ok %v, want a fast answer", tt.id, id, ok)
+		}
+	}
+	// Replica 2 is in full outage: requests are counted and dropped.
+	sendID(t, c2, 5)
+	waitStats(t, srv, "outage drop", func(s []Stats) bool { return s[2].Dropped == 1 })
+	if _, _, ok := recvID(t, c2, 50*time.Millisecond); ok {
+		t.Error("replica in outage answered")
+	}
+	// Back from outage, it answers.
+	if err := srv.SetOutage(2, false); err != nil {
+		t.Fatal(err)
+	}
+	sendID(t, c2, 6)
+	if id, _, ok := recvID(t, c2, 2*time.Second); !ok || id != 6 {
+		t.Errorf("after outage: got %d ok %v, want 6", id, ok)
+	}
+	st := srv.Stats()
+	if st[0].Stalls != 0 || st[1].Stalls != 0 {
+		t.Errorf("stalls %d, %d: ids that stall elsewhere stalled", st[0].Stalls, st[1].Stalls)
+	}
+}
+
+func TestServerMalformed(t *testing.T) {
+	srv := startServer(t, DefaultConfig(), 1)
+	c := dial(t, srv, 0)
+	if _, err := c.Write([]byte{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	waitStats(t, srv, "malformed count", func(s []Stats) bool { return s[0].Malformed == 1 })
+	if s := srv.Stats()[0]; s.Responses != 0 || s.Requests != 1 {
+		t.Errorf("stats %+v, want 1 request, no response", s)
+	}
+}
+
+func TestListenErrors(t *testing.T) {
+	tests := []struct {
+		name  string
+		cfg   Config
+		addrs []string
+	}{
+		{"no address", DefaultConfig(), nil},
+		{"bad address", DefaultConfig(), []string{"127.0.0.1:notaport"}},
+		{"bad config", Config{StallPct: 2}, []string{"127.0.0.1:0"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if srv, err := Listen(tt.cfg, tt.addrs); err == nil {
+				srv.Close()
+				t.Fatal("Listen succeeded")
+			}
+		})
+	}
+}
+
+// TestServerThroughput checks the server sustains 20k req/s on loopback with the thesis's
+// fault model: a pipelined client keeps up to 256 requests in flight (2 ms service time
+// needs > 40 for 20k req/s) and counts answers.
+func TestServerThroughput(t *testing.T) {
+	if testing.Short() {
+		t.Skip("load test skipped in -short mode")
+	}
+	const total, window, want = 40000, 256, 20000.0
+	srv := startServer(t, DefaultConfig(), 1)
+	// Best of three, so a noisy neighbour on a 2-CPU CI machine does not fail the build.
+	best := 0.0
+	for attempt := range 3 {
+		rate := pipelinedRate(t, srv, uint32(attempt*total+1000), total, window)
+		t.Logf("attempt %d: %.0f req/s", attempt, rate)
+		best = max(best, rate)
+		if best >= want {
+			break
+		}
+	}
+	if best < want {
+		t.Errorf("best rate %.0f req/s, want >= %.0f", best, want)
+	}
+}
+
+// pipelinedRate sends total requests (ids from first, skipping stalling ones so the stall
+// time does not dominate) keeping at most window unanswered, and returns answers per second.
+func pipelinedRate(t *testing.T, srv *Server, first uint32, total, window int) float64 {
+	t.Helper()
+	c := dial(t, srv, 0)
+	_ = c.SetReadBuffer(4 << 20)
+	answered := make(chan struct{}, total)
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if err := c.SetReadDeadline(time.Now().Add(2 * time.Second)); err != nil {
+				return
+			}
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+			answered <- struct{}{}
+		}
+	}()
+	start := time.Now()
+	pkt := make([]byte, 32)
+	got, id := 0, first
+	for sent := 0; sent < total; sent++ {
+		for sent-got >= window {
+			select {
+			case <-answered:
+				got++
+			case <-time.After(2 * time.Second):
+				t.Fatalf("no answer for 2 s with %d in flight (%d/%d answered)", sent-got, got, sent)
+			}
+		}
+		for Stalls(0, id, 2) {
+			id++
+		}
+		binary.BigEndian.PutUint32(pkt, id)
+		id++
+		if _, err := c.Write(pkt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for got < total {
+		select {
+		case <-answered:
+			got++
+		case <-time.After(2 * time.Second):
+			t.Fatalf("%d/%d answered", got, total)
+		}
+	}
+	return float64(total) / time.Since(start).Seconds()
+}
