@@ -1,0 +1,237 @@
+package chaos
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+)
+
+// testFaults stalls 10% of ids (so short runs meet several stalls) for 150 ms.
+var testFaults = Config{StallPct: 10, Stall: 150 * time.Millisecond, Fast: time.Millisecond, TTL: 10 * time.Second}
+
+func TestRunClient(t *testing.T) {
+	srv := startServer(t, testFaults, 2)
+	addrs := srv.Addrs()
+	target, alt := addrs[0].String(), addrs[1].String()
+	tests := []struct {
+		name        string
+		mode        Mode
+		connected   bool
+		alt         string
+		concurrency int
+		wantHedged  bool
+	}{
+		{"baseline unconnected", ModeBaseline, false, "", 1, false},
+		{"baseline connected", ModeBaseline, true, "", 1, false},
+		{"apphedge same replica", ModeAppHedge, false, "", 1, true},
+		{"apphedge same replica connected", ModeAppHedge, true, "", 1, true},
+		{"apphedge alt replica", ModeAppHedge, false, alt, 1, true},
+		{"apphedge alt replica connected", ModeAppHedge, true, alt, 1, true},
+		{"apphedge three loops", ModeAppHedge, false, "", 3, true},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := ClientConfig{Target: target, Alt: tt.alt, Connected: tt.connected, N: 60, Warmup: 5,
+				BaseID: uint32(i) * 10000, Timeout: time.Second, Delay: 20 * time.Millisecond, Concurrency: tt.concurrency}
+			res, err := RunClient(context.Background(), tt.mode, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Samples) != cfg.N {
+				t.Fatalf("%d samples, want %d", len(res.Samples), cfg.N)
+			}
+			if res.Timeouts() != 0 {
+				t.Fatalf("%d timeouts", res.Timeouts())
+			}
+			seen := map[uint32]bool{}
+			stalled := 0
+			for _, s := range res.Samples {
+				if seen[s.ID] {
+					t.Fatalf("id %d measured twice", s.ID)
+				}
+				seen[s.ID] = true
+				if !Stalls(0, s.ID, testFaults.StallPct) {
+					continue
+				}
+				stalled++
+				switch {
+				case !tt.wantHedged && s.Latency < testFaults.Stall:
+					t.Errorf("id %d answered in %v, before the stall", s.ID, s.Latency)
+				case tt.wantHedged && (s.Latency < cfg.Delay || s.Latency >= testFaults.Stall):
+					t.Errorf("id %d answered in %v, want between the hedge delay and the stall", s.ID, s.Latency)
+				}
+			}
+			if stalled == 0 {
+				t.Fatal("no stalled id among the measured ones: the test proves nothing")
+			}
+			if tt.wantHedged && res.HedgesSent < stalled {
+				t.Errorf("%d hedges for %d stalled ids", res.HedgesSent, stalled)
+			}
+			if !tt.wantHedged && res.HedgesSent != 0 {
+				t.Errorf("baseline sent %d hedges", res.HedgesSent)
+			}
+			s := res.Series("x", "go-"+string(tt.mode), "", tt.wantHedged)
+			if err := s.Validate(); err != nil {
+				t.Error(err)
+			}
+			if (s.HedgesSent != nil) != tt.wantHedged {
+				t.Errorf("series hedges_sent %v, want known: %v", s.HedgesSent, tt.wantHedged)
+			}
+		})
+	}
+}
+
+func TestRunClientTimeout(t *testing.T) {
+	srv := startServer(t, testFaults, 1)
+	if err := srv.SetOutage(0, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []Mode{ModeBaseline, ModeAppHedge} {
+		t.Run(string(mode), func(t *testing.T) {
+			cfg := ClientConfig{Target: srv.Addrs()[0].String(), N: 3, Timeout: 40 * time.Millisecond, Delay: 10 * time.Millisecond}
+			res, err := RunClient(context.Background(), mode, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Timeouts() != 3 {
+				t.Fatalf("%d timeouts, want 3", res.Timeouts())
+			}
+			for _, s := range res.Samples {
+				if s.Latency < cfg.Timeout {
+					t.Errorf("timed-out request recorded at %v, want >= %v", s.Latency, cfg.Timeout)
+				}
+			}
+			if mode == ModeAppHedge && res.HedgesSent != 3 {
+				t.Errorf("%d hedges, want 3", res.HedgesSent)
+			}
+		})
+	}
+}
+
+func TestRunClientCancel(t *testing.T) {
+	srv := startServer(t, testFaults, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := RunClient(ctx, ModeBaseline, ClientConfig{Target: srv.Addrs()[0].String(), N: 10, Timeout: time.Second})
+	if err == nil {
+		t.Fatal("cancelled run: no error")
+	}
+}
+
+func TestClientConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		mode Mode
+		mod  func(*ClientConfig)
+		ok   bool
+	}{
+		{"default baseline", ModeBaseline, func(*ClientConfig) {}, true},
+		{"default apphedge", ModeAppHedge, func(*ClientConfig) {}, true},
+		{"unknown mode", "kernel", func(*ClientConfig) {}, false},
+		{"no target", ModeBaseline, func(c *ClientConfig) { c.Target = "" }, false},
+		{"zero n", ModeBaseline, func(c *ClientConfig) { c.N = 0 }, false},
+		{"negative warmup", ModeBaseline, func(c *ClientConfig) { c.Warmup = -1 }, false},
+		{"concurrency above n", ModeBaseline, func(c *ClientConfig) { c.Concurrency = 5001 }, false},
+		{"delay not below timeout", ModeAppHedge, func(c *ClientConfig) { c.Delay = c.Timeout }, false},
+		{"zero delay", ModeAppHedge, func(c *ClientConfig) { c.Delay = 0 }, false},
+		{"baseline with alt", ModeBaseline, func(c *ClientConfig) { c.Alt = "127.0.0.1:2" }, false},
+		{"short payload", ModeBaseline, func(c *ClientConfig) { c.PayloadLen = 3 }, false},
+		{"last id is 2^32-1", ModeBaseline, func(c *ClientConfig) { c.BaseID = 1<<32 - 5200 }, true},
+		{"ids overflow", ModeBaseline, func(c *ClientConfig) { c.BaseID = 1<<32 - 5199 }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultClientConfig("127.0.0.1:1")
+			tt.mod(&c)
+			if err := c.Validate(tt.mode); (err == nil) != tt.ok {
+				t.Errorf("Validate = %v, want ok %v", err, tt.ok)
+			}
+		})
+	}
+}
+
+func TestLoopIDRanges(t *testing.T) {
+	tests := []struct {
+		total, c int
+		span     uint64
+		shares   []int
+	}{
+		{5200, 1, 5200, []int{5200}},
+		{5200, 3, 1800, []int{1734, 1733, 1733}},
+		{10, 4, 100, []int{3, 3, 2, 2}},
+	}
+	for _, tt := range tests {
+		if got := loopSpan(tt.total, tt.c); got != tt.span {
+			t.Errorf("loopSpan(%d, %d) = %d, want %d", tt.total, tt.c, got, tt.span)
+		}
+		sum := 0
+		for k, want := range tt.shares {
+			got := share(tt.total, tt.c, k)
+			sum += got
+			if got != want {
+				t.Errorf("share(%d, %d, %d) = %d, want %d", tt.total, tt.c, k, got, want)
+			}
+		}
+		if sum != tt.total {
+			t.Errorf("shares of %d over %d add up to %d", tt.total, tt.c, sum)
+		}
+	}
+}
+
+// TestPythonClient runs clients/apphedge.py against the server and checks that its result
+// file follows the bench schema and that it rescued the stalled ids.
+func TestPythonClient(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed: the Python client is not tested")
+	}
+	srv := startServer(t, testFaults, 2)
+	addrs := srv.Addrs()
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"apphedge same replica", []string{"--mode", "apphedge"}},
+		{"apphedge alt replica connected", []string{"--mode", "apphedge", "--alt", addrs[1].String(), "--connected", "--concurrency", "2"}},
+		{"baseline", []string{"--mode", "baseline", "--name", "py-base"}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "py.json")
+			args := append([]string{"../../clients/apphedge.py", "--target", addrs[0].String(), "-n", "40", "--warmup", "3",
+				"--delay", "20ms", "--timeout", "1s", "--base-id", strconv.Itoa(100000 + i*10000), "--out", out}, tt.args...)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, py, args...)
+			if b, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("apphedge.py: %v\n%s", err, b)
+			}
+			r, err := bench.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.Series) != 1 || r.Series[0].Requests() != 40 || r.Series[0].Timeouts != 0 {
+				t.Fatalf("series %+v", r.Series)
+			}
+			s := r.Series[0]
+			hedging := tt.args[1] == "apphedge"
+			if (s.HedgesSent != nil) != hedging {
+				t.Errorf("hedges_sent %v for mode %s", s.HedgesSent, tt.args[1])
+			}
+			for j, id := range s.IDs {
+				if !Stalls(0, id, testFaults.StallPct) {
+					continue
+				}
+				lat := time.Duration(s.LatenciesUS[j] * 1e3)
+				if hedging != (lat < testFaults.Stall) {
+					t.Errorf("stalled id %d answered in %v (hedging %v)", id, lat, hedging)
+				}
+			}
+		})
+	}
+}
