@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* hedge.h - the kernel/user contract of kedge's UDP request hedger.
+ *
+ * Data flow (docs/architecture.md has the picture):
+ *   client iface egress  (hedge_split)  : request -> scoreboard PENDING, clone -> delay line
+ *   delay-line ns        (delay.bpf.c)  : clone waits (conveyor | netem | edt), comes back
+ *   dl veth ingress      (hedge_rescue) : answered -> drop; early -> go round again;
+ *                                         pending + budget -> rewrite to another replica, send
+ *   client iface ingress (hedge_resp)   : first response completes, rewritten to the address
+ *                                         the client used; the later duplicate is dropped
+ * Go mirrors these structs through bpf2go (-type); keep padding explicit. */
+#ifndef KEDGE_HEDGE_H
+#define KEDGE_HEDGE_H
+
+#include "reqid.h"
+
+/* Services per hedger. A service is one address:port clients send to, plus its replicas. */
+#define SVC_MAX 64
+/* Replicas per service (gRPC caps hedging at 5 attempts; 8 leaves room). */
+#define REPLICA_MAX 8
+/* Replica index meaning "not a replica" (a service address that is only a VIP). */
+#define REPLICA_NONE 0xff
+
+/* Latency histograms: log-linear buckets in microseconds, 16 per power of two (6% wide),
+ * linear below 16 us, up to 2^27 us (134 s). See hist_bucket(). */
+#define HIST_SUB_BITS 4
+#define HIST_SUB (1 << HIST_SUB_BITS)
+#define HIST_BUCKETS 400
+/* Sliding window for the adaptive delay: HIST_SLOTS rotating histograms (Finagle's 30 s
+ * window refreshed every 3 s is 10 slots), plus one running total per service. */
+#define HIST_SLOTS 10
+
+enum delay_mode {
+	DELAY_FIXED = 0,
+	DELAY_QUANTILE = 1,
+};
+
+struct svc_addr {
+	struct in6_addr addr; /* IPv4 as ::ffff:a.b.c.d (parse.h's shape) */
+	__be16 port;
+	__u16 _pad;
+};
+
+/* services map key: what a request's destination is matched on. */
+struct svc_key {
+	struct svc_addr a;
+};
+
+/* replicas map value: which service (and which replica) a response source belongs to. */
+struct replica_ref {
+	__u16 svc;
+	__u8 index;  /* into svc_cfg.replicas, or REPLICA_NONE for a VIP-only service address */
+	__u8 is_svc; /* 1 when this address is the service address itself */
+};
+
+/* svc_cfg: written by user space, read by every program. delay_ns is also written by the
+ * adaptive-delay timer (DELAY_QUANTILE). */
+struct svc_cfg {
+	__u8 enabled;
+	__u8 mode;       /* enum delay_mode */
+	__u8 nreplicas;
+	__u8 orig_index; /* replica index of the service address, or REPLICA_NONE */
+	struct reqid_spec reqid;
+	__u64 delay_ns;      /* current hedge delay */
+	__u64 min_ns;        /* DELAY_QUANTILE clamps */
+	__u64 max_ns;
+	__u32 quantile_pm;   /* quantile in per mille (950 = p95) */
+	__u32 min_samples;   /* keep delay_ns until the window holds this many samples */
+	__u64 budget_ratio_milli; /* tokens (milli) deposited per request: 50 = 5% extra load */
+	__u64 budget_cap_milli;   /* bucket size (milli): burst * 1000 */
+	struct svc_addr replicas[REPLICA_MAX];
+};
+
+/* svc_state: kernel-owned running state per service. */
+struct svc_state {
+	__s64 tokens_milli; /* hedging budget; a hedge costs 1000 */
+	__u32 rr;           /* round-robin over alternative replicas */
+	__u32 slot;         /* current histogram slot */
+	__u64 window_count; /* samples in the running total */
+	__u64 last_delay_ns;
+};
+
+/* Scoreboard key: (client addr, client port, service, request id). */
+struct hreq_key {
+	struct in6_addr caddr;
+	__u64 id;
+	__be16 cport;
+	__u16 svc;
+	__u32 _pad;
+};
+
+enum req_state {
+	REQ_PENDING = 1,  /* sent, clone in the delay line, no response yet */
+	REQ_NOCLONE,      /* sent, not cloned (budget or clone failure): measured only */
+	REQ_NOHEDGE,      /* clone came out, budget said no */
+	REQ_HEDGED,       /* hedge sent, no response yet */
+	REQ_ANSWERED,     /* response arrived, clone still in the delay line */
+	REQ_ANSWERED_HEDGED, /* first of two responses arrived; the second is dropped */
+};
+
+struct hreq {
+	__u64 sent_ns;
+	__u64 deadline_ns;
+	__u64 hedged_ns;
+	__u32 state;         /* enum req_state */
+	__u8 orig_replica;   /* replica the client addressed (REPLICA_NONE for a VIP) */
+	__u8 hedge_replica;
+	__u16 _pad;
+};
+
+/* Per-service counters (per-CPU array, SVC_MAX slots; slot SVC_MAX holds the counters
+ * that belong to no service, such as malformed packets). Names match kedge hedge stats. */
+struct hedge_stats {
+	__u64 requests;          /* requests seen by the splitter */
+	__u64 short_requests;    /* datagram shorter than the request-id field: passed */
+	__u64 fragments;         /* fragmented requests/responses: passed untouched */
+	__u64 malformed;         /* failed parse.h: passed untouched */
+	__u64 clones;            /* clones sent into the delay line */
+	__u64 clone_errors;      /* bpf_clone_redirect failed */
+	__u64 scoreboard_errors; /* scoreboard update failed (request passes, not hedged) */
+	__u64 responses;         /* first responses */
+	__u64 clones_answered;   /* clone dropped at the delay-line exit: already answered */
+	__u64 clones_orphaned;   /* clone dropped: no scoreboard entry (evicted or expired) */
+	__u64 recirculations;    /* clone sent round the delay line again (not due yet) */
+	__u64 hedges_sent;
+	__u64 hedges_won;        /* the hedge's response arrived first */
+	__u64 duplicates_dropped; /* later response of a hedged request, dropped */
+	__u64 budget_exhausted;  /* request not cloned or hedge not sent: no budget */
+	__u64 responses_rewritten; /* response source rewritten to the address the client used */
+	__u64 redirect_errors;   /* bpf_redirect_neigh failed */
+	__u64 gc_expired;        /* scoreboard entries removed by the timer (TTL) */
+};
+
+enum dl_backend {
+	DL_CONVEYOR = 0, /* tbf queue kept full by circulating filler frames */
+	DL_NETEM = 1,    /* netem delay (the thesis's design) */
+	DL_EDT = 2,      /* skb->tstamp = deadline, released by fq */
+};
+
+/* Delay-line counters (per-CPU, one slot). */
+struct dl_stats {
+	__u64 entered;        /* clones entering the delay line */
+	__u64 exited;         /* clones leaving it */
+	__u64 filler_passes;  /* conveyor filler frames going round */
+	__u64 fillers_dropped; /* removed on request (stop or shrink) */
+	__u64 period_sum_ns;  /* conveyor: sum and count of filler round-trip times */
+	__u64 period_count;
+	__u64 period_min_ns;
+	__u64 period_max_ns;
+	__u64 edt_set;        /* edt: tstamp set */
+	__u64 edt_no_entry;   /* edt: clone with no scoreboard entry (sent through at once) */
+	__u64 redirect_errors;
+};
+
+/* Delay-line control (array, one slot), written by user space. */
+struct dl_ctl {
+	__s32 fillers_to_drop; /* conveyor: remove this many fillers (decremented by BPF) */
+	__u32 stop;            /* conveyor: drop every filler */
+};
+
+/* Filler frame payload (after the Ethernet header, ethertype ETH_P_KEDGE_FILLER). */
+struct filler {
+	__u64 magic;
+	__u64 stamp_ns; /* when it last entered the queue */
+};
+#define FILLER_MAGIC 0x6b65646765666c6cULL /* "kedgefll" */
+
+/* hist_bucket maps a latency in microseconds to a bucket index. */
+static __always_inline __u32 hist_bucket(__u64 us)
+{
+	__u32 e = 0;
+	__u64 v = us;
+
+	if (us < HIST_SUB)
+		return us;
+	/* e = floor(log2(us)) without loops: binary search over the bits. */
+	if (v >> 32) { v >>= 32; e += 32; }
+	if (v >> 16) { v >>= 16; e += 16; }
+	if (v >> 8) { v >>= 8; e += 8; }
+	if (v >> 4) { v >>= 4; e += 4; }
+	if (v >> 2) { v >>= 2; e += 2; }
+	if (v >> 1) { e += 1; }
+	{
+		__u32 idx = (e - HIST_SUB_BITS + 1) * HIST_SUB +
+			    ((us >> (e - HIST_SUB_BITS)) & (HIST_SUB - 1));
+		return idx < HIST_BUCKETS ? idx : HIST_BUCKETS - 1;
+	}
+}
+
+#endif /* KEDGE_HEDGE_H */

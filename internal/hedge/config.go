@@ -1,0 +1,297 @@
+package hedge
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Config is what `kedge hedge run` is given (YAML, or flags for one service).
+//
+//	interface: eth0
+//	delay_line: {backend: auto}        # auto | conveyor | netem | edt
+//	services:
+//	  - name: chaos
+//	    address: 198.18.0.12:9999       # where clients send
+//	    replicas: [198.18.0.13:9999]    # hedge targets besides address (optional)
+//	    request_id: {offset: 0, length: 4, order: big}
+//	    delay: 10ms                     # or {quantile: 0.95, min: 1ms, max: 50ms}
+//	    budget: {ratio: 0.05, burst: 10}
+type Config struct {
+	Interface      string          `yaml:"interface"`
+	DelayLine      DelayLineConfig `yaml:"delay_line"`
+	Services       []ServiceConfig `yaml:"services"`
+	ScoreboardSize uint32          `yaml:"scoreboard_size"`
+	TTL            Duration        `yaml:"ttl"`  // scoreboard entry lifetime (default 5s)
+	Tick           Duration        `yaml:"tick"` // adaptive-delay refresh and GC period (default 3s)
+	Mark           uint32          `yaml:"mark"` // skb mark for hedges (default 0x6b650000)
+}
+
+// DelayLineConfig selects and tunes the delay line.
+type DelayLineConfig struct {
+	Backend string `yaml:"backend"` // auto | conveyor | netem | edt
+	// Period is the conveyor/netem transit time; a clone goes round until its deadline is
+	// within Period/2. Default: the smallest delay any service can ask for.
+	Period Duration `yaml:"period"`
+	// RateMbit and FillerBytes tune the conveyor: the spread of its transit time is about
+	// FillerBytes*8/Rate, its cost about Rate/(FillerBytes*8) filler frames per second.
+	RateMbit    int `yaml:"rate_mbit"`
+	FillerBytes int `yaml:"filler_bytes"`
+}
+
+// ServiceConfig declares one hedged service.
+type ServiceConfig struct {
+	Name      string         `yaml:"name"`
+	Address   string         `yaml:"address"`
+	Replicas  []string       `yaml:"replicas"`
+	RequestID RequestIDSpec  `yaml:"request_id"`
+	Delay     DelaySpec      `yaml:"delay"`
+	Budget    BudgetSpec     `yaml:"budget"`
+	addr      netip.AddrPort // parsed
+	replicas  []netip.AddrPort
+}
+
+// RequestIDSpec locates the request id in the UDP payload (same place in the response).
+type RequestIDSpec struct {
+	Offset int    `yaml:"offset"`
+	Length int    `yaml:"length"`
+	Order  string `yaml:"order"` // big | little
+}
+
+// DelaySpec is a fixed delay ("10ms") or a quantile of recent latencies with clamps.
+type DelaySpec struct {
+	Fixed      time.Duration
+	Quantile   float64
+	Min, Max   time.Duration
+	MinSamples int
+}
+
+// BudgetSpec limits hedges to Ratio of requests, with a burst of Burst hedges.
+type BudgetSpec struct {
+	Ratio float64 `yaml:"ratio"`
+	Burst int     `yaml:"burst"`
+}
+
+// Duration is a time.Duration read from YAML as "10ms".
+type Duration time.Duration
+
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (use e.g. 10ms, 1.5s)", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func (d *DelaySpec) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		v, err := time.ParseDuration(n.Value)
+		if err != nil {
+			return fmt.Errorf("line %d: delay %q is neither a duration (10ms) nor {quantile, min, max}", n.Line, n.Value)
+		}
+		*d = DelaySpec{Fixed: v}
+		return nil
+	}
+	var raw struct {
+		Quantile   float64  `yaml:"quantile"`
+		Min        Duration `yaml:"min"`
+		Max        Duration `yaml:"max"`
+		MinSamples int      `yaml:"min_samples"`
+	}
+	if err := n.Decode(&raw); err != nil {
+		return err
+	}
+	*d = DelaySpec{Quantile: raw.Quantile, Min: time.Duration(raw.Min), Max: time.Duration(raw.Max), MinSamples: raw.MinSamples}
+	return nil
+}
+
+// String renders the delay as in the config.
+func (d DelaySpec) String() string {
+	if d.Quantile == 0 {
+		return d.Fixed.String()
+	}
+	return fmt.Sprintf("p%g [%v, %v]", d.Quantile*100, d.Min, d.Max)
+}
+
+// Backends, in order of preference.
+const (
+	BackendEDT      = "edt"
+	BackendNetem    = "netem"
+	BackendConveyor = "conveyor"
+	BackendAuto     = "auto"
+)
+
+// LoadConfig reads and validates a YAML config file.
+func LoadConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	var c Config
+	dec := yaml.NewDecoder(strings.NewReader(string(b)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("parse config %s: %w", path, err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return &c, nil
+}
+
+// Validate fills defaults and rejects what cannot work, saying what to change.
+func (c *Config) Validate() error {
+	if c.Interface == "" {
+		return errors.New("interface is required: the client-side interface requests leave through (e.g. eth0)")
+	}
+	if len(c.Services) == 0 {
+		return errors.New("no services: declare at least one under 'services'")
+	}
+	if len(c.Services) > svcMax {
+		return fmt.Errorf("%d services, at most %d are supported", len(c.Services), svcMax)
+	}
+	switch c.DelayLine.Backend {
+	case "":
+		c.DelayLine.Backend = BackendAuto
+	case BackendAuto, BackendConveyor, BackendNetem, BackendEDT:
+	default:
+		return fmt.Errorf("delay_line.backend %q unknown: use auto, conveyor, netem or edt", c.DelayLine.Backend)
+	}
+	if c.DelayLine.RateMbit == 0 {
+		c.DelayLine.RateMbit = 100
+	}
+	if c.DelayLine.FillerBytes == 0 {
+		c.DelayLine.FillerBytes = 1514
+	}
+	if c.DelayLine.FillerBytes < 64 || c.DelayLine.FillerBytes > 9014 {
+		return fmt.Errorf("delay_line.filler_bytes %d out of range: use 64..9014", c.DelayLine.FillerBytes)
+	}
+	if c.DelayLine.RateMbit < 1 || c.DelayLine.RateMbit > 10000 {
+		return fmt.Errorf("delay_line.rate_mbit %d out of range: use 1..10000", c.DelayLine.RateMbit)
+	}
+	if c.ScoreboardSize == 0 {
+		c.ScoreboardSize = 65536
+	}
+	if c.TTL == 0 {
+		c.TTL = Duration(5 * time.Second)
+	}
+	if c.Tick == 0 {
+		c.Tick = Duration(3 * time.Second)
+	}
+	if c.Mark == 0 {
+		c.Mark = 0x6b650000
+	}
+	seen := map[netip.AddrPort]string{}
+	minDelay := time.Duration(0)
+	for i := range c.Services {
+		s := &c.Services[i]
+		if err := s.validate(i); err != nil {
+			return err
+		}
+		if other, dup := seen[s.addr]; dup {
+			return fmt.Errorf("services %q and %q share address %s", other, s.Name, s.addr)
+		}
+		seen[s.addr] = s.Name
+		d := s.Delay.Fixed
+		if s.Delay.Quantile > 0 {
+			d = s.Delay.Min
+		}
+		if minDelay == 0 || d < minDelay {
+			minDelay = d
+		}
+		if time.Duration(c.TTL) < 2*s.maxDelay() {
+			return fmt.Errorf("ttl %v is shorter than twice service %q's largest delay %v: raise ttl", time.Duration(c.TTL), s.Name, s.maxDelay())
+		}
+	}
+	if c.DelayLine.Period == 0 {
+		c.DelayLine.Period = Duration(minDelay)
+	}
+	if p := time.Duration(c.DelayLine.Period); p < 200*time.Microsecond || p > 10*time.Second {
+		return fmt.Errorf("delay_line.period %v out of range: use 200us..10s", p)
+	}
+	return nil
+}
+
+func (s *ServiceConfig) maxDelay() time.Duration {
+	if s.Delay.Quantile > 0 {
+		return s.Delay.Max
+	}
+	return s.Delay.Fixed
+}
+
+func (s *ServiceConfig) validate(i int) error {
+	if s.Name == "" {
+		s.Name = fmt.Sprintf("svc%d", i)
+	}
+	where := fmt.Sprintf("service %q", s.Name)
+	var err error
+	if s.addr, err = netip.ParseAddrPort(s.Address); err != nil {
+		return fmt.Errorf("%s: address %q: want ip:port (e.g. 198.18.0.12:9999 or [2001:db8::12]:9999)", where, s.Address)
+	}
+	s.addr = netip.AddrPortFrom(s.addr.Addr().Unmap(), s.addr.Port())
+	s.replicas = []netip.AddrPort{s.addr}
+	for _, r := range s.Replicas {
+		ap, err := netip.ParseAddrPort(r)
+		if err != nil {
+			return fmt.Errorf("%s: replica %q: want ip:port", where, r)
+		}
+		ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		if ap.Addr().Is4() != s.addr.Addr().Is4() {
+			return fmt.Errorf("%s: replica %s and address %s differ in IP family", where, ap, s.addr)
+		}
+		if ap != s.addr {
+			s.replicas = append(s.replicas, ap)
+		}
+	}
+	if len(s.replicas) > replicaMax {
+		return fmt.Errorf("%s: %d replicas, at most %d", where, len(s.replicas), replicaMax)
+	}
+	r := &s.RequestID
+	if r.Length == 0 {
+		r.Length = 4
+	}
+	if r.Length < 1 || r.Length > 8 {
+		return fmt.Errorf("%s: request_id.length %d: use 1..8 bytes", where, r.Length)
+	}
+	if r.Offset < 0 || r.Offset > 1400 {
+		return fmt.Errorf("%s: request_id.offset %d: use 0..1400", where, r.Offset)
+	}
+	switch r.Order {
+	case "":
+		r.Order = "big"
+	case "big", "little":
+	default:
+		return fmt.Errorf("%s: request_id.order %q: use big or little", where, r.Order)
+	}
+	d := &s.Delay
+	switch {
+	case d.Quantile == 0 && d.Fixed == 0:
+		return fmt.Errorf("%s: delay is required: a duration (10ms) or {quantile: 0.95, min: 1ms, max: 50ms}", where)
+	case d.Quantile == 0 && (d.Fixed < 200*time.Microsecond || d.Fixed > 10*time.Second):
+		return fmt.Errorf("%s: delay %v out of range: use 200us..10s", where, d.Fixed)
+	case d.Quantile != 0 && (d.Quantile <= 0 || d.Quantile >= 1):
+		return fmt.Errorf("%s: delay.quantile %g: use a fraction in (0, 1), e.g. 0.95", where, d.Quantile)
+	case d.Quantile != 0 && (d.Min < 200*time.Microsecond || d.Max < d.Min || d.Max > 10*time.Second):
+		return fmt.Errorf("%s: delay needs 200us <= min <= max <= 10s (got min %v, max %v)", where, d.Min, d.Max)
+	}
+	if d.Quantile != 0 && d.MinSamples == 0 {
+		d.MinSamples = 100
+	}
+	b := &s.Budget
+	if b.Ratio == 0 && b.Burst == 0 {
+		b.Ratio, b.Burst = 0.05, 10
+	}
+	if b.Ratio < 0 || b.Ratio > 1 {
+		return fmt.Errorf("%s: budget.ratio %g: use 0..1 (hedges per request; 0.05 = 5%% extra load)", where, b.Ratio)
+	}
+	if b.Burst < 1 || b.Burst > 100000 {
+		return fmt.Errorf("%s: budget.burst %d: use 1..100000", where, b.Burst)
+	}
+	return nil
+}

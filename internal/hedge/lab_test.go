@@ -1,0 +1,257 @@
+package hedge
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/lab"
+)
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates namespaces and loads BPF programs")
+	}
+}
+
+// stallServer answers requests (4-byte big-endian id first) by echoing them, after
+// stall for ids that stallIf selects, at once otherwise. It stops with the test.
+type stallServer struct {
+	conn    *net.UDPConn
+	served  atomic.Int64
+	stallIf func(id uint32) bool
+	stall   time.Duration
+}
+
+func startServer(t *testing.T, h *lab.Host, addr netip.Addr, port int, stallIf func(uint32) bool, stall time.Duration) *stallServer {
+	t.Helper()
+	s := &stallServer{stallIf: stallIf, stall: stall}
+	err := h.Do(func() (err error) {
+		s.conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, uint16(port))))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listen on %s: %v", h.HostName, err)
+	}
+	t.Cleanup(func() { s.conn.Close() })
+	go func() {
+		for {
+			buf := make([]byte, 2048)
+			n, from, err := s.conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			s.served.Add(1)
+			id := binary.BigEndian.Uint32(buf)
+			reply := func() { _, _ = s.conn.WriteToUDPAddrPort(buf[:n], from) }
+			if s.stallIf != nil && s.stallIf(id) {
+				time.AfterFunc(s.stall, reply)
+			} else {
+				reply()
+			}
+		}
+	}()
+	return s
+}
+
+// client sends sequential requests and checks every response; it returns latencies and
+// the number of extra datagrams that arrived (duplicates reaching the application).
+type clientResult struct {
+	lat   []time.Duration
+	extra int
+}
+
+func runClient(t *testing.T, h *lab.Host, to netip.AddrPort, connected bool, ids []uint32, timeout time.Duration) clientResult {
+	t.Helper()
+	var conn *net.UDPConn
+	err := h.Do(func() (err error) {
+		if connected {
+			conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(to))
+		} else {
+			conn, err = net.ListenUDP("udp", nil)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("client socket: %v", err)
+	}
+	defer conn.Close()
+	var res clientResult
+	buf := make([]byte, 2048)
+	req := make([]byte, 32)
+	for _, id := range ids {
+		binary.BigEndian.PutUint32(req, id)
+		start := time.Now()
+		if connected {
+			_, err = conn.Write(req)
+		} else {
+			_, err = conn.WriteToUDPAddrPort(req, to)
+		}
+		if err != nil {
+			t.Fatalf("send id %d: %v", id, err)
+		}
+		for {
+			_ = conn.SetReadDeadline(start.Add(timeout))
+			n, from, err := conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				t.Fatalf("id %d: no response within %v: %v", id, timeout, err)
+			}
+			if !connected && netip.AddrPortFrom(from.Addr().Unmap(), from.Port()) != to {
+				t.Fatalf("id %d: response from %s, client addressed %s (not rewritten)", id, from, to)
+			}
+			if n < 4 || binary.BigEndian.Uint32(buf) != id {
+				res.extra++ // a late duplicate of an earlier request
+				continue
+			}
+			res.lat = append(res.lat, time.Since(start))
+			break
+		}
+	}
+	// Anything arriving after the last response is a duplicate the kernel let through.
+	_ = conn.SetReadDeadline(time.Now().Add(400 * time.Millisecond))
+	for {
+		if _, _, err := conn.ReadFromUDPAddrPort(buf); err != nil {
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				t.Fatalf("drain: %v", err)
+			}
+			break
+		}
+		res.extra++
+	}
+	return res
+}
+
+func hedgeLab(t *testing.T, name string) *lab.Lab {
+	t.Helper()
+	l, err := lab.Up(lab.Spec{Name: name, Fabric: lab.Bridge, Hosts: []string{"client", "srv1", "srv2"}})
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("lab close: %v", err)
+		}
+	})
+	return l
+}
+
+func startHedger(t *testing.T, l *lab.Lab, cfg *Config, backend string) *Hedger {
+	t.Helper()
+	h, err := Start(cfg, Options{Netns: l.Host("client").Handle, Backend: backend})
+	if err != nil {
+		var le interface{ Full() string }
+		if errors.As(err, &le) {
+			t.Log(le.Full())
+		}
+		t.Fatalf("start hedger: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := h.Close(); err != nil {
+			t.Errorf("close hedger: %v", err)
+		}
+	})
+	return h
+}
+
+func ids(n int, base uint32) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = base + uint32(i)
+	}
+	return out
+}
+
+// TestHedgeRescuesStalledRequests is the central scenario: srv1 stalls every 10th request
+// for 300 ms, the hedge goes to srv2 after 10 ms, the client (unmodified, connected or not)
+// gets exactly one response per request, and answered requests are never hedged.
+func TestHedgeRescuesStalledRequests(t *testing.T) {
+	requireRoot(t)
+	backend := os.Getenv("KEDGE_TEST_BACKEND") // the kernel matrix runs edt and netem
+	if backend == "" {
+		backend = BackendConveyor
+	}
+	for _, fam := range []string{"ipv4", "ipv6"} {
+		for _, connected := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/%s/connected=%v", backend, fam, connected), func(t *testing.T) {
+				l := hedgeLab(t, "hr")
+				srv1, srv2 := l.Host("srv1"), l.Host("srv2")
+				a1, a2 := srv1.IPv4, srv2.IPv4
+				if fam == "ipv6" {
+					a1, a2 = srv1.IPv6, srv2.IPv6
+				}
+				const stall = 300 * time.Millisecond
+				stallIf := func(id uint32) bool { return id%10 == 0 }
+				s1 := startServer(t, srv1, a1, 9999, stallIf, stall)
+				s2 := startServer(t, srv2, a2, 9999, nil, 0)
+				svc := netip.AddrPortFrom(a1, 9999)
+				cfg := &Config{
+					Interface: "eth0",
+					Services: []ServiceConfig{{
+						Name: "t", Address: svc.String(),
+						Replicas: []string{netip.AddrPortFrom(a2, 9999).String()},
+						Delay:    DelaySpec{Fixed: 10 * time.Millisecond},
+						Budget:   BudgetSpec{Ratio: 1, Burst: 100},
+					}},
+				}
+				h := startHedger(t, l, cfg, backend)
+				const n = 60
+				res := runClient(t, l.Host("client"), svc, connected, ids(n, 1000), time.Second)
+				stalled := 0
+				for i, d := range res.lat {
+					id := uint32(1000 + i)
+					if stallIf(id) {
+						stalled++
+						if d >= stall {
+							t.Errorf("id %d: %v - the stall was not rescued by a hedge", id, d)
+						}
+					}
+				}
+				if res.extra != 0 {
+					t.Errorf("the client received %d extra datagrams; want exactly one response per request", res.extra)
+				}
+				snap, err := h.Stats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := snap.Services[0].Counters
+				t.Logf("backend %s calibration %+v precision %+v counters %v dl %v", snap.Backend, snap.Calibration, snap.Services[0].Precision, c, snap.DelayLine)
+				if c["requests"] != n || c["responses"] != n {
+					t.Errorf("requests %d responses %d, want %d each", c["requests"], c["responses"], n)
+				}
+				if c["hedges_sent"] != uint64(stalled) {
+					t.Errorf("hedges_sent = %d, want %d (only the stalled requests)", c["hedges_sent"], stalled)
+				}
+				if c["hedges_won"] != uint64(stalled) || c["responses_rewritten"] != uint64(stalled) {
+					t.Errorf("hedges_won %d responses_rewritten %d, want %d", c["hedges_won"], c["responses_rewritten"], stalled)
+				}
+				if got := c["clones_answered"]; got != uint64(n-stalled) {
+					t.Errorf("clones_answered = %d, want %d", got, n-stalled)
+				}
+				// The stalled originals' responses come back later and must be dropped.
+				deadline := time.Now().Add(2 * time.Second)
+				for {
+					snap, _ = h.Stats()
+					if snap.Services[0].Counters["duplicates_dropped"] == uint64(stalled) || time.Now().After(deadline) {
+						break
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				if got := snap.Services[0].Counters["duplicates_dropped"]; got != uint64(stalled) {
+					t.Errorf("duplicates_dropped = %d, want %d", got, stalled)
+				}
+				if got := s2.served.Load(); got != int64(stalled) {
+					t.Errorf("srv2 served %d requests, want %d (only hedges)", got, stalled)
+				}
+				_ = s1
+			})
+		}
+	}
+}

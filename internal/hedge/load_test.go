@@ -1,0 +1,29 @@
+package hedge
+
+import (
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/kedge-dev/kedge/internal/bpfx"
+)
+
+func TestLoadVerifies(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to load BPF programs")
+	}
+	spec, err := loadHedge()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs hedgeObjects
+	if err := bpfx.LoadAndAssign("hedge", spec, &objs, nil); err != nil {
+		var le *bpfx.LoadError
+		if ok := asLoadError(err, &le); ok {
+			t.Log(le.Full())
+		}
+		t.Fatal(err)
+	}
+	objs.Close()
+	_ = ebpf.ErrNotSupported
+}

@@ -1,0 +1,261 @@
+package hedge
+
+import (
+	"fmt"
+	"reflect"
+	"time"
+)
+
+// ServiceStats is one service's counters (names as in bpf/include/hedge.h) plus its
+// current delay and latency/precision quantiles.
+type ServiceStats struct {
+	Name     string            `json:"name"`
+	Address  string            `json:"address"`
+	Delay    string            `json:"delay_config"`
+	DelayNow time.Duration     `json:"delay_ns"`
+	Tokens   float64           `json:"budget_tokens"`
+	Window   uint64            `json:"window_samples"`
+	Counters map[string]uint64 `json:"counters"`
+	// Latency quantiles (request to first response) over the adaptive window.
+	LatencyP50 time.Duration `json:"latency_p50_ns"`
+	LatencyP95 time.Duration `json:"latency_p95_ns"`
+	LatencyP99 time.Duration `json:"latency_p99_ns"`
+	// Delay-line precision: hedge send time minus intended time (negative: early).
+	Precision Precision `json:"precision"`
+}
+
+// Precision summarises hedge send time - intended send time.
+type Precision struct {
+	Samples uint64        `json:"samples"`
+	P50     time.Duration `json:"p50_ns"`
+	P99     time.Duration `json:"p99_ns"`
+	Min     time.Duration `json:"min_ns"`
+	Max     time.Duration `json:"max_ns"`
+}
+
+// Snapshot is everything `kedge hedge stats` shows.
+type Snapshot struct {
+	Time        time.Time         `json:"time"`
+	Backend     string            `json:"backend"`
+	Period      time.Duration     `json:"period_ns"`
+	Calibration Calibration       `json:"calibration"`
+	Services    []ServiceStats    `json:"services"`
+	Global      map[string]uint64 `json:"global"`
+	DelayLine   map[string]uint64 `json:"delay_line"`
+}
+
+// counterMap turns a counters struct into name -> value using the C field names.
+func counterMap(v any) map[string]uint64 {
+	out := map[string]uint64{}
+	rv := reflect.ValueOf(v)
+	rt := rv.Type()
+	for i := 0; i < rt.NumField(); i++ {
+		f := rt.Field(i)
+		if f.Name == "_" || f.Type.Kind() != reflect.Uint64 {
+			continue
+		}
+		out[snake(f.Name)] = rv.Field(i).Uint()
+	}
+	return out
+}
+
+// snake converts bpf2go's CamelCase field names back to the C names.
+func snake(s string) string {
+	var b []byte
+	for i, r := range s {
+		if r >= 'A' && r <= 'Z' {
+			if i > 0 {
+				b = append(b, '_')
+			}
+			r += 'a' - 'A'
+		}
+		b = append(b, byte(r))
+	}
+	return string(b)
+}
+
+func sumStats(per []hedgeHedgeStats) hedgeHedgeStats {
+	var s hedgeHedgeStats
+	sv := reflect.ValueOf(&s).Elem()
+	for _, p := range per {
+		pv := reflect.ValueOf(p)
+		for i := 0; i < sv.NumField(); i++ {
+			if sv.Field(i).Kind() == reflect.Uint64 {
+				sv.Field(i).SetUint(sv.Field(i).Uint() + pv.Field(i).Uint())
+			}
+		}
+	}
+	return s
+}
+
+func (h *Hedger) dlStats() (hedgeDlStats, error) {
+	var per []hedgeDlStats
+	var s hedgeDlStats
+	if err := h.objs.DlCounters.Lookup(uint32(0), &per); err != nil {
+		return s, fmt.Errorf("read delay-line counters: %w", err)
+	}
+	for _, p := range per {
+		s.Entered += p.Entered
+		s.Exited += p.Exited
+		s.FillerPasses += p.FillerPasses
+		s.FillersDropped += p.FillersDropped
+		s.PeriodSumNs += p.PeriodSumNs
+		s.PeriodCount += p.PeriodCount
+		s.EdtSet += p.EdtSet
+		s.EdtNoEntry += p.EdtNoEntry
+		s.RedirectErrors += p.RedirectErrors
+		if p.PeriodMinNs != 0 && (s.PeriodMinNs == 0 || p.PeriodMinNs < s.PeriodMinNs) {
+			s.PeriodMinNs = p.PeriodMinNs
+		}
+		s.PeriodMaxNs = max(s.PeriodMaxNs, p.PeriodMaxNs)
+	}
+	return s, nil
+}
+
+// Stats reads a consistent-enough snapshot of every counter and histogram.
+func (h *Hedger) Stats() (*Snapshot, error) {
+	snap := &Snapshot{Time: time.Now(), Backend: h.Backend, Calibration: h.Calibration}
+	if h.dl != nil {
+		snap.Period = h.dl.Period
+	}
+	var per []hedgeHedgeStats
+	if err := h.objs.Stats.Lookup(uint32(svcMax), &per); err != nil {
+		return nil, fmt.Errorf("read global counters: %w", err)
+	}
+	snap.Global = counterMap(sumStats(per))
+	dl, err := h.dlStats()
+	if err != nil {
+		return nil, err
+	}
+	snap.DelayLine = counterMap(dl)
+	for i, s := range h.Config.Services {
+		idx := uint32(i)
+		if err := h.objs.Stats.Lookup(idx, &per); err != nil {
+			return nil, fmt.Errorf("read counters of %s: %w", s.Name, err)
+		}
+		var cfg hedgeSvcCfg
+		var st hedgeSvcState
+		if err := h.objs.SvcCfgs.Lookup(idx, &cfg); err != nil {
+			return nil, fmt.Errorf("read config of %s: %w", s.Name, err)
+		}
+		if err := h.objs.SvcStates.Lookup(idx, &st); err != nil {
+			return nil, fmt.Errorf("read state of %s: %w", s.Name, err)
+		}
+		ss := ServiceStats{
+			Name: s.Name, Address: s.addr.String(), Delay: s.Delay.String(),
+			DelayNow: time.Duration(cfg.DelayNs), Tokens: float64(st.TokensMilli) / 1000,
+			Window: st.WindowCount, Counters: counterMap(sumStats(per)),
+		}
+		var total hedgeKhist
+		if err := h.objs.LatHist.Lookup(idx*(histSlots+1)+histSlots, &total); err != nil {
+			return nil, fmt.Errorf("read latency histogram of %s: %w", s.Name, err)
+		}
+		ss.LatencyP50 = histQuantile(total.B[:], 0.50)
+		ss.LatencyP95 = histQuantile(total.B[:], 0.95)
+		ss.LatencyP99 = histQuantile(total.B[:], 0.99)
+		var late, early hedgeKhist
+		if err := h.objs.DlPrecision.Lookup(idx*2, &late); err != nil {
+			return nil, fmt.Errorf("read precision histogram: %w", err)
+		}
+		if err := h.objs.DlPrecision.Lookup(idx*2+1, &early); err != nil {
+			return nil, fmt.Errorf("read precision histogram: %w", err)
+		}
+		ss.Precision = precision(late.B[:], early.B[:])
+		snap.Services = append(snap.Services, ss)
+	}
+	return snap, nil
+}
+
+const (
+	histSubBits = 4
+	histSub     = 1 << histSubBits
+	histSlots   = 10
+)
+
+// bucketBounds returns [lo, hi) in microseconds for a hist_bucket() index.
+func bucketBounds(b int) (lo, hi uint64) {
+	if b < 2*histSub {
+		return uint64(b), uint64(b + 1)
+	}
+	e := b/histSub + histSubBits - 1
+	sub := uint64(b % histSub)
+	return (histSub + sub) << (e - histSubBits), (histSub + sub + 1) << (e - histSubBits)
+}
+
+// bucketOf mirrors hist_bucket() in bpf/include/hedge.h (tested against it).
+func bucketOf(us uint64) int {
+	if us < histSub {
+		return int(us)
+	}
+	e := 63
+	for us>>uint(e) == 0 {
+		e--
+	}
+	idx := (e-histSubBits+1)*histSub + int((us>>uint(e-histSubBits))&(histSub-1))
+	return min(idx, histBuckets-1)
+}
+
+const histBuckets = 400
+
+// histQuantile returns the upper edge of the bucket holding quantile q (0 when empty).
+func histQuantile(b []uint32, q float64) time.Duration {
+	var n uint64
+	for _, c := range b {
+		n += uint64(c)
+	}
+	if n == 0 {
+		return 0
+	}
+	target := uint64(float64(n)*q + 0.999999)
+	var seen uint64
+	for i, c := range b {
+		seen += uint64(c)
+		if seen >= target {
+			_, hi := bucketBounds(i)
+			return time.Duration(hi) * time.Microsecond
+		}
+	}
+	return 0
+}
+
+// precision merges the late and early histograms into one signed distribution.
+func precision(late, early []uint32) Precision {
+	type pt struct {
+		v time.Duration
+		n uint64
+	}
+	var pts []pt
+	for i := len(early) - 1; i >= 0; i-- {
+		if early[i] > 0 {
+			lo, _ := bucketBounds(i)
+			pts = append(pts, pt{-time.Duration(lo) * time.Microsecond, uint64(early[i])})
+		}
+	}
+	for i, c := range late {
+		if c > 0 {
+			_, hi := bucketBounds(i)
+			pts = append(pts, pt{time.Duration(hi) * time.Microsecond, uint64(c)})
+		}
+	}
+	var p Precision
+	for _, x := range pts {
+		p.Samples += x.n
+	}
+	if p.Samples == 0 {
+		return p
+	}
+	p.Min, p.Max = pts[0].v, pts[len(pts)-1].v
+	q := func(f float64) time.Duration {
+		target := uint64(float64(p.Samples)*f + 0.999999)
+		var seen uint64
+		for _, x := range pts {
+			seen += x.n
+			if seen >= target {
+				return x.v
+			}
+		}
+		return p.Max
+	}
+	p.P50, p.P99 = q(0.5), q(0.99)
+	return p
+}
