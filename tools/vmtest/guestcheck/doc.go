@@ -1,0 +1,5 @@
+// Package guestcheck holds tests of a vmtest guest itself: the expected kernel booted,
+// the modules loaded, BTF and bpffs are there, and netns, veth, netem, fq, clsact and
+// BPF_PROG_TEST_RUN work. tools/vmtest runs them first on every kernel; outside a vmtest
+// guest (no VMTEST_KERNEL_RELEASE in the environment) every test skips.
+package guestcheck
