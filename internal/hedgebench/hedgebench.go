@@ -1,0 +1,345 @@
+// Package hedgebench runs the Deterministic Chaos benchmark (thesis chapter 4, Table 4.2)
+// in a kedge lab: the chaos server and every client are real processes in their own
+// network namespaces, and the kernel-hedged client is the baseline client's code run while
+// kedge's hedger is attached to the client's interface.
+package hedgebench
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/chaos"
+	"github.com/kedge-dev/kedge/internal/hedge"
+	"github.com/kedge-dev/kedge/internal/lab"
+)
+
+// Scenarios.
+const (
+	Thesis   = "thesis"   // Table 4.2: one server, hedge to the same address
+	Pressure = "pressure" // the same under CPU pressure (spinning processes on every core)
+	Adaptive = "adaptive" // kernel hedging with a p95 delay instead of a fixed 10 ms
+)
+
+// Options configure a run. Zero values take the thesis's Table 4.1 parameters.
+type Options struct {
+	Scenario string
+	N        int           // measured requests per client (5000)
+	Warmup   int           // discarded first (200)
+	Delay    time.Duration // hedge threshold (10 ms)
+	Timeout  time.Duration // client timeout (1 s)
+	Server   chaos.Config  // stalls (2% x 400 ms, 2 ms fast path, TTL 1 s)
+	Backend  string        // delay-line backend (auto)
+	Exe      string        // the kedge binary (default: this executable)
+	Python   string        // python3
+	PyClient string        // clients/apphedge.py (default: found next to the checkout)
+	OutDir   string        // result.json and charts
+	Log      *slog.Logger
+}
+
+func (o *Options) defaults() error {
+	if o.Scenario == "" {
+		o.Scenario = Thesis
+	}
+	switch o.Scenario {
+	case Thesis, Pressure, Adaptive:
+	default:
+		return fmt.Errorf("unknown scenario %q: use %s, %s or %s", o.Scenario, Thesis, Pressure, Adaptive)
+	}
+	if o.N == 0 {
+		o.N = 5000
+	}
+	if o.Warmup == 0 {
+		o.Warmup = 200
+	}
+	if o.Delay == 0 {
+		o.Delay = 10 * time.Millisecond
+	}
+	if o.Timeout == 0 {
+		o.Timeout = time.Second
+	}
+	if o.Server.Stall == 0 {
+		o.Server = chaos.DefaultConfig()
+	}
+	if o.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find kedge executable: %w", err)
+		}
+		o.Exe = exe
+	}
+	if o.Python == "" {
+		o.Python = "python3"
+	}
+	if o.PyClient == "" {
+		o.PyClient = findPyClient(o.Exe)
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.OutDir == "" {
+		o.OutDir = filepath.Join("results", "hedge", o.Scenario)
+	}
+	return os.MkdirAll(o.OutDir, 0o755)
+}
+
+// findPyClient looks for clients/apphedge.py in the working directory and next to the binary.
+func findPyClient(exe string) string {
+	for _, c := range []string{"clients/apphedge.py", filepath.Join(filepath.Dir(exe), "..", "clients", "apphedge.py")} {
+		if _, err := os.Stat(c); err == nil {
+			return c
+		}
+	}
+	return ""
+}
+
+const svcPort = 9999
+
+// Run runs one scenario and returns the merged result (also written to OutDir).
+func Run(ctx context.Context, o Options) (bench.Result, error) {
+	var res bench.Result
+	if err := o.defaults(); err != nil {
+		return res, err
+	}
+	l, err := lab.Up(lab.Spec{Name: "bench", Fabric: lab.Bridge, Hosts: []string{"client", "srv1"}})
+	if err != nil {
+		return res, err
+	}
+	defer l.Close()
+	client, srv := l.Host("client"), l.Host("srv1")
+	target := netip.AddrPortFrom(srv.IPv4, svcPort)
+
+	stopSrv, err := startServer(ctx, o, srv, target)
+	if err != nil {
+		return res, err
+	}
+	defer stopSrv()
+	if err := waitReady(ctx, client, target); err != nil {
+		return res, err
+	}
+	if o.Scenario == Pressure {
+		stop, err := spin(runtime.NumCPU())
+		if err != nil {
+			return res, err
+		}
+		defer stop()
+	}
+
+	type run struct {
+		name, file string
+		args       []string
+		python     bool
+		hedged     *hedge.Config
+	}
+	common := func(base uint32) []string {
+		return []string{"--target", target.String(), "-n", fmt.Sprint(o.N), "--warmup", fmt.Sprint(o.Warmup),
+			"--timeout", o.Timeout.String(), "--base-id", fmt.Sprint(base), "--scenario", o.Scenario}
+	}
+	runs := []run{
+		{name: "baseline", file: "baseline.json", args: append([]string{"chaos", "client", "--mode", "baseline", "--name", "baseline"}, common(1_000_000)...)},
+		{name: "app-hedged (Python)", file: "apphedge-py.json", python: true, args: append([]string{"--mode", "apphedge", "--delay", o.Delay.String(), "--name", "app-hedged (Python)"}, common(2_000_000)...)},
+		{name: "app-hedged (Go)", file: "apphedge-go.json", args: append([]string{"chaos", "client", "--mode", "apphedge", "--delay", o.Delay.String(), "--name", "app-hedged (Go)"}, common(3_000_000)...)},
+	}
+	kcfg := &hedge.Config{Interface: client.Iface, DelayLine: hedge.DelayLineConfig{Backend: o.Backend},
+		Services: []hedge.ServiceConfig{{Name: "chaos", Address: target.String(),
+			Delay:  hedge.DelaySpec{Fixed: o.Delay},
+			Budget: hedge.BudgetSpec{Ratio: 0.05, Burst: 10}}}}
+	if o.Scenario == Adaptive {
+		kcfg.Services[0].Delay = hedge.DelaySpec{Quantile: 0.95, Min: 3 * time.Millisecond, Max: 50 * time.Millisecond, MinSamples: 100}
+		kcfg.Tick = hedge.Duration(time.Second)
+	}
+	runs = append(runs, run{name: "kernel-hedged", file: "kernel.json", hedged: kcfg,
+		args: append([]string{"chaos", "client", "--mode", "baseline", "--connected", "--name", "kernel-hedged"}, common(4_000_000)...)})
+	if o.PyClient == "" {
+		o.Log.Warn("clients/apphedge.py not found: skipping the Python app-hedged client (run from the repository root)")
+	}
+
+	var parts []bench.Result
+	for _, r := range runs {
+		if r.python && o.PyClient == "" {
+			continue
+		}
+		path := filepath.Join(o.OutDir, r.file)
+		args := append(append([]string{}, r.args...), "--out", path)
+		name := o.Exe
+		if r.python {
+			name, args = o.Python, append([]string{o.PyClient}, args...)
+		}
+		var h *hedge.Hedger
+		if r.hedged != nil {
+			if h, err = hedge.Start(r.hedged, hedge.Options{Netns: client.Handle, Backend: o.Backend, Log: o.Log}); err != nil {
+				return res, fmt.Errorf("start kernel hedger: %w", err)
+			}
+		}
+		o.Log.Info("running client", "series", r.name, "n", o.N)
+		err := runProcess(ctx, client, io.Discard, name, args...)
+		var snap *hedge.Snapshot
+		if h != nil {
+			snap, _ = h.Stats()
+			err = errors.Join(err, h.Close())
+		}
+		if err != nil {
+			return res, fmt.Errorf("client %s: %w", r.name, err)
+		}
+		part, err := bench.ReadFile(path)
+		if err != nil {
+			return res, err
+		}
+		if snap != nil && len(part.Series) == 1 {
+			// The hedger also saw the warm-up requests: count the measured share of hedges.
+			c := snap.Services[0].Counters
+			sent := int(c["hedges_sent"])
+			if c["requests"] > 0 {
+				sent = int(float64(c["hedges_sent"])*float64(o.N)/float64(c["requests"]) + 0.5)
+			}
+			part.Series[0].HedgesSent = &sent
+			part.Series[0].Backend = "kernel (" + snap.Backend + ")"
+			part.Parameters = mergeParams(part.Parameters, kernelParams(snap))
+		}
+		parts = append(parts, part)
+	}
+	if res, err = bench.Merge(parts...); err != nil {
+		return res, err
+	}
+	res.Scenario = o.Scenario
+	res.Parameters = mergeParams(res.Parameters, map[string]any{
+		"n": o.N, "warmup": o.Warmup, "hedge_delay_ms": ms(o.Delay), "timeout_ms": ms(o.Timeout),
+		"stall_pct": o.Server.StallPct, "stall_ms": ms(o.Server.Stall), "fast_ms": ms(o.Server.Fast),
+		"ttl_ms": ms(o.Server.TTL), "cpu_pressure": o.Scenario == Pressure,
+	})
+	if err := res.WriteFile(filepath.Join(o.OutDir, "result.json")); err != nil {
+		return res, err
+	}
+	return res, bench.WriteCharts(o.OutDir, res, 0.95, o.Delay)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func mergeParams(a, b map[string]any) map[string]any {
+	if a == nil {
+		a = map[string]any{}
+	}
+	for k, v := range b {
+		a[k] = v
+	}
+	return a
+}
+
+func kernelParams(s *hedge.Snapshot) map[string]any {
+	p := s.Services[0].Precision
+	return map[string]any{
+		"kernel.backend": s.Backend, "kernel.period_ms": ms(s.Period),
+		"kernel.conveyor_mean_ms": ms(s.Calibration.Mean), "kernel.conveyor_spread_us": float64(s.Calibration.Spread) / 1e3,
+		"kernel.precision_p50_us": float64(p.P50) / 1e3, "kernel.precision_p99_us": float64(p.P99) / 1e3,
+		"kernel.precision_max_us": float64(p.Max) / 1e3, "kernel.delay_final_ms": ms(s.Services[0].DelayNow),
+		"kernel.counters": s.Services[0].Counters,
+	}
+}
+
+func startServer(ctx context.Context, o Options, h *lab.Host, at netip.AddrPort) (func(), error) {
+	cmd := h.Command(o.Exe, "chaos", "serve", "--listen", at.String(),
+		"--stall-pct", fmt.Sprint(o.Server.StallPct), "--stall", o.Server.Stall.String(),
+		"--fast", o.Server.Fast.String(), "--ttl", o.Server.TTL.String())
+	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+	if err := h.Start(cmd); err != nil {
+		return nil, fmt.Errorf("start chaos server: %w", err)
+	}
+	return func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}, nil
+}
+
+// waitReady polls the server from the client namespace with an id that never stalls
+// (id % 100 == 50) and is outside every client's range.
+func waitReady(ctx context.Context, h *lab.Host, to netip.AddrPort) error {
+	var conn *net.UDPConn
+	if err := h.Do(func() (err error) {
+		conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(to))
+		return err
+	}); err != nil {
+		return fmt.Errorf("probe socket: %w", err)
+	}
+	defer conn.Close()
+	req := make([]byte, 32)
+	deadline := time.Now().Add(10 * time.Second)
+	for id := uint32(4_000_000_050); time.Now().Before(deadline); id += 100 {
+		binary.BigEndian.PutUint32(req, id)
+		if _, err := conn.Write(req); err == nil {
+			_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			buf := make([]byte, 64)
+			if n, err := conn.Read(buf); err == nil && n >= 4 && binary.BigEndian.Uint32(buf) == id {
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("chaos server at %s did not answer within 10s", to)
+}
+
+// runProcess runs a command inside h and waits for it, returning its stderr on failure.
+func runProcess(ctx context.Context, h *lab.Host, stdout io.Writer, name string, args ...string) error {
+	cmd := h.Command(name, args...)
+	var stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = stdout, &stderr
+	if err := h.Start(cmd); err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("%s: %w: %s", filepath.Base(name), err, strings.TrimSpace(stderr.String()))
+		}
+		return nil
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// spin starts n busy-looping processes (the CPU pressure of scenario a) and returns a
+// function that kills them by PID.
+func spin(n int) (func(), error) {
+	var cmds []*exec.Cmd
+	stop := func() {
+		for _, c := range cmds {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	}
+	for i := 0; i < n; i++ {
+		c := exec.Command("/bin/sh", "-c", "while :; do :; done")
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := c.Start(); err != nil {
+			stop()
+			return nil, fmt.Errorf("start CPU spinner: %w", err)
+		}
+		cmds = append(cmds, c)
+	}
+	return stop, nil
+}
