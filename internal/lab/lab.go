@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -31,6 +32,28 @@ const (
 	// namespace routing between them (.1 is the router, .2 the host).
 	Router
 )
+
+// String returns "bridge" or "router".
+func (f Fabric) String() string {
+	switch f {
+	case Bridge:
+		return "bridge"
+	case Router:
+		return "router"
+	}
+	return fmt.Sprintf("fabric(%d)", int(f))
+}
+
+// ParseFabric parses "bridge" or "router".
+func ParseFabric(s string) (Fabric, error) {
+	switch s {
+	case "bridge":
+		return Bridge, nil
+	case "router":
+		return Router, nil
+	}
+	return 0, fmt.Errorf("unknown fabric %q: use bridge or router", s)
+}
 
 // Spec declares a topology.
 type Spec struct {
@@ -70,7 +93,7 @@ const hostIface = "eth0"
 
 // Up builds the topology. On error everything created so far is removed.
 func Up(spec Spec) (_ *Lab, err error) {
-	if err := spec.validate(); err != nil {
+	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
 	l := &Lab{Spec: spec, byName: map[string]*Host{}}
@@ -100,7 +123,53 @@ func Up(spec Spec) (_ *Lab, err error) {
 	if err := l.staticNeighbours(); err != nil {
 		return nil, err
 	}
+	if err := l.waitOperUp(linkUpTimeout); err != nil {
+		return nil, err
+	}
 	return l, nil
+}
+
+// linkUpTimeout bounds waitOperUp; the kernel's link watcher runs at most once a second.
+const linkUpTimeout = 5 * time.Second
+
+// waitOperUp waits until every host's eth0 and its fabric peer are operationally up. Setting
+// a veth up is not enough: the kernel's link watcher (deferred work, rate-limited to one
+// run a second) attaches the real qdisc and marks the carrier only later, and until then
+// packets are dropped (noop qdisc) and bridge ports do not forward.
+func (l *Lab) waitOperUp(timeout time.Duration) error {
+	fh, err := netlink.NewHandleAt(l.Fabric.Handle)
+	if err != nil {
+		return fmt.Errorf("open netlink in fabric: %w", err)
+	}
+	defer fh.Close()
+	deadline := time.Now().Add(timeout)
+	for _, h := range l.Hosts {
+		hh, err := netlink.NewHandleAt(h.Handle)
+		if err != nil {
+			return fmt.Errorf("open netlink in %s: %w", h.HostName, err)
+		}
+		err = errors.Join(waitLinkUp(hh, hostIface, deadline), waitLinkUp(fh, fmt.Sprintf("v%d", h.Index), deadline))
+		hh.Close()
+		if err != nil {
+			return fmt.Errorf("wait for host %s: %w", h.HostName, err)
+		}
+	}
+	return nil
+}
+
+func waitLinkUp(h *netlink.Handle, name string, deadline time.Time) error {
+	for {
+		link, err := h.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("find %s: %w", name, err)
+		}
+		if st := link.Attrs().OperState; st == netlink.OperUp {
+			return nil
+		} else if time.Now().After(deadline) {
+			return fmt.Errorf("%s still %s after %v: link watcher stuck?", name, st, linkUpTimeout)
+		}
+		time.Sleep(time.Millisecond) // polling a kernel state with a deadline
+	}
 }
 
 // newNetns creates the namespace for part (a host name or the fabric).

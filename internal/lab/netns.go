@@ -159,7 +159,30 @@ func ProcessAlive(pid int) bool {
 
 // CleanupStale deletes kedge namespaces whose owner process is gone (all: every kedge
 // namespace, including a live run's). It returns the names it removed.
+// Persistent labs (kedge-lab-...) have no owner pid and are never removed here (see Down).
 func CleanupStale(all bool) ([]string, error) {
+	entries, err := namedNetns()
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, name := range entries {
+		pid, ok := OwnerPID(name)
+		if !ok || (!all && (ProcessAlive(pid) || pid == os.Getpid())) {
+			continue
+		}
+		if err := netns.DeleteNamed(name); err != nil {
+			errs = append(errs, fmt.Errorf("delete netns %s: %w", name, err))
+			continue
+		}
+		removed = append(removed, name)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// namedNetns lists the names under NetnsDir (none when it does not exist).
+func namedNetns() ([]string, error) {
 	entries, err := os.ReadDir(NetnsDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -167,18 +190,9 @@ func CleanupStale(all bool) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", NetnsDir, err)
 	}
-	var removed []string
-	var errs []error
+	names := make([]string, 0, len(entries))
 	for _, e := range entries {
-		pid, ok := OwnerPID(e.Name())
-		if !ok || (!all && (ProcessAlive(pid) || pid == os.Getpid())) {
-			continue
-		}
-		if err := netns.DeleteNamed(e.Name()); err != nil {
-			errs = append(errs, fmt.Errorf("delete netns %s: %w", e.Name(), err))
-			continue
-		}
-		removed = append(removed, e.Name())
+		names = append(names, e.Name())
 	}
-	return removed, errors.Join(errs...)
+	return names, nil
 }

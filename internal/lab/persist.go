@@ -46,7 +46,8 @@ func ValidName(name string) error {
 	return nil
 }
 
-func (s Spec) validate() error {
+// Validate checks the spec as Up does (names, host count, duplicates).
+func (s Spec) Validate() error {
 	if s.Name == "" || len(s.Hosts) == 0 {
 		return errors.New("lab spec needs a name and at least one host")
 	}
@@ -90,16 +91,13 @@ func (n *Netns) release() {
 // ListPersistent returns the names of the persistent labs present (sorted), including
 // half-built or half-removed ones.
 func ListPersistent() ([]string, error) {
-	entries, err := os.ReadDir(NetnsDir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	entries, err := namedNetns()
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", NetnsDir, err)
+		return nil, err
 	}
 	var names []string
 	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), PersistentPrefix)
+		rest, ok := strings.CutPrefix(e, PersistentPrefix)
 		if !ok {
 			continue
 		}
@@ -114,21 +112,21 @@ func ListPersistent() ([]string, error) {
 
 // namespacesOf returns the namespace names of persistent lab name, hosts first, fabric last.
 func namespacesOf(name string) ([]string, error) {
-	entries, err := os.ReadDir(NetnsDir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("list %s: %w", NetnsDir, err)
+	entries, err := namedNetns()
+	if err != nil {
+		return nil, err
 	}
 	var hosts []string
 	fabric := ""
 	prefix := PersistentPrefix + name + "-"
 	for _, e := range entries {
-		part, ok := strings.CutPrefix(e.Name(), prefix)
+		part, ok := strings.CutPrefix(e, prefix)
 		switch {
 		case !ok:
 		case part == fabricPart:
-			fabric = e.Name()
+			fabric = e
 		default:
-			hosts = append(hosts, e.Name())
+			hosts = append(hosts, e)
 		}
 	}
 	if fabric != "" {
