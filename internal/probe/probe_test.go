@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,7 +18,8 @@ import (
 	"github.com/kedge-dev/kedge/internal/lab"
 )
 
-var update = flag.Bool("update", false, "rewrite golden files in testdata/")
+// KEDGE_UPDATE_GOLDEN=1 go test ... rewrites the golden files in testdata/.
+var update = os.Getenv("KEDGE_UPDATE_GOLDEN") == "1"
 
 // fixture builds a report with every catalogue row available except those in missing
 // (probed, not available) and unknown (not probed).
@@ -63,17 +63,17 @@ func TestWriteTableGolden(t *testing.T) {
 				t.Fatalf("write table: %v", err)
 			}
 			golden := filepath.Join("testdata", tc.name+".golden")
-			if *update {
+			if update {
 				if err := os.WriteFile(golden, b.Bytes(), 0o644); err != nil {
 					t.Fatal(err)
 				}
 			}
 			want, err := os.ReadFile(golden)
 			if err != nil {
-				t.Fatalf("read golden (run go test -update to create): %v", err)
+				t.Fatalf("read golden (run KEDGE_UPDATE_GOLDEN=1 go test to create): %v", err)
 			}
 			if got := b.String(); got != string(want) {
-				t.Errorf("table differs from %s (go test -update rewrites it):\n--- got\n%s\n--- want\n%s", golden, got, want)
+				t.Errorf("table differs from %s (KEDGE_UPDATE_GOLDEN=1 go test rewrites it):\n--- got\n%s\n--- want\n%s", golden, got, want)
 			}
 		})
 	}
