@@ -1,0 +1,227 @@
+package cleanup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/lab"
+)
+
+// deadPID is far above any pid_max, so it cannot belong to a live process.
+const deadPID = 99999999
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, tc filters and BPF programs")
+	}
+}
+
+// usePinRoot points bpfx at a temporary pin root (a plain directory stands in for bpffs:
+// listing and removing pin dirs are plain file operations).
+func usePinRoot(t *testing.T) string {
+	t.Helper()
+	old := bpfx.PinRoot
+	bpfx.PinRoot = filepath.Join(t.TempDir(), "kedge")
+	t.Cleanup(func() { bpfx.PinRoot = old })
+	return bpfx.PinRoot
+}
+
+func mkdirs(t *testing.T, dirs ...string) {
+	t.Helper()
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "map"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// filterNamespace makes a namespace with a veth whose ingress hook carries one kedge filter
+// per owner pid, named kedge:<pid>:<name> as bpfx names them.
+func filterNamespace(t *testing.T, pids ...int) *lab.Netns {
+	t.Helper()
+	ns, err := lab.NewNetns(lab.OwnedName("cleanuptest"))
+	if err != nil {
+		t.Fatalf("create namespace: %v", err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	h, err := netlink.NewHandleAt(ns.Handle)
+	if err != nil {
+		t.Fatalf("netlink: %v", err)
+	}
+	defer h.Close()
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "c0"}, PeerName: "c1"}); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	l, err := h.LinkByName("c0")
+	if err != nil {
+		t.Fatalf("find veth: %v", err)
+	}
+	q := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+		QdiscType:  "clsact",
+	}
+	if err := h.QdiscAdd(q); err != nil {
+		t.Fatalf("add clsact: %v", err)
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.SchedCLS, License: "Dual BSD/GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		t.Fatalf("load program: %v", err)
+	}
+	defer prog.Close() // the filters hold their own references
+	for i, pid := range pids {
+		f := &netlink.BpfFilter{
+			FilterAttrs: netlink.FilterAttrs{
+				LinkIndex: l.Attrs().Index, Parent: netlink.HANDLE_MIN_INGRESS,
+				Handle: 1, Priority: uint16(i + 1), Protocol: unix.ETH_P_ALL,
+			},
+			Fd: prog.FD(), Name: fmt.Sprintf("%s%d:test", bpfx.FilterPrefix, pid), DirectAction: true,
+		}
+		if err := h.FilterAdd(f); err != nil {
+			t.Fatalf("add filter %s: %v", f.Name, err)
+		}
+	}
+	return ns
+}
+
+func filterNames(t *testing.T, ns *lab.Netns) []string {
+	t.Helper()
+	h, err := netlink.NewHandleAt(ns.Handle)
+	if err != nil {
+		t.Fatalf("netlink: %v", err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName("c0")
+	if err != nil {
+		t.Fatalf("find veth: %v", err)
+	}
+	fs, err := h.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+	if err != nil {
+		t.Fatalf("list filters: %v", err)
+	}
+	var names []string
+	for _, f := range fs {
+		if bf, ok := f.(*netlink.BpfFilter); ok {
+			names = append(names, bf.Name)
+		}
+	}
+	return names
+}
+
+func TestRunRemovesDeadRunsOnly(t *testing.T) {
+	requireRoot(t)
+	pinRoot := usePinRoot(t)
+	deadPin := filepath.Join(pinRoot, fmt.Sprintf("x.%d", deadPID))
+	livePin := filepath.Join(pinRoot, fmt.Sprintf("y.%d", os.Getpid()))
+	mkdirs(t, deadPin, livePin)
+
+	deadNS := fmt.Sprintf("%s-%d-cleanup%d", lab.Prefix, deadPID, os.Getpid())
+	ns, err := lab.NewNetns(deadNS)
+	if err != nil {
+		t.Fatalf("create %s: %v", deadNS, err)
+	}
+	ns.Handle.Close()
+	t.Cleanup(func() { _ = os.Remove(filepath.Join(lab.NetnsDir, deadNS)) })
+	live, err := lab.NewNetns(lab.OwnedName("cleanuplive"))
+	if err != nil {
+		t.Fatalf("create live namespace: %v", err)
+	}
+	t.Cleanup(func() { live.Close() })
+
+	fns := filterNamespace(t, deadPID, os.Getpid())
+	deadFilter := fmt.Sprintf("%s%d:test", bpfx.FilterPrefix, deadPID)
+	liveFilter := fmt.Sprintf("%s%d:test", bpfx.FilterPrefix, os.Getpid())
+
+	persistent := fmt.Sprintf("c%d", os.Getpid())
+	pl, err := lab.Up(lab.Spec{Name: persistent, Hosts: []string{"a"}, Persistent: true})
+	if err != nil {
+		t.Fatalf("persistent lab up: %v", err)
+	}
+	pl.Release()
+	t.Cleanup(func() { _, _ = lab.Down(persistent) })
+
+	res, err := Run(Options{FilterNetns: fns})
+	if err != nil {
+		t.Fatalf("cleanup: %v", err)
+	}
+	// Namespaces are not checked in the report: any cleaner running concurrently (another
+	// test package, a developer's kedge cleanup) may remove the dead one first.
+	for _, tc := range []struct {
+		what    string
+		got     []string
+		removed string
+	}{
+		{"pin dirs", res.PinDirs, deadPin},
+		{"filters", res.Filters, "c0 ingress filter " + deadFilter},
+	} {
+		if !slices.Contains(tc.got, tc.removed) {
+			t.Errorf("removed %s = %v, want it to contain %s", tc.what, tc.got, tc.removed)
+		}
+	}
+	if exists(filepath.Join(lab.NetnsDir, deadNS)) || exists(deadPin) {
+		t.Errorf("dead run's namespace or pin dir still present")
+	}
+	if !exists(filepath.Join(lab.NetnsDir, live.Name)) || !exists(livePin) {
+		t.Errorf("live run's namespace %s or pin dir %s was removed", live.Name, livePin)
+	}
+	if got := filterNames(t, fns); !slices.Equal(got, []string{liveFilter}) {
+		t.Errorf("filters after cleanup = %v, want only %s", got, liveFilter)
+	}
+	if len(res.Labs) != 0 {
+		t.Errorf("cleanup without All removed persistent labs %v", res.Labs)
+	}
+	if _, err := lab.Open(persistent); err != nil {
+		t.Errorf("persistent lab gone after cleanup without All: %v", err)
+	}
+}
+
+// TestRemoveLabs covers the All path on one lab of its own (Run with All would also take
+// down persistent labs that concurrently running tests own).
+func TestRemoveLabs(t *testing.T) {
+	requireRoot(t)
+	name := fmt.Sprintf("r%d", os.Getpid())
+	l, err := lab.Up(lab.Spec{Name: name, Hosts: []string{"a", "b"}, Persistent: true})
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	l.Release()
+	t.Cleanup(func() { _, _ = lab.Down(name) })
+	removed, err := removeLabs([]string{name, "absent_" + name})
+	if err != nil {
+		t.Fatalf("remove labs: %v", err)
+	}
+	if !slices.Equal(removed, []string{name}) {
+		t.Errorf("removed = %v", removed)
+	}
+	if _, err := lab.Open(name); !errors.Is(err, lab.ErrNotFound) {
+		t.Errorf("Open after removal: %v, want ErrNotFound", err)
+	}
+	entries, _ := os.ReadDir(lab.NetnsDir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), lab.PersistentPrefix+name+"-") {
+			t.Errorf("namespace %s left", e.Name())
+		}
+	}
+}
