@@ -1,0 +1,385 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kedge-dev/kedge/internal/lab"
+)
+
+func init() { register(newLabCmd) }
+
+func newLabCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "lab",
+		Short: "Build and use network-namespace labs (hosts joined by a bridge or router)",
+		Long: `A lab is a set of hosts, one network namespace each with one interface eth0,
+joined by a fabric namespace: a bridge (one L2 segment, 198.18.0.0/24 and
+2001:db8::/64) or a router (host i on 198.18.i.0/24, 2001:db8:i::/64). Neighbours
+are static and IPv6 DAD is off, so a lab is usable at once.
+
+A lab made by 'kedge lab up' outlives the command (its namespaces are named
+kedge-lab-<name>-<host>) until 'kedge lab down' or 'kedge cleanup --all'.
+Nothing is created in the current network namespace.`,
+		Example: `  sudo kedge lab up --name demo --hosts client,srv1,srv2 --fabric bridge
+  sudo kedge lab exec demo client -- ip -br addr
+  sudo kedge lab shell demo srv1
+  sudo kedge lab list
+  sudo kedge lab down demo`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown lab command %q: use up, down, exec, shell or list (see 'kedge lab --help')", args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usagef("kedge lab needs a command: up, down, exec, shell or list (see 'kedge lab --help')")
+		},
+	}
+	cmd.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabExecCmd(), newLabShellCmd(), newLabListCmd())
+	return cmd
+}
+
+func newLabUpCmd() *cobra.Command {
+	var (
+		name, hosts, fabric, output string
+		mtu                         int
+	)
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Create a persistent lab and print its hosts and addresses",
+		Example: `  # three hosts on one bridge
+  sudo kedge lab up --name demo --hosts client,srv1,srv2 --fabric bridge
+
+  # routed, jumbo frames, addresses as JSON
+  sudo kedge lab up --name wan --hosts a,b --fabric router --mtu 9000 -o json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutputFormat(output); err != nil {
+				return err
+			}
+			spec, err := labSpec(name, hosts, fabric, mtu)
+			if err != nil {
+				return err
+			}
+			l, err := lab.Up(spec)
+			if err != nil {
+				return rootHint(fmt.Errorf("create lab %s: %w", name, err))
+			}
+			defer l.Release()
+			if err := writeReport(cmd.OutOrStdout(), output, labJSON(l), func(w io.Writer) error { return writeLab(w, l) }); err != nil {
+				return err
+			}
+			if output == outputTable {
+				first := l.Hosts[0]
+				fmt.Fprintf(cmd.OutOrStdout(), "\nlab %s is up; try 'kedge lab exec %s %s -- ip addr', remove it with 'kedge lab down %s'\n",
+					name, name, first.HostName, name)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "demo", "lab name: letters, digits and '_'")
+	cmd.Flags().StringVar(&hosts, "hosts", "client,srv1,srv2", "comma-separated host names, in address order")
+	cmd.Flags().StringVar(&fabric, "fabric", "bridge", "how hosts are joined: bridge or router")
+	cmd.Flags().IntVar(&mtu, "mtu", 0, "interface MTU (0: the veth default, 1500)")
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+// labSpec validates the flags of lab up (usage errors, exit 2).
+func labSpec(name, hosts, fabric string, mtu int) (lab.Spec, error) {
+	f, err := lab.ParseFabric(fabric)
+	if err != nil {
+		return lab.Spec{}, usagef("--fabric: %v", err)
+	}
+	if err := lab.ValidName(name); err != nil {
+		return lab.Spec{}, usagef("--name: %v", err)
+	}
+	if mtu != 0 && (mtu < 68 || mtu > 65535) {
+		return lab.Spec{}, usagef("--mtu %d is out of range: use 68-65535, or 0 for the default", mtu)
+	}
+	var hs []string
+	for _, h := range strings.Split(hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			hs = append(hs, h)
+		}
+	}
+	if len(hs) == 0 {
+		return lab.Spec{}, usagef("--hosts is empty: name at least one host, e.g. --hosts client,srv1")
+	}
+	spec := lab.Spec{Name: name, Fabric: f, Hosts: hs, MTU: mtu, Persistent: true}
+	if err := spec.Validate(); err != nil {
+		return lab.Spec{}, usagef("--hosts: %v", err)
+	}
+	return spec, nil
+}
+
+func newLabDownCmd() *cobra.Command {
+	var quiet bool
+	cmd := &cobra.Command{
+		Use:     "down NAME",
+		Short:   "Remove a persistent lab",
+		Example: `  sudo kedge lab down demo`,
+		Args:    exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := lab.ValidName(args[0]); err != nil {
+				return usagef("%v", err)
+			}
+			removed, err := lab.Down(args[0])
+			if !quiet {
+				for _, n := range removed {
+					fmt.Fprintf(cmd.OutOrStdout(), "removed namespace %s\n", n)
+				}
+			}
+			if errors.Is(err, lab.ErrNotFound) {
+				return fmt.Errorf("%w (see 'kedge lab list')", err)
+			}
+			return rootHint(err)
+		},
+	}
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print nothing unless something fails")
+	return cmd
+}
+
+func newLabExecCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "exec NAME HOST -- COMMAND [ARGS...]",
+		Short: "Run a command inside a lab host",
+		Long: `Exec runs a command in the network namespace of a lab host, with this terminal's
+stdin, stdout and stderr. The command is forked from a thread inside the namespace
+(not via 'ip netns exec'), so /sys, and with it /sys/fs/bpf, stays as it is.
+kedge exits with the command's exit status.`,
+		Example: `  sudo kedge lab exec demo client -- ip -br addr
+  sudo kedge lab exec demo srv1 -- /bin/sh -c 'cat /proc/net/dev'`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			args = stripDash(args)
+			if len(args) < 3 {
+				return usagef("kedge lab exec needs a lab, a host and a command, e.g. 'kedge lab exec demo client -- ip addr'")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			args = stripDash(args)
+			h, release, err := openHost(args[0], args[1])
+			if err != nil {
+				return err
+			}
+			defer release()
+			c := h.Command(args[2], args[3:]...)
+			return runAttached(cmd, h, c)
+		},
+	}
+	cmd.Flags().SetInterspersed(false) // everything after NAME belongs to the command
+	return cmd
+}
+
+func newLabShellCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "shell NAME HOST",
+		Short: "Start an interactive shell inside a lab host",
+		Long: `Shell starts $SHELL (or /bin/sh) in the network namespace of a lab host, with
+KEDGE_LAB and KEDGE_HOST set and a prompt naming the host. Leave it with 'exit'.`,
+		Example: `  sudo kedge lab shell demo srv1`,
+		Args:    exactArgs("NAME", "HOST"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			h, release, err := openHost(args[0], args[1])
+			if err != nil {
+				return err
+			}
+			defer release()
+			sh := os.Getenv("SHELL")
+			if sh == "" {
+				sh = "/bin/sh"
+			}
+			c := h.Command(sh)
+			c.Env = append(os.Environ(), "KEDGE_LAB="+args[0], "KEDGE_HOST="+args[1],
+				fmt.Sprintf("PS1=[kedge %s/%s] # ", args[0], args[1]))
+			fmt.Fprintf(cmd.ErrOrStderr(), "shell in host %s of lab %s (%s); 'exit' leaves it\n", args[1], args[0], h.IPv4)
+			return runAttached(cmd, h, c)
+		},
+	}
+}
+
+func newLabListCmd() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List persistent labs with their hosts and addresses",
+		Example: `  sudo kedge lab list
+  sudo kedge lab list -o json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutputFormat(output); err != nil {
+				return err
+			}
+			names, err := lab.ListPersistent()
+			if err != nil {
+				return err
+			}
+			var labs []labView
+			for _, n := range names {
+				l, err := lab.Open(n)
+				if err != nil {
+					labs = append(labs, labView{Name: n, Error: err.Error()})
+					continue
+				}
+				labs = append(labs, labJSON(l))
+				l.Release()
+			}
+			return writeReport(cmd.OutOrStdout(), output, labsOrEmpty(labs), func(w io.Writer) error { return writeLabList(w, labs) })
+		},
+	}
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+func labsOrEmpty(l []labView) []labView {
+	if l == nil {
+		return []labView{}
+	}
+	return l
+}
+
+// stripDash drops the "--" between HOST and COMMAND (kept as an argument because flag
+// parsing stops at NAME).
+func stripDash(args []string) []string {
+	if len(args) > 2 && args[2] == "--" {
+		return append(args[:2:2], args[3:]...)
+	}
+	return args
+}
+
+// exactArgs requires the named positional arguments.
+func exactArgs(names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != len(names) {
+			return usagef("%s needs %s, got %d argument(s) (see '%s --help')",
+				cmd.CommandPath(), strings.Join(names, " "), len(args), cmd.CommandPath())
+		}
+		return nil
+	}
+}
+
+// openHost opens a persistent lab and returns one host; release lets go of the lab.
+func openHost(labName, host string) (*lab.Host, func(), error) {
+	if err := lab.ValidName(labName); err != nil {
+		return nil, nil, usagef("%v", err)
+	}
+	l, err := lab.Open(labName)
+	if err != nil {
+		return nil, nil, rootHint(err)
+	}
+	h := l.Host(host)
+	if h == nil {
+		l.Release()
+		return nil, nil, usagef("lab %s has no host %q: its hosts are %s", labName, host, strings.Join(l.Spec.Hosts, ", "))
+	}
+	return h, l.Release, nil
+}
+
+// runAttached runs c in h with the command's stdio and returns its exit status as the
+// error's exit code. kedge ignores SIGINT meanwhile: the child (same process group) gets it.
+func runAttached(cmd *cobra.Command, h *lab.Host, c *exec.Cmd) error {
+	c.Stdin, c.Stdout, c.Stderr = cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt) // caught (not ignored), so the child keeps the default
+	defer signal.Stop(sig)
+	if err := h.Start(c); err != nil {
+		return fmt.Errorf("start %s in %s: %w", c.Path, h.HostName, err)
+	}
+	err := c.Wait()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code := ee.ExitCode()
+		if code < 0 {
+			code = exitError // killed by a signal
+		}
+		return exitCodeError{code, fmt.Errorf("%s in %s: %w", c.Path, h.HostName, err)}
+	}
+	if err != nil {
+		return fmt.Errorf("wait for %s in %s: %w", c.Path, h.HostName, err)
+	}
+	return nil
+}
+
+// labView is the JSON (and table) form of a lab.
+type labView struct {
+	Name   string     `json:"name"`
+	Fabric string     `json:"fabric,omitempty"`
+	MTU    int        `json:"mtu,omitempty"`
+	Hosts  []hostView `json:"hosts,omitempty"`
+	Error  string     `json:"error,omitempty"` // a lab that could not be opened
+}
+
+type hostView struct {
+	Host      string `json:"host"`
+	Namespace string `json:"namespace"`
+	Iface     string `json:"iface"`
+	IfIndex   int    `json:"ifindex"`
+	MAC       string `json:"mac"`
+	IPv4      string `json:"ipv4"`
+	IPv6      string `json:"ipv6"`
+	Gateway4  string `json:"gateway4,omitempty"`
+	Gateway6  string `json:"gateway6,omitempty"`
+}
+
+func labJSON(l *lab.Lab) labView {
+	v := labView{Name: l.Spec.Name, Fabric: l.Spec.Fabric.String(), MTU: l.Spec.MTU}
+	for _, h := range l.Hosts {
+		hv := hostView{Host: h.HostName, Namespace: h.Name, Iface: h.Iface, IfIndex: h.IfIndex,
+			MAC: h.MAC.String(), IPv4: h.IPv4.String(), IPv6: h.IPv6.String()}
+		if h.Gateway4.IsValid() {
+			hv.Gateway4, hv.Gateway6 = h.Gateway4.String(), h.Gateway6.String()
+		}
+		v.Hosts = append(v.Hosts, hv)
+	}
+	return v
+}
+
+func writeLab(w io.Writer, l *lab.Lab) error {
+	v := labJSON(l)
+	fmt.Fprintf(w, "lab %s (%s fabric)\n", v.Name, v.Fabric)
+	return writeHosts(w, v.Hosts, "  ")
+}
+
+func writeHosts(w io.Writer, hosts []hostView, indent string) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "%sHOST\tIPV4\tIPV6\tMAC\tGATEWAY\tNAMESPACE\n", indent)
+	for _, h := range hosts {
+		gw := h.Gateway4
+		if gw == "" {
+			gw = "-"
+		}
+		fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\t%s\n", indent, h.Host, h.IPv4, h.IPv6, h.MAC, gw, h.Namespace)
+	}
+	return tw.Flush()
+}
+
+func writeLabList(w io.Writer, labs []labView) error {
+	if len(labs) == 0 {
+		_, err := fmt.Fprintln(w, "no labs; create one with 'kedge lab up'")
+		return err
+	}
+	for i, v := range labs {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		if v.Error != "" {
+			fmt.Fprintf(w, "lab %s: broken: %s\n", v.Name, v.Error)
+			continue
+		}
+		fmt.Fprintf(w, "lab %s (%s fabric)\n", v.Name, v.Fabric)
+		if err := writeHosts(w, v.Hosts, "  "); err != nil {
+			return err
+		}
+	}
+	return nil
+}
