@@ -167,13 +167,15 @@ func moduleDepends(data []byte) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read .modinfo: %w", err)
 	}
+	return modinfoDepends(info), nil
+}
+
+// modinfoDepends parses .modinfo (NUL-separated key=value entries) for "depends=".
+func modinfoDepends(info []byte) []string {
 	for _, kv := range bytes.Split(info, []byte{0}) {
-		if v, ok := bytes.CutPrefix(kv, []byte("depends=")); ok {
-			if len(v) == 0 {
-				return nil, nil
-			}
-			return strings.Split(string(v), ","), nil
+		if v, ok := bytes.CutPrefix(kv, []byte("depends=")); ok && len(v) > 0 {
+			return strings.Split(string(v), ",")
 		}
 	}
-	return nil, nil
+	return nil
 }

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// transcript feeds console lines to a fresh result, one millisecond apart.
+func transcript(t *testing.T, console string) *kernelResult {
+	t.Helper()
+	start := time.Unix(0, 0)
+	r := newKernelResult("6.1", "linux-image-x=1", start)
+	now := start
+	for _, line := range strings.Split(strings.TrimPrefix(console, "\n"), "\n") {
+		now = now.Add(time.Millisecond)
+		r.feed(cleanLine(line), now)
+	}
+	return r
+}
+
+// goTestOutput is real go test -v output (Go 1.26) with parallel subtests, a multi-line
+// skip reason and a skip without a reason.
+const goTestOutput = `=== RUN   TestA
+    x_test.go:3: note a
+    x_test.go:3: reason A
+--- SKIP: TestA (0.00s)
+=== RUN   TestB
+=== RUN   TestB/sub1
+    x_test.go:5: reason B/sub1
+        second line
+=== RUN   TestB/sub2
+=== PAUSE TestB/sub2
+=== RUN   TestB/sub3
+=== PAUSE TestB/sub3
+=== CONT  TestB/sub2
+=== CONT  TestB/sub3
+    x_test.go:7: bad
+=== NAME  TestB/sub2
+    x_test.go:6: reason B/sub2
+--- FAIL: TestB (0.00s)
+    --- SKIP: TestB/sub1 (0.00s)
+    --- FAIL: TestB/sub3 (0.00s)
+    --- SKIP: TestB/sub2 (0.00s)
+=== RUN   TestC
+--- PASS: TestC (0.00s)
+=== RUN   TestD
+--- SKIP: TestD (0.00s)
+FAIL`
+
+func TestParseGoTestOutput(t *testing.T) {
+	r := transcript(t, "\x1b[2JBooting from ROM..VMTEST-BOOTED uptime=1.5\nVMTEST-BEGIN internal/x\n"+
+		goTestOutput+"\nVMTEST-END internal/x rc=1\nVMTEST-DONE")
+	if !r.Booted || !r.Done {
+		t.Fatalf("booted=%v done=%v, want both", r.Booted, r.Done)
+	}
+	if len(r.Pkgs) != 1 {
+		t.Fatalf("got %d packages, want 1", len(r.Pkgs))
+	}
+	p := r.Pkgs[0]
+	if p.Pass != 1 || p.Fail != 2 || p.Skip != 4 || p.RC != 1 || !p.Ended {
+		t.Errorf("pass/fail/skip/rc/ended = %d/%d/%d/%d/%v, want 1/2/4/1/true", p.Pass, p.Fail, p.Skip, p.RC, p.Ended)
+	}
+	want := map[string]string{
+		"TestA":      "x_test.go:3: reason A",
+		"TestB/sub1": "x_test.go:5: reason B/sub1 second line",
+		"TestB/sub2": "x_test.go:6: reason B/sub2",
+		"TestD":      noReason,
+	}
+	for _, s := range p.Skips {
+		if want[s.Test] != s.Reason {
+			t.Errorf("skip %s: reason %q, want %q", s.Test, s.Reason, want[s.Test])
+		}
+	}
+	if got := strings.Join(p.Failed, ","); got != "TestB,TestB/sub3" {
+		t.Errorf("failed = %s", got)
+	}
+	if r.Status() != "FAIL" || p.Status() != "FAIL" {
+		t.Errorf("status kernel %s package %s, want FAIL FAIL", r.Status(), p.Status())
+	}
+}
+
+func TestResultStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		console string
+		finish  func(r *kernelResult)
+		want    string
+	}{
+		{"ok", "VMTEST-BOOTED uptime=1\nVMTEST-BEGIN p\n--- PASS: TestX (0.00s)\nPASS\nVMTEST-END p rc=0\nVMTEST-DONE", nil, "ok"},
+		{"binary exit without failed test", "VMTEST-BOOTED uptime=1\nVMTEST-BEGIN p\npanic: boom\nVMTEST-END p rc=2\nVMTEST-DONE", nil, "FAIL"},
+		{"guest died in a binary", "VMTEST-BOOTED uptime=1\nVMTEST-BEGIN p\n=== RUN   TestX", nil, "CRASH"},
+		{"never booted", "SeaBIOS", nil, "CRASH"},
+		{"setup failed", "VMTEST-SETUP-FAILED insmod /lib/modules/veth.ko\nVMTEST-BOOTED uptime=1\nVMTEST-DONE", nil, "SETUP-FAILED"},
+		{"kernel bug", "VMTEST-BOOTED uptime=1\n[    3.141592] BUG: kernel NULL pointer dereference\nVMTEST-DONE", nil, "KERNEL-BUG"},
+		{"kernel warning is no failure", "VMTEST-BOOTED uptime=1\n[    3.1] WARNING: CPU: 0 PID: 1 at x.c:1\nVMTEST-DONE", nil, "ok"},
+		{"test log mentioning BUG is no kernel bug", "VMTEST-BOOTED uptime=1\nVMTEST-BEGIN p\n    x_test.go:1: BUG: none\n--- PASS: TestX (0.00s)\nVMTEST-END p rc=0\nVMTEST-DONE", nil, "ok"},
+		{"timeout", "VMTEST-BOOTED uptime=1\nVMTEST-BEGIN p", func(r *kernelResult) { r.finish(time.Unix(9, 0), true, nil) }, "TIMEOUT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := transcript(t, tc.console)
+			if tc.finish != nil {
+				tc.finish(r)
+			} else {
+				r.finish(time.Unix(1, 0), false, nil)
+			}
+			if got := r.Status(); got != tc.want {
+				t.Errorf("status %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSummaryCountsAndReasons(t *testing.T) {
+	r := transcript(t, "VMTEST-BOOTED uptime=1\nVMTEST-BEGIN internal/x\n"+goTestOutput+"\nVMTEST-END internal/x rc=1\nVMTEST-DONE")
+	r.finish(time.Unix(2, 0), false, nil)
+	var b strings.Builder
+	printSummary(&b, []*kernelResult{r})
+	out := b.String()
+	for _, want := range []string{
+		"vmtest: 1 passed, 2 failed, 4 skipped",
+		"internal/x: failed: TestB, TestB/sub3",
+		"    1  reason A\n         [6.1] internal/x TestA",
+		noReason,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+}
