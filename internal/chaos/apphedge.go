@@ -39,11 +39,6 @@ type hedgeLoop struct {
 }
 
 func newHedgeLoop(target, alt netip.AddrPort, connected bool, timeout, delay time.Duration) (*hedgeLoop, error) {
-	// The thread is never unlocked: see the type's comment.
-	runtime.LockOSThread()
-	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0); err != nil {
-		return nil, fmt.Errorf("set timer slack: %w", err)
-	}
 	l := &hedgeLoop{connected: connected, timeout: timeout, delay: delay, buf: make([]byte, maxDatagram)}
 	dests := []netip.AddrPort{target}
 	if alt.IsValid() && alt != target {
@@ -74,6 +69,16 @@ func newHedgeLoop(target, alt netip.AddrPort, connected bool, timeout, delay tim
 		l.pollfds = append(l.pollfds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 	}
 	return l, nil
+}
+
+// start locks the calling goroutine to its thread for good (see the type's comment) and
+// sets the thread's timer slack.
+func (l *hedgeLoop) start() error {
+	runtime.LockOSThread()
+	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("set timer slack: %w", err)
+	}
+	return nil
 }
 
 // send sends pkt as the request (hedge false) or as the hedge.

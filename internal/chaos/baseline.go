@@ -69,6 +69,7 @@ func (l *baselineLoop) do(pkt []byte, id uint32) (time.Duration, bool, error) {
 	}
 }
 
+func (l *baselineLoop) start() error        { return nil }
 func (l *baselineLoop) hedges() int         { return 0 }
 func (l *baselineLoop) lateDuplicates() int { return l.late }
 func (l *baselineLoop) reset()              { l.late = 0 }

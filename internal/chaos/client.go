@@ -159,8 +159,11 @@ func share(total, c, k int) int {
 }
 
 // loop is one sequential client: it sends a request and returns when it is answered or
-// has timed out. Implementations own their sockets.
+// has timed out. Implementations own their sockets, which are opened by the constructor in
+// the calling goroutine (so in its network namespace); start runs first in the goroutine
+// that then drives the loop.
 type loop interface {
+	start() error
 	// do sends request pkt (its id already written) and waits; it returns whether the
 	// response came, and when (measured from the first send).
 	do(pkt []byte, id uint32) (time.Duration, bool, error)
@@ -173,6 +176,9 @@ type loop interface {
 
 // RunClient runs Warmup+N requests against cfg.Target in mode and returns the measured part.
 // It stops early, with ctx's error, when ctx is done.
+//
+// The sockets are created in the calling goroutine before any loop starts: to measure inside
+// a network namespace, call RunClient from a goroutine locked to a thread in it.
 func RunClient(ctx context.Context, mode Mode, cfg ClientConfig) (ClientResult, error) {
 	if err := cfg.Validate(mode); err != nil {
 		return ClientResult{}, fmt.Errorf("configure %s client: %w", mode, err)
@@ -181,24 +187,33 @@ func RunClient(ctx context.Context, mode Mode, cfg ClientConfig) (ClientResult, 
 	if err != nil {
 		return ClientResult{}, fmt.Errorf("configure %s client: %w", mode, err)
 	}
+	loops := make([]loop, 0, cfg.Concurrency)
+	defer func() {
+		for _, l := range loops {
+			_ = l.close()
+		}
+	}()
+	for range cfg.Concurrency {
+		var l loop
+		if mode == ModeBaseline {
+			l, err = newBaselineLoop(target, cfg.Connected, cfg.Timeout)
+		} else {
+			l, err = newHedgeLoop(target, alt, cfg.Connected, cfg.Timeout, cfg.Delay)
+		}
+		if err != nil {
+			return ClientResult{}, fmt.Errorf("start %s client: %w", mode, err)
+		}
+		loops = append(loops, l)
+	}
 	span := loopSpan(cfg.N+cfg.Warmup, cfg.Concurrency)
 	results := make([]ClientResult, cfg.Concurrency)
 	errs := make([]error, cfg.Concurrency)
 	var wg sync.WaitGroup
-	for k := range cfg.Concurrency {
+	for k, l := range loops {
 		wg.Go(func() {
-			var l loop
-			var err error
-			if mode == ModeBaseline {
-				l, err = newBaselineLoop(target, cfg.Connected, cfg.Timeout)
-			} else {
-				l, err = newHedgeLoop(target, alt, cfg.Connected, cfg.Timeout, cfg.Delay)
-			}
-			if err != nil {
-				errs[k] = err
+			if errs[k] = l.start(); errs[k] != nil {
 				return
 			}
-			defer l.close()
 			first := cfg.BaseID + uint32(uint64(k)*span)
 			results[k], errs[k] = runLoop(ctx, l, first, share(cfg.Warmup, cfg.Concurrency, k),
 				share(cfg.N, cfg.Concurrency, k), cfg.PayloadLen)
