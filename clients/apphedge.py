@@ -195,6 +195,14 @@ def git_commit():
     return res.stdout.strip() if res.returncode == 0 else "unknown"
 
 
+def load_avg():
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except (OSError, ValueError):
+        return None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["apphedge", "baseline"], default="apphedge")
@@ -234,6 +242,7 @@ def main(argv=None):
     if alt and alt[0] != target[0]:
         ap.error("--target and --alt are of different address families")
 
+    load = load_avg()
     results = [None] * args.concurrency
     threads = [
         threading.Thread(target=run_loop, args=(args, target, alt, args.base_id + k * span,
@@ -278,6 +287,7 @@ def main(argv=None):
         "machine": {"hostname": socket.gethostname(), "cpu_model": cpu_model(), "nproc": os.cpu_count() or 0},
         "kernel": os.uname().release,
         "commit": git_commit(),
+        "load_avg": load,
         "parameters": params,
         "series": [series],
     }

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -33,7 +34,10 @@ type Result struct {
 	// Kernel is `uname -r` of the machine the clients ran on.
 	Kernel string `json:"kernel"`
 	// Commit is the kedge commit (git rev-parse HEAD), "unknown" outside a checkout.
-	Commit     string         `json:"commit"`
+	Commit string `json:"commit"`
+	// LoadAvg is /proc/loadavg (1, 5, 15 min) when the result was started: other work on the
+	// machine shows up in latency tails, so a result says how busy the machine was.
+	LoadAvg    []float64      `json:"load_avg,omitempty"`
 	Parameters map[string]any `json:"parameters,omitempty"`
 	Series     []Series       `json:"series"`
 }
@@ -104,8 +108,28 @@ func NewResult(ctx context.Context, scenario string, params map[string]any) Resu
 		Machine:    LocalMachine(),
 		Kernel:     KernelRelease(),
 		Commit:     Commit(ctx, ""),
+		LoadAvg:    loadAvg("/proc/loadavg"),
 		Parameters: params,
 	}
+}
+
+// loadAvg reads the three load averages of a /proc/loadavg-formatted file; nil if unreadable.
+func loadAvg(path string) []float64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return nil
+	}
+	out := make([]float64, 3)
+	for i := range out {
+		if out[i], err = strconv.ParseFloat(f[i], 64); err != nil {
+			return nil
+		}
+	}
+	return out
 }
 
 // LocalMachine describes this host. Fields it cannot read stay empty.
@@ -193,7 +217,8 @@ func ReadFile(path string) (Result, error) {
 }
 
 // Merge combines results into one: the first result's metadata, the series of all in order.
-// Parameters that differ between inputs are kept per series name as "<series>.<key>".
+// Parameters that differ between inputs are kept per series name as "<series>.<key>"; the
+// load average is the highest any input started with (the busiest the machine was known to be).
 func Merge(rs ...Result) (Result, error) {
 	if len(rs) == 0 {
 		return Result{}, errors.New("merge results: nothing to merge")
@@ -202,6 +227,14 @@ func Merge(rs ...Result) (Result, error) {
 	out.Series = nil
 	out.Parameters = map[string]any{}
 	seen := map[string]bool{}
+	for _, r := range rs[1:] {
+		if len(r.LoadAvg) == 3 {
+			if len(out.LoadAvg) != 3 {
+				out.LoadAvg = make([]float64, 3)
+			}
+			out.LoadAvg = []float64{max(out.LoadAvg[0], r.LoadAvg[0]), max(out.LoadAvg[1], r.LoadAvg[1]), max(out.LoadAvg[2], r.LoadAvg[2])}
+		}
+	}
 	for _, r := range rs {
 		for _, s := range r.Series {
 			if seen[s.Name] {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -55,11 +57,34 @@ func TestReadFileRejects(t *testing.T) {
 	}
 }
 
+func TestLoadAvg(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name, body string
+		want       []float64
+	}{
+		{"proc format", "0.52 1.10 2.00 2/345 6789\n", []float64{0.52, 1.10, 2.00}},
+		{"short", "0.52 1.10\n", nil},
+		{"garbage", "a b c\n", nil},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(dir, strconv.Itoa(i))
+			if err := os.WriteFile(path, []byte(tt.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if got := loadAvg(path); !slices.Equal(got, tt.want) {
+				t.Errorf("loadAvg = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestMerge(t *testing.T) {
 	a := Result{Schema: SchemaVersion, Scenario: "s", Parameters: map[string]any{"n": 5000, "mode": "baseline"},
-		Series: []Series{{Name: "baseline"}}}
+		Series: []Series{{Name: "baseline"}}, LoadAvg: []float64{1, 5, 1}}
 	b := Result{Schema: SchemaVersion, Scenario: "s", Parameters: map[string]any{"n": 5000, "mode": "apphedge", "delay_ms": 10},
-		Series: []Series{{Name: "app"}}}
+		Series: []Series{{Name: "app"}}, LoadAvg: []float64{2, 1, 1}}
 	m, err := Merge(a, b)
 	if err != nil {
 		t.Fatal(err)
@@ -75,6 +100,9 @@ func TestMerge(t *testing.T) {
 		if m.Parameters[k] != v {
 			t.Errorf("parameter %s = %v, want %v", k, m.Parameters[k], v)
 		}
+	}
+	if !slices.Equal(m.LoadAvg, []float64{2, 5, 1}) {
+		t.Errorf("merged load average %v, want the element-wise max [2 5 1]", m.LoadAvg)
 	}
 	if _, err := Merge(a, a); err == nil {
 		t.Error("merging two series of one name: no error")
