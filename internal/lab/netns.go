@@ -34,27 +34,46 @@ func OwnedName(name string) string {
 }
 
 // NewNetns creates the named namespace (bind-mounted under NetnsDir) without moving the
-// calling goroutine into it.
+// calling goroutine into it. The work happens on a dedicated, locked thread: should that
+// thread fail to return to the original namespace, Go retires it with its goroutine
+// instead of leaving the caller stranded in the new namespace.
 func NewNetns(name string) (*Netns, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return nil, fmt.Errorf("get current netns: %w", err)
+	type result struct {
+		h   netns.NsHandle
+		err error
 	}
-	defer orig.Close()
-	h, err := netns.NewNamed(name)
-	if err != nil {
-		_ = netns.Set(orig)
-		return nil, fmt.Errorf("create netns %s: %w", name, err)
-	}
-	if err := netns.Set(orig); err != nil {
-		// The thread is stuck in the new namespace: keep it locked so Go retires it.
+	c := make(chan result, 1)
+	go func() {
 		runtime.LockOSThread()
-		h.Close()
-		return nil, fmt.Errorf("return to original netns: %w", err)
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			c <- result{-1, fmt.Errorf("get current netns: %w", err)}
+			return
+		}
+		defer orig.Close()
+		h, err := netns.NewNamed(name) // moves this thread into the new namespace
+		if serr := netns.Set(orig); serr != nil {
+			// The thread stays locked and is retired when this goroutine exits.
+			if err == nil {
+				h.Close()
+				_ = netns.DeleteNamed(name)
+			}
+			c <- result{-1, errors.Join(err, fmt.Errorf("return to original netns: %w", serr))}
+			return
+		}
+		runtime.UnlockOSThread()
+		if err != nil {
+			c <- result{-1, fmt.Errorf("create netns %s: %w", name, err)}
+			return
+		}
+		c <- result{h, nil}
+	}()
+	r := <-c
+	if r.err != nil {
+		return nil, r.err
 	}
-	return &Netns{Name: name, Handle: h}, nil
+	return &Netns{Name: name, Handle: r.h}, nil
 }
 
 // Path is the namespace's bind-mount path (usable with nsenter --net=PATH).
