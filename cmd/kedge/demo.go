@@ -17,7 +17,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kedge-dev/kedge/internal/lab"
-	"github.com/kedge-dev/kedge/internal/probe"
 )
 
 func init() { register(newDemoCmd) }
@@ -53,7 +52,7 @@ checks that nothing of it is left. 'make demo' runs 'kedge cleanup --quiet' firs
 
 func runDemo(ctx context.Context, w io.Writer, count int) (err error) {
 	fmt.Fprintln(w, "== 1/4 what this kernel offers kedge")
-	r, err := probe.Run(ctx)
+	r, err := probeRun(ctx)
 	if err != nil {
 		return err
 	}

@@ -2,16 +2,19 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/probe"
 )
 
 // KEDGE_UPDATE_GOLDEN=1 go test ... rewrites the golden files in testdata/.
@@ -233,5 +236,42 @@ func TestProbeAndDemoCLI(t *testing.T) {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, stdout)
 		}
+	}
+}
+
+// TestProbeExitCodes checks the mapping from a report to exit codes with made-up reports:
+// 3 with the reason when kedge cannot run, 0 otherwise (also for demo, which stops early).
+func TestProbeExitCodes(t *testing.T) {
+	report := func(missing ...string) *probe.Report {
+		r := &probe.Report{Kernel: probe.Kernel{Release: "5.4.0-test"}}
+		for _, id := range []string{probe.BPFSyscall, probe.BTF, probe.TCX, probe.Clsact, probe.QdiscTbf} {
+			r.Features = append(r.Features, probe.Feature{ID: id, Name: id, Probed: true, Available: !slices.Contains(missing, id)})
+		}
+		return r
+	}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		missing []string
+		code    int
+		stderr  string
+	}{
+		{"runnable", []string{"probe"}, []string{probe.TCX}, exitOK, ""},
+		{"no btf", []string{"probe", "-o", "json"}, []string{probe.BTF}, exitUnsupported, "kedge: this kernel cannot run kedge: the kernel exposes no BTF"},
+		{"no tc hook", []string{"probe"}, []string{probe.TCX, probe.Clsact}, exitUnsupported, "neither TCX links nor clsact"},
+		{"demo stops", []string{"demo"}, []string{probe.BPFSyscall}, exitUnsupported, "no BPF syscall"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			saved := probeRun
+			t.Cleanup(func() { probeRun = saved })
+			probeRun = func(context.Context) (*probe.Report, error) { return report(tc.missing...), nil }
+			code, stdout, stderr := runCLI(t, "", tc.args...)
+			if code != tc.code || !strings.Contains(stderr, tc.stderr) {
+				t.Errorf("kedge %s: exit %d (want %d), stderr %q (want %q)", strings.Join(tc.args, " "), code, tc.code, stderr, tc.stderr)
+			}
+			if stdout == "" {
+				t.Errorf("kedge %s printed no report", strings.Join(tc.args, " "))
+			}
+		})
 	}
 }

@@ -12,6 +12,9 @@ import (
 
 func init() { register(newProbeCmd) }
 
+// probeRun is probe.Run; tests replace it to exercise reports this kernel would not give.
+var probeRun = probe.Run
+
 func newProbeCmd() *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
@@ -38,7 +41,7 @@ Exit codes: 0 kedge can run here, 1 probe failed, 3 kedge cannot run on this ker
 			if err := checkOutputFormat(output); err != nil {
 				return err
 			}
-			r, err := probe.Run(cmd.Context())
+			r, err := probeRun(cmd.Context())
 			if err != nil {
 				return err
 			}
