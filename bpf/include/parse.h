@@ -25,6 +25,10 @@
  *  - TCP: doff >= 5 and the whole header (options included) inside the packet.
  *  - ICMP/ICMPv6: the 8-byte header (type, code, checksum, id, sequence) inside the packet.
  * Protocols other than TCP/UDP/ICMP/ICMPv6 are PARSE_OK with l4_off set and no ports.
+ *
+ * Offsets in struct pkt turn back into pointers with pkt_hdr(), which bounds them first: the
+ * verifier learns nothing from a data_end check on a packet pointer whose variable offset
+ * may exceed 0xffff (MAX_PACKET_OFF), so "data + p->l4_off" cannot be checked directly.
  */
 #ifndef KEDGE_PARSE_H
 #define KEDGE_PARSE_H
@@ -36,6 +40,11 @@
 
 #define VLAN_MAX_DEPTH 2
 #define IPV6_EXT_MAX 6
+
+/* Largest header offset parse_pkt() can produce: 2 VLAN tags, then a 60-byte IPv4 header or
+ * a 40-byte IPv6 header and IPV6_EXT_MAX extension headers of at most 2048 bytes each
+ * (14 + 8 + 40 + 6 * 2048 = 12350). pkt_hdr() refuses offsets above it. */
+#define PKT_OFF_MAX 0x3FFF
 
 enum parse_err {
 	PARSE_OK = 0,
@@ -256,7 +265,10 @@ static __always_inline int parse_icmp_echo(struct hdr_cursor *nh, void *data_end
 #define TCP_MAX_OPTS 10
 
 /* Finds the TCP timestamp option. Returns 0 and fills tsval/tsecr (host order) when found,
- * -1 otherwise. The header must already have passed parse_tcphdr(). */
+ * -1 otherwise. The header must already have passed parse_tcphdr() (tcph from pkt_hdr()).
+ * Every read is checked against data_end itself: with an "opt_end <= data_end" test up
+ * front, clang derives the data_end checks from the opt_end ones and drops them, and the
+ * verifier (which cannot) rejects the program. */
 static __always_inline int parse_tcp_ts(struct tcphdr *tcph, void *data_end, __u32 *tsval,
 					__u32 *tsecr)
 {
@@ -264,8 +276,6 @@ static __always_inline int parse_tcp_ts(struct tcphdr *tcph, void *data_end, __u
 	__u8 *opt_end = (__u8 *)tcph + tcph->doff * 4;
 	__u8 kind, len;
 
-	if ((void *)opt_end > data_end)
-		return -1;
 #pragma unroll
 	for (int i = 0; i < TCP_MAX_OPTS; i++) {
 		if (pos + 1 > opt_end || (void *)(pos + 1) > data_end)
@@ -301,6 +311,24 @@ static __always_inline void ipv4_mapped(struct in6_addr *dst, __be32 addr)
 	dst->in6_u.u6_addr32[1] = 0;
 	dst->in6_u.u6_addr32[2] = bpf_htonl(0x0000ffff);
 	dst->in6_u.u6_addr32[3] = addr;
+}
+
+/* pkt_hdr returns a pointer to the len bytes at offset off (from struct pkt) of the packet
+ * starting at data, or NULL when they are not all inside it. len must be a constant. */
+static __always_inline void *pkt_hdr(void *data, void *data_end, __u32 off, __u32 len)
+{
+	__u64 o = off;
+	void *p;
+
+	/* The verifier must see the bound on the very register added to data. The barrier
+	 * makes o opaque, so clang cannot compare one copy of off and add another. */
+	barrier_var(o);
+	if (o > PKT_OFF_MAX)
+		return NULL;
+	p = data + o;
+	if (p + len > data_end)
+		return NULL;
+	return p;
 }
 
 /* parse_pkt parses Ethernet -> VLAN* -> IPv4/IPv6 (+ext) -> TCP/UDP/ICMP(v6).

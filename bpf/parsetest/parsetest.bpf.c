@@ -34,9 +34,9 @@ static __always_inline void run_parse(void *data, void *data_end)
 	r->tsval = 0;
 	r->tsecr = 0;
 	if (r->ret == PARSE_OK && r->pkt.l4_proto == IPPROTO_TCP) {
-		struct tcphdr *tcph = data + r->pkt.l4_off;
+		struct tcphdr *tcph = pkt_hdr(data, data_end, r->pkt.l4_off, sizeof(*tcph));
 
-		if ((void *)(tcph + 1) <= data_end)
+		if (tcph)
 			r->ts_ret = parse_tcp_ts(tcph, data_end, &r->tsval, &r->tsecr);
 	}
 }
