@@ -36,9 +36,13 @@ fuzz: build
 test-kernels: build
 	@$(GO) run ./tools/vmtest -all
 
+# The main job on its default: what the kernel offers, then the thesis's Table 4.2 reproduced
+# in a lab (chaos server, baseline / app-hedged Python and Go / kernel-hedged clients), charts
+# under results/hedge/thesis/. `kedge demo` is a quicker tour (probe, lab, round trips).
 demo: build
 	@./$(BIN) cleanup --quiet
-	@./$(BIN) demo
+	@./$(BIN) probe
+	@./$(BIN) bench hedge --scenario thesis --out results/hedge
 
 cleanup: build
 	@./$(BIN) cleanup
