@@ -17,14 +17,28 @@
  *    compared with data_end: in TC the skb may be non-linear, so data_end can end early.
  *  - IPv4/IPv6 fragments: a first fragment is parsed (PKT_F_FRAG set, L4 header present);
  *    a later fragment has no L4 header and is PARSE_ERR_FRAGMENT. Callers pass it untouched.
+ *    An IPv6 fragment header with offset 0 and M clear (an "atomic fragment", RFC 6946) is
+ *    not a fragment: no PKT_F_FRAG, like IPv4 with MF clear and offset 0.
  *  - IPv6 extension headers: hop-by-hop, routing, destination options, fragment and AH are
  *    walked, at most IPV6_EXT_MAX of them; more is PARSE_ERR_EXT_DEPTH. ESP and "no next
- *    header" end the walk with l4_proto set to that value and no ports.
- *  - UDP: the header must be inside the packet; 8 <= length <= the IP payload length
- *    (first fragments excepted).
+ *    header" end the walk with l4_proto set to that value and no ports. The walk stops at
+ *    the fragment header of a later fragment: what follows it is fragment data, not headers
+ *    (l4_proto is that header's next header).
+ *  - UDP: the header must be inside the packet and inside the IP payload (PARSE_ERR_IP_LEN);
+ *    8 <= length <= the IP payload length (first fragments excepted).
  *  - TCP: doff >= 5 and the whole header (options included) inside the packet.
  *  - ICMP/ICMPv6: the 8-byte header (type, code, checksum, id, sequence) inside the packet.
+ *    Echo request/reply carry id and sequence in sport/dport; other types leave them 0.
  * Protocols other than TCP/UDP/ICMP/ICMPv6 are PARSE_OK with l4_off set and no ports.
+ * parse_tcp_ts() finds the timestamp option among the first TCP_MAX_OPTS options (each NOP
+ * counts): Linux, the BSDs and macOS put it within the first six.
+ *
+ * On error struct pkt keeps what was parsed before the failing check: l3_off once the
+ * Ethernet/VLAN headers are in; l3_proto once the ethertype is known; addresses, ttl, tos,
+ * payload_len (the IP payload), l4_proto, l4_off and payload_off (= l4_off) once the IP
+ * header(s) passed their checks; flags as headers are walked. Ports and the final
+ * payload_off/payload_len are written only on PARSE_OK. internal/parsetest pins all of it
+ * with a Go reference parser.
  *
  * Offsets in struct pkt turn back into pointers with pkt_hdr(), which bounds them first: the
  * verifier learns nothing from a data_end check on a packet pointer whose variable offset
@@ -40,6 +54,10 @@
 
 #define VLAN_MAX_DEPTH 2
 #define IPV6_EXT_MAX 6
+
+/* IPv6 fragment header frag_off field (host order): offset in 8-byte units and the M flag. */
+#define IP6_FRAG_OFFSET 0xFFF8
+#define IP6_FRAG_MF 0x0001
 
 /* Largest header offset parse_pkt() can produce: 2 VLAN tags, then a 60-byte IPv4 header or
  * a 40-byte IPv6 header and IPV6_EXT_MAX extension headers of at most 2048 bytes each
@@ -82,8 +100,8 @@ struct hdr_cursor {
 struct pkt {
 	struct in6_addr saddr; /* IPv4 as ::ffff:a.b.c.d */
 	struct in6_addr daddr;
-	__be16 sport;          /* TCP/UDP ports; ICMP echo id in sport for echo packets */
-	__be16 dport;
+	__be16 sport;          /* TCP/UDP ports; ICMP/ICMPv6 echo: id */
+	__be16 dport;          /* ICMP/ICMPv6 echo: sequence */
 	__u16 l3_proto;        /* host order: ETH_P_IP or ETH_P_IPV6 */
 	__u8 l4_proto;
 	__u8 flags;            /* enum pkt_flags */
@@ -146,7 +164,7 @@ static __always_inline int parse_iphdr(struct hdr_cursor *nh, void *data_end,
 }
 
 /* Walks IPv6 extension headers. Returns the upper-layer protocol or a parse_err.
- * *frag_off gets the fragment offset (in 8-byte units) of a fragment header, if any. */
+ * *is_later_frag is set for a fragment with a non-zero offset; the walk ends there. */
 static __always_inline int parse_ip6hdr(struct hdr_cursor *nh, void *data_end,
 					struct ipv6hdr **ip6hdr, __u8 *flags, __u8 *is_later_frag)
 {
@@ -182,14 +200,21 @@ static __always_inline int parse_ip6hdr(struct hdr_cursor *nh, void *data_end,
 			break;
 		case IPPROTO_FRAGMENT: {
 			struct frag_hdr *fh = nh->pos;
+			__u16 frag_off;
 
 			if ((void *)(fh + 1) > data_end)
 				return PARSE_ERR_EXT;
-			*flags |= PKT_F_IP6_EXT | PKT_F_FRAG;
-			if (bpf_ntohs(fh->frag_off) & 0xFFF8)
-				*is_later_frag = 1;
+			frag_off = bpf_ntohs(fh->frag_off);
+			*flags |= PKT_F_IP6_EXT;
+			if (frag_off & (IP6_FRAG_OFFSET | IP6_FRAG_MF))
+				*flags |= PKT_F_FRAG; /* not an atomic fragment */
 			next = fh->nexthdr;
 			nh->pos = fh + 1;
+			if (frag_off & IP6_FRAG_OFFSET) {
+				/* A later fragment: the rest is data, whatever next says. */
+				*is_later_frag = 1;
+				return next;
+			}
 			break;
 		}
 		default:
@@ -331,6 +356,13 @@ static __always_inline void *pkt_hdr(void *data, void *data_end, __u32 off, __u3
 	return p;
 }
 
+static __always_inline int is_icmp_echo(__u8 proto, __u8 type)
+{
+	if (proto == IPPROTO_ICMP)
+		return type == ICMP_ECHO || type == ICMP_ECHOREPLY;
+	return type == ICMPV6_ECHO_REQUEST || type == ICMPV6_ECHO_REPLY;
+}
+
 /* parse_pkt parses Ethernet -> VLAN* -> IPv4/IPv6 (+ext) -> TCP/UDP/ICMP(v6).
  * Returns PARSE_OK or a negative enum parse_err; p holds what was parsed so far. */
 static __always_inline int parse_pkt(void *data, void *data_end, struct pkt *p)
@@ -372,14 +404,14 @@ static __always_inline int parse_pkt(void *data, void *data_end, struct pkt *p)
 		proto = parse_ip6hdr(&nh, data_end, &ip6h, &p->flags, &later_frag);
 		if (proto < 0)
 			return proto;
-		p->saddr = ip6h->saddr;
-		p->daddr = ip6h->daddr;
-		p->ttl = ip6h->hop_limit;
-		p->tos = (ip6h->priority << 4) | (ip6h->flow_lbl[0] >> 4);
 		/* payload_len counts extension headers too; subtract what we walked. */
 		ret = nh.pos - (void *)(ip6h + 1);
 		if (bpf_ntohs(ip6h->payload_len) < ret)
 			return PARSE_ERR_IP_LEN;
+		p->saddr = ip6h->saddr;
+		p->daddr = ip6h->daddr;
+		p->ttl = ip6h->hop_limit;
+		p->tos = (ip6h->priority << 4) | (ip6h->flow_lbl[0] >> 4);
 		p->payload_len = bpf_ntohs(ip6h->payload_len) - ret;
 	} else {
 		return PARSE_ERR_L3_PROTO;
@@ -391,6 +423,8 @@ static __always_inline int parse_pkt(void *data, void *data_end, struct pkt *p)
 	if (later_frag)
 		return PARSE_ERR_FRAGMENT;
 
+	/* Each L4 header: inside the packet, then inside the IP payload (PARSE_ERR_IP_LEN), then
+	 * its own length checks; ports only once all passed. */
 	switch (proto) {
 	case IPPROTO_UDP: {
 		struct udphdr *udph;
@@ -398,6 +432,8 @@ static __always_inline int parse_pkt(void *data, void *data_end, struct pkt *p)
 		ret = parse_udphdr(&nh, data_end, &udph);
 		if (ret < 0)
 			return ret;
+		if (p->payload_len < sizeof(*udph))
+			return PARSE_ERR_IP_LEN;
 		/* A first fragment carries only part of the datagram the length describes. */
 		if (bpf_ntohs(udph->len) > p->payload_len && !(p->flags & PKT_F_FRAG))
 			return PARSE_ERR_UDP;
@@ -412,10 +448,10 @@ static __always_inline int parse_pkt(void *data, void *data_end, struct pkt *p)
 		ret = parse_tcphdr(&nh, data_end, &tcph);
 		if (ret < 0)
 			return ret;
-		p->sport = tcph->source;
-		p->dport = tcph->dest;
 		if (p->payload_len < tcph->doff * 4)
 			return PARSE_ERR_IP_LEN;
+		p->sport = tcph->source;
+		p->dport = tcph->dest;
 		p->payload_len -= tcph->doff * 4;
 		break;
 	}
@@ -426,10 +462,12 @@ static __always_inline int parse_pkt(void *data, void *data_end, struct pkt *p)
 		ret = parse_icmp_echo(&nh, data_end, &icmph);
 		if (ret < 0)
 			return ret;
-		p->sport = icmph->id;
-		p->dport = icmph->seq;
 		if (p->payload_len < sizeof(*icmph))
 			return PARSE_ERR_IP_LEN;
+		if (is_icmp_echo(proto, icmph->type)) {
+			p->sport = icmph->id;
+			p->dport = icmph->seq;
+		}
 		p->payload_len -= sizeof(*icmph);
 		break;
 	}
