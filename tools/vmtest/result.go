@@ -34,11 +34,13 @@ type pkgResult struct {
 	Pass, Fail, Skip int
 	Failed           []string
 	Skips            []skipNote
-	Ended            bool // VMTEST-END seen
+	Panic            string // first "panic:" line, with the tests running then
+	Ended            bool   // VMTEST-END seen
 	RC               int
 	Duration         time.Duration
 
 	start   time.Time
+	running bool                // inside a panic's "running tests:" list
 	current string              // test the following log lines belong to
 	logs    map[string][]string // test -> log entries (continuation lines joined)
 }
@@ -120,6 +122,9 @@ func (r *kernelResult) marker(line string, now time.Time) {
 
 // feed processes one line of go test -v output.
 func (p *pkgResult) feed(line string) {
+	if p.panicLine(line) {
+		return
+	}
 	if m := testNameRe.FindStringSubmatch(line); m != nil {
 		p.current = m[2]
 		return
@@ -151,6 +156,23 @@ func (p *pkgResult) feed(line string) {
 	case strings.HasPrefix(line, "    "):
 		p.logs[p.current] = append(p.logs[p.current], strings.TrimSpace(line))
 	}
+}
+
+// panicLine records a test binary's panic and, for -test.timeout, the tests that were
+// running ("running tests:" then one tab-indented line per test).
+func (p *pkgResult) panicLine(line string) bool {
+	switch {
+	case p.Panic == "" && strings.HasPrefix(line, "panic: "):
+		p.Panic = line
+	case p.Panic != "" && strings.TrimSpace(line) == "running tests:":
+		p.running = true
+	case p.running && strings.HasPrefix(line, "\t\t"):
+		p.Panic += "; running " + strings.TrimSpace(line)
+	default:
+		p.running = false
+		return false
+	}
+	return true
 }
 
 // end records the exit status and fills in skip reasons: a skip's reason is the last

@@ -80,6 +80,18 @@ func TestParseGoTestOutput(t *testing.T) {
 	}
 }
 
+func TestParsePanic(t *testing.T) {
+	r := transcript(t, "VMTEST-BOOTED uptime=1\nVMTEST-BEGIN p\n=== RUN   TestHangs\n"+
+		"panic: test timed out after 20s\n\trunning tests:\n\t\tTestHangs (20s)\n\ngoroutine 1 [running]:\nVMTEST-END p rc=2\nVMTEST-DONE")
+	p := r.Pkgs[0]
+	if want := "panic: test timed out after 20s; running TestHangs (20s)"; p.Panic != want {
+		t.Errorf("panic %q, want %q", p.Panic, want)
+	}
+	if p.Status() != "EXIT-2" {
+		t.Errorf("status %s, want EXIT-2", p.Status())
+	}
+}
+
 func TestResultStatus(t *testing.T) {
 	for _, tc := range []struct {
 		name    string

@@ -79,7 +79,10 @@ func printProblems(w io.Writer, results []*kernelResult) {
 			if len(p.Failed) > 0 {
 				add("%s: failed: %s", p.Pkg, strings.Join(p.Failed, ", "))
 			}
-			if p.Ended && p.RC != 0 && p.Fail == 0 {
+			if p.Panic != "" {
+				add("%s: %s", p.Pkg, p.Panic)
+			}
+			if p.Ended && p.RC != 0 && p.Fail == 0 && p.Panic == "" {
 				add("%s: test binary exited %d without a failed test (panic, bad flag or TestMain) - see the console above", p.Pkg, p.RC)
 			}
 		}
