@@ -137,7 +137,8 @@ With --concurrency C, C independent loops run at once on disjoint id ranges.
 The result (schema kedge.bench/v1, one series) goes to --out; 'kedge chaos report' merges files.`,
 		Example: `  kedge chaos client --mode baseline --target 127.0.0.1:9999 --out baseline.json
   kedge chaos client --mode apphedge --target 127.0.0.1:9999 --base-id 1000000 --out app.json
-  kedge chaos client --mode baseline --connected --target 10.0.0.2:9999 --name kernel-hedged --out kernel.json`,
+  # with the kernel hedger attached, the baseline client is the kernel-hedged client
+  kedge chaos client --mode baseline --connected --name kernel-hedged --out kernel.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m := chaos.Mode(mode)
