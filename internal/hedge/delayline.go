@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -19,11 +22,11 @@ import (
 // Delay-line interface names. dlClient lives in the client's namespace; the rest in the
 // kedge-owned delay-line namespace, so its qdisc never touches the client's devices.
 const (
-	dlClient = "kedge-dl0" // client side: clones leave here, come back here (rescuer)
-	dlPeer   = "dlb"       // its peer in the delay-line namespace (dl_entry)
-	dlDev    = "cv0"       // carries the delay qdisc
-	dlDevEnd = "cv1"       // its peer (dl_loop)
-	dlMTU    = 9000
+	dlClient        = "kedge-dl0" // client side: clones leave here, come back here (rescuer)
+	dlPeer          = "dlb"       // its peer in the delay-line namespace (dl_entry)
+	dlDev           = "cv0"       // carries the delay qdisc
+	dlDevEnd        = "cv1"       // its peer (dl_loop)
+	dlMTU           = 9000
 	ethPKedgeFiller = 0x88B6
 	fillerMagic     = 0x6b65646765666c6c
 )
@@ -125,8 +128,12 @@ func (d *DelayLine) makeDevices() error {
 		return fmt.Errorf("open netlink in delay-line netns: %w", err)
 	}
 	defer dh.Close()
-	// A stale kedge-dl0 from a killed run would block us; its namespace is gone or going.
+	// A kedge-dl0 left by a killed run would block us: remove it. One of a live hedger
+	// (named in its alias) is refused instead, since deleting it would break that hedger.
 	if l, err := d.clientHandle.LinkByName(dlClient); err == nil {
+		if pid, ok := dlOwner(l.Attrs().Alias); ok && lab.ProcessAlive(pid) {
+			return fmt.Errorf("%s in this namespace belongs to a running hedger (pid %d): stop it first, one hedger runs per namespace (see 'kedge hedge status')", dlClient, pid)
+		}
 		_ = d.clientHandle.LinkDel(l)
 	}
 	veth := &netlink.Veth{
@@ -141,6 +148,9 @@ func (d *DelayLine) makeDevices() error {
 	cl, err := d.clientHandle.LinkByName(dlClient)
 	if err != nil {
 		return fmt.Errorf("find %s: %w", dlClient, err)
+	}
+	if err := d.clientHandle.LinkSetAlias(cl, fmt.Sprintf("%s%d", dlOwnerPrefix, os.Getpid())); err != nil {
+		return fmt.Errorf("name the owner of %s: %w", dlClient, err)
 	}
 	// No addresses at all: no IPv6 link-local, DAD or router solicitations into the line.
 	_ = d.clientHandle.LinkSetIP6AddrGenMode(cl, 1 /* IN6_ADDR_GEN_MODE_NONE */)
@@ -216,6 +226,19 @@ func (d *DelayLine) addFillers(n int) error {
 		d.fillers += n
 		return nil
 	})
+}
+
+// dlOwnerPrefix starts the alias of dlClient: kedge:<pid> of the hedger that made it.
+const dlOwnerPrefix = "kedge:"
+
+// dlOwner parses the owner pid from dlClient's alias.
+func dlOwner(alias string) (int, bool) {
+	rest, ok := strings.CutPrefix(alias, dlOwnerPrefix)
+	if !ok {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(rest)
+	return pid, err == nil && pid > 0
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
