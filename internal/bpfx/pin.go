@@ -38,7 +38,15 @@ func PinDir(name string) (string, error) {
 		return "", err
 	}
 	dir := filepath.Join(PinRoot, fmt.Sprintf("%s.%d", name, os.Getpid()))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	var err error
+	// RemovePinDir of another instance may remove an empty PinRoot between MkdirAll's
+	// steps; that shows as ENOENT and a retry settles it.
+	for i := 0; i < 3; i++ {
+		if err = os.MkdirAll(dir, 0o700); !errors.Is(err, os.ErrNotExist) {
+			break
+		}
+	}
+	if err != nil {
 		return "", fmt.Errorf("create pin dir: %w", err)
 	}
 	return dir, nil

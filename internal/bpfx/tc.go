@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -112,10 +114,42 @@ func (a *clsactAttachment) Close() error {
 	if err := h.FilterDel(a.filter); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) {
 		errs = append(errs, fmt.Errorf("delete tc filter %s: %w", a.filter.Name, err))
 	}
-	if a.addedQdisc {
+	if a.addedQdisc && clsactUnref(a.ns, a.filter.LinkIndex) {
 		errs = append(errs, removeClsactIfUnused(h, a.filter.LinkIndex))
 	}
 	return errors.Join(errs...)
+}
+
+// clsactRefs counts kedge attachments on clsact qdiscs that kedge itself added, so the
+// qdisc goes with the last of them (and a qdisc that was there before stays).
+var (
+	clsactMu   sync.Mutex
+	clsactRefs = map[[2]int]int{}
+)
+
+func clsactRef(ns netns.NsHandle, ifindex int) {
+	clsactMu.Lock()
+	defer clsactMu.Unlock()
+	clsactRefs[[2]int{int(ns), ifindex}]++
+}
+
+// clsactUnref drops one reference and reports whether it was the last.
+func clsactUnref(ns netns.NsHandle, ifindex int) bool {
+	clsactMu.Lock()
+	defer clsactMu.Unlock()
+	k := [2]int{int(ns), ifindex}
+	clsactRefs[k]--
+	if clsactRefs[k] > 0 {
+		return false
+	}
+	delete(clsactRefs, k)
+	return true
+}
+
+func clsactOwned(ns netns.NsHandle, ifindex int) bool {
+	clsactMu.Lock()
+	defer clsactMu.Unlock()
+	return clsactRefs[[2]int{int(ns), ifindex}] > 0
 }
 
 func netlinkHandle(ns netns.NsHandle) (*netlink.Handle, error) {
@@ -148,29 +182,59 @@ func attachClsact(prog *ebpf.Program, t TCTarget) (Attachment, error) {
 	a := &clsactAttachment{ns: t.Netns}
 	if err := h.QdiscAdd(clsactQdisc(t.IfIndex)); err == nil {
 		a.addedQdisc = true
-	} else if !errors.Is(err, unix.EEXIST) {
+	} else if errors.Is(err, unix.EEXIST) {
+		a.addedQdisc = clsactOwned(t.Netns, t.IfIndex) // added by an earlier kedge attachment
+	} else {
 		return nil, fmt.Errorf("add clsact qdisc on ifindex %d: %w (kernel without sch_ingress/clsact? see 'kedge probe')", t.IfIndex, err)
 	}
 	parent := uint32(netlink.HANDLE_MIN_INGRESS)
 	if t.Dir == Egress {
 		parent = netlink.HANDLE_MIN_EGRESS
 	}
-	a.filter = &netlink.BpfFilter{
-		FilterAttrs: netlink.FilterAttrs{
-			LinkIndex: t.IfIndex, Parent: parent, Handle: 1,
-			Protocol: unix.ETH_P_ALL, Priority: 1,
-		},
+	// Handle and priority 0: the kernel picks free ones, so several kedge filters (and the
+	// user's own) can share a hook. The unique name finds ours again for deletion.
+	name := fmt.Sprintf("%s%d:%s:%d", FilterPrefix, os.Getpid(), t.Name, filterSeq.Add(1))
+	f := &netlink.BpfFilter{
+		FilterAttrs:  netlink.FilterAttrs{LinkIndex: t.IfIndex, Parent: parent, Protocol: unix.ETH_P_ALL},
 		Fd:           prog.FD(),
-		Name:         fmt.Sprintf("%s%d:%s", FilterPrefix, os.Getpid(), t.Name),
+		Name:         name,
 		DirectAction: true,
 	}
-	if err := h.FilterAdd(a.filter); err != nil {
-		if a.addedQdisc {
-			_ = h.QdiscDel(clsactQdisc(t.IfIndex))
+	if a.addedQdisc {
+		clsactRef(t.Netns, t.IfIndex)
+	}
+	err = h.FilterAdd(f)
+	if err == nil {
+		a.filter, err = findFilter(h, t.IfIndex, parent, name)
+	}
+	if err != nil {
+		if a.addedQdisc && clsactUnref(t.Netns, t.IfIndex) {
+			_ = removeClsactIfUnused(h, t.IfIndex)
 		}
 		return nil, fmt.Errorf("add tc %s filter on ifindex %d: %w", t.Dir, t.IfIndex, err)
 	}
 	return a, nil
+}
+
+var filterSeq atomic.Uint64
+
+// findFilter returns the cls_bpf filter with the given name (with its kernel-chosen handle
+// and priority, which deletion needs).
+func findFilter(h *netlink.Handle, ifindex int, parent uint32, name string) (*netlink.BpfFilter, error) {
+	link, err := h.LinkByIndex(ifindex)
+	if err != nil {
+		return nil, fmt.Errorf("find ifindex %d: %w", ifindex, err)
+	}
+	fs, err := h.FilterList(link, parent)
+	if err != nil {
+		return nil, fmt.Errorf("list filters: %w", err)
+	}
+	for _, f := range fs {
+		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == name {
+			return bf, nil
+		}
+	}
+	return nil, fmt.Errorf("filter %s not found after adding it", name)
 }
 
 // removeClsactIfUnused deletes the clsact qdisc when no filter is left on either hook.

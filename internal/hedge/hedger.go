@@ -36,10 +36,10 @@ type Hedger struct {
 	IfIndex     int
 	Calibration Calibration
 
-	objs    hedgeObjects
-	dl      *DelayLine
+	objs     hedgeObjects
+	dl       *DelayLine
 	attached []bpfx.Attachment
-	log     *slog.Logger
+	log      *slog.Logger
 }
 
 // Calibration describes the delay line as measured at start.

@@ -3,6 +3,7 @@ package lab
 import (
 	"errors"
 	"fmt"
+	"github.com/kedge-dev/kedge/internal/bpfx"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,31 +100,7 @@ func (n *Netns) Do(fn func() error) error {
 	return doIn(n.Handle, fn)
 }
 
-func doIn(h netns.NsHandle, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- fmt.Errorf("get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(h); err != nil {
-			errc <- fmt.Errorf("enter netns: %w", err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			// Leave the thread locked: Go terminates it when this goroutine exits.
-			errc <- errors.Join(ferr, fmt.Errorf("return to original netns: %w", err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
+func doIn(h netns.NsHandle, fn func() error) error { return bpfx.InNetns(h, fn) }
 
 // Start starts cmd with its network namespace set to n (the child inherits the namespace
 // of the thread that forks it).
