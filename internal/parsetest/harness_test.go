@@ -92,6 +92,9 @@ func fromBPF(r parsetestParseResult) parse {
 
 // diff lists the fields in which got differs from want, "" if none.
 func (got parse) diff(want parse) string {
+	if got == want {
+		return ""
+	}
 	var b strings.Builder
 	gv, wv := reflect.ValueOf(got), reflect.ValueOf(want)
 	for i := range gv.NumField() {
@@ -101,8 +104,10 @@ func (got parse) diff(want parse) string {
 		}
 		name := gv.Type().Field(i).Name
 		switch name {
-		case "Ret", "TSRet":
+		case "Ret":
 			fmt.Fprintf(&b, "  %s: %s, want %s\n", name, retName(g.(int32)), retName(w.(int32)))
+		case "TSRet":
+			fmt.Fprintf(&b, "  %s: %s, want %s\n", name, tsName(g.(int32)), tsName(w.(int32)))
 		case "Saddr", "Daddr":
 			fmt.Fprintf(&b, "  %s: %s, want %s\n", name, netip.AddrFrom16(g.([16]byte)), netip.AddrFrom16(w.([16]byte)))
 		default:
@@ -110,6 +115,13 @@ func (got parse) diff(want parse) string {
 		}
 	}
 	return b.String()
+}
+
+func tsName(r int32) string {
+	if r == 0 {
+		return "0 (found)"
+	}
+	return fmt.Sprintf("%d (not found)", r)
 }
 
 func retName(r int32) string {
