@@ -221,6 +221,9 @@ func (b Builder) IPv4(h IPv4) Builder {
 // IPv6 sets an IPv6 layer (replacing any IP layer).
 func (b Builder) IPv6(h IPv6) Builder {
 	h.Ext = slices.Clone(h.Ext)
+	for i := range h.Ext {
+		h.Ext[i].Body = slices.Clone(h.Ext[i].Body)
+	}
 	b.ip6, b.ip4 = &h, nil
 	return b
 }

@@ -362,6 +362,12 @@ func TestBuilderIsAValue(t *testing.T) {
 	if f := d.UDP(UDP{}).Build(); f[34] != 1 {
 		t.Errorf("builder kept a reference to the caller's options slice")
 	}
+	hbh := HopByHop(1)
+	e := New().IPv6(IPv6{Ext: []Ext{hbh}}).UDP(UDP{})
+	hbh.Body[0] = 0xEE
+	if f := e.Build(); f[56] != 1 {
+		t.Errorf("builder kept a reference to the caller's extension header body")
+	}
 }
 
 func TestTruncate(t *testing.T) {
