@@ -48,6 +48,7 @@ type DelayLine struct {
 	fillers      int
 	attachments  []bpfx.Attachment
 	clientHandle *netlink.Handle
+	ownsClient   bool // dlClient was made by this DelayLine (Close deletes only then)
 }
 
 // newDelayLine builds the namespace and devices and installs the backend's qdisc. With
@@ -145,6 +146,7 @@ func (d *DelayLine) makeDevices() error {
 	if err := d.clientHandle.LinkAdd(veth); err != nil {
 		return fmt.Errorf("add veth %s: %w", dlClient, err)
 	}
+	d.ownsClient = true
 	cl, err := d.clientHandle.LinkByName(dlClient)
 	if err != nil {
 		return fmt.Errorf("find %s: %w", dlClient, err)
@@ -257,7 +259,7 @@ func (d *DelayLine) Close() error {
 	}
 	d.attachments = nil
 	if d.clientHandle != nil {
-		if l, err := d.clientHandle.LinkByName(dlClient); err == nil {
+		if l, err := d.clientHandle.LinkByName(dlClient); err == nil && d.ownsClient {
 			if err := d.clientHandle.LinkDel(l); err != nil {
 				errs = append(errs, fmt.Errorf("delete %s: %w", dlClient, err))
 			}
