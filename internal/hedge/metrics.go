@@ -1,0 +1,145 @@
+package hedge
+
+import (
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Collector exports a hedger's counters to Prometheus. It reads the kernel's maps on every
+// scrape (through Hedger.Stats), so nothing is polled between scrapes.
+//
+// Per service (label service; service="" holds what belongs to no service, such as
+// malformed datagrams):
+//
+//	kedge_hedge_<counter>_total        every counter of struct hedge_stats (bpf/include/hedge.h)
+//	kedge_hedge_delay_seconds          the hedge delay now (adaptive delays move)
+//	kedge_hedge_budget_tokens          hedges the budget allows right now
+//	kedge_hedge_window_samples         latencies in the adaptive-delay window
+//	kedge_hedge_latency_p{50,95,99}_seconds   request to first response over the window
+//	kedge_hedge_precision_p{50,99}_seconds    hedge send time - intended time
+//
+// Delay line:
+//
+//	kedge_hedge_delay_line_<counter>_total   struct dl_stats counters (entered, exited, ...)
+//	kedge_hedge_delay_line_period_seconds    summary (_sum, _count) of conveyor filler round trips
+//	kedge_hedge_delay_line_period_{min,max}_seconds, _target_seconds, _spread_seconds, _fillers
+//	kedge_hedge_info{backend}                1
+type Collector struct {
+	stats func() (*Snapshot, error)
+
+	counters   map[string]*prometheus.Desc // per-service counters by C name
+	dlCounters map[string]*prometheus.Desc
+	gauges     []*prometheus.Desc // everything else, for Describe
+	delay, tokens, window, lat50, lat95, lat99, prec50, prec99,
+	period, periodMin, periodMax, target, spread, fillers, info *prometheus.Desc
+}
+
+// dlPeriodFields are the dl_stats fields exported as the period summary and gauges rather
+// than as counters.
+var dlPeriodFields = []string{"period_sum_ns", "period_count", "period_min_ns", "period_max_ns"}
+
+// globalCounters are the hedge_stats fields hedge.bpf.c counts in the slot of no service
+// (stats_for(SVC_MAX)), exported with service="".
+var globalCounters = []string{"fragments", "malformed", "gc_expired"}
+
+// NewCollector returns a Collector for h; register it with a prometheus.Registry.
+func NewCollector(h *Hedger) *Collector { return newCollector(h.Stats) }
+
+func newCollector(stats func() (*Snapshot, error)) *Collector {
+	c := &Collector{stats: stats, counters: map[string]*prometheus.Desc{}, dlCounters: map[string]*prometheus.Desc{}}
+	svc := []string{"service"}
+	for name := range counterMap(hedgeHedgeStats{}) {
+		c.counters[name] = prometheus.NewDesc("kedge_hedge_"+name+"_total",
+			"Hedger counter "+name+" (bpf/include/hedge.h struct hedge_stats).", svc, nil)
+	}
+	for name := range counterMap(hedgeDlStats{}) {
+		if slices.Contains(dlPeriodFields, name) {
+			continue
+		}
+		c.dlCounters[name] = prometheus.NewDesc("kedge_hedge_delay_line_"+name+"_total",
+			"Delay-line counter "+name+" (bpf/include/hedge.h struct dl_stats).", nil, nil)
+	}
+	g := func(name, help string, labels ...string) *prometheus.Desc {
+		d := prometheus.NewDesc(name, help, labels, nil)
+		c.gauges = append(c.gauges, d)
+		return d
+	}
+	c.delay = g("kedge_hedge_delay_seconds", "Current hedge delay.", "service")
+	c.tokens = g("kedge_hedge_budget_tokens", "Hedges the budget allows now.", "service")
+	c.window = g("kedge_hedge_window_samples", "Latency samples in the adaptive-delay window.", "service")
+	// Quantiles as gauges of their own: a "quantile" label belongs to summaries only.
+	lat := func(p string) *prometheus.Desc {
+		return g("kedge_hedge_latency_"+p+"_seconds", "Request to first response, "+p+" over the adaptive-delay window (bucket upper edge).", "service")
+	}
+	prec := func(p string) *prometheus.Desc {
+		return g("kedge_hedge_precision_"+p+"_seconds", "Hedge send time minus intended send time, "+p+" (negative: early).", "service")
+	}
+	c.lat50, c.lat95, c.lat99, c.prec50, c.prec99 = lat("p50"), lat("p95"), lat("p99"), prec("p50"), prec("p99")
+	c.period = g("kedge_hedge_delay_line_period_seconds", "Conveyor filler round-trip times (rate(_sum)/rate(_count) is the mean period).")
+	c.periodMin = g("kedge_hedge_delay_line_period_min_seconds", "Shortest conveyor filler round trip since calibration.")
+	c.periodMax = g("kedge_hedge_delay_line_period_max_seconds", "Longest conveyor filler round trip since calibration.")
+	c.target = g("kedge_hedge_delay_line_target_seconds", "Delay-line transit time per pass the line is calibrated for.")
+	c.spread = g("kedge_hedge_delay_line_spread_seconds", "Conveyor spread: one filler's transmission time.")
+	c.fillers = g("kedge_hedge_delay_line_fillers", "Conveyor filler frames circulating.")
+	c.info = g("kedge_hedge_info", "Always 1; the delay-line backend in use as a label.", "backend")
+	return c
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.counters {
+		ch <- d
+	}
+	for _, d := range c.dlCounters {
+		ch <- d
+	}
+	for _, d := range c.gauges {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	snap, err := c.stats()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.info, err)
+		return
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for name, d := range c.counters {
+		if slices.Contains(globalCounters, name) {
+			counter(d, snap.Global[name], "")
+		}
+		for _, s := range snap.Services {
+			counter(d, s.Counters[name], s.Name)
+		}
+	}
+	for _, s := range snap.Services {
+		gauge(c.delay, s.DelayNow.Seconds(), s.Name)
+		gauge(c.tokens, s.Tokens, s.Name)
+		gauge(c.window, float64(s.Window), s.Name)
+		gauge(c.lat50, s.LatencyP50.Seconds(), s.Name)
+		gauge(c.lat95, s.LatencyP95.Seconds(), s.Name)
+		gauge(c.lat99, s.LatencyP99.Seconds(), s.Name)
+		gauge(c.prec50, s.Precision.P50.Seconds(), s.Name)
+		gauge(c.prec99, s.Precision.P99.Seconds(), s.Name)
+	}
+	for name, d := range c.dlCounters {
+		counter(d, snap.DelayLine[name])
+	}
+	dl := snap.DelayLine
+	ch <- prometheus.MustNewConstSummary(c.period, dl["period_count"], time.Duration(dl["period_sum_ns"]).Seconds(), nil)
+	gauge(c.periodMin, time.Duration(dl["period_min_ns"]).Seconds())
+	gauge(c.periodMax, time.Duration(dl["period_max_ns"]).Seconds())
+	gauge(c.target, snap.Calibration.Target.Seconds())
+	gauge(c.spread, snap.Calibration.Spread.Seconds())
+	gauge(c.fillers, float64(snap.Calibration.Fillers))
+	gauge(c.info, 1, snap.Backend)
+}
