@@ -1,0 +1,413 @@
+package hedge
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// histSamples are the latencies (us) the histogram tests look at: every value below 2^16,
+// each power of two up to 2^40 and its neighbours, a stride through [2^16, 2^27] and
+// random points in it.
+func histSamples() []uint64 {
+	var v []uint64
+	for us := uint64(0); us < 1<<16; us++ {
+		v = append(v, us)
+	}
+	for k := 16; k <= 40; k++ {
+		v = append(v, 1<<k-1, 1<<k, 1<<k+1)
+	}
+	for us := uint64(1 << 16); us <= 1<<27; us += 4099 {
+		v = append(v, us)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 100000 {
+		v = append(v, 1<<16+r.Uint64N(1<<27-1<<16))
+	}
+	return v
+}
+
+// cHistBucket compiles hist_bucket() and the HIST_* constants, cut out of
+// bpf/include/hedge.h as they are, into a host program and runs it over values.
+func cHistBucket(t *testing.T, values []uint64) []int {
+	t.Helper()
+	cc := ""
+	for _, c := range []string{"clang-19", "clang", "cc"} {
+		if p, err := exec.LookPath(c); err == nil {
+			cc = p
+			break
+		}
+	}
+	if cc == "" {
+		t.Skip("no C compiler (clang-19, clang or cc) to build hist_bucket() from bpf/include/hedge.h")
+	}
+	hdr, err := os.ReadFile("../../bpf/include/hedge.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defines := regexp.MustCompile(`(?m)^#define HIST_\w+ .*$`).FindAll(hdr, -1)
+	fn := regexp.MustCompile(`(?ms)^static __always_inline __u32 hist_bucket\(__u64 us\)\n\{.*?^\}\n`).Find(hdr)
+	if len(defines) < 3 || fn == nil {
+		t.Fatal("hist_bucket() or the HIST_ constants not found in hedge.h: update this test with the header")
+	}
+	var defs []string
+	for _, d := range defines {
+		defs = append(defs, string(d))
+	}
+	src := "#include <stdio.h>\ntypedef unsigned int __u32;\ntypedef unsigned long long __u64;\n#ifndef __always_inline\n#define __always_inline inline\n#endif\n" +
+		strings.Join(defs, "\n") + "\n" + string(fn) + `
+int main(void) {
+	__u64 us;
+	while (scanf("%llu", &us) == 1)
+		printf("%u\n", hist_bucket(us));
+	return 0;
+}
+`
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "hb.c"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(cc, "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "hb"), filepath.Join(dir, "hb.c")).CombinedOutput(); err != nil {
+		t.Fatalf("compile hist_bucket: %v\n%s\n%s", err, out, src)
+	}
+	var in strings.Builder
+	for _, v := range values {
+		fmt.Fprintln(&in, v)
+	}
+	cmd := exec.Command(filepath.Join(dir, "hb"))
+	cmd.Stdin = strings.NewReader(in.String())
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("run hist_bucket: %v", err)
+	}
+	var got []int
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		b, err := strconv.Atoi(sc.Text())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, b)
+	}
+	if len(got) != len(values) {
+		t.Fatalf("hist_bucket printed %d values for %d inputs", len(got), len(values))
+	}
+	return got
+}
+
+// TestBucketOfMatchesC: the Go mirror must put every latency in the bucket the kernel does,
+// or the quantiles user space reports differ from the ones the adaptive delay uses.
+func TestBucketOfMatchesC(t *testing.T) {
+	values := histSamples()
+	want := cHistBucket(t, values)
+	bad := 0
+	for i, us := range values {
+		if got := bucketOf(us); got != want[i] {
+			if bad++; bad <= 10 {
+				t.Errorf("bucketOf(%d) = %d, hist_bucket = %d", us, got, want[i])
+			}
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of %d values differ", bad, len(values))
+	}
+}
+
+// TestBucketInvariants: buckets tile [0, 2^28) us without gaps, each value lies in its
+// bucket's bounds, buckets are at most 1/16 wide above 32 us, and larger values clamp to the
+// last bucket.
+func TestBucketInvariants(t *testing.T) {
+	prevHi := uint64(0)
+	for b := 0; b < histBuckets; b++ {
+		lo, hi := bucketBounds(b)
+		if lo != prevHi || hi <= lo {
+			t.Fatalf("bucket %d [%d, %d) does not follow the previous bucket's end %d", b, lo, hi, prevHi)
+		}
+		if got := bucketOf(lo); got != b {
+			t.Errorf("bucketOf(lo %d of bucket %d) = %d", lo, b, got)
+		}
+		if got := bucketOf(hi - 1); got != b {
+			t.Errorf("bucketOf(hi-1 %d of bucket %d) = %d", hi-1, b, got)
+		}
+		if b >= 2*histSub && float64(hi-lo)/float64(lo) > 1.0/histSub {
+			t.Errorf("bucket %d [%d, %d) is wider than 1/%d", b, lo, hi, histSub)
+		}
+		prevHi = hi
+	}
+	if _, hi := bucketBounds(histBuckets - 1); hi != 1<<28 {
+		t.Errorf("last bucket ends at %d us, want 2^28", hi)
+	}
+	prev := 0
+	for _, us := range histSamples() { // ascending within each part
+		b := bucketOf(us)
+		if us >= 1<<28 {
+			if b != histBuckets-1 {
+				t.Errorf("bucketOf(%d) = %d, want the last bucket", us, b)
+			}
+			continue
+		}
+		if lo, hi := bucketBounds(b); us < lo || us >= hi {
+			t.Errorf("%d us in bucket %d [%d, %d)", us, b, lo, hi)
+		}
+		if us < 1<<16 && b < prev {
+			t.Errorf("bucketOf not monotonic at %d", us)
+		}
+		prev = b
+	}
+}
+
+func TestHistQuantile(t *testing.T) {
+	hist := func(pairs ...uint64) []uint32 { // us, count, us, count, ...
+		h := make([]uint32, histBuckets)
+		for i := 0; i < len(pairs); i += 2 {
+			h[bucketOf(pairs[i])] += uint32(pairs[i+1])
+		}
+		return h
+	}
+	upper := func(us uint64) time.Duration {
+		_, hi := bucketBounds(bucketOf(us))
+		return time.Duration(hi) * time.Microsecond
+	}
+	tests := []struct {
+		name string
+		h    []uint32
+		q    float64
+		want time.Duration
+	}{
+		{"empty", hist(), 0.5, 0},
+		{"one sample", hist(1000, 1), 0.99, upper(1000)},
+		{"p50 of 100 at 1ms and 100 at 8ms", hist(1000, 100, 8000, 100), 0.5, upper(1000)},
+		{"p50 just past the first half", hist(1000, 100, 8000, 101), 0.5, upper(8000)},
+		{"p95 with 5% slow", hist(1000, 95, 8000, 5), 0.95, upper(1000)},
+		{"p95 with 6% slow", hist(1000, 94, 8000, 6), 0.95, upper(8000)},
+		{"p99 with 1 in 100 slow", hist(50, 99, 400000, 1), 0.99, upper(50)},
+		{"p100 is the largest", hist(50, 99, 400000, 1), 1, upper(400000)},
+		{"linear region is exact", hist(7, 10), 0.5, 8 * time.Microsecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := histQuantile(tt.h, tt.q); got != tt.want {
+				t.Errorf("histQuantile(q=%g) = %v, want %v", tt.q, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestPrecision(t *testing.T) {
+	late, early := make([]uint32, histBuckets), make([]uint32, histBuckets)
+	if p := precision(late, early); p != (Precision{}) {
+		t.Errorf("empty: %+v", p)
+	}
+	early[bucketOf(30)] = 1 // one hedge 30 us early
+	late[bucketOf(50)] = 97 // most 50 us late
+	late[bucketOf(2000)] = 2
+	p := precision(late, early)
+	want := Precision{Samples: 100, Min: -30 * time.Microsecond, P50: upperDur(50),
+		P99: upperDur(2000), Max: upperDur(2000)}
+	if p != want {
+		t.Errorf("precision %+v, want %+v", p, want)
+	}
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), nil))
+}
+
+func upperDur(us uint64) time.Duration {
+	_, hi := bucketBounds(bucketOf(us))
+	return time.Duration(hi) * time.Microsecond
+}
+
+// TestCounterNames: counter names are the C field names, so stats, metrics and docs agree.
+func TestCounterNames(t *testing.T) {
+	m := counterMap(hedgeHedgeStats{HedgesSent: 3, DuplicatesDropped: 2, GcExpired: 1})
+	if m["hedges_sent"] != 3 || m["duplicates_dropped"] != 2 || m["gc_expired"] != 1 || len(m) != 18 {
+		t.Errorf("counterMap = %v", m)
+	}
+	for _, name := range globalCounters {
+		if _, ok := m[name]; !ok {
+			t.Errorf("global counter %q is not a hedge_stats field", name)
+		}
+	}
+	s := sumStats([]hedgeHedgeStats{{Requests: 1, Clones: 2}, {Requests: 10, Clones: 20}})
+	if s.Requests != 11 || s.Clones != 22 {
+		t.Errorf("sumStats = %+v", s)
+	}
+}
+
+func fakeSnapshot() *Snapshot {
+	return &Snapshot{
+		Time: time.Unix(1700000000, 0).UTC(), Backend: BackendConveyor, Period: 10 * time.Millisecond,
+		Calibration: Calibration{Target: 10 * time.Millisecond, Mean: 10050 * time.Microsecond, Min: 9 * time.Millisecond,
+			Max: 11 * time.Millisecond, Fillers: 83, Spread: 121 * time.Microsecond},
+		Services: []ServiceStats{{
+			Name: "kv", Address: "198.18.0.12:9999", Delay: "10ms", DelayNow: 10 * time.Millisecond, Tokens: 7.5, Window: 40,
+			Counters:   counterMap(hedgeHedgeStats{Requests: 100, HedgesSent: 4, BudgetExhausted: 1}),
+			LatencyP50: time.Millisecond, LatencyP95: 2 * time.Millisecond, LatencyP99: 9 * time.Millisecond,
+			Precision: Precision{Samples: 4, P50: 50 * time.Microsecond, P99: 90 * time.Microsecond},
+		}},
+		Global:    counterMap(hedgeHedgeStats{Malformed: 2}),
+		DelayLine: counterMap(hedgeDlStats{Entered: 104, Exited: 103, PeriodSumNs: 3_000_000_000, PeriodCount: 300, PeriodMinNs: 9_000_000, PeriodMaxNs: 11_000_000}),
+	}
+}
+
+func TestCollector(t *testing.T) {
+	c := newCollector(func() (*Snapshot, error) { return fakeSnapshot(), nil })
+	want := `
+# HELP kedge_hedge_hedges_sent_total Hedger counter hedges_sent (bpf/include/hedge.h struct hedge_stats).
+# TYPE kedge_hedge_hedges_sent_total counter
+kedge_hedge_hedges_sent_total{service="kv"} 4
+# HELP kedge_hedge_malformed_total Hedger counter malformed (bpf/include/hedge.h struct hedge_stats).
+# TYPE kedge_hedge_malformed_total counter
+kedge_hedge_malformed_total{service=""} 2
+kedge_hedge_malformed_total{service="kv"} 0
+# HELP kedge_hedge_delay_seconds Current hedge delay.
+# TYPE kedge_hedge_delay_seconds gauge
+kedge_hedge_delay_seconds{service="kv"} 0.01
+# HELP kedge_hedge_budget_tokens Hedges the budget allows now.
+# TYPE kedge_hedge_budget_tokens gauge
+kedge_hedge_budget_tokens{service="kv"} 7.5
+# HELP kedge_hedge_latency_p95_seconds Request to first response, p95 over the adaptive-delay window (bucket upper edge).
+# TYPE kedge_hedge_latency_p95_seconds gauge
+kedge_hedge_latency_p95_seconds{service="kv"} 0.002
+# HELP kedge_hedge_precision_p99_seconds Hedge send time minus intended send time, p99 (negative: early).
+# TYPE kedge_hedge_precision_p99_seconds gauge
+kedge_hedge_precision_p99_seconds{service="kv"} 9e-05
+# HELP kedge_hedge_delay_line_entered_total Delay-line counter entered (bpf/include/hedge.h struct dl_stats).
+# TYPE kedge_hedge_delay_line_entered_total counter
+kedge_hedge_delay_line_entered_total 104
+# HELP kedge_hedge_delay_line_period_seconds Conveyor filler round-trip times (rate(_sum)/rate(_count) is the mean period).
+# TYPE kedge_hedge_delay_line_period_seconds summary
+kedge_hedge_delay_line_period_seconds_sum 3
+kedge_hedge_delay_line_period_seconds_count 300
+# HELP kedge_hedge_delay_line_period_max_seconds Longest conveyor filler round trip since calibration.
+# TYPE kedge_hedge_delay_line_period_max_seconds gauge
+kedge_hedge_delay_line_period_max_seconds 0.011
+# HELP kedge_hedge_delay_line_fillers Conveyor filler frames circulating.
+# TYPE kedge_hedge_delay_line_fillers gauge
+kedge_hedge_delay_line_fillers 83
+# HELP kedge_hedge_info Always 1; the delay-line backend in use as a label.
+# TYPE kedge_hedge_info gauge
+kedge_hedge_info{backend="conveyor"} 1
+`
+	names := []string{"kedge_hedge_hedges_sent_total", "kedge_hedge_malformed_total", "kedge_hedge_delay_seconds",
+		"kedge_hedge_budget_tokens", "kedge_hedge_latency_p95_seconds", "kedge_hedge_precision_p99_seconds", "kedge_hedge_delay_line_entered_total",
+		"kedge_hedge_delay_line_period_seconds", "kedge_hedge_delay_line_period_max_seconds",
+		"kedge_hedge_delay_line_fillers", "kedge_hedge_info"}
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+	// The full set registers without clashes and passes the linter.
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Gather(); err != nil {
+		t.Errorf("gather: %v", err)
+	}
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", err, problems)
+	}
+
+	failing := newCollector(func() (*Snapshot, error) { return nil, fmt.Errorf("read counters: boom") })
+	freg := prometheus.NewRegistry()
+	freg.MustRegister(failing)
+	if _, err := freg.Gather(); err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Errorf("a failing read must fail the scrape, got %v", err)
+	}
+}
+
+// TestStatusFiles: status files are written atomically, read back, and those of dead pids
+// (and their temporary files) are removed by the reader.
+func TestStatusFiles(t *testing.T) {
+	dir := t.TempDir()
+	live := Status{PID: os.Getpid(), Started: time.Unix(1700000000, 0).UTC(), Interface: "eth0", Netns: "kedge-lab-demo-client",
+		DelayLineNetns: "kedge-1-hedge-dl", Snapshot: fakeSnapshot()}
+	if err := WriteStatus(dir, &live); err != nil {
+		t.Fatal(err)
+	}
+	// A dead pid: one that exited before we look.
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := live
+	dead.PID = cmd.Process.Pid
+	if err := WriteStatus(dir, &dead); err != nil {
+		t.Fatal(err)
+	}
+	deadTmp := filepath.Join(dir, fmt.Sprintf(".hedge.%d.123.tmp", dead.PID))
+	other := filepath.Join(dir, "README")
+	for _, p := range []string{deadTmp, other} {
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sts, err := ReadStatuses(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sts) != 1 || sts[0].PID != live.PID || sts[0].Snapshot.Services[0].Counters["hedges_sent"] != 4 ||
+		sts[0].Snapshot.Calibration != live.Snapshot.Calibration {
+		t.Errorf("read %+v", sts)
+	}
+	for _, p := range []string{StatusPath(dir, dead.PID), deadTmp} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s of a dead pid not removed (%v)", p, err)
+		}
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("a file that is not a status file was touched: %v", err)
+	}
+	if sts, err := ReadStatuses(filepath.Join(dir, "none")); err != nil || sts != nil {
+		t.Errorf("missing directory: %v %v", sts, err)
+	}
+}
+
+// TestPublishStatus: the publisher writes at once, rewrites, and removes the file when done.
+func TestPublishStatus(t *testing.T) {
+	dir := t.TempDir()
+	n := 0
+	h := &Hedger{log: testLogger(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	st := Status{PID: os.Getpid(), Interface: "eth0"}
+	go func() {
+		defer close(done)
+		h.publishStatus(ctx, dir, st, 10*time.Millisecond, func() (*Snapshot, error) {
+			n++
+			s := fakeSnapshot()
+			s.Services[0].Counters["requests"] = uint64(n)
+			return s, nil
+		})
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		sts, _ := ReadStatuses(dir)
+		if len(sts) == 1 && sts[0].Snapshot.Services[0].Counters["requests"] >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status file not rewritten: %+v", sts)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if _, err := os.Stat(StatusPath(dir, st.PID)); !os.IsNotExist(err) {
+		t.Errorf("status file left after the publisher stopped: %v", err)
+	}
+}
