@@ -20,6 +20,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -158,6 +159,9 @@ func Listen(cfg Config, addrs []string) (*Server, error) {
 		// the kernel caps this at net.core.rmem_max, which is fine.
 		_ = c.SetReadBuffer(4 << 20)
 		_ = c.SetWriteBuffer(4 << 20)
+		if err := enableRxTimestamps(c); err != nil {
+			slog.Debug("no kernel receive timestamps: service time counts from the read", "addr", a, "err", err)
+		}
 		s.replicas = append(s.replicas, &replica{index: i, conn: c, cfg: cfg, mem: newReplayMemory(cfg.TTL, cfg.MaxEntries)})
 	}
 	return s, nil
@@ -258,8 +262,10 @@ func (s *Server) closeConns() {
 // is closed.
 func (r *replica) readLoop() error {
 	buf := make([]byte, maxDatagram)
+	oob := make([]byte, unix.CmsgSpace(timespecLen))
+	var last time.Time
 	for {
-		n, from, err := r.conn.ReadFromUDPAddrPort(buf)
+		n, oobn, _, from, err := r.conn.ReadMsgUDPAddrPort(buf, oob)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
@@ -275,7 +281,12 @@ func (r *replica) readLoop() error {
 			r.dropped.Add(1)
 			continue
 		}
-		now := time.Now()
+		now := arrival(time.Now(), oob[:oobn])
+		// Keep arrivals monotonic, so each response class stays sorted by due time.
+		if now.Before(last) {
+			now = last
+		}
+		last = now
 		id := binary.BigEndian.Uint32(buf)
 		class := r.decide(id, now)
 		delay := r.cfg.Fast
@@ -286,6 +297,55 @@ func (r *replica) readLoop() error {
 		copy(resp, buf[:n])
 		r.resp.schedule(class, now.Add(delay), resp, from)
 	}
+}
+
+// timespecLen is the size of the SCM_TIMESTAMPNS payload.
+const timespecLen = int(unsafe.Sizeof(unix.Timespec{}))
+
+// enableRxTimestamps asks the kernel to stamp each datagram when it is received
+// (SO_TIMESTAMPNS), so that the service time counts from the request's arrival, not from the
+// moment the read loop got to it: on a busy machine the two differ by scheduling delays
+// that have nothing to do with the emulated service.
+func enableRxTimestamps(c *net.UDPConn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("enable receive timestamps: %w", err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1)
+	}); err != nil {
+		return fmt.Errorf("enable receive timestamps: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("enable receive timestamps: %w", serr)
+	}
+	return nil
+}
+
+// arrival is when the datagram whose control messages are oob reached the socket: now (which
+// carries the monotonic clock) moved back by the age of its kernel timestamp. Without a
+// plausible timestamp (none, from the future, or older than a second: a wall-clock step)
+// it is now.
+func arrival(now time.Time, oob []byte) time.Time {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return now
+	}
+	for _, m := range msgs {
+		if m.Header.Level != unix.SOL_SOCKET || m.Header.Type != unix.SCM_TIMESTAMPNS ||
+			len(m.Data) < timespecLen || timespecLen != 16 {
+			continue
+		}
+		// struct timespec on 64-bit Linux: two native-endian 64-bit fields.
+		sec := int64(binary.NativeEndian.Uint64(m.Data))
+		nsec := int64(binary.NativeEndian.Uint64(m.Data[8:]))
+		age := now.Sub(time.Unix(sec, nsec)) // wall clock on both sides
+		if age >= 0 && age < time.Second {
+			return now.Add(-age)
+		}
+	}
+	return now
 }
 
 // decide returns the response class (fast or stall) of id arriving at now and updates the

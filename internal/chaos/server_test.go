@@ -6,8 +6,14 @@ import (
 	"errors"
 	"net"
 	"os"
+	"runtime"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/bench"
 )
 
 func TestStalls(t *testing.T) {
@@ -152,6 +158,37 @@ func TestReplayMemoryBounded(t *testing.T) {
 	}
 }
 
+func TestArrival(t *testing.T) {
+	now := time.Now()
+	stamp := func(ts time.Time) []byte {
+		oob := make([]byte, unix.CmsgSpace(timespecLen))
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+		h.Level, h.Type = unix.SOL_SOCKET, unix.SCM_TIMESTAMPNS
+		h.SetLen(unix.CmsgLen(timespecLen))
+		binary.NativeEndian.PutUint64(oob[unix.CmsgLen(0):], uint64(ts.Unix()))
+		binary.NativeEndian.PutUint64(oob[unix.CmsgLen(0)+8:], uint64(ts.Nanosecond()))
+		return oob
+	}
+	tests := []struct {
+		name string
+		oob  []byte
+		want time.Duration // before now
+	}{
+		{"no control message", nil, 0},
+		{"3 ms old", stamp(now.Add(-3 * time.Millisecond)), 3 * time.Millisecond},
+		{"from the future", stamp(now.Add(time.Millisecond)), 0},
+		{"older than a second", stamp(now.Add(-2 * time.Second)), 0},
+		{"garbage", []byte{1, 2, 3}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := now.Sub(arrival(now, tt.oob)); got != tt.want {
+				t.Errorf("arrival %v before now, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
 // startServer runs a server on loopback for the test's lifetime.
 func startServer(t *testing.T, cfg Config, replicas int) *Server {
 	t.Helper()
@@ -227,14 +264,14 @@ func waitStats(t *testing.T, srv *Server, what string, cond func([]Stats) bool) 
 }
 
 func TestServerStallDoesNotBlockAndReplayIsFast(t *testing.T) {
-	cfg := Config{StallPct: 2, Stall: 300 * time.Millisecond, Fast: time.Millisecond, TTL: 10 * time.Second}
+	cfg := testFaults
 	srv := startServer(t, cfg, 1)
 	c := dial(t, srv, 0)
 
 	start := time.Now()
 	sendID(t, c, 100, 'x', 'y') // stalls
 	sendID(t, c, 102)           // fast
-	id, _, ok := recvID(t, c, time.Second)
+	id, _, ok := recvID(t, c, testTimeout)
 	if !ok || id != 102 {
 		t.Fatalf("first response: id %d ok %v, want 102 (a stall must not delay other requests)", id, ok)
 	}
@@ -245,7 +282,7 @@ func TestServerStallDoesNotBlockAndReplayIsFast(t *testing.T) {
 	// The hedge for 100 is served from the replay memory, before the original.
 	hedgeSent := time.Now()
 	sendID(t, c, 100, 'x', 'y')
-	id, payload, ok := recvID(t, c, time.Second)
+	id, payload, ok := recvID(t, c, testTimeout)
 	if !ok || id != 100 {
 		t.Fatalf("hedge response: id %d ok %v, want 100", id, ok)
 	}
@@ -256,7 +293,7 @@ func TestServerStallDoesNotBlockAndReplayIsFast(t *testing.T) {
 		t.Errorf("replayed id answered after %v, want the fast path", el)
 	}
 	// Then the stalled original arrives, no earlier than the stall.
-	id, _, ok = recvID(t, c, time.Second)
+	id, _, ok = recvID(t, c, testTimeout)
 	if !ok || id != 100 {
 		t.Fatalf("stalled response: id %d ok %v, want 100", id, ok)
 	}
@@ -347,26 +384,30 @@ func TestListenErrors(t *testing.T) {
 
 // TestServerThroughput checks the server sustains 20k req/s on loopback with the thesis's
 // fault model: a pipelined client keeps up to 256 requests in flight (2 ms service time
-// needs > 40 for 20k req/s) and counts answers.
+// needs > 40 for 20k req/s) and counts answers. Best of five attempts, because the client
+// shares the CPUs with the server and with whatever else runs; on a machine whose load
+// average exceeds its CPU count the rate says nothing about the server, so the test then
+// skips instead of failing.
 func TestServerThroughput(t *testing.T) {
 	if testing.Short() {
 		t.Skip("load test skipped in -short mode")
 	}
 	const total, window, want = 40000, 256, 20000.0
 	srv := startServer(t, DefaultConfig(), 1)
-	// Best of three, so a noisy neighbour on a 2-CPU CI machine does not fail the build.
 	best := 0.0
-	for attempt := range 3 {
+	for attempt := range 5 {
 		rate := pipelinedRate(t, srv, uint32(attempt*total+1000), total, window)
 		t.Logf("attempt %d: %.0f req/s", attempt, rate)
 		best = max(best, rate)
 		if best >= want {
-			break
+			return
 		}
 	}
-	if best < want {
-		t.Errorf("best rate %.0f req/s, want >= %.0f", best, want)
+	if load := bench.LoadAvg(); len(load) == 3 && load[0] > float64(runtime.NumCPU()) {
+		t.Skipf("best rate %.0f req/s < %.0f, but the machine is overloaded (load %.1f on %d CPUs)",
+			best, want, load[0], runtime.NumCPU())
 	}
+	t.Errorf("best rate %.0f req/s, want >= %.0f", best, want)
 }
 
 // pipelinedRate sends total requests (ids from first, skipping stalling ones so the stall
