@@ -108,10 +108,13 @@ func NewResult(ctx context.Context, scenario string, params map[string]any) Resu
 		Machine:    LocalMachine(),
 		Kernel:     KernelRelease(),
 		Commit:     Commit(ctx, ""),
-		LoadAvg:    loadAvg("/proc/loadavg"),
+		LoadAvg:    LoadAvg(),
 		Parameters: params,
 	}
 }
+
+// LoadAvg is the 1, 5 and 15 minute load averages of this machine, nil if unreadable.
+func LoadAvg() []float64 { return loadAvg("/proc/loadavg") }
 
 // loadAvg reads the three load averages of a /proc/loadavg-formatted file; nil if unreadable.
 func loadAvg(path string) []float64 {

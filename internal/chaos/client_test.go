@@ -11,8 +11,18 @@ import (
 	"github.com/kedge-dev/kedge/internal/bench"
 )
 
-// testFaults stalls 10% of ids (so short runs meet several stalls) for 150 ms.
-var testFaults = Config{StallPct: 10, Stall: 150 * time.Millisecond, Fast: time.Millisecond, TTL: 10 * time.Second}
+// testFaults is the thesis's fault model with a stall long enough (1 s) that a hedged answer
+// (tens of ms) and a stalled one cannot be confused even on a heavily loaded CI machine.
+// Tests start their ids at testBase(k) so that each run meets a couple of stalled ids only
+// (ids ending in 00 and 01), keeping the baseline runs short.
+var testFaults = Config{StallPct: 2, Stall: time.Second, Fast: time.Millisecond, TTL: 30 * time.Second}
+
+// testTimeout is the client timeout with testFaults: well above the stall.
+const testTimeout = 3 * time.Second
+
+// testBase is the first id of the k-th test run: k*10000+88, so that 2 warm-up ids come
+// before the stalled ids ...00 and ...01.
+func testBase(k int) uint32 { return uint32(k)*10000 + 88 }
 
 func TestRunClient(t *testing.T) {
 	srv := startServer(t, testFaults, 2)
@@ -36,8 +46,9 @@ func TestRunClient(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := ClientConfig{Target: target, Alt: tt.alt, Connected: tt.connected, N: 60, Warmup: 5,
-				BaseID: uint32(i) * 10000, Timeout: time.Second, Delay: 20 * time.Millisecond, Concurrency: tt.concurrency}
+			t.Parallel() // distinct id ranges: runs do not see each other's ids
+			cfg := ClientConfig{Target: target, Alt: tt.alt, Connected: tt.connected, N: 40, Warmup: 2,
+				BaseID: testBase(i), Timeout: testTimeout, Delay: 20 * time.Millisecond, Concurrency: tt.concurrency}
 			res, err := RunClient(context.Background(), tt.mode, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -202,9 +213,10 @@ func TestPythonClient(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			out := filepath.Join(t.TempDir(), "py.json")
-			args := append([]string{"../../clients/apphedge.py", "--target", addrs[0].String(), "-n", "40", "--warmup", "3",
-				"--delay", "20ms", "--timeout", "1s", "--base-id", strconv.Itoa(100000 + i*10000), "--out", out}, tt.args...)
+			args := append([]string{"../../clients/apphedge.py", "--target", addrs[0].String(), "-n", "40", "--warmup", "2",
+				"--delay", "20ms", "--timeout", testTimeout.String(), "--base-id", strconv.Itoa(int(testBase(100 + i))), "--out", out}, tt.args...)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, py, args...)

@@ -46,8 +46,8 @@ func TestInNetworkNamespace(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		served := make(chan error, 1)
 		go func() { served <- srv.Serve(ctx) }()
-		o.res, o.err = RunClient(ctx, ModeAppHedge, ClientConfig{Target: o.addr, N: 30, Timeout: time.Second,
-			Delay: 20 * time.Millisecond, Concurrency: 2})
+		o.res, o.err = RunClient(ctx, ModeAppHedge, ClientConfig{Target: o.addr, N: 30, Warmup: 2,
+			BaseID: testBase(0), Timeout: testTimeout, Delay: 20 * time.Millisecond, Concurrency: 2})
 		cancel()
 		if err := <-served; err != nil && o.err == nil {
 			o.err = err
