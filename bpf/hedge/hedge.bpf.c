@@ -267,7 +267,10 @@ int hedge_split(struct __sk_buff *skb)
 
 /* rewrite_addr replaces the 16-byte (IPv6) or 4-byte (IPv4) address at l3 offset 'aoff'
  * and the port at l4 offset 'poff', keeping IP and UDP checksums right whatever the skb's
- * checksum state (the helpers handle CHECKSUM_PARTIAL/COMPLETE/NONE). */
+ * checksum state (the helpers handle CHECKSUM_PARTIAL/COMPLETE/NONE).
+ * Every UDP checksum update carries BPF_F_MARK_MANGLED_0, IPv6 included: an incremental
+ * update whose result computes to 0 must be written as 0xffff (RFC 768; RFC 8200 8.1),
+ * since 0 means "no checksum" - which IPv6 receivers drop. */
 static __always_inline int rewrite_addr(struct __sk_buff *skb, const struct pkt *p, int is_dst,
 					const struct svc_addr *from_a, const struct svc_addr *to_a)
 {
@@ -291,13 +294,13 @@ static __always_inline int rewrite_addr(struct __sk_buff *skb, const struct pkt 
 		struct in6_addr from = from_a->addr, to = to_a->addr;
 
 		diff = bpf_csum_diff((__be32 *)&from, sizeof(from), (__be32 *)&to, sizeof(to), 0);
-		if (bpf_l4_csum_replace(skb, l4csum, 0, diff, L4_CSUM_ADDR_FLAGS(0)) < 0 ||
+		if (bpf_l4_csum_replace(skb, l4csum, 0, diff, L4_CSUM_ADDR_FLAGS(1)) < 0 ||
 		    bpf_skb_store_bytes(skb, aoff, &to, sizeof(to), 0) < 0)
 			return -1;
 	}
 	if (from_port != to_port) {
 		if (bpf_l4_csum_replace(skb, l4csum, from_port, to_port,
-					(p->l3_proto == ETH_P_IP ? BPF_F_MARK_MANGLED_0 : 0) | sizeof(to_port)) < 0 ||
+					BPF_F_MARK_MANGLED_0 | sizeof(to_port)) < 0 ||
 		    bpf_skb_store_bytes(skb, poff, &to_port, sizeof(to_port), 0) < 0)
 			return -1;
 	}
