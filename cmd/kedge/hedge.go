@@ -1,0 +1,573 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/hedge"
+	"github.com/kedge-dev/kedge/internal/lab"
+)
+
+func init() { register(newHedgeCmd) }
+
+func newHedgeCmd() *cobra.Command {
+	var runDir string
+	cmd := &cobra.Command{
+		Use:   "hedge",
+		Short: "Transparent UDP request hedging in the kernel (run, status, stats)",
+		Long: `Hedge sends a second copy of a UDP request to another replica when the first has not
+been answered within a delay, without changing the client: TC programs on the client's
+interface clone each request into a delay line, send the clone to another replica if no
+response came in time (within a budget), and make sure the application sees exactly one
+response. 'kedge hedge run' attaches it; 'status' and 'stats' show running hedgers.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown hedge command %q: use run, status or stats (see '%s --help')", args[0], cmd.CommandPath())
+			}
+			return usagef("%s needs a command: run, status or stats (see '%s --help')", cmd.CommandPath(), cmd.CommandPath())
+		},
+		RunE: func(*cobra.Command, []string) error { return nil },
+	}
+	cmd.PersistentFlags().StringVar(&runDir, "run-dir", hedge.StatusDir, "directory of the hedgers' status files")
+	_ = cmd.PersistentFlags().MarkHidden("run-dir")
+	cmd.AddCommand(newHedgeRunCmd(&runDir), newHedgeStatusCmd(&runDir), newHedgeStatsCmd(&runDir))
+	return cmd
+}
+
+// hedgeFlags are the flags of `kedge hedge run`.
+type hedgeFlags struct {
+	config, netnsArg, backend, metricsAddr string
+	duration                               time.Duration
+
+	// One service without a file.
+	iface, service, name, idOrder string
+	replicas                      []string
+	delay, delayMin, delayMax     time.Duration
+	quantile, budgetRatio         float64
+	idOffset, idLength, burst     int
+}
+
+// serviceFlags are the flags that declare a service instead of --config.
+var serviceFlags = []string{"interface", "service", "replica", "name", "delay", "delay-quantile", "delay-min",
+	"delay-max", "id-offset", "id-length", "id-order", "budget-ratio", "budget-burst"}
+
+func newHedgeRunCmd(runDir *string) *cobra.Command {
+	var f hedgeFlags
+	cmd := &cobra.Command{
+		Use:   "run (--config FILE | --interface IFACE --service ADDR:PORT [flags])",
+		Short: "Attach the hedger and run it in the foreground until Ctrl-C, SIGTERM or --duration",
+		Long: `Run attaches the hedger to the client-side interface and keeps it attached until Ctrl-C,
+SIGTERM or --duration; then it detaches and removes everything it made. Services come
+from a YAML file (several services; see docs/hedge.md):
+
+  interface: eth0
+  delay_line: {backend: auto}          # auto | conveyor | netem | edt
+  services:
+    - name: kv
+      address: 198.18.0.12:9999         # where clients send
+      replicas: [198.18.0.13:9999]      # where hedges may go instead
+      request_id: {offset: 0, length: 4, order: big}
+      delay: 10ms                       # or {quantile: 0.95, min: 1ms, max: 50ms}
+      budget: {ratio: 0.05, burst: 10}  # hedges <= 5% of requests + 10
+
+or, for one service, from flags (--service, --replica, --delay, ...).
+
+At start it removes what killed runs left behind (their kedge-<pid>-* namespaces, which
+hold their delay lines, and a stale kedge-dl0). While running it writes its status and
+counters every second to /run/kedge/hedge.<pid>.json, read by 'kedge hedge status' and
+'kedge hedge stats'; with --metrics-addr it also serves them to Prometheus at /metrics.
+
+Exit codes: 0 detached cleanly, 1 runtime error, 2 bad flags or config.`,
+		Example: `  # one service, fixed 10 ms delay, hedges to a second replica
+  sudo kedge hedge run --interface eth0 --service 198.18.0.12:9999 --replica 198.18.0.13:9999 --delay 10ms
+
+  # adaptive delay: the p95 of recent latencies, kept within 1-50 ms
+  sudo kedge hedge run --interface eth0 --service 198.18.0.12:9999 --replica 198.18.0.13:9999 \
+      --delay-quantile 0.95 --delay-min 1ms --delay-max 50ms
+
+  # several services from a file, with a Prometheus endpoint
+  sudo kedge hedge run --config hedge.yaml --metrics-addr 127.0.0.1:9464
+
+  # inside the client host of a lab ('kedge lab up --name demo'), for one minute
+  sudo kedge hedge run --netns kedge-lab-demo-client --config hedge.yaml --duration 1m`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runHedge(cmd, &f, *runDir)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&f.config, "config", "c", "", "YAML config file (excludes the service flags)")
+	fl.StringVar(&f.netnsArg, "netns", "", "run in this network namespace: a name under /run/netns or a path")
+	fl.StringVar(&f.backend, "backend", "", "delay-line backend: auto, conveyor, netem or edt (overrides the config)")
+	fl.DurationVar(&f.duration, "duration", 0, "detach after this long (0: run until Ctrl-C or SIGTERM)")
+	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)")
+	fl.StringVarP(&f.iface, "interface", "i", "", "client-side interface requests leave through (e.g. eth0)")
+	fl.StringVar(&f.service, "service", "", "service address clients send to, ADDR:PORT")
+	fl.StringArrayVar(&f.replicas, "replica", nil, "replica ADDR:PORT hedges may go to (repeatable; none: the service address itself)")
+	fl.StringVar(&f.name, "name", "", "service name in stats and metrics (default: the --service address)")
+	fl.DurationVar(&f.delay, "delay", 10*time.Millisecond, "fixed hedge delay")
+	fl.Float64Var(&f.quantile, "delay-quantile", 0, "adaptive delay: this quantile of recent latencies, e.g. 0.95 (excludes --delay)")
+	fl.DurationVar(&f.delayMin, "delay-min", time.Millisecond, "adaptive delay: lower clamp")
+	fl.DurationVar(&f.delayMax, "delay-max", 50*time.Millisecond, "adaptive delay: upper clamp")
+	fl.IntVar(&f.idOffset, "id-offset", 0, "request id: byte offset in the UDP payload (the response has it at the same place)")
+	fl.IntVar(&f.idLength, "id-length", 4, "request id: length in bytes, 1-8")
+	fl.StringVar(&f.idOrder, "id-order", "big", "request id: byte order, big or little")
+	fl.Float64Var(&f.budgetRatio, "budget-ratio", 0.05, "budget: hedges per request (0.05 = at most 5% extra load)")
+	fl.IntVar(&f.burst, "budget-burst", 10, "budget: hedges allowed in a burst")
+	return cmd
+}
+
+// hedgeConfig builds the config from --config or from the service flags.
+func hedgeConfig(cmd *cobra.Command, f *hedgeFlags) (*hedge.Config, error) {
+	var set []string
+	for _, n := range serviceFlags {
+		if cmd.Flags().Changed(n) {
+			set = append(set, "--"+n)
+		}
+	}
+	if f.config != "" {
+		if len(set) > 0 {
+			return nil, usagef("--config and %s exclude each other: declare the services in the file, or use flags for one service", set[0])
+		}
+		cfg, err := hedge.LoadConfig(f.config)
+		if err != nil {
+			return nil, usagef("%w", err)
+		}
+		return cfg, nil
+	}
+	if f.service == "" {
+		return nil, usagef("%s needs --config FILE or --service ADDR:PORT (see '%s --help')", cmd.CommandPath(), cmd.CommandPath())
+	}
+	quantile := cmd.Flags().Changed("delay-quantile")
+	switch {
+	case quantile && cmd.Flags().Changed("delay"):
+		return nil, usagef("--delay and --delay-quantile exclude each other: a fixed delay or a quantile of recent latencies")
+	case !quantile && (cmd.Flags().Changed("delay-min") || cmd.Flags().Changed("delay-max")):
+		return nil, usagef("--delay-min and --delay-max clamp an adaptive delay: add --delay-quantile (e.g. 0.95)")
+	}
+	svc := hedge.ServiceConfig{
+		Name: f.name, Address: f.service, Replicas: f.replicas,
+		RequestID: hedge.RequestIDSpec{Offset: f.idOffset, Length: f.idLength, Order: f.idOrder},
+		Delay:     hedge.DelaySpec{Fixed: f.delay},
+		Budget:    hedge.BudgetSpec{Ratio: f.budgetRatio, Burst: f.burst},
+	}
+	if svc.Name == "" {
+		svc.Name = f.service
+	}
+	if quantile {
+		svc.Delay = hedge.DelaySpec{Quantile: f.quantile, Min: f.delayMin, Max: f.delayMax}
+	}
+	cfg := &hedge.Config{Interface: f.iface, Services: []hedge.ServiceConfig{svc}}
+	if d := max(svc.Delay.Fixed, svc.Delay.Max); d > 2500*time.Millisecond {
+		cfg.TTL = hedge.Duration(2 * d) // scoreboard entries must outlive the delay (default 5s)
+	}
+	if err := cfg.Validate(); err != nil {
+		// Validate speaks of config keys; name the flags instead.
+		return nil, usageError{errors.New(flagNames.Replace(err.Error()))}
+	}
+	return cfg, nil
+}
+
+var flagNames = strings.NewReplacer(
+	"interface is required", "--interface is required",
+	"request_id.offset", "--id-offset", "request_id.length", "--id-length", "request_id.order", "--id-order",
+	"delay.quantile", "--delay-quantile", "budget.ratio", "--budget-ratio", "budget.burst", "--budget-burst",
+	": address ", ": --service ", ": replica ", ": --replica ", " and address ", " and --service ",
+	": delay needs", ": --delay-min and --delay-max need", ": delay ", ": --delay ",
+)
+
+// openNetns resolves --netns: a path, or a name under /run/netns.
+func openNetns(arg string) (netns.NsHandle, error) {
+	if arg == "" {
+		return -1, nil
+	}
+	path := arg
+	if !strings.Contains(arg, "/") {
+		path = filepath.Join(lab.NetnsDir, arg)
+	}
+	h, err := netns.GetFromPath(path)
+	if err != nil {
+		return -1, usagef("--netns %s: %w (list namespaces with 'ip netns')", arg, err)
+	}
+	return h, nil
+}
+
+// currentNetnsName names the namespace this process runs in: its /run/netns name when it
+// has one (a lab host started with 'kedge lab exec'), else net:[inode].
+func currentNetnsName() string {
+	var self unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &self); err != nil {
+		return ""
+	}
+	if entries, err := os.ReadDir(lab.NetnsDir); err == nil {
+		for _, e := range entries {
+			var st unix.Stat_t
+			if unix.Stat(filepath.Join(lab.NetnsDir, e.Name()), &st) == nil && st.Ino == self.Ino && st.Dev == self.Dev {
+				return e.Name()
+			}
+		}
+	}
+	return fmt.Sprintf("net:[%d]", self.Ino)
+}
+
+func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
+	cfg, err := hedgeConfig(cmd, f)
+	if err != nil {
+		return err
+	}
+	switch f.backend {
+	case "", hedge.BackendAuto, hedge.BackendConveyor, hedge.BackendNetem, hedge.BackendEDT:
+	default:
+		return usagef("--backend %q unknown: use auto, conveyor, netem or edt", f.backend)
+	}
+	if f.duration < 0 {
+		return usagef("--duration %v is negative: use 0 (until Ctrl-C) or a positive duration", f.duration)
+	}
+	var metricsLn net.Listener
+	if f.metricsAddr != "" {
+		if _, _, err := net.SplitHostPort(f.metricsAddr); err != nil {
+			return usagef("--metrics-addr %q: want HOST:PORT, e.g. 127.0.0.1:9464", f.metricsAddr)
+		}
+	}
+	ns, err := openNetns(f.netnsArg)
+	if err != nil {
+		return err
+	}
+	if ns >= 0 {
+		defer ns.Close()
+	}
+	// Signals before the (slow) start: a Ctrl-C during calibration still detaches cleanly.
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if f.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, f.duration)
+		defer cancel()
+	}
+
+	cleanStale(ns, runDir)
+	if f.metricsAddr != "" {
+		// Listen in the namespace kedge was started in, not the client's.
+		if metricsLn, err = net.Listen("tcp", f.metricsAddr); err != nil {
+			return fmt.Errorf("listen for metrics: %w", err)
+		}
+		defer metricsLn.Close()
+	}
+
+	h, err := hedge.Start(cfg, hedge.Options{Netns: ns, Backend: f.backend, Log: slog.Default()})
+	if err != nil {
+		var le *bpfx.LoadError
+		if verbose && errors.As(err, &le) {
+			fmt.Fprintln(cmd.ErrOrStderr(), le.Full())
+		}
+		return rootHint(fmt.Errorf("start hedger: %w", err))
+	}
+	defer func() {
+		if cerr := h.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("detach hedger: %w", cerr))
+		} else {
+			slog.Info("hedger detached")
+		}
+	}()
+
+	if metricsLn != nil {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(hedge.NewCollector(h), collectors.NewGoCollector(),
+			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.Serve(metricsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				slog.Error("metrics server stopped", "err", err)
+			}
+		}()
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+		slog.Info("serving metrics", "url", "http://"+metricsLn.Addr().String()+"/metrics")
+	}
+
+	st := hedge.Status{
+		PID: os.Getpid(), Started: time.Now(), Interface: cfg.Interface,
+		Netns: f.netnsArg, DelayLineNetns: h.DelayLineNetns(),
+	}
+	if f.config != "" {
+		st.ConfigPath, _ = filepath.Abs(f.config)
+	}
+	if st.Netns == "" {
+		st.Netns = currentNetnsName()
+	}
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		h.PublishStatus(ctx, runDir, st, time.Second)
+	}()
+	slog.Info("hedging; Ctrl-C or SIGTERM detaches", "status", hedge.StatusPath(runDir, st.PID))
+	<-ctx.Done()
+	<-published // no Stats() after Close
+	if snap, serr := h.Stats(); serr == nil {
+		for _, s := range snap.Services {
+			c := s.Counters
+			slog.Info("service totals", "service", s.Name, "requests", c["requests"], "responses", c["responses"],
+				"hedges_sent", c["hedges_sent"], "hedges_won", c["hedges_won"],
+				"duplicates_dropped", c["duplicates_dropped"], "budget_exhausted", c["budget_exhausted"])
+		}
+	}
+	return nil
+}
+
+// cleanStale removes what killed runs left behind: their namespaces (delay lines
+// included), their tc filters in the client namespace (clsact fallback; TCX links die
+// with their process) and their status files. Failures are logged: a leftover that stays
+// is named by the error, and hedge.Start removes a stale kedge-dl0 itself.
+func cleanStale(ns netns.NsHandle, runDir string) {
+	removed, err := lab.CleanupStale(false)
+	for _, n := range removed {
+		slog.Info("removed namespace of a killed run", "netns", n)
+	}
+	if err != nil {
+		slog.Warn("remove stale namespaces", "err", err)
+	}
+	alive := func(pid int) bool { return pid == os.Getpid() || lab.ProcessAlive(pid) }
+	filters, err := bpfx.CleanupFilters(ns, alive)
+	for _, f := range filters {
+		slog.Info("removed tc filter of a killed run", "filter", f)
+	}
+	if err != nil {
+		slog.Warn("remove stale tc filters", "err", err)
+	}
+	if _, err := hedge.ReadStatuses(runDir); err != nil {
+		slog.Warn("remove stale status files", "err", err)
+	}
+}
+
+func newHedgeStatusCmd(runDir *string) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "List running hedgers: backend, delay-line calibration, delay per service",
+		Long: `Status lists the running 'kedge hedge run' processes from their status files in
+/run/kedge (updated every second): namespace, interface, delay-line backend and its
+calibration as measured at start (conveyor: period mean/min/max, spread, fillers), and
+each service's configured and current delay. Status files of killed runs are removed.`,
+		Example: `  kedge hedge status
+  kedge hedge status -o json | jq '.[].snapshot.backend'`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sts, err := readHedgers(output, *runDir)
+			if err != nil {
+				return err
+			}
+			if sts == nil {
+				sts = []hedge.Status{}
+			}
+			return writeReport(cmd.OutOrStdout(), output, sts, func(w io.Writer) error { return writeHedgeStatus(w, sts) })
+		},
+	}
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+// readHedgers checks -o and reads the running hedgers' status files.
+func readHedgers(output, runDir string) ([]hedge.Status, error) {
+	if err := checkOutputFormat(output); err != nil {
+		return nil, err
+	}
+	return hedge.ReadStatuses(runDir)
+}
+
+func writeHedgeStatus(w io.Writer, sts []hedge.Status) error {
+	if len(sts) == 0 {
+		_, err := fmt.Fprintln(w, "no hedger running (start one with 'kedge hedge run')")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PID\tNETNS\tIFACE\tBACKEND\tTARGET\tPERIOD MEAN\tMIN\tMAX\tSPREAD\tFILLERS\tUP")
+	for _, st := range sts {
+		s := st.Snapshot
+		if s == nil {
+			s = &hedge.Snapshot{}
+		}
+		c := s.Calibration
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", st.PID, st.Netns, st.Interface, s.Backend,
+			dur(s.Period), dur(c.Mean), dur(c.Min), dur(c.Max), dur(c.Spread), c.Fillers,
+			s.Time.Sub(st.Started).Round(time.Second))
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "PID\tSERVICE\tADDRESS\tDELAY\tDELAY NOW\tREQUESTS\tHEDGES")
+	for _, st := range sts {
+		if st.Snapshot == nil {
+			continue
+		}
+		for _, s := range st.Snapshot.Services {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\n", st.PID, s.Name, s.Address, s.Delay, dur(s.DelayNow),
+				s.Counters["requests"], s.Counters["hedges_sent"])
+		}
+	}
+	return tw.Flush()
+}
+
+// dur prints a duration rounded to what the eye needs ("-" for none).
+func dur(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "-"
+	case d.Abs() < 10*time.Microsecond:
+		return d.String()
+	case d.Abs() < 10*time.Millisecond:
+		return d.Round(time.Microsecond).String()
+	default:
+		return d.Round(10 * time.Microsecond).String()
+	}
+}
+
+// statsCounters are the counters `kedge hedge stats` shows, in order.
+var statsCounters = []string{"requests", "responses", "clones", "clones_answered", "hedges_sent", "hedges_won",
+	"duplicates_dropped", "budget_exhausted", "recirculations", "clones_orphaned", "responses_rewritten",
+	"short_requests", "clone_errors", "scoreboard_errors", "redirect_errors"}
+
+func newHedgeStatsCmd(runDir *string) *cobra.Command {
+	var (
+		output string
+		pid    int
+	)
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Show a running hedger's counters per service and its delay line's",
+		Long: `Stats prints the counters of a running hedger (from its status file, at most a second
+old), one column per service: requests, first responses, clones into the delay line,
+clones dropped because answered, hedges sent and won, duplicate responses dropped,
+requests not hedged for lack of budget, ..., the current delay, latency quantiles (request
+to first response, over the adaptive-delay window) and delay-line precision (hedge send
+time minus intended time). Then the delay line's own counters. With several hedgers
+running, --pid picks one. -o json prints the whole status file.`,
+		Example: `  kedge hedge stats
+  kedge hedge stats --pid 4242 -o json | jq '.snapshot.services[0].counters.hedges_sent'`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sts, err := readHedgers(output, *runDir)
+			if err != nil {
+				return err
+			}
+			st, err := pickHedger(sts, pid)
+			if err != nil {
+				return err
+			}
+			return writeReport(cmd.OutOrStdout(), output, st, func(w io.Writer) error { return writeHedgeStats(w, st) })
+		},
+	}
+	cmd.Flags().IntVar(&pid, "pid", 0, "the hedger's pid (see 'kedge hedge status'); needed when several run")
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+func pickHedger(sts []hedge.Status, pid int) (*hedge.Status, error) {
+	if pid != 0 {
+		for i := range sts {
+			if sts[i].PID == pid {
+				return &sts[i], nil
+			}
+		}
+		return nil, exitCodeError{exitError, fmt.Errorf("no hedger with pid %d is running (see 'kedge hedge status')", pid)}
+	}
+	switch len(sts) {
+	case 0:
+		return nil, exitCodeError{exitError, errors.New("no hedger running (start one with 'kedge hedge run')")}
+	case 1:
+		return &sts[0], nil
+	}
+	pids := make([]string, len(sts))
+	for i, s := range sts {
+		pids[i] = fmt.Sprint(s.PID)
+	}
+	return nil, usagef("%d hedgers are running (pids %s): pick one with --pid", len(sts), strings.Join(pids, ", "))
+}
+
+func writeHedgeStats(w io.Writer, st *hedge.Status) error {
+	s := st.Snapshot
+	if s == nil {
+		_, err := fmt.Fprintf(w, "hedger %d has not published counters yet\n", st.PID)
+		return err
+	}
+	fmt.Fprintf(w, "hedger %d on %s in %s, backend %s, as of %s\n\n", st.PID, st.Interface, st.Netns, s.Backend,
+		s.Time.Format(time.RFC3339))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	row := func(name string, cell func(hedge.ServiceStats) string) {
+		fmt.Fprint(tw, name, "\t")
+		for _, svc := range s.Services {
+			fmt.Fprint(tw, cell(svc), "\t")
+		}
+		fmt.Fprintln(tw)
+	}
+	row("", func(v hedge.ServiceStats) string { return v.Name })
+	row("address", func(v hedge.ServiceStats) string { return v.Address })
+	row("delay", func(v hedge.ServiceStats) string { return v.Delay })
+	row("delay now", func(v hedge.ServiceStats) string { return dur(v.DelayNow) })
+	row("budget tokens", func(v hedge.ServiceStats) string { return fmt.Sprintf("%.1f", v.Tokens) })
+	for _, c := range statsCounters {
+		row(c, func(v hedge.ServiceStats) string { return fmt.Sprint(v.Counters[c]) })
+	}
+	row("latency p50", func(v hedge.ServiceStats) string { return dur(v.LatencyP50) })
+	row("latency p95", func(v hedge.ServiceStats) string { return dur(v.LatencyP95) })
+	row("latency p99", func(v hedge.ServiceStats) string { return dur(v.LatencyP99) })
+	row("precision samples", func(v hedge.ServiceStats) string { return fmt.Sprint(v.Precision.Samples) })
+	row("precision p50", func(v hedge.ServiceStats) string { return dur(v.Precision.P50) })
+	row("precision p99", func(v hedge.ServiceStats) string { return dur(v.Precision.P99) })
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(w, "\ndelay line")
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	dl := s.DelayLine
+	names := make([]string, 0, len(dl))
+	for k := range dl {
+		if !strings.HasPrefix(k, "period_") {
+			names = append(names, k)
+		}
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		fmt.Fprintf(tw, "%s\t%d\t\n", k, dl[k])
+	}
+	if n := dl["period_count"]; n > 0 {
+		fmt.Fprintf(tw, "period mean\t%s\t\n", dur(time.Duration(dl["period_sum_ns"]/n)))
+		fmt.Fprintf(tw, "period min\t%s\t\n", dur(time.Duration(dl["period_min_ns"])))
+		fmt.Fprintf(tw, "period max\t%s\t\n", dur(time.Duration(dl["period_max_ns"])))
+	}
+	global := make([]string, 0, len(s.Global))
+	for k, v := range s.Global {
+		if v > 0 {
+			global = append(global, k)
+		}
+	}
+	slices.Sort(global)
+	for _, k := range global {
+		fmt.Fprintf(tw, "unmatched %s\t%d\t\n", k, s.Global[k])
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/hedge"
+)
+
+// hedgeCLI runs `kedge args...` in-process through run() on a tree with the hedge command
+// and returns the exit code, stdout and stderr (including run's "kedge: ..." line).
+func hedgeCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	root := newRootCmd()
+	root.AddCommand(newHedgeCmd())
+	var out, errb bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&errb)
+	f, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	saved := os.Stderr
+	os.Stderr = f
+	code = run(root, args)
+	os.Stderr = saved
+	runErr, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, out.String(), errb.String() + string(runErr)
+}
+
+// checkGolden compares got with testdata/name; KEDGE_UPDATE_GOLDEN=1 rewrites the file.
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if os.Getenv("KEDGE_UPDATE_GOLDEN") == "1" {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (KEDGE_UPDATE_GOLDEN=1 go test ./cmd/kedge writes it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs (KEDGE_UPDATE_GOLDEN=1 to accept):\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+// TestHedgeUsageErrorsGolden pins the text and exit code of bad `kedge hedge` invocations:
+// each says what to do instead, and none touches the system (no root needed).
+func TestHedgeUsageErrorsGolden(t *testing.T) {
+	svc := []string{"hedge", "run", "--interface", "eth0", "--service", "198.18.0.12:9999"}
+	cases := [][]string{
+		{"hedge"},
+		{"hedge", "frobnicate"},
+		{"hedge", "run"},
+		{"hedge", "run", "extra"},
+		{"hedge", "run", "--config", "testdata/hedge-missing.yaml"},
+		{"hedge", "run", "--config", "testdata/hedge-bad.yaml"},
+		{"hedge", "run", "--config", "testdata/hedge-bad.yaml", "--service", "198.18.0.12:9999"},
+		{"hedge", "run", "--service", "198.18.0.12:9999"},
+		append(svc[:4:4], "--service", "198.18.0.12"),
+		append(svc[:6:6], "--id-length", "9"),
+		append(svc[:6:6], "--id-order", "middle"),
+		append(svc[:6:6], "--delay", "5ms", "--delay-quantile", "0.95"),
+		append(svc[:6:6], "--delay-max", "10ms"),
+		append(svc[:6:6], "--delay-quantile", "0.95", "--delay-min", "60ms"),
+		append(svc[:6:6], "--delay-quantile", "1.5"),
+		append(svc[:6:6], "--replica", "[2001:db8::d]:9999"),
+		append(svc[:6:6], "--budget-ratio", "2"),
+		append(svc[:6:6], "--backend", "fq"),
+		append(svc[:6:6], "--duration", "-1s"),
+		append(svc[:6:6], "--metrics-addr", "9464"),
+		append(svc[:6:6], "--netns", "kedge-test-no-such-namespace"),
+		{"hedge", "status", "extra"},
+		{"hedge", "stats", "-o", "yaml"},
+	}
+	var b strings.Builder
+	for _, args := range cases {
+		code, _, stderr := hedgeCLI(t, args...)
+		if code != exitUsage {
+			t.Errorf("kedge %s: exit %d, want %d", strings.Join(args, " "), code, exitUsage)
+		}
+		fmt.Fprintf(&b, "$ kedge %s\nexit %d\n%s\n", strings.Join(args, " "), code, stderr)
+	}
+	checkGolden(t, "hedge-usage-errors.golden", b.String())
+}
+
+func fakeHedgeStatus(pid int) hedge.Status {
+	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	counters := map[string]uint64{}
+	for i, c := range statsCounters {
+		counters[c] = uint64(100 * (len(statsCounters) - i))
+	}
+	return hedge.Status{
+		PID: pid, Started: start, ConfigPath: "/etc/kedge/hedge.yaml", Interface: "eth0",
+		Netns: "kedge-lab-demo-client", DelayLineNetns: fmt.Sprintf("kedge-%d-hedge-dl", pid),
+		Snapshot: &hedge.Snapshot{
+			Time: start.Add(90 * time.Second), Backend: hedge.BackendConveyor, Period: 10 * time.Millisecond,
+			Calibration: hedge.Calibration{Target: 10 * time.Millisecond, Mean: 10052851 * time.Nanosecond,
+				Min: 9937604 * time.Nanosecond, Max: 10174077 * time.Nanosecond, Fillers: 83, Spread: 121120 * time.Nanosecond},
+			Services: []hedge.ServiceStats{
+				{Name: "kv", Address: "198.18.0.12:9999", Delay: "10ms", DelayNow: 10 * time.Millisecond, Tokens: 9.5,
+					Counters: counters, LatencyP50: 1152 * time.Microsecond, LatencyP95: 1344 * time.Microsecond,
+					LatencyP99: 9728 * time.Microsecond,
+					Precision: hedge.Precision{Samples: 6, P50: 54 * time.Microsecond, P99: 92 * time.Microsecond}},
+				{Name: "dns", Address: "[2001:db8::c]:53", Delay: "p95 [1ms, 50ms]", DelayNow: 1984 * time.Microsecond,
+					Tokens: 10, Counters: map[string]uint64{"requests": 7}},
+			},
+			Global:    map[string]uint64{"malformed": 3, "fragments": 0},
+			DelayLine: map[string]uint64{"entered": 60, "exited": 60, "filler_passes": 4783, "period_sum_ns": 47155599835, "period_count": 4700, "period_min_ns": 8056463, "period_max_ns": 12060920},
+		},
+	}
+}
+
+// TestHedgeStatusAndStats: the tables of `status` and `stats` (golden), -o json round
+// trips, and the choice among several running hedgers.
+func TestHedgeStatusAndStats(t *testing.T) {
+	dir := t.TempDir()
+	me := fakeHedgeStatus(os.Getpid())
+	if err := hedge.WriteStatus(dir, &me); err != nil {
+		t.Fatal(err)
+	}
+	pid := strconv.Itoa(os.Getpid())
+	var b strings.Builder
+	for _, args := range [][]string{{"hedge", "status"}, {"hedge", "stats"}} {
+		code, stdout, stderr := hedgeCLI(t, append(args, "--run-dir", dir)...)
+		if code != exitOK {
+			t.Fatalf("kedge %v: exit %d: %s", args, code, stderr)
+		}
+		fmt.Fprintf(&b, "$ kedge %s\n%s\n", strings.Join(args, " "), strings.ReplaceAll(stdout, pid, "PID"))
+	}
+	checkGolden(t, "hedge-status.golden", b.String())
+
+	code, stdout, _ := hedgeCLI(t, "hedge", "stats", "--run-dir", dir, "-o", "json")
+	var got hedge.Status
+	if err := json.Unmarshal([]byte(stdout), &got); code != exitOK || err != nil {
+		t.Fatalf("stats -o json: exit %d, %v", code, err)
+	}
+	if !reflect.DeepEqual(got, me) {
+		t.Errorf("stats -o json:\n%+v\nwant\n%+v", got, me)
+	}
+
+	// A second live hedger (our parent stands in for it): stats needs --pid.
+	other := fakeHedgeStatus(os.Getppid())
+	if err := hedge.WriteStatus(dir, &other); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := hedgeCLI(t, "hedge", "stats", "--run-dir", dir)
+	if code != exitUsage || !strings.Contains(stderr, "2 hedgers are running") || !strings.Contains(stderr, "pick one with --pid") {
+		t.Errorf("stats with two hedgers: exit %d: %s", code, stderr)
+	}
+	code, stdout, _ = hedgeCLI(t, "hedge", "stats", "--run-dir", dir, "--pid", strconv.Itoa(os.Getppid()))
+	if code != exitOK || !strings.Contains(stdout, fmt.Sprintf("hedger %d on eth0", os.Getppid())) {
+		t.Errorf("stats --pid: exit %d:\n%s", code, stdout)
+	}
+	code, stdout, _ = hedgeCLI(t, "hedge", "status", "--run-dir", dir, "-o", "json")
+	var all []hedge.Status
+	if err := json.Unmarshal([]byte(stdout), &all); code != exitOK || err != nil || len(all) != 2 {
+		t.Errorf("status -o json: exit %d, %v, %d hedgers", code, err, len(all))
+	}
+	if code, _, stderr := hedgeCLI(t, "hedge", "stats", "--run-dir", dir, "--pid", "999999999"); code != exitError ||
+		!strings.Contains(stderr, "no hedger with pid 999999999 is running") {
+		t.Errorf("stats --pid of nobody: exit %d: %s", code, stderr)
+	}
+	if code, stdout, _ := hedgeCLI(t, "hedge", "status", "--run-dir", t.TempDir()); code != exitOK ||
+		!strings.Contains(stdout, "no hedger running") {
+		t.Errorf("status with none: exit %d: %s", code, stdout)
+	}
+}
+
+// TestHedgeHelpHasExamples: every hedge command's --help shows examples.
+func TestHedgeHelpHasExamples(t *testing.T) {
+	for _, c := range []string{"run", "status", "stats"} {
+		code, stdout, _ := hedgeCLI(t, "hedge", c, "--help")
+		if code != exitOK || !strings.Contains(stdout, "Examples:") {
+			t.Errorf("kedge hedge %s --help: exit %d, no examples:\n%s", c, code, stdout)
+		}
+	}
+}
