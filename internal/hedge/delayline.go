@@ -87,6 +87,10 @@ func newDelayLine(clientNS netns.NsHandle, backends []string, dc DelayLineConfig
 		d.Backend = b
 		return d, nil
 	}
+	if len(backends) == 1 && backends[0] != BackendConveyor {
+		return nil, fmt.Errorf("delay-line backend %s does not work on this kernel: %w - use backend auto or conveyor ('kedge probe' lists the backends this kernel offers)",
+			backends[0], errors.Join(tried...))
+	}
 	return nil, fmt.Errorf("no delay-line backend works on this kernel: %w", errors.Join(tried...))
 }
 
