@@ -1,0 +1,699 @@
+package hedge
+
+// Fixtures for the BPF_PROG_TEST_RUN tests in bpf_test.go: a hedger collection loaded and
+// filled exactly as Start does it (Hedger.load, Hedger.fillMaps), a namespace to run it in,
+// packets, scoreboard keys and a table runner that checks verdict, output packet, skb mark,
+// counter changes and the scoreboard after each case.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/pktbuild"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Scoreboard states (enum req_state in bpf/include/hedge.h).
+const (
+	reqPending       = 1
+	reqNoClone       = 2
+	reqNoHedge       = 3
+	reqHedged        = 4
+	reqAnswered      = 5
+	reqAnsweredHedge = 6
+)
+
+var stateNames = map[uint32]string{
+	0: "absent", reqPending: "PENDING", reqNoClone: "NOCLONE", reqNoHedge: "NOHEDGE",
+	reqHedged: "HEDGED", reqAnswered: "ANSWERED", reqAnsweredHedge: "ANSWERED_HEDGED",
+}
+
+// The clients and services of every fixture. Replicas sit on other ports than their
+// service so a hedge or a rewritten response changes address and port.
+var (
+	client4  = netip.MustParseAddrPort("192.0.2.1:40000")
+	client6  = netip.MustParseAddrPort("[2001:db8::1]:40000")
+	svc4     = netip.MustParseAddrPort("198.51.100.10:9999")
+	rep4     = netip.MustParseAddrPort("198.51.100.11:9998")
+	svc6     = netip.MustParseAddrPort("[2001:db8::10]:9999")
+	rep6     = netip.MustParseAddrPort("[2001:db8::11]:9998")
+	svcLE    = netip.MustParseAddrPort("198.51.100.20:7777") // 8-byte little-endian id at offset 2
+	svcSolo  = netip.MustParseAddrPort("198.51.100.30:5353") // no replica: hedges to itself
+	svcRR    = netip.MustParseAddrPort("198.51.100.40:6000") // two replicas: round robin
+	repRR1   = netip.MustParseAddrPort("198.51.100.41:6000")
+	repRR2   = netip.MustParseAddrPort("198.51.100.42:6001")
+	stranger = netip.MustParseAddrPort("203.0.113.9:9999") // no service, no replica
+)
+
+// Service indices in testConfig (the stats/svc_cfgs slot).
+const (
+	sV4 = iota
+	sV6
+	sLE
+	sSolo
+	sRR
+)
+
+const (
+	testDelay = 10 * time.Millisecond
+	// Delay-line period: the rescuer sends a clone due within half of it (cfg_early_ns).
+	testPeriod = 2 * time.Millisecond
+	testEarly  = testPeriod / 2
+	// v4 budget: 0.5 hedges per request (500 milli-tokens deposited per request), burst 2.
+	v4Ratio = 0.5
+	v4Burst = 2
+)
+
+// testConfig declares the fixtures' services; Validate fills the defaults Start would.
+func testConfig(tb testing.TB, scoreboard uint32) *Config {
+	tb.Helper()
+	cfg := &Config{
+		Interface:      "test0", // not looked up: the fixture sets the ifindexes itself
+		ScoreboardSize: scoreboard,
+		DelayLine:      DelayLineConfig{Period: Duration(testPeriod)},
+		Services: []ServiceConfig{
+			{Name: "v4", Address: svc4.String(), Replicas: []string{rep4.String()},
+				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Ratio: v4Ratio, Burst: v4Burst}},
+			{Name: "v6", Address: svc6.String(), Replicas: []string{rep6.String()},
+				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Ratio: 1, Burst: 10}},
+			{Name: "le8", Address: svcLE.String(), RequestID: RequestIDSpec{Offset: 2, Length: 8, Order: "little"},
+				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Ratio: 1, Burst: 10}},
+			{Name: "solo", Address: svcSolo.String(),
+				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Ratio: 1, Burst: 10}},
+			{Name: "rr", Address: svcRR.String(), Replicas: []string{repRR1.String(), repRR2.String()},
+				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Ratio: 1, Burst: 10}},
+		},
+	}
+	if err := cfg.Validate(); err != nil {
+		tb.Fatalf("validate test config: %v", err)
+	}
+	return cfg
+}
+
+// fixture is a loaded, filled hedger collection and the namespace its programs run in.
+//
+// BPF_PROG_TEST_RUN runs a TC program on an skb of the calling thread's namespace, and
+// bpf_clone_redirect looks its target up there, so every run happens inside ns: the
+// splitter's delay-line ifindex is a real veth (bt0, peer bt1) in it, and a clone really
+// leaves (bt1 receives it and drops it: not addressed to it). bpf_redirect and
+// bpf_redirect_neigh only record their target, which the test run never uses, so the
+// other ifindexes (out, delay-line peer and device) name no device anywhere.
+type fixture struct {
+	h    *Hedger
+	objs *hedgeObjects
+	ns   *lab.Netns
+	// ifindexes the programs were loaded with
+	dlIfx, outIfx, peerIfx, devIfx int
+}
+
+type fixtureOpts struct {
+	scoreboard  uint32 // scoreboard max_entries; 0: the default
+	backend     string // delay-line backend the constants are set for; "": conveyor
+	missingDLIf bool   // point cfg_dl_ifindex at an ifindex that does not exist
+}
+
+// Fake ifindexes: far above anything a fresh namespace allocates; checked to be absent.
+const (
+	fakeMissingIfx = 0x7e5700
+	fakeOutIfx     = 0x7e5701
+	fakePeerIfx    = 0x7e5702
+	fakeDevIfx     = 0x7e5703
+)
+
+var fixtureSeq atomic.Int32
+
+func newFixture(tb testing.TB, o fixtureOpts) *fixture {
+	tb.Helper()
+	bpftest.RequireRoot(tb)
+	if o.backend == "" {
+		o.backend = BackendConveyor
+	}
+	f := &fixture{outIfx: fakeOutIfx, peerIfx: fakePeerIfx, devIfx: fakeDevIfx}
+	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("hbpf%d", fixtureSeq.Add(1))))
+	if err != nil {
+		tb.Fatalf("create test namespace: %v", err)
+	}
+	f.ns = ns
+	tb.Cleanup(func() {
+		if err := ns.Close(); err != nil {
+			tb.Errorf("remove test namespace: %v", err)
+		}
+	})
+	if f.dlIfx, err = vethIn(ns); err != nil {
+		tb.Fatal(err)
+	}
+	if o.missingDLIf {
+		f.dlIfx = fakeMissingIfx
+	}
+	if err := absentIn(ns, fakeMissingIfx, fakeOutIfx, fakePeerIfx, fakeDevIfx); err != nil {
+		tb.Fatal(err)
+	}
+
+	// Load exactly as Start does: Hedger.load sets the constants from the delay line and
+	// the config, Hedger.fillMaps writes the services.
+	f.h = &Hedger{
+		Config:  testConfig(tb, o.scoreboard),
+		Backend: o.backend,
+		IfIndex: f.outIfx,
+		dl:      &DelayLine{Backend: o.backend, Period: testPeriod, ClientIfx: f.dlIfx, PeerIfx: f.peerIfx, DevIfx: f.devIfx},
+	}
+	if err := f.h.load(); err != nil {
+		var le *bpfx.LoadError
+		if asLoadError(err, &le) {
+			tb.Log(le.Full())
+		}
+		tb.Fatalf("load hedger: %v", err)
+	}
+	f.objs = &f.h.objs
+	tb.Cleanup(func() { f.objs.Close() })
+	f.reset(tb)
+	return f
+}
+
+// vethIn creates the veth pair bt0/bt1 in ns, both up, and returns bt0's ifindex.
+func vethIn(ns *lab.Netns) (int, error) {
+	nh, err := netlink.NewHandleAt(ns.Handle)
+	if err != nil {
+		return 0, fmt.Errorf("open netlink in %s: %w", ns.Name, err)
+	}
+	defer nh.Close()
+	if err := nh.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "bt0"}, PeerName: "bt1"}); err != nil {
+		return 0, fmt.Errorf("add veth bt0/bt1: %w", err)
+	}
+	var ifx int
+	for _, name := range []string{"bt1", "bt0"} {
+		l, err := nh.LinkByName(name)
+		if err != nil {
+			return 0, fmt.Errorf("find %s: %w", name, err)
+		}
+		if err := nh.LinkSetUp(l); err != nil {
+			return 0, fmt.Errorf("set %s up: %w", name, err)
+		}
+		ifx = l.Attrs().Index
+	}
+	return ifx, nil
+}
+
+// dlTxPackets reads how many packets the delay-line veth (bt0) has sent.
+func (f *fixture) dlTxPackets(tb testing.TB) uint64 {
+	tb.Helper()
+	nh, err := netlink.NewHandleAt(f.ns.Handle)
+	if err != nil {
+		tb.Fatalf("open netlink in %s: %v", f.ns.Name, err)
+	}
+	defer nh.Close()
+	l, err := nh.LinkByIndex(f.dlIfx)
+	if err != nil {
+		tb.Fatalf("find the delay-line veth: %v", err)
+	}
+	return l.Attrs().Statistics.TxPackets
+}
+
+func absentIn(ns *lab.Netns, ifxs ...int) error {
+	nh, err := netlink.NewHandleAt(ns.Handle)
+	if err != nil {
+		return fmt.Errorf("open netlink in %s: %w", ns.Name, err)
+	}
+	defer nh.Close()
+	for _, ifx := range ifxs {
+		if l, err := nh.LinkByIndex(ifx); err == nil {
+			return fmt.Errorf("fake ifindex %d exists in %s (%s): pick another", ifx, ns.Name, l.Attrs().Name)
+		}
+	}
+	return nil
+}
+
+// reset empties the scoreboard, the latency and precision histograms and the delay-line
+// control, and rewrites the services (fillMaps: full budget, round robin and histogram slot
+// back to 0). Counters are not reset: cases assert their changes.
+func (f *fixture) reset(tb testing.TB) {
+	tb.Helper()
+	for k := range f.board(tb) {
+		if err := f.objs.Scoreboard.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			tb.Fatalf("clear scoreboard: %v", err)
+		}
+	}
+	var zero hedgeKhist
+	for i := range f.h.Config.Services {
+		for s := 0; s <= histSlots; s++ {
+			if err := f.objs.LatHist.Put(uint32(i*(histSlots+1)+s), zero); err != nil {
+				tb.Fatalf("clear lat_hist: %v", err)
+			}
+		}
+		for s := 0; s < 2; s++ {
+			if err := f.objs.DlPrecision.Put(uint32(i*2+s), zero); err != nil {
+				tb.Fatalf("clear dl_precision: %v", err)
+			}
+		}
+	}
+	if err := f.objs.DlControl.Put(uint32(0), hedgeDlCtl{}); err != nil {
+		tb.Fatalf("clear dl_control: %v", err)
+	}
+	if err := f.h.fillMaps(); err != nil {
+		tb.Fatalf("fill maps: %v", err)
+	}
+}
+
+// counters reads the stats map as "<service name>.<Field>" ("global.<Field>" for slot
+// SVC_MAX) and dl_counters as "dl.<Field>". The conveyor period statistics (sum, min, max)
+// are left out: they depend on the clock, and the delay-line test checks them itself.
+func (f *fixture) counters() (bpftest.Counters, error) {
+	st, err := bpftest.SumPerCPU[hedgeHedgeStats](f.objs.Stats)
+	if err != nil {
+		return nil, err
+	}
+	out := bpftest.Counters{}
+	for k, v := range st {
+		slot, field, _ := strings.Cut(k, ".")
+		out[f.slotName(slot)+"."+field] = v
+	}
+	dl, err := bpftest.SumPerCPU[hedgeDlStats](f.objs.DlCounters)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range dl {
+		switch k {
+		case "PeriodSumNs", "PeriodMinNs", "PeriodMaxNs": // clock values, not counts
+			continue
+		}
+		out["dl."+k] = v
+	}
+	return out, nil
+}
+
+func (f *fixture) slotName(slot string) string {
+	if slot == fmt.Sprint(svcMax) {
+		return "global"
+	}
+	for i, s := range f.h.Config.Services {
+		if slot == fmt.Sprint(i) {
+			return s.Name
+		}
+	}
+	return "slot" + slot
+}
+
+// dlPeriodSum reads the sum of conveyor periods measured on all CPUs.
+func (f *fixture) dlPeriodSum(tb testing.TB) uint64 {
+	tb.Helper()
+	s, err := f.h.dlStats()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s.PeriodSumNs
+}
+
+// skBuff mirrors struct __sk_buff (vmlinux.h): BPF_PROG_TEST_RUN takes it as the context
+// in (only mark, priority, ifindexes, cb, tstamp, wire_len and gso fields may be non-zero)
+// and writes it back out. TestSkBuffLayout checks its size against the kernel's BTF.
+type skBuff struct {
+	Len, PktType, Mark, QueueMapping, Protocol     uint32
+	VlanPresent, VlanTCI, VlanProto, Priority      uint32
+	IngressIfindex, Ifindex, TCIndex               uint32
+	CB                                             [5]uint32
+	Hash, TCClassid, Data, DataEnd, NapiID, Family uint32
+	RemoteIP4, LocalIP4                            uint32
+	RemoteIP6, LocalIP6                            [4]uint32
+	RemotePort, LocalPort, DataMeta                uint32
+	FlowKeys                                       uint64
+	Tstamp                                         uint64
+	WireLen, GSOSegs                               uint32
+	Sk                                             uint64
+	GSOSize                                        uint32
+	TstampType                                     uint8
+	_                                              [3]byte
+	HWTstamp                                       uint64
+}
+
+// kernelSkBuffSize is sizeof(struct __sk_buff) from the running kernel's BTF.
+func kernelSkBuffSize() (int, error) {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return 0, fmt.Errorf("load kernel BTF: %w", err)
+	}
+	var s *btf.Struct
+	if err := spec.TypeByName("__sk_buff", &s); err != nil {
+		return 0, fmt.Errorf("find struct __sk_buff in kernel BTF: %w", err)
+	}
+	return int(s.Size), nil
+}
+
+// runResult is the outcome of one test run.
+type runResult struct {
+	ret    uint32
+	out    []byte
+	ctx    skBuff // the context after the run (mark, tstamp)
+	t0, t1 uint64 // CLOCK_MONOTONIC right before and after the run
+}
+
+// run test-runs prog once inside the fixture's namespace with skb->mark = mark.
+func (f *fixture) run(prog *ebpf.Program, in []byte, mark uint32) (runResult, error) {
+	var r runResult
+	opts := ebpf.RunOptions{
+		Data:       in,
+		DataOut:    make([]byte, len(in)+bpftest.OutPad),
+		Context:    skBuff{Mark: mark},
+		ContextOut: &r.ctx,
+	}
+	err := f.ns.Do(func() (err error) {
+		if r.t0, err = mono(); err != nil {
+			return err
+		}
+		if r.ret, err = prog.Run(&opts); err != nil {
+			return err
+		}
+		r.t1, err = mono()
+		return err
+	})
+	if err != nil {
+		return r, fmt.Errorf("test-run %s: %w", prog, err)
+	}
+	r.out = opts.DataOut
+	return r, nil
+}
+
+// mono reads CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
+func mono() (uint64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0, fmt.Errorf("read CLOCK_MONOTONIC: %w", err)
+	}
+	return uint64(ts.Nano()), nil
+}
+
+func monoNow(tb testing.TB) uint64 {
+	tb.Helper()
+	now, err := mono()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return now
+}
+
+// ---- packets ----
+
+// datagram builds an Ethernet/IP/UDP frame from -> to with correct checksums.
+func datagram(from, to netip.AddrPort, payload []byte) []byte {
+	return frame{}.build(from, to, payload)
+}
+
+// frame varies the layers around a datagram: a VLAN tag, IPv4 options or fragment fields,
+// IPv6 extension headers, UDP header overrides.
+type frame struct {
+	vlan bool
+	ip4  pktbuild.IPv4 // addresses are filled in
+	ip6  pktbuild.IPv6
+	l4   pktbuild.UDP // ports are filled in
+}
+
+func (fr frame) build(from, to netip.AddrPort, payload []byte) []byte {
+	b := pktbuild.New()
+	if fr.vlan {
+		b = b.VLAN(pktbuild.VLAN{VID: 42})
+	}
+	if from.Addr().Is4() {
+		fr.ip4.Src, fr.ip4.Dst = from.Addr(), to.Addr()
+		b = b.IPv4(fr.ip4)
+	} else {
+		fr.ip6.Src, fr.ip6.Dst = from.Addr(), to.Addr()
+		b = b.IPv6(fr.ip6)
+	}
+	fr.l4.Src, fr.l4.Dst = from.Port(), to.Port()
+	return b.UDP(fr.l4).Payload(payload).Build()
+}
+
+// idPayload is an n-byte payload starting with id as 4 big-endian bytes (the v4, v6, solo
+// and rr services' request id), the rest a recognisable pattern.
+func idPayload(id uint32, n int) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = byte(0xa0 + i)
+	}
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], id)
+	copy(p, b[:min(n, 4)])
+	return p
+}
+
+// lePayload is an n-byte payload with id as 8 little-endian bytes at offset 2 (service le8).
+func lePayload(id uint64, n int) []byte {
+	p := idPayload(0xeeeeeeee, n)
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], id)
+	if n > 2 {
+		copy(p[2:], b[:min(n-2, 8)])
+	}
+	return p
+}
+
+// udpCsumOff is the offset of the UDP checksum in a datagram() frame.
+func udpCsumOff(frame []byte) int {
+	if binary.BigEndian.Uint16(frame[12:]) == pktbuild.EtherTypeIPv4 {
+		return 14 + 20 + 6
+	}
+	return 14 + 40 + 6
+}
+
+// zeroSumPayload returns a payload (base with its last two bytes chosen) for which the UDP
+// checksum of datagram(from, to, payload) computes to 0 and is therefore sent as 0xffff
+// (RFC 768; mandatory for IPv6, where 0 means "no checksum" and is dropped). A packet
+// rewritten into that datagram tests the helpers' handling of a computed zero.
+func zeroSumPayload(tb testing.TB, from, to netip.AddrPort, base []byte) []byte {
+	tb.Helper()
+	p := slices.Clone(base)
+	for x := 0; x <= 0xffff; x++ {
+		binary.BigEndian.PutUint16(p[len(p)-2:], uint16(x))
+		fr := datagram(from, to, p)
+		if binary.BigEndian.Uint16(fr[udpCsumOff(fr):]) == 0xffff {
+			return p
+		}
+	}
+	tb.Fatalf("no payload makes the checksum of %s -> %s zero", from, to)
+	return nil
+}
+
+// ---- scoreboard ----
+
+// key returns the scoreboard key of a request from client to service svc with id.
+func key(svc int, client netip.AddrPort, id uint64) hedgeHreqKey {
+	var k hedgeHreqKey
+	k.Caddr.In6U.U6Addr8 = client.Addr().As16() // IPv4 v4-mapped, as parse.h stores it
+	k.Id = id
+	k.Cport = htons(client.Port())
+	k.Svc = uint16(svc)
+	return k
+}
+
+func (k hedgeHreqKey) String() string {
+	a := netip.AddrFrom16(k.Caddr.In6U.U6Addr8).Unmap()
+	return fmt.Sprintf("{svc %d, client %s, id %#x}", k.Svc, netip.AddrPortFrom(a, htons(k.Cport)), k.Id)
+}
+
+// pending is a scoreboard entry as the splitter writes it, sent at sent, due at deadline.
+func pending(sent, deadline uint64) hedgeHreq {
+	return hedgeHreq{SentNs: sent, DeadlineNs: deadline, State: reqPending, OrigReplica: 0, HedgeReplica: replicaNone}
+}
+
+func (f *fixture) put(tb testing.TB, k hedgeHreqKey, e hedgeHreq) {
+	tb.Helper()
+	if err := f.objs.Scoreboard.Put(k, e); err != nil {
+		tb.Fatalf("write scoreboard entry %v: %v", k, err)
+	}
+}
+
+func (f *fixture) entry(tb testing.TB, k hedgeHreqKey) (hedgeHreq, bool) {
+	tb.Helper()
+	var e hedgeHreq
+	err := f.objs.Scoreboard.Lookup(k, &e)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return e, false
+	}
+	if err != nil {
+		tb.Fatalf("read scoreboard entry %v: %v", k, err)
+	}
+	return e, true
+}
+
+// board returns every scoreboard entry's state.
+func (f *fixture) board(tb testing.TB) map[hedgeHreqKey]uint32 {
+	tb.Helper()
+	out := map[hedgeHreqKey]uint32{}
+	var k hedgeHreqKey
+	var v hedgeHreq
+	it := f.objs.Scoreboard.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v.State
+	}
+	if err := it.Err(); err != nil {
+		tb.Fatalf("iterate scoreboard: %v", err)
+	}
+	return out
+}
+
+// lookup reads m[key] or fails the test.
+func lookup[V any](tb testing.TB, m *ebpf.Map, key uint32) V {
+	tb.Helper()
+	var v V
+	if err := m.Lookup(key, &v); err != nil {
+		tb.Fatalf("read %s[%d]: %v", m, key, err)
+	}
+	return v
+}
+
+func (f *fixture) state(tb testing.TB, svc int) hedgeSvcState {
+	tb.Helper()
+	return lookup[hedgeSvcState](tb, f.objs.SvcStates, uint32(svc))
+}
+
+func (f *fixture) svcCfg(tb testing.TB, svc int) hedgeSvcCfg {
+	tb.Helper()
+	return lookup[hedgeSvcCfg](tb, f.objs.SvcCfgs, uint32(svc))
+}
+
+func (f *fixture) setTokens(tb testing.TB, svc int, milli int64) {
+	tb.Helper()
+	st := f.state(tb, svc)
+	st.TokensMilli = milli
+	if err := f.objs.SvcStates.Put(uint32(svc), st); err != nil {
+		tb.Fatalf("write svc_states[%d]: %v", svc, err)
+	}
+}
+
+// hist returns the khist at idx of m (lat_hist or dl_precision).
+func hist(tb testing.TB, m *ebpf.Map, idx int) hedgeKhist {
+	tb.Helper()
+	return lookup[hedgeKhist](tb, m, uint32(idx))
+}
+
+// nonZero lists the buckets of h that hold counts, as bucket -> count.
+func nonZero(h hedgeKhist) map[int]uint32 {
+	out := map[int]uint32{}
+	for i, c := range h.B {
+		if c != 0 {
+			out[i] = c
+		}
+	}
+	return out
+}
+
+func total(h hedgeKhist) (n uint64) {
+	for _, c := range h.B {
+		n += uint64(c)
+	}
+	return n
+}
+
+// ---- table runner ----
+
+// progCase is one BPF_PROG_TEST_RUN fixture: a packet (and skb mark) in, after setup has
+// prepared the maps; the verdict, the packet out, the mark out, the counter changes and the
+// whole scoreboard afterwards are checked.
+type progCase struct {
+	name  string
+	in    []byte
+	mark  uint32                          // skb->mark going in
+	setup func(tb testing.TB, f *fixture) // scoreboard entries, budget, dl_control
+	// want
+	ret      uint32
+	out      []byte           // nil: the packet must come out unchanged
+	anyOut   bool             // do not compare the packet (check looks at it)
+	outMark  *uint32          // nil: the mark must come out as it went in
+	counters bpftest.Counters // changes of every counter; unnamed ones must not move
+	board    map[hedgeHreqKey]uint32
+	check    func(tb testing.TB, f *fixture, r runResult, t0, t1 uint64)
+}
+
+// runCases runs each case as a subtest on a reset fixture.
+func runCases(t *testing.T, f *fixture, prog *ebpf.Program, cases []progCase) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f.reset(t)
+			if c.setup != nil {
+				c.setup(t, f)
+			}
+			var r runResult
+			delta, err := bpftest.Delta(f.counters, func() (err error) {
+				r, err = f.run(prog, c.in, c.mark)
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.ret != c.ret {
+				t.Errorf("verdict %s, want %s", verdict(r.ret), verdict(c.ret))
+			}
+			want := c.out
+			if want == nil {
+				want = c.in
+			}
+			if !c.anyOut && !slices.Equal(r.out, want) {
+				t.Errorf("output packet: %s", bpftest.DiffBytes(r.out, want))
+			}
+			wantMark := c.mark
+			if c.outMark != nil {
+				wantMark = *c.outMark
+			}
+			if r.ctx.Mark != wantMark {
+				t.Errorf("skb mark %#x after the run, want %#x", r.ctx.Mark, wantMark)
+			}
+			if d := delta.Diff(c.counters); d != "" {
+				t.Errorf("counter changes (got, want):\n%s", d)
+			}
+			if d := diffBoard(f.board(t), c.board); d != "" {
+				t.Errorf("scoreboard (got, want):\n%s", d)
+			}
+			if c.check != nil {
+				c.check(t, f, r, r.t0, r.t1)
+			}
+		})
+	}
+}
+
+func diffBoard(got, want map[hedgeHreqKey]uint32) string {
+	var lines []string
+	for k, s := range got {
+		if want[k] != s {
+			lines = append(lines, fmt.Sprintf("  %v: %s, want %s", k, stateNames[s], stateNames[want[k]]))
+		}
+	}
+	for k, s := range want {
+		if _, ok := got[k]; !ok && s != 0 {
+			lines = append(lines, fmt.Sprintf("  %v: absent, want %s", k, stateNames[s]))
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+func verdict(v uint32) string {
+	names := map[uint32]string{bpftest.TCActUnspec: "TC_ACT_UNSPEC", bpftest.TCActOK: "TC_ACT_OK",
+		bpftest.TCActShot: "TC_ACT_SHOT", bpftest.TCActRedirect: "TC_ACT_REDIRECT"}
+	if n, ok := names[v]; ok {
+		return n
+	}
+	return fmt.Sprintf("%d (%#x)", int32(v), v)
+}
+
+// verifyChecksums is a progCase check: the packet out has valid IP and UDP checksums.
+func verifyChecksums(tb testing.TB, _ *fixture, r runResult, _, _ uint64) {
+	tb.Helper()
+	if err := pktbuild.VerifyChecksums(r.out); err != nil {
+		tb.Errorf("output packet: %v\n%x", err, r.out)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
