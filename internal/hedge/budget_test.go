@@ -1,0 +1,255 @@
+package hedge
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/lab"
+)
+
+// recServer is a UDP server that records the request ids it receives (4-byte big-endian
+// id first) and echoes each after Reply: at once for 0, never for a negative value (a
+// replica in full outage). Reply may change while it runs.
+type recServer struct {
+	conn  *net.UDPConn
+	reply atomic.Int64 // time.Duration
+	mu    sync.Mutex
+	seen  map[uint32]int
+}
+
+func startRecServer(t *testing.T, h *lab.Host, at netip.AddrPort, reply time.Duration) *recServer {
+	t.Helper()
+	s := &recServer{seen: map[uint32]int{}}
+	s.reply.Store(int64(reply))
+	err := h.Do(func() (err error) {
+		s.conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(at))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listen on %s %s: %v", h.HostName, at, err)
+	}
+	t.Cleanup(func() { s.conn.Close() })
+	go func() {
+		for {
+			buf := make([]byte, 2048)
+			n, from, err := s.conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if n < 4 {
+				continue
+			}
+			s.mu.Lock()
+			s.seen[binary.BigEndian.Uint32(buf)]++
+			s.mu.Unlock()
+			d := time.Duration(s.reply.Load())
+			send := func() { _, _ = s.conn.WriteToUDPAddrPort(buf[:n], from) }
+			switch {
+			case d < 0:
+			case d == 0:
+				send()
+			default:
+				time.AfterFunc(d, send)
+			}
+		}
+	}()
+	return s
+}
+
+// ids returns a copy of the ids seen, with how often each arrived.
+func (s *recServer) ids() map[uint32]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[uint32]int, len(s.seen))
+	for k, v := range s.seen {
+		out[k] = v
+	}
+	return out
+}
+
+// burstResult is what concurrent clients saw: the ids answered, and datagrams beyond one
+// response per request (duplicates reaching the application).
+type burstResult struct {
+	answered map[uint32]bool
+	extra    int
+}
+
+// runWorkers runs workers concurrent clients in h, each sending perWorker sequential
+// requests (ids from base, disjoint per worker) to svc and waiting up to timeout for each
+// answer. Even workers use connected sockets, odd ones unconnected sockets.
+func runWorkers(t *testing.T, h *lab.Host, svc netip.AddrPort, workers, perWorker int, base uint32, timeout time.Duration) burstResult {
+	t.Helper()
+	res := burstResult{answered: map[uint32]bool{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		var conn *net.UDPConn
+		connected := w%2 == 0
+		err := h.Do(func() (err error) {
+			if connected {
+				conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(svc))
+			} else {
+				conn, err = net.ListenUDP("udp", nil)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatalf("client socket: %v", err)
+		}
+		defer conn.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf, req := make([]byte, 2048), make([]byte, 32)
+			for i := range perWorker {
+				id := base + uint32(w*perWorker+i)
+				binary.BigEndian.PutUint32(req, id)
+				var err error
+				if connected {
+					_, err = conn.Write(req)
+				} else {
+					_, err = conn.WriteToUDPAddrPort(req, svc)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				_ = conn.SetReadDeadline(time.Now().Add(timeout))
+				for {
+					n, from, err := conn.ReadFromUDPAddrPort(buf)
+					var ne net.Error
+					if errors.As(err, &ne) && ne.Timeout() {
+						break // unanswered: the next request
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+					mu.Lock()
+					got := binary.BigEndian.Uint32(buf)
+					switch {
+					case n < 4 || netip.AddrPortFrom(from.Addr().Unmap(), from.Port()) != svc:
+						res.extra++ // not from the address the client used: not rewritten
+					case got == id && !res.answered[id]:
+						res.answered[id] = true
+					default:
+						res.extra++
+					}
+					mu.Unlock()
+					if got == id {
+						break
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("client: %v", err)
+	}
+	return res
+}
+
+// waitCounters polls the hedger's counters of service 0 until done accepts them.
+func waitCounters(t *testing.T, h *Hedger, within time.Duration, done func(c map[string]uint64) bool) map[string]uint64 {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		snap, err := h.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := snap.Services[0].Counters
+		if done(c) || time.Now().After(deadline) {
+			return c
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestBudgetCapsHedgesDuringOutage: srv1 answers nothing. Without a budget every request
+// would be hedged (doubling the load on srv2 exactly when capacity is short); with ratio
+// 0.1 and burst 5, 200 requests may cause at most 0.1*200+5 = 25 hedges. Every request
+// whose hedge went out is answered by srv2 (rewritten to srv1's address); the rest time out.
+func TestBudgetCapsHedgesDuringOutage(t *testing.T) {
+	requireRoot(t)
+	l := hedgeLab(t, "hb")
+	srv1, srv2 := l.Host("srv1"), l.Host("srv2")
+	svc, alt := netip.AddrPortFrom(srv1.IPv4, 9999), netip.AddrPortFrom(srv2.IPv4, 9999)
+	s1 := startRecServer(t, srv1, svc, -1) // full outage: receives, never answers
+	s2 := startRecServer(t, srv2, alt, 0)
+	const (
+		ratio    = 0.1
+		burst    = 5
+		workers  = 20
+		perWk    = 10
+		requests = workers * perWk
+	)
+	h := startHedger(t, l, &Config{
+		Interface: "eth0",
+		Services: []ServiceConfig{{
+			Name: "outage", Address: svc.String(), Replicas: []string{alt.String()},
+			Delay:  DelaySpec{Fixed: 10 * time.Millisecond},
+			Budget: BudgetSpec{Ratio: ratio, Burst: burst},
+		}},
+	}, BackendConveyor)
+
+	res := runWorkers(t, l.Host("client"), svc, workers, perWk, 50000, 200*time.Millisecond)
+	// Every clone has left the delay line once each request is hedged or refused.
+	c := waitCounters(t, h, 2*time.Second, func(c map[string]uint64) bool {
+		return c["hedges_sent"]+c["budget_exhausted"] >= requests
+	})
+	t.Logf("%d requests: hedges_sent %d (cap %g), budget_exhausted %d, answered %d, clones %d, srv1 got %d, srv2 got %d",
+		requests, c["hedges_sent"], ratio*requests+burst, c["budget_exhausted"], len(res.answered), c["clones"],
+		len(s1.ids()), len(s2.ids()))
+
+	if c["requests"] != requests {
+		t.Errorf("requests = %d, want %d", c["requests"], requests)
+	}
+	hedges := c["hedges_sent"]
+	if float64(hedges) > ratio*requests+burst {
+		t.Errorf("hedges_sent = %d exceeds the budget %g", hedges, ratio*requests+burst)
+	}
+	if hedges < requests*ratio/2 {
+		t.Errorf("hedges_sent = %d: the budget allows %g, far fewer went out", hedges, ratio*requests+burst)
+	}
+	if c["budget_exhausted"] == 0 || hedges+c["budget_exhausted"] != requests {
+		t.Errorf("budget_exhausted = %d, want the %d requests that were not hedged", c["budget_exhausted"], requests-hedges)
+	}
+	// srv1 got every request once; srv2 exactly the hedges; the client exactly their answers.
+	if got := len(s1.ids()); got != requests {
+		t.Errorf("srv1 received %d distinct requests, want %d", got, requests)
+	}
+	hedged := s2.ids()
+	if uint64(len(hedged)) != hedges {
+		t.Errorf("srv2 received %d requests, hedges_sent says %d", len(hedged), hedges)
+	}
+	for id, n := range hedged {
+		if n != 1 {
+			t.Errorf("srv2 received id %d %d times", id, n)
+		}
+		if !res.answered[id] {
+			t.Errorf("id %d was hedged to srv2 but the client got no answer", id)
+		}
+	}
+	for id := range res.answered {
+		if hedged[id] == 0 {
+			t.Errorf("id %d answered without a hedge (srv1 answers nothing)", id)
+		}
+	}
+	if res.extra != 0 {
+		t.Errorf("clients received %d unexpected datagrams", res.extra)
+	}
+	if c["hedges_won"] != hedges || c["responses_rewritten"] != hedges || c["responses"] != hedges {
+		t.Errorf("hedges_won %d responses_rewritten %d responses %d, want %d each",
+			c["hedges_won"], c["responses_rewritten"], c["responses"], hedges)
+	}
+}
