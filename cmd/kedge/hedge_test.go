@@ -115,7 +115,7 @@ func fakeHedgeStatus(pid int) hedge.Status {
 				{Name: "kv", Address: "198.18.0.12:9999", Delay: "10ms", DelayNow: 10 * time.Millisecond, Tokens: 9.5,
 					Counters: counters, LatencyP50: 1152 * time.Microsecond, LatencyP95: 1344 * time.Microsecond,
 					LatencyP99: 9728 * time.Microsecond,
-					Precision: hedge.Precision{Samples: 6, P50: 54 * time.Microsecond, P99: 92 * time.Microsecond}},
+					Precision:  hedge.Precision{Samples: 6, P50: 54 * time.Microsecond, P99: 92 * time.Microsecond}},
 				{Name: "dns", Address: "[2001:db8::c]:53", Delay: "p95 [1ms, 50ms]", DelayNow: 1984 * time.Microsecond,
 					Tokens: 10, Counters: map[string]uint64{"requests": 7}},
 			},
