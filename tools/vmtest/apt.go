@@ -86,8 +86,6 @@ func (a *aptSuite) config(hostConf string) string {
 		{"Dir::State::Lists", p("lists")},
 		{"Dir::State::status", "/dev/null"},
 		{"Dir::Cache", p("cache")},
-		{"Dir::Cache::pkgcache", ""},
-		{"Dir::Cache::srcpkgcache", ""},
 		{"Dir::Log", p("log")},
 		{"APT::Architecture", "amd64"},
 		{"APT::Architectures", "amd64"},
