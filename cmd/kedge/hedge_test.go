@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -14,31 +13,6 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/hedge"
 )
-
-// hedgeCLI runs `kedge args...` in-process through run() on a tree with the hedge command
-// and returns the exit code, stdout and stderr (including run's "kedge: ..." line).
-func hedgeCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
-	t.Helper()
-	root := newRootCmd()
-	root.AddCommand(newHedgeCmd())
-	var out, errb bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(&errb)
-	f, err := os.CreateTemp(t.TempDir(), "stderr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	saved := os.Stderr
-	os.Stderr = f
-	code = run(root, args)
-	os.Stderr = saved
-	runErr, err := os.ReadFile(f.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return code, out.String(), errb.String() + string(runErr)
-}
 
 // checkGolden compares got with testdata/name; KEDGE_UPDATE_GOLDEN=1 rewrites the file.
 func checkGolden(t *testing.T, name, got string) {
@@ -89,7 +63,7 @@ func TestHedgeUsageErrorsGolden(t *testing.T) {
 	}
 	var b strings.Builder
 	for _, args := range cases {
-		code, _, stderr := hedgeCLI(t, args...)
+		code, _, stderr := runCLI(t, "", args...)
 		if code != exitUsage {
 			t.Errorf("kedge %s: exit %d, want %d", strings.Join(args, " "), code, exitUsage)
 		}
@@ -136,7 +110,7 @@ func TestHedgeStatusAndStats(t *testing.T) {
 	pid := strconv.Itoa(os.Getpid())
 	var b strings.Builder
 	for _, args := range [][]string{{"hedge", "status"}, {"hedge", "stats"}} {
-		code, stdout, stderr := hedgeCLI(t, append(args, "--run-dir", dir)...)
+		code, stdout, stderr := runCLI(t, "", append(args, "--run-dir", dir)...)
 		if code != exitOK {
 			t.Fatalf("kedge %v: exit %d: %s", args, code, stderr)
 		}
@@ -144,7 +118,7 @@ func TestHedgeStatusAndStats(t *testing.T) {
 	}
 	checkGolden(t, "hedge-status.golden", b.String())
 
-	code, stdout, _ := hedgeCLI(t, "hedge", "stats", "--run-dir", dir, "-o", "json")
+	code, stdout, _ := runCLI(t, "", "hedge", "stats", "--run-dir", dir, "-o", "json")
 	var got hedge.Status
 	if err := json.Unmarshal([]byte(stdout), &got); code != exitOK || err != nil {
 		t.Fatalf("stats -o json: exit %d, %v", code, err)
@@ -158,24 +132,24 @@ func TestHedgeStatusAndStats(t *testing.T) {
 	if err := hedge.WriteStatus(dir, &other); err != nil {
 		t.Fatal(err)
 	}
-	code, _, stderr := hedgeCLI(t, "hedge", "stats", "--run-dir", dir)
+	code, _, stderr := runCLI(t, "", "hedge", "stats", "--run-dir", dir)
 	if code != exitUsage || !strings.Contains(stderr, "2 hedgers are running") || !strings.Contains(stderr, "pick one with --pid") {
 		t.Errorf("stats with two hedgers: exit %d: %s", code, stderr)
 	}
-	code, stdout, _ = hedgeCLI(t, "hedge", "stats", "--run-dir", dir, "--pid", strconv.Itoa(os.Getppid()))
+	code, stdout, _ = runCLI(t, "", "hedge", "stats", "--run-dir", dir, "--pid", strconv.Itoa(os.Getppid()))
 	if code != exitOK || !strings.Contains(stdout, fmt.Sprintf("hedger %d on eth0", os.Getppid())) {
 		t.Errorf("stats --pid: exit %d:\n%s", code, stdout)
 	}
-	code, stdout, _ = hedgeCLI(t, "hedge", "status", "--run-dir", dir, "-o", "json")
+	code, stdout, _ = runCLI(t, "", "hedge", "status", "--run-dir", dir, "-o", "json")
 	var all []hedge.Status
 	if err := json.Unmarshal([]byte(stdout), &all); code != exitOK || err != nil || len(all) != 2 {
 		t.Errorf("status -o json: exit %d, %v, %d hedgers", code, err, len(all))
 	}
-	if code, _, stderr := hedgeCLI(t, "hedge", "stats", "--run-dir", dir, "--pid", "999999999"); code != exitError ||
+	if code, _, stderr := runCLI(t, "", "hedge", "stats", "--run-dir", dir, "--pid", "999999999"); code != exitError ||
 		!strings.Contains(stderr, "no hedger with pid 999999999 is running") {
 		t.Errorf("stats --pid of nobody: exit %d: %s", code, stderr)
 	}
-	if code, stdout, _ := hedgeCLI(t, "hedge", "status", "--run-dir", t.TempDir()); code != exitOK ||
+	if code, stdout, _ := runCLI(t, "", "hedge", "status", "--run-dir", t.TempDir()); code != exitOK ||
 		!strings.Contains(stdout, "no hedger running") {
 		t.Errorf("status with none: exit %d: %s", code, stdout)
 	}
@@ -184,7 +158,7 @@ func TestHedgeStatusAndStats(t *testing.T) {
 // TestHedgeHelpHasExamples: every hedge command's --help shows examples.
 func TestHedgeHelpHasExamples(t *testing.T) {
 	for _, c := range []string{"run", "status", "stats"} {
-		code, stdout, _ := hedgeCLI(t, "hedge", c, "--help")
+		code, stdout, _ := runCLI(t, "", "hedge", c, "--help")
 		if code != exitOK || !strings.Contains(stdout, "Examples:") {
 			t.Errorf("kedge hedge %s --help: exit %d, no examples:\n%s", c, code, stdout)
 		}
