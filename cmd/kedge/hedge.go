@@ -79,7 +79,7 @@ func newHedgeRunCmd(runDir *string) *cobra.Command {
 		Short: "Attach the hedger and run it in the foreground until Ctrl-C, SIGTERM or --duration",
 		Long: `Run attaches the hedger to the client-side interface and keeps it attached until Ctrl-C,
 SIGTERM or --duration; then it detaches and removes everything it made. Services come
-from a YAML file (several services; see docs/hedge.md):
+from a YAML file (several services; docs/hedging.md has every key):
 
   interface: eth0
   delay_line: {backend: auto}          # auto | conveyor | netem | edt
