@@ -131,7 +131,8 @@ func (a *aptSuite) update(ctx context.Context, force bool) error {
 			slog.Warn("apt-get update failed, using the lists from before", "suite", a.suite, "updated", st.ModTime().Format(time.RFC3339), "err", err)
 			return nil
 		}
-		return fmt.Errorf("update package lists of %s: %w", a.suite, err)
+		return fmt.Errorf("update package lists of %s: %w - check the mirror in %s or set %s", a.suite, err,
+			filepath.Join(a.dir, "sources.list"), envMirror)
 	}
 	if err := os.WriteFile(stamp, nil, 0o644); err != nil {
 		return fmt.Errorf("write update stamp: %w", err)
