@@ -6,10 +6,13 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 )
@@ -84,7 +87,11 @@ func main() {
 // run executes the command tree and maps errors to exit codes.
 func run(cmd *cobra.Command, args []string) int {
 	cmd.SetArgs(args)
-	err := cmd.Execute()
+	// SIGINT/SIGTERM cancel the command's context, so long-running commands unwind through
+	// their deferred cleanups (labs, hedgers, child processes) instead of dying mid-way.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := cmd.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
 	}
