@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CGO_ENABLED=0
 go test -count=1 -timeout 20m ./...
-go test -count=1 -run '^$' -fuzz FuzzParse -fuzztime 20s ./internal/parsetest
+go test -count=1 -run '^$' -fuzz FuzzParse -fuzztime 20s -fuzzminimizetime 5s ./internal/parsetest
