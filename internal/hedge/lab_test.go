@@ -267,14 +267,19 @@ func testRescue(t *testing.T, backend, fam string, connected bool) {
 	h := startHedger(t, l, cfg, backend)
 	const n = 60
 	res := runClient(t, l.Host("client"), svc, connected, ids(n, 1000), time.Second)
-	stalled := 0
+	// On a busy machine a normal request can take longer than the delay and is then hedged
+	// too, legitimately. A request answered well within the delay never is.
+	stalled, slow := 0, 0
 	for i, d := range res.lat {
 		id := uint32(1000 + i)
-		if stallIf(id) {
+		switch {
+		case stallIf(id):
 			stalled++
 			if d >= stall {
 				t.Errorf("id %d: %v - the stall was not rescued by a hedge", id, d)
 			}
+		case d >= 9*time.Millisecond:
+			slow++
 		}
 	}
 	if res.extra != 0 {
@@ -289,29 +294,30 @@ func testRescue(t *testing.T, backend, fam string, connected bool) {
 	if c["requests"] != n || c["responses"] != n {
 		t.Errorf("requests %d responses %d, want %d each", c["requests"], c["responses"], n)
 	}
-	if c["hedges_sent"] != uint64(stalled) {
-		t.Errorf("hedges_sent = %d, want %d (only the stalled requests)", c["hedges_sent"], stalled)
+	hedges := c["hedges_sent"]
+	if hedges < uint64(stalled) || hedges > uint64(stalled+slow) {
+		t.Errorf("hedges_sent = %d, want the %d stalled requests plus at most the %d slow ones", hedges, stalled, slow)
 	}
-	if c["hedges_won"] != uint64(stalled) || c["responses_rewritten"] != uint64(stalled) {
-		t.Errorf("hedges_won %d responses_rewritten %d, want %d", c["hedges_won"], c["responses_rewritten"], stalled)
+	if won := c["hedges_won"]; won < uint64(stalled) || won > hedges || c["responses_rewritten"] != won {
+		t.Errorf("hedges_won %d responses_rewritten %d, want equal, >= %d stalled and <= %d hedges", won, c["responses_rewritten"], stalled, hedges)
 	}
-	if got := c["clones_answered"]; got != uint64(n-stalled) {
-		t.Errorf("clones_answered = %d, want %d", got, n-stalled)
+	if got := c["clones_answered"]; got != n-hedges {
+		t.Errorf("clones_answered = %d, want %d (every request not hedged)", got, n-hedges)
 	}
-	// The stalled originals' responses come back later and must be dropped.
+	// The losing responses of hedged requests come back later and must be dropped.
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		snap, _ = h.Stats()
-		if snap.Services[0].Counters["duplicates_dropped"] == uint64(stalled) || time.Now().After(deadline) {
+		if snap.Services[0].Counters["duplicates_dropped"] == hedges || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := snap.Services[0].Counters["duplicates_dropped"]; got != uint64(stalled) {
-		t.Errorf("duplicates_dropped = %d, want %d", got, stalled)
+	if got := snap.Services[0].Counters["duplicates_dropped"]; got != hedges {
+		t.Errorf("duplicates_dropped = %d, want %d (one per hedged request)", got, hedges)
 	}
-	if got := s2.served.Load(); got != int64(stalled) {
-		t.Errorf("srv2 served %d requests, want %d (only hedges)", got, stalled)
+	if got := s2.served.Load(); got != int64(hedges) {
+		t.Errorf("srv2 served %d requests, want %d (only hedges)", got, hedges)
 	}
 	_ = s1
 }
