@@ -1,0 +1,290 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* pping.h - the kernel/user contract of kedge's passive RTT monitor (kedge pping).
+ *
+ * Data flow (docs/pping.md has the details):
+ *   TC egress  (pping_egress)  and  TC ingress (pping_ingress), one object, one interface:
+ *     every packet with an identifier is both a possible request (its identifier is
+ *     timestamped in pkt_ts, keyed by its own direction) and a possible reply (its echo is
+ *     looked up under the reverse direction). A match gives an RTT, which goes to the
+ *     'events' ring buffer (per-sample mode) or into the per-subnet histograms (-a mode).
+ *   flows      : per-flow state for both directions under one canonical key (rate limit,
+ *                last identifier, min/smoothed RTT, open/close state).
+ *   iter/bpf_map_elem (pping_gc_ts, pping_gc_flow): garbage collection, run by user space
+ *                every cleanup interval through a map iterator.
+ *
+ * Identifiers (request -> reply):
+ *   TCP     TSval of a segment that carries data (or a SYN)  ->  TSecr of an ACK
+ *   ICMP    echo request sequence (flow port = echo id)      ->  echo reply sequence
+ *   ICMPv6  the same with types 128/129
+ *   DNS     query (QR=0) to UDP port 53: transaction id      ->  response (QR=1) from port 53
+ *   UDP     request to a configured service port: reqid.h id ->  response from that port
+ *
+ * Go mirrors these structs through bpf2go (-type); every struct has explicit padding so its
+ * layout is the same on both sides and no uninitialised byte reaches a map key or user space.
+ */
+#ifndef KEDGE_PPING_H
+#define KEDGE_PPING_H
+
+#include "vmlinux.h"
+#include "parse.h"
+#include "reqid.h"
+
+/* Map sizes. Hash maps are preallocated (no allocation on the packet path), so these are
+ * also the memory budget: about 100 B per pkt_ts entry and 230 B per flow. User space may
+ * lower or raise them before loading (--max-flows); these are the defaults. */
+
+/* Concurrent flows (both directions share one entry). 2^16 covers the flow count of a busy
+ * edge link; beyond it new flows are counted as flow_map_full, existing ones keep working. */
+#define PP_MAX_FLOWS 65536
+/* Outstanding (unmatched) identifiers. A flow stores at most one per rate-limit interval
+ * (100 ms by default) and a match deletes it, so a healthy flow holds 1-2 and the map needs
+ * about two per flow; the garbage collector removes the ones never answered. */
+#define PP_MAX_PKT_TS (2 * PP_MAX_FLOWS)
+/* UDP services measured through reqid.h (the same description as kedge hedge's). */
+#define PP_MAX_SERVICES 64
+/* Subnets per aggregation buffer, per address family. Not preallocated: memory follows the
+ * number of subnets actually seen; a subnet that does not fit is counted (agg_map_full) and
+ * folded into the "other" entry (PP_AGG_OTHER_*), which user space creates up front. */
+#define PP_MAX_SUBNETS 4096
+/* Event ring buffer: 1 MiB holds ~8000 RTT events, ~80 ms of a 100k samples/s burst while
+ * user space is descheduled. A full ring is counted (event_dropped), never silent. */
+#define PP_RINGBUF_BYTES (1 << 20)
+
+/* Aggregation keys for the "other" entry: prefixes no reply can come from.
+ * IPv4 255.255.255.255 (limited broadcast) and IPv6 ffff:ffff:ffff:ffff::/64 (multicast).
+ * Keys hold the masked address in network byte order, so all-ones needs no byte swap. */
+#define PP_AGG_OTHER_V4 0xffffffffU
+#define PP_AGG_OTHER_V6 0xffffffffffffffffULL
+
+/* Fixed point for rtt_rate: value << 16 (so 0.5 RTT is 32768). */
+#define PP_FIXPOINT_SHIFT 16
+
+/* RTT histogram (aggregation mode): log-linear, PP_HIST_SUB buckets per power of two of the
+ * RTT in nanoseconds. Bucket 0 holds RTTs below 2^PP_HIST_MIN_SHIFT ns (256 ns); then 8
+ * buckets per octave up to 2^PP_HIST_MAX_SHIFT ns (68.7 s); the last bucket holds the rest.
+ * A bucket is at most 12.5 % of its lower edge wide (2 us at 20 us, 1 ms at 10 ms), where
+ * ePPing's linear bins are 4 ms. Bucket b >= 1 covers
+ *   [(8 + s) << (e - 3), (9 + s) << (e - 3))  with e = 8 + (b - 1) / 8, s = (b - 1) % 8. */
+#define PP_HIST_SUB_BITS 3
+#define PP_HIST_SUB (1 << PP_HIST_SUB_BITS)
+#define PP_HIST_MIN_SHIFT 8
+#define PP_HIST_MAX_SHIFT 36
+#define PP_HIST_BINS (2 + (PP_HIST_MAX_SHIFT - PP_HIST_MIN_SHIFT) * PP_HIST_SUB)
+
+enum pp_event_type {
+	PP_EVENT_RTT = 1,
+	PP_EVENT_FLOW = 2,
+	PP_EVENT_MAP_FULL = 3,
+};
+
+/* Which identifier a flow is measured with. */
+enum pp_id_type {
+	PP_ID_NONE = 0,
+	PP_ID_TCP_TS = 1,
+	PP_ID_ICMP_ECHO = 2,
+	PP_ID_DNS = 3,
+	PP_ID_UDP_REQID = 4,
+};
+
+enum pp_conn_state {
+	PP_CONN_EMPTY = 0,    /* direction not seen yet */
+	PP_CONN_WAITOPEN = 1, /* seen, no reply yet */
+	PP_CONN_OPEN = 2,     /* the other direction answered */
+	PP_CONN_CLOSED = 3,   /* FIN/RST seen */
+};
+
+enum pp_flow_event_type {
+	PP_FLOW_OPENING = 1,
+	PP_FLOW_CLOSING = 2,
+};
+
+enum pp_flow_reason {
+	PP_REASON_NONE = 0,
+	PP_REASON_SYN = 1,
+	PP_REASON_SYN_ACK = 2,
+	PP_REASON_FIRST_PKT = 3, /* first packet observed (SYN skipped, or mid-flow start) */
+	PP_REASON_FIN = 4,
+	PP_REASON_RST = 5,
+	PP_REASON_TIMEOUT = 6,
+};
+
+enum pp_flow_source {
+	PP_SOURCE_PKT_SRC = 0,  /* the packet's sender triggered it */
+	PP_SOURCE_PKT_DEST = 1, /* the packet's receiver (a reply) triggered it */
+	PP_SOURCE_GC = 2,       /* garbage collection */
+};
+
+enum pp_map_id {
+	PP_MAP_FLOWS = 0,
+	PP_MAP_PKT_TS = 1,
+	PP_MAP_AGG = 2,
+	PP_MAP_NR = 3,
+};
+
+/* Counter slots in the per-CPU 'counters' array. */
+enum pp_hook {
+	PP_HOOK_INGRESS = 0,
+	PP_HOOK_EGRESS = 1,
+	PP_HOOK_GC = 2,
+	PP_HOOK_NR = 3,
+};
+
+/* One direction of a flow. Addresses as in parse.h (IPv4 v4-mapped), ports in network
+ * order; ICMP echo flows carry the echo identifier in both ports. */
+struct pp_tuple {
+	struct in6_addr saddr;
+	struct in6_addr daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;   /* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_ICMP, IPPROTO_ICMPV6 */
+	__u8 ipv;     /* 4 or 6 */
+	__u8 id_type; /* enum pp_id_type; the same in both directions of a flow */
+	__u8 _pad;
+};
+
+/* pkt_ts key: the direction a request travelled in, and its identifier. */
+struct pp_pkt_id {
+	struct pp_tuple flow;
+	__u64 id; /* TSval, echo sequence, DNS id or request id (host order) */
+};
+
+/* State of one direction (packets from one endpoint to the other). */
+struct pp_dir_state {
+	__u64 min_rtt;   /* ns; 0 until the first sample */
+	__u64 srtt;      /* ns; 7/8 old + 1/8 new, as TCP */
+	__u64 last_ts;   /* time of the last timestamp attempt (rate limit) */
+	__u64 last_seen; /* time of the last packet in this direction (expiry) */
+	__u64 sent_pkts; /* packets / payload bytes in this direction */
+	__u64 sent_bytes;
+	__u64 rec_pkts;  /* packets / payload bytes coming back (the reverse direction) */
+	__u64 rec_bytes;
+	__u64 last_id;   /* last identifier seen (new-identifier check) */
+	__u32 outstanding; /* stored, not yet matched or expired, identifiers */
+	__u8 conn;         /* enum pp_conn_state */
+	__u8 open_reason;  /* enum pp_flow_reason */
+	__u8 has_ts;       /* a timestamp was attempted at least once */
+	__u8 local;        /* destination is this host and local flows are excluded */
+};
+
+/* flows value. dir[0] holds the direction whose source is the canonical key's saddr:sport
+ * (the lower endpoint, see pp_canonical()), dir[1] the other one. */
+struct pp_flow_state {
+	struct pp_dir_state dir[2];
+};
+
+/* An RTT sample. flow is the reply's direction (src = the far end whose RTT this is), as
+ * ePPing and Kathie Nichols' pping report it; the counters are those of the request
+ * direction. */
+struct pp_rtt_event {
+	__u64 type;      /* PP_EVENT_RTT */
+	__u64 timestamp; /* CLOCK_MONOTONIC ns of the reply */
+	struct pp_tuple flow;
+	__u64 rtt;
+	__u64 min_rtt;
+	__u64 srtt;
+	__u64 sent_pkts;
+	__u64 sent_bytes;
+	__u64 rec_pkts;
+	__u64 rec_bytes;
+	__u64 id;
+	__u8 match_on_egress; /* the reply left through egress (a local flow, -l) */
+	__u8 _pad[7];
+};
+
+/* A flow opening or closing. flow is given reply-side first, like RTT events. */
+struct pp_flow_event {
+	__u64 type; /* PP_EVENT_FLOW */
+	__u64 timestamp;
+	struct pp_tuple flow;
+	__u8 event;  /* enum pp_flow_event_type */
+	__u8 reason; /* enum pp_flow_reason */
+	__u8 source; /* enum pp_flow_source */
+	__u8 _pad[5];
+};
+
+/* A map was full (at most one per map per second; the counters have every occurrence). */
+struct pp_map_full_event {
+	__u64 type; /* PP_EVENT_MAP_FULL */
+	__u64 timestamp;
+	struct pp_tuple flow;
+	__u8 map; /* enum pp_map_id */
+	__u8 _pad[7];
+};
+
+/* Read-only configuration, set by user space before loading (const volatile). */
+struct pp_config {
+	__u64 rate_limit_ns;        /* min gap between timestamps of one direction; 0: none */
+	__u64 rtt_rate;             /* if > 0: rate limit = rtt_rate * RTT (fixed point) */
+	__u64 ts_min_lifetime_ns;   /* unmatched identifier: expires after clamp(8 srtt, min, max) */
+	__u64 ts_max_lifetime_ns;
+	__u64 flow_lifetime_ns;     /* idle TCP direction */
+	__u64 dgram_lifetime_ns;    /* idle ICMP/UDP direction */
+	__u64 unopened_lifetime_ns; /* direction never answered */
+	__u64 v6_prefix_mask;       /* aggregation: first 64 bits, network order */
+	__u32 v4_prefix_mask;       /* aggregation: network order */
+	__u8 track_tcp;
+	__u8 track_icmp;
+	__u8 track_dns;
+	__u8 track_udp;      /* services in the 'services' map */
+	__u8 localfilt;      /* skip flows to this host seen at ingress (ePPing default) */
+	__u8 skip_syn;       /* ignore SYNs: flows start at their first data packet */
+	__u8 use_srtt;       /* rtt_rate applies to srtt instead of min RTT */
+	__u8 push_events;    /* per-sample RTT and flow events to the ring buffer */
+	__u8 aggregate;      /* per-subnet histograms */
+	__u8 agg_by_dst;     /* aggregate by the reply's destination instead of its source */
+	__u8 debug;          /* bpf_printk traces */
+	__u8 _pad[5];
+};
+
+/* Per-CPU counters, one slot per enum pp_hook. Every packet is counted once in pkts and,
+ * if it is not measured, under exactly one skip reason; the ts_* and match_* groups count
+ * what happened to its identifier and its echo. */
+struct pp_counters {
+	__u64 pkts;
+	__u64 bytes;
+	__u64 parse_err[PARSE_ERR_MAX]; /* index: -enum parse_err */
+	/* not measurable */
+	__u64 skip_proto;     /* no identifier for this protocol/port (or tracking it is off) */
+	__u64 skip_no_tcp_ts; /* TCP without the timestamp option */
+	__u64 skip_syn;       /* SYN while SYNs are skipped */
+	__u64 skip_icmp_type; /* ICMP other than echo request/reply */
+	__u64 skip_udp_short; /* DNS header or request id beyond the datagram */
+	__u64 skip_no_flow;   /* no flow state and the packet cannot start one */
+	/* flow table */
+	__u64 flow_created;
+	__u64 flow_map_full;
+	__u64 flow_opened;
+	__u64 flow_closed;
+	__u64 flow_deleted;
+	/* identifiers of this packet (request side) */
+	__u64 ts_stored;
+	__u64 ts_inactive;     /* the direction is closed */
+	__u64 ts_local;        /* flow to this host, local flows excluded */
+	__u64 ts_not_new;      /* same or older identifier (TCP: TSval not advanced) */
+	__u64 ts_rate_limited;
+	__u64 ts_exists;       /* an identical identifier is still outstanding */
+	__u64 ts_map_full;
+	__u64 ts_retrans;      /* UDP/ICMP identifier sent again: sample discarded (Karn) */
+	/* echoes in this packet (reply side) */
+	__u64 match_rtt;       /* RTT sample taken */
+	__u64 match_none;      /* nothing outstanding in the reverse direction */
+	__u64 match_miss;      /* outstanding identifiers, but not this one */
+	__u64 match_clock;     /* stored time after now (clock went backwards) */
+	/* output */
+	__u64 event_dropped;   /* ring buffer full */
+	__u64 agg_map_full;    /* subnet folded into "other" */
+	/* garbage collection (slot PP_HOOK_GC) */
+	__u64 gc_ts_expired;
+	__u64 gc_flow_expired;
+};
+
+/* Per-subnet aggregation value (per-CPU hash; user space sums the CPUs). */
+struct pp_agg_stats {
+	__u64 count;
+	__u64 sum_ns;
+	__u64 min_ns;
+	__u64 max_ns;
+	__u32 bins[PP_HIST_BINS];
+};
+
+#endif /* KEDGE_PPING_H */

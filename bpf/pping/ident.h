@@ -1,0 +1,255 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* ident.h - which identifier a packet carries, and which echo.
+ *
+ * pp_identify() turns a parsed packet into a struct pp_pkt: the packet's own direction with
+ * the identifier it carries (pid, valid when the packet is a request), and the reverse
+ * direction with the identifier it echoes (reply, valid when it is a reply). A packet can
+ * be both (a TCP data segment that also ACKs). Everything that cannot be measured is
+ * counted under one skip_* reason. */
+#ifndef KEDGE_PPING_IDENT_H
+#define KEDGE_PPING_IDENT_H
+
+#include "maps.h"
+
+#define PP_DNS_PORT 53
+#define PP_DNS_HDR_LEN 12
+#define PP_DNS_QR 0x8000
+
+/* A packet on its way through the monitor. */
+struct pp_pkt {
+	struct pkt p;           /* what parse_pkt() found */
+	struct pp_pkt_id pid;   /* this packet's direction and identifier */
+	struct pp_pkt_id reply; /* the reverse direction and the echoed identifier */
+	__u64 now;
+	__u32 payload_len;
+	__u8 pid_valid;
+	__u8 reply_valid;
+	__u8 event;      /* enum pp_flow_event_type the packet triggers, or 0 */
+	__u8 reason;     /* enum pp_flow_reason */
+	__u8 close_both; /* RST: both directions close */
+	__u8 wait_edge;  /* mid-flow TCP: wait until the identifier changes before timestamping */
+	__u8 is_ingress;
+	__u8 fwd;        /* index of this packet's direction in pp_flow_state.dir */
+};
+
+static __always_inline int pp_ident_tcp(void *data, void *data_end, const struct pkt *p,
+					struct pp_pkt *pp, struct pp_counters *cnt)
+{
+	struct tcphdr *tcph = pkt_hdr(data, data_end, p->l4_off, sizeof(*tcph));
+	__u32 tsval, tsecr;
+
+	if (!tcph) {
+		pp_count_parse_err(cnt, PARSE_ERR_TCP);
+		return -1;
+	}
+	if (pp_cfg.skip_syn && tcph->syn) {
+		cnt->skip_syn++;
+		return -1;
+	}
+	if (parse_tcp_ts(tcph, data_end, &tsval, &tsecr) < 0) {
+		cnt->skip_no_tcp_ts++;
+		return -1;
+	}
+	pp->pid.id = tsval;
+	pp->reply.id = tsecr;
+	/* A pure ACK's TSval is not echoed reliably (delayed ACKs echo the TSval of the data
+	 * they acknowledge), so only data and SYNs are requests. TSecr means something only
+	 * with ACK set (RFC 7323 section 3.2). */
+	pp->pid_valid = p->payload_len > 0 || tcph->syn;
+	pp->reply_valid = tcph->ack;
+	pp->pid.flow.id_type = PP_ID_TCP_TS;
+	if (tcph->rst) {
+		pp->event = PP_FLOW_CLOSING;
+		pp->reason = PP_REASON_RST;
+		pp->close_both = 1;
+	} else if (tcph->fin) {
+		pp->event = PP_FLOW_CLOSING;
+		pp->reason = PP_REASON_FIN;
+	} else if (tcph->syn) {
+		pp->event = PP_FLOW_OPENING;
+		pp->reason = tcph->ack ? PP_REASON_SYN_ACK : PP_REASON_SYN;
+	} else {
+		/* Seen mid-flow: earlier segments may have carried this TSval already, and the
+		 * echo refers to the first of them. */
+		pp->wait_edge = 1;
+	}
+	return 0;
+}
+
+static __always_inline int pp_ident_icmp(void *data, void *data_end, const struct pkt *p,
+					 struct pp_pkt *pp, struct pp_counters *cnt)
+{
+	struct icmp_echo_hdr *ih = pkt_hdr(data, data_end, p->l4_off, sizeof(*ih));
+	__u8 req = ICMP_ECHO, rep = ICMP_ECHOREPLY;
+
+	if (!ih) {
+		pp_count_parse_err(cnt, PARSE_ERR_ICMP);
+		return -1;
+	}
+	if (p->l4_proto == IPPROTO_ICMPV6) {
+		if (p->l3_proto != ETH_P_IPV6) {
+			cnt->skip_proto++;
+			return -1;
+		}
+		req = ICMPV6_ECHO_REQUEST;
+		rep = ICMPV6_ECHO_REPLY;
+	} else if (p->l3_proto != ETH_P_IP) {
+		cnt->skip_proto++;
+		return -1;
+	}
+	if (ih->code != 0 || (ih->type != req && ih->type != rep)) {
+		cnt->skip_icmp_type++;
+		return -1;
+	}
+	if (ih->type == req) {
+		pp->pid.id = bpf_ntohs(ih->seq);
+		pp->pid_valid = 1;
+	} else {
+		pp->reply.id = bpf_ntohs(ih->seq);
+		pp->reply_valid = 1;
+	}
+	/* The echo identifier names the flow (one per ping process); parse.h put the
+	 * sequence into dport. */
+	pp->pid.flow.dport = ih->id;
+	pp->pid.flow.id_type = PP_ID_ICMP_ECHO;
+	return 0;
+}
+
+/* DNS: a query (QR=0) to port 53 is a request, a response (QR=1) from port 53 a reply;
+ * the 16-bit transaction id is the identifier. Read with bpf_skb_load_bytes (no packet
+ * pointer arithmetic; works on non-linear skbs too). */
+static __always_inline int pp_ident_dns(struct __sk_buff *skb, const struct pkt *p,
+					struct pp_pkt *pp, struct pp_counters *cnt)
+{
+	__be16 hdr[2]; /* id, flags */
+	__u16 flags;
+
+	if (p->payload_len < PP_DNS_HDR_LEN ||
+	    bpf_skb_load_bytes(skb, p->payload_off, hdr, sizeof(hdr)) < 0) {
+		cnt->skip_udp_short++;
+		return -1;
+	}
+	flags = bpf_ntohs(hdr[1]);
+	if (!(flags & PP_DNS_QR) && p->dport == bpf_htons(PP_DNS_PORT)) {
+		pp->pid.id = bpf_ntohs(hdr[0]);
+		pp->pid_valid = 1;
+	} else if ((flags & PP_DNS_QR) && p->sport == bpf_htons(PP_DNS_PORT)) {
+		pp->reply.id = bpf_ntohs(hdr[0]);
+		pp->reply_valid = 1;
+	} else {
+		cnt->skip_proto++;
+		return -1;
+	}
+	pp->pid.flow.id_type = PP_ID_DNS;
+	return 0;
+}
+
+/* A configured UDP service: a datagram to its port is a request, one from its port a
+ * response, both carrying the request id described by reqid.h. */
+static __always_inline int pp_ident_udp(struct __sk_buff *skb, const struct pkt *p,
+					struct pp_pkt *pp, struct pp_counters *cnt)
+{
+	struct reqid_spec *req = NULL, *rep = NULL;
+	__u16 port;
+
+	if (pp_cfg.track_udp) {
+		port = p->dport;
+		req = bpf_map_lookup_elem(&services, &port);
+		port = p->sport;
+		rep = bpf_map_lookup_elem(&services, &port);
+	}
+	/* Tested one by one: clang would OR the two pointers, which the verifier refuses. */
+	if (req) {
+		pp->pid.flow.id_type = PP_ID_UDP_REQID;
+		if (reqid_load(skb, p, req, &pp->pid.id) == 0)
+			pp->pid_valid = 1;
+	}
+	if (rep) {
+		pp->pid.flow.id_type = PP_ID_UDP_REQID;
+		if (reqid_load(skb, p, rep, &pp->reply.id) == 0)
+			pp->reply_valid = 1;
+	}
+	if (pp->pid.flow.id_type == PP_ID_UDP_REQID) {
+		if (pp->pid_valid || pp->reply_valid)
+			return 0;
+		cnt->skip_udp_short++;
+		return -1;
+	}
+	if (pp_cfg.track_dns &&
+	    (p->dport == bpf_htons(PP_DNS_PORT) || p->sport == bpf_htons(PP_DNS_PORT)))
+		return pp_ident_dns(skb, p, pp, cnt);
+	cnt->skip_proto++;
+	return -1;
+}
+
+/* pp_canonical_is_pid: whether the packet's own direction is the canonical flow key, i.e.
+ * its source endpoint sorts first. Any total order works; this one compares the raw words. */
+static __always_inline int pp_src_sorts_first(const struct pp_tuple *t)
+{
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		__u32 a = t->saddr.in6_u.u6_addr32[i], b = t->daddr.in6_u.u6_addr32[i];
+
+		if (a != b)
+			return a < b;
+	}
+	return t->sport <= t->dport;
+}
+
+static __always_inline void pp_reverse(struct pp_tuple *dst, const struct pp_tuple *src)
+{
+	dst->saddr = src->daddr;
+	dst->daddr = src->saddr;
+	dst->sport = src->dport;
+	dst->dport = src->sport;
+	dst->proto = src->proto;
+	dst->ipv = src->ipv;
+	dst->id_type = src->id_type;
+	dst->_pad = 0;
+}
+
+/* Fills pp from a parsed packet (pp->p; the rest zeroed). Returns 0 when the packet carries an identifier or an
+ * echo, -1 (counted) when it cannot be measured. */
+static __always_inline int pp_identify(struct __sk_buff *skb, void *data, void *data_end,
+				       struct pp_pkt *pp, struct pp_counters *cnt)
+{
+	const struct pkt *p = &pp->p;
+	int ret;
+
+	pp->pid.flow.saddr = p->saddr;
+	pp->pid.flow.daddr = p->daddr;
+	pp->pid.flow.sport = p->sport;
+	pp->pid.flow.dport = p->dport;
+	pp->pid.flow.proto = p->l4_proto;
+	pp->pid.flow.ipv = p->l3_proto == ETH_P_IP ? 4 : 6;
+	pp->payload_len = p->payload_len;
+
+	switch (p->l4_proto) {
+	case IPPROTO_TCP:
+		if (!pp_cfg.track_tcp)
+			goto skip;
+		ret = pp_ident_tcp(data, data_end, p, pp, cnt);
+		break;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		if (!pp_cfg.track_icmp)
+			goto skip;
+		ret = pp_ident_icmp(data, data_end, p, pp, cnt);
+		break;
+	case IPPROTO_UDP:
+		ret = pp_ident_udp(skb, p, pp, cnt);
+		break;
+	default:
+		goto skip;
+	}
+	if (ret < 0)
+		return ret;
+	pp_reverse(&pp->reply.flow, &pp->pid.flow);
+	pp->fwd = pp_src_sorts_first(&pp->pid.flow) ? 0 : 1;
+	return 0;
+skip:
+	cnt->skip_proto++;
+	return -1;
+}
+
+#endif /* KEDGE_PPING_IDENT_H */

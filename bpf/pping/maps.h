@@ -1,0 +1,173 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* maps.h - pping's configuration, maps, counters and event output. */
+#ifndef KEDGE_PPING_MAPS_H
+#define KEDGE_PPING_MAPS_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "pping.h"
+
+/* Set by user space before loading; the verifier prunes what it switches off. */
+const volatile struct pp_config pp_cfg = {};
+
+#define pp_debug(fmt, ...)                                  \
+	do {                                                \
+		if (pp_cfg.debug)                           \
+			bpf_printk("pping: " fmt, ##__VA_ARGS__); \
+	} while (0)
+
+/* Outstanding identifiers -> time stored (CLOCK_MONOTONIC ns). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, PP_MAX_PKT_TS);
+	__type(key, struct pp_pkt_id);
+	__type(value, __u64);
+} pkt_ts SEC(".maps");
+
+/* Canonical flow tuple (see pp_canonical()) -> state of both directions. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, PP_MAX_FLOWS);
+	__type(key, struct pp_tuple);
+	__type(value, struct pp_flow_state);
+} flows SEC(".maps");
+
+/* UDP service port (network order) -> where its request id is (reqid.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, PP_MAX_SERVICES);
+	__type(key, __u16);
+	__type(value, struct reqid_spec);
+} services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, PP_RINGBUF_BYTES);
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, PP_HOOK_NR);
+	__type(key, __u32);
+	__type(value, struct pp_counters);
+} counters SEC(".maps");
+
+/* Aggregation: two buffers per address family. agg_active[0] names the buffer the programs
+ * write (0 or 1); user space flips it, waits for an RCU grace period (every program that
+ * read the old value has finished), then reads and clears the other one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} agg_active SEC(".maps");
+
+#define PP_AGG_MAP(name, keytype)                          \
+	struct {                                           \
+		__uint(type, BPF_MAP_TYPE_PERCPU_HASH);    \
+		__uint(max_entries, PP_MAX_SUBNETS + 1);   \
+		__uint(map_flags, BPF_F_NO_PREALLOC);      \
+		__type(key, keytype);                      \
+		__type(value, struct pp_agg_stats);        \
+	} name SEC(".maps")
+
+PP_AGG_MAP(agg4_0, __u32);
+PP_AGG_MAP(agg4_1, __u32);
+PP_AGG_MAP(agg6_0, __u64);
+PP_AGG_MAP(agg6_1, __u64);
+
+/* Zeroed templates for new entries (a map value may be the source of an update, and a
+ * 160-byte or 900-byte struct does not belong on the 512-byte stack). */
+struct pp_flow_state pp_zero_flow = {};
+struct pp_agg_stats pp_zero_agg = {};
+
+/* Last map-full warning per map, so a full map costs one event per second, not one per
+ * packet. Racy across CPUs by design: an extra warning is harmless. */
+__u64 pp_last_warn[PP_MAP_NR] = {};
+#define PP_WARN_INTERVAL_NS 1000000000ULL
+
+static __always_inline struct pp_counters *pp_counters_get(__u32 hook)
+{
+	return bpf_map_lookup_elem(&counters, &hook);
+}
+
+static __always_inline void pp_count_parse_err(struct pp_counters *cnt, int err)
+{
+	__u32 i = -err;
+
+	if (i < PARSE_ERR_MAX)
+		cnt->parse_err[i]++;
+}
+
+static __always_inline void pp_send_rtt(struct pp_counters *cnt, const struct pp_tuple *flow,
+					const struct pp_dir_state *d, __u64 now, __u64 rtt,
+					__u64 id, __u8 on_egress)
+{
+	struct pp_rtt_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e) {
+		cnt->event_dropped++;
+		return;
+	}
+	e->type = PP_EVENT_RTT;
+	e->timestamp = now;
+	e->flow = *flow;
+	e->rtt = rtt;
+	e->min_rtt = d->min_rtt;
+	e->srtt = d->srtt;
+	e->sent_pkts = d->sent_pkts;
+	e->sent_bytes = d->sent_bytes;
+	e->rec_pkts = d->rec_pkts;
+	e->rec_bytes = d->rec_bytes;
+	e->id = id;
+	e->match_on_egress = on_egress;
+	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline void pp_send_flow(struct pp_counters *cnt, const struct pp_tuple *flow,
+					 __u64 now, __u8 event, __u8 reason, __u8 source)
+{
+	struct pp_flow_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e) {
+		cnt->event_dropped++;
+		return;
+	}
+	e->type = PP_EVENT_FLOW;
+	e->timestamp = now;
+	e->flow = *flow;
+	e->event = event;
+	e->reason = reason;
+	e->source = source;
+	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
+	bpf_ringbuf_submit(e, 0);
+}
+
+/* Reports a full map, at most once per PP_WARN_INTERVAL_NS per map. */
+static __always_inline void pp_warn_full(struct pp_counters *cnt, const struct pp_tuple *flow,
+					 __u64 now, __u32 map)
+{
+	struct pp_map_full_event *e;
+	__u64 *last;
+
+	if (map >= PP_MAP_NR)
+		return;
+	last = &pp_last_warn[map];
+	if (*last && now - *last < PP_WARN_INTERVAL_NS)
+		return;
+	*last = now;
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		cnt->event_dropped++;
+		return;
+	}
+	e->type = PP_EVENT_MAP_FULL;
+	e->timestamp = now;
+	e->flow = *flow;
+	e->map = map;
+	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
+	bpf_ringbuf_submit(e, 0);
+}
+
+#endif /* KEDGE_PPING_MAPS_H */
