@@ -1,0 +1,260 @@
+package pping
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Histogram layout, as PP_HIST_* in bpf/include/pping.h.
+const (
+	histSubBits  = 3
+	histSub      = 1 << histSubBits
+	histMinShift = 8
+	histMaxShift = 36
+	// HistBins is the number of histogram buckets.
+	HistBins = 2 + (histMaxShift-histMinShift)*histSub
+)
+
+// BinBounds returns the range [lo, hi) of bucket b in nanoseconds; hi is math.MaxUint64 for
+// the last bucket.
+func BinBounds(b int) (lo, hi uint64) {
+	switch {
+	case b <= 0:
+		return 0, 1 << histMinShift
+	case b >= HistBins-1:
+		return 1 << histMaxShift, math.MaxUint64
+	}
+	e := histMinShift + (b-1)/histSub
+	s := uint64((b - 1) % histSub)
+	return (histSub + s) << (e - histSubBits), (histSub + s + 1) << (e - histSubBits)
+}
+
+// binOf is the Go twin of pp_hist_bin() (used by tests and Prometheus bucket mapping).
+func binOf(ns uint64) int {
+	if ns < 1<<histMinShift {
+		return 0
+	}
+	if ns >= 1<<histMaxShift {
+		return HistBins - 1
+	}
+	e := 63 - bits.LeadingZeros64(ns)
+	return 1 + (e-histMinShift)*histSub + int((ns>>(e-histSubBits))&(histSub-1))
+}
+
+// Histogram is a merged per-subnet RTT histogram. Times are in nanoseconds.
+type Histogram struct {
+	Count, Sum, Min, Max uint64
+	Bins                 [HistBins]uint64
+}
+
+// add merges one CPU's kernel value.
+func (h *Histogram) add(s *ppingPpAggStats) {
+	o := Histogram{Count: s.Count, Sum: s.SumNs, Min: s.MinNs, Max: s.MaxNs}
+	for i, n := range s.Bins {
+		o.Bins[i] = uint64(n)
+	}
+	h.Merge(&o)
+}
+
+// Merge adds o into h.
+func (h *Histogram) Merge(o *Histogram) {
+	if o.Count == 0 {
+		return
+	}
+	h.Count += o.Count
+	h.Sum += o.Sum
+	if h.Min == 0 || o.Min < h.Min {
+		h.Min = o.Min
+	}
+	h.Max = max(h.Max, o.Max)
+	for i, n := range o.Bins {
+		h.Bins[i] += n
+	}
+}
+
+// Mean is exact (the kernel keeps the sum).
+func (h *Histogram) Mean() time.Duration {
+	if h.Count == 0 {
+		return 0
+	}
+	return time.Duration(h.Sum / h.Count)
+}
+
+// Quantile estimates the q-quantile (0..1) by linear interpolation inside its bucket,
+// clamped to the exact min and max; the error is below one bucket width (12.5 %).
+func (h *Histogram) Quantile(q float64) time.Duration {
+	if h.Count == 0 {
+		return 0
+	}
+	rank := q * float64(h.Count)
+	var seen float64
+	for b, n := range h.Bins {
+		if n == 0 {
+			continue
+		}
+		if seen+float64(n) >= rank {
+			lo, hi := BinBounds(b)
+			lo, hi = max(lo, h.Min), min(hi, h.Max)
+			frac := (rank - seen) / float64(n)
+			v := float64(lo) + frac*float64(hi-lo)
+			return time.Duration(min(max(v, float64(h.Min)), float64(h.Max)))
+		}
+		seen += float64(n)
+	}
+	return time.Duration(h.Max)
+}
+
+// SubnetStats is one subnet's histogram for one interval. Other marks the catch-all entry
+// for subnets that did not fit the map.
+type SubnetStats struct {
+	Prefix netip.Prefix
+	Other  bool
+	Histogram
+}
+
+// AggReport is what one aggregation interval produced.
+type AggReport struct {
+	Time    time.Time
+	Subnets []SubnetStats
+}
+
+func (m *Monitor) aggMaps(buf int) (v4, v6 *ebpf.Map) {
+	if buf == 0 {
+		return m.objs.Agg40, m.objs.Agg60
+	}
+	return m.objs.Agg41, m.objs.Agg61
+}
+
+// initAggregation creates the "other" entries in both buffers (the kernel folds subnets
+// into them when a map is full, and cannot create them itself then).
+func (m *Monitor) initAggregation() error {
+	zero := make([]ppingPpAggStats, ebpf.MustPossibleCPU())
+	for buf := range 2 {
+		v4, v6 := m.aggMaps(buf)
+		if err := v4.Put(uint32(otherV4), zero); err != nil {
+			return fmt.Errorf("create IPv4 'other' aggregation entry: %w", err)
+		}
+		if err := v6.Put(uint64(otherV6), zero); err != nil {
+			return fmt.Errorf("create IPv6 'other' aggregation entry: %w", err)
+		}
+	}
+	return m.objs.AggActive.Put(uint32(0), uint32(0))
+}
+
+// PP_AGG_OTHER_V4 / _V6
+const (
+	otherV4 = 0xffffffff
+	otherV6 = 0xffffffffffffffff
+)
+
+// membarrierCmdGlobal is MEMBARRIER_CMD_GLOBAL: returns after an RCU grace period, so every
+// BPF program that read the old agg_active value has finished.
+const membarrierCmdGlobal = 1
+
+func waitForPrograms() {
+	if _, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, membarrierCmdGlobal, 0, 0); errno != 0 {
+		// nohz_full kernels refuse MEMBARRIER_CMD_GLOBAL. A TC program runs for
+		// microseconds; 10 ms covers it with a wide margin.
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// CollectAggregate flips the active buffer, waits until no program writes the old one,
+// reads and clears it, and returns its subnets (sorted, "other" last).
+func (m *Monitor) CollectAggregate() (*AggReport, error) {
+	if m.cfg.Aggregate == 0 {
+		return nil, errors.New("collect aggregate: the monitor was loaded without aggregation")
+	}
+	m.aggMu.Lock()
+	defer m.aggMu.Unlock()
+	prev := m.aggPrev
+	if err := m.objs.AggActive.Put(uint32(0), uint32(1-prev)); err != nil {
+		return nil, fmt.Errorf("flip aggregation buffer: %w", err)
+	}
+	m.aggPrev = 1 - prev
+	waitForPrograms()
+	rep := &AggReport{Time: time.Now()}
+	v4, v6 := m.aggMaps(prev)
+	if err := drainAgg(v4, 4, m.cfg.AggPrefixV4, rep); err != nil {
+		return nil, err
+	}
+	if err := drainAgg(v6, 8, m.cfg.AggPrefixV6, rep); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(rep.Subnets, func(a, b SubnetStats) int {
+		if a.Other != b.Other {
+			if a.Other {
+				return 1
+			}
+			return -1
+		}
+		return a.Prefix.Addr().Compare(b.Prefix.Addr())
+	})
+	return rep, nil
+}
+
+// drainAgg reads every subnet of one buffer map (keys of keyLen bytes: 4 for IPv4, 8 for
+// the first half of IPv6), deletes them and zeroes the "other" entry.
+func drainAgg(m *ebpf.Map, keyLen, bits int, rep *AggReport) error {
+	key := make([]byte, keyLen)
+	var percpu []ppingPpAggStats
+	var stale [][]byte
+	it := m.Iterate()
+	for it.Next(&key, &percpu) {
+		var h Histogram
+		for i := range percpu {
+			h.add(&percpu[i])
+		}
+		other := allOnes(key)
+		if !other {
+			stale = append(stale, slices.Clone(key))
+		}
+		if h.Count == 0 {
+			continue
+		}
+		rep.Subnets = append(rep.Subnets, SubnetStats{Prefix: keyPrefix(key, bits), Other: other, Histogram: h})
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read aggregation map %s: %w", m, err)
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("clear aggregation entry: %w", err)
+		}
+	}
+	other := make([]byte, keyLen)
+	for i := range other {
+		other[i] = 0xff
+	}
+	if err := m.Put(other, make([]ppingPpAggStats, ebpf.MustPossibleCPU())); err != nil {
+		return fmt.Errorf("reset aggregation 'other' entry: %w", err)
+	}
+	return nil
+}
+
+func allOnes(b []byte) bool {
+	for _, c := range b {
+		if c != 0xff {
+			return false
+		}
+	}
+	return true
+}
+
+// keyPrefix turns a masked key (network order) into a prefix.
+func keyPrefix(key []byte, bits int) netip.Prefix {
+	if len(key) == 4 {
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte(key)), bits)
+	}
+	var a [16]byte
+	copy(a[:], key)
+	return netip.PrefixFrom(netip.AddrFrom16(a), bits)
+}

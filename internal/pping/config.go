@@ -1,0 +1,216 @@
+// Package pping is the control plane of kedge's passive RTT monitor (kedge pping): it
+// loads bpf/pping, attaches it to an interface (TC ingress and egress) in a network
+// namespace, reads RTT and flow events from the ring buffer, runs garbage collection
+// through map iterators, collects the double-buffered per-subnet histograms, and formats
+// all of it as ePPing does (standard, json, jsonl, ppviz). docs/pping.md describes the
+// data flow.
+package pping
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Service is a UDP service measured through its request id (bpf/include/reqid.h): a
+// datagram to Port is a request, one from Port a response, and both carry an id of Len
+// bytes at Offset from the start of the UDP payload.
+type Service struct {
+	Port         uint16
+	Offset       uint16
+	Len          uint8
+	LittleEndian bool
+}
+
+// ParseService parses PORT:OFFSET:LEN[:le|be] (kedge hedge's request-id description).
+func ParseService(s string) (Service, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) < 3 || len(parts) > 4 {
+		return Service{}, fmt.Errorf("parse service %q: want PORT:OFFSET:LEN[:le|be]", s)
+	}
+	var nums [3]uint64
+	for i, limit := range []int{16, 16, 8} {
+		v, err := strconv.ParseUint(parts[i], 10, limit)
+		if err != nil {
+			return Service{}, fmt.Errorf("parse service %q: %w", s, err)
+		}
+		nums[i] = v
+	}
+	svc := Service{Port: uint16(nums[0]), Offset: uint16(nums[1]), Len: uint8(nums[2])}
+	if len(parts) == 4 {
+		switch parts[3] {
+		case "le":
+			svc.LittleEndian = true
+		case "be":
+		default:
+			return Service{}, fmt.Errorf("parse service %q: byte order must be le or be", s)
+		}
+	}
+	return svc, svc.validate()
+}
+
+func (s Service) validate() error {
+	if s.Port == 0 {
+		return fmt.Errorf("service port must not be 0")
+	}
+	if s.Len < 1 || s.Len > 8 {
+		return fmt.Errorf("service %d: request id length must be 1..8 bytes, not %d", s.Port, s.Len)
+	}
+	return nil
+}
+
+// Config is what the monitor measures and how. DefaultConfig gives ePPing's defaults.
+type Config struct {
+	// Identifiers to track. UDP services are tracked when Services is not empty.
+	TCP, ICMP, DNS bool
+	Services       []Service
+
+	// Sampling: at most one stored identifier per flow direction every RateLimit, or, when
+	// RTTRate > 0, every RTTRate x the flow's RTT (min RTT, or smoothed with UseSRTT).
+	RateLimit time.Duration
+	RTTRate   float64
+	UseSRTT   bool
+
+	IncludeLocal bool // also measure flows towards this host seen at ingress (-l)
+	IncludeSYN   bool // start flows at the SYN (-s); default: at the first data packet
+
+	// Aggregation (-a): per-subnet histograms reported every Aggregate instead of
+	// per-sample events. Prefix lengths: IPv4 0..32, IPv6 0..64.
+	Aggregate   time.Duration
+	AggPrefixV4 int
+	AggPrefixV6 int
+	AggByDst    bool // key subnets by the reply's destination instead of its source
+
+	// Garbage collection.
+	CleanupInterval  time.Duration // how often the GC iterators run; 0 disables them
+	TSMinLifetime    time.Duration // an unmatched identifier lives clamp(8 srtt, min, max)
+	TSMaxLifetime    time.Duration
+	FlowLifetime     time.Duration // idle TCP direction
+	DgramLifetime    time.Duration // idle ICMP/DNS/UDP direction
+	UnopenedLifetime time.Duration // direction never answered
+
+	MaxFlows   int  // flow table size (pkt_ts holds twice as many identifiers); 0: default
+	MaxSubnets int  // subnets per aggregation buffer and family; 0: default
+	Debug      bool // bpf_printk traces (read them from /sys/kernel/tracing/trace_pipe)
+}
+
+// DefaultConfig returns ePPing's defaults: TCP, ICMP and DNS, 100 ms rate limit, local
+// flows and SYNs excluded, per-sample events, cleanup every second.
+func DefaultConfig() Config {
+	return Config{
+		TCP: true, ICMP: true, DNS: true,
+		RateLimit:        100 * time.Millisecond,
+		AggPrefixV4:      24,
+		AggPrefixV6:      48,
+		CleanupInterval:  time.Second,
+		TSMinLifetime:    time.Second,
+		TSMaxLifetime:    10 * time.Second,
+		FlowLifetime:     300 * time.Second,
+		DgramLifetime:    30 * time.Second,
+		UnopenedLifetime: 30 * time.Second,
+	}
+}
+
+// DefaultMaxFlows is PP_MAX_FLOWS in bpf/include/pping.h.
+const DefaultMaxFlows = 65536
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	var errs []error
+	if !c.TCP && !c.ICMP && !c.DNS && len(c.Services) == 0 {
+		errs = append(errs, errors.New("nothing to track: enable TCP, ICMP, DNS or a UDP service"))
+	}
+	if c.RateLimit < 0 || c.RateLimit > 7*24*time.Hour {
+		errs = append(errs, fmt.Errorf("rate limit %v out of range [0, 7 days]", c.RateLimit))
+	}
+	if c.RTTRate < 0 || c.RTTRate > 10000 || math.IsNaN(c.RTTRate) {
+		errs = append(errs, fmt.Errorf("rtt rate %v out of range [0, 10000]", c.RTTRate))
+	}
+	if c.Aggregate < 0 {
+		errs = append(errs, fmt.Errorf("aggregation interval %v is negative", c.Aggregate))
+	}
+	if c.AggPrefixV4 < 0 || c.AggPrefixV4 > 32 {
+		errs = append(errs, fmt.Errorf("IPv4 aggregation prefix /%d out of range [0, 32]", c.AggPrefixV4))
+	}
+	if c.AggPrefixV6 < 0 || c.AggPrefixV6 > 64 {
+		errs = append(errs, fmt.Errorf("IPv6 aggregation prefix /%d out of range [0, 64] (keys hold the first 64 bits)", c.AggPrefixV6))
+	}
+	if c.CleanupInterval < 0 {
+		errs = append(errs, fmt.Errorf("cleanup interval %v is negative", c.CleanupInterval))
+	}
+	if c.TSMinLifetime > c.TSMaxLifetime {
+		errs = append(errs, fmt.Errorf("timestamp lifetime min %v above max %v", c.TSMinLifetime, c.TSMaxLifetime))
+	}
+	if c.MaxFlows < 0 || c.MaxFlows > 1<<24 {
+		errs = append(errs, fmt.Errorf("max flows %d out of range [1, %d]", c.MaxFlows, 1<<24))
+	}
+	if c.MaxSubnets < 0 || c.MaxSubnets > 1<<20 {
+		errs = append(errs, fmt.Errorf("max subnets %d out of range [1, %d]", c.MaxSubnets, 1<<20))
+	}
+	if len(c.Services) > maxServices {
+		errs = append(errs, fmt.Errorf("%d UDP services, at most %d", len(c.Services), maxServices))
+	}
+	seen := map[uint16]bool{}
+	for _, s := range c.Services {
+		if err := s.validate(); err != nil {
+			errs = append(errs, err)
+		}
+		if seen[s.Port] {
+			errs = append(errs, fmt.Errorf("UDP service port %d given twice", s.Port))
+		}
+		seen[s.Port] = true
+	}
+	return errors.Join(errs...)
+}
+
+// maxServices is PP_MAX_SERVICES in bpf/include/pping.h.
+const maxServices = 64
+
+const fixpointShift = 16 // PP_FIXPOINT_SHIFT
+
+func b2u(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// bpfConfig converts c to the kernel's struct pp_config.
+func (c Config) bpfConfig() ppingPpConfig {
+	v4mask := uint32(0)
+	if c.AggPrefixV4 > 0 {
+		v4mask = ^uint32(0) << (32 - c.AggPrefixV4)
+	}
+	v6mask := uint64(0)
+	if c.AggPrefixV6 > 0 {
+		v6mask = ^uint64(0) << (64 - c.AggPrefixV6)
+	}
+	return ppingPpConfig{
+		RateLimitNs:        uint64(c.RateLimit),
+		RttRate:            uint64(c.RTTRate * (1 << fixpointShift)),
+		TsMinLifetimeNs:    uint64(c.TSMinLifetime),
+		TsMaxLifetimeNs:    uint64(c.TSMaxLifetime),
+		FlowLifetimeNs:     uint64(c.FlowLifetime),
+		DgramLifetimeNs:    uint64(c.DgramLifetime),
+		UnopenedLifetimeNs: uint64(c.UnopenedLifetime),
+		// The kernel ANDs masks with addresses as they sit in memory (network order) and
+		// reads them as little-endian words (bpfel), so byte-swap the host-order masks.
+		V4PrefixMask: bits.ReverseBytes32(v4mask),
+		V6PrefixMask: bits.ReverseBytes64(v6mask),
+		TrackTcp:     b2u(c.TCP),
+		TrackIcmp:    b2u(c.ICMP),
+		TrackDns:     b2u(c.DNS),
+		TrackUdp:     b2u(len(c.Services) > 0),
+		Localfilt:    b2u(!c.IncludeLocal),
+		SkipSyn:      b2u(!c.IncludeSYN),
+		UseSrtt:      b2u(c.UseSRTT),
+		PushEvents:   b2u(c.Aggregate == 0),
+		Aggregate:    b2u(c.Aggregate > 0),
+		AggByDst:     b2u(c.AggByDst),
+		Debug:        b2u(c.Debug),
+	}
+}

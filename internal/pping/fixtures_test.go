@@ -1,0 +1,827 @@
+package pping
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/pktbuild"
+)
+
+func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
+
+// The monitored host is A (the "local" side, whose egress carries requests); B is remote.
+var (
+	addrA4, addrB4 = netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("198.51.100.1")
+	addrA6, addrB6 = netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8:1::2")
+)
+
+// fam builds packets between A and B in one address family.
+type fam struct{ v6 bool }
+
+func (f fam) String() string {
+	if f.v6 {
+		return "v6"
+	}
+	return "v4"
+}
+
+func (f fam) addrs(fromA bool) (src, dst netip.Addr) {
+	a, b := addrA4, addrB4
+	if f.v6 {
+		a, b = addrA6, addrB6
+	}
+	if fromA {
+		return a, b
+	}
+	return b, a
+}
+
+func (f fam) ip(fromA bool) pktbuild.Builder {
+	src, dst := f.addrs(fromA)
+	if f.v6 {
+		return pktbuild.New().IPv6(pktbuild.IPv6{Src: src, Dst: dst})
+	}
+	return pktbuild.New().IPv4(pktbuild.IPv4{Src: src, Dst: dst})
+}
+
+// flowStr is how events print the flow of a reply from B (or from A when fromB is false).
+func (f fam) flowStr(fromB bool, srcPort, dstPort uint16) string {
+	src, dst := f.addrs(!fromB)
+	return fmt.Sprintf("%s:%d+%s:%d", src, srcPort, dst, dstPort)
+}
+
+const (
+	portA, portB = 40000, 80
+	flagData     = pktbuild.ACK | pktbuild.PSH
+)
+
+// tcp is a segment between A:40000 and B:80 with the timestamp option (tsval < 0: none).
+func (f fam) tcp(fromA bool, flags uint8, tsval, tsecr int64, payload int) []byte {
+	h := pktbuild.TCP{Src: portA, Dst: portB, Flags: flags}
+	if !fromA {
+		h.Src, h.Dst = portB, portA
+	}
+	if tsval >= 0 {
+		h.Options = slices.Concat(pktbuild.OptNOP(), pktbuild.OptNOP(), pktbuild.OptTimestamp(uint32(tsval), uint32(tsecr)))
+	} else {
+		h.Options = pktbuild.OptMSS(1460)
+	}
+	return f.ip(fromA).TCP(h).Payload(make([]byte, payload)).Build()
+}
+
+// echo is an ICMP(v6) echo request from A or reply from B (typ overrides the type).
+func (f fam) echo(fromA bool, id, seq uint16, typ int) []byte {
+	h := pktbuild.ICMP{ID: id, Seq: seq, Type: pktbuild.ICMPEchoRequest}
+	if f.v6 {
+		h.Type = pktbuild.ICMPv6EchoRequest
+	}
+	if !fromA {
+		h.Type = pktbuild.ICMPEchoReply
+		if f.v6 {
+			h.Type = pktbuild.ICMPv6EchoReply
+		}
+	}
+	if typ >= 0 {
+		h.Type = uint8(typ)
+	}
+	b := f.ip(fromA).Payload(make([]byte, 16))
+	if f.v6 {
+		return b.ICMPv6(h).Build()
+	}
+	return b.ICMP(h).Build()
+}
+
+const dnsClientPort = 5353
+
+// dns is a query from A (qr false) or a response from B, with payload bytes after the id.
+func (f fam) dns(fromA bool, id uint16, qr bool, size int) []byte {
+	p := make([]byte, size)
+	flags := uint16(0x0100) // RD
+	if qr {
+		flags |= 0x8080 // QR, RA
+	}
+	if size >= 4 {
+		binary.BigEndian.PutUint16(p, id)
+		binary.BigEndian.PutUint16(p[2:], flags)
+	}
+	h := pktbuild.UDP{Src: dnsClientPort, Dst: 53}
+	if !fromA {
+		h.Src, h.Dst = 53, dnsClientPort
+	}
+	return f.ip(fromA).UDP(h).Payload(p).Build()
+}
+
+const svcPort, svcClientPort = 9999, 40001
+
+// udp is a datagram between A:40001 and B:port whose payload starts with id (4 bytes, BE).
+func (f fam) udp(fromA bool, port uint16, id uint32, size int) []byte {
+	p := make([]byte, size)
+	if size >= 4 {
+		binary.BigEndian.PutUint32(p, id)
+	}
+	h := pktbuild.UDP{Src: svcClientPort, Dst: port}
+	if !fromA {
+		h.Src, h.Dst = port, svcClientPort
+	}
+	return f.ip(fromA).UDP(h).Payload(p).Build()
+}
+
+var v4, v6 = fam{false}, fam{true}
+
+// step runs one packet through one hook and checks the counter changes: want names
+// counters of that hook by their Go field names; Pkts and Bytes are implied.
+type step struct {
+	hook Hook
+	pkt  []byte
+	want bpftest.Counters
+}
+
+func eg(pkt []byte, want bpftest.Counters) step { return step{HookEgress, pkt, want} }
+func in(pkt []byte, want bpftest.Counters) step { return step{HookIngress, pkt, want} }
+
+type wantRTT struct {
+	flow   string // Flow.String()
+	proto  string
+	id     uint64
+	egress bool
+	idType IDType
+}
+
+type wantFlow struct {
+	flow   string
+	typ    FlowEventType
+	reason FlowReason
+	source FlowSource
+}
+
+type fixture struct {
+	name  string
+	cfg   func(*Config)
+	steps []step
+	rtts  []wantRTT
+	flows []wantFlow
+	full  []string // map names of map-full warnings
+	check func(t *testing.T, m *Monitor, elapsed time.Duration)
+	cache monitorCache // nil: a monitor of its own
+}
+
+// monitorCache shares one loaded monitor per configuration between fixtures (loading
+// verifies ~40k instructions per hook), emptying its flow and identifier tables in between.
+// Counters are compared as deltas, so they need no reset.
+type monitorCache map[string]*Monitor
+
+func newMonitorCache(t *testing.T) monitorCache {
+	mc := monitorCache{}
+	t.Cleanup(func() {
+		for _, m := range mc {
+			if err := m.Close(); err != nil {
+				t.Errorf("close monitor: %v", err)
+			}
+		}
+	})
+	return mc
+}
+
+func (mc monitorCache) get(t *testing.T, mod func(*Config)) *Monitor {
+	t.Helper()
+	bpftest.RequireRoot(t)
+	cfg := fixtureConfig()
+	if mod != nil {
+		mod(&cfg)
+	}
+	key := fmt.Sprintf("%+v", cfg)
+	m := mc[key]
+	if m == nil {
+		var err error
+		if m, err = Load(cfg); err != nil {
+			t.Fatalf("load pping: %v", err)
+		}
+		mc[key] = m
+	}
+	clearMap(t, m.objs.Flows, new(ppingPpFlowState))
+	clearMap(t, m.objs.PktTs, new(uint64))
+	drain(t, m)
+	return m
+}
+
+func clearMap(t *testing.T, mp *ebpf.Map, v any) {
+	t.Helper()
+	var keys [][]byte
+	var raw []byte
+	it := mp.Iterate()
+	for it.Next(&raw, v) {
+		keys = append(keys, slices.Clone(raw))
+	}
+	if err := it.Err(); err != nil {
+		t.Fatalf("iterate %s: %v", mp, err)
+	}
+	for _, key := range keys {
+		if err := mp.Delete(key); err != nil {
+			t.Fatalf("clear %s: %v", mp, err)
+		}
+	}
+}
+
+// fixtureConfig samples every identifier, measures local flows (BPF_PROG_TEST_RUN has no
+// meaningful ingress interface for the FIB lookup) and keeps maps small.
+func fixtureConfig() Config {
+	c := DefaultConfig()
+	c.RateLimit = 0
+	c.IncludeLocal = true
+	c.CleanupInterval = 0
+	c.MaxFlows = 64
+	c.MaxSubnets = 16
+	return c
+}
+
+func loadFixture(t *testing.T, mod func(*Config)) *Monitor {
+	t.Helper()
+	bpftest.RequireRoot(t)
+	cfg := fixtureConfig()
+	if mod != nil {
+		mod(&cfg)
+	}
+	m, err := Load(cfg)
+	if err != nil {
+		t.Fatalf("load pping: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("close monitor: %v", err)
+		}
+	})
+	return m
+}
+
+func readCounters(m *Monitor) func() (bpftest.Counters, error) {
+	return func() (bpftest.Counters, error) { return bpftest.SumPerCPU[ppingPpCounters](m.objs.Counters) }
+}
+
+// runStep runs s and checks its counter changes.
+func runStep(t *testing.T, m *Monitor, i int, s step) {
+	t.Helper()
+	prog := m.objs.PpingEgress
+	if s.hook == HookIngress {
+		prog = m.objs.PpingIngress
+	}
+	var res bpftest.Result
+	delta, err := bpftest.Delta(readCounters(m), func() (err error) {
+		res, err = bpftest.Run(prog, s.pkt)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("step %d: %v", i, err)
+	}
+	if res.Ret != bpftest.TCActUnspec {
+		t.Errorf("step %d: verdict %d, want TC_ACT_UNSPEC (a monitor never decides)", i, int32(res.Ret))
+	}
+	want := bpftest.Counters{}
+	prefix := fmt.Sprintf("%d.", s.hook)
+	want[prefix+"Pkts"], want[prefix+"Bytes"] = 1, int64(len(s.pkt))
+	for k, v := range s.want {
+		if !strings.Contains(k, ".") {
+			k = prefix + k
+		}
+		want[k] = v
+	}
+	if d := delta.Diff(want); d != "" {
+		t.Errorf("step %d (%s): counter changes differ (got, want):\n%s", i, s.hook, d)
+	}
+}
+
+// drain returns the events queued in the ring buffer.
+func drain(t *testing.T, m *Monitor) []Event {
+	t.Helper()
+	rd, err := m.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	rd.SetDeadline(time.Now())
+	var evs []Event
+	for {
+		ev, err := rd.Read()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return evs
+		}
+		if err != nil {
+			t.Fatalf("read event: %v", err)
+		}
+		evs = append(evs, ev)
+	}
+}
+
+func (fx fixture) run(t *testing.T) {
+	var m *Monitor
+	if fx.cache != nil {
+		m = fx.cache.get(t, fx.cfg)
+	} else {
+		m = loadFixture(t, fx.cfg)
+	}
+	start := time.Now()
+	for i, s := range fx.steps {
+		runStep(t, m, i, s)
+	}
+	elapsed := time.Since(start)
+	var rtts []*RTTEvent
+	var flows []*FlowEvent
+	var full []string
+	for _, ev := range drain(t, m) {
+		switch e := ev.(type) {
+		case *RTTEvent:
+			rtts = append(rtts, e)
+		case *FlowEvent:
+			flows = append(flows, e)
+		case *MapFullEvent:
+			full = append(full, e.Map)
+		}
+	}
+	if len(rtts) != len(fx.rtts) {
+		t.Errorf("%d RTT events, want %d: %v", len(rtts), len(fx.rtts), rtts)
+	}
+	for i := range min(len(rtts), len(fx.rtts)) {
+		got, want := rtts[i], fx.rtts[i]
+		if got.Flow.String() != want.flow || got.Flow.Protocol() != want.proto || got.ID != want.id ||
+			got.MatchOnEgress != want.egress || (want.idType != 0 && got.Flow.IDType != want.idType) {
+			t.Errorf("RTT event %d: %s %s id %d egress %v type %v, want %s %s id %d egress %v type %v", i,
+				got.Flow.Protocol(), got.Flow, got.ID, got.MatchOnEgress, got.Flow.IDType,
+				want.proto, want.flow, want.id, want.egress, want.idType)
+		}
+		// The RTT is the time between the request's and the reply's runs: positive and
+		// no longer than the whole fixture took.
+		if got.RTT <= 0 || got.RTT > elapsed || got.MinRTT <= 0 || got.MinRTT > got.RTT {
+			t.Errorf("RTT event %d: rtt %v min %v, want 0 < min <= rtt <= %v", i, got.RTT, got.MinRTT, elapsed)
+		}
+	}
+	if len(flows) != len(fx.flows) {
+		t.Errorf("%d flow events, want %d: %v", len(flows), len(fx.flows), flows)
+	}
+	for i := range min(len(flows), len(fx.flows)) {
+		got, want := flows[i], fx.flows[i]
+		if got.Flow.String() != want.flow || got.Type != want.typ || got.Reason != want.reason || got.Source != want.source {
+			t.Errorf("flow event %d: %s %s due to %s from %s, want %s %s due to %s from %s", i,
+				got.Flow, got.Type, got.Reason, got.Source, want.flow, want.typ, want.reason, want.source)
+		}
+	}
+	if !slices.Equal(full, fx.full) {
+		t.Errorf("map-full warnings %v, want %v", full, fx.full)
+	}
+	if fx.check != nil {
+		fx.check(t, m, elapsed)
+	}
+}
+
+// c is shorthand for counter expectations.
+type c = bpftest.Counters
+
+func tcpFixtures(f fam) []fixture {
+	fromB := f.flowStr(true, portB, portA)
+	fromA := f.flowStr(false, portA, portB)
+	// The usual start: a mid-flow segment (waits for the TSval to change), then one that
+	// is timestamped.
+	open := []step{
+		eg(f.tcp(true, flagData, 100, 50, 10), c{"FlowCreated": 1, "TsNotNew": 1, "MatchNone": 1}),
+		eg(f.tcp(true, flagData, 101, 50, 10), c{"TsStored": 1, "MatchNone": 1}),
+	}
+	return []fixture{{
+		name: "data timestamped, ACK echo matched",
+		steps: append(open,
+			in(f.tcp(false, pktbuild.ACK, 7000, 101, 0), c{"FlowOpened": 1, "MatchRtt": 1})),
+		rtts:  []wantRTT{{flow: fromB, proto: "TCP", id: 101, idType: IDTCPTimestamp}},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+		check: func(t *testing.T, m *Monitor, _ time.Duration) {
+			fs := onlyFlow(t, m)
+			var d ppingPpDirState
+			for _, dir := range fs.Dir {
+				if dir.SentPkts > 0 {
+					d = dir
+				}
+			}
+			if d.Conn != 2 || d.Outstanding != 0 || d.SentPkts != 2 || d.SentBytes != 20 || d.RecPkts != 1 || d.MinRtt == 0 || d.LastId != 101 {
+				t.Errorf("request direction state %+v, want open, nothing outstanding, 2 sent (20 B), 1 received, min RTT, last id 101", d)
+			}
+			if n := countEntries(t, m); n != 0 {
+				t.Errorf("%d identifiers left in pkt_ts, want 0", n)
+			}
+		},
+	}, {
+		name:  "SYN skipped by default",
+		steps: []step{eg(f.tcp(true, pktbuild.SYN, 1, 0, 0), c{"SkipSyn": 1})},
+	}, {
+		name: "SYN starts the flow with include-SYN; the handshake gives both RTTs",
+		cfg:  func(c *Config) { c.IncludeSYN = true },
+		steps: []step{
+			eg(f.tcp(true, pktbuild.SYN, 1, 0, 0), c{"FlowCreated": 1, "TsStored": 1}),
+			in(f.tcp(false, pktbuild.SYN|pktbuild.ACK, 900, 1, 0), c{"TsStored": 1, "FlowOpened": 1, "MatchRtt": 1}),
+			eg(f.tcp(true, pktbuild.ACK, 2, 900, 0), c{"FlowOpened": 1, "MatchRtt": 1}),
+		},
+		rtts: []wantRTT{{flow: fromB, proto: "TCP", id: 1}, {flow: fromA, proto: "TCP", id: 900, egress: true}},
+		flows: []wantFlow{
+			{fromB, FlowOpening, ReasonSYN, SourceDest},
+			{fromA, FlowOpening, ReasonSYNACK, SourceDest},
+		},
+	}, {
+		name:  "no timestamp option",
+		steps: []step{eg(f.tcp(true, flagData, -1, 0, 10), c{"SkipNoTcpTs": 1})},
+	}, {
+		name:  "pure ACK of an unknown flow",
+		steps: []step{eg(f.tcp(true, pktbuild.ACK, 5, 6, 0), c{"SkipNoFlow": 1})},
+	}, {
+		name:  "echo of an identifier never stored",
+		steps: append(open, in(f.tcp(false, pktbuild.ACK, 7000, 99, 0), c{"FlowOpened": 1, "MatchMiss": 1})),
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name: "TSval wraps around 2^32",
+		steps: []step{
+			eg(f.tcp(true, flagData, 0xfffffff0, 50, 10), c{"FlowCreated": 1, "TsNotNew": 1, "MatchNone": 1}),
+			eg(f.tcp(true, flagData, 5, 50, 10), c{"TsStored": 1, "MatchNone": 1}),
+			in(f.tcp(false, pktbuild.ACK, 7000, 5, 0), c{"FlowOpened": 1, "MatchRtt": 1}),
+		},
+		rtts:  []wantRTT{{flow: fromB, proto: "TCP", id: 5}},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name: "reordered segment: an older TSval is not timestamped, its echo misses",
+		steps: append(open,
+			eg(f.tcp(true, flagData, 100, 50, 10), c{"TsNotNew": 1, "MatchNone": 1}),
+			in(f.tcp(false, pktbuild.ACK, 7000, 100, 0), c{"FlowOpened": 1, "MatchMiss": 1}),
+			in(f.tcp(false, pktbuild.ACK, 7001, 101, 0), c{"MatchRtt": 1})),
+		rtts:  []wantRTT{{flow: fromB, proto: "TCP", id: 101}},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name: "retransmission with the same TSval, duplicate ACK: one sample",
+		steps: append(open,
+			eg(f.tcp(true, flagData, 101, 50, 10), c{"TsNotNew": 1, "MatchNone": 1}),
+			in(f.tcp(false, pktbuild.ACK, 7000, 101, 0), c{"FlowOpened": 1, "MatchRtt": 1}),
+			in(f.tcp(false, pktbuild.ACK, 7000, 101, 0), c{"MatchNone": 1})),
+		rtts:  []wantRTT{{flow: fromB, proto: "TCP", id: 101}},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name: "rate limit",
+		cfg:  func(c *Config) { c.RateLimit = time.Hour },
+		steps: append(open,
+			eg(f.tcp(true, flagData, 102, 50, 10), c{"TsRateLimited": 1, "MatchNone": 1})),
+	}, {
+		name: "FIN closes a direction, RST the rest",
+		steps: append(open,
+			in(f.tcp(false, flagData, 7000, 101, 10), c{"TsNotNew": 1, "FlowOpened": 1, "MatchRtt": 1}),
+			eg(f.tcp(true, pktbuild.FIN|pktbuild.ACK, 102, 7000, 0), c{"FlowOpened": 1, "MatchNone": 1, "FlowClosed": 1}),
+			in(f.tcp(false, pktbuild.RST|pktbuild.ACK, 7001, 102, 0), c{"MatchNone": 1, "FlowClosed": 1, "FlowDeleted": 1})),
+		rtts: []wantRTT{{flow: fromB, proto: "TCP", id: 101}},
+		flows: []wantFlow{
+			{fromB, FlowOpening, ReasonFirstPacket, SourceDest},
+			{fromA, FlowOpening, ReasonFirstPacket, SourceDest},
+			{fromB, FlowClosing, ReasonFIN, SourceDest}, // A's FIN: B->A is A's "reply" direction
+			{fromA, FlowClosing, ReasonRST, SourceDest}, // B's RST: A->B is B's "reply" direction
+		},
+		check: func(t *testing.T, m *Monitor, _ time.Duration) {
+			if n := countFlows(t, m); n != 0 {
+				t.Errorf("%d flows left after RST, want 0", n)
+			}
+		},
+	}}
+}
+
+func icmpFixtures(f fam) []fixture {
+	proto := "ICMP"
+	unreach := 3
+	if f.v6 {
+		proto, unreach = "ICMPv6", 1
+	}
+	fromB := f.flowStr(true, 7, 7)
+	req := func(seq uint16) []byte { return f.echo(true, 7, seq, -1) }
+	rep := func(seq uint16) []byte { return f.echo(false, 7, seq, -1) }
+	return []fixture{{
+		name: "echo request matched by its reply",
+		steps: []step{
+			eg(req(1), c{"FlowCreated": 1, "TsStored": 1}),
+			in(rep(1), c{"FlowOpened": 1, "MatchRtt": 1}),
+		},
+		rtts:  []wantRTT{{flow: fromB, proto: proto, id: 1, idType: IDICMPEcho}},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name: "reply to another sequence number",
+		steps: []step{
+			eg(req(1), c{"FlowCreated": 1, "TsStored": 1}),
+			in(rep(9), c{"FlowOpened": 1, "MatchMiss": 1}),
+		},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name:  "not an echo",
+		steps: []step{in(f.echo(false, 7, 1, unreach), c{"SkipIcmpType": 1})},
+	}, {
+		name: "replies reordered: both matched",
+		steps: []step{
+			eg(req(1), c{"FlowCreated": 1, "TsStored": 1}),
+			eg(req(2), c{"TsStored": 1}),
+			in(rep(2), c{"FlowOpened": 1, "MatchRtt": 1}),
+			in(rep(1), c{"MatchRtt": 1}),
+		},
+		rtts:  []wantRTT{{flow: fromB, proto: proto, id: 2}, {flow: fromB, proto: proto, id: 1}},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name: "request sent twice: no sample (Karn)",
+		steps: []step{
+			eg(req(1), c{"FlowCreated": 1, "TsStored": 1}),
+			eg(req(1), c{"TsRetrans": 1}),
+			in(rep(1), c{"FlowOpened": 1, "MatchNone": 1}),
+		},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name: "each echo id is a flow",
+		steps: []step{
+			eg(f.echo(true, 1, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
+			eg(f.echo(true, 2, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
+		},
+	}, {
+		name:  "truncated header",
+		steps: []step{eg(pktbuild.Truncate(req(1), len(req(1))-20), c{"ParseErr[15]": 1})},
+	}, {
+		name:  "ICMP off",
+		cfg:   func(c *Config) { c.ICMP = false },
+		steps: []step{eg(req(1), c{"SkipProto": 1})},
+	}}
+}
+
+func dnsFixtures(f fam) []fixture {
+	fromB := f.flowStr(true, 53, dnsClientPort)
+	return []fixture{{
+		name: "query matched by its response",
+		steps: []step{
+			eg(f.dns(true, 0x1234, false, 30), c{"FlowCreated": 1, "TsStored": 1}),
+			in(f.dns(false, 0x1234, true, 46), c{"FlowOpened": 1, "MatchRtt": 1}),
+		},
+		rtts:  []wantRTT{{flow: fromB, proto: "UDP", id: 0x1234, idType: IDDNS}},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name: "response with another id",
+		steps: []step{
+			eg(f.dns(true, 0x1234, false, 30), c{"FlowCreated": 1, "TsStored": 1}),
+			in(f.dns(false, 0x4321, true, 46), c{"FlowOpened": 1, "MatchMiss": 1}),
+		},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name:  "shorter than a DNS header",
+		steps: []step{eg(f.dns(true, 0x1234, false, 8), c{"SkipUdpShort": 1})},
+	}, {
+		name: "QR bit on the wrong side",
+		steps: []step{
+			eg(f.dns(true, 0x1234, true, 30), c{"SkipProto": 1}),
+			in(f.dns(false, 0x1234, false, 30), c{"SkipProto": 1}),
+		},
+	}, {
+		name: "query retransmitted: no sample (Karn)",
+		steps: []step{
+			eg(f.dns(true, 0x1234, false, 30), c{"FlowCreated": 1, "TsStored": 1}),
+			eg(f.dns(true, 0x1234, false, 30), c{"TsRetrans": 1}),
+			in(f.dns(false, 0x1234, true, 46), c{"FlowOpened": 1, "MatchNone": 1}),
+		},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name:  "DNS off",
+		cfg:   func(c *Config) { c.DNS = false },
+		steps: []step{eg(f.dns(true, 0x1234, false, 30), c{"SkipProto": 1})},
+	}, {
+		name:  "truncated UDP header",
+		steps: []step{eg(pktbuild.Truncate(f.dns(true, 1, false, 30), len(f.dns(true, 1, false, 30))-34), c{"ParseErr[12]": 1})},
+	}}
+}
+
+func udpFixtures(f fam) []fixture {
+	fromB := f.flowStr(true, svcPort, svcClientPort)
+	svc := func(c *Config) { c.Services = []Service{{Port: svcPort, Offset: 0, Len: 4}} }
+	return []fixture{{
+		name: "request id matched by the response",
+		cfg:  svc,
+		steps: []step{
+			eg(f.udp(true, svcPort, 0xdeadbeef, 64), c{"FlowCreated": 1, "TsStored": 1}),
+			in(f.udp(false, svcPort, 0xdeadbeef, 64), c{"FlowOpened": 1, "MatchRtt": 1}),
+		},
+		rtts:  []wantRTT{{flow: fromB, proto: "UDP", id: 0xdeadbeef, idType: IDUDPRequest}},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name: "little-endian id at an offset",
+		cfg:  func(c *Config) { c.Services = []Service{{Port: svcPort, Offset: 1, Len: 2, LittleEndian: true}} },
+		steps: []step{
+			eg(f.udp(true, svcPort, 0x00aabb00, 8), c{"FlowCreated": 1, "TsStored": 1}),
+			in(f.udp(false, svcPort, 0x00aabb00, 8), c{"FlowOpened": 1, "MatchRtt": 1}),
+		},
+		rtts:  []wantRTT{{flow: fromB, proto: "UDP", id: 0xbbaa}},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+	}, {
+		name:  "request shorter than its id",
+		cfg:   svc,
+		steps: []step{eg(f.udp(true, svcPort, 0, 2), c{"SkipUdpShort": 1})},
+	}, {
+		name:  "other port",
+		cfg:   svc,
+		steps: []step{eg(f.udp(true, 7777, 1, 64), c{"SkipProto": 1})},
+	}}
+}
+
+func TestFixtures(t *testing.T) {
+	groups := []struct {
+		name string
+		fxs  func(fam) []fixture
+	}{{"tcp", tcpFixtures}, {"icmp", icmpFixtures}, {"dns", dnsFixtures}, {"udp", udpFixtures}}
+	cache := newMonitorCache(t)
+	for _, g := range groups {
+		for _, f := range []fam{v4, v6} {
+			for _, fx := range g.fxs(f) {
+				fx.cache = cache
+				t.Run(g.name+"/"+f.String()+"/"+fx.name, fx.run)
+			}
+		}
+	}
+}
+
+func TestMalformed(t *testing.T) {
+	tcp := v4.tcp(true, flagData, 100, 50, 10)
+	badDoff := v4.ip(true).TCP(pktbuild.TCP{Src: 1, Dst: 2, DataOffset: new(int)}).Build()
+	laterFrag := pktbuild.New().IPv4(pktbuild.IPv4{Src: addrA4, Dst: addrB4, FragOffset: 8}).TCP(pktbuild.TCP{Src: 1, Dst: 2}).Build()
+	arp := pktbuild.New().Ether(pktbuild.Ether{Type: 0x0806}).Payload(make([]byte, 28)).Build()
+	five := 5
+	notIPv4 := pktbuild.New().IPv4(pktbuild.IPv4{Version: &five}).UDP(pktbuild.UDP{Src: 1, Dst: 2}).Build()
+	other := v4.ip(true).Proto(47).Payload(make([]byte, 20)).Build() // GRE
+	fixture{name: "malformed", steps: []step{
+		eg(pktbuild.Truncate(tcp, len(tcp)-20), c{"ParseErr[14]": 1}), // options cut off
+		eg(badDoff, c{"ParseErr[14]": 1}),
+		eg(laterFrag, c{"ParseErr[11]": 1}),
+		eg(arp, c{"ParseErr[4]": 1}),
+		eg(notIPv4, c{"ParseErr[5]": 1}),
+		eg(other, c{"SkipProto": 1}),
+	}}.run(t)
+}
+
+func TestMapFull(t *testing.T) {
+	small := func(c *Config) { c.MaxFlows = 2 }
+	t.Run("flows", fixture{cfg: small, steps: []step{
+		eg(v4.echo(true, 1, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
+		eg(v4.echo(true, 2, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
+		eg(v4.echo(true, 3, 1, -1), c{"FlowMapFull": 1}),
+		eg(v4.echo(true, 4, 1, -1), c{"FlowMapFull": 1}), // counted again, warned once
+	}, full: []string{"flow"}}.run)
+	t.Run("timestamps", fixture{cfg: small, steps: []step{ // pkt_ts holds 2 x 2
+		eg(v4.echo(true, 1, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
+		eg(v4.echo(true, 1, 2, -1), c{"TsStored": 1}),
+		eg(v4.echo(true, 1, 3, -1), c{"TsStored": 1}),
+		eg(v4.echo(true, 1, 4, -1), c{"TsStored": 1}),
+		eg(v4.echo(true, 1, 5, -1), c{"TsMapFull": 1}),
+	}, full: []string{"timestamp"}}.run)
+}
+
+func TestAggregation(t *testing.T) {
+	agg := func(c *Config) { c.Aggregate = time.Hour; c.MaxSubnets = 1 }
+	m := loadFixture(t, agg)
+	pair := func(f fam, id uint16) {
+		runStep(t, m, 0, eg(f.echo(true, id, 1, -1), c{"FlowCreated": 1, "TsStored": 1}))
+		runStep(t, m, 1, in(f.echo(false, id, 1, -1), c{"FlowOpened": 1, "MatchRtt": 1}))
+	}
+	pair(v4, 1)
+	pair(v6, 1)
+	rep, err := m.CollectAggregate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"198.51.100.0/24", "2001:db8:1::/48"}
+	checkReport(t, rep, want)
+
+	// The kernel wrote the other buffer meanwhile (nothing); the first is cleared.
+	if rep, err = m.CollectAggregate(); err != nil || len(rep.Subnets) != 0 {
+		t.Fatalf("second report %+v, %v; want empty", rep, err)
+	}
+	// MaxSubnets 1: a second IPv4 subnet does not fit and lands in "other".
+	pair(v4, 2)
+	other := pktbuild.New().IPv4(pktbuild.IPv4{Src: addrA4, Dst: netip.MustParseAddr("203.0.113.9")}).ICMP(pktbuild.ICMP{Type: 8, ID: 3, Seq: 1}).Build()
+	reply := pktbuild.New().IPv4(pktbuild.IPv4{Src: netip.MustParseAddr("203.0.113.9"), Dst: addrA4}).ICMP(pktbuild.ICMP{Type: 0, ID: 3, Seq: 1}).Build()
+	runStep(t, m, 2, eg(other, c{"FlowCreated": 1, "TsStored": 1}))
+	runStep(t, m, 3, in(reply, c{"FlowOpened": 1, "MatchRtt": 1, "AggMapFull": 1}))
+	rep, err = m.CollectAggregate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkReport(t, rep, []string{"198.51.100.0/24", "0.0.0.0/0"})
+	if evs := drain(t, m); len(evs) != 0 {
+		t.Errorf("aggregation mode sent %d events, want none: %v", len(evs), evs)
+	}
+}
+
+// checkReport checks one sample per subnet, in the kernel bucket Go computes for it.
+func checkReport(t *testing.T, rep *AggReport, want []string) {
+	t.Helper()
+	var got []string
+	for _, s := range rep.Subnets {
+		got = append(got, s.name())
+		if s.Count != 1 || s.Min != s.Max || s.Sum != s.Min || s.Bins[binOf(s.Min)] != 1 {
+			t.Errorf("%s: count %d min %d max %d sum %d, bucket %d holds %d; want one sample in its bucket",
+				s.name(), s.Count, s.Min, s.Max, s.Sum, binOf(s.Min), s.Bins[binOf(s.Min)])
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("subnets %v, want %v", got, want)
+	}
+}
+
+func TestGC(t *testing.T) {
+	expireAll := func(c *Config) {
+		c.CleanupInterval = time.Second
+		c.TSMinLifetime, c.TSMaxLifetime = 1, 1
+		c.DgramLifetime, c.UnopenedLifetime, c.FlowLifetime = 1, 1, 1
+	}
+	fromB := v4.flowStr(true, 7, 7)
+	gc := func(t *testing.T, m *Monitor, _ time.Duration) {
+		d, err := bpftest.Delta(readCounters(m), m.RunGC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := d.Diff(c{"2.GcTsExpired": 1, "2.GcFlowExpired": 1}); d != "" {
+			t.Errorf("GC counter changes (got, want):\n%s", d)
+		}
+		if n, f := countEntries(t, m), countFlows(t, m); n != 0 || f != 0 {
+			t.Errorf("after GC: %d identifiers, %d flows; want none", n, f)
+		}
+	}
+	t.Run("unanswered request", fixture{cfg: expireAll, steps: []step{
+		eg(v4.echo(true, 7, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
+	}, check: gc}.run)
+	t.Run("open flow times out", fixture{cfg: expireAll, steps: []step{
+		eg(v4.echo(true, 7, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
+		in(v4.echo(false, 7, 1, -1), c{"FlowOpened": 1, "MatchRtt": 1}),
+		eg(v4.echo(true, 7, 2, -1), c{"TsStored": 1}),
+	}, rtts: []wantRTT{{flow: fromB, proto: "ICMP", id: 1}},
+		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
+		check: func(t *testing.T, m *Monitor, el time.Duration) {
+			gc(t, m, el)
+			evs := drain(t, m)
+			if len(evs) != 1 {
+				t.Fatalf("%d events after GC, want 1 flow closing: %v", len(evs), evs)
+			}
+			if e, ok := evs[0].(*FlowEvent); !ok || e.Flow.String() != fromB || e.Type != FlowClosing || e.Reason != ReasonTimeout || e.Source != SourceGC {
+				t.Errorf("GC event %+v, want %s closing due to flow timeout from garbage collection", evs[0], fromB)
+			}
+		}}.run)
+	t.Run("nothing stale", fixture{cfg: func(c *Config) { c.CleanupInterval = time.Second }, steps: []step{
+		eg(v4.echo(true, 7, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
+	}, check: func(t *testing.T, m *Monitor, _ time.Duration) {
+		d, err := bpftest.Delta(readCounters(m), m.RunGC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := d.Diff(c{}); d != "" {
+			t.Errorf("GC removed fresh state:\n%s", d)
+		}
+	}}.run)
+}
+
+func onlyFlow(t *testing.T, m *Monitor) ppingPpFlowState {
+	t.Helper()
+	var k ppingPpTuple
+	var v ppingPpFlowState
+	it := m.objs.Flows.Iterate()
+	n := 0
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil || n != 1 {
+		t.Fatalf("flows: %d entries (%v), want 1", n, err)
+	}
+	return v
+}
+
+func countFlows(t *testing.T, m *Monitor) int {
+	t.Helper()
+	var k ppingPpTuple
+	var v ppingPpFlowState
+	return count(t, m.objs.Flows.Iterate(), &k, &v)
+}
+
+func countEntries(t *testing.T, m *Monitor) int {
+	t.Helper()
+	var k ppingPpPktId
+	var v uint64
+	return count(t, m.objs.PktTs.Iterate(), &k, &v)
+}
+
+func count(t *testing.T, it interface {
+	Next(k, v any) bool
+	Err() error
+}, k, v any) int {
+	t.Helper()
+	n := 0
+	for it.Next(k, v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatalf("iterate: %v", err)
+	}
+	return n
+}

@@ -1,0 +1,165 @@
+package pping
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// promBuckets are the octave edges of the kernel histogram (2^8 ns .. 2^36 ns) in
+// seconds, so per-subnet histograms convert exactly.
+var promBuckets = func() []float64 {
+	var b []float64
+	for e := histMinShift; e <= histMaxShift; e++ {
+		b = append(b, float64(uint64(1)<<e)/1e9)
+	}
+	return b
+}()
+
+// Metrics is a Sink that records RTT samples and aggregation reports as Prometheus
+// histograms and forwards everything to the next sink. It also exports the monitor's
+// counters on every scrape.
+type Metrics struct {
+	next Sink
+	reg  *prometheus.Registry
+	rtt  *prometheus.HistogramVec
+
+	mu      sync.Mutex
+	subnets map[string]*Histogram // cumulative per prefix (aggregation mode)
+}
+
+// NewMetrics registers the monitor's metrics; next receives everything (may be nil).
+func NewMetrics(m *Monitor, next Sink) *Metrics {
+	mt := &Metrics{
+		next: next,
+		reg:  prometheus.NewRegistry(),
+		rtt: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kedge_pping_rtt_seconds",
+			Help:    "RTT samples measured passively, by protocol and identifier.",
+			Buckets: promBuckets,
+		}, []string{"protocol", "id_type"}),
+		subnets: map[string]*Histogram{},
+	}
+	mt.reg.MustRegister(mt.rtt, &counterCollector{m: m}, &subnetCollector{mt: mt})
+	return mt
+}
+
+// Event records an RTT sample.
+func (mt *Metrics) Event(ev Event) error {
+	if e, ok := ev.(*RTTEvent); ok {
+		mt.rtt.WithLabelValues(e.Flow.Protocol(), e.Flow.IDType.String()).Observe(e.RTT.Seconds())
+	}
+	if mt.next == nil {
+		return nil
+	}
+	return mt.next.Event(ev)
+}
+
+// Aggregate adds a report to the cumulative per-subnet histograms.
+func (mt *Metrics) Aggregate(rep *AggReport) error {
+	mt.mu.Lock()
+	for i := range rep.Subnets {
+		s := &rep.Subnets[i]
+		h := mt.subnets[s.name()]
+		if h == nil {
+			h = &Histogram{}
+			mt.subnets[s.name()] = h
+		}
+		h.Merge(&s.Histogram)
+	}
+	mt.mu.Unlock()
+	if mt.next == nil {
+		return nil
+	}
+	return mt.next.Aggregate(rep)
+}
+
+// Flush flushes the next sink.
+func (mt *Metrics) Flush() error {
+	if f, ok := mt.next.(flusher); ok {
+		return f.Flush()
+	}
+	return nil
+}
+
+// Serve serves /metrics on addr until ctx is done. It returns once the listener is open
+// (the address it listens on, useful with port 0) and serves in the background.
+func (mt *Metrics) Serve(ctx context.Context, addr string) (net.Addr, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for metrics on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(mt.reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			slog.Error("pping: metrics server", "err", err)
+		}
+	}()
+	context.AfterFunc(ctx, func() { srv.Close() })
+	return ln.Addr(), nil
+}
+
+// Registry is the registry the metrics live in (for tests and embedding).
+func (mt *Metrics) Registry() *prometheus.Registry { return mt.reg }
+
+// counterCollector exports struct pp_counters on every scrape.
+type counterCollector struct{ m *Monitor }
+
+var counterDesc = prometheus.NewDesc("kedge_pping_counter_total",
+	"pping's per-hook packet counters (struct pp_counters in bpf/include/pping.h).",
+	[]string{"hook", "counter"}, nil)
+
+func (c *counterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- counterDesc }
+
+func (c *counterCollector) Collect(ch chan<- prometheus.Metric) {
+	all, err := c.m.Counters()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(counterDesc, err)
+		return
+	}
+	for _, h := range Hooks {
+		for _, f := range CounterFields(&all[h]) {
+			ch <- prometheus.MustNewConstMetric(counterDesc, prometheus.CounterValue, float64(f.Value), h.String(), f.Name)
+		}
+	}
+}
+
+// subnetCollector exports the cumulative per-subnet histograms of aggregation mode.
+type subnetCollector struct{ mt *Metrics }
+
+var subnetDesc = prometheus.NewDesc("kedge_pping_subnet_rtt_seconds",
+	"RTTs aggregated in the kernel per subnet (aggregation mode), since start.",
+	[]string{"prefix"}, nil)
+
+func (c *subnetCollector) Describe(ch chan<- *prometheus.Desc) { ch <- subnetDesc }
+
+func (c *subnetCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mt.mu.Lock()
+	defer c.mt.mu.Unlock()
+	for prefix, h := range c.mt.subnets {
+		buckets := make(map[float64]uint64, len(promBuckets))
+		var cum uint64
+		b := 0
+		for i, edge := range promBuckets {
+			limit := uint64(1) << (histMinShift + i)
+			for ; b < HistBins; b++ {
+				if lo, _ := BinBounds(b); lo >= limit {
+					break
+				}
+				cum += h.Bins[b]
+			}
+			buckets[edge] = cum
+		}
+		ch <- prometheus.MustNewConstHistogram(subnetDesc, h.Count, float64(h.Sum)/1e9, buckets, prefix)
+	}
+}

@@ -1,0 +1,160 @@
+package pping
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netns"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
+)
+
+// Monitor is a loaded pping object: programs, maps and GC iterators. Attach puts it on an
+// interface; Close detaches and frees everything.
+type Monitor struct {
+	cfg     Config
+	objs    ppingObjects
+	gcTS    *link.Iter
+	gcFlow  *link.Iter
+	attach  []bpfx.Attachment
+	clock   monoClock
+	aggMu   sync.Mutex
+	aggPrev int // buffer the kernel wrote before the last flip (under aggMu)
+}
+
+// Load validates cfg and loads the BPF object with it.
+func Load(cfg Config) (*Monitor, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	spec, err := loadPping()
+	if err != nil {
+		return nil, fmt.Errorf("load pping spec: %w", err)
+	}
+	if err := spec.Variables[ppingVarPpCfg].Set(cfg.bpfConfig()); err != nil {
+		return nil, fmt.Errorf("set pping config: %w", err)
+	}
+	if cfg.MaxFlows > 0 {
+		spec.Maps[ppingMapFlows].MaxEntries = uint32(cfg.MaxFlows)
+		spec.Maps[ppingMapPktTs].MaxEntries = uint32(2 * cfg.MaxFlows)
+	}
+	if cfg.MaxSubnets > 0 {
+		for _, name := range []string{ppingMapAgg40, ppingMapAgg41, ppingMapAgg60, ppingMapAgg61} {
+			spec.Maps[name].MaxEntries = uint32(cfg.MaxSubnets + 1) // + the "other" entry
+		}
+	}
+	m := &Monitor{cfg: cfg}
+	if err := bpfx.LoadAndAssign("pping", spec, &m.objs, nil); err != nil {
+		return nil, err
+	}
+	if err := m.init(); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *Monitor) init() error {
+	for _, s := range m.cfg.Services {
+		spec := ppingReqidSpec{Offset: s.Offset, Len: s.Len, Order: b2u(s.LittleEndian)}
+		if err := m.objs.Services.Put(htons(s.Port), spec); err != nil {
+			return fmt.Errorf("add UDP service %d: %w", s.Port, err)
+		}
+	}
+	if m.cfg.Aggregate > 0 {
+		if err := m.initAggregation(); err != nil {
+			return err
+		}
+	}
+	if m.cfg.CleanupInterval > 0 {
+		var err error
+		if m.gcTS, err = link.AttachIter(link.IterOptions{Program: m.objs.PpingGcTs, Map: m.objs.PktTs}); err != nil {
+			return fmt.Errorf("attach timestamp GC iterator: %w (map iterators need kernel 5.9+)", err)
+		}
+		if m.gcFlow, err = link.AttachIter(link.IterOptions{Program: m.objs.PpingGcFlow, Map: m.objs.Flows}); err != nil {
+			return fmt.Errorf("attach flow GC iterator: %w", err)
+		}
+	}
+	return nil
+}
+
+// Config returns the configuration the monitor was loaded with.
+func (m *Monitor) Config() Config { return m.cfg }
+
+// Attach attaches the ingress and egress programs to ifindex in ns (-1: the caller's
+// namespace). The attachments live until Close.
+func (m *Monitor) Attach(ns netns.NsHandle, ifindex int, mode bpfx.TCMode) error {
+	for _, t := range []struct {
+		prog *ebpf.Program
+		dir  bpfx.Direction
+	}{{m.objs.PpingIngress, bpfx.Ingress}, {m.objs.PpingEgress, bpfx.Egress}} {
+		a, err := bpfx.AttachTC(t.prog, bpfx.TCTarget{Netns: ns, IfIndex: ifindex, Dir: t.dir, Mode: mode, Name: "pping-" + t.dir.String()})
+		if err != nil {
+			return fmt.Errorf("attach pping %s: %w", t.dir, err)
+		}
+		m.attach = append(m.attach, a)
+	}
+	return nil
+}
+
+// AttachMode reports how the programs were attached ("tcx" or "clsact"), or "".
+func (m *Monitor) AttachMode() string {
+	if len(m.attach) == 0 {
+		return ""
+	}
+	return m.attach[0].Mode()
+}
+
+// Programs returns the ingress and egress programs (for BPF_PROG_TEST_RUN and run-time
+// statistics).
+func (m *Monitor) Programs() (ingress, egress *ebpf.Program) {
+	return m.objs.PpingIngress, m.objs.PpingEgress
+}
+
+// RunGC runs the timestamp and the flow garbage collectors once (a no-op when the cleanup
+// interval is 0). Identifiers go first so flows deleted now do not leave them behind.
+func (m *Monitor) RunGC() error {
+	for _, it := range []struct {
+		name string
+		l    *link.Iter
+	}{{"timestamp", m.gcTS}, {"flow", m.gcFlow}} {
+		if it.l == nil {
+			continue
+		}
+		r, err := it.l.Open()
+		if err != nil {
+			return fmt.Errorf("run %s GC: %w", it.name, err)
+		}
+		_, err = io.Copy(io.Discard, r)
+		if cerr := r.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("run %s GC: %w", it.name, err)
+		}
+	}
+	return nil
+}
+
+// Close detaches the programs and frees the maps.
+func (m *Monitor) Close() error {
+	var errs []error
+	for i := len(m.attach) - 1; i >= 0; i-- {
+		errs = append(errs, m.attach[i].Close())
+	}
+	m.attach = nil
+	for _, l := range []*link.Iter{m.gcTS, m.gcFlow} {
+		if l != nil {
+			errs = append(errs, l.Close())
+		}
+	}
+	m.gcTS, m.gcFlow = nil, nil
+	errs = append(errs, m.objs.Close())
+	return errors.Join(errs...)
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }

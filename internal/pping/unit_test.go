@@ -1,0 +1,276 @@
+package pping
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestHistogramBins(t *testing.T) {
+	// Every bucket's lower edge maps to it, the value below the edge to the previous one,
+	// and the widths stay within 12.5 % of the lower edge.
+	for b := 1; b < HistBins; b++ {
+		lo, hi := BinBounds(b)
+		if got := binOf(lo); got != b {
+			t.Errorf("binOf(%d) = %d, want %d", lo, got, b)
+		}
+		if got := binOf(lo - 1); got != b-1 {
+			t.Errorf("binOf(%d) = %d, want %d", lo-1, got, b-1)
+		}
+		if hi != math.MaxUint64 && float64(hi-lo) > 0.125*float64(lo) {
+			t.Errorf("bucket %d [%d, %d) is wider than 12.5 %%", b, lo, hi)
+		}
+	}
+	for _, tc := range []struct {
+		ns   uint64
+		want int
+	}{{0, 0}, {255, 0}, {256, 1}, {20_000, binOf(20_000)}, {1 << 36, HistBins - 1}, {math.MaxUint64, HistBins - 1}} {
+		if got := binOf(tc.ns); got != tc.want {
+			t.Errorf("binOf(%d) = %d, want %d", tc.ns, got, tc.want)
+		}
+	}
+	// 20 us falls in a bucket at most 2.5 us wide: fine enough for veth RTTs.
+	if lo, hi := BinBounds(binOf(20_000)); hi-lo > 2500 {
+		t.Errorf("bucket of 20 us is [%d, %d)", lo, hi)
+	}
+}
+
+func TestHistogramQuantile(t *testing.T) {
+	var h Histogram
+	add := func(ns uint64, n uint64) {
+		h.Bins[binOf(ns)] += n
+		h.Count += n
+		h.Sum += ns * n
+		if h.Min == 0 || ns < h.Min {
+			h.Min = ns
+		}
+		h.Max = max(h.Max, ns)
+	}
+	add(10_000, 90)    // 10 us
+	add(1_000_000, 10) // 1 ms
+	for _, tc := range []struct {
+		q      float64
+		lo, hi time.Duration
+	}{{0.5, 9 * time.Microsecond, 11 * time.Microsecond}, {0.95, 900 * time.Microsecond, 1100 * time.Microsecond}, {1, time.Millisecond, time.Millisecond}} {
+		if got := h.Quantile(tc.q); got < tc.lo || got > tc.hi {
+			t.Errorf("quantile %.2f = %v, want in [%v, %v]", tc.q, got, tc.lo, tc.hi)
+		}
+	}
+	if got, want := h.Mean(), time.Duration((90*10_000+10*1_000_000)/100); got != want {
+		t.Errorf("mean %v, want %v", got, want)
+	}
+}
+
+func TestParseService(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Service
+		err  string
+	}{
+		{"9999:0:4", Service{Port: 9999, Len: 4}, ""},
+		{"53:2:2:le", Service{Port: 53, Offset: 2, Len: 2, LittleEndian: true}, ""},
+		{"53:2:2:be", Service{Port: 53, Offset: 2, Len: 2}, ""},
+		{"53:0:9", Service{}, "1..8 bytes"},
+		{"0:0:4", Service{}, "port must not be 0"},
+		{"53:0", Service{}, "PORT:OFFSET:LEN"},
+		{"53:0:4:xx", Service{}, "le or be"},
+		{"70000:0:4", Service{}, "out of range"},
+	} {
+		got, err := ParseService(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseService(%q) error %v, want %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParseService(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		err  string
+	}{
+		{"default", func(*Config) {}, ""},
+		{"nothing tracked", func(c *Config) { c.TCP, c.ICMP, c.DNS = false, false, false }, "nothing to track"},
+		{"service only", func(c *Config) { c.TCP, c.ICMP, c.DNS = false, false, false; c.Services = []Service{{Port: 1, Len: 1}} }, ""},
+		{"v6 prefix", func(c *Config) { c.AggPrefixV6 = 65 }, "first 64 bits"},
+		{"v4 prefix", func(c *Config) { c.AggPrefixV4 = 33 }, "[0, 32]"},
+		{"rtt rate", func(c *Config) { c.RTTRate = -1 }, "rtt rate"},
+		{"lifetimes", func(c *Config) { c.TSMinLifetime = time.Hour }, "above max"},
+		{"duplicate service", func(c *Config) { c.Services = []Service{{Port: 1, Len: 1}, {Port: 1, Len: 2}} }, "twice"},
+	} {
+		c := DefaultConfig()
+		tc.mod(&c)
+		err := c.Validate()
+		if (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%s: Validate() = %v, want %q", tc.name, err, tc.err)
+		}
+	}
+}
+
+func TestBPFConfigMasks(t *testing.T) {
+	c := DefaultConfig()
+	c.AggPrefixV4, c.AggPrefixV6 = 24, 48
+	bc := c.bpfConfig()
+	// The kernel reads the masks as little-endian words of network-order bytes.
+	if bc.V4PrefixMask != 0x00ffffff || bc.V6PrefixMask != 0x0000ffffffffffff {
+		t.Errorf("masks %#x %#x, want 0xffffff and 0xffffffffffff", bc.V4PrefixMask, bc.V6PrefixMask)
+	}
+	if bc.Localfilt != 1 || bc.SkipSyn != 1 || bc.PushEvents != 1 || bc.Aggregate != 0 || bc.RateLimitNs != uint64(100*time.Millisecond) {
+		t.Errorf("defaults not ePPing's: %+v", bc)
+	}
+	c.RTTRate = 0.5
+	if got := c.bpfConfig().RttRate; got != 1<<15 {
+		t.Errorf("rtt rate 0.5 -> %d, want %d", got, 1<<15)
+	}
+}
+
+func TestCounterNames(t *testing.T) {
+	var c Counters
+	c.TsNotNew, c.ParseErr[4] = 3, 2
+	got := map[string]uint64{}
+	for _, f := range CounterFields(&c) {
+		got[f.Name] = f.Value
+	}
+	if got["ts_not_new"] != 3 || got["parse_err_l3_proto"] != 2 || got["skip_no_tcp_ts"] != 0 {
+		t.Errorf("counter names: %v", got)
+	}
+	if _, ok := got["gc_flow_expired"]; !ok {
+		t.Errorf("gc_flow_expired missing: %v", got)
+	}
+}
+
+var (
+	when  = time.Date(2026, 11, 22, 10, 4, 5, 123456789, time.Local)
+	flowB = Flow{Src: netip.MustParseAddrPort("198.51.100.1:80"), Dst: netip.MustParseAddrPort("192.0.2.1:40000"), Proto: 6, IDType: IDTCPTimestamp}
+	rttEv = &RTTEvent{Time: when, Flow: flowB, RTT: 1234567 * time.Nanosecond, MinRTT: time.Millisecond, SRTT: 1200 * time.Microsecond,
+		SentPackets: 10, SentBytes: 1000, RecPackets: 5, RecBytes: 50, ID: 101}
+	flowEv = &FlowEvent{Time: when, Flow: flowB, Type: FlowOpening, Reason: ReasonSYN, Source: SourceDest}
+)
+
+func TestFormats(t *testing.T) {
+	for _, tc := range []struct {
+		f    Format
+		want string
+	}{
+		{Standard, "10:04:05.123456789 1.23457 ms 1 ms TCP 198.51.100.1:80+192.0.2.1:40000\n" +
+			"10:04:05.123456789 TCP 198.51.100.1:80+192.0.2.1:40000 opening due to SYN from dest\n"},
+		{PPViz, when.Format("") + ""},
+		{JSONL, `{"timestamp":` + itoa(when.UnixNano()) + `,"src_ip":"198.51.100.1","src_port":80,"dest_ip":"192.0.2.1","dest_port":40000,"protocol":"TCP","id_type":"tcp_ts","rtt":1234567,"min_rtt":1000000,"srtt":1200000,"sent_packets":10,"sent_bytes":1000,"rec_packets":5,"rec_bytes":50,"match_on_egress":false,"id":101}` + "\n" +
+			`{"timestamp":` + itoa(when.UnixNano()) + `,"src_ip":"198.51.100.1","src_port":80,"dest_ip":"192.0.2.1","dest_port":40000,"protocol":"TCP","id_type":"tcp_ts","flow_event":"opening","reason":"SYN","triggered_by":"dest"}` + "\n"},
+	} {
+		var buf bytes.Buffer
+		w := NewWriter(&buf, tc.f)
+		for _, ev := range []Event{rttEv, flowEv} {
+			if err := w.Event(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		want := tc.want
+		if tc.f == PPViz {
+			want = itoa(when.Unix()) + ".123456789 0.001234567 0.001000000 198.51.100.1:80+192.0.2.1:40000\n"
+		}
+		if buf.String() != want {
+			t.Errorf("%s:\n got %q\nwant %q", tc.f, buf.String(), want)
+		}
+	}
+}
+
+func itoa(v int64) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func TestJSONArrayAndReopen(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "out.json")
+	w, err := NewFileWriter(path, JSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Event(rttEv); err != nil {
+		t.Fatal(err)
+	}
+	// logrotate: move the file away, then SIGHUP makes the writer reopen the path.
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Reopen(); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range []Event{rttEv, flowEv} {
+		if err := w.Event(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for file, n := range map[string]int{path + ".1": 1, path: 2} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var objs []map[string]any
+		if err := json.Unmarshal(b, &objs); err != nil || len(objs) != n {
+			t.Errorf("%s: %d objects (%v), want a JSON array of %d:\n%s", file, len(objs), err, n, b)
+		}
+	}
+	// An empty run is still a valid (empty) array.
+	var buf bytes.Buffer
+	NewWriter(&buf, JSON).Close()
+	var objs []any
+	if err := json.Unmarshal(buf.Bytes(), &objs); err != nil || len(objs) != 0 {
+		t.Errorf("empty JSON output %q: %v", buf.String(), err)
+	}
+}
+
+func TestAggregateFormats(t *testing.T) {
+	var h Histogram
+	for _, ns := range []uint64{20_000, 22_000, 30_000} {
+		h.Bins[binOf(ns)]++
+		h.Count++
+		h.Sum += ns
+	}
+	h.Min, h.Max = 20_000, 30_000
+	rep := &AggReport{Time: when, Subnets: []SubnetStats{
+		{Prefix: netip.MustParsePrefix("198.51.100.0/24"), Histogram: h},
+		{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{255, 255, 255, 255}), 24), Other: true, Histogram: h},
+	}}
+	var buf bytes.Buffer
+	w := NewWriter(&buf, Standard)
+	if err := w.Aggregate(rep); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "10:04:05.123456789: 198.51.100.0/24 -> rtt-count=3, min=0.02 ms, mean=0.024 ms") ||
+		!strings.Contains(lines[1], " 0.0.0.0/0 -> ") {
+		t.Errorf("standard aggregate output:\n%s", buf.String())
+	}
+	buf.Reset()
+	w = NewWriter(&buf, JSONL)
+	if err := w.Aggregate(rep); err != nil {
+		t.Fatal(err)
+	}
+	var j jsonAgg
+	if err := json.Unmarshal([]byte(strings.SplitN(buf.String(), "\n", 2)[0]), &j); err != nil {
+		t.Fatal(err)
+	}
+	if j.IPPrefix != "198.51.100.0/24" || j.CountRTT != 3 || j.MinRTT != 20_000 || j.MaxRTT != 30_000 || len(j.Bins) != 3 {
+		t.Errorf("JSON aggregate %+v", j)
+	}
+}
