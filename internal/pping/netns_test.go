@@ -1,0 +1,439 @@
+package pping
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/lab"
+)
+
+// Integration tests: real traffic between two lab hosts (client, server) on a bridge, the
+// monitor on the client's eth0, RTTs compared with what the applications measured.
+//
+// Tolerance. pping's RTT is the time between the request leaving the client's interface
+// and the reply arriving at it; the application's adds its own socket and scheduling time
+// on the client. So for the same request 0 < pping <= app + 50 us (the two clocks are read
+// at different places), and app - pping is the client's user-space overhead: the median
+// of that difference must stay below 1 ms. Servers that answer with a known delay (DNS)
+// make the RTTs long enough that the match itself is unambiguous.
+const (
+	clockSlack     = 50 * time.Microsecond
+	maxAppOverhead = time.Millisecond
+)
+
+type testLab struct {
+	*lab.Lab
+	client, server *lab.Host
+}
+
+func newTestLab(t *testing.T) *testLab {
+	t.Helper()
+	bpftest.RequireRoot(t)
+	l, err := lab.Up(lab.Spec{Name: "pp", Fabric: lab.Bridge, Hosts: []string{"client", "server"}})
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("lab close: %v", err)
+		}
+	})
+	return &testLab{Lab: l, client: l.Host("client"), server: l.Host("server")}
+}
+
+// collector is a Sink that keeps everything.
+type collector struct {
+	mu   sync.Mutex
+	evs  []Event
+	reps []*AggReport
+}
+
+func (c *collector) Event(e Event) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.evs = append(c.evs, e)
+	return nil
+}
+
+func (c *collector) Aggregate(r *AggReport) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reps = append(c.reps, r)
+	return nil
+}
+
+// rtts returns the RTT events that satisfy keep.
+func (c *collector) rtts(keep func(*RTTEvent) bool) []*RTTEvent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*RTTEvent
+	for _, ev := range c.evs {
+		if e, ok := ev.(*RTTEvent); ok && keep(e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// waitFor polls until cond holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
+	}
+}
+
+// monitorOn loads a monitor, attaches it to the client's eth0 and runs it into a collector
+// until the test ends.
+func monitorOn(t *testing.T, h *lab.Host, mod func(*Config)) (*Monitor, *collector) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.RateLimit = 0
+	cfg.MaxFlows = 1024
+	if mod != nil {
+		mod(&cfg)
+	}
+	m, err := Load(cfg)
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if err := m.Attach(h.Handle, h.IfIndex, bpfx.TCAuto); err != nil {
+		m.Close()
+		t.Fatalf("attach: %v", err)
+	}
+	col := &collector{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx, col) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+		if err := m.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return m, col
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// compare checks pping's samples against the application's RTTs of the same requests.
+func compare(t *testing.T, what string, app, pp []time.Duration) {
+	t.Helper()
+	var diffs []time.Duration
+	for i := range app {
+		if pp[i] <= 0 || pp[i] > app[i]+clockSlack {
+			t.Errorf("%s %d: pping %v, application %v: want 0 < pping <= app + %v", what, i, pp[i], app[i], clockSlack)
+		}
+		diffs = append(diffs, app[i]-pp[i])
+	}
+	if m := median(diffs); m > maxAppOverhead {
+		t.Errorf("%s: median app - pping = %v, want < %v", what, m, maxAppOverhead)
+	}
+	t.Logf("%s: %d requests, median RTT app %v, pping %v", what, len(app), median(app), median(pp))
+}
+
+func TestNetnsICMP(t *testing.T) {
+	l := newTestLab(t)
+	_, col := monitorOn(t, l.client, nil)
+	for _, dst := range []netip.Addr{l.server.IPv4, l.server.IPv6} {
+		t.Run(dst.String(), func(t *testing.T) {
+			const n = 5
+			out, err := l.client.Run("busybox", "ping", "-c", strconv.Itoa(n), "-i", "0.2", dst.String())
+			if err != nil {
+				t.Fatalf("ping: %v", err)
+			}
+			// busybox prints "seq=3 ttl=64 time=0.071 ms": per-sequence RTTs in us.
+			app := map[uint64]time.Duration{}
+			for _, m := range regexp.MustCompile(`seq=(\d+) .*time=([0-9.]+) ms`).FindAllStringSubmatch(out, -1) {
+				seq, _ := strconv.ParseUint(m[1], 10, 16)
+				ms, _ := strconv.ParseFloat(m[2], 64)
+				app[seq] = time.Duration(ms * float64(time.Millisecond))
+			}
+			if len(app) != n {
+				t.Fatalf("ping output has %d replies, want %d:\n%s", len(app), n, out)
+			}
+			mine := func(e *RTTEvent) bool {
+				return e.Flow.Src.Addr() == dst && e.Flow.IDType == IDICMPEcho
+			}
+			waitFor(t, "ICMP samples", func() bool { return len(col.rtts(mine)) >= n })
+			var a, p []time.Duration
+			for _, e := range col.rtts(mine) {
+				// busybox ping prints ms with 3 decimals: add its rounding to the slack.
+				a = append(a, app[e.ID]+time.Microsecond)
+				p = append(p, e.RTT)
+			}
+			compare(t, "ping "+dst.String(), a, p)
+		})
+	}
+}
+
+// dnsServer answers every query after delay: same id, QR and RA set, no answers.
+func dnsServer(t *testing.T, h *lab.Host, addr netip.Addr, delay time.Duration) netip.AddrPort {
+	t.Helper()
+	var conn *net.UDPConn
+	err := h.Do(func() (err error) {
+		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, 53)))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listen DNS on %s: %v", addr, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if n < 12 {
+				continue
+			}
+			resp := slices.Clone(buf[:n])
+			resp[2] |= 0x80   // QR
+			resp[3] = 0x80    // RA, NOERROR
+			time.Sleep(delay) // the server's think time, part of the RTT
+			_, _ = conn.WriteToUDPAddrPort(resp, from)
+		}
+	}()
+	return conn.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// dnsQuery is a query for kedge.test. A with the given id.
+func dnsQuery(id uint16) []byte {
+	q := binary.BigEndian.AppendUint16(nil, id)
+	q = append(q, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0) // RD; one question
+	q = append(q, 5, 'k', 'e', 'd', 'g', 'e', 4, 't', 'e', 's', 't', 0, 0, 1, 0, 1)
+	return q
+}
+
+func TestNetnsDNS(t *testing.T) {
+	l := newTestLab(t)
+	_, col := monitorOn(t, l.client, nil)
+	const delay = 2 * time.Millisecond
+	for _, srv := range []netip.Addr{l.server.IPv4, l.server.IPv6} {
+		t.Run(srv.String(), func(t *testing.T) {
+			to := dnsServer(t, l.server, srv, delay)
+			var conn *net.UDPConn
+			if err := l.client.Do(func() (err error) {
+				conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(to))
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			app := map[uint64]time.Duration{}
+			buf := make([]byte, 512)
+			for i := range 10 {
+				id := uint16(0x1000 + i*7)
+				start := time.Now()
+				if _, err := conn.Write(dnsQuery(id)); err != nil {
+					t.Fatal(err)
+				}
+				_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+				n, err := conn.Read(buf)
+				if err != nil || n < 2 || binary.BigEndian.Uint16(buf) != id {
+					t.Fatalf("query %d: %v", i, err)
+				}
+				app[uint64(id)] = time.Since(start)
+			}
+			mine := func(e *RTTEvent) bool { return e.Flow.Src == to && e.Flow.IDType == IDDNS }
+			waitFor(t, "DNS samples", func() bool { return len(col.rtts(mine)) >= len(app) })
+			var a, p []time.Duration
+			for _, e := range col.rtts(mine) {
+				if e.RTT < delay {
+					t.Errorf("DNS id %#x: pping %v, below the server's %v think time", e.ID, e.RTT, delay)
+				}
+				a, p = append(a, app[e.ID]), append(p, e.RTT)
+			}
+			compare(t, "DNS "+srv.String(), a, p)
+		})
+	}
+	t.Run("dig", func(t *testing.T) {
+		if _, err := exec.LookPath("dig"); err != nil {
+			t.Skip("dig not installed (Debian: dnsutils)")
+		}
+		dnsServer(t, l.server, l.server.IPv4, 0)
+		before := len(col.rtts(func(e *RTTEvent) bool { return e.Flow.IDType == IDDNS }))
+		out, err := l.client.Run("dig", "@"+l.server.IPv4.String(), "kedge.test", "A", "+tries=1", "+time=2")
+		if err != nil {
+			t.Fatalf("dig: %v", err)
+		}
+		m := regexp.MustCompile(`Query time: (\d+) msec`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("dig output without a query time:\n%s", out)
+		}
+		waitFor(t, "dig's sample", func() bool {
+			return len(col.rtts(func(e *RTTEvent) bool { return e.Flow.IDType == IDDNS })) > before
+		})
+		e := col.rtts(func(e *RTTEvent) bool { return e.Flow.IDType == IDDNS })[before]
+		ms, _ := strconv.Atoi(m[1])
+		// dig reports whole milliseconds.
+		if e.RTT > time.Duration(ms+1)*time.Millisecond {
+			t.Errorf("pping %v for dig's query, dig says %s ms", e.RTT, m[1])
+		}
+		t.Logf("dig: query time %s ms, pping %v", m[1], e.RTT)
+	})
+}
+
+// echoServer echoes every TCP read back.
+func echoServer(t *testing.T, h *lab.Host, addr netip.Addr) netip.AddrPort {
+	t.Helper()
+	var ln net.Listener
+	if err := h.Do(func() (err error) {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(addr, 0).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+func TestNetnsTCP(t *testing.T) {
+	l := newTestLab(t)
+	_, col := monitorOn(t, l.client, nil)
+	for _, srv := range []netip.Addr{l.server.IPv4, l.server.IPv6} {
+		t.Run(srv.String(), func(t *testing.T) {
+			to := echoServer(t, l.server, srv)
+			var conn net.Conn
+			if err := l.client.Do(func() (err error) {
+				conn, err = net.Dial("tcp", to.String())
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			var app []time.Duration
+			msg, buf := make([]byte, 100), make([]byte, 100)
+			for range 30 {
+				// A new TSval (1 ms clock) for every request, so each can be sampled.
+				time.Sleep(2 * time.Millisecond)
+				start := time.Now()
+				if _, err := conn.Write(msg); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.ReadFull(conn, buf); err != nil {
+					t.Fatal(err)
+				}
+				app = append(app, time.Since(start))
+			}
+			mine := func(e *RTTEvent) bool { return e.Flow.Src == to && e.Flow.IDType == IDTCPTimestamp }
+			// The first request carries the TSval of the handshake's last ACK (the flow
+			// starts mid-flow without -s, waiting for a new TSval), so expect at least
+			// all but a few requests.
+			waitFor(t, "TCP samples", func() bool { return len(col.rtts(mine)) >= len(app)-3 })
+			var p []time.Duration
+			for _, e := range col.rtts(mine) {
+				if e.RTT <= 0 || e.RTT > slices.Max(app)+clockSlack {
+					t.Errorf("TCP sample %v outside (0, max app RTT %v]", e.RTT, slices.Max(app))
+				}
+				p = append(p, e.RTT)
+			}
+			// TCP samples cannot be paired with requests (the TSval is not visible to the
+			// application), so compare medians.
+			if d := median(app) - median(p); d < -clockSlack || d > maxAppOverhead {
+				t.Errorf("median app %v - median pping %v = %v, want in [%v, %v]", median(app), median(p), d, -clockSlack, maxAppOverhead)
+			}
+			t.Logf("TCP %s: %d requests, %d samples, median RTT app %v, pping %v", srv, len(app), len(p), median(app), median(p))
+		})
+	}
+}
+
+// TestNetnsLocalFilter: the server pings the client. By default the client's monitor does
+// not time the client's own answers (ePPing's local filter); with -l it does, matching on
+// egress.
+func TestNetnsLocalFilter(t *testing.T) {
+	l := newTestLab(t)
+	for _, tc := range []struct {
+		local bool
+		want  string
+	}{{false, "TsLocal"}, {true, "MatchRtt"}} {
+		t.Run(fmt.Sprintf("include-local=%v", tc.local), func(t *testing.T) {
+			m, col := monitorOn(t, l.client, func(c *Config) { c.IncludeLocal = tc.local })
+			before, err := m.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := l.server.Run("busybox", "ping", "-c", "3", "-i", "0.1", l.client.IPv4.String()); err != nil {
+				t.Fatal(err)
+			}
+			after, err := m.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			local := after[HookIngress].TsLocal - before[HookIngress].TsLocal
+			egressMatch := after[HookEgress].MatchRtt - before[HookEgress].MatchRtt
+			if tc.local {
+				waitFor(t, "egress-matched samples", func() bool {
+					return len(col.rtts(func(e *RTTEvent) bool { return e.MatchOnEgress })) == 3
+				})
+				if local != 0 || egressMatch != 3 {
+					t.Errorf("ts_local %d, egress match_rtt %d; want 0 and 3", local, egressMatch)
+				}
+			} else if local != 3 || egressMatch != 0 {
+				t.Errorf("ts_local %d, egress match_rtt %d; want 3 and 0", local, egressMatch)
+			}
+		})
+	}
+}
+
+func TestNetnsAggregate(t *testing.T) {
+	l := newTestLab(t)
+	m, col := monitorOn(t, l.client, func(c *Config) { c.Aggregate = time.Hour })
+	if _, err := l.client.Run("busybox", "ping", "-c", "5", "-i", "0.1", l.server.IPv4.String()); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := m.CollectAggregate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := netip.PrefixFrom(l.server.IPv4, 24).Masked()
+	if len(rep.Subnets) != 1 || rep.Subnets[0].Prefix != want || rep.Subnets[0].Count != 5 {
+		t.Fatalf("report %+v, want 5 samples for %s", rep.Subnets, want)
+	}
+	s := rep.Subnets[0]
+	if p50 := s.Quantile(0.5); p50 < time.Duration(s.Min) || p50 > time.Duration(s.Max) {
+		t.Errorf("median %v outside [%v, %v]", p50, time.Duration(s.Min), time.Duration(s.Max))
+	}
+	if n := len(col.rtts(func(*RTTEvent) bool { return true })); n != 0 {
+		t.Errorf("%d per-sample events in aggregation mode", n)
+	}
+	t.Logf("aggregate %s: %d samples, min %v p50 %v max %v", s.Prefix, s.Count, time.Duration(s.Min), s.Quantile(0.5), time.Duration(s.Max))
+}
