@@ -1,0 +1,276 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/pping"
+)
+
+func init() { register(newPpingCmd) }
+
+// ppingFlags are the command line of kedge pping (ePPing's options, kedge's additions).
+type ppingFlags struct {
+	iface, netnsName, format, rttType, write, metricsAddr, tcMode string
+	rateLimitMS, rttRate, cleanupS                             float64
+	aggregateS, prefixV4, prefixV6, maxFlows                   int
+	includeLocal, includeSYN, aggReverse, tcp, icmp, dns       bool
+	debug, counters                                            bool
+	services                                                   []string
+	duration                                                   time.Duration
+}
+
+func newPpingCmd() *cobra.Command {
+	var f ppingFlags
+	cmd := &cobra.Command{
+		Use:   "pping -i IFACE",
+		Short: "Passive RTT monitor: TCP timestamps, ICMP echo, DNS and UDP request ids, measured in the kernel",
+		Long: `kedge pping measures round-trip times of the traffic that crosses an interface, without
+sending anything: TC programs on the interface's egress and ingress timestamp an identifier
+when a packet leaves and match its echo when the reply comes back (ePPing's method):
+
+  TCP     TSval -> TSecr              ICMP/ICMPv6  echo request -> reply (id, sequence)
+  DNS     query -> response (id)      UDP          request -> response of a --udp-service
+
+Each flow direction is sampled at most once per --rate-limit (or per --rtt-rate x its RTT).
+Output is one line per RTT sample and per flow opening/closing (formats standard, json,
+jsonl, ppviz), or with -a a per-subnet summary every interval from histograms kept in the
+kernel. Without --netns the interface is looked up in the current network namespace.
+
+Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage.`,
+		Example: `  # RTTs of everything on eth0 of a lab host, for 10 seconds
+  sudo kedge pping -i eth0 --netns kedge-lab-demo-client --duration 10s
+
+  # JSON lines to a file (reopened on SIGHUP), every identifier (no rate limit)
+  sudo kedge pping -i eth0 --netns kedge-lab-demo-client -f jsonl -r 0 -w /tmp/rtt.jsonl
+
+  # per-/24 and per-/48 histograms every 5 s, plus Prometheus metrics
+  sudo kedge pping -i eth0 --netns kedge-lab-demo-router -a 5 --metrics-addr :9464
+
+  # a UDP service whose 4-byte request id starts the payload (as kedge hedge describes it)
+  sudo kedge pping -i eth0 --netns kedge-lab-demo-client --udp-service 9999:0:4`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, format, err := f.config()
+			if err != nil {
+				return err
+			}
+			return runPping(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f, cfg, format)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&f.iface, "interface", "i", "", "interface to monitor (required)")
+	fl.StringVar(&f.netnsName, "netns", "", "named network namespace the interface is in (as in 'ip netns list')")
+	fl.Float64VarP(&f.rateLimitMS, "rate-limit", "r", 100, "minimum `ms` between two samples of a flow direction (0: every identifier)")
+	fl.Float64VarP(&f.rttRate, "rtt-rate", "R", 0, "sample at most once per this many RTTs of the flow (overrides -r once an RTT is known)")
+	fl.StringVarP(&f.rttType, "rtt-type", "t", "min", "RTT that -R refers to: min or smoothed")
+	fl.StringVarP(&f.format, "format", "f", "standard", "output format: standard, json, jsonl or ppviz")
+	fl.BoolVarP(&f.includeLocal, "include-local", "l", false, "also measure flows to this host seen at ingress (host-side delays)")
+	fl.BoolVarP(&f.includeSYN, "include-syn", "s", false, "start TCP flows at the SYN (may fill the flow table with half-open connections)")
+	fl.BoolVarP(&f.tcp, "tcp", "T", false, "track TCP (timestamps option)")
+	fl.BoolVarP(&f.icmp, "icmp", "C", false, "track ICMP and ICMPv6 echo")
+	fl.BoolVar(&f.dns, "dns", false, "track DNS over UDP port 53 (no -T/-C/--dns: all three)")
+	fl.StringArrayVar(&f.services, "udp-service", nil, "track a UDP service: `PORT:OFFSET:LEN[:le|be]` of its request id (repeatable)")
+	fl.IntVarP(&f.aggregateS, "aggregate", "a", 0, "report per-subnet RTT histograms every `SECONDS` instead of every sample")
+	fl.IntVar(&f.prefixV4, "aggregate-subnets-v4", 24, "IPv4 prefix length of aggregation subnets (0-32)")
+	fl.IntVar(&f.prefixV6, "aggregate-subnets-v6", 48, "IPv6 prefix length of aggregation subnets (0-64)")
+	fl.BoolVar(&f.aggReverse, "aggregate-reverse", false, "aggregate by the reply's destination instead of its source")
+	fl.Float64VarP(&f.cleanupS, "cleanup-interval", "c", 1, "`seconds` between garbage-collection runs (0: never)")
+	fl.StringVarP(&f.write, "write", "w", "", "write to `FILE` (appended; reopened on SIGHUP) instead of stdout")
+	fl.DurationVar(&f.duration, "duration", 0, "stop after this long (0: at SIGINT/SIGTERM)")
+	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on `ADDR` (host:port) at /metrics")
+	fl.IntVar(&f.maxFlows, "max-flows", pping.DefaultMaxFlows, "flow table size (the timestamp table holds twice as many)")
+	fl.StringVar(&f.tcMode, "tc-mode", "auto", "TC attachment: auto (TCX, else clsact), tcx or clsact")
+	fl.BoolVar(&f.debug, "debug", false, "bpf_printk traces (read /sys/kernel/tracing/trace_pipe)")
+	fl.BoolVar(&f.counters, "counters", false, "print the per-hook packet counters to stderr on exit")
+	return cmd
+}
+
+// config turns the flags into a monitor configuration and an output format.
+func (f ppingFlags) config() (pping.Config, pping.Format, error) {
+	cfg := pping.DefaultConfig()
+	if f.iface == "" {
+		return cfg, 0, usagef("kedge pping needs an interface: -i IFACE (see 'kedge pping --help')")
+	}
+	format, err := pping.ParseFormat(f.format)
+	if err != nil {
+		return cfg, 0, usagef("%v", err)
+	}
+	switch f.rttType {
+	case "min":
+	case "smoothed":
+		cfg.UseSRTT = true
+	default:
+		return cfg, 0, usagef("--rtt-type must be min or smoothed, not %q", f.rttType)
+	}
+	if f.tcp || f.icmp || f.dns {
+		cfg.TCP, cfg.ICMP, cfg.DNS = f.tcp, f.icmp, f.dns
+	}
+	for _, s := range f.services {
+		svc, err := pping.ParseService(s)
+		if err != nil {
+			return cfg, 0, usagef("--udp-service: %v", err)
+		}
+		cfg.Services = append(cfg.Services, svc)
+	}
+	if f.rateLimitMS < 0 || f.cleanupS < 0 || f.aggregateS < 0 {
+		return cfg, 0, usagef("--rate-limit, --cleanup-interval and --aggregate must not be negative")
+	}
+	cfg.RateLimit = time.Duration(f.rateLimitMS * float64(time.Millisecond))
+	cfg.RTTRate = f.rttRate
+	cfg.IncludeLocal, cfg.IncludeSYN = f.includeLocal, f.includeSYN
+	cfg.Aggregate = time.Duration(f.aggregateS) * time.Second
+	cfg.AggPrefixV4, cfg.AggPrefixV6, cfg.AggByDst = f.prefixV4, f.prefixV6, f.aggReverse
+	cfg.CleanupInterval = time.Duration(f.cleanupS * float64(time.Second))
+	cfg.MaxFlows = f.maxFlows
+	cfg.Debug = f.debug
+	if f.duration < 0 {
+		return cfg, 0, usagef("--duration must not be negative")
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, 0, usagef("%v", err)
+	}
+	return cfg, format, nil
+}
+
+func parseTCMode(s string) (bpfx.TCMode, error) {
+	for _, m := range []bpfx.TCMode{bpfx.TCAuto, bpfx.TCX, bpfx.TCClsact} {
+		if m.String() == s {
+			return m, nil
+		}
+	}
+	return 0, usagef("--tc-mode must be auto, tcx or clsact, not %q", s)
+}
+
+// resolveIface finds the namespace and interface index to attach to.
+func resolveIface(nsName, iface string) (netns.NsHandle, int, error) {
+	ns := netns.None()
+	h, err := netlink.NewHandle()
+	if nsName != "" {
+		if ns, err = netns.GetFromName(nsName); err != nil {
+			return ns, 0, usagef("open network namespace %q: %v (list them with 'ip netns list' or 'kedge lab list')", nsName, err)
+		}
+		h, err = netlink.NewHandleAt(ns)
+	}
+	if err != nil {
+		ns.Close()
+		return ns, 0, fmt.Errorf("open netlink: %w", err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName(iface)
+	if err != nil {
+		ns.Close()
+		where := "the current network namespace"
+		if nsName != "" {
+			where = "network namespace " + nsName
+		}
+		return ns, 0, usagef("find interface %q in %s: %v", iface, where, err)
+	}
+	return ns, link.Attrs().Index, nil
+}
+
+func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg pping.Config, format pping.Format) error {
+	mode, err := parseTCMode(f.tcMode)
+	if err != nil {
+		return err
+	}
+	var out *pping.Writer
+	if f.write != "" {
+		if out, err = pping.NewFileWriter(f.write, format); err != nil {
+			return err
+		}
+	} else {
+		out = pping.NewWriter(stdout, format)
+	}
+	defer out.Close()
+
+	ns, ifindex, err := resolveIface(f.netnsName, f.iface)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	m, err := pping.Load(cfg)
+	if err != nil {
+		return rootHint(err)
+	}
+	defer m.Close()
+	if err := m.Attach(ns, ifindex, mode); err != nil {
+		return rootHint(err)
+	}
+	slog.Debug("pping attached", "interface", f.iface, "netns", f.netnsName, "mode", m.AttachMode())
+
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if f.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, f.duration)
+		defer cancel()
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				if err := out.Reopen(); err != nil {
+					slog.Error("pping: reopen output", "err", err)
+				}
+			}
+		}
+	}()
+
+	var sink pping.Sink = out
+	if f.metricsAddr != "" {
+		mt := pping.NewMetrics(m, out)
+		addr, err := mt.Serve(ctx, f.metricsAddr)
+		if err != nil {
+			return err
+		}
+		slog.Info("pping metrics", "url", fmt.Sprintf("http://%s/metrics", addr))
+		sink = mt
+	}
+	runErr := m.Run(ctx, sink)
+	if f.counters {
+		if err := writeCounters(stderr, m); err != nil {
+			runErr = errors.Join(runErr, err)
+		}
+	}
+	return runErr
+}
+
+// writeCounters prints the non-zero counters of each hook.
+func writeCounters(w io.Writer, m *pping.Monitor) error {
+	all, err := m.Counters()
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOOK\tCOUNTER\tVALUE")
+	for _, h := range pping.Hooks {
+		for _, c := range pping.CounterFields(&all[h]) {
+			if c.Value != 0 {
+				fmt.Fprintf(tw, "%s\t%s\t%d\n", h, c.Name, c.Value)
+			}
+		}
+	}
+	return tw.Flush()
+}
