@@ -108,7 +108,9 @@ struct {
 	__type(value, struct hedge_tick);
 } ticker SEC(".maps");
 
-#define COUNT(st, field) do { if (st) (st)->field++; } while (0)
+/* Evaluates st once: a second lookup would be unchecked (older verifiers do not know an
+ * array lookup with a constant in-range key is non-NULL). */
+#define COUNT(st, field) do { typeof(st) __c = (st); if (__c) __c->field++; } while (0)
 
 static __always_inline struct hedge_stats *stats_for(__u32 svc)
 {
@@ -120,6 +122,8 @@ static __always_inline void hist_add(void *map, __u32 idx, __u64 us)
 	struct khist *h = bpf_map_lookup_elem(map, &idx);
 	__u32 b = hist_bucket(us);
 
+	/* hist_bucket() clamps, so clang would drop this check; older verifiers (6.1) need it. */
+	barrier_var(b);
 	if (h && b < HIST_BUCKETS)
 		__sync_fetch_and_add(&h->b[b], 1);
 }

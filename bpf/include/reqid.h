@@ -32,15 +32,19 @@ static __always_inline int reqid_load(struct __sk_buff *skb, const struct pkt *p
 				      const struct reqid_spec *spec, __u64 *id)
 {
 	__u8 buf[REQID_MAX_LEN] = {};
-	__u32 len = spec->len;
+	__u32 len = spec->len, n;
 	__u64 v = 0;
 
 	if (len == 0 || len > REQID_MAX_LEN)
 		return -1;
 	if ((__u32)spec->offset + len > p->payload_len)
 		return -1;
-	/* The verifier needs a constant-bounded length: read 1..8 bytes via a mask. */
-	if (bpf_skb_load_bytes(skb, p->payload_off + spec->offset, buf, len & 0xf) < 0)
+	/* The length must be provably 1..8 to every verifier (5.10 and 6.1 lose the range of
+	 * the checks above): compute it as (len - 1) & 7, plus one, behind a barrier. */
+	n = len - 1;
+	barrier_var(n);
+	n &= REQID_MAX_LEN - 1;
+	if (bpf_skb_load_bytes(skb, p->payload_off + spec->offset, buf, n + 1) < 0)
 		return -1;
 #pragma unroll
 	for (int i = 0; i < REQID_MAX_LEN; i++) {

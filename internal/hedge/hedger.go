@@ -15,8 +15,10 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/probe"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Options are the run-time choices that are not part of the config file.
@@ -69,6 +71,9 @@ func backendOrder(want string) []string {
 // Start builds the delay line, loads and attaches the hedger. On error nothing remains.
 func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkKernel(); err != nil {
 		return nil, err
 	}
 	h := &Hedger{Config: cfg, log: opts.Log}
@@ -132,6 +137,26 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 	h.log.Info("hedger started", "interface", cfg.Interface, "backend", h.Backend,
 		"period", h.dl.Period, "services", len(cfg.Services))
 	return h, nil
+}
+
+// MinKernel is the oldest kernel the hedger runs on: BPF atomics with fetch (5.12),
+// bpf_for_each_map_elem (5.13), bpf_timer (5.15) and bpf_loop (5.17).
+const MinKernelMajor, MinKernelMinor = 5, 17
+
+// ErrKernelTooOld is returned by Start on kernels older than MinKernel.
+var ErrKernelTooOld = errors.New("kernel too old for the hedger")
+
+func checkKernel() error {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return fmt.Errorf("uname: %w", err)
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	if ok, parsed := probe.KernelAtLeast(rel, MinKernelMajor, MinKernelMinor); parsed && !ok {
+		return fmt.Errorf("%w: kernel %s, need %d.%d+ (BPF atomics, bpf_timer, bpf_loop); see 'kedge probe'",
+			ErrKernelTooOld, rel, MinKernelMajor, MinKernelMinor)
+	}
+	return nil
 }
 
 func ifindexIn(ns netns.NsHandle, name string) (int, error) {

@@ -20,6 +20,9 @@ func requireRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates namespaces and loads BPF programs")
 	}
+	if err := checkKernel(); err != nil {
+		t.Skipf("hedger: %v", err)
+	}
 }
 
 // stallServer answers requests (4-byte big-endian id first) by echoing them, after

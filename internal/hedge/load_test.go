@@ -1,7 +1,6 @@
 package hedge
 
 import (
-	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -9,9 +8,7 @@ import (
 )
 
 func TestLoadVerifies(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to load BPF programs")
-	}
+	requireRoot(t)
 	spec, err := loadHedge()
 	if err != nil {
 		t.Fatal(err)
