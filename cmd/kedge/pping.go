@@ -126,8 +126,13 @@ func (f ppingFlags) config() (pping.Config, pping.Format, error) {
 		}
 		cfg.Services = append(cfg.Services, svc)
 	}
-	if f.rateLimitMS < 0 || f.cleanupS < 0 || f.aggregateS < 0 {
-		return cfg, 0, usagef("--rate-limit, --cleanup-interval and --aggregate must not be negative")
+	for _, v := range []struct {
+		flag  string
+		value float64
+	}{{"--rate-limit", f.rateLimitMS}, {"--cleanup-interval", f.cleanupS}, {"--aggregate", float64(f.aggregateS)}} {
+		if v.value < 0 {
+			return cfg, 0, usagef("%s must not be negative, got %v", v.flag, v.value)
+		}
 	}
 	cfg.RateLimit = time.Duration(f.rateLimitMS * float64(time.Millisecond))
 	cfg.RTTRate = f.rttRate

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -436,4 +438,53 @@ func TestNetnsAggregate(t *testing.T) {
 		t.Errorf("%d per-sample events in aggregation mode", n)
 	}
 	t.Logf("aggregate %s: %d samples, min %v p50 %v max %v", s.Prefix, s.Count, time.Duration(s.Min), s.Quantile(0.5), time.Duration(s.Max))
+}
+
+func TestNetnsMetrics(t *testing.T) {
+	l := newTestLab(t)
+	m, err := Load(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := m.Attach(l.client.Handle, l.client.IfIndex, bpfx.TCAuto); err != nil {
+		t.Fatal(err)
+	}
+	col := &collector{}
+	mt := NewMetrics(m, col)
+	ctx, cancel := context.WithCancel(context.Background())
+	addr, err := mt.Serve(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx, mt) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	if _, err := l.client.Run("busybox", "ping", "-c", "3", "-i", "0.15", l.server.IPv4.String()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "3 samples", func() bool { return len(col.rtts(func(*RTTEvent) bool { return true })) >= 3 })
+	resp, err := http.Get(fmt.Sprintf("http://%s/metrics", addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`kedge_pping_rtt_seconds_count{id_type="icmp_echo",protocol="ICMP"} 3`,
+		`kedge_pping_counter_total{counter="match_rtt",hook="ingress"} 3`,
+		`kedge_pping_counter_total{counter="ts_stored",hook="egress"} 3`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
 }

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/lab"
+)
+
+// TestPpingUsageErrorsGolden pins the text and exit code of bad `kedge pping` invocations;
+// none of them loads or attaches anything.
+func TestPpingUsageErrorsGolden(t *testing.T) {
+	cases := [][]string{
+		{"pping"},
+		{"pping", "extra", "-i", "eth0"},
+		{"pping", "-i", "eth0", "-f", "yaml"},
+		{"pping", "-i", "eth0", "-t", "avg"},
+		{"pping", "-i", "eth0", "-r", "-1"},
+		{"pping", "-i", "eth0", "-R", "20000"},
+		{"pping", "-i", "eth0", "--udp-service", "9999:0"},
+		{"pping", "-i", "eth0", "--udp-service", "9999:0:12"},
+		{"pping", "-i", "eth0", "-a", "5", "--aggregate-subnets-v6", "80"},
+		{"pping", "-i", "eth0", "--duration", "-1s"},
+		{"pping", "-i", "eth0", "--tc-mode", "xdp"},
+		{"pping", "-i", "eth0", "--netns", "kedge-test-no-such-namespace"},
+		{"pping", "-i", "kedge-no-such-if0"},
+	}
+	var b strings.Builder
+	for _, args := range cases {
+		code, _, stderr := runCLI(t, "", args...)
+		if code != exitUsage {
+			t.Errorf("kedge %s: exit %d, want %d", strings.Join(args, " "), code, exitUsage)
+		}
+		fmt.Fprintf(&b, "$ kedge %s\nexit %d\n%s\n", strings.Join(args, " "), code, stderr)
+	}
+	checkGolden(t, "pping-usage-errors.golden", b.String())
+}
+
+func TestPpingHelpHasExamples(t *testing.T) {
+	cmd := newPpingCmd()
+	if cmd.Example == "" || !strings.Contains(cmd.Long, "Exit codes") {
+		t.Errorf("kedge pping --help lacks examples or exit codes")
+	}
+}
+
+// readLines returns the JSON objects in a jsonl file (missing file: none).
+func readLines(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []map[string]any
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("%s: not JSON lines: %q: %v", path, sc.Text(), err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func hasICMP(objs []map[string]any) bool {
+	for _, o := range objs {
+		if o["protocol"] == "ICMP" && o["rtt"] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// TestPpingCLI runs kedge pping in a lab host while that host pings its peer: JSON lines in
+// a file, the file reopened on SIGHUP (logrotate's way), counters on exit, and the
+// aggregated output.
+func TestPpingCLI(t *testing.T) {
+	requireRoot(t)
+	l, err := lab.Up(lab.Spec{Name: "ppcli", Fabric: lab.Bridge, Hosts: []string{"client", "server"}})
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+	client, server := l.Host("client"), l.Host("server")
+	ping := func() {
+		if _, err := client.Run("busybox", "ping", "-c", "1", "-W", "1", server.IPv4.String()); err != nil {
+			t.Errorf("ping: %v", err)
+		}
+	}
+	// pingUntil pings until cond holds; the deadline bounds it.
+	pingUntil := func(what string, cond func() bool) {
+		deadline := time.Now().Add(5 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			ping()
+		}
+	}
+
+	t.Run("jsonl to a file, reopened on SIGHUP", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "rtt.jsonl")
+		type result struct {
+			code           int
+			stdout, stderr string
+		}
+		done := make(chan result, 1)
+		go func() {
+			code, stdout, stderr := runCLI(t, "", "pping", "-i", "eth0", "--netns", client.Name, "-f", "jsonl",
+				"-r", "0", "-w", path, "--duration", "6s", "--counters")
+			done <- result{code, stdout, stderr}
+		}()
+		pingUntil("a sample in "+path, func() bool { return hasICMP(readLines(t, path)) })
+		if err := os.Rename(path, path+".1"); err != nil {
+			t.Fatal(err)
+		}
+		// The command handles SIGHUP from the moment it writes samples.
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		pingUntil("a sample in the reopened "+path, func() bool { return hasICMP(readLines(t, path)) })
+		r := <-done
+		if r.code != exitOK {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		if !strings.Contains(r.stderr, "match_rtt") || !strings.Contains(r.stderr, "HOOK") {
+			t.Errorf("--counters printed no counter table:\n%s", r.stderr)
+		}
+		if !hasICMP(readLines(t, path+".1")) {
+			t.Errorf("rotated file has no sample")
+		}
+	})
+
+	t.Run("aggregate", func(t *testing.T) {
+		done := make(chan string, 1)
+		go func() {
+			code, stdout, stderr := runCLI(t, "", "pping", "-i", "eth0", "--netns", client.Name, "-a", "1", "--duration", "2500ms")
+			if code != exitOK {
+				t.Errorf("exit %d: %s", code, stderr)
+			}
+			done <- stdout
+		}()
+		var out string
+		for out == "" {
+			select {
+			case out = <-done:
+			default:
+				ping()
+			}
+		}
+		want := fmt.Sprintf(": %s -> rtt-count=", "198.18.0.0/24")
+		if !strings.Contains(out, want) {
+			t.Errorf("aggregated output has no %q line:\n%s", want, out)
+		}
+	})
+}
