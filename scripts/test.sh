@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The test suite behind `make test`: Go unit tests, BPF_PROG_TEST_RUN fixtures, netns
 # integration tests with real processes, a short fuzz run of the parser, and the kernel
-# matrix on one guest kernel that has netem and fq.
+# matrix on one guest kernel that has netem and fq (Debian's 6.12 under qemu), where the
+# hedger's edt and netem delay lines run the scenario the host runs with the conveyor.
+# `make test-kernels` runs the whole matrix (5.10, 6.1, 6.12).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CGO_ENABLED=0
 go test -count=1 -timeout 20m ./...
 go test -count=1 -run '^$' -fuzz FuzzParse -fuzztime 20s -fuzzminimizetime 5s ./internal/parsetest
+go run ./tools/vmtest -kernels 6.12 -timeout 600s -pkgs ./internal/hedge,./internal/parsetest
