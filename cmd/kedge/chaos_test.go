@@ -12,14 +12,11 @@ import (
 	"github.com/kedge-dev/kedge/internal/chaos"
 )
 
-// runChaos runs `kedge args...` on a fresh command tree and returns the exit code and stdout.
+// runChaos runs `kedge args...` in-process (runCLI) and returns the exit code and stdout.
 func runChaos(t *testing.T, args ...string) (int, string) {
 	t.Helper()
-	root := newRootCmd()
-	root.AddCommand(newChaosCmd())
-	var out strings.Builder
-	root.SetOut(&out)
-	return run(root, args), out.String()
+	code, out, _ := runCLI(t, "", args...)
+	return code, out
 }
 
 func TestChaosUsageErrors(t *testing.T) {
