@@ -17,7 +17,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Exit codes, documented in docs/cli.md.
+// Exit codes, documented in README.md and in `kedge --help`.
 const (
 	exitOK          = 0
 	exitError       = 1
