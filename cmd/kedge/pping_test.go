@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -53,20 +52,20 @@ func TestPpingHelpHasExamples(t *testing.T) {
 // readLines returns the JSON objects in a jsonl file (missing file: none).
 func readLines(t *testing.T, path string) []map[string]any {
 	t.Helper()
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if os.IsNotExist(err) {
 		return nil
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	// The monitor may be writing while we read: only newline-terminated lines are complete.
+	lines := strings.Split(string(b), "\n")
 	var out []map[string]any
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
+	for _, line := range lines[:len(lines)-1] {
 		var m map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			t.Fatalf("%s: not JSON lines: %q: %v", path, sc.Text(), err)
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("%s: not JSON lines: %q: %v", path, line, err)
 		}
 		out = append(out, m)
 	}
