@@ -25,6 +25,7 @@ const testTimeout = 3 * time.Second
 func testBase(k int) uint32 { return uint32(k)*10000 + 88 }
 
 func TestRunClient(t *testing.T) {
+	skipInEmulatedGuest(t)
 	srv := startServer(t, testFaults, 2)
 	addrs := srv.Addrs()
 	target, alt := addrs[0].String(), addrs[1].String()

@@ -15,6 +15,7 @@ import (
 // sockets in the network namespace of the calling goroutine's thread, and everything they
 // start later keeps working there, whatever thread it runs on.
 func TestInNetworkNamespace(t *testing.T) {
+	skipInEmulatedGuest(t)
 	if os.Geteuid() != 0 {
 		t.Skip("creating a network namespace needs root")
 	}

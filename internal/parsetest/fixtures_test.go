@@ -301,8 +301,15 @@ func TestShortFramesRejected(t *testing.T) {
 			t.Errorf("reference on %d bytes returned %s, want ETH", n, retName(ref.Ret))
 		}
 		for _, e := range h.entries {
-			if _, err := h.run(e, frame[:n]); !errors.Is(err, errNotRunnable) {
-				t.Errorf("parse_%s on a %d-byte packet: %v, want the kernel to refuse it", e.name, n, err)
+			// Recent kernels refuse test runs shorter than an Ethernet header; older ones
+			// (5.10 for XDP) run them, and then the parser must say ETH.
+			got, err := h.run(e, frame[:n])
+			switch {
+			case errors.Is(err, errNotRunnable):
+			case err != nil:
+				t.Errorf("parse_%s on a %d-byte packet: %v", e.name, n, err)
+			case got.Ret != errETH:
+				t.Errorf("parse_%s on a %d-byte packet returned %s, want ETH", e.name, n, retName(got.Ret))
 			}
 		}
 	}
