@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/pping"
+	"github.com/kedge-dev/kedge/internal/ppingbench"
 )
 
 func init() { register(newPpingCmd) }
@@ -25,12 +27,12 @@ func init() { register(newPpingCmd) }
 // ppingFlags are the command line of kedge pping (ePPing's options, kedge's additions).
 type ppingFlags struct {
 	iface, netnsName, format, rttType, write, metricsAddr, tcMode string
-	rateLimitMS, rttRate, cleanupS                             float64
-	aggregateS, prefixV4, prefixV6, maxFlows                   int
-	includeLocal, includeSYN, aggReverse, tcp, icmp, dns       bool
-	debug, counters                                            bool
-	services                                                   []string
-	duration                                                   time.Duration
+	rateLimitMS, rttRate, cleanupS                                float64
+	aggregateS, prefixV4, prefixV6, maxFlows                      int
+	includeLocal, includeSYN, aggReverse, tcp, icmp, dns          bool
+	debug, counters                                               bool
+	services                                                      []string
+	duration                                                      time.Duration
 }
 
 func newPpingCmd() *cobra.Command {
@@ -278,4 +280,54 @@ func writeCounters(w io.Writer, m *pping.Monitor) error {
 		}
 	}
 	return tw.Flush()
+}
+
+func init() { benchSubcmds = append(benchSubcmds, newBenchPpingCmd) }
+
+func newBenchPpingCmd() *cobra.Command {
+	o := ppingbench.DefaultOptions()
+	var out string
+	cmd := &cobra.Command{
+		Use:   "pping",
+		Short: "Cost of kedge pping on a forwarding path: BPF ns per packet, forwarding rate on vs off, samples/s",
+		Long: `Runs bulk TCP (iperf3) from a sender through a router namespace to a receiver, alternating runs
+without and with kedge pping on the router's sender-side interface (ingress sees the data,
+egress the ACKs). For monitored runs, BPF run-time statistics are switched on through the
+BPF_ENABLE_STATS command for the run only (never the global sysctl), giving run_time_ns /
+run_cnt per hook. With offloads off (the default) every packet is MTU-sized.`,
+		Example: `  # two off/on pairs of 5 s runs, results in results/pping/result.json
+  sudo kedge bench pping
+
+  # every identifier sampled (no rate limit), longer runs
+  sudo kedge bench pping --rate-limit 0 --duration 10s --pairs 3`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if os.Geteuid() != 0 {
+				return exitCodeError{exitUnsupported, fmt.Errorf("kedge bench pping needs root (it creates network namespaces and loads BPF programs)")}
+			}
+			if o.Duration <= 0 || o.Pairs <= 0 || o.Streams <= 0 || o.RateLimit < 0 {
+				return usagef("--duration, --pairs and --streams must be positive, --rate-limit not negative")
+			}
+			o.OutDir = out
+			res, err := ppingbench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "kernel %s, commit %s, attach %s, load %v\n", res.Kernel, shortCommit(res.Commit), res.AttachMode, res.LoadAvg)
+			res.WriteTable(w)
+			if out != "" {
+				fmt.Fprintf(w, "result: %s\n", filepath.Join(out, "result.json"))
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVar(&o.Duration, "duration", o.Duration, "length of each run")
+	f.IntVar(&o.Pairs, "pairs", o.Pairs, "off/on run pairs")
+	f.DurationVar(&o.RateLimit, "rate-limit", o.RateLimit, "the monitor's per-flow sampling interval (0: every identifier)")
+	f.BoolVar(&o.Offloads, "offloads", o.Offloads, "keep TSO/GSO/GRO on (per-packet figures then count super-packets)")
+	f.IntVar(&o.Streams, "streams", o.Streams, "parallel TCP streams")
+	f.StringVar(&out, "out", filepath.Join("results", "pping"), "directory for result.json (empty: none)")
+	return cmd
 }

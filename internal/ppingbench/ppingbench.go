@@ -1,0 +1,444 @@
+// Package ppingbench measures what kedge pping costs on a forwarding path: bulk TCP
+// (iperf3) from a sender through a router namespace to a receiver, with the monitor on the
+// router's sender-facing interface (a middlebox vantage point, as in ePPing's evaluation)
+// or without it, alternating. Per run it records the forwarding rate, the per-packet BPF
+// run time of each hook (run-time statistics switched on with the BPF_ENABLE_STATS command
+// for the run only), and the RTT samples produced.
+package ppingbench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/pping"
+)
+
+// Schema names the layout of Result.
+const Schema = "kedge.bench.pping/v1"
+
+// Options of a benchmark.
+type Options struct {
+	Duration  time.Duration // per run
+	Pairs     int           // off/on run pairs, alternating
+	RateLimit time.Duration // the monitor's sampling rate limit (-r)
+	// Offloads keeps TSO/GSO/GRO on the veths. Off (the default), every packet is
+	// MTU-sized, so "per packet" means what it means on a router.
+	Offloads bool
+	Streams  int    // parallel iperf3 streams
+	OutDir   string // result.json goes here ("" : not written)
+}
+
+// DefaultOptions are 5 s runs, 2 pairs, ePPing's 100 ms rate limit, offloads off.
+func DefaultOptions() Options {
+	return Options{Duration: 5 * time.Second, Pairs: 2, RateLimit: 100 * time.Millisecond, Streams: 1}
+}
+
+// HookCost is one hook's BPF run time over a run.
+type HookCost struct {
+	Runs        uint64  `json:"runs"`
+	RunTimeNs   uint64  `json:"run_time_ns"`
+	NsPerPacket float64 `json:"ns_per_packet"`
+}
+
+// RunResult is one measured run.
+type RunResult struct {
+	Monitor       bool      `json:"monitor"`
+	Seconds       float64   `json:"seconds"`
+	Packets       uint64    `json:"packets"` // forwarded by the router, both directions
+	PPS           float64   `json:"pps"`
+	Gbps          float64   `json:"gbps"` // iperf3, at the receiver
+	Ingress       *HookCost `json:"ingress,omitempty"`
+	Egress        *HookCost `json:"egress,omitempty"`
+	Samples       uint64    `json:"samples,omitempty"` // RTT events delivered to user space
+	SamplesPerSec float64   `json:"samples_per_sec,omitempty"`
+	EventsDropped uint64    `json:"events_dropped,omitempty"`
+}
+
+// Result is a whole benchmark.
+type Result struct {
+	Schema     string         `json:"schema"`
+	Timestamp  time.Time      `json:"timestamp"`
+	Machine    bench.Machine  `json:"machine"`
+	Kernel     string         `json:"kernel"`
+	Commit     string         `json:"commit"`
+	LoadAvg    []float64      `json:"load_avg,omitempty"`
+	Parameters map[string]any `json:"parameters"`
+	AttachMode string         `json:"attach_mode"`
+	Runs       []RunResult    `json:"runs"`
+}
+
+// Summary averages the runs of each kind.
+type Summary struct {
+	PPSOff, PPSOn                 float64
+	GbpsOff, GbpsOn               float64
+	IngressNs, EgressNs           float64 // per packet, run-time weighted
+	SamplesPerSec                 float64
+	ForwardingLossPct             float64 // (off - on) / off
+	IngressPackets, EgressPackets uint64
+}
+
+// Summarize averages r's runs.
+func (r *Result) Summarize() Summary {
+	var s Summary
+	var nOff, nOn float64
+	var inNs, inRuns, egNs, egRuns uint64
+	for _, run := range r.Runs {
+		if !run.Monitor {
+			s.PPSOff += run.PPS
+			s.GbpsOff += run.Gbps
+			nOff++
+			continue
+		}
+		s.PPSOn += run.PPS
+		s.GbpsOn += run.Gbps
+		s.SamplesPerSec += run.SamplesPerSec
+		nOn++
+		if run.Ingress != nil {
+			inNs, inRuns = inNs+run.Ingress.RunTimeNs, inRuns+run.Ingress.Runs
+		}
+		if run.Egress != nil {
+			egNs, egRuns = egNs+run.Egress.RunTimeNs, egRuns+run.Egress.Runs
+		}
+	}
+	if nOff > 0 {
+		s.PPSOff, s.GbpsOff = s.PPSOff/nOff, s.GbpsOff/nOff
+	}
+	if nOn > 0 {
+		s.PPSOn, s.GbpsOn, s.SamplesPerSec = s.PPSOn/nOn, s.GbpsOn/nOn, s.SamplesPerSec/nOn
+	}
+	if inRuns > 0 {
+		s.IngressNs = float64(inNs) / float64(inRuns)
+	}
+	if egRuns > 0 {
+		s.EgressNs = float64(egNs) / float64(egRuns)
+	}
+	if s.PPSOff > 0 {
+		s.ForwardingLossPct = 100 * (s.PPSOff - s.PPSOn) / s.PPSOff
+	}
+	s.IngressPackets, s.EgressPackets = inRuns, egRuns
+	return s
+}
+
+// WriteTable prints the runs and the summary.
+func (r *Result) WriteTable(w io.Writer) {
+	fmt.Fprintf(w, "%-8s %8s %10s %8s %12s %12s %12s\n", "MONITOR", "SECONDS", "PPS", "GBIT/S", "INGRESS NS", "EGRESS NS", "SAMPLES/S")
+	for _, run := range r.Runs {
+		mon, in, eg, sps := "off", "-", "-", "-"
+		if run.Monitor {
+			mon, sps = "on", strconv.FormatFloat(run.SamplesPerSec, 'f', 1, 64)
+			if run.Ingress != nil {
+				in = strconv.FormatFloat(run.Ingress.NsPerPacket, 'f', 0, 64)
+			}
+			if run.Egress != nil {
+				eg = strconv.FormatFloat(run.Egress.NsPerPacket, 'f', 0, 64)
+			}
+		}
+		fmt.Fprintf(w, "%-8s %8.1f %10.0f %8.2f %12s %12s %12s\n", mon, run.Seconds, run.PPS, run.Gbps, in, eg, sps)
+	}
+	s := r.Summarize()
+	fmt.Fprintf(w, "\nforwarding %.0f pps without the monitor, %.0f pps with it (%.1f %% lower); %.2f vs %.2f Gbit/s\n",
+		s.PPSOff, s.PPSOn, s.ForwardingLossPct, s.GbpsOff, s.GbpsOn)
+	fmt.Fprintf(w, "BPF run time per packet: ingress %.0f ns (%d packets), egress %.0f ns (%d packets); %.1f RTT samples/s\n",
+		s.IngressNs, s.IngressPackets, s.EgressNs, s.EgressPackets, s.SamplesPerSec)
+}
+
+// setup is the prepared lab.
+type setup struct {
+	lab              *lab.Lab
+	sender, receiver *lab.Host
+	fwdLinks         []string // router interfaces whose rx counts the forwarded packets
+}
+
+// Run runs the benchmark.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if o.Duration <= 0 || o.Pairs <= 0 || o.Streams <= 0 {
+		return nil, errors.New("run pping benchmark: duration, pairs and streams must be positive")
+	}
+	l, err := lab.Up(lab.Spec{Name: "ppbench", Fabric: lab.Router, Hosts: []string{"sender", "receiver"}})
+	if err != nil {
+		return nil, fmt.Errorf("create benchmark lab: %w", err)
+	}
+	defer l.Close()
+	s := &setup{lab: l, sender: l.Host("sender"), receiver: l.Host("receiver"), fwdLinks: []string{"v1", "v2"}}
+	if !o.Offloads {
+		if err := s.offloadsOff(); err != nil {
+			return nil, err
+		}
+	}
+	res := &Result{
+		Schema: Schema, Timestamp: time.Now().UTC(), Machine: bench.LocalMachine(), Kernel: bench.KernelRelease(),
+		Commit: bench.Commit(ctx, "."), LoadAvg: bench.LoadAvg(),
+		Parameters: map[string]any{
+			"duration_s": o.Duration.Seconds(), "pairs": o.Pairs, "rate_limit_ms": float64(o.RateLimit) / 1e6,
+			"offloads": o.Offloads, "streams": o.Streams, "traffic": "iperf3 TCP sender -> router -> receiver",
+			"monitor_on": "router interface v1 (sender side): ingress sees data, egress sees ACKs",
+		},
+	}
+	for i := 0; i < 2*o.Pairs; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		run, mode, err := s.run(ctx, o, i%2 == 1)
+		if err != nil {
+			return nil, fmt.Errorf("run %d: %w", i+1, err)
+		}
+		if mode != "" {
+			res.AttachMode = mode
+		}
+		res.Runs = append(res.Runs, run)
+	}
+	if o.OutDir != "" {
+		if err := res.writeFile(filepath.Join(o.OutDir, "result.json")); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (r *Result) writeFile(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("create result dir: %w", err)
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode result: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write result: %w", err)
+	}
+	return nil
+}
+
+// offloadsOff turns TSO/GSO/GRO off on every interface of the lab (all in its namespaces).
+func (s *setup) offloadsOff() error {
+	type dev struct {
+		ns    *lab.Netns
+		iface string
+	}
+	devs := []dev{{s.sender.Netns, s.sender.Iface}, {s.receiver.Netns, s.receiver.Iface}}
+	for _, l := range s.fwdLinks {
+		devs = append(devs, dev{s.lab.Fabric, l})
+	}
+	for _, d := range devs {
+		if _, err := d.ns.Run("ethtool", "-K", d.iface, "tso", "off", "gso", "off", "gro", "off"); err != nil {
+			return fmt.Errorf("turn offloads off on %s in %s: %w", d.iface, d.ns.Name, err)
+		}
+	}
+	return nil
+}
+
+// rxPackets sums the router's received packets on the forwarding interfaces.
+func (s *setup) rxPackets() (uint64, error) {
+	h, err := netlink.NewHandleAt(s.lab.Fabric.Handle)
+	if err != nil {
+		return 0, fmt.Errorf("open netlink in router: %w", err)
+	}
+	defer h.Close()
+	var n uint64
+	for _, name := range s.fwdLinks {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return 0, fmt.Errorf("find router interface %s: %w", name, err)
+		}
+		n += l.Attrs().Statistics.RxPackets
+	}
+	return n, nil
+}
+
+// counter is a Sink counting RTT events (nothing is formatted: the cost measured is the
+// kernel's and the ring buffer's).
+type counter struct{ rtts atomic.Uint64 }
+
+func (c *counter) Event(ev pping.Event) error {
+	if _, ok := ev.(*pping.RTTEvent); ok {
+		c.rtts.Add(1)
+	}
+	return nil
+}
+func (c *counter) Aggregate(*pping.AggReport) error { return nil }
+
+func (s *setup) run(ctx context.Context, o Options, monitor bool) (RunResult, string, error) {
+	run := RunResult{Monitor: monitor}
+	var (
+		mon      *pping.Monitor
+		sink     counter
+		stopMon  = func() error { return nil }
+		stats    io.Closer
+		progs    [2]*ebpf.Program
+		before   [2]*ebpf.ProgramStats
+		attached string
+	)
+	if monitor {
+		cfg := pping.DefaultConfig()
+		cfg.RateLimit = o.RateLimit
+		var err error
+		if mon, err = pping.Load(cfg); err != nil {
+			return run, "", err
+		}
+		defer mon.Close()
+		v1, err := s.routerIfIndex("v1")
+		if err != nil {
+			return run, "", err
+		}
+		if err := mon.Attach(s.lab.Fabric.Handle, v1, bpfx.TCAuto); err != nil {
+			return run, "", err
+		}
+		attached = mon.AttachMode()
+		mctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- mon.Run(mctx, &sink) }()
+		stopMon = func() error { cancel(); return <-done }
+		defer func() { _ = stopMon() }() // stopMon is replaced once it has run
+		// Run-time statistics for this run only; they stop when the fd closes.
+		if stats, err = ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME)); err != nil {
+			return run, "", fmt.Errorf("enable BPF run-time statistics: %w", err)
+		}
+		defer stats.Close()
+		progs[0], progs[1] = mon.Programs()
+		for i, p := range progs {
+			if before[i], err = p.Stats(); err != nil {
+				return run, "", fmt.Errorf("read program statistics: %w", err)
+			}
+		}
+	}
+
+	srv := s.receiver.Command("iperf3", "-s", "-B", s.receiver.IPv4.String())
+	if err := s.receiver.Start(srv); err != nil {
+		return run, "", fmt.Errorf("start iperf3 server: %w", err)
+	}
+	defer srv.Wait()
+	defer srv.Process.Kill()
+	if err := s.waitListening(iperfPort); err != nil {
+		return run, "", err
+	}
+
+	pkts0, err := s.rxPackets()
+	if err != nil {
+		return run, "", err
+	}
+	start := time.Now()
+	out, err := s.iperfClient(o)
+	if err != nil {
+		return run, "", err
+	}
+	run.Seconds = time.Since(start).Seconds()
+	pkts1, err := s.rxPackets()
+	if err != nil {
+		return run, "", err
+	}
+	run.Packets = pkts1 - pkts0
+	run.PPS = float64(run.Packets) / run.Seconds
+	run.Gbps = out / 1e9
+
+	if monitor {
+		for i, p := range progs {
+			after, err := p.Stats()
+			if err != nil {
+				return run, "", fmt.Errorf("read program statistics: %w", err)
+			}
+			cost := hookCost(before[i], after)
+			if i == 0 {
+				run.Ingress = cost
+			} else {
+				run.Egress = cost
+			}
+		}
+		cnt, err := mon.Counters()
+		if err != nil {
+			return run, "", err
+		}
+		if err := stopMon(); err != nil {
+			return run, "", err
+		}
+		stopMon = func() error { return nil }
+		run.Samples = sink.rtts.Load()
+		run.SamplesPerSec = float64(run.Samples) / run.Seconds
+		run.EventsDropped = cnt[pping.HookIngress].EventDropped + cnt[pping.HookEgress].EventDropped
+	}
+	return run, attached, nil
+}
+
+func hookCost(before, after *ebpf.ProgramStats) *HookCost {
+	c := &HookCost{Runs: after.RunCount - before.RunCount, RunTimeNs: uint64(after.Runtime - before.Runtime)}
+	if c.Runs > 0 {
+		c.NsPerPacket = float64(c.RunTimeNs) / float64(c.Runs)
+	}
+	return c
+}
+
+func (s *setup) routerIfIndex(name string) (int, error) {
+	h, err := netlink.NewHandleAt(s.lab.Fabric.Handle)
+	if err != nil {
+		return 0, fmt.Errorf("open netlink in router: %w", err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return 0, fmt.Errorf("find router interface %s: %w", name, err)
+	}
+	return l.Attrs().Index, nil
+}
+
+const iperfPort = 5201
+
+// waitListening polls (from inside the receiver) until the iperf3 server accepts
+// connections. A bare connection that closes at once is an aborted test to iperf3, which
+// keeps serving.
+func (s *setup) waitListening(port int) error {
+	addr := net.JoinHostPort(s.receiver.IPv4.String(), strconv.Itoa(port))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := s.receiver.Do(func() error {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("iperf3 server on %s: %w", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval while the server starts
+	}
+}
+
+// iperfClient runs the bulk transfer and returns the receiver's bits per second.
+func (s *setup) iperfClient(o Options) (float64, error) {
+	secs := strconv.FormatFloat(o.Duration.Seconds(), 'f', 1, 64)
+	out, err := s.sender.Run("iperf3", "-c", s.receiver.IPv4.String(), "-p", strconv.Itoa(iperfPort),
+		"-t", secs, "-P", strconv.Itoa(o.Streams), "-J")
+	var rep struct {
+		Error string `json:"error"`
+		End   struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if jerr := json.Unmarshal([]byte(out), &rep); jerr != nil {
+		return 0, fmt.Errorf("iperf3 client: %w (output not JSON: %v)", err, jerr)
+	}
+	if rep.Error != "" || err != nil {
+		return 0, fmt.Errorf("iperf3 client: %s (%v)", rep.Error, err)
+	}
+	return rep.End.SumReceived.BitsPerSecond, nil
+}

@@ -1,0 +1,64 @@
+package ppingbench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+)
+
+func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
+
+// TestRunShort runs one short off/on pair: the figures exist and are plausible, and the
+// result file round-trips.
+func TestRunShort(t *testing.T) {
+	bpftest.RequireRoot(t)
+	for _, tool := range []string{"iperf3", "ethtool"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	o := DefaultOptions()
+	o.Duration, o.Pairs, o.RateLimit, o.OutDir = time.Second, 1, 0, t.TempDir()
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != 2 || res.Runs[0].Monitor || !res.Runs[1].Monitor {
+		t.Fatalf("runs %+v, want off then on", res.Runs)
+	}
+	on := res.Runs[1]
+	for _, r := range res.Runs {
+		if r.PPS <= 0 || r.Gbps <= 0 {
+			t.Errorf("run %+v forwarded nothing", r)
+		}
+	}
+	if on.Ingress == nil || on.Ingress.Runs == 0 || on.Ingress.NsPerPacket <= 0 || on.Egress == nil || on.Egress.Runs == 0 {
+		t.Errorf("monitored run without BPF statistics: %+v %+v", on.Ingress, on.Egress)
+	}
+	// Every identifier sampled (-r 0): TCP timestamps tick every millisecond.
+	if on.Samples == 0 {
+		t.Errorf("monitored run produced no RTT samples")
+	}
+	var back Result
+	b, err := os.ReadFile(filepath.Join(o.OutDir, "result.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &back); err != nil || back.Schema != Schema || len(back.Runs) != 2 {
+		t.Errorf("result.json: %v, %+v", err, back)
+	}
+	var tab bytes.Buffer
+	res.WriteTable(&tab)
+	if !strings.Contains(tab.String(), "BPF run time per packet: ingress") {
+		t.Errorf("table:\n%s", tab.String())
+	}
+	t.Logf("\n%s", tab.String())
+}
