@@ -138,6 +138,9 @@ var fixtureSeq atomic.Int32
 func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 	tb.Helper()
 	bpftest.RequireRoot(tb)
+	if err := checkKernel(); err != nil {
+		tb.Skipf("hedger: %v", err)
+	}
 	if o.backend == "" {
 		o.backend = BackendConveyor
 	}

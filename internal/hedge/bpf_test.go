@@ -29,6 +29,9 @@ const (
 // TestSkBuffLayout: the context struct handed to BPF_PROG_TEST_RUN has the kernel's size
 // (a shorter ctx_out fails the run with ENOSPC).
 func TestSkBuffLayout(t *testing.T) {
+	if err := checkKernel(); err != nil {
+		t.Skipf("hedger: %v", err)
+	}
 	want, err := kernelSkBuffSize()
 	if err != nil {
 		t.Skipf("skipping: %v", err)
