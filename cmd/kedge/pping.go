@@ -290,23 +290,24 @@ func newBenchPpingCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "pping",
 		Short: "Cost of kedge pping on a forwarding path: BPF ns per packet, forwarding rate on vs off, samples/s",
-		Long: `Runs bulk TCP (iperf3) from a sender through a router namespace to a receiver, alternating runs
-without and with kedge pping on the router's sender-side interface (ingress sees the data,
-egress the ACKs). For monitored runs, BPF run-time statistics are switched on through the
-BPF_ENABLE_STATS command for the run only (never the global sysctl), giving run_time_ns /
-run_cnt per hook. With offloads off (the default) every packet is MTU-sized.`,
-		Example: `  # two off/on pairs of 5 s runs, results in results/pping/result.json
+		Long: `Runs bulk TCP (iperf3) from a sender through a router namespace to a receiver, with kedge
+pping on the router's sender-side interface (ingress sees the data, egress the ACKs) or
+not. Each round is three runs: monitor off, on, and on with BPF run-time statistics
+switched on through the BPF_ENABLE_STATS command for that run only (never the global
+sysctl), giving run_time_ns / run_cnt per hook. Forwarding rates compare the first two.
+With offloads off (the default) every packet is MTU-sized.`,
+		Example: `  # two rounds of 5 s runs, results in results/pping/result.json
   sudo kedge bench pping
 
   # every identifier sampled (no rate limit), longer runs
-  sudo kedge bench pping --rate-limit 0 --duration 10s --pairs 3`,
+  sudo kedge bench pping --rate-limit 0 --duration 10s --rounds 3`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if os.Geteuid() != 0 {
 				return exitCodeError{exitUnsupported, fmt.Errorf("kedge bench pping needs root (it creates network namespaces and loads BPF programs)")}
 			}
-			if o.Duration <= 0 || o.Pairs <= 0 || o.Streams <= 0 || o.RateLimit < 0 {
-				return usagef("--duration, --pairs and --streams must be positive, --rate-limit not negative")
+			if o.Duration <= 0 || o.Rounds <= 0 || o.Streams <= 0 || o.RateLimit < 0 {
+				return usagef("--duration, --rounds and --streams must be positive, --rate-limit not negative")
 			}
 			o.OutDir = out
 			res, err := ppingbench.Run(cmd.Context(), o)
@@ -324,7 +325,7 @@ run_cnt per hook. With offloads off (the default) every packet is MTU-sized.`,
 	}
 	f := cmd.Flags()
 	f.DurationVar(&o.Duration, "duration", o.Duration, "length of each run")
-	f.IntVar(&o.Pairs, "pairs", o.Pairs, "off/on run pairs")
+	f.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds of three runs: off, on, on with statistics")
 	f.DurationVar(&o.RateLimit, "rate-limit", o.RateLimit, "the monitor's per-flow sampling interval (0: every identifier)")
 	f.BoolVar(&o.Offloads, "offloads", o.Offloads, "keep TSO/GSO/GRO on (per-packet figures then count super-packets)")
 	f.IntVar(&o.Streams, "streams", o.Streams, "parallel TCP streams")

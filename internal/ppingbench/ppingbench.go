@@ -35,7 +35,7 @@ const Schema = "kedge.bench.pping/v1"
 // Options of a benchmark.
 type Options struct {
 	Duration  time.Duration // per run
-	Pairs     int           // off/on run pairs, alternating
+	Rounds    int           // rounds of (off, on, on with statistics)
 	RateLimit time.Duration // the monitor's sampling rate limit (-r)
 	// Offloads keeps TSO/GSO/GRO on the veths. Off (the default), every packet is
 	// MTU-sized, so "per packet" means what it means on a router.
@@ -44,9 +44,9 @@ type Options struct {
 	OutDir   string // result.json goes here ("" : not written)
 }
 
-// DefaultOptions are 5 s runs, 2 pairs, ePPing's 100 ms rate limit, offloads off.
+// DefaultOptions are 5 s runs, 2 rounds, ePPing's 100 ms rate limit, offloads off.
 func DefaultOptions() Options {
-	return Options{Duration: 5 * time.Second, Pairs: 2, RateLimit: 100 * time.Millisecond, Streams: 1}
+	return Options{Duration: 5 * time.Second, Rounds: 2, RateLimit: 100 * time.Millisecond, Streams: 1}
 }
 
 // HookCost is one hook's BPF run time over a run.
@@ -59,6 +59,7 @@ type HookCost struct {
 // RunResult is one measured run.
 type RunResult struct {
 	Monitor       bool      `json:"monitor"`
+	Stats         bool      `json:"stats"` // BPF run-time statistics on
 	Seconds       float64   `json:"seconds"`
 	Packets       uint64    `json:"packets"` // forwarded by the router, both directions
 	PPS           float64   `json:"pps"`
@@ -85,75 +86,75 @@ type Result struct {
 
 // Summary averages the runs of each kind.
 type Summary struct {
-	PPSOff, PPSOn                 float64
+	PPSOff, PPSOn, PPSStats       float64 // forwarding rate: no monitor, monitor, monitor + statistics
 	GbpsOff, GbpsOn               float64
-	IngressNs, EgressNs           float64 // per packet, run-time weighted
-	SamplesPerSec                 float64
 	ForwardingLossPct             float64 // (off - on) / off
+	IngressNs, EgressNs           float64 // BPF run time per packet, weighted by packets
 	IngressPackets, EgressPackets uint64
+	SamplesPerSec                 float64 // over all monitored runs
 }
 
 // Summarize averages r's runs.
 func (r *Result) Summarize() Summary {
 	var s Summary
-	var nOff, nOn float64
-	var inNs, inRuns, egNs, egRuns uint64
+	var nOff, nOn, nStats, nMon float64
+	var inNs, egNs uint64
 	for _, run := range r.Runs {
-		if !run.Monitor {
-			s.PPSOff += run.PPS
-			s.GbpsOff += run.Gbps
-			nOff++
-			continue
+		switch {
+		case !run.Monitor:
+			s.PPSOff, s.GbpsOff, nOff = s.PPSOff+run.PPS, s.GbpsOff+run.Gbps, nOff+1
+		case !run.Stats:
+			s.PPSOn, s.GbpsOn, nOn = s.PPSOn+run.PPS, s.GbpsOn+run.Gbps, nOn+1
+		default:
+			s.PPSStats, nStats = s.PPSStats+run.PPS, nStats+1
+			inNs, s.IngressPackets = inNs+run.Ingress.RunTimeNs, s.IngressPackets+run.Ingress.Runs
+			egNs, s.EgressPackets = egNs+run.Egress.RunTimeNs, s.EgressPackets+run.Egress.Runs
 		}
-		s.PPSOn += run.PPS
-		s.GbpsOn += run.Gbps
-		s.SamplesPerSec += run.SamplesPerSec
-		nOn++
-		if run.Ingress != nil {
-			inNs, inRuns = inNs+run.Ingress.RunTimeNs, inRuns+run.Ingress.Runs
-		}
-		if run.Egress != nil {
-			egNs, egRuns = egNs+run.Egress.RunTimeNs, egRuns+run.Egress.Runs
+		if run.Monitor {
+			s.SamplesPerSec, nMon = s.SamplesPerSec+run.SamplesPerSec, nMon+1
 		}
 	}
-	if nOff > 0 {
-		s.PPSOff, s.GbpsOff = s.PPSOff/nOff, s.GbpsOff/nOff
+	div := func(v *float64, n float64) {
+		if n > 0 {
+			*v /= n
+		}
 	}
-	if nOn > 0 {
-		s.PPSOn, s.GbpsOn, s.SamplesPerSec = s.PPSOn/nOn, s.GbpsOn/nOn, s.SamplesPerSec/nOn
+	div(&s.PPSOff, nOff)
+	div(&s.GbpsOff, nOff)
+	div(&s.PPSOn, nOn)
+	div(&s.GbpsOn, nOn)
+	div(&s.PPSStats, nStats)
+	div(&s.SamplesPerSec, nMon)
+	if s.IngressPackets > 0 {
+		s.IngressNs = float64(inNs) / float64(s.IngressPackets)
 	}
-	if inRuns > 0 {
-		s.IngressNs = float64(inNs) / float64(inRuns)
-	}
-	if egRuns > 0 {
-		s.EgressNs = float64(egNs) / float64(egRuns)
+	if s.EgressPackets > 0 {
+		s.EgressNs = float64(egNs) / float64(s.EgressPackets)
 	}
 	if s.PPSOff > 0 {
 		s.ForwardingLossPct = 100 * (s.PPSOff - s.PPSOn) / s.PPSOff
 	}
-	s.IngressPackets, s.EgressPackets = inRuns, egRuns
 	return s
 }
 
 // WriteTable prints the runs and the summary.
 func (r *Result) WriteTable(w io.Writer) {
-	fmt.Fprintf(w, "%-8s %8s %10s %8s %12s %12s %12s\n", "MONITOR", "SECONDS", "PPS", "GBIT/S", "INGRESS NS", "EGRESS NS", "SAMPLES/S")
+	fmt.Fprintf(w, "%-9s %8s %10s %8s %12s %12s %12s\n", "MONITOR", "SECONDS", "PPS", "GBIT/S", "INGRESS NS", "EGRESS NS", "SAMPLES/S")
 	for _, run := range r.Runs {
 		mon, in, eg, sps := "off", "-", "-", "-"
 		if run.Monitor {
 			mon, sps = "on", strconv.FormatFloat(run.SamplesPerSec, 'f', 1, 64)
-			if run.Ingress != nil {
-				in = strconv.FormatFloat(run.Ingress.NsPerPacket, 'f', 0, 64)
-			}
-			if run.Egress != nil {
-				eg = strconv.FormatFloat(run.Egress.NsPerPacket, 'f', 0, 64)
-			}
 		}
-		fmt.Fprintf(w, "%-8s %8.1f %10.0f %8.2f %12s %12s %12s\n", mon, run.Seconds, run.PPS, run.Gbps, in, eg, sps)
+		if run.Stats {
+			mon = "on+stats"
+			in = strconv.FormatFloat(run.Ingress.NsPerPacket, 'f', 0, 64)
+			eg = strconv.FormatFloat(run.Egress.NsPerPacket, 'f', 0, 64)
+		}
+		fmt.Fprintf(w, "%-9s %8.1f %10.0f %8.2f %12s %12s %12s\n", mon, run.Seconds, run.PPS, run.Gbps, in, eg, sps)
 	}
 	s := r.Summarize()
-	fmt.Fprintf(w, "\nforwarding %.0f pps without the monitor, %.0f pps with it (%.1f %% lower); %.2f vs %.2f Gbit/s\n",
-		s.PPSOff, s.PPSOn, s.ForwardingLossPct, s.GbpsOff, s.GbpsOn)
+	fmt.Fprintf(w, "\nforwarding %.0f pps without the monitor, %.0f pps with it (%.1f %% lower; %.0f pps with statistics on); %.2f vs %.2f Gbit/s\n",
+		s.PPSOff, s.PPSOn, s.ForwardingLossPct, s.PPSStats, s.GbpsOff, s.GbpsOn)
 	fmt.Fprintf(w, "BPF run time per packet: ingress %.0f ns (%d packets), egress %.0f ns (%d packets); %.1f RTT samples/s\n",
 		s.IngressNs, s.IngressPackets, s.EgressNs, s.EgressPackets, s.SamplesPerSec)
 }
@@ -167,8 +168,8 @@ type setup struct {
 
 // Run runs the benchmark.
 func Run(ctx context.Context, o Options) (*Result, error) {
-	if o.Duration <= 0 || o.Pairs <= 0 || o.Streams <= 0 {
-		return nil, errors.New("run pping benchmark: duration, pairs and streams must be positive")
+	if o.Duration <= 0 || o.Rounds <= 0 || o.Streams <= 0 {
+		return nil, errors.New("run pping benchmark: duration, rounds and streams must be positive")
 	}
 	l, err := lab.Up(lab.Spec{Name: "ppbench", Fabric: lab.Router, Hosts: []string{"sender", "receiver"}})
 	if err != nil {
@@ -185,16 +186,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		Schema: Schema, Timestamp: time.Now().UTC(), Machine: bench.LocalMachine(), Kernel: bench.KernelRelease(),
 		Commit: bench.Commit(ctx, "."), LoadAvg: bench.LoadAvg(),
 		Parameters: map[string]any{
-			"duration_s": o.Duration.Seconds(), "pairs": o.Pairs, "rate_limit_ms": float64(o.RateLimit) / 1e6,
+			"duration_s": o.Duration.Seconds(), "rounds": o.Rounds, "rate_limit_ms": float64(o.RateLimit) / 1e6,
 			"offloads": o.Offloads, "streams": o.Streams, "traffic": "iperf3 TCP sender -> router -> receiver",
 			"monitor_on": "router interface v1 (sender side): ingress sees data, egress sees ACKs",
 		},
 	}
-	for i := 0; i < 2*o.Pairs; i++ {
+	for i := 0; i < 3*o.Rounds; i++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		run, mode, err := s.run(ctx, o, i%2 == 1)
+		run, mode, err := s.run(ctx, o, i%3 >= 1, i%3 == 2)
 		if err != nil {
 			return nil, fmt.Errorf("run %d: %w", i+1, err)
 		}
@@ -273,8 +274,8 @@ func (c *counter) Event(ev pping.Event) error {
 }
 func (c *counter) Aggregate(*pping.AggReport) error { return nil }
 
-func (s *setup) run(ctx context.Context, o Options, monitor bool) (RunResult, string, error) {
-	run := RunResult{Monitor: monitor}
+func (s *setup) run(ctx context.Context, o Options, monitor, withStats bool) (RunResult, string, error) {
+	run := RunResult{Monitor: monitor, Stats: withStats}
 	var (
 		mon      *pping.Monitor
 		sink     counter
@@ -305,7 +306,10 @@ func (s *setup) run(ctx context.Context, o Options, monitor bool) (RunResult, st
 		go func() { done <- mon.Run(mctx, &sink) }()
 		stopMon = func() error { cancel(); return <-done }
 		defer func() { _ = stopMon() }() // stopMon is replaced once it has run
+	}
+	if withStats {
 		// Run-time statistics for this run only; they stop when the fd closes.
+		var err error
 		if stats, err = ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME)); err != nil {
 			return run, "", fmt.Errorf("enable BPF run-time statistics: %w", err)
 		}
@@ -346,7 +350,7 @@ func (s *setup) run(ctx context.Context, o Options, monitor bool) (RunResult, st
 	run.PPS = float64(run.Packets) / run.Seconds
 	run.Gbps = out / 1e9
 
-	if monitor {
+	if withStats {
 		for i, p := range progs {
 			after, err := p.Stats()
 			if err != nil {
@@ -359,6 +363,8 @@ func (s *setup) run(ctx context.Context, o Options, monitor bool) (RunResult, st
 				run.Egress = cost
 			}
 		}
+	}
+	if monitor {
 		cnt, err := mon.Counters()
 		if err != nil {
 			return run, "", err

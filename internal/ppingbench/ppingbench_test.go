@@ -16,8 +16,8 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
 
-// TestRunShort runs one short off/on pair: the figures exist and are plausible, and the
-// result file round-trips.
+// TestRunShort runs one short round (off, on, on with statistics): the figures exist and
+// are plausible, and the result file round-trips.
 func TestRunShort(t *testing.T) {
 	bpftest.RequireRoot(t)
 	for _, tool := range []string{"iperf3", "ethtool"} {
@@ -26,15 +26,15 @@ func TestRunShort(t *testing.T) {
 		}
 	}
 	o := DefaultOptions()
-	o.Duration, o.Pairs, o.RateLimit, o.OutDir = time.Second, 1, 0, t.TempDir()
+	o.Duration, o.Rounds, o.RateLimit, o.OutDir = time.Second, 1, 0, t.TempDir()
 	res, err := Run(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Runs) != 2 || res.Runs[0].Monitor || !res.Runs[1].Monitor {
-		t.Fatalf("runs %+v, want off then on", res.Runs)
+	if len(res.Runs) != 3 || res.Runs[0].Monitor || !res.Runs[1].Monitor || res.Runs[1].Stats || !res.Runs[2].Stats {
+		t.Fatalf("runs %+v, want off, on, on with statistics", res.Runs)
 	}
-	on := res.Runs[1]
+	on := res.Runs[2]
 	for _, r := range res.Runs {
 		if r.PPS <= 0 || r.Gbps <= 0 {
 			t.Errorf("run %+v forwarded nothing", r)
@@ -52,7 +52,7 @@ func TestRunShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(b, &back); err != nil || back.Schema != Schema || len(back.Runs) != 2 {
+	if err := json.Unmarshal(b, &back); err != nil || back.Schema != Schema || len(back.Runs) != 3 {
 		t.Errorf("result.json: %v, %+v", err, back)
 	}
 	var tab bytes.Buffer
