@@ -18,16 +18,30 @@ const struct pp_rtt_event *pp_btf_rtt __attribute__((unused));
 const struct pp_flow_event *pp_btf_flow __attribute__((unused));
 const struct pp_map_full_event *pp_btf_full __attribute__((unused));
 
-/* Parse and identify: a global (separately verified) function, so the verifier walks
- * parse_pkt()'s paths once (about 33k of the 42k instructions it processes for a hook)
- * rather than once per path through the flow logic that follows. Returns 0 when the
- * packet carries an identifier or an echo; every other packet is counted here. */
-__noinline int pp_parse(struct __sk_buff *skb, struct pp_pkt *pp, struct pp_counters *cnt)
+/* The packet being processed, per CPU: pp_parse() fills it for pp_handle(). Neither
+ * program can run nested on one CPU: egress runs with bottom halves disabled, so ingress
+ * cannot interrupt it, and neither sends or redirects packets. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pp_pkt);
+} scratch SEC(".maps");
+
+/* Parse and identify into scratch. Returns 0 when the packet carries an identifier or an
+ * echo; every other packet is counted here. A global function, verified once rather than
+ * per path through the flow logic (about 42k instead of 67k instructions processed per
+ * hook; most of them are parse_pkt()'s); it takes only the context and a scalar, which
+ * kernels before 5.12 require of global functions. */
+__noinline int pp_parse(struct __sk_buff *skb, __u32 hook)
 {
+	struct pp_counters *cnt = pp_counters_get(hook);
+	__u32 zero = 0;
+	struct pp_pkt *pp = bpf_map_lookup_elem(&scratch, &zero);
 	void *data, *data_end;
 	int err;
 
-	if (!skb || !pp || !cnt)
+	if (!skb || !cnt || !pp)
 		return -1;
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
@@ -43,17 +57,21 @@ __noinline int pp_parse(struct __sk_buff *skb, struct pp_pkt *pp, struct pp_coun
 static __always_inline int pp_handle(struct __sk_buff *skb, __u32 hook)
 {
 	struct pp_counters *cnt = pp_counters_get(hook);
-	struct pp_pkt pp;
+	__u32 zero = 0;
+	struct pp_pkt *pp;
 
 	if (!cnt)
 		return TC_ACT_UNSPEC;
 	cnt->pkts++;
 	cnt->bytes += skb->len;
-	if (pp_parse(skb, &pp, cnt) < 0) /* parse, decide */
+	if (pp_parse(skb, hook) < 0) /* parse, decide */
 		return TC_ACT_UNSPEC;
-	pp.is_ingress = hook == PP_HOOK_INGRESS;
-	pp.now = bpf_ktime_get_ns();
-	pp_process(skb, &pp, cnt); /* act, count */
+	pp = bpf_map_lookup_elem(&scratch, &zero);
+	if (!pp)
+		return TC_ACT_UNSPEC;
+	pp->is_ingress = hook == PP_HOOK_INGRESS;
+	pp->now = bpf_ktime_get_ns();
+	pp_process(skb, pp, cnt); /* act, count */
 	/* TCX_NEXT / TC_ACT_UNSPEC: a monitor never decides a packet's fate. */
 	return TC_ACT_UNSPEC;
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -35,6 +36,10 @@ const (
 	clockSlack     = 50 * time.Microsecond
 	maxAppOverhead = time.Millisecond
 )
+
+// emulated reports a kernel-matrix guest (tools/vmtest): qemu emulates the CPU there, so
+// user-space overheads are milliseconds and only the ordering checks mean anything.
+var emulated = os.Getenv("VMTEST_KERNEL") != ""
 
 type testLab struct {
 	*lab.Lab
@@ -152,7 +157,7 @@ func compare(t *testing.T, what string, app, pp []time.Duration) {
 		}
 		diffs = append(diffs, app[i]-pp[i])
 	}
-	if m := median(diffs); m > maxAppOverhead {
+	if m := median(diffs); m > maxAppOverhead && !emulated {
 		t.Errorf("%s: median app - pping = %v, want < %v", what, m, maxAppOverhead)
 	}
 	t.Logf("%s: %d requests, median RTT app %v, pping %v", what, len(app), median(app), median(pp))
@@ -370,7 +375,7 @@ func TestNetnsTCP(t *testing.T) {
 			}
 			// TCP samples cannot be paired with requests (the TSval is not visible to the
 			// application), so compare medians.
-			if d := median(app) - median(p); d < -clockSlack || d > maxAppOverhead {
+			if d := median(app) - median(p); d < -clockSlack || (d > maxAppOverhead && !emulated) {
 				t.Errorf("median app %v - median pping %v = %v, want in [%v, %v]", median(app), median(p), d, -clockSlack, maxAppOverhead)
 			}
 			t.Logf("TCP %s: %d requests, %d samples, median RTT app %v, pping %v", srv, len(app), len(p), median(app), median(p))

@@ -125,6 +125,53 @@ type ppingPpMapFullEvent struct {
 	Pad       [7]uint8
 }
 
+type ppingPpPkt struct {
+	_ structs.HostLayout
+	P struct {
+		_     structs.HostLayout
+		Saddr struct {
+			_    structs.HostLayout
+			In6U struct {
+				_       structs.HostLayout
+				U6Addr8 [16]uint8
+			}
+		}
+		Daddr struct {
+			_    structs.HostLayout
+			In6U struct {
+				_       structs.HostLayout
+				U6Addr8 [16]uint8
+			}
+		}
+		Sport      uint16
+		Dport      uint16
+		L3Proto    uint16
+		L4Proto    uint8
+		Flags      uint8
+		L3Off      uint16
+		L4Off      uint16
+		PayloadOff uint16
+		PayloadLen uint16
+		Ttl        uint8
+		Tos        uint8
+		Pad        uint16
+	}
+	_          [4]byte
+	Pid        ppingPpPktId
+	Reply      ppingPpPktId
+	Now        uint64
+	PayloadLen uint32
+	PidValid   uint8
+	ReplyValid uint8
+	Event      uint8
+	Reason     uint8
+	CloseBoth  uint8
+	WaitEdge   uint8
+	IsIngress  uint8
+	Fwd        uint8
+	_          [4]byte
+}
+
 type ppingPpPktId struct {
 	_    structs.HostLayout
 	Flow ppingPpTuple
@@ -192,6 +239,7 @@ const (
 	ppingMapEvents        = "events"
 	ppingMapFlows         = "flows"
 	ppingMapPktTs         = "pkt_ts"
+	ppingMapScratch       = "scratch"
 	ppingMapServices      = "services"
 	ppingProgPpingEgress  = "pping_egress"
 	ppingProgPpingGcFlow  = "pping_gc_flow"
@@ -267,6 +315,7 @@ type ppingMapSpecs struct {
 	Events    *ebpf.MapSpec `ebpf:"events"`
 	Flows     *ebpf.MapSpec `ebpf:"flows"`
 	PktTs     *ebpf.MapSpec `ebpf:"pkt_ts"`
+	Scratch   *ebpf.MapSpec `ebpf:"scratch"`
 	Services  *ebpf.MapSpec `ebpf:"services"`
 }
 
@@ -312,6 +361,7 @@ type ppingMaps struct {
 	Events    *ebpf.Map `ebpf:"events"`
 	Flows     *ebpf.Map `ebpf:"flows"`
 	PktTs     *ebpf.Map `ebpf:"pkt_ts"`
+	Scratch   *ebpf.Map `ebpf:"scratch"`
 	Services  *ebpf.Map `ebpf:"services"`
 }
 
@@ -326,6 +376,7 @@ func (m *ppingMaps) Close() error {
 		m.Events,
 		m.Flows,
 		m.PktTs,
+		m.Scratch,
 		m.Services,
 	)
 }
