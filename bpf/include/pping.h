@@ -167,7 +167,7 @@ struct pp_dir_state {
 };
 
 /* flows value. dir[0] holds the direction whose source is the canonical key's saddr:sport
- * (the lower endpoint, see pp_canonical()), dir[1] the other one. */
+ * (the lower endpoint, see pp_src_sorts_first()), dir[1] the other one. */
 struct pp_flow_state {
 	struct pp_dir_state dir[2];
 };

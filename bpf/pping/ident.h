@@ -182,7 +182,7 @@ static __always_inline int pp_ident_udp(struct __sk_buff *skb, const struct pkt 
 	return -1;
 }
 
-/* pp_canonical_is_pid: whether the packet's own direction is the canonical flow key, i.e.
+/* pp_src_sorts_first: whether the packet's own direction is the canonical flow key, i.e.
  * its source endpoint sorts first. Any total order works; this one compares the raw words. */
 static __always_inline int pp_src_sorts_first(const struct pp_tuple *t)
 {

@@ -24,7 +24,7 @@ struct {
 	__type(value, __u64);
 } pkt_ts SEC(".maps");
 
-/* Canonical flow tuple (see pp_canonical()) -> state of both directions. */
+/* Canonical flow tuple (see pp_src_sorts_first()) -> state of both directions. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, PP_MAX_FLOWS);
