@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -427,8 +428,26 @@ func (s *setup) waitListening(port int) error {
 	}
 }
 
-// iperfClient runs the bulk transfer and returns the receiver's bits per second.
+// iperfClient runs the bulk transfer and returns the receiver's bits per second. The server
+// may still be tearing down waitListening's aborted test when the client connects (it then
+// resets the control connection), so a failed start is retried a few times.
 func (s *setup) iperfClient(o Options) (float64, error) {
+	var err error
+	for attempt := 0; attempt < 4; attempt++ {
+		var bps float64
+		if bps, err = s.iperfClientOnce(o); err == nil {
+			return bps, nil
+		}
+		if !strings.Contains(err.Error(), "control message") && !strings.Contains(err.Error(), "reset by peer") &&
+			!strings.Contains(err.Error(), "unable to connect") {
+			return 0, err
+		}
+		time.Sleep(250 * time.Millisecond) // let the server return to listening; nothing to poll
+	}
+	return 0, err
+}
+
+func (s *setup) iperfClientOnce(o Options) (float64, error) {
 	secs := strconv.FormatFloat(o.Duration.Seconds(), 'f', 1, 64)
 	out, err := s.sender.Run("iperf3", "-c", s.receiver.IPv4.String(), "-p", strconv.Itoa(iperfPort),
 		"-t", secs, "-P", strconv.Itoa(o.Streams), "-J")
