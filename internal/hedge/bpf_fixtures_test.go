@@ -175,7 +175,7 @@ func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 	}
 	if err := f.h.load(); err != nil {
 		var le *bpfx.LoadError
-		if asLoadError(err, &le) {
+		if errors.As(err, &le) {
 			tb.Log(le.Full())
 		}
 		tb.Fatalf("load hedger: %v", err)

@@ -90,19 +90,8 @@ func runWorkers(t *testing.T, h *lab.Host, svc netip.AddrPort, workers, perWorke
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for w := range workers {
-		var conn *net.UDPConn
 		connected := w%2 == 0
-		err := h.Do(func() (err error) {
-			if connected {
-				conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(svc))
-			} else {
-				conn, err = net.ListenUDP("udp", nil)
-			}
-			return err
-		})
-		if err != nil {
-			t.Fatalf("client socket: %v", err)
-		}
+		conn := clientSocket(t, h, svc, connected)
 		defer conn.Close()
 		wg.Add(1)
 		go func() {

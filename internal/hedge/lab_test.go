@@ -72,7 +72,8 @@ type clientResult struct {
 	extra int
 }
 
-func runClient(t *testing.T, h *lab.Host, to netip.AddrPort, connected bool, ids []uint32, timeout time.Duration) clientResult {
+// clientSocket opens a UDP client socket inside h: connected to the service, or unconnected.
+func clientSocket(t *testing.T, h *lab.Host, to netip.AddrPort, connected bool) *net.UDPConn {
 	t.Helper()
 	var conn *net.UDPConn
 	err := h.Do(func() (err error) {
@@ -86,6 +87,12 @@ func runClient(t *testing.T, h *lab.Host, to netip.AddrPort, connected bool, ids
 	if err != nil {
 		t.Fatalf("client socket: %v", err)
 	}
+	return conn
+}
+
+func runClient(t *testing.T, h *lab.Host, to netip.AddrPort, connected bool, ids []uint32, timeout time.Duration) clientResult {
+	t.Helper()
+	conn := clientSocket(t, h, to, connected)
 	defer conn.Close()
 	var res clientResult
 	buf := make([]byte, 2048)
@@ -93,6 +100,7 @@ func runClient(t *testing.T, h *lab.Host, to netip.AddrPort, connected bool, ids
 	for _, id := range ids {
 		binary.BigEndian.PutUint32(req, id)
 		start := time.Now()
+		var err error
 		if connected {
 			_, err = conn.Write(req)
 		} else {

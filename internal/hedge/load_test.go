@@ -1,9 +1,9 @@
 package hedge
 
 import (
+	"errors"
 	"testing"
 
-	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 )
 
@@ -16,11 +16,10 @@ func TestLoadVerifies(t *testing.T) {
 	var objs hedgeObjects
 	if err := bpfx.LoadAndAssign("hedge", spec, &objs, nil); err != nil {
 		var le *bpfx.LoadError
-		if ok := asLoadError(err, &le); ok {
+		if ok := errors.As(err, &le); ok {
 			t.Log(le.Full())
 		}
 		t.Fatal(err)
 	}
 	objs.Close()
-	_ = ebpf.ErrNotSupported
 }

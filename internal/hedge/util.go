@@ -1,13 +1,5 @@
 package hedge
 
-import (
-	"errors"
-
-	"github.com/kedge-dev/kedge/internal/bpfx"
-)
-
-func asLoadError(err error, le **bpfx.LoadError) bool { return errors.As(err, le) }
-
 // Sizes fixed by bpf/include/hedge.h.
 const (
 	svcMax      = 64
