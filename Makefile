@@ -13,7 +13,7 @@ deps:
 
 # Regenerates the bpf2go bindings (Go + .o) from bpf/. Output is committed.
 generate: deps
-	@$(GO) generate ./...
+	@./scripts/generate.sh
 
 # Fails when the committed bindings differ from what `make generate` produces.
 check-generated: generate
