@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,11 +34,12 @@ func newBenchCmd() *cobra.Command {
 
 func newBenchHedgeCmd() *cobra.Command {
 	var (
-		o         hedgebench.Options
+		flagOpts  hedgebench.Options // flag values; only the flags given override a scenario's defaults
+		rateOpts  hedgebench.RateOptions
 		scenarios string
 		out       string
 	)
-	o.Server = chaos.DefaultConfig()
+	flagOpts.Server = chaos.DefaultConfig()
 	cmd := &cobra.Command{
 		Use:   "hedge",
 		Short: "Reproduce the thesis's Table 4.2: baseline vs app-hedged (Python, Go) vs kernel-hedged",
@@ -47,39 +49,104 @@ baseline client's code run while kedge's hedger is attached to the client's inte
 Prints Table 4.2's columns plus P99.9, hedge excess, extra load and the delay-line backend,
 and writes result.json and latency charts (CDF on a log scale, tail zoom; PNG and SVG).
 
-Scenarios: thesis (the paper's setting), pressure (the same with a spinning process on every
-core: user-space jitter), adaptive (kernel hedging at the p95 of recent latencies).`,
+Scenarios:
+  thesis    the paper's setting (5000 requests, 2% stalls of 400 ms, 10 ms hedge delay)
+  pressure  the same with a spinning process on every core: user-space jitter
+  adaptive  kernel hedging at the p95 of recent latencies instead of a fixed delay
+  outage    two replicas, the one the clients address in full outage: app hedgers send a
+            hedge for every request, kedge's budget (5%, and 50% for contrast) holds the
+            extra load (defaults: 1000 requests, 4 loops, 100 ms timeout, no stalls)
+  rate      concurrent loops (--levels) against a server that answers at once, each level
+            without and with kedge (--repeats pairs, alternating order): fast-path latency
+            cost, requests/s and CPU per request; plus a 2%-stall service with kedge to
+            count missed hedges and lost clones at that rate. Own table and charts.
+Flags given explicitly override the scenario's defaults.`,
 		Example: `  # the thesis's Table 4.2 (about 2 minutes)
   kedge bench hedge
 
   # thesis and CPU-pressure scenarios, results under results/hedge/<scenario>/
   kedge bench hedge --scenario thesis,pressure --out results/hedge
 
+  # fast-path cost and throughput at 1, 8 and 64 concurrent loops
+  kedge bench hedge --scenario rate --levels 1,8,64
+
   # a quick run
   kedge bench hedge -n 1000 --warmup 50`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			list := strings.Split(scenarios, ",")
+			if scenarios == "all" {
+				list = hedgebench.Scenarios
+			}
+			for i, s := range list {
+				list[i] = strings.TrimSpace(s)
+				if err := hedgebench.CheckScenario(list[i]); err != nil {
+					return usagef("--scenario: %w", err)
+				}
+			}
 			if os.Geteuid() != 0 {
 				return exitCodeError{exitUnsupported, fmt.Errorf("kedge bench hedge needs root (it creates network namespaces and loads BPF programs)")}
 			}
-			list := strings.Split(scenarios, ",")
-			if scenarios == "all" {
-				list = []string{hedgebench.Thesis, hedgebench.Pressure, hedgebench.Adaptive}
+			changed := cmd.Flags().Changed
+			// Zero means "the scenario's default" in the options: an explicit zero is a mistake.
+			for flag, v := range map[string]int{"requests": flagOpts.N, "concurrency": flagOpts.Concurrency, "repeats": rateOpts.Repeats} {
+				if changed(flag) && v < 1 {
+					return usagef("--%s %d: must be at least 1", flag, v)
+				}
 			}
+			w := cmd.OutOrStdout()
 			for _, s := range list {
-				s = strings.TrimSpace(s)
-				run := o
-				run.Scenario = s
-				run.OutDir = filepath.Join(out, s)
 				start := time.Now()
+				if s == hedgebench.Rate {
+					run := rateOpts
+					run.Backend, run.OutDir = flagOpts.Backend, filepath.Join(out, s)
+					if changed("requests") {
+						run.N = flagOpts.N
+					}
+					if changed("warmup") {
+						run.Warmup = flagOpts.Warmup
+					}
+					if changed("delay") {
+						run.Delay = flagOpts.Delay
+					}
+					if changed("timeout") {
+						run.Timeout = flagOpts.Timeout
+					}
+					if changed("stall-pct") {
+						run.StallPct = flagOpts.Server.StallPct
+					}
+					if changed("stall") {
+						run.Stall = flagOpts.Server.Stall
+					}
+					res, err := hedgebench.RunRate(cmd.Context(), run)
+					if err != nil {
+						return benchErr(s, err)
+					}
+					fmt.Fprintf(w, "\n== scenario rate (%s, kernel %s, commit %s) ==\n", time.Since(start).Round(time.Second), res.Kernel, shortCommit(res.Commit))
+					if err := hedgebench.WriteRateReport(w, res); err != nil {
+						return err
+					}
+					fmt.Fprintf(w, "results and charts: %s\n", run.OutDir)
+					continue
+				}
+				run := hedgebench.Defaults(s)
+				run.Backend, run.PyClient, run.OutDir = flagOpts.Backend, flagOpts.PyClient, filepath.Join(out, s)
+				for flag, set := range map[string]func(){
+					"requests": func() { run.N = flagOpts.N }, "warmup": func() { run.Warmup = flagOpts.Warmup },
+					"delay": func() { run.Delay = flagOpts.Delay }, "timeout": func() { run.Timeout = flagOpts.Timeout },
+					"concurrency": func() { run.Concurrency = flagOpts.Concurrency },
+					"stall-pct":   func() { run.Server.StallPct = flagOpts.Server.StallPct },
+					"stall":       func() { run.Server.Stall = flagOpts.Server.Stall },
+					"fast":        func() { run.Server.Fast = flagOpts.Server.Fast },
+				} {
+					if changed(flag) {
+						set()
+					}
+				}
 				res, err := hedgebench.Run(cmd.Context(), run)
 				if err != nil {
-					if strings.Contains(err.Error(), "unknown scenario") {
-						return usagef("%w", err)
-					}
-					return fmt.Errorf("scenario %s: %w", s, err)
+					return benchErr(s, err)
 				}
-				w := cmd.OutOrStdout()
 				fmt.Fprintf(w, "\n== scenario %s (%d requests per client, %s, kernel %s, commit %s) ==\n",
 					s, run.N, time.Since(start).Round(time.Second), res.Kernel, shortCommit(res.Commit))
 				if err := bench.WriteReport(w, res, bench.ReportOptions{
@@ -93,19 +160,32 @@ core: user-space jitter), adaptive (kernel hedging at the p95 of recent latencie
 			return nil
 		},
 	}
+	d := hedgebench.Defaults(hedgebench.Thesis)
 	f := cmd.Flags()
-	f.StringVar(&scenarios, "scenario", hedgebench.Thesis, "comma-separated: thesis, pressure, adaptive, or all")
+	f.StringVar(&scenarios, "scenario", hedgebench.Thesis, "comma-separated: "+strings.Join(hedgebench.Scenarios, ", ")+", or all")
 	f.StringVar(&out, "out", filepath.Join("results", "hedge"), "directory for results (one subdirectory per scenario)")
-	f.IntVarP(&o.N, "requests", "n", 5000, "measured requests per client")
-	f.IntVar(&o.Warmup, "warmup", 200, "warm-up requests per client, discarded")
-	f.DurationVar(&o.Delay, "delay", 10*time.Millisecond, "hedge threshold (app and kernel)")
-	f.DurationVar(&o.Timeout, "timeout", time.Second, "client timeout")
-	f.IntVar(&o.Server.StallPct, "stall-pct", o.Server.StallPct, "percentage of ids that stall")
-	f.DurationVar(&o.Server.Stall, "stall", o.Server.Stall, "stall duration")
-	f.DurationVar(&o.Server.Fast, "fast", o.Server.Fast, "normal service time")
-	f.StringVar(&o.Backend, "backend", "auto", "delay-line backend: auto, conveyor, netem, edt")
-	f.StringVar(&o.PyClient, "py-client", "", "path to clients/apphedge.py (default: ./clients/apphedge.py)")
+	f.IntVarP(&flagOpts.N, "requests", "n", d.N, "measured requests per client (outage: 1000, rate: 20000 per run)")
+	f.IntVar(&flagOpts.Warmup, "warmup", d.Warmup, "warm-up requests per client, discarded (outage: 20, rate: 500)")
+	f.DurationVar(&flagOpts.Delay, "delay", d.Delay, "hedge threshold (app and kernel)")
+	f.DurationVar(&flagOpts.Timeout, "timeout", d.Timeout, "client timeout (outage: 100ms)")
+	f.IntVar(&flagOpts.Concurrency, "concurrency", d.Concurrency, "sequential loops per client (outage: 4; rate: see --levels)")
+	f.IntVar(&flagOpts.Server.StallPct, "stall-pct", d.Server.StallPct, "percentage of ids that stall (outage: 0)")
+	f.DurationVar(&flagOpts.Server.Stall, "stall", d.Server.Stall, "stall duration (rate: 50ms)")
+	f.DurationVar(&flagOpts.Server.Fast, "fast", d.Server.Fast, "normal service time (rate: 0, answered at once)")
+	f.StringVar(&flagOpts.Backend, "backend", "auto", "delay-line backend: auto, conveyor, netem, edt")
+	f.StringVar(&flagOpts.PyClient, "py-client", "", "path to clients/apphedge.py (default: ./clients/apphedge.py)")
+	f.IntSliceVar(&rateOpts.Levels, "levels", []int{1, 4, 16, 64}, "rate: concurrent loops per level")
+	f.IntVar(&rateOpts.Repeats, "repeats", 3, "rate: runs without and with kedge per level (alternating order)")
 	return cmd
+}
+
+// benchErr classifies a scenario's error: bad parameters are usage errors (exit 2).
+func benchErr(scenario string, err error) error {
+	var perr *hedgebench.ParamError
+	if errors.As(err, &perr) {
+		return usagef("scenario %s: %w", scenario, err)
+	}
+	return fmt.Errorf("scenario %s: %w", scenario, err)
 }
 
 func shortCommit(c string) string {

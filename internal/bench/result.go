@@ -183,8 +183,11 @@ func Commit(ctx context.Context, dir string) string {
 }
 
 // WriteFile writes r as indented JSON, replacing path atomically.
-func (r Result) WriteFile(path string) error {
-	b, err := json.MarshalIndent(r, "", " ")
+func (r Result) WriteFile(path string) error { return WriteJSON(path, r) }
+
+// WriteJSON writes v as indented JSON, replacing path atomically.
+func WriteJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", " ")
 	if err != nil {
 		return fmt.Errorf("encode result: %w", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -32,47 +33,109 @@ const (
 	Thesis   = "thesis"   // Table 4.2: one server, hedge to the same address
 	Pressure = "pressure" // the same under CPU pressure (spinning processes on every core)
 	Adaptive = "adaptive" // kernel hedging with a p95 delay instead of a fixed 10 ms
+	Outage   = "outage"   // two replicas, the addressed one down: the budget holds extra load
+	Rate     = "rate"     // concurrent clients at a high rate: fast-path cost and throughput (RunRate)
 )
+
+// Scenarios lists every scenario in the order `--scenario all` runs them.
+var Scenarios = []string{Thesis, Pressure, Adaptive, Outage, Rate}
 
 // Options configure a run. Zero values take the thesis's Table 4.1 parameters.
 type Options struct {
 	Scenario string
-	N        int           // measured requests per client (5000)
-	Warmup   int           // discarded first (200)
+	N        int           // measured requests per client (5000; outage 1000)
+	Warmup   int           // discarded first (200; outage 20)
 	Delay    time.Duration // hedge threshold (10 ms)
-	Timeout  time.Duration // client timeout (1 s)
-	Server   chaos.Config  // stalls (2% x 400 ms, 2 ms fast path, TTL 1 s)
-	Backend  string        // delay-line backend (auto)
-	Exe      string        // the kedge binary (default: this executable)
-	Python   string        // python3
-	PyClient string        // clients/apphedge.py (default: found next to the checkout)
-	OutDir   string        // result.json and charts
+	Timeout  time.Duration // client timeout (1 s; outage 100 ms)
+	// Concurrency is the number of sequential loops per client (1; outage 4).
+	Concurrency int
+	// Server is the chaos server's stall model (2% x 400 ms, 2 ms fast path, TTL 1 s;
+	// outage: no stalls). Server.Stall == 0 selects the scenario's default.
+	Server   chaos.Config
+	Backend  string // delay-line backend (auto)
+	Exe      string // the kedge binary (default: this executable)
+	Python   string // python3
+	PyClient string // clients/apphedge.py (default: found next to the checkout)
+	OutDir   string // result.json and charts
 	Log      *slog.Logger
+}
+
+// ParamError is a parameter out of range: the caller's mistake, reported before anything
+// is set up.
+type ParamError struct{ Err error }
+
+func (e *ParamError) Error() string { return e.Err.Error() }
+func (e *ParamError) Unwrap() error { return e.Err }
+
+func paramErrorf(format string, args ...any) error {
+	return &ParamError{fmt.Errorf(format, args...)}
+}
+
+// CheckScenario returns an error naming the valid scenarios when s is not one of them.
+func CheckScenario(s string) error {
+	if !slices.Contains(Scenarios, s) {
+		return paramErrorf("unknown scenario %q: use one of %s, or all", s, strings.Join(Scenarios, ", "))
+	}
+	return nil
+}
+
+// Defaults returns the parameters scenario runs with when Options leaves them zero.
+func Defaults(scenario string) Options {
+	o := Options{Scenario: scenario, N: 5000, Warmup: 200, Delay: 10 * time.Millisecond,
+		Timeout: time.Second, Concurrency: 1, Server: chaos.DefaultConfig()}
+	if scenario == Outage {
+		// Every request to the downed replica waits for a hedge or the timeout: a short
+		// timeout and a few loops keep the run near a minute. No stalls, so that every
+		// failure is the outage's.
+		o.N, o.Warmup, o.Timeout, o.Concurrency = 1000, 20, 100*time.Millisecond, 4
+		o.Server.StallPct = 0
+	}
+	return o
 }
 
 func (o *Options) defaults() error {
 	if o.Scenario == "" {
 		o.Scenario = Thesis
 	}
-	switch o.Scenario {
-	case Thesis, Pressure, Adaptive:
-	default:
-		return fmt.Errorf("unknown scenario %q: use %s, %s or %s", o.Scenario, Thesis, Pressure, Adaptive)
+	if err := CheckScenario(o.Scenario); err != nil {
+		return err
 	}
+	if o.Scenario == Rate {
+		return errors.New("scenario rate has its own driver: use RunRate")
+	}
+	d := Defaults(o.Scenario)
 	if o.N == 0 {
-		o.N = 5000
+		o.N = d.N
 	}
 	if o.Warmup == 0 {
-		o.Warmup = 200
+		o.Warmup = d.Warmup
 	}
 	if o.Delay == 0 {
-		o.Delay = 10 * time.Millisecond
+		o.Delay = d.Delay
 	}
 	if o.Timeout == 0 {
-		o.Timeout = time.Second
+		o.Timeout = d.Timeout
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = d.Concurrency
 	}
 	if o.Server.Stall == 0 {
-		o.Server = chaos.DefaultConfig()
+		o.Server = d.Server
+	}
+	switch {
+	case o.N < 1 || o.Warmup < 0:
+		return paramErrorf("%d requests, %d warm-up: need at least 1 request", o.N, o.Warmup)
+	case o.Concurrency < 1 || o.Concurrency > o.N:
+		return paramErrorf("concurrency %d out of range 1-%d (the number of requests)", o.Concurrency, o.N)
+	case o.Delay <= 0 || o.Delay >= o.Timeout:
+		return paramErrorf("hedge delay %v must be positive and below the timeout %v", o.Delay, o.Timeout)
+	}
+	replicas := 1
+	if o.Scenario == Outage {
+		replicas = 2
+	}
+	if err := o.Server.Validate(replicas); err != nil {
+		return &ParamError{fmt.Errorf("chaos server: %w", err)}
 	}
 	if o.Exe == "" {
 		exe, err := os.Executable()
@@ -108,26 +171,41 @@ func findPyClient(exe string) string {
 
 const svcPort = 9999
 
+// benchLab brings up the benchmark's lab: a client and a server host on a bridge, and
+// two service addresses on the server (ports 9999 and 9998).
+func benchLab() (l *lab.Lab, client, srv *lab.Host, a, b netip.AddrPort, err error) {
+	if l, err = lab.Up(lab.Spec{Name: "bench", Fabric: lab.Bridge, Hosts: []string{"client", "srv1"}}); err != nil {
+		return
+	}
+	client, srv = l.Host("client"), l.Host("srv1")
+	return l, client, srv, netip.AddrPortFrom(srv.IPv4, svcPort), netip.AddrPortFrom(srv.IPv4, svcPort-1), nil
+}
+
 // Run runs one scenario and returns the merged result (also written to OutDir).
 func Run(ctx context.Context, o Options) (bench.Result, error) {
 	var res bench.Result
 	if err := o.defaults(); err != nil {
 		return res, err
 	}
-	l, err := lab.Up(lab.Spec{Name: "bench", Fabric: lab.Bridge, Hosts: []string{"client", "srv1"}})
+	// The second address is the second replica of the outage scenario: the hedger
+	// rewrites the destination port as it would an address.
+	l, client, srv, target, alt, err := benchLab()
 	if err != nil {
 		return res, err
 	}
 	defer l.Close()
-	client, srv := l.Host("client"), l.Host("srv1")
-	target := netip.AddrPortFrom(srv.IPv4, svcPort)
+	listen, extra := []netip.AddrPort{target}, []string(nil)
+	if o.Scenario == Outage {
+		listen, extra = append(listen, alt), []string{"--outage-replica", "0"}
+	}
 
-	stopSrv, err := startServer(ctx, o, srv, target)
+	stopSrv, err := startServer(ctx, o, srv, listen, extra...)
 	if err != nil {
 		return res, err
 	}
 	defer stopSrv()
-	if err := waitReady(ctx, client, target); err != nil {
+	// The last replica is up in every scenario (in outage, replica 0 answers nothing).
+	if err := waitReady(ctx, client, listen[len(listen)-1]); err != nil {
 		return res, err
 	}
 	if o.Scenario == Pressure {
@@ -146,23 +224,42 @@ func Run(ctx context.Context, o Options) (bench.Result, error) {
 	}
 	common := func(base uint32) []string {
 		return []string{"--target", target.String(), "-n", fmt.Sprint(o.N), "--warmup", fmt.Sprint(o.Warmup),
-			"--timeout", o.Timeout.String(), "--base-id", fmt.Sprint(base), "--scenario", o.Scenario}
+			"--timeout", o.Timeout.String(), "--base-id", fmt.Sprint(base), "--scenario", o.Scenario,
+			"--concurrency", fmt.Sprint(o.Concurrency)}
+	}
+	var appAlt []string
+	if o.Scenario == Outage {
+		appAlt = []string{"--alt", alt.String()}
 	}
 	runs := []run{
 		{name: "baseline", file: "baseline.json", args: append([]string{"chaos", "client", "--mode", "baseline", "--name", "baseline"}, common(1_000_000)...)},
-		{name: "app-hedged (Python)", file: "apphedge-py.json", python: true, args: append([]string{"--mode", "apphedge", "--delay", o.Delay.String(), "--name", "app-hedged (Python)"}, common(2_000_000)...)},
-		{name: "app-hedged (Go)", file: "apphedge-go.json", args: append([]string{"chaos", "client", "--mode", "apphedge", "--delay", o.Delay.String(), "--name", "app-hedged (Go)"}, common(3_000_000)...)},
+		{name: "app-hedged (Python)", file: "apphedge-py.json", python: true, args: append(append([]string{"--mode", "apphedge", "--delay", o.Delay.String(), "--name", "app-hedged (Python)"}, appAlt...), common(2_000_000)...)},
+		{name: "app-hedged (Go)", file: "apphedge-go.json", args: append(append([]string{"chaos", "client", "--mode", "apphedge", "--delay", o.Delay.String(), "--name", "app-hedged (Go)"}, appAlt...), common(3_000_000)...)},
 	}
-	kcfg := &hedge.Config{Interface: client.Iface, DelayLine: hedge.DelayLineConfig{Backend: o.Backend},
-		Services: []hedge.ServiceConfig{{Name: "chaos", Address: target.String(),
-			Delay:  hedge.DelaySpec{Fixed: o.Delay},
-			Budget: hedge.BudgetSpec{Ratio: 0.05, Burst: 10}}}}
-	if o.Scenario == Adaptive {
-		kcfg.Services[0].Delay = hedge.DelaySpec{Quantile: 0.95, Min: 3 * time.Millisecond, Max: 50 * time.Millisecond, MinSamples: 100}
-		kcfg.Tick = hedge.Duration(time.Second)
+	kernelRun := func(name, file string, base uint32, budget hedge.BudgetSpec) run {
+		svc := hedge.ServiceConfig{Name: "chaos", Address: target.String(),
+			Delay: hedge.DelaySpec{Fixed: o.Delay}, Budget: budget}
+		if o.Scenario == Outage {
+			svc.Replicas = []string{alt.String()}
+		}
+		cfg := &hedge.Config{Interface: client.Iface, DelayLine: hedge.DelayLineConfig{Backend: o.Backend},
+			Services: []hedge.ServiceConfig{svc}}
+		if o.Scenario == Adaptive {
+			cfg.Services[0].Delay = hedge.DelaySpec{Quantile: 0.95, Min: 3 * time.Millisecond, Max: 50 * time.Millisecond, MinSamples: 100}
+			cfg.Tick = hedge.Duration(time.Second)
+		}
+		return run{name: name, file: file, hedged: cfg,
+			args: append([]string{"chaos", "client", "--mode", "baseline", "--connected", "--name", name}, common(base)...)}
 	}
-	runs = append(runs, run{name: "kernel-hedged", file: "kernel.json", hedged: kcfg,
-		args: append([]string{"chaos", "client", "--mode", "baseline", "--connected", "--name", "kernel-hedged"}, common(4_000_000)...)})
+	defaultBudget := hedge.BudgetSpec{Ratio: 0.05, Burst: 10}
+	if o.Scenario == Outage {
+		// The default budget, and a tenfold one: what the budget trades for availability.
+		runs = append(runs,
+			kernelRun("kernel-hedged (budget 5%)", "kernel.json", 4_000_000, defaultBudget),
+			kernelRun("kernel-hedged (budget 50%)", "kernel-b50.json", 5_000_000, hedge.BudgetSpec{Ratio: 0.5, Burst: 10}))
+	} else {
+		runs = append(runs, kernelRun("kernel-hedged", "kernel.json", 4_000_000, defaultBudget))
+	}
 	if o.PyClient == "" {
 		o.Log.Warn("clients/apphedge.py not found: skipping the Python app-hedged client (run from the repository root)")
 	}
@@ -207,7 +304,11 @@ func Run(ctx context.Context, o Options) (bench.Result, error) {
 			}
 			part.Series[0].HedgesSent = &sent
 			part.Series[0].Backend = "kernel (" + snap.Backend + ")"
-			part.Parameters = mergeParams(part.Parameters, kernelParams(snap))
+			prefix := "kernel."
+			if r.file != "kernel.json" {
+				prefix = strings.TrimSuffix(r.file, ".json") + "."
+			}
+			part.Parameters = mergeParams(part.Parameters, kernelParams(snap, prefix))
 		}
 		parts = append(parts, part)
 	}
@@ -218,8 +319,12 @@ func Run(ctx context.Context, o Options) (bench.Result, error) {
 	res.Parameters = mergeParams(res.Parameters, map[string]any{
 		"n": o.N, "warmup": o.Warmup, "hedge_delay_ms": ms(o.Delay), "timeout_ms": ms(o.Timeout),
 		"stall_pct": o.Server.StallPct, "stall_ms": ms(o.Server.Stall), "fast_ms": ms(o.Server.Fast),
-		"ttl_ms": ms(o.Server.TTL), "cpu_pressure": o.Scenario == Pressure,
+		"ttl_ms": ms(o.Server.TTL), "cpu_pressure": o.Scenario == Pressure, "concurrency": o.Concurrency,
 	})
+	if o.Scenario == Outage {
+		res.Parameters["replicas"] = []string{target.String(), alt.String()}
+		res.Parameters["outage_replica"] = target.String()
+	}
 	if err := res.WriteFile(filepath.Join(o.OutDir, "result.json")); err != nil {
 		return res, err
 	}
@@ -238,21 +343,32 @@ func mergeParams(a, b map[string]any) map[string]any {
 	return a
 }
 
-func kernelParams(s *hedge.Snapshot) map[string]any {
+// kernelParams records a kernel-hedged run's hedger state under keys starting with prefix.
+func kernelParams(s *hedge.Snapshot, prefix string) map[string]any {
 	p := s.Services[0].Precision
-	return map[string]any{
-		"kernel.backend": s.Backend, "kernel.period_ms": ms(s.Period),
-		"kernel.conveyor_mean_ms": ms(s.Calibration.Mean), "kernel.conveyor_spread_us": float64(s.Calibration.Spread) / 1e3,
-		"kernel.precision_p50_us": float64(p.P50) / 1e3, "kernel.precision_p99_us": float64(p.P99) / 1e3,
-		"kernel.precision_max_us": float64(p.Max) / 1e3, "kernel.delay_final_ms": ms(s.Services[0].DelayNow),
-		"kernel.counters": s.Services[0].Counters,
+	out := map[string]any{}
+	for k, v := range map[string]any{
+		"backend": s.Backend, "period_ms": ms(s.Period),
+		"conveyor_mean_ms": ms(s.Calibration.Mean), "conveyor_spread_us": float64(s.Calibration.Spread) / 1e3,
+		"precision_p50_us": float64(p.P50) / 1e3, "precision_p99_us": float64(p.P99) / 1e3,
+		"precision_max_us": float64(p.Max) / 1e3, "delay_final_ms": ms(s.Services[0].DelayNow),
+		"counters": s.Services[0].Counters,
+	} {
+		out[prefix+k] = v
 	}
+	return out
 }
 
-func startServer(ctx context.Context, o Options, h *lab.Host, at netip.AddrPort) (func(), error) {
-	cmd := h.Command(o.Exe, "chaos", "serve", "--listen", at.String(),
+// startServer starts `kedge chaos serve` in h with one replica per address in at (replica
+// i on at[i]), the stall model of o.Server and any extra flags.
+func startServer(ctx context.Context, o Options, h *lab.Host, at []netip.AddrPort, extra ...string) (func(), error) {
+	addrs := make([]string, len(at))
+	for i, a := range at {
+		addrs[i] = a.String()
+	}
+	cmd := h.Command(o.Exe, append([]string{"chaos", "serve", "--listen", strings.Join(addrs, ","),
 		"--stall-pct", fmt.Sprint(o.Server.StallPct), "--stall", o.Server.Stall.String(),
-		"--fast", o.Server.Fast.String(), "--ttl", o.Server.TTL.String())
+		"--fast", o.Server.Fast.String(), "--ttl", o.Server.TTL.String()}, extra...)...)
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	if err := h.Start(cmd); err != nil {
 		return nil, fmt.Errorf("start chaos server: %w", err)

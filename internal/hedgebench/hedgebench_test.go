@@ -1,0 +1,293 @@
+package hedgebench
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/chaos"
+)
+
+func TestMain(m *testing.M) {
+	code := bpftest.CheckFDLeaks(m)
+	bpftest.RemoveKedgeBinary()
+	os.Exit(code)
+}
+
+func TestOptionsRejectBadParameters(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    Options
+		want string
+	}{
+		{"scenario", Options{Scenario: "nope"}, "unknown scenario"},
+		{"rate via Run", Options{Scenario: Rate}, "RunRate"},
+		{"concurrency above n", Options{Scenario: Thesis, N: 3, Concurrency: 4}, "concurrency 4"},
+		{"delay above timeout", Options{Scenario: Thesis, Delay: 2 * time.Second}, "hedge delay"},
+		{"stalls overlap across replicas", Options{Scenario: Outage, Server: chaos.Config{StallPct: 60, Stall: time.Second, TTL: time.Second}}, "two replicas"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.o.OutDir = t.TempDir()
+			err := tc.o.defaults()
+			var perr *ParamError
+			if tc.name != "rate via Run" && !errors.As(err, &perr) {
+				t.Errorf("error %v is not a ParamError", err)
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one mentioning %q", err, tc.want)
+			}
+		})
+	}
+	for _, o := range []RateOptions{
+		{Levels: []int{0}},
+		{Repeats: 11},
+		{N: 10},
+		{Stall: 5 * time.Millisecond},
+		{Stall: 2 * time.Second},
+		{N: idSpan},
+	} {
+		o.OutDir = t.TempDir()
+		var perr *ParamError
+		if err := o.defaults(); !errors.As(err, &perr) {
+			t.Errorf("RateOptions %+v: error %v, want a ParamError", o, err)
+		}
+	}
+}
+
+func TestDefaultsPerScenario(t *testing.T) {
+	th, out := Defaults(Thesis), Defaults(Outage)
+	if th.N != 5000 || th.Warmup != 200 || th.Timeout != time.Second || th.Server != chaos.DefaultConfig() {
+		t.Errorf("thesis defaults %+v are not Table 4.1's", th)
+	}
+	if out.Server.StallPct != 0 || out.Timeout >= time.Second || out.Concurrency < 2 {
+		t.Errorf("outage defaults %+v: want no stalls, a short timeout and several loops", out)
+	}
+	// Zero fields take the scenario's defaults; set ones are kept.
+	o := Options{Scenario: Outage, N: 77, OutDir: t.TempDir()}
+	if err := o.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	if o.N != 77 || o.Timeout != out.Timeout || o.Concurrency != out.Concurrency {
+		t.Errorf("after defaults: %+v", o)
+	}
+}
+
+func TestReadCPU(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stat")
+	// user nice system idle iowait irq softirq steal guest guest_nice
+	stat := "cpu  100 5 50 1000 7 3 20 2 0 0\ncpu0 50 2 25 500 3 1 10 1 0 0\nintr 1 2 3\n"
+	if err := os.WriteFile(path, []byte(stat), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := readCPUFrom(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// busy = user+nice+system+irq+softirq+steal = 180 ticks of 10 ms.
+	if c.busy != 1800*time.Millisecond || c.softirq != 200*time.Millisecond {
+		t.Errorf("busy %v softirq %v, want 1.8s and 200ms", c.busy, c.softirq)
+	}
+	if err := os.WriteFile(path, []byte("cpu  1 2 x 4 5 6 7\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readCPUFrom(path); err == nil || !strings.Contains(err.Error(), `"x"`) {
+		t.Errorf("malformed line: error %v", err)
+	}
+	if _, err := readCPUFrom(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("missing file: no error")
+	}
+	// The real file parses and counts forward.
+	a, err := readCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := readCPU()
+	if d := b.sub(a); d.busy < 0 || d.wall <= 0 {
+		t.Errorf("/proc/stat went backwards: %+v", d)
+	}
+}
+
+// series builds a bench series of ids first.. with latency f(id).
+func series(first uint32, n int, f func(id uint32) (float64, bool)) bench.Series {
+	s := bench.Series{Name: "t", ElapsedS: 2}
+	for i := range n {
+		id := first + uint32(i)
+		lat, ok := f(id)
+		s.IDs, s.LatenciesUS, s.OK = append(s.IDs, id), append(s.LatenciesUS, lat), append(s.OK, ok)
+		if !ok {
+			s.Timeouts++
+		}
+	}
+	return s
+}
+
+func TestSummarizeRunSeparatesStalls(t *testing.T) {
+	stall := 50 * time.Millisecond
+	// 1000 ids: 20 stall (id % 100 < 2). Ten are rescued at 11 ms, ten answered by the
+	// stalled original at 50 ms (missed); the rest answer in 100 µs, one in 900 µs.
+	s := series(1000, 1000, func(id uint32) (float64, bool) {
+		switch {
+		case id%100 == 0:
+			return 11000, true
+		case id%100 == 1:
+			return 50100, true
+		case id == 1555:
+			return 900, true
+		}
+		return 100, true
+	})
+	var run RateRun
+	summarizeRun(&run, s, cpuTimes{busy: time.Second, softirq: 250 * time.Millisecond, wall: 2 * time.Second}, 2, stall)
+	if run.Stalled != 20 || run.Rescued != 10 || run.Missed == nil || *run.Missed != 10 {
+		t.Errorf("stalled %d rescued %d missed %v, want 20, 10, 10", run.Stalled, run.Rescued, run.Missed)
+	}
+	if run.P50US != 100 || run.MaxUS != 900 || run.RescueP50US != 11000 {
+		t.Errorf("fast P50 %v max %v rescue P50 %v, want 100, 900, 11000 (stalls excluded)", run.P50US, run.MaxUS, run.RescueP50US)
+	}
+	if run.RPS != 500 || run.CPUBusy != 0.5 || run.CPUSoftirq != 0.125 || run.CPUPerReqUS != 1000 {
+		t.Errorf("rps %v busy %v softirq %v cpu/req %v", run.RPS, run.CPUBusy, run.CPUSoftirq, run.CPUPerReqUS)
+	}
+	// The fast service (no stalls): every request counts for latency, none as stalled.
+	var fast RateRun
+	summarizeRun(&fast, s, cpuTimes{}, 0, stall)
+	if fast.Stalled != 0 || fast.Missed != nil || fast.MaxUS != 50100 {
+		t.Errorf("fast service: stalled %d missed %v max %v", fast.Stalled, fast.Missed, fast.MaxUS)
+	}
+}
+
+func TestRateLevelsPairsRepeats(t *testing.T) {
+	u := func(v uint64) *uint64 { return &v }
+	i := func(v int) *int { return &v }
+	runs := []RateRun{
+		{Concurrency: 4, Repeat: 1, Service: "fast", P50US: 100, P99US: 200, RPS: 1000},
+		{Concurrency: 4, Repeat: 1, Service: "fast", Kedge: true, P50US: 103, P99US: 210, RPS: 900, LostClones: u(0)},
+		{Concurrency: 4, Repeat: 1, Service: "chaos", Kedge: true, Stalled: 5, Missed: i(1), LostClones: u(2), RPS: 800},
+		{Concurrency: 4, Repeat: 2, Service: "fast", Kedge: true, P50US: 150, P99US: 300, RPS: 950, LostClones: u(0)},
+		{Concurrency: 4, Repeat: 2, Service: "fast", P50US: 140, P99US: 260, RPS: 990},
+		{Concurrency: 4, Repeat: 2, Service: "chaos", Kedge: true, Stalled: 6, Missed: i(0), LostClones: u(0), RPS: 700},
+		{Concurrency: 1, Repeat: 1, Service: "fast", P50US: 1},
+	}
+	lv := rateLevels(runs, []int{4})
+	if len(lv) != 1 {
+		t.Fatalf("%d levels", len(lv))
+	}
+	l := lv[0]
+	// Paired differences: (103-100, 150-140) -> median of {3, 10} by nearest rank = 3.
+	if l.DeltaP50US != 3 || l.DeltaP99US != 10 {
+		t.Errorf("delta P50 %v P99 %v, want 3 and 10", l.DeltaP50US, l.DeltaP99US)
+	}
+	if l.OffP50US != 100 || l.OnP50US != 103 || l.OffRPS != 990 || l.OnRPS != 900 || l.ChaosRPS != 700 {
+		t.Errorf("level %+v", l)
+	}
+	if l.Stalled != 11 || l.Missed != 1 || l.LostClones != 2 {
+		t.Errorf("stalled %d missed %d lost %d, want 11, 1, 2", l.Stalled, l.Missed, l.LostClones)
+	}
+	if m := median(nil); m != 0 || math.IsNaN(m) {
+		t.Errorf("median of nothing = %v, want 0", m)
+	}
+}
+
+// TestOutageShort runs scenario (c) small, with real processes in a lab: the baseline
+// gets nothing from the downed replica, the app hedgers hedge every request, and kedge's
+// budget holds its hedges to the ratio plus the burst.
+func TestOutageShort(t *testing.T) {
+	bpftest.RequireRoot(t)
+	o := Options{Scenario: Outage, N: 80, Warmup: 10, Concurrency: 2, Exe: bpftest.KedgeBinary(t),
+		PyClient: "../../clients/apphedge.py", OutDir: t.TempDir()}
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bench.Series{}
+	for _, s := range res.Series {
+		got[s.Name] = s
+	}
+	if len(got) != 5 {
+		t.Fatalf("series %v, want baseline, two app hedgers, two kernel budgets", len(got))
+	}
+	if s := got["baseline"]; s.Timeouts != o.N {
+		t.Errorf("baseline: %d timeouts of %d: the addressed replica should answer nothing", s.Timeouts, o.N)
+	}
+	for _, name := range []string{"app-hedged (Go)", "app-hedged (Python)"} {
+		s := got[name]
+		if s.Timeouts != 0 || s.HedgesSent == nil || *s.HedgesSent != o.N {
+			t.Errorf("%s: %d timeouts, hedges %v: want every request hedged to the other replica and answered", name, s.Timeouts, s.HedgesSent)
+		}
+	}
+	k5, k50 := got["kernel-hedged (budget 5%)"], got["kernel-hedged (budget 50%)"]
+	if k5.HedgesSent == nil || k50.HedgesSent == nil {
+		t.Fatal("kernel series without hedge counts")
+	}
+	// Tokens: burst 10 plus ratio x every request the hedger saw (warm-up included); the
+	// measured share is scaled to N, so allow the burst in full.
+	if limit := 10 + int(0.05*float64(o.N+o.Warmup)+0.5); *k5.HedgesSent > limit || *k5.HedgesSent == 0 {
+		t.Errorf("budget 5%%: %d hedges for %d requests, want 1..%d", *k5.HedgesSent, o.N, limit)
+	}
+	if *k50.HedgesSent <= *k5.HedgesSent || k50.Timeouts >= k5.Timeouts {
+		t.Errorf("budget 50%%: %d hedges, %d timeouts; 5%%: %d, %d: the larger budget should hedge and answer more",
+			*k50.HedgesSent, k50.Timeouts, *k5.HedgesSent, k5.Timeouts)
+	}
+	// Every kernel-hedged request is answered by a hedge or times out: hedges + timeouts
+	// cover the requests, and nothing reaches the application twice.
+	for _, s := range []bench.Series{k5, k50} {
+		if s.LateDuplicates != 0 {
+			t.Errorf("%s: %d duplicates reached the application", s.Name, s.LateDuplicates)
+		}
+	}
+	for _, f := range []string{"result.json", "cdf.png", "tail.svg"} {
+		if _, err := os.Stat(filepath.Join(o.OutDir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestRateShort runs scenario (d) small: both levels are measured without and with kedge,
+// the stalled requests of the chaos service are all accounted for, and the figures exist.
+func TestRateShort(t *testing.T) {
+	bpftest.RequireRoot(t)
+	o := RateOptions{Levels: []int{1, 4}, N: 400, Warmup: 20, Repeats: 1, Stall: 40 * time.Millisecond,
+		Delay: 5 * time.Millisecond, Exe: bpftest.KedgeBinary(t), OutDir: t.TempDir()}
+	res, err := RunRate(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != 6 || len(res.Levels) != 2 {
+		t.Fatalf("%d runs, %d levels: want 3 runs (without, with, chaos with) per level", len(res.Runs), len(res.Levels))
+	}
+	for _, r := range res.Runs {
+		if r.Requests != o.N || r.RPS <= 0 || r.P50US <= 0 || r.CPUPerReqUS < 0 {
+			t.Errorf("run %+v: missing figures", r)
+		}
+		if r.Kedge != (r.Counters != nil) || r.Kedge != (r.LostClones != nil) {
+			t.Errorf("run %+v: hedger counters must be there exactly when kedge is", r)
+		}
+		if r.Kedge && r.Counters["requests"] < uint64(o.N) {
+			t.Errorf("run %+v: the hedger saw %d requests, the client sent %d", r, r.Counters["requests"], o.N+o.Warmup)
+		}
+		if r.Service == "chaos" {
+			// 2% of the ids stall; the ids are the client's, so stalls exist in every run.
+			if r.Stalled == 0 || r.Missed == nil || r.Rescued+*r.Missed != r.Stalled {
+				t.Errorf("chaos run %+v: stalled requests unaccounted", r)
+			}
+			if r.Rescued == 0 {
+				t.Errorf("chaos run %+v: no stalled request rescued", r)
+			}
+		}
+	}
+	for _, f := range []string{"result.json", "latency.png", "throughput.svg"} {
+		if _, err := os.Stat(filepath.Join(o.OutDir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	var b strings.Builder
+	if err := WriteRateReport(&b, res); err != nil || !strings.Contains(b.String(), "| 4 |") {
+		t.Errorf("report %v:\n%s", err, b.String())
+	}
+}
