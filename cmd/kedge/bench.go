@@ -38,6 +38,7 @@ func newBenchHedgeCmd() *cobra.Command {
 		rateOpts  hedgebench.RateOptions
 		scenarios string
 		out       string
+		repeat    int
 	)
 	flagOpts.Server = chaos.DefaultConfig()
 	cmd := &cobra.Command{
@@ -89,7 +90,7 @@ Flags given explicitly override the scenario's defaults.`,
 			}
 			changed := cmd.Flags().Changed
 			// Zero means "the scenario's default" in the options: an explicit zero is a mistake.
-			for flag, v := range map[string]int{"requests": flagOpts.N, "concurrency": flagOpts.Concurrency, "repeats": rateOpts.Repeats} {
+			for flag, v := range map[string]int{"requests": flagOpts.N, "concurrency": flagOpts.Concurrency, "repeats": rateOpts.Repeats, "repeat": repeat} {
 				if changed(flag) && v < 1 {
 					return usagef("--%s %d: must be at least 1", flag, v)
 				}
@@ -100,24 +101,12 @@ Flags given explicitly override the scenario's defaults.`,
 				if s == hedgebench.Rate {
 					run := rateOpts
 					run.Backend, run.OutDir = flagOpts.Backend, filepath.Join(out, s)
-					if changed("requests") {
-						run.N = flagOpts.N
-					}
-					if changed("warmup") {
-						run.Warmup = flagOpts.Warmup
-					}
-					if changed("delay") {
-						run.Delay = flagOpts.Delay
-					}
-					if changed("timeout") {
-						run.Timeout = flagOpts.Timeout
-					}
-					if changed("stall-pct") {
-						run.StallPct = flagOpts.Server.StallPct
-					}
-					if changed("stall") {
-						run.Stall = flagOpts.Server.Stall
-					}
+					overlay(changed, map[string]func(){
+						"requests": func() { run.N = flagOpts.N }, "warmup": func() { run.Warmup = flagOpts.Warmup },
+						"delay": func() { run.Delay = flagOpts.Delay }, "timeout": func() { run.Timeout = flagOpts.Timeout },
+						"stall-pct": func() { run.StallPct = flagOpts.Server.StallPct },
+						"stall":     func() { run.Stall = flagOpts.Server.Stall },
+					})
 					res, err := hedgebench.RunRate(cmd.Context(), run)
 					if err != nil {
 						return benchErr(s, err)
@@ -131,31 +120,17 @@ Flags given explicitly override the scenario's defaults.`,
 				}
 				run := hedgebench.Defaults(s)
 				run.Backend, run.PyClient, run.OutDir = flagOpts.Backend, flagOpts.PyClient, filepath.Join(out, s)
-				for flag, set := range map[string]func(){
+				overlay(changed, map[string]func(){
 					"requests": func() { run.N = flagOpts.N }, "warmup": func() { run.Warmup = flagOpts.Warmup },
 					"delay": func() { run.Delay = flagOpts.Delay }, "timeout": func() { run.Timeout = flagOpts.Timeout },
 					"concurrency": func() { run.Concurrency = flagOpts.Concurrency },
 					"stall-pct":   func() { run.Server.StallPct = flagOpts.Server.StallPct },
 					"stall":       func() { run.Server.Stall = flagOpts.Server.Stall },
 					"fast":        func() { run.Server.Fast = flagOpts.Server.Fast },
-				} {
-					if changed(flag) {
-						set()
-					}
-				}
-				res, err := hedgebench.Run(cmd.Context(), run)
-				if err != nil {
-					return benchErr(s, err)
-				}
-				fmt.Fprintf(w, "\n== scenario %s (%d requests per client, %s, kernel %s, commit %s) ==\n",
-					s, run.N, time.Since(start).Round(time.Second), res.Kernel, shortCommit(res.Commit))
-				if err := bench.WriteReport(w, res, bench.ReportOptions{
-					Baseline: "baseline", HedgeDelay: run.Delay,
-					IsStall: func(id uint32) bool { return chaos.Stalls(0, id, run.Server.StallPct) },
-				}); err != nil {
+				})
+				if err := runTableScenario(cmd, run, repeat, start); err != nil {
 					return err
 				}
-				fmt.Fprintf(w, "results and charts: %s\n", run.OutDir)
 			}
 			return nil
 		},
@@ -176,7 +151,63 @@ Flags given explicitly override the scenario's defaults.`,
 	f.StringVar(&flagOpts.PyClient, "py-client", "", "path to clients/apphedge.py (default: ./clients/apphedge.py)")
 	f.IntSliceVar(&rateOpts.Levels, "levels", []int{1, 4, 16, 64}, "rate: concurrent loops per level")
 	f.IntVar(&rateOpts.Repeats, "repeats", 3, "rate: runs without and with kedge per level (alternating order)")
+	f.IntVar(&repeat, "repeat", 1, "run each table scenario this many times (run-1/, run-2/, ...) and print the medians")
 	return cmd
+}
+
+// runTableScenario runs a Table 4.2 scenario repeat times and prints each table; with
+// repeat > 1 the runs go to run-1/, run-2/, ... under run.OutDir and the medians follow.
+func runTableScenario(cmd *cobra.Command, run hedgebench.Options, repeat int, start time.Time) error {
+	w := cmd.OutOrStdout()
+	report := bench.ReportOptions{Baseline: "baseline", HedgeDelay: run.Delay,
+		IsStall: func(id uint32) bool { return chaos.Stalls(0, id, run.Server.StallPct) }}
+	dir := run.OutDir
+	var sums [][]bench.Summary
+	for i := 1; i <= repeat; i++ {
+		if repeat > 1 {
+			run.OutDir = filepath.Join(dir, fmt.Sprintf("run-%d", i))
+		}
+		res, err := hedgebench.Run(cmd.Context(), run)
+		if err != nil {
+			return benchErr(run.Scenario, err)
+		}
+		fmt.Fprintf(w, "\n== scenario %s, run %d/%d (%d requests per client, %s, kernel %s, commit %s) ==\n",
+			run.Scenario, i, repeat, run.N, time.Since(start).Round(time.Second), res.Kernel, shortCommit(res.Commit))
+		if err := bench.WriteReport(w, res, report); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "results and charts: %s\n", run.OutDir)
+		row := make([]bench.Summary, len(res.Series))
+		for j, s := range res.Series {
+			row[j] = bench.Summarize(s)
+		}
+		sums = append(sums, row)
+	}
+	if repeat == 1 {
+		return nil
+	}
+	med, spread, err := bench.MedianSummaries(sums)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\n== scenario %s: medians over %d runs ==\n", run.Scenario, repeat)
+	if err := bench.WriteTable(w, med, report.Baseline); err != nil {
+		return err
+	}
+	for _, m := range med {
+		sp := spread[m.Name]
+		fmt.Fprintf(w, "%s: P99.9 %.2f-%.2f ms, MAX %.2f-%.2f ms over the runs\n", m.Name, sp[0].Min, sp[0].Max, sp[1].Min, sp[1].Max)
+	}
+	return nil
+}
+
+// overlay applies the setters of the flags given on the command line.
+func overlay(changed func(string) bool, setters map[string]func()) {
+	for flag, set := range setters {
+		if changed(flag) {
+			set()
+		}
+	}
 }
 
 // benchErr classifies a scenario's error: bad parameters are usage errors (exit 2).

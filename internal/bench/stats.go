@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -104,4 +106,56 @@ func HedgeExcess(s Series, isStall func(id uint32) bool, threshold time.Duration
 		}
 	}
 	return out
+}
+
+// Spread is a figure over repeated runs: its median and range.
+type Spread struct{ Median, Min, Max float64 }
+
+// MedianSummaries combines the summaries of repeated runs (runs[i] is run i's summaries,
+// the same series in the same order) into one summary per series whose figures are the
+// medians over the runs, plus the spread of P99.9 and MAX per series. Series missing from
+// a run are an error: the runs must be repeats of one scenario.
+func MedianSummaries(runs [][]Summary) ([]Summary, map[string][2]Spread, error) {
+	if len(runs) == 0 {
+		return nil, nil, errors.New("median of no runs")
+	}
+	out := make([]Summary, len(runs[0]))
+	spread := map[string][2]Spread{}
+	for i, first := range runs[0] {
+		var p50, p95, p99, p999, mx, load []float64
+		for r, run := range runs {
+			if len(run) != len(runs[0]) || run[i].Name != first.Name {
+				return nil, nil, fmt.Errorf("run %d does not have series %q at position %d", r+1, first.Name, i)
+			}
+			s := run[i]
+			p50, p95, p99, p999 = append(p50, s.P50), append(p95, s.P95), append(p99, s.P99), append(p999, s.P999)
+			mx, load = append(mx, s.Max), append(load, s.ExtraLoad)
+		}
+		out[i] = first
+		out[i].P50, out[i].P95, out[i].P99 = medianOf(p50), medianOf(p95), medianOf(p99)
+		out[i].P999, out[i].Max, out[i].ExtraLoad = medianOf(p999), medianOf(mx), medianOf(load)
+		spread[first.Name] = [2]Spread{spreadOf(p999), spreadOf(mx)}
+	}
+	return out, spread, nil
+}
+
+// medianOf is the nearest-rank median of v (NaN when v is empty or holds a NaN).
+func medianOf(v []float64) float64 {
+	s := slices.Clone(v)
+	for _, x := range s {
+		if math.IsNaN(x) {
+			return math.NaN()
+		}
+	}
+	slices.Sort(s)
+	return Percentile(s, 50)
+}
+
+func spreadOf(v []float64) Spread {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return Spread{math.NaN(), math.NaN(), math.NaN()}
+	}
+	return Spread{Percentile(s, 50), s[0], s[len(s)-1]}
 }

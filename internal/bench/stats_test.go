@@ -167,3 +167,29 @@ func TestNice125AndTicks(t *testing.T) {
 		t.Errorf("fraction tick labels %v, want %v", labels, want)
 	}
 }
+
+func TestMedianSummaries(t *testing.T) {
+	run := func(p999, mx float64) []Summary {
+		return []Summary{{Name: "baseline", P50: 2, P999: 400, Max: 401, ExtraLoad: math.NaN()},
+			{Name: "kernel", P50: 2.1, P99: 12, P999: p999, Max: mx, ExtraLoad: 0.02}}
+	}
+	med, spread, err := MedianSummaries([][]Summary{run(12.3, 13), run(12.9, 20), run(12.5, 12.4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if med[1].P999 != 12.5 || med[1].Max != 13 || med[1].P99 != 12 || med[1].ExtraLoad != 0.02 {
+		t.Errorf("kernel medians %+v", med[1])
+	}
+	if !math.IsNaN(med[0].ExtraLoad) {
+		t.Errorf("unknown extra load became %v", med[0].ExtraLoad)
+	}
+	if sp := spread["kernel"]; sp[0] != (Spread{12.5, 12.3, 12.9}) || sp[1] != (Spread{13, 12.4, 20}) {
+		t.Errorf("spread %+v", sp)
+	}
+	if _, _, err := MedianSummaries([][]Summary{run(1, 1), run(1, 1)[:1]}); err == nil {
+		t.Error("runs with different series: no error")
+	}
+	if _, _, err := MedianSummaries(nil); err == nil {
+		t.Error("no runs: no error")
+	}
+}
