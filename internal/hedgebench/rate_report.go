@@ -93,12 +93,12 @@ func idleCPU(ctx context.Context, d time.Duration) (float64, error) {
 // WriteRateReport prints the per-level table of r and what it means.
 func WriteRateReport(w io.Writer, r RateResult) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| Loops | req/s without | req/s with | P50 without (µs) | P50 with | ΔP50 (µs) | P99 without (µs) | P99 with | ΔP99 (µs) | CPU/req without (µs) | CPU/req with | chaos req/s | stalled | missed hedges | lost clones |\n")
-	fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| Loops | req/s without | req/s with | P50 without (µs) | P50 with | ΔP50 (µs) | P99 without (µs) | P99 with | ΔP99 (µs) | CPU/req without (µs) | CPU/req with | chaos req/s | stalled | missed hedges | budget refusals | lost clones |\n")
+	fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, l := range r.Levels {
-		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.1f | %.1f | %+.1f | %.1f | %.1f | %+.1f | %.1f | %.1f | %.0f | %d | %d | %d |\n",
+		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.1f | %.1f | %+.1f | %.1f | %.1f | %+.1f | %.1f | %.1f | %.0f | %d | %d | %d | %d |\n",
 			l.Concurrency, l.OffRPS, l.OnRPS, l.OffP50US, l.OnP50US, l.DeltaP50US, l.OffP99US, l.OnP99US, l.DeltaP99US,
-			l.OffCPUPerReqUS, l.OnCPUPerReqUS, l.ChaosRPS, l.Stalled, l.Missed, l.LostClones)
+			l.OffCPUPerReqUS, l.OnCPUPerReqUS, l.ChaosRPS, l.Stalled, l.Missed, l.BudgetExhausted, l.LostClones)
 	}
 	fmt.Fprintf(&b, "\nrate, %v requests per run, %v pairs per level, backend %s, kernel %s, %s (%d CPUs), commit %.12s",
 		r.Parameters["n"], r.Parameters["repeats"], r.Backend, r.Kernel, r.Machine.CPUModel, r.Machine.NProc, r.Commit)
