@@ -210,7 +210,11 @@ static __always_inline int match_request(struct __sk_buff *skb, struct match *m)
 	return 1;
 }
 
-/* Budget: each request deposits ratio tokens (capped); a hedge withdraws 1000. */
+/* Budget (docs/hedging.md): each request deposits ratio tokens while fewer than the cap
+ * (burst) are free; the splitter takes one for each clone it sends into the delay line;
+ * budget_return gives it back when the clone is dropped without a hedge. The return is not
+ * capped: the token was deposited before, so "hedges <= ratio * requests + burst" stays
+ * exact (every hedge spends a token a request deposited or the initial bucket held). */
 static __always_inline void budget_deposit(struct svc_cfg *cfg, struct svc_state *st)
 {
 	if (st->tokens_milli < (__s64)cfg->budget_cap_milli)
@@ -225,12 +229,18 @@ static __always_inline int budget_take(struct svc_state *st)
 	return 0;
 }
 
+static __always_inline void budget_return(struct svc_state *st)
+{
+	__sync_fetch_and_add(&st->tokens_milli, 1000);
+}
+
 SEC("tc")
 int hedge_split(struct __sk_buff *skb)
 {
 	struct match m;
 	struct hreq r = {};
 	__u64 now;
+	int token;
 
 	if (skb->mark == cfg_hedge_mark)
 		return TC_ACT_UNSPEC; /* a hedge we sent: never cloned again */
@@ -245,21 +255,25 @@ int hedge_split(struct __sk_buff *skb)
 	r.state = REQ_PENDING;
 	r.orig_replica = m.cfg->orig_index;
 	r.hedge_replica = REPLICA_NONE;
-	/* Cheap pre-check so a dry budget does not load the delay line; the rescuer takes the
-	 * token for real, so answered requests cost nothing. */
-	if (m.st->tokens_milli < 1000) {
+	/* The clone takes its hedge's token now: without one it would only ride the delay line
+	 * to be refused, and concurrent requests could not all count on the same token. */
+	token = budget_take(m.st);
+	if (!token) {
 		COUNT(m.cnt, budget_exhausted);
 		r.state = REQ_NOCLONE;
 	}
 	if (bpf_map_update_elem(&scoreboard, &m.key, &r, BPF_ANY) < 0) {
+		if (token)
+			budget_return(m.st);
 		COUNT(m.cnt, scoreboard_errors);
 		return TC_ACT_UNSPEC;
 	}
-	if (r.state != REQ_PENDING)
+	if (!token)
 		return TC_ACT_UNSPEC;
 	if (bpf_clone_redirect(skb, cfg_dl_ifindex, 0) < 0) {
 		struct hreq *e = bpf_map_lookup_elem(&scoreboard, &m.key);
 
+		budget_return(m.st);
 		COUNT(m.cnt, clone_errors);
 		if (e)
 			e->state = REQ_NOCLONE;
@@ -342,6 +356,14 @@ static __always_inline void record_precision(__u32 svc, __u64 now, __u64 deadlin
 		hist_add(&dl_precision, svc * 2 + 1, (deadline - now) / 1000);
 }
 
+/* hedge_failed: the clone was due but no hedge left (the packet is dropped). The entry
+ * becomes NOHEDGE, so its response completes it, and the clone's token goes back. */
+static __always_inline void hedge_failed(struct match *m, struct hreq *e)
+{
+	e->state = REQ_NOHEDGE;
+	budget_return(m->st);
+}
+
 SEC("tc")
 int hedge_rescue(struct __sk_buff *skb)
 {
@@ -355,12 +377,14 @@ int hedge_rescue(struct __sk_buff *skb)
 		return TC_ACT_SHOT; /* nothing but clones arrive here */
 	e = bpf_map_lookup_elem(&scoreboard, &m.key);
 	if (!e) {
+		budget_return(m.st);
 		COUNT(m.cnt, clones_orphaned);
 		return TC_ACT_SHOT;
 	}
 	if (e->state != REQ_PENDING) {
 		if (e->state == REQ_ANSWERED)
 			bpf_map_delete_elem(&scoreboard, &m.key);
+		budget_return(m.st);
 		COUNT(m.cnt, clones_answered);
 		return TC_ACT_SHOT;
 	}
@@ -369,17 +393,14 @@ int hedge_rescue(struct __sk_buff *skb)
 		COUNT(m.cnt, recirculations);
 		return bpf_redirect(cfg_dl_ifindex, 0);
 	}
-	if (!budget_take(m.st)) {
-		e->state = REQ_NOHEDGE;
-		COUNT(m.cnt, budget_exhausted);
-		return TC_ACT_SHOT;
-	}
+	/* Due and unanswered: the token this clone took at the splitter pays for the hedge. */
 	idx = pick_replica(m.cfg, m.st, e->orig_replica);
 	to = *replica_at(m.cfg, idx);
 	__builtin_memset(&from, 0, sizeof(from));
 	from.addr = m.p.daddr;
 	from.port = m.p.dport;
 	if (rewrite_addr(skb, &m.p, 1, &from, &to) < 0) {
+		hedge_failed(&m, e);
 		COUNT(m.cnt, redirect_errors);
 		return TC_ACT_SHOT;
 	}

@@ -2,10 +2,12 @@
 /* hedge.h - the kernel/user contract of kedge's UDP request hedger.
  *
  * Data flow (docs/architecture.md has the picture):
- *   client iface egress  (hedge_split)  : request -> scoreboard PENDING, clone -> delay line
+ *   client iface egress  (hedge_split)  : request -> scoreboard PENDING, takes a budget token,
+ *                                         clone -> delay line (no token: NOCLONE, no clone)
  *   delay-line ns        (delay.bpf.c)  : clone waits (conveyor | netem | edt), comes back
- *   dl veth ingress      (hedge_rescue) : answered -> drop; early -> go round again;
- *                                         pending + budget -> rewrite to another replica, send
+ *   dl veth ingress      (hedge_rescue) : answered -> drop, budget token back; early -> go
+ *                                         round again; pending -> rewrite to another replica,
+ *                                         send (the token the splitter took pays for it)
  *   client iface ingress (hedge_resp)   : first response completes, rewritten to the address
  *                                         the client used; the later duplicate is dropped
  * Go mirrors these structs through bpf2go (-type); keep padding explicit. */
@@ -91,8 +93,8 @@ struct hreq_key {
 
 enum req_state {
 	REQ_PENDING = 1,  /* sent, clone in the delay line, no response yet */
-	REQ_NOCLONE,      /* sent, not cloned (budget or clone failure): measured only */
-	REQ_NOHEDGE,      /* clone came out, budget said no */
+	REQ_NOCLONE,      /* sent, not cloned (no free budget token, or clone failure): measured only */
+	REQ_NOHEDGE,      /* clone came out due, hedge not sent (the rewrite failed) */
 	REQ_HEDGED,       /* hedge sent, no response yet */
 	REQ_ANSWERED,     /* response arrived, clone still in the delay line */
 	REQ_ANSWERED_HEDGED, /* first of two responses arrived; the second is dropped */
@@ -109,14 +111,17 @@ struct hreq {
 };
 
 /* Per-service counters (per-CPU array, SVC_MAX slots; slot SVC_MAX holds the counters
- * that belong to no service, such as malformed packets). Names match kedge hedge stats. */
+ * that belong to no service, such as malformed packets). Names match kedge hedge stats.
+ * Budget tokens (svc_state.tokens_milli): the splitter takes one for each clone it sends
+ * into the delay line; a clone dropped without a hedge (answered, orphaned, failed) gives
+ * it back; a hedge keeps it. So clones in the delay line <= tokens, and hedges <= tokens. */
 struct hedge_stats {
 	__u64 requests;          /* requests seen by the splitter */
 	__u64 short_requests;    /* datagram shorter than the request-id field: passed */
 	__u64 fragments;         /* fragmented requests/responses: passed untouched */
 	__u64 malformed;         /* failed parse.h: passed untouched */
-	__u64 clones;            /* clones sent into the delay line */
-	__u64 clone_errors;      /* bpf_clone_redirect failed */
+	__u64 clones;            /* clones sent into the delay line (each holds a budget token) */
+	__u64 clone_errors;      /* bpf_clone_redirect failed (token given back) */
 	__u64 scoreboard_errors; /* scoreboard update failed (request passes, not hedged) */
 	__u64 responses;         /* first responses */
 	__u64 clones_answered;   /* clone dropped at the delay-line exit: already answered */
@@ -125,7 +130,7 @@ struct hedge_stats {
 	__u64 hedges_sent;
 	__u64 hedges_won;        /* the hedge's response arrived first */
 	__u64 duplicates_dropped; /* later response of a hedged request, dropped */
-	__u64 budget_exhausted;  /* request not cloned or hedge not sent: no budget */
+	__u64 budget_exhausted;  /* request not cloned (so never hedged): no free budget token */
 	__u64 responses_rewritten; /* response source rewritten to the address the client used */
 	__u64 redirect_errors;   /* bpf_redirect_neigh failed */
 	__u64 gc_expired;        /* scoreboard entries removed by the timer (TTL) */

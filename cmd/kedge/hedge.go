@@ -461,7 +461,8 @@ func newHedgeStatsCmd(runDir *string) *cobra.Command {
 		Long: `Stats prints the counters of a running hedger (from its status file, at most a second
 old), one column per service: requests, first responses, clones into the delay line,
 clones dropped because answered, hedges sent and won, duplicate responses dropped,
-requests not hedged for lack of budget, ..., the current delay, latency quantiles (request
+requests not cloned (so not hedged) for lack of a budget token, ..., the free budget
+tokens, the current delay, latency quantiles (request
 to first response, over the adaptive-delay window) and delay-line precision (hedge send
 time minus intended time). Then the delay line's own counters. With several hedgers
 running, --pid picks one. -o json prints the whole status file.`,

@@ -168,6 +168,8 @@ func waitCounters(t *testing.T, h *Hedger, within time.Duration, done func(c map
 // would be hedged (doubling the load on srv2 exactly when capacity is short); with ratio
 // 0.1 and burst 5, 200 requests may cause at most 0.1*200+5 = 25 hedges. Every request
 // whose hedge went out is answered by srv2 (rewritten to srv1's address); the rest time out.
+// A clone takes its token at the splitter, so no clone enters the delay line only to be
+// refused there: 20 concurrent clients cannot all pass on the same tokens.
 func TestBudgetCapsHedgesDuringOutage(t *testing.T) {
 	requireRoot(t)
 	l := hedgeLab(t, "hb")
@@ -240,5 +242,22 @@ func TestBudgetCapsHedgesDuringOutage(t *testing.T) {
 	if c["hedges_won"] != hedges || c["responses_rewritten"] != hedges || c["responses"] != hedges {
 		t.Errorf("hedges_won %d responses_rewritten %d responses %d, want %d each",
 			c["hedges_won"], c["responses_rewritten"], c["responses"], hedges)
+	}
+	// Nothing is answered before its hedge, so every clone that entered the delay line
+	// must have become a hedge: a clone without a token would be dropped at the exit.
+	snap, err := h.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, dl := snap.Services[0].Counters, snap.DelayLine
+	if c["clones"] != c["hedges_sent"] || c["clones_answered"] != 0 || c["clones_orphaned"] != 0 {
+		t.Errorf("clones %d, hedges_sent %d, clones_answered %d, clones_orphaned %d: want every clone hedged, none dropped",
+			c["clones"], c["hedges_sent"], c["clones_answered"], c["clones_orphaned"])
+	}
+	if dl["entered"] != c["clones"]+c["recirculations"] {
+		t.Errorf("delay line entered %d, want clones %d + recirculations %d", dl["entered"], c["clones"], c["recirculations"])
+	}
+	if float64(c["clones"]) > ratio*requests+burst {
+		t.Errorf("%d clones entered the delay line, more than the budget's %g hedges", c["clones"], ratio*requests+burst)
 	}
 }

@@ -15,7 +15,7 @@ import (
 //
 //	kedge_hedge_<counter>_total        every counter of struct hedge_stats (bpf/include/hedge.h)
 //	kedge_hedge_delay_seconds          the hedge delay now (adaptive delays move)
-//	kedge_hedge_budget_tokens          hedges the budget allows right now
+//	kedge_hedge_budget_tokens          free budget tokens (clones the splitter may send now)
 //	kedge_hedge_window_samples         latencies in the adaptive-delay window
 //	kedge_hedge_latency_p{50,95,99}_seconds   request to first response over the window
 //	kedge_hedge_precision_p{50,99}_seconds    hedge send time - intended time
@@ -67,7 +67,7 @@ func newCollector(stats func() (*Snapshot, error)) *Collector {
 		return d
 	}
 	c.delay = g("kedge_hedge_delay_seconds", "Current hedge delay.", "service")
-	c.tokens = g("kedge_hedge_budget_tokens", "Hedges the budget allows now.", "service")
+	c.tokens = g("kedge_hedge_budget_tokens", "Free budget tokens: clones the splitter may send now (clones in the delay line hold theirs).", "service")
 	c.window = g("kedge_hedge_window_samples", "Latency samples in the adaptive-delay window.", "service")
 	// Quantiles as gauges of their own: a "quantile" label belongs to summaries only.
 	lat := func(p string) *prometheus.Desc {

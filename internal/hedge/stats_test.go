@@ -277,7 +277,7 @@ kedge_hedge_malformed_total{service="kv"} 0
 # HELP kedge_hedge_delay_seconds Current hedge delay.
 # TYPE kedge_hedge_delay_seconds gauge
 kedge_hedge_delay_seconds{service="kv"} 0.01
-# HELP kedge_hedge_budget_tokens Hedges the budget allows now.
+# HELP kedge_hedge_budget_tokens Free budget tokens: clones the splitter may send now (clones in the delay line hold theirs).
 # TYPE kedge_hedge_budget_tokens gauge
 kedge_hedge_budget_tokens{service="kv"} 7.5
 # HELP kedge_hedge_latency_p95_seconds Request to first response, p95 over the adaptive-delay window (bucket upper edge).
