@@ -158,9 +158,8 @@ static __always_inline void addr_key(struct svc_key *k, const struct in6_addr *a
 	k->a.port = port;
 }
 
-/* parse_udp parses the skb; returns 1 for an unfragmented UDP datagram, 0 otherwise
- * (counting malformed and fragmented packets of interest in the global slot only when
- * the caller asks, since most traffic is not ours). */
+/* parse_udp parses the skb; returns 1 for an unfragmented UDP datagram, 0 otherwise.
+ * The callers count what they pass: fragments, and malformed packets (see is_malformed). */
 static __always_inline int parse_udp(struct __sk_buff *skb, struct pkt *p, int *perr)
 {
 	void *data = (void *)(long)skb->data;
@@ -168,6 +167,14 @@ static __always_inline int parse_udp(struct __sk_buff *skb, struct pkt *p, int *
 
 	*perr = parse_pkt(data, data_end, p);
 	return *perr == PARSE_OK && p->l4_proto == IPPROTO_UDP && !(p->flags & PKT_F_FRAG);
+}
+
+/* is_malformed: parse.h rejected the packet, and not for being something else than IP or a
+ * fragment (those are not malformed). Nothing is known of its ports, so no service. */
+static __always_inline int is_malformed(int perr, const struct pkt *p)
+{
+	return perr != PARSE_OK && perr != PARSE_ERR_L3_PROTO && perr != PARSE_ERR_FRAGMENT &&
+	       !(p->flags & PKT_F_FRAG);
 }
 
 /* match_request: the datagram is addressed to a service; fills the scoreboard key. */
@@ -182,7 +189,7 @@ static __always_inline int match_request(struct __sk_buff *skb, struct match *m)
 			addr_key(&k, &m->p.daddr, m->p.dport);
 			if (bpf_map_lookup_elem(&services, &k) || perr == PARSE_ERR_FRAGMENT)
 				COUNT(stats_for(SVC_MAX), fragments);
-		} else if (perr != PARSE_OK && perr != PARSE_ERR_L3_PROTO) {
+		} else if (is_malformed(perr, &m->p)) {
 			COUNT(stats_for(SVC_MAX), malformed);
 		}
 		return 0;
@@ -372,6 +379,7 @@ int hedge_rescue(struct __sk_buff *skb)
 	struct svc_addr to, from;
 	__u32 idx;
 	__u64 now;
+	long ret;
 
 	if (!match_request(skb, &m))
 		return TC_ACT_SHOT; /* nothing but clones arrive here */
@@ -390,8 +398,14 @@ int hedge_rescue(struct __sk_buff *skb)
 	}
 	now = bpf_ktime_get_ns();
 	if (now + cfg_early_ns < e->deadline_ns) {
+		ret = bpf_redirect(cfg_dl_ifindex, 0);
+		if (ret != TC_ACT_REDIRECT) {
+			hedge_failed(&m, e);
+			COUNT(m.cnt, redirect_errors);
+			return TC_ACT_SHOT;
+		}
 		COUNT(m.cnt, recirculations);
-		return bpf_redirect(cfg_dl_ifindex, 0);
+		return ret;
 	}
 	/* Due and unanswered: the token this clone took at the splitter pays for the hedge. */
 	idx = pick_replica(m.cfg, m.st, e->orig_replica);
@@ -401,27 +415,38 @@ int hedge_rescue(struct __sk_buff *skb)
 	from.port = m.p.dport;
 	if (rewrite_addr(skb, &m.p, 1, &from, &to) < 0) {
 		hedge_failed(&m, e);
-		COUNT(m.cnt, redirect_errors);
+		COUNT(m.cnt, hedge_rewrite_errors);
 		return TC_ACT_SHOT;
 	}
 	skb->mark = cfg_hedge_mark;
+	ret = bpf_redirect_neigh(cfg_out_ifindex, NULL, 0, 0);
+	if (ret != TC_ACT_REDIRECT) {
+		hedge_failed(&m, e);
+		COUNT(m.cnt, redirect_errors);
+		return TC_ACT_SHOT;
+	}
 	e->state = REQ_HEDGED;
 	e->hedged_ns = now;
 	e->hedge_replica = idx;
 	record_precision(m.svc, now, e->deadline_ns);
 	COUNT(m.cnt, hedges_sent);
-	return bpf_redirect_neigh(cfg_out_ifindex, NULL, 0, 0);
+	return ret;
 }
 
-/* match_response: the datagram comes from a service address or one of its replicas. */
+/* match_response: the datagram comes from a service address or one of its replicas.
+ * What it cannot match passes untouched; malformed packets count in the global slot,
+ * responses too short for the request id in their service's. */
 static __always_inline int match_response(struct __sk_buff *skb, struct match *m, struct replica_ref *ref)
 {
 	struct svc_key k;
 	struct replica_ref *r;
 	int perr;
 
-	if (!parse_udp(skb, &m->p, &perr))
+	if (!parse_udp(skb, &m->p, &perr)) {
+		if (is_malformed(perr, &m->p))
+			COUNT(stats_for(SVC_MAX), malformed_responses);
 		return 0;
+	}
 	addr_key(&k, &m->p.saddr, m->p.sport);
 	r = bpf_map_lookup_elem(&replicas, &k);
 	if (!r)
@@ -436,8 +461,10 @@ static __always_inline int match_response(struct __sk_buff *skb, struct match *m
 	if (!m->cfg || !m->st || !m->cfg->enabled)
 		return 0;
 	__builtin_memset(&m->key, 0, sizeof(m->key));
-	if (reqid_load(skb, &m->p, &m->cfg->reqid, &m->key.id) < 0)
+	if (reqid_load(skb, &m->p, &m->cfg->reqid, &m->key.id) < 0) {
+		COUNT(m->cnt, short_responses);
 		return 0;
+	}
 	m->key.caddr = m->p.daddr;
 	m->key.cport = m->p.dport;
 	m->key.svc = m->svc;
@@ -494,7 +521,7 @@ int hedge_resp(struct __sk_buff *skb)
 		struct svc_addr to = *replica_at(m.cfg, orig);
 
 		if (rewrite_addr(skb, &m.p, 0, &from, &to) < 0) {
-			COUNT(m.cnt, redirect_errors);
+			COUNT(m.cnt, response_rewrite_errors);
 			return TC_ACT_UNSPEC;
 		}
 		COUNT(m.cnt, responses_rewritten);

@@ -94,7 +94,7 @@ struct hreq_key {
 enum req_state {
 	REQ_PENDING = 1,  /* sent, clone in the delay line, no response yet */
 	REQ_NOCLONE,      /* sent, not cloned (no free budget token, or clone failure): measured only */
-	REQ_NOHEDGE,      /* clone came out due, hedge not sent (the rewrite failed) */
+	REQ_NOHEDGE,      /* clone came out due, hedge not sent (rewrite or redirect failed) */
 	REQ_HEDGED,       /* hedge sent, no response yet */
 	REQ_ANSWERED,     /* response arrived, clone still in the delay line */
 	REQ_ANSWERED_HEDGED, /* first of two responses arrived; the second is dropped */
@@ -117,9 +117,13 @@ struct hreq {
  * it back; a hedge keeps it. So clones in the delay line <= tokens, and hedges <= tokens. */
 struct hedge_stats {
 	__u64 requests;          /* requests seen by the splitter */
-	__u64 short_requests;    /* datagram shorter than the request-id field: passed */
-	__u64 fragments;         /* fragmented requests/responses: passed untouched */
-	__u64 malformed;         /* failed parse.h: passed untouched */
+	__u64 short_requests;    /* request shorter than the request-id field: passed */
+	__u64 short_responses;   /* response from a service/replica address shorter than the
+				  * request-id field: passed untouched, request stays open */
+	__u64 fragments;         /* fragmented requests (global slot): passed untouched */
+	__u64 malformed;         /* egress packets failing parse.h (global slot): passed */
+	__u64 malformed_responses; /* ingress packets failing parse.h (global slot: no service
+				    * can be told without ports): passed untouched */
 	__u64 clones;            /* clones sent into the delay line (each holds a budget token) */
 	__u64 clone_errors;      /* bpf_clone_redirect failed (token given back) */
 	__u64 scoreboard_errors; /* scoreboard update failed (request passes, not hedged) */
@@ -132,7 +136,10 @@ struct hedge_stats {
 	__u64 duplicates_dropped; /* later response of a hedged request, dropped */
 	__u64 budget_exhausted;  /* request not cloned (so never hedged): no free budget token */
 	__u64 responses_rewritten; /* response source rewritten to the address the client used */
-	__u64 redirect_errors;   /* bpf_redirect_neigh failed */
+	__u64 hedge_rewrite_errors;    /* hedge's destination rewrite failed: hedge not sent */
+	__u64 response_rewrite_errors; /* response's source rewrite failed: passed as it came */
+	__u64 redirect_errors;   /* bpf_redirect_neigh (hedge) or bpf_redirect (clone sent
+				  * round again) returned an error: packet dropped */
 	__u64 gc_expired;        /* scoreboard entries removed by the timer (TTL) */
 };
 
@@ -154,7 +161,7 @@ struct dl_stats {
 	__u64 period_max_ns;
 	__u64 edt_set;        /* edt: tstamp set */
 	__u64 edt_no_entry;   /* edt: clone with no scoreboard entry (sent through at once) */
-	__u64 redirect_errors;
+	__u64 redirect_errors; /* dl_entry: bpf_redirect to the delay device failed */
 };
 
 /* Delay-line control (array, one slot), written by user space. */

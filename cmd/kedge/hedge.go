@@ -448,7 +448,8 @@ func dur(d time.Duration) string {
 // statsCounters are the counters `kedge hedge stats` shows, in order.
 var statsCounters = []string{"requests", "responses", "clones", "clones_answered", "hedges_sent", "hedges_won",
 	"duplicates_dropped", "budget_exhausted", "recirculations", "clones_orphaned", "responses_rewritten",
-	"short_requests", "clone_errors", "scoreboard_errors", "redirect_errors"}
+	"short_requests", "short_responses", "clone_errors", "scoreboard_errors", "hedge_rewrite_errors",
+	"response_rewrite_errors", "redirect_errors"}
 
 func newHedgeStatsCmd(runDir *string) *cobra.Command {
 	var (

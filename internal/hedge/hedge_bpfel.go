@@ -35,25 +35,29 @@ type hedgeDlStats struct {
 }
 
 type hedgeHedgeStats struct {
-	_                  structs.HostLayout
-	Requests           uint64
-	ShortRequests      uint64
-	Fragments          uint64
-	Malformed          uint64
-	Clones             uint64
-	CloneErrors        uint64
-	ScoreboardErrors   uint64
-	Responses          uint64
-	ClonesAnswered     uint64
-	ClonesOrphaned     uint64
-	Recirculations     uint64
-	HedgesSent         uint64
-	HedgesWon          uint64
-	DuplicatesDropped  uint64
-	BudgetExhausted    uint64
-	ResponsesRewritten uint64
-	RedirectErrors     uint64
-	GcExpired          uint64
+	_                     structs.HostLayout
+	Requests              uint64
+	ShortRequests         uint64
+	ShortResponses        uint64
+	Fragments             uint64
+	Malformed             uint64
+	MalformedResponses    uint64
+	Clones                uint64
+	CloneErrors           uint64
+	ScoreboardErrors      uint64
+	Responses             uint64
+	ClonesAnswered        uint64
+	ClonesOrphaned        uint64
+	Recirculations        uint64
+	HedgesSent            uint64
+	HedgesWon             uint64
+	DuplicatesDropped     uint64
+	BudgetExhausted       uint64
+	ResponsesRewritten    uint64
+	HedgeRewriteErrors    uint64
+	ResponseRewriteErrors uint64
+	RedirectErrors        uint64
+	GcExpired             uint64
 }
 
 type hedgeHedgeTick struct {

@@ -13,7 +13,8 @@ import (
 // Per service (label service; service="" holds what belongs to no service, such as
 // malformed datagrams):
 //
-//	kedge_hedge_<counter>_total        every counter of struct hedge_stats (bpf/include/hedge.h)
+//	kedge_hedge_<counter>_total        every counter of struct hedge_stats (bpf/include/hedge.h),
+//	                                   HELP from counterHelp
 //	kedge_hedge_delay_seconds          the hedge delay now (adaptive delays move)
 //	kedge_hedge_budget_tokens          free budget tokens (clones the splitter may send now)
 //	kedge_hedge_window_samples         latencies in the adaptive-delay window
@@ -42,7 +43,34 @@ var dlPeriodFields = []string{"period_sum_ns", "period_count", "period_min_ns", 
 
 // globalCounters are the hedge_stats fields hedge.bpf.c counts in the slot of no service
 // (stats_for(SVC_MAX)), exported with service="".
-var globalCounters = []string{"fragments", "malformed", "gc_expired"}
+var globalCounters = []string{"fragments", "malformed", "malformed_responses", "gc_expired"}
+
+// counterHelp says what each struct hedge_stats counter (bpf/include/hedge.h) counts; it
+// is the metric's HELP text. Every field has one (TestCounterNames).
+var counterHelp = map[string]string{
+	"requests":                "Requests seen by the splitter.",
+	"short_requests":          "Requests shorter than the request-id field, passed unhedged.",
+	"short_responses":         "Responses from a service or replica address shorter than the request-id field, passed untouched.",
+	"fragments":               "Fragmented requests, passed untouched.",
+	"malformed":               "Outgoing packets parse.h rejects, passed untouched.",
+	"malformed_responses":     "Incoming packets parse.h rejects, passed untouched.",
+	"clones":                  "Clones sent into the delay line; each holds a budget token.",
+	"clone_errors":            "Clones bpf_clone_redirect failed to send (token given back).",
+	"scoreboard_errors":       "Requests not recorded: scoreboard update failed.",
+	"responses":               "First responses.",
+	"clones_answered":         "Clones dropped at the delay-line exit: request already answered (token given back).",
+	"clones_orphaned":         "Clones dropped at the delay-line exit: no scoreboard entry (token given back).",
+	"recirculations":          "Clones sent round the delay line again, not due yet.",
+	"hedges_sent":             "Hedges sent.",
+	"hedges_won":              "Hedges whose response arrived first.",
+	"duplicates_dropped":      "Later responses of hedged requests, dropped.",
+	"budget_exhausted":        "Requests not cloned, so never hedged: no free budget token.",
+	"responses_rewritten":     "Responses whose source was rewritten to the address the client used.",
+	"hedge_rewrite_errors":    "Hedges not sent: rewriting the destination failed.",
+	"response_rewrite_errors": "Responses passed without their source rewritten: the rewrite failed.",
+	"redirect_errors":         "Hedges or recirculating clones dropped: bpf_redirect_neigh or bpf_redirect failed.",
+	"gc_expired":              "Scoreboard entries removed by the timer (TTL).",
+}
 
 // NewCollector returns a Collector for h; register it with a prometheus.Registry.
 func NewCollector(h *Hedger) *Collector { return newCollector(h.Stats) }
@@ -51,8 +79,7 @@ func newCollector(stats func() (*Snapshot, error)) *Collector {
 	c := &Collector{stats: stats, counters: map[string]*prometheus.Desc{}, dlCounters: map[string]*prometheus.Desc{}}
 	svc := []string{"service"}
 	for name := range counterMap(hedgeHedgeStats{}) {
-		c.counters[name] = prometheus.NewDesc("kedge_hedge_"+name+"_total",
-			"Hedger counter "+name+" (bpf/include/hedge.h struct hedge_stats).", svc, nil)
+		c.counters[name] = prometheus.NewDesc("kedge_hedge_"+name+"_total", counterHelp[name], svc, nil)
 	}
 	for name := range counterMap(hedgeDlStats{}) {
 		if slices.Contains(dlPeriodFields, name) {

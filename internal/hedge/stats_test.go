@@ -234,12 +234,28 @@ func upperDur(us uint64) time.Duration {
 // TestCounterNames: counter names are the C field names, so stats, metrics and docs agree.
 func TestCounterNames(t *testing.T) {
 	m := counterMap(hedgeHedgeStats{HedgesSent: 3, DuplicatesDropped: 2, GcExpired: 1})
-	if m["hedges_sent"] != 3 || m["duplicates_dropped"] != 2 || m["gc_expired"] != 1 || len(m) != 18 {
+	if m["hedges_sent"] != 3 || m["duplicates_dropped"] != 2 || m["gc_expired"] != 1 || len(m) != 22 {
 		t.Errorf("counterMap = %v", m)
 	}
 	for _, name := range globalCounters {
 		if _, ok := m[name]; !ok {
 			t.Errorf("global counter %q is not a hedge_stats field", name)
+		}
+	}
+	// Each failure has its own counter: a rewrite that failed is not a redirect that failed.
+	for _, name := range []string{"short_responses", "malformed_responses", "hedge_rewrite_errors", "response_rewrite_errors", "redirect_errors"} {
+		if _, ok := m[name]; !ok {
+			t.Errorf("no counter %q", name)
+		}
+	}
+	for name := range m {
+		if counterHelp[name] == "" {
+			t.Errorf("counter %q has no HELP text in counterHelp", name)
+		}
+	}
+	for name := range counterHelp {
+		if _, ok := m[name]; !ok {
+			t.Errorf("counterHelp names %q, which is no hedge_stats field", name)
 		}
 	}
 	s := sumStats([]hedgeHedgeStats{{Requests: 1, Clones: 2}, {Requests: 10, Clones: 20}})
@@ -255,11 +271,12 @@ func fakeSnapshot() *Snapshot {
 			Max: 11 * time.Millisecond, Fillers: 83, Spread: 121 * time.Microsecond},
 		Services: []ServiceStats{{
 			Name: "kv", Address: "198.18.0.12:9999", Delay: "10ms", DelayNow: 10 * time.Millisecond, Tokens: 7.5, Window: 40,
-			Counters:   counterMap(hedgeHedgeStats{Requests: 100, HedgesSent: 4, BudgetExhausted: 1}),
+			Counters: counterMap(hedgeHedgeStats{Requests: 100, HedgesSent: 4, BudgetExhausted: 1, ShortResponses: 3,
+				HedgeRewriteErrors: 6, ResponseRewriteErrors: 7}),
 			LatencyP50: time.Millisecond, LatencyP95: 2 * time.Millisecond, LatencyP99: 9 * time.Millisecond,
 			Precision: Precision{Samples: 4, P50: 50 * time.Microsecond, P99: 90 * time.Microsecond},
 		}},
-		Global:    counterMap(hedgeHedgeStats{Malformed: 2}),
+		Global:    counterMap(hedgeHedgeStats{Malformed: 2, MalformedResponses: 5}),
 		DelayLine: counterMap(hedgeDlStats{Entered: 104, Exited: 103, PeriodSumNs: 3_000_000_000, PeriodCount: 300, PeriodMinNs: 9_000_000, PeriodMaxNs: 11_000_000}),
 	}
 }
@@ -267,13 +284,29 @@ func fakeSnapshot() *Snapshot {
 func TestCollector(t *testing.T) {
 	c := newCollector(func() (*Snapshot, error) { return fakeSnapshot(), nil })
 	want := `
-# HELP kedge_hedge_hedges_sent_total Hedger counter hedges_sent (bpf/include/hedge.h struct hedge_stats).
+# HELP kedge_hedge_hedges_sent_total Hedges sent.
 # TYPE kedge_hedge_hedges_sent_total counter
 kedge_hedge_hedges_sent_total{service="kv"} 4
-# HELP kedge_hedge_malformed_total Hedger counter malformed (bpf/include/hedge.h struct hedge_stats).
+# HELP kedge_hedge_malformed_total Outgoing packets parse.h rejects, passed untouched.
 # TYPE kedge_hedge_malformed_total counter
 kedge_hedge_malformed_total{service=""} 2
 kedge_hedge_malformed_total{service="kv"} 0
+# HELP kedge_hedge_malformed_responses_total Incoming packets parse.h rejects, passed untouched.
+# TYPE kedge_hedge_malformed_responses_total counter
+kedge_hedge_malformed_responses_total{service=""} 5
+kedge_hedge_malformed_responses_total{service="kv"} 0
+# HELP kedge_hedge_short_responses_total Responses from a service or replica address shorter than the request-id field, passed untouched.
+# TYPE kedge_hedge_short_responses_total counter
+kedge_hedge_short_responses_total{service="kv"} 3
+# HELP kedge_hedge_redirect_errors_total Hedges or recirculating clones dropped: bpf_redirect_neigh or bpf_redirect failed.
+# TYPE kedge_hedge_redirect_errors_total counter
+kedge_hedge_redirect_errors_total{service="kv"} 0
+# HELP kedge_hedge_hedge_rewrite_errors_total Hedges not sent: rewriting the destination failed.
+# TYPE kedge_hedge_hedge_rewrite_errors_total counter
+kedge_hedge_hedge_rewrite_errors_total{service="kv"} 6
+# HELP kedge_hedge_response_rewrite_errors_total Responses passed without their source rewritten: the rewrite failed.
+# TYPE kedge_hedge_response_rewrite_errors_total counter
+kedge_hedge_response_rewrite_errors_total{service="kv"} 7
 # HELP kedge_hedge_delay_seconds Current hedge delay.
 # TYPE kedge_hedge_delay_seconds gauge
 kedge_hedge_delay_seconds{service="kv"} 0.01
@@ -303,7 +336,9 @@ kedge_hedge_delay_line_fillers 83
 # TYPE kedge_hedge_info gauge
 kedge_hedge_info{backend="conveyor"} 1
 `
-	names := []string{"kedge_hedge_hedges_sent_total", "kedge_hedge_malformed_total", "kedge_hedge_delay_seconds",
+	names := []string{"kedge_hedge_hedges_sent_total", "kedge_hedge_malformed_total", "kedge_hedge_malformed_responses_total",
+		"kedge_hedge_short_responses_total", "kedge_hedge_redirect_errors_total", "kedge_hedge_hedge_rewrite_errors_total",
+		"kedge_hedge_response_rewrite_errors_total", "kedge_hedge_delay_seconds",
 		"kedge_hedge_budget_tokens", "kedge_hedge_latency_p95_seconds", "kedge_hedge_precision_p99_seconds", "kedge_hedge_delay_line_entered_total",
 		"kedge_hedge_delay_line_period_seconds", "kedge_hedge_delay_line_period_max_seconds",
 		"kedge_hedge_delay_line_fillers", "kedge_hedge_info"}
