@@ -10,23 +10,25 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/cleanup"
+	"github.com/kedge-dev/kedge/internal/hedge"
 )
 
 func init() { register(newCleanupCmd) }
 
 func newCleanupCmd() *cobra.Command {
 	var (
-		all, quiet bool
-		output     string
+		all, quiet     bool
+		output, runDir string
 	)
 	cmd := &cobra.Command{
 		Use:   "cleanup",
-		Short: "Remove what killed kedge runs left behind (namespaces, tc filters, pins)",
+		Short: "Remove what killed kedge runs left behind (namespaces, tc filters, pins, status files)",
 		Long: `Cleanup removes what kedge runs that were killed left behind, recognised by an
 owner pid that no longer runs:
   - network namespaces named kedge-<pid>-...
   - cls_bpf filters named kedge:<pid>:... in the current network namespace
   - pin directories /sys/fs/bpf/kedge/<name>.<pid>
+  - hedger status files /run/kedge/hedge.<pid>.json
 With --all it also removes persistent labs made by 'kedge lab up'. Nothing of a
 running kedge, and nothing without kedge's name on it, is ever touched.`,
 		Example: `  # after a crash (make demo runs this first)
@@ -45,7 +47,7 @@ running kedge, and nothing without kedge's name on it, is ever touched.`,
 			if quiet && output == outputJSON {
 				return usagef("--quiet and -o json exclude each other: drop one")
 			}
-			res, err := cleanup.Run(cleanup.Options{All: all})
+			res, err := cleanup.Run(cleanup.Options{All: all, StatusDir: runDir})
 			if !quiet {
 				if werr := writeReport(cmd.OutOrStdout(), output, res, func(w io.Writer) error { return writeCleanup(w, res) }); werr != nil {
 					err = errors.Join(err, werr)
@@ -56,6 +58,8 @@ running kedge, and nothing without kedge's name on it, is ever touched.`,
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "also remove persistent labs made by 'kedge lab up'")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print nothing unless something fails")
+	cmd.Flags().StringVar(&runDir, "run-dir", hedge.StatusDir, "directory of the hedgers' status files")
+	_ = cmd.Flags().MarkHidden("run-dir")
 	addOutputFlag(cmd, &output)
 	return cmd
 }
@@ -69,7 +73,7 @@ func writeCleanup(w io.Writer, r *cleanup.Result) error {
 		what  string
 		items []string
 	}{
-		{"namespace", r.Namespaces}, {"tc", r.Filters}, {"pin dir", r.PinDirs}, {"lab", r.Labs},
+		{"namespace", r.Namespaces}, {"tc", r.Filters}, {"pin dir", r.PinDirs}, {"status file", r.StatusFiles}, {"lab", r.Labs},
 	} {
 		for _, it := range g.items {
 			if _, err := fmt.Fprintf(w, "removed %s %s\n", g.what, it); err != nil {

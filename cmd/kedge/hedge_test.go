@@ -7,12 +7,14 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/hedge"
+	"github.com/kedge-dev/kedge/internal/lab"
 )
 
 // checkGolden compares got with testdata/name; KEDGE_UPDATE_GOLDEN=1 rewrites the file.
@@ -167,5 +169,58 @@ func TestHedgeHelpHasExamples(t *testing.T) {
 		if code != exitOK || !strings.Contains(stdout, "Examples:") {
 			t.Errorf("kedge hedge %s --help: exit %d, no examples:\n%s", c, code, stdout)
 		}
+	}
+}
+
+// TestCleanupRemovesDeadHedgersStatusFiles: `kedge cleanup` removes the status file a killed
+// `kedge hedge run` left (and reports it), never a live hedger's. It runs inside a
+// namespace of its own, so the tc filter sweep looks at nothing but that namespace.
+func TestCleanupRemovesDeadHedgersStatusFiles(t *testing.T) {
+	requireRoot(t)
+	ns, err := lab.NewNetns(lab.OwnedName("hclean"))
+	if err != nil {
+		t.Fatalf("create namespace: %v", err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	const deadPID = 99999999 // above any pid_max
+	dir := t.TempDir()
+	live, dead := hedge.StatusPath(dir, os.Getpid()), hedge.StatusPath(dir, deadPID)
+	write := func(pid int) {
+		t.Helper()
+		if err := hedge.WriteStatus(dir, &hedge.Status{PID: pid}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cleanup := func(args ...string) (code int, stdout, stderr string) {
+		t.Helper()
+		_ = ns.Do(func() error {
+			code, stdout, stderr = runCLI(t, "", append([]string{"cleanup", "--run-dir", dir}, args...)...)
+			return nil
+		})
+		return code, stdout, stderr
+	}
+
+	write(os.Getpid())
+	write(deadPID)
+	code, stdout, stderr := cleanup("-o", "json")
+	var res struct {
+		StatusFiles []string `json:"status_files"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &res); code != exitOK || err != nil {
+		t.Fatalf("cleanup -o json: exit %d, %v: %s%s", code, err, stdout, stderr)
+	}
+	if !slices.Contains(res.StatusFiles, dead) {
+		t.Errorf("status_files = %v, want it to name %s", res.StatusFiles, dead)
+	}
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("dead hedger's status file still present (stat: %v)", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("live hedger's status file removed: %v", err)
+	}
+
+	write(deadPID)
+	if code, stdout, stderr := cleanup(); code != exitOK || !strings.Contains(stdout, "removed status file "+dead+"\n") {
+		t.Errorf("cleanup: exit %d, output %q %s; want it to report %s", code, stdout, stderr, dead)
 	}
 }

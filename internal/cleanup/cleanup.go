@@ -1,6 +1,7 @@
 // Package cleanup removes what killed kedge runs left behind: their network namespaces,
-// their cls_bpf filters (named kedge:<pid>:...) and their bpffs pin directories
-// (<pin root>/<name>.<pid>), recognised by an owner pid that no longer runs. With All it
+// their cls_bpf filters (named kedge:<pid>:...), their bpffs pin directories
+// (<pin root>/<name>.<pid>) and their hedger status files (/run/kedge/hedge.<pid>.json),
+// recognised by an owner pid that no longer runs. With All it
 // also removes persistent labs (`kedge lab up`), which have no owner process.
 //
 // It never touches anything of a live process, nor anything without kedge's name on it.
@@ -14,6 +15,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/hedge"
 	"github.com/kedge-dev/kedge/internal/lab"
 )
 
@@ -23,19 +25,22 @@ type Options struct {
 	All bool
 	// FilterNetns is where stale cls_bpf filters are looked for; nil: the caller's namespace.
 	FilterNetns *lab.Netns
+	// StatusDir holds the hedgers' status files; "": hedge.StatusDir.
+	StatusDir string
 }
 
 // Result lists what Run removed.
 type Result struct {
-	Namespaces []string `json:"namespaces"` // namespaces of dead runs
-	Filters    []string `json:"filters"`    // "<iface> <hook> filter <name>"
-	PinDirs    []string `json:"pin_dirs"`
-	Labs       []string `json:"labs"` // persistent labs (with All)
+	Namespaces  []string `json:"namespaces"` // namespaces of dead runs
+	Filters     []string `json:"filters"`    // "<iface> <hook> filter <name>"
+	PinDirs     []string `json:"pin_dirs"`
+	StatusFiles []string `json:"status_files"` // hedge.<pid>.json of dead hedgers
+	Labs        []string `json:"labs"`         // persistent labs (with All)
 }
 
 // Count is the number of things removed.
 func (r *Result) Count() int {
-	return len(r.Namespaces) + len(r.Filters) + len(r.PinDirs) + len(r.Labs)
+	return len(r.Namespaces) + len(r.Filters) + len(r.PinDirs) + len(r.StatusFiles) + len(r.Labs)
 }
 
 // alive reports whether pid may still own kedge resources.
@@ -44,7 +49,7 @@ func alive(pid int) bool { return pid == os.Getpid() || lab.ProcessAlive(pid) }
 // Run removes leftovers and reports what it removed. It keeps going after an error and
 // returns every error joined, with the Result of what did succeed.
 func Run(opts Options) (*Result, error) {
-	res := &Result{Namespaces: []string{}, Filters: []string{}, PinDirs: []string{}, Labs: []string{}}
+	res := &Result{Namespaces: []string{}, Filters: []string{}, PinDirs: []string{}, StatusFiles: []string{}, Labs: []string{}}
 	var errs []error
 
 	// Filters first: a dead run's filters in its own namespaces vanish with them, but those
@@ -63,6 +68,14 @@ func Run(opts Options) (*Result, error) {
 
 	dirs, err := removePinDirs()
 	res.PinDirs = append(res.PinDirs, dirs...)
+	errs = append(errs, err)
+
+	statusDir := opts.StatusDir
+	if statusDir == "" {
+		statusDir = hedge.StatusDir
+	}
+	files, err := hedge.RemoveStaleStatuses(statusDir)
+	res.StatusFiles = append(res.StatusFiles, files...)
 	errs = append(errs, err)
 
 	if opts.All {

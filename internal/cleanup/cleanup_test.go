@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/hedge"
 	"github.com/kedge-dev/kedge/internal/lab"
 )
 
@@ -162,7 +163,16 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 	pl.Release()
 	t.Cleanup(func() { _, _ = lab.Down(persistent) })
 
-	res, err := Run(Options{FilterNetns: fns})
+	// Status files of a dead and a live hedger (a killed `kedge hedge run` leaves its file).
+	statusDir := t.TempDir()
+	for _, pid := range []int{deadPID, os.Getpid()} {
+		if err := hedge.WriteStatus(statusDir, &hedge.Status{PID: pid}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadStatus, liveStatus := hedge.StatusPath(statusDir, deadPID), hedge.StatusPath(statusDir, os.Getpid())
+
+	res, err := Run(Options{FilterNetns: fns, StatusDir: statusDir})
 	if err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
@@ -174,17 +184,18 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 		removed string
 	}{
 		{"pin dirs", res.PinDirs, deadPin},
+		{"status files", res.StatusFiles, deadStatus},
 		{"filters", res.Filters, "c0 ingress filter " + deadFilter},
 	} {
 		if !slices.Contains(tc.got, tc.removed) {
 			t.Errorf("removed %s = %v, want it to contain %s", tc.what, tc.got, tc.removed)
 		}
 	}
-	if exists(filepath.Join(lab.NetnsDir, deadNS)) || exists(deadPin) {
-		t.Errorf("dead run's namespace or pin dir still present")
+	if exists(filepath.Join(lab.NetnsDir, deadNS)) || exists(deadPin) || exists(deadStatus) {
+		t.Errorf("dead run's namespace, pin dir or status file still present")
 	}
-	if !exists(filepath.Join(lab.NetnsDir, live.Name)) || !exists(livePin) {
-		t.Errorf("live run's namespace %s or pin dir %s was removed", live.Name, livePin)
+	if !exists(filepath.Join(lab.NetnsDir, live.Name)) || !exists(livePin) || !exists(liveStatus) {
+		t.Errorf("live run's namespace %s, pin dir %s or status file %s was removed", live.Name, livePin, liveStatus)
 	}
 	if got := filterNames(t, fns); !slices.Equal(got, []string{liveFilter}) {
 		t.Errorf("filters after cleanup = %v, want only %s", got, liveFilter)

@@ -18,7 +18,7 @@ import (
 // StatusDir is where each running `kedge hedge run` publishes its status file,
 // hedge.<pid>.json, rewritten every second and removed on exit. `kedge hedge status` and
 // `kedge hedge stats` read them; a file whose pid no longer runs is a killed run's and is
-// removed by whoever finds it.
+// removed by whoever finds it (those commands, the next `kedge hedge run`, `kedge cleanup`).
 const StatusDir = "/run/kedge"
 
 // Status is the content of a status file.
@@ -90,38 +90,61 @@ func WriteStatus(dir string, st *Status) error {
 	return nil
 }
 
+// listStatusDir lists dir; a missing dir is empty (no hedger has run yet).
+func listStatusDir(dir string) ([]os.DirEntry, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("list status files: %w", err)
+	}
+	return entries, nil
+}
+
+// RemoveStaleStatuses removes from dir the status files of pids that no longer run (killed
+// hedgers) and their temporary files, and returns the paths it removed. A missing dir holds
+// nothing to remove. `kedge cleanup` calls it; so does every ReadStatuses.
+func RemoveStaleStatuses(dir string) ([]string, error) {
+	entries, err := listStatusDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		pid, ok := statusPID(e.Name())
+		if !ok {
+			// A temporary file of a writer killed between create and rename.
+			pid, ok = tmpPID(e.Name())
+		}
+		if !ok || lab.ProcessAlive(pid) {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		switch err := os.Remove(path); {
+		case err == nil:
+			removed = append(removed, path)
+		case !errors.Is(err, os.ErrNotExist): // else removed concurrently
+			errs = append(errs, fmt.Errorf("remove stale status file: %w", err))
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
 // ReadStatuses returns the status of every running hedger in dir, by pid. Files of pids
 // that no longer run (killed hedgers) and their temporary files are removed.
 func ReadStatuses(dir string) ([]Status, error) {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	_, rerr := RemoveStaleStatuses(dir)
+	entries, err := listStatusDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("list status files: %w", err)
+		return nil, err
 	}
 	var out []Status
-	var errs []error
+	errs := []error{rerr}
 	for _, e := range entries {
-		name := e.Name()
-		if pid, ok := tmpPID(name); ok {
-			// A temporary file of a writer killed between create and rename.
-			if !lab.ProcessAlive(pid) {
-				_ = os.Remove(filepath.Join(dir, name))
-			}
-			continue
+		pid, ok := statusPID(e.Name())
+		if !ok || !lab.ProcessAlive(pid) {
+			continue // not a status file, or one a killed hedger left that could not be removed
 		}
-		pid, ok := statusPID(name)
-		if !ok {
-			continue
-		}
-		path := filepath.Join(dir, name)
-		if !lab.ProcessAlive(pid) {
-			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, fmt.Errorf("remove stale status file: %w", err))
-			}
-			continue
-		}
+		path := filepath.Join(dir, e.Name())
 		b, err := os.ReadFile(path)
 		if errors.Is(err, os.ErrNotExist) {
 			continue // the hedger exited meanwhile

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -391,6 +392,18 @@ func TestStatusFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// What kedge cleanup calls: only the dead pid's files go.
+	removed, err := RemoveStaleStatuses(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(removed)
+	if want := []string{deadTmp, StatusPath(dir, dead.PID)}; !slices.Equal(removed, want) {
+		t.Errorf("RemoveStaleStatuses removed %v, want %v", removed, want)
+	}
+	if err := WriteStatus(dir, &dead); err != nil { // killed again: ReadStatuses removes it too
+		t.Fatal(err)
+	}
 	sts, err := ReadStatuses(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -409,6 +422,9 @@ func TestStatusFiles(t *testing.T) {
 	}
 	if sts, err := ReadStatuses(filepath.Join(dir, "none")); err != nil || sts != nil {
 		t.Errorf("missing directory: %v %v", sts, err)
+	}
+	if removed, err := RemoveStaleStatuses(filepath.Join(dir, "none")); err != nil || removed != nil {
+		t.Errorf("missing directory: removed %v, %v", removed, err)
 	}
 }
 
