@@ -2,7 +2,8 @@
 /* pping.h - the kernel/user contract of kedge's passive RTT monitor (kedge pping).
  *
  * Data flow (docs/pping.md has the details):
- *   TC egress  (pping_egress)  and  TC ingress (pping_ingress), one object, one interface:
+ *   TC egress  (pping_egress)  and  TC ingress (pping_ingress) or XDP (pping_xdp), one
+ *   object, one interface:
  *     every packet with an identifier is both a possible request (its identifier is
  *     timestamped in pkt_ts, keyed by its own direction) and a possible reply (its echo is
  *     looked up under the reverse direction). A match gives an RTT, which goes to the
@@ -121,7 +122,8 @@ enum pp_map_id {
 	PP_MAP_NR = 3,
 };
 
-/* Counter slots in the per-CPU 'counters' array. */
+/* Counter slots in the per-CPU 'counters' array. The XDP ingress program (pping_xdp, the
+ * alternative to pping_ingress) counts in the ingress slot. */
 enum pp_hook {
 	PP_HOOK_INGRESS = 0,
 	PP_HOOK_EGRESS = 1,
@@ -278,8 +280,24 @@ struct pp_counters {
 	__u64 gc_flow_expired;
 };
 
-/* Per-subnet aggregation value (per-CPU hash; user space sums the CPUs). */
+/* Traffic of one subnet in one direction (ePPing's struct traffic_counters): TCP segments
+ * with the timestamp option that the monitor could measure, other TCP, and every other
+ * packet that parsed as IP. Bytes are whole frames (the Ethernet header included). */
+struct pp_traffic {
+	__u64 tcp_ts_pkts;
+	__u64 tcp_ts_bytes;
+	__u64 tcp_nots_pkts;
+	__u64 tcp_nots_bytes;
+	__u64 other_pkts;
+	__u64 other_bytes;
+};
+
+/* Per-subnet aggregation value (per-CPU hash; user space sums the CPUs). rx counts the
+ * packets whose source is in the subnet (received from it), tx those whose destination is
+ * (sent to it), at every hook, as ePPing's rx_stats and tx_stats do. */
 struct pp_agg_stats {
+	struct pp_traffic rx;
+	struct pp_traffic tx;
 	__u64 count;
 	__u64 sum_ns;
 	__u64 min_ns;

@@ -22,13 +22,15 @@ static __always_inline int pp_active(const struct pp_dir_state *d)
 }
 
 /* Whether the packet's destination is this host (ePPing's local-flow filter): a FIB lookup
- * from the ingress interface that ends in "not forwarded". Done once per flow direction. */
-static __always_inline int pp_dst_is_local(struct __sk_buff *skb, const struct pkt *p)
+ * from the ingress interface that ends in "not forwarded". Done once per flow direction.
+ * ctx is the program's (TC or XDP): bpf_fib_lookup takes either. */
+static __always_inline int pp_dst_is_local(void *ctx, const struct pp_pkt *pp)
 {
+	const struct pkt *p = &pp->p;
 	struct bpf_fib_lookup fib = {};
 	long ret;
 
-	fib.ifindex = skb->ingress_ifindex;
+	fib.ifindex = pp->ifindex;
 	fib.l4_protocol = p->l4_proto;
 	fib.tot_len = p->payload_len;
 	if (p->l3_proto == ETH_P_IP) {
@@ -41,7 +43,7 @@ static __always_inline int pp_dst_is_local(struct __sk_buff *skb, const struct p
 		__builtin_memcpy(fib.ipv6_src, &p->saddr, sizeof(fib.ipv6_src));
 		__builtin_memcpy(fib.ipv6_dst, &p->daddr, sizeof(fib.ipv6_dst));
 	}
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	ret = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
 	/* FWD_DISABLED: the interface does not forward, so whatever it receives is ours. */
 	return ret == BPF_FIB_LKUP_RET_NOT_FWDED || ret == BPF_FIB_LKUP_RET_FWD_DISABLED;
 }
@@ -196,14 +198,39 @@ static __always_inline __u32 pp_hist_bin(__u64 v)
 	       ((v >> (e - PP_HIST_SUB_BITS)) & (PP_HIST_SUB - 1));
 }
 
-static __always_inline struct pp_agg_stats *pp_agg_entry(void *map, void *key, void *other,
-							 struct pp_counters *cnt)
+/* The active buffer's entry for the subnet of ip. A missing subnet is created when create is
+ * set (a packet the monitor measures), else, and when the map is full (agg_map_full), the
+ * "other" entry stands in: unmeasurable traffic, a spoofed-source flood for instance, cannot
+ * fill the map with subnets of its own (ePPing's rule). */
+static __always_inline struct pp_agg_stats *pp_agg_get(const struct in6_addr *ip, __u8 ipv,
+							int create, struct pp_counters *cnt)
 {
-	struct pp_agg_stats *st = bpf_map_lookup_elem(map, key);
+	struct pp_agg_stats *st;
+	__u32 zero = 0, *active, key4, other4 = PP_AGG_OTHER_V4;
+	__u64 key6, other6 = PP_AGG_OTHER_V6;
+	void *map, *key, *other;
 	long err;
 
+	active = bpf_map_lookup_elem(&agg_active, &zero);
+	if (!active)
+		return NULL;
+	if (ipv == 4) {
+		key4 = ip->in6_u.u6_addr32[3] & pp_cfg.v4_prefix_mask;
+		map = *active ? (void *)&agg4_1 : (void *)&agg4_0;
+		key = &key4;
+		other = &other4;
+	} else {
+		__builtin_memcpy(&key6, ip, sizeof(key6));
+		key6 &= pp_cfg.v6_prefix_mask;
+		map = *active ? (void *)&agg6_1 : (void *)&agg6_0;
+		key = &key6;
+		other = &other6;
+	}
+	st = bpf_map_lookup_elem(map, key);
 	if (st)
 		return st;
+	if (!create)
+		return bpf_map_lookup_elem(map, other);
 	err = bpf_map_update_elem(map, key, &pp_zero_agg, BPF_NOEXIST);
 	if (err && err != -PP_EEXIST) {
 		cnt->agg_map_full++;
@@ -217,24 +244,9 @@ static __always_inline void pp_aggregate(const struct pp_pkt *pp, __u64 rtt,
 					 struct pp_counters *cnt)
 {
 	const struct in6_addr *ip = pp_cfg.agg_by_dst ? &pp->pid.flow.daddr : &pp->pid.flow.saddr;
-	struct pp_agg_stats *st;
-	__u32 zero = 0, *active, bin;
+	struct pp_agg_stats *st = pp_agg_get(ip, pp->pid.flow.ipv, 1, cnt);
+	__u32 bin;
 
-	active = bpf_map_lookup_elem(&agg_active, &zero);
-	if (!active)
-		return;
-	if (pp->pid.flow.ipv == 4) {
-		__u32 key = ip->in6_u.u6_addr32[3] & pp_cfg.v4_prefix_mask;
-		__u32 other = PP_AGG_OTHER_V4;
-
-		st = pp_agg_entry(*active ? (void *)&agg4_1 : (void *)&agg4_0, &key, &other, cnt);
-	} else {
-		__u64 key, other = PP_AGG_OTHER_V6;
-
-		__builtin_memcpy(&key, ip, sizeof(key));
-		key &= pp_cfg.v6_prefix_mask;
-		st = pp_agg_entry(*active ? (void *)&agg6_1 : (void *)&agg6_0, &key, &other, cnt);
-	}
 	if (!st)
 		return;
 	st->count++;
@@ -246,6 +258,39 @@ static __always_inline void pp_aggregate(const struct pp_pkt *pp, __u64 rtt,
 	bin = pp_hist_bin(rtt);
 	if (bin < PP_HIST_BINS)
 		st->bins[bin]++;
+}
+
+static __always_inline void pp_traffic_add(struct pp_traffic *t, const struct pkt *p,
+					   int measured, __u32 len)
+{
+	if (p->l4_proto != IPPROTO_TCP) {
+		t->other_pkts++;
+		t->other_bytes += len;
+	} else if (measured) {
+		t->tcp_ts_pkts++;
+		t->tcp_ts_bytes += len;
+	} else {
+		t->tcp_nots_pkts++;
+		t->tcp_nots_bytes += len;
+	}
+}
+
+/* Counts an IP packet of len bytes as received from its source's subnet and sent to its
+ * destination's (aggregation mode). measured: the packet carries an identifier or an echo,
+ * which for TCP means the timestamp option (ePPing's TCP_TS). */
+static __always_inline void pp_count_traffic(const struct pp_pkt *pp, int measured, __u32 len,
+					     struct pp_counters *cnt)
+{
+	const struct pkt *p = &pp->p;
+	__u8 ipv = p->l3_proto == ETH_P_IP ? 4 : 6;
+	struct pp_agg_stats *st;
+
+	st = pp_agg_get(&p->saddr, ipv, measured, cnt);
+	if (st)
+		pp_traffic_add(&st->rx, p, measured, len);
+	st = pp_agg_get(&p->daddr, ipv, measured, cnt);
+	if (st)
+		pp_traffic_add(&st->tx, p, measured, len);
 }
 
 /* Matches the packet's echo against the identifiers stored for the reverse direction. */
@@ -321,8 +366,7 @@ static __always_inline void pp_close(struct pp_flow_state *fs, struct pp_dir_sta
 
 /* The per-packet pipeline after identification: flow state, request side, reply side,
  * closing. */
-static __always_inline void pp_process(struct __sk_buff *skb, struct pp_pkt *pp,
-				       struct pp_counters *cnt)
+static __always_inline void pp_process(void *ctx, struct pp_pkt *pp, struct pp_counters *cnt)
 {
 	struct pp_flow_state *fs = pp_flow_get(pp, cnt);
 	struct pp_dir_state *fwd, *rev;
@@ -334,8 +378,7 @@ static __always_inline void pp_process(struct __sk_buff *skb, struct pp_pkt *pp,
 
 	/* Request side: this packet's direction. */
 	if (fwd->conn == PP_CONN_EMPTY && pp->pid_valid)
-		pp_dir_open(fwd, pp,
-			    pp->is_ingress && pp_cfg.localfilt && pp_dst_is_local(skb, &pp->p));
+		pp_dir_open(fwd, pp, pp->is_ingress && pp_cfg.localfilt && pp_dst_is_local(ctx, pp));
 	if (pp_active(fwd)) {
 		fwd->sent_pkts++;
 		fwd->sent_bytes += pp->payload_len;

@@ -22,6 +22,7 @@ struct pp_pkt {
 	struct pp_pkt_id reply; /* the reverse direction and the echoed identifier */
 	__u64 now;
 	__u32 payload_len;
+	__u32 ifindex;          /* the interface the packet arrived on (ingress only) */
 	__u8 pid_valid;
 	__u8 reply_valid;
 	__u8 event;      /* enum pp_flow_event_type the packet triggers, or 0 */
@@ -115,17 +116,70 @@ static __always_inline int pp_ident_icmp(void *data, void *data_end, const struc
 	return 0;
 }
 
+/* Where the packet is: the program's context (an __sk_buff at TC, an xdp_md with xdp set)
+ * and its linear data. Every function that takes one is inlined into a program of one kind,
+ * so the compiler drops the branches of the other. */
+struct pp_ctx {
+	void *ctx;
+	void *data;
+	void *data_end;
+	int xdp;
+};
+
+/* Copies len (a constant) bytes at offset off of the packet into buf. TC reads with
+ * bpf_skb_load_bytes, which also reaches the paged part of a non-linear skb; an XDP frame
+ * is one linear buffer (pping_xdp does not declare multi-buffer support), read in place. */
+static __always_inline int pp_load(const struct pp_ctx *c, __u32 off, void *buf, __u32 len)
+{
+	void *src;
+
+	if (!c->xdp)
+		return bpf_skb_load_bytes(c->ctx, off, buf, len);
+	src = pkt_hdr(c->data, c->data_end, off, len);
+	if (!src)
+		return -1;
+	__builtin_memcpy(buf, src, len);
+	return 0;
+}
+
+/* reqid_load() (reqid.h) for both hooks. reqid.h reads through bpf_skb_load_bytes, which
+ * XDP programs do not have (bpf_xdp_load_bytes needs 5.18), so XDP reads the frame in place,
+ * byte by byte: the id may end at the frame's last byte, so there is no fixed window to
+ * check. The checks and byte order are reqid_load()'s; the fixtures run both. */
+static __always_inline int pp_reqid(const struct pp_ctx *c, const struct pkt *p,
+				    const struct reqid_spec *spec, __u64 *id)
+{
+	__u32 len = spec->len, off = p->payload_off + spec->offset;
+	__u64 v = 0;
+
+	if (!c->xdp)
+		return reqid_load(c->ctx, p, spec, id);
+	if (len == 0 || len > REQID_MAX_LEN || (__u32)spec->offset + len > p->payload_len)
+		return -1;
+#pragma unroll
+	for (int i = 0; i < REQID_MAX_LEN; i++) {
+		__u8 *b;
+
+		if (i >= len)
+			break;
+		b = pkt_hdr(c->data, c->data_end, off + i, 1);
+		if (!b)
+			return -1;
+		v = spec->order == REQID_LITTLE_ENDIAN ? v | (__u64)*b << (8 * i) : v << 8 | *b;
+	}
+	*id = v;
+	return 0;
+}
+
 /* DNS: a query (QR=0) to port 53 is a request, a response (QR=1) from port 53 a reply;
- * the 16-bit transaction id is the identifier. Read with bpf_skb_load_bytes (no packet
- * pointer arithmetic; works on non-linear skbs too). */
-static __always_inline int pp_ident_dns(struct __sk_buff *skb, const struct pkt *p,
+ * the 16-bit transaction id is the identifier. */
+static __always_inline int pp_ident_dns(const struct pp_ctx *c, const struct pkt *p,
 					struct pp_pkt *pp, struct pp_counters *cnt)
 {
 	__be16 hdr[2]; /* id, flags */
 	__u16 flags;
 
-	if (p->payload_len < PP_DNS_HDR_LEN ||
-	    bpf_skb_load_bytes(skb, p->payload_off, hdr, sizeof(hdr)) < 0) {
+	if (p->payload_len < PP_DNS_HDR_LEN || pp_load(c, p->payload_off, hdr, sizeof(hdr)) < 0) {
 		cnt->skip_udp_short++;
 		return -1;
 	}
@@ -146,7 +200,7 @@ static __always_inline int pp_ident_dns(struct __sk_buff *skb, const struct pkt 
 
 /* A configured UDP service: a datagram to its port is a request, one from its port a
  * response, both carrying the request id described by reqid.h. */
-static __always_inline int pp_ident_udp(struct __sk_buff *skb, const struct pkt *p,
+static __always_inline int pp_ident_udp(const struct pp_ctx *c, const struct pkt *p,
 					struct pp_pkt *pp, struct pp_counters *cnt)
 {
 	struct reqid_spec *req = NULL, *rep = NULL;
@@ -161,12 +215,12 @@ static __always_inline int pp_ident_udp(struct __sk_buff *skb, const struct pkt 
 	/* Tested one by one: clang would OR the two pointers, which the verifier refuses. */
 	if (req) {
 		pp->pid.flow.id_type = PP_ID_UDP_REQID;
-		if (reqid_load(skb, p, req, &pp->pid.id) == 0)
+		if (pp_reqid(c, p, req, &pp->pid.id) == 0)
 			pp->pid_valid = 1;
 	}
 	if (rep) {
 		pp->pid.flow.id_type = PP_ID_UDP_REQID;
-		if (reqid_load(skb, p, rep, &pp->reply.id) == 0)
+		if (pp_reqid(c, p, rep, &pp->reply.id) == 0)
 			pp->reply_valid = 1;
 	}
 	if (pp->pid.flow.id_type == PP_ID_UDP_REQID) {
@@ -177,7 +231,7 @@ static __always_inline int pp_ident_udp(struct __sk_buff *skb, const struct pkt 
 	}
 	if (pp_cfg.track_dns &&
 	    (p->dport == bpf_htons(PP_DNS_PORT) || p->sport == bpf_htons(PP_DNS_PORT)))
-		return pp_ident_dns(skb, p, pp, cnt);
+		return pp_ident_dns(c, p, pp, cnt);
 	cnt->skip_proto++;
 	return -1;
 }
@@ -210,8 +264,8 @@ static __always_inline void pp_reverse(struct pp_tuple *dst, const struct pp_tup
 
 /* Fills pp from a parsed packet (pp->p; the rest zeroed). Returns 0 when the packet carries an identifier or an
  * echo, -1 (counted) when it cannot be measured. */
-static __always_inline int pp_identify(struct __sk_buff *skb, void *data, void *data_end,
-				       struct pp_pkt *pp, struct pp_counters *cnt)
+static __always_inline int pp_identify(const struct pp_ctx *c, struct pp_pkt *pp,
+				       struct pp_counters *cnt)
 {
 	const struct pkt *p = &pp->p;
 	int ret;
@@ -228,16 +282,16 @@ static __always_inline int pp_identify(struct __sk_buff *skb, void *data, void *
 	case IPPROTO_TCP:
 		if (!pp_cfg.track_tcp)
 			goto skip;
-		ret = pp_ident_tcp(data, data_end, p, pp, cnt);
+		ret = pp_ident_tcp(c->data, c->data_end, p, pp, cnt);
 		break;
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6:
 		if (!pp_cfg.track_icmp)
 			goto skip;
-		ret = pp_ident_icmp(data, data_end, p, pp, cnt);
+		ret = pp_ident_icmp(c->data, c->data_end, p, pp, cnt);
 		break;
 	case IPPROTO_UDP:
-		ret = pp_ident_udp(skb, p, pp, cnt);
+		ret = pp_ident_udp(c, p, pp, cnt);
 		break;
 	default:
 		goto skip;

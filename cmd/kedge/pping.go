@@ -27,6 +27,7 @@ func init() { register(newPpingCmd) }
 // ppingFlags are the command line of kedge pping (ePPing's options, kedge's additions).
 type ppingFlags struct {
 	iface, netnsName, format, rttType, write, metricsAddr, tcMode string
+	ingressHook                                                   string
 	rateLimitMS, rttRate, cleanupS                                float64
 	aggregateS, prefixV4, prefixV6, maxFlows                      int
 	includeLocal, includeSYN, aggReverse, tcp, icmp, dns          bool
@@ -41,16 +42,18 @@ func newPpingCmd() *cobra.Command {
 		Use:   "pping -i IFACE",
 		Short: "Passive RTT monitor: TCP timestamps, ICMP echo, DNS and UDP request ids, measured in the kernel",
 		Long: `kedge pping measures round-trip times of the traffic that crosses an interface, without
-sending anything: TC programs on the interface's egress and ingress timestamp an identifier
-when a packet leaves and match its echo when the reply comes back (ePPing's method):
+sending anything: programs on the interface's egress (TC) and ingress (TC, or XDP with
+--ingress-hook xdp) timestamp an identifier when a packet leaves and match its echo when
+the reply comes back (ePPing's method):
 
   TCP     TSval -> TSecr              ICMP/ICMPv6  echo request -> reply (id, sequence)
   DNS     query -> response (id)      UDP          request -> response of a --udp-service
 
 Each flow direction is sampled at most once per --rate-limit (or per --rtt-rate x its RTT).
 Output is one line per RTT sample and per flow opening/closing (formats standard, json,
-jsonl, ppviz), or with -a a per-subnet summary every interval from histograms kept in the
-kernel. Without --netns the interface is looked up in the current network namespace.
+jsonl, ppviz), or with -a a per-subnet summary every interval (packets and bytes from and
+to the subnet, RTT histogram) kept in the kernel. Without --netns the interface is looked
+up in the current network namespace.
 
 Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage.`,
 		Example: `  # RTTs of everything on eth0 of a lab host, for 10 seconds
@@ -61,6 +64,9 @@ Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage.`,
 
   # per-/24 and per-/48 histograms every 5 s, plus Prometheus metrics
   sudo kedge pping -i eth0 --netns kedge-lab-demo-router -a 5 --metrics-addr :9464
+
+  # ingress at the XDP hook (native, else generic): earlier timestamps, lower cost
+  sudo kedge pping -i eth0 --netns kedge-lab-demo-client --ingress-hook xdp
 
   # a UDP service whose 4-byte request id starts the payload (as kedge hedge describes it)
   sudo kedge pping -i eth0 --netns kedge-lab-demo-client --udp-service 9999:0:4`,
@@ -96,6 +102,7 @@ Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage.`,
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on `ADDR` (host:port) at /metrics")
 	fl.IntVar(&f.maxFlows, "max-flows", pping.DefaultMaxFlows, "flow table size (the timestamp table holds twice as many)")
 	fl.StringVar(&f.tcMode, "tc-mode", "auto", "TC attachment: auto (TCX, else clsact), tcx or clsact")
+	fl.StringVarP(&f.ingressHook, "ingress-hook", "I", "tc", "ingress program: tc, or xdp (native, else generic XDP; egress stays TC)")
 	fl.BoolVar(&f.debug, "debug", false, "bpf_printk traces (read /sys/kernel/tracing/trace_pipe)")
 	fl.BoolVar(&f.counters, "counters", false, "print the per-hook packet counters to stderr on exit")
 	return cmd
@@ -117,6 +124,9 @@ func (f ppingFlags) config() (pping.Config, pping.Format, error) {
 		cfg.UseSRTT = true
 	default:
 		return cfg, 0, usagef("--rtt-type must be min or smoothed, not %q", f.rttType)
+	}
+	if cfg.IngressHook, err = pping.ParseIngressHook(f.ingressHook); err != nil {
+		return cfg, 0, usagef("--ingress-hook: %v", err)
 	}
 	if f.tcp || f.icmp || f.dns {
 		cfg.TCP, cfg.ICMP, cfg.DNS = f.tcp, f.icmp, f.dns

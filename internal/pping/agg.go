@@ -56,12 +56,12 @@ type Histogram struct {
 }
 
 // add merges one CPU's kernel value.
-func (h *Histogram) add(s *ppingPpAggStats) {
-	o := Histogram{Count: s.Count, Sum: s.SumNs, Min: s.MinNs, Max: s.MaxNs}
-	for i, n := range s.Bins {
+func (s *SubnetStats) add(k *ppingPpAggStats) {
+	o := SubnetStats{Rx: k.Rx, Tx: k.Tx, Histogram: Histogram{Count: k.Count, Sum: k.SumNs, Min: k.MinNs, Max: k.MaxNs}}
+	for i, n := range k.Bins {
 		o.Bins[i] = uint64(n)
 	}
-	h.Merge(&o)
+	s.Merge(&o)
 }
 
 // Merge adds o into h.
@@ -112,12 +112,39 @@ func (h *Histogram) Quantile(q float64) time.Duration {
 	return time.Duration(h.Max)
 }
 
-// SubnetStats is one subnet's histogram for one interval. Other marks the catch-all entry
-// for subnets that did not fit the map.
+// Traffic is one subnet's traffic in one direction (struct pp_traffic, ePPing's
+// traffic_counters): measured TCP (timestamp option), other TCP, and every other IP packet;
+// bytes are whole frames.
+type Traffic = ppingPpTraffic
+
+// Packets is the packet count over all kinds of traffic.
+func (t *Traffic) Packets() uint64 { return t.TcpTsPkts + t.TcpNotsPkts + t.OtherPkts }
+
+// Bytes is the byte count over all kinds of traffic.
+func (t *Traffic) Bytes() uint64 { return t.TcpTsBytes + t.TcpNotsBytes + t.OtherBytes }
+
+func (t *Traffic) add(o *Traffic) { addCounters(t, o) }
+
+// SubnetStats is one subnet's traffic and RTT histogram for one interval. Rx counts the
+// packets that came from the subnet (source address in it), Tx those that went to it, at
+// every hook. Other marks the catch-all entry for subnets that did not fit the map and for
+// unmeasurable traffic of subnets without an entry.
 type SubnetStats struct {
 	Prefix netip.Prefix
 	Other  bool
+	Rx, Tx Traffic
 	Histogram
+}
+
+// Merge adds o's traffic and histogram into s.
+func (s *SubnetStats) Merge(o *SubnetStats) {
+	s.Rx.add(&o.Rx)
+	s.Tx.add(&o.Tx)
+	s.Histogram.Merge(&o.Histogram)
+}
+
+func (s *SubnetStats) empty() bool {
+	return s.Count == 0 && s.Rx.Packets() == 0 && s.Tx.Packets() == 0
 }
 
 // AggReport is what one aggregation interval produced.
@@ -201,7 +228,7 @@ func (m *Monitor) CollectAggregate() (*AggReport, error) {
 	return rep, nil
 }
 
-// drainAgg reads every subnet of one buffer map (keys of keyLen bytes: 4 for IPv4, 8 for
+// drainAgg reads every subnet with traffic or RTTs of one buffer map (keys of keyLen bytes: 4 for IPv4, 8 for
 // the first half of IPv6), deletes them and zeroes the "other" entry.
 func drainAgg(m *ebpf.Map, keyLen, bits int, rep *AggReport) error {
 	key := make([]byte, keyLen)
@@ -209,18 +236,16 @@ func drainAgg(m *ebpf.Map, keyLen, bits int, rep *AggReport) error {
 	var stale [][]byte
 	it := m.Iterate()
 	for it.Next(&key, &percpu) {
-		var h Histogram
+		s := SubnetStats{Prefix: keyPrefix(key, bits), Other: allOnes(key)}
 		for i := range percpu {
-			h.add(&percpu[i])
+			s.add(&percpu[i])
 		}
-		other := allOnes(key)
-		if !other {
+		if !s.Other {
 			stale = append(stale, slices.Clone(key))
 		}
-		if h.Count == 0 {
-			continue
+		if !s.empty() {
+			rep.Subnets = append(rep.Subnets, s)
 		}
-		rep.Subnets = append(rep.Subnets, SubnetStats{Prefix: keyPrefix(key, bits), Other: other, Histogram: h})
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("read aggregation map %s: %w", m, err)

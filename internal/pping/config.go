@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -63,8 +64,40 @@ func (s Service) validate() error {
 	return nil
 }
 
+// IngressHook is where the ingress program runs.
+type IngressHook int
+
+const (
+	// IngressTC is a TC program (TCX or clsact, as egress).
+	IngressTC IngressHook = iota
+	// IngressXDP is an XDP program (native, falling back to generic): it sees a frame before
+	// the stack builds an skb, so its timestamps are earlier and its cost lower.
+	IngressXDP
+)
+
+// IngressHooks lists the names ParseIngressHook accepts.
+var IngressHooks = []string{"tc", "xdp"}
+
+func (h IngressHook) String() string {
+	if h >= 0 && int(h) < len(IngressHooks) {
+		return IngressHooks[h]
+	}
+	return fmt.Sprintf("IngressHook(%d)", int(h))
+}
+
+// ParseIngressHook parses "tc" or "xdp".
+func ParseIngressHook(s string) (IngressHook, error) {
+	if i := slices.Index(IngressHooks, s); i >= 0 {
+		return IngressHook(i), nil
+	}
+	return 0, fmt.Errorf("unknown ingress hook %q (want tc or xdp)", s)
+}
+
 // Config is what the monitor measures and how. DefaultConfig gives ePPing's defaults.
 type Config struct {
+	// IngressHook selects the ingress program: TC (default) or XDP. Egress is always TC.
+	IngressHook IngressHook
+
 	// Identifiers to track. UDP services are tracked when Services is not empty.
 	TCP, ICMP, DNS bool
 	Services       []Service
@@ -121,6 +154,9 @@ const DefaultMaxFlows = 65536
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
 	var errs []error
+	if c.IngressHook != IngressTC && c.IngressHook != IngressXDP {
+		errs = append(errs, fmt.Errorf("ingress hook %v: want tc or xdp", c.IngressHook))
+	}
 	if !c.TCP && !c.ICMP && !c.DNS && len(c.Services) == 0 {
 		errs = append(errs, errors.New("nothing to track: enable TCP, ICMP, DNS or a UDP service"))
 	}

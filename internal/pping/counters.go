@@ -80,8 +80,9 @@ func snake(s string) string {
 	return b.String()
 }
 
-// addCounters adds every counter of src to dst.
-func addCounters(dst, src *Counters) {
+// addCounters adds every uint64 field and uint64 array of src to dst (struct pp_counters,
+// struct pp_traffic).
+func addCounters[T any](dst, src *T) {
 	d, s := reflect.ValueOf(dst).Elem(), reflect.ValueOf(src).Elem()
 	for i := 0; i < d.NumField(); i++ {
 		switch f := d.Field(i); f.Kind() {

@@ -282,8 +282,8 @@ func runStep(t *testing.T, m *Monitor, i int, s step) {
 	if err != nil {
 		t.Fatalf("step %d: %v", i, err)
 	}
-	if res.Ret != bpftest.TCActUnspec {
-		t.Errorf("step %d: verdict %d, want TC_ACT_UNSPEC (a monitor never decides)", i, int32(res.Ret))
+	if want := passVerdict(prog); res.Ret != want {
+		t.Errorf("step %d: verdict %d, want %d: TC_ACT_UNSPEC or XDP_PASS (a monitor never decides)", i, int32(res.Ret), int32(want))
 	}
 	want := bpftest.Counters{}
 	prefix := fmt.Sprintf("%d.", s.hook)
@@ -297,6 +297,14 @@ func runStep(t *testing.T, m *Monitor, i int, s step) {
 	if d := delta.Diff(want); d != "" {
 		t.Errorf("step %d (%s): counter changes differ (got, want):\n%s", i, s.hook, d)
 	}
+}
+
+// passVerdict is what prog must return for every packet: XDP_PASS or TC_ACT_UNSPEC.
+func passVerdict(prog *ebpf.Program) uint32 {
+	if prog.Type() == ebpf.XDP {
+		return bpftest.XDPPass
+	}
+	return bpftest.TCActUnspec
 }
 
 // drain returns the events queued in the ring buffer.
@@ -379,6 +387,54 @@ func (fx fixture) run(t *testing.T) {
 	if fx.check != nil {
 		fx.check(t, m, elapsed)
 	}
+}
+
+// variant returns fx with the given ingress program and, mirrored, with every step on the
+// other hook: the pipeline does not depend on the direction (the fixtures measure local
+// flows, so no FIB lookup), so a mirrored fixture counts the same under the other hook and
+// its RTTs are matched on the other side. Mirroring puts the egress-only fixtures' packets,
+// malformed and truncated ones included, through both ingress programs.
+func (fx fixture) variant(hook IngressHook, mirror bool) fixture {
+	cfg := fx.cfg
+	fx.cfg = func(c *Config) {
+		if cfg != nil {
+			cfg(c)
+		}
+		c.IngressHook = hook
+	}
+	if !mirror {
+		return fx
+	}
+	fx.steps = slices.Clone(fx.steps)
+	for i := range fx.steps {
+		fx.steps[i].hook = HookIngress + HookEgress - fx.steps[i].hook
+	}
+	fx.rtts = slices.Clone(fx.rtts)
+	for i := range fx.rtts {
+		fx.rtts[i].egress = !fx.rtts[i].egress
+	}
+	return fx
+}
+
+// runAllHooks runs fx with the TC and the XDP ingress program, as written and mirrored.
+func (fx fixture) runAllHooks(t *testing.T) {
+	for _, hook := range []IngressHook{IngressTC, IngressXDP} {
+		for _, mirror := range []bool{false, true} {
+			name := hook.String()
+			if mirror {
+				name += "/mirrored"
+			}
+			t.Run(name, fx.variant(hook, mirror).run)
+		}
+	}
+}
+
+// runEachIngress runs fx as written with the TC ingress program and mirrored with the XDP
+// one: for fixtures that load a monitor each, half of runAllHooks' loads, and the steps
+// written for egress still go through the XDP program.
+func (fx fixture) runEachIngress(t *testing.T) {
+	t.Run("tc", fx.variant(IngressTC, false).run)
+	t.Run("xdp/mirrored", fx.variant(IngressXDP, true).run)
 }
 
 // c is shorthand for counter expectations.
@@ -638,7 +694,7 @@ func TestFixtures(t *testing.T) {
 		for _, f := range []fam{v4, v6} {
 			for _, fx := range g.fxs(f) {
 				fx.cache = cache
-				t.Run(g.name+"/"+f.String()+"/"+fx.name, fx.run)
+				t.Run(g.name+"/"+f.String()+"/"+fx.name, fx.runAllHooks)
 			}
 		}
 	}
@@ -652,14 +708,14 @@ func TestMalformed(t *testing.T) {
 	five := 5
 	notIPv4 := pktbuild.New().IPv4(pktbuild.IPv4{Version: &five}).UDP(pktbuild.UDP{Src: 1, Dst: 2}).Build()
 	other := v4.ip(true).Proto(47).Payload(make([]byte, 20)).Build() // GRE
-	fixture{name: "malformed", steps: []step{
+	fixture{name: "malformed", cache: newMonitorCache(t), steps: []step{
 		eg(pktbuild.Truncate(tcp, len(tcp)-20), c{"ParseErr[14]": 1}), // options cut off
 		eg(badDoff, c{"ParseErr[14]": 1}),
 		eg(laterFrag, c{"ParseErr[11]": 1}),
 		eg(arp, c{"ParseErr[4]": 1}),
 		eg(notIPv4, c{"ParseErr[5]": 1}),
 		eg(other, c{"SkipProto": 1}),
-	}}.run(t)
+	}}.runAllHooks(t)
 }
 
 func TestMapFull(t *testing.T) {
@@ -669,65 +725,151 @@ func TestMapFull(t *testing.T) {
 		eg(v4.echo(true, 2, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
 		eg(v4.echo(true, 3, 1, -1), c{"FlowMapFull": 1}),
 		eg(v4.echo(true, 4, 1, -1), c{"FlowMapFull": 1}), // counted again, warned once
-	}, full: []string{"flow"}}.run)
+	}, full: []string{"flow"}}.runEachIngress)
 	t.Run("timestamps", fixture{cfg: small, steps: []step{ // pkt_ts holds 2 x 2
 		eg(v4.echo(true, 1, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
 		eg(v4.echo(true, 1, 2, -1), c{"TsStored": 1}),
 		eg(v4.echo(true, 1, 3, -1), c{"TsStored": 1}),
 		eg(v4.echo(true, 1, 4, -1), c{"TsStored": 1}),
 		eg(v4.echo(true, 1, 5, -1), c{"TsMapFull": 1}),
-	}, full: []string{"timestamp"}}.run)
+	}, full: []string{"timestamp"}}.runEachIngress)
 }
 
 func TestAggregation(t *testing.T) {
-	agg := func(c *Config) { c.Aggregate = time.Hour; c.MaxSubnets = 1 }
-	m := loadFixture(t, agg)
-	pair := func(f fam, id uint16) {
-		runStep(t, m, 0, eg(f.echo(true, id, 1, -1), c{"FlowCreated": 1, "TsStored": 1}))
-		runStep(t, m, 1, in(f.echo(false, id, 1, -1), c{"FlowOpened": 1, "MatchRtt": 1}))
+	for _, hook := range []IngressHook{IngressTC, IngressXDP} {
+		t.Run(hook.String(), func(t *testing.T) { testAggregation(t, hook) })
 	}
-	pair(v4, 1)
-	pair(v6, 1)
+}
+
+// subnetWant is one subnet's expected report: its traffic and how many RTTs.
+type subnetWant struct {
+	prefix string
+	rx, tx Traffic
+	rtts   uint64
+}
+
+func other(pkts ...[]byte) Traffic {
+	t := Traffic{OtherPkts: uint64(len(pkts))}
+	for _, p := range pkts {
+		t.OtherBytes += uint64(len(p))
+	}
+	return t
+}
+
+func testAggregation(t *testing.T, hook IngressHook) {
+	// Room for three IPv4 and three IPv6 subnets per buffer, plus "other".
+	m := loadFixture(t, func(c *Config) { c.Aggregate = time.Hour; c.MaxSubnets = 3; c.IngressHook = hook })
+	addrC := netip.MustParseAddr("203.0.113.9")
+	echo := func(src, dst netip.Addr, typ uint8, id uint16) []byte {
+		return pktbuild.New().IPv4(pktbuild.IPv4{Src: src, Dst: dst}).ICMP(pktbuild.ICMP{Type: typ, ID: id, Seq: 1}).Build()
+	}
+	req4, rep4 := v4.echo(true, 1, 1, -1), v4.echo(false, 1, 1, -1)
+	req6, rep6 := v6.echo(true, 1, 1, -1), v6.echo(false, 1, 1, -1)
+	tcpTS, tcpNoTS := v4.tcp(true, flagData, 100, 50, 10), v4.tcp(true, flagData, -1, 0, 10)
+	udpToC := pktbuild.New().IPv4(pktbuild.IPv4{Src: addrA4, Dst: addrC}).UDP(pktbuild.UDP{Src: 1, Dst: 7777}).Payload(make([]byte, 20)).Build()
+	arp := pktbuild.New().Ether(pktbuild.Ether{Type: 0x0806}).Payload(make([]byte, 28)).Build()
+	steps := []step{
+		eg(req4, c{"FlowCreated": 1, "TsStored": 1}),
+		in(rep4, c{"FlowOpened": 1, "MatchRtt": 1}),
+		eg(req6, c{"FlowCreated": 1, "TsStored": 1}),
+		in(rep6, c{"FlowOpened": 1, "MatchRtt": 1}),
+		// TCP with and without the timestamp option.
+		eg(tcpTS, c{"FlowCreated": 1, "TsNotNew": 1, "MatchNone": 1}),
+		eg(tcpNoTS, c{"SkipNoTcpTs": 1}),
+		// Unmeasurable traffic creates no subnet, even with room: C's share goes to "other".
+		eg(udpToC, c{"SkipProto": 1}),
+		// Not IP: no subnet at all.
+		in(arp, c{"ParseErr[4]": 1}),
+	}
+	for i, st := range steps {
+		runStep(t, m, i, st)
+	}
 	rep, err := m.CollectAggregate()
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"198.51.100.0/24", "2001:db8:1::/48"}
-	checkReport(t, rep, want)
+	tcp := Traffic{TcpTsPkts: 1, TcpTsBytes: uint64(len(tcpTS)), TcpNotsPkts: 1, TcpNotsBytes: uint64(len(tcpNoTS))}
+	a4rx := other(req4, udpToC)
+	a4rx.add(&tcp)
+	b4tx := other(req4)
+	b4tx.add(&tcp)
+	checkReport(t, rep, []subnetWant{
+		{"192.0.2.0/24", a4rx, other(rep4), 0},
+		{"198.51.100.0/24", other(rep4), b4tx, 1},
+		{"2001:db8::/48", other(req6), other(rep6), 0},
+		{"2001:db8:1::/48", other(rep6), other(req6), 1},
+		{"0.0.0.0/0", Traffic{}, other(udpToC), 0},
+	})
 
 	// The kernel wrote the other buffer meanwhile (nothing); the first is cleared.
 	if rep, err = m.CollectAggregate(); err != nil || len(rep.Subnets) != 0 {
 		t.Fatalf("second report %+v, %v; want empty", rep, err)
 	}
-	// MaxSubnets 1: a second IPv4 subnet does not fit and lands in "other".
-	pair(v4, 2)
-	other := pktbuild.New().IPv4(pktbuild.IPv4{Src: addrA4, Dst: netip.MustParseAddr("203.0.113.9")}).ICMP(pktbuild.ICMP{Type: 8, ID: 3, Seq: 1}).Build()
-	reply := pktbuild.New().IPv4(pktbuild.IPv4{Src: netip.MustParseAddr("203.0.113.9"), Dst: addrA4}).ICMP(pktbuild.ICMP{Type: 0, ID: 3, Seq: 1}).Build()
-	runStep(t, m, 2, eg(other, c{"FlowCreated": 1, "TsStored": 1}))
-	runStep(t, m, 3, in(reply, c{"FlowOpened": 1, "MatchRtt": 1, "AggMapFull": 1}))
-	rep, err = m.CollectAggregate()
-	if err != nil {
+	// Measured traffic creates its subnets; a fourth IPv4 subnet does not fit: its packets
+	// and its RTT land in "other", each failed creation counted.
+	addrD := netip.MustParseAddr("100.64.0.1")
+	reqC, repC := echo(addrA4, addrC, 8, 3), echo(addrC, addrA4, 0, 3)
+	reqD, repD := echo(addrA4, addrD, 8, 4), echo(addrD, addrA4, 0, 4)
+	clearMap(t, m.objs.Flows, new(ppingPpFlowState))
+	for i, st := range []step{
+		eg(req4, c{"FlowCreated": 1, "TsStored": 1}),
+		in(rep4, c{"FlowOpened": 1, "MatchRtt": 1}),
+		eg(reqC, c{"FlowCreated": 1, "TsStored": 1}),
+		in(repC, c{"FlowOpened": 1, "MatchRtt": 1}),
+		eg(reqD, c{"FlowCreated": 1, "TsStored": 1, "AggMapFull": 1}),
+		in(repD, c{"FlowOpened": 1, "MatchRtt": 1, "AggMapFull": 2}), // its source, then its RTT
+	} {
+		runStep(t, m, i, st)
+	}
+	if rep, err = m.CollectAggregate(); err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, []string{"198.51.100.0/24", "0.0.0.0/0"})
+	checkReport(t, rep, []subnetWant{
+		{"100.64.0.0/24", Traffic{}, Traffic{}, 0}, // absent: listed to say so
+		{"192.0.2.0/24", other(req4, reqC, reqD), other(rep4, repC, repD), 0},
+		{"198.51.100.0/24", other(rep4), other(req4), 1},
+		{"203.0.113.0/24", other(repC), other(reqC), 1},
+		{"0.0.0.0/0", other(repD), other(reqD), 1},
+	})
 	if evs := drain(t, m); len(evs) != 0 {
 		t.Errorf("aggregation mode sent %d events, want none: %v", len(evs), evs)
 	}
 }
 
-// checkReport checks one sample per subnet, in the kernel bucket Go computes for it.
-func checkReport(t *testing.T, rep *AggReport, want []string) {
+// checkReport checks every subnet's traffic exactly and its RTTs: the count, and a single
+// sample in the kernel bucket Go computes for it. A want entry without traffic or RTTs
+// must be absent from the report.
+func checkReport(t *testing.T, rep *AggReport, want []subnetWant) {
 	t.Helper()
-	var got []string
+	got := map[string]SubnetStats{}
 	for _, s := range rep.Subnets {
-		got = append(got, s.name())
-		if s.Count != 1 || s.Min != s.Max || s.Sum != s.Min || s.Bins[binOf(s.Min)] != 1 {
-			t.Errorf("%s: count %d min %d max %d sum %d, bucket %d holds %d; want one sample in its bucket",
-				s.name(), s.Count, s.Min, s.Max, s.Sum, binOf(s.Min), s.Bins[binOf(s.Min)])
+		got[s.name()] = s
+	}
+	for _, w := range want {
+		s, ok := got[w.prefix]
+		delete(got, w.prefix)
+		if w.rx.Packets() == 0 && w.tx.Packets() == 0 && w.rtts == 0 {
+			if ok {
+				t.Errorf("%s reported (%+v), want absent", w.prefix, s)
+			}
+			continue
+		}
+		if !ok {
+			t.Errorf("%s missing from the report", w.prefix)
+			continue
+		}
+		if s.Rx != w.rx || s.Tx != w.tx {
+			t.Errorf("%s: rx %+v tx %+v, want rx %+v tx %+v", w.prefix, s.Rx, s.Tx, w.rx, w.tx)
+		}
+		if s.Count != w.rtts {
+			t.Errorf("%s: %d RTTs, want %d", w.prefix, s.Count, w.rtts)
+		} else if s.Count == 1 && (s.Min != s.Max || s.Sum != s.Min || s.Bins[binOf(s.Min)] != 1) {
+			t.Errorf("%s: min %d max %d sum %d, bucket %d holds %d; want one sample in its bucket",
+				w.prefix, s.Min, s.Max, s.Sum, binOf(s.Min), s.Bins[binOf(s.Min)])
 		}
 	}
-	if !slices.Equal(got, want) {
-		t.Errorf("subnets %v, want %v", got, want)
+	for name := range got {
+		t.Errorf("unexpected subnet %s in the report", name)
 	}
 }
 
@@ -752,7 +894,7 @@ func TestGC(t *testing.T) {
 	}
 	t.Run("unanswered request", fixture{cfg: expireAll, steps: []step{
 		eg(v4.echo(true, 7, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
-	}, check: gc}.run)
+	}, check: gc}.runEachIngress)
 	t.Run("open flow times out", fixture{cfg: expireAll, steps: []step{
 		eg(v4.echo(true, 7, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
 		in(v4.echo(false, 7, 1, -1), c{"FlowOpened": 1, "MatchRtt": 1}),
@@ -768,7 +910,7 @@ func TestGC(t *testing.T) {
 			if e, ok := evs[0].(*FlowEvent); !ok || e.Flow.String() != fromB || e.Type != FlowClosing || e.Reason != ReasonTimeout || e.Source != SourceGC {
 				t.Errorf("GC event %+v, want %s closing due to flow timeout from garbage collection", evs[0], fromB)
 			}
-		}}.run)
+		}}.runEachIngress)
 	t.Run("nothing stale", fixture{cfg: func(c *Config) { c.CleanupInterval = time.Second }, steps: []step{
 		eg(v4.echo(true, 7, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
 	}, check: func(t *testing.T, m *Monitor, _ time.Duration) {
@@ -779,7 +921,7 @@ func TestGC(t *testing.T) {
 		if d := d.Diff(c{}); d != "" {
 			t.Errorf("GC removed fresh state:\n%s", d)
 		}
-	}}.run)
+	}}.runEachIngress)
 }
 
 func onlyFlow(t *testing.T, m *Monitor) ppingPpFlowState {

@@ -163,7 +163,8 @@ func (wr *Writer) Event(ev Event) error {
 	return nil
 }
 
-// Aggregate writes one aggregation report (every subnet that had samples).
+// Aggregate writes one aggregation report (every subnet that had traffic or samples). The
+// standard line is ePPing's: traffic, then the RTT summary when there were RTTs.
 func (wr *Writer) Aggregate(rep *AggReport) error {
 	wr.mu.Lock()
 	defer wr.mu.Unlock()
@@ -171,9 +172,14 @@ func (wr *Writer) Aggregate(rep *AggReport) error {
 		s := &rep.Subnets[i]
 		var err error
 		if wr.format == Standard || wr.format == PPViz {
-			_, err = fmt.Fprintf(wr.w, "%s: %s -> rtt-count=%d, min=%s ms, mean=%s ms, median=%s ms, p95=%s ms, p99=%s ms, max=%s ms\n",
-				clockTime(rep.Time), s.name(), s.Count, ms(time.Duration(s.Min)), ms(s.Mean()),
-				ms(s.Quantile(0.5)), ms(s.Quantile(0.95)), ms(s.Quantile(0.99)), ms(time.Duration(s.Max)))
+			fmt.Fprintf(wr.w, "%s: %s -> rxpkts=%d, rxbytes=%d, txpkts=%d, txbytes=%d", clockTime(rep.Time), s.name(),
+				s.Rx.Packets(), s.Rx.Bytes(), s.Tx.Packets(), s.Tx.Bytes())
+			if s.Count > 0 {
+				fmt.Fprintf(wr.w, ", rtt-count=%d, min=%s ms, mean=%s ms, median=%s ms, p95=%s ms, p99=%s ms, max=%s ms",
+					s.Count, ms(time.Duration(s.Min)), ms(s.Mean()), ms(s.Quantile(0.5)), ms(s.Quantile(0.95)),
+					ms(s.Quantile(0.99)), ms(time.Duration(s.Max)))
+			}
+			err = wr.w.WriteByte('\n')
 		} else {
 			err = wr.writeJSON(aggJSON(rep.Time, s))
 		}
@@ -295,12 +301,19 @@ func eventJSON(ev Event) jsonEvent {
 	return jsonEvent{}
 }
 
-// jsonAgg holds ePPing's aggregation field names. ePPing's "histogram" is linear 4 ms bins;
-// kedge's log-linear bins are in "histogram_bins" as [lower edge ns, count] pairs (non-empty
-// bins only), so tools that expect ePPing's layout do not misread them.
+// jsonAgg holds ePPing's aggregation field names: rx_stats and tx_stats always, the RTT
+// fields only for subnets with RTTs. ePPing's "histogram" is linear 4 ms bins; kedge's
+// log-linear bins are in "histogram_bins" as [lower edge ns, count] pairs (non-empty bins
+// only), so tools that expect ePPing's layout do not misread them.
 type jsonAgg struct {
 	Timestamp int64       `json:"timestamp"`
 	IPPrefix  string      `json:"ip_prefix"`
+	RxStats   jsonTraffic `json:"rx_stats"`
+	TxStats   jsonTraffic `json:"tx_stats"`
+	*jsonAggRTT
+}
+
+type jsonAggRTT struct {
 	CountRTT  uint64      `json:"count_rtt"`
 	MinRTT    uint64      `json:"min_rtt"`
 	MeanRTT   float64     `json:"mean_rtt"`
@@ -311,10 +324,41 @@ type jsonAgg struct {
 	Bins      [][2]uint64 `json:"histogram_bins"`
 }
 
+// jsonTraffic is ePPing's traffic object: a {packets, bytes} tuple per kind of traffic,
+// empty kinds left out.
+type jsonTraffic struct {
+	TCPTS   *jsonPktBytes `json:"TCP_TS,omitempty"`
+	TCPNoTS *jsonPktBytes `json:"TCP_noTS,omitempty"`
+	Other   *jsonPktBytes `json:"other,omitempty"`
+}
+
+type jsonPktBytes struct {
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
+}
+
+func pktBytes(pkts, bytes uint64) *jsonPktBytes {
+	if pkts == 0 {
+		return nil
+	}
+	return &jsonPktBytes{pkts, bytes}
+}
+
+func trafficJSON(t *Traffic) jsonTraffic {
+	return jsonTraffic{
+		TCPTS:   pktBytes(t.TcpTsPkts, t.TcpTsBytes),
+		TCPNoTS: pktBytes(t.TcpNotsPkts, t.TcpNotsBytes),
+		Other:   pktBytes(t.OtherPkts, t.OtherBytes),
+	}
+}
+
 func aggJSON(t time.Time, s *SubnetStats) jsonAgg {
-	j := jsonAgg{
-		Timestamp: t.UnixNano(), IPPrefix: s.name(), CountRTT: s.Count,
-		MinRTT: s.Min, MaxRTT: s.Max, MeanRTT: float64(s.Mean()),
+	j := jsonAgg{Timestamp: t.UnixNano(), IPPrefix: s.name(), RxStats: trafficJSON(&s.Rx), TxStats: trafficJSON(&s.Tx)}
+	if s.Count == 0 {
+		return j
+	}
+	j.jsonAggRTT = &jsonAggRTT{
+		CountRTT: s.Count, MinRTT: s.Min, MaxRTT: s.Max, MeanRTT: float64(s.Mean()),
 		MedianRTT: float64(s.Quantile(0.5)), P95RTT: float64(s.Quantile(0.95)), P99RTT: float64(s.Quantile(0.99)),
 	}
 	for b, n := range s.Bins {

@@ -33,7 +33,7 @@ type Metrics struct {
 	rtt  *prometheus.HistogramVec
 
 	mu      sync.Mutex
-	subnets map[string]*Histogram // cumulative per prefix (aggregation mode)
+	subnets map[string]*SubnetStats // cumulative per prefix (aggregation mode)
 }
 
 // NewMetrics registers the monitor's metrics; next receives everything (may be nil).
@@ -46,7 +46,7 @@ func NewMetrics(m *Monitor, next Sink) *Metrics {
 			Help:    "RTT samples measured passively, by protocol and identifier.",
 			Buckets: promBuckets,
 		}, []string{"protocol", "id_type"}),
-		subnets: map[string]*Histogram{},
+		subnets: map[string]*SubnetStats{},
 	}
 	mt.reg.MustRegister(mt.rtt, &counterCollector{m: m}, &subnetCollector{mt: mt})
 	return mt
@@ -63,17 +63,17 @@ func (mt *Metrics) Event(ev Event) error {
 	return mt.next.Event(ev)
 }
 
-// Aggregate adds a report to the cumulative per-subnet histograms.
+// Aggregate adds a report to the cumulative per-subnet traffic and histograms.
 func (mt *Metrics) Aggregate(rep *AggReport) error {
 	mt.mu.Lock()
 	for i := range rep.Subnets {
 		s := &rep.Subnets[i]
-		h := mt.subnets[s.name()]
-		if h == nil {
-			h = &Histogram{}
-			mt.subnets[s.name()] = h
+		sum := mt.subnets[s.name()]
+		if sum == nil {
+			sum = &SubnetStats{}
+			mt.subnets[s.name()] = sum
 		}
-		h.Merge(&s.Histogram)
+		sum.Merge(s)
 	}
 	mt.mu.Unlock()
 	if mt.next == nil {
@@ -134,19 +134,49 @@ func (c *counterCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// subnetCollector exports the cumulative per-subnet histograms of aggregation mode.
+// subnetCollector exports the cumulative per-subnet traffic and histograms of aggregation
+// mode.
 type subnetCollector struct{ mt *Metrics }
 
-var subnetDesc = prometheus.NewDesc("kedge_pping_subnet_rtt_seconds",
-	"RTTs aggregated in the kernel per subnet (aggregation mode), since start.",
-	[]string{"prefix"}, nil)
+var (
+	subnetDesc = prometheus.NewDesc("kedge_pping_subnet_rtt_seconds",
+		"RTTs aggregated in the kernel per subnet (aggregation mode), since start.",
+		[]string{"prefix"}, nil)
+	subnetPktsDesc  = prometheus.NewDesc("kedge_pping_subnet_packets_total", subnetPktsHelp, []string{"prefix", "direction", "traffic"}, nil)
+	subnetBytesDesc = prometheus.NewDesc("kedge_pping_subnet_bytes_total", subnetBytesHelp, []string{"prefix", "direction", "traffic"}, nil)
+)
 
-func (c *subnetCollector) Describe(ch chan<- *prometheus.Desc) { ch <- subnetDesc }
+const (
+	subnetPktsHelp = "IP packets per subnet (aggregation mode), since start: direction rx from the subnet, tx to it; " +
+		"traffic tcp_ts (TCP with timestamps, measured), tcp_nots (other TCP) or other."
+	subnetBytesHelp = "Bytes (whole frames) of the packets in kedge_pping_subnet_packets_total."
+)
+
+func (c *subnetCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- subnetDesc
+	ch <- subnetPktsDesc
+	ch <- subnetBytesDesc
+}
 
 func (c *subnetCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mt.mu.Lock()
 	defer c.mt.mu.Unlock()
-	for prefix, h := range c.mt.subnets {
+	for prefix, s := range c.mt.subnets {
+		for _, d := range []struct {
+			name string
+			t    *Traffic
+		}{{"rx", &s.Rx}, {"tx", &s.Tx}} {
+			for _, k := range []struct {
+				name        string
+				pkts, bytes uint64
+			}{{"tcp_ts", d.t.TcpTsPkts, d.t.TcpTsBytes}, {"tcp_nots", d.t.TcpNotsPkts, d.t.TcpNotsBytes}, {"other", d.t.OtherPkts, d.t.OtherBytes}} {
+				ch <- prometheus.MustNewConstMetric(subnetPktsDesc, prometheus.CounterValue, float64(k.pkts), prefix, d.name, k.name)
+				ch <- prometheus.MustNewConstMetric(subnetBytesDesc, prometheus.CounterValue, float64(k.bytes), prefix, d.name, k.name)
+			}
+		}
+		if s.Count == 0 {
+			continue
+		}
 		buckets := make(map[float64]uint64, len(promBuckets))
 		var cum uint64
 		b := 0
@@ -156,10 +186,10 @@ func (c *subnetCollector) Collect(ch chan<- prometheus.Metric) {
 				if lo, _ := BinBounds(b); lo >= limit {
 					break
 				}
-				cum += h.Bins[b]
+				cum += s.Bins[b]
 			}
 			buckets[edge] = cum
 		}
-		ch <- prometheus.MustNewConstHistogram(subnetDesc, h.Count, float64(h.Sum)/1e9, buckets, prefix)
+		ch <- prometheus.MustNewConstHistogram(subnetDesc, s.Count, float64(s.Sum)/1e9, buckets, prefix)
 	}
 }

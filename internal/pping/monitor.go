@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -17,13 +19,31 @@ import (
 // interface; Close detaches and frees everything.
 type Monitor struct {
 	cfg     Config
-	objs    ppingObjects
+	objs    monitorObjects
 	gcTS    *link.Iter
 	gcFlow  *link.Iter
 	attach  []bpfx.Attachment
 	clock   monoClock
 	aggMu   sync.Mutex
 	aggPrev int // buffer the kernel wrote before the last flip (under aggMu)
+}
+
+// monitorObjects is what Load loads: bpf2go's maps and variables, egress, the GC iterators,
+// and the ingress program of the configured hook only (pping_ingress or pping_xdp, loaded
+// under the first's name), so a kernel that refuses one ingress program still runs the
+// other and a load verifies nothing it does not use.
+type monitorObjects struct {
+	ppingMaps
+	ppingVariables
+	PpingEgress  *ebpf.Program `ebpf:"pping_egress"`
+	PpingIngress *ebpf.Program `ebpf:"pping_ingress"`
+	PpingGcTs    *ebpf.Program `ebpf:"pping_gc_ts"`
+	PpingGcFlow  *ebpf.Program `ebpf:"pping_gc_flow"`
+}
+
+func (o *monitorObjects) Close() error {
+	return errors.Join(o.PpingEgress.Close(), o.PpingIngress.Close(), o.PpingGcTs.Close(),
+		o.PpingGcFlow.Close(), o.ppingMaps.Close())
 }
 
 // Load validates cfg and loads the BPF object with it.
@@ -47,8 +67,15 @@ func Load(cfg Config) (*Monitor, error) {
 			spec.Maps[name].MaxEntries = uint32(cfg.MaxSubnets + 1) // + the "other" entry
 		}
 	}
+	if cfg.IngressHook == IngressXDP {
+		spec.Programs[ppingProgPpingIngress] = spec.Programs[ppingProgPpingXdp]
+	}
+	delete(spec.Programs, ppingProgPpingXdp)
 	m := &Monitor{cfg: cfg}
 	if err := bpfx.LoadAndAssign("pping", spec, &m.objs, nil); err != nil {
+		if ve := (*ebpf.VerifierError)(nil); cfg.IngressHook == IngressXDP && errors.As(err, &ve) {
+			return nil, fmt.Errorf("%w - if it is pping_xdp, try --ingress-hook tc", err)
+		}
 		return nil, err
 	}
 	if err := m.init(); err != nil {
@@ -86,12 +113,23 @@ func (m *Monitor) init() error {
 func (m *Monitor) Config() Config { return m.cfg }
 
 // Attach attaches the ingress and egress programs to ifindex in ns (-1: the caller's
-// namespace). The attachments live until Close.
+// namespace): egress with TC in mode, ingress with TC too or, with the XDP ingress hook,
+// with XDP (native, falling back to generic). The attachments live until Close.
 func (m *Monitor) Attach(ns netns.NsHandle, ifindex int, mode bpfx.TCMode) error {
+	if m.cfg.IngressHook == IngressXDP {
+		a, err := bpfx.AttachXDP(m.objs.PpingIngress, ns, ifindex, bpfx.XDPAuto)
+		if err != nil {
+			return fmt.Errorf("attach pping ingress: %w - try --ingress-hook tc", err)
+		}
+		m.attach = append(m.attach, a)
+	}
 	for _, t := range []struct {
 		prog *ebpf.Program
 		dir  bpfx.Direction
 	}{{m.objs.PpingIngress, bpfx.Ingress}, {m.objs.PpingEgress, bpfx.Egress}} {
+		if t.dir == bpfx.Ingress && m.cfg.IngressHook == IngressXDP {
+			continue
+		}
 		a, err := bpfx.AttachTC(t.prog, bpfx.TCTarget{Netns: ns, IfIndex: ifindex, Dir: t.dir, Mode: mode, Name: "pping-" + t.dir.String()})
 		if err != nil {
 			return fmt.Errorf("attach pping %s: %w", t.dir, err)
@@ -101,16 +139,20 @@ func (m *Monitor) Attach(ns netns.NsHandle, ifindex int, mode bpfx.TCMode) error
 	return nil
 }
 
-// AttachMode reports how the programs were attached ("tcx" or "clsact"), or "".
+// AttachMode reports how the programs were attached: "tcx" or "clsact" for both hooks, or
+// "xdp-native+tcx" and the like with the XDP ingress hook (ingress first); "" before Attach.
 func (m *Monitor) AttachMode() string {
-	if len(m.attach) == 0 {
-		return ""
+	var modes []string
+	for _, a := range m.attach {
+		if !slices.Contains(modes, a.Mode()) {
+			modes = append(modes, a.Mode())
+		}
 	}
-	return m.attach[0].Mode()
+	return strings.Join(modes, "+")
 }
 
-// Programs returns the ingress and egress programs (for BPF_PROG_TEST_RUN and run-time
-// statistics).
+// Programs returns the ingress (TC or XDP, as configured) and egress programs (for
+// BPF_PROG_TEST_RUN and run-time statistics).
 func (m *Monitor) Programs() (ingress, egress *ebpf.Program) {
 	return m.objs.PpingIngress, m.objs.PpingEgress
 }

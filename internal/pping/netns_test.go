@@ -125,6 +125,11 @@ func monitorOn(t *testing.T, h *lab.Host, mod func(*Config)) (*Monitor, *collect
 		m.Close()
 		t.Fatalf("attach: %v", err)
 	}
+	if xdp := strings.Contains(m.AttachMode(), "xdp"); xdp != (cfg.IngressHook == IngressXDP) {
+		m.Close()
+		t.Fatalf("attached as %q with ingress hook %v", m.AttachMode(), cfg.IngressHook)
+	}
+	t.Logf("monitor attached: %s", m.AttachMode())
 	col := &collector{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -163,9 +168,21 @@ func compare(t *testing.T, what string, app, pp []time.Duration) {
 	t.Logf("%s: %d requests, median RTT app %v, pping %v", what, len(app), median(app), median(pp))
 }
 
+// eachIngress runs test once with the TC and once with the XDP ingress program; hook sets
+// the monitor configuration's ingress hook.
+func eachIngress(t *testing.T, test func(t *testing.T, hook func(*Config))) {
+	for _, h := range []IngressHook{IngressTC, IngressXDP} {
+		t.Run(h.String(), func(t *testing.T) { test(t, func(c *Config) { c.IngressHook = h }) })
+	}
+}
+
 func TestNetnsICMP(t *testing.T) {
 	l := newTestLab(t)
-	_, col := monitorOn(t, l.client, nil)
+	eachIngress(t, func(t *testing.T, hook func(*Config)) { testNetnsICMP(t, l, hook) })
+}
+
+func testNetnsICMP(t *testing.T, l *testLab, hook func(*Config)) {
+	_, col := monitorOn(t, l.client, hook)
 	for _, dst := range []netip.Addr{l.server.IPv4, l.server.IPv6} {
 		t.Run(dst.String(), func(t *testing.T) {
 			const n = 5
@@ -335,7 +352,11 @@ func echoServer(t *testing.T, h *lab.Host, addr netip.Addr) netip.AddrPort {
 
 func TestNetnsTCP(t *testing.T) {
 	l := newTestLab(t)
-	_, col := monitorOn(t, l.client, nil)
+	eachIngress(t, func(t *testing.T, hook func(*Config)) { testNetnsTCP(t, l, hook) })
+}
+
+func testNetnsTCP(t *testing.T, l *testLab, hook func(*Config)) {
+	_, col := monitorOn(t, l.client, hook)
 	for _, srv := range []netip.Addr{l.server.IPv4, l.server.IPv6} {
 		t.Run(srv.String(), func(t *testing.T) {
 			to := echoServer(t, l.server, srv)
@@ -421,28 +442,48 @@ func TestNetnsLocalFilter(t *testing.T) {
 	}
 }
 
+// TestNetnsAggregate: 5 pings, aggregated per /32 so client and server (one /24 in the lab)
+// are subnets of their own. Packets to each (tx) are exactly the 5 requests or the 5
+// replies, with their frame sizes; packets from each (rx) are the same plus, possibly, the
+// host's own multicast (IGMP reports of a fresh interface), so rx is bounded from both
+// sides; the server has the 5 RTTs.
 func TestNetnsAggregate(t *testing.T) {
 	l := newTestLab(t)
-	m, col := monitorOn(t, l.client, func(c *Config) { c.Aggregate = time.Hour })
-	if _, err := l.client.Run("busybox", "ping", "-c", "5", "-i", "0.1", l.server.IPv4.String()); err != nil {
-		t.Fatal(err)
-	}
-	rep, err := m.CollectAggregate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := netip.PrefixFrom(l.server.IPv4, 24).Masked()
-	if len(rep.Subnets) != 1 || rep.Subnets[0].Prefix != want || rep.Subnets[0].Count != 5 {
-		t.Fatalf("report %+v, want 5 samples for %s", rep.Subnets, want)
-	}
-	s := rep.Subnets[0]
-	if p50 := s.Quantile(0.5); p50 < time.Duration(s.Min) || p50 > time.Duration(s.Max) {
-		t.Errorf("median %v outside [%v, %v]", p50, time.Duration(s.Min), time.Duration(s.Max))
-	}
-	if n := len(col.rtts(func(*RTTEvent) bool { return true })); n != 0 {
-		t.Errorf("%d per-sample events in aggregation mode", n)
-	}
-	t.Logf("aggregate %s: %d samples, min %v p50 %v max %v", s.Prefix, s.Count, time.Duration(s.Min), s.Quantile(0.5), time.Duration(s.Max))
+	eachIngress(t, func(t *testing.T, hook func(*Config)) {
+		const n, payload = 5, 56
+		m, col := monitorOn(t, l.client, func(c *Config) { hook(c); c.Aggregate = time.Hour; c.AggPrefixV4 = 32 })
+		if _, err := l.client.Run("busybox", "ping", "-c", strconv.Itoa(n), "-s", strconv.Itoa(payload), "-i", "0.1", l.server.IPv4.String()); err != nil {
+			t.Fatal(err)
+		}
+		rep, err := m.CollectAggregate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		const frame = 14 + 20 + 8 + payload // Ethernet, IPv4, ICMP echo header, data
+		pings := Traffic{OtherPkts: n, OtherBytes: n * frame}
+		got := map[netip.Prefix]SubnetStats{}
+		for _, s := range rep.Subnets {
+			got[s.Prefix] = s
+		}
+		server, client := netip.PrefixFrom(l.server.IPv4, 32), netip.PrefixFrom(l.client.IPv4, 32)
+		rxOK := func(rx Traffic) bool {
+			return rx.TcpTsPkts+rx.TcpNotsPkts == 0 && rx.OtherPkts >= n && rx.OtherPkts < 2*n && rx.OtherBytes-pings.OtherBytes < n*frame
+		}
+		if got[server].Tx != pings || got[client].Tx != pings || !rxOK(got[server].Rx) || !rxOK(got[client].Rx) ||
+			got[server].Count != n || got[client].Count != 0 {
+			t.Fatalf("IPv4 report %+v, want %s and %s each with tx %+v, rx that and at most %d multicast packets, and %d RTTs for the server",
+				got, server, client, pings, n-1, n)
+		}
+		s := got[server]
+		if p50 := s.Quantile(0.5); p50 < time.Duration(s.Min) || p50 > time.Duration(s.Max) {
+			t.Errorf("median %v outside [%v, %v]", p50, time.Duration(s.Min), time.Duration(s.Max))
+		}
+		if n := len(col.rtts(func(*RTTEvent) bool { return true })); n != 0 {
+			t.Errorf("%d per-sample events in aggregation mode", n)
+		}
+		t.Logf("aggregate %s: %d samples, min %v p50 %v max %v; rx %d pkts %d B, tx %d pkts %d B", s.Prefix, s.Count,
+			time.Duration(s.Min), s.Quantile(0.5), time.Duration(s.Max), s.Rx.Packets(), s.Rx.Bytes(), s.Tx.Packets(), s.Tx.Bytes())
+	})
 }
 
 func TestNetnsMetrics(t *testing.T) {

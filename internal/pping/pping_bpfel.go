@@ -15,6 +15,8 @@ import (
 
 type ppingPpAggStats struct {
 	_     structs.HostLayout
+	Rx    ppingPpTraffic
+	Tx    ppingPpTraffic
 	Count uint64
 	SumNs uint64
 	MinNs uint64
@@ -161,6 +163,7 @@ type ppingPpPkt struct {
 	Reply      ppingPpPktId
 	Now        uint64
 	PayloadLen uint32
+	Ifindex    uint32
 	PidValid   uint8
 	ReplyValid uint8
 	Event      uint8
@@ -169,7 +172,6 @@ type ppingPpPkt struct {
 	WaitEdge   uint8
 	IsIngress  uint8
 	Fwd        uint8
-	_          [4]byte
 }
 
 type ppingPpPktId struct {
@@ -193,6 +195,16 @@ type ppingPpRttEvent struct {
 	Id            uint64
 	MatchOnEgress uint8
 	Pad           [7]uint8
+}
+
+type ppingPpTraffic struct {
+	_            structs.HostLayout
+	TcpTsPkts    uint64
+	TcpTsBytes   uint64
+	TcpNotsPkts  uint64
+	TcpNotsBytes uint64
+	OtherPkts    uint64
+	OtherBytes   uint64
 }
 
 type ppingPpTuple struct {
@@ -245,6 +257,7 @@ const (
 	ppingProgPpingGcFlow  = "pping_gc_flow"
 	ppingProgPpingGcTs    = "pping_gc_ts"
 	ppingProgPpingIngress = "pping_ingress"
+	ppingProgPpingXdp     = "pping_xdp"
 	ppingVarPpBtfFlow     = "pp_btf_flow"
 	ppingVarPpBtfFull     = "pp_btf_full"
 	ppingVarPpBtfRtt      = "pp_btf_rtt"
@@ -300,6 +313,7 @@ type ppingProgramSpecs struct {
 	PpingGcFlow  *ebpf.ProgramSpec `ebpf:"pping_gc_flow"`
 	PpingGcTs    *ebpf.ProgramSpec `ebpf:"pping_gc_ts"`
 	PpingIngress *ebpf.ProgramSpec `ebpf:"pping_ingress"`
+	PpingXdp     *ebpf.ProgramSpec `ebpf:"pping_xdp"`
 }
 
 // ppingMapSpecs contains maps before they are loaded into the kernel.
@@ -402,6 +416,7 @@ type ppingPrograms struct {
 	PpingGcFlow  *ebpf.Program `ebpf:"pping_gc_flow"`
 	PpingGcTs    *ebpf.Program `ebpf:"pping_gc_ts"`
 	PpingIngress *ebpf.Program `ebpf:"pping_ingress"`
+	PpingXdp     *ebpf.Program `ebpf:"pping_xdp"`
 }
 
 func (p *ppingPrograms) Close() error {
@@ -410,6 +425,7 @@ func (p *ppingPrograms) Close() error {
 		p.PpingGcFlow,
 		p.PpingGcTs,
 		p.PpingIngress,
+		p.PpingXdp,
 	)
 }
 

@@ -3,6 +3,7 @@ package pping
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/netip"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func TestHistogramBins(t *testing.T) {
@@ -109,6 +112,8 @@ func TestConfigValidate(t *testing.T) {
 		{"rtt rate", func(c *Config) { c.RTTRate = -1 }, "rtt rate"},
 		{"lifetimes", func(c *Config) { c.TSMinLifetime = time.Hour }, "above max"},
 		{"duplicate service", func(c *Config) { c.Services = []Service{{Port: 1, Len: 1}, {Port: 1, Len: 2}} }, "twice"},
+		{"xdp ingress", func(c *Config) { c.IngressHook = IngressXDP }, ""},
+		{"ingress hook", func(c *Config) { c.IngressHook = 2 }, "want tc or xdp"},
 	} {
 		c := DefaultConfig()
 		tc.mod(&c)
@@ -243,8 +248,11 @@ func TestAggregateFormats(t *testing.T) {
 		h.Sum += ns
 	}
 	h.Min, h.Max = 20_000, 30_000
+	rx := Traffic{TcpTsPkts: 3, TcpTsBytes: 300, OtherPkts: 2, OtherBytes: 196}
+	tx := Traffic{TcpNotsPkts: 1, TcpNotsBytes: 66}
 	rep := &AggReport{Time: when, Subnets: []SubnetStats{
-		{Prefix: netip.MustParsePrefix("198.51.100.0/24"), Histogram: h},
+		{Prefix: netip.MustParsePrefix("198.51.100.0/24"), Rx: rx, Tx: tx, Histogram: h},
+		{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Tx: rx},
 		{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{255, 255, 255, 255}), 24), Other: true, Histogram: h},
 	}}
 	var buf bytes.Buffer
@@ -252,21 +260,78 @@ func TestAggregateFormats(t *testing.T) {
 	if err := w.Aggregate(rep); err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 2 || !strings.HasPrefix(lines[0], "10:04:05.123456789: 198.51.100.0/24 -> rtt-count=3, min=0.02 ms, mean=0.024 ms") ||
-		!strings.Contains(lines[1], " 0.0.0.0/0 -> ") {
-		t.Errorf("standard aggregate output:\n%s", buf.String())
+	want := []string{
+		"10:04:05.123456789: 198.51.100.0/24 -> rxpkts=5, rxbytes=496, txpkts=1, txbytes=66, rtt-count=3, min=0.02 ms, mean=0.024 ms, ",
+		"10:04:05.123456789: 192.0.2.0/24 -> rxpkts=0, rxbytes=0, txpkts=5, txbytes=496\n",
+		"10:04:05.123456789: 0.0.0.0/0 -> rxpkts=0, rxbytes=0, txpkts=0, txbytes=0, rtt-count=3,",
+	}
+	lines := strings.SplitAfter(strings.TrimSpace(buf.String())+"\n", "\n")
+	if len(lines) != 4 || lines[3] != "" {
+		t.Fatalf("standard aggregate output, want 3 lines:\n%s", buf.String())
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Errorf("standard aggregate line %d:\n%s\nwant it to start with\n%s", i, lines[i], w)
+		}
 	}
 	buf.Reset()
 	w = NewWriter(&buf, JSONL)
 	if err := w.Aggregate(rep); err != nil {
 		t.Fatal(err)
 	}
-	var j jsonAgg
-	if err := json.Unmarshal([]byte(strings.SplitN(buf.String(), "\n", 2)[0]), &j); err != nil {
-		t.Fatal(err)
+	var objs []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var o map[string]any
+		if err := json.Unmarshal([]byte(line), &o); err != nil {
+			t.Fatal(err)
+		}
+		objs = append(objs, o)
 	}
-	if j.IPPrefix != "198.51.100.0/24" || j.CountRTT != 3 || j.MinRTT != 20_000 || j.MaxRTT != 30_000 || len(j.Bins) != 3 {
-		t.Errorf("JSON aggregate %+v", j)
+	// ePPing's layout: rx_stats/tx_stats with a {packets, bytes} object per non-empty kind.
+	wantJSON := []string{
+		`"ip_prefix":"198.51.100.0/24","rx_stats":{"TCP_TS":{"packets":3,"bytes":300},"other":{"packets":2,"bytes":196}},"tx_stats":{"TCP_noTS":{"packets":1,"bytes":66}},"count_rtt":3,"min_rtt":20000,`,
+		`"ip_prefix":"192.0.2.0/24","rx_stats":{},"tx_stats":{"TCP_TS":{"packets":3,"bytes":300},"other":{"packets":2,"bytes":196}}}`,
+	}
+	for i, w := range wantJSON {
+		if line := strings.Split(buf.String(), "\n")[i]; !strings.Contains(line, w) {
+			t.Errorf("JSON aggregate line %d:\n%s\nwant it to contain\n%s", i, line, w)
+		}
+	}
+	if len(objs) != 3 || objs[0]["max_rtt"] != 30000.0 || len(objs[0]["histogram_bins"].([]any)) != 3 || objs[1]["count_rtt"] != nil {
+		t.Errorf("JSON aggregate objects %v", objs)
+	}
+}
+
+func TestSubnetMetrics(t *testing.T) {
+	mt := &Metrics{subnets: map[string]*SubnetStats{}}
+	s := SubnetStats{Prefix: netip.MustParsePrefix("198.51.100.0/24"),
+		Rx: Traffic{TcpTsPkts: 3, TcpTsBytes: 300}, Tx: Traffic{OtherPkts: 1, OtherBytes: 98}}
+	for range 2 { // cumulative over reports
+		if err := mt.Aggregate(&AggReport{Time: when, Subnets: []SubnetStats{s}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The exposition format, metrics and label sets sorted.
+	var bytesLines, pktLines []string
+	for _, dir := range []string{"rx", "tx"} {
+		for _, kind := range []string{"other", "tcp_nots", "tcp_ts"} {
+			pkts, bytes := 0, 0
+			switch dir + "/" + kind {
+			case "rx/tcp_ts":
+				pkts, bytes = 6, 600
+			case "tx/other":
+				pkts, bytes = 2, 196
+			}
+			labels := fmt.Sprintf(`{direction=%q,prefix="198.51.100.0/24",traffic=%q}`, dir, kind)
+			bytesLines = append(bytesLines, fmt.Sprintf("kedge_pping_subnet_bytes_total%s %d\n", labels, bytes))
+			pktLines = append(pktLines, fmt.Sprintf("kedge_pping_subnet_packets_total%s %d\n", labels, pkts))
+		}
+	}
+	want := "# HELP kedge_pping_subnet_bytes_total " + subnetBytesHelp + "\n# TYPE kedge_pping_subnet_bytes_total counter\n" +
+		strings.Join(bytesLines, "") + "# HELP kedge_pping_subnet_packets_total " + subnetPktsHelp +
+		"\n# TYPE kedge_pping_subnet_packets_total counter\n" + strings.Join(pktLines, "")
+	if err := testutil.CollectAndCompare(&subnetCollector{mt: mt}, strings.NewReader(want),
+		"kedge_pping_subnet_packets_total", "kedge_pping_subnet_bytes_total", "kedge_pping_subnet_rtt_seconds"); err != nil {
+		t.Error(err)
 	}
 }
