@@ -304,7 +304,8 @@ func newBenchPpingCmd() *cobra.Command {
 pping on the router's sender-side interface (ingress sees the data, egress the ACKs) or
 not. Each round is three runs: monitor off, on, and on with BPF run-time statistics
 switched on through the BPF_ENABLE_STATS command for that run only (never the global
-sysctl), giving run_time_ns / run_cnt per hook. Forwarding rates compare the first two.
+sysctl), giving run_time_ns / run_cnt per hook; forwarding rates compare the first two. A
+fourth run (--xdp, on by default) measures the XDP ingress program the same way.
 With offloads off (the default) every packet is MTU-sized.`,
 		Example: `  # two rounds of 5 s runs, results in results/pping/result.json
   sudo kedge bench pping
@@ -335,7 +336,8 @@ With offloads off (the default) every packet is MTU-sized.`,
 	}
 	f := cmd.Flags()
 	f.DurationVar(&o.Duration, "duration", o.Duration, "length of each run")
-	f.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds of three runs: off, on, on with statistics")
+	f.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds of three runs: off, on, on with statistics (and the XDP run)")
+	f.BoolVar(&o.XDP, "xdp", o.XDP, "add a run per round with the XDP ingress program (--ingress-hook xdp), statistics on")
 	f.DurationVar(&o.RateLimit, "rate-limit", o.RateLimit, "the monitor's per-flow sampling interval (0: every identifier)")
 	f.BoolVar(&o.Offloads, "offloads", o.Offloads, "keep TSO/GSO/GRO on (per-packet figures then count super-packets)")
 	f.IntVar(&o.Streams, "streams", o.Streams, "parallel TCP streams")

@@ -3,7 +3,8 @@
 // router's sender-facing interface (a middlebox vantage point, as in ePPing's evaluation)
 // or without it, alternating. Per run it records the forwarding rate, the per-packet BPF
 // run time of each hook (run-time statistics switched on with the BPF_ENABLE_STATS command
-// for the run only), and the RTT samples produced.
+// for the run only), and the RTT samples produced. A fourth run per round measures the XDP
+// ingress program (--ingress-hook xdp) the same way.
 package ppingbench
 
 import (
@@ -43,11 +44,14 @@ type Options struct {
 	Offloads bool
 	Streams  int    // parallel iperf3 streams
 	OutDir   string // result.json goes here ("" : not written)
+	// XDP adds a run per round with the XDP ingress program and statistics on.
+	XDP bool
 }
 
-// DefaultOptions are 5 s runs, 2 rounds, ePPing's 100 ms rate limit, offloads off.
+// DefaultOptions are 5 s runs, 2 rounds, ePPing's 100 ms rate limit, offloads off, with the
+// XDP ingress run.
 func DefaultOptions() Options {
-	return Options{Duration: 5 * time.Second, Rounds: 2, RateLimit: 100 * time.Millisecond, Streams: 1}
+	return Options{Duration: 5 * time.Second, Rounds: 2, RateLimit: 100 * time.Millisecond, Streams: 1, XDP: true}
 }
 
 // HookCost is one hook's BPF run time over a run.
@@ -60,7 +64,8 @@ type HookCost struct {
 // RunResult is one measured run.
 type RunResult struct {
 	Monitor       bool      `json:"monitor"`
-	Stats         bool      `json:"stats"` // BPF run-time statistics on
+	Stats         bool      `json:"stats"`                  // BPF run-time statistics on
+	IngressHook   string    `json:"ingress_hook,omitempty"` // "xdp" for the XDP ingress run (else TC)
 	Seconds       float64   `json:"seconds"`
 	Packets       uint64    `json:"packets"` // forwarded by the router, both directions
 	PPS           float64   `json:"pps"`
@@ -82,6 +87,7 @@ type Result struct {
 	LoadAvg    []float64      `json:"load_avg,omitempty"`
 	Parameters map[string]any `json:"parameters"`
 	AttachMode string         `json:"attach_mode"`
+	XDPMode    string         `json:"xdp_attach_mode,omitempty"` // the XDP ingress run's attachment
 	Runs       []RunResult    `json:"runs"`
 }
 
@@ -92,6 +98,8 @@ type Summary struct {
 	ForwardingLossPct             float64 // (off - on) / off
 	IngressNs, EgressNs           float64 // BPF run time per packet, weighted by packets
 	IngressPackets, EgressPackets uint64
+	XDPIngressNs                  float64 // the XDP ingress program, from the XDP runs
+	XDPIngressPackets             uint64
 	SamplesPerSec                 float64 // over all monitored runs
 }
 
@@ -99,9 +107,11 @@ type Summary struct {
 func (r *Result) Summarize() Summary {
 	var s Summary
 	var nOff, nOn, nStats, nMon float64
-	var inNs, egNs uint64
+	var inNs, egNs, xdpNs uint64
 	for _, run := range r.Runs {
 		switch {
+		case run.IngressHook == "xdp":
+			xdpNs, s.XDPIngressPackets = xdpNs+run.Ingress.RunTimeNs, s.XDPIngressPackets+run.Ingress.Runs
 		case !run.Monitor:
 			s.PPSOff, s.GbpsOff, nOff = s.PPSOff+run.PPS, s.GbpsOff+run.Gbps, nOff+1
 		case !run.Stats:
@@ -111,7 +121,7 @@ func (r *Result) Summarize() Summary {
 			inNs, s.IngressPackets = inNs+run.Ingress.RunTimeNs, s.IngressPackets+run.Ingress.Runs
 			egNs, s.EgressPackets = egNs+run.Egress.RunTimeNs, s.EgressPackets+run.Egress.Runs
 		}
-		if run.Monitor {
+		if run.Monitor && run.IngressHook == "" {
 			s.SamplesPerSec, nMon = s.SamplesPerSec+run.SamplesPerSec, nMon+1
 		}
 	}
@@ -132,6 +142,9 @@ func (r *Result) Summarize() Summary {
 	if s.EgressPackets > 0 {
 		s.EgressNs = float64(egNs) / float64(s.EgressPackets)
 	}
+	if s.XDPIngressPackets > 0 {
+		s.XDPIngressNs = float64(xdpNs) / float64(s.XDPIngressPackets)
+	}
 	if s.PPSOff > 0 {
 		s.ForwardingLossPct = 100 * (s.PPSOff - s.PPSOn) / s.PPSOff
 	}
@@ -148,6 +161,9 @@ func (r *Result) WriteTable(w io.Writer) {
 		}
 		if run.Stats {
 			mon = "on+stats"
+			if run.IngressHook == "xdp" {
+				mon = "xdp+stats"
+			}
 			in = strconv.FormatFloat(run.Ingress.NsPerPacket, 'f', 0, 64)
 			eg = strconv.FormatFloat(run.Egress.NsPerPacket, 'f', 0, 64)
 		}
@@ -158,6 +174,9 @@ func (r *Result) WriteTable(w io.Writer) {
 		s.PPSOff, s.PPSOn, s.ForwardingLossPct, s.PPSStats, s.GbpsOff, s.GbpsOn)
 	fmt.Fprintf(w, "BPF run time per packet: ingress %.0f ns (%d packets), egress %.0f ns (%d packets); %.1f RTT samples/s\n",
 		s.IngressNs, s.IngressPackets, s.EgressNs, s.EgressPackets, s.SamplesPerSec)
+	if s.XDPIngressPackets > 0 {
+		fmt.Fprintf(w, "XDP ingress (%s): %.0f ns per packet (%d packets)\n", r.XDPMode, s.XDPIngressNs, s.XDPIngressPackets)
+	}
 }
 
 // setup is the prepared lab.
@@ -190,17 +209,29 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			"duration_s": o.Duration.Seconds(), "rounds": o.Rounds, "rate_limit_ms": float64(o.RateLimit) / 1e6,
 			"offloads": o.Offloads, "streams": o.Streams, "traffic": "iperf3 TCP sender -> router -> receiver",
 			"monitor_on": "router interface v1 (sender side): ingress sees data, egress sees ACKs",
+			"xdp_run":    o.XDP,
 		},
 	}
-	for i := 0; i < 3*o.Rounds; i++ {
+	// Each round: off, on, on with statistics, and with o.XDP the XDP ingress program with
+	// statistics.
+	type kind struct{ monitor, stats, xdp bool }
+	round := []kind{{false, false, false}, {true, false, false}, {true, true, false}}
+	if o.XDP {
+		round = append(round, kind{true, true, true})
+	}
+	for i := 0; i < len(round)*o.Rounds; i++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		run, mode, err := s.run(ctx, o, i%3 >= 1, i%3 == 2)
+		k := round[i%len(round)]
+		run, mode, err := s.run(ctx, o, k.monitor, k.stats, k.xdp)
 		if err != nil {
 			return nil, fmt.Errorf("run %d: %w", i+1, err)
 		}
-		if mode != "" {
+		switch {
+		case k.xdp:
+			res.XDPMode = mode
+		case mode != "":
 			res.AttachMode = mode
 		}
 		res.Runs = append(res.Runs, run)
@@ -275,8 +306,11 @@ func (c *counter) Event(ev pping.Event) error {
 }
 func (c *counter) Aggregate(*pping.AggReport) error { return nil }
 
-func (s *setup) run(ctx context.Context, o Options, monitor, withStats bool) (RunResult, string, error) {
+func (s *setup) run(ctx context.Context, o Options, monitor, withStats, xdp bool) (RunResult, string, error) {
 	run := RunResult{Monitor: monitor, Stats: withStats}
+	if xdp {
+		run.IngressHook = "xdp"
+	}
 	var (
 		mon      *pping.Monitor
 		sink     counter
@@ -289,6 +323,9 @@ func (s *setup) run(ctx context.Context, o Options, monitor, withStats bool) (Ru
 	if monitor {
 		cfg := pping.DefaultConfig()
 		cfg.RateLimit = o.RateLimit
+		if xdp {
+			cfg.IngressHook = pping.IngressXDP
+		}
 		var err error
 		if mon, err = pping.Load(cfg); err != nil {
 			return run, "", err

@@ -16,8 +16,8 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
 
-// TestRunShort runs one short round (off, on, on with statistics): the figures exist and
-// are plausible, and the result file round-trips.
+// TestRunShort runs one short round (off, on, on with statistics, XDP ingress with
+// statistics): the figures exist and are plausible, and the result file round-trips.
 func TestRunShort(t *testing.T) {
 	bpftest.RequireRoot(t)
 	for _, tool := range []string{"iperf3", "ethtool"} {
@@ -31,8 +31,12 @@ func TestRunShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Runs) != 3 || res.Runs[0].Monitor || !res.Runs[1].Monitor || res.Runs[1].Stats || !res.Runs[2].Stats {
-		t.Fatalf("runs %+v, want off, on, on with statistics", res.Runs)
+	if len(res.Runs) != 4 || res.Runs[0].Monitor || !res.Runs[1].Monitor || res.Runs[1].Stats || !res.Runs[2].Stats ||
+		res.Runs[2].IngressHook != "" || !res.Runs[3].Stats || res.Runs[3].IngressHook != "xdp" {
+		t.Fatalf("runs %+v, want off, on, on with statistics, XDP with statistics", res.Runs)
+	}
+	if x := res.Runs[3]; x.Ingress == nil || x.Ingress.Runs == 0 || x.Ingress.NsPerPacket <= 0 || !strings.HasPrefix(res.XDPMode, "xdp-") {
+		t.Errorf("XDP run without XDP ingress statistics: %+v, attached %q", x.Ingress, res.XDPMode)
 	}
 	on := res.Runs[2]
 	for _, r := range res.Runs {
@@ -52,12 +56,12 @@ func TestRunShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(b, &back); err != nil || back.Schema != Schema || len(back.Runs) != 3 {
+	if err := json.Unmarshal(b, &back); err != nil || back.Schema != Schema || len(back.Runs) != 4 {
 		t.Errorf("result.json: %v, %+v", err, back)
 	}
 	var tab bytes.Buffer
 	res.WriteTable(&tab)
-	if !strings.Contains(tab.String(), "BPF run time per packet: ingress") {
+	if !strings.Contains(tab.String(), "BPF run time per packet: ingress") || !strings.Contains(tab.String(), "XDP ingress (xdp-") {
 		t.Errorf("table:\n%s", tab.String())
 	}
 	t.Logf("\n%s", tab.String())
