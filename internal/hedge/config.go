@@ -71,6 +71,9 @@ type DelaySpec struct {
 	MinSamples int
 }
 
+// maxFillerBytes is the largest conveyor filler frame measured to circulate.
+const maxFillerBytes = 3600
+
 // BudgetSpec limits hedges to Ratio of requests, with a burst of Burst hedges.
 type BudgetSpec struct {
 	Ratio float64 `yaml:"ratio"`
@@ -169,8 +172,10 @@ func (c *Config) Validate() error {
 	if c.DelayLine.FillerBytes == 0 {
 		c.DelayLine.FillerBytes = 1514
 	}
-	if c.DelayLine.FillerBytes < 64 || c.DelayLine.FillerBytes > 9014 {
-		return fmt.Errorf("delay_line.filler_bytes %d out of range: use 64..9014", c.DelayLine.FillerBytes)
+	// Frames of up to 3600 bytes circulate; 4500 and more did not (the hedger then fails
+	// to start with "fillers are not circulating"), so larger values are refused here.
+	if c.DelayLine.FillerBytes < 64 || c.DelayLine.FillerBytes > maxFillerBytes {
+		return fmt.Errorf("delay_line.filler_bytes %d out of range: use 64..%d", c.DelayLine.FillerBytes, maxFillerBytes)
 	}
 	if c.DelayLine.RateMbit < 1 || c.DelayLine.RateMbit > 10000 {
 		return fmt.Errorf("delay_line.rate_mbit %d out of range: use 1..10000", c.DelayLine.RateMbit)
