@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/lab"
 )
 
@@ -199,7 +200,7 @@ func TestHedgeRescuesStalledRequests(t *testing.T) {
 }
 
 // inGuest reports whether the test runs in a kernel-matrix guest (tools/vmtest).
-func inGuest() bool { return os.Getenv("VMTEST_KERNEL") != "" }
+func inGuest() bool { return bpftest.InGuest() }
 
 // requireBackend skips when the kernel lacks what a backend needs, except in a
 // kernel-matrix guest: the Debian kernels there must have netem and fq, so a missing

@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,51 +24,13 @@ import (
 	"github.com/kedge-dev/kedge/internal/lab"
 )
 
-// binDir holds the kedge binary the process tests run; built on first use, removed after
-// the tests.
-var (
-	binDir   string
-	binOnce  sync.Once
-	binPath  string
-	binError error
-)
-
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kedge-hedge-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
 	code := bpftest.CheckFDLeaks(m)
-	os.RemoveAll(dir)
+	bpftest.RemoveKedgeBinary()
 	os.Exit(code)
 }
 
-// kedgeBinary builds cmd/kedge once (CGO_ENABLED=0, as released) and returns its path.
-func kedgeBinary(t *testing.T) string {
-	t.Helper()
-	if _, err := exec.LookPath("go"); err != nil {
-		if inGuest() {
-			t.Skip("needs the Go toolchain to build the kedge binary; matrix guests have none (the same scenario runs on the host)")
-		}
-		t.Fatalf("needs the Go toolchain to build the kedge binary: %v", err)
-	}
-	binOnce.Do(func() {
-		path := filepath.Join(binDir, "kedge")
-		cmd := exec.Command("go", "build", "-o", path, "github.com/kedge-dev/kedge/cmd/kedge")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binError = fmt.Errorf("build kedge: %w\n%s", err, out)
-			return
-		}
-		binPath = path
-	})
-	if binError != nil {
-		t.Fatal(binError)
-	}
-	return binPath
-}
+func kedgeBinary(t *testing.T) string { return bpftest.KedgeBinary(t) }
 
 // kedgeProc is a kedge process running in a lab host.
 type kedgeProc struct {
