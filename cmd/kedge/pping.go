@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
@@ -175,16 +174,16 @@ func parseTCMode(s string) (bpfx.TCMode, error) {
 // resolveIface finds the namespace and interface index to attach to.
 func resolveIface(nsName, iface string) (netns.NsHandle, int, error) {
 	ns := netns.None()
-	h, err := netlink.NewHandle()
 	if nsName != "" {
+		var err error
 		if ns, err = netns.GetFromName(nsName); err != nil {
 			return ns, 0, usagef("open network namespace %q: %v (list them with 'ip netns list' or 'kedge lab list')", nsName, err)
 		}
-		h, err = netlink.NewHandleAt(ns)
 	}
+	h, err := bpfx.NetlinkHandle(ns)
 	if err != nil {
 		ns.Close()
-		return ns, 0, fmt.Errorf("open netlink: %w", err)
+		return ns, 0, err
 	}
 	defer h.Close()
 	link, err := h.LinkByName(iface)

@@ -105,7 +105,7 @@ type clsactAttachment struct {
 func (a *clsactAttachment) Mode() string { return "clsact" }
 
 func (a *clsactAttachment) Close() error {
-	h, err := netlinkHandle(a.ns)
+	h, err := NetlinkHandle(a.ns)
 	if err != nil {
 		return err
 	}
@@ -152,7 +152,9 @@ func clsactOwned(ns netns.NsHandle, ifindex int) bool {
 	return clsactRefs[[2]int{int(ns), ifindex}] > 0
 }
 
-func netlinkHandle(ns netns.NsHandle) (*netlink.Handle, error) {
+// NetlinkHandle opens a netlink handle in ns, or in the caller's namespace when ns < 0
+// (netns.None()). The caller closes it.
+func NetlinkHandle(ns netns.NsHandle) (*netlink.Handle, error) {
 	var h *netlink.Handle
 	var err error
 	if ns < 0 {
@@ -174,7 +176,7 @@ func clsactQdisc(ifindex int) *netlink.GenericQdisc {
 }
 
 func attachClsact(prog *ebpf.Program, t TCTarget) (Attachment, error) {
-	h, err := netlinkHandle(t.Netns)
+	h, err := NetlinkHandle(t.Netns)
 	if err != nil {
 		return nil, err
 	}
@@ -259,7 +261,7 @@ func removeClsactIfUnused(h *netlink.Handle, ifindex int) error {
 // the namespace (ns < 0: the caller's), and then clsact qdiscs left with no filters at all
 // on those interfaces. It touches nothing whose name does not carry FilterPrefix.
 func CleanupFilters(ns netns.NsHandle, alive func(pid int) bool) ([]string, error) {
-	h, err := netlinkHandle(ns)
+	h, err := NetlinkHandle(ns)
 	if err != nil {
 		return nil, err
 	}

@@ -120,13 +120,8 @@ func (d *DelayLine) qdisc(backend string) netlink.Qdisc {
 
 func (d *DelayLine) makeDevices() error {
 	var err error
-	if d.clientNS < 0 {
-		d.clientHandle, err = netlink.NewHandle()
-	} else {
-		d.clientHandle, err = netlink.NewHandleAt(d.clientNS)
-	}
-	if err != nil {
-		return fmt.Errorf("open netlink in client netns: %w", err)
+	if d.clientHandle, err = bpfx.NetlinkHandle(d.clientNS); err != nil {
+		return fmt.Errorf("client netns: %w", err)
 	}
 	dh, err := netlink.NewHandleAt(d.NS.Handle)
 	if err != nil {

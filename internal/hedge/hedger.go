@@ -16,7 +16,6 @@ import (
 	"github.com/cilium/ebpf/features"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/probe"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -160,15 +159,9 @@ func checkKernel() error {
 }
 
 func ifindexIn(ns netns.NsHandle, name string) (int, error) {
-	var h *netlink.Handle
-	var err error
-	if ns < 0 {
-		h, err = netlink.NewHandle()
-	} else {
-		h, err = netlink.NewHandleAt(ns)
-	}
+	h, err := bpfx.NetlinkHandle(ns)
 	if err != nil {
-		return 0, fmt.Errorf("open netlink: %w", err)
+		return 0, err
 	}
 	defer h.Close()
 	l, err := h.LinkByName(name)

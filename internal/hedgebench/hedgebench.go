@@ -304,11 +304,8 @@ func Run(ctx context.Context, o Options) (bench.Result, error) {
 			}
 			part.Series[0].HedgesSent = &sent
 			part.Series[0].Backend = "kernel (" + snap.Backend + ")"
-			prefix := "kernel."
-			if r.file != "kernel.json" {
-				prefix = strings.TrimSuffix(r.file, ".json") + "."
-			}
-			part.Parameters = mergeParams(part.Parameters, kernelParams(snap, prefix))
+			// bench.Merge prefixes each series' own parameters with its name.
+			part.Parameters = mergeParams(part.Parameters, kernelParams(snap))
 		}
 		parts = append(parts, part)
 	}
@@ -343,20 +340,16 @@ func mergeParams(a, b map[string]any) map[string]any {
 	return a
 }
 
-// kernelParams records a kernel-hedged run's hedger state under keys starting with prefix.
-func kernelParams(s *hedge.Snapshot, prefix string) map[string]any {
+// kernelParams records a kernel-hedged run's hedger state.
+func kernelParams(s *hedge.Snapshot) map[string]any {
 	p := s.Services[0].Precision
-	out := map[string]any{}
-	for k, v := range map[string]any{
-		"backend": s.Backend, "period_ms": ms(s.Period),
-		"conveyor_mean_ms": ms(s.Calibration.Mean), "conveyor_spread_us": float64(s.Calibration.Spread) / 1e3,
-		"precision_p50_us": float64(p.P50) / 1e3, "precision_p99_us": float64(p.P99) / 1e3,
-		"precision_max_us": float64(p.Max) / 1e3, "delay_final_ms": ms(s.Services[0].DelayNow),
-		"counters": s.Services[0].Counters,
-	} {
-		out[prefix+k] = v
+	return map[string]any{
+		"kernel.backend": s.Backend, "kernel.period_ms": ms(s.Period),
+		"kernel.conveyor_mean_ms": ms(s.Calibration.Mean), "kernel.conveyor_spread_us": float64(s.Calibration.Spread) / 1e3,
+		"kernel.precision_p50_us": float64(p.P50) / 1e3, "kernel.precision_p99_us": float64(p.P99) / 1e3,
+		"kernel.precision_max_us": float64(p.Max) / 1e3, "kernel.delay_final_ms": ms(s.Services[0].DelayNow),
+		"kernel.counters": s.Services[0].Counters,
 	}
-	return out
 }
 
 // startServer starts `kedge chaos serve` in h with one replica per address in at (replica

@@ -248,6 +248,7 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 		run := RateRun{Concurrency: c, Repeat: rep, Service: svc, Kedge: h != nil}
 		path := filepath.Join(o.OutDir, fmt.Sprintf("c%d-r%d-%s-%s.json", c, rep, svc, map[bool]string{false: "off", true: "on"}[h != nil]))
 		var before *hedge.Snapshot
+		var err error
 		if h != nil {
 			if before, err = h.Stats(); err != nil {
 				return run, err
@@ -289,9 +290,8 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 			}
 			i := slices.IndexFunc(after.Services, func(s hedge.ServiceStats) bool { return s.Name == svc })
 			run.Counters = diffCounters(after.Services[i].Counters, before.Services[i].Counters)
-			lost := sub0(after.DelayLine["entered"], before.DelayLine["entered"]) -
-				min(sub0(after.DelayLine["entered"], before.DelayLine["entered"]), sub0(after.DelayLine["exited"], before.DelayLine["exited"])) +
-				run.Counters["clone_errors"]
+			dl := diffCounters(after.DelayLine, before.DelayLine)
+			lost := sub0(dl["entered"], dl["exited"]) + run.Counters["clone_errors"]
 			run.LostClones = &lost
 		}
 		return run, nil
