@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 build=/tmp/kedge-generate   # fixed on purpose: see above
 
+# Concurrent runs (several work trees on one machine) take turns on the fixed directory.
+exec 9>"$build.lock"
+flock 9
 rm -rf "$build"
 mkdir -p "$build"
 trap 'rm -rf "$build"' EXIT
