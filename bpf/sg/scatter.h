@@ -230,6 +230,7 @@ static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter
 	bpf_spin_unlock(&s->lock);
 	if (use_timer)
 		arm_expiry(s, timeout, cnt);
+	skb->mark = cfg_copy_mark; /* inherited by every clone */
 	return 1;
 }
 
