@@ -132,24 +132,25 @@ func (o *Objects) fromMaps(m sgMaps) {
 }
 
 // InitTimers gives every slot its bpf_timer (TierLoop), retrying slots whose
-// bpf_timer_init failed (-ENOMEM under bursts on 6.18, kernel-notes).
-func (o *Objects) InitTimers() error {
+// bpf_timer_init failed (-ENOMEM under bursts on 6.18, kernel-notes). It returns how many
+// slots are left without a timer: their requests must be expired by RunSweep.
+func (o *Objects) InitTimers() (int, error) {
 	if o.TimersInit == nil {
-		return nil
+		return 0, nil
 	}
 	var failed uint32
-	const tries = 1000
+	const tries = 200
 	for try := 0; try < tries; try++ {
 		ret, err := o.TimersInit.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
 		if err != nil {
-			return fmt.Errorf("run sg_timers_init: %w", err)
+			return Slots, fmt.Errorf("run sg_timers_init: %w", err)
 		}
 		if failed = ret; failed == 0 {
-			return nil
+			return 0, nil
 		}
-		time.Sleep(time.Millisecond) // GFP_ATOMIC allocations: give reclaim a moment
+		time.Sleep(500 * time.Microsecond) // the allocator's cache refills from irq_work
 	}
-	return fmt.Errorf("init slot timers: %d of %d slots failed after %d tries ", failed, Slots, tries)
+	return int(failed), nil
 }
 
 // RunSweep runs sg_sweep once and returns how many requests it expired.

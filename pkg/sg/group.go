@@ -164,7 +164,8 @@ func Open(cfg Config) (_ *Group, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("load sg data plane: %w", err)
 	}
-	if err := g.objs.InitTimers(); err != nil {
+	untimed, err := g.objs.InitTimers()
+	if err != nil {
 		return nil, err
 	}
 	if err := g.fillMaps(ifindex, workers); err != nil {
@@ -195,7 +196,9 @@ func Open(cfg Config) (_ *Group, err error) {
 	g.wg.Add(2)
 	go g.dispatch()
 	go g.drain()
-	if g.objs.Tier == isg.TierBounded {
+	// Kernels without bpf_timer, and slots whose timer could not be allocated, are
+	// expired by sg_sweep, run from here.
+	if g.objs.Tier == isg.TierBounded || untimed > 0 {
 		g.wg.Add(1)
 		go g.sweeper()
 	}
@@ -340,12 +343,12 @@ func (g *Group) fillMaps(ifindex int, workers []isg.WorkerCfg) error {
 func (g *Group) pin() error {
 	dir, err := bpfx.PinDir("sg")
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrPin, err)
 	}
 	g.pinDir = dir
 	for name, m := range map[string]*ebpf.Map{"stats": g.objs.Stats, "slots": g.objs.Slots, "groups": g.objs.Groups} {
 		if err := m.Pin(filepath.Join(dir, name)); err != nil {
-			return fmt.Errorf("pin %s: %w", name, err)
+			return fmt.Errorf("%w: pin %s: %w", ErrPin, name, err)
 		}
 	}
 	info := fmt.Sprintf("interface=%s netns=%s local=%s workers=%d reduction=%s\n", g.cfg.Interface, g.cfg.Netns, g.cfg.Local, len(g.cfg.Workers), g.cfg.Reduction)

@@ -236,6 +236,8 @@ var (
 	ErrInFlight = errors.New("sg: every request slot is in flight (raise Config.InFlight or use OnFull: Block)")
 	// ErrClosed: the group was closed.
 	ErrClosed = errors.New("sg: group closed")
+	// ErrPin: Config.Pin was set and the counters could not be pinned (no bpffs?).
+	ErrPin = errors.New("sg: cannot pin counters under /sys/fs/bpf/kedge")
 	// ErrLost: neither the ring buffer nor the slot delivered the result in time.
 	ErrLost = errors.New("sg: result lost (slot kept out of use)")
 )
