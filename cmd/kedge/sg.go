@@ -144,7 +144,7 @@ make it a lab worker.`,
 			}()
 			err = bpfx.InNetns(ns, func() error { return isg.RunWorkers(ctx, cfg, &st, ready) })
 			if err != nil {
-				return usageError{err}
+				return usageError{Err: err}
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "kedge sg worker: requests=%d replies=%d lost=%d duplicated=%d malformed=%d\n",
 				st.Requests.Load(), st.Replies.Load(), st.Dropped.Load(), st.Dups.Load(), st.Malformed.Load())
