@@ -26,6 +26,16 @@ func newSgCmd() *cobra.Command {
 		Short: "Scatter-gather in the kernel: one send, replies reduced in XDP",
 		Long: `kedge sg fans one request out to a group of workers in TC egress and reduces their
 replies in XDP as they arrive; the application receives only the result (docs/sg.md).`,
+		Example: `  kedge sg worker --listen 127.0.0.1:9000+16 &
+  kedge sg scatter -i lo --workers 127.0.0.1:9000+16 --reduction sum
+  kedge sg stats`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown sg command %q: use worker, scatter or stats (see '%s --help')", args[0], cmd.CommandPath())
+			}
+			return usagef("%s needs a command: worker, scatter or stats (see '%s --help')", cmd.CommandPath(), cmd.CommandPath())
+		},
+		RunE: func(*cobra.Command, []string) error { return nil },
 	}
 	cmd.AddCommand(newSgWorkerCmd(), newSgScatterCmd(), newSgStatsCmd())
 	return cmd
@@ -53,7 +63,7 @@ func parseWorkers(specs []string) ([]netip.AddrPort, error) {
 				return nil, usagef("worker %q: %w (want ADDR:PORT[+N], IPv6 as [ADDR]:PORT)", s, err)
 			}
 			if int(ap.Port())+n-1 > 65535 {
-				return nil, usagef("worker %q+%d: ports beyond 65535", s, n)
+				return nil, usagef("worker %s+%d: ports beyond 65535", s, n)
 			}
 			for k := range n {
 				out = append(out, netip.AddrPortFrom(ap.Addr(), ap.Port()+uint16(k)))
@@ -121,6 +131,11 @@ make it a lab worker.`,
 			if elems < 0 || elems > sg.MaxElems {
 				return usagef("--elems %d: want 0..%d", elems, sg.MaxElems)
 			}
+			switch dist {
+			case "fixed", "uniform", "exp":
+			default:
+				return usagef("--dist %q: want fixed, uniform or exp", dist)
+			}
 			if loss < 0 || loss > 1 || dup < 0 || dup > 1 {
 				return usagef("--loss and --dup are probabilities (0..1)")
 			}
@@ -142,9 +157,8 @@ make it a lab worker.`,
 				<-ready
 				fmt.Fprintf(cmd.ErrOrStderr(), "kedge sg worker: %d workers ready (%v ... %v)\n", len(addrs), addrs[0], addrs[len(addrs)-1])
 			}()
-			err = bpfx.InNetns(ns, func() error { return isg.RunWorkers(ctx, cfg, &st, ready) })
-			if err != nil {
-				return usageError{Err: err}
+			if err := bpfx.InNetns(ns, func() error { return isg.RunWorkers(ctx, cfg, &st, ready) }); err != nil {
+				return err
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "kedge sg worker: requests=%d replies=%d lost=%d duplicated=%d malformed=%d\n",
 				st.Requests.Load(), st.Replies.Load(), st.Dropped.Load(), st.Dups.Load(), st.Malformed.Load())
@@ -197,6 +211,9 @@ func newSgScatterCmd() *cobra.Command {
 			if err := checkOutputFormat(output); err != nil {
 				return err
 			}
+			if iface == "" {
+				return usagef("no --interface (-i): the interface the workers are reached through, e.g. -i lo")
+			}
 			ws, err := parseWorkers(workers)
 			if err != nil {
 				return err
@@ -215,6 +232,16 @@ func newSgScatterCmd() *cobra.Command {
 			if count < 1 {
 				return usagef("--count %d: want at least 1", count)
 			}
+			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Reduction: r, Type: t,
+				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, Pin: true}
+			if local != "" {
+				if cfg.Local, err = netip.ParseAddrPort(local); err != nil {
+					return usagef("--local %q: %w", local, err)
+				}
+			}
+			if err := cfg.Validate(); err != nil {
+				return usageError{Err: err}
+			}
 			ns, err := openNetns(nsArg)
 			if err != nil {
 				return err
@@ -225,13 +252,6 @@ func newSgScatterCmd() *cobra.Command {
 			}
 			if err != nil {
 				return err
-			}
-			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Reduction: r, Type: t,
-				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, Pin: true}
-			if local != "" {
-				if cfg.Local, err = netip.ParseAddrPort(local); err != nil {
-					return usagef("--local %q: %w", local, err)
-				}
 			}
 			g, err := sg.Open(cfg)
 			if err != nil && errors.Is(err, sg.ErrPin) {
@@ -288,7 +308,6 @@ func newSgScatterCmd() *cobra.Command {
 	f.BoolVar(&busyPoll, "busy-poll", false, "spin on the result ring instead of sleeping in epoll")
 	addNetnsFlag(cmd, &nsArg, "the interface and the coordinator socket are")
 	addOutputFlag(cmd, &output)
-	_ = cmd.MarkFlagRequired("interface")
 	return cmd
 }
 

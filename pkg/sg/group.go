@@ -50,8 +50,8 @@ type waiter struct {
 	ch   chan Result
 }
 
-// slotsOf: the group's slots are [0, InFlight).
-func (c *Config) validate() error {
+// Validate checks c and fills its defaults (Open calls it).
+func (c *Config) Validate() error {
 	switch {
 	case c.Interface == "":
 		return errors.New("sg config: no interface (set Config.Interface)")
@@ -116,7 +116,7 @@ func openNetns(name string) (netns.NsHandle, error) {
 // socket. Close releases everything; a killed process leaves nothing but, with Pin, a pin
 // directory that the next Open or `kedge cleanup` removes.
 func Open(cfg Config) (_ *Group, err error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	ns, err := openNetns(cfg.Netns)
