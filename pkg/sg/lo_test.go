@@ -1,6 +1,7 @@
 package sg
 
 import (
+	"errors"
 	"context"
 	"net/netip"
 	"sync"
@@ -145,20 +146,35 @@ func TestLossyDuplicatingWorkers(t *testing.T) {
 	}
 }
 
+// TestInFlightFail: with one slot and OnFull: Fail, concurrent requests fail at once with
+// ErrInFlight while one is in flight (each holds the slot until its 50 ms timeout).
 func TestInFlightFail(t *testing.T) {
-	g := loopbackGroup(t, 2, 1, Config{Reduction: Count, Timeout: 200 * time.Millisecond, InFlight: 1, OnFull: Fail},
+	g := loopbackGroup(t, 2, 1, Config{Reduction: Count, Timeout: 50 * time.Millisecond, InFlight: 1, OnFull: Fail},
 		isg.WorkerConfig{})
-	done := make(chan struct{})
-	go func() { g.Scatter(context.Background(), nil); close(done) }()
-	deadline := time.Now().Add(time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		if _, err = g.Scatter(context.Background(), nil); err == ErrInFlight {
-			break
-		}
+	var mu sync.Mutex
+	var ok, full int
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 5 {
+				res, err := g.Scatter(context.Background(), nil)
+				mu.Lock()
+				switch {
+				case errors.Is(err, ErrInFlight):
+					full++
+				case err == nil && res.Status == Timeout && res.Count == 1:
+					ok++
+				default:
+					t.Errorf("result %+v err %v", res, err)
+				}
+				mu.Unlock()
+			}
+		}()
 	}
-	if err != ErrInFlight {
-		t.Fatalf("second request: %v, want ErrInFlight", err)
+	wg.Wait()
+	if ok == 0 || full == 0 {
+		t.Fatalf("%d completed, %d refused: want both", ok, full)
 	}
-	<-done
 }
