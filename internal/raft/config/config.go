@@ -99,6 +99,29 @@ func Parse(b []byte, id uint64, dataDir string) (*Config, error) {
 	return &c, nil
 }
 
+// LoadPeers reads only the peers of a config (a client needs their addresses, not an id).
+func LoadPeers(path string) ([]Peer, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("parse config: %w", err)
+	}
+	if len(c.Peers) == 0 {
+		return nil, fmt.Errorf("config %s: no peers", path)
+	}
+	for i, p := range c.Peers {
+		if _, _, err := splitHostPort(p.Client); err != nil {
+			return nil, fmt.Errorf("config: peers[%d].client: %w", i, err)
+		}
+	}
+	return c.Peers, nil
+}
+
 // Check validates the config; errors name the offending key.
 func (c *Config) Check() error {
 	if c.ClusterID == 0 {

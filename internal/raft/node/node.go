@@ -510,7 +510,7 @@ func (n *Node) Status() api.Status {
 				continue
 			}
 			h := ms(n.tr.LastHeard(id))
-			st.Peers = append(st.Peers, api.PeerStatus{ID: id, Match: pr.Match, Next: pr.Next, State: pr.State.String(), LastHeardMs: h})
+			st.Peers = append(st.Peers, api.PeerStatus{ID: id, Match: pr.Match, Next: pr.Next, State: strings.ToLower(strings.TrimPrefix(pr.State.String(), "State")), LastHeardMs: h})
 			if h != nil && (oldest == nil || *h > *oldest) {
 				oldest = h
 			}
