@@ -183,7 +183,7 @@ func (c *subnetCollector) Collect(ch chan<- prometheus.Metric) {
 		for i, edge := range promBuckets {
 			limit := uint64(1) << (histMinShift + i)
 			for ; b < HistBins; b++ {
-				if lo, _ := BinBounds(b); lo >= limit {
+				if HistLayout.Lower(b) >= limit {
 					break
 				}
 				cum += s.Bins[b]
