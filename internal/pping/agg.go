@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/hist"
 )
 
@@ -82,7 +83,7 @@ func (t *Traffic) Packets() uint64 { return t.TcpTsPkts + t.TcpNotsPkts + t.Othe
 // Bytes is the byte count over all kinds of traffic.
 func (t *Traffic) Bytes() uint64 { return t.TcpTsBytes + t.TcpNotsBytes + t.OtherBytes }
 
-func (t *Traffic) add(o *Traffic) { addCounters(t, o) }
+func (t *Traffic) add(o *Traffic) { bpfx.AddCounters(t, o) }
 
 // SubnetStats is one subnet's traffic and RTT histogram for one interval. Rx counts the
 // packets that came from the subnet (source address in it), Tx those that went to it, at

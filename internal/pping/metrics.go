@@ -128,7 +128,12 @@ func (c *counterCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, h := range Hooks {
-		for _, f := range CounterFields(&all[h]) {
+		fields, err := CounterFields(&all[h])
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(counterDesc, err)
+			return
+		}
+		for _, f := range fields {
 			ch <- prometheus.MustNewConstMetric(counterDesc, prometheus.CounterValue, float64(f.Value), h.String(), f.Name)
 		}
 	}

@@ -141,8 +141,12 @@ func TestBPFConfigMasks(t *testing.T) {
 func TestCounterNames(t *testing.T) {
 	var c Counters
 	c.TsNotNew, c.ParseErr[4] = 3, 2
+	fields, err := CounterFields(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
 	got := map[string]uint64{}
-	for _, f := range CounterFields(&c) {
+	for _, f := range fields {
 		got[f.Name] = f.Value
 	}
 	if got["ts_not_new"] != 3 || got["parse_err_l3_proto"] != 2 || got["skip_no_tcp_ts"] != 0 {
