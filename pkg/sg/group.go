@@ -3,6 +3,7 @@ package sg
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -16,7 +17,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
@@ -33,7 +33,6 @@ type Group struct {
 	conn    *net.UDPConn
 	target  netip.AddrPort // where the request is addressed (worker 0); the scatter fans out
 	rd      *ringbuf.Reader
-	pinDir  string
 	free    chan uint16
 	seq     atomic.Uint64
 	mu      sync.Mutex
@@ -126,7 +125,9 @@ func Open(cfg Config) (_ *Group, err error) {
 	if ns >= 0 {
 		defer ns.Close()
 	}
-	removeDeadPins()
+	if cfg.StatusDir != "" {
+		_, _ = isg.RemoveStaleStatuses(cfg.StatusDir) // a killed coordinator's file
+	}
 	g := &Group{cfg: cfg, done: make(chan struct{}), free: make(chan uint16, cfg.InFlight)}
 	defer func() {
 		if err != nil {
@@ -184,11 +185,6 @@ func Open(cfg Config) (_ *Group, err error) {
 		return nil, fmt.Errorf("attach sg gather (xdp) to %s: %w - another XDP program may own the interface", cfg.Interface, err)
 	}
 	g.attach = append(g.attach, xdp)
-	if cfg.Pin {
-		if err := g.pin(); err != nil {
-			return nil, err
-		}
-	}
 	for i := range cfg.InFlight {
 		g.free <- uint16(i)
 	}
@@ -198,6 +194,10 @@ func Open(cfg Config) (_ *Group, err error) {
 	go g.drain()
 	// Kernels without bpf_timer, and slots whose timer could not be allocated, are
 	// expired by sg_sweep, run from here.
+	if cfg.StatusDir != "" {
+		g.wg.Add(1)
+		go g.publish(time.Now())
+	}
 	if g.objs.Tier == isg.TierBounded || untimed > 0 {
 		g.wg.Add(1)
 		go g.sweeper()
@@ -340,32 +340,24 @@ func (g *Group) fillMaps(ifindex int, workers []isg.WorkerCfg) error {
 	return nil
 }
 
-func (g *Group) pin() error {
-	dir, err := bpfx.PinDir("sg")
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrPin, err)
-	}
-	g.pinDir = dir
-	for name, m := range map[string]*ebpf.Map{"stats": g.objs.Stats, "slots": g.objs.Slots, "groups": g.objs.Groups} {
-		if err := m.Pin(filepath.Join(dir, name)); err != nil {
-			return fmt.Errorf("%w: pin %s: %w", ErrPin, name, err)
+// publish writes the status file for `kedge sg stats` every second until Close.
+func (g *Group) publish(started time.Time) {
+	defer g.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		st, err := g.Stats()
+		if err == nil {
+			b, _ := json.Marshal(st)
+			_ = isg.WriteStatus(g.cfg.StatusDir, &isg.Status{PID: os.Getpid(), Started: started,
+				Interface: g.cfg.Interface, Netns: g.cfg.Netns, Local: g.cfg.Local.String(),
+				Workers: len(g.cfg.Workers), Reduction: g.cfg.Reduction.String(), Tier: g.Tier(),
+				InFlight: g.cfg.InFlight, Stats: b})
 		}
-	}
-	info := fmt.Sprintf("interface=%s netns=%s local=%s workers=%d reduction=%s\n", g.cfg.Interface, g.cfg.Netns, g.cfg.Local, len(g.cfg.Workers), g.cfg.Reduction)
-	_ = os.WriteFile(filepath.Join(dir, "info"), []byte(info), 0o600) // bpffs refuses plain files: best effort
-	return nil
-}
-
-// removeDeadPins removes the pin directories of sg coordinators that died (their maps,
-// slots included, are freed with them).
-func removeDeadPins() {
-	dirs, err := bpfx.ListPinDirs()
-	if err != nil {
-		return
-	}
-	for _, d := range dirs {
-		if d.Name == "sg" && d.PID != os.Getpid() && !lab.ProcessAlive(d.PID) {
-			_ = bpfx.RemovePinDir(d.Dir)
+		select {
+		case <-g.done:
+			return
+		case <-t.C:
 		}
 	}
 }
@@ -623,6 +615,9 @@ func (g *Group) Close() error {
 	close(g.done)
 	err := g.release()
 	g.wg.Wait()
+	if g.cfg.StatusDir != "" {
+		err = errors.Join(err, isg.RemoveStatus(g.cfg.StatusDir, os.Getpid()))
+	}
 	return err
 }
 
@@ -637,9 +632,6 @@ func (g *Group) release() error {
 	}
 	if g.conn != nil {
 		errs = append(errs, g.conn.Close())
-	}
-	if g.pinDir != "" {
-		errs = append(errs, bpfx.RemovePinDir(g.pinDir))
 	}
 	if g.objs != nil {
 		errs = append(errs, g.objs.Close())
@@ -658,22 +650,4 @@ func publicStats(s *isg.Stats) Stats {
 		}
 	}
 	return out
-}
-
-// ReadPinnedStats reads the counters a group opened with Pin exposes in dir.
-func ReadPinnedStats(dir string) (Stats, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "stats"), &ebpf.LoadPinOptions{ReadOnly: true})
-	if err != nil {
-		return Stats{}, fmt.Errorf("open pinned sg stats: %w", err)
-	}
-	defer m.Close()
-	var total isg.Stats
-	for k := uint32(0); k <= isg.GroupsMax; k++ {
-		s, err := isg.SumStats(m, k)
-		if err != nil {
-			return Stats{}, err
-		}
-		total.Add(&s)
-	}
-	return publicStats(&total), nil
 }
