@@ -214,4 +214,3 @@ func TestScatterCopies(t *testing.T) {
 		})
 	}
 }
-

@@ -270,6 +270,10 @@ func WriteTable(w io.Writer, r *Result) {
 	}
 	fmt.Fprintln(w)
 	for _, q := range r.Ratios {
+		if q.ThroughputRatio == 0 {
+			fmt.Fprintf(w, "fan-out %4d: kedge completed no request (see the timeouts)\n", q.Fanout)
+			continue
+		}
 		fmt.Fprintf(w, "fan-out %4d: kedge/%s throughput %.2fx, kedge/%s p50 %.2fx\n", q.Fanout, q.BestThroughput, q.ThroughputRatio, q.BestP50, q.P50Ratio)
 	}
 }
