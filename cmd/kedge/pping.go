@@ -182,26 +182,17 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 	}
 	defer out.Close()
 
-	metrics, err := listenMetrics(f.metricsAddr)
+	target, err := openRunTarget(f.metricsAddr, f.netnsName, f.iface)
 	if err != nil {
 		return err
 	}
-	defer metrics.Close()
-	ns, err := openNetns(f.netnsName)
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
-	ifindex, err := findInterface(ns, f.netnsName, f.iface)
-	if err != nil {
-		return err
-	}
+	defer target.Close()
 	m, err := pping.Load(cfg)
 	if err != nil {
 		return rootHint(err)
 	}
 	defer m.Close()
-	if err := m.Attach(ns, ifindex, mode); err != nil {
+	if err := m.Attach(target.ns, target.ifindex, mode); err != nil {
 		return rootHint(err)
 	}
 	slog.Debug("pping attached", "interface", f.iface, "netns", f.netnsName, "mode", m.AttachMode())
@@ -225,9 +216,9 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 	}()
 
 	var sink pping.Sink = out
-	if metrics != nil {
+	if target.metrics != nil {
 		mt := pping.NewMetrics(m, out)
-		metrics.Serve(mt.Registry())
+		target.metrics.Serve(mt.Registry())
 		sink = mt
 	}
 	runErr := m.Run(ctx, sink)
@@ -248,7 +239,11 @@ func writeCounters(w io.Writer, m *pping.Monitor) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOOK\tCOUNTER\tVALUE")
 	for _, h := range pping.Hooks {
-		for _, c := range pping.CounterFields(&all[h]) {
+		fields, err := pping.CounterFields(&all[h])
+		if err != nil {
+			return err
+		}
+		for _, c := range fields {
 			if c.Value != 0 {
 				fmt.Fprintf(tw, "%s\t%s\t%d\n", h, c.Name, c.Value)
 			}
