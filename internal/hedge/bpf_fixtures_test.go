@@ -26,14 +26,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Scoreboard states (enum req_state in bpf/include/hedge.h).
+// Scoreboard states (enum req_state in bpf/include/hedge.h, through bpf2go).
 const (
-	reqPending       = 1
-	reqNoClone       = 2
-	reqNoHedge       = 3
-	reqHedged        = 4
-	reqAnswered      = 5
-	reqAnsweredHedge = 6
+	reqPending       = uint32(hedgeReqStateREQ_PENDING)
+	reqNoClone       = uint32(hedgeReqStateREQ_NOCLONE)
+	reqNoHedge       = uint32(hedgeReqStateREQ_NOHEDGE)
+	reqHedged        = uint32(hedgeReqStateREQ_HEDGED)
+	reqAnswered      = uint32(hedgeReqStateREQ_ANSWERED)
+	reqAnsweredHedge = uint32(hedgeReqStateREQ_ANSWERED_HEDGED)
 )
 
 var stateNames = map[uint32]string{
