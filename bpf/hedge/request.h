@@ -375,9 +375,9 @@ static __always_inline int respond(struct __sk_buff *skb)
 	} else if (e->state == REQ_PENDING) {
 		e->state = REQ_ANSWERED; /* the clone deletes the entry when it comes out */
 	} else {
-		/* NOCLONE / NOHEDGE: nothing follows. A NOCLONE request answered after the delay is
-		 * one the budget kept from being hedged (user space warns when they pile up). */
-		if (e->state == REQ_NOCLONE && now - e->sent_ns > m.cfg->delay_ns)
+		/* NOCLONE / NOHEDGE: nothing follows. A NOCLONE request answered after its deadline
+		 * is one the budget kept from being hedged (user space warns when they pile up). */
+		if (e->state == REQ_NOCLONE && now > e->deadline_ns)
 			COUNT(m.cnt, unhedged_late);
 		bpf_map_delete_elem(&scoreboard, &m.key);
 		return TC_ACT_UNSPEC;

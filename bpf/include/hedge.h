@@ -163,7 +163,7 @@ struct hedge_stats {
 	__u64 duplicates_dropped; /* later response of a hedged request, dropped */
 	__u64 budget_exhausted;  /* request not cloned (so never hedged): no free budget token */
 	__u64 unhedged_late;     /* first response of a request that was not cloned (no budget
-				  * token, or a clone error) and came after the hedge delay: a
+				  * token, or a clone error) and came after its deadline: a
 				  * stall the budget did not let kedge rescue */
 	__u64 responses_rewritten; /* response source rewritten to the address the client used */
 	__u64 hedge_rewrite_errors;    /* hedge's destination rewrite failed: hedge not sent */

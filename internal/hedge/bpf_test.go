@@ -464,17 +464,18 @@ func TestResp(t *testing.T) {
 	const id = 0x3003
 	p := idPayload(id, 32)
 	k4, k6 := key(sV4, client4, id), key(sV6, client6, id)
-	// sentAgo records k as sent ago (testDelay is 10 ms).
-	sentAgo := func(k hedgeHreqKey, s uint32, hedgeReplica uint8, ago time.Duration) func(testing.TB, *fixture) {
+	// sentDue records k as sent 5 ms ago with its deadline due in.
+	sentDue := func(k hedgeHreqKey, s uint32, hedgeReplica uint8, due time.Duration) func(testing.TB, *fixture) {
 		return func(tb testing.TB, f *fixture) {
 			now := monoNow(tb)
-			e := pending(now-uint64(ago), now-uint64(ago)+uint64(testDelay))
+			e := pending(now-uint64(5*time.Millisecond), uint64(int64(now)+int64(due)))
 			e.State, e.HedgeReplica = s, hedgeReplica
 			f.put(tb, k, e)
 		}
 	}
+	// A deadline a second away: no emulated guest is that slow between setup and run.
 	sent := func(k hedgeHreqKey, s uint32, hedgeReplica uint8) func(testing.TB, *fixture) {
-		return sentAgo(k, s, hedgeReplica, 5*time.Millisecond)
+		return sentDue(k, s, hedgeReplica, time.Second)
 	}
 	// latency checks that one latency sample went into the service's current slot and
 	// into the window total.
@@ -548,11 +549,11 @@ func TestResp(t *testing.T) {
 			board: map[hedgeHreqKey]uint32{k4: reqAnswered}, check: noLatency},
 		{name: "response of a NOCLONE request: completes it, entry removed", in: datagram(svc4, client4, p),
 			setup: sent(k4, reqNoClone, replicaNone), ret: unspec, counters: first, check: latency(sV4)},
-		{name: "response of a NOCLONE request after the delay: completes it, counted as unhedged_late", in: datagram(svc4, client4, p),
-			setup: sentAgo(k4, reqNoClone, replicaNone, testDelay+5*time.Millisecond), ret: unspec,
+		{name: "response of a NOCLONE request after its deadline: completes it, counted as unhedged_late", in: datagram(svc4, client4, p),
+			setup: sentDue(k4, reqNoClone, replicaNone, -time.Millisecond), ret: unspec,
 			counters: bpftest.Counters{"v4.Responses": 1, "v4.UnhedgedLate": 1}, check: latency(sV4)},
-		{name: "response of a NOHEDGE request after the delay: not unhedged_late (its clone had a token)", in: datagram(svc4, client4, p),
-			setup: sentAgo(k4, reqNoHedge, replicaNone, testDelay+5*time.Millisecond), ret: unspec, counters: first, check: latency(sV4)},
+		{name: "response of a NOHEDGE request after its deadline: not unhedged_late (its clone had a token)", in: datagram(svc4, client4, p),
+			setup: sentDue(k4, reqNoHedge, replicaNone, -time.Millisecond), ret: unspec, counters: first, check: latency(sV4)},
 		{name: "response of a NOHEDGE request: completes it, entry removed", in: datagram(svc4, client4, p),
 			setup: sent(k4, reqNoHedge, replicaNone), ret: unspec, counters: first, check: latency(sV4)},
 		{name: "response for an unknown request: untouched", in: datagram(svc4, client4, p), ret: unspec, check: noLatency},
