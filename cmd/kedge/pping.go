@@ -182,26 +182,17 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 	}
 	defer out.Close()
 
-	metrics, err := listenMetrics(f.metricsAddr)
+	target, err := openRunTarget(f.metricsAddr, f.netnsName, f.iface)
 	if err != nil {
 		return err
 	}
-	defer metrics.Close()
-	ns, err := openNetns(f.netnsName)
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
-	ifindex, err := findInterface(ns, f.netnsName, f.iface)
-	if err != nil {
-		return err
-	}
+	defer target.Close()
 	m, err := pping.Load(cfg)
 	if err != nil {
 		return rootHint(err)
 	}
 	defer m.Close()
-	if err := m.Attach(ns, ifindex, mode); err != nil {
+	if err := m.Attach(target.ns, target.ifindex, mode); err != nil {
 		return rootHint(err)
 	}
 	slog.Debug("pping attached", "interface", f.iface, "netns", f.netnsName, "mode", m.AttachMode())
@@ -225,9 +216,9 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 	}()
 
 	var sink pping.Sink = out
-	if metrics != nil {
+	if target.metrics != nil {
 		mt := pping.NewMetrics(m, out)
-		metrics.Serve(mt.Registry())
+		target.metrics.Serve(mt.Registry())
 		sink = mt
 	}
 	runErr := m.Run(ctx, sink)
@@ -257,7 +248,7 @@ func writeCounters(w io.Writer, m *pping.Monitor) error {
 	return tw.Flush()
 }
 
-func init() { benchSubcmds = append(benchSubcmds, newBenchPpingCmd) }
+func init() { registerBench(newBenchPpingCmd) }
 
 func newBenchPpingCmd() *cobra.Command {
 	o := ppingbench.DefaultOptions()
@@ -279,11 +270,11 @@ With offloads off (the default) every packet is MTU-sized.`,
   sudo kedge bench pping --rate-limit 0 --duration 10s --rounds 3`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if os.Geteuid() != 0 {
-				return exitCodeError{exitUnsupported, fmt.Errorf("kedge bench pping needs root (it creates network namespaces and loads BPF programs)")}
-			}
 			if o.Duration <= 0 || o.Rounds <= 0 || o.Streams <= 0 || o.RateLimit < 0 {
 				return usagef("--duration, --rounds and --streams must be positive, --rate-limit not negative")
+			}
+			if err := requireBenchRoot(cmd); err != nil {
+				return err
 			}
 			o.OutDir = out
 			res, err := ppingbench.Run(cmd.Context(), o)
@@ -291,7 +282,7 @@ With offloads off (the default) every packet is MTU-sized.`,
 				return err
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "kernel %s, commit %s, attach %s, load %v\n", res.Kernel, shortCommit(res.Commit), res.AttachMode, res.LoadAvg)
+			writeEnvelope(w, "attach "+res.AttachMode, res.Envelope)
 			res.WriteTable(w)
 			if out != "" {
 				fmt.Fprintf(w, "result: %s\n", filepath.Join(out, "result.json"))
@@ -306,6 +297,6 @@ With offloads off (the default) every packet is MTU-sized.`,
 	f.DurationVar(&o.RateLimit, "rate-limit", o.RateLimit, "the monitor's per-flow sampling interval (0: every identifier)")
 	f.BoolVar(&o.Offloads, "offloads", o.Offloads, "keep TSO/GSO/GRO on (per-packet figures then count super-packets)")
 	f.IntVar(&o.Streams, "streams", o.Streams, "parallel TCP streams")
-	f.StringVar(&out, "out", filepath.Join("results", "pping"), "directory for result.json (empty: none)")
+	addBenchOutFlag(cmd, &out, "pping")
 	return cmd
 }
