@@ -29,9 +29,9 @@ type Status struct {
 }
 
 type kvResponse struct {
-	OK    bool   `json:"ok"`
-	Found bool   `json:"found"`
-	Value string `json:"value"`
+	OK      bool   `json:"ok"`
+	Found   bool   `json:"found"`
+	Value   string `json:"value"`
 	Error   string `json:"error"`
 	Outcome string `json:"outcome"`
 }

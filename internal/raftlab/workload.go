@@ -10,12 +10,12 @@ import (
 
 // Workload is what the recording clients do.
 type Workload struct {
-	Clients int           // concurrent clients (default 4)
-	Keys    int           // keys they share (default 3: contention is the point)
+	Clients int // concurrent clients (default 4)
+	Keys    int // keys they share (default 3: contention is the point)
 	// KeyPrefix starts every key. The model assumes the keys are absent when the run
 	// starts: give each run on one cluster its own prefix.
 	KeyPrefix string
-	Timeout time.Duration // per operation; expiry makes a write's outcome unknown (default 1s)
+	Timeout   time.Duration // per operation; expiry makes a write's outcome unknown (default 1s)
 	// Nodes the clients may ask (nil: all). Each op goes to a random one of them.
 	Nodes []int
 	// Ops ends each client after this many operations (0: run until the context ends).
