@@ -108,13 +108,22 @@ func (s *Starver) pin() error {
 
 func (s *Starver) spin(ready chan<- error) {
 	defer s.wg.Done()
-	runtime.LockOSThread() // this thread dies with the goroutine: its affinity goes with it
-	var set unix.CPUSet
+	// The thread gets its affinity back before it is unlocked: a locked thread that ended
+	// with its goroutine would take down every child started from it with Pdeathsig (the
+	// lab's node processes are).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var old, set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		ready <- fmt.Errorf("read spinner affinity: %w", err)
+		return
+	}
 	set.Set(s.CPU)
 	if err := unix.SchedSetaffinity(0, &set); err != nil {
 		ready <- fmt.Errorf("pin spinner to cpu %d: %w", s.CPU, err)
 		return
 	}
+	defer unix.SchedSetaffinity(0, &old) //nolint:errcheck // the thread lives on either way
 	ready <- nil
 	for i := 0; ; i++ {
 		if i&0xffff == 0 {

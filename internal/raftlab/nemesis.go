@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -84,7 +85,11 @@ func (c *Cluster) Nemesis(ctx context.Context, kinds []string, period time.Durat
 func (c *Cluster) checkRunning() error {
 	for _, n := range c.Nodes {
 		if c.PID(n.ID) != 0 && !c.Running(n.ID) {
-			return fmt.Errorf("node %d exited on its own: see %s", n.ID, c.LogPath(n.ID))
+			b, _ := os.ReadFile(c.LogPath(n.ID))
+			if len(b) > 1500 {
+				b = b[len(b)-1500:]
+			}
+			return fmt.Errorf("node %d exited on its own; the end of %s:\n%s", n.ID, c.LogPath(n.ID), b)
 		}
 	}
 	return nil
