@@ -32,7 +32,7 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T, backend pacerPacerBackend) *fixture {
-	bpftest.RequireRoot(t)
+	requireEcho(t)
 	f := &fixture{t: t}
 	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("pacer-fx-%d", backend)))
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
 )
@@ -32,7 +31,7 @@ type echoRig struct {
 const echoPort = 7000
 
 func newEchoRig(t *testing.T, o Options, delay time.Duration) *echoRig {
-	bpftest.RequireRoot(t)
+	requireEcho(t)
 	r := &echoRig{}
 	l, err := lab.Up(lab.Spec{Name: "pcr", Hosts: []string{"a", "b"}})
 	if err != nil {

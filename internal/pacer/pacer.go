@@ -23,6 +23,8 @@ import (
 	"github.com/cilium/ebpf/features"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/probe"
+	"github.com/kedge-dev/kedge/pkg/kedge"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -192,10 +194,32 @@ func haveSetTstamp() error {
 	return features.HaveProgramHelper(ebpf.SchedCLS, asm.FnSkbSetTstamp)
 }
 
+// MinKernelMajor, MinKernelMinor: pacer.h needs BPF atomics with fetch and
+// compare-and-swap (Linux 5.12). A consumer may need more (bpf_loop: 5.17).
+const MinKernelMajor, MinKernelMinor = 5, 12
+
+// CheckKernel returns a *kedge.FeatureError on kernels older than MinKernel.
+func CheckKernel() error {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return fmt.Errorf("uname: %w", err)
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	if ok, parsed := probe.KernelAtLeast(rel, MinKernelMajor, MinKernelMinor); parsed && !ok {
+		return &kedge.FeatureError{Feature: "the pacer (BPF atomic compare-and-swap)",
+			MinKernel: fmt.Sprintf("%d.%d", MinKernelMajor, MinKernelMinor), Hint: "see 'kedge probe'",
+			Err: fmt.Errorf("kernel %s", rel)}
+	}
+	return nil
+}
+
 // New builds the pacer's namespace, veths and qdisc. With backend auto it keeps the first
 // backend the kernel accepts. On error nothing remains.
 func New(o Options) (_ *Pacer, err error) {
 	if err := o.setDefaults(); err != nil {
+		return nil, err
+	}
+	if err := CheckKernel(); err != nil {
 		return nil, err
 	}
 	if o.Backend == BackendEDT {
