@@ -131,8 +131,9 @@ func (o *Options) setDefaults() error {
 	if o.FillerBytes == 0 {
 		o.FillerBytes = 1514
 	}
-	if o.FillerBytes < 64 || o.FillerBytes > maxFrame {
-		return fmt.Errorf("pacer filler_bytes %d out of range: use 64..%d", o.FillerBytes, maxFrame)
+	// A filler must hold a tick frame: due ticks ride filler passes (pacer_piggyback).
+	if o.FillerBytes < tickMinBytes || o.FillerBytes > maxFrame {
+		return fmt.Errorf("pacer filler_bytes %d out of range: use %d..%d", o.FillerBytes, tickMinBytes, maxFrame)
 	}
 	if o.LostAfter == 0 {
 		o.LostAfter = max(4*o.Period, 100*time.Millisecond)
@@ -411,16 +412,18 @@ func (p *Pacer) Namespace() string {
 	return p.ns.Name
 }
 
-// pass is one pass through the qdisc: what a tick not yet due waits before it is looked
-// at again (0 on edt: one pass, at the deadline).
+// pass is how long a tick (or a carried packet) not yet due waits before it is looked at
+// again (0 on edt: one pass, at the deadline).
 func (p *Pacer) pass(carried bool) time.Duration {
 	switch {
 	case p.backend == BackendEDT:
 		return 0
-	case p.backend == BackendNetem, p.opts.Carry:
+	case p.backend == BackendNetem, p.opts.Carry && carried:
 		return p.opts.Period
 	case carried:
 		return 0 // the conveyor without carry holds no carried packets
+	case p.opts.Carry:
+		return p.frameTime(p.opts.FillerBytes) // ticks ride the filler passes
 	default:
 		return p.frameTime(p.tickBytes)
 	}
