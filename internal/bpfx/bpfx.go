@@ -57,6 +57,13 @@ func LoadAndAssign(what string, spec *ebpf.CollectionSpec, to any, opts *ebpf.Co
 	return nil
 }
 
+// ThreadNetns returns a handle to the calling thread's network namespace. Unlike
+// netns.Get (/proc/<getpid()>/task/<gettid()>), it works in a PID namespace of its own,
+// where /proc may be the parent namespace's and the pid names another process.
+func ThreadNetns() (netns.NsHandle, error) {
+	return netns.GetFromPath("/proc/thread-self/ns/net")
+}
+
 // InNetns runs fn on a thread inside ns (ns < 0: the caller's namespace). Interface indexes
 // are per namespace, so attaching must happen inside the target namespace.
 func InNetns(ns netns.NsHandle, fn func() error) error {
@@ -66,7 +73,7 @@ func InNetns(ns netns.NsHandle, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		orig, err := netns.Get()
+		orig, err := ThreadNetns()
 		if err != nil {
 			errc <- fmt.Errorf("get current netns: %w", err)
 			return
