@@ -1,15 +1,12 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -33,16 +30,6 @@ Wire format: each datagram starts with a big-endian uint32 request id; the serve
 	}
 	cmd.AddCommand(newChaosServeCmd(), newChaosClientCmd(), newChaosReportCmd())
 	return cmd
-}
-
-// chaosContext is cancelled by SIGINT/SIGTERM and, when d > 0, after d.
-func chaosContext(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
-	if d <= 0 {
-		return ctx, stop
-	}
-	ctx, cancel := context.WithTimeout(ctx, d)
-	return ctx, func() { cancel(); stop() }
 }
 
 func newChaosServeCmd() *cobra.Command {
@@ -69,9 +56,6 @@ On exit the per-replica counters are logged (or printed as JSON with -o json).`,
   kedge chaos serve --listen 127.0.0.1:9999,127.0.0.1:9998 --outage-replica 1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if output != "text" && output != "json" {
-				return usagef("unknown output format %q (want text or json)", output)
-			}
 			srv, err := chaos.Listen(cfg, listen)
 			if err != nil {
 				return usagef("%w", err)
@@ -85,11 +69,11 @@ On exit the per-replica counters are logged (or printed as JSON with -o json).`,
 			for i, a := range srv.Addrs() {
 				slog.Info("chaos replica listening", "replica", i, "addr", a, "outage", slices.Contains(outage, i))
 			}
-			ctx, cancel := chaosContext(cmd.Context(), duration)
+			ctx, cancel := untilDone(cmd.Context(), duration)
 			defer cancel()
 			err = srv.Serve(ctx)
 			stats := srv.Stats()
-			if output == "json" {
+			if output == outputJSON {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
 				if eerr := enc.Encode(stats); eerr != nil {
@@ -113,8 +97,8 @@ On exit the per-replica counters are logged (or printed as JSON with -o json).`,
 	f.DurationVar(&cfg.Fast, "fast", cfg.Fast, "service time of every other request")
 	f.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "replay memory: an id seen this recently is served fast")
 	f.IntSliceVar(&outage, "outage-replica", nil, "replica index(es) in full outage: every request dropped")
-	f.DurationVar(&duration, "duration", 0, "stop after this long (0: until SIGINT/SIGTERM)")
-	f.StringVarP(&output, "output", "o", "text", "stats format on exit: text (log) or json (stdout)")
+	addDurationFlag(cmd, &duration, "stop")
+	addOutputFlag(cmd, &output) // the counters on exit: text (logged) or json (stdout)
 	return cmd
 }
 
@@ -159,7 +143,7 @@ The result (schema kedge.bench/v1, one series) goes to --out; 'kedge chaos repor
 			if name == "" {
 				name = map[chaos.Mode]string{chaos.ModeBaseline: "baseline", chaos.ModeAppHedge: "app-hedged (Go)"}[m]
 			}
-			ctx, cancel := chaosContext(cmd.Context(), 0)
+			ctx, cancel := untilDone(cmd.Context(), 0)
 			defer cancel()
 			res, err := chaos.RunClient(ctx, m, cfg)
 			if err != nil {

@@ -19,29 +19,6 @@ func runChaos(t *testing.T, args ...string) (int, string) {
 	return code, out
 }
 
-func TestChaosUsageErrors(t *testing.T) {
-	tests := []struct {
-		name string
-		args []string
-	}{
-		{"unknown mode", []string{"chaos", "client", "--mode", "kernel", "--out", "x.json"}},
-		{"missing out", []string{"chaos", "client"}},
-		{"baseline with alt", []string{"chaos", "client", "--alt", "127.0.0.1:1", "--out", "x.json"}},
-		{"bad duration", []string{"chaos", "client", "--delay", "ten", "--out", "x.json"}},
-		{"overlapping stall windows", []string{"chaos", "serve", "--listen", "127.0.0.1:0,127.0.0.1:0", "--stall-pct", "60"}},
-		{"outage of a missing replica", []string{"chaos", "serve", "--listen", "127.0.0.1:0", "--outage-replica", "1"}},
-		{"bad output format", []string{"chaos", "serve", "-o", "yaml"}},
-		{"report without files", []string{"chaos", "report"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if code, _ := runChaos(t, tt.args...); code != exitUsage {
-				t.Errorf("exit code %d, want %d", code, exitUsage)
-			}
-		})
-	}
-}
-
 // TestChaosClientAndReport runs both Go clients through the CLI against an in-process server
 // and merges their results with `kedge chaos report`.
 func TestChaosClientAndReport(t *testing.T) {

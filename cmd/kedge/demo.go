@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"time"
@@ -41,7 +40,7 @@ checks that nothing of it is left. 'make demo' runs 'kedge cleanup --quiet' firs
 			if count < 1 || count > 1_000_000 {
 				return usagef("--count %d is out of range: use 1-1000000", count)
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			ctx, stop := untilDone(cmd.Context(), 0)
 			defer stop()
 			return runDemo(ctx, cmd.OutOrStdout(), count)
 		},
@@ -59,8 +58,8 @@ func runDemo(ctx context.Context, w io.Writer, count int) (err error) {
 	if err := r.WriteTable(w); err != nil {
 		return err
 	}
-	if why := r.UnsupportedReason(); why != "" {
-		return exitCodeError{exitUnsupported, fmt.Errorf("this kernel cannot run kedge: %s", why)}
+	if err := unsupported(r); err != nil {
+		return err
 	}
 
 	fmt.Fprintln(w, "\n== 2/4 lab: client, srv1, srv2 on a bridge")

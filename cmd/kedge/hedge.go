@@ -1,32 +1,22 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/hedge"
-	"github.com/kedge-dev/kedge/internal/lab"
 )
 
 func init() { register(newHedgeCmd) }
@@ -118,10 +108,10 @@ Exit codes: 0 detached cleanly, 1 runtime error, 2 bad flags or config.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&f.config, "config", "c", "", "YAML config file (excludes the service flags)")
-	fl.StringVar(&f.netnsArg, "netns", "", "run in this network namespace: a name under /run/netns or a path")
+	addNetnsFlag(cmd, &f.netnsArg, "hedge the interface")
 	fl.StringVar(&f.backend, "backend", "", "delay-line backend: auto, conveyor, netem or edt (overrides the config)")
-	fl.DurationVar(&f.duration, "duration", 0, "detach after this long (0: run until Ctrl-C or SIGTERM)")
-	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)")
+	addDurationFlag(cmd, &f.duration, "detach")
+	addMetricsFlag(cmd, &f.metricsAddr)
 	fl.StringVarP(&f.iface, "interface", "i", "", "client-side interface requests leave through (e.g. eth0)")
 	fl.StringVar(&f.service, "service", "", "service address clients send to, ADDR:PORT")
 	fl.StringArrayVar(&f.replicas, "replica", nil, "replica ADDR:PORT hedges may go to (repeatable; none: the service address itself)")
@@ -184,7 +174,7 @@ func hedgeConfig(cmd *cobra.Command, f *hedgeFlags) (*hedge.Config, error) {
 	}
 	if err := cfg.Validate(); err != nil {
 		// Validate speaks of config keys; name the flags instead.
-		return nil, usageError{errors.New(flagNames.Replace(err.Error()))}
+		return nil, usageError{Err: errors.New(flagNames.Replace(err.Error()))}
 	}
 	return cfg, nil
 }
@@ -197,40 +187,6 @@ var flagNames = strings.NewReplacer(
 	": delay needs", ": --delay-min and --delay-max need", ": delay ", ": --delay ",
 )
 
-// openNetns resolves --netns: a path, or a name under /run/netns.
-func openNetns(arg string) (netns.NsHandle, error) {
-	if arg == "" {
-		return -1, nil
-	}
-	path := arg
-	if !strings.Contains(arg, "/") {
-		path = filepath.Join(lab.NetnsDir, arg)
-	}
-	h, err := netns.GetFromPath(path)
-	if err != nil {
-		return -1, usagef("--netns %s: %w (list namespaces with 'ip netns')", arg, err)
-	}
-	return h, nil
-}
-
-// currentNetnsName names the namespace this process runs in: its /run/netns name when it
-// has one (a lab host started with 'kedge lab exec'), else net:[inode].
-func currentNetnsName() string {
-	var self unix.Stat_t
-	if err := unix.Stat("/proc/self/ns/net", &self); err != nil {
-		return ""
-	}
-	if entries, err := os.ReadDir(lab.NetnsDir); err == nil {
-		for _, e := range entries {
-			var st unix.Stat_t
-			if unix.Stat(filepath.Join(lab.NetnsDir, e.Name()), &st) == nil && st.Ino == self.Ino && st.Dev == self.Dev {
-				return e.Name()
-			}
-		}
-	}
-	return fmt.Sprintf("net:[%d]", self.Ino)
-}
-
 func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
 	cfg, err := hedgeConfig(cmd, f)
 	if err != nil {
@@ -241,40 +197,24 @@ func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
 	default:
 		return usagef("--backend %q unknown: use auto, conveyor, netem or edt", f.backend)
 	}
-	if f.duration < 0 {
-		return usagef("--duration %v is negative: use 0 (until Ctrl-C) or a positive duration", f.duration)
+	metrics, err := listenMetrics(f.metricsAddr)
+	if err != nil {
+		return err
 	}
-	var metricsLn net.Listener
-	if f.metricsAddr != "" {
-		if _, _, err := net.SplitHostPort(f.metricsAddr); err != nil {
-			return usagef("--metrics-addr %q: want HOST:PORT, e.g. 127.0.0.1:9464", f.metricsAddr)
-		}
-	}
+	defer metrics.Close()
 	ns, err := openNetns(f.netnsArg)
 	if err != nil {
 		return err
 	}
-	if ns >= 0 {
-		defer ns.Close()
+	defer ns.Close()
+	if _, err := findInterface(ns, f.netnsArg, cfg.Interface); err != nil {
+		return err
 	}
 	// Signals before the (slow) start: a Ctrl-C during calibration still detaches cleanly.
-	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := untilDone(cmd.Context(), f.duration)
 	defer stop()
-	if f.duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, f.duration)
-		defer cancel()
-	}
 
 	cleanStale(ns, runDir)
-	if f.metricsAddr != "" {
-		// Listen in the namespace kedge was started in, not the client's.
-		if metricsLn, err = net.Listen("tcp", f.metricsAddr); err != nil {
-			return fmt.Errorf("listen for metrics: %w", err)
-		}
-		defer metricsLn.Close()
-	}
-
 	h, err := hedge.Start(cfg, hedge.Options{Netns: ns, Backend: f.backend, Log: slog.Default()})
 	if err != nil {
 		var le *bpfx.LoadError
@@ -291,25 +231,7 @@ func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
 		}
 	}()
 
-	if metricsLn != nil {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(hedge.NewCollector(h), collectors.NewGoCollector(),
-			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.Serve(metricsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				slog.Error("metrics server stopped", "err", err)
-			}
-		}()
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
-		slog.Info("serving metrics", "url", "http://"+metricsLn.Addr().String()+"/metrics")
-	}
+	metrics.Serve(nil, hedge.NewCollector(h))
 
 	st := hedge.Status{
 		PID: os.Getpid(), Started: time.Now(), Interface: cfg.Interface,
@@ -373,9 +295,6 @@ each service's configured and current delay. Status files of killed runs are rem
 
 // readHedgers checks -o and reads the running hedgers' status files.
 func readHedgers(output, runDir string) ([]hedge.Status, error) {
-	if err := checkOutputFormat(output); err != nil {
-		return nil, err
-	}
 	return hedge.ReadStatuses(runDir)
 }
 

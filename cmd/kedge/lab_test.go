@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -17,12 +16,8 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
-	"github.com/kedge-dev/kedge/internal/probe"
 	"github.com/kedge-dev/kedge/internal/runstate/runstatetest"
 )
-
-// KEDGE_UPDATE_GOLDEN=1 go test ... rewrites the golden files in testdata/.
-var update = os.Getenv("KEDGE_UPDATE_GOLDEN") == "1"
 
 // runCLI runs the kedge command tree in-process, as main does, and returns the exit code,
 // stdout and stderr (the command's own and run's "kedge: ..." line).
@@ -57,57 +52,6 @@ func requireRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces")
-	}
-}
-
-// TestUsageErrorsGolden pins the text and exit code of bad invocations: each must say what
-// to do instead. None of them gets as far as touching the system.
-func TestUsageErrorsGolden(t *testing.T) {
-	cases := [][]string{
-		{"probe", "-o", "yaml"},
-		{"probe", "extra"},
-		{"probe", "--bogus"},
-		{"cleanup", "--quiet", "-o", "json"},
-		{"cleanup", "now"},
-		{"lab"},
-		{"lab", "frobnicate"},
-		{"lab", "up", "--fabric", "mesh"},
-		{"lab", "up", "--name", "my-lab"},
-		{"lab", "up", "--hosts", " , "},
-		{"lab", "up", "--hosts", "a,fabric"},
-		{"lab", "up", "--hosts", "a,b,a"},
-		{"lab", "up", "--mtu", "20"},
-		{"lab", "up", "--mtu", "lots"},
-		{"lab", "down"},
-		{"lab", "down", "a/b"},
-		{"lab", "exec", "demo"},
-		{"lab", "exec", "demo", "client", "--"},
-		{"lab", "shell", "demo"},
-		{"demo", "--count", "0"},
-	}
-	var b strings.Builder
-	for _, args := range cases {
-		code, stdout, stderr := runCLI(t, "", args...)
-		fmt.Fprintf(&b, "$ kedge %s\nexit %d\n%s%s\n", strings.Join(args, " "), code, stdout, stderr)
-		if code != exitUsage {
-			t.Errorf("kedge %s: exit %d, want %d (usage)", strings.Join(args, " "), code, exitUsage)
-		}
-	}
-	golden := filepath.Join("testdata", "usage-errors.golden")
-	if update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(golden, []byte(b.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("read golden (KEDGE_UPDATE_GOLDEN=1 go test creates it): %v", err)
-	}
-	if b.String() != string(want) {
-		t.Errorf("usage errors differ from %s (KEDGE_UPDATE_GOLDEN=1 go test rewrites it):\n--- got\n%s\n--- want\n%s", golden, b.String(), want)
 	}
 }
 
@@ -332,67 +276,5 @@ func testNetnsInterop(t *testing.T, ipFirst bool) {
 	entries, err := os.ReadDir(lab.NetnsDir)
 	if err != nil || len(entries) != 0 {
 		t.Errorf("%s after both tools removed theirs: %v, %v", lab.NetnsDir, entries, err)
-	}
-}
-
-func TestProbeAndDemoCLI(t *testing.T) {
-	requireRoot(t)
-	code, stdout, stderr := runCLI(t, "", "probe", "-o", "json")
-	if code != 0 {
-		t.Fatalf("probe: exit %d: %s", code, stderr)
-	}
-	var r struct {
-		DelayLines []string `json:"delay_line_backends"`
-		Features   []struct{ ID string }
-	}
-	if err := json.Unmarshal([]byte(stdout), &r); err != nil || len(r.Features) == 0 || r.DelayLines == nil {
-		t.Fatalf("probe -o json: %v, %+v\n%s", err, r, stdout)
-	}
-
-	code, stdout, stderr = runCLI(t, "", "demo", "--count", "50")
-	if code != 0 {
-		t.Fatalf("demo: exit %d: %s\n%s", code, stderr, stdout)
-	}
-	for _, want := range []string{"FEATURE", "198.18.0.12", "50 measured", "no kedge namespace of this run is left"} {
-		if !strings.Contains(stdout, want) {
-			t.Errorf("demo output lacks %q:\n%s", want, stdout)
-		}
-	}
-}
-
-// TestProbeExitCodes checks the mapping from a report to exit codes with made-up reports:
-// 3 with the reason when kedge cannot run, 0 otherwise (also for demo, which stops early).
-func TestProbeExitCodes(t *testing.T) {
-	report := func(missing ...string) *probe.Report {
-		r := &probe.Report{Kernel: probe.Kernel{Release: "5.4.0-test"}}
-		for _, id := range []string{probe.BPFSyscall, probe.BTF, probe.TCX, probe.Clsact, probe.QdiscTbf} {
-			r.Features = append(r.Features, probe.Feature{ID: id, Name: id, Probed: true, Available: !slices.Contains(missing, id)})
-		}
-		return r
-	}
-	for _, tc := range []struct {
-		name    string
-		args    []string
-		missing []string
-		code    int
-		stderr  string
-	}{
-		{"runnable", []string{"probe"}, []string{probe.TCX}, exitOK, ""},
-		{"no btf", []string{"probe", "-o", "json"}, []string{probe.BTF}, exitUnsupported, "kedge: this kernel cannot run kedge: the kernel exposes no BTF"},
-		{"no tc hook", []string{"probe"}, []string{probe.TCX, probe.Clsact}, exitUnsupported, "neither TCX links nor clsact"},
-		{"demo stops", []string{"demo"}, []string{probe.BPFSyscall}, exitUnsupported, "no BPF syscall"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			saved := probeRun
-			t.Cleanup(func() { probeRun = saved })
-			probeRun = func(context.Context) (*probe.Report, error) { return report(tc.missing...), nil }
-			code, stdout, stderr := runCLI(t, "", tc.args...)
-			if code != tc.code || !strings.Contains(stderr, tc.stderr) {
-				t.Errorf("kedge %s: exit %d (want %d), stderr %q (want %q)", strings.Join(tc.args, " "), code, tc.code, stderr, tc.stderr)
-			}
-			if stdout == "" {
-				t.Errorf("kedge %s printed no report", strings.Join(tc.args, " "))
-			}
-		})
 	}
 }

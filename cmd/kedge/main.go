@@ -1,8 +1,9 @@
 // Command kedge moves distributed-systems communication patterns (request hedging,
 // latency monitoring, ...) into the Linux kernel with eBPF. See README.md.
 //
-// Exit codes: 0 success, 1 runtime error, 2 bad usage (flags, config), 3 this kernel cannot
-// run kedge (see `kedge probe`).
+// Exit codes (pkg/kedge.ExitCode): 0 success, 1 runtime error, 2 bad usage (flags,
+// arguments, config, an interface or namespace that does not exist), 3 this kernel lacks a
+// feature the command needs (see `kedge probe`).
 package main
 
 import (
@@ -12,30 +13,32 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	"github.com/cilium/ebpf"
 	"github.com/spf13/cobra"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/pkg/kedge"
 )
 
 // Exit codes, documented in README.md and in `kedge --help`.
 const (
-	exitOK          = 0
-	exitError       = 1
-	exitUsage       = 2
-	exitUnsupported = 3
+	exitOK          = kedge.ExitOK
+	exitError       = kedge.ExitError
+	exitUsage       = kedge.ExitUsage
+	exitUnsupported = kedge.ExitUnsupported
 )
 
-// usageError marks errors caused by bad flags or configs (exit code 2).
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
+// usageError marks errors caused by bad flags, arguments or configs (exit code 2).
+type usageError = kedge.UsageError
 
 func usagef(format string, args ...any) error {
-	return usageError{fmt.Errorf(format, args...)}
+	return usageError{Err: fmt.Errorf(format, args...)}
 }
 
-// exitCodeError carries a specific exit code (e.g. exitUnsupported from probe).
+// exitCodeError carries a specific exit code (e.g. a child's exit status in 'lab exec').
 type exitCodeError struct {
 	code int
 	err  error
@@ -60,7 +63,11 @@ func newRootCmd() *cobra.Command {
 		Short: "Kernel-resident communication patterns for distributed systems (eBPF)",
 		Long: `kedge moves communication patterns of distributed systems into the Linux kernel:
 transparent UDP request hedging, passive latency monitoring, and the lab and
-benchmarks that measure them. Run 'kedge probe' first to see what this kernel offers.`,
+benchmarks that measure them. Run 'kedge probe' first to see what this kernel offers.
+
+Exit codes: 0 success, 1 runtime error, 2 bad usage (flags, arguments, config, an
+interface or namespace that does not exist), 3 this kernel lacks a feature the command
+needs (the message names it, the kernel version that has it and what to do).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRun: func(cmd *cobra.Command, args []string) {
@@ -71,7 +78,7 @@ benchmarks that measure them. Run 'kedge probe' first to see what this kernel of
 	}
 	cmd.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "debug logging (and full verifier logs on load errors)")
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return usageError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
+		return usageError{Err: fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
 	return cmd
 }
@@ -86,6 +93,7 @@ func main() {
 
 // run executes the command tree and maps errors to exit codes.
 func run(cmd *cobra.Command, args []string) int {
+	requireSubcommands(cmd)
 	cmd.SetArgs(args)
 	// SIGINT/SIGTERM cancel the command's context, so long-running commands unwind through
 	// their deferred cleanups (labs, hedgers, child processes) instead of dying mid-way.
@@ -96,14 +104,70 @@ func run(cmd *cobra.Command, args []string) int {
 		return exitOK
 	}
 	fmt.Fprintf(os.Stderr, "kedge: %v\n", err)
-	var ue usageError
+	return exitCode(err)
+}
+
+// exitCode maps an error to the exit code: an explicit exitCodeError, else pkg/kedge's
+// model. cilium/ebpf's ErrNotSupported that no kedge package turned into a FeatureError
+// still means "this kernel cannot", so it exits 3 too; an interface that does not exist
+// (found missing deeper than the commands' own check) is bad usage.
+func exitCode(err error) int {
 	var ce exitCodeError
 	switch {
 	case errors.As(err, &ce):
 		return ce.code
-	case errors.As(err, &ue):
+	case errors.Is(err, ebpf.ErrNotSupported):
+		return exitUnsupported
+	case errors.Is(err, bpfx.ErrNoInterface):
 		return exitUsage
 	default:
-		return exitError
+		return kedge.ExitCode(err)
 	}
+}
+
+// requireSubcommands makes every command group (subcommands, no Run of its own) reject a
+// missing or unknown subcommand as bad usage (exit 2) instead of cobra's defaults (an
+// unknown command at the top exits 1, one further down prints help and exits 0). Groups
+// that set Args themselves keep theirs; 'kedge' alone still prints the help.
+func requireSubcommands(root *cobra.Command) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+		if !c.HasSubCommands() || c.Runnable() || c.Args != nil {
+			return
+		}
+		c.Args = func(c *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return nil
+			}
+			msg := fmt.Sprintf("unknown command %q for %q: use %s", args[0], c.CommandPath(), subcommandList(c))
+			if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+				msg = fmt.Sprintf("unknown command %q for %q: did you mean %s?", args[0], c.CommandPath(), strings.Join(s, " or "))
+			}
+			return usagef("%s (see '%s --help')", msg, c.CommandPath())
+		}
+		c.RunE = func(c *cobra.Command, _ []string) error {
+			if !c.HasParent() {
+				return c.Help()
+			}
+			return usagef("%s needs a command: %s (see '%s --help')", c.CommandPath(), subcommandList(c), c.CommandPath())
+		}
+	}
+	walk(root)
+}
+
+// subcommandList is "a, b or c": the group's visible subcommands.
+func subcommandList(c *cobra.Command) string {
+	var names []string
+	for _, sub := range c.Commands() {
+		if sub.IsAvailableCommand() {
+			names = append(names, sub.Name())
+		}
+	}
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/vishvananda/netns"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/pping"
@@ -80,7 +79,7 @@ Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&f.iface, "interface", "i", "", "interface to monitor (required)")
-	fl.StringVar(&f.netnsName, "netns", "", "named network namespace the interface is in (as in 'ip netns list')")
+	addNetnsFlag(cmd, &f.netnsName, "the interface is")
 	fl.Float64VarP(&f.rateLimitMS, "rate-limit", "r", 100, "minimum `ms` between two samples of a flow direction (0: every identifier)")
 	fl.Float64VarP(&f.rttRate, "rtt-rate", "R", 0, "sample at most once per this many RTTs of the flow (overrides -r once an RTT is known)")
 	fl.StringVarP(&f.rttType, "rtt-type", "t", "min", "RTT that -R refers to: min or smoothed")
@@ -97,8 +96,8 @@ Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage.`,
 	fl.BoolVar(&f.aggReverse, "aggregate-reverse", false, "aggregate by the reply's destination instead of its source")
 	fl.Float64VarP(&f.cleanupS, "cleanup-interval", "c", 1, "`seconds` between garbage-collection runs (0: never)")
 	fl.StringVarP(&f.write, "write", "w", "", "write to `FILE` (appended; reopened on SIGHUP) instead of stdout")
-	fl.DurationVar(&f.duration, "duration", 0, "stop after this long (0: at SIGINT/SIGTERM)")
-	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on `ADDR` (host:port) at /metrics")
+	addDurationFlag(cmd, &f.duration, "stop")
+	addMetricsFlag(cmd, &f.metricsAddr)
 	fl.IntVar(&f.maxFlows, "max-flows", pping.DefaultMaxFlows, "flow table size (the timestamp table holds twice as many)")
 	fl.StringVar(&f.tcMode, "tc-mode", "auto", "TC attachment: auto (TCX, else clsact), tcx or clsact")
 	fl.StringVarP(&f.ingressHook, "ingress-hook", "I", "tc", "ingress program: tc, or xdp (native, else generic XDP; egress stays TC)")
@@ -153,9 +152,6 @@ func (f ppingFlags) config() (pping.Config, pping.Format, error) {
 	cfg.CleanupInterval = time.Duration(f.cleanupS * float64(time.Second))
 	cfg.MaxFlows = f.maxFlows
 	cfg.Debug = f.debug
-	if f.duration < 0 {
-		return cfg, 0, usagef("--duration must not be negative")
-	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, 0, usagef("%v", err)
 	}
@@ -169,33 +165,6 @@ func parseTCMode(s string) (bpfx.TCMode, error) {
 		}
 	}
 	return 0, usagef("--tc-mode must be auto, tcx or clsact, not %q", s)
-}
-
-// resolveIface finds the namespace and interface index to attach to.
-func resolveIface(nsName, iface string) (netns.NsHandle, int, error) {
-	ns := netns.None()
-	if nsName != "" {
-		var err error
-		if ns, err = netns.GetFromName(nsName); err != nil {
-			return ns, 0, usagef("open network namespace %q: %v (list them with 'ip netns list' or 'kedge lab list')", nsName, err)
-		}
-	}
-	h, err := bpfx.NetlinkHandle(ns)
-	if err != nil {
-		ns.Close()
-		return ns, 0, err
-	}
-	defer h.Close()
-	link, err := h.LinkByName(iface)
-	if err != nil {
-		ns.Close()
-		where := "the current network namespace"
-		if nsName != "" {
-			where = "network namespace " + nsName
-		}
-		return ns, 0, usagef("find interface %q in %s: %v", iface, where, err)
-	}
-	return ns, link.Attrs().Index, nil
 }
 
 func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg pping.Config, format pping.Format) error {
@@ -213,11 +182,20 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 	}
 	defer out.Close()
 
-	ns, ifindex, err := resolveIface(f.netnsName, f.iface)
+	metrics, err := listenMetrics(f.metricsAddr)
+	if err != nil {
+		return err
+	}
+	defer metrics.Close()
+	ns, err := openNetns(f.netnsName)
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
+	ifindex, err := findInterface(ns, f.netnsName, f.iface)
+	if err != nil {
+		return err
+	}
 	m, err := pping.Load(cfg)
 	if err != nil {
 		return rootHint(err)
@@ -228,16 +206,8 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 	}
 	slog.Debug("pping attached", "interface", f.iface, "netns", f.netnsName, "mode", m.AttachMode())
 
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := untilDone(ctx, f.duration)
 	defer stop()
-	if f.duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, f.duration)
-		defer cancel()
-	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -255,13 +225,9 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 	}()
 
 	var sink pping.Sink = out
-	if f.metricsAddr != "" {
+	if metrics != nil {
 		mt := pping.NewMetrics(m, out)
-		addr, err := mt.Serve(ctx, f.metricsAddr)
-		if err != nil {
-			return err
-		}
-		slog.Info("pping metrics", "url", fmt.Sprintf("http://%s/metrics", addr))
+		metrics.Serve(mt.Registry())
 		sink = mt
 	}
 	runErr := m.Run(ctx, sink)

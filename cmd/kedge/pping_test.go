@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,36 +13,6 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/lab"
 )
-
-// TestPpingUsageErrorsGolden pins the text and exit code of bad `kedge pping` invocations;
-// none of them loads or attaches anything.
-func TestPpingUsageErrorsGolden(t *testing.T) {
-	cases := [][]string{
-		{"pping"},
-		{"pping", "extra", "-i", "eth0"},
-		{"pping", "-i", "eth0", "-f", "yaml"},
-		{"pping", "-i", "eth0", "-t", "avg"},
-		{"pping", "-i", "eth0", "-r", "-1"},
-		{"pping", "-i", "eth0", "-R", "20000"},
-		{"pping", "-i", "eth0", "--udp-service", "9999:0"},
-		{"pping", "-i", "eth0", "--udp-service", "9999:0:12"},
-		{"pping", "-i", "eth0", "-a", "5", "--aggregate-subnets-v6", "80"},
-		{"pping", "-i", "eth0", "--duration", "-1s"},
-		{"pping", "-i", "eth0", "--tc-mode", "xdp"},
-		{"pping", "-i", "eth0", "--ingress-hook", "tcx"},
-		{"pping", "-i", "eth0", "--netns", "kedge-test-no-such-namespace"},
-		{"pping", "-i", "kedge-no-such-if0"},
-	}
-	var b strings.Builder
-	for _, args := range cases {
-		code, _, stderr := runCLI(t, "", args...)
-		if code != exitUsage {
-			t.Errorf("kedge %s: exit %d, want %d", strings.Join(args, " "), code, exitUsage)
-		}
-		fmt.Fprintf(&b, "$ kedge %s\nexit %d\n%s\n", strings.Join(args, " "), code, stderr)
-	}
-	checkGolden(t, "pping-usage-errors.golden", b.String())
-}
 
 func TestPpingHelpHasExamples(t *testing.T) {
 	cmd := newPpingCmd()

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
-	"io"
 
 	"github.com/spf13/cobra"
 
@@ -38,9 +36,6 @@ Exit codes: 0 kedge can run here, 1 probe failed, 3 kedge cannot run on this ker
   sudo kedge probe -o json | jq -r '.delay_line_backends[0]'`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutputFormat(output); err != nil {
-				return err
-			}
 			r, err := probeRun(cmd.Context())
 			if err != nil {
 				return err
@@ -48,50 +43,18 @@ Exit codes: 0 kedge can run here, 1 probe failed, 3 kedge cannot run on this ker
 			if err := writeReport(cmd.OutOrStdout(), output, r, r.WriteTable); err != nil {
 				return err
 			}
-			if why := r.UnsupportedReason(); why != "" {
-				return exitCodeError{exitUnsupported, fmt.Errorf("this kernel cannot run kedge: %s", why)}
-			}
-			return nil
+			return unsupported(r)
 		},
 	}
 	addOutputFlag(cmd, &output)
 	return cmd
 }
 
-// Output formats of -o.
-const (
-	outputTable = "table"
-	outputJSON  = "json"
-)
-
-func addOutputFlag(cmd *cobra.Command, p *string) {
-	cmd.Flags().StringVarP(p, "output", "o", outputTable, "output format: table or json")
-}
-
-func checkOutputFormat(o string) error {
-	if o != outputTable && o != outputJSON {
-		return usagef("unknown output format %q: use -o table or -o json", o)
-	}
-	return nil
-}
-
-// writeReport prints v as indented JSON (-o json) or with table.
-func writeReport(w io.Writer, output string, v any, table func(io.Writer) error) error {
-	if output == outputJSON {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(v); err != nil {
-			return fmt.Errorf("encode json: %w", err)
-		}
-		return nil
-	}
-	return table(w)
-}
-
-// noArgs rejects positional arguments with a hint (cobra.NoArgs says only "unknown command").
-func noArgs(cmd *cobra.Command, args []string) error {
-	if len(args) > 0 {
-		return usagef("%s takes no arguments, got %q (see '%s --help')", cmd.CommandPath(), args[0], cmd.CommandPath())
+// unsupported is nil when the report says kedge can run here, else the missing features
+// (kedge.ErrNotSupported: exit 3).
+func unsupported(r *probe.Report) error {
+	if err := r.Err(); err != nil {
+		return fmt.Errorf("this kernel cannot run kedge: %w", err)
 	}
 	return nil
 }

@@ -12,10 +12,14 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/pkg/kedge"
 )
 
 // LoadError wraps a load failure; its message carries the verifier log's last lines, and
-// Full() the whole log (shown with kedge -v).
+// Full() the whole log (shown with kedge -v). A failure because the kernel lacks a map
+// type, program type or helper matches kedge.ErrNotSupported (a *kedge.FeatureError).
 type LoadError struct {
 	What string
 	err  error
@@ -25,9 +29,6 @@ func (e *LoadError) Error() string {
 	var ve *ebpf.VerifierError
 	if errors.As(e.err, &ve) {
 		return fmt.Sprintf("load %s: verifier rejected the program: %v (run with -v for the full verifier log)", e.What, ve)
-	}
-	if errors.Is(e.err, ebpf.ErrNotSupported) {
-		return fmt.Sprintf("load %s: %v - see 'kedge probe' for what this kernel offers", e.What, e.err)
 	}
 	return fmt.Sprintf("load %s: %v", e.What, e.err)
 }
@@ -52,7 +53,8 @@ func LoadAndAssign(what string, spec *ebpf.CollectionSpec, to any, opts *ebpf.Co
 		if memlockErr != nil {
 			err = errors.Join(err, fmt.Errorf("raise RLIMIT_MEMLOCK: %w", memlockErr))
 		}
-		return &LoadError{What: what, err: err}
+		return &LoadError{What: what, err: NotSupported("a BPF feature of the "+what+" programs", "",
+			"see 'kedge probe' for what this kernel offers", err)}
 	}
 	return nil
 }
@@ -62,6 +64,32 @@ func LoadAndAssign(what string, spec *ebpf.CollectionSpec, to any, opts *ebpf.Co
 // where /proc may be the parent namespace's and the pid names another process.
 func ThreadNetns() (netns.NsHandle, error) {
 	return netns.GetFromPath("/proc/thread-self/ns/net")
+}
+
+// NotSupported turns err into a *kedge.FeatureError for feature when it says the kernel
+// lacks something: cilium/ebpf's ErrNotSupported, or EOPNOTSUPP. Other errors are
+// returned as they are. The FeatureError wraps err, so errors.Is(err, ebpf.ErrNotSupported)
+// still holds.
+func NotSupported(feature, minKernel, hint string, err error) error {
+	if errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EOPNOTSUPP) {
+		return &kedge.FeatureError{Feature: feature, MinKernel: minKernel, Hint: hint, Err: err}
+	}
+	return err
+}
+
+// QdiscError classifies a failure to add a qdisc of kind: the kernel answers ENOENT for a
+// kind it does not know (neither built in nor loadable as sch_<kind>), which is a missing
+// feature (*kedge.FeatureError); any other error is returned as it is.
+func QdiscError(kind string, err error) error {
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EOPNOTSUPP) {
+		module := "sch_" + kind
+		if kind == "clsact" {
+			module = "sch_ingress"
+		}
+		return &kedge.FeatureError{Feature: "qdisc " + kind, Err: err,
+			Hint: "build the kernel with it or install its module " + module + " ('kedge probe' lists the qdiscs this kernel has)"}
+	}
+	return err
 }
 
 // InNetns runs fn on a thread inside ns (ns < 0: the caller's namespace). Interface indexes

@@ -93,7 +93,8 @@ func attachTCX(prog *ebpf.Program, t TCTarget) (Attachment, error) {
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("attach tcx %s on ifindex %d: %w", t.Dir, t.IfIndex, err)
+		return nil, fmt.Errorf("attach tcx %s on ifindex %d: %w", t.Dir, t.IfIndex,
+			NotSupported("TCX links", "6.6", "attach through clsact instead (TC mode auto or clsact)", err))
 	}
 	return &tcxAttachment{l: l}, nil
 }
@@ -154,6 +155,28 @@ func clsactOwned(ns netns.NsHandle, ifindex int) bool {
 	return clsactRefs[[2]int{int(ns), ifindex}] > 0
 }
 
+// ErrNoInterface matches the error of IfIndex for an interface that does not exist: the
+// caller named it, so the kedge command treats it as bad usage (exit 2).
+var ErrNoInterface = errors.New("no such interface")
+
+// IfIndex returns the index of interface name in ns (< 0: the caller's namespace).
+func IfIndex(ns netns.NsHandle, name string) (int, error) {
+	h, err := NetlinkHandle(ns)
+	if err != nil {
+		return 0, err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	var notFound netlink.LinkNotFoundError
+	if errors.As(err, &notFound) {
+		err = ErrNoInterface
+	}
+	if err != nil {
+		return 0, fmt.Errorf("find interface %q: %w (list interfaces with 'ip link')", name, err)
+	}
+	return l.Attrs().Index, nil
+}
+
 // NetlinkHandle opens a netlink handle in ns, or in the caller's namespace when ns < 0
 // (netns.None()). The caller closes it.
 func NetlinkHandle(ns netns.NsHandle) (*netlink.Handle, error) {
@@ -189,7 +212,7 @@ func attachClsact(prog *ebpf.Program, t TCTarget) (Attachment, error) {
 	} else if errors.Is(err, unix.EEXIST) {
 		a.addedQdisc = clsactOwned(t.Netns, t.IfIndex) // added by an earlier kedge attachment
 	} else {
-		return nil, fmt.Errorf("add clsact qdisc on ifindex %d: %w (kernel without sch_ingress/clsact? see 'kedge probe')", t.IfIndex, err)
+		return nil, fmt.Errorf("add clsact qdisc on ifindex %d: %w", t.IfIndex, QdiscError("clsact", err))
 	}
 	parent := uint32(netlink.HANDLE_MIN_INGRESS)
 	if t.Dir == Egress {

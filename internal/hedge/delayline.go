@@ -81,7 +81,7 @@ func newDelayLine(clientNS netns.NsHandle, backends []string, dc DelayLineConfig
 	for _, b := range backends {
 		q := d.qdisc(b)
 		if err := h.QdiscAdd(q); err != nil {
-			tried = append(tried, fmt.Errorf("%s: add %s qdisc: %w", b, q.Type(), err))
+			tried = append(tried, fmt.Errorf("%s: add %s qdisc: %w", b, q.Type(), bpfx.QdiscError(q.Type(), err)))
 			continue
 		}
 		d.Backend = b

@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/features"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/probe"
+	"github.com/kedge-dev/kedge/pkg/kedge"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -84,7 +85,7 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 			err = errors.Join(err, h.Close())
 		}
 	}()
-	if h.IfIndex, err = ifindexIn(opts.Netns, cfg.Interface); err != nil {
+	if h.IfIndex, err = bpfx.IfIndex(opts.Netns, cfg.Interface); err != nil {
 		return nil, err
 	}
 	want := cfg.DelayLine.Backend
@@ -93,7 +94,8 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 	}
 	if want == BackendEDT {
 		if err := features.HaveProgramHelper(ebpf.SchedCLS, asm.FnSkbSetTstamp); err != nil {
-			return nil, fmt.Errorf("delay-line backend edt needs bpf_skb_set_tstamp (Linux 5.18+): %w - use --backend netem or conveyor", err)
+			return nil, fmt.Errorf("delay-line backend edt: %w", bpfx.NotSupported("BPF helper bpf_skb_set_tstamp", "5.18",
+				"use --backend netem or conveyor", err))
 		}
 	}
 	if h.dl, err = newDelayLine(opts.Netns, backendOrder(want), cfg.DelayLine); err != nil {
@@ -152,23 +154,11 @@ func checkKernel() error {
 	}
 	rel := unix.ByteSliceToString(u.Release[:])
 	if ok, parsed := probe.KernelAtLeast(rel, MinKernelMajor, MinKernelMinor); parsed && !ok {
-		return fmt.Errorf("%w: kernel %s, need %d.%d+ (BPF atomics, bpf_timer, bpf_loop); see 'kedge probe'",
-			ErrKernelTooOld, rel, MinKernelMajor, MinKernelMinor)
+		return &kedge.FeatureError{Feature: "the hedger (BPF atomics, bpf_timer, bpf_loop)",
+			MinKernel: fmt.Sprintf("%d.%d", MinKernelMajor, MinKernelMinor), Hint: "see 'kedge probe'",
+			Err: fmt.Errorf("%w: kernel %s", ErrKernelTooOld, rel)}
 	}
 	return nil
-}
-
-func ifindexIn(ns netns.NsHandle, name string) (int, error) {
-	h, err := bpfx.NetlinkHandle(ns)
-	if err != nil {
-		return 0, err
-	}
-	defer h.Close()
-	l, err := h.LinkByName(name)
-	if err != nil {
-		return 0, fmt.Errorf("find interface %q: %w (list interfaces with 'ip link')", name, err)
-	}
-	return l.Attrs().Index, nil
 }
 
 func (h *Hedger) load() error {

@@ -21,6 +21,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/pkg/kedge"
 )
 
 // Feature IDs: stable keys for the rows of a Report (used in JSON and by Has).
@@ -123,20 +125,59 @@ func (r *Report) DelayLineBackends() []string {
 	return out
 }
 
-// UnsupportedReason says why kedge cannot run on this kernel at all, or "" when it can.
-// Only features found missing count; features that could not be probed do not.
-func (r *Report) UnsupportedReason() string {
-	var why []string
+// Missing lists the features kedge cannot run without that this kernel was found to lack
+// (features that could not be probed do not count), each as a *kedge.FeatureError.
+func (r *Report) Missing() []*kedge.FeatureError {
+	var m []*kedge.FeatureError
 	if r.lacks(BPFSyscall) {
-		why = append(why, "the kernel has no BPF syscall (CONFIG_BPF_SYSCALL)")
+		m = append(m, &kedge.FeatureError{Feature: "the BPF syscall", MinKernel: "3.18",
+			Hint: "use a kernel built with CONFIG_BPF_SYSCALL=y"})
 	}
 	if r.lacks(BTF) {
-		why = append(why, "the kernel exposes no BTF at "+vmlinuxBTF+" (CONFIG_DEBUG_INFO_BTF); kedge's programs need it for CO-RE")
+		m = append(m, &kedge.FeatureError{Feature: "kernel BTF (" + vmlinuxBTF + ")", MinKernel: "5.4",
+			Hint: "use a kernel built with CONFIG_DEBUG_INFO_BTF=y: kedge's programs need BTF for CO-RE"})
 	}
 	if r.lacks(TCX) && r.lacks(Clsact) {
-		why = append(why, "neither TCX links nor clsact/cls_bpf attach work, so no TC hook is available")
+		m = append(m, &kedge.FeatureError{Feature: "a TC hook (neither TCX links nor clsact/cls_bpf attach work)", MinKernel: "4.5",
+			Hint: "use a kernel built with CONFIG_NET_SCH_INGRESS and CONFIG_NET_CLS_BPF"})
 	}
-	return strings.Join(why, "; ")
+	return m
+}
+
+// Err is nil when kedge can run on this kernel, else an error that matches
+// kedge.ErrNotSupported and, through errors.As, the first *kedge.FeatureError of Missing.
+func (r *Report) Err() error {
+	m := r.Missing()
+	if len(m) == 0 {
+		return nil
+	}
+	errs := make(missingFeatures, len(m))
+	for i, f := range m {
+		errs[i] = f
+	}
+	return errs
+}
+
+// missingFeatures joins feature errors with "; " (errors.Join would use newlines).
+type missingFeatures []error
+
+func (m missingFeatures) Error() string {
+	s := make([]string, len(m))
+	for i, e := range m {
+		s[i] = e.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+func (m missingFeatures) Unwrap() []error { return m }
+
+// UnsupportedReason says why kedge cannot run on this kernel at all, or "" when it can:
+// the text of Err.
+func (r *Report) UnsupportedReason() string {
+	if err := r.Err(); err != nil {
+		return err.Error()
+	}
+	return ""
 }
 
 // Incomplete returns the IDs of features that could not be probed.

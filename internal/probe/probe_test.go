@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/pkg/kedge"
 )
 
 // KEDGE_UPDATE_GOLDEN=1 go test ... rewrites the golden files in testdata/.
@@ -116,8 +117,8 @@ func TestUnsupportedReason(t *testing.T) {
 		want    string // substring; "" means runnable
 	}{
 		{"runnable", []string{QdiscFq, QdiscNetem, XDPNative}, nil, ""},
-		{"no syscall", []string{BPFSyscall}, nil, "no BPF syscall"},
-		{"no btf", []string{BTF}, nil, "no BTF"},
+		{"no syscall", []string{BPFSyscall}, nil, "the BPF syscall is not supported by this kernel (needs Linux 3.18 or later) - use a kernel built with CONFIG_BPF_SYSCALL=y"},
+		{"no btf", []string{BTF}, nil, "kernel BTF (/sys/kernel/btf/vmlinux) is not supported"},
 		{"tcx only missing", []string{TCX}, nil, ""},
 		{"no tc hook", []string{TCX, Clsact}, nil, "neither TCX"},
 		{"unknown is not missing", nil, []string{BPFSyscall, TCX, Clsact}, ""},
@@ -127,9 +128,18 @@ func TestUnsupportedReason(t *testing.T) {
 			for _, id := range tc.missing {
 				m[id] = "missing"
 			}
-			got := fixture(m, tc.unknown...).UnsupportedReason()
+			r := fixture(m, tc.unknown...)
+			got := r.UnsupportedReason()
 			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 				t.Errorf("UnsupportedReason() = %q, want it to contain %q", got, tc.want)
+			}
+			// Err is the same as an error in the kedge error model: ErrNotSupported, and a
+			// FeatureError naming the first missing feature.
+			err := r.Err()
+			var fe *kedge.FeatureError
+			if (err == nil) != (tc.want == "") || (err != nil && (!errors.Is(err, kedge.ErrNotSupported) ||
+				!errors.As(err, &fe) || fe.MinKernel == "" || fe.Hint == "" || err.Error() != got)) {
+				t.Errorf("Err() = %v (feature error %+v), want nil exactly when runnable, else ErrNotSupported with a FeatureError", err, fe)
 			}
 		})
 	}

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/pkg/kedge"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	bpftest.RemoveKedgeBinary()
+	os.Exit(code)
+}
+
+// checkGolden compares got with testdata/name; KEDGE_UPDATE_GOLDEN=1 rewrites the file.
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if os.Getenv("KEDGE_UPDATE_GOLDEN") == "1" {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (KEDGE_UPDATE_GOLDEN=1 go test ./cmd/kedge writes it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs (KEDGE_UPDATE_GOLDEN=1 to accept):\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+// errorCases are bad invocations of every command, by golden file: the exit code each
+// must give, and (in the golden file) the text it prints, which must say what to do
+// instead. None of them gets as far as changing the system: they fail on flags, arguments,
+// configs, names that do not exist or state that is not there. "$TMP" in an argument is
+// a fresh empty directory. A capability adds its own golden file here.
+var errorCases = map[string][]struct {
+	code int
+	args []string
+}{
+	"errors.golden": {
+		{exitUsage, []string{"frobnicate"}},
+		{exitUsage, []string{"prob"}},
+		{exitUsage, []string{"--bogus"}},
+		{exitUsage, []string{"probe", "-o", "yaml"}},
+		{exitUsage, []string{"probe", "extra"}},
+		{exitUsage, []string{"probe", "--bogus"}},
+		{exitUsage, []string{"cleanup", "--quiet", "-o", "json"}},
+		{exitUsage, []string{"cleanup", "now"}},
+		{exitUsage, []string{"lab"}},
+		{exitUsage, []string{"lab", "frobnicate"}},
+		{exitUsage, []string{"lab", "up", "--fabric", "mesh"}},
+		{exitUsage, []string{"lab", "up", "--name", "my-lab"}},
+		{exitUsage, []string{"lab", "up", "--hosts", " , "}},
+		{exitUsage, []string{"lab", "up", "--hosts", "a,fabric"}},
+		{exitUsage, []string{"lab", "up", "--hosts", "a,b,a"}},
+		{exitUsage, []string{"lab", "up", "--mtu", "20"}},
+		{exitUsage, []string{"lab", "up", "--mtu", "lots"}},
+		{exitUsage, []string{"lab", "down"}},
+		{exitUsage, []string{"lab", "down", "a/b"}},
+		{exitError, []string{"lab", "down", "kedgetestnosuchlab"}},
+		{exitUsage, []string{"lab", "exec", "demo"}},
+		{exitUsage, []string{"lab", "exec", "demo", "client", "--"}},
+		{exitError, []string{"lab", "exec", "kedgetestnosuchlab", "client", "--", "true"}},
+		{exitUsage, []string{"lab", "shell", "demo"}},
+		{exitUsage, []string{"lab", "list", "-o", "yaml"}},
+		{exitUsage, []string{"demo", "--count", "0"}},
+		{exitUsage, []string{"bench"}},
+		{exitUsage, []string{"bench", "frobnicate"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "nope"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "thesis,"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "rate", "--levels", "0"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "rate", "--repeats", "0"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "rate", "--repeats", "11"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "rate", "--stall", "5ms"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "outage", "--concurrency", "0"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--delay", "2s"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "-n", "10", "--concurrency", "20"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--stall-pct", "101"}},
+		{exitUsage, []string{"bench", "pping", "--out", "$TMP", "--rounds", "0"}},
+		{exitUsage, []string{"bench", "pping", "extra"}},
+		{exitUsage, []string{"chaos"}},
+		{exitUsage, []string{"chaos", "frobnicate"}},
+		{exitUsage, []string{"chaos", "client", "--mode", "kernel", "--out", "x.json"}},
+		{exitUsage, []string{"chaos", "client"}},
+		{exitUsage, []string{"chaos", "client", "--alt", "127.0.0.1:1", "--out", "x.json"}},
+		{exitUsage, []string{"chaos", "client", "--delay", "ten", "--out", "x.json"}},
+		{exitUsage, []string{"chaos", "serve", "--listen", "127.0.0.1:0,127.0.0.1:0", "--stall-pct", "60"}},
+		{exitUsage, []string{"chaos", "serve", "--listen", "127.0.0.1:0", "--outage-replica", "1"}},
+		{exitUsage, []string{"chaos", "serve", "-o", "yaml"}},
+		{exitUsage, []string{"chaos", "serve", "--duration", "-1s"}},
+		{exitUsage, []string{"chaos", "report"}},
+		{exitError, []string{"chaos", "report", "$TMP/missing.json"}},
+	},
+	"hedge-errors.golden": hedgeErrorCases(),
+	"pping-errors.golden": {
+		{exitUsage, []string{"pping"}},
+		{exitUsage, []string{"pping", "extra", "-i", "eth0"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "-f", "yaml"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "-t", "avg"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "-r", "-1"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "-R", "20000"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "--udp-service", "9999:0"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "--udp-service", "9999:0:12"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "-a", "5", "--aggregate-subnets-v6", "80"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "--duration", "-1s"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "--tc-mode", "xdp"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "--ingress-hook", "tcx"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "--metrics-addr", "9464"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "--netns", "kedge-test-no-such-namespace"}},
+		{exitUsage, []string{"pping", "-i", "eth0", "--netns", "/proc/kedge-test-no-such-path/ns/net"}},
+		{exitUsage, []string{"pping", "-i", "kedge-no-such-if0"}},
+		{exitUsage, []string{"pping", "-i", "kedge-no-such-if0", "--netns", "/proc/self/ns/net"}},
+	},
+}
+
+func hedgeErrorCases() []struct {
+	code int
+	args []string
+} {
+	svc := []string{"hedge", "run", "--interface", "eth0", "--service", "198.18.0.12:9999"}
+	with := func(more ...string) []string { return append(svc[:6:6], more...) }
+	return []struct {
+		code int
+		args []string
+	}{
+		{exitUsage, []string{"hedge"}},
+		{exitUsage, []string{"hedge", "frobnicate"}},
+		{exitUsage, []string{"hedge", "run"}},
+		{exitUsage, []string{"hedge", "run", "extra"}},
+		{exitUsage, []string{"hedge", "run", "--config", "testdata/hedge-missing.yaml"}},
+		{exitUsage, []string{"hedge", "run", "--config", "testdata/hedge-bad.yaml"}},
+		{exitUsage, []string{"hedge", "run", "--config", "testdata/hedge-bad.yaml", "--service", "198.18.0.12:9999"}},
+		{exitUsage, []string{"hedge", "run", "--service", "198.18.0.12:9999"}},
+		{exitUsage, []string{"hedge", "run", "--interface", "eth0", "--service", "198.18.0.12"}},
+		{exitUsage, with("--id-length", "9")},
+		{exitUsage, with("--id-order", "middle")},
+		{exitUsage, with("--delay", "5ms", "--delay-quantile", "0.95")},
+		{exitUsage, with("--delay-max", "10ms")},
+		{exitUsage, with("--delay-quantile", "0.95", "--delay-min", "60ms")},
+		{exitUsage, with("--delay-quantile", "1.5")},
+		{exitUsage, with("--replica", "[2001:db8::d]:9999")},
+		{exitUsage, with("--budget-ratio", "2")},
+		{exitUsage, with("--backend", "fq")},
+		{exitUsage, with("--duration", "-1s")},
+		{exitUsage, with("--metrics-addr", "9464")},
+		{exitUsage, with("--netns", "kedge-test-no-such-namespace")},
+		{exitUsage, with("--netns", "/proc/kedge-test-no-such-path/ns/net")},
+		{exitUsage, []string{"hedge", "run", "--interface", "kedge-no-such-if0", "--service", "198.18.0.12:9999"}},
+		{exitUsage, []string{"hedge", "status", "extra"}},
+		{exitUsage, []string{"hedge", "stats", "-o", "yaml"}},
+		{exitError, []string{"hedge", "stats", "--run-dir", "$TMP"}},
+		{exitError, []string{"hedge", "stats", "--run-dir", "$TMP", "--pid", "999999999"}},
+	}
+}
+
+// TestErrorsGolden runs the built kedge binary, as a user would, with every case of
+// errorCases: the exit code must be the case's, and stderr what the golden file holds.
+func TestErrorsGolden(t *testing.T) {
+	bin := bpftest.KedgeBinary(t)
+	for golden, cases := range errorCases {
+		t.Run(golden, func(t *testing.T) {
+			var b strings.Builder
+			for _, c := range cases {
+				tmp := t.TempDir()
+				args := make([]string, len(c.args))
+				for i, a := range c.args {
+					args[i] = strings.ReplaceAll(a, "$TMP", tmp)
+				}
+				cmd := exec.Command(bin, args...)
+				var stdout, stderr bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &stdout, &stderr
+				err := cmd.Run()
+				var ee *exec.ExitError
+				if err != nil && !errors.As(err, &ee) {
+					t.Fatalf("run kedge %s: %v", strings.Join(args, " "), err)
+				}
+				code := cmd.ProcessState.ExitCode()
+				if code != c.code {
+					t.Errorf("kedge %s: exit %d, want %d\n%s", strings.Join(args, " "), code, c.code, stderr.String())
+				}
+				out := strings.ReplaceAll(stdout.String()+stderr.String(), tmp, "$TMP")
+				fmt.Fprintf(&b, "$ kedge %s\nexit %d\n%s\n", strings.Join(c.args, " "), code, out)
+			}
+			checkGolden(t, golden, b.String())
+		})
+	}
+}
+
+// TestExitCode: the command's mapping on top of kedge.ExitCode (tested in pkg/kedge): an
+// explicit code, cilium/ebpf's ErrNotSupported, and usagef.
+func TestExitCode(t *testing.T) {
+	feature := &kedge.FeatureError{Feature: "qdisc netem", Hint: "load sch_netem or use --backend conveyor"}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"usage", usagef("--x: bad"), exitUsage},
+		{"wrapped usage", fmt.Errorf("run: %w", usagef("--x: bad")), exitUsage},
+		{"feature", fmt.Errorf("start hedger: %w", feature), exitUnsupported},
+		{"cilium/ebpf not supported", fmt.Errorf("attach tcx: %w", ebpf.ErrNotSupported), exitUnsupported},
+		{"explicit", exitCodeError{7, errors.New("child exited 7")}, 7},
+		{"no interface, from deep down", fmt.Errorf("start hedger: find interface \"eth9\": %w", bpfx.ErrNoInterface), exitUsage},
+	} {
+		if got := exitCode(tc.err); got != tc.want {
+			t.Errorf("%s: exitCode(%v) = %d, want %d", tc.name, tc.err, got, tc.want)
+		}
+	}
+}
