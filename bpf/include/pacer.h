@@ -7,7 +7,9 @@
  * Topology (internal/pacer makes one per consumer, in a kedge-owned namespace):
  *
  *   consumer netns            pacer netns
- *   <ifname> (veth) ======== peer --pacer_enter--> dev [qdisc: fq | netem | tbf] ==== dev_end
+ *   <ifname>t (veth) ======= tick peer --+
+ *                                         pacer_enter --> dev [qdisc: fq | netem | tbf] == dev_end
+ *   <ifname> (veth) ======== peer -------+
  *      ^  TC ingress:                                                                 |
  *      |  the consumer's                                       pacer_pass (TC ingress)|
  *      |  tick program       <------------------ peer (egress) <----- due ----------- +
@@ -16,7 +18,8 @@
  * Two things ride it:
  *  - ticks: a consumer calls pacer_request(skb, deadline) from any TC program in its
  *    namespace. At most one tick is in flight, at the earliest deadline requested: a request
- *    for a later deadline than the armed one costs a map read. The pacer clones the skb in,
+ *    for a later deadline than the armed one costs a map read. The pacer clones the skb in
+ *    (through a second veth, <ifname>'s tick twin, so the entry tells requests apart),
  *    turns the clone into a tick frame (Ethernet, IPv4 protocol PACER_IPPROTO, pacer_tick)
  *    and holds it until the deadline: edt stamps skb->tstamp and fq releases it; netem and
  *    the conveyor send it round (one pass = netem's delay, or one tick frame's transmission
@@ -60,10 +63,6 @@ enum pacer_consts {
 	 * (RFC 3692 experimentation), addresses 0.0.0.0 and TTL 0; never routed. */
 	PACER_IPPROTO = 253,
 	PACER_FILLER_ETH_P = 0x88B6,  /* conveyor filler frames (IEEE 802 local experimental 2) */
-	/* skb->priority of a packet on its way into the pacer (set around the clone, restored on
-	 * the original; priority is kept across the veth into the pacer namespace, mark is not). */
-	PACER_PRIO_TICK = 0x6b700001,
-	PACER_PRIO_CARRY = 0x6b700002,
 	PACER_TICK_MIN_BYTES = 128,   /* smallest tick frame: Ethernet + IPv4 + pacer_tick, and
 				       * room above the transport offset of the clone it is
 				       * made from (bpf_skb_change_tail cannot cut below it) */
@@ -93,11 +92,12 @@ enum pacer_rx {
 /* The run's constants, set by internal/pacer (Pacer.Configure) before load. */
 struct pacer_config {
 	__u32 backend;        /* enum pacer_backend */
-	__u32 ifindex;        /* consumer netns: the pacer's veth (requests and carried packets) */
+	__u32 ifindex;        /* consumer netns: the pacer's veth (carried packets in, all out) */
 	__u32 peer_ifindex;   /* pacer netns: its peer (pacer_enter; due packets leave here) */
+	__u32 tick_ifindex;   /* consumer netns: the veth tick requests are cloned into */
+	__u32 tick_peer_ifindex; /* pacer netns: its peer (pacer_enter makes ticks of them) */
 	__u32 dev_ifindex;    /* pacer netns: the device carrying the backend's qdisc */
 	__u32 tick_bytes;     /* tick frame length (conveyor: length*8/rate is the resolution) */
-	__u32 _pad;
 	__u64 early_ns;       /* a tick is due when now + early_ns >= its deadline */
 	__u64 carry_early_ns; /* the same for carried packets (half a pass; 0 on edt) */
 	__u64 lost_ns;        /* an armed tick this long overdue is presumed lost */
@@ -146,7 +146,7 @@ struct pacer_stats {
 	__u64 ticks_stale;      /* delivered ticks that were no longer the armed one */
 	__u64 malformed_ticks;  /* tick frames (IPv4, PACER_IPPROTO, no addresses) whose payload
 				 * is short or has a bad magic: dropped */
-	__u64 foreign;          /* packets at the entry without a pacer mark: dropped */
+	__u64 foreign;          /* packets at pacer_enter from another device: dropped */
 	__u64 carried_in;       /* carried packets entering */
 	__u64 carried_out;      /* carried packets leaving towards the consumer */
 	__u64 carried_recirculated; /* carried packets sent round again by the consumer */
@@ -219,24 +219,11 @@ static __always_inline struct pacer_state *pacer_state_get(void)
 	return bpf_map_lookup_elem(&pacer_arming, &zero);
 }
 
-/* pacer_mark_clone clones skb to the pacer's veth with a pacer mark in skb->priority, and
- * restores the original's priority. */
-static __always_inline long pacer_mark_clone(struct __sk_buff *skb, __u32 mark)
-{
-	__u32 prio = skb->priority;
-	long ret;
-
-	skb->priority = mark;
-	ret = bpf_clone_redirect(skb, pacer_cfg.ifindex, 0);
-	skb->priority = prio;
-	return ret;
-}
-
 /* ---- the consumer's side ---- */
 
 /* pacer_request asks for a tick at deadline_ns (CLOCK_MONOTONIC, bpf_ktime_get_ns()). skb is
- * any packet the calling TC program holds; it is cloned only when a tick has to be armed,
- * and not changed. Returns enum pacer_req. */
+ * any packet the calling TC program holds; it is cloned (into the tick veth) only when a
+ * tick has to be armed, and not changed. Returns enum pacer_req. */
 static __always_inline int pacer_request(struct __sk_buff *skb, __u64 deadline_ns)
 {
 	struct pacer_state *st = pacer_state_get();
@@ -266,7 +253,7 @@ static __always_inline int pacer_request(struct __sk_buff *skb, __u64 deadline_n
 	}
 	if (armed && now >= armed + pacer_cfg.lost_ns)
 		PACER_COUNT(ps, ticks_lost);
-	if (pacer_mark_clone(skb, PACER_PRIO_TICK) < 0) {
+	if (bpf_clone_redirect(skb, pacer_cfg.tick_ifindex, 0) < 0) {
 		/* Give the slot back to the tick that held it (if any is still in flight). */
 		__sync_val_compare_and_swap(&st->armed_ns, deadline_ns, armed);
 		PACER_COUNT(ps, arm_errors);
@@ -280,7 +267,7 @@ static __always_inline int pacer_request(struct __sk_buff *skb, __u64 deadline_n
 /* pacer_carry clones skb into the pacer as a carried packet; 0 or a negative error. */
 static __always_inline long pacer_carry(struct __sk_buff *skb)
 {
-	return pacer_mark_clone(skb, PACER_PRIO_CARRY);
+	return bpf_clone_redirect(skb, pacer_cfg.ifindex, 0);
 }
 
 /* pacer_recirculate sends a carried packet (received by the tick program) round again;
@@ -290,7 +277,6 @@ static __always_inline int pacer_recirculate(struct __sk_buff *skb)
 	struct pacer_stats *ps = pacer_stats_get();
 	long ret;
 
-	skb->priority = PACER_PRIO_CARRY;
 	ret = bpf_redirect(pacer_cfg.ifindex, 0);
 	if (ret != TC_ACT_REDIRECT)
 		return TC_ACT_SHOT;
@@ -443,7 +429,6 @@ static __always_inline int pacer_build_tick(struct __sk_buff *skb, struct pacer_
 		t.deadline_ns = now; /* delivered meanwhile: this one goes at once, harmlessly */
 	t.sent_ns = now;
 	t.seq = st->seq;
-	skb->priority = 0;
 	if (bpf_skb_change_tail(skb, pacer_cfg.tick_bytes, 0) < 0)
 		PACER_COUNT(ps, tick_trim_errors);
 	ip = pacer_tick_ip(skb->len);
@@ -460,20 +445,22 @@ static __always_inline int pacer_build_tick(struct __sk_buff *skb, struct pacer_
 	return pacer_redirect(pacer_cfg.dev_ifindex, ps);
 }
 
-/* pacer_enter: TC ingress of the peer. Tick requests become tick frames; carried packets
- * (edt: stamped with their deadline) go into the delay device; anything else is dropped. */
+/* pacer_enter: TC ingress of both peers. Tick requests (from the tick veth) become tick
+ * frames; carried packets (edt: stamped with their deadline) go into the delay device.
+ * Which veth a packet came through tells them apart: skb fields such as mark and
+ * priority do not survive the veth into another namespace, and the clone's bytes are the
+ * consumer's. */
 static __always_inline int pacer_enter(struct __sk_buff *skb)
 {
 	struct pacer_stats *ps = pacer_stats_get();
 	__u64 d;
 
-	if (skb->priority == PACER_PRIO_TICK)
+	if (skb->ifindex == pacer_cfg.tick_peer_ifindex)
 		return pacer_build_tick(skb, ps);
-	if (skb->priority != PACER_PRIO_CARRY) {
+	if (skb->ifindex != pacer_cfg.peer_ifindex) {
 		PACER_COUNT(ps, foreign);
 		return TC_ACT_SHOT;
 	}
-	skb->priority = 0;
 	PACER_COUNT(ps, carried_in);
 	if (pacer_cfg.backend == PACER_EDT) {
 		d = pacer_carry_deadline(skb);

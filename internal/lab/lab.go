@@ -149,6 +149,9 @@ func (l *Lab) waitOperUp(timeout time.Duration) error {
 			return fmt.Errorf("open netlink in %s: %w", h.HostName, err)
 		}
 		err = errors.Join(waitLinkUp(hh, hostIface, deadline), waitLinkUp(fh, fmt.Sprintf("v%d", h.Index), deadline))
+		if err == nil {
+			err = waitLocalRoutes(hh, deadline, h.IPv4, h.IPv6)
+		}
 		hh.Close()
 		if err != nil {
 			return fmt.Errorf("wait for host %s: %w", h.HostName, err)
@@ -170,6 +173,26 @@ func waitLinkUp(h *netlink.Handle, name string, deadline time.Time) error {
 		}
 		time.Sleep(time.Millisecond) // polling a kernel state with a deadline
 	}
+}
+
+// waitLocalRoutes waits until each address has its local route. IPv6 installs it from
+// addrconf's deferred work (even with DAD off), which waits for the RTNL lock: while other
+// namespaces are being torn down that took seconds, and a host dropped the first packets
+// addressed to it (Ip6InAddrErrors).
+func waitLocalRoutes(h *netlink.Handle, deadline time.Time, addrs ...netip.Addr) error {
+	for _, a := range addrs {
+		for {
+			rs, err := h.RouteGet(a.AsSlice())
+			if err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_LOCAL {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("no local route for %s after %v (route get: %v)", a, linkUpTimeout, err)
+			}
+			time.Sleep(time.Millisecond) // polling a kernel state with a deadline
+		}
+	}
+	return nil
 }
 
 // newNetns creates the namespace for part (a host name or the fabric).

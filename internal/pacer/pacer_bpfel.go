@@ -63,16 +63,18 @@ const (
 )
 
 type pacerPacerConfig struct {
-	_            structs.HostLayout
-	Backend      uint32
-	Ifindex      uint32
-	PeerIfindex  uint32
-	DevIfindex   uint32
-	TickBytes    uint32
-	Pad          uint32
-	EarlyNs      uint64
-	CarryEarlyNs uint64
-	LostNs       uint64
+	_               structs.HostLayout
+	Backend         uint32
+	Ifindex         uint32
+	PeerIfindex     uint32
+	TickIfindex     uint32
+	TickPeerIfindex uint32
+	DevIfindex      uint32
+	TickBytes       uint32
+	_               [4]byte
+	EarlyNs         uint64
+	CarryEarlyNs    uint64
+	LostNs          uint64
 }
 
 type pacerPacerConsts uint32
@@ -80,8 +82,6 @@ type pacerPacerConsts uint32
 const (
 	pacerPacerConstsPACER_IPPROTO        pacerPacerConsts = 253
 	pacerPacerConstsPACER_FILLER_ETH_P   pacerPacerConsts = 34998
-	pacerPacerConstsPACER_PRIO_TICK      pacerPacerConsts = 1802502145
-	pacerPacerConstsPACER_PRIO_CARRY     pacerPacerConsts = 1802502146
 	pacerPacerConstsPACER_TICK_MIN_BYTES pacerPacerConsts = 128
 	pacerPacerConstsPACER_LATE_BUCKETS   pacerPacerConsts = 24
 	pacerPacerConstsPACER_REQUEST_TRIES  pacerPacerConsts = 3

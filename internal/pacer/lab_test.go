@@ -1,0 +1,289 @@
+package pacer
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/lab"
+)
+
+// The lab tests run the reference consumer (a delayed echo) between two namespaces: a
+// client process in host a sends datagrams to host b, where echo_store stores each and the
+// pacer's tick sends it back after the delay. The client measures each echo's round trip.
+
+// echoRig is host b's side: the pacer and the echo consumer.
+type echoRig struct {
+	lab  *lab.Lab
+	p    *Pacer
+	objs pacerObjects
+	at   bpfx.Attachment
+}
+
+const echoPort = 7000
+
+func newEchoRig(t *testing.T, o Options, delay time.Duration) *echoRig {
+	bpftest.RequireRoot(t)
+	r := &echoRig{}
+	l, err := lab.Up(lab.Spec{Name: "pcr", Hosts: []string{"a", "b"}})
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	r.lab = l
+	t.Cleanup(func() {
+		if r.at != nil {
+			r.at.Close()
+		}
+		if r.p != nil {
+			if err := r.p.Close(); err != nil {
+				t.Errorf("close pacer: %v", err)
+			}
+		}
+		r.objs.Close()
+		if err := l.Close(); err != nil {
+			t.Errorf("lab close: %v", err)
+		}
+	})
+	b := l.Host("b")
+	o.Netns = b.Handle
+	o.Name = "pacer-lab"
+	if r.p, err = New(o); err != nil {
+		if o.Backend != BackendAuto && o.Backend != BackendConveyor {
+			t.Skipf("backend %s not available here: %v", o.Backend, err)
+		}
+		t.Fatalf("new pacer: %v", err)
+	}
+	spec, err := loadPacer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.p.Configure(spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := spec.Variables["echo_cfg"].Set(pacerEchoConfig{OutIfindex: uint32(b.IfIndex), Port: htons(echoPort), DelayNs: uint64(delay)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bpfx.LoadAndAssign("pacer", spec, &r.objs, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.p.Start(Programs{Enter: r.objs.EchoEnter, Pass: r.objs.EchoPass, Tick: r.objs.EchoTick,
+		State: r.objs.PacerArming, Counters: r.objs.PacerCounters, Control: r.objs.PacerControl}); err != nil {
+		t.Fatalf("start pacer: %v", err)
+	}
+	if r.at, err = bpfx.AttachTC(r.objs.EchoStore, bpfx.TCTarget{Netns: b.Handle, IfIndex: b.IfIndex, Dir: bpfx.Ingress, Name: "echo_store"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("backend %s calibration %+v", r.p.Backend(), r.p.Calibration())
+	return r
+}
+
+// echoClientEnv makes the test binary an echo client (TestEchoClientProcess).
+const echoClientEnv = "KEDGE_PACER_ECHO_CLIENT"
+
+// runClient runs the test binary as a client process in host a: count rounds, burst
+// datagrams per round sent back to back, gap between rounds. It returns the round trips.
+func (r *echoRig) runClient(t *testing.T, count, burst int, gap time.Duration) []time.Duration {
+	t.Helper()
+	a, b := r.lab.Host("a"), r.lab.Host("b")
+	cmd := a.Command(os.Args[0], "-test.run=^TestEchoClientProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%d,%d,%d,%s", echoClientEnv,
+		net.JoinHostPort(b.IPv4.String(), strconv.Itoa(echoPort)), count, burst, gap, 2*time.Second))
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := a.Start(cmd); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("echo client: %v\n%s", err, out.String())
+	}
+	var rtts []time.Duration
+	sc := bufio.NewScanner(strings.NewReader(out.String()))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "rtt_ns "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("client output %q: %v", sc.Text(), err)
+			}
+			rtts = append(rtts, time.Duration(n))
+		}
+	}
+	if len(rtts) != count*burst {
+		t.Fatalf("%d echoes of %d came back\n%s", len(rtts), count*burst, out.String())
+	}
+	return rtts
+}
+
+// TestEchoClientProcess is the client process itself (skipped unless the parent set the env).
+func TestEchoClientProcess(t *testing.T) {
+	spec := os.Getenv(echoClientEnv)
+	if spec == "" {
+		t.Skip("the echo client process of the lab tests (started by them)")
+	}
+	f := strings.Split(spec, ",")
+	count, _ := strconv.Atoi(f[1])
+	burst, _ := strconv.Atoi(f[2])
+	gap, _ := strconv.ParseInt(f[3], 10, 64)
+	wait, _ := time.ParseDuration(f[4])
+	conn, err := net.Dial("udp", f[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	buf := make([]byte, 64)
+	for i := 0; i < count; i++ {
+		sent := map[uint32]time.Time{}
+		for j := 0; j < burst; j++ {
+			id := uint32(i*burst + j)
+			binary.BigEndian.PutUint32(buf, id)
+			sent[id] = time.Now()
+			if _, err := conn.Write(buf[:16]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for len(sent) > 0 {
+			_ = conn.SetReadDeadline(time.Now().Add(wait))
+			n, err := conn.Read(buf)
+			if err != nil {
+				t.Fatalf("round %d: %d echoes missing: %v", i, len(sent), err)
+			}
+			id := binary.BigEndian.Uint32(buf[:n])
+			if s, ok := sent[id]; ok {
+				fmt.Printf("rtt_ns %d\n", time.Since(s).Nanoseconds())
+				delete(sent, id)
+			}
+		}
+		time.Sleep(time.Duration(gap))
+	}
+}
+
+func quantile(d []time.Duration, q float64) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// checkEchoes: every echo came back no earlier than the delay minus half a pass (and a
+// margin for the clocks of two processes), and no later than a generous bound. Figures
+// are printed; the bound catches a pacer that does not tick, not a slow machine.
+func checkEchoes(t *testing.T, r *echoRig, rtts []time.Duration, delay time.Duration) {
+	t.Helper()
+	pass := r.p.Calibration().Target
+	lo := delay - pass/2 - 200*time.Microsecond
+	hi := delay + 2*pass + 200*time.Millisecond
+	late := make([]time.Duration, len(rtts))
+	for i, v := range rtts {
+		late[i] = v - delay
+		if v < lo || v > hi {
+			t.Errorf("echo %d after %v: want %v..%v (delay %v, pass %v)", i, v, lo, hi, delay, pass)
+		}
+	}
+	st, err := r.p.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("backend %s delay %v: echo round trip minus delay p50 %v p99 %v max %v (n=%d); pacer tick lateness %+v",
+		r.p.Backend(), delay, quantile(late, 0.5), quantile(late, 0.99), slices.Max(late), len(late), st.Precision)
+	t.Logf("pacer counters %v", nonZero(st.Counters))
+}
+
+func nonZero(m map[string]uint64) map[string]uint64 {
+	out := map[string]uint64{}
+	for k, v := range m {
+		if v != 0 {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// backendsToTest: every backend; those the kernel lacks skip in newEchoRig.
+var backendsToTest = []string{BackendEDT, BackendNetem, BackendConveyor}
+
+func TestLabEcho(t *testing.T) {
+	const delay = 5 * time.Millisecond
+	for _, b := range backendsToTest {
+		t.Run(b, func(t *testing.T) {
+			r := newEchoRig(t, Options{Backend: b, Period: time.Millisecond}, delay)
+			rtts := r.runClient(t, 20, 1, 3*time.Millisecond)
+			checkEchoes(t, r, rtts, delay)
+			// Bursts: several echoes due at one tick, each a clone of the tick's skb.
+			rtts = r.runClient(t, 5, 4, 3*time.Millisecond)
+			checkEchoes(t, r, rtts, delay)
+			st, err := r.p.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Counters["ticks_delivered"] >= 20+5*4+5 {
+				t.Errorf("%d ticks delivered for 40 echoes in 25 rounds: a burst should share ticks", st.Counters["ticks_delivered"])
+			}
+			r.checkIdle(t)
+		})
+	}
+}
+
+// checkIdle: with nothing pending the pacer sends nothing round (no tick passes, no
+// fillers without carry) - "ticks only while something is pending".
+func (r *echoRig) checkIdle(t *testing.T) {
+	t.Helper()
+	// Wait until the last tick has been delivered and nothing is armed.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := r.p.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.ArmedNs == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a tick is still armed (%d) with nothing pending", st.ArmedNs)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	before, _ := r.p.Stats()
+	time.Sleep(300 * time.Millisecond) // an idle window to observe, not synchronisation
+	after, err := r.p.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"ticks_entered", "tick_passes", "filler_passes", "ticks_delivered"} {
+		if d := after.Counters[c] - before.Counters[c]; d != 0 && !(c == "filler_passes" && r.p.opts.Carry) {
+			t.Errorf("idle pacer: %s went up by %d in 300ms", c, d)
+		}
+	}
+}
+
+// TestLabLostTickWatchdog: a tick dropped inside the pacer (fillers' stop flag cannot do
+// that, so the test arms a deadline and deletes... ) is re-armed by the watchdog.
+func TestLabLostTickWatchdog(t *testing.T) {
+	r := newEchoRig(t, Options{Backend: BackendAuto, Period: time.Millisecond, LostAfter: 100 * time.Millisecond}, 5*time.Millisecond)
+	// Pretend a tick was armed long ago and lost: state says armed, nothing is in flight.
+	if err := r.objs.PacerArming.Put(uint32(0), pacerPacerState{ArmedNs: uint64(Now() - time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := r.p.Stats()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := r.p.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Counters["ticks_delivered"] > before.Counters["ticks_delivered"] && st.ArmedNs == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the watchdog did not re-arm the lost tick: %v", nonZero(st.Counters))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+

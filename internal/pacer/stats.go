@@ -1,0 +1,310 @@
+package pacer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"reflect"
+	"strings"
+	"time"
+)
+
+// Calibration is what the pacer measured at Start. The pacer owns it: consumers read it
+// here, never from the pacer's maps.
+type Calibration struct {
+	Backend string `json:"backend"`
+	// Target is one pass: what a tick not yet due waits before it is looked at again
+	// (netem: Period; conveyor: the filler queue with carry, one tick frame without; edt: 0).
+	Target time.Duration `json:"target_ns"`
+	// Mean, Min, Max: the conveyor's filler round trips (with carry), after calibration.
+	Mean    time.Duration `json:"mean_ns,omitempty"`
+	Min     time.Duration `json:"min_ns,omitempty"`
+	Max     time.Duration `json:"max_ns,omitempty"`
+	Fillers int           `json:"fillers,omitempty"`
+	// Spread is one filler's (with carry) or one tick frame's transmission time at the
+	// conveyor's rate: the granularity of a pass.
+	Spread    time.Duration `json:"spread_ns,omitempty"`
+	TickBytes int           `json:"tick_bytes,omitempty"`
+	// TickLate is the lateness of the ticks Start armed to measure it.
+	TickLate Precision `json:"tick_late"`
+}
+
+// Precision summarises tick lateness (arrival at the tick program minus deadline).
+type Precision struct {
+	Count int64         `json:"count"`
+	Early int64         `json:"early"` // arrived before their deadline (netem/conveyor: by up to half a pass)
+	Mean  time.Duration `json:"mean_ns"`
+	P50   time.Duration `json:"p50_ns"` // upper edge of the histogram bucket (a power of two in us)
+	P99   time.Duration `json:"p99_ns"`
+	Max   time.Duration `json:"max_ns"`
+	// EarlyMax is the largest lead of an early tick.
+	EarlyMax time.Duration `json:"early_max_ns"`
+}
+
+// Stats are the pacer's counters and precision since Start.
+type Stats struct {
+	Backend   string            `json:"backend"`
+	Counters  map[string]uint64 `json:"counters"`
+	Precision Precision         `json:"precision"`
+	Fillers   int               `json:"fillers"`
+	ArmedNs   uint64            `json:"armed_ns"` // deadline of the tick in flight, 0: none
+}
+
+// Calibration returns what Start measured.
+func (p *Pacer) Calibration() Calibration { return p.cal }
+
+// Stats reads the counters (summed over CPUs; maxima and minima taken as such).
+func (p *Pacer) Stats() (Stats, error) {
+	s := Stats{Backend: p.backend, Fillers: p.fillers}
+	c, err := p.counters()
+	if err != nil {
+		return s, err
+	}
+	s.Counters = counterMap(c)
+	s.Precision = precisionOf(c)
+	var st pacerPacerState
+	if p.progs.State != nil {
+		if err := p.progs.State.Lookup(uint32(0), &st); err != nil {
+			return s, fmt.Errorf("read pacer state: %w", err)
+		}
+	}
+	s.ArmedNs = st.ArmedNs
+	return s, nil
+}
+
+// counters sums the per-CPU counters: _max fields take the maximum, _min the smallest
+// non-zero value, the rest add up.
+func (p *Pacer) counters() (pacerPacerStats, error) {
+	var per []pacerPacerStats
+	var s pacerPacerStats
+	if p.progs.Counters == nil {
+		return s, errors.New("read pacer counters: not started")
+	}
+	if err := p.progs.Counters.Lookup(uint32(0), &per); err != nil {
+		return s, fmt.Errorf("read pacer counters: %w", err)
+	}
+	return sumStats(per), nil
+}
+
+func sumStats(per []pacerPacerStats) pacerPacerStats {
+	var s pacerPacerStats
+	out := reflect.ValueOf(&s).Elem()
+	typ := out.Type()
+	for _, c := range per {
+		in := reflect.ValueOf(c)
+		for i := 0; i < typ.NumField(); i++ {
+			f, o := in.Field(i), out.Field(i)
+			name := typ.Field(i).Name
+			switch {
+			case f.Kind() == reflect.Array:
+				for j := 0; j < f.Len(); j++ {
+					o.Index(j).SetUint(o.Index(j).Uint() + f.Index(j).Uint())
+				}
+			case f.Kind() != reflect.Uint64:
+			case strings.HasSuffix(name, "MaxNs"):
+				o.SetUint(max(o.Uint(), f.Uint()))
+			case strings.HasSuffix(name, "MinNs"):
+				if v := f.Uint(); v != 0 && (o.Uint() == 0 || v < o.Uint()) {
+					o.SetUint(v)
+				}
+			default:
+				o.SetUint(o.Uint() + f.Uint())
+			}
+		}
+	}
+	return s
+}
+
+// counterMap names the scalar counters in snake_case as in struct pacer_stats.
+func counterMap(s pacerPacerStats) map[string]uint64 {
+	m := map[string]uint64{}
+	v := reflect.ValueOf(s)
+	for i := 0; i < v.NumField(); i++ {
+		if v.Field(i).Kind() == reflect.Uint64 {
+			m[snake(v.Type().Field(i).Name)] = v.Field(i).Uint()
+		}
+	}
+	return m
+}
+
+func snake(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if r >= 'A' && r <= 'Z' {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r += 'a' - 'A'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// precisionOf summarises the lateness counters. Bucket i of late_hist holds lateness in
+// [2^(i-1), 2^i) us (bucket 0: under 1 us); a quantile is reported as its bucket's upper edge.
+func precisionOf(s pacerPacerStats) Precision {
+	pr := Precision{
+		Count:    int64(s.LateCount + s.EarlyCount),
+		Early:    int64(s.EarlyCount),
+		Max:      time.Duration(s.LateMaxNs),
+		EarlyMax: time.Duration(s.EarlyMaxNs),
+	}
+	if s.LateCount > 0 {
+		pr.Mean = time.Duration(s.LateSumNs / s.LateCount)
+	}
+	pr.P50 = histQuantile(s.LateHist[:], s.EarlyCount, 0.50)
+	pr.P99 = histQuantile(s.LateHist[:], s.EarlyCount, 0.99)
+	return pr
+}
+
+// histQuantile counts early ticks as on time (lateness 0).
+func histQuantile(h []uint64, early uint64, q float64) time.Duration {
+	total := early
+	for _, n := range h {
+		total += n
+	}
+	if total == 0 {
+		return 0
+	}
+	target := uint64(math.Ceil(q * float64(total)))
+	seen := early
+	if seen >= target {
+		return 0
+	}
+	for i, n := range h {
+		seen += n
+		if seen >= target {
+			return time.Duration(uint64(1)<<i) * time.Microsecond
+		}
+	}
+	return time.Duration(uint64(1)<<(len(h)-1)) * time.Microsecond
+}
+
+// measureTicks arms a few ticks one after another and records their lateness as the
+// calibration's TickLate (delta of the counters over these ticks only).
+func (p *Pacer) measureTicks() error {
+	const n = 5
+	before, err := p.counters()
+	if err != nil {
+		return err
+	}
+	wait := max(2*p.cal.Target, 2*time.Millisecond)
+	for i := 0; i < n; i++ {
+		delivered := before.TicksDelivered
+		if c, err := p.counters(); err == nil {
+			delivered = c.TicksDelivered
+		}
+		if err := p.Arm(Now() + wait); err != nil {
+			return err
+		}
+		if err := p.waitDelivered(delivered+1, wait+p.opts.LostAfter+time.Second); err != nil {
+			return err
+		}
+	}
+	after, err := p.counters()
+	if err != nil {
+		return err
+	}
+	d := after
+	d.LateSumNs -= before.LateSumNs
+	d.LateCount -= before.LateCount
+	d.EarlyCount -= before.EarlyCount
+	for i := range d.LateHist {
+		d.LateHist[i] -= before.LateHist[i]
+	}
+	p.cal.TickLate = precisionOf(d)
+	return nil
+}
+
+// waitDelivered polls the counters until ticks_delivered reaches want.
+func (p *Pacer) waitDelivered(want uint64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := p.counters()
+		if err != nil {
+			return err
+		}
+		if c.TicksDelivered >= want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pacer calibration: no tick arrived within %v (backend %s; counters %v)", timeout, p.backend, counterMap(c))
+		}
+		time.Sleep(time.Millisecond) // polling a counter: nothing to wait on
+	}
+}
+
+// calibrateConveyor fills the conveyor so a pass takes the period, measuring the fillers'
+// own round trips and correcting the filler count a few times.
+func (p *Pacer) calibrateConveyor() error {
+	target := p.opts.Period
+	if err := p.addFillers(p.fillersFor(target)); err != nil {
+		return err
+	}
+	p.cal.Target = target
+	for round := 0; round < 6; round++ {
+		mean, lo, hi, err := p.measurePeriod(max(3*target, 100*time.Millisecond))
+		if err != nil {
+			return err
+		}
+		p.cal.Mean, p.cal.Min, p.cal.Max = mean, lo, hi
+		p.cal.Fillers = p.fillers
+		off := mean - target
+		p.opts.Log.Debug("conveyor calibration", "round", round, "fillers", p.fillers, "mean", mean, "target", target)
+		if off.Abs() <= max(p.cal.Spread, target/50) {
+			return nil
+		}
+		// Each filler adds one spread to the period.
+		delta := int(math.Round(float64(-off) / float64(p.cal.Spread)))
+		if delta > 0 {
+			if err := p.addFillers(delta); err != nil {
+				return err
+			}
+		} else if delta < 0 {
+			if err := p.progs.Control.Put(uint32(0), pacerPacerCtl{FillersToDrop: int32(-delta)}); err != nil {
+				return fmt.Errorf("shrink conveyor: %w", err)
+			}
+			p.fillers += delta
+		}
+		p.cal.Fillers = p.fillers
+	}
+	p.opts.Log.Warn("conveyor calibration did not converge", "target", target, "mean", p.cal.Mean)
+	return nil
+}
+
+// measurePeriod samples the conveyor's filler round trips over window.
+func (p *Pacer) measurePeriod(window time.Duration) (mean, lo, hi time.Duration, err error) {
+	before, err := p.counters()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if err := p.resetMinMax(); err != nil {
+		return 0, 0, 0, err
+	}
+	time.Sleep(window) // a measuring window, not synchronisation
+	after, err := p.counters()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	n := after.PeriodCount - before.PeriodCount
+	if n == 0 {
+		return 0, 0, 0, errors.New("conveyor fillers are not circulating (no filler round trips measured)")
+	}
+	return time.Duration((after.PeriodSumNs - before.PeriodSumNs) / n), time.Duration(after.PeriodMinNs), time.Duration(after.PeriodMaxNs), nil
+}
+
+// resetMinMax clears the per-CPU filler minima and maxima so a window's extremes are seen.
+func (p *Pacer) resetMinMax() error {
+	var per []pacerPacerStats
+	if err := p.progs.Counters.Lookup(uint32(0), &per); err != nil {
+		return fmt.Errorf("read pacer counters: %w", err)
+	}
+	for i := range per {
+		per[i].PeriodMinNs, per[i].PeriodMaxNs = 0, 0
+	}
+	if err := p.progs.Counters.Put(uint32(0), per); err != nil {
+		return fmt.Errorf("reset pacer counters: %w", err)
+	}
+	return nil
+}
