@@ -1,227 +1,61 @@
 package main
 
 import (
-	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
-	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kedge-dev/kedge/internal/bench"
-	"github.com/kedge-dev/kedge/internal/chaos"
-	"github.com/kedge-dev/kedge/internal/hedgebench"
 )
+
+// How a capability adds a benchmark: a file cmd/kedge/bench_<name>.go (or the capability's
+// own command file) calls registerBench from init() with the constructor of its
+// `kedge bench <name>` command. The command takes --out (addBenchOutFlag), checks its
+// flags (usage errors, exit 2) before requireBenchRoot, runs its driver (internal/<name>bench,
+// built on internal/bench: Envelope, WriteJSON, the process and CPU harness), and prints
+// the result's envelope line (writeEnvelope) and its table.
 
 func init() { register(newBenchCmd) }
 
-// benchSubcmds lets other files add `kedge bench <x>` commands from their init().
-var benchSubcmds []func() *cobra.Command
+// benchCmds are the `kedge bench <name>` constructors registered by registerBench.
+var benchCmds []func() *cobra.Command
+
+// registerBench adds `kedge bench <name>`; call it from init().
+func registerBench(fn func() *cobra.Command) { benchCmds = append(benchCmds, fn) }
 
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Benchmarks that run in a kedge lab and write JSON results and charts",
+		Long: `Each benchmark builds its own lab (network namespaces), runs real processes in it and
+writes result.json under --out (default results/<name>/): the run's envelope (schema,
+time, machine, kernel, commit, load average, parameters) and its measurements. Run
+benchmarks one at a time on a quiet machine: the load average is recorded, not controlled.`,
 	}
-	cmd.AddCommand(newBenchHedgeCmd())
-	for _, fn := range benchSubcmds {
+	for _, fn := range benchCmds {
 		cmd.AddCommand(fn())
 	}
 	return cmd
 }
 
-func newBenchHedgeCmd() *cobra.Command {
-	var (
-		flagOpts  hedgebench.Options // flag values; only the flags given override a scenario's defaults
-		rateOpts  hedgebench.RateOptions
-		scenarios string
-		out       string
-		repeat    int
-	)
-	flagOpts.Server = chaos.DefaultConfig()
-	cmd := &cobra.Command{
-		Use:   "hedge",
-		Short: "Reproduce the thesis's Table 4.2: baseline vs app-hedged (Python, Go) vs kernel-hedged",
-		Long: `Runs the Deterministic Chaos benchmark in a lab (client and server namespaces on a bridge):
-the chaos server and every client are separate processes; the kernel-hedged client is the
-baseline client's code run while kedge's hedger is attached to the client's interface.
-Prints Table 4.2's columns plus P99.9, hedge excess, extra load and the delay-line backend,
-and writes result.json and latency charts (CDF on a log scale, tail zoom; PNG and SVG).
-
-Scenarios:
-  thesis    the paper's setting (5000 requests, 2% stalls of 400 ms, 10 ms hedge delay)
-  pressure  the same with a spinning process on every core: user-space jitter
-  adaptive  kernel hedging at the p95 of recent latencies instead of a fixed delay
-  outage    two replicas, the one the clients address in full outage: app hedgers send a
-            hedge for every request, kedge's budget (5%, and 50% for contrast) holds the
-            extra load (defaults: 1000 requests, 4 loops, 100 ms timeout, no stalls)
-  rate      concurrent loops (--levels) against a server that answers at once, each level
-            without and with kedge (--repeats pairs, alternating order): fast-path latency
-            cost, requests/s and CPU per request; plus a 2%-stall service with kedge to
-            count missed hedges and lost clones at that rate. Own table and charts.
-Flags given explicitly override the scenario's defaults.`,
-		Example: `  # the thesis's Table 4.2 (about 2 minutes)
-  kedge bench hedge
-
-  # thesis and CPU-pressure scenarios, results under results/hedge/<scenario>/
-  kedge bench hedge --scenario thesis,pressure --out results/hedge
-
-  # fast-path cost and throughput at 1, 8 and 64 concurrent loops
-  kedge bench hedge --scenario rate --levels 1,8,64
-
-  # a quick run
-  kedge bench hedge -n 1000 --warmup 50`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			list := strings.Split(scenarios, ",")
-			if scenarios == "all" {
-				list = hedgebench.Scenarios
-			}
-			for i, s := range list {
-				list[i] = strings.TrimSpace(s)
-				if err := hedgebench.CheckScenario(list[i]); err != nil {
-					return usagef("--scenario: %w", err)
-				}
-			}
-			if os.Geteuid() != 0 {
-				return exitCodeError{exitUnsupported, fmt.Errorf("kedge bench hedge needs root (it creates network namespaces and loads BPF programs)")}
-			}
-			changed := cmd.Flags().Changed
-			// Zero means "the scenario's default" in the options: an explicit zero is a mistake.
-			for flag, v := range map[string]int{"requests": flagOpts.N, "concurrency": flagOpts.Concurrency, "repeats": rateOpts.Repeats, "repeat": repeat} {
-				if changed(flag) && v < 1 {
-					return usagef("--%s %d: must be at least 1", flag, v)
-				}
-			}
-			w := cmd.OutOrStdout()
-			for _, s := range list {
-				start := time.Now()
-				if s == hedgebench.Rate {
-					run := rateOpts
-					run.Backend, run.OutDir = flagOpts.Backend, filepath.Join(out, s)
-					overlay(changed, map[string]func(){
-						"requests": func() { run.N = flagOpts.N }, "warmup": func() { run.Warmup = flagOpts.Warmup },
-						"delay": func() { run.Delay = flagOpts.Delay }, "timeout": func() { run.Timeout = flagOpts.Timeout },
-						"stall-pct": func() { run.StallPct = flagOpts.Server.StallPct },
-						"stall":     func() { run.Stall = flagOpts.Server.Stall },
-					})
-					res, err := hedgebench.RunRate(cmd.Context(), run)
-					if err != nil {
-						return benchErr(s, err)
-					}
-					fmt.Fprintf(w, "\n== scenario rate (%s, kernel %s, commit %s) ==\n", time.Since(start).Round(time.Second), res.Kernel, shortCommit(res.Commit))
-					if err := hedgebench.WriteRateReport(w, res); err != nil {
-						return err
-					}
-					fmt.Fprintf(w, "results and charts: %s\n", run.OutDir)
-					continue
-				}
-				run := hedgebench.Defaults(s)
-				run.Backend, run.PyClient, run.OutDir = flagOpts.Backend, flagOpts.PyClient, filepath.Join(out, s)
-				overlay(changed, map[string]func(){
-					"requests": func() { run.N = flagOpts.N }, "warmup": func() { run.Warmup = flagOpts.Warmup },
-					"delay": func() { run.Delay = flagOpts.Delay }, "timeout": func() { run.Timeout = flagOpts.Timeout },
-					"concurrency": func() { run.Concurrency = flagOpts.Concurrency },
-					"stall-pct":   func() { run.Server.StallPct = flagOpts.Server.StallPct },
-					"stall":       func() { run.Server.Stall = flagOpts.Server.Stall },
-					"fast":        func() { run.Server.Fast = flagOpts.Server.Fast },
-				})
-				if err := runTableScenario(cmd, run, repeat, start); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
-	}
-	d := hedgebench.Defaults(hedgebench.Thesis)
-	f := cmd.Flags()
-	f.StringVar(&scenarios, "scenario", hedgebench.Thesis, "comma-separated: "+strings.Join(hedgebench.Scenarios, ", ")+", or all")
-	f.StringVar(&out, "out", filepath.Join("results", "hedge"), "directory for results (one subdirectory per scenario)")
-	f.IntVarP(&flagOpts.N, "requests", "n", d.N, "measured requests per client (outage: 1000, rate: 20000 per run)")
-	f.IntVar(&flagOpts.Warmup, "warmup", d.Warmup, "warm-up requests per client, discarded (outage: 20, rate: 500)")
-	f.DurationVar(&flagOpts.Delay, "delay", d.Delay, "hedge threshold (app and kernel)")
-	f.DurationVar(&flagOpts.Timeout, "timeout", d.Timeout, "client timeout (outage: 100ms)")
-	f.IntVar(&flagOpts.Concurrency, "concurrency", d.Concurrency, "sequential loops per client (outage: 4; rate: see --levels)")
-	f.IntVar(&flagOpts.Server.StallPct, "stall-pct", d.Server.StallPct, "percentage of ids that stall (outage: 0)")
-	f.DurationVar(&flagOpts.Server.Stall, "stall", d.Server.Stall, "stall duration (rate: 50ms)")
-	f.DurationVar(&flagOpts.Server.Fast, "fast", d.Server.Fast, "normal service time (rate: 0, answered at once)")
-	f.StringVar(&flagOpts.Backend, "backend", "auto", "delay-line backend: auto, conveyor, netem, edt")
-	f.StringVar(&flagOpts.PyClient, "py-client", "", "path to clients/apphedge.py (default: ./clients/apphedge.py)")
-	f.IntSliceVar(&rateOpts.Levels, "levels", []int{1, 4, 16, 64}, "rate: concurrent loops per level")
-	f.IntVar(&rateOpts.Repeats, "repeats", 3, "rate: runs without and with kedge per level (alternating order)")
-	f.IntVar(&repeat, "repeat", 1, "run each table scenario this many times (run-1/, run-2/, ...) and print the medians")
-	return cmd
+// addBenchOutFlag adds --out, the directory results go to, default results/<name>.
+func addBenchOutFlag(cmd *cobra.Command, p *string, name string) {
+	cmd.Flags().StringVar(p, "out", filepath.Join("results", name), "directory for result.json and charts")
 }
 
-// runTableScenario runs a Table 4.2 scenario repeat times and prints each table; with
-// repeat > 1 the runs go to run-1/, run-2/, ... under run.OutDir and the medians follow.
-func runTableScenario(cmd *cobra.Command, run hedgebench.Options, repeat int, start time.Time) error {
-	w := cmd.OutOrStdout()
-	report := bench.ReportOptions{Baseline: "baseline", HedgeDelay: run.Delay,
-		IsStall: func(id uint32) bool { return chaos.Stalls(0, id, run.Server.StallPct) }}
-	dir := run.OutDir
-	var sums [][]bench.Summary
-	for i := 1; i <= repeat; i++ {
-		if repeat > 1 {
-			run.OutDir = filepath.Join(dir, fmt.Sprintf("run-%d", i))
-		}
-		res, err := hedgebench.Run(cmd.Context(), run)
-		if err != nil {
-			return benchErr(run.Scenario, err)
-		}
-		fmt.Fprintf(w, "\n== scenario %s, run %d/%d (%d requests per client, %s, kernel %s, commit %s) ==\n",
-			run.Scenario, i, repeat, run.N, time.Since(start).Round(time.Second), res.Kernel, shortCommit(res.Commit))
-		if err := bench.WriteReport(w, res, report); err != nil {
-			return err
-		}
-		fmt.Fprintf(w, "results and charts: %s\n", run.OutDir)
-		row := make([]bench.Summary, len(res.Series))
-		for j, s := range res.Series {
-			row[j] = bench.Summarize(s)
-		}
-		sums = append(sums, row)
-	}
-	if repeat == 1 {
-		return nil
-	}
-	med, spread, err := bench.MedianSummaries(sums)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "\n== scenario %s: medians over %d runs ==\n", run.Scenario, repeat)
-	if err := bench.WriteTable(w, med, report.Baseline); err != nil {
-		return err
-	}
-	for _, m := range med {
-		sp := spread[m.Name]
-		fmt.Fprintf(w, "%s: P99.9 %.2f-%.2f ms, MAX %.2f-%.2f ms over the runs\n", m.Name, sp[0].Min, sp[0].Max, sp[1].Min, sp[1].Max)
+// requireBenchRoot refuses to run a benchmark without root, which every one needs (it
+// creates network namespaces and loads BPF programs).
+func requireBenchRoot(cmd *cobra.Command) error {
+	if os.Geteuid() != 0 {
+		return exitCodeError{exitUnsupported, fmt.Errorf("%s needs root (it creates network namespaces and loads BPF programs): run it with sudo", cmd.CommandPath())}
 	}
 	return nil
 }
 
-// overlay applies the setters of the flags given on the command line.
-func overlay(changed func(string) bool, setters map[string]func()) {
-	for flag, set := range setters {
-		if changed(flag) {
-			set()
-		}
-	}
-}
-
-// benchErr classifies a scenario's error: bad parameters are usage errors (exit 2).
-func benchErr(scenario string, err error) error {
-	var perr *hedgebench.ParamError
-	if errors.As(err, &perr) {
-		return usagef("scenario %s: %w", scenario, err)
-	}
-	return fmt.Errorf("scenario %s: %w", scenario, err)
-}
-
-func shortCommit(c string) string {
-	if len(c) > 12 {
-		return c[:12]
-	}
-	return c
+// writeEnvelope prints where and when a result was measured.
+func writeEnvelope(w io.Writer, what string, e bench.Envelope) {
+	fmt.Fprintf(w, "%s: %s\n", what, e.Describe())
 }

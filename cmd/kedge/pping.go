@@ -257,7 +257,7 @@ func writeCounters(w io.Writer, m *pping.Monitor) error {
 	return tw.Flush()
 }
 
-func init() { benchSubcmds = append(benchSubcmds, newBenchPpingCmd) }
+func init() { registerBench(newBenchPpingCmd) }
 
 func newBenchPpingCmd() *cobra.Command {
 	o := ppingbench.DefaultOptions()
@@ -279,11 +279,11 @@ With offloads off (the default) every packet is MTU-sized.`,
   sudo kedge bench pping --rate-limit 0 --duration 10s --rounds 3`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if os.Geteuid() != 0 {
-				return exitCodeError{exitUnsupported, fmt.Errorf("kedge bench pping needs root (it creates network namespaces and loads BPF programs)")}
-			}
 			if o.Duration <= 0 || o.Rounds <= 0 || o.Streams <= 0 || o.RateLimit < 0 {
 				return usagef("--duration, --rounds and --streams must be positive, --rate-limit not negative")
+			}
+			if err := requireBenchRoot(cmd); err != nil {
+				return err
 			}
 			o.OutDir = out
 			res, err := ppingbench.Run(cmd.Context(), o)
@@ -291,7 +291,7 @@ With offloads off (the default) every packet is MTU-sized.`,
 				return err
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "kernel %s, commit %s, attach %s, load %v\n", res.Kernel, shortCommit(res.Commit), res.AttachMode, res.LoadAvg)
+			writeEnvelope(w, "attach "+res.AttachMode, res.Envelope)
 			res.WriteTable(w)
 			if out != "" {
 				fmt.Fprintf(w, "result: %s\n", filepath.Join(out, "result.json"))
@@ -306,6 +306,6 @@ With offloads off (the default) every packet is MTU-sized.`,
 	f.DurationVar(&o.RateLimit, "rate-limit", o.RateLimit, "the monitor's per-flow sampling interval (0: every identifier)")
 	f.BoolVar(&o.Offloads, "offloads", o.Offloads, "keep TSO/GSO/GRO on (per-packet figures then count super-packets)")
 	f.IntVar(&o.Streams, "streams", o.Streams, "parallel TCP streams")
-	f.StringVar(&out, "out", filepath.Join("results", "pping"), "directory for result.json (empty: none)")
+	addBenchOutFlag(cmd, &out, "pping")
 	return cmd
 }

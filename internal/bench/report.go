@@ -30,12 +30,7 @@ func WriteReport(w io.Writer, r Result, opt ReportOptions) error {
 		return err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%s, %d measured requests per series, kernel %s, %s (%d CPUs), commit %.12s",
-		r.Scenario, maxRequests(r.Series), r.Kernel, r.Machine.CPUModel, r.Machine.NProc, r.Commit)
-	if len(r.LoadAvg) == 3 {
-		fmt.Fprintf(&b, ", load average %.2f %.2f %.2f at start", r.LoadAvg[0], r.LoadAvg[1], r.LoadAvg[2])
-	}
-	b.WriteString("\n")
+	fmt.Fprintf(&b, "\n%s, %d measured requests per series, %s\n", r.Scenario, maxRequests(r.Series), r.Describe())
 	for _, s := range r.Series {
 		fmt.Fprintf(&b, "%s: %d timeouts, %d late duplicates", s.Name, s.Timeouts, s.LateDuplicates)
 		if s.HedgesSent != nil {

@@ -1,10 +1,14 @@
-// Package bench holds what every kedge benchmark shares: the JSON result schema (one file per
-// run, one series per client), latency statistics, the text table of the thesis's Table 4.2
-// and the latency charts of its Figures 4.1 and 4.2.
+// Package bench holds what every kedge benchmark shares: the result envelope (schema, time,
+// machine, kernel, commit, load, parameters) that every result.json starts with and its
+// writer (WriteJSON), the process and CPU harness that drives a lab (harness.go), latency
+// statistics, the text table of the thesis's Table 4.2 and the latency charts of its
+// Figures 4.1 and 4.2.
 //
-// A result file is written by each client (the Go clients in internal/chaos and the Python
-// client in clients/apphedge.py write the same schema) and merged by the driver that runs a
-// scenario; analysis works on the merged file.
+// A benchmark's result type embeds Envelope and adds its measurements; NewEnvelope fills
+// the envelope, WriteJSON writes the result, ReadEnvelope reads the envelope of any result
+// file. The latency Result (one series per client) is written by each client (the Go clients
+// in internal/chaos and the Python client in clients/apphedge.py write the same schema) and
+// merged by the driver that runs a scenario; analysis works on the merged file.
 package bench
 
 import (
@@ -15,6 +19,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -25,13 +30,18 @@ import (
 // ReadFile rejects files of another version.
 const SchemaVersion = "kedge.bench/v1"
 
-// Result is one benchmark run: where it ran, what it measured and with which parameters.
-type Result struct {
-	Schema    string    `json:"schema"`
-	Scenario  string    `json:"scenario"`
+// Envelope is what every result file records about its run, whatever it measured: its
+// schema, when, where (machine, kernel), at which commit, how busy the machine was, and the
+// parameters. Result types embed it, so its fields sit at the top level of their JSON
+// (the names are those of kedge's first results; committed results stay readable).
+type Envelope struct {
+	// Schema names the result's layout, e.g. "kedge.bench/v1"; bump it on incompatible changes.
+	Schema string `json:"schema"`
+	// Scenario names what was run within the benchmark, when it has several.
+	Scenario  string    `json:"scenario,omitempty"`
 	Timestamp time.Time `json:"timestamp"`
 	Machine   Machine   `json:"machine"`
-	// Kernel is `uname -r` of the machine the clients ran on.
+	// Kernel is `uname -r` of the machine the benchmark ran on.
 	Kernel string `json:"kernel"`
 	// Commit is the kedge commit (git rev-parse HEAD), "unknown" outside a checkout.
 	Commit string `json:"commit"`
@@ -39,7 +49,62 @@ type Result struct {
 	// machine shows up in latency tails, so a result says how busy the machine was.
 	LoadAvg    []float64      `json:"load_avg,omitempty"`
 	Parameters map[string]any `json:"parameters,omitempty"`
-	Series     []Series       `json:"series"`
+}
+
+// NewEnvelope starts the envelope of a result of schema (and scenario, may be empty) on
+// this machine, now, at the commit of the working directory's git checkout.
+func NewEnvelope(ctx context.Context, schema, scenario string, params map[string]any) Envelope {
+	return Envelope{
+		Schema:     schema,
+		Scenario:   scenario,
+		Timestamp:  time.Now().UTC().Truncate(time.Second),
+		Machine:    LocalMachine(),
+		Kernel:     KernelRelease(),
+		Commit:     Commit(ctx, ""),
+		LoadAvg:    LoadAvg(),
+		Parameters: params,
+	}
+}
+
+// Describe says where and when the result was measured, in one line for reports:
+// "kernel K, CPU (N CPUs), commit C[, load average a b c at start]".
+func (e Envelope) Describe() string {
+	s := fmt.Sprintf("kernel %s, %s (%d CPUs), commit %.12s", e.Kernel, e.Machine.CPUModel, e.Machine.NProc, e.Commit)
+	if len(e.LoadAvg) == 3 {
+		s += fmt.Sprintf(", load average %.2f %.2f %.2f at start", e.LoadAvg[0], e.LoadAvg[1], e.LoadAvg[2])
+	}
+	return s
+}
+
+// ReadJSON decodes the result file at path into v (a result type, or an Envelope alone).
+func ReadJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read result: %w", err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("decode result %s: %w", path, err)
+	}
+	return nil
+}
+
+// ReadEnvelope reads the envelope of any kedge result file (its measurements are ignored).
+func ReadEnvelope(path string) (Envelope, error) {
+	var e Envelope
+	if err := ReadJSON(path, &e); err != nil {
+		return e, err
+	}
+	if e.Schema == "" {
+		return e, fmt.Errorf("read result %s: no schema: not a kedge result", path)
+	}
+	return e, nil
+}
+
+// Result is one latency benchmark run (schema SchemaVersion): its envelope and one series
+// per client.
+type Result struct {
+	Envelope
+	Series []Series `json:"series"`
 }
 
 // Machine identifies the host a result comes from.
@@ -98,19 +163,9 @@ func (s Series) Validate() error {
 	return nil
 }
 
-// NewResult starts a result for scenario on this machine, now, at the commit of the
-// working directory's git checkout.
+// NewResult starts a latency result for scenario on this machine, now.
 func NewResult(ctx context.Context, scenario string, params map[string]any) Result {
-	return Result{
-		Schema:     SchemaVersion,
-		Scenario:   scenario,
-		Timestamp:  time.Now().UTC().Truncate(time.Second),
-		Machine:    LocalMachine(),
-		Kernel:     KernelRelease(),
-		Commit:     Commit(ctx, ""),
-		LoadAvg:    LoadAvg(),
-		Parameters: params,
-	}
+	return Result{Envelope: NewEnvelope(ctx, SchemaVersion, scenario, params)}
 }
 
 // LoadAvg is the 1, 5 and 15 minute load averages of this machine, nil if unreadable.
@@ -185,11 +240,15 @@ func Commit(ctx context.Context, dir string) string {
 // WriteFile writes r as indented JSON, replacing path atomically.
 func (r Result) WriteFile(path string) error { return WriteJSON(path, r) }
 
-// WriteJSON writes v as indented JSON, replacing path atomically.
+// WriteJSON writes a result (any type embedding Envelope) as indented JSON, creating
+// path's directory and replacing path atomically. It is the one writer of result files.
 func WriteJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", " ")
 	if err != nil {
 		return fmt.Errorf("encode result: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("create result directory: %w", err)
 	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
@@ -204,12 +263,8 @@ func WriteJSON(path string, v any) error {
 // ReadFile reads and validates a result file.
 func ReadFile(path string) (Result, error) {
 	var r Result
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return r, fmt.Errorf("read result: %w", err)
-	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return r, fmt.Errorf("decode result %s: %w", path, err)
+	if err := ReadJSON(path, &r); err != nil {
+		return r, err
 	}
 	if r.Schema != SchemaVersion {
 		return r, fmt.Errorf("read result %s: schema %q, want %q", path, r.Schema, SchemaVersion)

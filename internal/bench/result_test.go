@@ -81,10 +81,10 @@ func TestLoadAvg(t *testing.T) {
 }
 
 func TestMerge(t *testing.T) {
-	a := Result{Schema: SchemaVersion, Scenario: "s", Parameters: map[string]any{"n": 5000, "mode": "baseline"},
-		Series: []Series{{Name: "baseline"}}, LoadAvg: []float64{1, 5, 1}}
-	b := Result{Schema: SchemaVersion, Scenario: "s", Parameters: map[string]any{"n": 5000, "mode": "apphedge", "delay_ms": 10},
-		Series: []Series{{Name: "app"}}, LoadAvg: []float64{2, 1, 1}}
+	a := Result{Envelope: Envelope{Schema: SchemaVersion, Scenario: "s", Parameters: map[string]any{"n": 5000, "mode": "baseline"},
+		LoadAvg: []float64{1, 5, 1}}, Series: []Series{{Name: "baseline"}}}
+	b := Result{Envelope: Envelope{Schema: SchemaVersion, Scenario: "s", Parameters: map[string]any{"n": 5000, "mode": "apphedge", "delay_ms": 10},
+		LoadAvg: []float64{2, 1, 1}}, Series: []Series{{Name: "app"}}}
 	m, err := Merge(a, b)
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +128,7 @@ func TestCPUModel(t *testing.T) {
 
 func TestWriteChartsAndReport(t *testing.T) {
 	h := 100
-	r := Result{Schema: SchemaVersion, Scenario: "test", Series: []Series{
+	r := Result{Envelope: Envelope{Schema: SchemaVersion, Scenario: "test"}, Series: []Series{
 		thesisLike("baseline", 5000, 2.5, 401, nil),
 		thesisLike("app-hedged", 5000, 2.6, 12.7, &h),
 	}}

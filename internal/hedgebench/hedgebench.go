@@ -14,12 +14,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bench"
@@ -199,7 +197,7 @@ func Run(ctx context.Context, o Options) (bench.Result, error) {
 		listen, extra = append(listen, alt), []string{"--outage-replica", "0"}
 	}
 
-	stopSrv, err := startServer(ctx, o, srv, listen, extra...)
+	stopSrv, err := startServer(o, srv, listen, extra...)
 	if err != nil {
 		return res, err
 	}
@@ -209,7 +207,7 @@ func Run(ctx context.Context, o Options) (bench.Result, error) {
 		return res, err
 	}
 	if o.Scenario == Pressure {
-		stop, err := spin(runtime.NumCPU())
+		stop, err := bench.Spin(runtime.NumCPU())
 		if err != nil {
 			return res, err
 		}
@@ -282,7 +280,7 @@ func Run(ctx context.Context, o Options) (bench.Result, error) {
 			}
 		}
 		o.Log.Info("running client", "series", r.name, "n", o.N)
-		err := runProcess(ctx, client, io.Discard, name, args...)
+		err := bench.RunProcess(ctx, client, io.Discard, name, args...)
 		var snap *hedge.Snapshot
 		if h != nil {
 			snap, _ = h.Stats()
@@ -354,29 +352,18 @@ func kernelParams(s *hedge.Snapshot) map[string]any {
 
 // startServer starts `kedge chaos serve` in h with one replica per address in at (replica
 // i on at[i]), the stall model of o.Server and any extra flags.
-func startServer(ctx context.Context, o Options, h *lab.Host, at []netip.AddrPort, extra ...string) (func(), error) {
+func startServer(o Options, h *lab.Host, at []netip.AddrPort, extra ...string) (func(), error) {
 	addrs := make([]string, len(at))
 	for i, a := range at {
 		addrs[i] = a.String()
 	}
-	cmd := h.Command(o.Exe, append([]string{"chaos", "serve", "--listen", strings.Join(addrs, ","),
+	stop, err := bench.StartProcess(h, o.Exe, append([]string{"chaos", "serve", "--listen", strings.Join(addrs, ","),
 		"--stall-pct", fmt.Sprint(o.Server.StallPct), "--stall", o.Server.Stall.String(),
 		"--fast", o.Server.Fast.String(), "--ttl", o.Server.TTL.String()}, extra...)...)
-	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
-	if err := h.Start(cmd); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("start chaos server: %w", err)
 	}
-	return func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	}, nil
+	return stop, nil
 }
 
 // waitReady polls the server from the client namespace with an id that never stalls
@@ -406,49 +393,4 @@ func waitReady(ctx context.Context, h *lab.Host, to netip.AddrPort) error {
 		}
 	}
 	return fmt.Errorf("chaos server at %s did not answer within 10s", to)
-}
-
-// runProcess runs a command inside h and waits for it, returning its stderr on failure.
-func runProcess(ctx context.Context, h *lab.Host, stdout io.Writer, name string, args ...string) error {
-	cmd := h.Command(name, args...)
-	var stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = stdout, &stderr
-	if err := h.Start(cmd); err != nil {
-		return fmt.Errorf("start %s: %w", name, err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return fmt.Errorf("%s: %w: %s", filepath.Base(name), err, strings.TrimSpace(stderr.String()))
-		}
-		return nil
-	case <-ctx.Done():
-		_ = cmd.Process.Kill()
-		<-done
-		return ctx.Err()
-	}
-}
-
-// spin starts n busy-looping processes (the CPU pressure of scenario a) and returns a
-// function that kills them by PID.
-func spin(n int) (func(), error) {
-	var cmds []*exec.Cmd
-	stop := func() {
-		for _, c := range cmds {
-			_ = c.Process.Kill()
-			_ = c.Wait()
-		}
-	}
-	for i := 0; i < n; i++ {
-		c := exec.Command("/bin/sh", "-c", "while :; do :; done")
-		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := c.Start(); err != nil {
-			stop()
-			return nil, fmt.Errorf("start CPU spinner: %w", err)
-		}
-		cmds = append(cmds, c)
-	}
-	return stop, nil
 }

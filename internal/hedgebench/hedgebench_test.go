@@ -79,41 +79,6 @@ func TestDefaultsPerScenario(t *testing.T) {
 	}
 }
 
-func TestReadCPU(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "stat")
-	// user nice system idle iowait irq softirq steal guest guest_nice
-	stat := "cpu  100 5 50 1000 7 3 20 2 0 0\ncpu0 50 2 25 500 3 1 10 1 0 0\nintr 1 2 3\n"
-	if err := os.WriteFile(path, []byte(stat), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c, err := readCPUFrom(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// busy = user+nice+system+irq+softirq+steal = 180 ticks of 10 ms.
-	if c.busy != 1800*time.Millisecond || c.softirq != 200*time.Millisecond {
-		t.Errorf("busy %v softirq %v, want 1.8s and 200ms", c.busy, c.softirq)
-	}
-	if err := os.WriteFile(path, []byte("cpu  1 2 x 4 5 6 7\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := readCPUFrom(path); err == nil || !strings.Contains(err.Error(), `"x"`) {
-		t.Errorf("malformed line: error %v", err)
-	}
-	if _, err := readCPUFrom(filepath.Join(t.TempDir(), "missing")); err == nil {
-		t.Error("missing file: no error")
-	}
-	// The real file parses and counts forward.
-	a, err := readCPU()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := readCPU()
-	if d := b.sub(a); d.busy < 0 || d.wall <= 0 {
-		t.Errorf("/proc/stat went backwards: %+v", d)
-	}
-}
-
 // series builds a bench series of ids first.. with latency f(id).
 func series(first uint32, n int, f func(id uint32) (float64, bool)) bench.Series {
 	s := bench.Series{Name: "t", ElapsedS: 2}
@@ -144,7 +109,7 @@ func TestSummarizeRunSeparatesStalls(t *testing.T) {
 		return 100, true
 	})
 	var run RateRun
-	summarizeRun(&run, s, cpuTimes{busy: time.Second, softirq: 250 * time.Millisecond, wall: 2 * time.Second}, 2, stall)
+	summarizeRun(&run, s, bench.CPUTimes{Busy: time.Second, Softirq: 250 * time.Millisecond, Wall: 2 * time.Second}, 2, stall)
 	if run.Stalled != 20 || run.Rescued != 10 || run.Missed == nil || *run.Missed != 10 {
 		t.Errorf("stalled %d rescued %d missed %v, want 20, 10, 10", run.Stalled, run.Rescued, run.Missed)
 	}
@@ -156,7 +121,7 @@ func TestSummarizeRunSeparatesStalls(t *testing.T) {
 	}
 	// The fast service (no stalls): every request counts for latency, none as stalled.
 	var fast RateRun
-	summarizeRun(&fast, s, cpuTimes{}, 0, stall)
+	summarizeRun(&fast, s, bench.CPUTimes{}, 0, stall)
 	if fast.Stalled != 0 || fast.Missed != nil || fast.MaxUS != 50100 {
 		t.Errorf("fast service: stalled %d missed %v max %v", fast.Stalled, fast.Missed, fast.MaxUS)
 	}

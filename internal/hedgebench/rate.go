@@ -172,15 +172,8 @@ type RateLevel struct {
 
 // RateResult is the rate scenario's result.json.
 type RateResult struct {
-	Schema     string         `json:"schema"`
-	Scenario   string         `json:"scenario"`
-	Timestamp  time.Time      `json:"timestamp"`
-	Machine    bench.Machine  `json:"machine"`
-	Kernel     string         `json:"kernel"`
-	Commit     string         `json:"commit"`
-	LoadAvg    []float64      `json:"load_avg,omitempty"`
-	Parameters map[string]any `json:"parameters"`
-	Backend    string         `json:"backend"`
+	bench.Envelope
+	Backend string `json:"backend"`
 	// IdleCPU is the busy CPUs with no traffic, without kedge and with kedge attached
 	// (the conveyor's fillers circulate whether or not requests flow).
 	IdleCPUOff float64     `json:"idle_cpu_off"`
@@ -203,13 +196,13 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 		return res, err
 	}
 	defer l.Close()
-	stopFast, err := startServer(ctx, Options{Exe: o.Exe, Server: chaos.Config{StallPct: 0, Stall: o.Stall, TTL: time.Second}},
+	stopFast, err := startServer(Options{Exe: o.Exe, Server: chaos.Config{StallPct: 0, Stall: o.Stall, TTL: time.Second}},
 		srv, []netip.AddrPort{fast})
 	if err != nil {
 		return res, err
 	}
 	defer stopFast()
-	stopSlow, err := startServer(ctx, Options{Exe: o.Exe, Server: chaos.Config{StallPct: o.StallPct, Stall: o.Stall, TTL: time.Second}},
+	stopSlow, err := startServer(Options{Exe: o.Exe, Server: chaos.Config{StallPct: o.StallPct, Stall: o.Stall, TTL: time.Second}},
 		srv, []netip.AddrPort{slow})
 	if err != nil {
 		return res, err
@@ -221,11 +214,9 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 		}
 	}
 
-	res = RateResult{Schema: RateSchema, Scenario: Rate, Timestamp: time.Now().UTC(), Machine: bench.LocalMachine(),
-		Kernel: bench.KernelRelease(), Commit: bench.Commit(ctx, "."), LoadAvg: bench.LoadAvg(),
-		Parameters: map[string]any{"levels": o.Levels, "n": o.N, "warmup": o.Warmup, "repeats": o.Repeats,
-			"hedge_delay_ms": ms(o.Delay), "timeout_ms": ms(o.Timeout), "stall_pct": o.StallPct, "stall_ms": ms(o.Stall),
-			"fast_ms": 0, "budget_fast": "ratio 0.05, burst 10000", "budget_chaos": "ratio 0.1, burst 10000", "connected": true, "payload_len": 32}}
+	res = RateResult{Envelope: bench.NewEnvelope(ctx, RateSchema, Rate, map[string]any{"levels": o.Levels, "n": o.N, "warmup": o.Warmup, "repeats": o.Repeats,
+		"hedge_delay_ms": ms(o.Delay), "timeout_ms": ms(o.Timeout), "stall_pct": o.StallPct, "stall_ms": ms(o.Stall),
+		"fast_ms": 0, "budget_fast": "ratio 0.05, burst 10000", "budget_chaos": "ratio 0.1, burst 10000", "connected": true, "payload_len": 32})}
 	cfg := &hedge.Config{Interface: client.Iface, DelayLine: hedge.DelayLineConfig{Backend: o.Backend},
 		Services: []hedge.ServiceConfig{
 			// Each clone holds a budget token while it rides the delay line, so a service
@@ -239,7 +230,7 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 			{Name: "chaos", Address: slow.String(), Delay: hedge.DelaySpec{Fixed: o.Delay}, Budget: hedge.BudgetSpec{Ratio: 0.1, Burst: 10000}},
 		}}
 
-	if res.IdleCPUOff, err = idleCPU(ctx, time.Second); err != nil {
+	if res.IdleCPUOff, err = bench.IdleCPU(ctx, time.Second); err != nil {
 		return res, err
 	}
 	next := uint32(0) // run counter: id ranges
@@ -254,16 +245,16 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 				return run, err
 			}
 		}
-		cpu0, err := readCPU()
+		cpu0, err := bench.ReadCPU()
 		if err != nil {
 			return run, err
 		}
 		o.Log.Info("rate run", "concurrency", c, "repeat", rep, "service", svc, "kedge", h != nil)
-		err = runProcess(ctx, client, io.Discard, o.Exe, "chaos", "client", "--mode", "baseline", "--connected",
+		err = bench.RunProcess(ctx, client, io.Discard, o.Exe, "chaos", "client", "--mode", "baseline", "--connected",
 			"--target", to.String(), "-n", fmt.Sprint(o.N), "--warmup", fmt.Sprint(o.Warmup),
 			"--concurrency", fmt.Sprint(c), "--timeout", o.Timeout.String(), "--base-id", fmt.Sprint(next*idSpan),
 			"--scenario", Rate, "--name", filepath.Base(path), "--out", path)
-		cpu1, cerr := readCPU()
+		cpu1, cerr := bench.ReadCPU()
 		if err = errors.Join(err, cerr); err != nil {
 			return run, err
 		}
@@ -280,7 +271,7 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 		if svc == "chaos" {
 			stallPct = o.StallPct
 		}
-		summarizeRun(&run, s, cpu1.sub(cpu0), stallPct, o.Stall)
+		summarizeRun(&run, s, cpu1.Sub(cpu0), stallPct, o.Stall)
 		if h != nil {
 			// Let the last clones leave the delay line before counting.
 			time.Sleep(o.Delay + 50*time.Millisecond)
@@ -317,7 +308,7 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 				}
 				res.Backend = h.Backend
 				if res.IdleCPUOn == 0 {
-					if res.IdleCPUOn, err = idleCPU(ctx, time.Second); err != nil {
+					if res.IdleCPUOn, err = bench.IdleCPU(ctx, time.Second); err != nil {
 						return res, errors.Join(err, h.Close())
 					}
 				}
@@ -360,7 +351,7 @@ func diffCounters(after, before map[string]uint64) map[string]uint64 {
 }
 
 // summarizeRun fills run's latency, CPU and stall figures from series s.
-func summarizeRun(run *RateRun, s bench.Series, cpu cpuTimes, stallPct int, stall time.Duration) {
+func summarizeRun(run *RateRun, s bench.Series, cpu bench.CPUTimes, stallPct int, stall time.Duration) {
 	run.Requests, run.ElapsedS = s.Requests(), s.ElapsedS
 	if s.ElapsedS > 0 {
 		run.RPS = float64(s.Requests()) / s.ElapsedS
@@ -389,11 +380,11 @@ func summarizeRun(run *RateRun, s bench.Series, cpu cpuTimes, stallPct int, stal
 		slices.Sort(rescue)
 		run.RescueP50US, run.RescueMaxUS = pct(rescue, 50), pct(rescue, 100)
 	}
-	if secs := cpu.wall.Seconds(); secs > 0 {
-		run.CPUBusy, run.CPUSoftirq = cpu.busy.Seconds()/secs, cpu.softirq.Seconds()/secs
+	if secs := cpu.Wall.Seconds(); secs > 0 {
+		run.CPUBusy, run.CPUSoftirq = cpu.BusyCPUs(), cpu.Softirq.Seconds()/secs
 	}
 	if run.Requests > 0 {
-		run.CPUPerReqUS = float64(cpu.busy.Microseconds()) / float64(run.Requests)
+		run.CPUPerReqUS = float64(cpu.Busy.Microseconds()) / float64(run.Requests)
 	}
 }
 

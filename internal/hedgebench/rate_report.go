@@ -1,94 +1,17 @@
 package hedgebench
 
 import (
-	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"image/color"
 	"io"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 )
-
-// cpuTimes is the machine-wide CPU time of /proc/stat's "cpu" line.
-type cpuTimes struct {
-	busy, softirq time.Duration // every state but idle and iowait; softirq alone
-	wall          time.Duration // when read (monotonic), for rates
-}
-
-// userHZ is the unit of /proc/stat (USER_HZ, 100 on every Linux architecture kedge runs on).
-const userHZ = 100
-
-var monoStart = time.Now()
-
-func readCPU() (cpuTimes, error) { return readCPUFrom("/proc/stat") }
-
-func readCPUFrom(path string) (cpuTimes, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return cpuTimes{}, fmt.Errorf("read CPU times: %w", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 8 || fields[0] != "cpu" {
-			continue
-		}
-		// user nice system idle iowait irq softirq [steal guest guest_nice]; guest time is
-		// already part of user.
-		var t cpuTimes
-		for i, f := range fields[1:min(len(fields), 9)] {
-			v, err := strconv.ParseUint(f, 10, 64)
-			if err != nil {
-				return cpuTimes{}, fmt.Errorf("read CPU times: %s: field %d %q: %w", path, i+1, f, err)
-			}
-			d := time.Duration(v) * time.Second / userHZ
-			switch i {
-			case 3, 4: // idle, iowait
-			case 6:
-				t.softirq = d
-				t.busy += d
-			default:
-				t.busy += d
-			}
-		}
-		t.wall = time.Since(monoStart)
-		return t, nil
-	}
-	return cpuTimes{}, fmt.Errorf("read CPU times: no cpu line in %s", path)
-}
-
-func (a cpuTimes) sub(b cpuTimes) cpuTimes {
-	return cpuTimes{busy: a.busy - b.busy, softirq: a.softirq - b.softirq, wall: a.wall - b.wall}
-}
-
-// idleCPU measures the busy CPUs over d while nothing is sent.
-func idleCPU(ctx context.Context, d time.Duration) (float64, error) {
-	a, err := readCPU()
-	if err != nil {
-		return 0, err
-	}
-	select {
-	case <-time.After(d):
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	b, err := readCPU()
-	if err != nil {
-		return 0, err
-	}
-	c := b.sub(a)
-	return c.busy.Seconds() / c.wall.Seconds(), nil
-}
 
 // WriteRateReport prints the per-level table of r and what it means.
 func WriteRateReport(w io.Writer, r RateResult) error {
@@ -100,11 +23,8 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 			l.Concurrency, l.OffRPS, l.OnRPS, l.OffP50US, l.OnP50US, l.DeltaP50US, l.OffP99US, l.OnP99US, l.DeltaP99US,
 			l.OffCPUPerReqUS, l.OnCPUPerReqUS, l.ChaosRPS, l.Stalled, l.Missed, l.BudgetExhausted, l.LostClones)
 	}
-	fmt.Fprintf(&b, "\nrate, %v requests per run, %v pairs per level, backend %s, kernel %s, %s (%d CPUs), commit %.12s",
-		r.Parameters["n"], r.Parameters["repeats"], r.Backend, r.Kernel, r.Machine.CPUModel, r.Machine.NProc, r.Commit)
-	if len(r.LoadAvg) == 3 {
-		fmt.Fprintf(&b, ", load average %.2f %.2f %.2f at start", r.LoadAvg[0], r.LoadAvg[1], r.LoadAvg[2])
-	}
+	fmt.Fprintf(&b, "\nrate, %v requests per run, %v pairs per level, backend %s, %s",
+		r.Parameters["n"], r.Parameters["repeats"], r.Backend, r.Describe())
 	fmt.Fprintf(&b, "\nidle (no traffic): %.3f CPUs busy without kedge, %.3f with kedge attached\n", r.IdleCPUOff, r.IdleCPUOn)
 	b.WriteString("Δ = with minus without, median of the paired runs; latencies of requests answered at once;\n" +
 		"CPU/req = busy CPU time of the whole machine (client, server, stack, kedge) per request.\n")

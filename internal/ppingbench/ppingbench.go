@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -79,16 +78,10 @@ type RunResult struct {
 
 // Result is a whole benchmark.
 type Result struct {
-	Schema     string         `json:"schema"`
-	Timestamp  time.Time      `json:"timestamp"`
-	Machine    bench.Machine  `json:"machine"`
-	Kernel     string         `json:"kernel"`
-	Commit     string         `json:"commit"`
-	LoadAvg    []float64      `json:"load_avg,omitempty"`
-	Parameters map[string]any `json:"parameters"`
-	AttachMode string         `json:"attach_mode"`
-	XDPMode    string         `json:"xdp_attach_mode,omitempty"` // the XDP ingress run's attachment
-	Runs       []RunResult    `json:"runs"`
+	bench.Envelope
+	AttachMode string      `json:"attach_mode"`
+	XDPMode    string      `json:"xdp_attach_mode,omitempty"` // the XDP ingress run's attachment
+	Runs       []RunResult `json:"runs"`
 }
 
 // Summary averages the runs of each kind.
@@ -203,14 +196,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}
 	res := &Result{
-		Schema: Schema, Timestamp: time.Now().UTC(), Machine: bench.LocalMachine(), Kernel: bench.KernelRelease(),
-		Commit: bench.Commit(ctx, "."), LoadAvg: bench.LoadAvg(),
-		Parameters: map[string]any{
+		Envelope: bench.NewEnvelope(ctx, Schema, "", map[string]any{
 			"duration_s": o.Duration.Seconds(), "rounds": o.Rounds, "rate_limit_ms": float64(o.RateLimit) / 1e6,
 			"offloads": o.Offloads, "streams": o.Streams, "traffic": "iperf3 TCP sender -> router -> receiver",
 			"monitor_on": "router interface v1 (sender side): ingress sees data, egress sees ACKs",
 			"xdp_run":    o.XDP,
-		},
+		}),
 	}
 	// Each round: off, on, on with statistics, and with o.XDP the XDP ingress program with
 	// statistics.
@@ -237,25 +228,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		res.Runs = append(res.Runs, run)
 	}
 	if o.OutDir != "" {
-		if err := res.writeFile(filepath.Join(o.OutDir, "result.json")); err != nil {
+		if err := bench.WriteJSON(filepath.Join(o.OutDir, "result.json"), res); err != nil {
 			return nil, err
 		}
 	}
 	return res, nil
-}
-
-func (r *Result) writeFile(path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("create result dir: %w", err)
-	}
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encode result: %w", err)
-	}
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("write result: %w", err)
-	}
-	return nil
 }
 
 // offloadsOff turns TSO/GSO/GRO off on every interface of the lab (all in its namespaces).

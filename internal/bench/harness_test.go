@@ -1,0 +1,96 @@
+package bench
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/lab"
+)
+
+func TestReadCPU(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stat")
+	// user nice system idle iowait irq softirq steal guest guest_nice
+	stat := "cpu  100 5 50 1000 7 3 20 2 0 0\ncpu0 50 2 25 500 3 1 10 1 0 0\nintr 1 2 3\n"
+	if err := os.WriteFile(path, []byte(stat), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := readCPUFrom(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// busy = user+nice+system+irq+softirq+steal = 180 ticks of 10 ms.
+	if c.Busy != 1800*time.Millisecond || c.Softirq != 200*time.Millisecond {
+		t.Errorf("busy %v softirq %v, want 1.8s and 200ms", c.Busy, c.Softirq)
+	}
+	if err := os.WriteFile(path, []byte("cpu  1 2 x 4 5 6 7\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readCPUFrom(path); err == nil || !strings.Contains(err.Error(), `"x"`) {
+		t.Errorf("malformed line: error %v", err)
+	}
+	if _, err := readCPUFrom(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("missing file: no error")
+	}
+	// The real file parses and counts forward.
+	a, err := ReadCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := ReadCPU()
+	if d := b.Sub(a); d.Busy < 0 || d.Wall <= 0 {
+		t.Errorf("/proc/stat went backwards: %+v", d)
+	}
+}
+
+// TestProcessHarness runs real processes in a lab host: a failing client's stderr reaches
+// the error, a cancelled run is killed, and a started server stops on SIGTERM.
+func TestProcessHarness(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace")
+	}
+	l, err := lab.Up(lab.Spec{Name: "harness", Fabric: lab.Bridge, Hosts: []string{"h"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	h := l.Host("h")
+
+	var out strings.Builder
+	if err := RunProcess(context.Background(), h, &out, "/bin/sh", "-c", "echo $KEDGE_HOST; ip -o link show eth0"); err != nil ||
+		!strings.Contains(out.String(), "eth0") {
+		t.Errorf("RunProcess in %s: %v, output %q", h.Name, err, out.String())
+	}
+	err = RunProcess(context.Background(), h, io.Discard, "/bin/sh", "-c", "echo broken >&2; exit 3")
+	if err == nil || !strings.Contains(err.Error(), "exit status 3: broken") {
+		t.Errorf("failing process: %v, want its status and stderr", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- RunProcess(ctx, h, io.Discard, "sleep", "60") }()
+	cancel()
+	select {
+	case err := <-done:
+		if err != context.Canceled {
+			t.Errorf("cancelled run: %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancelled run not killed")
+	}
+
+	stop, err := StartProcess(h, "sleep", "60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second): // SIGTERM ends sleep at once; SIGKILL follows after 5 s
+		t.Fatal("stop did not end the process")
+	}
+}
