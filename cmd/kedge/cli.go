@@ -139,6 +139,45 @@ func findInterface(ns netns.NsHandle, nsArg, iface string) (int, error) {
 	return idx, err
 }
 
+// runTarget is where a command that attaches to an interface runs: --metrics-addr
+// listening (nil without it), the --netns namespace open and the interface found in it.
+type runTarget struct {
+	metrics *metricsServer
+	ns      netns.NsHandle
+	ifindex int
+}
+
+// openRunTarget checks and opens what --metrics-addr, --netns and the interface name
+// before anything is loaded or attached, so their mistakes are usage errors (exit 2) that
+// change nothing. Close releases them.
+func openRunTarget(metricsAddr, nsArg, iface string) (_ *runTarget, err error) {
+	t := &runTarget{ns: netns.None()}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, t.Close())
+		}
+	}()
+	if t.metrics, err = listenMetrics(metricsAddr); err != nil {
+		return nil, err
+	}
+	if t.ns, err = openNetns(nsArg); err != nil {
+		return nil, err
+	}
+	if t.ifindex, err = findInterface(t.ns, nsArg, iface); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Close stops the metrics server and closes the namespace.
+func (t *runTarget) Close() error {
+	err := t.metrics.Close()
+	if t.ns >= 0 {
+		err = errors.Join(err, t.ns.Close())
+	}
+	return err
+}
+
 // currentNetnsName names the namespace this process runs in: its /run/netns name when it
 // has one (a lab host started with 'kedge lab exec'), else net:[inode].
 func currentNetnsName() string {

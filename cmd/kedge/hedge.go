@@ -197,19 +197,12 @@ func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
 	default:
 		return usagef("--backend %q unknown: use auto, conveyor, netem or edt", f.backend)
 	}
-	metrics, err := listenMetrics(f.metricsAddr)
+	target, err := openRunTarget(f.metricsAddr, f.netnsArg, cfg.Interface)
 	if err != nil {
 		return err
 	}
-	defer metrics.Close()
-	ns, err := openNetns(f.netnsArg)
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
-	if _, err := findInterface(ns, f.netnsArg, cfg.Interface); err != nil {
-		return err
-	}
+	defer target.Close()
+	ns := target.ns
 	// Signals before the (slow) start: a Ctrl-C during calibration still detaches cleanly.
 	ctx, stop := untilDone(cmd.Context(), f.duration)
 	defer stop()
@@ -231,7 +224,7 @@ func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
 		}
 	}()
 
-	metrics.Serve(nil, hedge.NewCollector(h))
+	target.metrics.Serve(nil, hedge.NewCollector(h))
 
 	st := hedge.Status{
 		PID: os.Getpid(), Started: time.Now(), Interface: cfg.Interface,

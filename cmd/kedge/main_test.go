@@ -2,18 +2,24 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/hedge"
+	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/probe"
 	"github.com/kedge-dev/kedge/pkg/kedge"
 )
 
@@ -46,10 +52,7 @@ func checkGolden(t *testing.T, name, got string) {
 // instead. None of them gets as far as changing the system: they fail on flags, arguments,
 // configs, names that do not exist or state that is not there. "$TMP" in an argument is
 // a fresh empty directory. A capability adds its own golden file here.
-var errorCases = map[string][]struct {
-	code int
-	args []string
-}{
+var errorCases = map[string][]errorCase{
 	"errors.golden": {
 		{exitUsage, []string{"frobnicate"}},
 		{exitUsage, []string{"prob"}},
@@ -105,6 +108,29 @@ var errorCases = map[string][]struct {
 		{exitError, []string{"chaos", "report", "$TMP/missing.json"}},
 	},
 	"hedge-errors.golden": hedgeErrorCases(),
+	"raft-errors.golden": {
+		{exitUsage, []string{"raft"}},
+		{exitUsage, []string{"raft", "frobnicate"}},
+		{exitUsage, []string{"raft", "serve"}},
+		{exitUsage, []string{"raft", "serve", "extra"}},
+		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-missing.yaml"}},
+		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-bad.yaml"}},
+		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-cluster.yaml"}},
+		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-cluster.yaml", "--id", "9"}},
+		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-cluster.yaml", "--id", "1", "--duration", "-1s"}},
+		{exitUsage, []string{"raft", "kv"}},
+		{exitUsage, []string{"raft", "kv", "frobnicate"}},
+		{exitUsage, []string{"raft", "kv", "get"}},
+		{exitUsage, []string{"raft", "kv", "put", "a"}},
+		{exitUsage, []string{"raft", "kv", "get", "a"}},
+		{exitUsage, []string{"raft", "kv", "get", "a", "--endpoints", " , "}},
+		{exitUsage, []string{"raft", "kv", "get", "a", "--endpoints", "127.0.0.1:1", "--config", "testdata/raft-cluster.yaml"}},
+		{exitUsage, []string{"raft", "kv", "put", "a", "b", "--expect-absent", "--endpoints", "127.0.0.1:1"}},
+		{exitUsage, []string{"raft", "kv", "get", "a", "--endpoints", "127.0.0.1:1", "-o", "yaml"}},
+		{exitError, []string{"raft", "kv", "get", "a", "--endpoints", "127.0.0.1:1"}},
+		{exitUsage, []string{"raft", "status", "extra"}},
+		{exitError, []string{"raft", "status", "--endpoints", "127.0.0.1:1"}},
+	},
 	"pping-errors.golden": {
 		{exitUsage, []string{"pping"}},
 		{exitUsage, []string{"pping", "extra", "-i", "eth0"}},
@@ -126,16 +152,16 @@ var errorCases = map[string][]struct {
 	},
 }
 
-func hedgeErrorCases() []struct {
+// errorCase is a command line and the exit code it must give.
+type errorCase struct {
 	code int
 	args []string
-} {
+}
+
+func hedgeErrorCases() []errorCase {
 	svc := []string{"hedge", "run", "--interface", "eth0", "--service", "198.18.0.12:9999"}
 	with := func(more ...string) []string { return append(svc[:6:6], more...) }
-	return []struct {
-		code int
-		args []string
-	}{
+	return []errorCase{
 		{exitUsage, []string{"hedge"}},
 		{exitUsage, []string{"hedge", "frobnicate"}},
 		{exitUsage, []string{"hedge", "run"}},
@@ -219,4 +245,46 @@ func TestExitCode(t *testing.T) {
 			t.Errorf("%s: exitCode(%v) = %d, want %d", tc.name, tc.err, got, tc.want)
 		}
 	}
+}
+
+// TestMissingKernelFeatureExits3: on a kernel without a qdisc a delay-line backend needs,
+// asking for that backend is the kernel's shortcoming, not the user's: the error names the
+// feature and what to do, and maps to exit 3. The hedger is started directly (not through
+// 'kedge hedge run', which also sweeps dead runs' leftovers) in a lab namespace of its own.
+func TestMissingKernelFeatureExits3(t *testing.T) {
+	requireRoot(t)
+	r, err := probe.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var backend, qdisc string
+	switch {
+	case !r.Has(probe.QdiscNetem):
+		backend, qdisc = hedge.BackendNetem, "netem"
+	case !r.Has(probe.QdiscFq):
+		backend, qdisc = hedge.BackendEDT, "fq"
+	default:
+		t.Skip("this kernel has every delay-line qdisc (netem and fq): no missing feature to ask for")
+	}
+	l, err := lab.Up(lab.Spec{Name: "feat3", Fabric: lab.Bridge, Hosts: []string{"client", "srv"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	client, srv := l.Host("client"), l.Host("srv")
+	cfg := &hedge.Config{Interface: client.Iface, Services: []hedge.ServiceConfig{{Name: "kv",
+		Address: netip.AddrPortFrom(srv.IPv4, 9999).String(), Delay: hedge.DelaySpec{Fixed: 10 * time.Millisecond},
+		Budget: hedge.BudgetSpec{Ratio: 0.05, Burst: 10}}}}
+	h, err := hedge.Start(cfg, hedge.Options{Netns: client.Handle, Backend: backend})
+	if err == nil {
+		h.Close()
+		t.Fatalf("backend %s started although 'kedge probe' finds no qdisc %s", backend, qdisc)
+	}
+	err = fmt.Errorf("start hedger: %w", err) // as 'kedge hedge run' reports it
+	var fe *kedge.FeatureError
+	if code := exitCode(err); code != exitUnsupported || !errors.As(err, &fe) || fe.Feature != "qdisc "+qdisc ||
+		!strings.Contains(err.Error(), "use backend auto or conveyor") {
+		t.Errorf("backend %s without qdisc %s: exit %d, %v; want exit 3 naming the qdisc and the way out", backend, qdisc, code, err)
+	}
+	t.Logf("kedge: %v", err)
 }

@@ -182,26 +182,17 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 	}
 	defer out.Close()
 
-	metrics, err := listenMetrics(f.metricsAddr)
+	target, err := openRunTarget(f.metricsAddr, f.netnsName, f.iface)
 	if err != nil {
 		return err
 	}
-	defer metrics.Close()
-	ns, err := openNetns(f.netnsName)
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
-	ifindex, err := findInterface(ns, f.netnsName, f.iface)
-	if err != nil {
-		return err
-	}
+	defer target.Close()
 	m, err := pping.Load(cfg)
 	if err != nil {
 		return rootHint(err)
 	}
 	defer m.Close()
-	if err := m.Attach(ns, ifindex, mode); err != nil {
+	if err := m.Attach(target.ns, target.ifindex, mode); err != nil {
 		return rootHint(err)
 	}
 	slog.Debug("pping attached", "interface", f.iface, "netns", f.netnsName, "mode", m.AttachMode())
@@ -225,9 +216,9 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 	}()
 
 	var sink pping.Sink = out
-	if metrics != nil {
+	if target.metrics != nil {
 		mt := pping.NewMetrics(m, out)
-		metrics.Serve(mt.Registry())
+		target.metrics.Serve(mt.Registry())
 		sink = mt
 	}
 	runErr := m.Run(ctx, sink)

@@ -87,7 +87,7 @@ func QdiscError(kind string, err error) error {
 			module = "sch_ingress"
 		}
 		return &kedge.FeatureError{Feature: "qdisc " + kind, Err: err,
-			Hint: "build the kernel with it or install its module " + module + " ('kedge probe' lists the qdiscs this kernel has)"}
+			Hint: "install its module " + module + " or build the kernel with it"}
 	}
 	return err
 }

@@ -1,0 +1,165 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/raft/client"
+	"github.com/kedge-dev/kedge/internal/raft/config"
+)
+
+// freeAddr returns a loopback host:port free for both UDP and TCP right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := l.Addr().String()
+		u, err := net.ListenPacket("udp", a)
+		l.Close()
+		if err == nil {
+			u.Close()
+			return a
+		}
+	}
+	t.Fatal("no free port")
+	return ""
+}
+
+type cluster struct {
+	t      *testing.T
+	cfgs   []*config.Config
+	nodes  map[uint64]*Node
+	cancel map[uint64]context.CancelFunc
+	errs   map[uint64]chan error
+}
+
+func newCluster(t *testing.T, size int, tweak func(*config.Config)) *cluster {
+	c := &cluster{t: t, nodes: map[uint64]*Node{}, cancel: map[uint64]context.CancelFunc{}, errs: map[uint64]chan error{}}
+	var peers []config.Peer
+	for i := 1; i <= size; i++ {
+		peers = append(peers, config.Peer{ID: uint64(i), Raft: freeAddr(t), Client: freeAddr(t)})
+	}
+	base := t.TempDir()
+	for i := 1; i <= size; i++ {
+		cfg := &config.Config{ClusterID: 42, ID: uint64(i), DataDir: fmt.Sprintf("%s/n%d", base, i), Peers: peers,
+			RequestTimeout: 3 * time.Second}
+		if tweak != nil {
+			tweak(cfg)
+		}
+		cfg.Defaults()
+		if err := cfg.Check(); err != nil {
+			t.Fatal(err)
+		}
+		c.cfgs = append(c.cfgs, cfg)
+	}
+	for i := 1; i <= size; i++ {
+		c.start(uint64(i))
+	}
+	t.Cleanup(func() {
+		for id := range c.nodes {
+			c.stop(id)
+		}
+	})
+	return c
+}
+
+func (c *cluster) start(id uint64) {
+	c.t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	n, err := New(c.cfgs[id-1], Options{Log: log})
+	if err != nil {
+		c.t.Fatalf("start node %d: %v", id, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan error, 1)
+	go func() { ch <- n.Run(ctx) }()
+	c.nodes[id], c.cancel[id], c.errs[id] = n, cancel, ch
+}
+
+func (c *cluster) stop(id uint64) {
+	c.t.Helper()
+	c.cancel[id]()
+	if err := <-c.errs[id]; err != nil {
+		c.t.Errorf("node %d: %v", id, err)
+	}
+	delete(c.nodes, id)
+}
+
+func (c *cluster) client(ids ...uint64) *client.Client {
+	cl := &client.Client{}
+	for _, id := range ids {
+		cl.Endpoints = append(cl.Endpoints, c.cfgs[id-1].Self().Client)
+	}
+	return cl
+}
+
+// waitLeader polls until every running node agrees on one leader.
+func (c *cluster) waitLeader() uint64 {
+	c.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var lead uint64
+		agree := true
+		for _, n := range c.nodes {
+			s := n.Status()
+			if s.Leader == 0 || (lead != 0 && s.Leader != lead) {
+				agree = false
+				break
+			}
+			lead = s.Leader
+		}
+		if agree && lead != 0 {
+			if _, ok := c.nodes[lead]; ok {
+				return lead
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.t.Fatal("no leader within 10s")
+	return 0
+}
+
+func TestClusterKV(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	lead := c.waitLeader()
+	ctx := context.Background()
+	follower := lead%3 + 1
+	// Writes through a follower (forwarded proposal) and reads on every node.
+	fc := c.client(follower)
+	if r, err := fc.Put(ctx, "a", "1"); err != nil || !r.OK {
+		t.Fatalf("put via follower: %+v %v", r, err)
+	}
+	for id := uint64(1); id <= 3; id++ {
+		g, err := c.client(id).Get(ctx, "a")
+		if err != nil || !g.Found || g.Value != "1" {
+			t.Fatalf("get on node %d: %+v %v", id, g, err)
+		}
+	}
+	if r, err := fc.CAS(ctx, "a", "0", false, "2"); err != nil || r.OK || r.Value != "1" {
+		t.Fatalf("cas with wrong expectation: %+v %v", r, err)
+	}
+	if r, err := fc.CAS(ctx, "a", "1", false, "2"); err != nil || !r.OK {
+		t.Fatalf("cas: %+v %v", r, err)
+	}
+	if r, err := fc.CAS(ctx, "b", "", true, "new"); err != nil || !r.OK {
+		t.Fatalf("cas absent: %+v %v", r, err)
+	}
+	if r, err := c.client(lead).Delete(ctx, "a"); err != nil || !r.OK || !r.Found {
+		t.Fatalf("delete: %+v %v", r, err)
+	}
+	if g, err := fc.Get(ctx, "a"); err != nil || g.Found {
+		t.Fatalf("get after delete: %+v %v", g, err)
+	}
+}

@@ -1,0 +1,501 @@
+// Package transport carries etcd-raft messages between kedge raft nodes: small, frequent
+// messages as one fixed-size UDP packet each (internal/raft/wire, bpf/include/raft.h), the
+// rest as length-prefixed protobuf frames over one TCP connection per peer. docs/raft.md
+// section 3 is the specification, including the drop policy: a packet or frame that fails a
+// check is counted, logged (rate-limited) and never reaches raft.
+package transport
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/raft/wire"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Frame kinds of the TCP bulk transport.
+const (
+	kindMessage  = 0
+	kindSnapshot = 1
+	frameHeader  = 5 // 4-byte length of kind+message, 1-byte kind
+)
+
+const (
+	sendQueue        = 1024            // per-peer TCP send queue (messages)
+	dialTimeout      = time.Second     //
+	writeTimeout     = 5 * time.Second // per frame; snapshots get snapWriteTimeout
+	snapWriteTimeout = 60 * time.Second
+	helloTimeout     = 5 * time.Second
+	redialMin        = 50 * time.Millisecond
+	redialMax        = time.Second
+	logEvery         = 10 * time.Second // at most one drop log line per reason per interval
+)
+
+// Bulk drop reasons (beyond wire.Reason's).
+const (
+	reasonBulkHello  = "bulk_hello"
+	reasonBulkSize   = "bulk_size"
+	reasonBulkDecode = "bulk_decode"
+	reasonBulkPeer   = "bulk_peer"
+)
+
+// Raft is what the transport needs from the node.
+type Raft interface {
+	Step(ctx context.Context, m *pb.Message) error
+	ReportUnreachable(id uint64)
+	ReportSnapshot(id uint64, status raft.SnapshotStatus)
+}
+
+// Peer is a remote node.
+type Peer struct {
+	ID   uint64
+	Addr netip.AddrPort // raft address: UDP and TCP
+}
+
+// Options configure a transport.
+type Options struct {
+	ClusterID uint64
+	Self      uint64
+	Bind      string // host:port for UDP and TCP
+	Peers     []Peer // the other nodes (self excluded)
+	Log       *slog.Logger
+	Registry  prometheus.Registerer // nil: metrics are not registered
+}
+
+// Transport is one node's endpoint.
+type Transport struct {
+	opts    Options
+	peers   map[uint64]*peer
+	udp     *net.UDPConn
+	ln      net.Listener
+	raft    Raft
+	m       *metrics
+	log     *slog.Logger
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	limiter dropLogger
+
+	connsMu sync.Mutex
+	conns   map[net.Conn]struct{}
+}
+
+type peer struct {
+	Peer
+	queue     chan *pb.Message
+	lastHeard atomic.Int64 // unix nanos of the last message received from this peer
+}
+
+// New binds the UDP socket and the TCP listener; Start begins delivering to r.
+func New(opts Options) (*Transport, error) {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	t := &Transport{opts: opts, peers: map[uint64]*peer{}, log: opts.Log, conns: map[net.Conn]struct{}{}}
+	for _, p := range opts.Peers {
+		t.peers[p.ID] = &peer{Peer: p, queue: make(chan *pb.Message, sendQueue)}
+	}
+	t.m = newMetrics(opts.Registry)
+	t.limiter.log = opts.Log
+	ua, err := net.ResolveUDPAddr("udp", opts.Bind)
+	if err != nil {
+		return nil, fmt.Errorf("resolve raft address: %w", err)
+	}
+	if t.udp, err = net.ListenUDP("udp", ua); err != nil {
+		return nil, fmt.Errorf("listen raft udp %s: %w (is another node using the port?)", opts.Bind, err)
+	}
+	if t.ln, err = net.Listen("tcp", opts.Bind); err != nil {
+		t.udp.Close()
+		return nil, fmt.Errorf("listen raft tcp %s: %w (is another node using the port?)", opts.Bind, err)
+	}
+	return t, nil
+}
+
+// Start runs the receivers and the per-peer senders until Close.
+func (t *Transport) Start(r Raft) {
+	t.raft = r
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.wg.Add(2)
+	go t.readUDP()
+	go t.accept()
+	for _, p := range t.peers {
+		t.wg.Add(1)
+		go t.sendLoop(p)
+	}
+}
+
+// Close stops everything and waits for the goroutines.
+func (t *Transport) Close() error {
+	if t.cancel != nil {
+		t.cancel()
+	}
+	t.udp.Close()
+	t.ln.Close()
+	t.connsMu.Lock()
+	for c := range t.conns {
+		c.Close()
+	}
+	t.connsMu.Unlock()
+	t.wg.Wait()
+	return nil
+}
+
+// LastHeard returns when a message from peer id was last accepted (zero: never).
+func (t *Transport) LastHeard(id uint64) time.Time {
+	p := t.peers[id]
+	if p == nil {
+		return time.Time{}
+	}
+	if n := p.lastHeard.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// Send hands messages to the wire; it never blocks on the network. Call it only after the
+// Ready that produced them was persisted.
+func (t *Transport) Send(msgs []*pb.Message) {
+	var buf [wire.PktLen]byte
+	for _, m := range msgs {
+		p := t.peers[m.GetTo()]
+		if p == nil {
+			t.log.Warn("raft transport: message to unknown node dropped", "to", m.GetTo(), "type", m.GetType())
+			continue
+		}
+		if wire.FitsUDP(m) {
+			pkt, err := wire.Encode(buf[:], t.opts.ClusterID, m)
+			if err == nil {
+				_, err = t.udp.WriteToUDPAddrPort(pkt, p.Addr)
+			}
+			if err != nil {
+				t.m.sendErrors.WithLabelValues("udp").Inc()
+				t.log.Debug("raft transport: udp send", "to", p.ID, "err", err)
+				continue
+			}
+			t.m.sent.WithLabelValues("udp", m.GetType().String()).Inc()
+			continue
+		}
+		select {
+		case p.queue <- m:
+		default:
+			t.m.sendDropped.WithLabelValues(strconv.FormatUint(p.ID, 10)).Inc()
+			t.raft.ReportUnreachable(p.ID)
+			if m.GetType() == pb.MsgSnap {
+				t.raft.ReportSnapshot(p.ID, raft.SnapshotFailure)
+			}
+		}
+	}
+}
+
+func (t *Transport) readUDP() {
+	defer t.wg.Done()
+	buf := make([]byte, 2048)
+	for {
+		n, src, err := t.udp.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if t.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			t.log.Warn("raft transport: udp read", "err", err)
+			continue
+		}
+		m, reason := wire.Decode(buf[:n], t.opts.ClusterID, t.opts.Self)
+		if reason == wire.OK {
+			if p := t.peers[m.GetFrom()]; p == nil || p.Addr != netip.AddrPortFrom(src.Addr().Unmap(), src.Port()) {
+				reason = wire.DropPeer
+			}
+		}
+		if reason != wire.OK {
+			t.drop(reason.String(), "udp", src.String(), n)
+			continue
+		}
+		t.deliver("udp", m)
+	}
+}
+
+func (t *Transport) deliver(transport string, m *pb.Message) {
+	t.peers[m.GetFrom()].lastHeard.Store(time.Now().UnixNano())
+	t.m.received.WithLabelValues(transport, m.GetType().String()).Inc()
+	if err := t.raft.Step(t.ctx, m); err != nil && t.ctx.Err() == nil {
+		t.log.Debug("raft transport: step", "type", m.GetType(), "from", m.GetFrom(), "err", err)
+	}
+}
+
+func (t *Transport) drop(reason, transport, src string, n int) {
+	t.m.dropped.WithLabelValues(reason).Inc()
+	t.limiter.note(reason, transport, src, n)
+}
+
+func (t *Transport) track(c net.Conn, add bool) bool {
+	t.connsMu.Lock()
+	defer t.connsMu.Unlock()
+	if !add {
+		delete(t.conns, c)
+		return true
+	}
+	if t.ctx.Err() != nil {
+		return false
+	}
+	t.conns[c] = struct{}{}
+	return true
+}
+
+func (t *Transport) accept() {
+	defer t.wg.Done()
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			if t.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			t.log.Warn("raft transport: accept", "err", err)
+			time.Sleep(10 * time.Millisecond) // EMFILE and friends: do not spin
+			continue
+		}
+		if !t.track(c, true) {
+			c.Close()
+			return
+		}
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			defer t.track(c, false)
+			defer c.Close()
+			t.serveConn(c)
+		}()
+	}
+}
+
+// serveConn reads one inbound bulk connection: hello, then frames.
+func (t *Transport) serveConn(c net.Conn) {
+	src := c.RemoteAddr().String()
+	c.SetReadDeadline(time.Now().Add(helloTimeout))
+	hello := make([]byte, wire.HelloLen)
+	if _, err := io.ReadFull(c, hello); err != nil {
+		t.drop(reasonBulkHello, "tcp", src, 0)
+		return
+	}
+	from, reason := wire.ParseHello(hello, t.opts.ClusterID)
+	p := t.peers[from]
+	if reason == wire.OK && (p == nil || p.Addr.Addr() != remoteIP(c)) {
+		reason = wire.DropPeer
+	}
+	if reason != wire.OK {
+		t.drop(reasonBulkHello, "tcp", src+" ("+reason.String()+")", len(hello))
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	r := bufio.NewReaderSize(c, 64<<10)
+	var hdr [frameHeader]byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return // peer closed or we are closing
+		}
+		n := int(binary.BigEndian.Uint32(hdr[:])) - 1
+		kind := hdr[4]
+		limit := wire.BulkMax
+		if kind == kindSnapshot {
+			limit = wire.SnapMax
+		}
+		if n < 0 || n > limit || kind > kindSnapshot {
+			t.drop(reasonBulkSize, "tcp", src, n)
+			return
+		}
+		body := make([]byte, n)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return
+		}
+		m := &pb.Message{}
+		if err := proto.Unmarshal(body, m); err != nil || (m.GetType() == pb.MsgSnap) != (kind == kindSnapshot) {
+			t.drop(reasonBulkDecode, "tcp", src, n)
+			return
+		}
+		if m.GetFrom() != from || m.GetTo() != t.opts.Self {
+			t.drop(reasonBulkPeer, "tcp", src, n)
+			return
+		}
+		t.deliver("tcp", m)
+	}
+}
+
+func remoteIP(c net.Conn) netip.Addr {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// sendLoop owns the outbound bulk connection to p.
+func (t *Transport) sendLoop(p *peer) {
+	defer t.wg.Done()
+	var (
+		c        net.Conn
+		w        *bufio.Writer
+		nextDial time.Time
+		backoff  = redialMin
+	)
+	closeConn := func() {
+		if c != nil {
+			t.track(c, false)
+			c.Close()
+			c, w = nil, nil
+		}
+	}
+	defer closeConn()
+	fail := func(m *pb.Message, err error) {
+		t.m.sendErrors.WithLabelValues("tcp").Inc()
+		t.log.Debug("raft transport: tcp send", "to", p.ID, "err", err)
+		closeConn()
+		t.raft.ReportUnreachable(p.ID)
+		if m.GetType() == pb.MsgSnap {
+			t.raft.ReportSnapshot(p.ID, raft.SnapshotFailure)
+		}
+	}
+	for {
+		var m *pb.Message
+		select {
+		case <-t.ctx.Done():
+			return
+		case m = <-p.queue:
+		}
+		if c == nil {
+			if time.Now().Before(nextDial) {
+				fail(m, errors.New("peer unreachable, waiting to redial"))
+				continue
+			}
+			d := net.Dialer{Timeout: dialTimeout}
+			conn, err := d.DialContext(t.ctx, "tcp", p.Addr.String())
+			if err == nil {
+				conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+				_, err = conn.Write(wire.Hello(t.opts.ClusterID, t.opts.Self))
+				if err != nil {
+					conn.Close()
+				}
+			}
+			if err != nil {
+				nextDial = time.Now().Add(backoff)
+				backoff = min(2*backoff, redialMax)
+				fail(m, err)
+				continue
+			}
+			if !t.track(conn, true) {
+				conn.Close()
+				return
+			}
+			c, w, backoff = conn, bufio.NewWriterSize(conn, 64<<10), redialMin
+		}
+		if err := t.writeFrame(c, w, m); err != nil {
+			fail(m, err)
+			continue
+		}
+		// Batch: flush when nothing else is waiting.
+		if len(p.queue) == 0 {
+			if err := w.Flush(); err != nil {
+				fail(m, err)
+				continue
+			}
+		}
+		if m.GetType() == pb.MsgSnap {
+			if err := w.Flush(); err != nil {
+				fail(m, err)
+				continue
+			}
+			t.raft.ReportSnapshot(p.ID, raft.SnapshotFinish)
+		}
+	}
+}
+
+func (t *Transport) writeFrame(c net.Conn, w *bufio.Writer, m *pb.Message) error {
+	body, err := proto.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("marshal %v: %w", m.GetType(), err)
+	}
+	kind, limit, timeout := byte(kindMessage), wire.BulkMax, writeTimeout
+	if m.GetType() == pb.MsgSnap {
+		kind, limit, timeout = kindSnapshot, wire.SnapMax, snapWriteTimeout
+	}
+	if len(body) > limit {
+		return fmt.Errorf("%v of %d bytes exceeds the %d-byte frame limit", m.GetType(), len(body), limit)
+	}
+	c.SetWriteDeadline(time.Now().Add(timeout))
+	var hdr [frameHeader]byte
+	binary.BigEndian.PutUint32(hdr[:], uint32(len(body)+1))
+	hdr[4] = kind
+	w.Write(hdr[:])
+	if _, err := w.Write(body); err != nil {
+		return fmt.Errorf("write frame: %w", err)
+	}
+	t.m.sent.WithLabelValues("tcp", m.GetType().String()).Inc()
+	return nil
+}
+
+// dropLogger writes at most one line per reason per logEvery, with the count since.
+type dropLogger struct {
+	mu   sync.Mutex
+	log  *slog.Logger
+	last map[string]time.Time
+	n    map[string]int
+}
+
+func (d *dropLogger) note(reason, transport, src string, size int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.last == nil {
+		d.last, d.n = map[string]time.Time{}, map[string]int{}
+	}
+	d.n[reason]++
+	now := time.Now()
+	if now.Sub(d.last[reason]) < logEvery {
+		return
+	}
+	d.log.Warn("raft transport: dropped bad packet", "reason", reason, "transport", transport, "src", src,
+		"bytes", size, "dropped_since_last_line", d.n[reason])
+	d.last[reason], d.n[reason] = now, 0
+}
+
+type metrics struct {
+	sent, received, dropped, sendDropped, sendErrors *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	cv := func(name, help string, labels ...string) *prometheus.CounterVec {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft", Name: name, Help: help}, labels)
+		if reg != nil {
+			reg.MustRegister(c)
+		}
+		return c
+	}
+	m := &metrics{
+		sent:        cv("transport_sent_total", "Raft messages sent, by transport and message type.", "transport", "type"),
+		received:    cv("transport_received_total", "Raft messages received and given to raft, by transport and type.", "transport", "type"),
+		dropped:     cv("transport_dropped_total", "Packets and bulk connections refused by the transport's checks, by reason.", "reason"),
+		sendDropped: cv("transport_send_dropped_total", "Bulk messages dropped because the peer's send queue was full.", "peer"),
+		sendErrors:  cv("transport_send_errors_total", "Send failures (unreachable peer, write error), by transport.", "transport"),
+	}
+	for r := wire.Reason(1); r < wire.ReasonMax; r++ {
+		m.dropped.WithLabelValues(r.String())
+	}
+	for _, r := range []string{reasonBulkHello, reasonBulkSize, reasonBulkDecode, reasonBulkPeer} {
+		m.dropped.WithLabelValues(r)
+	}
+	return m
+}
+
+// Dropped returns the drop counter of a reason (tests).
+func (t *Transport) Dropped(reason string) float64 {
+	return counterValue(t.m.dropped.WithLabelValues(reason))
+}
