@@ -83,6 +83,14 @@ static __always_inline struct echo_stats *echo_stats_get(void)
 	return bpf_map_lookup_elem(&echo_counters, &zero);
 }
 
+/* echo_len bounds a length already checked to be 1..ECHO_FRAME_MAX by arithmetic the
+ * verifier follows: clang folds "len < a || len > b" into one subtract-and-compare on a
+ * copy, which leaves the register passed to the helper unbounded on older verifiers (6.12). */
+static __always_inline __u32 echo_len(__u32 len)
+{
+	return ((len - 1) & (ECHO_FRAME_MAX - 1)) + 1;
+}
+
 /* swap exchanges n bytes at offsets a and b of a stored frame (bounded for the verifier). */
 static __always_inline int swap(__u8 *frame, __u32 a, __u32 b, __u32 n)
 {
@@ -144,7 +152,7 @@ int echo_store(struct __sk_buff *skb)
 		PACER_COUNT(es, ring_full);
 		return TC_ACT_UNSPEC;
 	}
-	if (len < sizeof(struct ethhdr) || bpf_skb_load_bytes(skb, 0, s->frame, len) < 0 ||
+	if (len < sizeof(struct ethhdr) || bpf_skb_load_bytes(skb, 0, s->frame, echo_len(len)) < 0 ||
 	    turn_around(s->frame, &p) < 0) {
 		PACER_COUNT(es, malformed);
 		return TC_ACT_UNSPEC;
@@ -165,6 +173,7 @@ static __always_inline int send_echo(struct __sk_buff *skb, struct echo_slot *s)
 
 	if (len < sizeof(struct ethhdr) || len > ECHO_FRAME_MAX)
 		return -1;
+	len = echo_len(len);
 	if (bpf_skb_change_tail(skb, len, 0) < 0 || bpf_skb_store_bytes(skb, 0, s->frame, len, 0) < 0)
 		return -1;
 	return bpf_clone_redirect(skb, echo_cfg.out_ifindex, 0) < 0 ? -1 : 0;

@@ -286,4 +286,3 @@ func TestLabLostTickWatchdog(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
-

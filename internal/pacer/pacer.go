@@ -200,7 +200,8 @@ func New(o Options) (_ *Pacer, err error) {
 	}
 	if o.Backend == BackendEDT {
 		if err := haveSetTstamp(); err != nil {
-			return nil, fmt.Errorf("pacer backend edt needs bpf_skb_set_tstamp (Linux 5.18+): %w - use backend netem or conveyor", err)
+			return nil, fmt.Errorf("pacer backend edt: %w", bpfx.NotSupported("BPF helper bpf_skb_set_tstamp", "5.18",
+				"use backend netem or conveyor", err))
 		}
 	}
 	p := &Pacer{opts: o, consumerNS: o.Netns, armFD: -1, rateBytes: uint64(o.RateMbit) * 1_000_000 / 8}
@@ -225,7 +226,7 @@ func New(o Options) (_ *Pacer, err error) {
 	for _, b := range order {
 		q := p.qdisc(b)
 		if err := h.QdiscAdd(q); err != nil {
-			tried = append(tried, fmt.Errorf("%s: add %s qdisc: %w", b, q.Type(), err))
+			tried = append(tried, fmt.Errorf("%s: add %s qdisc: %w", b, q.Type(), bpfx.QdiscError(q.Type(), err)))
 			continue
 		}
 		p.backend = b
