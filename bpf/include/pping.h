@@ -60,17 +60,16 @@
 /* Fixed point for rtt_rate: value << 16 (so 0.5 RTT is 32768). */
 #define PP_FIXPOINT_SHIFT 16
 
-/* RTT histogram (aggregation mode): log-linear, PP_HIST_SUB buckets per power of two of the
- * RTT in nanoseconds. Bucket 0 holds RTTs below 2^PP_HIST_MIN_SHIFT ns (256 ns); then 8
- * buckets per octave up to 2^PP_HIST_MAX_SHIFT ns (68.7 s); the last bucket holds the rest.
- * A bucket is at most 12.5 % of its lower edge wide (2 us at 20 us, 1 ms at 10 ms), where
- * ePPing's linear bins are 4 ms. Bucket b >= 1 covers
- *   [(8 + s) << (e - 3), (9 + s) << (e - 3))  with e = 8 + (b - 1) / 8, s = (b - 1) % 8. */
+/* RTT histogram (aggregation mode): hist.h's log-linear layout over the RTT in nanoseconds,
+ * PP_HIST_SUB (8) buckets per power of two: below 2^PP_HIST_MIN_SHIFT ns (256 ns) 8 linear
+ * buckets of 32 ns, then 8 per octave up to 2^PP_HIST_MAX_SHIFT ns (68.7 s); the last bucket
+ * holds the rest. A bucket is at most 12.5 % of its lower edge wide (2 us at 20 us, 1 ms at
+ * 10 ms), where ePPing's linear bins are 4 ms. Go: internal/hist with the same layout. */
 #define PP_HIST_SUB_BITS 3
 #define PP_HIST_SUB (1 << PP_HIST_SUB_BITS)
 #define PP_HIST_MIN_SHIFT 8
 #define PP_HIST_MAX_SHIFT 36
-#define PP_HIST_BINS (2 + (PP_HIST_MAX_SHIFT - PP_HIST_MIN_SHIFT) * PP_HIST_SUB)
+#define PP_HIST_BINS (((PP_HIST_MAX_SHIFT - PP_HIST_MIN_SHIFT + 1) << PP_HIST_SUB_BITS) + 1)
 
 enum pp_event_type {
 	PP_EVENT_RTT = 1,

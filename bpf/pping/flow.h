@@ -8,6 +8,7 @@
 #ifndef KEDGE_PPING_FLOW_H
 #define KEDGE_PPING_FLOW_H
 
+#include "hist.h"
 #include "ident.h"
 
 #define PP_AF_INET 2
@@ -162,40 +163,10 @@ static __always_inline void pp_timestamp(struct pp_dir_state *d, struct pp_pkt *
 	}
 }
 
-/* Log-linear histogram bucket of an RTT in ns (layout in pping.h). */
-static __always_inline __u32 pp_hist_bin(__u64 v)
+/* Histogram bucket of an RTT in ns (layout in pping.h). */
+static __always_inline __u32 pp_hist_bin(__u64 rtt)
 {
-	__u32 e = 0;
-	__u64 x = v;
-
-	if (v < (1ULL << PP_HIST_MIN_SHIFT))
-		return 0;
-	if (v >= (1ULL << PP_HIST_MAX_SHIFT))
-		return PP_HIST_BINS - 1;
-	if (x >> 32) {
-		x >>= 32;
-		e += 32;
-	}
-	if (x >> 16) {
-		x >>= 16;
-		e += 16;
-	}
-	if (x >> 8) {
-		x >>= 8;
-		e += 8;
-	}
-	if (x >> 4) {
-		x >>= 4;
-		e += 4;
-	}
-	if (x >> 2) {
-		x >>= 2;
-		e += 2;
-	}
-	if (x >> 1)
-		e += 1;
-	return 1 + (e - PP_HIST_MIN_SHIFT) * PP_HIST_SUB +
-	       ((v >> (e - PP_HIST_SUB_BITS)) & (PP_HIST_SUB - 1));
+	return hist_bucket(rtt, PP_HIST_SUB_BITS, PP_HIST_MIN_SHIFT, PP_HIST_BINS);
 }
 
 /* The active buffer's entry for the subnet of ip. A missing subnet is created when create is

@@ -239,7 +239,11 @@ func writeCounters(w io.Writer, m *pping.Monitor) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOOK\tCOUNTER\tVALUE")
 	for _, h := range pping.Hooks {
-		for _, c := range pping.CounterFields(&all[h]) {
+		fields, err := pping.CounterFields(&all[h])
+		if err != nil {
+			return err
+		}
+		for _, c := range fields {
 			if c.Value != 0 {
 				fmt.Fprintf(tw, "%s\t%s\t%d\n", h, c.Name, c.Value)
 			}

@@ -3,51 +3,29 @@ package pping
 import (
 	"errors"
 	"fmt"
-	"math"
-	"math/bits"
 	"net/netip"
 	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/hist"
 )
 
-// Histogram layout, as PP_HIST_* in bpf/include/pping.h.
+// HistLayout is the kernel histogram's layout (PP_HIST_* in bpf/include/pping.h, hist.h):
+// RTTs in ns, 8 buckets per power of two, linear below 256 ns, open above 2^36 ns (68.7 s).
+// The bucket count comes from the generated struct.
+var HistLayout = hist.Layout{SubBits: histSubBits, MinShift: histMinShift, Buckets: HistBins}
+
 const (
-	histSubBits  = 3
-	histSub      = 1 << histSubBits
-	histMinShift = 8
-	histMaxShift = 36
-	// HistBins is the number of histogram buckets.
-	HistBins = 2 + (histMaxShift-histMinShift)*histSub
+	histSubBits  = 3  // PP_HIST_SUB_BITS
+	histMinShift = 8  // PP_HIST_MIN_SHIFT
+	histMaxShift = 36 // PP_HIST_MAX_SHIFT: the last bucket starts here
+	// HistBins is the number of histogram buckets (PP_HIST_BINS).
+	HistBins = len(ppingPpAggStats{}.Bins)
 )
-
-// BinBounds returns the range [lo, hi) of bucket b in nanoseconds; hi is math.MaxUint64 for
-// the last bucket.
-func BinBounds(b int) (lo, hi uint64) {
-	switch {
-	case b <= 0:
-		return 0, 1 << histMinShift
-	case b >= HistBins-1:
-		return 1 << histMaxShift, math.MaxUint64
-	}
-	e := histMinShift + (b-1)/histSub
-	s := uint64((b - 1) % histSub)
-	return (histSub + s) << (e - histSubBits), (histSub + s + 1) << (e - histSubBits)
-}
-
-// binOf is the Go twin of pp_hist_bin() (used by tests and Prometheus bucket mapping).
-func binOf(ns uint64) int {
-	if ns < 1<<histMinShift {
-		return 0
-	}
-	if ns >= 1<<histMaxShift {
-		return HistBins - 1
-	}
-	e := 63 - bits.LeadingZeros64(ns)
-	return 1 + (e-histMinShift)*histSub + int((ns>>(e-histSubBits))&(histSub-1))
-}
 
 // Histogram is a merged per-subnet RTT histogram. Times are in nanoseconds.
 type Histogram struct {
@@ -91,25 +69,7 @@ func (h *Histogram) Mean() time.Duration {
 // Quantile estimates the q-quantile (0..1) by linear interpolation inside its bucket,
 // clamped to the exact min and max; the error is below one bucket width (12.5 %).
 func (h *Histogram) Quantile(q float64) time.Duration {
-	if h.Count == 0 {
-		return 0
-	}
-	rank := q * float64(h.Count)
-	var seen float64
-	for b, n := range h.Bins {
-		if n == 0 {
-			continue
-		}
-		if seen+float64(n) >= rank {
-			lo, hi := BinBounds(b)
-			lo, hi = max(lo, h.Min), min(hi, h.Max)
-			frac := (rank - seen) / float64(n)
-			v := float64(lo) + frac*float64(hi-lo)
-			return time.Duration(min(max(v, float64(h.Min)), float64(h.Max)))
-		}
-		seen += float64(n)
-	}
-	return time.Duration(h.Max)
+	return time.Duration(hist.Quantile(HistLayout, h.Bins[:], q, h.Min, h.Max))
 }
 
 // Traffic is one subnet's traffic in one direction (struct pp_traffic, ePPing's
@@ -123,7 +83,7 @@ func (t *Traffic) Packets() uint64 { return t.TcpTsPkts + t.TcpNotsPkts + t.Othe
 // Bytes is the byte count over all kinds of traffic.
 func (t *Traffic) Bytes() uint64 { return t.TcpTsBytes + t.TcpNotsBytes + t.OtherBytes }
 
-func (t *Traffic) add(o *Traffic) { addCounters(t, o) }
+func (t *Traffic) add(o *Traffic) { bpfx.AddCounters(t, o) }
 
 // SubnetStats is one subnet's traffic and RTT histogram for one interval. Rx counts the
 // packets that came from the subnet (source address in it), Tx those that went to it, at

@@ -863,9 +863,9 @@ func checkReport(t *testing.T, rep *AggReport, want []subnetWant) {
 		}
 		if s.Count != w.rtts {
 			t.Errorf("%s: %d RTTs, want %d", w.prefix, s.Count, w.rtts)
-		} else if s.Count == 1 && (s.Min != s.Max || s.Sum != s.Min || s.Bins[binOf(s.Min)] != 1) {
+		} else if s.Count == 1 && (s.Min != s.Max || s.Sum != s.Min || s.Bins[HistLayout.Bucket(s.Min)] != 1) {
 			t.Errorf("%s: min %d max %d sum %d, bucket %d holds %d; want one sample in its bucket",
-				w.prefix, s.Min, s.Max, s.Sum, binOf(s.Min), s.Bins[binOf(s.Min)])
+				w.prefix, s.Min, s.Max, s.Sum, HistLayout.Bucket(s.Min), s.Bins[HistLayout.Bucket(s.Min)])
 		}
 	}
 	for name := range got {

@@ -363,8 +363,7 @@ func aggJSON(t time.Time, s *SubnetStats) jsonAgg {
 	}
 	for b, n := range s.Bins {
 		if n > 0 {
-			lo, _ := BinBounds(b)
-			j.Bins = append(j.Bins, [2]uint64{lo, n})
+			j.Bins = append(j.Bins, [2]uint64{HistLayout.Lower(b), n})
 		}
 	}
 	return j

@@ -128,7 +128,12 @@ func (c *counterCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, h := range Hooks {
-		for _, f := range CounterFields(&all[h]) {
+		fields, err := CounterFields(&all[h])
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(counterDesc, err)
+			return
+		}
+		for _, f := range fields {
 			ch <- prometheus.MustNewConstMetric(counterDesc, prometheus.CounterValue, float64(f.Value), h.String(), f.Name)
 		}
 	}
@@ -183,7 +188,7 @@ func (c *subnetCollector) Collect(ch chan<- prometheus.Metric) {
 		for i, edge := range promBuckets {
 			limit := uint64(1) << (histMinShift + i)
 			for ; b < HistBins; b++ {
-				if lo, _ := BinBounds(b); lo >= limit {
+				if HistLayout.Lower(b) >= limit {
 					break
 				}
 				cum += s.Bins[b]

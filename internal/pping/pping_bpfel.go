@@ -21,7 +21,8 @@ type ppingPpAggStats struct {
 	SumNs uint64
 	MinNs uint64
 	MaxNs uint64
-	Bins  [226]uint32
+	Bins  [233]uint32
+	_     [4]byte
 }
 
 type ppingPpConfig struct {

@@ -15,39 +15,36 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-func TestHistogramBins(t *testing.T) {
-	// Every bucket's lower edge maps to it, the value below the edge to the previous one,
-	// and the widths stay within 12.5 % of the lower edge.
-	for b := 1; b < HistBins; b++ {
-		lo, hi := BinBounds(b)
-		if got := binOf(lo); got != b {
-			t.Errorf("binOf(%d) = %d, want %d", lo, got, b)
-		}
-		if got := binOf(lo - 1); got != b-1 {
-			t.Errorf("binOf(%d) = %d, want %d", lo-1, got, b-1)
-		}
-		if hi != math.MaxUint64 && float64(hi-lo) > 0.125*float64(lo) {
-			t.Errorf("bucket %d [%d, %d) is wider than 12.5 %%", b, lo, hi)
-		}
+// TestHistogramLayout pins the layout pping.h gives hist.h (internal/hist tests the
+// arithmetic, the aggregation fixture the kernel's bucket of a sample).
+func TestHistogramLayout(t *testing.T) {
+	if err := HistLayout.Validate(); err != nil {
+		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		ns   uint64
 		want int
-	}{{0, 0}, {255, 0}, {256, 1}, {20_000, binOf(20_000)}, {1 << 36, HistBins - 1}, {math.MaxUint64, HistBins - 1}} {
-		if got := binOf(tc.ns); got != tc.want {
-			t.Errorf("binOf(%d) = %d, want %d", tc.ns, got, tc.want)
+	}{{0, 0}, {31, 0}, {32, 1}, {255, 7}, {256, 8}, {511, 15}, {512, 16}, {1<<36 - 1, HistBins - 2}, {1 << 36, HistBins - 1}, {math.MaxUint64, HistBins - 1}} {
+		if got := HistLayout.Bucket(tc.ns); got != tc.want {
+			t.Errorf("bucket of %d ns = %d, want %d", tc.ns, got, tc.want)
+		}
+	}
+	// The octave edges (Prometheus' buckets) are bucket edges.
+	for e := histMinShift; e <= histMaxShift; e++ {
+		if b := HistLayout.Bucket(1 << e); HistLayout.Lower(b) != 1<<e {
+			t.Errorf("2^%d ns is not a bucket edge", e)
 		}
 	}
 	// 20 us falls in a bucket at most 2.5 us wide: fine enough for veth RTTs.
-	if lo, hi := BinBounds(binOf(20_000)); hi-lo > 2500 {
-		t.Errorf("bucket of 20 us is [%d, %d)", lo, hi)
+	if b := HistLayout.Bucket(20_000); HistLayout.Upper(b)-HistLayout.Lower(b) > 2500 {
+		t.Errorf("bucket of 20 us is [%d, %d)", HistLayout.Lower(b), HistLayout.Upper(b))
 	}
 }
 
 func TestHistogramQuantile(t *testing.T) {
 	var h Histogram
 	add := func(ns uint64, n uint64) {
-		h.Bins[binOf(ns)] += n
+		h.Bins[HistLayout.Bucket(ns)] += n
 		h.Count += n
 		h.Sum += ns * n
 		if h.Min == 0 || ns < h.Min {
@@ -144,8 +141,12 @@ func TestBPFConfigMasks(t *testing.T) {
 func TestCounterNames(t *testing.T) {
 	var c Counters
 	c.TsNotNew, c.ParseErr[4] = 3, 2
+	fields, err := CounterFields(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
 	got := map[string]uint64{}
-	for _, f := range CounterFields(&c) {
+	for _, f := range fields {
 		got[f.Name] = f.Value
 	}
 	if got["ts_not_new"] != 3 || got["parse_err_l3_proto"] != 2 || got["skip_no_tcp_ts"] != 0 {
@@ -243,7 +244,7 @@ func TestJSONArrayAndReopen(t *testing.T) {
 func TestAggregateFormats(t *testing.T) {
 	var h Histogram
 	for _, ns := range []uint64{20_000, 22_000, 30_000} {
-		h.Bins[binOf(ns)]++
+		h.Bins[HistLayout.Bucket(ns)]++
 		h.Count++
 		h.Sum += ns
 	}
