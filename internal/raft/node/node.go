@@ -77,6 +77,9 @@ type Node struct {
 	reads     map[uint64]*readWaiter
 	confState *pb.ConfState
 
+	// beforeSend, when set (tests), sees every Ready's messages just before they are sent.
+	beforeSend func([]*pb.Message)
+
 	applied   atomic.Uint64
 	snapIndex atomic.Uint64
 	leader    atomic.Uint64
@@ -249,6 +252,9 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		n.m.commit.Set(float64(rd.HardState.GetCommit()))
 	}
 	// 3. Only now the messages.
+	if n.beforeSend != nil {
+		n.beforeSend(rd.Messages)
+	}
 	n.tr.Send(rd.Messages)
 	// 4. Apply in order, then release reads.
 	if err := n.apply(rd.CommittedEntries); err != nil {
