@@ -73,6 +73,7 @@ type PinInstance struct {
 	Dir   string
 	Name  string
 	Owner string // runstate owner ID; a bare pid for directories named before runstate
+	PID   int    // the owner's pid, for display: judge the owner with runstate.Judge(Owner)
 }
 
 // ListPinDirs returns the instance directories under PinRoot (any owner).
@@ -93,10 +94,11 @@ func ListPinDirs() ([]PinInstance, error) {
 			continue
 		}
 		name, owner := e.Name()[:i], e.Name()[i+1:]
-		if _, _, valid := runstate.ParseID(owner); !valid {
+		pid, _, valid := runstate.ParseID(owner)
+		if !valid {
 			continue
 		}
-		out = append(out, PinInstance{Dir: filepath.Join(PinRoot, e.Name()), Name: name, Owner: owner})
+		out = append(out, PinInstance{Dir: filepath.Join(PinRoot, e.Name()), Name: name, Owner: owner, PID: pid})
 	}
 	return out, nil
 }
