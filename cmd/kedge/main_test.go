@@ -196,6 +196,8 @@ func hedgeErrorCases() []errorCase {
 		{exitUsage, []string{"hedge", "run", "--service", "198.18.0.12:9999"}},
 		{exitUsage, []string{"hedge", "run", "--interface", "eth0", "--service", "198.18.0.12"}},
 		{exitUsage, with("--id-length", "9")},
+		{exitUsage, with("--id-length", "0")},
+		{exitUsage, with("--delay", "0s")},
 		{exitUsage, with("--id-order", "middle")},
 		{exitUsage, with("--delay", "5ms", "--delay-quantile", "0.95")},
 		{exitUsage, with("--delay-max", "10ms")},
