@@ -174,6 +174,7 @@ func TestStatusFiles(t *testing.T) {
 	}
 	slices.Sort(got)
 	want := []string{"hedge " + o.ID + " file", "hedge 4242 file", "hedge 4242 tmp", "sg 4242_9f3a1c tmp"}
+	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("Statuses = %v, want %v", got, want)
 	}
