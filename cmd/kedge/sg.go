@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/runstate"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 	"github.com/kedge-dev/kedge/pkg/sg"
 	"github.com/spf13/cobra"
@@ -299,7 +300,7 @@ func newSgScatterCmd() *cobra.Command {
 	f.StringVar(&payload, "payload", "kedge", "request payload (opaque to kedge)")
 	f.IntVar(&count, "count", 1, "requests to send, one after the other")
 	f.BoolVar(&busyPoll, "busy-poll", false, "spin on the result ring instead of sleeping in epoll")
-	f.StringVar(&runDir, "run-dir", isg.StatusDir, "directory of the coordinators' status files")
+	f.StringVar(&runDir, "run-dir", runstate.Dir, "directory of the coordinators' status files")
 	_ = f.MarkHidden("run-dir")
 	addNetnsFlag(cmd, &nsArg, "the interface and the coordinator socket are")
 	addOutputFlag(cmd, &output)
@@ -330,7 +331,7 @@ func newSgStatsCmd() *cobra.Command {
 			for _, st := range sts {
 				e := entry{Status: st}
 				if err := json.Unmarshal(st.Stats, &e.Stats); err != nil {
-					return fmt.Errorf("read counters of pid %d: %w", st.PID, err)
+					return fmt.Errorf("read counters of owner %s: %w", st.Owner, err)
 				}
 				entries = append(entries, e)
 			}
@@ -350,7 +351,7 @@ func newSgStatsCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVar(&runDir, "run-dir", isg.StatusDir, "directory of the coordinators' status files")
+	cmd.Flags().StringVar(&runDir, "run-dir", runstate.Dir, "directory of the coordinators' status files")
 	_ = cmd.Flags().MarkHidden("run-dir")
 	addOutputFlag(cmd, &output)
 	return cmd

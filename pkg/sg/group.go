@@ -20,6 +20,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/runstate"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -41,6 +42,7 @@ type Group struct {
 	wg      sync.WaitGroup
 	closed  atomic.Bool
 	strays  atomic.Uint64
+	owner   *runstate.Owner // with a StatusDir: this process's run-state owner
 }
 
 type waiter struct {
@@ -126,7 +128,7 @@ func Open(cfg Config) (_ *Group, err error) {
 		defer ns.Close()
 	}
 	if cfg.StatusDir != "" {
-		_, _ = isg.RemoveStaleStatuses(cfg.StatusDir) // a killed coordinator's file
+		isg.RemoveDeadStatuses(cfg.StatusDir) // a killed coordinator's file
 	}
 	g := &Group{cfg: cfg, done: make(chan struct{}), free: make(chan uint16, cfg.InFlight)}
 	defer func() {
@@ -195,6 +197,9 @@ func Open(cfg Config) (_ *Group, err error) {
 	// Kernels without bpf_timer, and slots whose timer could not be allocated, are
 	// expired by sg_sweep, run from here.
 	if cfg.StatusDir != "" {
+		if g.owner, err = runstate.Self(); err != nil {
+			return nil, fmt.Errorf("sg status file: %w", err)
+		}
 		g.wg.Add(1)
 		go g.publish(time.Now())
 	}
@@ -349,7 +354,8 @@ func (g *Group) publish(started time.Time) {
 		st, err := g.Stats()
 		if err == nil {
 			b, _ := json.Marshal(st)
-			_ = isg.WriteStatus(g.cfg.StatusDir, &isg.Status{PID: os.Getpid(), Started: started,
+			_ = runstate.WriteStatus(g.cfg.StatusDir, isg.Capability, g.owner, &isg.Status{
+				Owner: g.owner.ID, PID: os.Getpid(), Started: started,
 				Interface: g.cfg.Interface, Netns: g.cfg.Netns, Local: g.cfg.Local.String(),
 				Workers: len(g.cfg.Workers), Reduction: g.cfg.Reduction.String(), Tier: g.Tier(),
 				InFlight: g.cfg.InFlight, Stats: b})
@@ -615,8 +621,8 @@ func (g *Group) Close() error {
 	close(g.done)
 	err := g.release()
 	g.wg.Wait()
-	if g.cfg.StatusDir != "" {
-		err = errors.Join(err, isg.RemoveStatus(g.cfg.StatusDir, os.Getpid()))
+	if g.owner != nil {
+		err = errors.Join(err, runstate.RemoveStatus(g.cfg.StatusDir, isg.Capability, g.owner))
 	}
 	return err
 }

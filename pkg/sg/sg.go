@@ -149,8 +149,9 @@ type Config struct {
 	// BusyPoll makes the result reader spin on the ring buffer instead of sleeping in
 	// epoll: lower latency, one core busy while the group is open.
 	BusyPoll bool
-	// StatusDir, if set, is where the group publishes sg.<pid>.json (counters and
-	// configuration, every second) for `kedge sg stats`, which reads /run/kedge.
+	// StatusDir, if set, is where the group publishes sg.<owner>.json (counters and
+	// configuration, every second; kedge's run-state status files) for `kedge sg stats`,
+	// which reads /run/kedge.
 	StatusDir string
 }
 
