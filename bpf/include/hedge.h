@@ -4,33 +4,60 @@
  * Data flow (docs/architecture.md has the picture):
  *   client iface egress  (hedge_split)  : request -> scoreboard PENDING, takes a budget token,
  *                                         clone -> delay line (no token: NOCLONE, no clone)
- *   delay-line ns        (delay.bpf.c)  : clone waits (conveyor | netem | edt), comes back
+ *   delay-line ns        (dl_entry/loop): clone waits (conveyor | netem | edt), comes back
  *   dl veth ingress      (hedge_rescue) : answered -> drop, budget token back; early -> go
  *                                         round again; pending -> rewrite to another replica,
  *                                         send (the token the splitter took pays for it)
  *   client iface ingress (hedge_resp)   : first response completes, rewritten to the address
  *                                         the client used; the later duplicate is dropped
- * Go mirrors these structs through bpf2go (-type); keep padding explicit. */
+ * Go gets these structs and enums through bpf2go (-type), never by hand; keep padding
+ * explicit. The programs are in bpf/hedge/ (hedge.bpf.c lists them). */
 #ifndef KEDGE_HEDGE_H
 #define KEDGE_HEDGE_H
 
 #include "reqid.h"
+#include "proto.h"
 
-/* Services per hedger. A service is one address:port clients send to, plus its replicas. */
-#define SVC_MAX 64
-/* Replicas per service (gRPC caps hedging at 5 attempts; 8 leaves room). */
-#define REPLICA_MAX 8
-/* Replica index meaning "not a replica" (a service address that is only a VIP). */
-#define REPLICA_NONE 0xff
+/* Sizes and sentinels of the contract. An enum, not #defines, so that bpf2go carries them
+ * to Go (-type hedge_limits) and nothing is mirrored by hand. */
+enum hedge_limits {
+	/* Services per hedger. A service is one address:port clients send to, plus its replicas. */
+	SVC_MAX = 64,
+	/* Replicas per service (gRPC caps hedging at 5 attempts; 8 leaves room). */
+	REPLICA_MAX = 8,
+	/* Replica index meaning "not a replica" (a service address that is only a VIP). */
+	REPLICA_NONE = 0xff,
+	/* Latency histograms: log-linear buckets in microseconds, 16 per power of two (6% wide),
+	 * linear below 16 us, up to 2^27 us (134 s). See hist_bucket(). */
+	HIST_SUB_BITS = 4,
+	HIST_SUB = 1 << HIST_SUB_BITS,
+	HIST_BUCKETS = 400,
+	/* Sliding window for the adaptive delay: HIST_SLOTS rotating histograms (Finagle's 30 s
+	 * window refreshed every 3 s is 10 slots), plus one running total per service. */
+	HIST_SLOTS = 10,
+};
 
-/* Latency histograms: log-linear buckets in microseconds, 16 per power of two (6% wide),
- * linear below 16 us, up to 2^27 us (134 s). See hist_bucket(). */
-#define HIST_SUB_BITS 4
-#define HIST_SUB (1 << HIST_SUB_BITS)
-#define HIST_BUCKETS 400
-/* Sliding window for the adaptive delay: HIST_SLOTS rotating histograms (Finagle's 30 s
- * window refreshed every 3 s is 10 slots), plus one running total per service. */
-#define HIST_SLOTS 10
+/* Conveyor filler frames: ethertype (proto.h's ETH_P_KEDGE_FILLER) and payload magic. */
+enum hedge_filler {
+	FILLER_ETH_P = ETH_P_KEDGE_FILLER,
+};
+enum hedge_filler_magic {
+	FILLER_MAGIC = 0x6b65646765666c6cULL, /* "kedgefll" */
+};
+
+/* hedge_config: the run's constants, set by user space before load (one const volatile,
+ * `cfg` in bpf/hedge/maps.h; Go writes it whole through the generated hedgeHedgeConfig). */
+struct hedge_config {
+	__u32 dl_ifindex;      /* delay-line veth in the client namespace */
+	__u32 out_ifindex;     /* client interface hedges leave through */
+	__u32 hedge_mark;      /* skb->mark on hedges: never cloned again */
+	__u32 dl_backend;      /* enum dl_backend */
+	__u32 dl_peer_ifindex; /* delay-line namespace: peer of dl_ifindex */
+	__u32 dl_dev_ifindex;  /* delay-line namespace: device carrying the delay qdisc */
+	__u64 early_ns;        /* a clone due within this is sent (half a conveyor period) */
+	__u64 ttl_ns;          /* scoreboard entry lifetime */
+	__u64 tick_ns;         /* adaptive-delay refresh and GC period */
+};
 
 enum delay_mode {
 	DELAY_FIXED = 0,
@@ -135,12 +162,17 @@ struct hedge_stats {
 	__u64 hedges_won;        /* the hedge's response arrived first */
 	__u64 duplicates_dropped; /* later response of a hedged request, dropped */
 	__u64 budget_exhausted;  /* request not cloned (so never hedged): no free budget token */
+	__u64 unhedged_late;     /* first response of a request that was not cloned (no budget
+				  * token, or a clone error) and came after its deadline: a
+				  * stall the budget did not let kedge rescue */
 	__u64 responses_rewritten; /* response source rewritten to the address the client used */
 	__u64 hedge_rewrite_errors;    /* hedge's destination rewrite failed: hedge not sent */
 	__u64 response_rewrite_errors; /* response's source rewrite failed: passed as it came */
 	__u64 redirect_errors;   /* bpf_redirect_neigh (hedge) or bpf_redirect (clone sent
 				  * round again) returned an error: packet dropped */
 	__u64 gc_expired;        /* scoreboard entries removed by the timer (TTL) */
+	__u64 rescue_unmatched;  /* packet at the delay-line exit that is no clone of a hedged
+				  * service's request (global slot): dropped */
 };
 
 enum dl_backend {
@@ -161,7 +193,8 @@ struct dl_stats {
 	__u64 period_max_ns;
 	__u64 edt_set;        /* edt: tstamp set */
 	__u64 edt_no_entry;   /* edt: clone with no scoreboard entry (sent through at once) */
-	__u64 redirect_errors; /* dl_entry: bpf_redirect to the delay device failed */
+	__u64 redirect_errors; /* bpf_redirect failed: dl_entry (clone to the delay device) or
+				* dl_loop (filler round again, clone back out); packet dropped */
 };
 
 /* Delay-line control (array, one slot), written by user space. */
@@ -170,12 +203,11 @@ struct dl_ctl {
 	__u32 stop;            /* conveyor: drop every filler */
 };
 
-/* Filler frame payload (after the Ethernet header, ethertype ETH_P_KEDGE_FILLER). */
+/* Filler frame payload (after the Ethernet header, ethertype FILLER_ETH_P). */
 struct filler {
-	__u64 magic;
+	__u64 magic;    /* FILLER_MAGIC */
 	__u64 stamp_ns; /* when it last entered the queue */
 };
-#define FILLER_MAGIC 0x6b65646765666c6cULL /* "kedgefll" */
 
 /* hist_bucket maps a latency in microseconds to a bucket index. */
 static __always_inline __u32 hist_bucket(__u64 us)

@@ -88,6 +88,10 @@ At start it removes what killed runs left behind (their kedge-<pid>-* namespaces
 hold their delay lines, and a stale kedge-dl0). While running it writes its status and
 counters every second to /run/kedge/hedge.<pid>.json, read by 'kedge hedge status' and
 'kedge hedge stats'; with --metrics-addr it also serves them to Prometheus at /metrics.
+It warns when the budget keeps hedges from being sent: as soon as a service's request
+rate is known, if budget.burst cannot cover requests/s x delay (each waiting request
+holds a token), and whenever more than 10% of the requests answered after the delay were
+not hedged for lack of a token (counter unhedged_late); each warning names the setting.
 
 Exit codes: 0 detached cleanly, 1 runtime error, 2 bad flags or config.`,
 		Example: `  # one service, fixed 10 ms delay, hedges to a second replica
@@ -117,12 +121,12 @@ Exit codes: 0 detached cleanly, 1 runtime error, 2 bad flags or config.`,
 	fl.StringVar(&f.service, "service", "", "service address clients send to, ADDR:PORT")
 	fl.StringArrayVar(&f.replicas, "replica", nil, "replica ADDR:PORT hedges may go to (repeatable; none: the service address itself)")
 	fl.StringVar(&f.name, "name", "", "service name in stats and metrics (default: the --service address)")
-	fl.DurationVar(&f.delay, "delay", 10*time.Millisecond, "fixed hedge delay")
+	fl.DurationVar(&f.delay, "delay", hedge.DefaultDelay, "fixed hedge delay, 200us-10s (a config file's service without delay gets the same)")
 	fl.Float64Var(&f.quantile, "delay-quantile", 0, "adaptive delay: this quantile of recent latencies, e.g. 0.95 (excludes --delay)")
 	fl.DurationVar(&f.delayMin, "delay-min", time.Millisecond, "adaptive delay: lower clamp")
 	fl.DurationVar(&f.delayMax, "delay-max", 50*time.Millisecond, "adaptive delay: upper clamp")
 	fl.IntVar(&f.idOffset, "id-offset", 0, "request id: byte offset in the UDP payload (the response has it at the same place)")
-	fl.IntVar(&f.idLength, "id-length", 4, "request id: length in bytes, 1-8")
+	fl.IntVar(&f.idLength, "id-length", hedge.DefaultIDLength, "request id: length in bytes, 1-8")
 	fl.StringVar(&f.idOrder, "id-order", "big", "request id: byte order, big or little")
 	fl.Float64Var(&f.budgetRatio, "budget-ratio", 0.05, "budget: hedges per request (0.05 = at most 5% extra load)")
 	fl.IntVar(&f.burst, "budget-burst", 10, "budget: hedges allowed in a burst")
@@ -156,6 +160,11 @@ func hedgeConfig(cmd *cobra.Command, f *hedgeFlags) (*hedge.Config, error) {
 		return nil, usagef("--delay and --delay-quantile exclude each other: a fixed delay or a quantile of recent latencies")
 	case !quantile && (cmd.Flags().Changed("delay-min") || cmd.Flags().Changed("delay-max")):
 		return nil, usagef("--delay-min and --delay-max clamp an adaptive delay: add --delay-quantile (e.g. 0.95)")
+	// A zero length or delay in hedge.Config means "the default"; given as flags they are errors.
+	case f.idLength == 0:
+		return nil, usagef("--id-length 0: use 1..8 bytes")
+	case !quantile && f.delay <= 0:
+		return nil, usagef("--delay %v out of range: use 200us..10s", f.delay)
 	}
 	svc := hedge.ServiceConfig{
 		Name: f.name, Address: f.service, Replicas: f.replicas,
@@ -237,14 +246,19 @@ func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
 	if st.Netns == "" {
 		st.Netns = currentNetnsName()
 	}
-	published := make(chan struct{})
+	published, watched := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(published)
 		h.PublishStatus(ctx, runDir, st, time.Second)
 	}()
+	go func() {
+		defer close(watched)
+		h.WatchBudget(ctx, 2*time.Second)
+	}()
 	slog.Info("hedging; Ctrl-C or SIGTERM detaches", "status", hedge.StatusPath(runDir, st.PID))
 	<-ctx.Done()
 	<-published // no Stats() after Close
+	<-watched
 	if snap, serr := h.Stats(); serr == nil {
 		for _, s := range snap.Services {
 			c := s.Counters
@@ -289,7 +303,8 @@ func newHedgeStatusCmd(runDir *string) *cobra.Command {
 		Long: `Status lists the running 'kedge hedge run' processes from their status files in
 /run/kedge (updated every second): namespace, interface, delay-line backend and its
 calibration as measured at start (conveyor: period mean/min/max, spread, fillers), and
-each service's configured and current delay. Status files of killed runs are removed.`,
+each service's request-id spec (where in the datagram the id is read), configured and
+current delay. Status files of killed runs are removed.`,
 		Example: `  kedge hedge status
   kedge hedge status -o json | jq '.[].snapshot.backend'`,
 		Args: noArgs,
@@ -331,13 +346,13 @@ func writeHedgeStatus(w io.Writer, sts []hedge.Status) error {
 			s.Time.Sub(st.Started).Round(time.Second))
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "PID\tSERVICE\tADDRESS\tDELAY\tDELAY NOW\tREQUESTS\tHEDGES")
+	fmt.Fprintln(tw, "PID\tSERVICE\tADDRESS\tREQUEST ID\tDELAY\tDELAY NOW\tREQUESTS\tHEDGES")
 	for _, st := range sts {
 		if st.Snapshot == nil {
 			continue
 		}
 		for _, s := range st.Snapshot.Services {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\n", st.PID, s.Name, s.Address, s.Delay, dur(s.DelayNow),
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", st.PID, s.Name, s.Address, s.RequestID, s.Delay, dur(s.DelayNow),
 				s.Counters["requests"], s.Counters["hedges_sent"])
 		}
 	}

@@ -30,11 +30,11 @@ func fakeHedgeStatus(pid int) hedge.Status {
 			Calibration: hedge.Calibration{Target: 10 * time.Millisecond, Mean: 10052851 * time.Nanosecond,
 				Min: 9937604 * time.Nanosecond, Max: 10174077 * time.Nanosecond, Fillers: 83, Spread: 121120 * time.Nanosecond},
 			Services: []hedge.ServiceStats{
-				{Name: "kv", Address: "198.18.0.12:9999", Delay: "10ms", DelayNow: 10 * time.Millisecond, Tokens: 9.5,
+				{Name: "kv", Address: "198.18.0.12:9999", RequestID: "offset 0, 4 bytes, big-endian", Delay: "10ms", DelayNow: 10 * time.Millisecond, Tokens: 9.5,
 					Counters: counters, LatencyP50: 1152 * time.Microsecond, LatencyP95: 1344 * time.Microsecond,
 					LatencyP99: 9728 * time.Microsecond,
 					Precision:  hedge.Precision{Samples: 6, P50: 54 * time.Microsecond, P99: 92 * time.Microsecond}},
-				{Name: "dns", Address: "[2001:db8::c]:53", Delay: "p95 [1ms, 50ms]", DelayNow: 1984 * time.Microsecond,
+				{Name: "dns", Address: "[2001:db8::c]:53", RequestID: "offset 0, 2 bytes, big-endian", Delay: "p95 [1ms, 50ms]", DelayNow: 1984 * time.Microsecond,
 					Tokens: 10, Counters: map[string]uint64{"requests": 7}},
 			},
 			Global:    map[string]uint64{"malformed": 3, "malformed_responses": 2, "fragments": 0},

@@ -56,7 +56,7 @@ func TestHelpHasExamples(t *testing.T) {
 	for _, fn := range subcmdFns {
 		root.AddCommand(fn())
 	}
-	mine := map[string]bool{"probe": true, "cleanup": true, "lab": true, "demo": true}
+	mine := map[string]bool{"probe": true, "cleanup": true, "lab": true, "demo": true, "sg": true}
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
 		for _, sub := range c.Commands() {

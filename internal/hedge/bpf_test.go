@@ -20,7 +20,7 @@ import (
 )
 
 const (
-	hedgeMark = 0x6b650000 // Config.Mark default: skb->mark of hedges
+	hedgeMark = DefaultMark // Config.Mark default: skb->mark of hedges
 	unspec    = bpftest.TCActUnspec
 	shot      = bpftest.TCActShot
 	redirect  = bpftest.TCActRedirect
@@ -443,9 +443,10 @@ func TestRescue(t *testing.T) {
 			ret: redirect, out: datagram(client4, repRR2, p), outMark: ptr[uint32](hedgeMark),
 			counters: bpftest.Counters{"rr.HedgesSent": 1}, board: map[hedgeHreqKey]uint32{key(sRR, client4, id): reqHedged},
 			check: hedgedTo(sRR, key(sRR, client4, id), 2, 10000)},
-		{name: "not a request of any service: dropped", in: datagram(client4, stranger, p), ret: shot},
+		{name: "not a request of any service: dropped, counted", in: datagram(client4, stranger, p), ret: shot,
+			counters: bpftest.Counters{"global.RescueUnmatched": 1}},
 		{name: "malformed: dropped, counted", in: pktbuild.Truncate(req4, 14+20+4), ret: shot,
-			counters: bpftest.Counters{"global.Malformed": 1}},
+			counters: bpftest.Counters{"global.Malformed": 1, "global.RescueUnmatched": 1}},
 	}
 	// Any state but PENDING means the clone has nothing left to do (a retransmission may
 	// have replaced its entry); only ANSWERED entries are finished by it (the others still
@@ -463,13 +464,18 @@ func TestResp(t *testing.T) {
 	const id = 0x3003
 	p := idPayload(id, 32)
 	k4, k6 := key(sV4, client4, id), key(sV6, client6, id)
-	sent := func(k hedgeHreqKey, s uint32, hedgeReplica uint8) func(testing.TB, *fixture) {
+	// sentDue records k as sent 5 ms ago with its deadline due in.
+	sentDue := func(k hedgeHreqKey, s uint32, hedgeReplica uint8, due time.Duration) func(testing.TB, *fixture) {
 		return func(tb testing.TB, f *fixture) {
 			now := monoNow(tb)
-			e := pending(now-uint64(5*time.Millisecond), now+uint64(5*time.Millisecond))
+			e := pending(now-uint64(5*time.Millisecond), uint64(int64(now)+int64(due)))
 			e.State, e.HedgeReplica = s, hedgeReplica
 			f.put(tb, k, e)
 		}
+	}
+	// A deadline a second away: no emulated guest is that slow between setup and run.
+	sent := func(k hedgeHreqKey, s uint32, hedgeReplica uint8) func(testing.TB, *fixture) {
+		return sentDue(k, s, hedgeReplica, time.Second)
 	}
 	// latency checks that one latency sample went into the service's current slot and
 	// into the window total.
@@ -543,6 +549,11 @@ func TestResp(t *testing.T) {
 			board: map[hedgeHreqKey]uint32{k4: reqAnswered}, check: noLatency},
 		{name: "response of a NOCLONE request: completes it, entry removed", in: datagram(svc4, client4, p),
 			setup: sent(k4, reqNoClone, replicaNone), ret: unspec, counters: first, check: latency(sV4)},
+		{name: "response of a NOCLONE request after its deadline: completes it, counted as unhedged_late", in: datagram(svc4, client4, p),
+			setup: sentDue(k4, reqNoClone, replicaNone, -time.Millisecond), ret: unspec,
+			counters: bpftest.Counters{"v4.Responses": 1, "v4.UnhedgedLate": 1}, check: latency(sV4)},
+		{name: "response of a NOHEDGE request after its deadline: not unhedged_late (its clone had a token)", in: datagram(svc4, client4, p),
+			setup: sentDue(k4, reqNoHedge, replicaNone, -time.Millisecond), ret: unspec, counters: first, check: latency(sV4)},
 		{name: "response of a NOHEDGE request: completes it, entry removed", in: datagram(svc4, client4, p),
 			setup: sent(k4, reqNoHedge, replicaNone), ret: unspec, counters: first, check: latency(sV4)},
 		{name: "response for an unknown request: untouched", in: datagram(svc4, client4, p), ret: unspec, check: noLatency},

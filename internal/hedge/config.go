@@ -57,19 +57,60 @@ type ServiceConfig struct {
 }
 
 // RequestIDSpec locates the request id in the UDP payload (same place in the response).
+// A zero Length means the default, DefaultIDLength; the config file and the flags refuse an
+// explicit 0.
 type RequestIDSpec struct {
 	Offset int    `yaml:"offset"`
 	Length int    `yaml:"length"`
 	Order  string `yaml:"order"` // big | little
 }
 
-// DelaySpec is a fixed delay ("10ms") or a quantile of recent latencies with clamps.
+// String renders the spec as `kedge hedge status` shows it: "offset 0, 4 bytes, big-endian".
+func (r RequestIDSpec) String() string {
+	return fmt.Sprintf("offset %d, %d bytes, %s-endian", r.Offset, r.Length, r.Order)
+}
+
+func (r *RequestIDSpec) UnmarshalYAML(n *yaml.Node) error {
+	var raw struct {
+		Offset int    `yaml:"offset"`
+		Length *int   `yaml:"length"`
+		Order  string `yaml:"order"`
+	}
+	if err := n.Decode(&raw); err != nil {
+		return err
+	}
+	*r = RequestIDSpec{Offset: raw.Offset, Order: raw.Order}
+	if raw.Length != nil {
+		if *raw.Length == 0 {
+			return fmt.Errorf("line %d: request_id.length 0: use 1..8 bytes (omit it for %d)", n.Line, DefaultIDLength)
+		}
+		r.Length = *raw.Length
+	}
+	return nil
+}
+
+// Defaults shared by the config file and the flags of `kedge hedge run`.
+const (
+	// DefaultDelay is the hedge delay of a service that does not set one.
+	DefaultDelay = 10 * time.Millisecond
+	// DefaultIDLength is the request id's length in bytes when request_id.length is not set.
+	DefaultIDLength = 4
+)
+
+// DelaySpec is a fixed delay ("10ms") or a quantile of recent latencies with clamps. The
+// zero DelaySpec (no delay in the config) means DefaultDelay.
 type DelaySpec struct {
 	Fixed      time.Duration
 	Quantile   float64
 	Min, Max   time.Duration
 	MinSamples int
 }
+
+// DefaultMark is the skb mark hedges carry unless the config sets one ("ke" in its top bytes).
+const DefaultMark = 0x6b650000
+
+// The range of a hedge delay (fixed, or an adaptive delay's clamps).
+const minDelay, maxDelay, delayRange = 200 * time.Microsecond, 10 * time.Second, "200us..10s"
 
 // maxFillerBytes is the largest conveyor filler frame measured to circulate.
 const maxFillerBytes = 3600
@@ -97,6 +138,10 @@ func (d *DelaySpec) UnmarshalYAML(n *yaml.Node) error {
 		v, err := time.ParseDuration(n.Value)
 		if err != nil {
 			return fmt.Errorf("line %d: delay %q is neither a duration (10ms) nor {quantile, min, max}", n.Line, n.Value)
+		}
+		if v <= 0 {
+			// Not "required": the zero DelaySpec is the default, so say what is wrong here.
+			return fmt.Errorf("line %d: delay %v out of range: use %s (omit it for %v)", n.Line, v, delayRange, DefaultDelay)
 		}
 		*d = DelaySpec{Fixed: v}
 		return nil
@@ -190,10 +235,10 @@ func (c *Config) Validate() error {
 		c.Tick = Duration(3 * time.Second)
 	}
 	if c.Mark == 0 {
-		c.Mark = 0x6b650000
+		c.Mark = DefaultMark
 	}
 	seen := map[netip.AddrPort]string{}
-	minDelay := time.Duration(0)
+	shortest := time.Duration(0)
 	for i := range c.Services {
 		s := &c.Services[i]
 		if err := s.validate(i); err != nil {
@@ -207,15 +252,15 @@ func (c *Config) Validate() error {
 		if s.Delay.Quantile > 0 {
 			d = s.Delay.Min
 		}
-		if minDelay == 0 || d < minDelay {
-			minDelay = d
+		if shortest == 0 || d < shortest {
+			shortest = d
 		}
 		if time.Duration(c.TTL) < 2*s.maxDelay() {
 			return fmt.Errorf("ttl %v is shorter than twice service %q's largest delay %v: raise ttl", time.Duration(c.TTL), s.Name, s.maxDelay())
 		}
 	}
 	if c.DelayLine.Period == 0 {
-		c.DelayLine.Period = Duration(minDelay)
+		c.DelayLine.Period = Duration(shortest)
 	}
 	if p := time.Duration(c.DelayLine.Period); p < 200*time.Microsecond || p > 10*time.Second {
 		return fmt.Errorf("delay_line.period %v out of range: use 200us..10s", p)
@@ -259,7 +304,7 @@ func (s *ServiceConfig) validate(i int) error {
 	}
 	r := &s.RequestID
 	if r.Length == 0 {
-		r.Length = 4
+		r.Length = DefaultIDLength
 	}
 	if r.Length < 1 || r.Length > 8 {
 		return fmt.Errorf("%s: request_id.length %d: use 1..8 bytes", where, r.Length)
@@ -275,14 +320,15 @@ func (s *ServiceConfig) validate(i int) error {
 		return fmt.Errorf("%s: request_id.order %q: use big or little", where, r.Order)
 	}
 	d := &s.Delay
+	if d.Quantile == 0 && d.Fixed == 0 {
+		d.Fixed = DefaultDelay
+	}
 	switch {
-	case d.Quantile == 0 && d.Fixed == 0:
-		return fmt.Errorf("%s: delay is required: a duration (10ms) or {quantile: 0.95, min: 1ms, max: 50ms}", where)
-	case d.Quantile == 0 && (d.Fixed < 200*time.Microsecond || d.Fixed > 10*time.Second):
-		return fmt.Errorf("%s: delay %v out of range: use 200us..10s", where, d.Fixed)
+	case d.Quantile == 0 && (d.Fixed < minDelay || d.Fixed > maxDelay):
+		return fmt.Errorf("%s: delay %v out of range: use %s", where, d.Fixed, delayRange)
 	case d.Quantile != 0 && (d.Quantile <= 0 || d.Quantile >= 1):
 		return fmt.Errorf("%s: delay.quantile %g: use a fraction in (0, 1), e.g. 0.95", where, d.Quantile)
-	case d.Quantile != 0 && (d.Min < 200*time.Microsecond || d.Max < d.Min || d.Max > 10*time.Second):
+	case d.Quantile != 0 && (d.Min < minDelay || d.Max < d.Min || d.Max > maxDelay):
 		return fmt.Errorf("%s: delay needs 200us <= min <= max <= 10s (got min %v, max %v)", where, d.Min, d.Max)
 	}
 	if d.Quantile != 0 && d.MinSamples == 0 {

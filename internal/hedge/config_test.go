@@ -61,6 +61,22 @@ services:
 			},
 		},
 		{
+			name: "a service without delay takes DefaultDelay, as the --delay flag does",
+			yaml: `
+interface: eth0
+services:
+  - address: 198.18.0.12:9999
+`,
+			check: func(t *testing.T, c *Config) {
+				if d := c.Services[0].Delay; d != (DelaySpec{Fixed: DefaultDelay}) || DefaultDelay != 10*time.Millisecond {
+					t.Errorf("delay %+v, want the default %v", d, DefaultDelay)
+				}
+				if c.DelayLine.Period != Duration(DefaultDelay) {
+					t.Errorf("delay-line period %v, want the default delay", time.Duration(c.DelayLine.Period))
+				}
+			},
+		},
+		{
 			name: "quantile delay, IPv6, replicas, explicit everything",
 			yaml: `
 interface: veth1
@@ -168,7 +184,9 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"id too long", svc("    delay: 10ms\n    request_id: {length: 9}\n"), "request_id.length 9: use 1..8 bytes"},
 		{"id offset negative", svc("    delay: 10ms\n    request_id: {offset: -1}\n"), "request_id.offset -1: use 0..1400"},
 		{"id order", svc("    delay: 10ms\n    request_id: {order: middle}\n"), `request_id.order "middle": use big or little`},
-		{"no delay", svc(""), "delay is required: a duration (10ms) or {quantile: 0.95, min: 1ms, max: 50ms}"},
+		{"zero delay", svc("    delay: 0s\n"), "line 5: delay 0s out of range: use 200us..10s (omit it for 10ms)"},
+		{"negative delay", svc("    delay: -5ms\n"), "delay -5ms out of range: use 200us..10s"},
+		{"id length zero", svc("    request_id: {length: 0}\n"), "request_id.length 0: use 1..8 bytes (omit it for 4)"},
 		{"delay too short", svc("    delay: 100us\n"), "delay 100µs out of range: use 200us..10s"},
 		{"quantile of one", svc("    delay: {quantile: 1, min: 1ms, max: 5ms}\n"), "delay.quantile 1: use a fraction in (0, 1), e.g. 0.95"},
 		{"quantile negative", svc("    delay: {quantile: -0.5, min: 1ms, max: 5ms}\n"), "delay.quantile -0.5: use a fraction in (0, 1)"},

@@ -27,8 +27,8 @@ const (
 	dlDev           = "cv0"       // carries the delay qdisc
 	dlDevEnd        = "cv1"       // its peer (dl_loop)
 	dlMTU           = 9000
-	ethPKedgeFiller = 0x88B6
-	fillerMagic     = 0x6b65646765666c6c
+	ethPKedgeFiller = uint16(hedgeHedgeFillerFILLER_ETH_P) // bpf/include/hedge.h, through bpf2go
+	fillerMagic     = uint64(hedgeHedgeFillerMagicFILLER_MAGIC)
 )
 
 // DelayLine is the namespace, devices and qdisc that hold clones for a hedge delay.

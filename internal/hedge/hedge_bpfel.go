@@ -13,6 +13,21 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type hedgeDelayMode uint32
+
+const (
+	hedgeDelayModeDELAY_FIXED    hedgeDelayMode = 0
+	hedgeDelayModeDELAY_QUANTILE hedgeDelayMode = 1
+)
+
+type hedgeDlBackend uint32
+
+const (
+	hedgeDlBackendDL_CONVEYOR hedgeDlBackend = 0
+	hedgeDlBackendDL_NETEM    hedgeDlBackend = 1
+	hedgeDlBackendDL_EDT      hedgeDlBackend = 2
+)
+
 type hedgeDlCtl struct {
 	_             structs.HostLayout
 	FillersToDrop int32
@@ -34,6 +49,43 @@ type hedgeDlStats struct {
 	RedirectErrors uint64
 }
 
+type hedgeHedgeConfig struct {
+	_             structs.HostLayout
+	DlIfindex     uint32
+	OutIfindex    uint32
+	HedgeMark     uint32
+	DlBackend     uint32
+	DlPeerIfindex uint32
+	DlDevIfindex  uint32
+	EarlyNs       uint64
+	TtlNs         uint64
+	TickNs        uint64
+}
+
+type hedgeHedgeFiller uint32
+
+const (
+	hedgeHedgeFillerFILLER_ETH_P hedgeHedgeFiller = 34998
+)
+
+type hedgeHedgeFillerMagic uint64
+
+const (
+	hedgeHedgeFillerMagicFILLER_MAGIC hedgeHedgeFillerMagic = 7738701929951685740
+)
+
+type hedgeHedgeLimits uint32
+
+const (
+	hedgeHedgeLimitsSVC_MAX       hedgeHedgeLimits = 64
+	hedgeHedgeLimitsREPLICA_MAX   hedgeHedgeLimits = 8
+	hedgeHedgeLimitsREPLICA_NONE  hedgeHedgeLimits = 255
+	hedgeHedgeLimitsHIST_SUB_BITS hedgeHedgeLimits = 4
+	hedgeHedgeLimitsHIST_SUB      hedgeHedgeLimits = 16
+	hedgeHedgeLimitsHIST_BUCKETS  hedgeHedgeLimits = 400
+	hedgeHedgeLimitsHIST_SLOTS    hedgeHedgeLimits = 10
+)
+
 type hedgeHedgeStats struct {
 	_                     structs.HostLayout
 	Requests              uint64
@@ -53,11 +105,13 @@ type hedgeHedgeStats struct {
 	HedgesWon             uint64
 	DuplicatesDropped     uint64
 	BudgetExhausted       uint64
+	UnhedgedLate          uint64
 	ResponsesRewritten    uint64
 	HedgeRewriteErrors    uint64
 	ResponseRewriteErrors uint64
 	RedirectErrors        uint64
 	GcExpired             uint64
+	RescueUnmatched       uint64
 }
 
 type hedgeHedgeTick struct {
@@ -105,6 +159,24 @@ type hedgeReplicaRef struct {
 	Index uint8
 	IsSvc uint8
 }
+
+type hedgeReqState uint32
+
+const (
+	hedgeReqStateREQ_PENDING         hedgeReqState = 1
+	hedgeReqStateREQ_NOCLONE         hedgeReqState = 2
+	hedgeReqStateREQ_NOHEDGE         hedgeReqState = 3
+	hedgeReqStateREQ_HEDGED          hedgeReqState = 4
+	hedgeReqStateREQ_ANSWERED        hedgeReqState = 5
+	hedgeReqStateREQ_ANSWERED_HEDGED hedgeReqState = 6
+)
+
+type hedgeReqidOrder uint32
+
+const (
+	hedgeReqidOrderREQID_BIG_ENDIAN    hedgeReqidOrder = 0
+	hedgeReqidOrderREQID_LITTLE_ENDIAN hedgeReqidOrder = 1
+)
 
 type hedgeSvcAddr struct {
 	_    structs.HostLayout
@@ -159,32 +231,31 @@ type hedgeSvcState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	hedgeMapDlControl        = "dl_control"
-	hedgeMapDlCounters       = "dl_counters"
-	hedgeMapDlPrecision      = "dl_precision"
-	hedgeMapLatHist          = "lat_hist"
-	hedgeMapReplicas         = "replicas"
-	hedgeMapScoreboard       = "scoreboard"
-	hedgeMapServices         = "services"
-	hedgeMapStats            = "stats"
-	hedgeMapSvcCfgs          = "svc_cfgs"
-	hedgeMapSvcStates        = "svc_states"
-	hedgeMapTicker           = "ticker"
-	hedgeProgDlEntry         = "dl_entry"
-	hedgeProgDlLoop          = "dl_loop"
-	hedgeProgHedgeArm        = "hedge_arm"
-	hedgeProgHedgeRescue     = "hedge_rescue"
-	hedgeProgHedgeResp       = "hedge_resp"
-	hedgeProgHedgeSplit      = "hedge_split"
-	hedgeVarCfgDlBackend     = "cfg_dl_backend"
-	hedgeVarCfgDlDevIfindex  = "cfg_dl_dev_ifindex"
-	hedgeVarCfgDlIfindex     = "cfg_dl_ifindex"
-	hedgeVarCfgDlPeerIfindex = "cfg_dl_peer_ifindex"
-	hedgeVarCfgEarlyNs       = "cfg_early_ns"
-	hedgeVarCfgHedgeMark     = "cfg_hedge_mark"
-	hedgeVarCfgOutIfindex    = "cfg_out_ifindex"
-	hedgeVarCfgTickNs        = "cfg_tick_ns"
-	hedgeVarCfgTtlNs         = "cfg_ttl_ns"
+	hedgeMapDlControl           = "dl_control"
+	hedgeMapDlCounters          = "dl_counters"
+	hedgeMapDlPrecision         = "dl_precision"
+	hedgeMapLatHist             = "lat_hist"
+	hedgeMapReplicas            = "replicas"
+	hedgeMapScoreboard          = "scoreboard"
+	hedgeMapServices            = "services"
+	hedgeMapStats               = "stats"
+	hedgeMapSvcCfgs             = "svc_cfgs"
+	hedgeMapSvcStates           = "svc_states"
+	hedgeMapTicker              = "ticker"
+	hedgeProgDlEntry            = "dl_entry"
+	hedgeProgDlLoop             = "dl_loop"
+	hedgeProgHedgeArm           = "hedge_arm"
+	hedgeProgHedgeRescue        = "hedge_rescue"
+	hedgeProgHedgeResp          = "hedge_resp"
+	hedgeProgHedgeSplit         = "hedge_split"
+	hedgeVarCfg                 = "cfg"
+	hedgeVarHedgeBtfDelayMode   = "hedge_btf_delay_mode"
+	hedgeVarHedgeBtfDlBackend   = "hedge_btf_dl_backend"
+	hedgeVarHedgeBtfFiller      = "hedge_btf_filler"
+	hedgeVarHedgeBtfFillerMagic = "hedge_btf_filler_magic"
+	hedgeVarHedgeBtfLimits      = "hedge_btf_limits"
+	hedgeVarHedgeBtfReqState    = "hedge_btf_req_state"
+	hedgeVarHedgeBtfReqidOrder  = "hedge_btf_reqid_order"
 )
 
 // loadHedge returns the embedded CollectionSpec for hedge.
@@ -258,15 +329,14 @@ type hedgeMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hedgeVariableSpecs struct {
-	CfgDlBackend     *ebpf.VariableSpec `ebpf:"cfg_dl_backend"`
-	CfgDlDevIfindex  *ebpf.VariableSpec `ebpf:"cfg_dl_dev_ifindex"`
-	CfgDlIfindex     *ebpf.VariableSpec `ebpf:"cfg_dl_ifindex"`
-	CfgDlPeerIfindex *ebpf.VariableSpec `ebpf:"cfg_dl_peer_ifindex"`
-	CfgEarlyNs       *ebpf.VariableSpec `ebpf:"cfg_early_ns"`
-	CfgHedgeMark     *ebpf.VariableSpec `ebpf:"cfg_hedge_mark"`
-	CfgOutIfindex    *ebpf.VariableSpec `ebpf:"cfg_out_ifindex"`
-	CfgTickNs        *ebpf.VariableSpec `ebpf:"cfg_tick_ns"`
-	CfgTtlNs         *ebpf.VariableSpec `ebpf:"cfg_ttl_ns"`
+	Cfg                 *ebpf.VariableSpec `ebpf:"cfg"`
+	HedgeBtfDelayMode   *ebpf.VariableSpec `ebpf:"hedge_btf_delay_mode"`
+	HedgeBtfDlBackend   *ebpf.VariableSpec `ebpf:"hedge_btf_dl_backend"`
+	HedgeBtfFiller      *ebpf.VariableSpec `ebpf:"hedge_btf_filler"`
+	HedgeBtfFillerMagic *ebpf.VariableSpec `ebpf:"hedge_btf_filler_magic"`
+	HedgeBtfLimits      *ebpf.VariableSpec `ebpf:"hedge_btf_limits"`
+	HedgeBtfReqState    *ebpf.VariableSpec `ebpf:"hedge_btf_req_state"`
+	HedgeBtfReqidOrder  *ebpf.VariableSpec `ebpf:"hedge_btf_reqid_order"`
 }
 
 // hedgeObjects contains all objects after they have been loaded into the kernel.
@@ -322,15 +392,14 @@ func (m *hedgeMaps) Close() error {
 //
 // It can be passed to loadHedgeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hedgeVariables struct {
-	CfgDlBackend     *ebpf.Variable `ebpf:"cfg_dl_backend"`
-	CfgDlDevIfindex  *ebpf.Variable `ebpf:"cfg_dl_dev_ifindex"`
-	CfgDlIfindex     *ebpf.Variable `ebpf:"cfg_dl_ifindex"`
-	CfgDlPeerIfindex *ebpf.Variable `ebpf:"cfg_dl_peer_ifindex"`
-	CfgEarlyNs       *ebpf.Variable `ebpf:"cfg_early_ns"`
-	CfgHedgeMark     *ebpf.Variable `ebpf:"cfg_hedge_mark"`
-	CfgOutIfindex    *ebpf.Variable `ebpf:"cfg_out_ifindex"`
-	CfgTickNs        *ebpf.Variable `ebpf:"cfg_tick_ns"`
-	CfgTtlNs         *ebpf.Variable `ebpf:"cfg_ttl_ns"`
+	Cfg                 *ebpf.Variable `ebpf:"cfg"`
+	HedgeBtfDelayMode   *ebpf.Variable `ebpf:"hedge_btf_delay_mode"`
+	HedgeBtfDlBackend   *ebpf.Variable `ebpf:"hedge_btf_dl_backend"`
+	HedgeBtfFiller      *ebpf.Variable `ebpf:"hedge_btf_filler"`
+	HedgeBtfFillerMagic *ebpf.Variable `ebpf:"hedge_btf_filler_magic"`
+	HedgeBtfLimits      *ebpf.Variable `ebpf:"hedge_btf_limits"`
+	HedgeBtfReqState    *ebpf.Variable `ebpf:"hedge_btf_req_state"`
+	HedgeBtfReqidOrder  *ebpf.Variable `ebpf:"hedge_btf_reqid_order"`
 }
 
 // hedgePrograms contains all programs after they have been loaded into the kernel.

@@ -46,14 +46,20 @@ type Hedger struct {
 
 // Calibration describes the delay line as measured at start.
 type Calibration struct {
-	Target   time.Duration // wanted transit time per pass
-	Mean     time.Duration // measured (conveyor: filler round trip)
-	Min, Max time.Duration
-	Fillers  int
-	Spread   time.Duration // conveyor: one filler's transmission time, FillerBytes*8/rate
+	Target  time.Duration `json:"target_ns"` // wanted transit time per pass
+	Mean    time.Duration `json:"mean_ns"`   // measured (conveyor: filler round trip)
+	Min     time.Duration `json:"min_ns"`
+	Max     time.Duration `json:"max_ns"`
+	Fillers int           `json:"fillers"`
+	Spread  time.Duration `json:"spread_ns"` // conveyor: one filler's transmission time, FillerBytes*8/rate
 }
 
-var backendIDs = map[string]uint32{BackendConveyor: 0, BackendNetem: 1, BackendEDT: 2}
+// backendIDs maps a backend's name to enum dl_backend (bpf/include/hedge.h).
+var backendIDs = map[string]hedgeDlBackend{
+	BackendConveyor: hedgeDlBackendDL_CONVEYOR,
+	BackendNetem:    hedgeDlBackendDL_NETEM,
+	BackendEDT:      hedgeDlBackendDL_EDT,
+}
 
 // backendOrder returns the backends to try: the requested one, or all in preference order
 // (edt only when the kernel has bpf_skb_set_tstamp).
@@ -171,20 +177,19 @@ func (h *Hedger) load() error {
 	if h.Backend != BackendEDT {
 		early = h.dl.Period / 2
 	}
-	for name, v := range map[string]any{
-		hedgeVarCfgDlIfindex:     uint32(h.dl.ClientIfx),
-		hedgeVarCfgOutIfindex:    uint32(h.IfIndex),
-		hedgeVarCfgHedgeMark:     h.Config.Mark,
-		hedgeVarCfgEarlyNs:       uint64(early),
-		hedgeVarCfgTtlNs:         uint64(time.Duration(h.Config.TTL)),
-		hedgeVarCfgTickNs:        uint64(time.Duration(h.Config.Tick)),
-		hedgeVarCfgDlBackend:     backendIDs[h.Backend],
-		hedgeVarCfgDlPeerIfindex: uint32(h.dl.PeerIfx),
-		hedgeVarCfgDlDevIfindex:  uint32(h.dl.DevIfx),
-	} {
-		if err := spec.Variables[name].Set(v); err != nil {
-			return fmt.Errorf("set %s: %w", name, err)
-		}
+	cfg := hedgeHedgeConfig{
+		DlIfindex:     uint32(h.dl.ClientIfx),
+		OutIfindex:    uint32(h.IfIndex),
+		HedgeMark:     h.Config.Mark,
+		DlBackend:     uint32(backendIDs[h.Backend]),
+		DlPeerIfindex: uint32(h.dl.PeerIfx),
+		DlDevIfindex:  uint32(h.dl.DevIfx),
+		EarlyNs:       uint64(early),
+		TtlNs:         uint64(time.Duration(h.Config.TTL)),
+		TickNs:        uint64(time.Duration(h.Config.Tick)),
+	}
+	if err := spec.Variables[hedgeVarCfg].Set(cfg); err != nil {
+		return fmt.Errorf("set run configuration: %w", err)
 	}
 	return bpfx.LoadAndAssign("hedge", spec, &h.objs, nil)
 }
@@ -207,15 +212,16 @@ func (h *Hedger) fillMaps() error {
 		cfg.Reqid.Offset = uint16(s.RequestID.Offset)
 		cfg.Reqid.Len = uint8(s.RequestID.Length)
 		if s.RequestID.Order == "little" {
-			cfg.Reqid.Order = 1
+			cfg.Reqid.Order = uint8(hedgeReqidOrderREQID_LITTLE_ENDIAN)
 		}
 		if s.Delay.Quantile > 0 {
-			cfg.Mode = 1
+			cfg.Mode = uint8(hedgeDelayModeDELAY_QUANTILE)
 			cfg.DelayNs = uint64(s.Delay.Max) // until the window has min_samples
 			cfg.MinNs, cfg.MaxNs = uint64(s.Delay.Min), uint64(s.Delay.Max)
 			cfg.QuantilePm = uint32(math.Round(s.Delay.Quantile * 1000))
 			cfg.MinSamples = uint32(s.Delay.MinSamples)
 		} else {
+			cfg.Mode = uint8(hedgeDelayModeDELAY_FIXED)
 			cfg.DelayNs = uint64(s.Delay.Fixed)
 			cfg.MinNs, cfg.MaxNs = cfg.DelayNs, cfg.DelayNs
 		}

@@ -10,16 +10,18 @@ import (
 // Collector exports a hedger's counters to Prometheus. It reads the kernel's maps on every
 // scrape (through Hedger.Stats), so nothing is polled between scrapes.
 //
-// Per service (label service; service="" holds what belongs to no service, such as
-// malformed datagrams):
+// Per service (label service):
 //
-//	kedge_hedge_<counter>_total        every counter of struct hedge_stats (bpf/include/hedge.h),
-//	                                   HELP from counterHelp
+//	kedge_hedge_<counter>_total        every counter of struct hedge_stats (bpf/include/hedge.h)
+//	                                   but the global ones, HELP from counterHelp
 //	kedge_hedge_delay_seconds          the hedge delay now (adaptive delays move)
 //	kedge_hedge_budget_tokens          free budget tokens (clones the splitter may send now)
 //	kedge_hedge_window_samples         latencies in the adaptive-delay window
 //	kedge_hedge_latency_p{50,95,99}_seconds   request to first response over the window
 //	kedge_hedge_precision_p{50,99}_seconds    hedge send time - intended time
+//
+// Once, without labels: the counters of no service (globalCounters: malformed datagrams,
+// fragments, expiry, unmatched clones), kedge_hedge_<counter>_total.
 //
 // Delay line:
 //
@@ -41,9 +43,9 @@ type Collector struct {
 // than as counters.
 var dlPeriodFields = []string{"period_sum_ns", "period_count", "period_min_ns", "period_max_ns"}
 
-// globalCounters are the hedge_stats fields hedge.bpf.c counts in the slot of no service
-// (stats_for(SVC_MAX)), exported with service="".
-var globalCounters = []string{"fragments", "malformed", "malformed_responses", "gc_expired"}
+// globalCounters are the hedge_stats fields bpf/hedge counts in the slot of no service
+// (stats_global()) and nowhere else; they are exported once, without a service label.
+var globalCounters = []string{"fragments", "malformed", "malformed_responses", "gc_expired", "rescue_unmatched"}
 
 // counterHelp says what each struct hedge_stats counter (bpf/include/hedge.h) counts; it
 // is the metric's HELP text. Every field has one (TestCounterNames).
@@ -65,11 +67,13 @@ var counterHelp = map[string]string{
 	"hedges_won":              "Hedges whose response arrived first.",
 	"duplicates_dropped":      "Later responses of hedged requests, dropped.",
 	"budget_exhausted":        "Requests not cloned, so never hedged: no free budget token.",
+	"unhedged_late":           "First responses after the hedge delay to requests that were not cloned (no budget token, or a clone error).",
 	"responses_rewritten":     "Responses whose source was rewritten to the address the client used.",
 	"hedge_rewrite_errors":    "Hedges not sent: rewriting the destination failed.",
 	"response_rewrite_errors": "Responses passed without their source rewritten: the rewrite failed.",
 	"redirect_errors":         "Hedges or recirculating clones dropped: bpf_redirect_neigh or bpf_redirect failed.",
 	"gc_expired":              "Scoreboard entries removed by the timer (TTL).",
+	"rescue_unmatched":        "Packets at the delay-line exit that are no clone of a hedged service's request, dropped.",
 }
 
 // NewCollector returns a Collector for h; register it with a prometheus.Registry.
@@ -79,7 +83,11 @@ func newCollector(stats func() (*Snapshot, error)) *Collector {
 	c := &Collector{stats: stats, counters: map[string]*prometheus.Desc{}, dlCounters: map[string]*prometheus.Desc{}}
 	svc := []string{"service"}
 	for name := range counterMap(hedgeHedgeStats{}) {
-		c.counters[name] = prometheus.NewDesc("kedge_hedge_"+name+"_total", counterHelp[name], svc, nil)
+		var labels []string
+		if !slices.Contains(globalCounters, name) {
+			labels = svc
+		}
+		c.counters[name] = prometheus.NewDesc("kedge_hedge_"+name+"_total", counterHelp[name], labels, nil)
 	}
 	for name := range counterMap(hedgeDlStats{}) {
 		if slices.Contains(dlPeriodFields, name) {
@@ -142,7 +150,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, d := range c.counters {
 		if slices.Contains(globalCounters, name) {
-			counter(d, snap.Global[name], "")
+			counter(d, snap.Global[name])
+			continue
 		}
 		for _, s := range snap.Services {
 			counter(d, s.Counters[name], s.Name)

@@ -3,19 +3,22 @@ package hedge
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"time"
 )
 
 // ServiceStats is one service's counters (names as in bpf/include/hedge.h) plus its
 // current delay and latency/precision quantiles.
 type ServiceStats struct {
-	Name     string            `json:"name"`
-	Address  string            `json:"address"`
-	Delay    string            `json:"delay_config"`
-	DelayNow time.Duration     `json:"delay_ns"`
-	Tokens   float64           `json:"budget_tokens"`
-	Window   uint64            `json:"window_samples"`
-	Counters map[string]uint64 `json:"counters"`
+	Name    string `json:"name"`
+	Address string `json:"address"`
+	Delay   string `json:"delay_config"`
+	// RequestID is where the request id is read: "offset 0, 4 bytes, big-endian".
+	RequestID string            `json:"request_id"`
+	DelayNow  time.Duration     `json:"delay_ns"`
+	Tokens    float64           `json:"budget_tokens"`
+	Window    uint64            `json:"window_samples"`
+	Counters  map[string]uint64 `json:"counters"`
 	// Latency quantiles (request to first response) over the adaptive window.
 	LatencyP50 time.Duration `json:"latency_p50_ns"`
 	LatencyP95 time.Duration `json:"latency_p95_ns"`
@@ -35,13 +38,14 @@ type Precision struct {
 
 // Snapshot is everything `kedge hedge stats` shows.
 type Snapshot struct {
-	Time        time.Time         `json:"time"`
-	Backend     string            `json:"backend"`
-	Period      time.Duration     `json:"period_ns"`
-	Calibration Calibration       `json:"calibration"`
-	Services    []ServiceStats    `json:"services"`
-	Global      map[string]uint64 `json:"global"`
-	DelayLine   map[string]uint64 `json:"delay_line"`
+	Time        time.Time      `json:"time"`
+	Backend     string         `json:"backend"`
+	Period      time.Duration  `json:"period_ns"`
+	Calibration Calibration    `json:"calibration"`
+	Services    []ServiceStats `json:"services"`
+	// Global holds the counters of no service (globalCounters); Services' Counters the rest.
+	Global    map[string]uint64 `json:"global"`
+	DelayLine map[string]uint64 `json:"delay_line"`
 }
 
 // counterMap turns a counters struct into name -> value using the C field names.
@@ -72,6 +76,17 @@ func snake(s string) string {
 		b = append(b, byte(r))
 	}
 	return string(b)
+}
+
+// pick keeps the global counters of m (global) or the per-service ones (!global): the BPF
+// programs count each in one kind of slot only, so the other kind would always read 0.
+func pick(m map[string]uint64, global bool) map[string]uint64 {
+	for name := range m {
+		if slices.Contains(globalCounters, name) != global {
+			delete(m, name)
+		}
+	}
+	return m
 }
 
 func sumStats(per []hedgeHedgeStats) hedgeHedgeStats {
@@ -122,7 +137,7 @@ func (h *Hedger) Stats() (*Snapshot, error) {
 	if err := h.objs.Stats.Lookup(uint32(svcMax), &per); err != nil {
 		return nil, fmt.Errorf("read global counters: %w", err)
 	}
-	snap.Global = counterMap(sumStats(per))
+	snap.Global = pick(counterMap(sumStats(per)), true)
 	dl, err := h.dlStats()
 	if err != nil {
 		return nil, err
@@ -144,10 +159,11 @@ func (h *Hedger) Stats() (*Snapshot, error) {
 		ss := ServiceStats{
 			Name: s.Name, Address: s.addr.String(), Delay: s.Delay.String(),
 			DelayNow: time.Duration(cfg.DelayNs), Tokens: float64(st.TokensMilli) / 1000,
-			Window: st.WindowCount, Counters: counterMap(sumStats(per)),
+			Window: st.WindowCount, Counters: pick(counterMap(sumStats(per)), false),
+			RequestID: s.RequestID.String(),
 		}
 		var total hedgeKhist
-		if err := h.objs.LatHist.Lookup(idx*(histSlots+1)+histSlots, &total); err != nil {
+		if err := h.objs.LatHist.Lookup(idx*uint32(histSlots+1)+uint32(histSlots), &total); err != nil {
 			return nil, fmt.Errorf("read latency histogram of %s: %w", s.Name, err)
 		}
 		ss.LatencyP50 = histQuantile(total.B[:], 0.50)
@@ -166,36 +182,28 @@ func (h *Hedger) Stats() (*Snapshot, error) {
 	return snap, nil
 }
 
-const (
-	histSubBits = 4
-	histSub     = 1 << histSubBits
-	histSlots   = 10
-)
-
 // bucketBounds returns [lo, hi) in microseconds for a hist_bucket() index.
 func bucketBounds(b int) (lo, hi uint64) {
 	if b < 2*histSub {
 		return uint64(b), uint64(b + 1)
 	}
 	e := b/histSub + histSubBits - 1
-	sub := uint64(b % histSub)
-	return (histSub + sub) << (e - histSubBits), (histSub + sub + 1) << (e - histSubBits)
+	sub := uint64(b%histSub) + uint64(histSub)
+	return sub << (e - histSubBits), (sub + 1) << (e - histSubBits)
 }
 
 // bucketOf mirrors hist_bucket() in bpf/include/hedge.h (tested against it).
 func bucketOf(us uint64) int {
-	if us < histSub {
+	if us < uint64(histSub) {
 		return int(us)
 	}
 	e := 63
 	for us>>uint(e) == 0 {
 		e--
 	}
-	idx := (e-histSubBits+1)*histSub + int((us>>uint(e-histSubBits))&(histSub-1))
+	idx := (e-histSubBits+1)*histSub + int((us>>uint(e-histSubBits))&uint64(histSub-1))
 	return min(idx, histBuckets-1)
 }
-
-const histBuckets = 400
 
 // histQuantile returns the upper edge of the bucket holding quantile q (0 when empty).
 func histQuantile(b []uint32, q float64) time.Duration {

@@ -77,6 +77,9 @@ type Node struct {
 	reads     map[uint64]*readWaiter
 	confState *pb.ConfState
 
+	// beforeSend, when set (tests), sees every Ready's messages just before they are sent.
+	beforeSend func([]*pb.Message)
+
 	applied   atomic.Uint64
 	snapIndex atomic.Uint64
 	leader    atomic.Uint64
@@ -168,7 +171,9 @@ func (n *Node) Run(ctx context.Context) error {
 	n.http = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- n.http.Serve(n.clientLn) }()
-	go n.loop(ctx)
+	loopCtx, stopLoop := context.WithCancel(ctx)
+	defer stopLoop()
+	go n.loop(loopCtx)
 	var err error
 	select {
 	case <-ctx.Done():
@@ -181,8 +186,9 @@ func (n *Node) Run(ctx context.Context) error {
 	defer cancel()
 	n.http.Shutdown(sctx)
 	n.tr.Close()
-	n.rn.Stop()
+	stopLoop()
 	<-n.done
+	n.rn.Stop()
 	if cerr := n.st.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("close storage: %w", cerr)
 	}
@@ -249,6 +255,9 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		n.m.commit.Set(float64(rd.HardState.GetCommit()))
 	}
 	// 3. Only now the messages.
+	if n.beforeSend != nil {
+		n.beforeSend(rd.Messages)
+	}
 	n.tr.Send(rd.Messages)
 	// 4. Apply in order, then release reads.
 	if err := n.apply(rd.CommittedEntries); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/raft/client"
 	"github.com/kedge-dev/kedge/internal/raft/config"
+	pb "go.etcd.io/raft/v3/raftpb"
 )
 
 // freeAddr returns a loopback host:port free for both UDP and TCP right now.
@@ -40,6 +41,7 @@ type cluster struct {
 	nodes  map[uint64]*Node
 	cancel map[uint64]context.CancelFunc
 	errs   map[uint64]chan error
+	hooks  map[uint64]func([]*pb.Message) // beforeSend per node, set before Run
 }
 
 func newCluster(t *testing.T, size int, tweak func(*config.Config)) *cluster {
@@ -82,6 +84,7 @@ func (c *cluster) start(id uint64) {
 	if err != nil {
 		c.t.Fatalf("start node %d: %v", id, err)
 	}
+	n.beforeSend = c.hooks[id]
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan error, 1)
 	go func() { ch <- n.Run(ctx) }()

@@ -426,3 +426,26 @@ func (s *Storage) Close() error {
 	s.lock.Close()
 	return err
 }
+
+// Durable is what the newest segment of dir holds: the HardState and the last entry's
+// index and term (the snapshot's when no entry follows it). It takes no lock, so it can look
+// at a live node's data dir (tests check the Ready contract with it).
+func Durable(dir string) (hs *pb.HardState, lastIndex, lastTerm uint64, err error) {
+	segs, err := listSeq(filepath.Join(dir, walDir), walExt)
+	if err != nil || len(segs) == 0 {
+		return nil, 0, 0, fmt.Errorf("no wal segment in %s: %v", dir, err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, walDir, fmt.Sprintf("%016d%s", segs[len(segs)-1], walExt)))
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	r, err := replay(b)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	lastIndex, lastTerm = r.meta.GetIndex(), r.meta.GetTerm()
+	if n := len(r.ents); n > 0 {
+		lastIndex, lastTerm = r.ents[n-1].GetIndex(), r.ents[n-1].GetTerm()
+	}
+	return r.hs, lastIndex, lastTerm, nil
+}

@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* maps.h - the hedger's run configuration, maps and counters (bpf/include/hedge.h has the
+ * types). Every program of bpf/hedge includes it first. */
+#ifndef KEDGE_HEDGE_MAPS_H
+#define KEDGE_HEDGE_MAPS_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "parse.h"
+#include "csum.h"
+#include "hedge.h"
+
+/* Scoreboard size: entries live about one hedge delay (longer for hedged requests, until
+ * the second response or the TTL). 65536 covers 100k req/s at 500 ms lifetimes; LRU so a
+ * full map evicts the oldest entry instead of failing, and an evicted request is simply not
+ * hedged (its clone finds no entry and is dropped). User space resizes it before load. */
+#define SCOREBOARD_SIZE 65536
+
+/* Set by user space before load (Hedger.load); the defaults only serve tests that load the
+ * object without setting it. */
+const volatile struct hedge_config cfg = {
+	.hedge_mark = 0x6b650000,
+	.ttl_ns = 5000000000ULL,
+	.tick_ns = 3000000000ULL,
+};
+
+/* Enums referenced here so their BTF reaches bpf2go (-type); nothing reads these. */
+const enum hedge_limits *hedge_btf_limits __attribute__((unused));
+const enum hedge_filler *hedge_btf_filler __attribute__((unused));
+const enum hedge_filler_magic *hedge_btf_filler_magic __attribute__((unused));
+const enum delay_mode *hedge_btf_delay_mode __attribute__((unused));
+const enum req_state *hedge_btf_req_state __attribute__((unused));
+const enum dl_backend *hedge_btf_dl_backend __attribute__((unused));
+const enum reqid_order *hedge_btf_reqid_order __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SVC_MAX);
+	__type(key, struct svc_key);
+	__type(value, __u32); /* service index */
+} services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SVC_MAX * (REPLICA_MAX + 1));
+	__type(key, struct svc_key);
+	__type(value, struct replica_ref);
+} replicas SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_MAX);
+	__type(key, __u32);
+	__type(value, struct svc_cfg);
+} svc_cfgs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_MAX);
+	__type(key, __u32);
+	__type(value, struct svc_state);
+} svc_states SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SCOREBOARD_SIZE);
+	__type(key, struct hreq_key);
+	__type(value, struct hreq);
+} scoreboard SEC(".maps");
+
+struct khist {
+	__u32 b[HIST_BUCKETS];
+};
+
+/* Latency histograms: index svc * (HIST_SLOTS + 1) + slot; slot HIST_SLOTS is the running
+ * total over the window. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_MAX * (HIST_SLOTS + 1));
+	__type(key, __u32);
+	__type(value, struct khist);
+} lat_hist SEC(".maps");
+
+/* Delay-line precision: index svc * 2 (hedge sent late by x us) and svc * 2 + 1 (early). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_MAX * 2);
+	__type(key, __u32);
+	__type(value, struct khist);
+} dl_precision SEC(".maps");
+
+/* Per-service counters; slot SVC_MAX holds what belongs to no service. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SVC_MAX + 1);
+	__type(key, __u32);
+	__type(value, struct hedge_stats);
+} stats SEC(".maps");
+
+struct hedge_tick {
+	struct bpf_timer timer;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct hedge_tick);
+} ticker SEC(".maps");
+
+/* Delay-line counters and control (the delay-line namespace's programs). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct dl_stats);
+} dl_counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct dl_ctl);
+} dl_control SEC(".maps");
+
+/* Evaluates st once: a second lookup would be unchecked (older verifiers do not know an
+ * array lookup with a constant in-range key is non-NULL). */
+#define COUNT(st, field) do { typeof(st) __c = (st); if (__c) __c->field++; } while (0)
+
+static __always_inline struct hedge_stats *stats_for(__u32 svc)
+{
+	return bpf_map_lookup_elem(&stats, &svc);
+}
+
+/* The counters of no service: malformed packets, fragments, expiry, unmatched clones. */
+static __always_inline struct hedge_stats *stats_global(void)
+{
+	return stats_for(SVC_MAX);
+}
+
+static __always_inline struct dl_stats *dl_stats_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&dl_counters, &zero);
+}
+
+#endif /* KEDGE_HEDGE_MAPS_H */

@@ -1,0 +1,404 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* request.h - the request path: match a datagram to a service and request, the budget,
+ * the address rewrites, and the three packet handlers (split, rescue, respond) that
+ * hedge.bpf.c attaches. Each reads as parse -> decide -> act -> count. */
+#ifndef KEDGE_HEDGE_REQUEST_H
+#define KEDGE_HEDGE_REQUEST_H
+
+#include "maps.h"
+#include "timer.h"
+
+/* Which side of an exchange a datagram is: a request goes to a service address (client ->
+ * service), a response comes from a service or replica address (service -> client). */
+enum match_dir {
+	MATCH_REQUEST = 0,
+	MATCH_RESPONSE = 1,
+};
+
+/* A parsed UDP datagram matched to a service and request. */
+struct match {
+	struct pkt p;
+	struct hreq_key key;
+	struct replica_ref ref; /* responses: the replica (or service address) it came from */
+	__u32 svc;
+	struct svc_cfg *cfg;
+	struct svc_state *st;
+	struct hedge_stats *cnt;
+};
+
+static __always_inline void addr_key(struct svc_key *k, const struct in6_addr *a, __be16 port)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->a.addr = *a;
+	k->a.port = port;
+}
+
+/* is_malformed: parse.h rejected the packet, and not for being something else than IP or a
+ * fragment (those are not malformed). Nothing is known of its ports, so no service. */
+static __always_inline int is_malformed(int perr, const struct pkt *p)
+{
+	return perr != PARSE_OK && perr != PARSE_ERR_L3_PROTO && perr != PARSE_ERR_FRAGMENT &&
+	       !(p->flags & PKT_F_FRAG);
+}
+
+/* count_unparsed counts what match() passes for not being an unfragmented UDP datagram:
+ * malformed packets in the global slot (malformed / malformed_responses), and outgoing
+ * fragments (to a service's address, or non-first ones, which have no ports). */
+static __always_inline void count_unparsed(int dir, int perr, const struct pkt *p)
+{
+	struct svc_key k;
+
+	if (dir == MATCH_RESPONSE) {
+		if (is_malformed(perr, p))
+			COUNT(stats_global(), malformed_responses);
+		return;
+	}
+	if (perr == PARSE_ERR_FRAGMENT || p->flags & PKT_F_FRAG) {
+		addr_key(&k, &p->daddr, p->dport);
+		if (perr == PARSE_ERR_FRAGMENT || bpf_map_lookup_elem(&services, &k))
+			COUNT(stats_global(), fragments);
+	} else if (is_malformed(perr, p)) {
+		COUNT(stats_global(), malformed);
+	}
+}
+
+/* match: the datagram is a request to a service address (dir MATCH_REQUEST) or a response
+ * from a service or replica address (MATCH_RESPONSE) of an enabled service, with its
+ * request id; fills m and the scoreboard key (client address and port, service, id).
+ * Returns 1 on a match; what does not match passes untouched, counted as above, or as
+ * short_requests / short_responses when the datagram is shorter than its request id. */
+static __always_inline int match(struct __sk_buff *skb, struct match *m, int dir)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	const struct in6_addr *svc_addr, *cli_addr;
+	__be16 svc_port, cli_port;
+	struct svc_key k;
+	int perr;
+
+	perr = parse_pkt(data, data_end, &m->p);
+	if (perr != PARSE_OK || m->p.l4_proto != IPPROTO_UDP || (m->p.flags & PKT_F_FRAG)) {
+		count_unparsed(dir, perr, &m->p);
+		return 0;
+	}
+	if (dir == MATCH_REQUEST) {
+		svc_addr = &m->p.daddr, svc_port = m->p.dport;
+		cli_addr = &m->p.saddr, cli_port = m->p.sport;
+	} else {
+		svc_addr = &m->p.saddr, svc_port = m->p.sport;
+		cli_addr = &m->p.daddr, cli_port = m->p.dport;
+	}
+	addr_key(&k, svc_addr, svc_port);
+	if (dir == MATCH_REQUEST) {
+		__u32 *svc = bpf_map_lookup_elem(&services, &k);
+
+		if (!svc)
+			return 0;
+		m->svc = *svc;
+		m->ref.index = REPLICA_NONE;
+	} else {
+		struct replica_ref *r = bpf_map_lookup_elem(&replicas, &k);
+
+		if (!r)
+			return 0;
+		m->ref = *r;
+		m->svc = r->svc;
+	}
+	if (m->svc >= SVC_MAX)
+		return 0;
+	m->cfg = bpf_map_lookup_elem(&svc_cfgs, &m->svc);
+	m->st = bpf_map_lookup_elem(&svc_states, &m->svc);
+	m->cnt = stats_for(m->svc);
+	if (!m->cfg || !m->st || !m->cfg->enabled)
+		return 0;
+	__builtin_memset(&m->key, 0, sizeof(m->key));
+	if (reqid_load(skb, &m->p, &m->cfg->reqid, &m->key.id) < 0) {
+		if (dir == MATCH_REQUEST)
+			COUNT(m->cnt, short_requests);
+		else
+			COUNT(m->cnt, short_responses);
+		return 0;
+	}
+	m->key.caddr = *cli_addr;
+	m->key.cport = cli_port;
+	m->key.svc = m->svc;
+	return 1;
+}
+
+/* Budget (docs/hedging.md): each request deposits ratio tokens while fewer than the cap
+ * (burst) are free; the splitter takes one for each clone it sends into the delay line;
+ * budget_return gives it back when the clone is dropped without a hedge. The return is not
+ * capped: the token was deposited before, so "hedges <= ratio * requests + burst" stays
+ * exact (every hedge spends a token a request deposited or the initial bucket held). */
+static __always_inline void budget_deposit(struct svc_cfg *sc, struct svc_state *st)
+{
+	if (st->tokens_milli < (__s64)sc->budget_cap_milli)
+		__sync_fetch_and_add(&st->tokens_milli, sc->budget_ratio_milli);
+}
+
+static __always_inline int budget_take(struct svc_state *st)
+{
+	if (__sync_fetch_and_add(&st->tokens_milli, -1000) >= 1000)
+		return 1;
+	__sync_fetch_and_add(&st->tokens_milli, 1000);
+	return 0;
+}
+
+static __always_inline void budget_return(struct svc_state *st)
+{
+	__sync_fetch_and_add(&st->tokens_milli, 1000);
+}
+
+/* rewrite_addr replaces the 16-byte (IPv6) or 4-byte (IPv4) destination (is_dst) or source
+ * address and port, keeping IP and UDP checksums right whatever the skb's checksum state
+ * (the helpers handle CHECKSUM_PARTIAL/COMPLETE/NONE).
+ * Every UDP checksum update carries BPF_F_MARK_MANGLED_0, IPv6 included: an incremental
+ * update whose result computes to 0 must be written as 0xffff (RFC 768; RFC 8200 8.1),
+ * since 0 means "no checksum" - which IPv6 receivers drop. */
+static __always_inline int rewrite_addr(struct __sk_buff *skb, const struct pkt *p, int is_dst,
+					const struct svc_addr *from_a, const struct svc_addr *to_a)
+{
+	__u32 l4csum = p->l4_off + offsetof(struct udphdr, check);
+	__u32 poff = p->l4_off + (is_dst ? offsetof(struct udphdr, dest) : offsetof(struct udphdr, source));
+	__be16 from_port = from_a->port, to_port = to_a->port;
+	__be32 diff;
+
+	if (p->l3_proto == ETH_P_IP) {
+		__u32 aoff = p->l3_off + (is_dst ? offsetof(struct iphdr, daddr) : offsetof(struct iphdr, saddr));
+		__be32 from = from_a->addr.in6_u.u6_addr32[3], to = to_a->addr.in6_u.u6_addr32[3];
+
+		if (from != to) {
+			if (bpf_l4_csum_replace(skb, l4csum, from, to, L4_CSUM_ADDR_FLAGS(1) | sizeof(to)) < 0 ||
+			    bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), from, to, sizeof(to)) < 0 ||
+			    bpf_skb_store_bytes(skb, aoff, &to, sizeof(to), 0) < 0)
+				return -1;
+		}
+	} else {
+		__u32 aoff = p->l3_off + (is_dst ? offsetof(struct ipv6hdr, daddr) : offsetof(struct ipv6hdr, saddr));
+		struct in6_addr from = from_a->addr, to = to_a->addr;
+
+		diff = bpf_csum_diff((__be32 *)&from, sizeof(from), (__be32 *)&to, sizeof(to), 0);
+		if (bpf_l4_csum_replace(skb, l4csum, 0, diff, L4_CSUM_ADDR_FLAGS(1)) < 0 ||
+		    bpf_skb_store_bytes(skb, aoff, &to, sizeof(to), 0) < 0)
+			return -1;
+	}
+	if (from_port != to_port) {
+		if (bpf_l4_csum_replace(skb, l4csum, from_port, to_port,
+					BPF_F_MARK_MANGLED_0 | sizeof(to_port)) < 0 ||
+		    bpf_skb_store_bytes(skb, poff, &to_port, sizeof(to_port), 0) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* replica_at bounds the index for the verifier (clang drops range checks it can prove, and
+ * the verifier cannot follow % or the check on a different register). */
+static __always_inline struct svc_addr *replica_at(struct svc_cfg *sc, __u32 i)
+{
+	barrier_var(i);
+	i &= REPLICA_MAX - 1;
+	return &sc->replicas[i];
+}
+
+/* pick_replica: round robin over the replicas other than the one the client addressed. */
+static __always_inline __u32 pick_replica(struct svc_cfg *sc, struct svc_state *st, __u8 orig)
+{
+	__u32 n = sc->nreplicas, i;
+
+	if (n <= 1)
+		return 0;
+	if (n > REPLICA_MAX)
+		n = REPLICA_MAX;
+	i = st->rr++; /* racy across CPUs by design: spreading, not counting */
+	if (orig >= n) /* VIP-only service address: any replica */
+		return i % n;
+	return (orig + 1 + i % (n - 1)) % n;
+}
+
+/* split (client egress): record the request, and clone it into the delay line when a
+ * budget token is free. The request itself always passes. */
+static __always_inline int split(struct __sk_buff *skb)
+{
+	struct match m;
+	struct hreq r = {};
+	__u64 now;
+	int token;
+
+	if (skb->mark == cfg.hedge_mark)
+		return TC_ACT_UNSPEC; /* a hedge we sent: never cloned again */
+	if (!match(skb, &m, MATCH_REQUEST))
+		return TC_ACT_UNSPEC;
+	COUNT(m.cnt, requests);
+	now = bpf_ktime_get_ns();
+	budget_deposit(m.cfg, m.st);
+
+	r.sent_ns = now;
+	r.deadline_ns = now + m.cfg->delay_ns;
+	r.state = REQ_PENDING;
+	r.orig_replica = m.cfg->orig_index;
+	r.hedge_replica = REPLICA_NONE;
+	/* The clone takes its hedge's token now: without one it would only ride the delay line
+	 * to be refused, and concurrent requests could not all count on the same token. */
+	token = budget_take(m.st);
+	if (!token) {
+		COUNT(m.cnt, budget_exhausted);
+		r.state = REQ_NOCLONE;
+	}
+	if (bpf_map_update_elem(&scoreboard, &m.key, &r, BPF_ANY) < 0) {
+		if (token)
+			budget_return(m.st);
+		COUNT(m.cnt, scoreboard_errors);
+		return TC_ACT_UNSPEC;
+	}
+	if (!token)
+		return TC_ACT_UNSPEC;
+	if (bpf_clone_redirect(skb, cfg.dl_ifindex, 0) < 0) {
+		struct hreq *e = bpf_map_lookup_elem(&scoreboard, &m.key);
+
+		budget_return(m.st);
+		COUNT(m.cnt, clone_errors);
+		if (e)
+			e->state = REQ_NOCLONE;
+		return TC_ACT_UNSPEC;
+	}
+	COUNT(m.cnt, clones);
+	return TC_ACT_UNSPEC;
+}
+
+/* hedge_failed: the clone was due but no hedge left (the packet is dropped). The entry
+ * becomes NOHEDGE, so its response completes it, and the clone's token goes back. */
+static __always_inline void hedge_failed(struct match *m, struct hreq *e)
+{
+	e->state = REQ_NOHEDGE;
+	budget_return(m->st);
+}
+
+/* rescue (delay-line exit): drop a clone whose request was answered, send it round again
+ * when not due yet, else rewrite it to another replica and send it as the hedge. */
+static __always_inline int rescue(struct __sk_buff *skb)
+{
+	struct match m;
+	struct hreq *e;
+	struct svc_addr to, from;
+	__u32 idx;
+	__u64 now;
+	long ret;
+
+	if (!match(skb, &m, MATCH_REQUEST)) {
+		/* Nothing but clones of hedged requests arrive here; anything else is dropped. */
+		COUNT(stats_global(), rescue_unmatched);
+		return TC_ACT_SHOT;
+	}
+	e = bpf_map_lookup_elem(&scoreboard, &m.key);
+	if (!e) {
+		budget_return(m.st);
+		COUNT(m.cnt, clones_orphaned);
+		return TC_ACT_SHOT;
+	}
+	if (e->state != REQ_PENDING) {
+		if (e->state == REQ_ANSWERED)
+			bpf_map_delete_elem(&scoreboard, &m.key);
+		budget_return(m.st);
+		COUNT(m.cnt, clones_answered);
+		return TC_ACT_SHOT;
+	}
+	now = bpf_ktime_get_ns();
+	if (now + cfg.early_ns < e->deadline_ns) {
+		ret = bpf_redirect(cfg.dl_ifindex, 0);
+		if (ret != TC_ACT_REDIRECT) {
+			hedge_failed(&m, e);
+			COUNT(m.cnt, redirect_errors);
+			return TC_ACT_SHOT;
+		}
+		COUNT(m.cnt, recirculations);
+		return ret;
+	}
+	/* Due and unanswered: the token this clone took at the splitter pays for the hedge. */
+	idx = pick_replica(m.cfg, m.st, e->orig_replica);
+	to = *replica_at(m.cfg, idx);
+	__builtin_memset(&from, 0, sizeof(from));
+	from.addr = m.p.daddr;
+	from.port = m.p.dport;
+	if (rewrite_addr(skb, &m.p, 1, &from, &to) < 0) {
+		hedge_failed(&m, e);
+		COUNT(m.cnt, hedge_rewrite_errors);
+		return TC_ACT_SHOT;
+	}
+	skb->mark = cfg.hedge_mark;
+	ret = bpf_redirect_neigh(cfg.out_ifindex, NULL, 0, 0);
+	if (ret != TC_ACT_REDIRECT) {
+		hedge_failed(&m, e);
+		COUNT(m.cnt, redirect_errors);
+		return TC_ACT_SHOT;
+	}
+	e->state = REQ_HEDGED;
+	e->hedged_ns = now;
+	e->hedge_replica = idx;
+	record_precision(m.svc, now, e->deadline_ns);
+	COUNT(m.cnt, hedges_sent);
+	return ret;
+}
+
+/* respond (client ingress): the first response completes the request (and is rewritten to
+ * the address the client used); the later one of a hedged request is dropped. */
+static __always_inline int respond(struct __sk_buff *skb)
+{
+	struct match m;
+	struct hreq *e;
+	__u64 now;
+	__u32 orig;
+
+	if (!match(skb, &m, MATCH_RESPONSE))
+		return TC_ACT_UNSPEC;
+	e = bpf_map_lookup_elem(&scoreboard, &m.key);
+	if (!e)
+		return TC_ACT_UNSPEC; /* not tracked (expired, evicted, or not a hedged service's request) */
+
+	switch (e->state) {
+	case REQ_ANSWERED_HEDGED:
+		bpf_map_delete_elem(&scoreboard, &m.key);
+		COUNT(m.cnt, duplicates_dropped);
+		return TC_ACT_SHOT;
+	case REQ_ANSWERED:
+		return TC_ACT_UNSPEC; /* the application's own duplicate: not ours to judge */
+	}
+
+	now = bpf_ktime_get_ns();
+	record_latency(m.svc, m.st, now - e->sent_ns);
+	COUNT(m.cnt, responses);
+	if (e->state == REQ_HEDGED) {
+		/* With a single address the responses cannot be told apart; a response after the
+		 * hedge left counts as the hedge's. */
+		if (m.ref.index == e->hedge_replica)
+			COUNT(m.cnt, hedges_won);
+		e->state = REQ_ANSWERED_HEDGED;
+	} else if (e->state == REQ_PENDING) {
+		e->state = REQ_ANSWERED; /* the clone deletes the entry when it comes out */
+	} else {
+		/* NOCLONE / NOHEDGE: nothing follows. A NOCLONE request answered after its deadline
+		 * is one the budget kept from being hedged (user space warns when they pile up). */
+		if (e->state == REQ_NOCLONE && now > e->deadline_ns)
+			COUNT(m.cnt, unhedged_late);
+		bpf_map_delete_elem(&scoreboard, &m.key);
+		return TC_ACT_UNSPEC;
+	}
+
+	/* A response from another replica than the one the client addressed is rewritten so
+	 * the client (a connected socket included) accepts it. */
+	orig = m.cfg->orig_index;
+	if (m.ref.is_svc || orig >= REPLICA_MAX || m.ref.index >= REPLICA_MAX)
+		return TC_ACT_UNSPEC;
+	{
+		struct svc_addr from = *replica_at(m.cfg, m.ref.index);
+		struct svc_addr to = *replica_at(m.cfg, orig);
+
+		if (rewrite_addr(skb, &m.p, 0, &from, &to) < 0) {
+			COUNT(m.cnt, response_rewrite_errors);
+			return TC_ACT_UNSPEC;
+		}
+		COUNT(m.cnt, responses_rewritten);
+	}
+	return TC_ACT_UNSPEC;
+}
+
+#endif /* KEDGE_HEDGE_REQUEST_H */

@@ -1,0 +1,193 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* sg.h - the wire format and kernel/user contract of kedge's scatter-gather (kedge sg).
+ *
+ * Data flow (docs/sg.md and docs/architecture.md have the picture):
+ *   coordinator iface egress  (sg_scatter)  : the application's ONE request datagram is
+ *       cloned to every worker of its group (destination address, port, MAC, worker index
+ *       and checksums rewritten per copy); its slot is armed; the original is dropped
+ *   coordinator iface ingress (sg_gather)   : a worker's reply is checked (group, registered
+ *       worker address and port, full request id, duplicate bit), reduced into the slot's
+ *       aggregate and dropped; the reply that completes the request emits the result
+ *       into the ring buffer
+ *   expiry (bpf_timer per slot, or sg_sweep): a request not complete by its deadline
+ *       completes with status SG_ST_TIMEOUT, the partial aggregate and the bitmap
+ * Go mirrors these structs through bpf2go (-type); padding is explicit.
+ *
+ * Wire format (all fields big-endian, 32 bytes, directly after the UDP header):
+ *
+ *    0      magic        0x6b53 ("kS")
+ *    2      version      SG_VERSION
+ *    3      op           SG_OP_REQUEST | SG_OP_REPLY
+ *    4      group        group id (the coordinator's; workers echo it)
+ *    6      worker       worker index: written per copy by the scatter; replies echo it
+ *    8      req_id       64-bit request id (workers echo it)
+ *   16      status       reply: 0 = ok, else a worker error (counted, not aggregated)
+ *   18      need         request: replies that complete it (0 = all workers); reply: 0
+ *   20      part         multi-packet: index of this part (0)
+ *   22      nparts       multi-packet: number of parts (0 or 1 = a single packet)
+ *   24      timeout_us   request: deadline in microseconds (0 = the group's); reply: 0
+ *   28      payload_len  bytes of payload that follow the header
+ *   32      payload      request: opaque to kedge; reply: the worker's value (see below)
+ *
+ * Reply payload per reduction: SUM/MIN/MAX - a vector of `elems` int32 or int64 (per the
+ * group's dtype), big-endian, payload_len == elems * size; COUNT - anything; GATHER -
+ * exactly `elems * size` opaque bytes, copied into the result in arrival order. */
+#ifndef KEDGE_SG_H
+#define KEDGE_SG_H
+
+#define SG_MAGIC 0x6b53
+#define SG_VERSION 1
+
+enum sg_op {
+	SG_OP_REQUEST = 1,
+	SG_OP_REPLY = 2,
+};
+
+struct sg_hdr {
+	__be16 magic;
+	__u8 version;
+	__u8 op;
+	__be16 group;
+	__be16 worker;
+	__be64 req_id;
+	__be16 status;
+	__be16 need;
+	__be16 part;
+	__be16 nparts;
+	__be32 timeout_us;
+	__be32 payload_len;
+};
+
+/* Groups per loaded instance (the groups map). kedge's Go API opens one group per
+ * instance; the map keeps room for more behind one XDP program per interface. */
+#define SG_GROUPS_MAX 16
+/* Workers per group: 1024 (the "at least 1024"); the bitmap has one bit each. */
+#define SG_WORKERS_MAX 1024
+#define SG_BITMAP_WORDS (SG_WORKERS_MAX / 64)
+/* Request slots per instance, shared by its groups (each group owns a range). This is
+ * the in-flight ceiling: 1024 slots of ~2.3 KiB each = 2.4 MiB of locked map memory.
+ * The slot of a request is req_id & SG_SLOT_MASK; the full id is stored and checked. */
+#define SG_SLOTS 1024
+#define SG_SLOT_MASK (SG_SLOTS - 1)
+/* Aggregate bytes per slot: 256 int64 accumulators (int32 vectors are summed in int64 so
+ * a sum of 1024 int32 cannot wrap); GATHER concatenates up to this many payload bytes. */
+#define SG_AGG_BYTES 2048
+#define SG_AGG_ELEMS (SG_AGG_BYTES / 8)
+#define SG_AGG_WORDS (SG_AGG_BYTES / 4)
+/* GATHER keeps the arrival order of at most this many replies. */
+#define SG_GATHER_MAX 64
+
+enum sg_reduce {
+	SG_RED_SUM = 0,
+	SG_RED_MIN = 1,
+	SG_RED_MAX = 2,
+	SG_RED_COUNT = 3,
+	SG_RED_GATHER = 4,
+};
+
+enum sg_dtype {
+	SG_T_I32 = 0,
+	SG_T_I64 = 1,
+};
+
+enum sg_status {
+	SG_ST_OK = 0,      /* completed by its policy */
+	SG_ST_TIMEOUT = 1, /* deadline passed: partial aggregate and bitmap */
+};
+
+/* Result flags. */
+#define SG_F_OVERFLOW 0x1 /* an int64 sum wrapped */
+
+enum sg_slot_state {
+	SG_SLOT_FREE = 0,
+	SG_SLOT_PENDING = 1,
+	SG_SLOT_DONE = 2,
+};
+
+/* groups map value: written by user space before traffic. */
+struct sg_group {
+	__u8 enabled;
+	__u8 family;        /* 4 or 6: every worker and the coordinator share it */
+	__u8 reduce;        /* enum sg_reduce */
+	__u8 dtype;         /* enum sg_dtype */
+	__u16 nworkers;     /* 1..SG_WORKERS_MAX */
+	__u16 elems;        /* vector length (GATHER: payload bytes = elems * size) */
+	__u16 slot_base;    /* this group's slots: [slot_base, slot_base + nslots) */
+	__u16 nslots;
+	__u16 worker_base;  /* index of worker 0 in the workers map */
+	__u16 _pad0;
+	__u32 ifindex;      /* the interface copies leave through */
+	__u32 gather_k;     /* GATHER: keep the first K payloads (K * payload <= SG_AGG_BYTES) */
+	__u64 timeout_ns;   /* default deadline */
+	struct in6_addr coord_addr; /* the coordinator socket (IPv4 as ::ffff:a.b.c.d) */
+	__be16 coord_port;
+	__u16 _pad1[3];
+};
+
+/* workers map value (index worker_base + i). */
+struct sg_worker {
+	struct in6_addr addr; /* IPv4 as ::ffff:a.b.c.d */
+	__be16 port;
+	__u8 mac[6];          /* next hop's MAC (zero on loopback) */
+};
+
+/* Ring-buffer record: one per completed request (ok or timeout). It lives inside the
+ * slot while the request is in flight, so completion emits it with one copy. */
+struct sg_result {
+	__u64 req_id;
+	__u64 start_ns;     /* bpf_ktime_get_ns() at scatter */
+	__u64 done_ns;      /* at completion */
+	__u16 group;
+	__u16 slot;
+	__u16 status;       /* enum sg_status */
+	__u16 count;        /* replies aggregated */
+	__u16 need;         /* replies that complete it */
+	__u16 flags;        /* SG_F_* */
+	__u32 gathered;     /* GATHER: payloads copied */
+	__u64 bitmap[SG_BITMAP_WORDS]; /* bit i: worker i answered */
+	__u16 order[SG_GATHER_MAX];    /* GATHER: worker index of each copied payload */
+	__s64 agg[SG_AGG_ELEMS];       /* accumulators (GATHER: the raw payload bytes) */
+};
+
+/* slots map value. The lock guards state, deadline_ns and res; not the timer. */
+struct sg_slot {
+	struct bpf_spin_lock lock;
+	__u32 state;        /* enum sg_slot_state */
+	__u64 deadline_ns;
+	struct sg_result res;
+	struct bpf_timer timer;
+};
+
+/* Per-group counters (per-CPU array, SG_GROUPS_MAX slots; slot SG_GROUPS_MAX holds what
+ * belongs to no group). Names match kedge sg stats. Every drop and every pass of a packet
+ * that looked like sg has one. */
+struct sg_stats {
+	/* scatter (TC egress) */
+	__u64 requests;        /* requests of a group seen by the scatter */
+	__u64 copies;          /* copies sent to workers */
+	__u64 copy_errors;     /* bpf_clone_redirect or a rewrite failed for one worker */
+	__u64 slot_busy;       /* request's slot still pending: request dropped (never overwritten) */
+	__u64 slot_range;      /* request's slot outside the group's range: dropped */
+	__u64 not_owner;       /* request from another socket than the group's: passed */
+	/* gather (XDP ingress) */
+	__u64 replies;         /* replies aggregated */
+	__u64 completed;       /* requests completed by their policy */
+	__u64 timeouts;        /* requests completed by the deadline */
+	__u64 duplicates;      /* a worker's second reply to one request: dropped */
+	__u64 late;            /* reply to a completed or timed-out request: dropped */
+	__u64 stale;           /* reply whose id is not its slot's current request: dropped */
+	__u64 unregistered;    /* source address/port is not that worker's: passed */
+	__u64 bad_length;      /* payload length wrong for the group's reduction: passed */
+	__u64 worker_errors;   /* reply with status != 0: dropped, not aggregated */
+	__u64 multipart;       /* nparts > 1 (not supported, docs/sg.md): passed */
+	__u64 overflow;        /* an int64 sum wrapped (result flagged) */
+	__u64 ringbuf_full;    /* result not emitted (user space reads the slot instead) */
+	/* no group (global slot) or any group */
+	__u64 unknown_group;   /* sg packet for a group that is not configured: passed */
+	__u64 malformed;       /* looks like sg (magic) but short/truncated/bad op: passed */
+	__u64 bad_version;     /* sg magic with another version: passed */
+	__u64 sweeps;          /* expiry sweeps run (kernels without bpf_timer) */
+	__u64 timer_errors;    /* bpf_timer_start failed: the sweep or user space expires it */
+};
+
+#endif /* KEDGE_SG_H */

@@ -1,0 +1,266 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* gather.h - XDP ingress: replies are checked, reduced into their slot and consumed.
+ *
+ * A reply counts only when all of these hold, in this order (the first that fails decides
+ * the counter and the verdict):
+ *   sg magic + version + op REPLY ........ else passed (malformed / bad_version counted)
+ *   configured group ...................... else passed (unknown_group)
+ *   to the group's coordinator socket, from the registered address and port of the worker
+ *   index it names ........................ else passed (unregistered): it may be someone
+ *                                           else's traffic, and it is never aggregated
+ *   single packet, status 0, payload length right for the reduction
+ *                                           else passed (multipart, bad_length) or dropped
+ *                                           (worker_errors)
+ *   slot holds this full request id ....... else dropped (stale: a recycled slot)
+ *   slot still pending .................... else dropped (late)
+ *   worker's bit not yet set .............. else dropped (duplicates)
+ * Then it is reduced under the slot's lock and dropped; the reply that completes the
+ * request (count reaches need) also emits the result into the ring buffer. */
+#ifndef KEDGE_SG_GATHER_H
+#define KEDGE_SG_GATHER_H
+
+#include "maps.h"
+
+/* One loop per (operation, element type): a loop that branched on them per element
+ * would multiply the verifier's states (it walks every iteration). */
+#define LOAD_I32(src, i) ((__s64)(__s32)bpf_ntohl(((__be32 *)(src))[i]))
+#define LOAD_I64(src, i) ((__s64)bpf_be64_to_cpu(((__be64 *)(src))[i]))
+#define ELEM_LOOP(n, src, data_end, T, LOAD, BODY)                           \
+	for (__u32 i = 0; i < SG_AGG_ELEMS; i++) {                           \
+		__s64 x;                                                     \
+		if (i >= (n) || (void *)((T *)(src) + i + 1) > (data_end))   \
+			break;                                               \
+		x = LOAD(src, i);                                            \
+		BODY;                                                        \
+	}
+
+static __always_inline void reduce_i32(struct sg_slot *s, __u32 op, __u32 n, void *v,
+				       void *data_end)
+{
+	__s64 *acc = s->res.agg;
+
+	switch (op) {
+	case SG_RED_SUM: /* int32 into int64: 1024 of them cannot wrap */
+		ELEM_LOOP(n, v, data_end, __be32, LOAD_I32, acc[i] += x);
+		break;
+	case SG_RED_MIN:
+		ELEM_LOOP(n, v, data_end, __be32, LOAD_I32, if (x < acc[i]) acc[i] = x);
+		break;
+	case SG_RED_MAX:
+		ELEM_LOOP(n, v, data_end, __be32, LOAD_I32, if (x > acc[i]) acc[i] = x);
+		break;
+	default: /* the first reply of a MIN/MAX request */
+		ELEM_LOOP(n, v, data_end, __be32, LOAD_I32, acc[i] = x);
+	}
+}
+
+static __always_inline void reduce_i64(struct sg_slot *s, __u32 op, __u32 n, void *v,
+				       void *data_end)
+{
+	__s64 *acc = s->res.agg;
+	__u32 over = 0;
+
+	switch (op) {
+	case SG_RED_SUM:
+		ELEM_LOOP(n, v, data_end, __be64, LOAD_I64, over |= __builtin_add_overflow(acc[i], x, &acc[i]));
+		if (over)
+			s->res.flags |= SG_F_OVERFLOW;
+		break;
+	case SG_RED_MIN:
+		ELEM_LOOP(n, v, data_end, __be64, LOAD_I64, if (x < acc[i]) acc[i] = x);
+		break;
+	case SG_RED_MAX:
+		ELEM_LOOP(n, v, data_end, __be64, LOAD_I64, if (x > acc[i]) acc[i] = x);
+		break;
+	default:
+		ELEM_LOOP(n, v, data_end, __be64, LOAD_I64, acc[i] = x);
+	}
+}
+
+#define OP_FIRST 0xff
+
+/* reduce_reply folds the payload at v (checked against data_end) into s.
+ * Runs under s->lock: no helper calls. */
+static __always_inline void reduce_reply(struct sg_slot *s, const struct sg_group *g,
+					 void *v, void *data_end, __u32 worker)
+{
+	__u32 op = g->reduce;
+	__u32 n = g->elems;
+
+	if (op == SG_RED_COUNT)
+		return;
+	if (op == SG_RED_GATHER) {
+		__u32 words = n * (g->dtype == SG_T_I64 ? 2 : 1);
+		__u32 at = s->res.gathered * words;
+		__u32 *dst = (__u32 *)s->res.agg;
+		__be32 *src = v;
+
+		if (s->res.gathered >= g->gather_k || s->res.gathered >= SG_GATHER_MAX)
+			return;
+		for (__u32 i = 0; i < SG_AGG_WORDS; i++) {
+			if (i >= words || (void *)(src + i + 1) > data_end)
+				break;
+			/* The mask keeps the index in bounds for the verifier; user space
+			 * guarantees gather_k * words <= SG_AGG_WORDS. */
+			dst[(at + i) & (SG_AGG_WORDS - 1)] = src[i]; /* raw bytes, as sent */
+		}
+		s->res.order[s->res.gathered & (SG_GATHER_MAX - 1)] = worker;
+		s->res.gathered++;
+		return;
+	}
+	if (op != SG_RED_SUM && s->res.count == 0)
+		op = OP_FIRST;
+	if (g->dtype == SG_T_I64)
+		reduce_i64(s, op, n, v, data_end);
+	else
+		reduce_i32(s, op, n, v, data_end);
+}
+
+enum gather_outcome {
+	G_REDUCED = 0,
+	G_COMPLETED,
+	G_STALE,
+	G_LATE,
+	G_DUP,
+};
+
+static __always_inline int gather(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct sg_stats *gcnt = stats_for(NO_GROUP), *cnt;
+	struct sg_worker *w;
+	struct sg_group *g;
+	struct sg_slot *s;
+	struct sg_hdr *h;
+	struct pkt p;
+	__u32 gid, widx, key, slot, plen, want, bit;
+	__u64 id, now, mask;
+	int perr, outcome;
+	__u16 flags_before;
+
+	perr = parse_pkt(data, data_end, &p);
+	if (perr != PARSE_OK || p.l4_proto != IPPROTO_UDP || (p.flags & PKT_F_FRAG))
+		return XDP_PASS;
+	h = pkt_hdr(data, data_end, p.payload_off, sizeof(__be16));
+	if (!h || h->magic != bpf_htons(SG_MAGIC))
+		return XDP_PASS;
+	h = pkt_hdr(data, data_end, p.payload_off, sizeof(*h));
+	if (!h || p.payload_len < sizeof(*h)) {
+		COUNT(gcnt, malformed);
+		return XDP_PASS;
+	}
+	if (h->version != SG_VERSION) {
+		COUNT(gcnt, bad_version);
+		return XDP_PASS;
+	}
+	if (h->op != SG_OP_REPLY)
+		return XDP_PASS; /* a request arriving: this host is a worker too */
+	plen = bpf_ntohl(h->payload_len);
+	if (plen > p.payload_len - sizeof(*h)) {
+		COUNT(gcnt, malformed);
+		return XDP_PASS;
+	}
+	gid = bpf_ntohs(h->group);
+	g = gid < SG_GROUPS_MAX ? bpf_map_lookup_elem(&groups, &gid) : NULL;
+	if (!g || !g->enabled) {
+		COUNT(gcnt, unknown_group);
+		return XDP_PASS;
+	}
+	cnt = stats_for(gid);
+	widx = bpf_ntohs(h->worker);
+	if (p.dport != g->coord_port || !addr_eq(&p.daddr, &g->coord_addr) ||
+	    widx >= g->nworkers || widx >= SG_WORKERS_MAX) {
+		COUNT(cnt, unregistered);
+		return XDP_PASS;
+	}
+	key = g->worker_base + widx;
+	w = bpf_map_lookup_elem(&workers, &key);
+	if (!w || w->port != p.sport || !addr_eq(&w->addr, &p.saddr)) {
+		COUNT(cnt, unregistered);
+		return XDP_PASS;
+	}
+	if (bpf_ntohs(h->nparts) > 1) {
+		COUNT(cnt, multipart);
+		return XDP_PASS;
+	}
+	want = g->reduce == SG_RED_COUNT ? plen : (__u32)g->elems * (g->dtype == SG_T_I64 ? 8 : 4);
+	if (plen != want) {
+		COUNT(cnt, bad_length);
+		return XDP_PASS;
+	}
+	if (g->reduce != SG_RED_COUNT) {
+		/* The bound lets the verifier accept the pointer arithmetic below. */
+		if (want > SG_AGG_BYTES) {
+			COUNT(cnt, bad_length);
+			return XDP_PASS;
+		}
+		if ((void *)(h + 1) + want > data_end) {
+			COUNT(gcnt, malformed); /* truncated: the IP/UDP lengths claim more */
+			return XDP_PASS;
+		}
+	}
+	if (h->status) {
+		COUNT(cnt, worker_errors);
+		return XDP_DROP;
+	}
+	id = bpf_be64_to_cpu(h->req_id);
+	slot = id & SG_SLOT_MASK;
+	s = bpf_map_lookup_elem(&slots, &slot);
+	if (!s) {
+		COUNT(cnt, stale);
+		return XDP_DROP;
+	}
+	bit = widx & 63;
+	mask = 1ULL << bit;
+	now = bpf_ktime_get_ns();
+
+	bpf_spin_lock(&s->lock);
+	if (s->res.req_id != id || s->res.group != gid) {
+		outcome = G_STALE;
+	} else if (s->state != SG_SLOT_PENDING) {
+		outcome = G_LATE;
+	} else if (s->res.bitmap[(widx / 64) & (SG_BITMAP_WORDS - 1)] & mask) {
+		outcome = G_DUP;
+	} else {
+		s->res.bitmap[(widx / 64) & (SG_BITMAP_WORDS - 1)] |= mask;
+		flags_before = s->res.flags;
+		reduce_reply(s, g, h + 1, data_end, widx);
+		s->res.count++;
+		outcome = G_REDUCED;
+		if (s->res.count >= s->res.need) {
+			s->state = SG_SLOT_DONE;
+			s->res.done_ns = now;
+			outcome = G_COMPLETED;
+		}
+		if (!(flags_before & SG_F_OVERFLOW) && (s->res.flags & SG_F_OVERFLOW))
+			outcome |= 0x100;
+	}
+	bpf_spin_unlock(&s->lock);
+
+	if (outcome & 0x100) {
+		COUNT(cnt, overflow);
+		outcome &= 0xff;
+	}
+	switch (outcome) {
+	case G_STALE:
+		COUNT(cnt, stale);
+		break;
+	case G_LATE:
+		COUNT(cnt, late);
+		break;
+	case G_DUP:
+		COUNT(cnt, duplicates);
+		break;
+	case G_COMPLETED:
+		COUNT(cnt, replies);
+		COUNT(cnt, completed);
+		emit_result(s, cnt);
+		break;
+	default:
+		COUNT(cnt, replies);
+	}
+	return XDP_DROP;
+}
+
+#endif /* KEDGE_SG_GATHER_H */

@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* maps.h - kedge sg's maps, run-time constants and counter helpers. */
+#ifndef KEDGE_SG_MAPS_H
+#define KEDGE_SG_MAPS_H
+
+#include "sg.h"
+
+/* UAPI #defines vmlinux.h lacks. */
+#define SG_CLOCK_MONOTONIC 1
+#define SG_EBUSY 16
+
+/* Set by user space before load. */
+const volatile __u32 cfg_copy_mark = 0x6b530000; /* skb->mark on copies: not scattered again */
+/* The expiry timer fires this long after the deadline at the latest: a deadline that is
+ * this close counts as reached (bpf_timer lateness, kernel-notes). */
+const volatile __u64 cfg_expire_slack_ns = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SG_GROUPS_MAX);
+	__type(key, __u32);
+	__type(value, struct sg_group);
+} groups SEC(".maps");
+
+/* Every group's workers, group g's at [worker_base, worker_base + nworkers). Sized for one
+ * full group per group id. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SG_GROUPS_MAX * SG_WORKERS_MAX);
+	__type(key, __u32);
+	__type(value, struct sg_worker);
+} workers SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SG_SLOTS);
+	__type(key, __u32);
+	__type(value, struct sg_slot);
+} slots SEC(".maps");
+
+/* Completed requests. 4 MiB hold ~1800 results (2.4 KiB each), more than the SG_SLOTS
+ * that can complete before user space frees a slot only when it is read... so a full
+ * ring means user space stopped reading; the slot then keeps the result (ringbuf_full). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20);
+} results SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SG_GROUPS_MAX + 1);
+	__type(key, __u32);
+	__type(value, struct sg_stats);
+} stats SEC(".maps");
+
+/* Evaluates st once: a second lookup would be unchecked. */
+#define COUNT(st, field) do { typeof(st) __c = (st); if (__c) __c->field++; } while (0)
+#define COUNT_N(st, field, n) do { typeof(st) __c = (st); if (__c) __c->field += (n); } while (0)
+
+static __always_inline struct sg_stats *stats_for(__u32 group)
+{
+	return bpf_map_lookup_elem(&stats, &group);
+}
+
+#define NO_GROUP SG_GROUPS_MAX
+
+static __always_inline int addr_eq(const struct in6_addr *a, const struct in6_addr *b)
+{
+	return a->in6_u.u6_addr32[0] == b->in6_u.u6_addr32[0] &&
+	       a->in6_u.u6_addr32[1] == b->in6_u.u6_addr32[1] &&
+	       a->in6_u.u6_addr32[2] == b->in6_u.u6_addr32[2] &&
+	       a->in6_u.u6_addr32[3] == b->in6_u.u6_addr32[3];
+}
+
+/* emit_result sends a completed slot's result to user space. The slot is DONE, so no
+ * other program writes it until user space has read the result and reuses the slot. */
+static __always_inline void emit_result(struct sg_slot *s, struct sg_stats *cnt)
+{
+	if (bpf_ringbuf_output(&results, &s->res, sizeof(s->res), 0) < 0)
+		COUNT(cnt, ringbuf_full);
+}
+
+#endif /* KEDGE_SG_MAPS_H */

@@ -1,0 +1,247 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* scatter.h - TC egress: one request datagram becomes one copy per worker.
+ *
+ * Each copy is the request with the destination address, UDP port, destination MAC and
+ * the header's worker index rewritten, checksums updated incrementally (bpf_l3/l4_csum_
+ * replace keep CHECKSUM_PARTIAL and CHECKSUM_COMPLETE skbs right), then sent with
+ * bpf_clone_redirect to the group's interface egress. The copies carry cfg_copy_mark, so
+ * when they pass this hook again they go through untouched; that keeps one program looping
+ * bpf_clone_redirect at transmit recursion depth 1 (Electrode's TC broadcast), instead of
+ * a chain of re-entries that would hit the kernel's limit of 8. The original is dropped.
+ *
+ * Writing into the original after a clone makes the kernel copy its head first (the clone
+ * shares it), so every copy leaves with its own bytes. */
+#ifndef KEDGE_SG_SCATTER_H
+#define KEDGE_SG_SCATTER_H
+
+#include "maps.h"
+#include "expire.h"
+
+/* What the per-worker loop needs. Plain scalars: the bounded-loop tier keeps it in a
+ * per-CPU map between tail calls, where pointers cannot be stored. */
+struct scatter_ctx {
+	__u32 gid;
+	__u32 nworkers;
+	__u32 worker_base;
+	__u32 ifindex;
+	__u32 l3_off;
+	__u32 l4_off;
+	__u32 hdr_off;     /* the sg header */
+	__u32 v6;
+	__be32 cur_addr[4]; /* destination now in the packet (IPv4: [0]) */
+	__be16 cur_port;
+	__be16 cur_worker;
+	__u32 next;        /* bounded tier: first worker of the next chunk */
+	__u32 copies;
+	__u32 errors;
+};
+
+struct loop_ctx {
+	struct __sk_buff *skb;
+	struct scatter_ctx *c;
+};
+
+/* rewrite_to rewrites the request for worker w (index i); 0 or a negative error.
+ * Every field is rewritten unconditionally: a replace with from == to changes nothing, and
+ * a branch per field would multiply the states the verifier walks per worker. */
+static __always_inline int rewrite_to(struct __sk_buff *skb, struct scatter_ctx *c,
+				      const struct sg_worker *w, __u32 i)
+{
+	__u32 csum_off = c->l4_off + offsetof(struct udphdr, check);
+	__be16 worker = bpf_htons((__u16)i);
+	__be16 port = w->port;
+	int err = 0;
+
+	if (c->v6) {
+		err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[0], w->addr.in6_u.u6_addr32[0],
+					   L4_CSUM_ADDR_FLAGS(1) | 4);
+		err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[1], w->addr.in6_u.u6_addr32[1],
+					   L4_CSUM_ADDR_FLAGS(1) | 4);
+		err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[2], w->addr.in6_u.u6_addr32[2],
+					   L4_CSUM_ADDR_FLAGS(1) | 4);
+		err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[3], w->addr.in6_u.u6_addr32[3],
+					   L4_CSUM_ADDR_FLAGS(1) | 4);
+		__builtin_memcpy(c->cur_addr, &w->addr, 16);
+		err |= bpf_skb_store_bytes(skb, c->l3_off + offsetof(struct ipv6hdr, daddr),
+					   c->cur_addr, 16, 0);
+	} else {
+		__be32 to = w->addr.in6_u.u6_addr32[3];
+
+		err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[0], to, L4_CSUM_ADDR_FLAGS(1) | 4);
+		err |= bpf_l3_csum_replace(skb, c->l3_off + offsetof(struct iphdr, check),
+					   c->cur_addr[0], to, 4);
+		c->cur_addr[0] = to;
+		err |= bpf_skb_store_bytes(skb, c->l3_off + offsetof(struct iphdr, daddr), &to, 4, 0);
+	}
+	err |= bpf_l4_csum_replace(skb, csum_off, c->cur_port, port, BPF_F_MARK_MANGLED_0 | 2);
+	c->cur_port = port;
+	err |= bpf_skb_store_bytes(skb, c->l4_off + offsetof(struct udphdr, dest), &port, 2, 0);
+	err |= bpf_l4_csum_replace(skb, csum_off, c->cur_worker, worker, BPF_F_MARK_MANGLED_0 | 2);
+	c->cur_worker = worker;
+	err |= bpf_skb_store_bytes(skb, c->hdr_off + offsetof(struct sg_hdr, worker), &worker, 2, 0);
+	/* MACs are not covered by any checksum. */
+	err |= bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), w->mac, ETH_ALEN, 0);
+	return err;
+}
+
+/* scatter_one sends the copy for worker i. Returns 1 (stop) past the last worker. */
+static __always_inline long scatter_one(struct __sk_buff *skb, __u64 i, struct scatter_ctx *c)
+{
+	struct sg_worker *w;
+	__u32 key;
+
+	if (i >= c->nworkers)
+		return 1;
+	key = c->worker_base + (__u32)i;
+	w = bpf_map_lookup_elem(&workers, &key);
+	if (!w || rewrite_to(skb, c, w, (__u32)i) < 0 ||
+	    bpf_clone_redirect(skb, c->ifindex, 0) < 0) {
+		c->errors++;
+		return 0;
+	}
+	c->copies++;
+	return 0;
+}
+
+static long scatter_cb(__u64 i, void *ctx)
+{
+	struct loop_ctx *l = ctx;
+
+	return scatter_one(l->skb, i, l->c);
+}
+
+/* scatter_prepare parses a request, checks it belongs to a configured group and was sent
+ * by the group's socket, and arms its slot. Returns 1 when the copies should be sent
+ * (c filled), or the TC verdict to return. */
+static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter_ctx *c,
+					   const int use_timer)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct sg_stats *gcnt = stats_for(NO_GROUP), *cnt;
+	struct sg_hdr *h;
+	struct sg_group *g;
+	struct sg_slot *s;
+	struct pkt p;
+	__u32 gid, slot, udp_payload, hoff;
+	__u64 id, now, timeout;
+	__u16 need;
+	int perr;
+
+	if (skb->mark == cfg_copy_mark)
+		return TC_ACT_UNSPEC; /* one of our copies coming through again */
+	perr = parse_pkt(data, data_end, &p);
+	if (perr != PARSE_OK || p.l4_proto != IPPROTO_UDP || (p.flags & PKT_F_FRAG))
+		return TC_ACT_UNSPEC; /* not a request: kedge sg only looks at whole UDP datagrams */
+	udp_payload = p.payload_len;
+	hoff = p.payload_off;
+	h = pkt_hdr(data, data_end, hoff, sizeof(__be16));
+	if (!h || h->magic != bpf_htons(SG_MAGIC))
+		return TC_ACT_UNSPEC;
+	h = pkt_hdr(data, data_end, hoff, sizeof(*h));
+	if (!h || udp_payload < sizeof(*h)) {
+		COUNT(gcnt, malformed);
+		return TC_ACT_UNSPEC;
+	}
+	if (h->version != SG_VERSION) {
+		COUNT(gcnt, bad_version);
+		return TC_ACT_UNSPEC;
+	}
+	if (h->op != SG_OP_REQUEST)
+		return TC_ACT_UNSPEC; /* a reply leaving (this host is also a worker) */
+	if (bpf_ntohl(h->payload_len) > udp_payload - sizeof(*h)) {
+		COUNT(gcnt, malformed);
+		return TC_ACT_UNSPEC;
+	}
+	gid = bpf_ntohs(h->group);
+	g = gid < SG_GROUPS_MAX ? bpf_map_lookup_elem(&groups, &gid) : NULL;
+	if (!g || !g->enabled) {
+		COUNT(gcnt, unknown_group);
+		return TC_ACT_UNSPEC;
+	}
+	cnt = stats_for(gid);
+	if (p.sport != g->coord_port || !addr_eq(&p.saddr, &g->coord_addr) ||
+	    (g->family == 4) != (p.l3_proto == ETH_P_IP)) {
+		COUNT(cnt, not_owner);
+		return TC_ACT_UNSPEC;
+	}
+	COUNT(cnt, requests);
+	id = bpf_be64_to_cpu(h->req_id);
+	slot = id & SG_SLOT_MASK;
+	if (slot < g->slot_base || slot >= (__u32)g->slot_base + g->nslots) {
+		COUNT(cnt, slot_range);
+		return TC_ACT_SHOT;
+	}
+	need = bpf_ntohs(h->need);
+	if (need == 0 || need > g->nworkers)
+		need = g->nworkers;
+	timeout = bpf_ntohl(h->timeout_us) * 1000ULL;
+	if (!timeout)
+		timeout = g->timeout_ns;
+
+	c->gid = gid;
+	c->nworkers = g->nworkers;
+	c->worker_base = g->worker_base;
+	c->ifindex = g->ifindex;
+	c->next = 0;
+	c->l3_off = p.l3_off;
+	c->l4_off = p.l4_off;
+	c->hdr_off = hoff;
+	c->v6 = p.l3_proto == ETH_P_IPV6;
+	if (c->v6)
+		__builtin_memcpy(c->cur_addr, &p.daddr, 16);
+	else
+		c->cur_addr[0] = p.daddr.in6_u.u6_addr32[3];
+	c->cur_port = p.dport;
+	c->cur_worker = h->worker;
+	c->copies = 0;
+	c->errors = 0;
+
+	s = bpf_map_lookup_elem(&slots, &slot);
+	if (!s)
+		return TC_ACT_SHOT;
+	now = bpf_ktime_get_ns();
+	bpf_spin_lock(&s->lock);
+	if (s->state == SG_SLOT_PENDING) {
+		bpf_spin_unlock(&s->lock);
+		COUNT(cnt, slot_busy);
+		return TC_ACT_SHOT;
+	}
+	s->state = SG_SLOT_PENDING;
+	s->deadline_ns = now + timeout;
+	s->res.req_id = id;
+	s->res.start_ns = now;
+	s->res.done_ns = 0;
+	s->res.group = gid;
+	s->res.slot = slot;
+	s->res.status = SG_ST_OK;
+	s->res.count = 0;
+	s->res.need = need;
+	s->res.flags = 0;
+	s->res.gathered = 0;
+	__builtin_memset(s->res.bitmap, 0, sizeof(s->res.bitmap));
+	/* Only the accumulators this group uses (a loop clang cannot turn into memset). */
+	for (__u32 i = 0; i < SG_AGG_ELEMS; i++) {
+		if (i >= g->elems)
+			break;
+		s->res.agg[i] = 0;
+		barrier_var(i);
+	}
+	bpf_spin_unlock(&s->lock);
+	if (use_timer)
+		arm_expiry(s, timeout, cnt);
+	skb->mark = cfg_copy_mark; /* inherited by every clone */
+	return 1;
+}
+
+/* scatter_finish counts the copies and drops the original. */
+static __always_inline int scatter_finish(struct scatter_ctx *c)
+{
+	struct sg_stats *cnt = stats_for(c->gid < SG_GROUPS_MAX ? c->gid : NO_GROUP);
+
+	COUNT_N(cnt, copies, c->copies);
+	COUNT_N(cnt, copy_errors, c->errors);
+	return TC_ACT_SHOT;
+}
+
+#endif /* KEDGE_SG_SCATTER_H */

@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* sg.bpf.c - kedge's scatter-gather data plane. Entry points:
+ *   sg_scatter      (TC egress, coordinator iface)  one request -> a copy per worker (bpf_loop)
+ *   sg_scatter_bl   (same, kernels without bpf_loop: a bounded loop)
+ *   sg_gather       (XDP, coordinator iface)        replies reduced and consumed
+ *   sg_timers_init  (BPF_PROG_TEST_RUN)             one bpf_timer per slot
+ *   sg_sweep        (BPF_PROG_TEST_RUN)             expiry on kernels without bpf_timer
+ * The wire format and the contract with user space are in bpf/include/sg.h; scatter.h,
+ * gather.h and expire.h hold the logic by concern. */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "parse.h"
+#include "csum.h"
+#include "sg.h"
+#include "maps.h"
+#include "expire.h"
+#include "scatter.h"
+#include "gather.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+SEC("tc")
+int sg_scatter(struct __sk_buff *skb)
+{
+	struct scatter_ctx c;
+	struct loop_ctx l = { .skb = skb, .c = &c };
+	int ret = scatter_prepare(skb, &c, 1);
+
+	if (ret != 1)
+		return ret;
+	bpf_loop(SG_WORKERS_MAX, scatter_cb, &l, 0);
+	return scatter_finish(&c);
+}
+
+/* Kernels before 5.17 (no bpf_loop, no bpf_timer): SCATTER_CHUNK workers per program
+ * run in a bounded loop, then a tail call to sg_scatter_chunk for the next chunk, with the
+ * loop state in a per-CPU map (a TC program runs to its end on one CPU). 33 runs (the
+ * tail-call limit) x 32 = 1056 >= SG_WORKERS_MAX. A bounded loop over all 1024 workers
+ * exceeds the verifier's 1M-instruction budget. Expiry is sg_sweep's. */
+#define SCATTER_CHUNK 32
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scatter_ctx);
+} scatter_state SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} scatter_chain SEC(".maps");
+
+static __always_inline int scatter_chunk(struct __sk_buff *skb, struct scatter_ctx *c)
+{
+	__u32 zero = 0;
+	__u32 start = c->next;
+
+	for (__u32 k = 0; k < SCATTER_CHUNK; k++) {
+		if (scatter_one(skb, start + k, c))
+			return scatter_finish(c);
+	}
+	c->next = start + SCATTER_CHUNK;
+	bpf_tail_call(skb, &scatter_chain, zero);
+	/* Tail call failed (limit reached or not set up): count the rest as failed. */
+	if (c->nworkers > c->next)
+		c->errors += c->nworkers - c->next;
+	return scatter_finish(c);
+}
+
+SEC("tc")
+int sg_scatter_bl(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	struct scatter_ctx *c = bpf_map_lookup_elem(&scatter_state, &zero);
+	int ret;
+
+	if (!c)
+		return TC_ACT_UNSPEC;
+	ret = scatter_prepare(skb, c, 0);
+	if (ret != 1)
+		return ret;
+	return scatter_chunk(skb, c);
+}
+
+SEC("tc")
+int sg_scatter_chunk(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	struct scatter_ctx *c = bpf_map_lookup_elem(&scatter_state, &zero);
+
+	if (!c)
+		return TC_ACT_SHOT;
+	return scatter_chunk(skb, c);
+}
+
+SEC("xdp")
+int sg_gather(struct xdp_md *ctx)
+{
+	return gather(ctx);
+}
+
+/* Returns the number of slots whose timer could not be set up; run until it is 0. */
+SEC("tc")
+int sg_timers_init(struct __sk_buff *skb)
+{
+	__u32 failed = 0;
+
+	bpf_loop(SG_SLOTS, timer_init_cb, &failed, 0);
+	return failed;
+}
+
+/* Expires every pending slot past its deadline; returns how many it expired. */
+SEC("tc")
+int sg_sweep(struct __sk_buff *skb)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u32 expired = 0;
+
+	COUNT(stats_for(NO_GROUP), sweeps);
+	for (__u32 i = 0; i < SG_SLOTS; i++) {
+		__u32 key = i;
+		struct sg_slot *s = bpf_map_lookup_elem(&slots, &key);
+
+		if (s && expire_slot(s, now))
+			expired++;
+	}
+	return expired;
+}

@@ -1,0 +1,366 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/lab"
+	isg "github.com/kedge-dev/kedge/internal/sg"
+	"github.com/kedge-dev/kedge/pkg/sg"
+	"github.com/spf13/cobra"
+)
+
+func init() { register(newSgCmd) }
+
+func newSgCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "sg",
+		Short: "Scatter-gather in the kernel: one send, replies reduced in XDP",
+		Long: `kedge sg fans one request out to a group of workers in TC egress and reduces their
+replies in XDP as they arrive; the application receives only the result (docs/sg.md).`,
+		Example: `  kedge sg worker --listen 127.0.0.1:9000+16 &
+  kedge sg scatter -i lo --workers 127.0.0.1:9000+16 --reduction sum
+  kedge sg stats`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown sg command %q: use worker, scatter or stats (see '%s --help')", args[0], cmd.CommandPath())
+			}
+			return usagef("%s needs a command: worker, scatter or stats (see '%s --help')", cmd.CommandPath(), cmd.CommandPath())
+		},
+		RunE: func(*cobra.Command, []string) error { return nil },
+	}
+	cmd.AddCommand(newSgWorkerCmd(), newSgScatterCmd(), newSgStatsCmd())
+	return cmd
+}
+
+// parseWorkers parses ADDR:PORT[+N] lists: "+N" adds N-1 more workers on the next ports.
+func parseWorkers(specs []string) ([]netip.AddrPort, error) {
+	var out []netip.AddrPort
+	for _, spec := range specs {
+		for _, s := range strings.Split(spec, ",") {
+			s = strings.TrimSpace(s)
+			if s == "" {
+				continue
+			}
+			n := 1
+			if i := strings.LastIndexByte(s, '+'); i > 0 {
+				v, err := strconv.Atoi(s[i+1:])
+				if err != nil || v < 1 {
+					return nil, usagef("worker %q: the count after '+' must be a positive number", s)
+				}
+				n, s = v, s[:i]
+			}
+			ap, err := netip.ParseAddrPort(s)
+			if err != nil {
+				return nil, usagef("worker %q: %w (want ADDR:PORT[+N], IPv6 as [ADDR]:PORT)", s, err)
+			}
+			if int(ap.Port())+n-1 > 65535 {
+				return nil, usagef("worker %s+%d: ports beyond 65535", s, n)
+			}
+			for k := range n {
+				out = append(out, netip.AddrPortFrom(ap.Addr(), ap.Port()+uint16(k)))
+			}
+		}
+	}
+	return out, nil
+}
+
+func parseValues(s string) ([]int64, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []int64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			return nil, usagef("--values %q: %w", s, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func newSgWorkerCmd() *cobra.Command {
+	var (
+		listen            []string
+		typ, values, dist string
+		elems             int
+		delay, jitter     time.Duration
+		loss, dup         float64
+		status            uint16
+		nsArg             string
+		duration          time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "worker",
+		Short: "Run sg workers (the reference implementation of the wire format)",
+		Long: `Each --listen address is one worker with its own UDP socket. A worker answers every
+request with a vector: --values if given, else element j = 1000*worker + j + id%997
+(worker is the index the scatter wrote into the request). Delay, loss and duplicates
+make it a lab worker.`,
+		Example: `  kedge sg worker --listen 127.0.0.1:9000+16 --type int64 --elems 4
+  kedge sg worker --netns w1 --listen 10.77.0.2:9000 --delay 1ms --jitter 2ms --dist exp --loss 0.01 --dup 0.05`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			addrs, err := parseWorkers(listen)
+			if err != nil {
+				return err
+			}
+			if len(addrs) == 0 {
+				return usagef("no --listen address (e.g. --listen 127.0.0.1:9000)")
+			}
+			t, err := sg.ParseElemType(typ)
+			if err != nil {
+				return usagef("--type: %w", err)
+			}
+			vals, err := parseValues(values)
+			if err != nil {
+				return err
+			}
+			if vals != nil && !cmd.Flags().Changed("elems") {
+				elems = len(vals)
+			}
+			if elems < 0 || elems > sg.MaxElems {
+				return usagef("--elems %d: want 0..%d", elems, sg.MaxElems)
+			}
+			switch dist {
+			case "fixed", "uniform", "exp":
+			default:
+				return usagef("--dist %q: want fixed, uniform or exp", dist)
+			}
+			if loss < 0 || loss > 1 || dup < 0 || dup > 1 {
+				return usagef("--loss and --dup are probabilities (0..1)")
+			}
+			ns, err := openNetns(nsArg)
+			if err != nil {
+				return err
+			}
+			if ns >= 0 {
+				defer ns.Close()
+			}
+			ctx, cancel := untilDone(cmd.Context(), duration)
+			defer cancel()
+			cfg := isg.WorkerConfig{Listen: addrs, Type: uint8(t), Elems: elems, Values: vals,
+				Delay: delay, Jitter: jitter, Dist: dist, Loss: loss, Dup: dup, Status: status,
+				Seed: uint64(time.Now().UnixNano())}
+			var st isg.WorkerStats
+			ready := make(chan struct{})
+			go func() {
+				<-ready
+				fmt.Fprintf(cmd.ErrOrStderr(), "kedge sg worker: %d workers ready (%v ... %v)\n", len(addrs), addrs[0], addrs[len(addrs)-1])
+			}()
+			if err := bpfx.InNetns(ns, func() error { return isg.RunWorkers(ctx, cfg, &st, ready) }); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "kedge sg worker: requests=%d replies=%d lost=%d duplicated=%d malformed=%d\n",
+				st.Requests.Load(), st.Replies.Load(), st.Dropped.Load(), st.Dups.Load(), st.Malformed.Load())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&listen, "listen", nil, "worker address `ADDR:PORT[+N]` (+N: N workers on consecutive ports); repeatable")
+	f.StringVar(&typ, "type", "int64", "element type: int32 or int64")
+	f.IntVar(&elems, "elems", 4, "vector length")
+	f.StringVar(&values, "values", "", "constant vector to answer (comma-separated); default: per worker and request")
+	f.DurationVar(&delay, "delay", 0, "delay before each reply")
+	f.DurationVar(&jitter, "jitter", 0, "scale of the random part of the delay (see --dist)")
+	f.StringVar(&dist, "dist", "fixed", "delay distribution: fixed, uniform (delay + U[0,jitter]) or exp (delay + Exp(jitter))")
+	f.Float64Var(&loss, "loss", 0, "probability of ignoring a request")
+	f.Float64Var(&dup, "dup", 0, "probability of sending a reply twice")
+	f.Uint16Var(&status, "status", 0, "status in every reply (non-zero: a worker error)")
+	addNetnsFlag(cmd, &nsArg, "run the workers")
+	addDurationFlag(cmd, &duration, "stop")
+	return cmd
+}
+
+// scatterReport is kedge sg scatter's -o json output.
+type scatterReport struct {
+	Interface string      `json:"interface"`
+	Local     string      `json:"local"`
+	Tier      string      `json:"tier"`
+	Workers   int         `json:"workers"`
+	Reduction string      `json:"reduction"`
+	Results   []sg.Result `json:"results"`
+	Stats     sg.Stats    `json:"stats"`
+}
+
+func newSgScatterCmd() *cobra.Command {
+	var (
+		iface, nsArg, red, typ, payload, output, local string
+		workers                                        []string
+		elems, need, count, gatherK                    int
+		timeout                                        time.Duration
+		busyPoll                                       bool
+	)
+	cmd := &cobra.Command{
+		Use:   "scatter",
+		Short: "Send requests to a group of workers and print the reduced results",
+		Example: `  kedge sg scatter -i lo --workers 127.0.0.1:9000+16 --reduction sum --type int64 --elems 4
+  kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000,10.77.0.3:9000 --reduction max --need 1 -o json
+  kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --reduction gather --elems 2 --count 10`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutputFormat(output); err != nil {
+				return err
+			}
+			if iface == "" {
+				return usagef("no --interface (-i): the interface the workers are reached through, e.g. -i lo")
+			}
+			ws, err := parseWorkers(workers)
+			if err != nil {
+				return err
+			}
+			if len(ws) == 0 {
+				return usagef("no --workers (e.g. --workers 127.0.0.1:9000+4)")
+			}
+			r, err := sg.ParseReduction(red)
+			if err != nil {
+				return usagef("--reduction: %w", err)
+			}
+			t, err := sg.ParseElemType(typ)
+			if err != nil {
+				return usagef("--type: %w", err)
+			}
+			if count < 1 {
+				return usagef("--count %d: want at least 1", count)
+			}
+			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Reduction: r, Type: t,
+				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, Pin: true}
+			if local != "" {
+				if cfg.Local, err = netip.ParseAddrPort(local); err != nil {
+					return usagef("--local %q: %w", local, err)
+				}
+			}
+			if err := cfg.Validate(); err != nil {
+				return usageError{Err: err}
+			}
+			ns, err := openNetns(nsArg)
+			if err != nil {
+				return err
+			}
+			_, err = findInterface(ns, nsArg, iface)
+			if ns >= 0 {
+				ns.Close()
+			}
+			if err != nil {
+				return err
+			}
+			g, err := sg.Open(cfg)
+			if err != nil && errors.Is(err, sg.ErrPin) {
+				// Counters for 'kedge sg stats' are a convenience: run without them.
+				fmt.Fprintf(cmd.ErrOrStderr(), "kedge sg scatter: %v; 'kedge sg stats' will not see this run\n", err)
+				cfg.Pin = false
+				g, err = sg.Open(cfg)
+			}
+			if err != nil {
+				return err
+			}
+			defer g.Close()
+			rep := scatterReport{Interface: iface, Local: g.Local().String(), Tier: g.Tier(), Workers: len(ws), Reduction: r.String()}
+			for range count {
+				res, err := g.Scatter(cmd.Context(), []byte(payload))
+				if err != nil {
+					return err
+				}
+				rep.Results = append(rep.Results, res)
+			}
+			if rep.Stats, err = g.Stats(); err != nil {
+				return err
+			}
+			return writeReport(cmd.OutOrStdout(), output, rep, func(w io.Writer) error {
+				for _, res := range rep.Results {
+					fmt.Fprintf(w, "request %#x: %s, %d/%d answered (need %d), kernel %v, round trip %v\n",
+						res.ID, res.Status, res.Count, len(ws), res.Need, res.Kernel, res.RoundTrip)
+					if res.Values != nil {
+						fmt.Fprintf(w, "  %s: %v\n", r, res.Values)
+					}
+					for _, gi := range res.Gathered {
+						fmt.Fprintf(w, "  worker %d: %x\n", gi.Worker, gi.Payload)
+					}
+					if res.Count < len(ws) {
+						fmt.Fprintf(w, "  answered: %v\n", res.Answered)
+					}
+				}
+				return nil
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&iface, "interface", "i", "", "interface the workers are reached through")
+	f.StringSliceVar(&workers, "workers", nil, "workers in index order: `ADDR:PORT[+N]`, comma-separated or repeated")
+	f.StringVar(&local, "local", "", "coordinator socket ADDR:PORT (default: the route's source address, any port)")
+	f.StringVar(&red, "reduction", "sum", "sum, min, max, count or gather")
+	f.StringVar(&typ, "type", "int64", "element type: int32 or int64")
+	f.IntVar(&elems, "elems", 4, "vector length (gather: payload bytes = elems * type size)")
+	f.IntVar(&gatherK, "gather-k", 0, "gather: keep the first K payloads (default: as many as fit)")
+	f.IntVar(&need, "need", 0, "replies that complete a request: 0 = all, 1 = any, N = N of M")
+	f.DurationVar(&timeout, "timeout", 100*time.Millisecond, "request deadline (enforced in the kernel)")
+	f.StringVar(&payload, "payload", "kedge", "request payload (opaque to kedge)")
+	f.IntVar(&count, "count", 1, "requests to send, one after the other")
+	f.BoolVar(&busyPoll, "busy-poll", false, "spin on the result ring instead of sleeping in epoll")
+	addNetnsFlag(cmd, &nsArg, "the interface and the coordinator socket are")
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+type sgStatsEntry struct {
+	PID   int      `json:"pid"`
+	Dir   string   `json:"pin_dir"`
+	Stats sg.Stats `json:"stats"`
+}
+
+func newSgStatsCmd() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Counters of running sg coordinators (kedge sg scatter, pinned pkg/sg groups)",
+		Example: `  kedge sg stats
+  kedge sg stats -o json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutputFormat(output); err != nil {
+				return err
+			}
+			dirs, err := bpfx.ListPinDirs()
+			if err != nil {
+				return err
+			}
+			entries := []sgStatsEntry{}
+			for _, d := range dirs {
+				if d.Name != "sg" || !lab.ProcessAlive(d.PID) {
+					continue
+				}
+				st, err := sg.ReadPinnedStats(d.Dir)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "kedge sg stats: %s: %v\n", d.Dir, err)
+					continue
+				}
+				entries = append(entries, sgStatsEntry{PID: d.PID, Dir: d.Dir, Stats: st})
+			}
+			return writeReport(cmd.OutOrStdout(), output, entries, func(w io.Writer) error {
+				if len(entries) == 0 {
+					fmt.Fprintln(w, "no running sg coordinator (start one with 'kedge sg scatter' or pkg/sg with Pin)")
+					return nil
+				}
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "PID\tREQUESTS\tCOMPLETED\tTIMEOUTS\tREPLIES\tDUPLICATES\tLATE\tSTALE\tMALFORMED\tUNREGISTERED\tSLOT_BUSY")
+				for _, e := range entries {
+					s := e.Stats
+					fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", e.PID, s.Requests, s.Completed, s.Timeouts,
+						s.Replies, s.Duplicates, s.Late, s.Stale, s.Malformed+s.BadVersion+s.BadLength, s.Unregistered, s.SlotBusy)
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	addOutputFlag(cmd, &output)
+	return cmd
+}

@@ -1,0 +1,76 @@
+package hedge
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func watchSnap(at time.Duration, delay time.Duration, c map[string]uint64) *Snapshot {
+	return &Snapshot{Time: time.Unix(1700000000, 0).Add(at), Services: []ServiceStats{{Name: "dns", DelayNow: delay, Counters: c}}}
+}
+
+// TestBudgetWatch: the warnings of fault 4 (issue 10) - a burst too small for requests/s x
+// delay, said once as soon as the rate is known; stalled requests refused by the budget,
+// said when above refusedShare and at most once a minute; silence otherwise.
+func TestBudgetWatch(t *testing.T) {
+	svc := []ServiceConfig{{Name: "dns", Budget: BudgetSpec{Ratio: 0.05, Burst: 10}}}
+	d := 5 * time.Millisecond
+	type step struct {
+		at       time.Duration
+		counters map[string]uint64
+		want     []string // substrings, one per warning; nil: no warning
+	}
+	tests := []struct {
+		name  string
+		delay time.Duration
+		steps []step
+	}{
+		{"4k requests/s x 5 ms = 20 tokens held > burst 10: said once", d, []step{
+			{0, map[string]uint64{"requests": 0}, nil},
+			{2 * time.Second, map[string]uint64{"requests": 8000}, []string{`service "dns": at 4000 requests/s each 5ms delay keeps about 20 requests waiting`, "raise budget.burst (--budget-burst) above 20"}},
+			{4 * time.Second, map[string]uint64{"requests": 16000}, nil},
+		}},
+		{"100 requests/s x 5 ms: covered, quiet", d, []step{
+			{0, map[string]uint64{}, nil},
+			{2 * time.Second, map[string]uint64{"requests": 200, "hedges_sent": 10}, nil},
+		}},
+		{"stalled requests refused: warned, then rate-limited, then again after a minute", d, []step{
+			{0, map[string]uint64{"requests": 0}, nil},
+			{2 * time.Second, map[string]uint64{"requests": 200, "hedges_sent": 10, "unhedged_late": 30, "budget_exhausted": 150},
+				[]string{"30 of 40 stalled requests (answered after the 5ms delay) were not hedged", "budget_exhausted +150", "--budget-burst, now 10", "--budget-ratio, now 0.05"}},
+			{4 * time.Second, map[string]uint64{"requests": 400, "hedges_sent": 20, "unhedged_late": 60}, nil},
+			{64 * time.Second, map[string]uint64{"requests": 600, "hedges_sent": 30, "unhedged_late": 90}, []string{"in the last 1m0s, 30 of 40 stalled requests"}},
+		}},
+		{"refusals at or below the share: quiet", d, []step{
+			{0, map[string]uint64{}, nil},
+			{2 * time.Second, map[string]uint64{"requests": 200, "hedges_sent": 90, "unhedged_late": 10}, nil},
+		}},
+		{"too few stalls to judge: quiet", d, []step{
+			{0, map[string]uint64{}, nil},
+			{2 * time.Second, map[string]uint64{"requests": 200, "hedges_sent": 1, "unhedged_late": 8}, nil},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := newBudgetWatch(svc)
+			for _, s := range tt.steps {
+				got := w.check(watchSnap(s.at, tt.delay, s.counters))
+				if len(s.want) == 0 {
+					if len(got) != 0 {
+						t.Errorf("at %v: warnings %q, want none", s.at, got)
+					}
+					continue
+				}
+				if len(got) != 1 {
+					t.Fatalf("at %v: warnings %q, want one", s.at, got)
+				}
+				for _, w := range s.want {
+					if !strings.Contains(got[0], w) {
+						t.Errorf("at %v: warning %q\nwant it to contain %q", s.at, got[0], w)
+					}
+				}
+			}
+		})
+	}
+}

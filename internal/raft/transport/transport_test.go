@@ -1,0 +1,266 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/raft/wire"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// recorder is a Raft that records what the transport delivers.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []*pb.Message
+	snap []raft.SnapshotStatus
+}
+
+func (r *recorder) Step(_ context.Context, m *pb.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, m)
+	return nil
+}
+func (r *recorder) ReportUnreachable(uint64) {}
+func (r *recorder) ReportSnapshot(_ uint64, s raft.SnapshotStatus) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.snap = append(r.snap, s)
+}
+func (r *recorder) got() []*pb.Message {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*pb.Message(nil), r.msgs...)
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+const cluster = 9
+
+// pair starts transports for nodes 1 and 2 on loopback; peer 1's address is the given
+// socket's when conn is set (so a test can send from "node 1" by hand).
+func newNode(t *testing.T, self uint64, peers []Peer) (*Transport, *recorder) {
+	t.Helper()
+	var bind string
+	for _, p := range peers {
+		if p.ID == self {
+			bind = p.Addr.String()
+		}
+	}
+	var others []Peer
+	for _, p := range peers {
+		if p.ID != self {
+			others = append(others, p)
+		}
+	}
+	tr, err := New(Options{ClusterID: cluster, Self: self, Bind: bind, Peers: others,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &recorder{}
+	tr.Start(r)
+	t.Cleanup(func() { tr.Close() })
+	return tr, r
+}
+
+func freeAddrPort(t *testing.T) netip.AddrPort {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := l.Addr().(*net.TCPAddr).AddrPort()
+		u, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(a))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return a
+		}
+	}
+	t.Fatal("no free port")
+	return netip.AddrPort{}
+}
+
+// TestBadPacketsNeverReachRaft sends, from the peer's own address and from a stranger's,
+// one packet per refusal reason and one good heartbeat: only the heartbeat is stepped, every
+// other packet is counted under its reason.
+func TestBadPacketsNeverReachRaft(t *testing.T) {
+	a1, a2 := freeAddrPort(t), freeAddrPort(t)
+	// Node 1 is played by a raw socket bound to its address.
+	sock, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(a1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
+	stranger, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stranger.Close()
+	tr, rec := newNode(t, 2, []Peer{{1, a1}, {2, a2}})
+
+	hb := func(from, to uint64) []byte {
+		p, err := wire.Encode(make([]byte, wire.PktLen), cluster, &pb.Message{Type: pb.MsgHeartbeat.Enum(),
+			From: proto.Uint64(from), To: proto.Uint64(to), Term: proto.Uint64(3), Commit: proto.Uint64(5)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	foreign, err := wire.Encode(make([]byte, wire.PktLen), cluster+1, &pb.Message{Type: pb.MsgHeartbeat.Enum(),
+		From: proto.Uint64(1), To: proto.Uint64(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := []struct {
+		conn   *net.UDPConn
+		p      []byte
+		reason wire.Reason
+	}{
+		{sock, hb(1, 2)[:50], wire.DropShort},
+		{sock, append(hb(1, 2), 0), wire.DropLong},
+		{sock, foreign, wire.DropCluster},
+		{sock, hb(1, 3), wire.DropTo},
+		{sock, hb(7, 2), wire.DropPeer},     // unknown sender id
+		{stranger, hb(1, 2), wire.DropPeer}, // right id, wrong source address
+	}
+	dst := net.UDPAddrFromAddrPort(a2)
+	for _, b := range bad {
+		if _, err := b.conn.WriteToUDP(b.p, dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := sock.WriteToUDP(hb(1, 2), dst); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the good heartbeat", func() bool { return len(rec.got()) == 1 })
+	want := map[wire.Reason]float64{}
+	for _, b := range bad {
+		want[b.reason]++
+	}
+	waitUntil(t, "every drop counted", func() bool {
+		for r, n := range want {
+			if tr.Dropped(r.String()) != n {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(50 * time.Millisecond) // nothing else may arrive late
+	if got := rec.got(); len(got) != 1 || got[0].GetType() != pb.MsgHeartbeat || got[0].GetFrom() != 1 || got[0].GetCommit() != 5 {
+		t.Fatalf("stepped %v, want only the good heartbeat", got)
+	}
+	if tr.LastHeard(1).IsZero() {
+		t.Error("LastHeard(1) not set by the good heartbeat")
+	}
+}
+
+// TestBulkAndUDPDelivery: two real transports; small messages go by UDP, appends with
+// entries and snapshots by TCP, all arrive intact; a snapshot send is reported finished.
+func TestBulkAndUDPDelivery(t *testing.T) {
+	peers := []Peer{{1, freeAddrPort(t)}, {2, freeAddrPort(t)}}
+	t1, r1 := newNode(t, 1, peers)
+	t2, r2 := newNode(t, 2, peers)
+	_ = t2
+	msgs := []*pb.Message{
+		{Type: pb.MsgHeartbeat.Enum(), From: proto.Uint64(1), To: proto.Uint64(2), Term: proto.Uint64(1)},
+		{Type: pb.MsgApp.Enum(), From: proto.Uint64(1), To: proto.Uint64(2), Term: proto.Uint64(1),
+			Entries: []*pb.Entry{{Index: proto.Uint64(1), Term: proto.Uint64(1), Data: make([]byte, 100000)}}},
+		{Type: pb.MsgSnap.Enum(), From: proto.Uint64(1), To: proto.Uint64(2), Term: proto.Uint64(1),
+			Snapshot: &pb.Snapshot{Data: make([]byte, 3<<20), Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(10), Term: proto.Uint64(1)}}},
+		{Type: pb.MsgVote.Enum(), From: proto.Uint64(1), To: proto.Uint64(2), Term: proto.Uint64(2)},
+	}
+	t1.Send(msgs)
+	waitUntil(t, "all four messages", func() bool { return len(r2.got()) == 4 })
+	for _, want := range msgs {
+		found := false
+		for _, m := range r2.got() {
+			if proto.Equal(m, want) || (m.GetType() == want.GetType() && len(m.GetEntries()) == len(want.GetEntries()) &&
+				len(m.GetSnapshot().GetData()) == len(want.GetSnapshot().GetData())) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("%v did not arrive intact", want.GetType())
+		}
+	}
+	waitUntil(t, "snapshot reported", func() bool {
+		r1.mu.Lock()
+		defer r1.mu.Unlock()
+		return len(r1.snap) == 1 && r1.snap[0] == raft.SnapshotFinish
+	})
+	if v := counterValue(t1.m.sent.WithLabelValues("udp", "MsgHeartbeat")); v != 1 {
+		t.Errorf("heartbeats sent by udp: %v", v)
+	}
+	if v := counterValue(t1.m.sent.WithLabelValues("tcp", "MsgApp")); v != 1 {
+		t.Errorf("appends sent by tcp: %v", v)
+	}
+}
+
+// TestBadBulkConnections: a wrong hello, a frame over the limit and a frame claiming another
+// sender close the connection, are counted, and deliver nothing.
+func TestBadBulkConnections(t *testing.T) {
+	a1, a2 := freeAddrPort(t), freeAddrPort(t)
+	tr, rec := newNode(t, 2, []Peer{{1, a1}, {2, a2}})
+	frame := func(kind byte, n int) []byte {
+		b := binary.BigEndian.AppendUint32(nil, uint32(n+1))
+		return append(b, kind)
+	}
+	body, _ := proto.Marshal(&pb.Message{Type: pb.MsgApp.Enum(), From: proto.Uint64(3), To: proto.Uint64(2)})
+	cases := []struct {
+		name   string
+		send   []byte
+		reason string
+	}{
+		{"foreign hello", wire.Hello(cluster+1, 1), reasonBulkHello},
+		{"unknown peer", wire.Hello(cluster, 5), reasonBulkHello},
+		{"oversized frame", append(wire.Hello(cluster, 1), frame(kindMessage, wire.BulkMax+1)...), reasonBulkSize},
+		{"wrong sender", append(append(wire.Hello(cluster, 1), frame(kindMessage, len(body))...), body...), reasonBulkPeer},
+	}
+	for _, c := range cases {
+		conn, err := net.Dial("tcp", a2.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Write(c.send)
+		// The node closes the connection: the read ends.
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := conn.Read(make([]byte, 1)); err == nil {
+			t.Errorf("%s: connection not closed", c.name)
+		}
+		conn.Close()
+	}
+	want := map[string]float64{reasonBulkHello: 2, reasonBulkSize: 1, reasonBulkPeer: 1}
+	waitUntil(t, "bulk drops counted", func() bool {
+		for r, n := range want {
+			if tr.Dropped(r) != n {
+				return false
+			}
+		}
+		return true
+	})
+	if got := rec.got(); len(got) != 0 {
+		t.Fatalf("stepped %v from bad connections", got)
+	}
+}

@@ -1,0 +1,229 @@
+package sg
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/kedge-dev/kedge/internal/bpfx"
+)
+
+// The map value types, as bpf2go generated them from bpf/include/sg.h.
+type (
+	GroupCfg  = sgSgGroup
+	WorkerCfg = sgSgWorker
+	ResultRec = sgSgResult
+	SlotRec   = sgSgSlot
+	Stats     = sgSgStats
+)
+
+// Tier is the set of kernel features the data plane is built from.
+type Tier int
+
+const (
+	// TierLoop: bpf_loop (5.17+) for the scatter and a bpf_timer per slot for expiry.
+	TierLoop Tier = iota
+	// TierBounded: a bounded loop for the scatter and the sg_sweep program, run by user
+	// space, for expiry (kernels 5.10-5.16).
+	TierBounded
+)
+
+func (t Tier) String() string {
+	if t == TierLoop {
+		return "bpf_loop+bpf_timer"
+	}
+	return "bounded-loop+sweep"
+}
+
+// DetectTier picks TierLoop when the kernel has bpf_loop.
+func DetectTier() Tier {
+	if features.HaveProgramHelper(ebpf.SchedCLS, asm.FnLoop) == nil {
+		return TierLoop
+	}
+	return TierBounded
+}
+
+// Objects is one loaded instance of the sg data plane.
+type Objects struct {
+	Tier    Tier
+	Groups  *ebpf.Map
+	Workers *ebpf.Map
+	Slots   *ebpf.Map
+	Results *ebpf.Map
+	Stats   *ebpf.Map
+	Scatter *ebpf.Program
+	Gather  *ebpf.Program
+	Sweep   *ebpf.Program
+	// TimersInit is nil in TierBounded.
+	TimersInit *ebpf.Program
+
+	chunk *ebpf.Program // TierBounded: sg_scatter_chunk
+	other []*ebpf.Map   // maps only the programs use
+}
+
+type loopObjects struct {
+	sgMaps
+	Scatter    *ebpf.Program `ebpf:"sg_scatter"`
+	Gather     *ebpf.Program `ebpf:"sg_gather"`
+	Sweep      *ebpf.Program `ebpf:"sg_sweep"`
+	TimersInit *ebpf.Program `ebpf:"sg_timers_init"`
+}
+
+type boundedObjects struct {
+	sgMaps
+	Scatter *ebpf.Program `ebpf:"sg_scatter_bl"`
+	Chunk   *ebpf.Program `ebpf:"sg_scatter_chunk"`
+	Gather  *ebpf.Program `ebpf:"sg_gather"`
+	Sweep   *ebpf.Program `ebpf:"sg_sweep"`
+}
+
+// LoadOptions tune Load.
+type LoadOptions struct {
+	Tier Tier
+	// CopyMark is the skb mark on scatter copies (default 0x6b530000).
+	CopyMark uint32
+	// ExpireSlack: a deadline this close counts as reached.
+	ExpireSlack uint64
+}
+
+// Load loads the programs of opts.Tier and creates the maps.
+func Load(opts LoadOptions) (*Objects, error) {
+	spec, err := loadSg()
+	if err != nil {
+		return nil, fmt.Errorf("load sg spec: %w", err)
+	}
+	if opts.CopyMark != 0 {
+		if err := spec.Variables["cfg_copy_mark"].Set(opts.CopyMark); err != nil {
+			return nil, fmt.Errorf("set copy mark: %w", err)
+		}
+	}
+	if err := spec.Variables["cfg_expire_slack_ns"].Set(opts.ExpireSlack); err != nil {
+		return nil, fmt.Errorf("set expire slack: %w", err)
+	}
+	o := &Objects{Tier: opts.Tier}
+	if opts.Tier == TierLoop {
+		var lo loopObjects
+		if err := bpfx.LoadAndAssign("sg", spec, &lo, nil); err != nil {
+			return nil, err
+		}
+		o.fromMaps(lo.sgMaps)
+		o.Scatter, o.Gather, o.Sweep, o.TimersInit = lo.Scatter, lo.Gather, lo.Sweep, lo.TimersInit
+	} else {
+		var bo boundedObjects
+		if err := bpfx.LoadAndAssign("sg", spec, &bo, nil); err != nil {
+			return nil, err
+		}
+		o.fromMaps(bo.sgMaps)
+		o.Scatter, o.chunk, o.Gather, o.Sweep = bo.Scatter, bo.Chunk, bo.Gather, bo.Sweep
+		if err := bo.ScatterChain.Put(uint32(0), bo.Chunk); err != nil {
+			o.Close()
+			return nil, fmt.Errorf("link scatter chunks: %w", err)
+		}
+	}
+	return o, nil
+}
+
+func (o *Objects) fromMaps(m sgMaps) {
+	o.Groups, o.Workers, o.Slots, o.Results, o.Stats = m.Groups, m.Workers, m.Slots, m.Results, m.Stats
+	o.other = []*ebpf.Map{m.ScatterChain, m.ScatterState}
+}
+
+// InitTimers gives every slot its bpf_timer (TierLoop), retrying slots whose
+// bpf_timer_init failed (-ENOMEM under bursts on 6.18, kernel-notes). It returns how many
+// slots are left without a timer: their requests must be expired by RunSweep.
+func (o *Objects) InitTimers() (int, error) {
+	if o.TimersInit == nil {
+		return 0, nil
+	}
+	var failed uint32
+	const tries = 200
+	for try := 0; try < tries; try++ {
+		ret, err := o.TimersInit.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
+		if err != nil {
+			return Slots, fmt.Errorf("run sg_timers_init: %w", err)
+		}
+		if failed = ret; failed == 0 {
+			return 0, nil
+		}
+		time.Sleep(500 * time.Microsecond) // the allocator's cache refills from irq_work
+	}
+	return int(failed), nil
+}
+
+// RunSweep runs sg_sweep once and returns how many requests it expired.
+func (o *Objects) RunSweep() (int, error) {
+	ret, err := o.Sweep.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
+	if err != nil {
+		return 0, fmt.Errorf("run sg_sweep: %w", err)
+	}
+	return int(ret), nil
+}
+
+// SumStats returns group's counters (GroupsMax: the no-group slot) summed over CPUs.
+func (o *Objects) SumStats(group uint32) (Stats, error) {
+	return SumStats(o.Stats, group)
+}
+
+// SumStats reads slot group of a stats map (also a pinned one) summed over CPUs.
+func SumStats(m *ebpf.Map, group uint32) (Stats, error) {
+	var per []Stats
+	var out Stats
+	if err := m.Lookup(group, &per); err != nil {
+		return out, fmt.Errorf("read sg stats: %w", err)
+	}
+	for _, s := range per {
+		out.Add(&s)
+	}
+	return out, nil
+}
+
+// Add adds b's counters to s.
+func (s *Stats) Add(b *Stats) {
+	s.Requests += b.Requests
+	s.Copies += b.Copies
+	s.CopyErrors += b.CopyErrors
+	s.SlotBusy += b.SlotBusy
+	s.SlotRange += b.SlotRange
+	s.NotOwner += b.NotOwner
+	s.Replies += b.Replies
+	s.Completed += b.Completed
+	s.Timeouts += b.Timeouts
+	s.Duplicates += b.Duplicates
+	s.Late += b.Late
+	s.Stale += b.Stale
+	s.Unregistered += b.Unregistered
+	s.BadLength += b.BadLength
+	s.WorkerErrors += b.WorkerErrors
+	s.Multipart += b.Multipart
+	s.Overflow += b.Overflow
+	s.RingbufFull += b.RingbufFull
+	s.UnknownGroup += b.UnknownGroup
+	s.Malformed += b.Malformed
+	s.BadVersion += b.BadVersion
+	s.Sweeps += b.Sweeps
+	s.TimerErrors += b.TimerErrors
+}
+
+// Close releases every object.
+func (o *Objects) Close() error {
+	var errs []error
+	for _, c := range []interface{ Close() error }{o.Scatter, o.Gather, o.Sweep, o.Groups, o.Workers, o.Slots, o.Results, o.Stats} {
+		if c != nil {
+			errs = append(errs, c.Close())
+		}
+	}
+	for _, p := range []*ebpf.Program{o.TimersInit, o.chunk} {
+		if p != nil {
+			errs = append(errs, p.Close())
+		}
+	}
+	for _, m := range o.other {
+		if m != nil {
+			errs = append(errs, m.Close())
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,156 @@
+// Package sg holds kedge scatter-gather's kernel side: the BPF objects (bpf/sg), the
+// wire format's Go mirror (bpf/include/sg.h) and the reference worker. The public API
+// that applications import is pkg/sg.
+package sg
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Wire format constants (bpf/include/sg.h).
+const (
+	Magic   = 0x6b53
+	Version = 1
+	HdrLen  = 32
+
+	OpRequest = 1
+	OpReply   = 2
+
+	GroupsMax   = 16
+	WorkersMax  = 1024
+	Slots       = 1024
+	SlotMask    = Slots - 1
+	AggBytes    = 2048
+	AggElems    = AggBytes / 8
+	GatherMax   = 64
+	BitmapWords = WorkersMax / 64
+)
+
+// Reductions and element types (enum sg_reduce, enum sg_dtype).
+const (
+	RedSum    = 0
+	RedMin    = 1
+	RedMax    = 2
+	RedCount  = 3
+	RedGather = 4
+
+	TypeI32 = 0
+	TypeI64 = 1
+)
+
+// Result statuses (enum sg_status) and flags.
+const (
+	StatusOK      = 0
+	StatusTimeout = 1
+
+	FlagOverflow = 0x1
+)
+
+// Slot states (enum sg_slot_state).
+const (
+	SlotFree    = 0
+	SlotPending = 1
+	SlotDone    = 2
+)
+
+// Header is struct sg_hdr in host order.
+type Header struct {
+	Version    uint8
+	Op         uint8
+	Group      uint16
+	Worker     uint16
+	ReqID      uint64
+	Status     uint16
+	Need       uint16
+	Part       uint16
+	NParts     uint16
+	TimeoutUS  uint32
+	PayloadLen uint32
+}
+
+// Append appends the header (with Magic) to b in wire order.
+func (h Header) Append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint16(b, Magic)
+	b = append(b, h.Version, h.Op)
+	b = binary.BigEndian.AppendUint16(b, h.Group)
+	b = binary.BigEndian.AppendUint16(b, h.Worker)
+	b = binary.BigEndian.AppendUint64(b, h.ReqID)
+	b = binary.BigEndian.AppendUint16(b, h.Status)
+	b = binary.BigEndian.AppendUint16(b, h.Need)
+	b = binary.BigEndian.AppendUint16(b, h.Part)
+	b = binary.BigEndian.AppendUint16(b, h.NParts)
+	b = binary.BigEndian.AppendUint32(b, h.TimeoutUS)
+	return binary.BigEndian.AppendUint32(b, h.PayloadLen)
+}
+
+// Errors of ParseHeader.
+var (
+	ErrNotSG      = errors.New("not a kedge sg datagram (magic)")
+	ErrShort      = errors.New("sg datagram shorter than its header")
+	ErrVersion    = errors.New("unknown sg version")
+	ErrPayloadLen = errors.New("sg payload length beyond the datagram")
+)
+
+// ParseHeader parses a datagram's header and returns it with the payload it announces.
+func ParseHeader(d []byte) (Header, []byte, error) {
+	var h Header
+	if len(d) < 2 || binary.BigEndian.Uint16(d) != Magic {
+		return h, nil, ErrNotSG
+	}
+	if len(d) < HdrLen {
+		return h, nil, ErrShort
+	}
+	h.Version, h.Op = d[2], d[3]
+	if h.Version != Version {
+		return h, nil, fmt.Errorf("%w %d", ErrVersion, h.Version)
+	}
+	h.Group = binary.BigEndian.Uint16(d[4:])
+	h.Worker = binary.BigEndian.Uint16(d[6:])
+	h.ReqID = binary.BigEndian.Uint64(d[8:])
+	h.Status = binary.BigEndian.Uint16(d[16:])
+	h.Need = binary.BigEndian.Uint16(d[18:])
+	h.Part = binary.BigEndian.Uint16(d[20:])
+	h.NParts = binary.BigEndian.Uint16(d[22:])
+	h.TimeoutUS = binary.BigEndian.Uint32(d[24:])
+	h.PayloadLen = binary.BigEndian.Uint32(d[28:])
+	if uint64(h.PayloadLen) > uint64(len(d)-HdrLen) {
+		return h, nil, ErrPayloadLen
+	}
+	return h, d[HdrLen : HdrLen+int(h.PayloadLen)], nil
+}
+
+// ElemSize is the byte size of one element of type t.
+func ElemSize(t uint8) int {
+	if t == TypeI64 {
+		return 8
+	}
+	return 4
+}
+
+// AppendVector appends v as big-endian elements of type t.
+func AppendVector(b []byte, t uint8, v []int64) []byte {
+	for _, x := range v {
+		if t == TypeI64 {
+			b = binary.BigEndian.AppendUint64(b, uint64(x))
+		} else {
+			b = binary.BigEndian.AppendUint32(b, uint32(int32(x)))
+		}
+	}
+	return b
+}
+
+// DecodeVector decodes big-endian elements of type t.
+func DecodeVector(b []byte, t uint8) []int64 {
+	size := ElemSize(t)
+	out := make([]int64, 0, len(b)/size)
+	for i := 0; i+size <= len(b); i += size {
+		if t == TypeI64 {
+			out = append(out, int64(binary.BigEndian.Uint64(b[i:])))
+		} else {
+			out = append(out, int64(int32(binary.BigEndian.Uint32(b[i:]))))
+		}
+	}
+	return out
+}

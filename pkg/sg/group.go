@@ -1,0 +1,679 @@
+package sg
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/lab"
+	isg "github.com/kedge-dev/kedge/internal/sg"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// Group is an open scatter-gather group. Its methods are safe for concurrent use.
+type Group struct {
+	cfg     Config
+	objs    *isg.Objects
+	attach  []bpfx.Attachment
+	conn    *net.UDPConn
+	target  netip.AddrPort // where the request is addressed (worker 0); the scatter fans out
+	rd      *ringbuf.Reader
+	pinDir  string
+	free    chan uint16
+	seq     atomic.Uint64
+	mu      sync.Mutex
+	pending [isg.Slots]*waiter
+	done    chan struct{}
+	wg      sync.WaitGroup
+	closed  atomic.Bool
+	strays  atomic.Uint64
+}
+
+type waiter struct {
+	id   uint64
+	sent time.Time
+	ch   chan Result
+}
+
+// Validate checks c and fills its defaults (Open calls it).
+func (c *Config) Validate() error {
+	switch {
+	case c.Interface == "":
+		return errors.New("sg config: no interface (set Config.Interface)")
+	case len(c.Workers) == 0 || len(c.Workers) > MaxWorkers:
+		return fmt.Errorf("sg config: %d workers, want 1..%d", len(c.Workers), MaxWorkers)
+	case c.Reduction < Sum || c.Reduction > Gather:
+		return fmt.Errorf("sg config: unknown reduction %d", c.Reduction)
+	case c.Type != Int32 && c.Type != Int64:
+		return fmt.Errorf("sg config: unknown element type %d", c.Type)
+	case c.Need < 0 || c.Need > len(c.Workers):
+		return fmt.Errorf("sg config: need %d of %d workers", c.Need, len(c.Workers))
+	case c.InFlight < 0 || c.InFlight > MaxInFlight:
+		return fmt.Errorf("sg config: in-flight limit %d, want 1..%d", c.InFlight, MaxInFlight)
+	}
+	if c.Reduction != Count && (c.Elems < 1 || c.Elems > MaxElems) {
+		return fmt.Errorf("sg config: %d elements, want 1..%d", c.Elems, MaxElems)
+	}
+	v4 := c.Workers[0].Addr().Unmap().Is4()
+	for i, w := range c.Workers {
+		if !w.IsValid() || w.Port() == 0 {
+			return fmt.Errorf("sg config: worker %d (%v) has no address or port", i, w)
+		}
+		if w.Addr().Unmap().Is4() != v4 {
+			return fmt.Errorf("sg config: worker %d (%v) is not of worker 0's family: a group is all IPv4 or all IPv6", i, w)
+		}
+	}
+	if c.Reduction == Gather {
+		per := c.Elems * c.Type.Size()
+		fit := min(AggBytes/per, MaxGatherK)
+		if c.GatherK == 0 {
+			c.GatherK = fit
+		}
+		if c.GatherK < 1 || c.GatherK > fit {
+			return fmt.Errorf("sg config: gather %d payloads of %d bytes; at most %d fit", c.GatherK, per, fit)
+		}
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 100 * time.Millisecond
+	}
+	if c.InFlight == 0 {
+		c.InFlight = 256
+	}
+	return nil
+}
+
+func openNetns(name string) (netns.NsHandle, error) {
+	if name == "" {
+		return -1, nil
+	}
+	p := name
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(lab.NetnsDir, name)
+	}
+	h, err := netns.GetFromPath(p)
+	if err != nil {
+		return -1, fmt.Errorf("open netns %s: %w", p, err)
+	}
+	return h, nil
+}
+
+// Open loads the data plane, attaches it to cfg.Interface and opens the coordinator
+// socket. Close releases everything; a killed process leaves nothing but, with Pin, a pin
+// directory that the next Open or `kedge cleanup` removes.
+func Open(cfg Config) (_ *Group, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ns, err := openNetns(cfg.Netns)
+	if err != nil {
+		return nil, err
+	}
+	if ns >= 0 {
+		defer ns.Close()
+	}
+	removeDeadPins()
+	g := &Group{cfg: cfg, done: make(chan struct{}), free: make(chan uint16, cfg.InFlight)}
+	defer func() {
+		if err != nil {
+			g.release()
+		}
+	}()
+	g.target = cfg.Workers[0]
+	var ifindex int
+	var workers []isg.WorkerCfg
+	err = bpfx.InNetns(ns, func() (err error) {
+		ifindex, workers, err = resolve(&cfg)
+		if err != nil {
+			return err
+		}
+		network := "udp4"
+		if !cfg.Workers[0].Addr().Unmap().Is4() {
+			network = "udp6"
+		}
+		g.conn, err = net.ListenUDP(network, net.UDPAddrFromAddrPort(cfg.Local))
+		if err != nil {
+			return fmt.Errorf("open coordinator socket on %v: %w", cfg.Local, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	local := g.conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	if local.Addr().IsUnspecified() || !local.IsValid() {
+		local = netip.AddrPortFrom(cfg.Local.Addr(), local.Port())
+	}
+	g.cfg.Local = local
+
+	g.objs, err = isg.Load(isg.LoadOptions{Tier: isg.DetectTier(), ExpireSlack: 20_000})
+	if err != nil {
+		return nil, fmt.Errorf("load sg data plane: %w", err)
+	}
+	untimed, err := g.objs.InitTimers()
+	if err != nil {
+		return nil, err
+	}
+	if err := g.fillMaps(ifindex, workers); err != nil {
+		return nil, err
+	}
+	if g.rd, err = ringbuf.NewReader(g.objs.Results); err != nil {
+		return nil, fmt.Errorf("open result ring buffer: %w", err)
+	}
+	tc, err := bpfx.AttachTC(g.objs.Scatter, bpfx.TCTarget{Netns: ns, IfIndex: ifindex, Dir: bpfx.Egress, Name: "sg-scatter"})
+	if err != nil {
+		return nil, fmt.Errorf("attach sg scatter to %s egress: %w", cfg.Interface, err)
+	}
+	g.attach = append(g.attach, tc)
+	xdp, err := bpfx.AttachXDP(g.objs.Gather, ns, ifindex, bpfx.XDPAuto)
+	if err != nil {
+		return nil, fmt.Errorf("attach sg gather (xdp) to %s: %w - another XDP program may own the interface", cfg.Interface, err)
+	}
+	g.attach = append(g.attach, xdp)
+	if cfg.Pin {
+		if err := g.pin(); err != nil {
+			return nil, err
+		}
+	}
+	for i := range cfg.InFlight {
+		g.free <- uint16(i)
+	}
+	g.seq.Store(rand.Uint64() >> 12)
+	g.wg.Add(2)
+	go g.dispatch()
+	go g.drain()
+	// Kernels without bpf_timer, and slots whose timer could not be allocated, are
+	// expired by sg_sweep, run from here.
+	if g.objs.Tier == isg.TierBounded || untimed > 0 {
+		g.wg.Add(1)
+		go g.sweeper()
+	}
+	return g, nil
+}
+
+// resolve finds the interface and each worker's next-hop MAC, and the default local
+// address. Runs inside the group's namespace.
+func resolve(cfg *Config) (int, []isg.WorkerCfg, error) {
+	link, err := netlink.LinkByName(cfg.Interface)
+	if err != nil {
+		return 0, nil, fmt.Errorf("find interface %s: %w (list them with 'ip link')", cfg.Interface, err)
+	}
+	attrs := link.Attrs()
+	loopback := attrs.Flags&net.FlagLoopback != 0
+	out := make([]isg.WorkerCfg, len(cfg.Workers))
+	for i, w := range cfg.Workers {
+		addr := w.Addr().Unmap()
+		routes, err := netlink.RouteGet(addr.AsSlice())
+		if err != nil || len(routes) == 0 {
+			return 0, nil, fmt.Errorf("route to worker %d (%v): %w", i, w, err)
+		}
+		r := routes[0]
+		if r.LinkIndex != attrs.Index {
+			return 0, nil, fmt.Errorf("worker %d (%v) is routed through ifindex %d, not %s (%d): every worker must be reached through the group's interface", i, w, r.LinkIndex, cfg.Interface, attrs.Index)
+		}
+		if i == 0 && !cfg.Local.Addr().IsValid() {
+			src, _ := netip.AddrFromSlice(r.Src)
+			if !src.IsValid() {
+				return 0, nil, fmt.Errorf("no source address towards worker 0 (%v): set Config.Local", w)
+			}
+			cfg.Local = netip.AddrPortFrom(src.Unmap(), cfg.Local.Port())
+		}
+		wc := isg.WorkerCfg{Port: htons(w.Port())}
+		wc.Addr.In6U.U6Addr8 = netip.AddrFrom16(addr.As16()).As16()
+		if addr.Is4() {
+			wc.Addr.In6U.U6Addr8 = netip.AddrFrom16(v4mapped(addr)).As16()
+		}
+		if !loopback {
+			hop := addr
+			if gw, ok := netip.AddrFromSlice(r.Gw); ok && gw.IsValid() {
+				hop = gw.Unmap()
+			}
+			mac, err := neighbour(attrs.Index, hop, w)
+			if err != nil {
+				return 0, nil, fmt.Errorf("resolve worker %d (%v): %w", i, w, err)
+			}
+			copy(wc.Mac[:], mac)
+		}
+		out[i] = wc
+	}
+	return attrs.Index, out, nil
+}
+
+func v4mapped(a netip.Addr) [16]byte {
+	var b [16]byte
+	b[10], b[11] = 0xff, 0xff
+	v := a.As4()
+	copy(b[12:], v[:])
+	return b
+}
+
+func htons(v uint16) uint16 { return v>>8 | v<<8 }
+
+// neighbour returns hop's MAC, asking the kernel to resolve it (a datagram to the worker)
+// when it is not known yet.
+func neighbour(ifindex int, hop netip.Addr, w netip.AddrPort) (net.HardwareAddr, error) {
+	family := netlink.FAMILY_V4
+	if hop.Is6() {
+		family = netlink.FAMILY_V6
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for probed := false; ; {
+		neighs, err := netlink.NeighList(ifindex, family)
+		if err != nil {
+			return nil, fmt.Errorf("list neighbours: %w", err)
+		}
+		for _, n := range neighs {
+			ip, _ := netip.AddrFromSlice(n.IP)
+			if ip.Unmap() == hop && len(n.HardwareAddr) == 6 &&
+				n.State&(netlink.NUD_INCOMPLETE|netlink.NUD_FAILED) == 0 {
+				return n.HardwareAddr, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("next hop %v has no MAC address (unreachable?)", hop)
+		}
+		if !probed {
+			// An empty datagram makes the kernel resolve the next hop; the worker ignores it.
+			if c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(w)); err == nil {
+				_, _ = c.Write(nil)
+				c.Close()
+			}
+			probed = true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (g *Group) fillMaps(ifindex int, workers []isg.WorkerCfg) error {
+	gc := isg.GroupCfg{
+		Enabled:   1,
+		Family:    4,
+		Reduce:    uint8(g.cfg.Reduction),
+		Dtype:     uint8(g.cfg.Type),
+		Nworkers:  uint16(len(workers)),
+		Elems:     uint16(g.cfg.Elems),
+		SlotBase:  0,
+		Nslots:    uint16(g.cfg.InFlight),
+		Ifindex:   uint32(ifindex),
+		GatherK:   uint32(g.cfg.GatherK),
+		TimeoutNs: uint64(g.cfg.Timeout),
+		CoordPort: htons(g.cfg.Local.Port()),
+	}
+	la := g.cfg.Local.Addr().Unmap()
+	if la.Is4() {
+		gc.CoordAddr.In6U.U6Addr8 = v4mapped(la)
+	} else {
+		gc.Family = 6
+		gc.CoordAddr.In6U.U6Addr8 = la.As16()
+	}
+	if g.cfg.Group >= isg.GroupsMax {
+		return fmt.Errorf("sg config: group id %d, want < %d", g.cfg.Group, isg.GroupsMax)
+	}
+	gc.WorkerBase = uint16(uint32(g.cfg.Group) * isg.WorkersMax % 65536)
+	base := uint32(g.cfg.Group) * isg.WorkersMax
+	for i, w := range workers {
+		if err := g.objs.Workers.Put(base+uint32(i), &w); err != nil {
+			return fmt.Errorf("write worker %d: %w", i, err)
+		}
+	}
+	if base > 65535 {
+		return fmt.Errorf("sg config: group id %d too large", g.cfg.Group)
+	}
+	gc.WorkerBase = uint16(base)
+	if err := g.objs.Groups.Put(uint32(g.cfg.Group), &gc); err != nil {
+		return fmt.Errorf("write group: %w", err)
+	}
+	return nil
+}
+
+func (g *Group) pin() error {
+	dir, err := bpfx.PinDir("sg")
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrPin, err)
+	}
+	g.pinDir = dir
+	for name, m := range map[string]*ebpf.Map{"stats": g.objs.Stats, "slots": g.objs.Slots, "groups": g.objs.Groups} {
+		if err := m.Pin(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("%w: pin %s: %w", ErrPin, name, err)
+		}
+	}
+	info := fmt.Sprintf("interface=%s netns=%s local=%s workers=%d reduction=%s\n", g.cfg.Interface, g.cfg.Netns, g.cfg.Local, len(g.cfg.Workers), g.cfg.Reduction)
+	_ = os.WriteFile(filepath.Join(dir, "info"), []byte(info), 0o600) // bpffs refuses plain files: best effort
+	return nil
+}
+
+// removeDeadPins removes the pin directories of sg coordinators that died (their maps,
+// slots included, are freed with them).
+func removeDeadPins() {
+	dirs, err := bpfx.ListPinDirs()
+	if err != nil {
+		return
+	}
+	for _, d := range dirs {
+		if d.Name == "sg" && d.PID != os.Getpid() && !lab.ProcessAlive(d.PID) {
+			_ = bpfx.RemovePinDir(d.Dir)
+		}
+	}
+}
+
+// Interface is the interface the group is attached to; Local the coordinator socket;
+// Tier the kernel features the data plane uses.
+func (g *Group) Local() netip.AddrPort { return g.cfg.Local }
+
+// Tier reports how the data plane loops and expires ("bpf_loop+bpf_timer" or
+// "bounded-loop+sweep").
+func (g *Group) Tier() string { return g.objs.Tier.String() }
+
+// Scatter sends payload to every worker and returns the result.
+func (g *Group) Scatter(ctx context.Context, payload []byte) (Result, error) {
+	return g.ScatterWith(ctx, payload, RequestOptions{})
+}
+
+// ScatterWith is Scatter with per-request options.
+func (g *Group) ScatterWith(ctx context.Context, payload []byte, o RequestOptions) (Result, error) {
+	if g.closed.Load() {
+		return Result{}, ErrClosed
+	}
+	if o.Need < 0 || o.Need > len(g.cfg.Workers) {
+		return Result{}, fmt.Errorf("sg request: need %d of %d workers", o.Need, len(g.cfg.Workers))
+	}
+	var slot uint16
+	if g.cfg.OnFull == Fail {
+		select {
+		case slot = <-g.free:
+		default:
+			return Result{}, ErrInFlight
+		}
+	} else {
+		select {
+		case slot = <-g.free:
+		case <-ctx.Done():
+			return Result{}, ctx.Err()
+		case <-g.done:
+			return Result{}, ErrClosed
+		}
+	}
+	timeout := g.cfg.Timeout
+	if o.Timeout > 0 {
+		timeout = o.Timeout
+	}
+	id := g.seq.Add(1)<<10 | uint64(slot)
+	w := &waiter{id: id, sent: time.Now(), ch: make(chan Result, 1)}
+	g.mu.Lock()
+	g.pending[slot] = w
+	g.mu.Unlock()
+
+	h := isg.Header{Version: isg.Version, Op: isg.OpRequest, Group: g.cfg.Group, ReqID: id,
+		Need: uint16(o.Need), TimeoutUS: uint32(o.Timeout / time.Microsecond), PayloadLen: uint32(len(payload))}
+	buf := append(h.Append(make([]byte, 0, isg.HdrLen+len(payload))), payload...)
+	if _, err := g.conn.WriteToUDPAddrPort(buf, g.target); err != nil {
+		g.forget(slot, id)
+		return Result{}, fmt.Errorf("send sg request: %w", err)
+	}
+	// The kernel completes every request by its deadline; this timer only guards against a
+	// result that never comes (ring buffer full, timer not armed).
+	guard := time.NewTimer(timeout + 50*time.Millisecond + timeout/2)
+	defer guard.Stop()
+	for {
+		select {
+		case r := <-w.ch:
+			return r, nil
+		case <-ctx.Done():
+			return Result{}, ctx.Err() // the slot is freed when its result arrives
+		case <-g.done:
+			return Result{}, ErrClosed
+		case <-guard.C:
+			if r, ok := g.recover(slot, w); ok {
+				return r, nil
+			}
+			return Result{}, ErrLost
+		}
+	}
+}
+
+// forget drops a waiter whose request never left; its slot is free again.
+func (g *Group) forget(slot uint16, id uint64) {
+	g.mu.Lock()
+	if w := g.pending[slot]; w != nil && w.id == id {
+		g.pending[slot] = nil
+	}
+	g.mu.Unlock()
+	g.free <- slot
+}
+
+// recover reads a result from its slot when the ring buffer did not deliver it.
+func (g *Group) recover(slot uint16, w *waiter) (Result, bool) {
+	_, _ = g.objs.RunSweep() // expires it now if its timer did not
+	select {
+	case r := <-w.ch:
+		return r, true
+	case <-time.After(10 * time.Millisecond):
+	}
+	var s isg.SlotRec
+	if err := g.objs.Slots.Lookup(uint32(slot), &s); err != nil || s.Res.ReqId != w.id || s.State != isg.SlotDone {
+		return Result{}, false // slot stays reserved: never reused while its state is unknown
+	}
+	g.mu.Lock()
+	mine := g.pending[slot] == w
+	if mine {
+		g.pending[slot] = nil
+	}
+	g.mu.Unlock()
+	if !mine {
+		select { // delivered meanwhile
+		case r := <-w.ch:
+			return r, true
+		default:
+			return Result{}, false
+		}
+	}
+	r := g.decode(&s.Res, w)
+	g.free <- slot
+	return r, true
+}
+
+func (g *Group) decode(rec *isg.ResultRec, w *waiter) Result {
+	r := Result{
+		ID:        rec.ReqId,
+		Status:    Status(rec.Status),
+		Count:     int(rec.Count),
+		Need:      int(rec.Need),
+		Overflow:  rec.Flags&isg.FlagOverflow != 0,
+		Kernel:    time.Duration(rec.DoneNs - rec.StartNs),
+		RoundTrip: time.Since(w.sent),
+	}
+	r.Answered = make([]int, 0, r.Count)
+	for i, word := range rec.Bitmap {
+		for b := 0; b < 64 && word != 0; b++ {
+			if word&(1<<b) != 0 {
+				r.Answered = append(r.Answered, i*64+b)
+				word &^= 1 << b
+			}
+		}
+	}
+	switch g.cfg.Reduction {
+	case Sum, Min, Max:
+		if g.cfg.Reduction == Sum || r.Count > 0 {
+			r.Values = append([]int64(nil), rec.Agg[:g.cfg.Elems]...)
+		}
+	case Gather:
+		per := g.cfg.Elems * g.cfg.Type.Size()
+		raw := make([]byte, isg.AggBytes)
+		for i, v := range rec.Agg {
+			binary.NativeEndian.PutUint64(raw[i*8:], uint64(v))
+		}
+		for k := 0; k < int(rec.Gathered) && k < g.cfg.GatherK && (k+1)*per <= len(raw); k++ {
+			r.Gathered = append(r.Gathered, GatherItem{Worker: int(rec.Order[k]), Payload: append([]byte(nil), raw[k*per:(k+1)*per]...)})
+		}
+	}
+	return r
+}
+
+// dispatch reads results from the ring buffer and hands them to their waiters.
+func (g *Group) dispatch() {
+	defer g.wg.Done()
+	var rec ringbuf.Record
+	var res isg.ResultRec
+	for {
+		if g.cfg.BusyPoll {
+			for g.rd.AvailableBytes() == 0 {
+				if g.closed.Load() {
+					return
+				}
+				runtime.Gosched()
+			}
+		}
+		if err := g.rd.ReadInto(&rec); err != nil {
+			if errors.Is(err, ringbuf.ErrClosed) || g.closed.Load() {
+				return
+			}
+			continue
+		}
+		if _, err := binary.Decode(rec.RawSample, binary.NativeEndian, &res); err != nil {
+			g.strays.Add(1)
+			continue
+		}
+		slot := res.Slot
+		if int(slot) >= len(g.pending) {
+			g.strays.Add(1)
+			continue
+		}
+		g.mu.Lock()
+		w := g.pending[slot]
+		mine := w != nil && w.id == res.ReqId
+		if mine {
+			g.pending[slot] = nil
+		}
+		g.mu.Unlock()
+		if !mine {
+			// A request whose waiter gave up (context) has no waiter but still owns the
+			// slot: free it. A result for an older id is a stray (recovered already).
+			g.strays.Add(1)
+			continue
+		}
+		w.ch <- g.decode(&res, w)
+		g.free <- slot
+	}
+}
+
+// drain reads what reaches the coordinator socket (replies XDP passed: malformed,
+// unregistered, other traffic) so its buffer never fills.
+func (g *Group) drain() {
+	defer g.wg.Done()
+	buf := make([]byte, 65536)
+	for {
+		if _, _, err := g.conn.ReadFromUDPAddrPort(buf); err != nil {
+			if g.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+		}
+	}
+}
+
+// sweeper expires requests on kernels without bpf_timer.
+func (g *Group) sweeper() {
+	defer g.wg.Done()
+	period := max(min(g.cfg.Timeout/4, 5*time.Millisecond), 500*time.Microsecond)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.done:
+			return
+		case <-t.C:
+			_, _ = g.objs.RunSweep()
+		}
+	}
+}
+
+// Stats returns the group's counters (plus the packets that matched no group).
+func (g *Group) Stats() (Stats, error) {
+	s, err := g.objs.SumStats(uint32(g.cfg.Group))
+	if err != nil {
+		return Stats{}, err
+	}
+	n, err := g.objs.SumStats(isg.GroupsMax)
+	if err != nil {
+		return Stats{}, err
+	}
+	s.Add(&n)
+	return publicStats(&s), nil
+}
+
+// Close detaches the programs and releases the group. Outstanding Scatter calls return
+// ErrClosed.
+func (g *Group) Close() error {
+	if g.closed.Swap(true) {
+		return nil
+	}
+	close(g.done)
+	err := g.release()
+	g.wg.Wait()
+	return err
+}
+
+func (g *Group) release() error {
+	var errs []error
+	for i := len(g.attach) - 1; i >= 0; i-- {
+		errs = append(errs, g.attach[i].Close())
+	}
+	g.attach = nil
+	if g.rd != nil {
+		errs = append(errs, g.rd.Close())
+	}
+	if g.conn != nil {
+		errs = append(errs, g.conn.Close())
+	}
+	if g.pinDir != "" {
+		errs = append(errs, bpfx.RemovePinDir(g.pinDir))
+	}
+	if g.objs != nil {
+		errs = append(errs, g.objs.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// publicStats copies the data plane's counters (same names, same order) into Stats.
+func publicStats(s *isg.Stats) Stats {
+	var out Stats
+	src := reflect.ValueOf(s).Elem()
+	dst := reflect.ValueOf(&out).Elem()
+	for i := range dst.NumField() {
+		if f := src.FieldByName(dst.Type().Field(i).Name); f.IsValid() {
+			dst.Field(i).SetUint(f.Uint())
+		}
+	}
+	return out
+}
+
+// ReadPinnedStats reads the counters a group opened with Pin exposes in dir.
+func ReadPinnedStats(dir string) (Stats, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "stats"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return Stats{}, fmt.Errorf("open pinned sg stats: %w", err)
+	}
+	defer m.Close()
+	var total isg.Stats
+	for k := uint32(0); k <= isg.GroupsMax; k++ {
+		s, err := isg.SumStats(m, k)
+		if err != nil {
+			return Stats{}, err
+		}
+		total.Add(&s)
+	}
+	return publicStats(&total), nil
+}

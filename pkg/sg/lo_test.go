@@ -1,0 +1,180 @@
+package sg
+
+import (
+	"errors"
+	"context"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/lab"
+	isg "github.com/kedge-dev/kedge/internal/sg"
+)
+
+// loopbackGroup runs n reference workers (the last `dead` of them not started) on
+// loopback in a fresh namespace and opens a group on lo.
+func loopbackGroup(t *testing.T, n, dead int, cfg Config, wcfg isg.WorkerConfig) *Group {
+	t.Helper()
+	bpftest.RequireRoot(t)
+	ns, err := lab.NewNetns("sglo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	if _, err := ns.Run("ip", "link", "set", "lo", "up"); err != nil {
+		t.Fatal(err)
+	}
+	var workers []netip.AddrPort
+	for i := range n {
+		workers = append(workers, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(19000+i)))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	ready := make(chan struct{})
+	wcfg.Listen = workers[:n-dead]
+	go func() { errc <- ns.Do(func() error { return isg.RunWorkers(ctx, wcfg, nil, ready) }) }()
+	select {
+	case <-ready:
+	case err := <-errc:
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); <-errc })
+	cfg.Interface, cfg.Netns, cfg.Workers = "lo", ns.Path(), workers
+	g, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+// TestManyGoroutines checks every aggregate against the values each worker sent, with 64
+// requests outstanding from 16 goroutines.
+func TestManyGoroutines(t *testing.T) {
+	const n, elems = 16, 3
+	g := loopbackGroup(t, n, 0, Config{Reduction: Sum, Type: Int32, Elems: elems, Timeout: time.Second, InFlight: 64},
+		isg.WorkerConfig{Type: isg.TypeI32, Elems: elems})
+	var wg sync.WaitGroup
+	for gr := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range 40 {
+				res, err := g.Scatter(context.Background(), []byte{byte(gr), byte(k)})
+				if err != nil {
+					t.Errorf("scatter: %v", err)
+					return
+				}
+				if res.Status != OK || res.Count != n || len(res.Answered) != n {
+					t.Errorf("request %#x: status %v count %d", res.ID, res.Status, res.Count)
+					continue
+				}
+				for j := range elems {
+					var want int64
+					for w := range n {
+						want += isg.ValueFor(uint16(w), res.ID, j)
+					}
+					if res.Values[j] != want {
+						t.Errorf("request %#x element %d: %d, want %d", res.ID, j, res.Values[j], want)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	st, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Completed != 640 || st.Replies != 640*n || st.Copies != 640*n || st.Timeouts != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestDeadWorkerTimesOut: the all-policy request expires in the kernel with the bitmap of
+// the workers that answered and their partial aggregate; any-policy completes.
+func TestDeadWorkerTimesOut(t *testing.T) {
+	const n = 5
+	g := loopbackGroup(t, n, 1, Config{Reduction: Max, Type: Int64, Elems: 2, Timeout: 30 * time.Millisecond},
+		isg.WorkerConfig{Type: isg.TypeI64, Elems: 2})
+	res, err := g.Scatter(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != Timeout || res.Count != n-1 || len(res.Answered) != n-1 || res.Answered[n-2] != n-2 {
+		t.Fatalf("result %+v", res)
+	}
+	if want := isg.ValueFor(n-2, res.ID, 1); res.Values[1] != want {
+		t.Errorf("partial max %d, want %d", res.Values[1], want)
+	}
+	res, err = g.ScatterWith(context.Background(), nil, RequestOptions{Need: 1})
+	if err != nil || res.Status != OK || res.Count != 1 {
+		t.Fatalf("any: %+v %v", res, err)
+	}
+}
+
+// TestLossyDuplicatingWorkers: duplicates are dropped in the kernel, lost requests time out.
+func TestLossyDuplicatingWorkers(t *testing.T) {
+	const n = 8
+	g := loopbackGroup(t, n, 0, Config{Reduction: Sum, Type: Int64, Elems: 1, Timeout: 20 * time.Millisecond},
+		isg.WorkerConfig{Type: isg.TypeI64, Elems: 1, Loss: 0.05, Dup: 0.5, Seed: 1})
+	var ok, timeouts int
+	for range 60 {
+		res, err := g.Scatter(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want int64
+		for _, w := range res.Answered {
+			want += isg.ValueFor(uint16(w), res.ID, 0)
+		}
+		if res.Values[0] != want {
+			t.Errorf("request %#x: sum %d of %v, want %d", res.ID, res.Values[0], res.Answered, want)
+		}
+		if res.Status == OK {
+			ok++
+		} else {
+			timeouts++
+		}
+	}
+	st, _ := g.Stats()
+	t.Logf("ok %d timeouts %d duplicates dropped %d late %d", ok, timeouts, st.Duplicates, st.Late)
+	if st.Duplicates == 0 || timeouts == 0 || ok == 0 {
+		t.Errorf("want duplicates dropped, some timeouts and some completions: %+v", st)
+	}
+}
+
+// TestInFlightFail: with one slot and OnFull: Fail, concurrent requests fail at once with
+// ErrInFlight while one is in flight (each holds the slot until its 50 ms timeout).
+func TestInFlightFail(t *testing.T) {
+	g := loopbackGroup(t, 2, 1, Config{Reduction: Count, Timeout: 50 * time.Millisecond, InFlight: 1, OnFull: Fail},
+		isg.WorkerConfig{})
+	var mu sync.Mutex
+	var ok, full int
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 5 {
+				res, err := g.Scatter(context.Background(), nil)
+				mu.Lock()
+				switch {
+				case errors.Is(err, ErrInFlight):
+					full++
+				case err == nil && res.Status == Timeout && res.Count == 1:
+					ok++
+				default:
+					t.Errorf("result %+v err %v", res, err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if ok == 0 || full == 0 {
+		t.Fatalf("%d completed, %d refused: want both", ok, full)
+	}
+}

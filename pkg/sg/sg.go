@@ -1,0 +1,243 @@
+// Package sg is kedge's scatter-gather primitive: an application sends ONE datagram and
+// the kernel fans it out to every worker of a group (TC egress), reduces the workers'
+// replies as they arrive (XDP ingress) and hands the application only the final result,
+// through a ring buffer. Requests that are not complete by their deadline complete in the
+// kernel with status Timeout, the partial aggregate and the set of workers that answered.
+//
+// A Group is one coordinator socket on one interface with its workers and its reduction:
+//
+//	g, err := sg.Open(sg.Config{
+//		Interface: "eth0",
+//		Workers:   []netip.AddrPort{netip.MustParseAddrPort("10.0.0.2:9000"), ...},
+//		Reduction: sg.Sum, Type: sg.Int64, Elems: 4,
+//		Timeout:   10 * time.Millisecond,
+//	})
+//	res, err := g.Scatter(ctx, []byte("query"))
+//	// res.Values: the element-wise sum; res.Answered: who answered; res.Status
+//
+// Scatter is safe from many goroutines; up to Config.InFlight requests are outstanding
+// at once, and when all are in flight Scatter blocks or fails with ErrInFlight, as
+// Config.OnFull says. Workers speak the wire format in docs/sg.md (kedge sg worker is the
+// reference implementation). One Group per interface: XDP allows one program per device.
+//
+// Opening a group needs root (CAP_BPF + CAP_NET_ADMIN) and Linux 5.10 or later.
+package sg
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Reduction is how the workers' replies combine.
+type Reduction int
+
+const (
+	Sum    Reduction = iota // element-wise sum (int32 summed in int64: no wrap; int64 wrap is flagged)
+	Min                     // element-wise minimum
+	Max                     // element-wise maximum
+	Count                   // number of replies; payloads are not read
+	Gather                  // the first GatherK payloads, concatenated in arrival order
+)
+
+func (r Reduction) String() string {
+	switch r {
+	case Sum:
+		return "sum"
+	case Min:
+		return "min"
+	case Max:
+		return "max"
+	case Count:
+		return "count"
+	case Gather:
+		return "gather"
+	}
+	return fmt.Sprintf("Reduction(%d)", int(r))
+}
+
+// ParseReduction parses "sum", "min", "max", "count" or "gather".
+func ParseReduction(s string) (Reduction, error) {
+	for r := Sum; r <= Gather; r++ {
+		if r.String() == s {
+			return r, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown reduction %q (want sum, min, max, count or gather)", s)
+}
+
+// ElemType is the type of the elements of a reply vector.
+type ElemType int
+
+const (
+	Int32 ElemType = iota
+	Int64
+)
+
+func (t ElemType) String() string {
+	if t == Int64 {
+		return "int64"
+	}
+	return "int32"
+}
+
+// ParseElemType parses "int32" or "int64".
+func ParseElemType(s string) (ElemType, error) {
+	switch s {
+	case "int32", "i32":
+		return Int32, nil
+	case "int64", "i64":
+		return Int64, nil
+	}
+	return 0, fmt.Errorf("unknown element type %q (want int32 or int64)", s)
+}
+
+// Size is the byte size of one element.
+func (t ElemType) Size() int {
+	if t == Int64 {
+		return 8
+	}
+	return 4
+}
+
+// OnFull says what Scatter does when every request slot is in flight.
+type OnFull int
+
+const (
+	Block OnFull = iota // wait for a slot (or the context)
+	Fail                // return ErrInFlight at once
+)
+
+// Limits of the data plane (bpf/include/sg.h).
+const (
+	MaxWorkers  = 1024 // workers per group
+	MaxInFlight = 1024 // request slots
+	MaxElems    = 256  // vector elements (Sum, Min, Max) of either type
+	MaxGatherK  = 64   // Gather: replies kept
+	AggBytes    = 2048 // Gather: GatherK * Elems * Type.Size() must fit
+)
+
+// Config describes a group.
+type Config struct {
+	// Interface the workers are reached through (the coordinator's side). "lo" works.
+	Interface string
+	// Netns, if set, is the network namespace (a name under /run/netns or a path) the
+	// interface and the coordinator socket live in.
+	Netns string
+	// Workers in index order; all IPv4 or all IPv6, all reached through Interface.
+	Workers []netip.AddrPort
+	// Local is the coordinator socket's address; zero: the route's source address
+	// towards Workers[0] and an ephemeral port.
+	Local netip.AddrPort
+	// Group is the group id on the wire (workers echo it).
+	Group uint16
+
+	Reduction Reduction
+	Type      ElemType
+	// Elems is the vector length (Sum, Min, Max; Gather: payload = Elems * Type.Size()).
+	Elems int
+	// GatherK: Gather keeps the first GatherK payloads (default: as many as fit).
+	GatherK int
+	// Need is how many replies complete a request: 0 = all (WaitAll), 1 = any, N = N of M.
+	Need int
+	// Timeout is the default deadline of a request (default 100 ms).
+	Timeout time.Duration
+	// InFlight is how many requests may be outstanding (default 256, max MaxInFlight).
+	InFlight int
+	OnFull   OnFull
+	// BusyPoll makes the result reader spin on the ring buffer instead of sleeping in
+	// epoll: lower latency, one core busy while the group is open.
+	BusyPoll bool
+	// Pin exposes the group's counters to `kedge sg stats` (under /sys/fs/bpf/kedge).
+	Pin bool
+}
+
+// Status of a result.
+type Status int
+
+const (
+	OK      Status = iota // completed by its policy
+	Timeout               // deadline passed first: partial aggregate
+)
+
+func (s Status) String() string {
+	if s == Timeout {
+		return "timeout"
+	}
+	return "ok"
+}
+
+// MarshalText makes Status print as text in JSON.
+func (s Status) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// GatherItem is one payload kept by Gather.
+type GatherItem struct {
+	Worker  int    `json:"worker"`
+	Payload []byte `json:"payload"`
+}
+
+// Result of one request.
+type Result struct {
+	ID     uint64 `json:"id"`
+	Status Status `json:"status"`
+	// Answered lists the indexes (into Config.Workers) of the workers whose reply counted.
+	Answered []int `json:"answered"`
+	Count    int   `json:"count"`
+	Need     int   `json:"need"`
+	// Values is the element-wise aggregate (Sum, Min, Max); nil for Count and Gather, and
+	// for Min/Max when nobody answered.
+	Values   []int64      `json:"values,omitempty"`
+	Gathered []GatherItem `json:"gathered,omitempty"`
+	// Overflow: an int64 sum wrapped.
+	Overflow bool `json:"overflow,omitempty"`
+	// Kernel is the time from the scatter to the completing reply (or the expiry),
+	// measured in the kernel; RoundTrip is Scatter's own duration.
+	Kernel    time.Duration `json:"kernel_ns"`
+	RoundTrip time.Duration `json:"round_trip_ns"`
+}
+
+// RequestOptions override the group's policy for one request.
+type RequestOptions struct {
+	Need    int           // 0: the group's
+	Timeout time.Duration // 0: the group's; rounded to microseconds
+}
+
+// Stats are the data plane's counters (docs/sg.md lists their meaning).
+type Stats struct {
+	Requests     uint64 `json:"requests"`
+	Copies       uint64 `json:"copies"`
+	CopyErrors   uint64 `json:"copy_errors"`
+	SlotBusy     uint64 `json:"slot_busy"`
+	SlotRange    uint64 `json:"slot_range"`
+	NotOwner     uint64 `json:"not_owner"`
+	Replies      uint64 `json:"replies"`
+	Completed    uint64 `json:"completed"`
+	Timeouts     uint64 `json:"timeouts"`
+	Duplicates   uint64 `json:"duplicates"`
+	Late         uint64 `json:"late"`
+	Stale        uint64 `json:"stale"`
+	Unregistered uint64 `json:"unregistered"`
+	BadLength    uint64 `json:"bad_length"`
+	WorkerErrors uint64 `json:"worker_errors"`
+	Multipart    uint64 `json:"multipart"`
+	Overflow     uint64 `json:"overflow"`
+	RingbufFull  uint64 `json:"ringbuf_full"`
+	UnknownGroup uint64 `json:"unknown_group"`
+	Malformed    uint64 `json:"malformed"`
+	BadVersion   uint64 `json:"bad_version"`
+	Sweeps       uint64 `json:"sweeps"`
+	TimerErrors  uint64 `json:"timer_errors"`
+}
+
+// Errors.
+var (
+	// ErrInFlight: every request slot is in flight and Config.OnFull is Fail.
+	ErrInFlight = errors.New("sg: every request slot is in flight (raise Config.InFlight or use OnFull: Block)")
+	// ErrClosed: the group was closed.
+	ErrClosed = errors.New("sg: group closed")
+	// ErrPin: Config.Pin was set and the counters could not be pinned (no bpffs?).
+	ErrPin = errors.New("sg: cannot pin counters under /sys/fs/bpf/kedge")
+	// ErrLost: neither the ring buffer nor the slot delivered the result in time.
+	ErrLost = errors.New("sg: result lost (slot kept out of use)")
+)
