@@ -351,18 +351,41 @@ func dialTCP(t *testing.T, h *lab.Host, to string) net.Conn {
 	return conn
 }
 
-// serveTCP accepts connections on addr (any port) in h's namespace until the test ends and
-// runs handle on each (which closes it).
+// serveTCP accepts connections on addr (any port) in h's namespace and runs handle on each
+// (which may return early: the connection is closed after it). When the test ends the
+// listener and every connection still open are closed and the handlers waited for, so no
+// socket outlives the test.
 func serveTCP(t *testing.T, h *lab.Host, addr netip.Addr, handle func(net.Conn)) netip.AddrPort {
 	t.Helper()
 	ln := listenTCP(t, h, addr)
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
 			go func() {
+				defer wg.Done()
 				defer c.Close()
 				handle(c)
 			}()
