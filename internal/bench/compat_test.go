@@ -10,6 +10,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/hedgebench"
 	"github.com/kedge-dev/kedge/internal/ppingbench"
+	"github.com/kedge-dev/kedge/internal/raftbench"
 	"github.com/kedge-dev/kedge/internal/sgbench"
 )
 
@@ -21,6 +22,7 @@ func TestCommittedResultsReadable(t *testing.T) {
 		bench.SchemaVersion:   func() any { return new(bench.Result) },
 		hedgebench.RateSchema: func() any { return new(hedgebench.RateResult) },
 		ppingbench.Schema:     func() any { return new(ppingbench.Result) },
+		raftbench.Schema:      func() any { return new(raftbench.Result) },
 		sgbench.Schema:        func() any { return new(sgbench.Result) },
 	}
 	var paths []string
