@@ -354,7 +354,7 @@ func (g *Group) publish(started time.Time) {
 		st, err := g.Stats()
 		if err == nil {
 			b, _ := json.Marshal(st)
-			_ = runstate.WriteStatus(g.cfg.StatusDir, isg.Capability, g.owner, &isg.Status{
+			_ = runstate.WriteStatus(g.cfg.StatusDir, isg.Capability, g.owner.ID, &isg.Status{
 				Owner: g.owner.ID, PID: os.Getpid(), Started: started,
 				Interface: g.cfg.Interface, Netns: g.cfg.Netns, Local: g.cfg.Local.String(),
 				Workers: len(g.cfg.Workers), Reduction: g.cfg.Reduction.String(), Tier: g.Tier(),
@@ -622,7 +622,7 @@ func (g *Group) Close() error {
 	err := g.release()
 	g.wg.Wait()
 	if g.owner != nil {
-		err = errors.Join(err, runstate.RemoveStatus(g.cfg.StatusDir, isg.Capability, g.owner))
+		err = errors.Join(err, runstate.RemoveStatus(g.cfg.StatusDir, isg.Capability, g.owner.ID))
 	}
 	return err
 }
