@@ -53,7 +53,9 @@ jsonl, ppviz), or with -a a per-subnet summary every interval (packets and bytes
 to the subnet, RTT histogram) kept in the kernel. Without --netns the interface is looked
 up in the current network namespace.
 
-Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage.`,
+Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage (also an interface
+or --netns that does not exist), 3 this kernel lacks what the monitor needs (e.g. TCX with
+--tc-mode tcx).`,
 		Example: `  # RTTs of everything on eth0 of a lab host, for 10 seconds
   sudo kedge pping -i eth0 --netns kedge-lab-demo-client --duration 10s
 
