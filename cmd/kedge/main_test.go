@@ -9,11 +9,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/spf13/cobra"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
@@ -140,6 +142,19 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"sg", "scatter", "-i", "lo", "--workers", "127.0.0.1:9000", "--elems", "300"}},
 		{exitUsage, []string{"sg", "stats", "-o", "yaml"}},
 		{exitUsage, []string{"sg", "stats", "extra"}},
+	},
+	"raftlab-errors.golden": {
+		{exitUsage, []string{"raft", "lab"}},
+		{exitUsage, []string{"raft", "lab", "frobnicate"}},
+		{exitUsage, []string{"raft", "lab", "up", "--nodes", "4"}},
+		{exitUsage, []string{"raft", "lab", "down"}},
+		{exitUsage, []string{"raft", "lab", "status"}},
+		{exitUsage, []string{"raft", "lab", "fault"}},
+		{exitUsage, []string{"raft", "lab", "fault", "kedgetestnosuchlab", "frobnicate"}},
+		{exitUsage, []string{"raft", "lab", "fault", "kedgetestnosuchlab", "partition", "1"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--nodes", "4"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--scenarios", "nope"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--trials", "0"}},
 	},
 	"raft-errors.golden": {
 		{exitUsage, []string{"raft"}},
@@ -368,4 +383,37 @@ func TestBenchWithoutRoot(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "out")); !os.IsNotExist(err) {
 		t.Errorf("bench without root created its output directory (stat: %v)", err)
 	}
+}
+
+// TestErrorCasesCoverEveryCommand: every command a user can type has at least one case in
+// errorCases, so a new command cannot arrive without its errors pinned.
+func TestErrorCasesCoverEveryCommand(t *testing.T) {
+	root := newRootCmd()
+	for _, fn := range subcmdFns {
+		root.AddCommand(fn())
+	}
+	covered := func(path []string) bool {
+		for _, cases := range errorCases {
+			for _, c := range cases {
+				if len(c.args) >= len(path) && slices.Equal(c.args[:len(path)], path) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		for _, sub := range c.Commands() {
+			if sub.Hidden || sub.Name() == "help" || sub.Name() == "completion" {
+				continue
+			}
+			p := append(slices.Clone(path), sub.Name())
+			if !covered(p) {
+				t.Errorf("kedge %s has no case in errorCases (cmd/kedge/main_test.go)", strings.Join(p, " "))
+			}
+			walk(sub, p)
+		}
+	}
+	walk(root, nil)
 }
