@@ -3,6 +3,7 @@ package sg
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -60,7 +61,21 @@ func newScatterNS(t *testing.T) *scatterNS {
 				return err
 			}
 		}
-		return nil
+		// A veth transmits only once linkwatch has activated its qdisc (operstate UP);
+		// until then copies go to the noop qdisc and are dropped.
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			l, err := netlink.LinkByName("sa0")
+			if err != nil {
+				return err
+			}
+			if l.Attrs().OperState == netlink.OperUp {
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("sa0 not up: %v", l.Attrs().OperState)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	})
 	if err != nil {
 		t.Fatal(err)
