@@ -103,46 +103,22 @@ func sumStats(per []hedgeHedgeStats) hedgeHedgeStats {
 	return s
 }
 
-func (h *Hedger) dlStats() (hedgeDlStats, error) {
-	var per []hedgeDlStats
-	var s hedgeDlStats
-	if err := h.objs.DlCounters.Lookup(uint32(0), &per); err != nil {
-		return s, fmt.Errorf("read delay-line counters: %w", err)
-	}
-	for _, p := range per {
-		s.Entered += p.Entered
-		s.Exited += p.Exited
-		s.FillerPasses += p.FillerPasses
-		s.FillersDropped += p.FillersDropped
-		s.PeriodSumNs += p.PeriodSumNs
-		s.PeriodCount += p.PeriodCount
-		s.EdtSet += p.EdtSet
-		s.EdtNoEntry += p.EdtNoEntry
-		s.RedirectErrors += p.RedirectErrors
-		if p.PeriodMinNs != 0 && (s.PeriodMinNs == 0 || p.PeriodMinNs < s.PeriodMinNs) {
-			s.PeriodMinNs = p.PeriodMinNs
-		}
-		s.PeriodMaxNs = max(s.PeriodMaxNs, p.PeriodMaxNs)
-	}
-	return s, nil
-}
-
 // Stats reads a consistent-enough snapshot of every counter and histogram.
 func (h *Hedger) Stats() (*Snapshot, error) {
 	snap := &Snapshot{Time: time.Now(), Backend: h.Backend, Calibration: h.Calibration}
-	if h.dl != nil {
-		snap.Period = h.dl.Period
+	if h.pacer != nil {
+		snap.Period = h.pacer.Period()
 	}
 	var per []hedgeHedgeStats
 	if err := h.objs.Stats.Lookup(uint32(svcMax), &per); err != nil {
 		return nil, fmt.Errorf("read global counters: %w", err)
 	}
 	snap.Global = pick(counterMap(sumStats(per)), true)
-	dl, err := h.dlStats()
+	dl, err := h.pacer.Stats()
 	if err != nil {
 		return nil, err
 	}
-	snap.DelayLine = counterMap(dl)
+	snap.DelayLine = dl.Counters
 	for i, s := range h.Config.Services {
 		idx := uint32(i)
 		if err := h.objs.Stats.Lookup(idx, &per); err != nil {

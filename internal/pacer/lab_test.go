@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
 )
@@ -191,17 +192,21 @@ func quantile(d []time.Duration, q float64) time.Duration {
 }
 
 // checkEchoes: every echo came back no earlier than the delay minus half a pass (and a
-// margin for the clocks of two processes), and no later than a generous bound. Figures
-// are printed; the bound catches a pacer that does not tick, not a slow machine.
+// margin for the clocks of two processes), and on real CPUs no later than a generous
+// bound. Figures are printed; the bound catches a pacer that does not tick, not a slow
+// machine.
 func checkEchoes(t *testing.T, r *echoRig, rtts []time.Duration, delay time.Duration) {
 	t.Helper()
 	pass := r.p.Calibration().Target
 	lo := delay - pass/2 - 200*time.Microsecond
 	hi := delay + 2*pass + 200*time.Millisecond
 	late := make([]time.Duration, len(rtts))
+	// In emulated (TCG) matrix guests time means nothing beyond the lower bound: an echo
+	// must not come early; how late it comes is printed only.
+	upper := !bpftest.InGuest()
 	for i, v := range rtts {
 		late[i] = v - delay
-		if v < lo || v > hi {
+		if v < lo || (upper && v > hi) {
 			t.Errorf("echo %d after %v: want %v..%v (delay %v, pass %v)", i, v, lo, hi, delay, pass)
 		}
 	}
@@ -237,8 +242,12 @@ func TestLabEcho(t *testing.T) {
 	for _, b := range backendsToTest {
 		runs = append(runs, run{b, Options{Backend: b, Period: time.Millisecond}})
 	}
-	// Carry on the conveyor: a 10ms filler queue, ticks ride the filler passes.
-	runs = append(runs, run{"conveyor-carry", Options{Backend: BackendConveyor, Period: 10 * time.Millisecond, Carry: true}})
+	// Carry on the conveyor: a 10ms filler queue, ticks ride the filler passes. Not in
+	// emulated guests: tbf paces the fillers in real time, which TCG does not keep.
+	if !bpftest.InGuest() {
+		runs = append(runs, run{"conveyor-carry", Options{Backend: BackendConveyor, Period: 10 * time.Millisecond, Carry: true}})
+	}
+	watchdogDone := false
 	for _, c := range runs {
 		t.Run(c.name, func(t *testing.T) {
 			r := newEchoRig(t, c.o, delay)
@@ -255,6 +264,10 @@ func TestLabEcho(t *testing.T) {
 				t.Errorf("%d ticks delivered for 40 echoes in 25 rounds: a burst should share ticks", st.Counters["ticks_delivered"])
 			}
 			r.checkIdle(t)
+			if !watchdogDone {
+				r.checkWatchdog(t)
+				watchdogDone = true
+			}
 		})
 	}
 }
@@ -291,10 +304,10 @@ func (r *echoRig) checkIdle(t *testing.T) {
 	}
 }
 
-// TestLabLostTickWatchdog: a tick dropped inside the pacer (fillers' stop flag cannot do
-// that, so the test arms a deadline and deletes... ) is re-armed by the watchdog.
-func TestLabLostTickWatchdog(t *testing.T) {
-	r := newEchoRig(t, Options{Backend: BackendAuto, Period: time.Millisecond, LostAfter: 100 * time.Millisecond}, 5*time.Millisecond)
+// checkWatchdog: a tick lost inside the pacer (state says armed, nothing is in flight) is
+// re-armed by the watchdog within LostAfter, with no request to do it.
+func (r *echoRig) checkWatchdog(t *testing.T) {
+	t.Helper()
 	// Pretend a tick was armed long ago and lost: state says armed, nothing is in flight.
 	if err := r.objs.PacerArming.Put(uint32(0), pacerPacerState{ArmedNs: uint64(Now() - time.Second)}); err != nil {
 		t.Fatal(err)
