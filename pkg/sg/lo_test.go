@@ -97,7 +97,7 @@ func TestManyGoroutines(t *testing.T) {
 // the workers that answered and their partial aggregate; any-policy completes.
 func TestDeadWorkerTimesOut(t *testing.T) {
 	const n = 5
-	g := loopbackGroup(t, n, 1, Config{Reduction: Max, Type: Int64, Elems: 2, Timeout: 30 * time.Millisecond},
+	g := loopbackGroup(t, n, 1, Config{Reduction: Max, Type: Int64, Elems: 2, Timeout: time.Second},
 		isg.WorkerConfig{Type: isg.TypeI64, Elems: 2})
 	res, err := g.Scatter(context.Background(), nil)
 	if err != nil {
@@ -118,7 +118,7 @@ func TestDeadWorkerTimesOut(t *testing.T) {
 // TestLossyDuplicatingWorkers: duplicates are dropped in the kernel, lost requests time out.
 func TestLossyDuplicatingWorkers(t *testing.T) {
 	const n = 8
-	g := loopbackGroup(t, n, 0, Config{Reduction: Sum, Type: Int64, Elems: 1, Timeout: 20 * time.Millisecond},
+	g := loopbackGroup(t, n, 0, Config{Reduction: Sum, Type: Int64, Elems: 1, Timeout: 200 * time.Millisecond},
 		isg.WorkerConfig{Type: isg.TypeI64, Elems: 1, Loss: 0.05, Dup: 0.5, Seed: 1})
 	var ok, timeouts int
 	for range 60 {
@@ -147,9 +147,9 @@ func TestLossyDuplicatingWorkers(t *testing.T) {
 }
 
 // TestInFlightFail: with one slot and OnFull: Fail, concurrent requests fail at once with
-// ErrInFlight while one is in flight (each holds the slot until its 50 ms timeout).
+// ErrInFlight while one is in flight (each holds the slot until its 300 ms timeout).
 func TestInFlightFail(t *testing.T) {
-	g := loopbackGroup(t, 2, 1, Config{Reduction: Count, Timeout: 50 * time.Millisecond, InFlight: 1, OnFull: Fail},
+	g := loopbackGroup(t, 2, 1, Config{Reduction: Count, Timeout: 300 * time.Millisecond, InFlight: 1, OnFull: Fail},
 		isg.WorkerConfig{})
 	var mu sync.Mutex
 	var ok, full int
