@@ -6,11 +6,12 @@
 #define KEDGE_HEDGE_TIMER_H
 
 #include "maps.h"
+#include "hist.h"
 
 static __always_inline void hist_add(void *map, __u32 idx, __u64 us)
 {
 	struct khist *h = bpf_map_lookup_elem(map, &idx);
-	__u32 b = hist_bucket(us);
+	__u32 b = hist_bucket(us, HIST_SUB_BITS, HIST_MIN_SHIFT, HIST_BUCKETS);
 
 	/* hist_bucket() clamps, so clang would drop this check; older verifiers (6.1) need it. */
 	barrier_var(b);
@@ -40,16 +41,10 @@ static __always_inline void record_precision(__u32 svc, __u64 now, __u64 deadlin
 		hist_add(&dl_precision, svc * 2 + 1, (deadline - now) / 1000);
 }
 
-/* Bucket index -> upper edge in microseconds (the inverse of hist_bucket). */
+/* Bucket index -> upper edge in microseconds (the last bucket's is finite: 2^28 us). */
 static __always_inline __u64 bucket_upper_us(__u32 b)
 {
-	__u32 e, sub;
-
-	if (b < 2 * HIST_SUB)
-		return b + 1;
-	e = b / HIST_SUB + HIST_SUB_BITS - 1;
-	sub = b % HIST_SUB;
-	return (__u64)(HIST_SUB + sub + 1) << (e - HIST_SUB_BITS);
+	return hist_lower(b + 1, HIST_SUB_BITS, HIST_MIN_SHIFT);
 }
 
 /* Plain bounded loops, not bpf_loop callbacks: a callback that accumulates into its

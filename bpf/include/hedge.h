@@ -27,10 +27,12 @@ enum hedge_limits {
 	REPLICA_MAX = 8,
 	/* Replica index meaning "not a replica" (a service address that is only a VIP). */
 	REPLICA_NONE = 0xff,
-	/* Latency histograms: log-linear buckets in microseconds, 16 per power of two (6% wide),
-	 * linear below 16 us, up to 2^27 us (134 s). See hist_bucket(). */
+	/* Latency histograms: hist.h's log-linear buckets in microseconds, 16 per power of two
+	 * (6% wide), one per microsecond below 16 us, up to 2^28 us (268 s; the last bucket also
+	 * holds every larger value). The layout is (HIST_SUB_BITS, HIST_MIN_SHIFT, HIST_BUCKETS). */
 	HIST_SUB_BITS = 4,
 	HIST_SUB = 1 << HIST_SUB_BITS,
+	HIST_MIN_SHIFT = 4,
 	HIST_BUCKETS = 400,
 	/* Sliding window for the adaptive delay: HIST_SLOTS rotating histograms (Finagle's 30 s
 	 * window refreshed every 3 s is 10 slots), plus one running total per service. */
@@ -208,27 +210,5 @@ struct filler {
 	__u64 magic;    /* FILLER_MAGIC */
 	__u64 stamp_ns; /* when it last entered the queue */
 };
-
-/* hist_bucket maps a latency in microseconds to a bucket index. */
-static __always_inline __u32 hist_bucket(__u64 us)
-{
-	__u32 e = 0;
-	__u64 v = us;
-
-	if (us < HIST_SUB)
-		return us;
-	/* e = floor(log2(us)) without loops: binary search over the bits. */
-	if (v >> 32) { v >>= 32; e += 32; }
-	if (v >> 16) { v >>= 16; e += 16; }
-	if (v >> 8) { v >>= 8; e += 8; }
-	if (v >> 4) { v >>= 4; e += 4; }
-	if (v >> 2) { v >>= 2; e += 2; }
-	if (v >> 1) { e += 1; }
-	{
-		__u32 idx = (e - HIST_SUB_BITS + 1) * HIST_SUB +
-			    ((us >> (e - HIST_SUB_BITS)) & (HIST_SUB - 1));
-		return idx < HIST_BUCKETS ? idx : HIST_BUCKETS - 1;
-	}
-}
 
 #endif /* KEDGE_HEDGE_H */

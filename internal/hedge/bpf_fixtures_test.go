@@ -582,7 +582,7 @@ func (f *fixture) setTokens(tb testing.TB, svc int, milli int64) {
 }
 
 // hist returns the khist at idx of m (lat_hist or dl_precision).
-func hist(tb testing.TB, m *ebpf.Map, idx int) hedgeKhist {
+func histAt(tb testing.TB, m *ebpf.Map, idx int) hedgeKhist {
 	tb.Helper()
 	return lookup[hedgeKhist](tb, m, uint32(idx))
 }

@@ -77,13 +77,14 @@ const (
 type hedgeHedgeLimits uint32
 
 const (
-	hedgeHedgeLimitsSVC_MAX       hedgeHedgeLimits = 64
-	hedgeHedgeLimitsREPLICA_MAX   hedgeHedgeLimits = 8
-	hedgeHedgeLimitsREPLICA_NONE  hedgeHedgeLimits = 255
-	hedgeHedgeLimitsHIST_SUB_BITS hedgeHedgeLimits = 4
-	hedgeHedgeLimitsHIST_SUB      hedgeHedgeLimits = 16
-	hedgeHedgeLimitsHIST_BUCKETS  hedgeHedgeLimits = 400
-	hedgeHedgeLimitsHIST_SLOTS    hedgeHedgeLimits = 10
+	hedgeHedgeLimitsSVC_MAX        hedgeHedgeLimits = 64
+	hedgeHedgeLimitsREPLICA_MAX    hedgeHedgeLimits = 8
+	hedgeHedgeLimitsREPLICA_NONE   hedgeHedgeLimits = 255
+	hedgeHedgeLimitsHIST_SUB_BITS  hedgeHedgeLimits = 4
+	hedgeHedgeLimitsHIST_SUB       hedgeHedgeLimits = 16
+	hedgeHedgeLimitsHIST_MIN_SHIFT hedgeHedgeLimits = 4
+	hedgeHedgeLimitsHIST_BUCKETS   hedgeHedgeLimits = 400
+	hedgeHedgeLimitsHIST_SLOTS     hedgeHedgeLimits = 10
 )
 
 type hedgeHedgeStats struct {
