@@ -10,7 +10,8 @@
  *   dl_loop      (TC ingress, delay device peer) conveyor fillers go round; clones go back
  *
  *   maps.h       run configuration (cfg), maps, counters
- *   request.h    match, budget, rewrites, and the split / rescue / respond handlers
+ *   request.h    match, rewrites, and the split / rescue / respond handlers
+ *   budget.h     the hedge budget: a sliding window (default) or a token bucket
  *   timer.h      latency and precision histograms, adaptive delay, scoreboard expiry
  *   delayline.h  the delay line's entry and exit
  * The contract with user space is bpf/include/hedge.h. */

@@ -7,6 +7,7 @@
 
 #include "maps.h"
 #include "timer.h"
+#include "budget.h"
 
 /* Which side of an exchange a datagram is: a request goes to a service address (client ->
  * service), a response comes from a service or replica address (service -> client). */
@@ -125,30 +126,6 @@ static __always_inline int match(struct __sk_buff *skb, struct match *m, int dir
 	return 1;
 }
 
-/* Budget (docs/hedging.md): each request deposits ratio tokens while fewer than the cap
- * (burst) are free; the splitter takes one for each clone it sends into the delay line;
- * budget_return gives it back when the clone is dropped without a hedge. The return is not
- * capped: the token was deposited before, so "hedges <= ratio * requests + burst" stays
- * exact (every hedge spends a token a request deposited or the initial bucket held). */
-static __always_inline void budget_deposit(struct svc_cfg *sc, struct svc_state *st)
-{
-	if (st->tokens_milli < (__s64)sc->budget_cap_milli)
-		__sync_fetch_and_add(&st->tokens_milli, sc->budget_ratio_milli);
-}
-
-static __always_inline int budget_take(struct svc_state *st)
-{
-	if (__sync_fetch_and_add(&st->tokens_milli, -1000) >= 1000)
-		return 1;
-	__sync_fetch_and_add(&st->tokens_milli, 1000);
-	return 0;
-}
-
-static __always_inline void budget_return(struct svc_state *st)
-{
-	__sync_fetch_and_add(&st->tokens_milli, 1000);
-}
-
 /* rewrite_addr replaces the 16-byte (IPv6) or 4-byte (IPv4) destination (is_dst) or source
  * address and port, keeping IP and UDP checksums right whatever the skb's checksum state
  * (the helpers handle CHECKSUM_PARTIAL/COMPLETE/NONE).
@@ -230,23 +207,23 @@ static __always_inline int split(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	COUNT(m.cnt, requests);
 	now = bpf_ktime_get_ns();
-	budget_deposit(m.cfg, m.st);
+	budget_request(m.cfg, m.st, now);
 
 	r.sent_ns = now;
 	r.deadline_ns = now + m.cfg->delay_ns;
 	r.state = REQ_PENDING;
 	r.orig_replica = m.cfg->orig_index;
 	r.hedge_replica = REPLICA_NONE;
-	/* The clone takes its hedge's token now: without one it would only ride the delay line
-	 * to be refused, and concurrent requests could not all count on the same token. */
-	token = budget_take(m.st);
+	/* The clone reserves its hedge now: without a reservation it would only ride the delay
+	 * line to be refused, and concurrent requests could not all count on the same one. */
+	token = budget_reserve(m.cfg, m.st, now);
 	if (!token) {
 		COUNT(m.cnt, budget_exhausted);
 		r.state = REQ_NOCLONE;
 	}
 	if (bpf_map_update_elem(&scoreboard, &m.key, &r, BPF_ANY) < 0) {
 		if (token)
-			budget_return(m.st);
+			budget_release(m.cfg, m.st);
 		COUNT(m.cnt, scoreboard_errors);
 		return TC_ACT_UNSPEC;
 	}
@@ -255,7 +232,7 @@ static __always_inline int split(struct __sk_buff *skb)
 	if (bpf_clone_redirect(skb, cfg.dl_ifindex, 0) < 0) {
 		struct hreq *e = bpf_map_lookup_elem(&scoreboard, &m.key);
 
-		budget_return(m.st);
+		budget_release(m.cfg, m.st);
 		COUNT(m.cnt, clone_errors);
 		if (e)
 			e->state = REQ_NOCLONE;
@@ -266,11 +243,11 @@ static __always_inline int split(struct __sk_buff *skb)
 }
 
 /* hedge_failed: the clone was due but no hedge left (the packet is dropped). The entry
- * becomes NOHEDGE, so its response completes it, and the clone's token goes back. */
+ * becomes NOHEDGE, so its response completes it, and the clone's reservation goes back. */
 static __always_inline void hedge_failed(struct match *m, struct hreq *e)
 {
 	e->state = REQ_NOHEDGE;
-	budget_return(m->st);
+	budget_release(m->cfg, m->st);
 }
 
 /* rescue (delay-line exit): drop a clone whose request was answered, send it round again
@@ -291,14 +268,14 @@ static __always_inline int rescue(struct __sk_buff *skb)
 	}
 	e = bpf_map_lookup_elem(&scoreboard, &m.key);
 	if (!e) {
-		budget_return(m.st);
+		budget_release(m.cfg, m.st);
 		COUNT(m.cnt, clones_orphaned);
 		return TC_ACT_SHOT;
 	}
 	if (e->state != REQ_PENDING) {
 		if (e->state == REQ_ANSWERED)
 			bpf_map_delete_elem(&scoreboard, &m.key);
-		budget_return(m.st);
+		budget_release(m.cfg, m.st);
 		COUNT(m.cnt, clones_answered);
 		return TC_ACT_SHOT;
 	}
@@ -313,7 +290,7 @@ static __always_inline int rescue(struct __sk_buff *skb)
 		COUNT(m.cnt, recirculations);
 		return ret;
 	}
-	/* Due and unanswered: the token this clone took at the splitter pays for the hedge. */
+	/* Due and unanswered: the reservation this clone took at the splitter pays for it. */
 	idx = pick_replica(m.cfg, m.st, e->orig_replica);
 	to = *replica_at(m.cfg, idx);
 	__builtin_memset(&from, 0, sizeof(from));
@@ -331,6 +308,7 @@ static __always_inline int rescue(struct __sk_buff *skb)
 		COUNT(m.cnt, redirect_errors);
 		return TC_ACT_SHOT;
 	}
+	budget_spend(m.cfg, m.st, now);
 	e->state = REQ_HEDGED;
 	e->hedged_ns = now;
 	e->hedge_replica = idx;

@@ -7,6 +7,7 @@
 
 #include "maps.h"
 #include "hist.h"
+#include "budget.h"
 
 static __always_inline void hist_add(void *map, __u32 idx, __u64 us)
 {
@@ -136,10 +137,22 @@ struct gc_ctx {
  * iteration a distinct verifier state. */
 static long gc_one(void *map, struct hreq_key *key, struct hreq *r, struct gc_ctx *ctx)
 {
-	if (ctx->now - r->sent_ns > cfg.ttl_ns) {
-		bpf_map_delete_elem(map, key);
-		COUNT(stats_global(), gc_expired);
+	__u32 svc = key->svc;
+	struct svc_cfg *sc;
+	struct svc_state *st;
+
+	if (ctx->now - r->sent_ns <= cfg.ttl_ns)
+		return 0;
+	/* PENDING or ANSWERED past the TTL (at least twice the delay): its clone never came
+	 * back out of the delay line (a qdisc dropped it), so its reservation goes back here. */
+	if (r->state == REQ_PENDING || r->state == REQ_ANSWERED) {
+		sc = bpf_map_lookup_elem(&svc_cfgs, &svc);
+		st = bpf_map_lookup_elem(&svc_states, &svc);
+		if (sc && st)
+			budget_release(sc, st);
 	}
+	bpf_map_delete_elem(map, key);
+	COUNT(stats_global(), gc_expired);
 	return 0;
 }
 

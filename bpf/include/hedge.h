@@ -37,6 +37,18 @@ enum hedge_limits {
 	/* Sliding window for the adaptive delay: HIST_SLOTS rotating histograms (Finagle's 30 s
 	 * window refreshed every 3 s is 10 slots), plus one running total per service. */
 	HIST_SLOTS = 10,
+	/* Windowed budget: the window is BUDGET_SLOTS slots of svc_cfg.budget_slot_ns. */
+	BUDGET_SLOTS = 10,
+};
+
+/* How a service's hedges are budgeted (docs/hedging.md, Budget). */
+enum budget_mode {
+	/* Finagle's maxExtraLoad: hedges <= ratio x requests over a sliding window, plus a floor
+	 * of burst hedges. A clone reserves its hedge at the splitter and the reservation is
+	 * charged (or released) when it leaves the delay line. */
+	BUDGET_WINDOW = 0,
+	/* A token bucket: each request deposits ratio tokens up to burst, a clone takes one. */
+	BUDGET_BUCKET = 1,
 };
 
 /* Conveyor filler frames: ethertype (proto.h's ETH_P_KEDGE_FILLER) and payload magic. */
@@ -97,8 +109,11 @@ struct svc_cfg {
 	__u64 max_ns;
 	__u32 quantile_pm;   /* quantile in per mille (950 = p95) */
 	__u32 min_samples;   /* keep delay_ns until the window holds this many samples */
-	__u64 budget_ratio_milli; /* tokens (milli) deposited per request: 50 = 5% extra load */
-	__u64 budget_cap_milli;   /* bucket size (milli): burst * 1000 */
+	__u64 budget_ratio_milli; /* hedges (milli) per request: 50 = 5% extra load */
+	__u64 budget_cap_milli;   /* burst * 1000: bucket size, or the window's floor */
+	__u64 budget_slot_ns;     /* BUDGET_WINDOW: window / BUDGET_SLOTS */
+	__u32 budget_mode;        /* enum budget_mode */
+	__u32 _pad;
 	struct svc_addr replicas[REPLICA_MAX];
 };
 
@@ -109,6 +124,12 @@ struct svc_state {
 	__u32 slot;         /* current histogram slot */
 	__u64 window_count; /* samples in the running total */
 	__u64 last_delay_ns;
+	/* BUDGET_WINDOW: clones in the delay line holding a reservation, and per slot of the
+	 * window its time index (now / budget_slot_ns + 1; 0: unused), requests and hedges. */
+	__s64 reserved;
+	__u64 win_epoch[BUDGET_SLOTS];
+	__u64 win_requests[BUDGET_SLOTS];
+	__u64 win_hedges[BUDGET_SLOTS];
 };
 
 /* Scoreboard key: (client addr, client port, service, request id). */

@@ -7,11 +7,11 @@ import (
 	"time"
 )
 
-// The budget can silently defeat hedging: every request waiting out its delay holds a token
-// (the clone carries it), so at R requests/s and a delay D about R*D tokens are held at any
-// time, and a stall that makes requests late finds the bucket empty. budgetWatch compares
-// successive snapshots and says so, naming the setting to change:
-//   - once per service, as soon as its request rate is known: budget.burst < R*D;
+// The budget can silently defeat hedging: every request waiting out its delay holds a
+// reservation (the clone carries it), so at R requests/s and a delay D about R*D are held at
+// any time; a token bucket of burst < R*D is empty before a stall even starts. budgetWatch
+// compares successive snapshots and says so, naming the setting to change:
+//   - bucket mode, once per service, as soon as its request rate is known: burst < R*D;
 //   - while running: of the requests that stalled (answered after the delay), more than
 //     refusedShare were not hedged for lack of a token (counter unhedged_late).
 type budgetWatch struct {
@@ -61,7 +61,9 @@ func (w *budgetWatch) check(cur *Snapshot) []string {
 		}
 		rate := float64(delta("requests")) / dt.Seconds()
 		held := rate * s.DelayNow.Seconds()
-		if !w.rateSaid[s.Name] && rate > 0 {
+		// Only the bucket has to hold requests/s x delay tokens in burst; a window's
+		// allowance grows with the requests (ratio x requests/s x window).
+		if b.Mode == BudgetBucket && !w.rateSaid[s.Name] && rate > 0 {
 			w.rateSaid[s.Name] = true
 			if need := int(math.Ceil(held)); need > b.Burst {
 				out = append(out, fmt.Sprintf("service %q: at %.0f requests/s each %v delay keeps about %d requests waiting, "+

@@ -13,6 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type hedgeBudgetMode uint32
+
+const (
+	hedgeBudgetModeBUDGET_WINDOW hedgeBudgetMode = 0
+	hedgeBudgetModeBUDGET_BUCKET hedgeBudgetMode = 1
+)
+
 type hedgeDelayMode uint32
 
 const (
@@ -85,6 +92,7 @@ const (
 	hedgeHedgeLimitsHIST_MIN_SHIFT hedgeHedgeLimits = 4
 	hedgeHedgeLimitsHIST_BUCKETS   hedgeHedgeLimits = 400
 	hedgeHedgeLimitsHIST_SLOTS     hedgeHedgeLimits = 10
+	hedgeHedgeLimitsBUDGET_SLOTS   hedgeHedgeLimits = 10
 )
 
 type hedgeHedgeStats struct {
@@ -211,6 +219,9 @@ type hedgeSvcCfg struct {
 	MinSamples       uint32
 	BudgetRatioMilli uint64
 	BudgetCapMilli   uint64
+	BudgetSlotNs     uint64
+	BudgetMode       uint32
+	Pad              uint32
 	Replicas         [8]hedgeSvcAddr
 }
 
@@ -226,6 +237,10 @@ type hedgeSvcState struct {
 	Slot        uint32
 	WindowCount uint64
 	LastDelayNs uint64
+	Reserved    int64
+	WinEpoch    [10]uint64
+	WinRequests [10]uint64
+	WinHedges   [10]uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -250,6 +265,7 @@ const (
 	hedgeProgHedgeResp          = "hedge_resp"
 	hedgeProgHedgeSplit         = "hedge_split"
 	hedgeVarCfg                 = "cfg"
+	hedgeVarHedgeBtfBudgetMode  = "hedge_btf_budget_mode"
 	hedgeVarHedgeBtfDelayMode   = "hedge_btf_delay_mode"
 	hedgeVarHedgeBtfDlBackend   = "hedge_btf_dl_backend"
 	hedgeVarHedgeBtfFiller      = "hedge_btf_filler"
@@ -331,6 +347,7 @@ type hedgeMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type hedgeVariableSpecs struct {
 	Cfg                 *ebpf.VariableSpec `ebpf:"cfg"`
+	HedgeBtfBudgetMode  *ebpf.VariableSpec `ebpf:"hedge_btf_budget_mode"`
 	HedgeBtfDelayMode   *ebpf.VariableSpec `ebpf:"hedge_btf_delay_mode"`
 	HedgeBtfDlBackend   *ebpf.VariableSpec `ebpf:"hedge_btf_dl_backend"`
 	HedgeBtfFiller      *ebpf.VariableSpec `ebpf:"hedge_btf_filler"`
@@ -394,6 +411,7 @@ func (m *hedgeMaps) Close() error {
 // It can be passed to loadHedgeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hedgeVariables struct {
 	Cfg                 *ebpf.Variable `ebpf:"cfg"`
+	HedgeBtfBudgetMode  *ebpf.Variable `ebpf:"hedge_btf_budget_mode"`
 	HedgeBtfDelayMode   *ebpf.Variable `ebpf:"hedge_btf_delay_mode"`
 	HedgeBtfDlBackend   *ebpf.Variable `ebpf:"hedge_btf_dl_backend"`
 	HedgeBtfFiller      *ebpf.Variable `ebpf:"hedge_btf_filler"`

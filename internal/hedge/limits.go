@@ -10,6 +10,7 @@ const (
 	replicaNone = uint8(hedgeHedgeLimitsREPLICA_NONE)
 	histBuckets = int(hedgeHedgeLimitsHIST_BUCKETS)
 	histSlots   = int(hedgeHedgeLimitsHIST_SLOTS)
+	budgetSlots = int(hedgeHedgeLimitsBUDGET_SLOTS)
 )
 
 // histLayout is the latency and precision histograms' layout (bpf/include/hist.h's
