@@ -107,6 +107,8 @@ struct pacer_config {
 struct pacer_state {
 	__u64 armed_ns; /* deadline of the earliest tick in flight; 0: none */
 	__u64 seq;      /* ticks armed so far (each tick frame carries its number) */
+	__u64 fired_ns; /* conveyor with fillers: the armed deadline a filler pass already
+			 * delivered (the tick frame in the queue is then superseded) */
 };
 
 /* A tick frame's payload, after its Ethernet and IPv4 (20 bytes, no options) headers. */
@@ -141,6 +143,7 @@ struct pacer_stats {
 	__u64 tick_trim_errors; /* bpf_skb_change_tail to tick_bytes failed (frame kept its length) */
 	__u64 tick_build_errors; /* writing the tick frame failed: dropped, disarmed */
 	__u64 tick_passes;      /* netem/conveyor: tick sent round again, not due */
+	__u64 ticks_piggybacked; /* conveyor with fillers: ticks delivered from a filler pass */
 	__u64 ticks_superseded; /* tick dropped at the exit: an earlier one was armed after it */
 	__u64 ticks_delivered;  /* ticks handed to the consumer (pacer_receive) */
 	__u64 ticks_stale;      /* delivered ticks that were no longer the armed one */
@@ -242,7 +245,7 @@ static __always_inline int pacer_request(struct __sk_buff *skb, __u64 deadline_n
 			PACER_COUNT(ps, ticks_coalesced);
 			return PACER_COALESCED;
 		}
-		if (__sync_val_compare_and_swap(&st->armed_ns, armed, deadline_ns) == armed) {
+			if (__sync_val_compare_and_swap(&st->armed_ns, armed, deadline_ns) == armed) {
 			claimed = 1;
 			break;
 		}
@@ -259,6 +262,8 @@ static __always_inline int pacer_request(struct __sk_buff *skb, __u64 deadline_n
 		PACER_COUNT(ps, arm_errors);
 		return PACER_ERR;
 	}
+	if (st->fired_ns == deadline_ns)
+		st->fired_ns = 0; /* a new tick for a deadline a filler pass delivered before */
 	__sync_fetch_and_add(&st->seq, 1);
 	PACER_COUNT(ps, ticks_armed);
 	return PACER_ARMED;
@@ -409,17 +414,28 @@ static __always_inline struct iphdr pacer_tick_ip(__u32 frame_len)
 	return ip;
 }
 
-/* pacer_build_tick turns a tick request into a tick frame for the earliest armed deadline. */
-static __always_inline int pacer_build_tick(struct __sk_buff *skb, struct pacer_stats *ps)
+/* pacer_write_tick writes the tick frame's headers and payload over the skb's first bytes. */
+static __always_inline int pacer_write_tick(struct __sk_buff *skb, struct pacer_tick *t)
 {
-	struct pacer_state *st = pacer_state_get();
 	struct ethhdr eth = {
 		.h_dest = { 0x02, 'k', 'p', 'a', 'c', 'e' },
 		.h_source = { 0x02, 'k', 'p', 'a', 'c', 'e' },
 		.h_proto = bpf_htons(ETH_P_IP),
 	};
+	struct iphdr ip = pacer_tick_ip(skb->len);
+
+	if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, sizeof(eth), &ip, sizeof(ip), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, sizeof(eth) + sizeof(ip), t, sizeof(*t), 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* pacer_build_tick turns a tick request into a tick frame for the earliest armed deadline. */
+static __always_inline int pacer_build_tick(struct __sk_buff *skb, struct pacer_stats *ps)
+{
+	struct pacer_state *st = pacer_state_get();
 	struct pacer_tick t = { .magic = PACER_TICK_MAGIC };
-	struct iphdr ip;
 	__u64 now = bpf_ktime_get_ns();
 
 	if (!st)
@@ -431,10 +447,7 @@ static __always_inline int pacer_build_tick(struct __sk_buff *skb, struct pacer_
 	t.seq = st->seq;
 	if (bpf_skb_change_tail(skb, pacer_cfg.tick_bytes, 0) < 0)
 		PACER_COUNT(ps, tick_trim_errors);
-	ip = pacer_tick_ip(skb->len);
-	if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 ||
-	    bpf_skb_store_bytes(skb, sizeof(eth), &ip, sizeof(ip), 0) < 0 ||
-	    bpf_skb_store_bytes(skb, sizeof(eth) + sizeof(ip), &t, sizeof(t), 0) < 0) {
+	if (pacer_write_tick(skb, &t) < 0) {
 		__sync_val_compare_and_swap(&st->armed_ns, t.deadline_ns, 0);
 		PACER_COUNT(ps, tick_build_errors);
 		return TC_ACT_SHOT;
@@ -492,9 +505,47 @@ static __always_inline struct pacer_filler *pacer_filler_of(struct __sk_buff *sk
 	return f;
 }
 
+/* The bytes of a filler frame that matter: Ethernet header, magic and stamp. */
+#define PACER_FILLER_HEAD (sizeof(struct ethhdr) + sizeof(struct pacer_filler))
+
+/* pacer_piggyback: with fillers in the queue (carry on the conveyor) a tick frame waits a
+ * whole period behind them, so every filler pass also looks at the armed deadline and,
+ * when it is due and not yet fired, delivers the tick itself: the filler is rewritten into
+ * a tick frame, cloned out of the peer and restored. Ticks then have the filler spacing's
+ * precision (filler_bytes*8/rate) instead of the period's. */
+static __always_inline void pacer_piggyback(struct __sk_buff *skb, struct pacer_stats *ps, __u64 now)
+{
+	struct pacer_state *st = pacer_state_get();
+	struct pacer_tick t = { .magic = PACER_TICK_MAGIC };
+	__u8 head[PACER_FILLER_HEAD];
+	__u64 armed, fired;
+
+	if (!st)
+		return;
+	armed = st->armed_ns;
+	fired = st->fired_ns;
+	if (!armed || fired == armed || !pacer_due(armed, now, 0))
+		return;
+	if (__sync_val_compare_and_swap(&st->fired_ns, fired, armed) != fired)
+		return; /* another CPU's filler fired it */
+	t.deadline_ns = armed;
+	t.sent_ns = now;
+	t.seq = st->seq;
+	if (bpf_skb_load_bytes(skb, 0, head, sizeof(head)) < 0 || pacer_write_tick(skb, &t) < 0 ||
+	    bpf_clone_redirect(skb, pacer_cfg.peer_ifindex, 0) < 0) {
+		st->fired_ns = fired; /* the queued tick frame still serves */
+		PACER_COUNT(ps, tick_build_errors);
+	} else {
+		PACER_COUNT(ps, ticks_piggybacked);
+	}
+	if (bpf_skb_store_bytes(skb, 0, head, sizeof(head), 0) < 0)
+		PACER_COUNT(ps, tick_build_errors); /* the filler is lost at its next pass */
+}
+
 /* pacer_filler_pass keeps a conveyor filler going round, unless user space asked for fewer,
  * and records its round trip (the conveyor's calibration). */
-static __always_inline int pacer_filler_pass(struct pacer_filler *f, struct pacer_stats *ps)
+static __always_inline int pacer_filler_pass(struct __sk_buff *skb, struct pacer_filler *f,
+					     struct pacer_stats *ps)
 {
 	struct pacer_ctl *ctl;
 	__u32 zero = 0;
@@ -526,6 +577,7 @@ static __always_inline int pacer_filler_pass(struct pacer_filler *f, struct pace
 		ps->filler_passes++;
 	}
 	f->stamp_ns = now;
+	pacer_piggyback(skb, ps, now);
 	return pacer_redirect(pacer_cfg.dev_ifindex, ps);
 }
 
@@ -547,7 +599,7 @@ static __always_inline int pacer_pass(struct __sk_buff *skb)
 			return TC_ACT_SHOT;
 		}
 		st = pacer_state_get();
-		if (st && st->armed_ns != t->deadline_ns) {
+		if (st && (st->armed_ns != t->deadline_ns || st->fired_ns == t->deadline_ns)) {
 			PACER_COUNT(ps, ticks_superseded);
 			return TC_ACT_SHOT;
 		}
@@ -560,7 +612,7 @@ static __always_inline int pacer_pass(struct __sk_buff *skb)
 	}
 	fl = pacer_filler_of(skb);
 	if (fl)
-		return pacer_filler_pass(fl, ps);
+		return pacer_filler_pass(skb, fl, ps);
 	PACER_COUNT(ps, carried_out);
 	return pacer_redirect(pacer_cfg.peer_ifindex, ps);
 }

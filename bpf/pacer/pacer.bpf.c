@@ -109,12 +109,24 @@ static __always_inline int swap(__u8 *frame, __u32 a, __u32 b, __u32 n)
 }
 
 /* turn_around swaps the frame's MACs, IP addresses and UDP ports: the checksums stay right
- * (a sum does not change when two of its terms swap). */
+ * (a sum does not change when two of its terms swap). But the stored bytes may not hold a
+ * full UDP checksum at all: a datagram from a local socket over a veth is CHECKSUM_PARTIAL,
+ * its checksum field only the pseudo-header sum, and the skb the echo is sent from (a tick,
+ * possibly a conveyor filler's clone) does not carry that state. So over IPv4 the echo is
+ * sent without a UDP checksum (0, RFC 768); over IPv6, where 0 is not allowed, the stored
+ * checksum is kept (right for datagrams that arrived with a full one). */
 static __always_inline int turn_around(__u8 *frame, const struct pkt *p)
 {
 	__u32 a = p->l3_off + (p->l3_proto == ETH_P_IP ? offsetof(struct iphdr, saddr) : offsetof(struct ipv6hdr, saddr));
 	__u32 n = p->l3_proto == ETH_P_IP ? 4 : 16;
+	__u32 c = p->l4_off + offsetof(struct udphdr, check);
 
+	if (p->l3_proto == ETH_P_IP) {
+		if (c > ECHO_FRAME_MAX - 2)
+			return -1;
+		frame[c & (ECHO_FRAME_MAX - 1)] = 0;
+		frame[(c + 1) & (ECHO_FRAME_MAX - 1)] = 0;
+	}
 	return swap(frame, 0, ETH_ALEN, ETH_ALEN) | swap(frame, a, a + n, n) |
 	       swap(frame, p->l4_off, p->l4_off + 2, 2);
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/hedge"
-	"github.com/kedge-dev/kedge/internal/lab"
 )
 
 func init() { register(newHedgeCmd) }
@@ -279,30 +278,9 @@ func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
 	return nil
 }
 
-// cleanStale removes what killed runs left behind: their namespaces (delay lines
-// included), their tc filters in the client namespace (clsact fallback; TCX links die
-// with their process) and their status files. Failures are logged: a leftover that stays
-// is named by the error, and hedge.Start removes a stale kedge-dl0 itself.
-func cleanStale(ns netns.NsHandle, runDir string) {
-	removed, err := lab.CleanupStale(false)
-	for _, n := range removed {
-		slog.Info("removed namespace of a killed run", "netns", n)
-	}
-	if err != nil {
-		slog.Warn("remove stale namespaces", "err", err)
-	}
-	alive := func(pid int) bool { return pid == os.Getpid() || lab.ProcessAlive(pid) }
-	filters, err := bpfx.CleanupFilters(ns, alive)
-	for _, f := range filters {
-		slog.Info("removed tc filter of a killed run", "filter", f)
-	}
-	if err != nil {
-		slog.Warn("remove stale tc filters", "err", err)
-	}
-	if _, err := hedge.ReadStatuses(runDir); err != nil {
-		slog.Warn("remove stale status files", "err", err)
-	}
-}
+// cleanStale removes what killed runs left behind (see cleanBeforeRun); hedge.Start
+// removes a stale kedge-dl0 itself.
+func cleanStale(ns netns.NsHandle, runDir string) { cleanBeforeRun(ns, runDir) }
 
 func newHedgeStatusCmd(runDir *string) *cobra.Command {
 	var output string

@@ -78,7 +78,7 @@ func newLabUpCmd() *cobra.Command {
 			if err := writeReport(cmd.OutOrStdout(), output, labJSON(l), func(w io.Writer) error { return writeLab(w, l) }); err != nil {
 				return err
 			}
-			if output == outputTable {
+			if output == outputText {
 				first := l.Hosts[0]
 				fmt.Fprintf(cmd.OutOrStdout(), "\nlab %s is up; try 'kedge lab exec %s %s -- ip addr', remove it with 'kedge lab down %s'\n",
 					name, name, first.HostName, name)

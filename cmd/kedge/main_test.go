@@ -47,6 +47,10 @@ func checkGolden(t *testing.T, name, got string) {
 	}
 }
 
+// noIface is the interface the cases name: none has it, so a case whose flags a change
+// lets through stops at the interface lookup (exit 2) and never attaches to the host.
+const noIface = "kedge-no-if0"
+
 // errorCases are bad invocations of every command, by golden file: the exit code each
 // must give, and (in the golden file) the text it prints, which must say what to do
 // instead. None of them gets as far as changing the system: they fail on flags, arguments,
@@ -157,20 +161,20 @@ var errorCases = map[string][]errorCase{
 	},
 	"pping-errors.golden": {
 		{exitUsage, []string{"pping"}},
-		{exitUsage, []string{"pping", "extra", "-i", "eth0"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "-f", "yaml"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "-t", "avg"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "-r", "-1"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "-R", "20000"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "--udp-service", "9999:0"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "--udp-service", "9999:0:12"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "-a", "5", "--aggregate-subnets-v6", "80"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "--duration", "-1s"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "--tc-mode", "xdp"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "--ingress-hook", "tcx"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "--metrics-addr", "9464"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "--netns", "kedge-test-no-such-namespace"}},
-		{exitUsage, []string{"pping", "-i", "eth0", "--netns", "/proc/kedge-test-no-such-path/ns/net"}},
+		{exitUsage, []string{"pping", "extra", "-i", noIface}},
+		{exitUsage, []string{"pping", "-i", noIface, "-f", "yaml"}},
+		{exitUsage, []string{"pping", "-i", noIface, "-t", "avg"}},
+		{exitUsage, []string{"pping", "-i", noIface, "-r", "-1"}},
+		{exitUsage, []string{"pping", "-i", noIface, "-R", "20000"}},
+		{exitUsage, []string{"pping", "-i", noIface, "--udp-service", "9999:0"}},
+		{exitUsage, []string{"pping", "-i", noIface, "--udp-service", "9999:0:12"}},
+		{exitUsage, []string{"pping", "-i", noIface, "-a", "5", "--aggregate-subnets-v6", "80"}},
+		{exitUsage, []string{"pping", "-i", noIface, "--duration", "-1s"}},
+		{exitUsage, []string{"pping", "-i", noIface, "--tc-mode", "xdp"}},
+		{exitUsage, []string{"pping", "-i", noIface, "--ingress-hook", "tcx"}},
+		{exitUsage, []string{"pping", "-i", noIface, "--metrics-addr", "9464"}},
+		{exitUsage, []string{"pping", "-i", noIface, "--netns", "kedge-test-no-such-namespace"}},
+		{exitUsage, []string{"pping", "-i", noIface, "--netns", "/proc/kedge-test-no-such-path/ns/net"}},
 		{exitUsage, []string{"pping", "-i", "kedge-no-such-if0"}},
 		{exitUsage, []string{"pping", "-i", "kedge-no-such-if0", "--netns", "/proc/self/ns/net"}},
 	},
@@ -183,7 +187,7 @@ type errorCase struct {
 }
 
 func hedgeErrorCases() []errorCase {
-	svc := []string{"hedge", "run", "--interface", "eth0", "--service", "198.18.0.12:9999"}
+	svc := []string{"hedge", "run", "--interface", noIface, "--service", "198.18.0.12:9999"}
 	with := func(more ...string) []string { return append(svc[:6:6], more...) }
 	return []errorCase{
 		{exitUsage, []string{"hedge"}},
@@ -194,7 +198,7 @@ func hedgeErrorCases() []errorCase {
 		{exitUsage, []string{"hedge", "run", "--config", "testdata/hedge-bad.yaml"}},
 		{exitUsage, []string{"hedge", "run", "--config", "testdata/hedge-bad.yaml", "--service", "198.18.0.12:9999"}},
 		{exitUsage, []string{"hedge", "run", "--service", "198.18.0.12:9999"}},
-		{exitUsage, []string{"hedge", "run", "--interface", "eth0", "--service", "198.18.0.12"}},
+		{exitUsage, []string{"hedge", "run", "--interface", noIface, "--service", "198.18.0.12"}},
 		{exitUsage, with("--id-length", "9")},
 		{exitUsage, with("--id-length", "0")},
 		{exitUsage, with("--delay", "0s")},

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/runstate"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 	"github.com/kedge-dev/kedge/pkg/sg"
 	"github.com/spf13/cobra"
@@ -335,7 +335,7 @@ func newSgStatsCmd() *cobra.Command {
 			}
 			entries := []sgStatsEntry{}
 			for _, d := range dirs {
-				if d.Name != "sg" || !lab.ProcessAlive(d.PID) {
+				if d.Name != "sg" || runstate.Judge(d.Owner).State != runstate.Alive {
 					continue
 				}
 				st, err := sg.ReadPinnedStats(d.Dir)

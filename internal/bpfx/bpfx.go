@@ -59,6 +59,13 @@ func LoadAndAssign(what string, spec *ebpf.CollectionSpec, to any, opts *ebpf.Co
 	return nil
 }
 
+// ThreadNetns returns a handle to the calling thread's network namespace. Unlike
+// netns.Get (/proc/<getpid()>/task/<gettid()>), it works in a PID namespace of its own,
+// where /proc may be the parent namespace's and the pid names another process.
+func ThreadNetns() (netns.NsHandle, error) {
+	return netns.GetFromPath("/proc/thread-self/ns/net")
+}
+
 // NotSupported turns err into a *kedge.FeatureError for feature when it says the kernel
 // lacks something: cilium/ebpf's ErrNotSupported, or EOPNOTSUPP. Other errors are
 // returned as they are. The FeatureError wraps err, so errors.Is(err, ebpf.ErrNotSupported)
@@ -94,7 +101,7 @@ func InNetns(ns netns.NsHandle, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		orig, err := netns.Get()
+		orig, err := ThreadNetns()
 		if err != nil {
 			errc <- fmt.Errorf("get current netns: %w", err)
 			return

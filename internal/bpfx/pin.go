@@ -5,16 +5,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
 // BPFFS is where kedge expects (and, if absent, mounts) the BPF filesystem.
 const BPFFS = "/sys/fs/bpf"
 
-// PinRoot holds one directory per running kedge instance: <PinRoot>/<name>.<pid>.
+// PinRoot holds one directory per running kedge instance: <PinRoot>/<name>-<owner ID>
+// (runstate), e.g. pping-4242_9f3a1c (bpffs refuses '.' in names).
 var PinRoot = filepath.Join(BPFFS, "kedge")
 
 // EnsureBPFFS mounts bpffs at BPFFS when nothing is mounted there yet.
@@ -32,12 +34,16 @@ func EnsureBPFFS() error {
 	return nil
 }
 
-// PinDir creates <PinRoot>/<name>.<pid> for this process and returns it.
+// PinDir creates <PinRoot>/<name>-<owner ID> for this process's run and returns it. name
+// must not contain '.' (bpffs refuses it) or '/'.
 func PinDir(name string) (string, error) {
+	if name == "" || strings.ContainsAny(name, "./") {
+		return "", fmt.Errorf("create pin dir: name %q must be non-empty, without '.' or '/'", name)
+	}
 	if err := EnsureBPFFS(); err != nil {
 		return "", err
 	}
-	dir := filepath.Join(PinRoot, fmt.Sprintf("%s.%d", name, os.Getpid()))
+	dir := filepath.Join(PinRoot, name+"-"+runstate.SelfID())
 	var err error
 	// RemovePinDir of another instance may remove an empty PinRoot between MkdirAll's
 	// steps; that shows as ENOENT and a retry settles it.
@@ -62,11 +68,12 @@ func RemovePinDir(dir string) error {
 	return nil
 }
 
-// PinInstance is a pin directory with the instance name and owner pid parsed from it.
+// PinInstance is a pin directory with the instance name and owner parsed from it.
 type PinInstance struct {
-	Dir  string
-	Name string
-	PID  int
+	Dir   string
+	Name  string
+	Owner string // runstate owner ID; a bare pid for directories named before runstate
+	PID   int    // the owner's pid, for display: judge the owner with runstate.Judge(Owner)
 }
 
 // ListPinDirs returns the instance directories under PinRoot (any owner).
@@ -80,15 +87,30 @@ func ListPinDirs() ([]PinInstance, error) {
 	}
 	var out []PinInstance
 	for _, e := range entries {
-		i := strings.LastIndexByte(e.Name(), '.')
-		if i < 0 {
+		// <name>-<pid>_<hex>; a bare pid as owner in names made before runstate (which
+		// bpffs never accepted as <name>.<pid>: only plain directories hold those).
+		i := strings.LastIndexAny(e.Name(), "-.")
+		if i <= 0 {
 			continue
 		}
-		pid, err := strconv.Atoi(e.Name()[i+1:])
-		if err != nil {
+		name, owner := e.Name()[:i], e.Name()[i+1:]
+		pid, _, valid := runstate.ParseID(owner)
+		if !valid {
 			continue
 		}
-		out = append(out, PinInstance{Dir: filepath.Join(PinRoot, e.Name()), Name: e.Name()[:i], PID: pid})
+		out = append(out, PinInstance{Dir: filepath.Join(PinRoot, e.Name()), Name: name, Owner: owner, PID: pid})
 	}
 	return out, nil
+}
+
+func init() {
+	runstate.Register(runstate.Cleaner{Kind: runstate.KindPinDir, Order: 20, List: func(runstate.Scope) ([]runstate.Leftover, error) {
+		dirs, err := ListPinDirs()
+		var out []runstate.Leftover
+		for _, d := range dirs {
+			out = append(out, runstate.Leftover{Kind: runstate.KindPinDir, Name: d.Dir, Owner: d.Owner,
+				Remove: func() error { return RemovePinDir(d.Dir) }})
+		}
+		return out, err
+	}})
 }

@@ -3,7 +3,6 @@ package bpfx
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +12,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
 // Direction of a TC attachment.
@@ -64,8 +65,9 @@ type tcxAttachment struct{ l link.Link }
 func (a *tcxAttachment) Close() error { return a.l.Close() }
 func (a *tcxAttachment) Mode() string { return "tcx" }
 
-// FilterPrefix starts the name of every cls_bpf filter kedge adds: kedge:<pid>:<name>.
-// Cleanup recognises a dead run's filters by it.
+// FilterPrefix starts the name of every cls_bpf filter kedge adds:
+// kedge:<owner ID>:<name>:<seq> (runstate owner; filters named before runstate carry a
+// bare pid). Cleanup recognises a dead run's filters by it.
 const FilterPrefix = "kedge:"
 
 // AttachTC attaches prog at the TC hook of an interface. With TCAuto it uses TCX and falls
@@ -218,7 +220,7 @@ func attachClsact(prog *ebpf.Program, t TCTarget) (Attachment, error) {
 	}
 	// Handle and priority 0: the kernel picks free ones, so several kedge filters (and the
 	// user's own) can share a hook. The unique name finds ours again for deletion.
-	name := fmt.Sprintf("%s%d:%s:%d", FilterPrefix, os.Getpid(), t.Name, filterSeq.Add(1))
+	name := fmt.Sprintf("%s%s:%s:%d", FilterPrefix, runstate.SelfID(), t.Name, filterSeq.Add(1))
 	f := &netlink.BpfFilter{
 		FilterAttrs:  netlink.FilterAttrs{LinkIndex: t.IfIndex, Parent: parent, Protocol: unix.ETH_P_ALL},
 		Fd:           prog.FD(),
@@ -280,10 +282,30 @@ func removeClsactIfUnused(h *netlink.Handle, ifindex int) error {
 	return nil
 }
 
-// CleanupFilters removes cls_bpf filters left by dead kedge processes on every interface of
-// the namespace (ns < 0: the caller's), and then clsact qdiscs left with no filters at all
-// on those interfaces. It touches nothing whose name does not carry FilterPrefix.
-func CleanupFilters(ns netns.NsHandle, alive func(pid int) bool) ([]string, error) {
+// Filter is a kedge cls_bpf filter found on an interface.
+type Filter struct {
+	Iface string
+	Hook  Direction
+	Name  string
+	Owner string // runstate owner ID (legacy: a bare pid)
+}
+
+func (f Filter) String() string { return fmt.Sprintf("%s %s filter %s", f.Iface, f.Hook, f.Name) }
+
+// filterOwner parses the owner ID from a kedge filter name.
+func filterOwner(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, FilterPrefix)
+	if !ok {
+		return "", false
+	}
+	id, _, _ := strings.Cut(rest, ":")
+	_, _, valid := runstate.ParseID(id)
+	return id, valid
+}
+
+// ListFilters lists the kedge cls_bpf filters on every interface of the namespace (ns < 0:
+// the caller's), any owner's. It lists nothing whose name does not carry FilterPrefix.
+func ListFilters(ns netns.NsHandle) ([]Filter, error) {
 	h, err := NetlinkHandle(ns)
 	if err != nil {
 		return nil, err
@@ -293,42 +315,68 @@ func CleanupFilters(ns netns.NsHandle, alive func(pid int) bool) ([]string, erro
 	if err != nil {
 		return nil, fmt.Errorf("list links: %w", err)
 	}
-	var removed []string
-	var errs []error
+	var out []Filter
 	for _, l := range links {
-		touched := false
-		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
-			fs, err := h.FilterList(l, parent)
+		for _, dir := range []Direction{Ingress, Egress} {
+			fs, err := h.FilterList(l, hookParent(dir))
 			if err != nil {
-				continue
+				continue // no clsact qdisc
 			}
 			for _, f := range fs {
 				bf, ok := f.(*netlink.BpfFilter)
-				if !ok || !strings.HasPrefix(bf.Name, FilterPrefix) {
+				if !ok {
 					continue
 				}
-				var pid int
-				if _, err := fmt.Sscanf(strings.TrimPrefix(bf.Name, FilterPrefix), "%d:", &pid); err != nil || alive(pid) {
-					continue
+				if owner, ok := filterOwner(bf.Name); ok {
+					out = append(out, Filter{Iface: l.Attrs().Name, Hook: dir, Name: bf.Name, Owner: owner})
 				}
-				if err := h.FilterDel(bf); err != nil {
-					errs = append(errs, fmt.Errorf("delete filter %s on %s: %w", bf.Name, l.Attrs().Name, err))
-					continue
-				}
-				touched = true
-				removed = append(removed, fmt.Sprintf("%s %s filter %s", l.Attrs().Name, parentName(parent), bf.Name))
 			}
 		}
-		if touched {
-			errs = append(errs, removeClsactIfUnused(h, l.Attrs().Index))
-		}
 	}
-	return removed, errors.Join(errs...)
+	return out, nil
 }
 
-func parentName(p uint32) string {
-	if p == netlink.HANDLE_MIN_EGRESS {
-		return "egress"
+// RemoveFilter deletes the kedge filter f from namespace ns (a filter already gone is not
+// an error), and the clsact qdisc when no filter at all is left on the interface.
+func RemoveFilter(ns netns.NsHandle, f Filter) error {
+	h, err := NetlinkHandle(ns)
+	if err != nil {
+		return err
 	}
-	return "ingress"
+	defer h.Close()
+	l, err := h.LinkByName(f.Iface)
+	if err != nil {
+		return nil // interface gone, filter with it
+	}
+	fs, err := h.FilterList(l, hookParent(f.Hook))
+	if err != nil {
+		return nil
+	}
+	for _, x := range fs {
+		if bf, ok := x.(*netlink.BpfFilter); ok && bf.Name == f.Name {
+			if err := h.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("delete filter %s on %s: %w", f.Name, f.Iface, err)
+			}
+		}
+	}
+	return removeClsactIfUnused(h, l.Attrs().Index)
+}
+
+func hookParent(d Direction) uint32 {
+	if d == Egress {
+		return netlink.HANDLE_MIN_EGRESS
+	}
+	return netlink.HANDLE_MIN_INGRESS
+}
+
+func init() {
+	runstate.Register(runstate.Cleaner{Kind: runstate.KindFilter, Order: 10, List: func(s runstate.Scope) ([]runstate.Leftover, error) {
+		fs, err := ListFilters(s.Netns)
+		var out []runstate.Leftover
+		for _, f := range fs {
+			out = append(out, runstate.Leftover{Kind: runstate.KindFilter, Name: f.String(), Owner: f.Owner,
+				Remove: func() error { return RemoveFilter(s.Netns, f) }})
+		}
+		return out, err
+	}})
 }

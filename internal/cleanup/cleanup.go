@@ -1,119 +1,197 @@
-// Package cleanup removes what killed kedge runs left behind: their network namespaces,
-// their cls_bpf filters (named kedge:<pid>:...), their bpffs pin directories
-// (<pin root>/<name>.<pid>) and their hedger status files (/run/kedge/hedge.<pid>.json),
-// recognised by an owner pid that no longer runs. With All it
-// also removes persistent labs (`kedge lab up`), which have no owner process.
+// Package cleanup removes what ended kedge runs left behind. It asks every cleaner
+// registered with runstate (namespaces, tc filters, pin directories, status files, and
+// whatever a capability registers) for the leftovers it sees, judges each owner with
+// runstate.Judge and removes only what belongs to owners that have certainly ended. With
+// All it also removes persistent labs (`kedge lab up`), which have no owner.
 //
-// It never touches anything of a live process, nor anything without kedge's name on it.
+// It never touches anything of a live run, of an owner it cannot judge, nor anything
+// without kedge's name on it. It imports no capability: capabilities register cleaners.
 package cleanup
 
 import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 
 	"github.com/vishvananda/netns"
 
-	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/hedge"
+	// The shared packages register the cleaners of what they create.
+	_ "github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
 // Options selects what Run removes.
 type Options struct {
 	// All also removes persistent labs (made by `kedge lab up`). Live runs are never touched.
 	All bool
+	// DryRun removes nothing: the Result lists what would be removed, and why.
+	DryRun bool
 	// FilterNetns is where stale cls_bpf filters are looked for; nil: the caller's namespace.
 	FilterNetns *lab.Netns
-	// StatusDir holds the hedgers' status files; "": hedge.StatusDir.
+	// StatusDir holds the status files; "": runstate.Dir.
 	StatusDir string
 }
 
-// Result lists what Run removed.
+// Action is what Run did (or, dry, would do) with a leftover.
+type Action string
+
+const (
+	Removed     Action = "removed"      // its owner has ended; removed
+	WouldRemove Action = "would-remove" // DryRun: would be removed
+	Failed      Action = "failed"       // its owner has ended, but removing it failed (Error says why)
+	Kept        Action = "kept"         // its owner is alive, or cannot be judged (Reason says why)
+)
+
+// Item is one leftover with what Run did with it and why.
+type Item struct {
+	Kind   string `json:"kind"`
+	Name   string `json:"name"`
+	Owner  string `json:"owner"`
+	Action Action `json:"action"`
+	State  string `json:"owner_state"`     // alive, dead or unknown (runstate.State)
+	Reason string `json:"reason"`          // why, in words
+	Error  string `json:"error,omitempty"` // Failed: why removal failed
+}
+
+// Result reports a Run. The lists per kind name what was removed (with DryRun: what would
+// be); Items holds every leftover found, live owners' included, with the reason.
 type Result struct {
-	Namespaces  []string `json:"namespaces"` // namespaces of dead runs
-	Filters     []string `json:"filters"`    // "<iface> <hook> filter <name>"
+	DryRun      bool     `json:"dry_run"`
+	Namespaces  []string `json:"namespaces"`
+	Filters     []string `json:"filters"` // "<iface> <hook> filter <name>"
 	PinDirs     []string `json:"pin_dirs"`
-	StatusFiles []string `json:"status_files"` // hedge.<pid>.json of dead hedgers
-	Labs        []string `json:"labs"`         // persistent labs (with All)
+	StatusFiles []string `json:"status_files"`
+	Labs        []string `json:"labs"`   // persistent labs (with All)
+	Owners      []string `json:"owners"` // records of ended owners with nothing left
+	Items       []Item   `json:"items"`
 }
 
-// Count is the number of things removed.
+// Count is the number of things removed (with DryRun: that would be).
 func (r *Result) Count() int {
-	return len(r.Namespaces) + len(r.Filters) + len(r.PinDirs) + len(r.StatusFiles) + len(r.Labs)
+	n := len(r.Labs)
+	for _, it := range r.Items {
+		if it.Action == Removed || it.Action == WouldRemove {
+			n++
+		}
+	}
+	return n
 }
 
-// alive reports whether pid may still own kedge resources.
-func alive(pid int) bool { return pid == os.Getpid() || lab.ProcessAlive(pid) }
+// Failures returns the items that could not be removed.
+func (r *Result) Failures() []Item {
+	var out []Item
+	for _, it := range r.Items {
+		if it.Action == Failed {
+			out = append(out, it)
+		}
+	}
+	return out
+}
 
-// Run removes leftovers and reports what it removed. It keeps going after an error and
-// returns every error joined, with the Result of what did succeed.
+// Run removes leftovers of ended runs and reports every leftover it found. A leftover that
+// cannot be removed is a Failed item, not an error: errors are for what Run could not look
+// at (a cleaner's list failing, a persistent lab failing to go). It keeps going after
+// either and returns the errors joined, with the Result.
 func Run(opts Options) (*Result, error) {
-	res := &Result{Namespaces: []string{}, Filters: []string{}, PinDirs: []string{}, StatusFiles: []string{}, Labs: []string{}}
-	var errs []error
-
-	// Filters first: a dead run's filters in its own namespaces vanish with them, but those
-	// in the caller's namespace (a run attached to a real interface) stay until removed.
-	ns := netns.NsHandle(-1)
+	res := &Result{DryRun: opts.DryRun, Namespaces: []string{}, Filters: []string{}, PinDirs: []string{},
+		StatusFiles: []string{}, Labs: []string{}, Owners: []string{}, Items: []Item{}}
+	scope := runstate.Scope{Netns: netns.NsHandle(-1), StatusDir: opts.StatusDir}
 	if opts.FilterNetns != nil {
-		ns = opts.FilterNetns.Handle
+		scope.Netns = opts.FilterNetns.Handle
 	}
-	filters, err := bpfx.CleanupFilters(ns, alive)
-	res.Filters = append(res.Filters, filters...)
-	errs = append(errs, wrap("remove stale tc filters", err))
-
-	nss, err := lab.CleanupStale(false)
-	res.Namespaces = append(res.Namespaces, nss...)
-	errs = append(errs, wrap("remove stale namespaces", err))
-
-	dirs, err := removePinDirs()
-	res.PinDirs = append(res.PinDirs, dirs...)
-	errs = append(errs, err)
-
-	statusDir := opts.StatusDir
-	if statusDir == "" {
-		statusDir = hedge.StatusDir
+	verdicts := map[string]runstate.Verdict{}
+	judge := func(id string) runstate.Verdict {
+		v, ok := verdicts[id]
+		if !ok {
+			v = runstate.Judge(id)
+			verdicts[id] = v
+		}
+		return v
 	}
-	files, err := hedge.RemoveStaleStatuses(statusDir)
-	res.StatusFiles = append(res.StatusFiles, files...)
-	errs = append(errs, err)
+	var errs []error
+	keep := map[string]bool{} // owners with something left: their records stay
+	for _, c := range runstate.Cleaners() {
+		found, err := c.List(scope)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list %ss: %w", c.Kind, err))
+		}
+		for _, l := range found {
+			v := judge(l.Owner)
+			it := Item{Kind: l.Kind, Name: l.Name, Owner: l.Owner, State: v.State.String(), Reason: v.Reason}
+			switch {
+			case v.State != runstate.Dead:
+				it.Action = Kept
+			case opts.DryRun:
+				it.Action = WouldRemove
+			default:
+				if err := l.Remove(); err != nil && !errors.Is(err, os.ErrNotExist) {
+					it.Action, it.Error = Failed, err.Error()
+				} else {
+					it.Action = Removed
+				}
+			}
+			if it.Action != Removed {
+				keep[l.Owner] = true
+			}
+			res.Items = append(res.Items, it)
+			if it.Action == Removed || it.Action == WouldRemove {
+				res.add(it)
+			}
+		}
+	}
+	res.Owners = removeRecords(opts.DryRun, keep)
 
 	if opts.All {
 		names, err := lab.ListPersistent()
 		errs = append(errs, err)
-		labs, err := removeLabs(names)
-		res.Labs = append(res.Labs, labs...)
-		errs = append(errs, err)
+		if opts.DryRun {
+			res.Labs = append(res.Labs, names...)
+		} else {
+			labs, err := removeLabs(names)
+			res.Labs = append(res.Labs, labs...)
+			errs = append(errs, err)
+		}
 	}
 	return res, errors.Join(errs...)
 }
 
-func wrap(what string, err error) error {
-	if err == nil {
-		return nil
+func (r *Result) add(it Item) {
+	switch it.Kind {
+	case runstate.KindNetns:
+		r.Namespaces = append(r.Namespaces, it.Name)
+	case runstate.KindFilter:
+		r.Filters = append(r.Filters, it.Name)
+	case runstate.KindPinDir:
+		r.PinDirs = append(r.PinDirs, it.Name)
+	case runstate.KindStatus:
+		r.StatusFiles = append(r.StatusFiles, it.Name)
 	}
-	return fmt.Errorf("%s: %w", what, err)
 }
 
-// removePinDirs removes the pin directories of dead owners.
-func removePinDirs() ([]string, error) {
-	dirs, err := bpfx.ListPinDirs()
-	if err != nil {
-		return nil, fmt.Errorf("list pin dirs: %w", err)
-	}
-	var removed []string
-	var errs []error
-	for _, d := range dirs {
-		if alive(d.PID) {
+// removeRecords removes the records of ended owners that have nothing left (keep: owners
+// with something left, or not yet removed) and returns their IDs.
+func removeRecords(dry bool, keep map[string]bool) []string {
+	ids, _ := runstate.Records()
+	out := []string{}
+	for _, id := range ids {
+		if keep[id] || runstate.Judge(id).State != runstate.Dead {
 			continue
 		}
-		if err := bpfx.RemovePinDir(d.Dir); err != nil {
-			errs = append(errs, err)
-			continue
+		if dry {
+			out = append(out, id)
+		} else if ok, _ := runstate.RemoveRecord(id); ok {
+			out = append(out, id)
 		}
-		removed = append(removed, d.Dir)
 	}
-	return removed, errors.Join(errs...)
+	if !dry {
+		for _, p := range runstate.StaleTemps() {
+			_ = os.Remove(p)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // removeLabs takes down the named persistent labs.

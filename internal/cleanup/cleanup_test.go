@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -15,8 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/hedge"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/runstate"
+	"github.com/kedge-dev/kedge/internal/runstate/runstatetest"
 )
 
 // deadPID is far above any pid_max, so it cannot belong to a live process.
@@ -133,9 +135,12 @@ func filterNames(t *testing.T, ns *lab.Netns) []string {
 
 func TestRunRemovesDeadRunsOnly(t *testing.T) {
 	requireRoot(t)
+	if runstatetest.Private(t) {
+		return
+	}
 	pinRoot := usePinRoot(t)
-	deadPin := filepath.Join(pinRoot, fmt.Sprintf("x.%d", deadPID))
-	livePin := filepath.Join(pinRoot, fmt.Sprintf("y.%d", os.Getpid()))
+	deadPin := filepath.Join(pinRoot, fmt.Sprintf("x-%d", deadPID))
+	livePin := filepath.Join(pinRoot, fmt.Sprintf("y-%d", os.Getpid()))
 	mkdirs(t, deadPin, livePin)
 
 	deadNS := fmt.Sprintf("%s-%d-cleanup%d", lab.Prefix, deadPID, os.Getpid())
@@ -163,21 +168,25 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 	pl.Release()
 	t.Cleanup(func() { _, _ = lab.Down(persistent) })
 
-	// Status files of a dead and a live hedger (a killed `kedge hedge run` leaves its file).
+	// Status files of a dead run named the old way (a killed `kedge hedge run` of an older
+	// kedge leaves hedge.<pid>.json) and of this live run.
 	statusDir := t.TempDir()
-	for _, pid := range []int{deadPID, os.Getpid()} {
-		if err := hedge.WriteStatus(statusDir, &hedge.Status{PID: pid}); err != nil {
-			t.Fatal(err)
-		}
+	self, err := runstate.Self()
+	if err != nil {
+		t.Fatal(err)
 	}
-	deadStatus, liveStatus := hedge.StatusPath(statusDir, deadPID), hedge.StatusPath(statusDir, os.Getpid())
+	if err := runstate.WriteStatus(statusDir, "test", self, map[string]int{"pid": os.Getpid()}); err != nil {
+		t.Fatal(err)
+	}
+	deadStatus, liveStatus := runstate.StatusPath(statusDir, "hedge", strconv.Itoa(deadPID)), runstate.StatusPath(statusDir, "test", self.ID)
+	if err := os.WriteFile(deadStatus, []byte("{}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	res, err := Run(Options{FilterNetns: fns, StatusDir: statusDir})
 	if err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
-	// Namespaces are not checked in the report: any cleaner running concurrently (another
-	// test package, a developer's kedge cleanup) may remove the dead one first.
 	for _, tc := range []struct {
 		what    string
 		got     []string
@@ -186,6 +195,7 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 		{"pin dirs", res.PinDirs, deadPin},
 		{"status files", res.StatusFiles, deadStatus},
 		{"filters", res.Filters, "c0 ingress filter " + deadFilter},
+		{"namespaces", res.Namespaces, deadNS},
 	} {
 		if !slices.Contains(tc.got, tc.removed) {
 			t.Errorf("removed %s = %v, want it to contain %s", tc.what, tc.got, tc.removed)
@@ -212,6 +222,9 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 // down persistent labs that concurrently running tests own).
 func TestRemoveLabs(t *testing.T) {
 	requireRoot(t)
+	if runstatetest.Private(t) {
+		return
+	}
 	name := fmt.Sprintf("r%d", os.Getpid())
 	l, err := lab.Up(lab.Spec{Name: name, Hosts: []string{"a", "b"}, Persistent: true})
 	if err != nil {

@@ -72,7 +72,7 @@ func assertHedgerGone(t *testing.T, h *lab.Host, pid int, dlNetns string) {
 	if exists(filepath.Join(lab.NetnsDir, dlNetns)) {
 		t.Errorf("delay-line namespace %s left behind", dlNetns)
 	}
-	if left, _ := filepath.Glob(filepath.Join(lab.NetnsDir, lab.Prefix+"-"+strconv.Itoa(pid)+"-*")); len(left) > 0 {
+	if left, _ := filepath.Glob(filepath.Join(lab.NetnsDir, lab.Prefix+"-"+strconv.Itoa(pid)+"[-_]*")); len(left) > 0 {
 		t.Errorf("namespaces of pid %d left behind: %v", pid, left)
 	}
 	if exists(StatusPath(StatusDir, pid)) {

@@ -3,20 +3,22 @@ package lab
 import (
 	"errors"
 	"fmt"
-	"github.com/kedge-dev/kedge/internal/bpfx"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
 // Prefix starts the name of everything kedge creates (namespaces, pin directories), so
-// leftovers are recognisable. Namespace names are Prefix-<owner pid>-<rest>.
+// leftovers are recognisable. Namespace names are Prefix-<owner ID>-<rest>, the owner ID
+// being runstate's (<pid>_<hex>; a bare pid in names made before runstate).
 const Prefix = "kedge"
 
 // NetnsDir is where named network namespaces are bind-mounted (as `ip netns` does).
@@ -28,10 +30,10 @@ type Netns struct {
 	Handle netns.NsHandle
 }
 
-// OwnedName returns Prefix-<pid>-<name>: the owner pid lets CleanupStale tell a live run's
-// namespaces from a killed run's.
+// OwnedName returns Prefix-<owner ID>-<name> for this process's runstate owner: the owner
+// lets cleanup tell a live run's namespaces from a killed run's, across PID namespaces.
 func OwnedName(name string) string {
-	return fmt.Sprintf("%s-%d-%s", Prefix, os.Getpid(), name)
+	return fmt.Sprintf("%s-%s-%s", Prefix, runstate.SelfID(), name)
 }
 
 // NewNetns creates the named namespace (bind-mounted under NetnsDir) without moving the
@@ -46,19 +48,19 @@ func NewNetns(name string) (*Netns, error) {
 	c := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
-		orig, err := netns.Get()
+		orig, err := bpfx.ThreadNetns()
 		if err != nil {
 			runtime.UnlockOSThread()
 			c <- result{-1, fmt.Errorf("get current netns: %w", err)}
 			return
 		}
 		defer orig.Close()
-		h, err := netns.NewNamed(name) // moves this thread into the new namespace
+		h, err := newNamed(name) // moves this thread into the new namespace
 		if serr := netns.Set(orig); serr != nil {
 			// The thread stays locked and is retired when this goroutine exits.
 			if err == nil {
 				h.Close()
-				_ = netns.DeleteNamed(name)
+				_ = deleteNamed(name)
 			}
 			c <- result{-1, errors.Join(err, fmt.Errorf("return to original netns: %w", serr))}
 			return
@@ -88,7 +90,7 @@ func (n *Netns) Close() error {
 	}
 	n.Handle.Close()
 	n.Handle = -1
-	if err := netns.DeleteNamed(n.Name); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := deleteNamed(n.Name); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("delete netns %s: %w", n.Name, err)
 	}
 	return nil
@@ -136,27 +138,41 @@ func (n *Netns) SetSysctl(key, value string) error {
 	})
 }
 
-// OwnerPID parses the owner pid from a kedge namespace name; ok is false for other names.
-func OwnerPID(name string) (pid int, ok bool) {
+// OwnerID parses the runstate owner ID from a kedge namespace name; ok is false for other
+// names (persistent labs, other tools' namespaces).
+func OwnerID(name string) (id string, ok bool) {
 	rest, found := strings.CutPrefix(name, Prefix+"-")
 	if !found {
-		return 0, false
+		return "", false
 	}
-	p, _, _ := strings.Cut(rest, "-")
-	pid, err := strconv.Atoi(p)
-	return pid, err == nil && pid > 0
+	id, _, _ = strings.Cut(rest, "-")
+	_, _, ok = runstate.ParseID(id)
+	return id, ok
 }
 
-// ProcessAlive reports whether pid names a running process.
+// OwnerPID parses the owner's pid from a kedge namespace name; ok is false for other names.
+// The pid means something only in the owner's PID namespace: judge owners with
+// runstate.Judge(OwnerID(name)).
+func OwnerPID(name string) (pid int, ok bool) {
+	id, ok := OwnerID(name)
+	if !ok {
+		return 0, false
+	}
+	pid, _, _ = runstate.ParseID(id)
+	return pid, true
+}
+
+// ProcessAlive reports whether pid names a running process (in this PID namespace).
 func ProcessAlive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
 }
 
-// CleanupStale deletes kedge namespaces whose owner process is gone (all: every kedge
-// namespace, including a live run's). It returns the names it removed.
-// Persistent labs (kedge-lab-...) have no owner pid and are never removed here (see Down).
-func CleanupStale(all bool) ([]string, error) {
+// CleanupStale deletes the kedge namespaces whose owner is certainly dead (runstate.Judge)
+// and returns the names it removed. Persistent labs (kedge-lab-...) have no owner and are
+// never removed here (see Down). `kedge cleanup` does this and more (tc filters, pins,
+// status files), with reasons.
+func CleanupStale() ([]string, error) {
 	entries, err := namedNetns()
 	if err != nil {
 		return nil, err
@@ -164,12 +180,14 @@ func CleanupStale(all bool) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, name := range entries {
-		pid, ok := OwnerPID(name)
-		if !ok || (!all && (ProcessAlive(pid) || pid == os.Getpid())) {
+		id, ok := OwnerID(name)
+		if !ok || runstate.Judge(id).State != runstate.Dead {
 			continue
 		}
-		if err := netns.DeleteNamed(name); err != nil {
-			errs = append(errs, fmt.Errorf("delete netns %s: %w", name, err))
+		if err := deleteNamed(name); err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("delete netns %s: %w", name, err))
+			}
 			continue
 		}
 		removed = append(removed, name)
@@ -177,6 +195,19 @@ func CleanupStale(all bool) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
+func init() {
+	runstate.Register(runstate.Cleaner{Kind: runstate.KindNetns, Order: 30, List: func(runstate.Scope) ([]runstate.Leftover, error) {
+		names, err := namedNetns()
+		var out []runstate.Leftover
+		for _, n := range names {
+			if id, ok := OwnerID(n); ok {
+				out = append(out, runstate.Leftover{Kind: runstate.KindNetns, Name: n, Owner: id,
+					Remove: func() error { return deleteNamed(n) }})
+			}
+		}
+		return out, err
+	}})
+}
 // namedNetns lists the names under NetnsDir (none when it does not exist).
 func namedNetns() ([]string, error) {
 	entries, err := os.ReadDir(NetnsDir)

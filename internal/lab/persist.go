@@ -152,7 +152,7 @@ func Down(name string) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, n := range nss {
-		if err := netns.DeleteNamed(n); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := deleteNamed(n); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("delete netns %s: %w", n, err))
 			continue
 		}

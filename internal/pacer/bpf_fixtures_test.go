@@ -32,7 +32,7 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T, backend pacerPacerBackend) *fixture {
-	bpftest.RequireRoot(t)
+	requireEcho(t)
 	f := &fixture{t: t}
 	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("pacer-fx-%d", backend)))
 	if err != nil {
@@ -286,7 +286,7 @@ func TestFixturesPass(t *testing.T) {
 
 func TestFixturesFiller(t *testing.T) {
 	f := newFixture(t, pacerPacerBackendPACER_CONVEYOR)
-	frame := make([]byte, 64)
+	frame := make([]byte, tickMinBytes) // the smallest filler Options allow
 	binary.BigEndian.PutUint16(frame[12:], fillerEthP)
 	binary.NativeEndian.PutUint64(frame[14:], fillerMagic)
 	binary.NativeEndian.PutUint64(frame[22:], uint64(Now()-10*time.Millisecond))
@@ -296,6 +296,31 @@ func TestFixturesFiller(t *testing.T) {
 	if d["FillerPasses"] != 1 || d["PeriodCount"] != 1 {
 		t.Errorf("filler pass not counted: %v", d)
 	}
+	// A due tick rides this filler pass: the filler is cloned out as a tick frame and
+	// restored; the tick frame still queued for that deadline is then superseded.
+	due := uint64(Now() - time.Millisecond)
+	f.setArmed(due)
+	var out []byte
+	d = f.delta(func() { ret, out = f.run(f.objs.EchoPass, frame, 0) })
+	wantRet(t, ret, bpftest.TCActRedirect)
+	if d["TicksPiggybacked"] != 1 || d["FillerPasses"] != 1 || d["TickBuildErrors"] != 0 {
+		t.Errorf("piggyback not counted: %v", d)
+	}
+	if string(out[:22]) != string(frame[:22]) {
+		t.Errorf("filler not restored: %s", bpftest.DiffBytes(out[:22], frame[:22]))
+	}
+	var st pacerPacerState
+	if err := f.objs.PacerArming.Lookup(uint32(0), &st); err != nil || st.FiredNs != due {
+		t.Errorf("fired %d (%v), want %d", st.FiredNs, err, due)
+	}
+	d = f.delta(func() { ret, _ = f.run(f.objs.EchoPass, frame, 0) })
+	if d["TicksPiggybacked"] != 0 {
+		t.Errorf("a fired deadline fired again: %v", d)
+	}
+	d = f.delta(func() { ret, _ = f.run(f.objs.EchoPass, tickFrame(due, tickMagic, 32), 0) })
+	wantRet(t, ret, bpftest.TCActShot)
+	wantDelta(t, d, bpftest.Counters{"TicksSuperseded": 1})
+	f.setArmed(0)
 	if err := f.objs.PacerControl.Put(uint32(0), pacerPacerCtl{FillersToDrop: 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
 )
@@ -32,7 +31,7 @@ type echoRig struct {
 const echoPort = 7000
 
 func newEchoRig(t *testing.T, o Options, delay time.Duration) *echoRig {
-	bpftest.RequireRoot(t)
+	requireEcho(t)
 	r := &echoRig{}
 	l, err := lab.Up(lab.Spec{Name: "pcr", Hosts: []string{"a", "b"}})
 	if err != nil {
@@ -103,7 +102,8 @@ func (r *echoRig) runClient(t *testing.T, count, burst int, gap time.Duration) [
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {
-		t.Fatalf("echo client: %v\n%s", err, out.String())
+		st, _ := r.p.Stats()
+		t.Fatalf("echo client: %v\n%s\npacer counters %v, echo counters %v", err, out.String(), nonZero(st.Counters), r.echoCounters(t))
 	}
 	var rtts []time.Duration
 	sc := bufio.NewScanner(strings.NewReader(out.String()))
@@ -120,6 +120,25 @@ func (r *echoRig) runClient(t *testing.T, count, burst int, gap time.Duration) [
 		t.Fatalf("%d echoes of %d came back\n%s", len(rtts), count*burst, out.String())
 	}
 	return rtts
+}
+
+func (r *echoRig) echoCounters(t *testing.T) map[string]uint64 {
+	var per []pacerEchoStats
+	if err := r.objs.EchoCounters.Lookup(uint32(0), &per); err != nil {
+		t.Fatal(err)
+	}
+	var sum pacerEchoStats
+	for _, c := range per {
+		sum.Stored += c.Stored
+		sum.Ticks += c.Ticks
+		sum.TicksIdle += c.TicksIdle
+		sum.EchoesSent += c.EchoesSent
+		sum.SendErrors += c.SendErrors
+		sum.Rearmed += c.Rearmed
+		sum.RingFull += c.RingFull
+	}
+	return map[string]uint64{"stored": sum.Stored, "ticks": sum.Ticks, "ticks_idle": sum.TicksIdle,
+		"echoes_sent": sum.EchoesSent, "send_errors": sum.SendErrors, "rearmed": sum.Rearmed, "ring_full": sum.RingFull}
 }
 
 // TestEchoClientProcess is the client process itself (skipped unless the parent set the env).
@@ -210,9 +229,19 @@ var backendsToTest = []string{BackendEDT, BackendNetem, BackendConveyor}
 
 func TestLabEcho(t *testing.T) {
 	const delay = 5 * time.Millisecond
+	type run struct {
+		name string
+		o    Options
+	}
+	var runs []run
 	for _, b := range backendsToTest {
-		t.Run(b, func(t *testing.T) {
-			r := newEchoRig(t, Options{Backend: b, Period: time.Millisecond}, delay)
+		runs = append(runs, run{b, Options{Backend: b, Period: time.Millisecond}})
+	}
+	// Carry on the conveyor: a 10ms filler queue, ticks ride the filler passes.
+	runs = append(runs, run{"conveyor-carry", Options{Backend: BackendConveyor, Period: 10 * time.Millisecond, Carry: true}})
+	for _, c := range runs {
+		t.Run(c.name, func(t *testing.T) {
+			r := newEchoRig(t, c.o, delay)
 			rtts := r.runClient(t, 20, 1, 3*time.Millisecond)
 			checkEchoes(t, r, rtts, delay)
 			// Bursts: several echoes due at one tick, each a clone of the tick's skb.

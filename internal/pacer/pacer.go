@@ -23,6 +23,8 @@ import (
 	"github.com/cilium/ebpf/features"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/probe"
+	"github.com/kedge-dev/kedge/pkg/kedge"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -129,8 +131,9 @@ func (o *Options) setDefaults() error {
 	if o.FillerBytes == 0 {
 		o.FillerBytes = 1514
 	}
-	if o.FillerBytes < 64 || o.FillerBytes > maxFrame {
-		return fmt.Errorf("pacer filler_bytes %d out of range: use 64..%d", o.FillerBytes, maxFrame)
+	// A filler must hold a tick frame: due ticks ride filler passes (pacer_piggyback).
+	if o.FillerBytes < tickMinBytes || o.FillerBytes > maxFrame {
+		return fmt.Errorf("pacer filler_bytes %d out of range: use %d..%d", o.FillerBytes, tickMinBytes, maxFrame)
 	}
 	if o.LostAfter == 0 {
 		o.LostAfter = max(4*o.Period, 100*time.Millisecond)
@@ -192,10 +195,32 @@ func haveSetTstamp() error {
 	return features.HaveProgramHelper(ebpf.SchedCLS, asm.FnSkbSetTstamp)
 }
 
+// MinKernelMajor, MinKernelMinor: pacer.h needs BPF atomics with fetch and
+// compare-and-swap (Linux 5.12). A consumer may need more (bpf_loop: 5.17).
+const MinKernelMajor, MinKernelMinor = 5, 12
+
+// CheckKernel returns a *kedge.FeatureError on kernels older than MinKernel.
+func CheckKernel() error {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return fmt.Errorf("uname: %w", err)
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	if ok, parsed := probe.KernelAtLeast(rel, MinKernelMajor, MinKernelMinor); parsed && !ok {
+		return &kedge.FeatureError{Feature: "the pacer (BPF atomic compare-and-swap)",
+			MinKernel: fmt.Sprintf("%d.%d", MinKernelMajor, MinKernelMinor), Hint: "see 'kedge probe'",
+			Err: fmt.Errorf("kernel %s", rel)}
+	}
+	return nil
+}
+
 // New builds the pacer's namespace, veths and qdisc. With backend auto it keeps the first
 // backend the kernel accepts. On error nothing remains.
 func New(o Options) (_ *Pacer, err error) {
 	if err := o.setDefaults(); err != nil {
+		return nil, err
+	}
+	if err := CheckKernel(); err != nil {
 		return nil, err
 	}
 	if o.Backend == BackendEDT {
@@ -387,16 +412,18 @@ func (p *Pacer) Namespace() string {
 	return p.ns.Name
 }
 
-// pass is one pass through the qdisc: what a tick not yet due waits before it is looked
-// at again (0 on edt: one pass, at the deadline).
+// pass is how long a tick (or a carried packet) not yet due waits before it is looked at
+// again (0 on edt: one pass, at the deadline).
 func (p *Pacer) pass(carried bool) time.Duration {
 	switch {
 	case p.backend == BackendEDT:
 		return 0
-	case p.backend == BackendNetem, p.opts.Carry:
+	case p.backend == BackendNetem, p.opts.Carry && carried:
 		return p.opts.Period
 	case carried:
 		return 0 // the conveyor without carry holds no carried packets
+	case p.opts.Carry:
+		return p.frameTime(p.opts.FillerBytes) // ticks ride the filler passes
 	default:
 		return p.frameTime(p.tickBytes)
 	}

@@ -126,6 +126,7 @@ type pacerPacerState struct {
 	_       structs.HostLayout
 	ArmedNs uint64
 	Seq     uint64
+	FiredNs uint64
 }
 
 type pacerPacerStats struct {
@@ -139,6 +140,7 @@ type pacerPacerStats struct {
 	TickTrimErrors      uint64
 	TickBuildErrors     uint64
 	TickPasses          uint64
+	TicksPiggybacked    uint64
 	TicksSuperseded     uint64
 	TicksDelivered      uint64
 	TicksStale          uint64

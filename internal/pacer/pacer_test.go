@@ -23,7 +23,7 @@ func TestOptionsDefaultsAndRanges(t *testing.T) {
 		{Options{Period: time.Microsecond}, "use 200us..10s"},
 		{Options{Resolution: time.Second}, "use 10us..period"},
 		{Options{RateMbit: -1}, "use 1..10000"},
-		{Options{FillerBytes: 20000}, "use 64..9014"},
+		{Options{FillerBytes: 20000}, "use 128..9014"},
 	} {
 		if err := c.o.setDefaults(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: error %v, want one containing %q", c.o, err, c.want)
@@ -58,9 +58,12 @@ func TestPassAndEarly(t *testing.T) {
 	if got := p.pass(false); got != 100*time.Microsecond {
 		t.Errorf("conveyor tick pass %v, want 100us", got)
 	}
-	p.opts.Carry = true
-	if got := p.pass(false); got != 10*time.Millisecond {
-		t.Errorf("conveyor with carry: pass %v, want the period", got)
+	p.opts.Carry, p.opts.FillerBytes = true, 1250
+	if got := p.pass(true); got != 10*time.Millisecond {
+		t.Errorf("conveyor with carry: carried pass %v, want the period", got)
+	}
+	if got := p.pass(false); got != 100*time.Microsecond {
+		t.Errorf("conveyor with carry: tick pass %v, want one filler's time (100us)", got)
 	}
 	p.backend = BackendEDT
 	if got := p.config(); got.EarlyNs != 0 || got.CarryEarlyNs != 0 {

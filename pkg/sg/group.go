@@ -20,6 +20,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/runstate"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -364,7 +365,7 @@ func removeDeadPins() {
 		return
 	}
 	for _, d := range dirs {
-		if d.Name == "sg" && d.PID != os.Getpid() && !lab.ProcessAlive(d.PID) {
+		if d.Name == "sg" && runstate.Judge(d.Owner).State == runstate.Dead {
 			_ = bpfx.RemovePinDir(d.Dir)
 		}
 	}

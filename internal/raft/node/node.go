@@ -171,7 +171,9 @@ func (n *Node) Run(ctx context.Context) error {
 	n.http = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- n.http.Serve(n.clientLn) }()
-	go n.loop(ctx)
+	loopCtx, stopLoop := context.WithCancel(ctx)
+	defer stopLoop()
+	go n.loop(loopCtx)
 	var err error
 	select {
 	case <-ctx.Done():
@@ -184,8 +186,9 @@ func (n *Node) Run(ctx context.Context) error {
 	defer cancel()
 	n.http.Shutdown(sctx)
 	n.tr.Close()
-	n.rn.Stop()
+	stopLoop()
 	<-n.done
+	n.rn.Stop()
 	if cerr := n.st.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("close storage: %w", cerr)
 	}

@@ -44,6 +44,7 @@ type pcluster struct {
 	peers []config.Peer
 	hosts map[uint64]*lab.Host // nil: loopback
 	procs map[uint64]*proc
+	args  []string // extra flags of every serve
 }
 
 func newProcCluster(t *testing.T, n int, l *lab.Lab, extra string) *pcluster {
@@ -92,7 +93,7 @@ func (c *pcluster) start(id uint64) {
 		c.t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(c.bin, "raft", "serve", "--config", c.cfg, "--id", fmt.Sprint(id))
+	cmd := exec.Command(c.bin, append([]string{"raft", "serve", "--config", c.cfg, "--id", fmt.Sprint(id)}, c.args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if h := c.hosts[id]; h != nil {
@@ -423,4 +424,55 @@ func TestLabPartition(t *testing.T) {
 		t.Fatalf("the fabric dropped no packet: the partition did not happen (%+v)", st)
 	}
 	t.Logf("fabric: %+v", st)
+}
+
+// TestUnsafeLocalReadsAreStale shows that the checker's deliberately broken mode is broken,
+// and the normal mode is not, in the same situation: a node that missed an acknowledged
+// write comes back while the others are down. With --unsafe-local-reads it answers the old
+// value; without, it refuses (no leader). docs/raft.md section 7.
+func TestUnsafeLocalReadsAreStale(t *testing.T) {
+	for _, unsafe := range []bool{true, false} {
+		t.Run(fmt.Sprintf("unsafe=%v", unsafe), func(t *testing.T) {
+			c := newProcCluster(t, 3, nil, "")
+			if unsafe {
+				c.args = []string{"--unsafe-local-reads"}
+				for id := uint64(1); id <= 3; id++ { // restart with the flag
+					c.kill(id)
+					c.start(id)
+				}
+			}
+			lead := c.waitLeader(1, 2, 3)
+			lag := lead%3 + 1
+			old := c.put(c.client(lead), "x", "old")
+			c.waitFor("x=old applied everywhere", 10*time.Second, func() bool {
+				s, err := c.status(lag)
+				l, lerr := c.status(lead)
+				return err == nil && lerr == nil && s.Applied >= l.Commit
+			})
+			c.kill(lag)
+			w := c.put(c.client(lead), "x", "new") // acknowledged by lead + the third node
+			for id := uint64(1); id <= 3; id++ {
+				c.kill(id)
+			}
+			c.start(lag)
+			c.waitFor("the lone node up, x=old applied", 10*time.Second, func() bool {
+				s, err := c.status(lag)
+				return err == nil && s.Applied >= old.Index
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			g, err := c.client(lag).Get(ctx, "x")
+			if unsafe {
+				if err != nil || g.Value != "old" {
+					t.Fatalf("unsafe read on the lone node: %+v %v, want the stale value \"old\"", g, err)
+				}
+				t.Logf("unsafe mode: read x=%q at index %d after x=\"new\" was acknowledged at index %d", g.Value, g.Index, w.Index)
+				return
+			}
+			var e *client.Error
+			if !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
+				t.Fatalf("a read on a lone node: %+v %v, want a 503 (no leader)", g, err)
+			}
+		})
+	}
 }

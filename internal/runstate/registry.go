@@ -1,0 +1,79 @@
+package runstate
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/vishvananda/netns"
+)
+
+// The cleanup registry: every kind of thing a run can leave behind has a Cleaner that lists
+// them with their owners. `kedge cleanup` (internal/cleanup) judges each owner and removes
+// only what belongs to dead ones; it imports no capability. A capability registers a
+// Cleaner for its own kinds in init(); namespaces (lab), tc filters and pin directories
+// (bpfx) and status files (here) are registered by the packages that make them.
+
+// Kinds registered by kedge's shared packages.
+const (
+	KindNetns  = "netns"
+	KindFilter = "tc filter"
+	KindPinDir = "pin dir"
+	KindStatus = "status file"
+)
+
+// Scope tells cleaners where to look.
+type Scope struct {
+	// Netns is the network namespace whose interfaces are searched for tc filters;
+	// -1: the caller's.
+	Netns netns.NsHandle
+	// StatusDir holds the status files; "": Dir.
+	StatusDir string
+}
+
+// Leftover is one thing found, with its owner and how to remove it.
+type Leftover struct {
+	Kind   string
+	Name   string // as the user should see it (path, namespace name, "<iface> <hook> filter <name>")
+	Owner  string // owner ID (legacy: a bare pid)
+	Remove func() error
+}
+
+// Cleaner lists the leftovers of one kind. List must not remove anything, and must list
+// everything of its kind that carries an owner ID, live owners' included: the caller judges.
+type Cleaner struct {
+	Kind string
+	// Order sorts cleaners (lower first): tc filters (10) go before pin directories (20)
+	// and namespaces (30), status files (90) last, so a run's status stays while its
+	// resources are being removed.
+	Order int
+	List  func(Scope) ([]Leftover, error)
+}
+
+var (
+	regMu    sync.Mutex
+	registry []Cleaner
+)
+
+// Register adds a cleaner. It panics when the kind is registered twice (a programming error).
+func Register(c Cleaner) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	if c.Kind == "" || c.List == nil {
+		panic("runstate: Register needs a kind and a List function")
+	}
+	for _, r := range registry {
+		if r.Kind == c.Kind {
+			panic(fmt.Sprintf("runstate: cleaner %q registered twice", c.Kind))
+		}
+	}
+	registry = append(registry, c)
+	slices.SortStableFunc(registry, func(a, b Cleaner) int { return a.Order - b.Order })
+}
+
+// Cleaners returns the registered cleaners in order.
+func Cleaners() []Cleaner {
+	regMu.Lock()
+	defer regMu.Unlock()
+	return slices.Clone(registry)
+}
