@@ -2,19 +2,20 @@
 /* budget.h - how many hedges a service may send (docs/hedging.md, Budget).
  *
  * The splitter calls budget_request() for every request and budget_reserve() before it
- * clones one into the delay line (no reservation: no clone, budget_exhausted); the clone,
- * when it leaves the delay line, either becomes a hedge (budget_spend) or is dropped
- * unhedged (budget_release). Two modes (svc_cfg.budget_mode):
+ * clones one into the delay line; the rescuer calls budget_charge() when a clone is due
+ * (refused: no hedge, budget_exhausted), budget_refund() when a charged hedge could not be
+ * sent, and budget_release() when it drops a clone unhedged. Two modes
+ * (svc_cfg.budget_mode):
  *
- *  BUDGET_WINDOW (default): hedges sent over the last BUDGET_SLOTS slots, plus the clones
- *    holding a reservation, may not exceed ratio x requests over those slots + burst. A
- *    reservation counts while its clone waits, and is charged to the window only when the
- *    hedge is sent, so answered requests cost nothing and a stall's requests are covered
- *    by the whole window's requests, not by a bucket of burst tokens. In any stretch of at
- *    most BUDGET_SLOTS - 1 slots, hedges <= ratio x requests + burst.
- *  BUDGET_BUCKET: each request deposits ratio tokens while fewer than burst are free; a
- *    reservation takes a token, a hedge keeps it, a release gives it back. Over any run,
- *    hedges <= ratio x requests + burst. */
+ *  BUDGET_WINDOW (default): every request is cloned; a hedge is charged when it is sent,
+ *    if hedges over the last BUDGET_SLOTS slots stay within ratio x requests over those
+ *    slots + burst. Waiting and answered requests hold nothing, and a stall's requests are
+ *    covered by the whole window's requests, not by a bucket of burst tokens. In any
+ *    stretch of at most BUDGET_SLOTS - 1 slots, hedges <= ratio x requests + burst.
+ *  BUDGET_BUCKET: each request deposits ratio tokens while fewer than burst are free; the
+ *    splitter's clone takes a token (none: no clone, budget_exhausted), a hedge keeps it,
+ *    a clone dropped unhedged gives it back. Over any run, hedges <= ratio x requests +
+ *    burst. */
 #ifndef KEDGE_HEDGE_BUDGET_H
 #define KEDGE_HEDGE_BUDGET_H
 
@@ -69,48 +70,61 @@ static __always_inline void budget_request(struct svc_cfg *sc, struct svc_state 
 	__sync_fetch_and_add(&st->win_requests[i], 1);
 }
 
-/* budget_reserve: may this request's clone hold a hedge? 1 with a reservation, 0 without. */
-static __always_inline int budget_reserve(struct svc_cfg *sc, struct svc_state *st, __u64 now)
+/* budget_reserve: may this request be cloned into the delay line? The bucket takes the
+ * hedge's token now (1) or refuses (0); the window reserves nothing: every request is
+ * cloned and its hedge is charged, or refused, when it is due (budget_charge). */
+static __always_inline int budget_reserve(struct svc_cfg *sc, struct svc_state *st)
 {
-	__u64 epoch, req = 0, hedges = 0;
-	__s64 r;
-
-	if (sc->budget_mode == BUDGET_BUCKET) {
-		if (__sync_fetch_and_add(&st->tokens_milli, -1000) >= 1000)
-			return 1;
-		__sync_fetch_and_add(&st->tokens_milli, 1000);
-		return 0;
-	}
-	win_slot(sc, st, now, &epoch);
-	win_sums(st, epoch, &req, &hedges);
-	r = __sync_fetch_and_add(&st->reserved, 1) + 1;
-	if (r > 0 && (hedges + (__u64)r) * 1000 <= req * sc->budget_ratio_milli + sc->budget_cap_milli)
+	if (sc->budget_mode != BUDGET_BUCKET)
 		return 1;
-	__sync_fetch_and_add(&st->reserved, -1);
+	if (__sync_fetch_and_add(&st->tokens_milli, -1000) >= 1000)
+		return 1;
+	__sync_fetch_and_add(&st->tokens_milli, 1000);
 	return 0;
 }
 
-/* budget_release: a clone with a reservation was dropped without a hedge. The bucket's
- * token goes back uncapped: it was deposited before, so the bound stays exact. */
+/* budget_release: a clone that took a bucket token was dropped without a hedge. The token
+ * goes back uncapped: it was deposited before, so the bound stays exact. */
 static __always_inline void budget_release(struct svc_cfg *sc, struct svc_state *st)
 {
 	if (sc->budget_mode == BUDGET_BUCKET)
 		__sync_fetch_and_add(&st->tokens_milli, 1000);
-	else
-		__sync_fetch_and_add(&st->reserved, -1);
 }
 
-/* budget_spend: the clone's reservation became a hedge, sent now. */
-static __always_inline void budget_spend(struct svc_cfg *sc, struct svc_state *st, __u64 now)
+/* budget_charge: a due clone is about to become a hedge. The bucket's token pays (1); the
+ * window charges the hedge to now's slot if hedges over the window stay within ratio x
+ * requests + burst (1), else refuses (0). Added first and taken back on refusal, so two
+ * CPUs cannot both pass on the last hedge. */
+static __always_inline int budget_charge(struct svc_cfg *sc, struct svc_state *st, __u64 now)
+{
+	__u64 epoch, req = 0, hedges = 0;
+	__u32 i;
+
+	if (sc->budget_mode == BUDGET_BUCKET)
+		return 1;
+	i = win_slot(sc, st, now, &epoch);
+	__sync_fetch_and_add(&st->win_hedges[i], 1);
+	win_sums(st, epoch, &req, &hedges);
+	if (hedges * 1000 <= req * sc->budget_ratio_milli + sc->budget_cap_milli)
+		return 1;
+	__sync_fetch_and_add(&st->win_hedges[i], -1);
+	return 0;
+}
+
+/* budget_refund: a charged hedge could not be sent after all (rewrite or redirect failed):
+ * the window takes it back from now's slot; the bucket's token goes back. */
+static __always_inline void budget_refund(struct svc_cfg *sc, struct svc_state *st, __u64 now)
 {
 	__u64 epoch;
 	__u32 i;
 
-	if (sc->budget_mode == BUDGET_BUCKET)
-		return; /* the token the clone took pays for it */
+	if (sc->budget_mode == BUDGET_BUCKET) {
+		__sync_fetch_and_add(&st->tokens_milli, 1000);
+		return;
+	}
 	i = win_slot(sc, st, now, &epoch);
-	__sync_fetch_and_add(&st->win_hedges[i], 1);
-	__sync_fetch_and_add(&st->reserved, -1);
+	if (st->win_hedges[i])
+		__sync_fetch_and_add(&st->win_hedges[i], -1);
 }
 
 #endif /* KEDGE_HEDGE_BUDGET_H */

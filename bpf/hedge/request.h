@@ -214,9 +214,10 @@ static __always_inline int split(struct __sk_buff *skb)
 	r.state = REQ_PENDING;
 	r.orig_replica = m.cfg->orig_index;
 	r.hedge_replica = REPLICA_NONE;
-	/* The clone reserves its hedge now: without a reservation it would only ride the delay
-	 * line to be refused, and concurrent requests could not all count on the same one. */
-	token = budget_reserve(m.cfg, m.st, now);
+	/* Bucket: the clone takes its hedge's token now, so none rides the delay line only to be
+	 * refused and concurrent requests cannot all count on the same token. Window: every
+	 * request is cloned; its hedge is charged when due. */
+	token = budget_reserve(m.cfg, m.st);
 	if (!token) {
 		COUNT(m.cnt, budget_exhausted);
 		r.state = REQ_NOCLONE;
@@ -248,6 +249,14 @@ static __always_inline void hedge_failed(struct match *m, struct hreq *e)
 {
 	e->state = REQ_NOHEDGE;
 	budget_release(m->cfg, m->st);
+}
+
+/* hedge_unsent: the hedge was charged but could not be sent: as hedge_failed, and the
+ * charge is refunded (bucket: the token goes back; window: the slot's hedge). */
+static __always_inline void hedge_unsent(struct match *m, struct hreq *e, __u64 now)
+{
+	e->state = REQ_NOHEDGE;
+	budget_refund(m->cfg, m->st, now);
 }
 
 /* rescue (delay-line exit): drop a clone whose request was answered, send it round again
@@ -290,25 +299,29 @@ static __always_inline int rescue(struct __sk_buff *skb)
 		COUNT(m.cnt, recirculations);
 		return ret;
 	}
-	/* Due and unanswered: the reservation this clone took at the splitter pays for it. */
+	/* Due and unanswered: the budget pays for the hedge (bucket: the clone's token). */
+	if (!budget_charge(m.cfg, m.st, now)) {
+		e->state = REQ_REFUSED;
+		COUNT(m.cnt, budget_exhausted);
+		return TC_ACT_SHOT;
+	}
 	idx = pick_replica(m.cfg, m.st, e->orig_replica);
 	to = *replica_at(m.cfg, idx);
 	__builtin_memset(&from, 0, sizeof(from));
 	from.addr = m.p.daddr;
 	from.port = m.p.dport;
 	if (rewrite_addr(skb, &m.p, 1, &from, &to) < 0) {
-		hedge_failed(&m, e);
+		hedge_unsent(&m, e, now);
 		COUNT(m.cnt, hedge_rewrite_errors);
 		return TC_ACT_SHOT;
 	}
 	skb->mark = cfg.hedge_mark;
 	ret = bpf_redirect_neigh(cfg.out_ifindex, NULL, 0, 0);
 	if (ret != TC_ACT_REDIRECT) {
-		hedge_failed(&m, e);
+		hedge_unsent(&m, e, now);
 		COUNT(m.cnt, redirect_errors);
 		return TC_ACT_SHOT;
 	}
-	budget_spend(m.cfg, m.st, now);
 	e->state = REQ_HEDGED;
 	e->hedged_ns = now;
 	e->hedge_replica = idx;
@@ -353,9 +366,10 @@ static __always_inline int respond(struct __sk_buff *skb)
 	} else if (e->state == REQ_PENDING) {
 		e->state = REQ_ANSWERED; /* the clone deletes the entry when it comes out */
 	} else {
-		/* NOCLONE / NOHEDGE: nothing follows. A NOCLONE request answered after its deadline
-		 * is one the budget kept from being hedged (user space warns when they pile up). */
-		if (e->state == REQ_NOCLONE && now > e->deadline_ns)
+		/* NOCLONE / NOHEDGE / REFUSED: nothing follows. A NOCLONE or REFUSED request
+		 * answered after its deadline is one the budget kept from being hedged (user space
+		 * warns when they pile up). */
+		if ((e->state == REQ_NOCLONE || e->state == REQ_REFUSED) && now > e->deadline_ns)
 			COUNT(m.cnt, unhedged_late);
 		bpf_map_delete_elem(&scoreboard, &m.key);
 		return TC_ACT_UNSPEC;

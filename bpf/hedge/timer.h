@@ -144,7 +144,7 @@ static long gc_one(void *map, struct hreq_key *key, struct hreq *r, struct gc_ct
 	if (ctx->now - r->sent_ns <= cfg.ttl_ns)
 		return 0;
 	/* PENDING or ANSWERED past the TTL (at least twice the delay): its clone never came
-	 * back out of the delay line (a qdisc dropped it), so its reservation goes back here. */
+	 * back out of the delay line (a qdisc dropped it), so its bucket token goes back here. */
 	if (r->state == REQ_PENDING || r->state == REQ_ANSWERED) {
 		sc = bpf_map_lookup_elem(&svc_cfgs, &svc);
 		st = bpf_map_lookup_elem(&svc_states, &svc);

@@ -44,8 +44,7 @@ enum hedge_limits {
 /* How a service's hedges are budgeted (docs/hedging.md, Budget). */
 enum budget_mode {
 	/* Finagle's maxExtraLoad: hedges <= ratio x requests over a sliding window, plus a floor
-	 * of burst hedges. A clone reserves its hedge at the splitter and the reservation is
-	 * charged (or released) when it leaves the delay line. */
+	 * of burst hedges, charged when a hedge is sent. */
 	BUDGET_WINDOW = 0,
 	/* A token bucket: each request deposits ratio tokens up to burst, a clone takes one. */
 	BUDGET_BUCKET = 1,
@@ -124,9 +123,8 @@ struct svc_state {
 	__u32 slot;         /* current histogram slot */
 	__u64 window_count; /* samples in the running total */
 	__u64 last_delay_ns;
-	/* BUDGET_WINDOW: clones in the delay line holding a reservation, and per slot of the
-	 * window its time index (now / budget_slot_ns + 1; 0: unused), requests and hedges. */
-	__s64 reserved;
+	/* BUDGET_WINDOW: per slot of the window its time index (now / budget_slot_ns + 1;
+	 * 0: unused), requests and hedges. */
 	__u64 win_epoch[BUDGET_SLOTS];
 	__u64 win_requests[BUDGET_SLOTS];
 	__u64 win_hedges[BUDGET_SLOTS];
@@ -148,6 +146,7 @@ enum req_state {
 	REQ_HEDGED,       /* hedge sent, no response yet */
 	REQ_ANSWERED,     /* response arrived, clone still in the delay line */
 	REQ_ANSWERED_HEDGED, /* first of two responses arrived; the second is dropped */
+	REQ_REFUSED,      /* clone came out due, the window budget refused its hedge */
 };
 
 struct hreq {
@@ -184,10 +183,11 @@ struct hedge_stats {
 	__u64 hedges_sent;
 	__u64 hedges_won;        /* the hedge's response arrived first */
 	__u64 duplicates_dropped; /* later response of a hedged request, dropped */
-	__u64 budget_exhausted;  /* request not cloned (so never hedged): no free budget token */
-	__u64 unhedged_late;     /* first response of a request that was not cloned (no budget
-				  * token, or a clone error) and came after its deadline: a
-				  * stall the budget did not let kedge rescue */
+	__u64 budget_exhausted;  /* request never hedged for lack of budget: not cloned (bucket:
+				  * no free token) or its due clone refused (window) */
+	__u64 unhedged_late;     /* first response, after its deadline, of a request refused by
+				  * the budget (or not cloned: a clone error): a stall the budget
+				  * did not let kedge rescue */
 	__u64 responses_rewritten; /* response source rewritten to the address the client used */
 	__u64 hedge_rewrite_errors;    /* hedge's destination rewrite failed: hedge not sent */
 	__u64 response_rewrite_errors; /* response's source rewrite failed: passed as it came */

@@ -34,11 +34,12 @@ const (
 	reqHedged        = uint32(hedgeReqStateREQ_HEDGED)
 	reqAnswered      = uint32(hedgeReqStateREQ_ANSWERED)
 	reqAnsweredHedge = uint32(hedgeReqStateREQ_ANSWERED_HEDGED)
+	reqRefused       = uint32(hedgeReqStateREQ_REFUSED)
 )
 
 var stateNames = map[uint32]string{
 	0: "absent", reqPending: "PENDING", reqNoClone: "NOCLONE", reqNoHedge: "NOHEDGE",
-	reqHedged: "HEDGED", reqAnswered: "ANSWERED", reqAnsweredHedge: "ANSWERED_HEDGED",
+	reqHedged: "HEDGED", reqAnswered: "ANSWERED", reqAnsweredHedge: "ANSWERED_HEDGED", reqRefused: "REFUSED",
 }
 
 // The clients and services of every fixture. Replicas sit on other ports than their

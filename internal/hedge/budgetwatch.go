@@ -7,9 +7,10 @@ import (
 	"time"
 )
 
-// The budget can silently defeat hedging: every request waiting out its delay holds a
-// reservation (the clone carries it), so at R requests/s and a delay D about R*D are held at
-// any time; a token bucket of burst < R*D is empty before a stall even starts. budgetWatch
+// The budget can silently defeat hedging. In bucket mode every request waiting out its
+// delay holds a token (the clone carries it), so at R requests/s and a delay D about R*D are
+// held at any time: a burst < R*D is empty before a stall even starts. In either mode a
+// ratio or window too small for the stalls refuses their hedges. budgetWatch
 // compares successive snapshots and says so, naming the setting to change:
 //   - bucket mode, once per service, as soon as its request rate is known: burst < R*D;
 //   - while running: of the requests that stalled (answered after the delay), more than
@@ -81,7 +82,7 @@ func (w *budgetWatch) check(cur *Snapshot) []string {
 		}
 		w.lastSaid[s.Name] = cur.Time
 		out = append(out, fmt.Sprintf("service %q: in the last %v, %d of %d stalled requests (answered after the %v delay) "+
-			"were not hedged for lack of a budget token (budget_exhausted +%d); raise budget.burst (--budget-burst, now %d) "+
+			"were not hedged for lack of budget (budget_exhausted +%d); raise budget.burst (--budget-burst, now %d) "+
 			"to cover a stall's requests (about %.0f per delay at %.0f requests/s), or budget.ratio (--budget-ratio, now %g)",
 			s.Name, dt.Round(time.Second), late, stalled, s.DelayNow, delta("budget_exhausted"), b.Burst, held, rate, b.Ratio))
 	}

@@ -43,7 +43,7 @@ func TestBudgetWatch(t *testing.T) {
 		{"stalled requests refused: warned, then rate-limited, then again after a minute", d, []step{
 			{0, map[string]uint64{"requests": 0}, nil},
 			{2 * time.Second, map[string]uint64{"requests": 200, "hedges_sent": 10, "unhedged_late": 30, "budget_exhausted": 150},
-				[]string{"30 of 40 stalled requests (answered after the 5ms delay) were not hedged", "budget_exhausted +150", "--budget-burst, now 10", "--budget-ratio, now 0.05"}},
+				[]string{"30 of 40 stalled requests (answered after the 5ms delay) were not hedged for lack of budget", "budget_exhausted +150", "--budget-burst, now 10", "--budget-ratio, now 0.05"}},
 			{4 * time.Second, map[string]uint64{"requests": 400, "hedges_sent": 20, "unhedged_late": 60}, nil},
 			{64 * time.Second, map[string]uint64{"requests": 600, "hedges_sent": 30, "unhedged_late": 90}, []string{"in the last 1m0s, 30 of 40 stalled requests"}},
 		}, ""},

@@ -178,6 +178,7 @@ const (
 	hedgeReqStateREQ_HEDGED          hedgeReqState = 4
 	hedgeReqStateREQ_ANSWERED        hedgeReqState = 5
 	hedgeReqStateREQ_ANSWERED_HEDGED hedgeReqState = 6
+	hedgeReqStateREQ_REFUSED         hedgeReqState = 7
 )
 
 type hedgeReqidOrder uint32
@@ -237,7 +238,6 @@ type hedgeSvcState struct {
 	Slot        uint32
 	WindowCount uint64
 	LastDelayNs uint64
-	Reserved    int64
 	WinEpoch    [10]uint64
 	WinRequests [10]uint64
 	WinHedges   [10]uint64
