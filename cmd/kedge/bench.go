@@ -47,10 +47,11 @@ func addBenchOutFlag(cmd *cobra.Command, p *string, name string) {
 }
 
 // requireBenchRoot refuses to run a benchmark without root, which every one needs (it
-// creates network namespaces and loads BPF programs).
+// creates network namespaces and loads BPF programs), before it builds anything. Like any
+// command that lacks a privilege, it exits 1 (3 is for what the kernel lacks).
 func requireBenchRoot(cmd *cobra.Command) error {
 	if os.Geteuid() != 0 {
-		return exitCodeError{exitUnsupported, fmt.Errorf("%s needs root (it creates network namespaces and loads BPF programs): run it with sudo", cmd.CommandPath())}
+		return fmt.Errorf("%s needs root (it creates network namespaces and loads BPF programs): run it with sudo", cmd.CommandPath())
 	}
 	return nil
 }

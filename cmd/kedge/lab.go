@@ -28,7 +28,9 @@ are static and IPv6 DAD is off, so a lab is usable at once.
 
 A lab made by 'kedge lab up' outlives the command (its namespaces are named
 kedge-lab-<name>-<host>) until 'kedge lab down' or 'kedge cleanup --all'.
-Nothing is created in the current network namespace.`,
+--prefix names them otherwise (give the same --prefix to down, exec, shell and
+list; cleanup --all removes kedge-lab- labs only), --subnet and --subnet6 choose
+the address plan. Nothing is created in the current network namespace.`,
 		Example: `  sudo kedge lab up --name demo --hosts client,srv1,srv2 --fabric bridge
   sudo kedge lab exec demo client -- ip -br addr
   sudo kedge lab shell demo srv1
@@ -44,13 +46,26 @@ Nothing is created in the current network namespace.`,
 			return usagef("kedge lab needs a command: up, down, exec, shell or list (see 'kedge lab --help')")
 		},
 	}
+	cmd.PersistentFlags().StringVar(&labPrefix, "prefix", lab.PersistentPrefix, "start of the lab's namespace names")
 	cmd.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabExecCmd(), newLabShellCmd(), newLabListCmd())
 	return cmd
+}
+
+// labPrefix is kedge lab's --prefix.
+var labPrefix string
+
+// checkLabPrefix validates --prefix (a usage error, exit 2).
+func checkLabPrefix() error {
+	if err := lab.ValidPrefix(labPrefix); err != nil {
+		return usagef("--prefix: %v", err)
+	}
+	return nil
 }
 
 func newLabUpCmd() *cobra.Command {
 	var (
 		name, hosts, fabric, output string
+		subnet4, subnet6            string
 		mtu                         int
 	)
 	cmd := &cobra.Command{
@@ -60,15 +75,27 @@ func newLabUpCmd() *cobra.Command {
   sudo kedge lab up --name demo --hosts client,srv1,srv2 --fabric bridge
 
   # routed, jumbo frames, addresses as JSON
-  sudo kedge lab up --name wan --hosts a,b --fabric router --mtu 9000 -o json`,
+  sudo kedge lab up --name wan --hosts a,b --fabric router --mtu 9000 -o json
+
+  # another address plan and namespace names (down, exec, list take the same --prefix)
+  sudo kedge lab --prefix t1- up --name x --hosts a,b --subnet 10.77.0.0/16 --subnet6 fd00:77::/48`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutputFormat(output); err != nil {
 				return err
 			}
+			if err := checkLabPrefix(); err != nil {
+				return err
+			}
 			spec, err := labSpec(name, hosts, fabric, mtu)
 			if err != nil {
 				return err
+			}
+			if spec.Subnet4, spec.Subnet6, err = lab.ParseSubnets(subnet4, subnet6); err != nil {
+				return usagef("%v", err)
+			}
+			if labPrefix != lab.PersistentPrefix {
+				spec.NamePrefix = labPrefix
 			}
 			l, err := lab.Up(spec)
 			if err != nil {
@@ -90,6 +117,8 @@ func newLabUpCmd() *cobra.Command {
 	cmd.Flags().StringVar(&hosts, "hosts", "client,srv1,srv2", "comma-separated host names, in address order")
 	cmd.Flags().StringVar(&fabric, "fabric", "bridge", "how hosts are joined: bridge or router")
 	cmd.Flags().IntVar(&mtu, "mtu", 0, "interface MTU (0: the veth default, 1500)")
+	cmd.Flags().StringVar(&subnet4, "subnet", lab.DefaultSubnet4.String(), "IPv4 /16 the addresses come from")
+	cmd.Flags().StringVar(&subnet6, "subnet6", lab.DefaultSubnet6.String(), "IPv6 /48 the addresses come from")
 	addOutputFlag(cmd, &output)
 	return cmd
 }
@@ -133,7 +162,10 @@ func newLabDownCmd() *cobra.Command {
 			if err := lab.ValidName(args[0]); err != nil {
 				return usagef("%v", err)
 			}
-			removed, err := lab.Down(args[0])
+			if err := checkLabPrefix(); err != nil {
+				return err
+			}
+			removed, err := lab.DownIn(labPrefix, args[0])
 			if !quiet {
 				for _, n := range removed {
 					fmt.Fprintf(cmd.OutOrStdout(), "removed namespace %s\n", n)
@@ -220,13 +252,16 @@ func newLabListCmd() *cobra.Command {
 			if err := checkOutputFormat(output); err != nil {
 				return err
 			}
-			names, err := lab.ListPersistent()
+			if err := checkLabPrefix(); err != nil {
+				return err
+			}
+			names, err := lab.ListPersistentIn(labPrefix)
 			if err != nil {
 				return err
 			}
 			var labs []labView
 			for _, n := range names {
-				l, err := lab.Open(n)
+				l, err := lab.OpenIn(labPrefix, n)
 				if err != nil {
 					labs = append(labs, labView{Name: n, Error: err.Error()})
 					continue
@@ -273,7 +308,10 @@ func openHost(labName, host string) (*lab.Host, func(), error) {
 	if err := lab.ValidName(labName); err != nil {
 		return nil, nil, usagef("%v", err)
 	}
-	l, err := lab.Open(labName)
+	if err := checkLabPrefix(); err != nil {
+		return nil, nil, err
+	}
+	l, err := lab.OpenIn(labPrefix, labName)
 	if err != nil {
 		return nil, nil, rootHint(err)
 	}

@@ -278,3 +278,67 @@ func testNetnsInterop(t *testing.T, ipFirst bool) {
 		t.Errorf("%s after both tools removed theirs: %v, %v", lab.NetnsDir, entries, err)
 	}
 }
+
+// TestLabPrefixAndSubnets: a lab under another name prefix and address plan is made, found,
+// used and removed through the same --prefix; bad values are usage errors.
+func TestLabPrefixAndSubnets(t *testing.T) {
+	requireRoot(t)
+	if runstatetest.Private(t) {
+		return
+	}
+	code, stdout, stderr := runCLI(t, "", "lab", "--prefix", "t1-", "up", "--name", "x", "--hosts", "a,b", "--fabric", "router",
+		"--subnet", "10.77.0.0/16", "--subnet6", "fd00:77::/48", "-o", "json")
+	if code != exitOK {
+		t.Fatalf("lab up: exit %d: %s", code, stderr)
+	}
+	var up labView
+	if err := json.Unmarshal([]byte(stdout), &up); err != nil {
+		t.Fatalf("lab up -o json: %v\n%s", err, stdout)
+	}
+	want := []hostView{
+		{Host: "a", Namespace: "t1-x-a", IPv4: "10.77.1.2", IPv6: "fd00:77:0:1::2", Gateway4: "10.77.1.1", Gateway6: "fd00:77:0:1::1"},
+		{Host: "b", Namespace: "t1-x-b", IPv4: "10.77.2.2", IPv6: "fd00:77:0:2::2", Gateway4: "10.77.2.1", Gateway6: "fd00:77:0:2::1"},
+	}
+	check := func(what string, got []hostView) {
+		t.Helper()
+		if len(got) != len(want) {
+			t.Fatalf("%s: hosts %+v", what, got)
+		}
+		for i, h := range got {
+			w := want[i]
+			if h.Host != w.Host || h.Namespace != w.Namespace || h.IPv4 != w.IPv4 || h.IPv6 != w.IPv6 || h.Gateway4 != w.Gateway4 || h.Gateway6 != w.Gateway6 {
+				t.Errorf("%s: host %+v, want %+v", what, h, w)
+			}
+		}
+	}
+	check("lab up", up.Hosts)
+
+	code, stdout, stderr = runCLI(t, "", "lab", "--prefix", "t1-", "list", "-o", "json")
+	var labs []labView
+	if err := json.Unmarshal([]byte(stdout), &labs); code != exitOK || err != nil || len(labs) != 1 {
+		t.Fatalf("lab --prefix t1- list: exit %d, %v: %s%s", code, err, stdout, stderr)
+	}
+	check("lab list", labs[0].Hosts)
+	if code, stdout, _ := runCLI(t, "", "lab", "list", "-o", "json"); code != exitOK || strings.TrimSpace(stdout) != "[]" {
+		t.Errorf("lab list under the default prefix: exit %d, %s; want no labs", code, stdout)
+	}
+	if code, stdout, stderr := runCLI(t, "", "lab", "--prefix", "t1-", "exec", "x", "a", "--", "ip", "-br", "addr", "show", "eth0"); code != exitOK || !strings.Contains(stdout, "10.77.1.2/24") {
+		t.Errorf("lab exec: exit %d: %s%s", code, stdout, stderr)
+	}
+	for _, bad := range [][]string{
+		{"lab", "up", "--name", "y", "--hosts", "a", "--subnet", "10.0.0.0/8"},
+		{"lab", "up", "--name", "y", "--hosts", "a", "--subnet6", "fd00::/64"},
+		{"lab", "--prefix", "kedge-123-", "up", "--name", "y", "--hosts", "a"},
+		{"lab", "--prefix", "a/b", "list"},
+	} {
+		if code, _, stderr := runCLI(t, "", bad...); code != exitUsage {
+			t.Errorf("kedge %s: exit %d (%s), want %d", strings.Join(bad, " "), code, stderr, exitUsage)
+		}
+	}
+	if code, _, stderr := runCLI(t, "", "lab", "--prefix", "t1-", "down", "x"); code != exitOK {
+		t.Fatalf("lab down: exit %d: %s", code, stderr)
+	}
+	if entries, _ := os.ReadDir(lab.NetnsDir); len(entries) != 0 {
+		t.Errorf("namespaces left after lab down: %v", entries)
+	}
+}

@@ -318,3 +318,41 @@ func TestMissingKernelFeatureExits3(t *testing.T) {
 	}
 	t.Logf("kedge: %v", err)
 }
+
+// TestBenchWithoutRoot: a benchmark run by an unprivileged user stops before building
+// anything, with exit 1 and the way out (the binary runs as nobody through setpriv).
+func TestBenchWithoutRoot(t *testing.T) {
+	requireRoot(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("needs setpriv (util-linux) to run kedge as an unprivileged user")
+	}
+	dir, err := os.MkdirTemp("", "kedge-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	b, err := os.ReadFile(bpftest.KedgeBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "kedge")
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"hedge", "pping"} {
+		cmd := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", bin, "bench", name, "--out", filepath.Join(dir, "out"))
+		cmd.Dir = dir
+		out, _ := cmd.CombinedOutput()
+		want := "kedge: kedge bench " + name + " needs root (it creates network namespaces and loads BPF programs): run it with sudo\n"
+		if code := cmd.ProcessState.ExitCode(); code != exitError || string(out) != want {
+			t.Errorf("kedge bench %s as nobody: exit %d, output %q; want exit 1 and %q", name, code, out, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "out")); !os.IsNotExist(err) {
+		t.Errorf("bench without root created its output directory (stat: %v)", err)
+	}
+}

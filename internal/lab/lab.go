@@ -2,12 +2,13 @@
 //
 // A lab is a set of hosts (one namespace each, one interface eth0) joined by a fabric
 // namespace: a bridge (one L2 segment) or a router (one subnet per host, forwarding on).
-// Addresses come from fixed test ranges (198.18.0.0/15, RFC 2544; 2001:db8::/32, RFC 3849),
-// neighbours are static and IPv6 DAD is off, so a lab is usable the moment Up returns.
-// Every name carries the kedge-<pid>- prefix; Close (or, after a crash, CleanupStale)
-// removes everything. A persistent lab (Spec.Persistent, made by `kedge lab up`) outlives
-// its creator instead: its namespaces are named kedge-lab-<name>-<host>, Open finds it
-// again and Down (or Close) removes it. Nothing is ever created in the caller's namespace.
+// Addresses come from test ranges (198.18.0.0/16, RFC 2544; 2001:db8::/48, RFC 3849) or
+// from the subnets a Spec names; neighbours are static and IPv6 DAD is off, so a lab is
+// usable the moment Up returns. Every name carries the kedge-<owner>- prefix (runstate);
+// Close (or, after a crash, `kedge cleanup`) removes everything. A persistent lab
+// (Spec.Persistent, made by `kedge lab up`) outlives its creator instead: its namespaces are
+// named kedge-lab-<name>-<host> (or another Spec.NamePrefix), Open finds it again and Down
+// (or Close) removes it. Nothing is ever created in the caller's namespace.
 package lab
 
 import (
@@ -61,10 +62,59 @@ type Spec struct {
 	Fabric Fabric   //
 	Hosts  []string // host names, in order; host i (from 1) gets addresses from i
 	MTU    int      // 0: the veth default (1500)
-	// Persistent names the namespaces kedge-lab-<Name>-<host> instead of kedge-<pid>-...,
-	// so the lab outlives this process (CleanupStale(false) leaves it alone); remove it with
-	// Close or Down. Name must then be letters, digits and '_' only.
+	// Persistent names the namespaces <NamePrefix><Name>-<host> instead of
+	// kedge-<owner>-..., so the lab outlives this process (cleanup leaves it alone); remove
+	// it with Close or Down. Name must then be letters, digits and '_' only.
 	Persistent bool
+	// NamePrefix starts a persistent lab's namespace names; "": PersistentPrefix
+	// (kedge-lab-). Open, Down and ListPersistent take the same prefix.
+	NamePrefix string
+	// Subnet4 is the IPv4 /16 the addresses come from; invalid (zero): DefaultSubnet4.
+	// Bridge: hosts on <Subnet4>.0.10+i/24; router: host i on <Subnet4>.i.0/24.
+	Subnet4 netip.Prefix
+	// Subnet6 is the IPv6 /48 the addresses come from; invalid (zero): DefaultSubnet6.
+	// Bridge: hosts on <Subnet6>:0::10+i/64; router: host i on <Subnet6>:i::/64.
+	Subnet6 netip.Prefix
+}
+
+// The address plan's defaults: benchmarking (RFC 2544) and documentation (RFC 3849) ranges.
+var (
+	DefaultSubnet4 = netip.MustParsePrefix("198.18.0.0/16")
+	DefaultSubnet6 = netip.MustParsePrefix("2001:db8::/48")
+)
+
+// ParseSubnets parses an IPv4 /16 and an IPv6 /48 ("" keeps the default) as Spec takes them.
+func ParseSubnets(v4, v6 string) (s4, s6 netip.Prefix, err error) {
+	s4, s6 = DefaultSubnet4, DefaultSubnet6
+	if v4 != "" {
+		if s4, err = netip.ParsePrefix(v4); err != nil || !s4.Addr().Is4() || s4.Bits() != 16 || s4.Masked() != s4 {
+			return s4, s6, fmt.Errorf("subnet %q is not an IPv4 /16 such as 10.77.0.0/16", v4)
+		}
+	}
+	if v6 != "" {
+		if s6, err = netip.ParsePrefix(v6); err != nil || !s6.Addr().Is6() || s6.Addr().Is4In6() || s6.Bits() != 48 || s6.Masked() != s6 {
+			return s4, s6, fmt.Errorf("subnet %q is not an IPv6 /48 such as fd00:77::/48", v6)
+		}
+	}
+	return s4, s6, nil
+}
+
+func (s Spec) subnets() (netip.Prefix, netip.Prefix) {
+	s4, s6 := s.Subnet4, s.Subnet6
+	if !s4.IsValid() {
+		s4 = DefaultSubnet4
+	}
+	if !s6.IsValid() {
+		s6 = DefaultSubnet6
+	}
+	return s4, s6
+}
+
+func (s Spec) namePrefix() string {
+	if s.NamePrefix == "" {
+		return PersistentPrefix
+	}
+	return s.NamePrefix
 }
 
 // Host is one namespace with its interface eth0.
@@ -199,7 +249,7 @@ func waitLocalRoutes(h *netlink.Handle, deadline time.Time, addrs ...netip.Addr)
 func (l *Lab) newNetns(part string) (*Netns, error) {
 	name := OwnedName(l.Spec.Name + "-" + part)
 	if l.Spec.Persistent {
-		name = persistentName(l.Spec.Name, part)
+		name = persistentName(l.Spec.namePrefix(), l.Spec.Name, part)
 	}
 	ns, err := NewNetns(name)
 	if l.Spec.Persistent && errors.Is(err, os.ErrExist) {
@@ -251,18 +301,28 @@ func (l *Lab) setupFabric() error {
 
 // addresses returns (host v4, host v6, gateway v4, gateway v6, prefix lengths) for host i.
 func (l *Lab) addresses(i int) (h4, h6, g4, g6 netip.Addr, p4, p6 int) {
+	s4, s6 := l.Spec.subnets()
 	if l.Spec.Fabric == Router {
-		h4 = netip.AddrFrom4([4]byte{198, 18, byte(i), 2})
-		g4 = netip.AddrFrom4([4]byte{198, 18, byte(i), 1})
-		h6 = v6(uint16(i), 2)
-		g6 = v6(uint16(i), 1)
-		return h4, h6, g4, g6, 24, 64
+		return addr4(s4, byte(i), 2), addr6(s6, uint16(i), 2), addr4(s4, byte(i), 1), addr6(s6, uint16(i), 1), 24, 64
 	}
-	return netip.AddrFrom4([4]byte{198, 18, 0, byte(10 + i)}), v6(0, uint16(10+i)), netip.Addr{}, netip.Addr{}, 24, 64
+	return addr4(s4, 0, byte(10+i)), addr6(s6, 0, uint16(10+i)), netip.Addr{}, netip.Addr{}, 24, 64
 }
 
-func v6(subnet, host uint16) netip.Addr {
-	return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, byte(subnet >> 8), byte(subnet), 14: byte(host >> 8), 15: byte(host)})
+// addr4 is <s>.subnet.host of the /16 s.
+func addr4(s netip.Prefix, subnet, host byte) netip.Addr {
+	a := s.Addr().As4()
+	return netip.AddrFrom4([4]byte{a[0], a[1], subnet, host})
+}
+
+// v6 is addr6 in the default /48.
+func v6(subnet, host uint16) netip.Addr { return addr6(DefaultSubnet6, subnet, host) }
+
+// addr6 is <s>:subnet::host of the /48 s.
+func addr6(s netip.Prefix, subnet, host uint16) netip.Addr {
+	a := s.Addr().As16()
+	a[6], a[7] = byte(subnet>>8), byte(subnet)
+	a[14], a[15] = byte(host>>8), byte(host)
+	return netip.AddrFrom16(a)
 }
 
 // connect creates eth0 in the host with its peer v-<index> in the fabric, addresses and routes.

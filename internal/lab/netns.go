@@ -208,6 +208,7 @@ func init() {
 		return out, err
 	}})
 }
+
 // namedNetns lists the names under NetnsDir (none when it does not exist).
 func namedNetns() ([]string, error) {
 	entries, err := os.ReadDir(NetnsDir)

@@ -16,8 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// PersistentPrefix starts the namespace names of persistent labs: kedge-lab-<name>-<host>
-// and kedge-lab-<name>-fabric. OwnerPID does not parse them, so CleanupStale(false) keeps them.
+// PersistentPrefix starts the namespace names of persistent labs by default:
+// kedge-lab-<name>-<host> and kedge-lab-<name>-fabric (Spec.NamePrefix picks another).
+// OwnerID does not parse them, so cleanup keeps them.
 const PersistentPrefix = Prefix + "-lab-"
 
 const (
@@ -35,7 +36,22 @@ var (
 	hostNameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$`)
 )
 
-func persistentName(lab, part string) string { return PersistentPrefix + lab + "-" + part }
+func persistentName(prefix, lab, part string) string { return prefix + lab + "-" + part }
+
+var prefixRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,32}$`)
+
+// ValidPrefix checks a persistent lab's namespace-name prefix: 1-32 letters, digits, '_',
+// '.' or '-', and not one that makes names look like a run's (kedge-<owner>-...), which
+// cleanup would judge by that owner.
+func ValidPrefix(prefix string) error {
+	if !prefixRE.MatchString(prefix) {
+		return fmt.Errorf("name prefix %q is not valid: use 1-32 letters, digits, '_', '.' or '-'", prefix)
+	}
+	if _, owned := OwnerID(prefix + "x-h"); owned {
+		return fmt.Errorf("name prefix %q would make names of the form %s-<owner>-..., which cleanup removes: pick another", prefix, Prefix)
+	}
+	return nil
+}
 
 // ValidName checks a persistent lab name: 1-32 letters, digits or '_' (no '-', so the
 // namespace names parse back unambiguously).
@@ -53,6 +69,9 @@ func (s Spec) Validate() error {
 	}
 	if s.Persistent {
 		if err := ValidName(s.Name); err != nil {
+			return err
+		}
+		if err := ValidPrefix(s.namePrefix()); err != nil {
 			return err
 		}
 	}
@@ -90,14 +109,17 @@ func (n *Netns) release() {
 
 // ListPersistent returns the names of the persistent labs present (sorted), including
 // half-built or half-removed ones.
-func ListPersistent() ([]string, error) {
+func ListPersistent() ([]string, error) { return ListPersistentIn(PersistentPrefix) }
+
+// ListPersistentIn is ListPersistent for labs whose namespaces start with prefix.
+func ListPersistentIn(prefix string) ([]string, error) {
 	entries, err := namedNetns()
 	if err != nil {
 		return nil, err
 	}
 	var names []string
 	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e, PersistentPrefix)
+		rest, ok := strings.CutPrefix(e, prefix)
 		if !ok {
 			continue
 		}
@@ -111,16 +133,15 @@ func ListPersistent() ([]string, error) {
 }
 
 // namespacesOf returns the namespace names of persistent lab name, hosts first, fabric last.
-func namespacesOf(name string) ([]string, error) {
+func namespacesOf(prefix, name string) ([]string, error) {
 	entries, err := namedNetns()
 	if err != nil {
 		return nil, err
 	}
 	var hosts []string
 	fabric := ""
-	prefix := PersistentPrefix + name + "-"
 	for _, e := range entries {
-		part, ok := strings.CutPrefix(e, prefix)
+		part, ok := strings.CutPrefix(e, prefix+name+"-")
 		switch {
 		case !ok:
 		case part == fabricPart:
@@ -138,11 +159,17 @@ func namespacesOf(name string) ([]string, error) {
 // Down removes the persistent lab name (every namespace kedge-lab-<name>-*, even of a
 // half-built lab) and returns the namespaces it deleted. It returns ErrNotFound when there
 // is nothing of that name.
-func Down(name string) ([]string, error) {
+func Down(name string) ([]string, error) { return DownIn(PersistentPrefix, name) }
+
+// DownIn is Down for a lab whose namespaces start with prefix.
+func DownIn(prefix, name string) ([]string, error) {
 	if err := ValidName(name); err != nil {
 		return nil, err
 	}
-	nss, err := namespacesOf(name)
+	if err := ValidPrefix(prefix); err != nil {
+		return nil, err
+	}
+	nss, err := namespacesOf(prefix, name)
 	if err != nil {
 		return nil, err
 	}
@@ -163,15 +190,21 @@ func Down(name string) ([]string, error) {
 
 // Open finds the persistent lab name and rebuilds its Spec and Hosts (ifindex, MAC,
 // addresses, gateways) from netlink. Close removes the lab; Release just lets go of it.
-func Open(name string) (_ *Lab, err error) {
+func Open(name string) (*Lab, error) { return OpenIn(PersistentPrefix, name) }
+
+// OpenIn is Open for a lab whose namespaces start with prefix.
+func OpenIn(prefix, name string) (_ *Lab, err error) {
 	if err := ValidName(name); err != nil {
 		return nil, err
 	}
-	nss, err := namespacesOf(name)
+	if err := ValidPrefix(prefix); err != nil {
+		return nil, err
+	}
+	nss, err := namespacesOf(prefix, name)
 	if err != nil {
 		return nil, err
 	}
-	fabricName := persistentName(name, fabricPart)
+	fabricName := persistentName(prefix, name, fabricPart)
 	if !slices.Contains(nss, fabricName) {
 		if len(nss) > 0 {
 			return nil, fmt.Errorf("open lab %s: fabric namespace %s missing (half-removed lab?) - remove it with 'kedge lab down %s'", name, fabricName, name)
@@ -179,6 +212,9 @@ func Open(name string) (_ *Lab, err error) {
 		return nil, fmt.Errorf("open lab %s: %w (see 'kedge lab list')", name, ErrNotFound)
 	}
 	l := &Lab{Spec: Spec{Name: name, Persistent: true}, byName: map[string]*Host{}}
+	if prefix != PersistentPrefix {
+		l.Spec.NamePrefix = prefix
+	}
 	defer func() {
 		if err != nil {
 			l.Release()
@@ -196,7 +232,6 @@ func Open(name string) (_ *Lab, err error) {
 	if _, err := fh.LinkByName("br0"); err == nil {
 		l.Spec.Fabric = Bridge
 	}
-	prefix := PersistentPrefix + name + "-"
 	for _, nsName := range nss {
 		if nsName == fabricName {
 			continue
@@ -205,7 +240,7 @@ func Open(name string) (_ *Lab, err error) {
 		if err != nil {
 			return nil, err
 		}
-		h := &Host{Netns: ns, HostName: strings.TrimPrefix(nsName, prefix), Iface: hostIface}
+		h := &Host{Netns: ns, HostName: strings.TrimPrefix(nsName, prefix+name+"-"), Iface: hostIface}
 		l.Hosts = append(l.Hosts, h)
 		mtu, err := readHost(h, fh)
 		if err != nil {
@@ -217,6 +252,15 @@ func Open(name string) (_ *Lab, err error) {
 		l.byName[h.HostName] = h
 	}
 	slices.SortFunc(l.Hosts, func(a, b *Host) int { return a.Index - b.Index })
+	if len(l.Hosts) > 0 {
+		// The address plan's /16 and /48, as Up chose them; kept zero when the default.
+		if p, err := l.Hosts[0].IPv4.Prefix(16); err == nil && p != DefaultSubnet4 {
+			l.Spec.Subnet4 = p
+		}
+		if p, err := l.Hosts[0].IPv6.Prefix(48); err == nil && p != DefaultSubnet6 {
+			l.Spec.Subnet6 = p
+		}
+	}
 	for _, h := range l.Hosts {
 		l.Spec.Hosts = append(l.Spec.Hosts, h.HostName)
 	}

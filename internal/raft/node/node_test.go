@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/raft/api"
 	"github.com/kedge-dev/kedge/internal/raft/client"
 	"github.com/kedge-dev/kedge/internal/raft/config"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -53,7 +55,7 @@ func newCluster(t *testing.T, size int, tweak func(*config.Config)) *cluster {
 	base := t.TempDir()
 	for i := 1; i <= size; i++ {
 		cfg := &config.Config{ClusterID: 42, ID: uint64(i), DataDir: fmt.Sprintf("%s/n%d", base, i), Peers: peers,
-			RequestTimeout: 3 * time.Second}
+			RequestTimeout: 3 * time.Second, ElectionTicks: 30} // 300 ms: see newProcCluster
 		if tweak != nil {
 			tweak(cfg)
 		}
@@ -134,6 +136,24 @@ func (c *cluster) waitLeader() uint64 {
 	return 0
 }
 
+// retry repeats op while it fails without effect (no leader right now: 503, outcome none);
+// any other error, or an unknown outcome, fails the test.
+func retry[T any](t *testing.T, what string, op func() (T, error)) T {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		r, err := op()
+		var e *client.Error
+		if err == nil || !errors.As(err, &e) || e.Outcome != api.OutcomeNone || time.Now().After(deadline) {
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			return r
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestClusterKV(t *testing.T) {
 	c := newCluster(t, 3, nil)
 	lead := c.waitLeader()
@@ -141,28 +161,28 @@ func TestClusterKV(t *testing.T) {
 	follower := lead%3 + 1
 	// Writes through a follower (forwarded proposal) and reads on every node.
 	fc := c.client(follower)
-	if r, err := fc.Put(ctx, "a", "1"); err != nil || !r.OK {
-		t.Fatalf("put via follower: %+v %v", r, err)
+	if r := retry(t, "put via follower", func() (api.WriteResponse, error) { return fc.Put(ctx, "a", "1") }); !r.OK {
+		t.Fatalf("put via follower: %+v", r)
 	}
 	for id := uint64(1); id <= 3; id++ {
-		g, err := c.client(id).Get(ctx, "a")
-		if err != nil || !g.Found || g.Value != "1" {
-			t.Fatalf("get on node %d: %+v %v", id, g, err)
+		g := retry(t, "get", func() (api.GetResponse, error) { return c.client(id).Get(ctx, "a") })
+		if !g.Found || g.Value != "1" {
+			t.Fatalf("get on node %d: %+v", id, g)
 		}
 	}
-	if r, err := fc.CAS(ctx, "a", "0", false, "2"); err != nil || r.OK || r.Value != "1" {
-		t.Fatalf("cas with wrong expectation: %+v %v", r, err)
+	if r := retry(t, "cas", func() (api.WriteResponse, error) { return fc.CAS(ctx, "a", "0", false, "2") }); r.OK || r.Value != "1" {
+		t.Fatalf("cas with wrong expectation: %+v", r)
 	}
-	if r, err := fc.CAS(ctx, "a", "1", false, "2"); err != nil || !r.OK {
-		t.Fatalf("cas: %+v %v", r, err)
+	if r := retry(t, "cas", func() (api.WriteResponse, error) { return fc.CAS(ctx, "a", "1", false, "2") }); !r.OK {
+		t.Fatalf("cas: %+v", r)
 	}
-	if r, err := fc.CAS(ctx, "b", "", true, "new"); err != nil || !r.OK {
-		t.Fatalf("cas absent: %+v %v", r, err)
+	if r := retry(t, "cas", func() (api.WriteResponse, error) { return fc.CAS(ctx, "b", "", true, "new") }); !r.OK {
+		t.Fatalf("cas absent: %+v", r)
 	}
-	if r, err := c.client(lead).Delete(ctx, "a"); err != nil || !r.OK || !r.Found {
-		t.Fatalf("delete: %+v %v", r, err)
+	if r := retry(t, "delete", func() (api.WriteResponse, error) { return c.client(lead).Delete(ctx, "a") }); !r.OK || !r.Found {
+		t.Fatalf("delete: %+v", r)
 	}
-	if g, err := fc.Get(ctx, "a"); err != nil || g.Found {
-		t.Fatalf("get after delete: %+v %v", g, err)
+	if g := retry(t, "get", func() (api.GetResponse, error) { return fc.Get(ctx, "a") }); g.Found {
+		t.Fatalf("get after delete: %+v", g)
 	}
 }

@@ -51,7 +51,9 @@ func newProcCluster(t *testing.T, n int, l *lab.Lab, extra string) *pcluster {
 	t.Helper()
 	c := &pcluster{t: t, bin: bpftest.KedgeBinary(t), dir: t.TempDir(), procs: map[uint64]*proc{}}
 	var b strings.Builder
-	fmt.Fprintf(&b, "cluster_id: 77\ndata_dir: %s/n{id}\nrequest_timeout: 2s\n%speers:\n", c.dir, extra)
+	// A 300 ms election timeout: the test machine is shared and often loaded, and a leader
+	// change in the middle of a test step only makes the test slower, not wrong.
+	fmt.Fprintf(&b, "cluster_id: 77\ndata_dir: %s/n{id}\nrequest_timeout: 2s\nelection_ticks: 30\n%speers:\n", c.dir, extra)
 	for i := 1; i <= n; i++ {
 		p := config.Peer{ID: uint64(i)}
 		if l != nil {
@@ -369,13 +371,14 @@ func TestLabPartition(t *testing.T) {
 		}
 		return m
 	}
-	before := commitOf(minority)
-
 	// The majority elects a new leader among itself and commits.
 	newLead := c.waitLeader(majority...)
 	if newLead == lead {
 		t.Fatalf("old leader %d still leads the majority", lead)
 	}
+	// Measured after the election (at least one election timeout after the cut), so no
+	// packet sent before the cut is still on its way.
+	before := commitOf(minority)
 	c.put(c.client(majority...), "x", "majority")
 
 	// The minority: a write through it fails (no leader, or times out unknown); reads
@@ -384,18 +387,18 @@ func TestLabPartition(t *testing.T) {
 	_, werr := c.client(minority...).Put(ctx, "x", "minority")
 	cancel()
 	if werr == nil {
-		t.Fatalf("a write through the minority %v succeeded", minority)
+		t.Fatalf("a write through the minority %v succeeded\n%s", minority, c.logs())
 	}
 	ctx, cancel = context.WithTimeout(context.Background(), 4*time.Second)
 	g, rerr := c.client(minority...).Get(ctx, "x")
 	cancel()
 	if rerr == nil {
-		t.Fatalf("a linearizable read through the minority %v answered %+v", minority, g)
+		t.Fatalf("a linearizable read through the minority %v answered %+v\n%s", minority, g, c.logs())
 	}
 	after := commitOf(minority)
 	for id, ci := range before {
 		if after[id] != ci {
-			t.Errorf("minority node %d commit moved %d -> %d during the partition", id, ci, after[id])
+			t.Errorf("minority node %d commit moved %d -> %d during the partition\n%s", id, ci, after[id], c.logs())
 		}
 	}
 	var e *client.Error
@@ -413,7 +416,7 @@ func TestLabPartition(t *testing.T) {
 	for _, id := range minority {
 		g := c.get(c.client(id), "x")
 		if g.Value != "majority" && !(client.Unknown(werr) && g.Value == "minority") {
-			t.Fatalf("node %d reads x = %+v after healing", id, g)
+			t.Fatalf("node %d reads x = %+v after healing\n%s", id, g, c.logs())
 		}
 	}
 	st, err := f.Stats()

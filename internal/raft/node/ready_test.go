@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kedge-dev/kedge/internal/raft/api"
 	"github.com/kedge-dev/kedge/internal/raft/config"
 	"github.com/kedge-dev/kedge/internal/raft/storage"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -82,9 +83,7 @@ func TestReadyContract(t *testing.T) {
 	lead := c.waitLeader()
 	ctx := context.Background()
 	for i := range 20 {
-		if _, err := c.client(uint64(i%3+1)).Put(ctx, fmt.Sprint("k", i), "v"); err != nil {
-			t.Fatal(err)
-		}
+		retry(t, "put", func() (api.WriteResponse, error) { return c.client(uint64(i%3+1)).Put(ctx, fmt.Sprint("k", i), "v") })
 	}
 	// A second election: stop the leader; the others elect among themselves.
 	c.stop(lead)
