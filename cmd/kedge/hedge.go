@@ -81,7 +81,7 @@ from a YAML file (several services; docs/hedging.md has every key):
       replicas: [198.18.0.13:9999]      # where hedges may go instead
       request_id: {offset: 0, length: 4, order: big}
       delay: 10ms                       # or {quantile: 0.95, min: 1ms, max: 50ms}
-      budget: {ratio: 0.05, burst: 10}  # hedges <= 5% of requests over 10 s + 10
+      budget: {ratio: 0.05, burst: 10}  # hedges <= 5% of requests + 10 (mode: bucket | window)
 
 or, for one service, from flags (--service, --replica, --delay, ...).
 
@@ -131,7 +131,7 @@ Exit codes: 0 detached cleanly, 1 runtime error, 2 bad flags or config.`,
 	fl.StringVar(&f.idOrder, "id-order", "big", "request id: byte order, big or little")
 	fl.Float64Var(&f.budgetRatio, "budget-ratio", 0.05, "budget: hedges per request (0.05 = at most 5% extra load)")
 	fl.IntVar(&f.burst, "budget-burst", 10, "budget: hedges allowed beyond the ratio (the bucket's size, or the window's floor)")
-	fl.StringVar(&f.budgetMode, "budget-mode", hedge.BudgetWindow, "budget: window (hedges <= ratio x requests over --budget-window, + burst) or bucket (token bucket)")
+	fl.StringVar(&f.budgetMode, "budget-mode", hedge.DefaultBudgetMode, "budget: window (hedges <= ratio x requests over --budget-window, + burst) or bucket (token bucket)")
 	fl.DurationVar(&f.budgetWindow, "budget-window", hedge.DefaultBudgetWindow, "budget: the sliding window of mode window")
 	return cmd
 }

@@ -102,9 +102,9 @@ func testConfig(tb testing.TB, scoreboard uint32) *Config {
 				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetBucket, Ratio: 1, Burst: 10}},
 			{Name: "rr", Address: svcRR.String(), Replicas: []string{repRR1.String(), repRR2.String()},
 				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetBucket, Ratio: 1, Burst: 10}},
-			// The window budget (the default mode): 0.5 hedges per request, floor 1.
+			// The window budget: 0.5 hedges per request, floor 1.
 			{Name: "win", Address: svcWin.String(), Replicas: []string{repWin.String()},
-				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Ratio: winRatio, Burst: winBurst}},
+				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetWindow, Ratio: winRatio, Burst: winBurst}},
 		},
 	}
 	if err := cfg.Validate(); err != nil {

@@ -116,7 +116,7 @@ const minDelay, maxDelay, delayRange = 200 * time.Microsecond, 10 * time.Second,
 const maxFillerBytes = 3600
 
 // BudgetSpec limits hedges to Ratio of requests plus Burst (docs/hedging.md, Budget): over
-// a sliding Window (Mode "window", the default) or with a token bucket (Mode "bucket").
+// a sliding Window (Mode "window") or with a token bucket (Mode "bucket", the default).
 type BudgetSpec struct {
 	Mode   string   `yaml:"mode"`   // window | bucket
 	Ratio  float64  `yaml:"ratio"`  // hedges per request
@@ -132,6 +132,11 @@ const (
 
 // DefaultBudgetWindow is the window mode's default window (Finagle's 10 s).
 const DefaultBudgetWindow = 10 * time.Second
+
+// DefaultBudgetMode stays the bucket for now: the window clones every request and charges
+// at send, so on a loaded machine a clone that leaves the delay line very late still becomes
+// a hedge after the client gave up (docs/hedging.md, Budget: what keeps it from the default).
+const DefaultBudgetMode = BudgetBucket
 
 // Duration is a time.Duration read from YAML as "10ms".
 type Duration time.Duration
@@ -352,7 +357,7 @@ func (s *ServiceConfig) validate(i int) error {
 	}
 	switch b.Mode {
 	case "":
-		b.Mode = BudgetWindow
+		b.Mode = DefaultBudgetMode
 	case BudgetWindow, BudgetBucket:
 	default:
 		return fmt.Errorf("%s: budget.mode %q: use window or bucket", where, b.Mode)
