@@ -160,12 +160,17 @@ struct pp_dir_state {
 	__u64 rec_pkts;  /* packets / payload bytes coming back (the reverse direction) */
 	__u64 rec_bytes;
 	__u64 last_id;   /* last identifier seen (new-identifier check) */
+	__u64 last_id_time; /* when a packet last carried last_id */
 	__u32 outstanding; /* stored, not yet matched or expired, identifiers */
 	__u8 conn;         /* enum pp_conn_state */
 	__u8 open_reason;  /* enum pp_flow_reason */
 	__u8 has_ts;       /* a timestamp was attempted at least once */
 	__u8 local;        /* destination is this host and local flows are excluded */
 };
+
+/* pkt_ts value: the time the identifier was stored (ns), bit 0 replaced by PP_TS_PURE_ACK
+ * when it came from a pure ACK (1 ns of resolution for one bit of provenance). */
+#define PP_TS_PURE_ACK 1ULL
 
 /* flows value. dir[0] holds the direction whose source is the canonical key's saddr:sport
  * (the lower endpoint, see pp_src_sorts_first()), dir[1] the other one. */
@@ -234,7 +239,8 @@ struct pp_config {
 	__u8 aggregate;      /* per-subnet histograms */
 	__u8 agg_by_dst;     /* aggregate by the reply's destination instead of its source */
 	__u8 debug;          /* bpf_printk traces */
-	__u8 _pad[5];
+	__u8 host_acks;      /* pure ACKs this host sends are requests too (an endpoint's own flows) */
+	__u8 _pad[4];
 };
 
 /* Per-CPU counters, one slot per enum pp_hook. Every packet is counted once in pkts and,
@@ -271,6 +277,8 @@ struct pp_counters {
 	__u64 match_none;      /* nothing outstanding in the reverse direction */
 	__u64 match_miss;      /* outstanding identifiers, but not this one */
 	__u64 match_clock;     /* stored time after now (clock went backwards) */
+	__u64 match_ack_idle;  /* echo of a pure ACK, but nothing came from the far end in between:
+				* it may have been idle, so the sample is discarded */
 	/* output */
 	__u64 event_dropped;   /* ring buffer full */
 	__u64 agg_map_full;    /* subnet folded into "other" */

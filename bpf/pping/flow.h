@@ -55,6 +55,7 @@ static __always_inline void pp_dir_open(struct pp_dir_state *d, const struct pp_
 	d->conn = PP_CONN_WAITOPEN;
 	d->open_reason = pp->event == PP_FLOW_OPENING ? pp->reason : PP_REASON_FIRST_PKT;
 	d->last_id = pp->pid.id;
+	d->last_id_time = pp->now;
 	d->last_seen = pp->now;
 	d->has_ts = 0;
 	d->local = local;
@@ -117,6 +118,7 @@ static __always_inline int pp_id_is_new(const struct pp_pkt *pp, const struct pp
 static __always_inline void pp_timestamp(struct pp_dir_state *d, struct pp_pkt *pp,
 					 struct pp_counters *cnt)
 {
+	__u64 stamp;
 	long err;
 
 	if (!pp->pid_valid)
@@ -138,10 +140,13 @@ static __always_inline void pp_timestamp(struct pp_dir_state *d, struct pp_pkt *
 		return;
 	}
 	if ((d->has_ts || pp->wait_edge) && !pp_id_is_new(pp, d)) {
+		if (pp->pid.id == d->last_id)
+			d->last_id_time = pp->now;
 		cnt->ts_not_new++;
 		return;
 	}
 	d->last_id = pp->pid.id;
+	d->last_id_time = pp->now;
 	if (d->has_ts && pp_rate_limited(d, pp->now)) {
 		cnt->ts_rate_limited++;
 		return;
@@ -150,7 +155,8 @@ static __always_inline void pp_timestamp(struct pp_dir_state *d, struct pp_pkt *
 	 * of a busy flow into another failed insert. */
 	d->has_ts = 1;
 	d->last_ts = pp->now;
-	err = bpf_map_update_elem(&pkt_ts, &pp->pid, &pp->now, BPF_NOEXIST);
+	stamp = (pp->now & ~PP_TS_PURE_ACK) | (pp->pure_ack ? PP_TS_PURE_ACK : 0);
+	err = bpf_map_update_elem(&pkt_ts, &pp->pid, &stamp, BPF_NOEXIST);
 	if (err == 0) {
 		__sync_fetch_and_add(&d->outstanding, 1);
 		cnt->ts_stored++;
@@ -268,7 +274,8 @@ static __always_inline void pp_count_traffic(const struct pp_pkt *pp, int measur
 static __always_inline void pp_match(struct pp_dir_state *d, struct pp_pkt *pp,
 				     struct pp_counters *cnt)
 {
-	__u64 *stored, t0, rtt;
+	__u64 *stored, t0, rtt, last_sent;
+	int pure_ack;
 
 	if (!pp->reply_valid)
 		return;
@@ -281,7 +288,8 @@ static __always_inline void pp_match(struct pp_dir_state *d, struct pp_pkt *pp,
 		cnt->match_miss++;
 		return;
 	}
-	t0 = *stored;
+	t0 = *stored & ~PP_TS_PURE_ACK;
+	pure_ack = *stored & PP_TS_PURE_ACK;
 	if (pp->now < t0) {
 		cnt->match_clock++;
 		return;
@@ -294,6 +302,19 @@ static __always_inline void pp_match(struct pp_dir_state *d, struct pp_pkt *pp,
 	}
 	if (d->outstanding)
 		__sync_fetch_and_add(&d->outstanding, -1);
+	/* A pure ACK is echoed by the far end's next segment whenever that is sent: at once
+	 * by a sender with data waiting for the window, or after any pause of an application
+	 * that had nothing to send. Accept the echo if the far end sent something after the
+	 * last packet that carried the identifier (several ACKs within one tick of the TSval
+	 * clock carry the same one), so it was still sending when that ACK left, or if it was
+	 * silent for less than the flow's min RTT (back-to-back segments of a busy sender on a
+	 * path shorter than the tick). Otherwise the sample would contain the pause. */
+	last_sent = pp->reply.id == d->last_id ? d->last_id_time : t0;
+	if (pure_ack && pp->prev_seen <= last_sent &&
+	    !(d->min_rtt && pp->now - pp->prev_seen < d->min_rtt)) {
+		cnt->match_ack_idle++;
+		return;
+	}
 	rtt = pp->now - t0;
 	if (!d->min_rtt || rtt < d->min_rtt)
 		d->min_rtt = rtt;
@@ -350,6 +371,7 @@ static __always_inline void pp_process(void *ctx, struct pp_pkt *pp, struct pp_c
 	/* Request side: this packet's direction. */
 	if (fwd->conn == PP_CONN_EMPTY && pp->pid_valid)
 		pp_dir_open(fwd, pp, pp->is_ingress && pp_cfg.localfilt && pp_dst_is_local(ctx, pp));
+	pp->prev_seen = fwd->last_seen;
 	if (pp_active(fwd)) {
 		fwd->sent_pkts++;
 		fwd->sent_bytes += pp->payload_len;

@@ -31,10 +31,12 @@ struct pp_pkt {
 	__u8 wait_edge;  /* mid-flow TCP: wait until the identifier changes before timestamping */
 	__u8 is_ingress;
 	__u8 fwd;        /* index of this packet's direction in pp_flow_state.dir */
+	__u8 pure_ack;   /* the request is a pure ACK this host sent (host_acks) */
+	__u64 prev_seen; /* the packet's direction: time of the packet before this one */
 };
 
 static __always_inline int pp_ident_tcp(void *data, void *data_end, const struct pkt *p,
-					struct pp_pkt *pp, struct pp_counters *cnt)
+					int from_host, struct pp_pkt *pp, struct pp_counters *cnt)
 {
 	struct tcphdr *tcph = pkt_hdr(data, data_end, p->l4_off, sizeof(*tcph));
 	__u32 tsval, tsecr;
@@ -53,10 +55,20 @@ static __always_inline int pp_ident_tcp(void *data, void *data_end, const struct
 	}
 	pp->pid.id = tsval;
 	pp->reply.id = tsecr;
-	/* A pure ACK's TSval is not echoed reliably (delayed ACKs echo the TSval of the data
-	 * they acknowledge), so only data and SYNs are requests. TSecr means something only
-	 * with ACK set (RFC 7323 section 3.2). */
+	/* Data and SYNs are requests. A pure ACK's TSval in general is not (a receiver with
+	 * delayed ACKs echoes the TSval of the data it acknowledges, ePPing skips them), but
+	 * on an endpoint receiving data its own pure ACKs are the only packets whose echo
+	 * measures the path: the sender's next segment echoes the latest ACK's TSval (RFC 7323
+	 * section 4.3: TS.Recent follows segments at the left window edge, which a pure ACK
+	 * is). So with host_acks, pure ACKs sent by a local socket are requests too; their
+	 * echo is accepted only while the far end keeps sending (pp_match). TSecr means
+	 * something only with ACK set (RFC 7323 section 3.2). */
 	pp->pid_valid = p->payload_len > 0 || tcph->syn;
+	if (!pp->pid_valid && from_host && pp_cfg.host_acks && tcph->ack && !tcph->fin &&
+	    !tcph->rst) {
+		pp->pid_valid = 1;
+		pp->pure_ack = 1;
+	}
 	pp->reply_valid = tcph->ack;
 	pp->pid.flow.id_type = PP_ID_TCP_TS;
 	if (tcph->rst) {
@@ -124,6 +136,7 @@ struct pp_ctx {
 	void *data;
 	void *data_end;
 	int xdp;
+	int from_host; /* egress packet of a local socket (skb->sk set) */
 };
 
 /* Copies len (a constant) bytes at offset off of the packet into buf. TC reads with
@@ -282,7 +295,7 @@ static __always_inline int pp_identify(const struct pp_ctx *c, struct pp_pkt *pp
 	case IPPROTO_TCP:
 		if (!pp_cfg.track_tcp)
 			goto skip;
-		ret = pp_ident_tcp(c->data, c->data_end, p, pp, cnt);
+		ret = pp_ident_tcp(c->data, c->data_end, p, c->from_host, pp, cnt);
 		break;
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6:

@@ -69,6 +69,9 @@ __noinline int pp_parse(struct __sk_buff *skb, __u32 hook)
 	c.ctx = skb;
 	c.data = (void *)(long)skb->data;
 	c.data_end = (void *)(long)skb->data_end;
+	/* Sent by a socket of this host (forwarded packets have no socket). */
+	if (hook == PP_HOOK_EGRESS && skb->sk)
+		c.from_host = 1;
 	return pp_parse_into(&c, hook);
 }
 

@@ -94,7 +94,9 @@ rate is known, if budget.burst cannot cover requests/s x delay (each waiting req
 holds a token), and whenever more than 10% of the requests answered after the delay were
 not hedged for lack of a token (counter unhedged_late); each warning names the setting.
 
-Exit codes: 0 detached cleanly, 1 runtime error, 2 bad flags or config.`,
+Exit codes: 0 detached cleanly, 1 runtime error, 2 bad flags or config (also an interface
+or --netns that does not exist), 3 this kernel lacks what the hedger needs (e.g. the
+qdisc of the chosen --backend).`,
 		Example: `  # one service, fixed 10 ms delay, hedges to a second replica
   sudo kedge hedge run --interface eth0 --service 198.18.0.12:9999 --replica 198.18.0.13:9999 --delay 10ms
 

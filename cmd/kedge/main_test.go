@@ -9,11 +9,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/spf13/cobra"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
@@ -83,6 +85,11 @@ var errorCases = map[string][]errorCase{
 		{exitError, []string{"lab", "exec", "kedgetestnosuchlab", "client", "--", "true"}},
 		{exitUsage, []string{"lab", "shell", "demo"}},
 		{exitUsage, []string{"lab", "list", "-o", "yaml"}},
+		{exitUsage, []string{"lab", "up", "--subnet", "10.0.0.0/8"}},
+		{exitUsage, []string{"lab", "up", "--subnet6", "2001:db8::/64"}},
+		{exitUsage, []string{"lab", "--prefix", "kedge-42-", "list"}},
+		{exitUsage, []string{"status", "now"}},
+		{exitUsage, []string{"status", "-o", "yaml"}},
 		{exitUsage, []string{"demo", "--count", "0"}},
 		{exitUsage, []string{"bench"}},
 		{exitUsage, []string{"bench", "frobnicate"}},
@@ -136,6 +143,19 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"sg", "stats", "-o", "yaml"}},
 		{exitUsage, []string{"sg", "stats", "extra"}},
 	},
+	"raftlab-errors.golden": {
+		{exitUsage, []string{"raft", "lab"}},
+		{exitUsage, []string{"raft", "lab", "frobnicate"}},
+		{exitUsage, []string{"raft", "lab", "up", "--nodes", "4"}},
+		{exitUsage, []string{"raft", "lab", "down"}},
+		{exitUsage, []string{"raft", "lab", "status"}},
+		{exitUsage, []string{"raft", "lab", "fault"}},
+		{exitUsage, []string{"raft", "lab", "fault", "kedgetestnosuchlab", "frobnicate"}},
+		{exitUsage, []string{"raft", "lab", "fault", "kedgetestnosuchlab", "partition", "1"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--nodes", "4"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--scenarios", "nope"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--trials", "0"}},
+	},
 	"raft-errors.golden": {
 		{exitUsage, []string{"raft"}},
 		{exitUsage, []string{"raft", "frobnicate"}},
@@ -163,6 +183,14 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"pping"}},
 		{exitUsage, []string{"pping", "extra", "-i", noIface}},
 		{exitUsage, []string{"pping", "-i", noIface, "-f", "yaml"}},
+		{exitUsage, []string{"pping", "-i", noIface, "-F", "yaml"}},
+		{exitUsage, []string{"pping", "-f", "-i", noIface}},
+		{exitUsage, []string{"pping", "-i", noIface, "-x", "native"}},
+		{exitUsage, []string{"pping", "-i", noIface, "-I", "xdp", "-x", "skb"}},
+		{exitUsage, []string{"pping", "-i", noIface, "--aggregate-timeout", "-1"}},
+		{exitUsage, []string{"pping", "-i", noIface, "-a", "5", "-4", "33"}},
+		{exitUsage, []string{"pping", "-i", noIface, "-a", "5", "-6", "65"}},
+		{exitUsage, []string{"pping", "-i", noIface, "--include-SYN=maybe"}},
 		{exitUsage, []string{"pping", "-i", noIface, "-t", "avg"}},
 		{exitUsage, []string{"pping", "-i", noIface, "-r", "-1"}},
 		{exitUsage, []string{"pping", "-i", noIface, "-R", "20000"}},
@@ -355,4 +383,37 @@ func TestBenchWithoutRoot(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "out")); !os.IsNotExist(err) {
 		t.Errorf("bench without root created its output directory (stat: %v)", err)
 	}
+}
+
+// TestErrorCasesCoverEveryCommand: every command a user can type has at least one case in
+// errorCases, so a new command cannot arrive without its errors pinned.
+func TestErrorCasesCoverEveryCommand(t *testing.T) {
+	root := newRootCmd()
+	for _, fn := range subcmdFns {
+		root.AddCommand(fn())
+	}
+	covered := func(path []string) bool {
+		for _, cases := range errorCases {
+			for _, c := range cases {
+				if len(c.args) >= len(path) && slices.Equal(c.args[:len(path)], path) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		for _, sub := range c.Commands() {
+			if sub.Hidden || sub.Name() == "help" || sub.Name() == "completion" {
+				continue
+			}
+			p := append(slices.Clone(path), sub.Name())
+			if !covered(p) {
+				t.Errorf("kedge %s has no case in errorCases (cmd/kedge/main_test.go)", strings.Join(p, " "))
+			}
+			walk(sub, p)
+		}
+	}
+	walk(root, nil)
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -25,17 +26,19 @@ func init() { register(newPpingCmd) }
 // ppingFlags are the command line of kedge pping (ePPing's options, kedge's additions).
 type ppingFlags struct {
 	iface, netnsName, format, rttType, write, metricsAddr, tcMode string
-	ingressHook                                                   string
+	ingressHook, xdpMode, formatF                                 string
 	rateLimitMS, rttRate, cleanupS                                float64
-	aggregateS, prefixV4, prefixV6, maxFlows                      int
+	aggregateS, prefixV4, prefixV6, maxFlows, aggTimeoutS         int
 	includeLocal, includeSYN, aggReverse, tcp, icmp, dns          bool
-	debug, counters                                               bool
+	debug, counters, hostACKs                                     bool
 	services                                                      []string
 	duration                                                      time.Duration
 }
 
-func newPpingCmd() *cobra.Command {
-	var f ppingFlags
+func newPpingCmd() *cobra.Command { return ppingCommand(new(ppingFlags)) }
+
+// ppingCommand is kedge pping with its flags parsed into f.
+func ppingCommand(f *ppingFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "pping -i IFACE",
 		Short: "Passive RTT monitor: TCP timestamps, ICMP echo, DNS and UDP request ids, measured in the kernel",
@@ -53,12 +56,14 @@ jsonl, ppviz), or with -a a per-subnet summary every interval (packets and bytes
 to the subnet, RTT histogram) kept in the kernel. Without --netns the interface is looked
 up in the current network namespace.
 
-Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage.`,
+Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage (also an interface
+or --netns that does not exist), 3 this kernel lacks what the monitor needs (e.g. TCX with
+--tc-mode tcx).`,
 		Example: `  # RTTs of everything on eth0 of a lab host, for 10 seconds
   sudo kedge pping -i eth0 --netns kedge-lab-demo-client --duration 10s
 
   # JSON lines to a file (reopened on SIGHUP), every identifier (no rate limit)
-  sudo kedge pping -i eth0 --netns kedge-lab-demo-client -f jsonl -r 0 -w /tmp/rtt.jsonl
+  sudo kedge pping -i eth0 --netns kedge-lab-demo-client -F jsonl -r 0 -w /tmp/rtt.jsonl
 
   # per-/24 and per-/48 histograms every 5 s, plus Prometheus metrics
   sudo kedge pping -i eth0 --netns kedge-lab-demo-router -a 5 --metrics-addr :9464
@@ -66,15 +71,23 @@ Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage.`,
   # ingress at the XDP hook (native, else generic): earlier timestamps, lower cost
   sudo kedge pping -i eth0 --netns kedge-lab-demo-client --ingress-hook xdp
 
+  # ePPing's spelling works too: format -F, subnets -4/-6, XDP mode -x
+  sudo kedge pping -i eth0 --netns kedge-lab-demo-router -F json -a 5 -4 16 -I xdp -x native
+
   # a UDP service whose 4-byte request id starts the payload (as kedge hedge describes it)
   sudo kedge pping -i eth0 --netns kedge-lab-demo-client --udp-service 9999:0:4`,
-		Args: noArgs,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if err := f.checkFormatF(); err != nil { // ePPing's -f took the next flag as its value
+				return err
+			}
+			return noArgs(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, format, err := f.config()
 			if err != nil {
 				return err
 			}
-			return runPping(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f, cfg, format)
+			return runPping(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), *f, cfg, format)
 		},
 	}
 	fl := cmd.Flags()
@@ -83,16 +96,24 @@ Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage.`,
 	fl.Float64VarP(&f.rateLimitMS, "rate-limit", "r", 100, "minimum `ms` between two samples of a flow direction (0: every identifier)")
 	fl.Float64VarP(&f.rttRate, "rtt-rate", "R", 0, "sample at most once per this many RTTs of the flow (overrides -r once an RTT is known)")
 	fl.StringVarP(&f.rttType, "rtt-type", "t", "min", "RTT that -R refers to: min or smoothed")
-	fl.StringVarP(&f.format, "format", "f", "standard", "output format: standard, json, jsonl or ppviz")
+	fl.StringVarP(&f.format, "format", "F", "standard", "output format: standard, json, jsonl or ppviz")
+	// -f was kedge's shorthand of --format before it took ePPing's -F; it still is (ePPing's
+	// -f/--force has no counterpart, see docs/pping.md).
+	fl.StringVarP(&f.formatF, "format-f", "f", "", "--format (kedge's earlier shorthand)")
+	_ = fl.MarkHidden("format-f")
 	fl.BoolVarP(&f.includeLocal, "include-local", "l", false, "also measure flows to this host seen at ingress (host-side delays)")
 	fl.BoolVarP(&f.includeSYN, "include-syn", "s", false, "start TCP flows at the SYN (may fill the flow table with half-open connections)")
+	fl.BoolVar(&f.includeSYN, "include-SYN", false, "--include-syn (ePPing's spelling)")
+	_ = fl.MarkHidden("include-SYN")
+	fl.BoolVar(&f.hostACKs, "host-acks", true, "time the pure ACKs this host's sockets send, so a host receiving data (a download) sees its flows' RTTs (ePPing: never)")
 	fl.BoolVarP(&f.tcp, "tcp", "T", false, "track TCP (timestamps option)")
 	fl.BoolVarP(&f.icmp, "icmp", "C", false, "track ICMP and ICMPv6 echo")
 	fl.BoolVar(&f.dns, "dns", false, "track DNS over UDP port 53 (no -T/-C/--dns: all three)")
 	fl.StringArrayVar(&f.services, "udp-service", nil, "track a UDP service: `PORT:OFFSET:LEN[:le|be]` of its request id (repeatable)")
 	fl.IntVarP(&f.aggregateS, "aggregate", "a", 0, "report per-subnet RTT histograms every `SECONDS` instead of every sample")
-	fl.IntVar(&f.prefixV4, "aggregate-subnets-v4", 24, "IPv4 prefix length of aggregation subnets (0-32)")
-	fl.IntVar(&f.prefixV6, "aggregate-subnets-v6", 48, "IPv6 prefix length of aggregation subnets (0-64)")
+	fl.IntVarP(&f.prefixV4, "aggregate-subnets-v4", "4", 24, "IPv4 prefix length of aggregation subnets (0-32)")
+	fl.IntVarP(&f.prefixV6, "aggregate-subnets-v6", "6", 48, "IPv6 prefix length of aggregation subnets (0-64)")
+	fl.IntVar(&f.aggTimeoutS, "aggregate-timeout", 30, "drop a subnet from the Prometheus series after `SECONDS` without traffic (0: never)")
 	fl.BoolVar(&f.aggReverse, "aggregate-reverse", false, "aggregate by the reply's destination instead of its source")
 	fl.Float64VarP(&f.cleanupS, "cleanup-interval", "c", 1, "`seconds` between garbage-collection runs (0: never)")
 	fl.StringVarP(&f.write, "write", "w", "", "write to `FILE` (appended; reopened on SIGHUP) instead of stdout")
@@ -101,6 +122,7 @@ Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage.`,
 	fl.IntVar(&f.maxFlows, "max-flows", pping.DefaultMaxFlows, "flow table size (the timestamp table holds twice as many)")
 	fl.StringVar(&f.tcMode, "tc-mode", "auto", "TC attachment: auto (TCX, else clsact), tcx or clsact")
 	fl.StringVarP(&f.ingressHook, "ingress-hook", "I", "tc", "ingress program: tc, or xdp (native, else generic XDP; egress stays TC)")
+	fl.StringVarP(&f.xdpMode, "xdp-mode", "x", "unspecified", "with -I xdp: unspecified (native, else generic), native or generic")
 	fl.BoolVar(&f.debug, "debug", false, "bpf_printk traces (read /sys/kernel/tracing/trace_pipe)")
 	fl.BoolVar(&f.counters, "counters", false, "print the per-hook packet counters to stderr on exit")
 	return cmd
@@ -111,6 +133,12 @@ func (f ppingFlags) config() (pping.Config, pping.Format, error) {
 	cfg := pping.DefaultConfig()
 	if f.iface == "" {
 		return cfg, 0, usagef("kedge pping needs an interface: -i IFACE (see 'kedge pping --help')")
+	}
+	if err := f.checkFormatF(); err != nil {
+		return cfg, 0, err
+	}
+	if f.formatF != "" {
+		f.format = f.formatF
 	}
 	format, err := pping.ParseFormat(f.format)
 	if err != nil {
@@ -126,6 +154,15 @@ func (f ppingFlags) config() (pping.Config, pping.Format, error) {
 	if cfg.IngressHook, err = pping.ParseIngressHook(f.ingressHook); err != nil {
 		return cfg, 0, usagef("--ingress-hook: %v", err)
 	}
+	switch f.xdpMode {
+	case "unspecified":
+	case "native":
+		cfg.XDPMode = bpfx.XDPNative
+	case "generic":
+		cfg.XDPMode = bpfx.XDPGeneric
+	default:
+		return cfg, 0, usagef("--xdp-mode must be unspecified, native or generic, not %q", f.xdpMode)
+	}
 	if f.tcp || f.icmp || f.dns {
 		cfg.TCP, cfg.ICMP, cfg.DNS = f.tcp, f.icmp, f.dns
 	}
@@ -139,14 +176,16 @@ func (f ppingFlags) config() (pping.Config, pping.Format, error) {
 	for _, v := range []struct {
 		flag  string
 		value float64
-	}{{"--rate-limit", f.rateLimitMS}, {"--cleanup-interval", f.cleanupS}, {"--aggregate", float64(f.aggregateS)}} {
+	}{{"--rate-limit", f.rateLimitMS}, {"--cleanup-interval", f.cleanupS}, {"--aggregate", float64(f.aggregateS)},
+		{"--aggregate-timeout", float64(f.aggTimeoutS)}} {
 		if v.value < 0 {
 			return cfg, 0, usagef("%s must not be negative, got %v", v.flag, v.value)
 		}
 	}
 	cfg.RateLimit = time.Duration(f.rateLimitMS * float64(time.Millisecond))
 	cfg.RTTRate = f.rttRate
-	cfg.IncludeLocal, cfg.IncludeSYN = f.includeLocal, f.includeSYN
+	cfg.IncludeLocal, cfg.IncludeSYN, cfg.HostACKs = f.includeLocal, f.includeSYN, f.hostACKs
+	cfg.AggTimeout = time.Duration(f.aggTimeoutS) * time.Second
 	cfg.Aggregate = time.Duration(f.aggregateS) * time.Second
 	cfg.AggPrefixV4, cfg.AggPrefixV6, cfg.AggByDst = f.prefixV4, f.prefixV6, f.aggReverse
 	cfg.CleanupInterval = time.Duration(f.cleanupS * float64(time.Second))
@@ -156,6 +195,15 @@ func (f ppingFlags) config() (pping.Config, pping.Format, error) {
 		return cfg, 0, usagef("%v", err)
 	}
 	return cfg, format, nil
+}
+
+// checkFormatF catches ePPing's -f (--force, no value), which kedge's -f (--format) reads
+// the next argument as the value of.
+func (f ppingFlags) checkFormatF() error {
+	if strings.HasPrefix(f.formatF, "-") {
+		return usagef("-f is kedge's --format (ePPing's is -F) and wants a format, not %q; ePPing's -f/--force has no counterpart: kedge never replaces or removes programs it did not attach", f.formatF)
+	}
+	return nil
 }
 
 func parseTCMode(s string) (bpfx.TCMode, error) {
@@ -196,6 +244,7 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 		return rootHint(err)
 	}
 	slog.Debug("pping attached", "interface", f.iface, "netns", f.netnsName, "mode", m.AttachMode())
+	fmt.Fprintln(stderr, startNotice(f.iface, m.AttachMode(), cfg))
 
 	ctx, stop := untilDone(ctx, f.duration)
 	defer stop()
@@ -228,6 +277,41 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 		}
 	}
 	return runErr
+}
+
+// startNotice says on stderr, when the monitor starts, what it measures and what it leaves
+// out by default, with the flag that changes it: a user on an endpoint should not have to
+// read the counters to learn why a flow has no samples.
+func startNotice(iface, mode string, cfg pping.Config) string {
+	var what []string
+	for _, p := range []struct {
+		on   bool
+		name string
+	}{{cfg.TCP, "TCP"}, {cfg.ICMP, "ICMP"}, {cfg.DNS, "DNS"}, {len(cfg.Services) > 0, "UDP services"}} {
+		if p.on {
+			what = append(what, p.name)
+		}
+	}
+	var notes []string
+	if cfg.HostACKs {
+		notes = append(notes, "this host's own TCP flows through its pure ACKs too (--host-acks=false: not)")
+	} else {
+		notes = append(notes, "not this host's pure ACKs, so no samples for data it receives (--host-acks: time them)")
+	}
+	if cfg.IncludeLocal {
+		notes = append(notes, "also the time this host takes to answer (-l)")
+	} else {
+		notes = append(notes, "not the time this host takes to answer what it receives (-l: include it)")
+	}
+	if !cfg.IncludeSYN {
+		notes = append(notes, "TCP from the first data packet (-s: from the SYN)")
+	}
+	if cfg.RTTRate > 0 {
+		notes = append(notes, fmt.Sprintf("at most one sample per %g RTTs per flow direction (-R)", cfg.RTTRate))
+	} else if cfg.RateLimit > 0 {
+		notes = append(notes, fmt.Sprintf("at most one sample per %v per flow direction (-r)", cfg.RateLimit))
+	}
+	return fmt.Sprintf("kedge pping: %s (%s): timing %s; %s", iface, mode, strings.Join(what, ", "), strings.Join(notes, "; "))
 }
 
 // writeCounters prints the non-zero counters of each hook.

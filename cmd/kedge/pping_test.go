@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -11,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/pping"
 )
 
 func TestPpingHelpHasExamples(t *testing.T) {
@@ -108,6 +111,12 @@ func TestPpingCLI(t *testing.T) {
 		if !strings.Contains(r.stderr, "match_rtt") || !strings.Contains(r.stderr, "HOOK") {
 			t.Errorf("--counters printed no counter table:\n%s", r.stderr)
 		}
+		// What is left out by default, and the flag that includes it, is said at start.
+		for _, want := range []string{"kedge pping: eth0 (", "timing TCP, ICMP, DNS", "(-l: include it)", "(-s: from the SYN)", "--host-acks=false"} {
+			if !strings.Contains(r.stderr, want) {
+				t.Errorf("start notice lacks %q:\n%s", want, r.stderr)
+			}
+		}
 		if !hasICMP(readLines(t, path+".1")) {
 			t.Errorf("rotated file has no sample")
 		}
@@ -145,4 +154,42 @@ func TestPpingCLI(t *testing.T) {
 			t.Errorf("aggregated line %q: want rxpkts >= txpkts >= 2 and RTTs", m[0])
 		}
 	})
+}
+
+// TestPpingEPPingFlags: ePPing's option names give the same configuration as kedge's.
+func TestPpingEPPingFlags(t *testing.T) {
+	parse := func(args ...string) (pping.Config, pping.Format) {
+		t.Helper()
+		var f ppingFlags
+		cmd := ppingCommand(&f)
+		if err := cmd.ParseFlags(args); err != nil {
+			t.Fatalf("parse %q: %v", args, err)
+		}
+		cfg, format, err := f.config()
+		if err != nil {
+			t.Fatalf("config of %q: %v", args, err)
+		}
+		return cfg, format
+	}
+	for _, tc := range [][2][]string{
+		{{"-i", "eth0", "-F", "json"}, {"--interface", "eth0", "--format", "json"}},
+		{{"-i", "eth0", "-f", "json"}, {"-i", "eth0", "--format", "json"}}, // kedge's old shorthand
+		{{"-i", "eth0", "-a", "5", "-4", "16", "-6", "32"}, {"-i", "eth0", "--aggregate", "5", "--aggregate-subnets-v4", "16", "--aggregate-subnets-v6", "32"}},
+		{{"-i", "eth0", "-I", "xdp", "-x", "native"}, {"-i", "eth0", "--ingress-hook", "xdp", "--xdp-mode", "native"}},
+		{{"-i", "eth0", "--include-SYN"}, {"-i", "eth0", "-s"}},
+		{{"-i", "eth0", "-a", "1", "--aggregate-timeout", "10"}, {"-i", "eth0", "--aggregate", "1", "--aggregate-timeout", "10"}},
+	} {
+		c1, f1 := parse(tc[0]...)
+		c2, f2 := parse(tc[1]...)
+		if !reflect.DeepEqual(c1, c2) || f1 != f2 {
+			t.Errorf("%q and %q differ:\n%+v %v\n%+v %v", tc[0], tc[1], c1, f1, c2, f2)
+		}
+	}
+	cfg, format := parse("-i", "eth0", "-F", "json", "-4", "16", "-I", "xdp", "-x", "generic", "--aggregate-timeout", "10", "--include-SYN")
+	if format != pping.JSON || cfg.AggPrefixV4 != 16 || cfg.XDPMode != bpfx.XDPGeneric || cfg.AggTimeout != 10*time.Second || !cfg.IncludeSYN {
+		t.Errorf("ePPing flags gave %+v, format %v", cfg, format)
+	}
+	if def, _ := parse("-i", "eth0"); !def.HostACKs || def.AggTimeout != 30*time.Second {
+		t.Errorf("defaults: host ACKs %v, aggregate timeout %v", def.HostACKs, def.AggTimeout)
+	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,17 +23,7 @@ import (
 
 func init() { registerRaft(newRaftLabCmd) }
 
-// raftLabRoot holds the directories of persistent lab clusters (config, data, logs, socket);
-// KEDGE_RAFT_LAB_ROOT overrides it (tests).
-const raftLabRoot = "/run/kedge/raft-lab"
-
-func raftLabDir(name string) string {
-	root := raftLabRoot
-	if r := os.Getenv("KEDGE_RAFT_LAB_ROOT"); r != "" {
-		root = r
-	}
-	return filepath.Join(root, name)
-}
+func raftLabDir(name string) string { return raftlab.LabDir(name) }
 
 func newRaftLabCmd() *cobra.Command {
 	cmd := &cobra.Command{
@@ -295,32 +284,15 @@ func newRaftLabDownCmd() *cobra.Command {
 	}
 }
 
-// raftLabForceDown kills the nodes named in the ready file (checking their command line) and
-// removes the namespaces and the directory.
+// raftLabForceDown removes a cluster whose supervisor does not answer.
 func raftLabForceDown(w io.Writer, name, dir string, cause error) error {
-	var errs []error
-	if b, err := os.ReadFile(filepath.Join(dir, raftlab.ReadyFile)); err == nil {
-		var info raftlab.Info
-		if jerr := json.Unmarshal(b, &info); jerr == nil {
-			for _, n := range info.Nodes {
-				if cl, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", n.PID)); err == nil &&
-					strings.Contains(string(cl), "raft\x00serve\x00--config\x00"+info.Config) {
-					errs = append(errs, syscall.Kill(n.PID, syscall.SIGKILL))
-				}
-			}
-		}
-	}
-	removed, err := lab.Down(name)
-	if err != nil && !errors.Is(err, lab.ErrNotFound) {
-		errs = append(errs, err)
-	}
 	_, statErr := os.Stat(dir)
-	if len(removed) == 0 && os.IsNotExist(statErr) {
+	removed, err := raftlab.ForceDown(name, dir)
+	if removed == 0 && os.IsNotExist(statErr) {
 		return usagef("no lab cluster %s (%v)", name, cause)
 	}
-	errs = append(errs, os.RemoveAll(dir))
-	fmt.Fprintf(w, "lab cluster %s: supervisor unreachable (%v); removed %d namespaces and %s\n", name, cause, len(removed), dir)
-	return errors.Join(errs...)
+	fmt.Fprintf(w, "lab cluster %s: supervisor unreachable (%v); removed %d namespaces and %s\n", name, cause, removed, dir)
+	return err
 }
 
 func newRaftLabStatusCmd() *cobra.Command {

@@ -6,10 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/raftlab"
 )
 
@@ -42,7 +44,11 @@ func TestRaftLabCLI(t *testing.T) {
 		return out
 	}
 	out := must("raft", "lab", "up", "--name", name, "--nodes", "3", "-o", "json")
+	downDone := false
 	t.Cleanup(func() {
+		if downDone {
+			return
+		}
 		if out, code := kedge("raft", "lab", "down", name); code != 0 {
 			t.Errorf("down: exit %d: %s", code, out)
 		}
@@ -109,9 +115,60 @@ func TestRaftLabCLI(t *testing.T) {
 		{"raft", "lab", "fault", name, "net", "--loss", "2"},
 		{"raft", "lab", "up", "--nodes", "4"},
 		{"raft", "lab", "up", "--name", "bad-name"},
+		{"bench", "raft", "--scenarios", "nope"},
+		{"bench", "raft", "--election-ticks", "0"},
+		{"bench", "raft", "--tp-nodes", "4"},
+		{"bench", "raft", "--trials", "0"},
 	} {
 		if out, code := kedge(bad...); code != 2 {
 			t.Errorf("kedge %s: exit %d, want 2\n%s", strings.Join(bad, " "), code, out)
 		}
+	}
+
+	// A supervisor killed with -9: cleanup sees its cluster as a dead owner's leftover, and
+	// 'down' removes the nodes, namespaces and directory by hand.
+	if err := syscall.Kill(info.Supervisor, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	running := func(pid int) bool { // a killed orphan may stay a zombie for a while
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		i := strings.LastIndexByte(string(b), ')')
+		return err == nil && i > 0 && i+2 < len(b) && b[i+2] != 'Z'
+	}
+	for deadline := time.Now().Add(5 * time.Second); running(info.Supervisor); {
+		if time.Now().After(deadline) {
+			t.Fatal("supervisor still alive after SIGKILL")
+		}
+		time.Sleep(5 * time.Millisecond) // polling the process's end
+	}
+	// (The lock goes when the last thread of the killed process is gone, which can be a
+	// little after its leader shows as a zombie.)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		out := must("cleanup", "--dry-run")
+		if strings.Contains(out, "would remove raft lab cluster "+info.Dir) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cleanup --dry-run does not list the dead supervisor's cluster:\n%s", out)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the owner's lock
+	}
+	out = must("raft", "lab", "down", name)
+	downDone = true
+	if !strings.Contains(out, "supervisor unreachable") {
+		t.Errorf("down without supervisor: %s", out)
+	}
+	for _, n := range info.Nodes {
+		if running(n.PID) {
+			if cl, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", n.PID)); strings.Contains(string(cl), info.Config) {
+				t.Errorf("node %d (pid %d) still running after down", n.ID, n.PID)
+			}
+		}
+	}
+	if _, err := os.Stat(info.Dir); !os.IsNotExist(err) {
+		t.Errorf("%s still there after down (%v)", info.Dir, err)
+	}
+	if names, _ := lab.ListPersistent(); contains(names, name) {
+		t.Errorf("namespaces of %s still there after down", name)
 	}
 }

@@ -175,7 +175,7 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := runstate.WriteStatus(statusDir, "test", self, map[string]int{"pid": os.Getpid()}); err != nil {
+	if err := runstate.WriteStatus(statusDir, "test", self.ID, map[string]int{"pid": os.Getpid()}); err != nil {
 		t.Fatal(err)
 	}
 	deadStatus, liveStatus := runstate.StatusPath(statusDir, "hedge", strconv.Itoa(deadPID)), runstate.StatusPath(statusDir, "test", self.ID)

@@ -48,7 +48,7 @@ func fakeRun() error {
 	if err != nil {
 		return err
 	}
-	if err := runstate.WriteStatus("", "test", o, map[string]int{"pid": os.Getpid()}); err != nil {
+	if err := runstate.WriteStatus("", "test", o.ID, map[string]int{"pid": os.Getpid()}); err != nil {
 		return err
 	}
 	_, err = fmt.Printf("%s %s %s %s\n", o.ID, ns.Name, pin, runstate.StatusPath("", "test", o.ID))

@@ -9,21 +9,26 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
-// StatusDir is where each running `kedge hedge run` publishes its status file,
-// hedge.<pid>.json, rewritten every second and removed on exit. `kedge hedge status` and
-// `kedge hedge stats` read them; a file whose pid no longer runs is a killed run's and is
-// removed by whoever finds it (those commands, the next `kedge hedge run`, `kedge cleanup`).
+// StatusDir is where each running `kedge hedge run` publishes its status file (runstate's
+// directory): hedge.<owner ID>.json, rewritten every second and removed on exit. `kedge
+// hedge status` and `kedge hedge stats` read them; one whose owner has ended is a killed
+// run's and is removed by whoever finds it (those commands, the next `kedge hedge run`,
+// `kedge cleanup`). Files named hedge.<pid>.json (kedge before owner records) are judged by
+// their pid.
 const StatusDir = "/run/kedge"
+
+// capability keys hedge's status files in runstate.
+const capability = "hedge"
 
 // Status is the content of a status file.
 type Status struct {
 	PID        int       `json:"pid"`
+	Owner      string    `json:"owner,omitempty"` // runstate owner ID (in the file name too)
 	Started    time.Time `json:"started"`
 	ConfigPath string    `json:"config_path,omitempty"` // empty when configured by flags
 	Interface  string    `json:"interface"`
@@ -34,94 +39,52 @@ type Status struct {
 	Snapshot       *Snapshot `json:"snapshot"`
 }
 
-// StatusPath is the status file of pid in dir.
+// statusID is the owner ID a status of pid is filed under: this process's runstate owner,
+// or (another process's, or without a writable run directory) the bare pid.
+func statusID(pid int) string {
+	if pid == os.Getpid() {
+		return runstate.SelfID()
+	}
+	return strconv.Itoa(pid)
+}
+
+// StatusPath is the status file of the hedger with pid in dir: this process's under its
+// owner ID, another's under the owner ID found in dir that starts with its pid, else the
+// pid-named file.
 func StatusPath(dir string, pid int) string {
-	return filepath.Join(dir, fmt.Sprintf("hedge.%d.json", pid))
-}
-
-// statusPID parses the pid from a status file name; ok is false for other files.
-func statusPID(name string) (int, bool) {
-	rest, ok := strings.CutPrefix(name, "hedge.")
-	if !ok {
-		return 0, false
+	if pid != os.Getpid() {
+		if m, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("%s.%d_*.json", capability, pid))); len(m) == 1 {
+			return m[0]
+		}
 	}
-	rest, ok = strings.CutSuffix(rest, ".json")
-	if !ok {
-		return 0, false
-	}
-	pid, err := strconv.Atoi(rest)
-	return pid, err == nil && pid > 0
-}
-
-// tmpPID parses the pid from a temporary status file name (.hedge.<pid>.<random>.tmp).
-func tmpPID(name string) (int, bool) {
-	parts := strings.Split(name, ".")
-	if len(parts) != 5 || parts[0] != "" || parts[1] != "hedge" || parts[4] != "tmp" {
-		return 0, false
-	}
-	pid, err := strconv.Atoi(parts[2])
-	return pid, err == nil && pid > 0
+	return runstate.StatusPath(dir, capability, statusID(pid))
 }
 
 // WriteStatus replaces st's status file in dir atomically (temporary file, then rename), so
-// readers never see a half-written file.
+// readers never see a half-written file. st.Owner is set to the ID it is filed under.
 func WriteStatus(dir string, st *Status) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("create status directory: %w", err)
+	id := statusID(st.PID)
+	if _, legacy, _ := runstate.ParseID(id); !legacy {
+		st.Owner = id
 	}
-	b, err := json.MarshalIndent(st, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encode status: %w", err)
-	}
-	f, err := os.CreateTemp(dir, fmt.Sprintf(".hedge.%d.*.tmp", st.PID))
-	if err != nil {
-		return fmt.Errorf("create status file: %w", err)
-	}
-	_, werr := f.Write(append(b, '\n'))
-	cerr := f.Close()
-	if err := errors.Join(werr, cerr, os.Chmod(f.Name(), 0o644)); err != nil {
-		_ = os.Remove(f.Name())
-		return fmt.Errorf("write status file: %w", err)
-	}
-	if err := os.Rename(f.Name(), StatusPath(dir, st.PID)); err != nil {
-		_ = os.Remove(f.Name())
-		return fmt.Errorf("publish status file: %w", err)
-	}
-	return nil
+	return runstate.WriteStatus(dir, capability, id, st)
 }
 
-// listStatusDir lists dir; a missing dir is empty (no hedger has run yet).
-func listStatusDir(dir string) ([]os.DirEntry, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("list status files: %w", err)
-	}
-	return entries, nil
-}
-
-// RemoveStaleStatuses removes from dir the status files of pids that no longer run (killed
-// hedgers) and their temporary files, and returns the paths it removed. A missing dir holds
-// nothing to remove. `kedge cleanup` calls it; so does every ReadStatuses.
+// RemoveStaleStatuses removes from dir the status files of hedgers whose owner has ended
+// (killed hedgers) and their temporary files, and returns the paths it removed. A missing
+// dir holds nothing to remove. ReadStatuses calls it (`kedge cleanup` removes them through
+// runstate's status-file cleaner).
 func RemoveStaleStatuses(dir string) ([]string, error) {
-	entries, err := listStatusDir(dir)
-	if err != nil {
-		return nil, err
-	}
+	files, err := runstate.Statuses(dir, capability)
 	var removed []string
-	var errs []error
-	for _, e := range entries {
-		pid, ok := statusPID(e.Name())
-		if !ok {
-			// A temporary file of a writer killed between create and rename.
-			pid, ok = tmpPID(e.Name())
-		}
-		if !ok || lab.ProcessAlive(pid) {
+	errs := []error{err}
+	for _, f := range files {
+		if runstate.Judge(f.Owner).State != runstate.Dead {
 			continue
 		}
-		path := filepath.Join(dir, e.Name())
-		switch err := os.Remove(path); {
+		switch err := os.Remove(f.Path); {
 		case err == nil:
-			removed = append(removed, path)
+			removed = append(removed, f.Path)
 		case !errors.Is(err, os.ErrNotExist): // else removed concurrently
 			errs = append(errs, fmt.Errorf("remove stale status file: %w", err))
 		}
@@ -129,23 +92,21 @@ func RemoveStaleStatuses(dir string) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
-// ReadStatuses returns the status of every running hedger in dir, by pid. Files of pids
-// that no longer run (killed hedgers) and their temporary files are removed.
+// ReadStatuses returns the status of every running hedger in dir, by pid. Files of hedgers
+// whose owner has ended (killed hedgers) and their temporary files are removed.
 func ReadStatuses(dir string) ([]Status, error) {
 	_, rerr := RemoveStaleStatuses(dir)
-	entries, err := listStatusDir(dir)
+	files, err := runstate.Statuses(dir, capability)
 	if err != nil {
 		return nil, err
 	}
 	var out []Status
 	errs := []error{rerr}
-	for _, e := range entries {
-		pid, ok := statusPID(e.Name())
-		if !ok || !lab.ProcessAlive(pid) {
-			continue // not a status file, or one a killed hedger left that could not be removed
+	for _, f := range files {
+		if f.Temp || runstate.Judge(f.Owner).State != runstate.Alive {
+			continue // a writer's temporary file, or one a killed hedger left that could not be removed
 		}
-		path := filepath.Join(dir, e.Name())
-		b, err := os.ReadFile(path)
+		b, err := os.ReadFile(f.Path)
 		if errors.Is(err, os.ErrNotExist) {
 			continue // the hedger exited meanwhile
 		}
@@ -155,7 +116,7 @@ func ReadStatuses(dir string) ([]Status, error) {
 		}
 		var st Status
 		if err := json.Unmarshal(b, &st); err != nil {
-			errs = append(errs, fmt.Errorf("parse status file %s: %w", path, err))
+			errs = append(errs, fmt.Errorf("parse status file %s: %w", f.Path, err))
 			continue
 		}
 		out = append(out, st)

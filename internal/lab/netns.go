@@ -209,6 +209,9 @@ func init() {
 	}})
 }
 
+// Namespaces lists the names under NetnsDir, any tool's (none when it does not exist).
+func Namespaces() ([]string, error) { return namedNetns() }
+
 // namedNetns lists the names under NetnsDir (none when it does not exist).
 func namedNetns() ([]string, error) {
 	entries, err := os.ReadDir(NetnsDir)

@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
 )
 
 // Service is a UDP service measured through its request id (bpf/include/reqid.h): a
@@ -97,6 +99,9 @@ func ParseIngressHook(s string) (IngressHook, error) {
 type Config struct {
 	// IngressHook selects the ingress program: TC (default) or XDP. Egress is always TC.
 	IngressHook IngressHook
+	// XDPMode is how the XDP ingress program attaches: native falling back to generic
+	// (XDPAuto, the default), or only one of them (ePPing's -x).
+	XDPMode bpfx.XDPMode
 
 	// Identifiers to track. UDP services are tracked when Services is not empty.
 	TCP, ICMP, DNS bool
@@ -110,6 +115,9 @@ type Config struct {
 
 	IncludeLocal bool // also measure flows towards this host seen at ingress (-l)
 	IncludeSYN   bool // start flows at the SYN (-s); default: at the first data packet
+	// HostACKs makes the pure ACKs this host's sockets send requests too, so an endpoint
+	// receiving data (a download) measures its flows' RTTs; ePPing never times pure ACKs.
+	HostACKs bool
 
 	// Aggregation (-a): per-subnet histograms reported every Aggregate instead of
 	// per-sample events. Prefix lengths: IPv4 0..32, IPv6 0..64.
@@ -117,6 +125,9 @@ type Config struct {
 	AggPrefixV4 int
 	AggPrefixV6 int
 	AggByDst    bool // key subnets by the reply's destination instead of its source
+	// AggTimeout drops a subnet from the cumulative Prometheus series after this long
+	// without traffic (ePPing's --aggregate-timeout); 0 keeps every subnet.
+	AggTimeout time.Duration
 
 	// Garbage collection.
 	CleanupInterval  time.Duration // how often the GC iterators run; 0 disables them
@@ -131,13 +142,16 @@ type Config struct {
 	Debug      bool // bpf_printk traces (read them from /sys/kernel/tracing/trace_pipe)
 }
 
-// DefaultConfig returns ePPing's defaults: TCP, ICMP and DNS, 100 ms rate limit, local
-// flows and SYNs excluded, per-sample events, cleanup every second.
+// DefaultConfig returns ePPing's defaults - TCP, ICMP and DNS, 100 ms rate limit, local
+// flows and SYNs excluded, per-sample events, cleanup every second - and, unlike ePPing,
+// pure ACKs of this host's own sockets timed (HostACKs).
 func DefaultConfig() Config {
 	return Config{
 		TCP: true, ICMP: true, DNS: true,
+		HostACKs:         true,
 		RateLimit:        100 * time.Millisecond,
 		AggPrefixV4:      24,
+		AggTimeout:       30 * time.Second,
 		AggPrefixV6:      48,
 		CleanupInterval:  time.Second,
 		TSMinLifetime:    time.Second,
@@ -168,6 +182,12 @@ func (c Config) Validate() error {
 	}
 	if c.Aggregate < 0 {
 		errs = append(errs, fmt.Errorf("aggregation interval %v is negative", c.Aggregate))
+	}
+	if c.AggTimeout < 0 {
+		errs = append(errs, fmt.Errorf("aggregation timeout %v is negative", c.AggTimeout))
+	}
+	if c.XDPMode != bpfx.XDPAuto && c.IngressHook != IngressXDP {
+		errs = append(errs, errors.New("an XDP mode applies only to the XDP ingress hook (--ingress-hook xdp)"))
 	}
 	if c.AggPrefixV4 < 0 || c.AggPrefixV4 > 32 {
 		errs = append(errs, fmt.Errorf("IPv4 aggregation prefix /%d out of range [0, 32]", c.AggPrefixV4))
@@ -248,5 +268,6 @@ func (c Config) bpfConfig() ppingPpConfig {
 		Aggregate:    b2u(c.Aggregate > 0),
 		AggByDst:     b2u(c.AggByDst),
 		Debug:        b2u(c.Debug),
+		HostAcks:     b2u(c.HostACKs),
 	}
 }

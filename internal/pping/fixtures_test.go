@@ -233,11 +233,14 @@ func clearMap(t *testing.T, mp *ebpf.Map, v any) {
 }
 
 // fixtureConfig samples every identifier, measures local flows (BPF_PROG_TEST_RUN has no
-// meaningful ingress interface for the FIB lookup) and keeps maps small.
+// meaningful ingress interface for the FIB lookup) and keeps maps small. It leaves pure ACKs
+// untimed (ePPing's rule, as on a router): BPF_PROG_TEST_RUN gives every skb a socket, so
+// every pure ACK at egress would count as this host's; TestFixturesHostACKs covers those.
 func fixtureConfig() Config {
 	c := DefaultConfig()
 	c.RateLimit = 0
 	c.IncludeLocal = true
+	c.HostACKs = false
 	c.CleanupInterval = 0
 	c.MaxFlows = 64
 	c.MaxSubnets = 16
@@ -695,6 +698,57 @@ func TestFixtures(t *testing.T) {
 			for _, fx := range g.fxs(f) {
 				fx.cache = cache
 				t.Run(g.name+"/"+f.String()+"/"+fx.name, fx.runAllHooks)
+			}
+		}
+	}
+}
+
+// TestFixturesHostACKs: an endpoint receiving data (B sends, A is this host). A's pure ACKs
+// at egress carry a socket (BPF_PROG_TEST_RUN provides one) and are timed with HostACKs; the
+// echo of one counts only if B sent something after A's last ACK with that TSval. Steps run
+// as written (mirrored, the ACKs would reach ingress, where no socket marks them).
+func TestFixturesHostACKs(t *testing.T) {
+	cache := newMonitorCache(t)
+	for _, f := range []fam{v4, v6} {
+		fromA, fromB := f.flowStr(false, portA, portB), f.flowStr(true, portB, portA)
+		ack := uint8(pktbuild.ACK)
+		start := []step{
+			in(f.tcp(false, flagData, 100, 0, 10), c{"FlowCreated": 1, "TsNotNew": 1, "MatchNone": 1}),
+			eg(f.tcp(true, ack, 7000, 100, 0), c{"TsNotNew": 1, "FlowOpened": 1, "MatchNone": 1}),
+			eg(f.tcp(true, ack, 7001, 100, 0), c{"TsStored": 1, "MatchNone": 1}),
+		}
+		opened := []wantFlow{{fromA, FlowOpening, ReasonFirstPacket, SourceDest}, {fromB, FlowOpening, ReasonFirstPacket, SourceDest}}
+		hostACKs := func(c *Config) { c.HostACKs = true }
+		for _, fx := range []fixture{{
+			name: "echo after the sender paused: discarded",
+			cfg:  hostACKs,
+			steps: append(slices.Clone(start),
+				in(f.tcp(false, flagData, 101, 7001, 10), c{"TsStored": 1, "FlowOpened": 1, "MatchAckIdle": 1})),
+			flows: opened,
+		}, {
+			name: "echo while the sender keeps sending: a sample",
+			cfg:  hostACKs,
+			steps: append(slices.Clone(start),
+				in(f.tcp(false, flagData, 101, 7000, 10), c{"TsStored": 1, "FlowOpened": 1, "MatchMiss": 1}),
+				in(f.tcp(false, flagData, 102, 7001, 10), c{"TsStored": 1, "MatchRtt": 1})),
+			rtts:  []wantRTT{{flow: fromB, proto: "TCP", id: 7001, idType: IDTCPTimestamp}},
+			flows: opened,
+		}, {
+			name:  "pure ACK at ingress: not timed",
+			cfg:   hostACKs,
+			steps: []step{in(f.tcp(false, ack, 5, 0, 0), c{"SkipNoFlow": 1})},
+		}, {
+			name: "host ACKs off: pure ACKs not timed",
+			steps: []step{
+				in(f.tcp(false, flagData, 100, 0, 10), c{"FlowCreated": 1, "TsNotNew": 1, "MatchNone": 1}),
+				eg(f.tcp(true, ack, 7000, 100, 0), c{"FlowOpened": 1, "MatchNone": 1}),
+				eg(f.tcp(true, ack, 7001, 100, 0), c{"MatchNone": 1}),
+			},
+			flows: opened[:1],
+		}} {
+			fx.cache = cache
+			for _, hook := range []IngressHook{IngressTC, IngressXDP} {
+				t.Run(f.String()+"/"+fx.name+"/"+hook.String(), fx.variant(hook, false).run)
 			}
 		}
 	}

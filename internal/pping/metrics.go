@@ -32,8 +32,11 @@ type Metrics struct {
 	reg  *prometheus.Registry
 	rtt  *prometheus.HistogramVec
 
-	mu      sync.Mutex
-	subnets map[string]*SubnetStats // cumulative per prefix (aggregation mode)
+	timeout time.Duration // drop a subnet after this long without traffic (0: never)
+
+	mu       sync.Mutex
+	subnets  map[string]*SubnetStats // cumulative per prefix (aggregation mode)
+	lastSeen map[string]time.Time    // report time of each prefix's last traffic
 }
 
 // NewMetrics registers the monitor's metrics; next receives everything (may be nil).
@@ -46,7 +49,9 @@ func NewMetrics(m *Monitor, next Sink) *Metrics {
 			Help:    "RTT samples measured passively, by protocol and identifier.",
 			Buckets: promBuckets,
 		}, []string{"protocol", "id_type"}),
-		subnets: map[string]*SubnetStats{},
+		timeout:  m.cfg.AggTimeout,
+		subnets:  map[string]*SubnetStats{},
+		lastSeen: map[string]time.Time{},
 	}
 	mt.reg.MustRegister(mt.rtt, &counterCollector{m: m}, &subnetCollector{mt: mt})
 	return mt
@@ -63,7 +68,9 @@ func (mt *Metrics) Event(ev Event) error {
 	return mt.next.Event(ev)
 }
 
-// Aggregate adds a report to the cumulative per-subnet traffic and histograms.
+// Aggregate adds a report to the cumulative per-subnet traffic and histograms, and drops the
+// subnets that had no traffic for the aggregation timeout (their series end, as ePPing
+// forgets idle subnets), so the exported series stay bounded by the active subnets.
 func (mt *Metrics) Aggregate(rep *AggReport) error {
 	mt.mu.Lock()
 	for i := range rep.Subnets {
@@ -74,6 +81,21 @@ func (mt *Metrics) Aggregate(rep *AggReport) error {
 			mt.subnets[s.name()] = sum
 		}
 		sum.Merge(s)
+		if s.Rx.Packets()+s.Tx.Packets()+s.Count > 0 {
+			mt.lastSeen[s.name()] = rep.Time
+		}
+	}
+	if mt.timeout > 0 {
+		for name := range mt.subnets {
+			if seen, ok := mt.lastSeen[name]; !ok || rep.Time.Sub(seen) > mt.timeout {
+				if !ok {
+					mt.lastSeen[name] = rep.Time // created without traffic: start its clock
+					continue
+				}
+				delete(mt.subnets, name)
+				delete(mt.lastSeen, name)
+			}
+		}
 	}
 	mt.mu.Unlock()
 	if mt.next == nil {

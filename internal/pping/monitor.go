@@ -117,7 +117,7 @@ func (m *Monitor) Config() Config { return m.cfg }
 // with XDP (native, falling back to generic). The attachments live until Close.
 func (m *Monitor) Attach(ns netns.NsHandle, ifindex int, mode bpfx.TCMode) error {
 	if m.cfg.IngressHook == IngressXDP {
-		a, err := bpfx.AttachXDP(m.objs.PpingIngress, ns, ifindex, bpfx.XDPAuto)
+		a, err := bpfx.AttachXDP(m.objs.PpingIngress, ns, ifindex, m.cfg.XDPMode)
 		if err != nil {
 			return fmt.Errorf("attach pping ingress: %w - try --ingress-hook tc", err)
 		}

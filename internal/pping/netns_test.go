@@ -324,8 +324,8 @@ func TestNetnsDNS(t *testing.T) {
 	})
 }
 
-// echoServer echoes every TCP read back.
-func echoServer(t *testing.T, h *lab.Host, addr netip.Addr) netip.AddrPort {
+// listenTCP listens on addr (any port) in h's namespace until the test ends.
+func listenTCP(t *testing.T, h *lab.Host, addr netip.Addr) net.Listener {
 	t.Helper()
 	var ln net.Listener
 	if err := h.Do(func() (err error) {
@@ -335,19 +335,69 @@ func echoServer(t *testing.T, h *lab.Host, addr netip.Addr) netip.AddrPort {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// dialTCP connects from h's namespace.
+func dialTCP(t *testing.T, h *lab.Host, to string) net.Conn {
+	t.Helper()
+	var conn net.Conn
+	if err := h.Do(func() (err error) {
+		conn, err = net.Dial("tcp", to)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// serveTCP accepts connections on addr (any port) in h's namespace and runs handle on each
+// (which may return early: the connection is closed after it). When the test ends the
+// listener and every connection still open are closed and the handlers waited for, so no
+// socket outlives the test.
+func serveTCP(t *testing.T, h *lab.Host, addr netip.Addr, handle func(net.Conn)) netip.AddrPort {
+	t.Helper()
+	ln := listenTCP(t, h, addr)
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
 			go func() {
+				defer wg.Done()
 				defer c.Close()
-				_, _ = io.Copy(c, c)
+				handle(c)
 			}()
 		}
 	}()
 	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// echoServer echoes every TCP read back.
+func echoServer(t *testing.T, h *lab.Host, addr netip.Addr) netip.AddrPort {
+	t.Helper()
+	return serveTCP(t, h, addr, func(c net.Conn) { _, _ = io.Copy(c, c) })
 }
 
 func TestNetnsTCP(t *testing.T) {
@@ -360,13 +410,7 @@ func testNetnsTCP(t *testing.T, l *testLab, hook func(*Config)) {
 	for _, srv := range []netip.Addr{l.server.IPv4, l.server.IPv6} {
 		t.Run(srv.String(), func(t *testing.T) {
 			to := echoServer(t, l.server, srv)
-			var conn net.Conn
-			if err := l.client.Do(func() (err error) {
-				conn, err = net.Dial("tcp", to.String())
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
+			conn := dialTCP(t, l.client, to.String())
 			defer conn.Close()
 			var app []time.Duration
 			msg, buf := make([]byte, 100), make([]byte, 100)

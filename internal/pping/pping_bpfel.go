@@ -47,7 +47,8 @@ type ppingPpConfig struct {
 	Aggregate          uint8
 	AggByDst           uint8
 	Debug              uint8
-	Pad                [5]uint8
+	HostAcks           uint8
+	Pad                [4]uint8
 	_                  [4]byte
 }
 
@@ -79,6 +80,7 @@ type ppingPpCounters struct {
 	MatchNone     uint64
 	MatchMiss     uint64
 	MatchClock    uint64
+	MatchAckIdle  uint64
 	EventDropped  uint64
 	AggMapFull    uint64
 	GcTsExpired   uint64
@@ -96,6 +98,7 @@ type ppingPpDirState struct {
 	RecPkts     uint64
 	RecBytes    uint64
 	LastId      uint64
+	LastIdTime  uint64
 	Outstanding uint32
 	Conn        uint8
 	OpenReason  uint8
@@ -173,6 +176,9 @@ type ppingPpPkt struct {
 	WaitEdge   uint8
 	IsIngress  uint8
 	Fwd        uint8
+	PureAck    uint8
+	_          [7]byte
+	PrevSeen   uint64
 }
 
 type ppingPpPktId struct {

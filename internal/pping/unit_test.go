@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -304,7 +306,7 @@ func TestAggregateFormats(t *testing.T) {
 }
 
 func TestSubnetMetrics(t *testing.T) {
-	mt := &Metrics{subnets: map[string]*SubnetStats{}}
+	mt := &Metrics{subnets: map[string]*SubnetStats{}, lastSeen: map[string]time.Time{}}
 	s := SubnetStats{Prefix: netip.MustParsePrefix("198.51.100.0/24"),
 		Rx: Traffic{TcpTsPkts: 3, TcpTsBytes: 300}, Tx: Traffic{OtherPkts: 1, OtherBytes: 98}}
 	for range 2 { // cumulative over reports
@@ -334,5 +336,31 @@ func TestSubnetMetrics(t *testing.T) {
 	if err := testutil.CollectAndCompare(&subnetCollector{mt: mt}, strings.NewReader(want),
 		"kedge_pping_subnet_packets_total", "kedge_pping_subnet_bytes_total", "kedge_pping_subnet_rtt_seconds"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestSubnetMetricsTimeout: a subnet without traffic for longer than the aggregation timeout
+// (--aggregate-timeout) leaves the cumulative series; one with traffic stays.
+func TestSubnetMetricsTimeout(t *testing.T) {
+	mt := &Metrics{timeout: 30 * time.Second, subnets: map[string]*SubnetStats{}, lastSeen: map[string]time.Time{}}
+	a := SubnetStats{Prefix: netip.MustParsePrefix("198.51.100.0/24"), Rx: Traffic{OtherPkts: 1, OtherBytes: 98}}
+	b := SubnetStats{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Rx: Traffic{OtherPkts: 1, OtherBytes: 98}}
+	for _, step := range []struct {
+		after   time.Duration
+		subnets []SubnetStats
+		want    []string
+	}{
+		{0, []SubnetStats{a, b}, []string{"198.51.100.0/24", "203.0.113.0/24"}},
+		{20 * time.Second, []SubnetStats{b}, []string{"198.51.100.0/24", "203.0.113.0/24"}},
+		{30 * time.Second, []SubnetStats{b, {Prefix: a.Prefix}}, []string{"198.51.100.0/24", "203.0.113.0/24"}}, // an empty entry is no traffic
+		{31 * time.Second, []SubnetStats{b}, []string{"203.0.113.0/24"}},
+	} {
+		if err := mt.Aggregate(&AggReport{Time: when.Add(step.after), Subnets: step.subnets}); err != nil {
+			t.Fatal(err)
+		}
+		got := slices.Sorted(maps.Keys(mt.subnets))
+		if !slices.Equal(got, step.want) {
+			t.Errorf("after %v: subnets %v, want %v", step.after, got, step.want)
+		}
 	}
 }

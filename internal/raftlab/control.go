@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
 // A persistent lab cluster (`kedge raft lab up`) is owned by a supervisor process that
@@ -59,6 +60,7 @@ type Info struct {
 	Dir          string           `json:"dir"`
 	Config       string           `json:"config"`
 	Supervisor   int              `json:"supervisor_pid"`
+	Owner        string           `json:"owner"` // the supervisor's runstate owner (cleanup judges it)
 	ClientNetns  string           `json:"client_netns"`
 	DelayBackend string           `json:"delay_backend"`
 	Nodes        []NodeInfo       `json:"nodes"`
@@ -262,7 +264,7 @@ func (s *Supervisor) Stop() {
 
 func (s *Supervisor) info(ctx context.Context, live bool) *Info {
 	c := s.C
-	in := &Info{Name: c.Spec.Name, Dir: c.Spec.Dir, Config: c.Config, Supervisor: os.Getpid(),
+	in := &Info{Name: c.Spec.Name, Dir: c.Spec.Dir, Config: c.Config, Supervisor: os.Getpid(), Owner: runstate.SelfID(),
 		ClientNetns: c.Client.Name, DelayBackend: c.Faults.DelayBackend(), Rules: c.Faults.Rules()}
 	if st, err := c.Faults.Stats(); err == nil {
 		in.Fabric = &st

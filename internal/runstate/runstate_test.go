@@ -153,10 +153,10 @@ func TestStatusFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer o.Close()
-	if err := WriteStatus("", "hedge", o, map[string]int{"x": 1}); err != nil {
+	if err := WriteStatus("", "hedge", o.ID, map[string]int{"x": 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteStatus("", "Bad.Name", o, 1); err == nil {
+	if err := WriteStatus("", "Bad.Name", o.ID, 1); err == nil {
 		t.Error("WriteStatus accepted capability name Bad.Name")
 	}
 	for _, name := range []string{"hedge.4242.json", ".hedge.4242.123456.tmp", ".sg.4242_9f3a1c.99.tmp", "notes.txt", "hedge.x.json"} {
@@ -181,7 +181,7 @@ func TestStatusFiles(t *testing.T) {
 	if hedge, _ := Statuses("", "sg"); len(hedge) != 1 {
 		t.Errorf("Statuses of sg = %v, want one", hedge)
 	}
-	if err := RemoveStatus("", "hedge", o); err != nil {
+	if err := RemoveStatus("", "hedge", o.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(StatusPath("", "hedge", o.ID)); !os.IsNotExist(err) {

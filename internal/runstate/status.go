@@ -25,11 +25,14 @@ func StatusPath(dir, capability, id string) string {
 	return filepath.Join(dir, capability+"."+id+".json")
 }
 
-// WriteStatus replaces the owner's status file of capability in dir ("" = Dir) with v as
-// JSON (temporary file, then rename: readers never see half a file).
-func WriteStatus(dir, capability string, o *Owner, v any) error {
+// WriteStatus replaces the status file of capability's run by owner id in dir ("" = Dir)
+// with v as JSON (temporary file, then rename: readers never see half a file).
+func WriteStatus(dir, capability, id string, v any) error {
 	if !capabilityRE.MatchString(capability) {
 		return fmt.Errorf("write status: capability name %q is not valid", capability)
+	}
+	if _, _, ok := ParseID(id); !ok {
+		return fmt.Errorf("write status: %q is not an owner id", id)
 	}
 	if dir == "" {
 		dir = Dir
@@ -41,7 +44,7 @@ func WriteStatus(dir, capability string, o *Owner, v any) error {
 	if err != nil {
 		return fmt.Errorf("encode status: %w", err)
 	}
-	f, err := os.CreateTemp(dir, fmt.Sprintf(".%s.%s.*.tmp", capability, o.ID))
+	f, err := os.CreateTemp(dir, fmt.Sprintf(".%s.%s.*.tmp", capability, id))
 	if err != nil {
 		return fmt.Errorf("create status file: %w", err)
 	}
@@ -50,16 +53,16 @@ func WriteStatus(dir, capability string, o *Owner, v any) error {
 		_ = os.Remove(f.Name())
 		return fmt.Errorf("write status file: %w", err)
 	}
-	if err := os.Rename(f.Name(), StatusPath(dir, capability, o.ID)); err != nil {
+	if err := os.Rename(f.Name(), StatusPath(dir, capability, id)); err != nil {
 		_ = os.Remove(f.Name())
 		return fmt.Errorf("publish status file: %w", err)
 	}
 	return nil
 }
 
-// RemoveStatus removes the owner's status file of capability (a run's last act).
-func RemoveStatus(dir, capability string, o *Owner) error {
-	err := os.Remove(StatusPath(dir, capability, o.ID))
+// RemoveStatus removes the status file of capability's run by owner id (a run's last act).
+func RemoveStatus(dir, capability, id string) error {
+	err := os.Remove(StatusPath(dir, capability, id))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove status file: %w", err)
 	}
