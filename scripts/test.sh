@@ -10,4 +10,4 @@ export CGO_ENABLED=0
 go test -count=1 -timeout 20m ./...
 go test -count=1 -run '^$' -fuzz FuzzParse -fuzztime 20s -fuzzminimizetime 5s ./internal/parsetest
 go test -count=1 -run '^$' -fuzz FuzzDecode -fuzztime 10s -fuzzminimizetime 5s ./internal/raft/wire
-go run ./tools/vmtest -kernels 6.12 -timeout 600s -pkgs ./internal/hedge,./internal/parsetest,./internal/pacer
+go run ./tools/vmtest -kernels 6.12 -timeout 900s -pkgs ./internal/hedge,./internal/parsetest,./internal/pacer

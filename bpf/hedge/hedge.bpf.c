@@ -2,18 +2,19 @@
 /* hedge.bpf.c - the client side of kedge's transparent UDP request hedger: its entry
  * points, each one call into the file that holds its concern.
  *   hedge_split  (TC egress, client iface)       record the request, clone it into the delay line
- *   hedge_rescue (TC ingress, delay-line veth)   drop, recirculate, or send the hedge
+ *   hedge_rescue (TC ingress, pacer veth)        the pacer's tick program: drop, recirculate,
+ *                                                or send the hedge
  *   hedge_resp   (TC ingress, client iface)      first response wins; drop the duplicate
  *   hedge_arm    (BPF_PROG_TEST_RUN, once)       starts the bpf_timer: adaptive delay + expiry
- * and, inside the kedge-owned delay-line namespace:
- *   dl_entry     (TC ingress, dl veth peer)      clone -> the delay device (edt: set tstamp)
- *   dl_loop      (TC ingress, delay device peer) conveyor fillers go round; clones go back
+ * and the pacer's two programs (bpf/include/pacer.h), inside its namespace:
+ *   dl_entry     (TC ingress, pacer veth peers)  pacer_enter: clone -> the delay device
+ *   dl_loop      (TC ingress, delay device peer) pacer_pass: fillers go round; clones back
  *
  *   maps.h       run configuration (cfg), maps, counters
  *   request.h    match, rewrites, and the split / rescue / respond handlers
  *   budget.h     the hedge budget: a sliding window (default) or a token bucket
  *   timer.h      latency and precision histograms, adaptive delay, scoreboard expiry
- *   delayline.h  the delay line's entry and exit
+ *   delayline.h  the hedger's side of the pacer (a clone's deadline, for edt)
  * The contract with user space is bpf/include/hedge.h. */
 #include "maps.h"
 #include "timer.h"
@@ -49,13 +50,13 @@ int hedge_arm(struct __sk_buff *skb)
 SEC("tc")
 int dl_entry(struct __sk_buff *skb)
 {
-	return dl_enter(skb);
+	return pacer_enter(skb);
 }
 
 SEC("tc")
 int dl_loop(struct __sk_buff *skb)
 {
-	return dl_exit(skb);
+	return pacer_pass(skb);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -10,6 +10,7 @@
 #include "parse.h"
 #include "csum.h"
 #include "hedge.h"
+#include "pacer.h"
 
 /* Scoreboard size: entries live about one hedge delay (longer for hedged requests, until
  * the second response or the TTL). 65536 covers 100k req/s at 500 ms lifetimes; LRU so a
@@ -27,11 +28,8 @@ const volatile struct hedge_config cfg = {
 
 /* Enums referenced here so their BTF reaches bpf2go (-type); nothing reads these. */
 const enum hedge_limits *hedge_btf_limits __attribute__((unused));
-const enum hedge_filler *hedge_btf_filler __attribute__((unused));
-const enum hedge_filler_magic *hedge_btf_filler_magic __attribute__((unused));
 const enum delay_mode *hedge_btf_delay_mode __attribute__((unused));
 const enum req_state *hedge_btf_req_state __attribute__((unused));
-const enum dl_backend *hedge_btf_dl_backend __attribute__((unused));
 const enum reqid_order *hedge_btf_reqid_order __attribute__((unused));
 const enum budget_mode *hedge_btf_budget_mode __attribute__((unused));
 
@@ -110,21 +108,6 @@ struct {
 	__type(value, struct hedge_tick);
 } ticker SEC(".maps");
 
-/* Delay-line counters and control (the delay-line namespace's programs). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct dl_stats);
-} dl_counters SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct dl_ctl);
-} dl_control SEC(".maps");
-
 /* Evaluates st once: a second lookup would be unchecked (older verifiers do not know an
  * array lookup with a constant in-range key is non-NULL). */
 #define COUNT(st, field) do { typeof(st) __c = (st); if (__c) __c->field++; } while (0)
@@ -138,13 +121,6 @@ static __always_inline struct hedge_stats *stats_for(__u32 svc)
 static __always_inline struct hedge_stats *stats_global(void)
 {
 	return stats_for(SVC_MAX);
-}
-
-static __always_inline struct dl_stats *dl_stats_get(void)
-{
-	__u32 zero = 0;
-
-	return bpf_map_lookup_elem(&dl_counters, &zero);
 }
 
 #endif /* KEDGE_HEDGE_MAPS_H */

@@ -230,7 +230,7 @@ static __always_inline int split(struct __sk_buff *skb)
 	}
 	if (!token)
 		return TC_ACT_UNSPEC;
-	if (bpf_clone_redirect(skb, cfg.dl_ifindex, 0) < 0) {
+	if (pacer_carry(skb) < 0) {
 		struct hreq *e = bpf_map_lookup_elem(&scoreboard, &m.key);
 
 		budget_release(m.cfg, m.st);
@@ -259,17 +259,22 @@ static __always_inline void hedge_unsent(struct match *m, struct hreq *e, __u64 
 	budget_refund(m->cfg, m->st, now);
 }
 
-/* rescue (delay-line exit): drop a clone whose request was answered, send it round again
- * when not due yet, else rewrite it to another replica and send it as the hedge. */
+/* rescue (the pacer's tick program, at the delay line's exit): drop a clone whose request
+ * was answered, send it round again when not due yet, else rewrite it to another replica
+ * and send it as the hedge. Ticks (the pacer's calibration; the clone path asks for none)
+ * are dropped. */
 static __always_inline int rescue(struct __sk_buff *skb)
 {
 	struct match m;
 	struct hreq *e;
 	struct svc_addr to, from;
+	struct pacer_tick tick;
 	__u32 idx;
 	__u64 now;
 	long ret;
 
+	if (pacer_receive(skb, &tick) != PACER_RX_CARRIED)
+		return TC_ACT_SHOT; /* a tick, or a malformed one (the pacer counts both) */
 	if (!match(skb, &m, MATCH_REQUEST)) {
 		/* Nothing but clones of hedged requests arrive here; anything else is dropped. */
 		COUNT(stats_global(), rescue_unmatched);
@@ -289,8 +294,8 @@ static __always_inline int rescue(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	now = bpf_ktime_get_ns();
-	if (now + cfg.early_ns < e->deadline_ns) {
-		ret = bpf_redirect(cfg.dl_ifindex, 0);
+	if (!pacer_due(e->deadline_ns, now, 1)) {
+		ret = pacer_recirculate(skb);
 		if (ret != TC_ACT_REDIRECT) {
 			hedge_failed(&m, e);
 			COUNT(m.cnt, redirect_errors);

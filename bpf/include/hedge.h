@@ -4,7 +4,7 @@
  * Data flow (docs/architecture.md has the picture):
  *   client iface egress  (hedge_split)  : request -> scoreboard PENDING, takes a budget token,
  *                                         clone -> delay line (no token: NOCLONE, no clone)
- *   delay-line ns        (dl_entry/loop): clone waits (conveyor | netem | edt), comes back
+ *   pacer ns             (dl_entry/loop, bpf/include/pacer.h): clone waits (conveyor | netem | edt), comes back
  *   dl veth ingress      (hedge_rescue) : answered -> drop, budget token back; early -> go
  *                                         round again; pending -> rewrite to another replica,
  *                                         send (the token the splitter took pays for it)
@@ -50,24 +50,11 @@ enum budget_mode {
 	BUDGET_BUCKET = 1,
 };
 
-/* Conveyor filler frames: ethertype (proto.h's ETH_P_KEDGE_FILLER) and payload magic. */
-enum hedge_filler {
-	FILLER_ETH_P = ETH_P_KEDGE_FILLER,
-};
-enum hedge_filler_magic {
-	FILLER_MAGIC = 0x6b65646765666c6cULL, /* "kedgefll" */
-};
-
 /* hedge_config: the run's constants, set by user space before load (one const volatile,
  * `cfg` in bpf/hedge/maps.h; Go writes it whole through the generated hedgeHedgeConfig). */
 struct hedge_config {
-	__u32 dl_ifindex;      /* delay-line veth in the client namespace */
 	__u32 out_ifindex;     /* client interface hedges leave through */
 	__u32 hedge_mark;      /* skb->mark on hedges: never cloned again */
-	__u32 dl_backend;      /* enum dl_backend */
-	__u32 dl_peer_ifindex; /* delay-line namespace: peer of dl_ifindex */
-	__u32 dl_dev_ifindex;  /* delay-line namespace: device carrying the delay qdisc */
-	__u64 early_ns;        /* a clone due within this is sent (half a conveyor period) */
 	__u64 ttl_ns;          /* scoreboard entry lifetime */
 	__u64 tick_ns;         /* adaptive-delay refresh and GC period */
 };
@@ -198,38 +185,5 @@ struct hedge_stats {
 				  * service's request (global slot): dropped */
 };
 
-enum dl_backend {
-	DL_CONVEYOR = 0, /* tbf queue kept full by circulating filler frames */
-	DL_NETEM = 1,    /* netem delay (the thesis's design) */
-	DL_EDT = 2,      /* skb->tstamp = deadline, released by fq */
-};
-
-/* Delay-line counters (per-CPU, one slot). */
-struct dl_stats {
-	__u64 entered;        /* clones entering the delay line */
-	__u64 exited;         /* clones leaving it */
-	__u64 filler_passes;  /* conveyor filler frames going round */
-	__u64 fillers_dropped; /* removed on request (stop or shrink) */
-	__u64 period_sum_ns;  /* conveyor: sum and count of filler round-trip times */
-	__u64 period_count;
-	__u64 period_min_ns;
-	__u64 period_max_ns;
-	__u64 edt_set;        /* edt: tstamp set */
-	__u64 edt_no_entry;   /* edt: clone with no scoreboard entry (sent through at once) */
-	__u64 redirect_errors; /* bpf_redirect failed: dl_entry (clone to the delay device) or
-				* dl_loop (filler round again, clone back out); packet dropped */
-};
-
-/* Delay-line control (array, one slot), written by user space. */
-struct dl_ctl {
-	__s32 fillers_to_drop; /* conveyor: remove this many fillers (decremented by BPF) */
-	__u32 stop;            /* conveyor: drop every filler */
-};
-
-/* Filler frame payload (after the Ethernet header, ethertype FILLER_ETH_P). */
-struct filler {
-	__u64 magic;    /* FILLER_MAGIC */
-	__u64 stamp_ns; /* when it last entered the queue */
-};
 
 #endif /* KEDGE_HEDGE_H */

@@ -62,7 +62,7 @@ enum pacer_consts {
 	 * bpf_redirect_neigh and bpf_skb_change_proto need) with this protocol number
 	 * (RFC 3692 experimentation), addresses 0.0.0.0 and TTL 0; never routed. */
 	PACER_IPPROTO = 253,
-	PACER_FILLER_ETH_P = 0x88B6,  /* conveyor filler frames (IEEE 802 local experimental 2) */
+	PACER_FILLER_ETH_P = ETH_P_KEDGE_FILLER, /* conveyor filler frames (proto.h) */
 	PACER_TICK_MIN_BYTES = 128,   /* smallest tick frame: Ethernet + IPv4 + pacer_tick, and
 				       * room above the transport offset of the clone it is
 				       * made from (bpf_skb_change_tail cannot cut below it) */

@@ -38,7 +38,7 @@ func fakeHedgeStatus(pid int) hedge.Status {
 					Tokens: 10, Counters: map[string]uint64{"requests": 7}},
 			},
 			Global:    map[string]uint64{"malformed": 3, "malformed_responses": 2, "fragments": 0},
-			DelayLine: map[string]uint64{"entered": 60, "exited": 60, "filler_passes": 4783, "period_sum_ns": 47155599835, "period_count": 4700, "period_min_ns": 8056463, "period_max_ns": 12060920},
+			DelayLine: map[string]uint64{"carried_in": 60, "carried_out": 60, "filler_passes": 4783, "period_sum_ns": 47155599835, "period_count": 4700, "period_min_ns": 8056463, "period_max_ns": 12060920},
 		},
 	}
 }

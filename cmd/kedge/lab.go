@@ -106,9 +106,12 @@ func newLabUpCmd() *cobra.Command {
 				return err
 			}
 			if output == outputText {
-				first := l.Hosts[0]
-				fmt.Fprintf(cmd.OutOrStdout(), "\nlab %s is up; try 'kedge lab exec %s %s -- ip addr', remove it with 'kedge lab down %s'\n",
-					name, name, first.HostName, name)
+				first, pf := l.Hosts[0], ""
+				if labPrefix != lab.PersistentPrefix {
+					pf = " --prefix " + labPrefix
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "\nlab %s is up; try 'kedge lab%s exec %s %s -- ip addr', remove it with 'kedge lab%s down %s'\n",
+					name, pf, name, first.HostName, pf, name)
 			}
 			return nil
 		},

@@ -10,6 +10,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/hedgebench"
 	"github.com/kedge-dev/kedge/internal/ppingbench"
+	"github.com/kedge-dev/kedge/internal/raftbench"
 )
 
 // TestCommittedResultsReadable: every result.json under docs/results still decodes into
@@ -20,6 +21,7 @@ func TestCommittedResultsReadable(t *testing.T) {
 		bench.SchemaVersion:   func() any { return new(bench.Result) },
 		hedgebench.RateSchema: func() any { return new(hedgebench.RateResult) },
 		ppingbench.Schema:     func() any { return new(ppingbench.Result) },
+		raftbench.Schema:      func() any { return new(raftbench.Result) },
 	}
 	var paths []string
 	err := filepath.WalkDir(filepath.Join("..", "..", "docs", "results"), func(p string, d os.DirEntry, err error) error {

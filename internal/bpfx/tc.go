@@ -3,6 +3,7 @@ package bpfx
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -371,12 +372,36 @@ func hookParent(d Direction) uint32 {
 
 func init() {
 	runstate.Register(runstate.Cleaner{Kind: runstate.KindFilter, Order: 10, List: func(s runstate.Scope) ([]runstate.Leftover, error) {
-		fs, err := ListFilters(s.Netns)
 		var out []runstate.Leftover
-		for _, f := range fs {
-			out = append(out, runstate.Leftover{Kind: runstate.KindFilter, Name: f.String(), Owner: f.Owner,
-				Remove: func() error { return RemoveFilter(s.Netns, f) }})
+		var errs []error
+		list := func(label string, ns netns.NsHandle) {
+			fs, err := ListFilters(ns)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s%w", label, err))
+			}
+			for _, f := range fs {
+				out = append(out, runstate.Leftover{Kind: runstate.KindFilter, Name: label + f.String(), Owner: f.Owner,
+					Remove: func() error { return RemoveFilter(ns, f) }})
+			}
 		}
-		return out, err
+		list("", s.Netns)
+		primary := s.Netns
+		if primary < 0 {
+			if h, err := ThreadNetns(); err == nil {
+				primary = h
+				defer h.Close()
+			}
+		}
+		names := make([]string, 0, len(s.Named))
+		for n, h := range s.Named {
+			if !h.Equal(primary) { // the primary one, listed already
+				names = append(names, n)
+			}
+		}
+		slices.Sort(names)
+		for _, n := range names {
+			list("netns "+n+": ", s.Named[n])
+		}
+		return out, errors.Join(errs...)
 	}})
 }

@@ -97,9 +97,20 @@ func (r *Result) Failures() []Item {
 func Run(opts Options) (*Result, error) {
 	res := &Result{DryRun: opts.DryRun, Namespaces: []string{}, Filters: []string{}, PinDirs: []string{},
 		StatusFiles: []string{}, Labs: []string{}, Owners: []string{}, Items: []Item{}}
-	scope := runstate.Scope{Netns: netns.NsHandle(-1), StatusDir: opts.StatusDir}
+	scope := runstate.Scope{Netns: netns.NsHandle(-1), StatusDir: opts.StatusDir, Named: map[string]netns.NsHandle{}}
 	if opts.FilterNetns != nil {
 		scope.Netns = opts.FilterNetns.Handle
+	}
+	// tc filters are looked for in every named namespace too: a dead run's filters in a lab
+	// or in a user's namespace outlive it, and its record must not go while they stay.
+	names, err := lab.Namespaces()
+	var errs []error
+	errs = append(errs, err)
+	for _, n := range names {
+		if h, err := netns.GetFromName(n); err == nil {
+			scope.Named[n] = h
+			defer h.Close()
+		}
 	}
 	verdicts := map[string]runstate.Verdict{}
 	judge := func(id string) runstate.Verdict {
@@ -110,7 +121,6 @@ func Run(opts Options) (*Result, error) {
 		}
 		return v
 	}
-	var errs []error
 	keep := map[string]bool{} // owners with something left: their records stay
 	for _, c := range runstate.Cleaners() {
 		found, err := c.List(scope)

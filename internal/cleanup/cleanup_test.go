@@ -60,9 +60,9 @@ func exists(p string) bool {
 
 // filterNamespace makes a namespace with a veth whose ingress hook carries one kedge filter
 // per owner pid, named kedge:<pid>:<name> as bpfx names them.
-func filterNamespace(t *testing.T, pids ...int) *lab.Netns {
+func filterNamespace(t *testing.T, name string, pids ...int) *lab.Netns {
 	t.Helper()
-	ns, err := lab.NewNetns(lab.OwnedName("cleanuptest"))
+	ns, err := lab.NewNetns(lab.OwnedName(name))
 	if err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}
@@ -156,7 +156,10 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 	}
 	t.Cleanup(func() { live.Close() })
 
-	fns := filterNamespace(t, deadPID, os.Getpid())
+	fns := filterNamespace(t, "cleanuptest", deadPID, os.Getpid())
+	// Another namespace (a lab host, a user's `ip netns add`) with a dead run's filter:
+	// found there although cleanup is pointed at fns.
+	other := filterNamespace(t, "cleanupother", deadPID)
 	deadFilter := fmt.Sprintf("%s%d:test", bpfx.FilterPrefix, deadPID)
 	liveFilter := fmt.Sprintf("%s%d:test", bpfx.FilterPrefix, os.Getpid())
 
@@ -195,6 +198,7 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 		{"pin dirs", res.PinDirs, deadPin},
 		{"status files", res.StatusFiles, deadStatus},
 		{"filters", res.Filters, "c0 ingress filter " + deadFilter},
+		{"filters", res.Filters, "netns " + other.Name + ": c0 ingress filter " + deadFilter},
 		{"namespaces", res.Namespaces, deadNS},
 	} {
 		if !slices.Contains(tc.got, tc.removed) {

@@ -21,6 +21,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -178,10 +179,10 @@ func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 	// Load exactly as Start does: Hedger.load sets the constants from the delay line and
 	// the config, Hedger.fillMaps writes the services.
 	f.h = &Hedger{
-		Config:  testConfig(tb, o.scoreboard),
-		Backend: o.backend,
-		IfIndex: f.outIfx,
-		dl:      &DelayLine{Backend: o.backend, Period: testPeriod, ClientIfx: f.dlIfx, PeerIfx: f.peerIfx, DevIfx: f.devIfx},
+		Config:   testConfig(tb, o.scoreboard),
+		Backend:  o.backend,
+		IfIndex:  f.outIfx,
+		pacerCfg: fixturePacerConfig(o.backend, f),
 	}
 	if err := f.h.load(); err != nil {
 		var le *bpfx.LoadError
@@ -278,8 +279,8 @@ func (f *fixture) reset(tb testing.TB) {
 			}
 		}
 	}
-	if err := f.objs.DlControl.Put(uint32(0), hedgeDlCtl{}); err != nil {
-		tb.Fatalf("clear dl_control: %v", err)
+	if err := f.objs.PacerControl.Put(uint32(0), pacer.Ctl{}); err != nil {
+		tb.Fatalf("clear pacer_control: %v", err)
 	}
 	if err := f.h.fillMaps(); err != nil {
 		tb.Fatalf("fill maps: %v", err)
@@ -299,13 +300,13 @@ func (f *fixture) counters() (bpftest.Counters, error) {
 		slot, field, _ := strings.Cut(k, ".")
 		out[f.slotName(slot)+"."+field] = v
 	}
-	dl, err := bpftest.SumPerCPU[hedgeDlStats](f.objs.DlCounters)
+	dl, err := bpftest.SumPerCPU[pacer.RawStats](f.objs.PacerCounters)
 	if err != nil {
 		return nil, err
 	}
 	for k, v := range dl {
-		switch k {
-		case "PeriodSumNs", "PeriodMinNs", "PeriodMaxNs": // clock values, not counts
+		switch {
+		case strings.HasSuffix(k, "Ns"), strings.HasPrefix(k, "LateHist"): // clock values, not counts
 			continue
 		}
 		out["dl."+k] = v
@@ -325,14 +326,17 @@ func (f *fixture) slotName(slot string) string {
 	return "slot" + slot
 }
 
-// dlPeriodSum reads the sum of conveyor periods measured on all CPUs.
-func (f *fixture) dlPeriodSum(tb testing.TB) uint64 {
-	tb.Helper()
-	s, err := f.h.dlStats()
-	if err != nil {
-		tb.Fatal(err)
+// fixturePacerConfig is pacer_cfg as a pacer would set it, on fixture devices: carried
+// packets enter through the peer, which BPF_PROG_TEST_RUN's loopback (ifindex 1) stands
+// for; tick requests from a device that does not exist (the clone path asks for none).
+func fixturePacerConfig(backend string, f *fixture) pacer.Config {
+	c := pacer.Config{Backend: pacer.BackendID(backend), Ifindex: uint32(f.dlIfx), PeerIfindex: 1,
+		TickIfindex: fakeMissingIfx, TickPeerIfindex: fakePeerIfx, DevIfindex: uint32(f.devIfx),
+		TickBytes: 128, LostNs: uint64(time.Second)}
+	if backend != BackendEDT {
+		c.EarlyNs, c.CarryEarlyNs = uint64(testEarly), uint64(testEarly)
 	}
-	return s.PeriodSumNs
+	return c
 }
 
 // skBuff mirrors struct __sk_buff (vmlinux.h): BPF_PROG_TEST_RUN takes it as the context

@@ -6,7 +6,6 @@ package hedge
 // whole scoreboard. Fixtures and the table runner are in bpf_fixtures_test.go.
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"net/netip"
@@ -386,7 +385,7 @@ func TestRescue(t *testing.T) {
 				now := monoNow(tb)
 				f.put(tb, k4, pending(now, now+uint64(time.Second)))
 			},
-			counters: bpftest.Counters{"v4.Recirculations": 1}, board: map[hedgeHreqKey]uint32{k4: reqPending},
+			counters: bpftest.Counters{"v4.Recirculations": 1, "dl.CarriedRecirculated": 1}, board: map[hedgeHreqKey]uint32{k4: reqPending},
 			check: tokensAre(sV4, v4Full, "the clone keeps its token")},
 		{name: "ipv4 due: destination rewritten to the other replica, marked, sent", in: req4, setup: due(k4),
 			ret: redirect, out: datagram(client4, rep4, p), outMark: ptr[uint32](hedgeMark),
@@ -603,87 +602,16 @@ func TestResp(t *testing.T) {
 	})
 }
 
-// filler builds a conveyor filler frame (ethertype ETH_P_KEDGE_FILLER, struct filler).
-func filler(magic, stamp uint64, size int) []byte {
-	body := make([]byte, size-14)
-	if len(body) >= 8 {
-		binary.NativeEndian.PutUint64(body, magic)
-	}
-	if len(body) >= 16 {
-		binary.NativeEndian.PutUint64(body[8:], stamp)
-	}
-	return pktbuild.New().Ether(pktbuild.Ether{Type: ethPKedgeFiller}).Payload(body).Build()
-}
-
-func TestDelayLineLoop(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	const size = 128
-	stampOff := 14 + 8
-	// restamped checks that the filler went round with its stamp set to the time of the
-	// run and nothing else changed.
-	restamped := func(tb testing.TB, _ *fixture, r runResult, t0, t1 uint64) {
-		tb.Helper()
-		in := filler(fillerMagic, 0, size)
-		if got := binary.NativeEndian.Uint64(r.out[stampOff:]); got < t0 || got > t1 {
-			tb.Errorf("stamp %d, want the time of the run [%d, %d]", got, t0, t1)
-		}
-		copy(r.out[stampOff:], in[stampOff:stampOff+8])
-		if !bytes.Equal(r.out, in) {
-			tb.Errorf("filler changed beyond its stamp: %s", bpftest.DiffBytes(r.out, in))
-		}
-	}
-	var periodBefore uint64
-	stamped := monoNow(t) - uint64(time.Millisecond)
-	runCases(t, f, f.objs.DlLoop, []progCase{
-		{name: "filler: stamped and sent round the conveyor", ret: redirect, anyOut: true,
-			in: filler(fillerMagic, 0, size), counters: bpftest.Counters{"dl.FillerPasses": 1}, check: restamped},
-		{name: "filler with a stamp: its period is measured", ret: redirect, anyOut: true,
-			setup:    func(tb testing.TB, f *fixture) { periodBefore = f.dlPeriodSum(tb) },
-			in:       filler(fillerMagic, stamped, size),
-			counters: bpftest.Counters{"dl.FillerPasses": 1, "dl.PeriodCount": 1},
-			check: func(tb testing.TB, f *fixture, r runResult, t0, t1 uint64) {
-				restamped(tb, f, r, t0, t1)
-				sum := f.dlPeriodSum(tb) - periodBefore
-				if sum < t0-stamped || sum > t1-stamped {
-					tb.Errorf("period %v, want the time since the stamp [%v, %v]", time.Duration(sum), time.Duration(t0-stamped), time.Duration(t1-stamped))
-				}
-			}},
-		{name: "filler while stopping: dropped", in: filler(fillerMagic, 0, size), ret: shot,
-			setup: func(tb testing.TB, f *fixture) {
-				if err := f.objs.DlControl.Put(uint32(0), hedgeDlCtl{Stop: 1}); err != nil {
-					tb.Fatal(err)
-				}
-			},
-			counters: bpftest.Counters{"dl.FillersDropped": 1}},
-		{name: "filler while shrinking: dropped, one fewer to drop", in: filler(fillerMagic, 0, size), ret: shot,
-			setup: func(tb testing.TB, f *fixture) {
-				if err := f.objs.DlControl.Put(uint32(0), hedgeDlCtl{FillersToDrop: 2}); err != nil {
-					tb.Fatal(err)
-				}
-			},
-			counters: bpftest.Counters{"dl.FillersDropped": 1},
-			check: func(tb testing.TB, f *fixture, _ runResult, _, _ uint64) {
-				var c hedgeDlCtl
-				if err := f.objs.DlControl.Lookup(uint32(0), &c); err != nil || c.FillersToDrop != 1 {
-					tb.Errorf("dl_control %+v (%v), want fillers_to_drop 1", c, err)
-				}
-			}},
-		{name: "a clone: leaves the conveyor towards the rescuer", in: datagram(client4, svc4, idPayload(1, 32)), ret: redirect,
-			counters: bpftest.Counters{"dl.Exited": 1}},
-		{name: "filler ethertype, wrong magic: not a filler", in: filler(0x1234, 0, size), ret: redirect,
-			counters: bpftest.Counters{"dl.Exited": 1}},
-		{name: "filler ethertype, too short for the magic: not a filler", in: pktbuild.Truncate(filler(fillerMagic, 0, size), 14+12), ret: redirect,
-			counters: bpftest.Counters{"dl.Exited": 1}},
-	})
-}
-
+// The delay line's own programs (pacer_enter, pacer_pass: fillers, ticks, carried
+// packets) have their fixtures in internal/pacer; here only what the hedger adds to them:
+// a clone's deadline from its scoreboard entry (edt).
 func TestDelayLineEntry(t *testing.T) {
 	const id = 0x4004
 	req := datagram(client4, svc4, idPayload(id, 32))
 	t.Run("conveyor", func(t *testing.T) {
 		f := newFixture(t, fixtureOpts{})
 		runCases(t, f, f.objs.DlEntry, []progCase{{
-			name: "clone into the delay device", in: req, ret: redirect, counters: bpftest.Counters{"dl.Entered": 1},
+			name: "clone into the delay device", in: req, ret: redirect, counters: bpftest.Counters{"dl.CarriedIn": 1},
 		}})
 	})
 	t.Run("edt", func(t *testing.T) {
@@ -696,7 +624,7 @@ func TestDelayLineEntry(t *testing.T) {
 					deadline = now + uint64(testDelay)
 					f.put(tb, key(sV4, client4, id), pending(now, deadline))
 				},
-				counters: bpftest.Counters{"dl.Entered": 1, "dl.EdtSet": 1},
+				counters: bpftest.Counters{"dl.CarriedIn": 1, "dl.EdtSet": 1},
 				board:    map[hedgeHreqKey]uint32{key(sV4, client4, id): reqPending},
 				check: func(tb testing.TB, _ *fixture, r runResult, _, _ uint64) {
 					if r.ctx.Tstamp != deadline {
@@ -704,7 +632,7 @@ func TestDelayLineEntry(t *testing.T) {
 					}
 				}},
 			{name: "clone without an entry: sent through unstamped", in: req, ret: redirect,
-				counters: bpftest.Counters{"dl.Entered": 1, "dl.EdtNoEntry": 1},
+				counters: bpftest.Counters{"dl.CarriedIn": 1, "dl.EdtNoDeadline": 1},
 				check: func(tb testing.TB, _ *fixture, r runResult, _, _ uint64) {
 					if r.ctx.Tstamp != 0 {
 						tb.Errorf("skb tstamp %d, want 0", r.ctx.Tstamp)

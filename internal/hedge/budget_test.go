@@ -289,8 +289,8 @@ func testBudgetOutage(t *testing.T, mode string) {
 		t.Errorf("clones %d, hedges_sent %d, clones_answered %d, clones_orphaned %d: want every clone hedged, none dropped",
 			c["clones"], c["hedges_sent"], c["clones_answered"], c["clones_orphaned"])
 	}
-	if dl["entered"] != c["clones"]+c["recirculations"] {
-		t.Errorf("delay line entered %d, want clones %d + recirculations %d", dl["entered"], c["clones"], c["recirculations"])
+	if dl["carried_in"] != c["clones"]+c["recirculations"] {
+		t.Errorf("delay line carried_in %d, want clones %d + recirculations %d", dl["carried_in"], c["clones"], c["recirculations"])
 	}
 	if float64(c["clones"]) > ratio*requests+burst {
 		t.Errorf("%d clones entered the delay line, more than the budget's %g hedges", c["clones"], ratio*requests+burst)

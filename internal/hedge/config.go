@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/kedge-dev/kedge/internal/pacer"
 )
 
 // Config is what `kedge hedge run` is given (YAML, or flags for one service).
@@ -112,8 +114,9 @@ const DefaultMark = 0x6b650000
 // The range of a hedge delay (fixed, or an adaptive delay's clamps).
 const minDelay, maxDelay, delayRange = 200 * time.Microsecond, 10 * time.Second, "200us..10s"
 
-// maxFillerBytes is the largest conveyor filler frame measured to circulate.
-const maxFillerBytes = 3600
+// minFillerBytes is the smallest filler the pacer takes (a filler must hold a tick
+// frame); maxFillerBytes the largest conveyor filler frame measured to circulate.
+const minFillerBytes, maxFillerBytes = 128, 3600
 
 // BudgetSpec limits hedges to Ratio of requests plus Burst (docs/hedging.md, Budget): over
 // a sliding Window (Mode "window") or with a token bucket (Mode "bucket", the default).
@@ -184,12 +187,12 @@ func (d DelaySpec) String() string {
 	return fmt.Sprintf("p%g [%v, %v]", d.Quantile*100, d.Min, d.Max)
 }
 
-// Backends, in order of preference.
+// Backends (the pacer's), in order of preference.
 const (
-	BackendEDT      = "edt"
-	BackendNetem    = "netem"
-	BackendConveyor = "conveyor"
-	BackendAuto     = "auto"
+	BackendEDT      = pacer.BackendEDT
+	BackendNetem    = pacer.BackendNetem
+	BackendConveyor = pacer.BackendConveyor
+	BackendAuto     = pacer.BackendAuto
 )
 
 // LoadConfig reads and validates a YAML config file.
@@ -236,8 +239,8 @@ func (c *Config) Validate() error {
 	}
 	// Frames of up to 3600 bytes circulate; 4500 and more did not (the hedger then fails
 	// to start with "fillers are not circulating"), so larger values are refused here.
-	if c.DelayLine.FillerBytes < 64 || c.DelayLine.FillerBytes > maxFillerBytes {
-		return fmt.Errorf("delay_line.filler_bytes %d out of range: use 64..%d", c.DelayLine.FillerBytes, maxFillerBytes)
+	if c.DelayLine.FillerBytes < minFillerBytes || c.DelayLine.FillerBytes > maxFillerBytes {
+		return fmt.Errorf("delay_line.filler_bytes %d out of range: use %d..%d", c.DelayLine.FillerBytes, minFillerBytes, maxFillerBytes)
 	}
 	if c.DelayLine.RateMbit < 1 || c.DelayLine.RateMbit > 10000 {
 		return fmt.Errorf("delay_line.rate_mbit %d out of range: use 1..10000", c.DelayLine.RateMbit)

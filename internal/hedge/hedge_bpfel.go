@@ -27,59 +27,13 @@ const (
 	hedgeDelayModeDELAY_QUANTILE hedgeDelayMode = 1
 )
 
-type hedgeDlBackend uint32
-
-const (
-	hedgeDlBackendDL_CONVEYOR hedgeDlBackend = 0
-	hedgeDlBackendDL_NETEM    hedgeDlBackend = 1
-	hedgeDlBackendDL_EDT      hedgeDlBackend = 2
-)
-
-type hedgeDlCtl struct {
-	_             structs.HostLayout
-	FillersToDrop int32
-	Stop          uint32
-}
-
-type hedgeDlStats struct {
-	_              structs.HostLayout
-	Entered        uint64
-	Exited         uint64
-	FillerPasses   uint64
-	FillersDropped uint64
-	PeriodSumNs    uint64
-	PeriodCount    uint64
-	PeriodMinNs    uint64
-	PeriodMaxNs    uint64
-	EdtSet         uint64
-	EdtNoEntry     uint64
-	RedirectErrors uint64
-}
-
 type hedgeHedgeConfig struct {
-	_             structs.HostLayout
-	DlIfindex     uint32
-	OutIfindex    uint32
-	HedgeMark     uint32
-	DlBackend     uint32
-	DlPeerIfindex uint32
-	DlDevIfindex  uint32
-	EarlyNs       uint64
-	TtlNs         uint64
-	TickNs        uint64
+	_          structs.HostLayout
+	OutIfindex uint32
+	HedgeMark  uint32
+	TtlNs      uint64
+	TickNs     uint64
 }
-
-type hedgeHedgeFiller uint32
-
-const (
-	hedgeHedgeFillerFILLER_ETH_P hedgeHedgeFiller = 34998
-)
-
-type hedgeHedgeFillerMagic uint64
-
-const (
-	hedgeHedgeFillerMagicFILLER_MAGIC hedgeHedgeFillerMagic = 7738701929951685740
-)
 
 type hedgeHedgeLimits uint32
 
@@ -160,6 +114,71 @@ type hedgeHreqKey struct {
 type hedgeKhist struct {
 	_ structs.HostLayout
 	B [400]uint32
+}
+
+type hedgePacerConfig struct {
+	_               structs.HostLayout
+	Backend         uint32
+	Ifindex         uint32
+	PeerIfindex     uint32
+	TickIfindex     uint32
+	TickPeerIfindex uint32
+	DevIfindex      uint32
+	TickBytes       uint32
+	_               [4]byte
+	EarlyNs         uint64
+	CarryEarlyNs    uint64
+	LostNs          uint64
+}
+
+type hedgePacerCtl struct {
+	_             structs.HostLayout
+	FillersToDrop int32
+	Stop          uint32
+}
+
+type hedgePacerState struct {
+	_       structs.HostLayout
+	ArmedNs uint64
+	Seq     uint64
+	FiredNs uint64
+}
+
+type hedgePacerStats struct {
+	_                   structs.HostLayout
+	TicksRequested      uint64
+	TicksArmed          uint64
+	TicksCoalesced      uint64
+	TicksLost           uint64
+	ArmErrors           uint64
+	TicksEntered        uint64
+	TickTrimErrors      uint64
+	TickBuildErrors     uint64
+	TickPasses          uint64
+	TicksPiggybacked    uint64
+	TicksSuperseded     uint64
+	TicksDelivered      uint64
+	TicksStale          uint64
+	MalformedTicks      uint64
+	Foreign             uint64
+	CarriedIn           uint64
+	CarriedOut          uint64
+	CarriedRecirculated uint64
+	EdtSet              uint64
+	EdtNoDeadline       uint64
+	RedirectErrors      uint64
+	FillerPasses        uint64
+	FillersDropped      uint64
+	PeriodSumNs         uint64
+	PeriodCount         uint64
+	PeriodMinNs         uint64
+	PeriodMaxNs         uint64
+	LateSumNs           uint64
+	LateCount           uint64
+	LateMaxNs           uint64
+	EarlyCount          uint64
+	EarlyMaxNs          uint64
+	LateHist            [24]uint64
 }
 
 type hedgeReplicaRef struct {
@@ -247,32 +266,38 @@ type hedgeSvcState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	hedgeMapDlControl           = "dl_control"
-	hedgeMapDlCounters          = "dl_counters"
-	hedgeMapDlPrecision         = "dl_precision"
-	hedgeMapLatHist             = "lat_hist"
-	hedgeMapReplicas            = "replicas"
-	hedgeMapScoreboard          = "scoreboard"
-	hedgeMapServices            = "services"
-	hedgeMapStats               = "stats"
-	hedgeMapSvcCfgs             = "svc_cfgs"
-	hedgeMapSvcStates           = "svc_states"
-	hedgeMapTicker              = "ticker"
-	hedgeProgDlEntry            = "dl_entry"
-	hedgeProgDlLoop             = "dl_loop"
-	hedgeProgHedgeArm           = "hedge_arm"
-	hedgeProgHedgeRescue        = "hedge_rescue"
-	hedgeProgHedgeResp          = "hedge_resp"
-	hedgeProgHedgeSplit         = "hedge_split"
-	hedgeVarCfg                 = "cfg"
-	hedgeVarHedgeBtfBudgetMode  = "hedge_btf_budget_mode"
-	hedgeVarHedgeBtfDelayMode   = "hedge_btf_delay_mode"
-	hedgeVarHedgeBtfDlBackend   = "hedge_btf_dl_backend"
-	hedgeVarHedgeBtfFiller      = "hedge_btf_filler"
-	hedgeVarHedgeBtfFillerMagic = "hedge_btf_filler_magic"
-	hedgeVarHedgeBtfLimits      = "hedge_btf_limits"
-	hedgeVarHedgeBtfReqState    = "hedge_btf_req_state"
-	hedgeVarHedgeBtfReqidOrder  = "hedge_btf_reqid_order"
+	hedgeMapDlPrecision        = "dl_precision"
+	hedgeMapLatHist            = "lat_hist"
+	hedgeMapPacerArming        = "pacer_arming"
+	hedgeMapPacerControl       = "pacer_control"
+	hedgeMapPacerCounters      = "pacer_counters"
+	hedgeMapReplicas           = "replicas"
+	hedgeMapScoreboard         = "scoreboard"
+	hedgeMapServices           = "services"
+	hedgeMapStats              = "stats"
+	hedgeMapSvcCfgs            = "svc_cfgs"
+	hedgeMapSvcStates          = "svc_states"
+	hedgeMapTicker             = "ticker"
+	hedgeProgDlEntry           = "dl_entry"
+	hedgeProgDlLoop            = "dl_loop"
+	hedgeProgHedgeArm          = "hedge_arm"
+	hedgeProgHedgeRescue       = "hedge_rescue"
+	hedgeProgHedgeResp         = "hedge_resp"
+	hedgeProgHedgeSplit        = "hedge_split"
+	hedgeVarCfg                = "cfg"
+	hedgeVarHedgeBtfBudgetMode = "hedge_btf_budget_mode"
+	hedgeVarHedgeBtfDelayMode  = "hedge_btf_delay_mode"
+	hedgeVarHedgeBtfLimits     = "hedge_btf_limits"
+	hedgeVarHedgeBtfReqState   = "hedge_btf_req_state"
+	hedgeVarHedgeBtfReqidOrder = "hedge_btf_reqid_order"
+	hedgeVarPacerBtfBackend    = "pacer_btf_backend"
+	hedgeVarPacerBtfConsts     = "pacer_btf_consts"
+	hedgeVarPacerBtfFiller     = "pacer_btf_filler"
+	hedgeVarPacerBtfMagic      = "pacer_btf_magic"
+	hedgeVarPacerBtfReq        = "pacer_btf_req"
+	hedgeVarPacerBtfRx         = "pacer_btf_rx"
+	hedgeVarPacerBtfTick       = "pacer_btf_tick"
+	hedgeVarPacerCfg           = "pacer_cfg"
 )
 
 // loadHedge returns the embedded CollectionSpec for hedge.
@@ -329,32 +354,38 @@ type hedgeProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hedgeMapSpecs struct {
-	DlControl   *ebpf.MapSpec `ebpf:"dl_control"`
-	DlCounters  *ebpf.MapSpec `ebpf:"dl_counters"`
-	DlPrecision *ebpf.MapSpec `ebpf:"dl_precision"`
-	LatHist     *ebpf.MapSpec `ebpf:"lat_hist"`
-	Replicas    *ebpf.MapSpec `ebpf:"replicas"`
-	Scoreboard  *ebpf.MapSpec `ebpf:"scoreboard"`
-	Services    *ebpf.MapSpec `ebpf:"services"`
-	Stats       *ebpf.MapSpec `ebpf:"stats"`
-	SvcCfgs     *ebpf.MapSpec `ebpf:"svc_cfgs"`
-	SvcStates   *ebpf.MapSpec `ebpf:"svc_states"`
-	Ticker      *ebpf.MapSpec `ebpf:"ticker"`
+	DlPrecision   *ebpf.MapSpec `ebpf:"dl_precision"`
+	LatHist       *ebpf.MapSpec `ebpf:"lat_hist"`
+	PacerArming   *ebpf.MapSpec `ebpf:"pacer_arming"`
+	PacerControl  *ebpf.MapSpec `ebpf:"pacer_control"`
+	PacerCounters *ebpf.MapSpec `ebpf:"pacer_counters"`
+	Replicas      *ebpf.MapSpec `ebpf:"replicas"`
+	Scoreboard    *ebpf.MapSpec `ebpf:"scoreboard"`
+	Services      *ebpf.MapSpec `ebpf:"services"`
+	Stats         *ebpf.MapSpec `ebpf:"stats"`
+	SvcCfgs       *ebpf.MapSpec `ebpf:"svc_cfgs"`
+	SvcStates     *ebpf.MapSpec `ebpf:"svc_states"`
+	Ticker        *ebpf.MapSpec `ebpf:"ticker"`
 }
 
 // hedgeVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hedgeVariableSpecs struct {
-	Cfg                 *ebpf.VariableSpec `ebpf:"cfg"`
-	HedgeBtfBudgetMode  *ebpf.VariableSpec `ebpf:"hedge_btf_budget_mode"`
-	HedgeBtfDelayMode   *ebpf.VariableSpec `ebpf:"hedge_btf_delay_mode"`
-	HedgeBtfDlBackend   *ebpf.VariableSpec `ebpf:"hedge_btf_dl_backend"`
-	HedgeBtfFiller      *ebpf.VariableSpec `ebpf:"hedge_btf_filler"`
-	HedgeBtfFillerMagic *ebpf.VariableSpec `ebpf:"hedge_btf_filler_magic"`
-	HedgeBtfLimits      *ebpf.VariableSpec `ebpf:"hedge_btf_limits"`
-	HedgeBtfReqState    *ebpf.VariableSpec `ebpf:"hedge_btf_req_state"`
-	HedgeBtfReqidOrder  *ebpf.VariableSpec `ebpf:"hedge_btf_reqid_order"`
+	Cfg                *ebpf.VariableSpec `ebpf:"cfg"`
+	HedgeBtfBudgetMode *ebpf.VariableSpec `ebpf:"hedge_btf_budget_mode"`
+	HedgeBtfDelayMode  *ebpf.VariableSpec `ebpf:"hedge_btf_delay_mode"`
+	HedgeBtfLimits     *ebpf.VariableSpec `ebpf:"hedge_btf_limits"`
+	HedgeBtfReqState   *ebpf.VariableSpec `ebpf:"hedge_btf_req_state"`
+	HedgeBtfReqidOrder *ebpf.VariableSpec `ebpf:"hedge_btf_reqid_order"`
+	PacerBtfBackend    *ebpf.VariableSpec `ebpf:"pacer_btf_backend"`
+	PacerBtfConsts     *ebpf.VariableSpec `ebpf:"pacer_btf_consts"`
+	PacerBtfFiller     *ebpf.VariableSpec `ebpf:"pacer_btf_filler"`
+	PacerBtfMagic      *ebpf.VariableSpec `ebpf:"pacer_btf_magic"`
+	PacerBtfReq        *ebpf.VariableSpec `ebpf:"pacer_btf_req"`
+	PacerBtfRx         *ebpf.VariableSpec `ebpf:"pacer_btf_rx"`
+	PacerBtfTick       *ebpf.VariableSpec `ebpf:"pacer_btf_tick"`
+	PacerCfg           *ebpf.VariableSpec `ebpf:"pacer_cfg"`
 }
 
 // hedgeObjects contains all objects after they have been loaded into the kernel.
@@ -377,25 +408,27 @@ func (o *hedgeObjects) Close() error {
 //
 // It can be passed to loadHedgeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hedgeMaps struct {
-	DlControl   *ebpf.Map `ebpf:"dl_control"`
-	DlCounters  *ebpf.Map `ebpf:"dl_counters"`
-	DlPrecision *ebpf.Map `ebpf:"dl_precision"`
-	LatHist     *ebpf.Map `ebpf:"lat_hist"`
-	Replicas    *ebpf.Map `ebpf:"replicas"`
-	Scoreboard  *ebpf.Map `ebpf:"scoreboard"`
-	Services    *ebpf.Map `ebpf:"services"`
-	Stats       *ebpf.Map `ebpf:"stats"`
-	SvcCfgs     *ebpf.Map `ebpf:"svc_cfgs"`
-	SvcStates   *ebpf.Map `ebpf:"svc_states"`
-	Ticker      *ebpf.Map `ebpf:"ticker"`
+	DlPrecision   *ebpf.Map `ebpf:"dl_precision"`
+	LatHist       *ebpf.Map `ebpf:"lat_hist"`
+	PacerArming   *ebpf.Map `ebpf:"pacer_arming"`
+	PacerControl  *ebpf.Map `ebpf:"pacer_control"`
+	PacerCounters *ebpf.Map `ebpf:"pacer_counters"`
+	Replicas      *ebpf.Map `ebpf:"replicas"`
+	Scoreboard    *ebpf.Map `ebpf:"scoreboard"`
+	Services      *ebpf.Map `ebpf:"services"`
+	Stats         *ebpf.Map `ebpf:"stats"`
+	SvcCfgs       *ebpf.Map `ebpf:"svc_cfgs"`
+	SvcStates     *ebpf.Map `ebpf:"svc_states"`
+	Ticker        *ebpf.Map `ebpf:"ticker"`
 }
 
 func (m *hedgeMaps) Close() error {
 	return _HedgeClose(
-		m.DlControl,
-		m.DlCounters,
 		m.DlPrecision,
 		m.LatHist,
+		m.PacerArming,
+		m.PacerControl,
+		m.PacerCounters,
 		m.Replicas,
 		m.Scoreboard,
 		m.Services,
@@ -410,15 +443,20 @@ func (m *hedgeMaps) Close() error {
 //
 // It can be passed to loadHedgeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hedgeVariables struct {
-	Cfg                 *ebpf.Variable `ebpf:"cfg"`
-	HedgeBtfBudgetMode  *ebpf.Variable `ebpf:"hedge_btf_budget_mode"`
-	HedgeBtfDelayMode   *ebpf.Variable `ebpf:"hedge_btf_delay_mode"`
-	HedgeBtfDlBackend   *ebpf.Variable `ebpf:"hedge_btf_dl_backend"`
-	HedgeBtfFiller      *ebpf.Variable `ebpf:"hedge_btf_filler"`
-	HedgeBtfFillerMagic *ebpf.Variable `ebpf:"hedge_btf_filler_magic"`
-	HedgeBtfLimits      *ebpf.Variable `ebpf:"hedge_btf_limits"`
-	HedgeBtfReqState    *ebpf.Variable `ebpf:"hedge_btf_req_state"`
-	HedgeBtfReqidOrder  *ebpf.Variable `ebpf:"hedge_btf_reqid_order"`
+	Cfg                *ebpf.Variable `ebpf:"cfg"`
+	HedgeBtfBudgetMode *ebpf.Variable `ebpf:"hedge_btf_budget_mode"`
+	HedgeBtfDelayMode  *ebpf.Variable `ebpf:"hedge_btf_delay_mode"`
+	HedgeBtfLimits     *ebpf.Variable `ebpf:"hedge_btf_limits"`
+	HedgeBtfReqState   *ebpf.Variable `ebpf:"hedge_btf_req_state"`
+	HedgeBtfReqidOrder *ebpf.Variable `ebpf:"hedge_btf_reqid_order"`
+	PacerBtfBackend    *ebpf.Variable `ebpf:"pacer_btf_backend"`
+	PacerBtfConsts     *ebpf.Variable `ebpf:"pacer_btf_consts"`
+	PacerBtfFiller     *ebpf.Variable `ebpf:"pacer_btf_filler"`
+	PacerBtfMagic      *ebpf.Variable `ebpf:"pacer_btf_magic"`
+	PacerBtfReq        *ebpf.Variable `ebpf:"pacer_btf_req"`
+	PacerBtfRx         *ebpf.Variable `ebpf:"pacer_btf_rx"`
+	PacerBtfTick       *ebpf.Variable `ebpf:"pacer_btf_tick"`
+	PacerCfg           *ebpf.Variable `ebpf:"pacer_cfg"`
 }
 
 // hedgePrograms contains all programs after they have been loaded into the kernel.

@@ -12,9 +12,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/features"
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/kedge-dev/kedge/internal/probe"
 	"github.com/kedge-dev/kedge/pkg/kedge"
 	"github.com/vishvananda/netns"
@@ -39,40 +38,17 @@ type Hedger struct {
 	Calibration Calibration
 
 	objs     hedgeObjects
-	dl       *DelayLine
+	pacer    *pacer.Pacer
+	pacerCfg pacer.Config // what load writes as pacer_cfg (fixtures set it without a pacer)
 	attached []bpfx.Attachment
 	log      *slog.Logger
 }
 
-// Calibration describes the delay line as measured at start.
-type Calibration struct {
-	Target  time.Duration `json:"target_ns"` // wanted transit time per pass
-	Mean    time.Duration `json:"mean_ns"`   // measured (conveyor: filler round trip)
-	Min     time.Duration `json:"min_ns"`
-	Max     time.Duration `json:"max_ns"`
-	Fillers int           `json:"fillers"`
-	Spread  time.Duration `json:"spread_ns"` // conveyor: one filler's transmission time, FillerBytes*8/rate
-}
+// Calibration is the delay line's (the pacer's) calibration, measured by the pacer at start.
+type Calibration = pacer.Calibration
 
-// backendIDs maps a backend's name to enum dl_backend (bpf/include/hedge.h).
-var backendIDs = map[string]hedgeDlBackend{
-	BackendConveyor: hedgeDlBackendDL_CONVEYOR,
-	BackendNetem:    hedgeDlBackendDL_NETEM,
-	BackendEDT:      hedgeDlBackendDL_EDT,
-}
-
-// backendOrder returns the backends to try: the requested one, or all in preference order
-// (edt only when the kernel has bpf_skb_set_tstamp).
-func backendOrder(want string) []string {
-	if want != "" && want != BackendAuto {
-		return []string{want}
-	}
-	var out []string
-	if features.HaveProgramHelper(ebpf.SchedCLS, asm.FnSkbSetTstamp) == nil {
-		out = append(out, BackendEDT)
-	}
-	return append(out, BackendNetem, BackendConveyor)
-}
+// dlClient is the pacer's veth in the client namespace (its alias names the owner pid).
+const dlClient = "kedge-dl0"
 
 // Start builds the delay line, loads and attaches the hedger. On error nothing remains.
 func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
@@ -98,25 +74,29 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 	if opts.Backend != "" {
 		want = opts.Backend
 	}
-	if want == BackendEDT {
-		if err := features.HaveProgramHelper(ebpf.SchedCLS, asm.FnSkbSetTstamp); err != nil {
-			return nil, fmt.Errorf("delay-line backend edt: %w", bpfx.NotSupported("BPF helper bpf_skb_set_tstamp", "5.18",
-				"use --backend netem or conveyor", err))
-		}
+	// The delay line is the pacer (internal/pacer); clones ride it as carried packets.
+	if h.pacer, err = pacer.New(pacer.Options{
+		Netns: opts.Netns, Name: "hedge-dl", IfName: dlClient, Backend: want,
+		Period: time.Duration(cfg.DelayLine.Period), RateMbit: cfg.DelayLine.RateMbit,
+		FillerBytes: cfg.DelayLine.FillerBytes, Carry: true, Log: h.log,
+	}); err != nil {
+		return nil, fmt.Errorf("delay line: %w", err)
 	}
-	if h.dl, err = newDelayLine(opts.Netns, backendOrder(want), cfg.DelayLine); err != nil {
-		return nil, err
-	}
-	h.Backend = h.dl.Backend
+	h.Backend = h.pacer.Backend()
+	h.pacerCfg = h.pacer.Config()
 	if err := h.load(); err != nil {
 		return nil, err
 	}
 	if err := h.fillMaps(); err != nil {
 		return nil, err
 	}
-	if err := h.dl.attach(h.objs.DlEntry, h.objs.DlLoop); err != nil {
-		return nil, err
+	// The pacer attaches its programs and hedge_rescue (its tick program) and calibrates,
+	// before the splitter sends it anything.
+	if err := h.pacer.Start(pacer.Programs{Enter: h.objs.DlEntry, Pass: h.objs.DlLoop, Tick: h.objs.HedgeRescue,
+		State: h.objs.PacerArming, Counters: h.objs.PacerCounters, Control: h.objs.PacerControl}); err != nil {
+		return nil, fmt.Errorf("delay line: %w", err)
 	}
+	h.Calibration = h.pacer.Calibration()
 	for _, a := range []struct {
 		p   *ebpf.Program
 		ifx int
@@ -124,7 +104,6 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 		n   string
 	}{
 		{h.objs.HedgeResp, h.IfIndex, bpfx.Ingress, "hedge_resp"},
-		{h.objs.HedgeRescue, h.dl.ClientIfx, bpfx.Ingress, "hedge_rescue"},
 		{h.objs.HedgeSplit, h.IfIndex, bpfx.Egress, "hedge_split"},
 	} {
 		at, err := bpfx.AttachTC(a.p, bpfx.TCTarget{Netns: opts.Netns, IfIndex: a.ifx, Dir: a.dir, Name: a.n})
@@ -136,13 +115,8 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 	if err := h.arm(); err != nil {
 		return nil, err
 	}
-	if h.Backend == BackendConveyor {
-		if err := h.calibrate(); err != nil {
-			return nil, err
-		}
-	}
 	h.log.Info("hedger started", "interface", cfg.Interface, "backend", h.Backend,
-		"period", h.dl.Period, "services", len(cfg.Services))
+		"period", h.pacer.Period(), "services", len(cfg.Services))
 	return h, nil
 }
 
@@ -173,23 +147,17 @@ func (h *Hedger) load() error {
 		return fmt.Errorf("load hedge spec: %w", err)
 	}
 	spec.Maps[hedgeMapScoreboard].MaxEntries = h.Config.ScoreboardSize
-	early := time.Duration(0)
-	if h.Backend != BackendEDT {
-		early = h.dl.Period / 2
-	}
 	cfg := hedgeHedgeConfig{
-		DlIfindex:     uint32(h.dl.ClientIfx),
-		OutIfindex:    uint32(h.IfIndex),
-		HedgeMark:     h.Config.Mark,
-		DlBackend:     uint32(backendIDs[h.Backend]),
-		DlPeerIfindex: uint32(h.dl.PeerIfx),
-		DlDevIfindex:  uint32(h.dl.DevIfx),
-		EarlyNs:       uint64(early),
-		TtlNs:         uint64(time.Duration(h.Config.TTL)),
-		TickNs:        uint64(time.Duration(h.Config.Tick)),
+		OutIfindex: uint32(h.IfIndex),
+		HedgeMark:  h.Config.Mark,
+		TtlNs:      uint64(time.Duration(h.Config.TTL)),
+		TickNs:     uint64(time.Duration(h.Config.Tick)),
 	}
 	if err := spec.Variables[hedgeVarCfg].Set(cfg); err != nil {
 		return fmt.Errorf("set run configuration: %w", err)
+	}
+	if err := pacer.ConfigureSpec(spec, h.pacerCfg); err != nil {
+		return err
 	}
 	return bpfx.LoadAndAssign("hedge", spec, &h.objs, nil)
 }
@@ -275,80 +243,6 @@ func (h *Hedger) arm() error {
 	return fmt.Errorf("start adaptive-delay timer: bpf_timer error %d", -int32(last))
 }
 
-// calibrate fills the conveyor so a pass takes the target period, measuring the fillers'
-// own round-trip times and correcting the filler count a few times.
-func (h *Hedger) calibrate() error {
-	d := h.dl
-	target := d.Period
-	if err := d.addFillers(d.fillersFor(target)); err != nil {
-		return err
-	}
-	h.Calibration = Calibration{Target: target, Spread: time.Duration(float64(d.fillerBytes) / float64(d.rateBytes) * float64(time.Second))}
-	for round := 0; round < 6; round++ {
-		mean, lo, hi, err := h.measurePeriod(max(3*target, 100*time.Millisecond))
-		if err != nil {
-			return err
-		}
-		h.Calibration.Mean, h.Calibration.Min, h.Calibration.Max = mean, lo, hi
-		h.Calibration.Fillers = d.fillers
-		off := mean - target
-		h.log.Debug("conveyor calibration", "round", round, "fillers", d.fillers, "mean", mean, "target", target)
-		if off.Abs() <= max(h.Calibration.Spread, target/50) {
-			return nil
-		}
-		// Each filler adds one spread to the period.
-		delta := int(math.Round(float64(-off) / float64(h.Calibration.Spread)))
-		if delta > 0 {
-			if err := d.addFillers(delta); err != nil {
-				return err
-			}
-		} else if delta < 0 {
-			if err := h.objs.DlControl.Put(uint32(0), hedgeDlCtl{FillersToDrop: int32(-delta)}); err != nil {
-				return fmt.Errorf("shrink conveyor: %w", err)
-			}
-			d.fillers += delta
-		}
-	}
-	h.log.Warn("conveyor calibration did not converge", "target", target, "mean", h.Calibration.Mean)
-	return nil
-}
-
-// measurePeriod samples the conveyor's filler round trips over window.
-func (h *Hedger) measurePeriod(window time.Duration) (mean, lo, hi time.Duration, err error) {
-	before, err := h.dlStats()
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	// Reset min/max so this window's extremes are seen.
-	if err := h.resetDLMinMax(); err != nil {
-		return 0, 0, 0, err
-	}
-	time.Sleep(window)
-	after, err := h.dlStats()
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	n := after.PeriodCount - before.PeriodCount
-	if n == 0 {
-		return 0, 0, 0, errors.New("conveyor fillers are not circulating (no filler round trips measured)")
-	}
-	return time.Duration((after.PeriodSumNs - before.PeriodSumNs) / n), time.Duration(after.PeriodMinNs), time.Duration(after.PeriodMaxNs), nil
-}
-
-func (h *Hedger) resetDLMinMax() error {
-	var per []hedgeDlStats
-	if err := h.objs.DlCounters.Lookup(uint32(0), &per); err != nil {
-		return fmt.Errorf("read delay-line counters: %w", err)
-	}
-	for i := range per {
-		per[i].PeriodMinNs, per[i].PeriodMaxNs = 0, 0
-	}
-	if err := h.objs.DlCounters.Put(uint32(0), per); err != nil {
-		return fmt.Errorf("reset delay-line counters: %w", err)
-	}
-	return nil
-}
-
 // Close detaches all programs, removes the delay line and unloads everything.
 func (h *Hedger) Close() error {
 	var errs []error
@@ -356,10 +250,12 @@ func (h *Hedger) Close() error {
 		errs = append(errs, h.attached[i].Close())
 	}
 	h.attached = nil
-	if h.dl != nil {
-		errs = append(errs, h.dl.Close())
-		h.dl = nil
+	if h.pacer != nil {
+		errs = append(errs, h.pacer.Close())
+		h.pacer = nil
 	}
 	errs = append(errs, h.objs.Close())
 	return errors.Join(errs...)
 }
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }

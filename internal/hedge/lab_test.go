@@ -7,13 +7,13 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/pacer"
 )
 
 func requireRoot(t *testing.T) {
@@ -213,13 +213,6 @@ func requireBackend(t *testing.T, backend string) {
 		}
 		return
 	}
-	avail := backendOrder(BackendAuto)
-	if !slices.Contains(avail, backend) && backend != BackendNetem {
-		if inGuest() {
-			t.Fatalf("backend %s unavailable in a matrix kernel that should have it (bpf_skb_set_tstamp)", backend)
-		}
-		t.Skipf("backend %s: kernel lacks bpf_skb_set_tstamp (Linux 5.18+)", backend)
-	}
 	if err := qdiscWorks(backend); err != nil {
 		if inGuest() {
 			t.Fatalf("backend %s unavailable in a matrix kernel that should have it: %v", backend, err)
@@ -228,19 +221,19 @@ func requireBackend(t *testing.T, backend string) {
 	}
 }
 
-// qdiscWorks builds a throw-away delay line with the backend's qdisc, its client side in a
-// throw-away namespace too (never the caller's).
+// qdiscWorks builds a throw-away pacer with the backend (bpf_skb_set_tstamp checked for
+// edt), its client side in a throw-away namespace too (never the caller's).
 func qdiscWorks(backend string) error {
 	ns, err := lab.NewNetns(lab.OwnedName("qprobe"))
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
-	d, err := newDelayLine(ns.Handle, []string{backend}, DelayLineConfig{Period: Duration(10 * time.Millisecond), RateMbit: 100, FillerBytes: 1514})
+	p, err := pacer.New(pacer.Options{Netns: ns.Handle, Name: "qprobe-pacer", Backend: backend})
 	if err != nil {
 		return err
 	}
-	return d.Close()
+	return p.Close()
 }
 
 type variant struct {

@@ -2,8 +2,10 @@ package hedge
 
 import (
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -39,7 +41,7 @@ type Collector struct {
 	period, periodMin, periodMax, target, spread, fillers, info *prometheus.Desc
 }
 
-// dlPeriodFields are the dl_stats fields exported as the period summary and gauges rather
+// dlPeriodFields are the pacer_stats fields exported as the period summary and gauges rather
 // than as counters.
 var dlPeriodFields = []string{"period_sum_ns", "period_count", "period_min_ns", "period_max_ns"}
 
@@ -89,12 +91,12 @@ func newCollector(stats func() (*Snapshot, error)) *Collector {
 		}
 		c.counters[name] = prometheus.NewDesc("kedge_hedge_"+name+"_total", counterHelp[name], labels, nil)
 	}
-	for name := range counterMap(hedgeDlStats{}) {
-		if slices.Contains(dlPeriodFields, name) {
-			continue
+	for _, name := range pacer.CounterNames() {
+		if slices.Contains(dlPeriodFields, name) || strings.HasSuffix(name, "_ns") {
+			continue // the period summary and gauges below; times (sums, maxima) are no counts
 		}
 		c.dlCounters[name] = prometheus.NewDesc("kedge_hedge_delay_line_"+name+"_total",
-			"Delay-line counter "+name+" (bpf/include/hedge.h struct dl_stats).", nil, nil)
+			"Delay-line (pacer) counter "+name+" (bpf/include/pacer.h struct pacer_stats).", nil, nil)
 	}
 	g := func(name, help string, labels ...string) *prometheus.Desc {
 		d := prometheus.NewDesc(name, help, labels, nil)

@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/pacer"
 )
 
 // dl0Owner reports whether kedge-dl0 exists in h and which pid its alias names.
@@ -34,7 +35,7 @@ func dl0Owner(t *testing.T, h *lab.Host) (pid int, exists bool) {
 	if err != nil {
 		t.Fatalf("look up %s: %v", dlClient, err)
 	}
-	pid, _ = dlOwner(l.Attrs().Alias)
+	pid, _ = pacer.Owner(l.Attrs().Alias)
 	return pid, true
 }
 
@@ -140,7 +141,7 @@ func TestSigkillThenRestartLeavesCleanSystem(t *testing.T) {
 	// A second hedger in the same namespace is refused, and its attempt leaves nothing.
 	_, err := Start(&Config{Interface: "eth0", Services: []ServiceConfig{{Address: svc.String(), Delay: DelaySpec{Fixed: 5 * time.Millisecond}}}},
 		Options{Netns: client.Handle, Backend: BackendConveyor})
-	if err == nil || !strings.Contains(err.Error(), "belongs to a running hedger (pid "+strconv.Itoa(next.pid())+")") {
+	if err == nil || !strings.Contains(err.Error(), "belongs to a running kedge (pid "+strconv.Itoa(next.pid())+")") {
 		t.Errorf("second hedger in the namespace: %v; want a refusal naming pid %d", err, next.pid())
 	}
 	if exists(filepath.Join(lab.NetnsDir, lab.OwnedName("hedge-dl"))) {

@@ -127,10 +127,10 @@ func ReadStatuses(dir string) ([]Status, error) {
 
 // DelayLineNetns is the name of the kedge-owned namespace holding the delay line.
 func (h *Hedger) DelayLineNetns() string {
-	if h.dl == nil || h.dl.NS == nil {
+	if h.pacer == nil {
 		return ""
 	}
-	return h.dl.NS.Name
+	return h.pacer.Namespace()
 }
 
 // PublishStatus writes base, with a fresh Snapshot, to base.PID's status file in dir now and

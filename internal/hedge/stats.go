@@ -74,43 +74,22 @@ func pick(m map[string]uint64, global bool) map[string]uint64 {
 	return m
 }
 
-// dlStats sums the delay line's per-CPU counters; the period's min and max are the least and
-// the largest over the CPUs, not sums.
-func (h *Hedger) dlStats() (hedgeDlStats, error) {
-	var per []hedgeDlStats
-	var s hedgeDlStats
-	if err := h.objs.DlCounters.Lookup(uint32(0), &per); err != nil {
-		return s, fmt.Errorf("read delay-line counters: %w", err)
-	}
-	var lo, hi uint64
-	for _, p := range per {
-		if p.PeriodMinNs != 0 && (lo == 0 || p.PeriodMinNs < lo) {
-			lo = p.PeriodMinNs
-		}
-		hi = max(hi, p.PeriodMaxNs)
-		p.PeriodMinNs, p.PeriodMaxNs = 0, 0
-		bpfx.AddCounters(&s, &p)
-	}
-	s.PeriodMinNs, s.PeriodMaxNs = lo, hi
-	return s, nil
-}
-
 // Stats reads a consistent-enough snapshot of every counter and histogram.
 func (h *Hedger) Stats() (*Snapshot, error) {
 	snap := &Snapshot{Time: time.Now(), Backend: h.Backend, Calibration: h.Calibration}
-	if h.dl != nil {
-		snap.Period = h.dl.Period
+	if h.pacer != nil {
+		snap.Period = h.pacer.Period()
 	}
 	global, err := bpfx.SumPerCPU[hedgeHedgeStats](h.objs.Stats, uint32(svcMax))
 	if err != nil {
 		return nil, fmt.Errorf("read global counters: %w", err)
 	}
 	snap.Global = pick(counterMap(global), true)
-	dl, err := h.dlStats()
+	dl, err := h.pacer.Stats()
 	if err != nil {
 		return nil, err
 	}
-	snap.DelayLine = counterMap(dl)
+	snap.DelayLine = dl.Counters
 	for i, s := range h.Config.Services {
 		idx := uint32(i)
 		counters, err := bpfx.SumPerCPU[hedgeHedgeStats](h.objs.Stats, idx)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -182,6 +183,15 @@ func TestCounterNames(t *testing.T) {
 	}
 }
 
+// pacerCounters is Stats.Counters of a pacer: every counter named, set ones as given.
+func pacerCounters(set map[string]uint64) map[string]uint64 {
+	m := map[string]uint64{}
+	for _, n := range pacer.CounterNames() {
+		m[n] = set[n]
+	}
+	return m
+}
+
 func fakeSnapshot() *Snapshot {
 	return &Snapshot{
 		Time: time.Unix(1700000000, 0).UTC(), Backend: BackendConveyor, Period: 10 * time.Millisecond,
@@ -196,7 +206,7 @@ func fakeSnapshot() *Snapshot {
 			Precision: Precision{Samples: 4, P50: 50 * time.Microsecond, P99: 90 * time.Microsecond},
 		}},
 		Global:    pick(counterMap(hedgeHedgeStats{Malformed: 2, MalformedResponses: 5}), true),
-		DelayLine: counterMap(hedgeDlStats{Entered: 104, Exited: 103, PeriodSumNs: 3_000_000_000, PeriodCount: 300, PeriodMinNs: 9_000_000, PeriodMaxNs: 11_000_000}),
+		DelayLine: pacerCounters(map[string]uint64{"carried_in": 104, "carried_out": 103, "period_sum_ns": 3_000_000_000, "period_count": 300, "period_min_ns": 9_000_000, "period_max_ns": 11_000_000}),
 	}
 }
 
@@ -236,9 +246,9 @@ kedge_hedge_latency_p95_seconds{service="kv"} 0.002
 # HELP kedge_hedge_precision_p99_seconds Hedge send time minus intended send time, p99 (negative: early).
 # TYPE kedge_hedge_precision_p99_seconds gauge
 kedge_hedge_precision_p99_seconds{service="kv"} 9e-05
-# HELP kedge_hedge_delay_line_entered_total Delay-line counter entered (bpf/include/hedge.h struct dl_stats).
-# TYPE kedge_hedge_delay_line_entered_total counter
-kedge_hedge_delay_line_entered_total 104
+# HELP kedge_hedge_delay_line_carried_in_total Delay-line (pacer) counter carried_in (bpf/include/pacer.h struct pacer_stats).
+# TYPE kedge_hedge_delay_line_carried_in_total counter
+kedge_hedge_delay_line_carried_in_total 104
 # HELP kedge_hedge_delay_line_period_seconds Conveyor filler round-trip times (rate(_sum)/rate(_count) is the mean period).
 # TYPE kedge_hedge_delay_line_period_seconds summary
 kedge_hedge_delay_line_period_seconds_sum 3
@@ -256,7 +266,7 @@ kedge_hedge_info{backend="conveyor"} 1
 	names := []string{"kedge_hedge_hedges_sent_total", "kedge_hedge_malformed_total", "kedge_hedge_malformed_responses_total",
 		"kedge_hedge_short_responses_total", "kedge_hedge_redirect_errors_total", "kedge_hedge_hedge_rewrite_errors_total",
 		"kedge_hedge_response_rewrite_errors_total", "kedge_hedge_delay_seconds",
-		"kedge_hedge_budget_tokens", "kedge_hedge_latency_p95_seconds", "kedge_hedge_precision_p99_seconds", "kedge_hedge_delay_line_entered_total",
+		"kedge_hedge_budget_tokens", "kedge_hedge_latency_p95_seconds", "kedge_hedge_precision_p99_seconds", "kedge_hedge_delay_line_carried_in_total",
 		"kedge_hedge_delay_line_period_seconds", "kedge_hedge_delay_line_period_max_seconds",
 		"kedge_hedge_delay_line_fillers", "kedge_hedge_info"}
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {

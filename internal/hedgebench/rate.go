@@ -282,7 +282,7 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 			i := slices.IndexFunc(after.Services, func(s hedge.ServiceStats) bool { return s.Name == svc })
 			run.Counters = diffCounters(after.Services[i].Counters, before.Services[i].Counters)
 			dl := diffCounters(after.DelayLine, before.DelayLine)
-			lost := sub0(dl["entered"], dl["exited"]) + run.Counters["clone_errors"]
+			lost := sub0(dl["carried_in"], dl["carried_out"]) + run.Counters["clone_errors"]
 			run.LostClones = &lost
 		}
 		return run, nil

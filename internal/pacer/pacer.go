@@ -436,15 +436,7 @@ func (p *Pacer) frameTime(bytes int) time.Duration {
 // Configure writes pacer_cfg into a consumer's collection spec (one that includes
 // pacer.h). Call it before loading the collection.
 func (p *Pacer) Configure(spec *ebpf.CollectionSpec) error {
-	v, ok := spec.Variables["pacer_cfg"]
-	if !ok {
-		return errors.New("configure pacer: the collection has no pacer_cfg (does it include pacer.h?)")
-	}
-	cfg := p.config()
-	if err := v.Set(cfg); err != nil {
-		return fmt.Errorf("configure pacer: set pacer_cfg: %w", err)
-	}
-	return nil
+	return ConfigureSpec(spec, p.config())
 }
 
 func (p *Pacer) config() pacerPacerConfig {
@@ -660,4 +652,33 @@ func (p *Pacer) Close() error {
 		p.ns = nil
 	}
 	return errors.Join(errs...)
+}
+
+// Config is struct pacer_config (bpf/include/pacer.h): what Configure writes into a
+// consumer's spec. Exported for consumers' BPF_PROG_TEST_RUN fixtures, which load their
+// programs without a running pacer.
+type Config = pacerPacerConfig
+
+// RawStats is struct pacer_stats, one CPU's counters (for fixtures' per-CPU sums).
+type RawStats = pacerPacerStats
+
+// Ctl is struct pacer_ctl (conveyor filler control).
+type Ctl = pacerPacerCtl
+
+// BackendID returns enum pacer_backend for a backend name (auto and unknown names: conveyor).
+func BackendID(name string) uint32 { return uint32(backendIDs[name]) }
+
+// Config returns the pacer_cfg Configure writes.
+func (p *Pacer) Config() Config { return p.config() }
+
+// ConfigureSpec writes cfg as pacer_cfg into a consumer's collection spec.
+func ConfigureSpec(spec *ebpf.CollectionSpec, cfg Config) error {
+	v, ok := spec.Variables["pacer_cfg"]
+	if !ok {
+		return errors.New("configure pacer: the collection has no pacer_cfg (does it include pacer.h?)")
+	}
+	if err := v.Set(cfg); err != nil {
+		return fmt.Errorf("configure pacer: set pacer_cfg: %w", err)
+	}
+	return nil
 }

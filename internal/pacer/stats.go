@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 )
@@ -17,14 +18,14 @@ type Calibration struct {
 	// (netem: Period; conveyor: the filler queue with carry, one tick frame without; edt: 0).
 	Target time.Duration `json:"target_ns"`
 	// Mean, Min, Max: the conveyor's filler round trips (with carry), after calibration.
-	Mean    time.Duration `json:"mean_ns,omitempty"`
-	Min     time.Duration `json:"min_ns,omitempty"`
-	Max     time.Duration `json:"max_ns,omitempty"`
-	Fillers int           `json:"fillers,omitempty"`
+	Mean    time.Duration `json:"mean_ns"`
+	Min     time.Duration `json:"min_ns"`
+	Max     time.Duration `json:"max_ns"`
+	Fillers int           `json:"fillers"`
 	// Spread is one filler's (with carry) or one tick frame's transmission time at the
 	// conveyor's rate: the granularity of a pass.
-	Spread    time.Duration `json:"spread_ns,omitempty"`
-	TickBytes int           `json:"tick_bytes,omitempty"`
+	Spread    time.Duration `json:"spread_ns"`
+	TickBytes int           `json:"tick_bytes"`
 	// TickLate is the lateness of the ticks Start armed to measure it.
 	TickLate Precision `json:"tick_late"`
 }
@@ -307,4 +308,14 @@ func (p *Pacer) resetMinMax() error {
 		return fmt.Errorf("reset pacer counters: %w", err)
 	}
 	return nil
+}
+
+// CounterNames are the keys of Stats.Counters (struct pacer_stats' scalar fields).
+func CounterNames() []string {
+	var names []string
+	for name := range counterMap(pacerPacerStats{}) {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
 }

@@ -27,6 +27,9 @@ type Scope struct {
 	// Netns is the network namespace whose interfaces are searched for tc filters;
 	// -1: the caller's.
 	Netns netns.NsHandle
+	// Named are further namespaces to search, by their /run/netns name (cleanup passes
+	// every one there, so a dead run's filters in a lab or a user's namespace are found).
+	Named map[string]netns.NsHandle
 	// StatusDir holds the status files; "": Dir.
 	StatusDir string
 }
