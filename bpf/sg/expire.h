@@ -39,10 +39,18 @@ static __always_inline int expire_slot(struct sg_slot *s, __u64 now)
 	return 1;
 }
 
-static int expire_cb(void *map, __u32 *key, struct sg_slot *s)
+static int expire_cb(void *map, __u32 *key, struct sg_slot *arg)
 {
 	__u64 now = bpf_ktime_get_ns();
+	__u32 k = *key;
+	struct sg_slot *s;
 	__u64 deadline;
+
+	/* Look the slot up again: 6.1's verifier gives the callback's value argument no id,
+	 * and then refuses bpf_spin_unlock on it ("without taking a lock"). */
+	s = bpf_map_lookup_elem(&slots, &k);
+	if (!s)
+		return 0;
 
 	if (expire_slot(s, now))
 		return 0;

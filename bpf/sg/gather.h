@@ -134,7 +134,7 @@ static __always_inline int gather(struct xdp_md *ctx)
 	struct sg_slot *s;
 	struct sg_hdr *h;
 	struct pkt p;
-	__u32 gid, widx, key, slot, plen, want, bit;
+	__u32 gid, widx, key, slot, plen, want, bit, word;
 	__u64 id, now, mask;
 	int perr, outcome;
 	__u16 flags_before;
@@ -190,12 +190,16 @@ static __always_inline int gather(struct xdp_md *ctx)
 		return XDP_PASS;
 	}
 	if (g->reduce != SG_RED_COUNT) {
-		/* The bound lets the verifier accept the pointer arithmetic below. */
-		if (want > SG_AGG_BYTES) {
+		__u64 len = want;
+
+		/* A 64-bit bound the verifier keeps (6.1 does not carry a 32-bit compare of
+		 * a byte-swapped value over to the pointer arithmetic below). */
+		barrier_var(len);
+		if (len > SG_AGG_BYTES) {
 			COUNT(cnt, bad_length);
 			return XDP_PASS;
 		}
-		if ((void *)(h + 1) + want > data_end) {
+		if ((void *)(h + 1) + len > data_end) {
 			COUNT(gcnt, malformed); /* truncated: the IP/UDP lengths claim more */
 			return XDP_PASS;
 		}
@@ -213,6 +217,11 @@ static __always_inline int gather(struct xdp_md *ctx)
 	}
 	bit = widx & 63;
 	mask = 1ULL << bit;
+	/* widx < SG_WORKERS_MAX is known to clang, which would drop the mask; 5.10's verifier
+	 * no longer knows it here, so keep the mask behind a barrier. */
+	word = widx / 64;
+	barrier_var(word);
+	word &= SG_BITMAP_WORDS - 1;
 	now = bpf_ktime_get_ns();
 
 	bpf_spin_lock(&s->lock);
@@ -220,10 +229,10 @@ static __always_inline int gather(struct xdp_md *ctx)
 		outcome = G_STALE;
 	} else if (s->state != SG_SLOT_PENDING) {
 		outcome = G_LATE;
-	} else if (s->res.bitmap[(widx / 64) & (SG_BITMAP_WORDS - 1)] & mask) {
+	} else if (s->res.bitmap[word] & mask) {
 		outcome = G_DUP;
 	} else {
-		s->res.bitmap[(widx / 64) & (SG_BITMAP_WORDS - 1)] |= mask;
+		s->res.bitmap[word] |= mask;
 		flags_before = s->res.flags;
 		reduce_reply(s, g, h + 1, data_end, widx);
 		s->res.count++;

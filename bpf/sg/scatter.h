@@ -222,10 +222,12 @@ static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter
 	__builtin_memset(s->res.bitmap, 0, sizeof(s->res.bitmap));
 	/* Only the accumulators this group uses (a loop clang cannot turn into memset). */
 	for (__u32 i = 0; i < SG_AGG_ELEMS; i++) {
+		__u32 k = i;
+
 		if (i >= g->elems)
 			break;
-		s->res.agg[i] = 0;
-		barrier_var(i);
+		barrier_var(k); /* no memset idiom; the mask bounds k for the verifier */
+		s->res.agg[k & (SG_AGG_ELEMS - 1)] = 0;
 	}
 	bpf_spin_unlock(&s->lock);
 	if (use_timer)

@@ -142,6 +142,11 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"sg", "scatter", "-i", "lo", "--workers", "127.0.0.1:9000", "--elems", "300"}},
 		{exitUsage, []string{"sg", "stats", "-o", "yaml"}},
 		{exitUsage, []string{"sg", "stats", "extra"}},
+		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--fanouts", "0"}},
+		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--fanouts", "2000"}},
+		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--methods", "kedge,iouring"}},
+		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--outstanding", "0"}},
+		{exitUsage, []string{"bench", "sg", "extra"}},
 	},
 	"raftlab-errors.golden": {
 		{exitUsage, []string{"raft", "lab"}},

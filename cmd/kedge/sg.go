@@ -1,11 +1,10 @@
 package main
 
 import (
-	"errors"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -195,6 +194,7 @@ type scatterReport struct {
 func newSgScatterCmd() *cobra.Command {
 	var (
 		iface, nsArg, red, typ, payload, output, local string
+		runDir                                         string
 		workers                                        []string
 		elems, need, count, gatherK                    int
 		timeout                                        time.Duration
@@ -233,7 +233,7 @@ func newSgScatterCmd() *cobra.Command {
 				return usagef("--count %d: want at least 1", count)
 			}
 			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Reduction: r, Type: t,
-				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, Pin: true}
+				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, StatusDir: runDir}
 			if local != "" {
 				if cfg.Local, err = netip.ParseAddrPort(local); err != nil {
 					return usagef("--local %q: %w", local, err)
@@ -254,12 +254,6 @@ func newSgScatterCmd() *cobra.Command {
 				return err
 			}
 			g, err := sg.Open(cfg)
-			if err != nil && errors.Is(err, sg.ErrPin) {
-				// Counters for 'kedge sg stats' are a convenience: run without them.
-				fmt.Fprintf(cmd.ErrOrStderr(), "kedge sg scatter: %v; 'kedge sg stats' will not see this run\n", err)
-				cfg.Pin = false
-				g, err = sg.Open(cfg)
-			}
 			if err != nil {
 				return err
 			}
@@ -306,22 +300,18 @@ func newSgScatterCmd() *cobra.Command {
 	f.StringVar(&payload, "payload", "kedge", "request payload (opaque to kedge)")
 	f.IntVar(&count, "count", 1, "requests to send, one after the other")
 	f.BoolVar(&busyPoll, "busy-poll", false, "spin on the result ring instead of sleeping in epoll")
+	f.StringVar(&runDir, "run-dir", runstate.Dir, "directory of the coordinators' status files")
+	_ = f.MarkHidden("run-dir")
 	addNetnsFlag(cmd, &nsArg, "the interface and the coordinator socket are")
 	addOutputFlag(cmd, &output)
 	return cmd
 }
 
-type sgStatsEntry struct {
-	PID   int      `json:"pid"`
-	Dir   string   `json:"pin_dir"`
-	Stats sg.Stats `json:"stats"`
-}
-
 func newSgStatsCmd() *cobra.Command {
-	var output string
+	var output, runDir string
 	cmd := &cobra.Command{
 		Use:   "stats",
-		Short: "Counters of running sg coordinators (kedge sg scatter, pinned pkg/sg groups)",
+		Short: "Counters of running sg coordinators (kedge sg scatter, pkg/sg groups with a StatusDir)",
 		Example: `  kedge sg stats
   kedge sg stats -o json`,
 		Args: noArgs,
@@ -329,38 +319,40 @@ func newSgStatsCmd() *cobra.Command {
 			if err := checkOutputFormat(output); err != nil {
 				return err
 			}
-			dirs, err := bpfx.ListPinDirs()
+			sts, err := isg.ReadStatuses(runDir)
 			if err != nil {
 				return err
 			}
-			entries := []sgStatsEntry{}
-			for _, d := range dirs {
-				if d.Name != "sg" || runstate.Judge(d.Owner).State != runstate.Alive {
-					continue
+			type entry struct {
+				isg.Status
+				Stats sg.Stats `json:"stats"`
+			}
+			entries := []entry{}
+			for _, st := range sts {
+				e := entry{Status: st}
+				if err := json.Unmarshal(st.Stats, &e.Stats); err != nil {
+					return fmt.Errorf("read counters of owner %s: %w", st.Owner, err)
 				}
-				st, err := sg.ReadPinnedStats(d.Dir)
-				if err != nil {
-					fmt.Fprintf(os.Stderr, "kedge sg stats: %s: %v\n", d.Dir, err)
-					continue
-				}
-				entries = append(entries, sgStatsEntry{PID: d.PID, Dir: d.Dir, Stats: st})
+				entries = append(entries, e)
 			}
 			return writeReport(cmd.OutOrStdout(), output, entries, func(w io.Writer) error {
 				if len(entries) == 0 {
-					fmt.Fprintln(w, "no running sg coordinator (start one with 'kedge sg scatter' or pkg/sg with Pin)")
+					fmt.Fprintln(w, "no running sg coordinator (start one with 'kedge sg scatter')")
 					return nil
 				}
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "PID\tREQUESTS\tCOMPLETED\tTIMEOUTS\tREPLIES\tDUPLICATES\tLATE\tSTALE\tMALFORMED\tUNREGISTERED\tSLOT_BUSY")
+				fmt.Fprintln(tw, "PID\tINTERFACE\tWORKERS\tREQUESTS\tCOMPLETED\tTIMEOUTS\tREPLIES\tDUPLICATES\tLATE\tSTALE\tMALFORMED\tUNREGISTERED\tSLOT_BUSY")
 				for _, e := range entries {
 					s := e.Stats
-					fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", e.PID, s.Requests, s.Completed, s.Timeouts,
+					fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", e.PID, e.Interface, e.Workers, s.Requests, s.Completed, s.Timeouts,
 						s.Replies, s.Duplicates, s.Late, s.Stale, s.Malformed+s.BadVersion+s.BadLength, s.Unregistered, s.SlotBusy)
 				}
 				return tw.Flush()
 			})
 		},
 	}
+	cmd.Flags().StringVar(&runDir, "run-dir", runstate.Dir, "directory of the coordinators' status files")
+	_ = cmd.Flags().MarkHidden("run-dir")
 	addOutputFlag(cmd, &output)
 	return cmd
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/hedgebench"
 	"github.com/kedge-dev/kedge/internal/ppingbench"
 	"github.com/kedge-dev/kedge/internal/raftbench"
+	"github.com/kedge-dev/kedge/internal/sgbench"
 )
 
 // TestCommittedResultsReadable: every result.json under docs/results still decodes into
@@ -22,6 +23,7 @@ func TestCommittedResultsReadable(t *testing.T) {
 		hedgebench.RateSchema: func() any { return new(hedgebench.RateResult) },
 		ppingbench.Schema:     func() any { return new(ppingbench.Result) },
 		raftbench.Schema:      func() any { return new(raftbench.Result) },
+		sgbench.Schema:        func() any { return new(sgbench.Result) },
 	}
 	var paths []string
 	err := filepath.WalkDir(filepath.Join("..", "..", "docs", "results"), func(p string, d os.DirEntry, err error) error {

@@ -192,17 +192,21 @@ func quantile(d []time.Duration, q float64) time.Duration {
 }
 
 // checkEchoes: every echo came back no earlier than the delay minus half a pass (and a
-// margin for the clocks of two processes), and no later than a generous bound. Figures
-// are printed; the bound catches a pacer that does not tick, not a slow machine.
+// margin for the clocks of two processes), and on real CPUs no later than a generous
+// bound. Figures are printed; the bound catches a pacer that does not tick, not a slow
+// machine.
 func checkEchoes(t *testing.T, r *echoRig, rtts []time.Duration, delay time.Duration) {
 	t.Helper()
 	pass := r.p.Calibration().Target
 	lo := delay - pass/2 - 200*time.Microsecond
 	hi := delay + 2*pass + 200*time.Millisecond
 	late := make([]time.Duration, len(rtts))
+	// In emulated (TCG) matrix guests time means nothing beyond the lower bound: an echo
+	// must not come early; how late it comes is printed only.
+	upper := !bpftest.InGuest()
 	for i, v := range rtts {
 		late[i] = v - delay
-		if v < lo || v > hi {
+		if v < lo || (upper && v > hi) {
 			t.Errorf("echo %d after %v: want %v..%v (delay %v, pass %v)", i, v, lo, hi, delay, pass)
 		}
 	}

@@ -2,6 +2,7 @@ package runstate
 
 import (
 	"bufio"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // A helper process (this test binary, re-run) that creates an owner, prints its ID and
@@ -196,4 +200,42 @@ func TestRegisterTwicePanics(t *testing.T) {
 		}
 	}()
 	Register(Cleaner{Kind: KindStatus, List: func(Scope) ([]Leftover, error) { return nil, nil }})
+}
+
+// TestLockDecidesNotThePID is the fault the owner lock fixes: a run in another PID
+// namespace (another container's kedge, a DaemonSet) records a pid that means nothing here,
+// so "kill(pid, 0) fails" must not make it dead. While its lock is held it is alive whatever
+// its pid says; once the lock is free it is dead.
+func TestLockDecidesNotThePID(t *testing.T) {
+	useDir(t)
+	const foreignPID = 4194303 // above any pid_max: no such process in this PID namespace
+	if v := judgePID(foreignPID); v.State != Dead {
+		t.Fatalf("old pid rule judged pid %d %v, want dead (the test relies on it)", foreignPID, v.State)
+	}
+	rec := Record{ID: "4194303_c0ffee", PID: foreignPID, PIDNS: "pid:[1]", Started: time.Now().UTC()}
+	if err := os.MkdirAll(ownersDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(rec)
+	if err := os.WriteFile(recordPath(rec.ID), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The "other container's run": a separate open file description holding the lock.
+	f, err := os.Open(recordPath(rec.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	if v := Judge(rec.ID); v.State != Alive {
+		t.Fatalf("locked record of a foreign pid judged %v (%s), want alive", v.State, v.Reason)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	if v := Judge(rec.ID); v.State != Dead {
+		t.Fatalf("unlocked record judged %v (%s), want dead", v.State, v.Reason)
+	}
 }

@@ -47,6 +47,11 @@ type fixture struct {
 func newFixture(t *testing.T, gid uint32, coord netip.AddrPort, workers []netip.AddrPort, red, typ uint8, elems uint16, gatherK uint32) *fixture {
 	t.Helper()
 	bpftest.RequireRoot(t)
+	return newFixtureTB(t, gid, coord, workers, red, typ, elems, gatherK)
+}
+
+func newFixtureTB(t testing.TB, gid uint32, coord netip.AddrPort, workers []netip.AddrPort, red, typ uint8, elems uint16, gatherK uint32) *fixture {
+	t.Helper()
 	o, err := Load(LoadOptions{Tier: DetectTier()})
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +67,7 @@ func newFixture(t *testing.T, gid uint32, coord netip.AddrPort, workers []netip.
 	return f
 }
 
-func (f *fixture) addGroup(t *testing.T, gid uint32, coord netip.AddrPort, workers []netip.AddrPort, red, typ uint8, elems uint16, gatherK uint32) {
+func (f *fixture) addGroup(t testing.TB, gid uint32, coord netip.AddrPort, workers []netip.AddrPort, red, typ uint8, elems uint16, gatherK uint32) {
 	g := GroupCfg{Enabled: 1, Family: 4, Reduce: red, Dtype: typ, Nworkers: uint16(len(workers)), Elems: elems,
 		SlotBase: uint16(gid * 64), Nslots: 64, WorkerBase: uint16(gid * WorkersMax), Ifindex: 1, GatherK: gatherK,
 		TimeoutNs: 1e9, CoordPort: swap16(coord.Port())}
@@ -83,7 +88,7 @@ func (f *fixture) addGroup(t *testing.T, gid uint32, coord netip.AddrPort, worke
 }
 
 // arm puts request id of group gid in flight, as the scatter would.
-func (f *fixture) arm(t *testing.T, gid uint32, id uint64, need uint16) {
+func (f *fixture) arm(t testing.TB, gid uint32, id uint64, need uint16) {
 	t.Helper()
 	var s SlotRec
 	s.State = SlotPending
@@ -97,7 +102,7 @@ func (f *fixture) arm(t *testing.T, gid uint32, id uint64, need uint16) {
 	}
 }
 
-func (f *fixture) slot(t *testing.T, id uint64) SlotRec {
+func (f *fixture) slot(t testing.TB, id uint64) SlotRec {
 	t.Helper()
 	var s SlotRec
 	if err := f.o.Slots.Lookup(uint32(id&SlotMask), &s); err != nil {

@@ -1,11 +1,26 @@
 package sg
 
-import "testing"
+import (
+	"errors"
+	"testing"
 
+	"github.com/kedge-dev/kedge/internal/bpfx"
+)
+
+// TestLoadTiers loads every tier this kernel supports: both where bpf_loop exists (5.17+),
+// the bounded tier alone before.
 func TestLoadTiers(t *testing.T) {
-	for _, tier := range []Tier{TierLoop, TierBounded} {
+	tiers := []Tier{TierLoop, TierBounded}
+	if DetectTier() == TierBounded {
+		tiers = tiers[1:]
+	}
+	for _, tier := range tiers {
 		o, err := Load(LoadOptions{Tier: tier})
 		if err != nil {
+			var le *bpfx.LoadError
+			if errors.As(err, &le) {
+				t.Log(le.Full())
+			}
 			t.Fatalf("%v: %+v", tier, err)
 		}
 		left, err := o.InitTimers()

@@ -3,6 +3,7 @@ package sg
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -16,7 +17,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
@@ -34,7 +34,6 @@ type Group struct {
 	conn    *net.UDPConn
 	target  netip.AddrPort // where the request is addressed (worker 0); the scatter fans out
 	rd      *ringbuf.Reader
-	pinDir  string
 	free    chan uint16
 	seq     atomic.Uint64
 	mu      sync.Mutex
@@ -43,6 +42,7 @@ type Group struct {
 	wg      sync.WaitGroup
 	closed  atomic.Bool
 	strays  atomic.Uint64
+	owner   *runstate.Owner // with a StatusDir: this process's run-state owner
 }
 
 type waiter struct {
@@ -127,7 +127,9 @@ func Open(cfg Config) (_ *Group, err error) {
 	if ns >= 0 {
 		defer ns.Close()
 	}
-	removeDeadPins()
+	if cfg.StatusDir != "" {
+		isg.RemoveDeadStatuses(cfg.StatusDir) // a killed coordinator's file
+	}
 	g := &Group{cfg: cfg, done: make(chan struct{}), free: make(chan uint16, cfg.InFlight)}
 	defer func() {
 		if err != nil {
@@ -185,11 +187,6 @@ func Open(cfg Config) (_ *Group, err error) {
 		return nil, fmt.Errorf("attach sg gather (xdp) to %s: %w - another XDP program may own the interface", cfg.Interface, err)
 	}
 	g.attach = append(g.attach, xdp)
-	if cfg.Pin {
-		if err := g.pin(); err != nil {
-			return nil, err
-		}
-	}
 	for i := range cfg.InFlight {
 		g.free <- uint16(i)
 	}
@@ -199,6 +196,13 @@ func Open(cfg Config) (_ *Group, err error) {
 	go g.drain()
 	// Kernels without bpf_timer, and slots whose timer could not be allocated, are
 	// expired by sg_sweep, run from here.
+	if cfg.StatusDir != "" {
+		if g.owner, err = runstate.Self(); err != nil {
+			return nil, fmt.Errorf("sg status file: %w", err)
+		}
+		g.wg.Add(1)
+		go g.publish(time.Now())
+	}
 	if g.objs.Tier == isg.TierBounded || untimed > 0 {
 		g.wg.Add(1)
 		go g.sweeper()
@@ -341,32 +345,25 @@ func (g *Group) fillMaps(ifindex int, workers []isg.WorkerCfg) error {
 	return nil
 }
 
-func (g *Group) pin() error {
-	dir, err := bpfx.PinDir("sg")
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrPin, err)
-	}
-	g.pinDir = dir
-	for name, m := range map[string]*ebpf.Map{"stats": g.objs.Stats, "slots": g.objs.Slots, "groups": g.objs.Groups} {
-		if err := m.Pin(filepath.Join(dir, name)); err != nil {
-			return fmt.Errorf("%w: pin %s: %w", ErrPin, name, err)
+// publish writes the status file for `kedge sg stats` every second until Close.
+func (g *Group) publish(started time.Time) {
+	defer g.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		st, err := g.Stats()
+		if err == nil {
+			b, _ := json.Marshal(st)
+			_ = runstate.WriteStatus(g.cfg.StatusDir, isg.Capability, g.owner.ID, &isg.Status{
+				Owner: g.owner.ID, PID: os.Getpid(), Started: started,
+				Interface: g.cfg.Interface, Netns: g.cfg.Netns, Local: g.cfg.Local.String(),
+				Workers: len(g.cfg.Workers), Reduction: g.cfg.Reduction.String(), Tier: g.Tier(),
+				InFlight: g.cfg.InFlight, Stats: b})
 		}
-	}
-	info := fmt.Sprintf("interface=%s netns=%s local=%s workers=%d reduction=%s\n", g.cfg.Interface, g.cfg.Netns, g.cfg.Local, len(g.cfg.Workers), g.cfg.Reduction)
-	_ = os.WriteFile(filepath.Join(dir, "info"), []byte(info), 0o600) // bpffs refuses plain files: best effort
-	return nil
-}
-
-// removeDeadPins removes the pin directories of sg coordinators that died (their maps,
-// slots included, are freed with them).
-func removeDeadPins() {
-	dirs, err := bpfx.ListPinDirs()
-	if err != nil {
-		return
-	}
-	for _, d := range dirs {
-		if d.Name == "sg" && runstate.Judge(d.Owner).State == runstate.Dead {
-			_ = bpfx.RemovePinDir(d.Dir)
+		select {
+		case <-g.done:
+			return
+		case <-t.C:
 		}
 	}
 }
@@ -624,6 +621,9 @@ func (g *Group) Close() error {
 	close(g.done)
 	err := g.release()
 	g.wg.Wait()
+	if g.owner != nil {
+		err = errors.Join(err, runstate.RemoveStatus(g.cfg.StatusDir, isg.Capability, g.owner.ID))
+	}
 	return err
 }
 
@@ -638,9 +638,6 @@ func (g *Group) release() error {
 	}
 	if g.conn != nil {
 		errs = append(errs, g.conn.Close())
-	}
-	if g.pinDir != "" {
-		errs = append(errs, bpfx.RemovePinDir(g.pinDir))
 	}
 	if g.objs != nil {
 		errs = append(errs, g.objs.Close())
@@ -659,22 +656,4 @@ func publicStats(s *isg.Stats) Stats {
 		}
 	}
 	return out
-}
-
-// ReadPinnedStats reads the counters a group opened with Pin exposes in dir.
-func ReadPinnedStats(dir string) (Stats, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "stats"), &ebpf.LoadPinOptions{ReadOnly: true})
-	if err != nil {
-		return Stats{}, fmt.Errorf("open pinned sg stats: %w", err)
-	}
-	defer m.Close()
-	var total isg.Stats
-	for k := uint32(0); k <= isg.GroupsMax; k++ {
-		s, err := isg.SumStats(m, k)
-		if err != nil {
-			return Stats{}, err
-		}
-		total.Add(&s)
-	}
-	return publicStats(&total), nil
 }

@@ -1,8 +1,8 @@
 package sg
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"net/netip"
 	"sync"
 	"testing"

@@ -149,8 +149,10 @@ type Config struct {
 	// BusyPoll makes the result reader spin on the ring buffer instead of sleeping in
 	// epoll: lower latency, one core busy while the group is open.
 	BusyPoll bool
-	// Pin exposes the group's counters to `kedge sg stats` (under /sys/fs/bpf/kedge).
-	Pin bool
+	// StatusDir, if set, is where the group publishes sg.<owner>.json (counters and
+	// configuration, every second; kedge's run-state status files) for `kedge sg stats`,
+	// which reads /run/kedge.
+	StatusDir string
 }
 
 // Status of a result.
@@ -170,6 +172,19 @@ func (s Status) String() string {
 
 // MarshalText makes Status print as text in JSON.
 func (s Status) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText parses "ok" or "timeout".
+func (s *Status) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "ok":
+		*s = OK
+	case "timeout":
+		*s = Timeout
+	default:
+		return fmt.Errorf("unknown sg status %q", b)
+	}
+	return nil
+}
 
 // GatherItem is one payload kept by Gather.
 type GatherItem struct {
@@ -236,8 +251,6 @@ var (
 	ErrInFlight = errors.New("sg: every request slot is in flight (raise Config.InFlight or use OnFull: Block)")
 	// ErrClosed: the group was closed.
 	ErrClosed = errors.New("sg: group closed")
-	// ErrPin: Config.Pin was set and the counters could not be pinned (no bpffs?).
-	ErrPin = errors.New("sg: cannot pin counters under /sys/fs/bpf/kedge")
 	// ErrLost: neither the ring buffer nor the slot delivered the result in time.
 	ErrLost = errors.New("sg: result lost (slot kept out of use)")
 )

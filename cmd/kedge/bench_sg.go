@@ -1,0 +1,140 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/sgbench"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	registerBench(newBenchSgCmd)
+	registerBench(newBenchSgClientCmd)
+}
+
+func newBenchSgCmd() *cobra.Command {
+	o := sgbench.DefaultOptions()
+	var fanouts []int
+	cmd := &cobra.Command{
+		Use:   "sg",
+		Short: "Scatter-gather: kedge against naive, sendmmsg/recvmmsg, epoll and busy-poll baselines",
+		Long: `Runs kedge's in-kernel scatter-gather and user-space baselines (each matching replies by
+request id, one unconnected socket, the same requests outstanding) against the same worker
+processes in a two-host lab, fan-out by fan-out, methods alternating. Prints per method
+and fan-out: unloaded p50/p99, throughput under load, CPU and system calls per request,
+and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
+		Example: `  kedge bench sg
+  kedge bench sg --fanouts 16,64 --duration 1s --out /tmp/sg`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(fanouts) == 0 {
+				return usagef("--fanouts: at least one")
+			}
+			for _, f := range fanouts {
+				if f < 1 || f > 1024 {
+					return usagef("--fanouts: %d is not in 1..1024", f)
+				}
+			}
+			for _, m := range o.Methods {
+				ok := false
+				for _, k := range sgbench.Methods {
+					ok = ok || m == k
+				}
+				if !ok {
+					return usagef("--methods: unknown method %q (want %v)", m, sgbench.Methods)
+				}
+			}
+			if o.Outstanding < 1 || o.Duration <= 0 || o.LatRequests < 1 {
+				return usagef("--outstanding, --duration and --lat-requests must be positive")
+			}
+			if err := requireBenchRoot(cmd); err != nil {
+				return err
+			}
+			o.Fanouts = fanouts
+			exe, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("find the kedge binary: %w", err)
+			}
+			o.Kedge = exe
+			res, err := sgbench.Run(cmd.Context(), o, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if err := os.MkdirAll(o.Out, 0o755); err != nil {
+				return err
+			}
+			if err := bench.WriteJSON(filepath.Join(o.Out, "result.json"), res); err != nil {
+				return err
+			}
+			if err := sgbench.WriteCharts(o.Out, res); err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			writeEnvelope(w, "kedge bench sg", res.Envelope)
+			fmt.Fprintln(w, res.Placement)
+			sgbench.WriteTable(w, res)
+			fmt.Fprintf(w, "results in %s (result.json, latency.png/svg, throughput.png/svg)\n", o.Out)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntSliceVar(&fanouts, "fanouts", o.Fanouts, "fan-outs (workers per request)")
+	f.StringSliceVar(&o.Methods, "methods", o.Methods, "methods to run")
+	f.IntVar(&o.LatRequests, "lat-requests", o.LatRequests, "unloaded requests per method and fan-out (a third at 1024)")
+	f.IntVar(&o.Outstanding, "outstanding", o.Outstanding, "requests in flight in the loaded phase (every method)")
+	f.DurationVar(&o.Duration, "duration", o.Duration, "loaded phase per method and fan-out")
+	f.DurationVar(&o.Timeout, "timeout", o.Timeout, "request timeout")
+	addBenchOutFlag(cmd, &o.Out, "sg")
+	return cmd
+}
+
+// newBenchSgClientCmd is the client process of kedge bench sg (hidden): one method, one
+// fan-out, driven over stdin/stdout by the benchmark.
+func newBenchSgClientCmd() *cobra.Command {
+	var o sgbench.ClientOptions
+	var workers []string
+	var nsArg string
+	cmd := &cobra.Command{
+		Use:    "sg-client",
+		Hidden: true,
+		Args:   noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ws, err := parseWorkers(workers)
+			if err != nil {
+				return err
+			}
+			o.Workers = ws
+			ns, err := openNetns(nsArg)
+			if err != nil {
+				return err
+			}
+			var res *sgbench.ClientResult
+			// Sockets and the group are created in the namespace; the client then stays there.
+			err = bpfx.InNetns(ns, func() error {
+				res, err = sgbench.RunClient(cmd.Context(), o, os.Stdin, cmd.OutOrStdout())
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Method, "method", "kedge", "method")
+	f.StringVarP(&o.Interface, "interface", "i", "eth0", "interface")
+	f.StringSliceVar(&workers, "workers", nil, "workers")
+	f.IntVar(&o.Elems, "elems", 4, "vector length")
+	f.IntVar(&o.LatRequests, "lat-requests", 300, "unloaded requests")
+	f.IntVar(&o.Outstanding, "outstanding", 8, "loaded requests in flight")
+	f.DurationVar(&o.Duration, "duration", 2*time.Second, "loaded phase")
+	f.DurationVar(&o.Timeout, "timeout", 200*time.Millisecond, "request timeout")
+	addNetnsFlag(cmd, &nsArg, "run")
+	return cmd
+}

@@ -1,0 +1,60 @@
+package sg
+
+import (
+	"math/bits"
+	"testing"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/pktbuild"
+)
+
+// FuzzGather feeds sg_gather arbitrary UDP payloads from a registered worker (or a
+// stranger) of a group with a request in flight. Whatever the bytes, the program must
+// not fail, must answer XDP_PASS or XDP_DROP, must pass everything the Go parser rejects
+// or that is not a reply of the configured group, and the slot must stay consistent
+// (count == answered bits, only registered workers' bits).
+func FuzzGather(f *testing.F) {
+	id := uint64(7)<<10 | 65
+	f.Add(byte(0), reply(w4[0], coord4, 1, 0, id, vec64(1, 2, 3), nil)[42:])
+	f.Add(byte(1), reply(w4[1], coord4, 1, 1, id, vec64(1, 2, 3), func(h *Header) { h.PayloadLen = 1 << 30 })[42:])
+	f.Add(byte(2), reply(w4[2], coord4, 1, 2, id+1024, vec64(-1), nil)[42:])
+	f.Add(byte(3), []byte{0x6b, 0x53, 1, 2})
+	f.Add(byte(0), []byte("not sg at all"))
+
+	bpftest.RequireRoot(f)
+	fx := newFixtureTB(f, 1, coord4, w4, RedSum, TypeI64, 3, 0)
+	fx.arm(f, 1, id, 3)
+	f.Fuzz(func(t *testing.T, who byte, payload []byte) {
+		src := w4[int(who)%len(w4)]
+		if who >= 200 {
+			src = coord4 // not a worker
+		}
+		frame := pktbuild.New().IPv4(pktbuild.IPv4{Src: src.Addr(), Dst: coord4.Addr()}).
+			UDP(pktbuild.UDP{Src: src.Port(), Dst: coord4.Port()}).Payload(payload).Build()
+		res, err := bpftest.Run(fx.o.Gather, frame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Ret != bpftest.XDPPass && res.Ret != bpftest.XDPDrop {
+			t.Fatalf("verdict %d", res.Ret)
+		}
+		h, _, perr := ParseHeader(payload)
+		if res.Ret == bpftest.XDPDrop && (perr != nil || h.Op != OpReply || h.Group != 1 || who >= 200) {
+			t.Fatalf("dropped a datagram that is not a reply of group 1 from a worker: %+v %v", h, perr)
+		}
+		s := fx.slot(t, id)
+		n := 0
+		for _, w := range s.Res.Bitmap {
+			n += bits.OnesCount64(w)
+		}
+		if n != int(s.Res.Count) || s.Res.Bitmap[0]&^0b111 != 0 || n > len(w4) {
+			t.Fatalf("slot count %d, bitmap %b", s.Res.Count, s.Res.Bitmap[0])
+		}
+		// Drain results so the ring never fills.
+		for fx.rd.AvailableBytes() > 0 {
+			if _, err := fx.rd.Read(); err != nil {
+				break
+			}
+		}
+	})
+}

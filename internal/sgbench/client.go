@@ -1,0 +1,372 @@
+// Package sgbench is `kedge bench sg`: kedge's in-kernel scatter-gather against user-space
+// baselines written as well as we can, in one harness, side by side, on the same workers.
+package sgbench
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	isg "github.com/kedge-dev/kedge/internal/sg"
+	"github.com/kedge-dev/kedge/pkg/sg"
+	"golang.org/x/sys/unix"
+)
+
+// Methods, in the order they run in each round.
+var Methods = []string{"kedge", "naive", "mmsg", "epoll", "busypoll"}
+
+// ClientOptions configure one client run (one method, one fan-out).
+type ClientOptions struct {
+	Method      string
+	Interface   string
+	Workers     []netip.AddrPort
+	Elems       int
+	LatRequests int           // unloaded phase: one request at a time
+	Outstanding int           // loaded phase: requests in flight
+	Duration    time.Duration // loaded phase length
+	Timeout     time.Duration
+}
+
+// ClientResult is what a client measured.
+type ClientResult struct {
+	Method      string    `json:"method"`
+	Fanout      int       `json:"fanout"`
+	LatenciesUS []float64 `json:"latencies_us"`
+	LatTimeouts int       `json:"lat_timeouts"`
+	Completed   int64     `json:"completed"`
+	Timeouts    int64     `json:"timeouts"`
+	LoadedSec   float64   `json:"loaded_s"`
+	CPUUserSec  float64   `json:"cpu_user_s"`
+	CPUSysSec   float64   `json:"cpu_sys_s"`
+	Mismatches  int64     `json:"mismatches"` // aggregates that differ from the workers' values
+}
+
+// requester sends one request and returns its aggregate (sum of element 0) or an error.
+type requester interface {
+	// do sends request id (kedge: pkg/sg picks the id and returns it) and waits for it.
+	do(id uint64) (sum int64, used uint64, complete bool, err error)
+	close()
+}
+
+// RunClient runs the phases of one client: setup, "ready" on out, wait for a line on in,
+// unloaded latencies, "loaded" on out, wait for a line, loaded throughput, "done" on out,
+// wait for a line, then the result as JSON. The lines let the driver attach a syscall
+// counter to the loaded phase only.
+func RunClient(ctx context.Context, o ClientOptions, in io.Reader, out io.Writer) (*ClientResult, error) {
+	res := &ClientResult{Method: o.Method, Fanout: len(o.Workers)}
+	newReq, cleanup, err := setup(o)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	rd := bufio.NewReader(in)
+	wait := func(say string) error {
+		fmt.Fprintln(out, say)
+		_, err := rd.ReadString('\n')
+		return err
+	}
+	if err := wait("ready"); err != nil {
+		return nil, err
+	}
+	var seq atomic.Uint64
+	seq.Store(uint64(time.Now().UnixNano()) & (1<<40 - 1) << 10)
+	r, err := newReq()
+	if err != nil {
+		return nil, err
+	}
+	for range o.LatRequests {
+		id := seq.Add(1 << 10)
+		start := time.Now()
+		sum, id, ok, err := r.do(id)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			res.LatTimeouts++
+			continue
+		}
+		res.LatenciesUS = append(res.LatenciesUS, float64(time.Since(start).Nanoseconds())/1e3)
+		if sum != want(o.Workers, id) {
+			res.Mismatches++
+		}
+	}
+	r.close()
+	if err := wait("loaded"); err != nil {
+		return nil, err
+	}
+	reqs := make([]requester, o.Outstanding)
+	for i := range reqs {
+		if reqs[i], err = newReq(); err != nil {
+			return nil, err
+		}
+	}
+	var ru0, ru1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	start := time.Now()
+	deadline := start.Add(o.Duration)
+	var completed, timeouts, mism atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, len(reqs))
+	for _, r := range reqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				id := seq.Add(1 << 10)
+				sum, id, ok, err := r.do(id)
+				if err != nil {
+					errc <- err
+					return
+				}
+				if !ok {
+					timeouts.Add(1)
+					continue
+				}
+				completed.Add(1)
+				if sum != want(o.Workers, id) {
+					mism.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	res.LoadedSec = time.Since(start).Seconds()
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	close(errc)
+	if err := <-errc; err != nil {
+		return nil, err
+	}
+	for _, r := range reqs {
+		r.close()
+	}
+	res.Completed, res.Timeouts, res.Mismatches = completed.Load(), timeouts.Load(), res.Mismatches+mism.Load()
+	res.CPUUserSec = tv(ru1.Utime) - tv(ru0.Utime)
+	res.CPUSysSec = tv(ru1.Stime) - tv(ru0.Stime)
+	if err := wait("done"); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+func tv(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
+
+// want is the sum of element 0 over every worker for request id (isg.ValueFor).
+func want(ws []netip.AddrPort, id uint64) int64 {
+	var s int64
+	for w := range ws {
+		s += isg.ValueFor(uint16(w), id, 0)
+	}
+	return s
+}
+
+func setup(o ClientOptions) (func() (requester, error), func(), error) {
+	if o.Method == "kedge" {
+		g, err := sg.Open(sg.Config{Interface: o.Interface, Workers: o.Workers, Reduction: sg.Sum, Type: sg.Int64,
+			Elems: o.Elems, Timeout: o.Timeout, InFlight: max(o.Outstanding, 1)})
+		if err != nil {
+			return nil, nil, err
+		}
+		return func() (requester, error) { return &kedgeReq{g: g}, nil }, func() { g.Close() }, nil
+	}
+	if !slices.Contains(Methods, o.Method) {
+		return nil, nil, fmt.Errorf("unknown method %q (want one of %v)", o.Method, Methods)
+	}
+	return func() (requester, error) { return newSockReq(o) }, func() {}, nil
+}
+
+type kedgeReq struct{ g *sg.Group }
+
+func (k *kedgeReq) do(uint64) (int64, uint64, bool, error) {
+	res, err := k.g.Scatter(context.Background(), []byte("bench"))
+	if err != nil {
+		return 0, 0, false, err
+	}
+	if res.Status != sg.OK {
+		return 0, res.ID, false, nil
+	}
+	return res.Values[0], res.ID, true, nil
+}
+
+func (k *kedgeReq) close() {}
+
+// sockReq is one unconnected UDP socket of a baseline.
+type sockReq struct {
+	o     ClientOptions
+	fd    int
+	epfd  int
+	dsts  []unix.Sockaddr
+	buf   []byte
+	hdrs  []mmsghdr
+	iovs  []unix.Iovec
+	names []unix.RawSockaddrInet6
+	rbufs [][]byte
+	reqs  [][]byte // per worker: the request with its worker index (as kedge's scatter writes it)
+	seen  []bool
+}
+
+func newSockReq(o ClientOptions) (*sockReq, error) {
+	s := &sockReq{o: o, epfd: -1}
+	v6 := !o.Workers[0].Addr().Unmap().Is4()
+	fam := unix.AF_INET
+	if v6 {
+		fam = unix.AF_INET6
+	}
+	flags := unix.SOCK_DGRAM | unix.SOCK_CLOEXEC
+	if o.Method == "epoll" || o.Method == "busypoll" {
+		flags |= unix.SOCK_NONBLOCK
+	}
+	fd, err := unix.Socket(fam, flags, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	s.fd = fd
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
+	if o.Method == "naive" || o.Method == "mmsg" {
+		tv := unix.NsecToTimeval(o.Timeout.Nanoseconds())
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	}
+	if o.Method == "busypoll" {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_BUSY_POLL, 50); err != nil {
+			return nil, fmt.Errorf("SO_BUSY_POLL: %w", err)
+		}
+	}
+	if o.Method == "epoll" {
+		if s.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+			return nil, err
+		}
+		if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}); err != nil {
+			return nil, err
+		}
+	}
+	for _, w := range o.Workers {
+		if v6 {
+			s.dsts = append(s.dsts, &unix.SockaddrInet6{Port: int(w.Port()), Addr: w.Addr().As16()})
+		} else {
+			s.dsts = append(s.dsts, &unix.SockaddrInet4{Port: int(w.Port()), Addr: w.Addr().Unmap().As4()})
+		}
+	}
+	s.buf = make([]byte, 65536)
+	s.seen = make([]bool, len(o.Workers))
+	const batch = 64
+	s.rbufs = make([][]byte, batch)
+	for i := range s.rbufs {
+		s.rbufs[i] = make([]byte, 2048)
+	}
+	return s, nil
+}
+
+func (s *sockReq) close() {
+	unix.Close(s.fd)
+	if s.epfd >= 0 {
+		unix.Close(s.epfd)
+	}
+}
+
+// request fills every worker's copy of request id: the same bytes kedge's scatter sends
+// (worker index per copy).
+func (s *sockReq) request(id uint64) {
+	if s.reqs == nil {
+		s.reqs = make([][]byte, len(s.dsts))
+		for i := range s.reqs {
+			h := isg.Header{Version: isg.Version, Op: isg.OpRequest, Worker: uint16(i), PayloadLen: 5}
+			s.reqs[i] = append(h.Append(nil), "bench"...)
+		}
+	}
+	for _, r := range s.reqs {
+		binary.BigEndian.PutUint64(r[8:], id)
+	}
+}
+
+// take checks one datagram: a reply to id from a worker not seen yet adds to sum.
+func (s *sockReq) take(d []byte, id uint64, sum *int64, got *int) {
+	h, p, err := isg.ParseHeader(d)
+	if err != nil || h.Op != isg.OpReply || h.ReqID != id || int(h.Worker) >= len(s.seen) || s.seen[h.Worker] || len(p) < 8 {
+		return // another request's reply (an earlier timeout), or not ours
+	}
+	s.seen[h.Worker] = true
+	*sum += int64(binary.BigEndian.Uint64(p))
+	*got++
+}
+
+func (s *sockReq) do(id uint64) (int64, uint64, bool, error) {
+	sum, ok, err := s.exchange(id)
+	return sum, id, ok, err
+}
+
+func (s *sockReq) exchange(id uint64) (int64, bool, error) {
+	clear(s.seen)
+	s.request(id)
+	n := len(s.o.Workers)
+	var err error
+	switch s.o.Method {
+	case "naive":
+		for i, d := range s.dsts {
+			if err = unix.Sendto(s.fd, s.reqs[i], 0, d); err != nil {
+				return 0, false, fmt.Errorf("sendto worker %d: %w", i, err)
+			}
+		}
+	default:
+		if err = s.sendmmsg(); err != nil {
+			return 0, false, err
+		}
+	}
+	var sum int64
+	got := 0
+	deadline := time.Now().Add(s.o.Timeout)
+	for got < n {
+		if time.Now().After(deadline) {
+			return sum, false, nil
+		}
+		switch s.o.Method {
+		case "naive":
+			k, _, err := unix.Recvfrom(s.fd, s.buf, 0)
+			if err != nil {
+				if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+					continue
+				}
+				return 0, false, fmt.Errorf("recvfrom: %w", err)
+			}
+			s.take(s.buf[:k], id, &sum, &got)
+		case "mmsg":
+			if err := s.recvBatch(unix.MSG_WAITFORONE, id, &sum, &got); err != nil {
+				return 0, false, err
+			}
+		case "epoll":
+			var ev [1]unix.EpollEvent
+			if _, err := unix.EpollWait(s.epfd, ev[:], int(time.Until(deadline).Milliseconds())+1); err != nil && !errors.Is(err, unix.EINTR) {
+				return 0, false, fmt.Errorf("epoll_wait: %w", err)
+			}
+			if err := s.recvBatch(unix.MSG_DONTWAIT, id, &sum, &got); err != nil {
+				return 0, false, err
+			}
+		case "busypoll":
+			if err := s.recvBatch(unix.MSG_DONTWAIT, id, &sum, &got); err != nil {
+				return 0, false, err
+			}
+		}
+	}
+	return sum, true, nil
+}
+
+func (s *sockReq) recvBatch(flags int, id uint64, sum *int64, got *int) error {
+	k, err := s.recvmmsg(flags)
+	if err != nil {
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			return nil
+		}
+		return fmt.Errorf("recvmmsg: %w", err)
+	}
+	for i := 0; i < k; i++ {
+		s.take(s.rbufs[i][:s.hdrs[i].Len], id, sum, got)
+	}
+	return nil
+}

@@ -1,0 +1,330 @@
+package sgbench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/lab"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+)
+
+// Schema of result.json.
+const Schema = "kedge.bench.sg/v1"
+
+// Options of a run.
+type Options struct {
+	Kedge       string // the kedge binary (clients and workers run as processes)
+	Fanouts     []int
+	Methods     []string
+	Elems       int
+	LatRequests int
+	Outstanding int
+	Duration    time.Duration
+	Timeout     time.Duration
+	Out         string
+}
+
+// DefaultOptions: fan-outs 4..1024, every method, 8 requests outstanding.
+func DefaultOptions() Options {
+	return Options{Fanouts: []int{4, 16, 64, 256, 1024}, Methods: Methods, Elems: 4, LatRequests: 300,
+		Outstanding: 8, Duration: 2 * time.Second, Timeout: 200 * time.Millisecond, Out: "results/sg"}
+}
+
+// Row is one (method, fan-out) measurement.
+type Row struct {
+	Method         string  `json:"method"`
+	Fanout         int     `json:"fanout"`
+	P50US          float64 `json:"p50_us"`
+	P99US          float64 `json:"p99_us"`
+	LatRequests    int     `json:"lat_requests"`
+	LatTimeouts    int     `json:"lat_timeouts"`
+	Throughput     float64 `json:"throughput_rps"`
+	Completed      int64   `json:"completed"`
+	Timeouts       int64   `json:"timeouts"`
+	ClientCPUUS    float64 `json:"client_cpu_us_per_req"`  // client process user+sys
+	MachineCPUUS   float64 `json:"machine_cpu_us_per_req"` // /proc/stat busy, workers and softirq included
+	SyscallsPerReq float64 `json:"syscalls_per_req"`       // client process, loaded phase (perf), -1: not measured
+	Mismatches     int64   `json:"mismatches"`
+}
+
+// Ratio compares kedge with the best baseline at one fan-out.
+type Ratio struct {
+	Fanout          int     `json:"fanout"`
+	BestThroughput  string  `json:"best_throughput_baseline"`
+	ThroughputRatio float64 `json:"throughput_ratio"` // kedge / best, higher is better
+	BestP50         string  `json:"best_p50_baseline"`
+	P50Ratio        float64 `json:"p50_ratio"` // kedge / best, lower is better
+}
+
+// Result is result.json.
+type Result struct {
+	bench.Envelope
+	Placement string  `json:"placement"`
+	Rows      []Row   `json:"rows"`
+	Ratios    []Ratio `json:"ratios"`
+}
+
+// Run builds a two-host lab, starts max(Fanouts) workers in one process on the second host
+// (CPU 1), and runs every method at every fan-out as a client process on CPU 0, methods
+// alternating within each fan-out.
+func Run(ctx context.Context, o Options, log io.Writer) (*Result, error) {
+	maxF := 0
+	for _, f := range o.Fanouts {
+		maxF = max(maxF, f)
+	}
+	res := &Result{Envelope: bench.NewEnvelope(ctx, Schema, "", map[string]any{
+		"fanouts": o.Fanouts, "methods": o.Methods, "elems": o.Elems, "lat_requests": o.LatRequests,
+		"outstanding": o.Outstanding, "duration_s": o.Duration.Seconds(), "timeout_ms": o.Timeout.Milliseconds()}),
+		Placement: "coordinator (client process) pinned to CPU 0 in namespace coord; all workers in one " +
+			"`kedge sg worker` process pinned to CPU 1 in namespace w1 (one UDP socket per worker); " +
+			"hosts joined by a bridge (veth); softirq work runs where the packets are sent/received"}
+	l, err := lab.Up(lab.Spec{Name: "sgb", Fabric: lab.Bridge, Hosts: []string{"coord", "w1"}})
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	coord, w1 := l.Host("coord"), l.Host("w1")
+	base := netip.AddrPortFrom(w1.IPv4, 20000)
+	wcmd := exec.Command("taskset", "-c", "1", o.Kedge, "sg", "worker", "--netns", w1.Path(),
+		"--listen", fmt.Sprintf("%s+%d", base, maxF), "--type", "int64", "--elems", strconv.Itoa(o.Elems))
+	wcmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	werr, _ := wcmd.StderrPipe()
+	if err := wcmd.Start(); err != nil {
+		return nil, fmt.Errorf("start workers: %w", err)
+	}
+	defer func() { _ = wcmd.Process.Signal(syscall.SIGTERM); _ = wcmd.Wait() }()
+	sc := bufio.NewScanner(werr)
+	if !sc.Scan() || !strings.Contains(sc.Text(), "ready") {
+		return nil, fmt.Errorf("workers did not start: %s", sc.Text())
+	}
+	go func() {
+		for sc.Scan() {
+		}
+	}()
+	for _, f := range o.Fanouts {
+		for _, m := range o.Methods {
+			row, err := runClient(ctx, o, coord, base, f, m)
+			if err != nil {
+				return nil, fmt.Errorf("fan-out %d, %s: %w", f, m, err)
+			}
+			fmt.Fprintf(log, "fan-out %4d %-9s p50 %8.1f us  p99 %8.1f us  %9.0f req/s  client CPU %7.1f us/req  syscalls %7.1f/req  timeouts %d  mismatches %d\n",
+				f, m, row.P50US, row.P99US, row.Throughput, row.ClientCPUUS, row.SyscallsPerReq, row.Timeouts+int64(row.LatTimeouts), row.Mismatches)
+			res.Rows = append(res.Rows, *row)
+		}
+	}
+	res.Ratios = ratios(res.Rows)
+	return res, nil
+}
+
+func runClient(ctx context.Context, o Options, coord *lab.Host, base netip.AddrPort, f int, m string) (*Row, error) {
+	lat := o.LatRequests
+	if f >= 1024 {
+		lat = max(lat/3, 50)
+	}
+	cmd := exec.CommandContext(ctx, "taskset", "-c", "0", o.Kedge, "bench", "sg-client", "--netns", coord.Path(),
+		"--method", m, "-i", coord.Iface, "--workers", fmt.Sprintf("%s+%d", base, f), "--elems", strconv.Itoa(o.Elems),
+		"--lat-requests", strconv.Itoa(lat), "--outstanding", strconv.Itoa(o.Outstanding),
+		"--duration", o.Duration.String(), "--timeout", o.Timeout.String())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	in, _ := cmd.StdinPipe()
+	outp, _ := cmd.StdoutPipe()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	rd := bufio.NewReader(outp)
+	expect := func(word string) error {
+		line, err := rd.ReadString('\n')
+		if err != nil || strings.TrimSpace(line) != word {
+			return fmt.Errorf("client said %q (%v), want %q: %s", line, err, word, stderr.String())
+		}
+		return nil
+	}
+	if err := expect("ready"); err != nil {
+		return nil, err
+	}
+	fmt.Fprintln(in)
+	if err := expect("loaded"); err != nil {
+		return nil, err
+	}
+	perfOut := filepath.Join(os.TempDir(), fmt.Sprintf("kedge-sgbench-perf-%d", cmd.Process.Pid))
+	defer os.Remove(perfOut)
+	perf := exec.Command("perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p", strconv.Itoa(cmd.Process.Pid), "-o", perfOut)
+	perfOK := perf.Start() == nil
+	if perfOK {
+		time.Sleep(300 * time.Millisecond) // perf attaches asynchronously; nothing to poll
+	}
+	cpu0, _ := bench.ReadCPU()
+	fmt.Fprintln(in)
+	if err := expect("done"); err != nil {
+		return nil, err
+	}
+	cpu1, _ := bench.ReadCPU()
+	syscalls := -1.0
+	if perfOK {
+		_ = perf.Process.Signal(syscall.SIGINT)
+		_ = perf.Wait()
+		syscalls = readPerf(perfOut)
+	}
+	fmt.Fprintln(in)
+	var cr ClientResult
+	if err := json.NewDecoder(rd).Decode(&cr); err != nil {
+		return nil, fmt.Errorf("read client result: %w: %s", err, stderr.String())
+	}
+	row := &Row{Method: m, Fanout: f, LatRequests: len(cr.LatenciesUS), LatTimeouts: cr.LatTimeouts,
+		Completed: cr.Completed, Timeouts: cr.Timeouts, Mismatches: cr.Mismatches, SyscallsPerReq: -1}
+	sort.Float64s(cr.LatenciesUS)
+	if len(cr.LatenciesUS) > 0 {
+		row.P50US = bench.Percentile(cr.LatenciesUS, 50)
+		row.P99US = bench.Percentile(cr.LatenciesUS, 99)
+	}
+	if cr.LoadedSec > 0 {
+		row.Throughput = float64(cr.Completed) / cr.LoadedSec
+	}
+	if cr.Completed > 0 {
+		row.ClientCPUUS = (cr.CPUUserSec + cr.CPUSysSec) * 1e6 / float64(cr.Completed)
+		row.MachineCPUUS = cpu1.Sub(cpu0).Busy.Seconds() * 1e6 / float64(cr.Completed)
+		if syscalls >= 0 {
+			row.SyscallsPerReq = syscalls / float64(cr.Completed)
+		}
+	}
+	return row, nil
+}
+
+// readPerf reads the count from perf stat -x, output ("12345,,raw_syscalls:sys_enter,...").
+func readPerf(path string) float64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) > 2 && strings.Contains(line, "raw_syscalls:sys_enter") {
+			if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+func ratios(rows []Row) []Ratio {
+	var out []Ratio
+	byF := map[int][]Row{}
+	var fs []int
+	for _, r := range rows {
+		if _, ok := byF[r.Fanout]; !ok {
+			fs = append(fs, r.Fanout)
+		}
+		byF[r.Fanout] = append(byF[r.Fanout], r)
+	}
+	for _, f := range fs {
+		var k *Row
+		var bestT, bestL *Row
+		for i := range byF[f] {
+			r := &byF[f][i]
+			if r.Method == "kedge" {
+				k = r
+				continue
+			}
+			if bestT == nil || r.Throughput > bestT.Throughput {
+				bestT = r
+			}
+			if r.P50US > 0 && (bestL == nil || r.P50US < bestL.P50US) {
+				bestL = r
+			}
+		}
+		if k == nil || bestT == nil || bestL == nil || bestT.Throughput == 0 || bestL.P50US == 0 {
+			continue
+		}
+		out = append(out, Ratio{Fanout: f, BestThroughput: bestT.Method, ThroughputRatio: k.Throughput / bestT.Throughput,
+			BestP50: bestL.Method, P50Ratio: k.P50US / bestL.P50US})
+	}
+	return out
+}
+
+// WriteTable prints the rows and the ratios.
+func WriteTable(w io.Writer, r *Result) {
+	fmt.Fprintf(w, "%-7s %-9s %10s %10s %12s %14s %15s %12s %9s\n", "FANOUT", "METHOD", "P50_US", "P99_US", "REQ/S", "CLIENT_CPU_US", "MACHINE_CPU_US", "SYSCALLS/REQ", "TIMEOUTS")
+	for _, x := range r.Rows {
+		fmt.Fprintf(w, "%-7d %-9s %10.1f %10.1f %12.0f %14.1f %15.1f %12.1f %9d\n", x.Fanout, x.Method, x.P50US, x.P99US,
+			x.Throughput, x.ClientCPUUS, x.MachineCPUUS, x.SyscallsPerReq, x.Timeouts+int64(x.LatTimeouts))
+	}
+	fmt.Fprintln(w)
+	for _, q := range r.Ratios {
+		if q.ThroughputRatio == 0 {
+			fmt.Fprintf(w, "fan-out %4d: kedge completed no request (see the timeouts)\n", q.Fanout)
+			continue
+		}
+		fmt.Fprintf(w, "fan-out %4d: kedge/%s throughput %.2fx, kedge/%s p50 %.2fx\n", q.Fanout, q.BestThroughput, q.ThroughputRatio, q.BestP50, q.P50Ratio)
+	}
+}
+
+// WriteCharts writes p50 latency and throughput against fan-out, one line per method.
+func WriteCharts(dir string, r *Result) error {
+	for _, c := range []struct {
+		name, y string
+		val     func(Row) float64
+	}{{"latency", "p50 latency (us, log)", func(x Row) float64 { return x.P50US }},
+		{"throughput", "throughput (requests/s, log)", func(x Row) float64 { return x.Throughput }}} {
+		p := plot.New()
+		p.Title.Text = "kedge bench sg: " + c.name + " against fan-out"
+		p.X.Label.Text = "fan-out (workers, log)"
+		p.Y.Label.Text = c.y
+		p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+		p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{}, plot.LogTicks{}
+		var args []any
+		methods := []string{}
+		for _, x := range r.Rows {
+			if len(methods) == 0 || !contains(methods, x.Method) {
+				methods = append(methods, x.Method)
+			}
+		}
+		for _, m := range methods {
+			var pts plotter.XYs
+			for _, x := range r.Rows {
+				if x.Method == m && c.val(x) > 0 {
+					pts = append(pts, plotter.XY{X: float64(x.Fanout), Y: c.val(x)})
+				}
+			}
+			args = append(args, m, pts)
+		}
+		if err := addLines(p, args...); err != nil {
+			return err
+		}
+		p.Legend.Top = true
+		for _, ext := range []string{"png", "svg"} {
+			if err := p.Save(7*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, c.name+"."+ext)); err != nil {
+				return fmt.Errorf("save chart: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,214 @@
+package sg
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/runstate"
+	"github.com/kedge-dev/kedge/internal/runstate/runstatetest"
+	isg "github.com/kedge-dev/kedge/internal/sg"
+)
+
+func TestMain(m *testing.M) {
+	code := bpftest.CheckFDLeaks(m)
+	bpftest.RemoveKedgeBinary()
+	os.Exit(code)
+}
+
+// startWorkers runs `kedge sg worker` in h listening on n consecutive ports and waits
+// until it is ready. The process is killed at the end of the test.
+func startWorkers(t *testing.T, bin string, h *lab.Host, addr netip.Addr, port uint16, n int, extra ...string) *exec.Cmd {
+	t.Helper()
+	args := append([]string{"sg", "worker", "--netns", h.Path(), "--listen", fmt.Sprintf("%s+%d", netip.AddrPortFrom(addr, port), n),
+		"--type", "int64", "--elems", "3"}, extra...)
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), "ready") {
+			go func() {
+				for sc.Scan() {
+				}
+			}()
+			return cmd
+		}
+	}
+	t.Fatalf("kedge %s: no ready line", strings.Join(args, " "))
+	return nil
+}
+
+// TestLab runs workers as real processes on other hosts of a lab, behind a bridge and
+// behind a router (copies rewritten to the gateway's MAC, replies forwarded), over IPv4
+// and IPv6, and checks every aggregate against the values each worker sent; the last
+// worker address has no process: the all-policy times out with its bit clear.
+func TestLab(t *testing.T) {
+	bpftest.RequireRoot(t)
+	bin := bpftest.KedgeBinary(t)
+	for _, fabric := range []lab.Fabric{lab.Bridge, lab.Router} {
+		t.Run(fabric.String(), func(t *testing.T) {
+			l, err := lab.Up(lab.Spec{Name: "sg", Fabric: fabric, Hosts: []string{"coord", "w1", "w2"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			coord := l.Host("coord")
+			for _, v6 := range []bool{false, true} {
+				name := "ipv4"
+				if v6 {
+					name = "ipv6"
+				}
+				t.Run(name, func(t *testing.T) {
+					var workers []netip.AddrPort
+					for _, h := range []*lab.Host{l.Host("w1"), l.Host("w2")} {
+						addr := h.IPv4
+						if v6 {
+							addr = h.IPv6
+						}
+						startWorkers(t, bin, h, addr, 9100, 4)
+						for k := range 4 {
+							workers = append(workers, netip.AddrPortFrom(addr, uint16(9100+k)))
+						}
+					}
+					dead := netip.AddrPortFrom(workers[0].Addr(), 9199)
+					g, err := Open(Config{Interface: coord.Iface, Netns: coord.Path(), Workers: append(workers, dead),
+						Reduction: Sum, Type: Int64, Elems: 3, Timeout: 100 * time.Millisecond})
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer g.Close()
+					n := len(workers)
+					for range 20 {
+						res, err := g.Scatter(context.Background(), []byte("lab"))
+						if err != nil {
+							t.Fatal(err)
+						}
+						if res.Status != Timeout || res.Count != n || len(res.Answered) != n || res.Answered[n-1] != n-1 {
+							t.Fatalf("result %+v: want a timeout with workers 0..%d answered", res, n-1)
+						}
+						for j := range 3 {
+							var want int64
+							for w := range n {
+								want += isg.ValueFor(uint16(w), res.ID, j)
+							}
+							if res.Values[j] != want {
+								t.Fatalf("request %#x element %d: %d, want %d", res.ID, j, res.Values[j], want)
+							}
+						}
+					}
+					res, err := g.ScatterWith(context.Background(), nil, RequestOptions{Need: n})
+					if err != nil || res.Status != OK || res.Count != n {
+						t.Fatalf("%d of %d: %+v %v", n, n+1, res, err)
+					}
+					st, _ := g.Stats()
+					if st.Copies != 21*uint64(n+1) || st.Replies != 21*uint64(n) || st.Malformed+st.Unregistered+st.Stale != 0 {
+						t.Errorf("stats %+v", st)
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestSIGKILL kills `kedge sg scatter` in the middle of a run with requests in flight,
+// then checks that its XDP program went with it, that a restarted coordinator works on
+// the same interface, and that its pinned counters are gone.
+func TestSIGKILL(t *testing.T) {
+	bpftest.RequireRoot(t)
+	// A private /run: the killed coordinator's owner record and status file are its own.
+	if runstatetest.Private(t) {
+		return
+	}
+	bin := bpftest.KedgeBinary(t)
+	l, err := lab.Up(lab.Spec{Name: "sgk", Fabric: lab.Bridge, Hosts: []string{"coord", "w1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	coord, w1 := l.Host("coord"), l.Host("w1")
+	startWorkers(t, bin, w1, w1.IPv4, 9100, 8, "--delay", "20ms")
+	workers := fmt.Sprintf("%s+8", netip.AddrPortFrom(w1.IPv4, 9100))
+	runDir := runstate.Dir
+	cmd := exec.Command(bin, "sg", "scatter", "--netns", coord.Path(), "-i", coord.Iface, "--workers", workers,
+		"--elems", "3", "--count", "100000", "--timeout", "1s")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var statusFile string
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var st struct{ Stats Stats }
+		err := os.ErrNotExist
+		if files, _ := runstate.Statuses(runDir, isg.Capability); len(files) == 1 && !files[0].Temp {
+			statusFile = files[0].Path
+			var b []byte
+			if b, err = os.ReadFile(statusFile); err == nil {
+				err = json.Unmarshal(b, &st)
+			}
+		}
+		if err == nil && st.Stats.Completed >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("the coordinator never reported 3 completed requests: %v %+v", err, st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	h, err := bpfx.NetlinkHandle(coord.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName(coord.Iface)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := link.Attrs().Xdp; x != nil && x.Attached {
+		t.Errorf("an XDP program (id %d) is still attached after SIGKILL", x.ProgId)
+	}
+	out, err := exec.Command(bin, "sg", "scatter", "--netns", coord.Path(), "-i", coord.Iface, "--workers", workers,
+		"--elems", "3", "--count", "5", "-o", "json").Output()
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	var rep struct {
+		Results []Result
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Status != OK || r.Count != 8 {
+			t.Errorf("after restart: %+v", r)
+		}
+	}
+	// The restarted coordinator removed the killed one's status file.
+	if _, err := os.Stat(statusFile); !os.IsNotExist(err) {
+		t.Errorf("status file %s of the killed run still there (%v)", statusFile, err)
+	}
+}
