@@ -127,8 +127,8 @@ func (l *Lab) Faults() (_ *FaultFabric, err error) {
 			err = errors.Join(err, f.Close())
 		}
 	}()
-	if err := loadFabricObjects(&f.objs, nil); err != nil {
-		return nil, fmt.Errorf("load fabric program: %w", err)
+	if err := loadFabricProgram(&f.objs); err != nil {
+		return nil, err
 	}
 	fh, err := bpfx.NetlinkHandle(l.Fabric.Handle)
 	if err != nil {
@@ -168,6 +168,16 @@ func (l *Lab) Faults() (_ *FaultFabric, err error) {
 		}
 	}
 	return f, nil
+}
+
+// loadFabricProgram loads the fault program (raising RLIMIT_MEMLOCK where the kernel
+// still charges BPF memory to it, before 5.11).
+func loadFabricProgram(objs *fabricObjects) error {
+	spec, err := loadFabric()
+	if err != nil {
+		return fmt.Errorf("load fabric program spec: %w", err)
+	}
+	return bpfx.LoadAndAssign("fault fabric", spec, objs, nil)
 }
 
 // Close detaches the program and stops the delay line (packets it holds are dropped).

@@ -33,7 +33,7 @@ func fixtureNS(t *testing.T, fn func() error) {
 func TestFabricProgramFixtures(t *testing.T) {
 	requireRoot(t)
 	var objs fabricObjects
-	if err := loadFabricObjects(&objs, nil); err != nil {
+	if err := loadFabricProgram(&objs); err != nil {
 		t.Fatal(err)
 	}
 	defer objs.Close()

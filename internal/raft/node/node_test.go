@@ -2,12 +2,15 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,5 +187,53 @@ func TestClusterKV(t *testing.T) {
 	}
 	if g := retry(t, "get", func() (api.GetResponse, error) { return fc.Get(ctx, "a") }); g.Found {
 		t.Fatalf("get after delete: %+v", g)
+	}
+}
+
+// TestHTTPErrors: malformed requests are refused with a JSON error that says the write did
+// not happen; /metrics serves the node's series.
+func TestHTTPErrors(t *testing.T) {
+	c := newCluster(t, 1, nil)
+	c.waitLeader()
+	base := "http://" + c.cfgs[0].Self().Client
+	cases := []struct {
+		method, path, body string
+		status             int
+	}{
+		{"PUT", "/v1/kv/" + strings.Repeat("k", api.MaxKey+1), `{"value":"x"}`, 400},
+		{"PUT", "/v1/kv/a", `{"value":`, 400},
+		{"PUT", "/v1/kv/a", `{"value":"x","extra":1}`, 400},
+		{"PUT", "/v1/kv/a", `{"value":"` + strings.Repeat("v", api.MaxValue+1) + `"}`, 400},
+		{"POST", "/v1/cas/a", `{"expect":1}`, 400},
+		{"GET", "/v1/nope", ``, 404},
+	}
+	for _, tc := range cases {
+		req, _ := http.NewRequest(tc.method, base+tc.path, strings.NewReader(tc.body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e api.Error
+		derr := json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || derr != nil || e.Error == "" || e.Outcome != api.OutcomeNone {
+			t.Errorf("%s %.40s: %d %+v (%v), want %d with a JSON error, outcome none", tc.method, tc.path, resp.StatusCode, e, derr, tc.status)
+		}
+	}
+	// Nothing of the above was applied.
+	if g := retry(t, "get", func() (api.GetResponse, error) { return c.client(1).Get(context.Background(), "a") }); g.Found {
+		t.Fatalf("a refused write was applied: %+v", g)
+	}
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, name := range []string{"kedge_raft_term 2", "kedge_raft_is_leader 1", "kedge_raft_wal_fsync_seconds_count",
+		`kedge_raft_reads_total{result="ok"} 1`, `kedge_raft_transport_dropped_total{reason="cluster"} 0`} {
+		if !strings.Contains(string(body), name) {
+			t.Errorf("/metrics lacks %q", name)
+		}
 	}
 }
