@@ -11,7 +11,8 @@
  *   dl_loop      (TC ingress, delay device peer) pacer_pass: fillers go round; clones back
  *
  *   maps.h       run configuration (cfg), maps, counters
- *   request.h    match, budget, rewrites, and the split / rescue / respond handlers
+ *   request.h    match, rewrites, and the split / rescue / respond handlers
+ *   budget.h     the hedge budget: a sliding window (default) or a token bucket
  *   timer.h      latency and precision histograms, adaptive delay, scoreboard expiry
  *   delayline.h  the hedger's side of the pacer (a clone's deadline, for edt)
  * The contract with user space is bpf/include/hedge.h. */

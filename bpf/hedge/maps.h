@@ -31,6 +31,7 @@ const enum hedge_limits *hedge_btf_limits __attribute__((unused));
 const enum delay_mode *hedge_btf_delay_mode __attribute__((unused));
 const enum req_state *hedge_btf_req_state __attribute__((unused));
 const enum reqid_order *hedge_btf_reqid_order __attribute__((unused));
+const enum budget_mode *hedge_btf_budget_mode __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

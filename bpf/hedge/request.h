@@ -7,6 +7,7 @@
 
 #include "maps.h"
 #include "timer.h"
+#include "budget.h"
 
 /* Which side of an exchange a datagram is: a request goes to a service address (client ->
  * service), a response comes from a service or replica address (service -> client). */
@@ -125,30 +126,6 @@ static __always_inline int match(struct __sk_buff *skb, struct match *m, int dir
 	return 1;
 }
 
-/* Budget (docs/hedging.md): each request deposits ratio tokens while fewer than the cap
- * (burst) are free; the splitter takes one for each clone it sends into the delay line;
- * budget_return gives it back when the clone is dropped without a hedge. The return is not
- * capped: the token was deposited before, so "hedges <= ratio * requests + burst" stays
- * exact (every hedge spends a token a request deposited or the initial bucket held). */
-static __always_inline void budget_deposit(struct svc_cfg *sc, struct svc_state *st)
-{
-	if (st->tokens_milli < (__s64)sc->budget_cap_milli)
-		__sync_fetch_and_add(&st->tokens_milli, sc->budget_ratio_milli);
-}
-
-static __always_inline int budget_take(struct svc_state *st)
-{
-	if (__sync_fetch_and_add(&st->tokens_milli, -1000) >= 1000)
-		return 1;
-	__sync_fetch_and_add(&st->tokens_milli, 1000);
-	return 0;
-}
-
-static __always_inline void budget_return(struct svc_state *st)
-{
-	__sync_fetch_and_add(&st->tokens_milli, 1000);
-}
-
 /* rewrite_addr replaces the 16-byte (IPv6) or 4-byte (IPv4) destination (is_dst) or source
  * address and port, keeping IP and UDP checksums right whatever the skb's checksum state
  * (the helpers handle CHECKSUM_PARTIAL/COMPLETE/NONE).
@@ -230,23 +207,24 @@ static __always_inline int split(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	COUNT(m.cnt, requests);
 	now = bpf_ktime_get_ns();
-	budget_deposit(m.cfg, m.st);
+	budget_request(m.cfg, m.st, now);
 
 	r.sent_ns = now;
 	r.deadline_ns = now + m.cfg->delay_ns;
 	r.state = REQ_PENDING;
 	r.orig_replica = m.cfg->orig_index;
 	r.hedge_replica = REPLICA_NONE;
-	/* The clone takes its hedge's token now: without one it would only ride the delay line
-	 * to be refused, and concurrent requests could not all count on the same token. */
-	token = budget_take(m.st);
+	/* Bucket: the clone takes its hedge's token now, so none rides the delay line only to be
+	 * refused and concurrent requests cannot all count on the same token. Window: every
+	 * request is cloned; its hedge is charged when due. */
+	token = budget_reserve(m.cfg, m.st);
 	if (!token) {
 		COUNT(m.cnt, budget_exhausted);
 		r.state = REQ_NOCLONE;
 	}
 	if (bpf_map_update_elem(&scoreboard, &m.key, &r, BPF_ANY) < 0) {
 		if (token)
-			budget_return(m.st);
+			budget_release(m.cfg, m.st);
 		COUNT(m.cnt, scoreboard_errors);
 		return TC_ACT_UNSPEC;
 	}
@@ -255,7 +233,7 @@ static __always_inline int split(struct __sk_buff *skb)
 	if (pacer_carry(skb) < 0) {
 		struct hreq *e = bpf_map_lookup_elem(&scoreboard, &m.key);
 
-		budget_return(m.st);
+		budget_release(m.cfg, m.st);
 		COUNT(m.cnt, clone_errors);
 		if (e)
 			e->state = REQ_NOCLONE;
@@ -266,11 +244,19 @@ static __always_inline int split(struct __sk_buff *skb)
 }
 
 /* hedge_failed: the clone was due but no hedge left (the packet is dropped). The entry
- * becomes NOHEDGE, so its response completes it, and the clone's token goes back. */
+ * becomes NOHEDGE, so its response completes it, and the clone's reservation goes back. */
 static __always_inline void hedge_failed(struct match *m, struct hreq *e)
 {
 	e->state = REQ_NOHEDGE;
-	budget_return(m->st);
+	budget_release(m->cfg, m->st);
+}
+
+/* hedge_unsent: the hedge was charged but could not be sent: as hedge_failed, and the
+ * charge is refunded (bucket: the token goes back; window: the slot's hedge). */
+static __always_inline void hedge_unsent(struct match *m, struct hreq *e, __u64 now)
+{
+	e->state = REQ_NOHEDGE;
+	budget_refund(m->cfg, m->st, now);
 }
 
 /* rescue (the pacer's tick program, at the delay line's exit): drop a clone whose request
@@ -296,14 +282,14 @@ static __always_inline int rescue(struct __sk_buff *skb)
 	}
 	e = bpf_map_lookup_elem(&scoreboard, &m.key);
 	if (!e) {
-		budget_return(m.st);
+		budget_release(m.cfg, m.st);
 		COUNT(m.cnt, clones_orphaned);
 		return TC_ACT_SHOT;
 	}
 	if (e->state != REQ_PENDING) {
 		if (e->state == REQ_ANSWERED)
 			bpf_map_delete_elem(&scoreboard, &m.key);
-		budget_return(m.st);
+		budget_release(m.cfg, m.st);
 		COUNT(m.cnt, clones_answered);
 		return TC_ACT_SHOT;
 	}
@@ -318,21 +304,26 @@ static __always_inline int rescue(struct __sk_buff *skb)
 		COUNT(m.cnt, recirculations);
 		return ret;
 	}
-	/* Due and unanswered: the token this clone took at the splitter pays for the hedge. */
+	/* Due and unanswered: the budget pays for the hedge (bucket: the clone's token). */
+	if (!budget_charge(m.cfg, m.st, now)) {
+		e->state = REQ_REFUSED;
+		COUNT(m.cnt, budget_exhausted);
+		return TC_ACT_SHOT;
+	}
 	idx = pick_replica(m.cfg, m.st, e->orig_replica);
 	to = *replica_at(m.cfg, idx);
 	__builtin_memset(&from, 0, sizeof(from));
 	from.addr = m.p.daddr;
 	from.port = m.p.dport;
 	if (rewrite_addr(skb, &m.p, 1, &from, &to) < 0) {
-		hedge_failed(&m, e);
+		hedge_unsent(&m, e, now);
 		COUNT(m.cnt, hedge_rewrite_errors);
 		return TC_ACT_SHOT;
 	}
 	skb->mark = cfg.hedge_mark;
 	ret = bpf_redirect_neigh(cfg.out_ifindex, NULL, 0, 0);
 	if (ret != TC_ACT_REDIRECT) {
-		hedge_failed(&m, e);
+		hedge_unsent(&m, e, now);
 		COUNT(m.cnt, redirect_errors);
 		return TC_ACT_SHOT;
 	}
@@ -380,9 +371,10 @@ static __always_inline int respond(struct __sk_buff *skb)
 	} else if (e->state == REQ_PENDING) {
 		e->state = REQ_ANSWERED; /* the clone deletes the entry when it comes out */
 	} else {
-		/* NOCLONE / NOHEDGE: nothing follows. A NOCLONE request answered after its deadline
-		 * is one the budget kept from being hedged (user space warns when they pile up). */
-		if (e->state == REQ_NOCLONE && now > e->deadline_ns)
+		/* NOCLONE / NOHEDGE / REFUSED: nothing follows. A NOCLONE or REFUSED request
+		 * answered after its deadline is one the budget kept from being hedged (user space
+		 * warns when they pile up). */
+		if ((e->state == REQ_NOCLONE || e->state == REQ_REFUSED) && now > e->deadline_ns)
 			COUNT(m.cnt, unhedged_late);
 		bpf_map_delete_elem(&scoreboard, &m.key);
 		return TC_ACT_UNSPEC;

@@ -6,11 +6,13 @@
 #define KEDGE_HEDGE_TIMER_H
 
 #include "maps.h"
+#include "hist.h"
+#include "budget.h"
 
 static __always_inline void hist_add(void *map, __u32 idx, __u64 us)
 {
 	struct khist *h = bpf_map_lookup_elem(map, &idx);
-	__u32 b = hist_bucket(us);
+	__u32 b = hist_bucket(us, HIST_SUB_BITS, HIST_MIN_SHIFT, HIST_BUCKETS);
 
 	/* hist_bucket() clamps, so clang would drop this check; older verifiers (6.1) need it. */
 	barrier_var(b);
@@ -40,16 +42,10 @@ static __always_inline void record_precision(__u32 svc, __u64 now, __u64 deadlin
 		hist_add(&dl_precision, svc * 2 + 1, (deadline - now) / 1000);
 }
 
-/* Bucket index -> upper edge in microseconds (the inverse of hist_bucket). */
+/* Bucket index -> upper edge in microseconds (the last bucket's is finite: 2^28 us). */
 static __always_inline __u64 bucket_upper_us(__u32 b)
 {
-	__u32 e, sub;
-
-	if (b < 2 * HIST_SUB)
-		return b + 1;
-	e = b / HIST_SUB + HIST_SUB_BITS - 1;
-	sub = b % HIST_SUB;
-	return (__u64)(HIST_SUB + sub + 1) << (e - HIST_SUB_BITS);
+	return hist_lower(b + 1, HIST_SUB_BITS, HIST_MIN_SHIFT);
 }
 
 /* Plain bounded loops, not bpf_loop callbacks: a callback that accumulates into its
@@ -141,10 +137,22 @@ struct gc_ctx {
  * iteration a distinct verifier state. */
 static long gc_one(void *map, struct hreq_key *key, struct hreq *r, struct gc_ctx *ctx)
 {
-	if (ctx->now - r->sent_ns > cfg.ttl_ns) {
-		bpf_map_delete_elem(map, key);
-		COUNT(stats_global(), gc_expired);
+	__u32 svc = key->svc;
+	struct svc_cfg *sc;
+	struct svc_state *st;
+
+	if (ctx->now - r->sent_ns <= cfg.ttl_ns)
+		return 0;
+	/* PENDING or ANSWERED past the TTL (at least twice the delay): its clone never came
+	 * back out of the delay line (a qdisc dropped it), so its bucket token goes back here. */
+	if (r->state == REQ_PENDING || r->state == REQ_ANSWERED) {
+		sc = bpf_map_lookup_elem(&svc_cfgs, &svc);
+		st = bpf_map_lookup_elem(&svc_states, &svc);
+		if (sc && st)
+			budget_release(sc, st);
 	}
+	bpf_map_delete_elem(map, key);
+	COUNT(stats_global(), gc_expired);
 	return 0;
 }
 

@@ -27,14 +27,27 @@ enum hedge_limits {
 	REPLICA_MAX = 8,
 	/* Replica index meaning "not a replica" (a service address that is only a VIP). */
 	REPLICA_NONE = 0xff,
-	/* Latency histograms: log-linear buckets in microseconds, 16 per power of two (6% wide),
-	 * linear below 16 us, up to 2^27 us (134 s). See hist_bucket(). */
+	/* Latency histograms: hist.h's log-linear buckets in microseconds, 16 per power of two
+	 * (6% wide), one per microsecond below 16 us, up to 2^28 us (268 s; the last bucket also
+	 * holds every larger value). The layout is (HIST_SUB_BITS, HIST_MIN_SHIFT, HIST_BUCKETS). */
 	HIST_SUB_BITS = 4,
 	HIST_SUB = 1 << HIST_SUB_BITS,
+	HIST_MIN_SHIFT = 4,
 	HIST_BUCKETS = 400,
 	/* Sliding window for the adaptive delay: HIST_SLOTS rotating histograms (Finagle's 30 s
 	 * window refreshed every 3 s is 10 slots), plus one running total per service. */
 	HIST_SLOTS = 10,
+	/* Windowed budget: the window is BUDGET_SLOTS slots of svc_cfg.budget_slot_ns. */
+	BUDGET_SLOTS = 10,
+};
+
+/* How a service's hedges are budgeted (docs/hedging.md, Budget). */
+enum budget_mode {
+	/* Finagle's maxExtraLoad: hedges <= ratio x requests over a sliding window, plus a floor
+	 * of burst hedges, charged when a hedge is sent. */
+	BUDGET_WINDOW = 0,
+	/* A token bucket: each request deposits ratio tokens up to burst, a clone takes one. */
+	BUDGET_BUCKET = 1,
 };
 
 /* hedge_config: the run's constants, set by user space before load (one const volatile,
@@ -82,8 +95,11 @@ struct svc_cfg {
 	__u64 max_ns;
 	__u32 quantile_pm;   /* quantile in per mille (950 = p95) */
 	__u32 min_samples;   /* keep delay_ns until the window holds this many samples */
-	__u64 budget_ratio_milli; /* tokens (milli) deposited per request: 50 = 5% extra load */
-	__u64 budget_cap_milli;   /* bucket size (milli): burst * 1000 */
+	__u64 budget_ratio_milli; /* hedges (milli) per request: 50 = 5% extra load */
+	__u64 budget_cap_milli;   /* burst * 1000: bucket size, or the window's floor */
+	__u64 budget_slot_ns;     /* BUDGET_WINDOW: window / BUDGET_SLOTS */
+	__u32 budget_mode;        /* enum budget_mode */
+	__u32 _pad;
 	struct svc_addr replicas[REPLICA_MAX];
 };
 
@@ -94,6 +110,11 @@ struct svc_state {
 	__u32 slot;         /* current histogram slot */
 	__u64 window_count; /* samples in the running total */
 	__u64 last_delay_ns;
+	/* BUDGET_WINDOW: per slot of the window its time index (now / budget_slot_ns + 1;
+	 * 0: unused), requests and hedges. */
+	__u64 win_epoch[BUDGET_SLOTS];
+	__u64 win_requests[BUDGET_SLOTS];
+	__u64 win_hedges[BUDGET_SLOTS];
 };
 
 /* Scoreboard key: (client addr, client port, service, request id). */
@@ -112,6 +133,7 @@ enum req_state {
 	REQ_HEDGED,       /* hedge sent, no response yet */
 	REQ_ANSWERED,     /* response arrived, clone still in the delay line */
 	REQ_ANSWERED_HEDGED, /* first of two responses arrived; the second is dropped */
+	REQ_REFUSED,      /* clone came out due, the window budget refused its hedge */
 };
 
 struct hreq {
@@ -148,10 +170,11 @@ struct hedge_stats {
 	__u64 hedges_sent;
 	__u64 hedges_won;        /* the hedge's response arrived first */
 	__u64 duplicates_dropped; /* later response of a hedged request, dropped */
-	__u64 budget_exhausted;  /* request not cloned (so never hedged): no free budget token */
-	__u64 unhedged_late;     /* first response of a request that was not cloned (no budget
-				  * token, or a clone error) and came after its deadline: a
-				  * stall the budget did not let kedge rescue */
+	__u64 budget_exhausted;  /* request never hedged for lack of budget: not cloned (bucket:
+				  * no free token) or its due clone refused (window) */
+	__u64 unhedged_late;     /* first response, after its deadline, of a request refused by
+				  * the budget (or not cloned: a clone error): a stall the budget
+				  * did not let kedge rescue */
 	__u64 responses_rewritten; /* response source rewritten to the address the client used */
 	__u64 hedge_rewrite_errors;    /* hedge's destination rewrite failed: hedge not sent */
 	__u64 response_rewrite_errors; /* response's source rewrite failed: passed as it came */
@@ -162,26 +185,5 @@ struct hedge_stats {
 				  * service's request (global slot): dropped */
 };
 
-/* hist_bucket maps a latency in microseconds to a bucket index. */
-static __always_inline __u32 hist_bucket(__u64 us)
-{
-	__u32 e = 0;
-	__u64 v = us;
-
-	if (us < HIST_SUB)
-		return us;
-	/* e = floor(log2(us)) without loops: binary search over the bits. */
-	if (v >> 32) { v >>= 32; e += 32; }
-	if (v >> 16) { v >>= 16; e += 16; }
-	if (v >> 8) { v >>= 8; e += 8; }
-	if (v >> 4) { v >>= 4; e += 4; }
-	if (v >> 2) { v >>= 2; e += 2; }
-	if (v >> 1) { e += 1; }
-	{
-		__u32 idx = (e - HIST_SUB_BITS + 1) * HIST_SUB +
-			    ((us >> (e - HIST_SUB_BITS)) & (HIST_SUB - 1));
-		return idx < HIST_BUCKETS ? idx : HIST_BUCKETS - 1;
-	}
-}
 
 #endif /* KEDGE_HEDGE_H */

@@ -55,12 +55,14 @@ type hedgeFlags struct {
 	replicas                      []string
 	delay, delayMin, delayMax     time.Duration
 	quantile, budgetRatio         float64
+	budgetMode                    string
+	budgetWindow                  time.Duration
 	idOffset, idLength, burst     int
 }
 
 // serviceFlags are the flags that declare a service instead of --config.
 var serviceFlags = []string{"interface", "service", "replica", "name", "delay", "delay-quantile", "delay-min",
-	"delay-max", "id-offset", "id-length", "id-order", "budget-ratio", "budget-burst"}
+	"delay-max", "id-offset", "id-length", "id-order", "budget-ratio", "budget-burst", "budget-mode", "budget-window"}
 
 func newHedgeRunCmd(runDir *string) *cobra.Command {
 	var f hedgeFlags
@@ -79,7 +81,7 @@ from a YAML file (several services; docs/hedging.md has every key):
       replicas: [198.18.0.13:9999]      # where hedges may go instead
       request_id: {offset: 0, length: 4, order: big}
       delay: 10ms                       # or {quantile: 0.95, min: 1ms, max: 50ms}
-      budget: {ratio: 0.05, burst: 10}  # hedges <= 5% of requests + 10
+      budget: {ratio: 0.05, burst: 10}  # hedges <= 5% of requests + 10 (mode: bucket | window)
 
 or, for one service, from flags (--service, --replica, --delay, ...).
 
@@ -130,7 +132,9 @@ qdisc of the chosen --backend).`,
 	fl.IntVar(&f.idLength, "id-length", hedge.DefaultIDLength, "request id: length in bytes, 1-8")
 	fl.StringVar(&f.idOrder, "id-order", "big", "request id: byte order, big or little")
 	fl.Float64Var(&f.budgetRatio, "budget-ratio", 0.05, "budget: hedges per request (0.05 = at most 5% extra load)")
-	fl.IntVar(&f.burst, "budget-burst", 10, "budget: hedges allowed in a burst")
+	fl.IntVar(&f.burst, "budget-burst", 10, "budget: hedges allowed beyond the ratio (the bucket's size, or the window's floor)")
+	fl.StringVar(&f.budgetMode, "budget-mode", hedge.DefaultBudgetMode, "budget: window (hedges <= ratio x requests over --budget-window, + burst) or bucket (token bucket)")
+	fl.DurationVar(&f.budgetWindow, "budget-window", hedge.DefaultBudgetWindow, "budget: the sliding window of mode window")
 	return cmd
 }
 
@@ -171,10 +175,15 @@ func hedgeConfig(cmd *cobra.Command, f *hedgeFlags) (*hedge.Config, error) {
 		Name: f.name, Address: f.service, Replicas: f.replicas,
 		RequestID: hedge.RequestIDSpec{Offset: f.idOffset, Length: f.idLength, Order: f.idOrder},
 		Delay:     hedge.DelaySpec{Fixed: f.delay},
-		Budget:    hedge.BudgetSpec{Ratio: f.budgetRatio, Burst: f.burst},
+		Budget:    hedge.BudgetSpec{Mode: f.budgetMode, Ratio: f.budgetRatio, Burst: f.burst},
 	}
 	if svc.Name == "" {
 		svc.Name = f.service
+	}
+	if f.budgetMode == hedge.BudgetWindow {
+		svc.Budget.Window = hedge.Duration(f.budgetWindow)
+	} else if cmd.Flags().Changed("budget-window") {
+		return nil, usagef("--budget-window is for --budget-mode window")
 	}
 	if quantile {
 		svc.Delay = hedge.DelaySpec{Quantile: f.quantile, Min: f.delayMin, Max: f.delayMax}
@@ -193,7 +202,7 @@ func hedgeConfig(cmd *cobra.Command, f *hedgeFlags) (*hedge.Config, error) {
 var flagNames = strings.NewReplacer(
 	"interface is required", "--interface is required",
 	"request_id.offset", "--id-offset", "request_id.length", "--id-length", "request_id.order", "--id-order",
-	"delay.quantile", "--delay-quantile", "budget.ratio", "--budget-ratio", "budget.burst", "--budget-burst",
+	"delay.quantile", "--delay-quantile", "budget.ratio", "--budget-ratio", "budget.burst", "--budget-burst", "budget.mode", "--budget-mode", "budget.window", "--budget-window",
 	": address ", ": --service ", ": replica ", ": --replica ", " and address ", " and --service ",
 	": delay needs", ": --delay-min and --delay-max need", ": delay ", ": --delay ",
 )

@@ -35,11 +35,12 @@ const (
 	reqHedged        = uint32(hedgeReqStateREQ_HEDGED)
 	reqAnswered      = uint32(hedgeReqStateREQ_ANSWERED)
 	reqAnsweredHedge = uint32(hedgeReqStateREQ_ANSWERED_HEDGED)
+	reqRefused       = uint32(hedgeReqStateREQ_REFUSED)
 )
 
 var stateNames = map[uint32]string{
 	0: "absent", reqPending: "PENDING", reqNoClone: "NOCLONE", reqNoHedge: "NOHEDGE",
-	reqHedged: "HEDGED", reqAnswered: "ANSWERED", reqAnsweredHedge: "ANSWERED_HEDGED",
+	reqHedged: "HEDGED", reqAnswered: "ANSWERED", reqAnsweredHedge: "ANSWERED_HEDGED", reqRefused: "REFUSED",
 }
 
 // The clients and services of every fixture. Replicas sit on other ports than their
@@ -56,6 +57,8 @@ var (
 	svcRR    = netip.MustParseAddrPort("198.51.100.40:6000") // two replicas: round robin
 	repRR1   = netip.MustParseAddrPort("198.51.100.41:6000")
 	repRR2   = netip.MustParseAddrPort("198.51.100.42:6001")
+	svcWin   = netip.MustParseAddrPort("198.51.100.50:7000") // window budget
+	repWin   = netip.MustParseAddrPort("198.51.100.51:7000")
 	stranger = netip.MustParseAddrPort("203.0.113.9:9999") // no service, no replica
 )
 
@@ -66,6 +69,7 @@ const (
 	sLE
 	sSolo
 	sRR
+	sWin
 )
 
 const (
@@ -76,6 +80,9 @@ const (
 	// v4 budget: 0.5 hedges per request (500 milli-tokens deposited per request), burst 2.
 	v4Ratio = 0.5
 	v4Burst = 2
+	// win: window budget, 0.5 hedges per request over the window, floor 1.
+	winRatio = 0.5
+	winBurst = 1
 )
 
 // testConfig declares the fixtures' services; Validate fills the defaults Start would.
@@ -87,15 +94,18 @@ func testConfig(tb testing.TB, scoreboard uint32) *Config {
 		DelayLine:      DelayLineConfig{Period: Duration(testPeriod)},
 		Services: []ServiceConfig{
 			{Name: "v4", Address: svc4.String(), Replicas: []string{rep4.String()},
-				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Ratio: v4Ratio, Burst: v4Burst}},
+				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetBucket, Ratio: v4Ratio, Burst: v4Burst}},
 			{Name: "v6", Address: svc6.String(), Replicas: []string{rep6.String()},
-				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Ratio: 1, Burst: 10}},
+				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetBucket, Ratio: 1, Burst: 10}},
 			{Name: "le8", Address: svcLE.String(), RequestID: RequestIDSpec{Offset: 2, Length: 8, Order: "little"},
-				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Ratio: 1, Burst: 10}},
+				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetBucket, Ratio: 1, Burst: 10}},
 			{Name: "solo", Address: svcSolo.String(),
-				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Ratio: 1, Burst: 10}},
+				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetBucket, Ratio: 1, Burst: 10}},
 			{Name: "rr", Address: svcRR.String(), Replicas: []string{repRR1.String(), repRR2.String()},
-				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Ratio: 1, Burst: 10}},
+				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetBucket, Ratio: 1, Burst: 10}},
+			// The window budget: 0.5 hedges per request, floor 1.
+			{Name: "win", Address: svcWin.String(), Replicas: []string{repWin.String()},
+				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetWindow, Ratio: winRatio, Burst: winBurst}},
 		},
 	}
 	if err := cfg.Validate(); err != nil {
@@ -586,7 +596,7 @@ func (f *fixture) setTokens(tb testing.TB, svc int, milli int64) {
 }
 
 // hist returns the khist at idx of m (lat_hist or dl_precision).
-func hist(tb testing.TB, m *ebpf.Map, idx int) hedgeKhist {
+func histAt(tb testing.TB, m *ebpf.Map, idx int) hedgeKhist {
 	tb.Helper()
 	return lookup[hedgeKhist](tb, m, uint32(idx))
 }

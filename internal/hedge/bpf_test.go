@@ -361,7 +361,7 @@ func TestRescue(t *testing.T) {
 			if got := f.state(tb, svc).TokensMilli; got != tokens {
 				tb.Errorf("budget %d milli-tokens after the hedge, want %d", got, tokens)
 			}
-			late, early := hist(tb, f.objs.DlPrecision, svc*2), hist(tb, f.objs.DlPrecision, svc*2+1)
+			late, early := histAt(tb, f.objs.DlPrecision, svc*2), histAt(tb, f.objs.DlPrecision, svc*2+1)
 			if n := total(late) + total(early); n != 1 {
 				tb.Errorf("%d delay-line precision samples, want 1", n)
 			}
@@ -483,8 +483,8 @@ func TestResp(t *testing.T) {
 			tb.Helper()
 			verifyChecksums(tb, f, r, t0, t1)
 			slot := f.state(tb, svc).Slot
-			cur := hist(tb, f.objs.LatHist, svc*(histSlots+1)+int(slot))
-			tot := hist(tb, f.objs.LatHist, svc*(histSlots+1)+histSlots)
+			cur := histAt(tb, f.objs.LatHist, svc*(histSlots+1)+int(slot))
+			tot := histAt(tb, f.objs.LatHist, svc*(histSlots+1)+histSlots)
 			if total(cur) != 1 || total(tot) != 1 {
 				tb.Errorf("latency samples: %d in slot %d, %d in the window total; want 1 and 1", total(cur), slot, total(tot))
 			}
@@ -496,7 +496,7 @@ func TestResp(t *testing.T) {
 	noLatency := func(tb testing.TB, f *fixture, _ runResult, _, _ uint64) {
 		tb.Helper()
 		for svc := range f.h.Config.Services {
-			if n := total(hist(tb, f.objs.LatHist, svc*(histSlots+1)+histSlots)); n != 0 {
+			if n := total(histAt(tb, f.objs.LatHist, svc*(histSlots+1)+histSlots)); n != 0 {
 				tb.Errorf("service %d: %d latency samples, want none", svc, n)
 			}
 		}
@@ -680,7 +680,7 @@ func TestLatencyBucket(t *testing.T) {
 			t.Fatalf("verdict %s", verdict(r.ret))
 		}
 		t0, t1 := r.t0, r.t1
-		got := nonZero(hist(t, f.objs.LatHist, sV4*(histSlots+1)+histSlots))
+		got := nonZero(histAt(t, f.objs.LatHist, sV4*(histSlots+1)+histSlots))
 		lo, hi := bucketOf((t0-sent)/1000), bucketOf((t1-sent)/1000)
 		if len(got) != 1 {
 			t.Errorf("latency %v: buckets %v, want one sample", time.Duration(lat), got)

@@ -7,11 +7,12 @@ import (
 	"time"
 )
 
-// The budget can silently defeat hedging: every request waiting out its delay holds a token
-// (the clone carries it), so at R requests/s and a delay D about R*D tokens are held at any
-// time, and a stall that makes requests late finds the bucket empty. budgetWatch compares
-// successive snapshots and says so, naming the setting to change:
-//   - once per service, as soon as its request rate is known: budget.burst < R*D;
+// The budget can silently defeat hedging. In bucket mode every request waiting out its
+// delay holds a token (the clone carries it), so at R requests/s and a delay D about R*D are
+// held at any time: a burst < R*D is empty before a stall even starts. In either mode a
+// ratio or window too small for the stalls refuses their hedges. budgetWatch
+// compares successive snapshots and says so, naming the setting to change:
+//   - bucket mode, once per service, as soon as its request rate is known: burst < R*D;
 //   - while running: of the requests that stalled (answered after the delay), more than
 //     refusedShare were not hedged for lack of a token (counter unhedged_late).
 type budgetWatch struct {
@@ -61,7 +62,9 @@ func (w *budgetWatch) check(cur *Snapshot) []string {
 		}
 		rate := float64(delta("requests")) / dt.Seconds()
 		held := rate * s.DelayNow.Seconds()
-		if !w.rateSaid[s.Name] && rate > 0 {
+		// Only the bucket has to hold requests/s x delay tokens in burst; a window's
+		// allowance grows with the requests (ratio x requests/s x window).
+		if b.Mode == BudgetBucket && !w.rateSaid[s.Name] && rate > 0 {
 			w.rateSaid[s.Name] = true
 			if need := int(math.Ceil(held)); need > b.Burst {
 				out = append(out, fmt.Sprintf("service %q: at %.0f requests/s each %v delay keeps about %d requests waiting, "+
@@ -79,7 +82,7 @@ func (w *budgetWatch) check(cur *Snapshot) []string {
 		}
 		w.lastSaid[s.Name] = cur.Time
 		out = append(out, fmt.Sprintf("service %q: in the last %v, %d of %d stalled requests (answered after the %v delay) "+
-			"were not hedged for lack of a budget token (budget_exhausted +%d); raise budget.burst (--budget-burst, now %d) "+
+			"were not hedged for lack of budget (budget_exhausted +%d); raise budget.burst (--budget-burst, now %d) "+
 			"to cover a stall's requests (about %.0f per delay at %.0f requests/s), or budget.ratio (--budget-ratio, now %g)",
 			s.Name, dt.Round(time.Second), late, stalled, s.DelayNow, delta("budget_exhausted"), b.Burst, held, rate, b.Ratio))
 	}

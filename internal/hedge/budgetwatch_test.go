@@ -14,7 +14,7 @@ func watchSnap(at time.Duration, delay time.Duration, c map[string]uint64) *Snap
 // delay, said once as soon as the rate is known; stalled requests refused by the budget,
 // said when above refusedShare and at most once a minute; silence otherwise.
 func TestBudgetWatch(t *testing.T) {
-	svc := []ServiceConfig{{Name: "dns", Budget: BudgetSpec{Ratio: 0.05, Burst: 10}}}
+	svc := []ServiceConfig{{Name: "dns", Budget: BudgetSpec{Mode: BudgetBucket, Ratio: 0.05, Burst: 10}}}
 	d := 5 * time.Millisecond
 	type step struct {
 		at       time.Duration
@@ -25,34 +25,43 @@ func TestBudgetWatch(t *testing.T) {
 		name  string
 		delay time.Duration
 		steps []step
+		mode  string // "": bucket
 	}{
 		{"4k requests/s x 5 ms = 20 tokens held > burst 10: said once", d, []step{
 			{0, map[string]uint64{"requests": 0}, nil},
 			{2 * time.Second, map[string]uint64{"requests": 8000}, []string{`service "dns": at 4000 requests/s each 5ms delay keeps about 20 requests waiting`, "raise budget.burst (--budget-burst) above 20"}},
 			{4 * time.Second, map[string]uint64{"requests": 16000}, nil},
-		}},
+		}, ""},
+		{"window mode: R x D is never said (the allowance grows with the requests)", d, []step{
+			{0, map[string]uint64{"requests": 0}, nil},
+			{2 * time.Second, map[string]uint64{"requests": 8000}, nil},
+		}, BudgetWindow},
 		{"100 requests/s x 5 ms: covered, quiet", d, []step{
 			{0, map[string]uint64{}, nil},
 			{2 * time.Second, map[string]uint64{"requests": 200, "hedges_sent": 10}, nil},
-		}},
+		}, ""},
 		{"stalled requests refused: warned, then rate-limited, then again after a minute", d, []step{
 			{0, map[string]uint64{"requests": 0}, nil},
 			{2 * time.Second, map[string]uint64{"requests": 200, "hedges_sent": 10, "unhedged_late": 30, "budget_exhausted": 150},
-				[]string{"30 of 40 stalled requests (answered after the 5ms delay) were not hedged", "budget_exhausted +150", "--budget-burst, now 10", "--budget-ratio, now 0.05"}},
+				[]string{"30 of 40 stalled requests (answered after the 5ms delay) were not hedged for lack of budget", "budget_exhausted +150", "--budget-burst, now 10", "--budget-ratio, now 0.05"}},
 			{4 * time.Second, map[string]uint64{"requests": 400, "hedges_sent": 20, "unhedged_late": 60}, nil},
 			{64 * time.Second, map[string]uint64{"requests": 600, "hedges_sent": 30, "unhedged_late": 90}, []string{"in the last 1m0s, 30 of 40 stalled requests"}},
-		}},
+		}, ""},
 		{"refusals at or below the share: quiet", d, []step{
 			{0, map[string]uint64{}, nil},
 			{2 * time.Second, map[string]uint64{"requests": 200, "hedges_sent": 90, "unhedged_late": 10}, nil},
-		}},
+		}, ""},
 		{"too few stalls to judge: quiet", d, []step{
 			{0, map[string]uint64{}, nil},
 			{2 * time.Second, map[string]uint64{"requests": 200, "hedges_sent": 1, "unhedged_late": 8}, nil},
-		}},
+		}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			svc := svc
+			if tt.mode != "" {
+				svc = []ServiceConfig{{Name: "dns", Budget: BudgetSpec{Mode: tt.mode, Ratio: 0.05, Burst: 10}}}
+			}
 			w := newBudgetWatch(svc)
 			for _, s := range tt.steps {
 				got := w.check(watchSnap(s.at, tt.delay, s.counters))

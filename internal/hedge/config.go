@@ -23,7 +23,7 @@ import (
 //	    replicas: [198.18.0.13:9999]    # hedge targets besides address (optional)
 //	    request_id: {offset: 0, length: 4, order: big}
 //	    delay: 10ms                     # or {quantile: 0.95, min: 1ms, max: 50ms}
-//	    budget: {ratio: 0.05, burst: 10}
+//	    budget: {ratio: 0.05, burst: 10}   # mode: window (10s) or bucket
 type Config struct {
 	Interface      string          `yaml:"interface"`
 	DelayLine      DelayLineConfig `yaml:"delay_line"`
@@ -118,11 +118,28 @@ const minDelay, maxDelay, delayRange = 200 * time.Microsecond, 10 * time.Second,
 // frame); maxFillerBytes the largest conveyor filler frame measured to circulate.
 const minFillerBytes, maxFillerBytes = 128, 3600
 
-// BudgetSpec limits hedges to Ratio of requests, with a burst of Burst hedges.
+// BudgetSpec limits hedges to Ratio of requests plus Burst (docs/hedging.md, Budget): over
+// a sliding Window (Mode "window") or with a token bucket (Mode "bucket", the default).
 type BudgetSpec struct {
-	Ratio float64 `yaml:"ratio"`
-	Burst int     `yaml:"burst"`
+	Mode   string   `yaml:"mode"`   // window | bucket
+	Ratio  float64  `yaml:"ratio"`  // hedges per request
+	Burst  int      `yaml:"burst"`  // bucket size, or the window's floor
+	Window Duration `yaml:"window"` // window mode: the sliding window (default 10s)
 }
+
+// Budget modes.
+const (
+	BudgetWindow = "window"
+	BudgetBucket = "bucket"
+)
+
+// DefaultBudgetWindow is the window mode's default window (Finagle's 10 s).
+const DefaultBudgetWindow = 10 * time.Second
+
+// DefaultBudgetMode stays the bucket for now: the window clones every request and charges
+// at send, so on a loaded machine a clone that leaves the delay line very late still becomes
+// a hedge after the client gave up (docs/hedging.md, Budget: what keeps it from the default).
+const DefaultBudgetMode = BudgetBucket
 
 // Duration is a time.Duration read from YAML as "10ms".
 type Duration time.Duration
@@ -340,6 +357,22 @@ func (s *ServiceConfig) validate(i int) error {
 	b := &s.Budget
 	if b.Ratio == 0 && b.Burst == 0 {
 		b.Ratio, b.Burst = 0.05, 10
+	}
+	switch b.Mode {
+	case "":
+		b.Mode = DefaultBudgetMode
+	case BudgetWindow, BudgetBucket:
+	default:
+		return fmt.Errorf("%s: budget.mode %q: use window or bucket", where, b.Mode)
+	}
+	if b.Mode == BudgetWindow && b.Window == 0 {
+		b.Window = Duration(DefaultBudgetWindow)
+	}
+	if w := time.Duration(b.Window); b.Mode == BudgetWindow && (w < time.Second || w > time.Hour) {
+		return fmt.Errorf("%s: budget.window %v: use 1s..1h", where, w)
+	}
+	if b.Mode == BudgetBucket && b.Window != 0 {
+		return fmt.Errorf("%s: budget.window is for mode window: remove it, or use mode window", where)
 	}
 	if b.Ratio < 0 || b.Ratio > 1 {
 		return fmt.Errorf("%s: budget.ratio %g: use 0..1 (hedges per request; 0.05 = 5%% extra load)", where, b.Ratio)

@@ -52,7 +52,7 @@ services:
 				}
 				s := c.Services[0]
 				if s.Name != "svc0" || s.RequestID != (RequestIDSpec{Offset: 0, Length: 4, Order: "big"}) ||
-					s.Budget != (BudgetSpec{Ratio: 0.05, Burst: 10}) || s.Delay != (DelaySpec{Fixed: 10 * time.Millisecond}) {
+					s.Budget != (BudgetSpec{Mode: BudgetBucket, Ratio: 0.05, Burst: 10}) || s.Delay != (DelaySpec{Fixed: 10 * time.Millisecond}) {
 					t.Errorf("service defaults %+v", s)
 				}
 				if !reflect.DeepEqual(s.replicas, aps("198.18.0.12:9999")) {
@@ -102,7 +102,7 @@ services:
 				if s.Delay != (DelaySpec{Quantile: 0.99, Min: time.Millisecond, Max: 50 * time.Millisecond, MinSamples: 20}) {
 					t.Errorf("delay %+v", s.Delay)
 				}
-				if s.RequestID != (RequestIDSpec{Offset: 2, Length: 8, Order: "little"}) || s.Budget != (BudgetSpec{Ratio: 0.1, Burst: 5}) {
+				if s.RequestID != (RequestIDSpec{Offset: 2, Length: 8, Order: "little"}) || s.Budget != (BudgetSpec{Mode: BudgetBucket, Ratio: 0.1, Burst: 5}) {
 					t.Errorf("service %+v", s)
 				}
 				if !reflect.DeepEqual(s.replicas, aps("[2001:db8::c]:53", "[2001:db8::d]:53", "[2001:db8::e]:5353")) {
@@ -135,7 +135,7 @@ services:
 					t.Errorf("a's replicas %v", c.Services[0].replicas)
 				}
 				b := c.Services[1]
-				if b.Delay.MinSamples != 100 || b.Budget != (BudgetSpec{Ratio: 0, Burst: 1}) {
+				if b.Delay.MinSamples != 100 || b.Budget != (BudgetSpec{Mode: BudgetBucket, Ratio: 0, Burst: 1}) {
 					t.Errorf("b: min_samples %d budget %+v (a zero ratio with a burst is kept)", b.Delay.MinSamples, b.Budget)
 				}
 			},
@@ -194,6 +194,9 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"quantile without clamps", svc("    delay: {quantile: 0.9}\n"), "delay needs 200us <= min <= max <= 10s (got min 0s, max 0s)"},
 		{"ratio above one", svc("    delay: 10ms\n    budget: {ratio: 1.5, burst: 1}\n"), "budget.ratio 1.5: use 0..1"},
 		{"burst zero", svc("    delay: 10ms\n    budget: {ratio: 0.1}\n"), "budget.burst 0: use 1..100000"},
+		{"unknown budget mode", svc("    budget: {mode: leaky}\n"), `budget.mode "leaky": use window or bucket`},
+		{"window too short", svc("    budget: {mode: window, window: 100ms}\n"), "budget.window 100ms: use 1s..1h"},
+		{"window with a bucket", svc("    budget: {window: 5s}\n"), "budget.window is for mode window"},
 		{"ttl below twice the delay", "interface: eth0\nttl: 1s\nservices: [{name: s, address: 198.18.0.12:9999, delay: 800ms}]", `ttl 1s is shorter than twice service "s"'s largest delay 800ms: raise ttl`},
 	}
 	for _, tt := range tests {

@@ -13,6 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type hedgeBudgetMode uint32
+
+const (
+	hedgeBudgetModeBUDGET_WINDOW hedgeBudgetMode = 0
+	hedgeBudgetModeBUDGET_BUCKET hedgeBudgetMode = 1
+)
+
 type hedgeDelayMode uint32
 
 const (
@@ -31,13 +38,15 @@ type hedgeHedgeConfig struct {
 type hedgeHedgeLimits uint32
 
 const (
-	hedgeHedgeLimitsSVC_MAX       hedgeHedgeLimits = 64
-	hedgeHedgeLimitsREPLICA_MAX   hedgeHedgeLimits = 8
-	hedgeHedgeLimitsREPLICA_NONE  hedgeHedgeLimits = 255
-	hedgeHedgeLimitsHIST_SUB_BITS hedgeHedgeLimits = 4
-	hedgeHedgeLimitsHIST_SUB      hedgeHedgeLimits = 16
-	hedgeHedgeLimitsHIST_BUCKETS  hedgeHedgeLimits = 400
-	hedgeHedgeLimitsHIST_SLOTS    hedgeHedgeLimits = 10
+	hedgeHedgeLimitsSVC_MAX        hedgeHedgeLimits = 64
+	hedgeHedgeLimitsREPLICA_MAX    hedgeHedgeLimits = 8
+	hedgeHedgeLimitsREPLICA_NONE   hedgeHedgeLimits = 255
+	hedgeHedgeLimitsHIST_SUB_BITS  hedgeHedgeLimits = 4
+	hedgeHedgeLimitsHIST_SUB       hedgeHedgeLimits = 16
+	hedgeHedgeLimitsHIST_MIN_SHIFT hedgeHedgeLimits = 4
+	hedgeHedgeLimitsHIST_BUCKETS   hedgeHedgeLimits = 400
+	hedgeHedgeLimitsHIST_SLOTS     hedgeHedgeLimits = 10
+	hedgeHedgeLimitsBUDGET_SLOTS   hedgeHedgeLimits = 10
 )
 
 type hedgeHedgeStats struct {
@@ -188,6 +197,7 @@ const (
 	hedgeReqStateREQ_HEDGED          hedgeReqState = 4
 	hedgeReqStateREQ_ANSWERED        hedgeReqState = 5
 	hedgeReqStateREQ_ANSWERED_HEDGED hedgeReqState = 6
+	hedgeReqStateREQ_REFUSED         hedgeReqState = 7
 )
 
 type hedgeReqidOrder uint32
@@ -229,6 +239,9 @@ type hedgeSvcCfg struct {
 	MinSamples       uint32
 	BudgetRatioMilli uint64
 	BudgetCapMilli   uint64
+	BudgetSlotNs     uint64
+	BudgetMode       uint32
+	Pad              uint32
 	Replicas         [8]hedgeSvcAddr
 }
 
@@ -244,6 +257,9 @@ type hedgeSvcState struct {
 	Slot        uint32
 	WindowCount uint64
 	LastDelayNs uint64
+	WinEpoch    [10]uint64
+	WinRequests [10]uint64
+	WinHedges   [10]uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -269,6 +285,7 @@ const (
 	hedgeProgHedgeResp         = "hedge_resp"
 	hedgeProgHedgeSplit        = "hedge_split"
 	hedgeVarCfg                = "cfg"
+	hedgeVarHedgeBtfBudgetMode = "hedge_btf_budget_mode"
 	hedgeVarHedgeBtfDelayMode  = "hedge_btf_delay_mode"
 	hedgeVarHedgeBtfLimits     = "hedge_btf_limits"
 	hedgeVarHedgeBtfReqState   = "hedge_btf_req_state"
@@ -356,6 +373,7 @@ type hedgeMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type hedgeVariableSpecs struct {
 	Cfg                *ebpf.VariableSpec `ebpf:"cfg"`
+	HedgeBtfBudgetMode *ebpf.VariableSpec `ebpf:"hedge_btf_budget_mode"`
 	HedgeBtfDelayMode  *ebpf.VariableSpec `ebpf:"hedge_btf_delay_mode"`
 	HedgeBtfLimits     *ebpf.VariableSpec `ebpf:"hedge_btf_limits"`
 	HedgeBtfReqState   *ebpf.VariableSpec `ebpf:"hedge_btf_req_state"`
@@ -426,6 +444,7 @@ func (m *hedgeMaps) Close() error {
 // It can be passed to loadHedgeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hedgeVariables struct {
 	Cfg                *ebpf.Variable `ebpf:"cfg"`
+	HedgeBtfBudgetMode *ebpf.Variable `ebpf:"hedge_btf_budget_mode"`
 	HedgeBtfDelayMode  *ebpf.Variable `ebpf:"hedge_btf_delay_mode"`
 	HedgeBtfLimits     *ebpf.Variable `ebpf:"hedge_btf_limits"`
 	HedgeBtfReqState   *ebpf.Variable `ebpf:"hedge_btf_req_state"`

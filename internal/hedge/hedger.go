@@ -195,6 +195,13 @@ func (h *Hedger) fillMaps() error {
 		}
 		cfg.BudgetRatioMilli = uint64(math.Round(s.Budget.Ratio * 1000))
 		cfg.BudgetCapMilli = uint64(s.Budget.Burst) * 1000
+		cfg.BudgetMode = uint32(hedgeBudgetModeBUDGET_WINDOW)
+		cfg.BudgetSlotNs = uint64(time.Duration(s.Budget.Window) / time.Duration(budgetSlots))
+		var state hedgeSvcState
+		if s.Budget.Mode == BudgetBucket {
+			cfg.BudgetMode = uint32(hedgeBudgetModeBUDGET_BUCKET)
+			state.TokensMilli = int64(cfg.BudgetCapMilli) // a full bucket
+		}
 		for r, ap := range s.replicas {
 			cfg.Replicas[r] = svcAddr(ap)
 			ref := hedgeReplicaRef{Svc: uint16(i), Index: uint8(r)}
@@ -208,7 +215,7 @@ func (h *Hedger) fillMaps() error {
 		if err := h.objs.SvcCfgs.Put(idx, cfg); err != nil {
 			return fmt.Errorf("write service %s config: %w", s.Name, err)
 		}
-		if err := h.objs.SvcStates.Put(idx, hedgeSvcState{TokensMilli: int64(cfg.BudgetCapMilli)}); err != nil {
+		if err := h.objs.SvcStates.Put(idx, state); err != nil {
 			return fmt.Errorf("write service %s state: %w", s.Name, err)
 		}
 		if err := h.objs.Services.Put(hedgeSvcKey{A: svcAddr(s.addr)}, idx); err != nil {

@@ -2,9 +2,11 @@ package hedge
 
 import (
 	"fmt"
-	"reflect"
 	"slices"
 	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/hist"
 )
 
 // ServiceStats is one service's counters (names as in bpf/include/hedge.h) plus its
@@ -50,32 +52,15 @@ type Snapshot struct {
 
 // counterMap turns a counters struct into name -> value using the C field names.
 func counterMap(v any) map[string]uint64 {
-	out := map[string]uint64{}
-	rv := reflect.ValueOf(v)
-	rt := rv.Type()
-	for i := 0; i < rt.NumField(); i++ {
-		f := rt.Field(i)
-		if f.Name == "_" || f.Type.Kind() != reflect.Uint64 {
-			continue
-		}
-		out[snake(f.Name)] = rv.Field(i).Uint()
+	fields, err := bpfx.Fields(v, "", bpfx.Naming{C: true})
+	if err != nil {
+		panic(err) // v is a bpf2go counter struct: checked by TestCounterNames
+	}
+	out := make(map[string]uint64, len(fields))
+	for _, f := range fields {
+		out[f.Name] = f.Value
 	}
 	return out
-}
-
-// snake converts bpf2go's CamelCase field names back to the C names.
-func snake(s string) string {
-	var b []byte
-	for i, r := range s {
-		if r >= 'A' && r <= 'Z' {
-			if i > 0 {
-				b = append(b, '_')
-			}
-			r += 'a' - 'A'
-		}
-		b = append(b, byte(r))
-	}
-	return string(b)
 }
 
 // pick keeps the global counters of m (global) or the per-service ones (!global): the BPF
@@ -89,31 +74,17 @@ func pick(m map[string]uint64, global bool) map[string]uint64 {
 	return m
 }
 
-func sumStats(per []hedgeHedgeStats) hedgeHedgeStats {
-	var s hedgeHedgeStats
-	sv := reflect.ValueOf(&s).Elem()
-	for _, p := range per {
-		pv := reflect.ValueOf(p)
-		for i := 0; i < sv.NumField(); i++ {
-			if sv.Field(i).Kind() == reflect.Uint64 {
-				sv.Field(i).SetUint(sv.Field(i).Uint() + pv.Field(i).Uint())
-			}
-		}
-	}
-	return s
-}
-
 // Stats reads a consistent-enough snapshot of every counter and histogram.
 func (h *Hedger) Stats() (*Snapshot, error) {
 	snap := &Snapshot{Time: time.Now(), Backend: h.Backend, Calibration: h.Calibration}
 	if h.pacer != nil {
 		snap.Period = h.pacer.Period()
 	}
-	var per []hedgeHedgeStats
-	if err := h.objs.Stats.Lookup(uint32(svcMax), &per); err != nil {
+	global, err := bpfx.SumPerCPU[hedgeHedgeStats](h.objs.Stats, uint32(svcMax))
+	if err != nil {
 		return nil, fmt.Errorf("read global counters: %w", err)
 	}
-	snap.Global = pick(counterMap(sumStats(per)), true)
+	snap.Global = pick(counterMap(global), true)
 	dl, err := h.pacer.Stats()
 	if err != nil {
 		return nil, err
@@ -121,7 +92,8 @@ func (h *Hedger) Stats() (*Snapshot, error) {
 	snap.DelayLine = dl.Counters
 	for i, s := range h.Config.Services {
 		idx := uint32(i)
-		if err := h.objs.Stats.Lookup(idx, &per); err != nil {
+		counters, err := bpfx.SumPerCPU[hedgeHedgeStats](h.objs.Stats, idx)
+		if err != nil {
 			return nil, fmt.Errorf("read counters of %s: %w", s.Name, err)
 		}
 		var cfg hedgeSvcCfg
@@ -135,7 +107,7 @@ func (h *Hedger) Stats() (*Snapshot, error) {
 		ss := ServiceStats{
 			Name: s.Name, Address: s.addr.String(), Delay: s.Delay.String(),
 			DelayNow: time.Duration(cfg.DelayNs), Tokens: float64(st.TokensMilli) / 1000,
-			Window: st.WindowCount, Counters: pick(counterMap(sumStats(per)), false),
+			Window: st.WindowCount, Counters: pick(counterMap(counters), false),
 			RequestID: s.RequestID.String(),
 		}
 		var total hedgeKhist
@@ -158,48 +130,24 @@ func (h *Hedger) Stats() (*Snapshot, error) {
 	return snap, nil
 }
 
-// bucketBounds returns [lo, hi) in microseconds for a hist_bucket() index.
+// bucketBounds returns [lo, hi) in microseconds of bucket b (hist.h); the last bucket's hi
+// is its nominal end, 2^28 us, though it also holds larger values.
 func bucketBounds(b int) (lo, hi uint64) {
-	if b < 2*histSub {
-		return uint64(b), uint64(b + 1)
-	}
-	e := b/histSub + histSubBits - 1
-	sub := uint64(b%histSub) + uint64(histSub)
-	return sub << (e - histSubBits), (sub + 1) << (e - histSubBits)
+	return histLayout.Lower(b), histLayout.Lower(b + 1)
 }
 
-// bucketOf mirrors hist_bucket() in bpf/include/hedge.h (tested against it).
-func bucketOf(us uint64) int {
-	if us < uint64(histSub) {
-		return int(us)
-	}
-	e := 63
-	for us>>uint(e) == 0 {
-		e--
-	}
-	idx := (e-histSubBits+1)*histSub + int((us>>uint(e-histSubBits))&uint64(histSub-1))
-	return min(idx, histBuckets-1)
-}
+// bucketOf is the bucket the kernel puts a latency of us microseconds in.
+func bucketOf(us uint64) int { return histLayout.Bucket(us) }
 
-// histQuantile returns the upper edge of the bucket holding quantile q (0 when empty).
+// histQuantile returns the upper edge of the bucket holding quantile q (0 when empty), as
+// the kernel's adaptive delay does (tick_service).
 func histQuantile(b []uint32, q float64) time.Duration {
-	var n uint64
-	for _, c := range b {
-		n += uint64(c)
-	}
-	if n == 0 {
+	i := hist.QuantileBucket(b, q)
+	if i < 0 {
 		return 0
 	}
-	target := uint64(float64(n)*q + 0.999999)
-	var seen uint64
-	for i, c := range b {
-		seen += uint64(c)
-		if seen >= target {
-			_, hi := bucketBounds(i)
-			return time.Duration(hi) * time.Microsecond
-		}
-	}
-	return 0
+	_, hi := bucketBounds(i)
+	return time.Duration(hi) * time.Microsecond
 }
 
 // precision merges the late and early histograms into one signed distribution.

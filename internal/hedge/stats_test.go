@@ -1,7 +1,6 @@
 package hedge
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,11 +11,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -43,93 +42,6 @@ func histSamples() []uint64 {
 	return v
 }
 
-// cHistBucket compiles hist_bucket() and the HIST_* constants, cut out of
-// bpf/include/hedge.h as they are, into a host program and runs it over values.
-func cHistBucket(t *testing.T, values []uint64) []int {
-	t.Helper()
-	cc := ""
-	for _, c := range []string{"clang-19", "clang", "cc"} {
-		if p, err := exec.LookPath(c); err == nil {
-			cc = p
-			break
-		}
-	}
-	if cc == "" {
-		t.Skip("no C compiler (clang-19, clang or cc) to build hist_bucket() from bpf/include/hedge.h")
-	}
-	hdr, err := os.ReadFile("../../bpf/include/hedge.h")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fn := regexp.MustCompile(`(?ms)^static __always_inline __u32 hist_bucket\(__u64 us\)\n\{.*?^\}\n`).Find(hdr)
-	if fn == nil {
-		t.Fatal("hist_bucket() not found in hedge.h: update this test with the header")
-	}
-	// The constants as bpf2go carried them from enum hedge_limits.
-	defs := []string{
-		fmt.Sprintf("#define HIST_SUB_BITS %d", histSubBits),
-		fmt.Sprintf("#define HIST_SUB %d", histSub),
-		fmt.Sprintf("#define HIST_BUCKETS %d", histBuckets),
-	}
-	src := "#include <stdio.h>\ntypedef unsigned int __u32;\ntypedef unsigned long long __u64;\n#ifndef __always_inline\n#define __always_inline inline\n#endif\n" +
-		strings.Join(defs, "\n") + "\n" + string(fn) + `
-int main(void) {
-	__u64 us;
-	while (scanf("%llu", &us) == 1)
-		printf("%u\n", hist_bucket(us));
-	return 0;
-}
-`
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "hb.c"), []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(cc, "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "hb"), filepath.Join(dir, "hb.c")).CombinedOutput(); err != nil {
-		t.Fatalf("compile hist_bucket: %v\n%s\n%s", err, out, src)
-	}
-	var in strings.Builder
-	for _, v := range values {
-		fmt.Fprintln(&in, v)
-	}
-	cmd := exec.Command(filepath.Join(dir, "hb"))
-	cmd.Stdin = strings.NewReader(in.String())
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("run hist_bucket: %v", err)
-	}
-	var got []int
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		b, err := strconv.Atoi(sc.Text())
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, b)
-	}
-	if len(got) != len(values) {
-		t.Fatalf("hist_bucket printed %d values for %d inputs", len(got), len(values))
-	}
-	return got
-}
-
-// TestBucketOfMatchesC: the Go mirror must put every latency in the bucket the kernel does,
-// or the quantiles user space reports differ from the ones the adaptive delay uses.
-func TestBucketOfMatchesC(t *testing.T) {
-	values := histSamples()
-	want := cHistBucket(t, values)
-	bad := 0
-	for i, us := range values {
-		if got := bucketOf(us); got != want[i] {
-			if bad++; bad <= 10 {
-				t.Errorf("bucketOf(%d) = %d, hist_bucket = %d", us, got, want[i])
-			}
-		}
-	}
-	if bad > 0 {
-		t.Errorf("%d of %d values differ", bad, len(values))
-	}
-}
-
 // TestBucketInvariants: buckets tile [0, 2^28) us without gaps, each value lies in its
 // bucket's bounds, buckets are at most 1/16 wide above 32 us, and larger values clamp to the
 // last bucket.
@@ -146,8 +58,8 @@ func TestBucketInvariants(t *testing.T) {
 		if got := bucketOf(hi - 1); got != b {
 			t.Errorf("bucketOf(hi-1 %d of bucket %d) = %d", hi-1, b, got)
 		}
-		if b >= 2*histSub && float64(hi-lo)/float64(lo) > 1.0/float64(histSub) {
-			t.Errorf("bucket %d [%d, %d) is wider than 1/%d", b, lo, hi, histSub)
+		if sub := uint64(1) << histLayout.SubBits; b >= int(2*sub) && float64(hi-lo)/float64(lo) > 1.0/float64(sub) {
+			t.Errorf("bucket %d [%d, %d) is wider than 1/%d", b, lo, hi, sub)
 		}
 		prevHi = hi
 	}
@@ -262,7 +174,10 @@ func TestCounterNames(t *testing.T) {
 			t.Errorf("counterHelp names %q, which is no hedge_stats field", name)
 		}
 	}
-	s := sumStats([]hedgeHedgeStats{{Requests: 1, Clones: 2}, {Requests: 10, Clones: 20}})
+	var s hedgeHedgeStats
+	for _, p := range []hedgeHedgeStats{{Requests: 1, Clones: 2}, {Requests: 10, Clones: 20}} {
+		bpfx.AddCounters(&s, &p)
+	}
 	if s.Requests != 11 || s.Clones != 22 {
 		t.Errorf("sumStats = %+v", s)
 	}
