@@ -47,7 +47,7 @@ type Hedger struct {
 // Calibration is the delay line's (the pacer's) calibration, measured by the pacer at start.
 type Calibration = pacer.Calibration
 
-// dlClient is the pacer's veth in the client namespace (its alias names the owner pid).
+// dlClient is the pacer's veth in the client namespace (its alias names the owner: kedge:<runstate owner ID>).
 const dlClient = "kedge-dl0"
 
 // Start builds the delay line, loads and attaches the hedger. On error nothing remains.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/pacer"
+	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
 // dl0Owner reports whether kedge-dl0 exists in h and which pid its alias names.
@@ -35,7 +36,9 @@ func dl0Owner(t *testing.T, h *lab.Host) (pid int, exists bool) {
 	if err != nil {
 		t.Fatalf("look up %s: %v", dlClient, err)
 	}
-	pid, _ = pacer.Owner(l.Attrs().Alias)
+	if id, ok := pacer.Owner(l.Attrs().Alias); ok {
+		pid, _, _ = runstate.ParseID(id)
+	}
 	return pid, true
 }
 

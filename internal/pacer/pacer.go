@@ -12,8 +12,6 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +22,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/probe"
+	"github.com/kedge-dev/kedge/internal/runstate"
 	"github.com/kedge-dev/kedge/pkg/kedge"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -55,7 +54,7 @@ const (
 	delayEnd  = "pq1" // its peer: pacer_pass
 	mtu       = 9000
 	maxFrame  = mtu + 14
-	ownerTag  = "kedge:" // alias of IfName: kedge:<pid> of the run that made it
+	ownerTag  = "kedge:" // alias of IfName: kedge:<runstate owner ID> of the run that made it
 	ethPPacer = 0x88B5   // ethertype of the frames Arm injects (pacer_enter rebuilds them)
 )
 
@@ -351,15 +350,20 @@ func (p *Pacer) makeDevices() error {
 func (p *Pacer) tickIfName() string { return p.opts.IfName + "t" }
 
 // consumerVeth makes the veth name in the consumer namespace with its peer in the pacer
-// namespace, up and without addresses, and returns its ifindex. One left by a killed run
-// would block it and is removed; one of a live run (its alias names the pid) is refused
-// (check only for the main veth: the tick veth goes with it).
+// namespace, up and without addresses, and returns its ifindex. Its alias names the owner
+// (kedge:<runstate owner ID>). One left by an ended run would block it and is removed; one
+// whose owner is alive, or cannot be proven dead (another PID namespace, another
+// /run/kedge), is refused (check only for the main veth: the tick veth goes with it).
 func (p *Pacer) consumerVeth(name, peer string, check bool) (int, error) {
 	if l, err := p.nh.LinkByName(name); err == nil {
-		if pid, ok := Owner(l.Attrs().Alias); check && ok && lab.ProcessAlive(pid) {
-			return 0, fmt.Errorf("%s in this namespace belongs to a running kedge (pid %d): stop it first, one runs per namespace (see 'kedge status')", name, pid)
+		if id, ok := Owner(l.Attrs().Alias); check && ok {
+			if v := runstate.Judge(id); v.State != runstate.Dead {
+				return 0, fmt.Errorf("%s in this namespace belongs to kedge run %s (%s: %s): stop it first, one runs per namespace (see 'kedge status')", name, id, v.State, v.Reason)
+			}
 		}
-		_ = p.nh.LinkDel(l)
+		if err := p.nh.LinkDel(l); err != nil {
+			return 0, fmt.Errorf("remove the leftover %s: %w", name, err)
+		}
 	}
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: name, MTU: mtu},
@@ -374,7 +378,7 @@ func (p *Pacer) consumerVeth(name, peer string, check bool) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("find %s: %w", name, err)
 	}
-	if err := p.nh.LinkSetAlias(l, ownerTag+strconv.Itoa(os.Getpid())); err != nil {
+	if err := p.nh.LinkSetAlias(l, ownerTag+runstate.SelfID()); err != nil {
 		return 0, fmt.Errorf("name the owner of %s: %w", name, err)
 	}
 	// No addresses at all: no IPv6 link-local, DAD or router solicitations into the pacer.
@@ -385,14 +389,15 @@ func (p *Pacer) consumerVeth(name, peer string, check bool) (int, error) {
 	return l.Attrs().Index, nil
 }
 
-// Owner parses the owner pid from the alias of a pacer's veth.
-func Owner(alias string) (int, bool) {
-	rest, ok := strings.CutPrefix(alias, ownerTag)
+// Owner parses the owner ID (runstate.ParseID: <pid>_<hex>, or a bare pid from older runs)
+// from the alias of a pacer's veth.
+func Owner(alias string) (string, bool) {
+	id, ok := strings.CutPrefix(alias, ownerTag)
 	if !ok {
-		return 0, false
+		return "", false
 	}
-	pid, err := strconv.Atoi(rest)
-	return pid, err == nil && pid > 0
+	_, _, ok = runstate.ParseID(id)
+	return id, ok
 }
 
 // Backend is the backend in use.

@@ -93,14 +93,3 @@ func TestSumStatsAndPrecision(t *testing.T) {
 		t.Errorf("counter map %v", m)
 	}
 }
-
-func TestOwner(t *testing.T) {
-	if pid, ok := Owner("kedge:123"); !ok || pid != 123 {
-		t.Errorf("Owner(kedge:123) = %d, %v", pid, ok)
-	}
-	for _, a := range []string{"", "kedge:", "kedge:x", "other:5", "kedge:-1"} {
-		if _, ok := Owner(a); ok {
-			t.Errorf("Owner(%q) accepted", a)
-		}
-	}
-}
