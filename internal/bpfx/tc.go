@@ -373,35 +373,45 @@ func hookParent(d Direction) uint32 {
 func init() {
 	runstate.Register(runstate.Cleaner{Kind: runstate.KindFilter, Order: 10, List: func(s runstate.Scope) ([]runstate.Leftover, error) {
 		var out []runstate.Leftover
-		var errs []error
-		list := func(label string, ns netns.NsHandle) {
+		err := ScopeNetns(s, func(label string, ns netns.NsHandle) error {
 			fs, err := ListFilters(ns)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s%w", label, err))
-			}
 			for _, f := range fs {
 				out = append(out, runstate.Leftover{Kind: runstate.KindFilter, Name: label + f.String(), Owner: f.Owner,
 					Remove: func() error { return RemoveFilter(ns, f) }})
 			}
-		}
-		list("", s.Netns)
-		primary := s.Netns
-		if primary < 0 {
-			if h, err := ThreadNetns(); err == nil {
-				primary = h
-				defer h.Close()
-			}
-		}
-		names := make([]string, 0, len(s.Named))
-		for n, h := range s.Named {
-			if !h.Equal(primary) { // the primary one, listed already
-				names = append(names, n)
-			}
-		}
-		slices.Sort(names)
-		for _, n := range names {
-			list("netns "+n+": ", s.Named[n])
-		}
-		return out, errors.Join(errs...)
+			return err
+		})
+		return out, err
 	}})
+}
+
+// ScopeNetns calls fn for every network namespace a cleaner searches: s.Netns first
+// (label ""), then each of s.Named other than it, sorted by name (label "netns <name>: ").
+// It returns fn's errors joined, each prefixed with its label.
+func ScopeNetns(s runstate.Scope, fn func(label string, ns netns.NsHandle) error) error {
+	var errs []error
+	call := func(label string, ns netns.NsHandle) {
+		if err := fn(label, ns); err != nil {
+			errs = append(errs, fmt.Errorf("%s%w", label, err))
+		}
+	}
+	call("", s.Netns)
+	primary := s.Netns
+	if primary < 0 {
+		if h, err := ThreadNetns(); err == nil {
+			primary = h
+			defer h.Close()
+		}
+	}
+	names := make([]string, 0, len(s.Named))
+	for n, h := range s.Named {
+		if !h.Equal(primary) { // the primary one, done already
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		call("netns "+n+": ", s.Named[n])
+	}
+	return errors.Join(errs...)
 }

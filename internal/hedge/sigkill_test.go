@@ -144,8 +144,8 @@ func TestSigkillThenRestartLeavesCleanSystem(t *testing.T) {
 	// A second hedger in the same namespace is refused, and its attempt leaves nothing.
 	_, err := Start(&Config{Interface: "eth0", Services: []ServiceConfig{{Address: svc.String(), Delay: DelaySpec{Fixed: 5 * time.Millisecond}}}},
 		Options{Netns: client.Handle, Backend: BackendConveyor})
-	if err == nil || !strings.Contains(err.Error(), "belongs to a running kedge (pid "+strconv.Itoa(next.pid())+")") {
-		t.Errorf("second hedger in the namespace: %v; want a refusal naming pid %d", err, next.pid())
+	if err == nil || !strings.Contains(err.Error(), "belongs to kedge run "+strconv.Itoa(next.pid())+"_") || !strings.Contains(err.Error(), "(alive: ") {
+		t.Errorf("second hedger in the namespace: %v; want a refusal naming the live run of pid %d", err, next.pid())
 	}
 	if exists(filepath.Join(lab.NetnsDir, lab.OwnedName("hedge-dl"))) {
 		t.Errorf("the refused start left its delay-line namespace")

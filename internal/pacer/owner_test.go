@@ -100,6 +100,38 @@ func TestConsumerVethOwner(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+
+	// The cleaner lists a veth by its alias's owner, so cleanup keeps a dead owner's record
+	// until the veth is gone, and removes it.
+	prev := leftoverVeth(t, nh, name, "kedge:"+foreign)
+	var cleaner runstate.Cleaner
+	for _, c := range runstate.Cleaners() {
+		if c.Kind == KindVeth {
+			cleaner = c
+		}
+	}
+	if cleaner.List == nil {
+		t.Fatalf("no cleaner of kind %q registered", KindVeth)
+	}
+	found, err := cleaner.List(runstate.Scope{Netns: consumer.Handle})
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	var names []string
+	for _, f := range found {
+		names = append(names, f.Name+" "+f.Owner)
+		if f.Name == name && f.Owner == foreign {
+			if err := f.Remove(); err != nil {
+				t.Fatalf("remove %s: %v", name, err)
+			}
+		}
+	}
+	if len(found) != 1 {
+		t.Errorf("cleaner listed %v; want only %s of %s", names, name, foreign)
+	}
+	if l, err := nh.LinkByName(name); err == nil {
+		t.Errorf("%s (ifindex %d, listed as %d) still there after Remove", name, l.Attrs().Index, prev)
+	}
 }
 
 func testNetns(t *testing.T, name string) *lab.Netns {

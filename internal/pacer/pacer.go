@@ -400,6 +400,74 @@ func Owner(alias string) (string, bool) {
 	return id, ok
 }
 
+// KindVeth is the runstate kind of a pacer's veths in its consumer namespace.
+const KindVeth = "pacer veth"
+
+// The pacer's veths in the consumer namespace outlive a killed run (the pacer namespace's
+// end takes them along, but the consumer's may be any namespace): `kedge cleanup` and a
+// starting hedger find them by their alias, so a dead owner's record stays until they go.
+func init() {
+	runstate.Register(runstate.Cleaner{Kind: KindVeth, Order: 28, List: func(s runstate.Scope) ([]runstate.Leftover, error) {
+		var out []runstate.Leftover
+		err := bpfx.ScopeNetns(s, func(label string, ns netns.NsHandle) error {
+			vs, err := listVeths(ns)
+			for _, v := range vs {
+				out = append(out, runstate.Leftover{Kind: KindVeth, Name: label + v.name, Owner: v.owner,
+					Remove: func() error { return removeVeth(ns, v.name, v.index) }})
+			}
+			return err
+		})
+		return out, err
+	}})
+}
+
+type ownedVeth struct {
+	name, owner string
+	index       int
+}
+
+// listVeths lists the links of namespace ns (-1: the caller's) whose alias names an owner.
+func listVeths(ns netns.NsHandle) ([]ownedVeth, error) {
+	h, err := bpfx.NetlinkHandle(ns)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	var out []ownedVeth
+	for _, l := range links {
+		if id, ok := Owner(l.Attrs().Alias); ok {
+			out = append(out, ownedVeth{l.Attrs().Name, id, l.Attrs().Index})
+		}
+	}
+	return out, nil
+}
+
+// removeVeth deletes the link name of ns if it is still the one listed (index); one gone
+// already (its peer's namespace went first) is not an error.
+func removeVeth(ns netns.NsHandle, name string, index int) error {
+	h, err := bpfx.NetlinkHandle(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) || err == nil && l.Attrs().Index != index {
+		return nil // gone, or another's by now
+	}
+	if err != nil {
+		return fmt.Errorf("find %s: %w", name, err)
+	}
+	if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}
+
 // Backend is the backend in use.
 func (p *Pacer) Backend() string { return p.backend }
 
