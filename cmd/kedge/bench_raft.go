@@ -1,15 +1,12 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -76,7 +73,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 			}
 			defer os.RemoveAll(o.Dir)
 			o.Log = func(format string, args ...any) { fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", args...) }
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			ctx, stop := untilDone(cmd.Context(), 0)
 			defer stop()
 			res, err := raftbench.Run(ctx, o)
 			if err != nil {

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -222,7 +221,7 @@ func newRaftLabSuperviseCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("find the kedge binary: %w", err)
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			ctx, stop := untilDone(cmd.Context(), 0)
 			defer stop()
 			upCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
 			c, err := raftlab.Up(upCtx, raftlab.Spec{Name: f.name, Nodes: f.nodes, Binary: self, Dir: dir,

@@ -353,25 +353,15 @@ type FabricStats struct {
 
 // Stats reads the counters.
 func (f *FaultFabric) Stats() (FabricStats, error) {
-	var per []fabricFabStats
-	if err := f.objs.FabCounters.Lookup(uint32(0), &per); err != nil {
-		return FabricStats{}, fmt.Errorf("read fab_counters: %w", err)
+	c, err := bpfx.SumPerCPU[fabricFabStats](f.objs.FabCounters, uint32(0))
+	if err != nil {
+		return FabricStats{}, err
 	}
-	var s FabricStats
-	for _, c := range per {
-		s.Passed += c.Passed
-		s.NoRule += c.NoRule
-		s.Partitioned += c.Partitioned
-		s.Lost += c.Lost
-		s.Duplicated += c.Duplicated
-		s.DupFailed += c.DupFailed
-		s.DupCopy += c.DupCopy
-		s.Delayed += c.Delayed
-		s.DelayOff += c.DelayOff
-		s.DelayFailed += c.DelayFailed
-		s.NotIP += c.NotIp
-		s.Malformed += c.Malformed
-		s.NoHost += c.NoHost
+	s := FabricStats{
+		Passed: c.Passed, NoRule: c.NoRule, Partitioned: c.Partitioned, Lost: c.Lost,
+		Duplicated: c.Duplicated, DupFailed: c.DupFailed, DupCopy: c.DupCopy,
+		Delayed: c.Delayed, DelayOff: c.DelayOff, DelayFailed: c.DelayFailed,
+		NotIP: c.NotIp, Malformed: c.Malformed, NoHost: c.NoHost,
 	}
 	if f.delay != nil {
 		s.DelayReleased, s.DelayOverflow, s.DelayWriteErr = f.delay.counts()

@@ -164,47 +164,7 @@ func (o *Objects) RunSweep() (int, error) {
 
 // SumStats returns group's counters (GroupsMax: the no-group slot) summed over CPUs.
 func (o *Objects) SumStats(group uint32) (Stats, error) {
-	return SumStats(o.Stats, group)
-}
-
-// SumStats reads slot group of a stats map (also a pinned one) summed over CPUs.
-func SumStats(m *ebpf.Map, group uint32) (Stats, error) {
-	var per []Stats
-	var out Stats
-	if err := m.Lookup(group, &per); err != nil {
-		return out, fmt.Errorf("read sg stats: %w", err)
-	}
-	for _, s := range per {
-		out.Add(&s)
-	}
-	return out, nil
-}
-
-// Add adds b's counters to s.
-func (s *Stats) Add(b *Stats) {
-	s.Requests += b.Requests
-	s.Copies += b.Copies
-	s.CopyErrors += b.CopyErrors
-	s.SlotBusy += b.SlotBusy
-	s.SlotRange += b.SlotRange
-	s.NotOwner += b.NotOwner
-	s.Replies += b.Replies
-	s.Completed += b.Completed
-	s.Timeouts += b.Timeouts
-	s.Duplicates += b.Duplicates
-	s.Late += b.Late
-	s.Stale += b.Stale
-	s.Unregistered += b.Unregistered
-	s.BadLength += b.BadLength
-	s.WorkerErrors += b.WorkerErrors
-	s.Multipart += b.Multipart
-	s.Overflow += b.Overflow
-	s.RingbufFull += b.RingbufFull
-	s.UnknownGroup += b.UnknownGroup
-	s.Malformed += b.Malformed
-	s.BadVersion += b.BadVersion
-	s.Sweeps += b.Sweeps
-	s.TimerErrors += b.TimerErrors
+	return bpfx.SumPerCPU[Stats](o.Stats, group)
 }
 
 // Close releases every object.

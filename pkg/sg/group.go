@@ -608,7 +608,7 @@ func (g *Group) Stats() (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	s.Add(&n)
+	bpfx.AddCounters(&s, &n)
 	return publicStats(&s), nil
 }
 
