@@ -32,13 +32,46 @@ type Naming struct {
 	// element i of parse_err becomes parse_err_<Elems["parse_err"][i]> (C) or
 	// ParseErr[<name>] (Go). Elements beyond the list keep their index.
 	Elems map[string][]string
+	// NoArrays leaves array fields out (histograms a caller reports in its own way).
+	NoArrays bool
+}
+
+// Reduction says how a counter's per-CPU values combine into one.
+type Reduction int
+
+const (
+	// Add sums the CPUs' values (in the field's width: it wraps as the kernel's does).
+	Add Reduction = iota
+	// Max takes the largest value.
+	Max
+	// MinNonZero takes the smallest value other than 0 (0: no CPU saw one).
+	MinNonZero
+)
+
+// Reduce chooses a counter's Reduction by its bpf2go (Go) field name; for an array element,
+// the array's name. nil: every counter adds up.
+type Reduce func(field string) Reduction
+
+// Extrema reduces counters named *_max / *_max_ns (Go: ...Max, ...MaxNs) with Max and
+// *_min / *_min_ns with MinNonZero, the C convention for per-CPU extremes that a BPF
+// program keeps with a compare-and-set; every other counter adds up.
+func Extrema(field string) Reduction {
+	f := strings.TrimSuffix(field, "Ns")
+	switch {
+	case strings.HasSuffix(f, "Max"):
+		return Max
+	case strings.HasSuffix(f, "Min"):
+		return MinNonZero
+	}
+	return Add
 }
 
 // SumPerCPU reads key from the per-CPU map m and returns the values of all CPUs added field
-// by field (each in its own width: a counter wraps as the kernel's does). V is the map's
-// value type as bpf2go generates it: an integer, or a struct of integers, arrays of
-// integers and such structs (padding fields named _ are skipped).
-func SumPerCPU[V any](m *ebpf.Map, key any) (V, error) {
+// by field (each in its own width: a counter wraps as the kernel's does), or combined as
+// reduce says (at most one; e.g. Extrema). V is the map's value type as bpf2go generates
+// it: an integer, or a struct of integers, arrays of integers and such structs (padding
+// fields named _ are skipped).
+func SumPerCPU[V any](m *ebpf.Map, key any, reduce ...Reduce) (V, error) {
 	var sum V
 	if err := checkCounterMap[V](m); err != nil {
 		return sum, err
@@ -47,15 +80,23 @@ func SumPerCPU[V any](m *ebpf.Map, key any) (V, error) {
 	if err := m.Lookup(key, &perCPU); err != nil {
 		return sum, fmt.Errorf("read counters %v of map %s: %w", key, m, err)
 	}
+	r := oneReduce(reduce)
 	for i := range perCPU {
-		AddCounters(&sum, &perCPU[i])
+		ReduceCounters(&sum, &perCPU[i], r)
 	}
 	return sum, nil
 }
 
+func oneReduce(rs []Reduce) Reduce {
+	if len(rs) > 0 {
+		return rs[0]
+	}
+	return nil
+}
+
 // SumPerCPUAll reads every entry of the per-CPU map m (32-bit keys) and returns each key's
 // values summed over the CPUs, as SumPerCPU does.
-func SumPerCPUAll[V any](m *ebpf.Map) (map[uint32]V, error) {
+func SumPerCPUAll[V any](m *ebpf.Map, reduce ...Reduce) (map[uint32]V, error) {
 	if err := checkCounterMap[V](m); err != nil {
 		return nil, err
 	}
@@ -65,11 +106,12 @@ func SumPerCPUAll[V any](m *ebpf.Map) (map[uint32]V, error) {
 	out := map[uint32]V{}
 	var key uint32
 	var perCPU []V
+	r := oneReduce(reduce)
 	it := m.Iterate()
 	for it.Next(&key, &perCPU) {
 		var sum V
 		for i := range perCPU {
-			AddCounters(&sum, &perCPU[i])
+			ReduceCounters(&sum, &perCPU[i], r)
 		}
 		out[key] = sum
 	}
@@ -117,24 +159,41 @@ func checkCounterType(t reflect.Type, name string) error {
 
 // AddCounters adds every integer of src (fields, array elements, nested fields) to dst;
 // padding fields (_) and anything that is not an integer are left alone.
-func AddCounters[V any](dst, src *V) {
-	addValue(reflect.ValueOf(dst).Elem(), reflect.ValueOf(src).Elem())
+func AddCounters[V any](dst, src *V) { ReduceCounters(dst, src, nil) }
+
+// ReduceCounters combines every integer of src into dst as reduce says for its field (nil:
+// all add up), as AddCounters does.
+func ReduceCounters[V any](dst, src *V, reduce Reduce) {
+	if reduce == nil {
+		reduce = func(string) Reduction { return Add }
+	}
+	reduceValue(reduce(""), reduce, reflect.ValueOf(dst).Elem(), reflect.ValueOf(src).Elem())
 }
 
-func addValue(d, s reflect.Value) {
+func combine[T int64 | uint64](op Reduction, a, b T) T {
+	switch {
+	case op == Add:
+		return a + b
+	case op == Max && b > a, op == MinNonZero && b != 0 && (a == 0 || b < a):
+		return b
+	}
+	return a
+}
+
+func reduceValue(op Reduction, reduce Reduce, d, s reflect.Value) {
 	switch d.Kind() {
 	case reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		d.SetInt(d.Int() + s.Int())
+		d.SetInt(combine(op, d.Int(), s.Int()))
 	case reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		d.SetUint(d.Uint() + s.Uint())
+		d.SetUint(combine(op, d.Uint(), s.Uint()))
 	case reflect.Array:
 		for i := range d.Len() {
-			addValue(d.Index(i), s.Index(i))
+			reduceValue(op, reduce, d.Index(i), s.Index(i))
 		}
 	case reflect.Struct:
 		for i := range d.NumField() {
-			if d.Type().Field(i).Name != "_" {
-				addValue(d.Field(i), s.Field(i))
+			if f := d.Type().Field(i); f.Name != "_" {
+				reduceValue(reduce(f.Name), reduce, d.Field(i), s.Field(i))
 			}
 		}
 	}
@@ -163,6 +222,9 @@ func (n Naming) fields(out *[]Counter, name string, v reflect.Value) {
 	case reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		*out = append(*out, Counter{name, v.Uint()})
 	case reflect.Array:
+		if n.NoArrays {
+			return
+		}
 		elems := n.Elems[name]
 		for i := range v.Len() {
 			sub := strconv.Itoa(i)

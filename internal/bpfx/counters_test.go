@@ -128,3 +128,44 @@ func TestSumPerCPU(t *testing.T) {
 		m.Close()
 	}
 }
+
+// extremes mirrors a C struct with per-CPU extremes:
+// struct extremes { __u64 count; __u64 late_max_ns; __u64 period_min_ns; __s32 min; __u32 hist[2]; };
+type extremes struct {
+	_           structs.HostLayout
+	Count       uint64
+	LateMaxNs   uint64
+	PeriodMinNs uint64
+	Min         int32
+	Hist        [2]uint32
+}
+
+func TestReduceCountersExtrema(t *testing.T) {
+	for in, want := range map[string]bpfx.Reduction{"LateMaxNs": bpfx.Max, "Max": bpfx.Max, "PeriodMinNs": bpfx.MinNonZero,
+		"MinRtt": bpfx.Add, "MaxNsCount": bpfx.Add, "Count": bpfx.Add, "": bpfx.Add} {
+		if got := bpfx.Extrema(in); got != want {
+			t.Errorf("Extrema(%q) = %v, want %v", in, got, want)
+		}
+	}
+	// Three CPUs; the second never saw a period (min 0: not a minimum).
+	per := []extremes{
+		{Count: 2, LateMaxNs: 30, PeriodMinNs: 9, Min: 5, Hist: [2]uint32{1, 0}},
+		{Count: 5, LateMaxNs: 10, PeriodMinNs: 0, Min: 0, Hist: [2]uint32{0, 3}},
+		{Count: 1, LateMaxNs: 20, PeriodMinNs: 7, Min: 8, Hist: [2]uint32{1, 1}},
+	}
+	var got, sum extremes
+	for i := range per {
+		bpfx.ReduceCounters(&got, &per[i], bpfx.Extrema)
+		bpfx.AddCounters(&sum, &per[i])
+	}
+	if want := (extremes{Count: 8, LateMaxNs: 30, PeriodMinNs: 7, Min: 5, Hist: [2]uint32{2, 4}}); got != want {
+		t.Errorf("ReduceCounters(Extrema) = %+v, want %+v", got, want)
+	}
+	if want := (extremes{Count: 8, LateMaxNs: 60, PeriodMinNs: 16, Min: 13, Hist: [2]uint32{2, 4}}); sum != want {
+		t.Errorf("AddCounters = %+v, want %+v", sum, want)
+	}
+	names, err := bpfx.Fields(got, "", bpfx.Naming{C: true, NoArrays: true})
+	if want := []bpfx.Counter{{"count", 8}, {"late_max_ns", 30}, {"period_min_ns", 7}, {"min", 5}}; err != nil || !slices.Equal(names, want) {
+		t.Errorf("Fields(NoArrays) = %v, %v; want %v", names, err, want)
+	}
+}

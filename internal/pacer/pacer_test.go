@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
 )
 
 func TestOptionsDefaultsAndRanges(t *testing.T) {
@@ -81,7 +83,10 @@ func TestSumStatsAndPrecision(t *testing.T) {
 	a.LateHist[3] = 3  // 4-8 us
 	b.LateHist[5] = 95 // 16-32 us
 	b.LateHist[10] = 1 // 512-1024 us
-	s := sumStats([]pacerPacerStats{a, b})
+	var s pacerPacerStats
+	for _, c := range []pacerPacerStats{a, b} {
+		bpfx.ReduceCounters(&s, &c, bpfx.Extrema)
+	}
 	if s.TicksDelivered != 7 || s.LateMaxNs != 30_000 || s.PeriodMinNs != 9 || s.LateHist[5] != 95 {
 		t.Errorf("sum %+v", s)
 	}

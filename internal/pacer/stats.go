@@ -4,10 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"reflect"
 	"slices"
-	"strings"
 	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
 )
 
 // Calibration is what the pacer measured at Start. The pacer owns it: consumers read it
@@ -73,73 +73,28 @@ func (p *Pacer) Stats() (Stats, error) {
 	return s, nil
 }
 
-// counters sums the per-CPU counters: _max fields take the maximum, _min the smallest
-// non-zero value, the rest add up.
+// counters reads the per-CPU counters: _max_ns fields take the maximum, _min_ns the
+// smallest non-zero value, the rest add up.
 func (p *Pacer) counters() (pacerPacerStats, error) {
-	var per []pacerPacerStats
-	var s pacerPacerStats
 	if p.progs.Counters == nil {
-		return s, errors.New("read pacer counters: not started")
+		return pacerPacerStats{}, errors.New("read pacer counters: not started")
 	}
-	if err := p.progs.Counters.Lookup(uint32(0), &per); err != nil {
+	s, err := bpfx.SumPerCPU[pacerPacerStats](p.progs.Counters, uint32(0), bpfx.Extrema)
+	if err != nil {
 		return s, fmt.Errorf("read pacer counters: %w", err)
 	}
-	return sumStats(per), nil
+	return s, nil
 }
 
-func sumStats(per []pacerPacerStats) pacerPacerStats {
-	var s pacerPacerStats
-	out := reflect.ValueOf(&s).Elem()
-	typ := out.Type()
-	for _, c := range per {
-		in := reflect.ValueOf(c)
-		for i := 0; i < typ.NumField(); i++ {
-			f, o := in.Field(i), out.Field(i)
-			name := typ.Field(i).Name
-			switch {
-			case f.Kind() == reflect.Array:
-				for j := 0; j < f.Len(); j++ {
-					o.Index(j).SetUint(o.Index(j).Uint() + f.Index(j).Uint())
-				}
-			case f.Kind() != reflect.Uint64:
-			case strings.HasSuffix(name, "MaxNs"):
-				o.SetUint(max(o.Uint(), f.Uint()))
-			case strings.HasSuffix(name, "MinNs"):
-				if v := f.Uint(); v != 0 && (o.Uint() == 0 || v < o.Uint()) {
-					o.SetUint(v)
-				}
-			default:
-				o.SetUint(o.Uint() + f.Uint())
-			}
-		}
-	}
-	return s
-}
-
-// counterMap names the scalar counters in snake_case as in struct pacer_stats.
+// counterMap names the scalar counters in snake_case as in struct pacer_stats (late_hist
+// is reported as Precision).
 func counterMap(s pacerPacerStats) map[string]uint64 {
-	m := map[string]uint64{}
-	v := reflect.ValueOf(s)
-	for i := 0; i < v.NumField(); i++ {
-		if v.Field(i).Kind() == reflect.Uint64 {
-			m[snake(v.Type().Field(i).Name)] = v.Field(i).Uint()
-		}
+	fs, _ := bpfx.Fields(s, "", bpfx.Naming{C: true, NoArrays: true}) // bpf2go's struct: integers only
+	m := make(map[string]uint64, len(fs))
+	for _, f := range fs {
+		m[f.Name] = f.Value
 	}
 	return m
-}
-
-func snake(s string) string {
-	var b strings.Builder
-	for i, r := range s {
-		if r >= 'A' && r <= 'Z' {
-			if i > 0 {
-				b.WriteByte('_')
-			}
-			r += 'a' - 'A'
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // precisionOf summarises the lateness counters. Bucket i of late_hist holds lateness in
