@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -17,28 +16,12 @@ import (
 	"github.com/kedge-dev/kedge/internal/raft/api"
 	"github.com/kedge-dev/kedge/internal/raft/client"
 	"github.com/kedge-dev/kedge/internal/raft/config"
+	"github.com/kedge-dev/kedge/internal/raft/rafttest"
 	pb "go.etcd.io/raft/v3/raftpb"
 )
 
 // freeAddr returns a loopback host:port free for both UDP and TCP right now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		a := l.Addr().String()
-		u, err := net.ListenPacket("udp", a)
-		l.Close()
-		if err == nil {
-			u.Close()
-			return a
-		}
-	}
-	t.Fatal("no free port")
-	return ""
-}
+func freeAddr(t *testing.T) string { return rafttest.FreeAddr(t).String() }
 
 type cluster struct {
 	t      *testing.T

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/raft/rafttest"
 	"github.com/kedge-dev/kedge/internal/raft/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/raft/v3"
@@ -83,24 +84,7 @@ func newNode(t *testing.T, self uint64, peers []Peer) (*Transport, *recorder) {
 	return tr, r
 }
 
-func freeAddrPort(t *testing.T) netip.AddrPort {
-	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		a := l.Addr().(*net.TCPAddr).AddrPort()
-		u, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(a))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return a
-		}
-	}
-	t.Fatal("no free port")
-	return netip.AddrPort{}
-}
+func freeAddrPort(t *testing.T) netip.AddrPort { return rafttest.FreeAddr(t) }
 
 // TestBadPacketsNeverReachRaft sends, from the peer's own address and from a stranger's,
 // one packet per refusal reason and one good heartbeat: only the heartbeat is stepped, every
