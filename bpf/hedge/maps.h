@@ -68,6 +68,28 @@ struct {
 	__type(value, struct hreq);
 } scoreboard SEC(".maps");
 
+/* The stored path (store.h): per service a ring of STORE_RING cells, index
+ * svc * STORE_RING + position % STORE_RING, and its head and tail positions. User space sizes
+ * store_ring to its services before load (a hedger of one service holds one ring). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_MAX * STORE_RING);
+	__type(key, __u32);
+	__type(value, struct hstore);
+} store_ring SEC(".maps");
+
+struct store_pos {
+	__u64 head; /* next position the rescuer pops */
+	__u64 tail; /* next position a splitter claims */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_MAX);
+	__type(key, __u32);
+	__type(value, struct store_pos);
+} store_heads SEC(".maps");
+
 struct khist {
 	__u32 b[HIST_BUCKETS];
 };

@@ -48,14 +48,15 @@ type DelayLineConfig struct {
 
 // ServiceConfig declares one hedged service.
 type ServiceConfig struct {
-	Name      string         `yaml:"name"`
-	Address   string         `yaml:"address"`
-	Replicas  []string       `yaml:"replicas"`
-	RequestID RequestIDSpec  `yaml:"request_id"`
-	Delay     DelaySpec      `yaml:"delay"`
-	Budget    BudgetSpec     `yaml:"budget"`
-	addr      netip.AddrPort // parsed
-	replicas  []netip.AddrPort
+	Name       string         `yaml:"name"`
+	Address    string         `yaml:"address"`
+	Replicas   []string       `yaml:"replicas"`
+	RequestID  RequestIDSpec  `yaml:"request_id"`
+	Delay      DelaySpec      `yaml:"delay"`
+	Budget     BudgetSpec     `yaml:"budget"`
+	StoreLimit *int           `yaml:"store_limit"` // stored path: largest payload (nil: DefaultStoreLimit; 0: clone path only)
+	addr       netip.AddrPort // parsed
+	replicas   []netip.AddrPort
 }
 
 // RequestIDSpec locates the request id in the UDP payload (same place in the response).
@@ -321,6 +322,9 @@ func (s *ServiceConfig) validate(i int) error {
 	}
 	if len(s.replicas) > replicaMax {
 		return fmt.Errorf("%s: %d replicas, at most %d", where, len(s.replicas), replicaMax)
+	}
+	if err := s.validateStore(where); err != nil {
+		return err
 	}
 	r := &s.RequestID
 	if r.Length == 0 {
