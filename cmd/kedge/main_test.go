@@ -62,6 +62,8 @@ var errorCases = map[string][]errorCase{
 	"errors.golden": {
 		{exitUsage, []string{"frobnicate"}},
 		{exitUsage, []string{"prob"}},
+		{exitUsage, []string{"help", "frobnicate"}},
+		{exitUsage, []string{"help", "raft", "frobnicate"}},
 		{exitUsage, []string{"--bogus"}},
 		{exitUsage, []string{"probe", "-o", "yaml"}},
 		{exitUsage, []string{"probe", "extra"}},
