@@ -105,6 +105,7 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--delay", "2s"}},
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "-n", "10", "--concurrency", "20"}},
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--stall-pct", "101"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "gc", "--pause-coverage", "0.9"}},
 		{exitUsage, []string{"bench", "pping", "--out", "$TMP", "--rounds", "0"}},
 		{exitUsage, []string{"bench", "pping", "extra"}},
 		{exitUsage, []string{"chaos"}},
