@@ -177,30 +177,6 @@ static __always_inline struct svc_addr *replica_at(struct svc_cfg *sc, __u32 i)
 	return &sc->replicas[i];
 }
 
-/* pick_replica: round robin over the replicas not in tried (bit i: replica i has a copy;
- * the original's bit is set for a first hedge), or REPLICA_NONE when every one has. A
- * service with a single address hedges to it (the thesis setting). The contract with
- * bpf/hedge/replica.h (engineer policy), which replaces this one. */
-static __always_inline __u32 pick_replica(struct svc_cfg *sc, struct svc_state *st, __u32 tried)
-{
-	__u32 n = sc->nreplicas, orig = sc->orig_index, i, j;
-
-	if (n <= 1)
-		return 0;
-	if (n > REPLICA_MAX)
-		n = REPLICA_MAX;
-	i = st->rr++; /* racy across CPUs by design: spreading, not counting */
-	for (__u32 k = 0; k < REPLICA_MAX; k++) {
-		if (k >= n)
-			break;
-		/* The others than the original in turn after it (a VIP-only address: all). */
-		j = orig < n ? (orig + 1 + (i + k) % (n - 1)) % n : (i + k) % n;
-		if (!(tried & (1U << j)))
-			return j;
-	}
-	return REPLICA_NONE;
-}
-
 /* The stored path needs match, pick_replica and replica_at from above. */
 #include "store.h"
 
@@ -330,16 +306,17 @@ static __noinline int rescue_clone(struct __sk_buff *skb)
 		COUNT(m.cnt, recirculations);
 		return ret;
 	}
-	/* Due and unanswered: the budget pays for the hedge (bucket: the clone's token). */
+	/* Due and unanswered: a replica that does not have it yet (replica.h) ... */
+	idx = pick_replica(m.cfg, m.st, tried_of(e));
+	if (idx >= REPLICA_MAX) {
+		hedge_failed(&m, e);
+		COUNT(m.cnt, no_replica);
+		return TC_ACT_SHOT;
+	}
+	/* ... and the budget pays for the hedge (bucket: the clone's token). */
 	if (!budget_charge(m.cfg, m.st, now)) {
 		__sync_val_compare_and_swap(&e->state, REQ_PENDING, REQ_REFUSED);
 		COUNT(m.cnt, budget_exhausted);
-		return TC_ACT_SHOT;
-	}
-	idx = pick_replica(m.cfg, m.st, tried_of(e));
-	if (idx >= REPLICA_MAX) {
-		hedge_unsent(&m, e, now);
-		COUNT(m.cnt, no_replica);
 		return TC_ACT_SHOT;
 	}
 	to = *replica_at(m.cfg, idx);
@@ -430,6 +407,13 @@ static __always_inline int hedge_won(const struct hreq *e, const struct replica_
 	       (ref->index < REPLICA_MAX && ref->index != e->orig_replica && (e->tried >> ref->index) & 1);
 }
 
+/* replied_to: when the copy that replica idx answers was sent (the hedge's time for the
+ * hedge's replica, else the request's). */
+static __always_inline __u64 replied_to(struct hreq *e, __u32 idx)
+{
+	return idx == e->hedge_replica && idx != e->orig_replica ? e->hedged_ns : e->sent_ns;
+}
+
 /* respond (client ingress): the first response completes the request (and is rewritten to
  * the address the client used); the later ones of a hedged request are dropped, and the
  * entry goes once every copy (the request and its hedges) was answered. */
@@ -446,11 +430,14 @@ static __always_inline int respond(struct __sk_buff *skb)
 	if (!e)
 		return TC_ACT_UNSPEC; /* not tracked (expired, evicted, or not a hedged service's request) */
 
+	now = bpf_ktime_get_ns();
 	s = claim_response(e);
 	switch (s) {
 	case 0:
 		return TC_ACT_UNSPEC;
 	case REQ_ANSWERED_HEDGED:
+		/* The loser's latency: what shows a replica slow (replica.h). */
+		replica_observe(m.cfg, m.st, m.ref.index, now - replied_to(e, m.ref.index));
 		if (__sync_fetch_and_add(&e->late_responses, 1) + 1 >= e->hedges_sent)
 			bpf_map_delete_elem(&scoreboard, &m.key);
 		COUNT(m.cnt, duplicates_dropped);
@@ -459,8 +446,16 @@ static __always_inline int respond(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC; /* the application's own duplicate: not ours to judge */
 	}
 
-	now = bpf_ktime_get_ns();
 	record_latency(m.svc, m.st, now - e->sent_ns);
+	replica_observe(m.cfg, m.st, m.ref.index, now - replied_to(e, m.ref.index));
+	if (s == REQ_HEDGED) {
+		/* The other copies are still out: a lower bound of their replicas' latency (every
+		 * hedge's counted from the last hedge's time: errs low, harmless). */
+		for (__u32 i = 0; i < REPLICA_MAX; i++) {
+			if (i != m.ref.index && (e->tried >> i) & 1)
+				replica_overdue(m.cfg, m.st, i, now - (i == e->orig_replica ? e->sent_ns : e->hedged_ns));
+		}
+	}
 	COUNT(m.cnt, responses);
 	if (s == REQ_HEDGED) {
 		if (hedge_won(e, &m.ref))

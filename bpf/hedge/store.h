@@ -397,17 +397,21 @@ __attribute__((noinline)) int store_hedge(struct __sk_buff *skb, __u32 svc, __u3
 		COUNT(cnt, overdue_dropped);
 		return CELL_SKIPPED;
 	}
+	/* A replica that has no copy yet (replica.h) ... */
+	tried = tried_of(e);
+	rep = pick_replica(sc, st, tried);
+	if (rep >= REPLICA_MAX) {
+		if (s == REQ_PENDING)
+			__sync_val_compare_and_swap(&e->state, s, REQ_NOHEDGE);
+		budget_release(sc, st);
+		COUNT(cnt, no_replica);
+		return CELL_SKIPPED;
+	}
+	/* ... and the budget pays for the hedge (bucket: the token the splitter took). */
 	if (!budget_charge(sc, st, now)) {
 		if (s == REQ_PENDING)
 			__sync_val_compare_and_swap(&e->state, s, REQ_REFUSED);
 		COUNT(cnt, budget_exhausted);
-		return CELL_SKIPPED;
-	}
-	tried = tried_of(e);
-	rep = pick_replica(sc, st, tried);
-	if (rep >= REPLICA_MAX) {
-		budget_refund(sc, st, now);
-		COUNT(cnt, no_replica);
 		return CELL_SKIPPED;
 	}
 	if (hedge_build(skb, c, replica_at(sc, rep)) < 0) {

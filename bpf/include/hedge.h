@@ -2,8 +2,12 @@
 /* hedge.h - the kernel/user contract of kedge's UDP request hedger.
  *
  * Data flow (docs/architecture.md has the picture):
- *   client iface egress  (hedge_split)  : request -> scoreboard PENDING, takes a budget token,
- *                                         clone -> delay line (no token: NOCLONE, no clone)
+ *   client iface egress  (hedge_split)  : request -> scoreboard PENDING, takes a budget token;
+ *                                         payload <= store_limit: stored (store ring, a pacer
+ *                                         tick asked for at its deadline), else clone -> delay
+ *                                         line (no token: NOCLONE, neither)
+ *   dl veth ingress, tick (hedge_rescue): every due stored request -> hedge rebuilt from its
+ *                                         bytes, sent to another replica
  *   pacer ns             (dl_entry/loop, bpf/include/pacer.h): clone waits (conveyor | netem | edt), comes back
  *   dl veth ingress      (hedge_rescue) : answered -> drop, budget token back; early -> go
  *                                         round again; pending -> rewrite to another replica,
@@ -141,6 +145,10 @@ struct svc_state {
 	__u64 win_epoch[BUDGET_SLOTS];
 	__u64 win_requests[BUDGET_SLOTS];
 	__u64 win_hedges[BUDGET_SLOTS];
+	/* Per replica: its recent median latency (a stochastic median estimate, replica.h;
+	 * 0: none yet) and the responses it gave since the last timer tick. */
+	__u64 rep_p50_ns[REPLICA_MAX];
+	__u32 rep_samples[REPLICA_MAX];
 };
 
 /* Scoreboard key: (client addr, client port, service, request id). */
@@ -230,6 +238,7 @@ struct hedge_stats {
 	__u64 gc_expired;        /* scoreboard entries removed by the timer (TTL) */
 	__u64 rescue_unmatched;  /* packet at the delay-line exit that is no clone of a hedged
 				  * service's request (global slot): dropped */
+	__u64 no_replica;        /* hedge due but every replica already has the request: not sent */
 	/* The stored path (bpf/hedge/store.h). */
 	__u64 stored;            /* requests stored for a hedge from a pacer tick (not cloned) */
 	__u64 store_too_large;   /* payload above store_limit: cloned instead */
@@ -246,7 +255,6 @@ struct hedge_stats {
 	__u64 hedge_build_errors; /* rebuilding a stored request into the tick failed: not sent */
 	__u64 requeued;          /* hedged request queued again for a further hedge (max_hedges) */
 	__u64 requeue_full;      /* ... but its store ring was full: no further hedge */
-	__u64 no_replica;        /* due, but every replica already has a copy: nothing sent */
 	__u64 tick_more;         /* tick ended with due requests left (TICK_HEDGES_MAX): the next
 				  * tick is asked for at once (global slot) */
 	__u64 hedges_reinjected; /* hedges of a tick but its last, cloned back into the pacer

@@ -37,7 +37,7 @@ type Collector struct {
 	counters   map[string]*prometheus.Desc // per-service counters by C name
 	dlCounters map[string]*prometheus.Desc
 	gauges     []*prometheus.Desc // everything else, for Describe
-	delay, tokens, window, lat50, lat95, lat99, prec50, prec99,
+	delay, tokens, window, replicaP50, lat50, lat95, lat99, prec50, prec99,
 	period, periodMin, periodMax, target, spread, fillers, info *prometheus.Desc
 }
 
@@ -77,6 +77,7 @@ var counterHelp = map[string]string{
 	"redirect_errors":         "Hedges or recirculating clones dropped: bpf_redirect_neigh or bpf_redirect failed.",
 	"gc_expired":              "Scoreboard entries removed by the timer (TTL).",
 	"rescue_unmatched":        "Packets at the delay-line exit that are no clone of a hedged service's request, dropped.",
+	"no_replica":              "Hedges due but not sent: every replica already had the request.",
 	"stored":                  "Requests stored for a hedge from a pacer tick (the stored path: not cloned).",
 	"store_too_large":         "Requests whose payload is above the service's store limit, cloned instead.",
 	"store_full":              "Requests that found the service's store ring full, cloned instead.",
@@ -89,7 +90,6 @@ var counterHelp = map[string]string{
 	"hedge_build_errors":      "Stored requests whose hedge could not be rebuilt into the tick: not sent.",
 	"requeued":                "Hedged requests queued again for a further hedge (max_hedges).",
 	"requeue_full":            "Hedged requests that could not be queued again for a further hedge: store ring full.",
-	"no_replica":              "Due requests not hedged because every replica already had a copy.",
 	"tick_more":               "Ticks that ended with due requests left (hedges per tick at most TICK_HEDGES_MAX): the next tick comes at once.",
 	"hedges_reinjected":       "Hedges of a tick but its last, cloned back into the pacer veth to leave by bpf_redirect_neigh.",
 	"tick_send_errors":        "Hedges of a tick that could not be cloned back in or redirected: lost.",
@@ -122,6 +122,7 @@ func newCollector(stats func() (*Snapshot, error)) *Collector {
 	}
 	c.delay = g("kedge_hedge_delay_seconds", "Current hedge delay.", "service")
 	c.tokens = g("kedge_hedge_budget_tokens", "Free budget tokens: clones the splitter may send now (clones in the delay line hold theirs).", "service")
+	c.replicaP50 = g("kedge_hedge_replica_p50_seconds", "A replica's recent median latency (the kernel's stochastic median estimate; 0: no response yet), which replica_choice p50 picks by.", "service", "replica")
 	c.window = g("kedge_hedge_window_samples", "Latency samples in the adaptive-delay window.", "service")
 	// Quantiles as gauges of their own: a "quantile" label belongs to summaries only.
 	lat := func(p string) *prometheus.Desc {
@@ -180,6 +181,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.delay, s.DelayNow.Seconds(), s.Name)
 		gauge(c.tokens, s.Tokens, s.Name)
 		gauge(c.window, float64(s.Window), s.Name)
+		for _, r := range s.Replicas {
+			gauge(c.replicaP50, r.P50.Seconds(), s.Name, r.Address)
+		}
 		gauge(c.lat50, s.LatencyP50.Seconds(), s.Name)
 		gauge(c.lat95, s.LatencyP95.Seconds(), s.Name)
 		gauge(c.lat99, s.LatencyP99.Seconds(), s.Name)
