@@ -174,14 +174,15 @@ static __always_inline int store_request(struct __sk_buff *skb, struct match *m,
 
 /* ---- the rescuer's side: a pacer tick ---- */
 
+/* What one tick's loop works with: the skb and the time on the stack, the state it changes
+ * in a per-CPU map value (tick_state, maps.h). On the stack, older verifiers (6.1) take the
+ * values the callback's one simulated pass leaves there for constants and hard-wire the
+ * branches that test them (the flush of a held hedge was dropped as dead code); a map
+ * value's contents are unknown to them. Ticks run in softirq and do not nest on a CPU. */
 struct tick_ctx {
 	struct __sk_buff *skb;
+	struct tick_state *st;
 	__u64 now;
-	__u64 next;  /* earliest deadline still waiting (0: none) */
-	__u32 svc;   /* service whose ring is being popped */
-	__u32 sent;  /* hedges sent in this tick */
-	__u32 held;  /* the skb holds a hedge, sent when the tick ends (or flushed before the next) */
-	__u32 more;  /* due cells left when the tick ended */
 };
 
 struct ph4 {
@@ -463,14 +464,18 @@ static __always_inline void hedge_flush(struct __sk_buff *skb)
 
 /* tick_one (bpf_loop callback): pops one due cell of service t->svc and handles it, or moves
  * on to the next service when its head is empty or not due. */
-static long tick_one(__u32 i, struct tick_ctx *t)
+static long tick_one(__u32 i, struct tick_ctx *c0)
 {
-	__u32 svc = t->svc;
+	struct tick_state *t = c0->st;
 	struct store_pos *sp;
 	struct hstore *c;
+	__u32 svc;
 	__u64 h;
 	int r;
 
+	if (!t)
+		return 1;
+	svc = t->svc;
 	if (svc >= SVC_MAX)
 		return 1;
 	sp = bpf_map_lookup_elem(&store_heads, &svc);
@@ -482,7 +487,7 @@ static long tick_one(__u32 i, struct tick_ctx *t)
 		t->svc++; /* empty (or a splitter is still filling the head: it asks for a tick) */
 		return 0;
 	}
-	if (!pacer_due(c->deadline_ns, t->now, 0)) {
+	if (!pacer_due(c->deadline_ns, c0->now, 0)) {
 		if (!t->next || c->deadline_ns < t->next)
 			t->next = c->deadline_ns;
 		t->svc++;
@@ -495,10 +500,10 @@ static long tick_one(__u32 i, struct tick_ctx *t)
 	if (__sync_val_compare_and_swap(&sp->head, h, h + 1) != h)
 		return 0; /* another tick took it: look again */
 	if (t->held) {
-		hedge_flush(t->skb);
+		hedge_flush(c0->skb);
 		t->held = 0;
 	}
-	r = store_hedge(t->skb, svc, svc * STORE_RING + (__u32)(h & (STORE_RING - 1)), t->now);
+	r = store_hedge(c0->skb, svc, svc * STORE_RING + (__u32)(h & (STORE_RING - 1)), c0->now);
 	ring_release(c, h);
 	if (r == CELL_BUILT) {
 		t->held = 1;
@@ -511,21 +516,28 @@ static long tick_one(__u32 i, struct tick_ctx *t)
  * the next tick. Returns the TC verdict for the tick's skb. */
 static __always_inline int store_tick(struct __sk_buff *skb)
 {
-	struct tick_ctx t = { .skb = skb };
+	struct tick_ctx c = { .skb = skb };
+	struct tick_state *t;
+	__u32 zero = 0;
 	long ret;
 
 	COUNT(stats_global(), pacer_ticks);
-	t.now = bpf_ktime_get_ns();
-	bpf_loop(SVC_MAX + TICK_HEDGES_MAX + 1, tick_one, &t, 0);
-	if (t.svc < SVC_MAX)
-		t.more = 1; /* the loop ran out, or stopped at TICK_HEDGES_MAX */
-	if (t.more) {
+	t = bpf_map_lookup_elem(&tick_state, &zero);
+	if (!t)
+		return TC_ACT_SHOT;
+	__builtin_memset(t, 0, sizeof(*t));
+	c.st = t;
+	c.now = bpf_ktime_get_ns();
+	bpf_loop(SVC_MAX + TICK_HEDGES_MAX + 1, tick_one, &c, 0);
+	if (t->svc < SVC_MAX)
+		t->more = 1; /* the loop ran out, or stopped at TICK_HEDGES_MAX */
+	if (t->more) {
 		COUNT(stats_global(), tick_more);
-		t.next = t.now;
+		t->next = c.now;
 	}
-	if (t.next)
-		pacer_request(skb, t.next);
-	if (!t.held)
+	if (t->next)
+		pacer_request(skb, t->next);
+	if (!t->held)
 		return TC_ACT_SHOT;
 	ret = bpf_redirect_neigh(cfg.out_ifindex, NULL, 0, 0);
 	if (ret != TC_ACT_REDIRECT)

@@ -326,6 +326,15 @@ type hedgeSvcState struct {
 	RepSamples  [8]uint32
 }
 
+type hedgeTickState struct {
+	_    structs.HostLayout
+	Next uint64
+	Svc  uint32
+	Sent uint32
+	Held uint32
+	More uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -343,6 +352,7 @@ const (
 	hedgeMapStoreRing             = "store_ring"
 	hedgeMapSvcCfgs               = "svc_cfgs"
 	hedgeMapSvcStates             = "svc_states"
+	hedgeMapTickState             = "tick_state"
 	hedgeMapTicker                = "ticker"
 	hedgeProgDlEntry              = "dl_entry"
 	hedgeProgDlLoop               = "dl_loop"
@@ -434,6 +444,7 @@ type hedgeMapSpecs struct {
 	StoreRing     *ebpf.MapSpec `ebpf:"store_ring"`
 	SvcCfgs       *ebpf.MapSpec `ebpf:"svc_cfgs"`
 	SvcStates     *ebpf.MapSpec `ebpf:"svc_states"`
+	TickState     *ebpf.MapSpec `ebpf:"tick_state"`
 	Ticker        *ebpf.MapSpec `ebpf:"ticker"`
 }
 
@@ -491,6 +502,7 @@ type hedgeMaps struct {
 	StoreRing     *ebpf.Map `ebpf:"store_ring"`
 	SvcCfgs       *ebpf.Map `ebpf:"svc_cfgs"`
 	SvcStates     *ebpf.Map `ebpf:"svc_states"`
+	TickState     *ebpf.Map `ebpf:"tick_state"`
 	Ticker        *ebpf.Map `ebpf:"ticker"`
 }
 
@@ -509,6 +521,7 @@ func (m *hedgeMaps) Close() error {
 		m.StoreRing,
 		m.SvcCfgs,
 		m.SvcStates,
+		m.TickState,
 		m.Ticker,
 	)
 }
