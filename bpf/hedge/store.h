@@ -48,9 +48,11 @@ enum store_result {
 };
 
 /* Far-overdue cutoff: a stored request is not hedged later than deadline + max(its delay,
- * two pacer passes, STORE_OVERDUE_MIN_NS). Later than that the client has likely given up or
- * the response is about to arrive; the pacer is then behind (a lost tick, a stalled CPU). */
-#define STORE_OVERDUE_MIN_NS 1000000ULL
+ * four pacer passes, STORE_OVERDUE_MIN_NS). So late, the pacer was behind (a lost tick
+ * re-armed by the watchdog, a CPU that did not run softirqs): a burst of stale hedges then
+ * adds load when the service can least take it, for clients that may have given up. Below
+ * the floor a hedge still rescues a stalled request, whose client is still waiting. */
+#define STORE_OVERDUE_MIN_NS 50000000ULL
 
 /* The hedge's Ethernet header (no VLAN: requests with an in-band tag are cloned). */
 #define STORE_ETH_HLEN 14
@@ -387,8 +389,8 @@ __attribute__((noinline)) int store_hedge(struct __sk_buff *skb, __u32 svc, __u3
 	}
 	late = now > c->deadline_ns ? now - c->deadline_ns : 0;
 	cutoff = c->delay_ns;
-	if (cutoff < 4 * pacer_cfg.early_ns)
-		cutoff = 4 * pacer_cfg.early_ns;
+	if (cutoff < 8 * pacer_cfg.early_ns) /* early_ns is half a pass */
+		cutoff = 8 * pacer_cfg.early_ns;
 	if (cutoff < STORE_OVERDUE_MIN_NS)
 		cutoff = STORE_OVERDUE_MIN_NS;
 	if (late > cutoff) {

@@ -247,8 +247,8 @@ struct hedge_stats {
 				  * cloned instead (a stored hedge is rebuilt without them) */
 	__u64 pacer_ticks;       /* pacer ticks the rescuer got (global slot) */
 	__u64 tick_hedges;       /* hedges sent from ticks (hedges per tick = tick_hedges / pacer_ticks) */
-	__u64 overdue_dropped;   /* stored request due long ago (deadline + max(delay, 2 passes,
-				  * 1 ms)): not hedged that late */
+	__u64 overdue_dropped;   /* stored request due long ago (deadline + max(delay, 4 pacer
+				  * passes, 50 ms)): not hedged that late */
 	__u64 stored_answered;   /* stored request popped after its response: nothing sent */
 	__u64 stored_orphaned;   /* stored request popped without its scoreboard entry (evicted,
 				  * expired, or replaced by a newer request with its key) */

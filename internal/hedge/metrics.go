@@ -84,7 +84,7 @@ var counterHelp = map[string]string{
 	"store_unsupported":       "Requests with IPv4 options, IPv6 extension headers or an in-band VLAN tag, cloned instead of stored.",
 	"pacer_ticks":             "Pacer ticks the rescuer received.",
 	"tick_hedges":             "Hedges sent from pacer ticks (hedges per tick = tick_hedges / pacer_ticks).",
-	"overdue_dropped":         "Stored requests due so long ago (deadline + max(delay, two pacer passes, 1ms)) that no hedge was sent.",
+	"overdue_dropped":         "Stored requests due so long ago (deadline + max(delay, four pacer passes, 50ms)) that no hedge was sent.",
 	"stored_answered":         "Stored requests popped after their response arrived: nothing sent.",
 	"stored_orphaned":         "Stored requests popped without their scoreboard entry (evicted, expired or replaced): nothing sent.",
 	"hedge_build_errors":      "Stored requests whose hedge could not be rebuilt into the tick: not sent.",

@@ -387,6 +387,13 @@ func TestStoreTick(t *testing.T) {
 				f.makeDue(tb, sSt4, 2*storeDelay+time.Millisecond)
 			},
 			counts: with(bpftest.Counters{"st4.OverdueDropped": 1}), board: map[hedgeHreqKey]uint32{k4: reqNoHedge}},
+		{name: "late but within the cutoff (deadline + delay): still sent", ret: redirect,
+			setup: func(tb testing.TB, f *fixture) {
+				f.store(tb, req4)
+				f.makeDue(tb, sSt4, storeDelay-100*time.Millisecond)
+			},
+			out:    hedge(repSt1, req4)[14:],
+			counts: with(bpftest.Counters{"st4.HedgesSent": 1, "st4.TickHedges": 1}), board: map[hedgeHreqKey]uint32{k4: reqHedged}},
 		{name: "max_hedges 2: first hedge sent and the request queued again at now + delay", ret: redirect,
 			setup: seq(maxHedges(sSt4, 2), storeDue(req4)),
 			counts: with(bpftest.Counters{"st4.HedgesSent": 1, "st4.TickHedges": 1, "st4.Requeued": 1,
