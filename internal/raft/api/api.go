@@ -75,5 +75,7 @@ type Status struct {
 	SnapshotIndex    uint64       `json:"snapshot_index"`
 	LastHeartbeatMs  *float64     `json:"last_heartbeat_ms"`
 	UnsafeLocalReads bool         `json:"unsafe_local_reads"`
+	// Offload is the follower kernel path ("xdp-native on eth0"); empty when off.
+	Offload string `json:"offload,omitempty"`
 	Peers            []PeerStatus `json:"peers,omitempty"`
 }

@@ -120,9 +120,15 @@ func load(opts FollowerOptions, objs *raftxdpObjects) error {
 // NewFollower loads the program, attaches it to the interface of opts.RaftAddr and starts the
 // ring buffer reader. The program answers nothing until Mirror and Alive were called.
 func NewFollower(opts FollowerOptions) (_ *Follower, err error) {
-	ifindex, ifname, err := raftInterface(opts.Netns, opts.RaftAddr.Addr())
+	ifindex, ifname, veth, err := raftInterface(opts.Netns, opts.RaftAddr.Addr())
 	if err != nil {
 		return nil, err
+	}
+	if veth && opts.Mode == bpfx.XDPAuto {
+		// A veth delivers what XDP_TX sends only when its peer has an XDP program (or GRO)
+		// too; the peer sits in a namespace the node does not see. Generic XDP transmits
+		// through the ordinary skb path, which needs nothing from the peer.
+		opts.Mode = bpfx.XDPGeneric
 	}
 	f, err := newFollower(opts)
 	if err != nil {
@@ -170,14 +176,15 @@ func (f *Follower) Mode() string {
 	return f.link.Mode()
 }
 
-// raftInterface finds the interface in ns that holds addr.
-func raftInterface(ns netns.NsHandle, addr netip.Addr) (int, string, error) {
+// raftInterface finds the interface in ns that holds addr, and whether it is a veth.
+func raftInterface(ns netns.NsHandle, addr netip.Addr) (int, string, bool, error) {
 	addr = addr.Unmap()
 	if !addr.IsValid() || addr.IsUnspecified() || addr.IsLoopback() {
-		return 0, "", fmt.Errorf("raft address %s: %w (bind the raft address to a host address, or use --offload=false)", addr, ErrNoDevice)
+		return 0, "", false, fmt.Errorf("raft address %s: %w (bind the raft address to a host address, or use --offload=false)", addr, ErrNoDevice)
 	}
 	var idx int
 	var name string
+	var veth bool
 	err := bpfx.InNetns(ns, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
@@ -193,14 +200,14 @@ func raftInterface(ns netns.NsHandle, addr netip.Addr) (int, string, error) {
 					if l.Attrs().Flags&net.FlagLoopback != 0 {
 						return fmt.Errorf("raft address %s is on loopback %s: %w", addr, l.Attrs().Name, ErrNoDevice)
 					}
-					idx, name = l.Attrs().Index, l.Attrs().Name
+					idx, name, veth = l.Attrs().Index, l.Attrs().Name, l.Type() == "veth"
 					return nil
 				}
 			}
 		}
 		return fmt.Errorf("raft address %s is on no interface: %w", addr, ErrNoDevice)
 	})
-	return idx, name, err
+	return idx, name, veth, err
 }
 
 // Monotonic is CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
