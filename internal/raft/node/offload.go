@@ -244,4 +244,3 @@ func (c *offloadCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(offloadDesc, prometheus.CounterValue, float64(s.Value), s.Name)
 	}
 }
-
