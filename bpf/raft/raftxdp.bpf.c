@@ -37,22 +37,9 @@ const struct raftx_event *unused_raftx_event __attribute__((unused));
 #define EBUSY 16
 #define RAFTX_TTL 64
 
-/* Authentication and pre-votes come from rafta's headers once they exist; until then these
- * stubs keep the call sites (and the header checks above them still run). */
-#if __has_include("auth.h")
+/* Authentication (cluster id, allowlist, MAC, replay window) and signing: rafta's auth.h.
+ * Pre-votes: rafta's prevote.h once it exists; until then a stub leaves them to user space. */
 #include "auth.h"
-#else
-static __always_inline int raft_auth_src(struct raft_hdr *h, void *data_end, struct in6_addr *saddr,
-					 __be16 sport)
-{
-	return RAFT_OK;
-}
-
-static __always_inline int raft_sign(struct raft_hdr *h, void *data_end)
-{
-	return 0;
-}
-#endif
 
 #if __has_include("prevote.h")
 #include "prevote.h"
@@ -101,7 +88,7 @@ struct pseudo6 {
  * swapped, TTL/hop limit reset, and the UDP checksum computed over the final bytes (the
  * received one may be CHECKSUM_PARTIAL's pseudo-header sum: never patched incrementally).
  * Returns 0, or -1 when a header is not where parse_pkt() said (not reached in practice). */
-static __always_inline int reflect(void *data, void *data_end, struct pkt *p, struct raftx_udp *u)
+static __noinline int reflect(void *data, void *data_end, struct pkt *p, struct raftx_udp *u)
 {
 	struct ethhdr *eth = data;
 	__u8 mac[ETH_ALEN];
@@ -161,6 +148,45 @@ static __always_inline int reflect(void *data, void *data_end, struct pkt *p, st
 	if (sum < 0)
 		return -1;
 	u->udp.check = udp_csum_mangled((__sum16)~csum_fold32((__u32)sum));
+	return 0;
+}
+
+/* check runs raft_hdr_check and raft_auth_src. Not inlined: SipHash's state lives in its own
+ * frame, not in the main program's (the stack of a call chain is bounded by 512 bytes). */
+static __noinline int check(struct raftx_udp *u, void *data_end, __u32 payload_len, struct in6_addr *saddr,
+			    __be16 sport)
+{
+	int reason;
+
+	if ((void *)(u + 1) > data_end)
+		return RAFT_DROP_SHORT;
+	reason = raft_hdr_check(&u->h, data_end, payload_len, cfg_cluster_id, cfg_self);
+	if (!reason)
+		reason = raft_auth_src(&u->h, data_end, saddr, sport);
+	return reason;
+}
+
+/* sign is raft_sign (a MAC on the kernel channel when the cluster has a key). Not inlined,
+ * like check, and called from the main program, not from answer: the chain stays short. */
+static __noinline int sign(struct raftx_udp *u, void *data_end)
+{
+	if ((void *)(u + 1) > data_end)
+		return -1;
+	return raft_sign(&u->h, data_end);
+}
+
+/* answer signs the header built in place and turns the frame around. */
+static __always_inline int answer(void *data, void *data_end, struct pkt *p, struct raftx_udp *u,
+				  struct raftx_stats *s)
+{
+	if (sign(u, data_end) < 0) {
+		COUNT(s, sign_failed);
+		return -1;
+	}
+	if (reflect(data, data_end, p, u) < 0) {
+		COUNT(s, reflect_failed);
+		return -1;
+	}
 	return 0;
 }
 
@@ -232,8 +258,11 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 	__u64 term = bpf_be64_to_cpu(h->term), from = bpf_be64_to_cpu(h->from);
 	__u64 commit = bpf_be64_to_cpu(h->commit);
 	__u64 now = bpf_ktime_get_ns();
-	struct raftx_state *st, cur;
+	__u64 cur_term, cur_leader, alive_until, detect_ns, jitter_ns;
+	struct in6_addr leader_addr;
+	struct raftx_state *st;
 	struct raftx_hb *hb;
+	__be16 leader_port;
 	__u32 zero = 0;
 
 	st = bpf_map_lookup_elem(&follower_state, &zero);
@@ -241,36 +270,36 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 	if (!st || !hb)
 		return XDP_PASS;
 	bpf_spin_lock(&st->lock);
-	cur.term = st->term;
-	cur.leader = st->leader;
-	cur.leader_addr = st->leader_addr;
-	cur.leader_port = st->leader_port;
-	cur.alive_until_ns = st->alive_until_ns;
-	cur.detect_ns = st->detect_ns;
-	cur.detect_jitter_ns = st->detect_jitter_ns;
+	cur_term = st->term;
+	cur_leader = st->leader;
+	leader_addr = st->leader_addr;
+	leader_port = st->leader_port;
+	alive_until = st->alive_until_ns;
+	detect_ns = st->detect_ns;
+	jitter_ns = st->detect_jitter_ns;
 	bpf_spin_unlock(&st->lock);
 
-	if (!cur.term) {
+	if (!cur_term) {
 		COUNT(s, hb_no_state);
 		return XDP_PASS;
 	}
-	if (now >= cur.alive_until_ns) {
+	if (now >= alive_until) {
 		COUNT(s, hb_not_alive);
 		return XDP_PASS;
 	}
-	if (term < cur.term) {
+	if (term < cur_term) {
 		COUNT(s, hb_stale_term);
 		return XDP_PASS;
 	}
-	if (term > cur.term) {
+	if (term > cur_term) {
 		COUNT(s, hb_new_term);
 		return XDP_PASS;
 	}
-	if (!cur.leader || from != cur.leader) {
+	if (!cur_leader || from != cur_leader) {
 		COUNT(s, hb_leader);
 		return XDP_PASS;
 	}
-	if (!in6_eq(&p->saddr, &cur.leader_addr) || p->sport != cur.leader_port) {
+	if (!in6_eq(&p->saddr, &leader_addr) || p->sport != leader_port) {
 		COUNT(s, hb_leader_addr);
 		return XDP_PASS;
 	}
@@ -287,14 +316,8 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 	h->reject_hint = 0;
 	h->auth_seq = 0;
 	__builtin_memset(h->mac, 0, RAFT_MAC_LEN);
-	if (raft_sign(h, data_end) < 0) {
-		COUNT(s, sign_failed);
+	if (answer(data, data_end, p, u, s) < 0)
 		return XDP_ABORTED; /* the header is half rewritten: it cannot go up either */
-	}
-	if (reflect(data, data_end, p, u) < 0) {
-		COUNT(s, reflect_failed);
-		return XDP_ABORTED;
-	}
 
 	bpf_spin_lock(&hb->lock);
 	if (hb->term != term || hb->leader != from) {
@@ -307,7 +330,7 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 	hb->last_ns = now;
 	hb->count++;
 	bpf_spin_unlock(&hb->lock);
-	arm(s, from, term, now, cur.detect_ns, cur.detect_jitter_ns);
+	arm(s, from, term, now, detect_ns, jitter_ns);
 	COUNT(s, hb_answered);
 	return XDP_TX;
 }
@@ -333,12 +356,7 @@ int raftx_xdp(struct xdp_md *ctx)
 	}
 	COUNT(s, rx);
 	u = pkt_hdr(data, data_end, p.l4_off, sizeof(*u));
-	if (!u)
-		reason = RAFT_DROP_SHORT;
-	else
-		reason = raft_hdr_check(&u->h, data_end, p.payload_len, cfg_cluster_id, cfg_self);
-	if (!reason)
-		reason = raft_auth_src(&u->h, data_end, &p.saddr, p.sport);
+	reason = u ? check(u, data_end, p.payload_len, &p.saddr, p.sport) : RAFT_DROP_SHORT;
 	if (reason) {
 		s->drop[reason & (RAFTX_DROP_SLOTS - 1)]++;
 		return XDP_DROP;
@@ -351,14 +369,8 @@ int raftx_xdp(struct xdp_md *ctx)
 			COUNT(s, pv_passed);
 			return XDP_PASS;
 		}
-		if (raft_sign(&u->h, data_end) < 0) {
-			COUNT(s, sign_failed);
+		if (answer(data, data_end, &p, u, s) < 0)
 			return XDP_ABORTED;
-		}
-		if (reflect(data, data_end, &p, u) < 0) {
-			COUNT(s, reflect_failed);
-			return XDP_ABORTED;
-		}
 		COUNT(s, pv_answered);
 		return XDP_TX;
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/raft/config"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
+	"github.com/kedge-dev/kedge/internal/raft/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -82,13 +83,19 @@ func (n *Node) startOffload(mode Offload) error {
 	}
 	et := time.Duration(n.cfg.ElectionTicks) * n.cfg.Tick
 	f := &follower{peers: map[uint64]netip.AddrPort{}, detect: et, aliveFor: et}
+	var allow []wire.AuthPeer
 	for _, p := range n.cfg.Peers {
-		if a, err := config.ResolveAddr(p.Raft); err == nil {
-			f.peers[p.ID] = a
+		a, err := config.ResolveAddr(p.Raft)
+		if err != nil {
+			return fmt.Errorf("resolve peer %d: %w", p.ID, err)
+		}
+		f.peers[p.ID] = a
+		if p.ID != n.cfg.ID {
+			allow = append(allow, wire.AuthPeer{ID: p.ID, Addr: a})
 		}
 	}
 	f.k, err = offload.NewFollower(offload.FollowerOptions{ClusterID: n.cfg.ClusterID, Self: n.cfg.ID, RaftAddr: self,
-		Netns: -1, Detect: et, DetectJitter: et, AliveFor: et, Log: n.log})
+		Key: n.cfg.ClusterKey, Peers: allow, Netns: -1, Detect: et, DetectJitter: et, AliveFor: et, Log: n.log})
 	if err != nil {
 		if mode == OffloadAuto {
 			n.log.Warn("raft offload: off, the follower kernel path is not available here", "err", err)

@@ -68,7 +68,8 @@ func passes(in *offload.Inspection) uint64 {
 }
 
 // TestLabOffload runs a 3-node cluster in lab namespaces with the follower kernel path on
-// (the default) and checks, from outside the processes, what the kernel does:
+// (the default) and a cluster key (every packet MAC'd: the kernel's replies are signed on
+// its own channel and the leader's user space must accept them), and checks, from outside the processes, what the kernel does:
 //   - followers' heartbeats are answered in XDP; user space sees only the ones passed up;
 //   - kill -STOP of a follower: its program stops answering within the alive bound (the
 //     election timeout) and passes heartbeats up instead; SIGCONT resumes answering;
@@ -89,7 +90,7 @@ func TestLabOffload(t *testing.T) {
 			t.Errorf("lab close: %v", err)
 		}
 	})
-	c := newProcCluster(t, 3, l, "")
+	c := newProcCluster(t, 3, l, "cluster_key: 00112233445566778899aabbccddeeff\n")
 	const aliveFor = 30 * 10 * time.Millisecond // election_ticks 30 x tick 10ms (newProcCluster)
 	lead := c.waitLeader(1, 2, 3)
 	fol := lead%3 + 1
@@ -114,6 +115,13 @@ func TestLabOffload(t *testing.T) {
 	in2, err := c.inspect(fol)
 	if err != nil {
 		t.Fatal(err)
+	}
+	refused, err := c.metric(lead, "kedge_raft_transport_dropped_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refused != 0 {
+		t.Errorf("the leader's transport refused %v packets (the kernel's signed replies?)", refused)
 	}
 	if p := passes(in2); seen > float64(p) {
 		t.Errorf("user space received %v heartbeats, the program passed only %d up", seen, p)

@@ -52,6 +52,11 @@ type FollowerOptions struct {
 	// AliveFor is how long one refresh (Alive) keeps the program answering: the bound within
 	// which a stopped, hung or disk-stuck node stops answering for itself.
 	AliveFor time.Duration
+	// Key is the cluster key (nil: none): packets must carry its MAC, and the program signs
+	// its answers with it (bpf/raft/auth.h).
+	Key *wire.Key
+	// Peers is the allowlist: every other node's id and raft address.
+	Peers []wire.AuthPeer
 	// Mode is the XDP attach mode (default: native, falling back to generic).
 	Mode bpfx.XDPMode
 	Log  *slog.Logger
@@ -114,7 +119,15 @@ func load(opts FollowerOptions, objs *raftxdpObjects) error {
 			return fmt.Errorf("set %s: %w", name, err)
 		}
 	}
-	return bpfx.LoadAndAssign("raft follower", spec, objs, nil)
+	if err := bpfx.LoadAndAssign("raft follower", spec, objs, nil); err != nil {
+		return err
+	}
+	am := wire.AuthMaps{Config: objs.RaftAuthCfg, Peers: objs.RaftPeers, TxSeq: objs.RaftTxSeq}
+	if err := am.Fill(opts.ClusterID, opts.Key, opts.Peers); err != nil {
+		objs.Close()
+		return err
+	}
+	return nil
 }
 
 // NewFollower loads the program, attaches it to the interface of opts.RaftAddr and starts the

@@ -108,6 +108,9 @@ func loadFixture(t *testing.T, opts FollowerOptions) *Follower {
 		t.Skipf("skipping: %v", err)
 	}
 	opts.ClusterID, opts.Self, opts.RaftAddr = fxCluster, fxSelf, self4
+	if opts.Peers == nil {
+		opts.Peers = []wire.AuthPeer{{ID: fxLeader, Addr: leader4}, {ID: fxOther, Addr: other4}}
+	}
 	f, err := newFollower(opts)
 	if err != nil {
 		t.Fatalf("load follower: %v", err)
@@ -178,12 +181,14 @@ func TestFollowerFixtures(t *testing.T) {
 			WantRet: bpftest.XDPPass, WantCounters: passed("hb_new_term")},
 		{Name: "wrong leader passed", In: frame(other4, self4, 1, mod(hb, func(m *msg) { m.from = fxOther }).payload(t)),
 			WantRet: bpftest.XDPPass, WantCounters: passed("hb_leader")},
-		{Name: "unknown peer passed", In: frame(netip.MustParseAddrPort("10.77.0.99:7000"), self4, 1, mod(hb, func(m *msg) { m.from = 99 }).payload(t)),
-			WantRet: bpftest.XDPPass, WantCounters: passed("hb_leader")},
-		{Name: "leader id from another address passed", In: frame(other4, self4, 1, hb.payload(t)),
-			WantRet: bpftest.XDPPass, WantCounters: passed("hb_leader_addr")},
-		{Name: "leader id from another port passed", In: frame(netip.AddrPortFrom(leader4.Addr(), 7001), self4, 1, hb.payload(t)),
-			WantRet: bpftest.XDPPass, WantCounters: passed("hb_leader_addr")},
+		{Name: "unknown peer dropped", In: frame(netip.MustParseAddrPort("10.77.0.99:7000"), self4, 1, mod(hb, func(m *msg) { m.from = 99 }).payload(t)),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropPeer)},
+		{Name: "leader id from another address dropped", In: frame(other4, self4, 1, hb.payload(t)),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropPeer)},
+		{Name: "leader id from another port dropped", In: frame(netip.AddrPortFrom(leader4.Addr(), 7001), self4, 1, hb.payload(t)),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropPeer)},
+		{Name: "mac without a cluster key dropped", In: frame(leader4, self4, 1, func() []byte { p := hb.payload(t); p[6] |= wire.FlagMAC; return p }()),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropFlags)},
 		{Name: "truncated raft header dropped", In: pktbuild.New().IPv4(pktbuild.IPv4{Src: leader4.Addr(), Dst: self4.Addr()}).
 			UDP(pktbuild.UDP{Src: fxPort, Dst: fxPort}).Payload(hb.payload(t)[:60]).Build(),
 			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropShort)},
@@ -233,7 +238,7 @@ func TestFollowerFixtures(t *testing.T) {
 }
 
 func TestFollowerFixturesIPv6(t *testing.T) {
-	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour})
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Peers: []wire.AuthPeer{{ID: fxLeader, Addr: leader6}}})
 	if err := f.Mirror(fxTerm, fxLeader, leader6); err != nil {
 		t.Fatal(err)
 	}
@@ -246,8 +251,78 @@ func TestFollowerFixturesIPv6(t *testing.T) {
 		{Name: "heartbeat over ipv6 answered", In: frame(leader6, self6, 0, hb.payload(t)), WantRet: bpftest.XDPTx,
 			WantOut: reply(t, leader6, self6, 0, fxTerm, hb.ctx), Check: verifyReply(fxTerm, hb.ctx),
 			WantCounters: bpftest.Counters{"rx": 1, "hb_answered": 1}},
-		{Name: "ipv4 leader address does not match", In: frame(leader4, self4, 0, hb.payload(t)), WantRet: bpftest.XDPPass,
-			WantCounters: bpftest.Counters{"rx": 1, "hb_leader_addr": 1}},
+		{Name: "leader id from its ipv4 address dropped", In: frame(leader4, self4, 0, hb.payload(t)), WantRet: bpftest.XDPDrop,
+			WantCounters: bpftest.Counters{"rx": 1, "drop_peer": 1}},
+	})
+}
+
+// The leader's address as mirrored is checked too (defence in depth beside the allowlist):
+// a node whose mirror names another address for the leader answers nothing.
+func TestFollowerLeaderAddressMismatch(t *testing.T) {
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour})
+	if err := f.Mirror(fxTerm, fxLeader, leader6); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Alive(); err != nil {
+		t.Fatal(err)
+	}
+	bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}.Run(t, []bpftest.Case{
+		{Name: "allowed, but not the mirrored leader address", In: frame(leader4, self4, 0, heartbeatMsg().payload(t)),
+			WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{"rx": 1, "hb_leader_addr": 1}},
+	})
+}
+
+// With a cluster key: signed heartbeats are answered with a reply the leader's verifier
+// accepts (kernel channel, bit 63 of auth_seq); unsigned, forged and replayed ones are
+// dropped before user space.
+func TestFollowerFixturesKeyed(t *testing.T) {
+	key, err := wire.ParseKey("000102030405060708090a0b0c0d0e0f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Key: &key})
+	if err := f.Mirror(fxTerm, fxLeader, leader4); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Alive(); err != nil {
+		t.Fatal(err)
+	}
+	leaderSigner := wire.NewSigner(&key)
+	leaderVerifier := wire.NewVerifier(&key)
+	signed := func() []byte { p := heartbeatMsg().payload(t); leaderSigner.Sign(p); return p }
+	first := signed()
+	forged := signed()
+	forged[56] ^= 1 // commit changed after signing
+	otherKey := key
+	otherKey[0] ^= 1
+	wrongKey := heartbeatMsg().payload(t)
+	wire.NewSigner(&otherKey).Sign(wrongKey)
+	checkSigned := func(tb testing.TB, out []byte) {
+		tb.Helper()
+		if err := pktbuild.VerifyChecksums(out); err != nil {
+			tb.Errorf("reply checksums: %v", err)
+		}
+		p := out[len(out)-wire.PktLen:]
+		if r := leaderVerifier.Verify(p); r != wire.OK {
+			tb.Fatalf("the leader's verifier refuses the signed reply: %v", r)
+		}
+		if seq := binary.BigEndian.Uint64(p[88:]); seq&wire.SeqKernel == 0 {
+			tb.Errorf("reply auth_seq %#x is not on the kernel channel", seq)
+		}
+	}
+	bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}.Run(t, []bpftest.Case{
+		{Name: "signed heartbeat answered with a signed reply", In: frame(leader4, self4, 1, first), WantRet: bpftest.XDPTx,
+			Check: checkSigned, WantCounters: bpftest.Counters{"rx": 1, "hb_answered": 1}},
+		{Name: "the same packet again dropped as a replay", In: frame(leader4, self4, 1, first), WantRet: bpftest.XDPDrop,
+			WantCounters: bpftest.Counters{"rx": 1, "drop_replay": 1}},
+		{Name: "unsigned heartbeat dropped", In: frame(leader4, self4, 1, heartbeatMsg().payload(t)), WantRet: bpftest.XDPDrop,
+			WantCounters: bpftest.Counters{"rx": 1, "drop_mac": 1}},
+		{Name: "changed after signing dropped", In: frame(leader4, self4, 1, forged), WantRet: bpftest.XDPDrop,
+			WantCounters: bpftest.Counters{"rx": 1, "drop_mac": 1}},
+		{Name: "signed with another key dropped", In: frame(leader4, self4, 1, wrongKey), WantRet: bpftest.XDPDrop,
+			WantCounters: bpftest.Counters{"rx": 1, "drop_mac": 1}},
+		{Name: "a later signed heartbeat answered", In: frame(leader4, self4, 1, signed()), WantRet: bpftest.XDPTx,
+			Check: checkSigned, WantCounters: bpftest.Counters{"rx": 1, "hb_answered": 1}},
 	})
 }
 

@@ -13,6 +13,39 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type raftxdpRaftAuthConfig struct {
+	_         structs.HostLayout
+	ClusterId uint64
+	K0        uint64
+	K1        uint64
+	KeySet    uint32
+	Pad       uint32
+}
+
+type raftxdpRaftPeer struct {
+	_    structs.HostLayout
+	Addr struct {
+		_    structs.HostLayout
+		In6U struct {
+			_       structs.HostLayout
+			U6Addr8 [16]uint8
+		}
+	}
+	Port uint16
+	Pad0 uint16
+	Pad1 uint32
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Pad2 uint32
+	Win  [2]struct {
+		_    structs.HostLayout
+		Top  uint64
+		Seen uint64
+	}
+}
+
 type raftxdpRaftxDetect struct {
 	_     structs.HostLayout
 	Timer struct {
@@ -105,6 +138,9 @@ const (
 	raftxdpMapFollowerState    = "follower_state"
 	raftxdpMapFollowerStats    = "follower_stats"
 	raftxdpMapFollowerTimer    = "follower_timer"
+	raftxdpMapRaftAuthCfg      = "raft_auth_cfg"
+	raftxdpMapRaftPeers        = "raft_peers"
+	raftxdpMapRaftTxSeq        = "raft_tx_seq"
 	raftxdpProgRaftxXdp        = "raftx_xdp"
 	raftxdpVarCfgClusterId     = "cfg_cluster_id"
 	raftxdpVarCfgPort          = "cfg_port"
@@ -166,6 +202,9 @@ type raftxdpMapSpecs struct {
 	FollowerState  *ebpf.MapSpec `ebpf:"follower_state"`
 	FollowerStats  *ebpf.MapSpec `ebpf:"follower_stats"`
 	FollowerTimer  *ebpf.MapSpec `ebpf:"follower_timer"`
+	RaftAuthCfg    *ebpf.MapSpec `ebpf:"raft_auth_cfg"`
+	RaftPeers      *ebpf.MapSpec `ebpf:"raft_peers"`
+	RaftTxSeq      *ebpf.MapSpec `ebpf:"raft_tx_seq"`
 }
 
 // raftxdpVariableSpecs contains global variables before they are loaded into the kernel.
@@ -203,6 +242,9 @@ type raftxdpMaps struct {
 	FollowerState  *ebpf.Map `ebpf:"follower_state"`
 	FollowerStats  *ebpf.Map `ebpf:"follower_stats"`
 	FollowerTimer  *ebpf.Map `ebpf:"follower_timer"`
+	RaftAuthCfg    *ebpf.Map `ebpf:"raft_auth_cfg"`
+	RaftPeers      *ebpf.Map `ebpf:"raft_peers"`
+	RaftTxSeq      *ebpf.Map `ebpf:"raft_tx_seq"`
 }
 
 func (m *raftxdpMaps) Close() error {
@@ -212,6 +254,9 @@ func (m *raftxdpMaps) Close() error {
 		m.FollowerState,
 		m.FollowerStats,
 		m.FollowerTimer,
+		m.RaftAuthCfg,
+		m.RaftPeers,
+		m.RaftTxSeq,
 	)
 }
 
