@@ -352,3 +352,19 @@ func readStats(m *ebpf.Map) ([]bpfx.Counter, error) {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// LoadDetached loads the program without attaching it, for BPF_PROG_TEST_RUN: the fixtures
+// here and the offload-on/off equivalence test of internal/raft/node run packets through it
+// with Run.
+func LoadDetached(opts FollowerOptions) (*Follower, error) { return newFollower(opts) }
+
+// Run runs the program once on frame (BPF_PROG_TEST_RUN) and returns its verdict and the frame
+// after it.
+func (f *Follower) Run(frame []byte) (uint32, []byte, error) {
+	opts := ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Repeat: 1}
+	ret, err := f.objs.RaftxXdp.Run(&opts)
+	if err != nil {
+		return 0, nil, fmt.Errorf("run follower program: %w", err)
+	}
+	return ret, opts.DataOut, nil
+}
