@@ -3,6 +3,8 @@ package offload
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"testing"
@@ -11,7 +13,9 @@ import (
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 	"github.com/kedge-dev/kedge/internal/raft/wire"
+	"github.com/kedge-dev/kedge/pkg/kedge"
 	pb "go.etcd.io/raft/v3/raftpb"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -428,4 +432,37 @@ func TestMirrorLayout(t *testing.T) {
 	if got := binary.BigEndian.Uint16(b[off:]); got != 7000 {
 		t.Errorf("leader port bytes %x, want 7000 in network order", b[off:off+2])
 	}
+}
+
+// Probe's verdict follows the kernel: from 5.15 (bpf_timer in XDP) everything is there; before,
+// a *kedge.FeatureError names what is missing and the minimum kernel (the node then runs
+// without offload, or exits 3 with an explicit --offload). The 5.10 guest of the kernel
+// matrix takes the second branch.
+func TestProbeMatchesKernel(t *testing.T) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	var major, minor int
+	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil {
+		t.Fatalf("parse kernel release %q: %v", rel, err)
+	}
+	err := Probe()
+	if major > 5 || (major == 5 && minor >= 15) {
+		if err != nil {
+			t.Fatalf("kernel %s: Probe: %v, want nil", rel, err)
+		}
+		return
+	}
+	var fe *kedge.FeatureError
+	if !errors.Is(err, kedge.ErrNotSupported) || !errors.As(err, &fe) || fe.MinKernel == "" {
+		t.Fatalf("kernel %s: Probe: %v, want a FeatureError with a minimum kernel", rel, err)
+	}
+	if os.Geteuid() == 0 {
+		if _, lerr := LoadDetached(FollowerOptions{ClusterID: 1, Self: 1, RaftAddr: self4}); !errors.Is(lerr, kedge.ErrNotSupported) {
+			t.Errorf("kernel %s: LoadDetached: %v, want the FeatureError", rel, lerr)
+		}
+	}
+	t.Logf("kernel %s: %v", rel, err)
 }
