@@ -84,7 +84,7 @@ func newEqNode(t *testing.T, k *offload.Follower) *eqNode {
 	}
 	n := &eqNode{rn: rn, st: st, k: k}
 	if k != nil {
-		if err := k.Mirror(1, 0, netip.AddrPort{}); err != nil {
+		if err := k.Mirror(offload.Durable{Term: 1, LastIndex: eqLast, LastTerm: 1}); err != nil {
 			t.Fatal(err)
 		}
 		if err := k.Alive(); err != nil {
@@ -132,7 +132,9 @@ func (n *eqNode) ready(t *testing.T) {
 			} else {
 				lead = 0
 			}
-			if err := n.k.Mirror(hs.GetTerm(), lead, addr); err != nil {
+			last, _ := n.st.LastIndex()
+			lastTerm, _ := n.st.Term(last)
+			if err := n.k.Mirror(offload.Durable{Term: hs.GetTerm(), Leader: lead, LeaderAddr: addr, LastIndex: last, LastTerm: lastTerm}); err != nil {
 				t.Fatal(err)
 			}
 			msgs = dropSynthResps(msgs)
@@ -284,7 +286,9 @@ func TestOffloadEquivalence(t *testing.T) {
 		so, sn := off.state(), on.state()
 		if so.State != "StateFollower" || sn.State != "StateFollower" {
 			// The election timers are randomized per node from here: check the bound only.
-			if i <= lastHB+eqElection-1 {
+			// The last heartbeat was stepped before tick lastHB, so tick lastHB+k leaves
+			// electionElapsed = k+1, and the randomized timeout is at least eqElection.
+			if i < lastHB+eqElection-1 {
 				t.Fatalf("tick %d: an election after %d silent ticks (off %+v, on %+v)", i, i-lastHB, so, sn)
 			}
 			break
