@@ -33,7 +33,10 @@ type Options struct {
 	// UnsafeLocalReads serves reads from local state without ReadIndex: NOT linearizable.
 	// Only for the linearizability checker's self-test (docs/raft.md section 7).
 	UnsafeLocalReads bool
-	Log              *slog.Logger
+	// Offload: the follower's kernel path (heartbeats answered in XDP, leader failure detected
+	// by a bpf_timer). Zero: off.
+	Offload Offload
+	Log     *slog.Logger
 }
 
 // command is a log entry's payload.
@@ -79,6 +82,11 @@ type Node struct {
 
 	// beforeSend, when set (tests), sees every Ready's messages just before they are sent.
 	beforeSend func([]*pb.Message)
+
+	// fol is the follower kernel path (nil: off); termDurable the last saved HardState.Term
+	// (Ready loop only).
+	fol         *follower
+	termDurable uint64
 
 	applied   atomic.Uint64
 	snapIndex atomic.Uint64
@@ -130,6 +138,13 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		n.tr.Close()
 		st.Close()
 		return nil, fmt.Errorf("listen client api %s: %w (is another node using the port?)", cfg.ClientBind(), err)
+	}
+	n.termDurable = rec.HardState.GetTerm()
+	if err := n.startOffload(opts.Offload); err != nil {
+		n.clientLn.Close()
+		n.tr.Close()
+		st.Close()
+		return nil, err
 	}
 	rc := &raft.Config{
 		ID:              cfg.ID,
@@ -185,6 +200,9 @@ func (n *Node) Run(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	n.http.Shutdown(sctx)
+	if cerr := n.closeOffload(); err == nil && cerr != nil {
+		err = fmt.Errorf("close offload: %w", cerr)
+	}
 	n.tr.Close()
 	stopLoop()
 	<-n.done
@@ -207,12 +225,23 @@ func (n *Node) loop(ctx context.Context) {
 		n.loopErr = err
 		n.log.Error("raft: ready loop stopped", "err", err)
 	}
+	n.offloadMirror(n.termDurable, n.leader.Load())
+	n.offloadAlive()
+	events := n.fol.events()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			n.offloadTick(ctx)
 			n.rn.Tick()
+			n.offloadAlive()
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			n.onLeaderSilent(ctx, ev)
 		case rd, ok := <-n.rn.Ready():
 			if !ok {
 				return
@@ -222,6 +251,7 @@ func (n *Node) loop(ctx context.Context) {
 				return
 			}
 			n.rn.Advance()
+			n.offloadAlive()
 		}
 	}
 }
@@ -253,8 +283,15 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	if rd.HardState != nil {
 		n.m.term.Set(float64(rd.HardState.GetTerm()))
 		n.m.commit.Set(float64(rd.HardState.GetCommit()))
+		n.termDurable = rd.HardState.GetTerm()
 	}
-	// 3. Only now the messages.
+	// The kernel answers heartbeats of the durable term only, now that it is durable.
+	n.offloadMirror(n.termDurable, n.leader.Load())
+	// 3. Only now the messages (the kernel already answered the heartbeats the node
+	// synthesized from its record).
+	if n.fol != nil {
+		rd.Messages = dropSynthResps(rd.Messages)
+	}
 	if n.beforeSend != nil {
 		n.beforeSend(rd.Messages)
 	}
@@ -503,7 +540,7 @@ func (n *Node) Status() api.Status {
 	last, _ := n.st.LastIndex()
 	st := api.Status{ID: n.cfg.ID, ClusterID: n.cfg.ClusterID, State: stateName(s.RaftState), Leader: s.Lead,
 		Term: s.GetTerm(), Commit: s.GetCommit(), Applied: n.applied.Load(), LastIndex: last,
-		SnapshotIndex: n.snapIndex.Load(), UnsafeLocalReads: n.opts.UnsafeLocalReads}
+		SnapshotIndex: n.snapIndex.Load(), UnsafeLocalReads: n.opts.UnsafeLocalReads, Offload: n.OffloadMode()}
 	now := time.Now()
 	ms := func(t time.Time) *float64 {
 		if t.IsZero() {
