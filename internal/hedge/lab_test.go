@@ -296,14 +296,17 @@ func testRescue(t *testing.T, backend, fam string, connected, stored bool) {
 	res := runClient(t, l.Host("client"), svc, connected, ids(n, 1000), time.Second)
 	// On a busy machine a normal request can take longer than the delay and is then hedged
 	// too, legitimately. A request answered well within the delay never is.
-	stalled, slow := 0, 0
+	stalled, slow, unrescued := 0, 0, 0
 	for i, d := range res.lat {
 		id := uint32(1000 + i)
 		switch {
 		case stallIf(id):
 			stalled++
 			if d >= stall {
-				t.Errorf("id %d: %v - the stall was not rescued by a hedge", id, d)
+				unrescued++
+				if !stored || !inGuest() {
+					t.Errorf("id %d: %v - the stall was not rescued by a hedge", id, d)
+				}
 			}
 		case d >= 9*time.Millisecond:
 			slow++
@@ -322,6 +325,16 @@ func testRescue(t *testing.T, backend, fam string, connected, stored bool) {
 		t.Errorf("requests %d responses %d, want %d each", c["requests"], c["responses"], n)
 	}
 	hedges := c["hedges_sent"]
+	// In an emulated (TCG) guest a tick can come later than the far-overdue cutoff (120 ms
+	// seen with netem on 6.1, the pacer's watchdog re-arming it): the stalled request is then
+	// dropped unhedged, and counted. On real CPUs every stall is rescued (asserted above).
+	if overdue := c["overdue_dropped"]; unrescued > 0 {
+		t.Logf("%d stalled requests not rescued, overdue_dropped %d (emulated guest)", unrescued, overdue)
+		if uint64(unrescued) > overdue {
+			t.Errorf("%d stalled requests not rescued but only %d dropped as overdue", unrescued, overdue)
+		}
+		stalled -= unrescued
+	}
 	if hedges < uint64(stalled) || hedges > uint64(stalled+slow) {
 		t.Errorf("hedges_sent = %d, want the %d stalled requests plus at most the %d slow ones", hedges, stalled, slow)
 	}
