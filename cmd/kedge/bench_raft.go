@@ -3,8 +3,10 @@ package main
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,7 +20,50 @@ import (
 	"github.com/kedge-dev/kedge/internal/raftbench"
 )
 
-func init() { registerBench(newBenchRaftCmd) }
+func init() {
+	registerBench(newBenchRaftCmd)
+	registerBench(newBenchRaftProbeCmd)
+}
+
+// newBenchRaftProbeCmd is the heartbeat round-trip probe `kedge bench raft` starts in a lab
+// leader's namespace (raftbench.Probe); hidden: not for direct use.
+func newBenchRaftProbeCmd() *cobra.Command {
+	var (
+		p        raftbench.Probe
+		from, to string
+	)
+	cmd := &cobra.Command{
+		Use:    "raft-hbprobe",
+		Short:  "Heartbeat round-trip probe (started by kedge bench raft in a lab leader's namespace)",
+		Hidden: true,
+		Args:   noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if p.From, err = netip.ParseAddrPort(from); err != nil {
+				return usagef("--from %q: want ip:port", from)
+			}
+			if p.To, err = netip.ParseAddrPort(to); err != nil {
+				return usagef("--to %q: want ip:port", to)
+			}
+			rtts, lost, err := p.Run()
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(raftbench.ProbeResult{RTTUs: rtts, Lost: lost})
+		},
+	}
+	f := cmd.Flags()
+	f.Uint64Var(&p.Cluster, "cluster", 0, "cluster id")
+	f.Uint64Var(&p.Leader, "leader", 0, "the leader's id (the probe speaks in its name)")
+	f.Uint64Var(&p.Follower, "follower", 0, "the follower probed")
+	f.Uint64Var(&p.Term, "term", 0, "the leader's current term")
+	f.StringVar(&from, "from", "", "the leader's raft address (ip:port)")
+	f.StringVar(&to, "to", "", "the follower's raft address (ip:port)")
+	f.IntVar(&p.Count, "count", 20, "probes")
+	f.DurationVar(&p.Interval, "interval", 5*time.Millisecond, "pause between probes")
+	f.DurationVar(&p.Timeout, "timeout", 100*time.Millisecond, "wait for each answer")
+	return cmd
+}
 
 func newBenchRaftCmd() *cobra.Command {
 	var (
@@ -51,7 +96,10 @@ run at the same time and the trials alternate, so both sides see the same machin
   throughput       --clients closed-loop writers putting to the leader for --tp-duration, for
                    each cluster size in --tp-nodes and mode: writes/s and latency p50/p99.
   heartbeat        both modes idle for --hb-duration: the CPU time of one follower's process
-                   per heartbeat that reached it (with offload on, most are answered in XDP).
+                   per heartbeat that reached it (with offload on, most are answered in XDP);
+                   then --hb-probes heartbeats sent in the leader's name from its namespace
+                   time the follower's round trip (these clusters have no key: the probe
+                   cannot sign).
 With --auth (default) every cluster gets a random key: all UDP packets carry a MAC.
 result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 		Example: `  sudo kedge bench raft --out docs/results/raft
@@ -132,6 +180,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	f.BoolVar(&auth, "auth", true, "give the clusters a random cluster key (every UDP packet authenticated)")
 	f.StringVar(&phases, "fe-phases", "stress", "false-election phases (comma-separated: idle, spinners, starved-follower, stress)")
 	f.DurationVar(&o.HeartbeatDuration, "hb-duration", 10*time.Second, "idle window of the heartbeat CPU measurement")
+	f.IntVar(&o.HeartbeatProbes, "hb-probes", 200, "heartbeat round-trip probes per mode")
 	f.DurationVar(&o.Tick, "tick", 10*time.Millisecond, "raft tick of the nodes")
 	f.StringVar(&electionTicks, "election-ticks", "3,10", "election timeouts to measure, in ticks")
 	f.IntVar(&o.Nodes, "nodes", 3, "cluster size for failover and false elections")
@@ -192,9 +241,10 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 		fmt.Fprintln(tw)
 	}
 	if len(r.Heartbeats) > 0 {
-		fmt.Fprintln(tw, "HEARTBEATS\tOFFLOAD\tWINDOW\tRECEIVED\tIN XDP\tFOLLOWER CPU\tCPU/HEARTBEAT")
+		fmt.Fprintln(tw, "HEARTBEATS\tOFFLOAD\tWINDOW\tRECEIVED\tIN XDP\tFOLLOWER CPU\tCPU/HEARTBEAT\tRTT P50\tRTT P99\tPROBES\tLOST")
 		for _, h := range r.Heartbeats {
-			fmt.Fprintf(tw, "follower\t%s\t%.0f s\t%d\t%d\t%.1f ms\t%.1f us\n", h.Offload, h.DurationS, h.Received, h.InXDP, h.ProcCPUMs, h.CPUPerHBUs)
+			fmt.Fprintf(tw, "follower\t%s\t%.0f s\t%d\t%d\t%.1f ms\t%.1f us\t%.0f us\t%.0f us\t%d\t%d\n", h.Offload, h.DurationS,
+				h.Received, h.InXDP, h.ProcCPUMs, h.CPUPerHBUs, h.RTTP50Us, h.RTTP99Us, h.RTTProbes, h.RTTLost)
 		}
 	}
 	return tw.Flush()

@@ -7,6 +7,7 @@ package raftbench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -55,6 +56,9 @@ type Options struct {
 	FalsePhases []string
 	// HeartbeatDuration is the idle window over which the follower's CPU per heartbeat is taken.
 	HeartbeatDuration time.Duration
+	// HeartbeatProbes is how many round-trip probes go to one follower per mode (in five
+	// rounds, alternating between the modes).
+	HeartbeatProbes int
 
 	ThroughputNodes    []int // (3, 5)
 	ThroughputDuration time.Duration
@@ -80,6 +84,13 @@ type Heartbeats struct {
 	InXDP      uint64  `json:"answered_in_xdp"`
 	ProcCPUMs  float64 `json:"process_cpu_ms"` // user + system time of the follower's process
 	CPUPerHBUs float64 `json:"process_cpu_per_heartbeat_us"`
+	// Round trip of probe heartbeats sent in the leader's name from its namespace (Probe).
+	RTTProbes int       `json:"rtt_probes"`
+	RTTLost   int       `json:"rtt_lost"` // not answered within 100 ms
+	RTTP50Us  float64   `json:"rtt_p50_us"`
+	RTTP99Us  float64   `json:"rtt_p99_us"`
+	RTTMaxUs  float64   `json:"rtt_max_us"`
+	RTTUs     []float64 `json:"rtt_us"`
 }
 
 // Failover is one election-timeout setting's trials: kill -9 of the leader until the first
@@ -579,9 +590,13 @@ func series(name string, vals []float64, toUS float64) bench.Series {
 }
 
 // heartbeats leaves the clusters of both modes idle for o.HeartbeatDuration and takes, on
-// one follower of each, the CPU time of its process and the heartbeats that reached it.
+// one follower of each, the CPU time of its process and the heartbeats that reached it;
+// then it measures that follower's heartbeat round trip with probes (Probe). The clusters
+// have no key: the probe speaks in the leader's name and cannot sign.
 func (o *Options) heartbeats(ctx context.Context) (out []Heartbeats, err error) {
-	cs, closeAll, err := o.clusters(ctx, "rbh", o.Nodes, 10)
+	unkeyed := *o
+	unkeyed.ClusterKey = ""
+	cs, closeAll, err := unkeyed.clusters(ctx, "rbh", o.Nodes, 10)
 	if err != nil {
 		return nil, err
 	}
@@ -646,9 +661,68 @@ func (o *Options) heartbeats(ctx context.Context) (out []Heartbeats, err error) 
 		if h.Received > 0 {
 			h.CPUPerHBUs = float64((a.cpu - b.cpu).Microseconds()) / float64(h.Received)
 		}
-		o.logf("heartbeats, offload %s: %d in %.0fs (%d answered in XDP), follower process %.1f ms CPU, %.1f us per heartbeat",
-			mode, h.Received, h.DurationS, h.InXDP, h.ProcCPUMs, h.CPUPerHBUs)
 		out = append(out, h)
 	}
+	const rounds = 5
+	for r := range rounds {
+		for i, mode := range o.Modes {
+			rtts, lost, err := o.probe(ctx, cs[mode], before[mode].follower, max(o.HeartbeatProbes/rounds, 1))
+			if err != nil {
+				return out, fmt.Errorf("offload %s: heartbeat probe round %d: %w", mode, r, err)
+			}
+			out[i].RTTUs = append(out[i].RTTUs, rtts...)
+			out[i].RTTLost += lost
+			out[i].RTTProbes += len(rtts) + lost
+		}
+	}
+	for i := range out {
+		h := &out[i]
+		s := slices.Clone(h.RTTUs)
+		slices.Sort(s)
+		if len(s) > 0 {
+			h.RTTP50Us, h.RTTP99Us, h.RTTMaxUs = bench.Percentile(s, 50), bench.Percentile(s, 99), s[len(s)-1]
+		}
+		o.logf("heartbeats, offload %s: %d in %.0fs (%d answered in XDP), follower process %.1f ms CPU, %.1f us per heartbeat; round trip p50 %.0f us p99 %.0f us (%d probes, %d lost)",
+			h.Offload, h.Received, h.DurationS, h.InXDP, h.ProcCPUMs, h.CPUPerHBUs, h.RTTP50Us, h.RTTP99Us, h.RTTProbes, h.RTTLost)
+	}
 	return out, nil
+}
+
+// probe runs `kedge bench raft-hbprobe` in the leader's namespace against follower.
+func (o *Options) probe(ctx context.Context, c *raftlab.Cluster, follower, count int) ([]float64, int, error) {
+	leader, err := stableLeader(ctx, c)
+	if err != nil {
+		return nil, 0, err
+	}
+	if leader == follower {
+		return nil, 0, fmt.Errorf("node %d, the measured follower, became the leader", follower)
+	}
+	st, err := c.Status(ctx, leader)
+	if err != nil {
+		return nil, 0, err
+	}
+	h := c.Node(leader).Host
+	cmd := h.Command(o.Binary, "bench", "raft-hbprobe", "--cluster", fmt.Sprint(raftlab.ClusterID),
+		"--leader", fmt.Sprint(leader), "--follower", fmt.Sprint(follower), "--term", fmt.Sprint(st.Term),
+		"--from", c.Node(leader).RaftAddr.String(), "--to", c.Node(follower).RaftAddr.String(),
+		"--count", fmt.Sprint(count))
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := h.Start(cmd); err != nil {
+		return nil, 0, err
+	}
+	if err := cmd.Wait(); err != nil {
+		return nil, 0, fmt.Errorf("%w: %s", err, stderr.String())
+	}
+	var res ProbeResult
+	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil {
+		return nil, 0, fmt.Errorf("heartbeat probe output %q: %w", stdout.String(), err)
+	}
+	return res.RTTUs, res.Lost, nil
+}
+
+// ProbeResult is what `kedge bench raft-hbprobe` prints (JSON).
+type ProbeResult struct {
+	RTTUs []float64 `json:"rtt_us"`
+	Lost  int       `json:"lost"`
 }

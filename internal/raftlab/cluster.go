@@ -24,7 +24,7 @@ const (
 	// ClientHost is the lab host the harness's clients run in (its links cross the fabric
 	// too; node-to-node faults leave them alone unless asked).
 	ClientHost = "client"
-	clusterID  = 42
+	ClusterID  = 42 // the cluster id of every lab cluster
 )
 
 // Spec declares a lab cluster.
@@ -134,7 +134,7 @@ func (c *Cluster) writeConfig() error {
 		return fmt.Errorf("make cluster dir: %w", err)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# written by the kedge raft lab\ncluster_id: %d\ndata_dir: %s\npeers:\n", clusterID, filepath.Join(c.Spec.Dir, "data", "{id}"))
+	fmt.Fprintf(&b, "# written by the kedge raft lab\ncluster_id: %d\ndata_dir: %s\npeers:\n", ClusterID, filepath.Join(c.Spec.Dir, "data", "{id}"))
 	for _, n := range c.Nodes {
 		fmt.Fprintf(&b, "  - id: %d\n    raft: %s\n    client: %s\n", n.ID, n.RaftAddr, n.ClientAddr)
 	}
