@@ -17,6 +17,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/raft/client"
 	"github.com/kedge-dev/kedge/internal/raft/config"
 	"github.com/kedge-dev/kedge/internal/raft/node"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
 )
 
 func init() { register(newRaftCmd) }
@@ -51,6 +52,8 @@ func newRaftServeCmd() *cobra.Command {
 		id               uint64
 		duration         time.Duration
 		unsafeReads      bool
+		kernelHB         bool
+		hbLease          time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --config node.yaml",
@@ -74,7 +77,19 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 			if err != nil {
 				return usagef("%w (docs/raft.md section 1 shows the format)", err)
 			}
-			n, err := node.New(cfg, node.Options{UnsafeLocalReads: unsafeReads, Log: slog.Default()})
+			opts := node.Options{UnsafeLocalReads: unsafeReads, Log: slog.Default()}
+			if kernelHB {
+				if hbLease < 0 {
+					return usagef("--heartbeat-lease %v: use a positive duration (0: the election timeout)", hbLease)
+				}
+				hb, err := offload.LeaderFromConfig(cfg, hbLease, slog.Default())
+				if err != nil {
+					return fmt.Errorf("start kernel heartbeats: %w", err)
+				}
+				defer hb.Close()
+				opts.Heartbeats = hb
+			}
+			n, err := node.New(cfg, opts)
 			if err != nil {
 				return fmt.Errorf("start node %d: %w", cfg.ID, err)
 			}
@@ -92,6 +107,8 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 	// The checker's self-test only: not linearizable (docs/raft.md section 7).
 	f.BoolVar(&unsafeReads, "unsafe-local-reads", false, "serve reads from local state without ReadIndex (NOT linearizable)")
 	f.MarkHidden("unsafe-local-reads")
+	f.BoolVar(&kernelHB, "kernel-heartbeats", false, "as leader, let the kernel send the heartbeats while a lease holds (docs/raft.md: Kernel paths)")
+	f.DurationVar(&hbLease, "heartbeat-lease", 0, "with --kernel-heartbeats: how long one renewal keeps the kernel sending (0: the election timeout)")
 	return cmd
 }
 

@@ -41,6 +41,9 @@ type Spec struct {
 	// self-test): reads from local state without ReadIndex.
 	UnsafeLocalReads bool
 	Persistent       bool
+	// ServeArgs are appended to every node's `kedge raft serve` command line (e.g. the
+	// kernel paths' flags).
+	ServeArgs []string
 }
 
 // Node is one node process.
@@ -183,6 +186,7 @@ func (c *Cluster) Start(id int) error {
 	if c.Spec.UnsafeLocalReads {
 		args = append(args, "--unsafe-local-reads")
 	}
+	args = append(args, c.Spec.ServeArgs...)
 	cmd := n.Host.Command(c.Spec.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if !c.Spec.Persistent {

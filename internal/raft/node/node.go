@@ -34,6 +34,9 @@ type Options struct {
 	// Only for the linearizability checker's self-test (docs/raft.md section 7).
 	UnsafeLocalReads bool
 	Log              *slog.Logger
+	// Heartbeats, when set, sends the leader's heartbeats from the kernel while its lease
+	// holds (heartbeats.go); nil: etcd-raft's own sends only.
+	Heartbeats HeartbeatOffload
 }
 
 // command is a log entry's payload.
@@ -67,6 +70,8 @@ type Node struct {
 	reg *prometheus.Registry
 	m   *metrics
 
+	hbKernel prometheus.Counter // heartbeats.go
+
 	clientLn net.Listener
 	http     *http.Server
 
@@ -96,6 +101,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		kv: map[string]string{}, waiters: map[uint64]chan api.WriteResponse{}, reads: map[uint64]*readWaiter{},
 		confState: &pb.ConfState{}, done: make(chan struct{})}
 	n.m = newMetrics(n.reg)
+	n.hbKernel = newHeartbeatCounter(n.reg, opts.Heartbeats != nil)
 	st, rec, err := storage.Open(cfg.DataDir, n.log)
 	if err != nil {
 		return nil, err
@@ -213,6 +219,7 @@ func (n *Node) loop(ctx context.Context) {
 			return
 		case <-tick.C:
 			n.rn.Tick()
+			n.renewHeartbeats()
 		case rd, ok := <-n.rn.Ready():
 			if !ok {
 				return
@@ -254,11 +261,14 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		n.m.term.Set(float64(rd.HardState.GetTerm()))
 		n.m.commit.Set(float64(rd.HardState.GetCommit()))
 	}
+	if rd.SoftState != nil {
+		n.renewHeartbeats() // a lost leadership drops the kernel's lease before anything else goes out
+	}
 	// 3. Only now the messages.
 	if n.beforeSend != nil {
 		n.beforeSend(rd.Messages)
 	}
-	n.tr.Send(rd.Messages)
+	n.tr.Send(n.kernelHeartbeats(rd.Messages))
 	// 4. Apply in order, then release reads.
 	if err := n.apply(rd.CommittedEntries); err != nil {
 		return err
