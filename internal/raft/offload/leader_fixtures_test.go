@@ -283,21 +283,27 @@ func wantHeartbeat(t *testing.T, to, term, commit uint64) []byte {
 
 func checkHeartbeat(t *testing.T, fr []byte, f Follower, term, commit uint64) {
 	t.Helper()
+	if [6]byte(fr[0:6]) != fxDMAC || [6]byte(fr[6:12]) != fxSMAC {
+		t.Errorf("heartbeat to %d: MACs %x -> %x", f.ID, fr[6:12], fr[0:6])
+	}
+	checkHeartbeatFrom(t, fr, fxSource, f, term, commit)
+}
+
+// checkHeartbeatFrom checks a captured heartbeat frame against what the transport sends.
+func checkHeartbeatFrom(t *testing.T, fr []byte, source netip.AddrPort, f Follower, term, commit uint64) {
+	t.Helper()
 	if len(fr) != hbFrameLen {
 		t.Fatalf("heartbeat frame %d bytes, want %d", len(fr), hbFrameLen)
 	}
 	if err := pktbuild.VerifyChecksums(fr); err != nil {
 		t.Errorf("heartbeat to %d: %v", f.ID, err)
 	}
-	if [6]byte(fr[0:6]) != fxDMAC || [6]byte(fr[6:12]) != fxSMAC {
-		t.Errorf("heartbeat to %d: MACs %x -> %x", f.ID, fr[6:12], fr[0:6])
-	}
 	ip := fr[14:]
 	src, _ := netip.AddrFromSlice(ip[12:16])
 	dst, _ := netip.AddrFromSlice(ip[16:20])
 	udp := ip[20:]
-	if got := netip.AddrPortFrom(src, binary.BigEndian.Uint16(udp[0:])); got != fxSource {
-		t.Errorf("heartbeat to %d from %v, want %v", f.ID, got, fxSource)
+	if got := netip.AddrPortFrom(src, binary.BigEndian.Uint16(udp[0:])); got != source {
+		t.Errorf("heartbeat to %d from %v, want %v", f.ID, got, source)
 	}
 	if got := netip.AddrPortFrom(dst, binary.BigEndian.Uint16(udp[2:])); got != f.Addr {
 		t.Errorf("heartbeat to %d sent to %v, want %v", f.ID, got, f.Addr)
