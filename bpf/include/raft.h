@@ -22,7 +22,7 @@
 #define RAFT_MAGIC 0x4b524654 /* "KRFT" */
 #define RAFT_VERSION 1
 #define RAFT_CTX_MAX 16 /* etcd-raft's ReadIndex context on heartbeats: kedge uses 8 bytes */
-#define RAFT_MAC_LEN 16 /* part 2: keyed MAC (e.g. SipHash-2-4, 128 bit) over bytes 0..95 */
+#define RAFT_MAC_LEN 16 /* SipHash-2-4-128 over bytes 0..95 (bpf/raft/auth.h) */
 
 /* Bulk (TCP) limits, docs/raft.md: a frame of an append or other message, and a snapshot. */
 #define RAFT_BULK_MAX (8U << 20)
@@ -30,7 +30,7 @@
 
 /* flags */
 #define RAFT_F_REJECT (1 << 0) /* Message.Reject */
-#define RAFT_F_MAC (1 << 1)    /* mac/auth_seq are set (part 2); refused by part 1 */
+#define RAFT_F_MAC (1 << 1)    /* mac/auth_seq are set: the cluster has a key (bpf/raft/auth.h) */
 #define RAFT_F_KNOWN (RAFT_F_REJECT | RAFT_F_MAC)
 
 /* etcd-raft raftpb.MessageType numbers of the messages allowed on UDP. */
@@ -68,8 +68,8 @@ struct raft_hdr {
 	__be64 commit;       /* 56 */
 	__be64 reject_hint;  /* 64 */
 	__u8 ctx[RAFT_CTX_MAX]; /* 72 Message.Context, zero padded */
-	__be64 auth_seq;     /* 88 part 2: MAC replay window; 0 in part 1 */
-	__u8 mac[RAFT_MAC_LEN]; /* 96 part 2: MAC; 0 in part 1 */
+	__be64 auth_seq;     /* 88 replay window sequence (bit 63: kernel sender); 0 without a key */
+	__u8 mac[RAFT_MAC_LEN]; /* 96 MAC over bytes 0..95; 0 without a key */
 };
 
 /* Natural alignment leaves no padding: 8 bytes of u8/u32 fields, then u64s and byte arrays
@@ -80,7 +80,8 @@ _Static_assert(sizeof(struct raft_hdr) == RAFT_PKT_LEN, "raft_hdr is the whole U
 /* Why a packet was refused. The Go codec returns the same codes (wire.Reason); the node
  * counts them by name in kedge_raft_transport_dropped_total{reason}. RAFT_DROP_PEER (from is
  * not a configured peer, or not at that peer's address) needs the peer table: the Go side
- * checks it after raft_hdr_check(); part 2's XDP program checks it in a map. */
+ * checks it after raft_hdr_check(); the XDP program checks it in a map (bpf/raft/auth.h).
+ * RAFT_DROP_MAC, _STALE and _REPLAY come from raft_auth() (auth.h) and the Go verifier. */
 enum raft_drop {
 	RAFT_OK = 0,
 	RAFT_DROP_SHORT = 1,   /* payload shorter than RAFT_PKT_LEN */
@@ -91,14 +92,18 @@ enum raft_drop {
 	RAFT_DROP_TO = 6,      /* not addressed to this node */
 	RAFT_DROP_PEER = 7,    /* unknown sender or wrong source address */
 	RAFT_DROP_TYPE = 8,    /* a message type not allowed on UDP */
-	RAFT_DROP_FLAGS = 9,   /* unknown flag bits, or a MAC (part 1 has no key) */
+	RAFT_DROP_FLAGS = 9,   /* unknown flag bits, or MAC fields set while the cluster has no key */
 	RAFT_DROP_CTX = 10,    /* ctx_len > RAFT_CTX_MAX or non-zero bytes past ctx_len */
-	RAFT_DROP_MAX = 11,
+	RAFT_DROP_MAC = 11,    /* the cluster has a key: MAC missing or wrong */
+	RAFT_DROP_STALE = 12,  /* auth_seq below the sender's replay window */
+	RAFT_DROP_REPLAY = 13, /* auth_seq seen before */
+	RAFT_DROP_MAX = 14,
 };
 
 /* raft_hdr_check validates the header that starts at h and ends at or before data_end, with
- * payload_len the UDP payload length (from the UDP header). Everything but the peer table.
- * cluster_id and self are in host order. */
+ * payload_len the UDP payload length (from the UDP header). Everything but the peer table
+ * and the authentication fields (RAFT_F_MAC, auth_seq, mac: raft_auth() in auth.h checks
+ * them against the cluster's key). cluster_id and self are in host order. */
 static __always_inline int raft_hdr_check(struct raft_hdr *h, void *data_end, __u32 payload_len,
 					  __u64 cluster_id, __u64 self)
 {
@@ -118,7 +123,7 @@ static __always_inline int raft_hdr_check(struct raft_hdr *h, void *data_end, __
 		return RAFT_DROP_TO;
 	if (h->type >= 32 || !((1U << h->type) & RAFT_UDP_TYPES))
 		return RAFT_DROP_TYPE;
-	if (h->flags & ~RAFT_F_KNOWN || h->flags & RAFT_F_MAC)
+	if (h->flags & ~RAFT_F_KNOWN)
 		return RAFT_DROP_FLAGS;
 	if (h->ctx_len > RAFT_CTX_MAX)
 		return RAFT_DROP_CTX;
@@ -126,12 +131,6 @@ static __always_inline int raft_hdr_check(struct raft_hdr *h, void *data_end, __
 	for (i = 0; i < RAFT_CTX_MAX; i++)
 		if (i >= h->ctx_len && h->ctx[i])
 			return RAFT_DROP_CTX;
-	if (h->auth_seq)
-		return RAFT_DROP_FLAGS;
-#pragma unroll
-	for (i = 0; i < RAFT_MAC_LEN; i++)
-		if (h->mac[i])
-			return RAFT_DROP_FLAGS;
 	return RAFT_OK;
 }
 

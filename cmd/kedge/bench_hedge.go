@@ -23,6 +23,7 @@ func newBenchHedgeCmd() *cobra.Command {
 		scenarios string
 		out       string
 		repeat    int
+		pauses    = hedgebench.DefaultPauses()
 	)
 	flagOpts.Server = chaos.DefaultConfig()
 	cmd := &cobra.Command{
@@ -37,6 +38,11 @@ and writes result.json and latency charts (CDF on a log scale, tail zoom; PNG an
 Scenarios:
   thesis    the paper's setting (5000 requests, 2% stalls of 400 ms, 10 ms hedge delay)
   pressure  the same with a spinning process on every core: user-space jitter
+  gc        the same while the harness stops every client process (SIGSTOP/SIGCONT) on
+            one seeded schedule of 5-50 ms pauses covering 3% of the time, as a Go, JVM
+            or Python runtime stops the world: a stopped app hedger cannot send its hedge,
+            the kernel's leaves on time. The schedule and each client's pauses are in
+            result.json (--pause-seed, --pause-coverage, --pause-min, --pause-max)
   adaptive  kernel hedging at the p95 of recent latencies instead of a fixed delay
   outage    two replicas, the one the clients address in full outage: app hedgers send a
             hedge for every request, kedge's budget (5%, and 50% for contrast) holds the
@@ -54,6 +60,10 @@ Flags given explicitly override the scenario's defaults.`,
 
   # fast-path cost and throughput at 1, 8 and 64 concurrent loops
   kedge bench hedge --scenario rate --levels 1,8,64
+
+  # clients that stop the world, then CPU pressure five times (ranges of P99.9 and MAX)
+  kedge bench hedge --scenario gc
+  kedge bench hedge --scenario pressure --repeat 5 -n 2000
 
   # a quick run
   kedge bench hedge -n 1000 --warmup 50`,
@@ -112,6 +122,9 @@ Flags given explicitly override the scenario's defaults.`,
 					"stall":       func() { run.Server.Stall = flagOpts.Server.Stall },
 					"fast":        func() { run.Server.Fast = flagOpts.Server.Fast },
 				})
+				if s == hedgebench.GC {
+					run.Pauses = pauses
+				}
 				if err := runTableScenario(cmd, run, repeat, start); err != nil {
 					return err
 				}
@@ -135,6 +148,10 @@ Flags given explicitly override the scenario's defaults.`,
 	f.StringVar(&flagOpts.PyClient, "py-client", "", "path to clients/apphedge.py (default: ./clients/apphedge.py)")
 	f.IntSliceVar(&rateOpts.Levels, "levels", []int{1, 4, 16, 64}, "rate: concurrent loops per level")
 	f.IntVar(&rateOpts.Repeats, "repeats", 3, "rate: runs without and with kedge per level (alternating order)")
+	f.Uint64Var(&pauses.Seed, "pause-seed", pauses.Seed, "gc: seed of the client pause schedule")
+	f.Float64Var(&pauses.Coverage, "pause-coverage", pauses.Coverage, "gc: fraction of the time each client is stopped")
+	f.DurationVar(&pauses.Min, "pause-min", pauses.Min, "gc: shortest client pause")
+	f.DurationVar(&pauses.Max, "pause-max", pauses.Max, "gc: longest client pause")
 	f.IntVar(&repeat, "repeat", 1, "run each table scenario this many times (run-1/, run-2/, ...) and print the medians")
 	return cmd
 }
@@ -147,6 +164,7 @@ func runTableScenario(cmd *cobra.Command, run hedgebench.Options, repeat int, st
 		IsStall: func(id uint32) bool { return chaos.Stalls(0, id, run.Server.StallPct) }}
 	dir := run.OutDir
 	var sums [][]bench.Summary
+	var results []bench.Result
 	for i := 1; i <= repeat; i++ {
 		if repeat > 1 {
 			run.OutDir = filepath.Join(dir, fmt.Sprintf("run-%d", i))
@@ -160,28 +178,39 @@ func runTableScenario(cmd *cobra.Command, run hedgebench.Options, repeat int, st
 		if err := bench.WriteReport(w, res, report); err != nil {
 			return err
 		}
+		if err := hedgebench.WritePauseReport(w, res); err != nil {
+			return err
+		}
 		fmt.Fprintf(w, "results and charts: %s\n", run.OutDir)
 		row := make([]bench.Summary, len(res.Series))
 		for j, s := range res.Series {
 			row[j] = bench.Summarize(s)
 		}
 		sums = append(sums, row)
+		results = append(results, res)
 	}
 	if repeat == 1 {
 		return nil
 	}
-	med, spread, err := bench.MedianSummaries(sums)
+	med, _, err := bench.MedianSummaries(sums)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\n== scenario %s: medians over %d runs ==\n", run.Scenario, repeat)
+	fmt.Fprintf(w, "\n== scenario %s: medians over %d runs (%s) ==\n", run.Scenario, repeat, time.Since(start).Round(time.Second))
 	if err := bench.WriteTable(w, med, report.Baseline); err != nil {
 		return err
 	}
-	for _, m := range med {
-		sp := spread[m.Name]
-		fmt.Fprintf(w, "%s: P99.9 %.2f-%.2f ms, MAX %.2f-%.2f ms over the runs\n", m.Name, sp[0].Min, sp[0].Max, sp[1].Min, sp[1].Max)
+	sum, err := hedgebench.SummarizeRepeats(cmd.Context(), run.Scenario, results)
+	if err != nil {
+		return err
 	}
+	if err := bench.WriteJSON(filepath.Join(dir, "summary.json"), sum); err != nil {
+		return err
+	}
+	if err := hedgebench.WriteRepeatReport(w, sum); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "summary: %s\n", filepath.Join(dir, "summary.json"))
 	return nil
 }
 

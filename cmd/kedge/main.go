@@ -94,6 +94,7 @@ func main() {
 // run executes the command tree and maps errors to exit codes.
 func run(cmd *cobra.Command, args []string) int {
 	requireSubcommands(cmd)
+	cmd.SetHelpCommand(newHelpCmd(cmd))
 	cmd.SetArgs(args)
 	// SIGINT/SIGTERM cancel the command's context, so long-running commands unwind through
 	// their deferred cleanups (labs, hedgers, child processes) instead of dying mid-way.
@@ -156,6 +157,26 @@ func requireSubcommands(root *cobra.Command) {
 		}
 	}
 	walk(root)
+}
+
+// newHelpCmd replaces cobra's help command, which prints the root help and exits 0 for a
+// topic it does not know: here an unknown topic is bad usage (exit 2) with the list.
+func newHelpCmd(root *cobra.Command) *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		RunE: func(c *cobra.Command, args []string) error {
+			target, rest, err := root.Find(args)
+			if err != nil || len(rest) > 0 {
+				parent := target
+				if parent == nil {
+					parent = root
+				}
+				return usagef("unknown help topic %q: use %s (see 'kedge --help')", strings.Join(args, " "), subcommandList(parent))
+			}
+			return target.Help()
+		},
+	}
 }
 
 // subcommandList is "a, b or c": the group's visible subcommands.

@@ -62,6 +62,8 @@ var errorCases = map[string][]errorCase{
 	"errors.golden": {
 		{exitUsage, []string{"frobnicate"}},
 		{exitUsage, []string{"prob"}},
+		{exitUsage, []string{"help", "frobnicate"}},
+		{exitUsage, []string{"help", "raft", "frobnicate"}},
 		{exitUsage, []string{"--bogus"}},
 		{exitUsage, []string{"probe", "-o", "yaml"}},
 		{exitUsage, []string{"probe", "extra"}},
@@ -103,6 +105,7 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--delay", "2s"}},
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "-n", "10", "--concurrency", "20"}},
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--stall-pct", "101"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "gc", "--pause-coverage", "0.9"}},
 		{exitUsage, []string{"bench", "pping", "--out", "$TMP", "--rounds", "0"}},
 		{exitUsage, []string{"bench", "pping", "extra"}},
 		{exitUsage, []string{"chaos"}},

@@ -34,10 +34,6 @@ func newRaftCmd() *cobra.Command {
 		Long: `kedge raft runs one node of a replicated key-value store whose consensus core is
 go.etcd.io/raft/v3, and talks to it. docs/raft.md describes the config, the client API,
 the packet format and the storage.`,
-		Args: noArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return usagef("kedge raft needs a subcommand: serve, kv, status (see 'kedge raft --help')")
-		},
 	}
 	cmd.AddCommand(newRaftServeCmd(), newRaftKVCmd(), newRaftStatusCmd())
 	for _, fn := range raftSubcmds {

@@ -30,13 +30,14 @@ import (
 const (
 	Thesis   = "thesis"   // Table 4.2: one server, hedge to the same address
 	Pressure = "pressure" // the same under CPU pressure (spinning processes on every core)
+	GC       = "gc"       // the clients stop the world (SIGSTOP pauses), the server stalls as in thesis
 	Adaptive = "adaptive" // kernel hedging with a p95 delay instead of a fixed 10 ms
 	Outage   = "outage"   // two replicas, the addressed one down: the budget holds extra load
 	Rate     = "rate"     // concurrent clients at a high rate: fast-path cost and throughput (RunRate)
 )
 
 // Scenarios lists every scenario in the order `--scenario all` runs them.
-var Scenarios = []string{Thesis, Pressure, Adaptive, Outage, Rate}
+var Scenarios = []string{Thesis, Pressure, GC, Adaptive, Outage, Rate}
 
 // Options configure a run. Zero values take the thesis's Table 4.1 parameters.
 type Options struct {
@@ -49,7 +50,9 @@ type Options struct {
 	Concurrency int
 	// Server is the chaos server's stall model (2% x 400 ms, 2 ms fast path, TTL 1 s;
 	// outage: no stalls). Server.Stall == 0 selects the scenario's default.
-	Server   chaos.Config
+	Server chaos.Config
+	// Pauses are the gc scenario's client pauses (DefaultPauses when zero).
+	Pauses   PauseSpec
 	Backend  string // delay-line backend (auto)
 	Exe      string // the kedge binary (default: this executable)
 	Python   string // python3
@@ -119,6 +122,14 @@ func (o *Options) defaults() error {
 	}
 	if o.Server.Stall == 0 {
 		o.Server = d.Server
+	}
+	if o.Scenario == GC {
+		if o.Pauses == (PauseSpec{}) {
+			o.Pauses = DefaultPauses()
+		}
+		if err := o.Pauses.Validate(); err != nil {
+			return err
+		}
 	}
 	switch {
 	case o.N < 1 || o.Warmup < 0:
@@ -262,6 +273,11 @@ func Run(ctx context.Context, o Options) (bench.Result, error) {
 		o.Log.Warn("clients/apphedge.py not found: skipping the Python app-hedged client (run from the repository root)")
 	}
 
+	var sched []Pause
+	pauses := map[string]PauseRecord{}
+	if o.Scenario == GC {
+		sched = o.Pauses.Schedule(scheduleHorizon)
+	}
 	var parts []bench.Result
 	for _, r := range runs {
 		if r.python && o.PyClient == "" {
@@ -280,7 +296,16 @@ func Run(ctx context.Context, o Options) (bench.Result, error) {
 			}
 		}
 		o.Log.Info("running client", "series", r.name, "n", o.N)
-		err := bench.RunProcess(ctx, client, io.Discard, name, args...)
+		if o.Scenario == GC {
+			var rec PauseRecord
+			rec, err = runPaused(ctx, client, sched, name, args...)
+			pauses[r.name] = rec
+			if err == nil && len(rec.Applied) == 0 {
+				o.Log.Warn("no pause applied to a client: its run ended before the schedule's first pause", "series", r.name, "elapsed", rec.Elapsed)
+			}
+		} else {
+			err = bench.RunProcess(ctx, client, io.Discard, name, args...)
+		}
 		var snap *hedge.Snapshot
 		if h != nil {
 			snap, _ = h.Stats()
@@ -316,6 +341,16 @@ func Run(ctx context.Context, o Options) (bench.Result, error) {
 		"stall_pct": o.Server.StallPct, "stall_ms": ms(o.Server.Stall), "fast_ms": ms(o.Server.Fast),
 		"ttl_ms": ms(o.Server.TTL), "cpu_pressure": o.Scenario == Pressure, "concurrency": o.Concurrency,
 	})
+	if o.Scenario == GC {
+		applied := 0
+		for _, rec := range pauses {
+			applied += len(rec.Applied)
+		}
+		if applied == 0 {
+			return res, errNoPauses
+		}
+		res.Parameters = mergeParams(res.Parameters, pauseParams(o.Pauses, sched, pauses))
+	}
 	if o.Scenario == Outage {
 		res.Parameters["replicas"] = []string{target.String(), alt.String()}
 		res.Parameters["outage_replica"] = target.String()

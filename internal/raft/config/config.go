@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/raft/wire"
 	"gopkg.in/yaml.v3"
 )
 
@@ -38,6 +39,11 @@ type Config struct {
 	MaxAppendBytes  uint64        `yaml:"max_append_bytes"`
 	MaxInflight     int           `yaml:"max_inflight"`
 	RequestTimeout  time.Duration `yaml:"request_timeout"`
+	// ClusterKey authenticates every UDP packet (docs/raft.md, "Kernel paths: pre-vote and
+	// authentication"): 32 hex digits in the file (cluster_key) or in a file of its own
+	// (cluster_key_file, mode 0600 or stricter). Never logged or printed.
+	ClusterKey     *wire.Key `yaml:"cluster_key"`
+	ClusterKeyFile string    `yaml:"cluster_key_file"`
 }
 
 // Defaults fills the optional fields that are zero.
@@ -92,6 +98,9 @@ func Parse(b []byte, id uint64, dataDir string) (*Config, error) {
 		c.DataDir = dataDir
 	}
 	c.DataDir = strings.ReplaceAll(c.DataDir, "{id}", strconv.FormatUint(c.ID, 10))
+	if err := c.loadKey(); err != nil {
+		return nil, err
+	}
 	c.Defaults()
 	if err := c.Check(); err != nil {
 		return nil, err
@@ -231,4 +240,34 @@ func splitHostPort(s string) (string, uint16, error) {
 		return "", 0, fmt.Errorf("address %q: port must be a number 0-65535", s)
 	}
 	return host, uint16(p), nil
+}
+
+// loadKey reads cluster_key_file into ClusterKey.
+func (c *Config) loadKey() error {
+	if c.ClusterKeyFile == "" {
+		return nil
+	}
+	if c.ClusterKey != nil {
+		return errors.New("config: cluster_key and cluster_key_file are both set: keep one")
+	}
+	f, err := os.Open(c.ClusterKeyFile)
+	if err != nil {
+		return fmt.Errorf("config: cluster_key_file: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("config: cluster_key_file: %w", err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("config: cluster_key_file %s is readable by group or others (mode %v): chmod 600 it", c.ClusterKeyFile, st.Mode().Perm())
+	}
+	b := make([]byte, 256)
+	n, _ := f.Read(b)
+	k, err := wire.ParseKey(string(b[:n]))
+	if err != nil {
+		return fmt.Errorf("config: cluster_key_file %s: %w", c.ClusterKeyFile, err)
+	}
+	c.ClusterKey = &k
+	return nil
 }

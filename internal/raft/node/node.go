@@ -127,7 +127,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		peers = append(peers, transport.Peer{ID: p.ID, Addr: a})
 	}
 	n.tr, err = transport.New(transport.Options{ClusterID: cfg.ClusterID, Self: cfg.ID, Bind: cfg.RaftBind(),
-		Peers: peers, Log: n.log, Registry: n.reg})
+		Peers: peers, Key: cfg.ClusterKey, Log: n.log, Registry: n.reg})
 	if err != nil {
 		st.Close()
 		return nil, err

@@ -72,6 +72,10 @@ type Options struct {
 	Self      uint64
 	Bind      string // host:port for UDP and TCP
 	Peers     []Peer // the other nodes (self excluded)
+	// Key is the cluster key (nil: none): every UDP packet sent carries a MAC, and every one
+	// received must carry a valid one inside its sender's replay window (wire.Verifier) -
+	// the checks the XDP program makes, so the behaviour is the same with offload off.
+	Key *wire.Key
 	Log       *slog.Logger
 	Registry  prometheus.Registerer // nil: metrics are not registered
 }
@@ -89,6 +93,8 @@ type Transport struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	limiter dropLogger
+	signer  *wire.Signer
+	recv    wire.Receiver
 
 	connsMu sync.Mutex
 	conns   map[net.Conn]struct{}
@@ -110,6 +116,12 @@ func New(opts Options) (*Transport, error) {
 		t.peers[p.ID] = &peer{Peer: p, queue: make(chan *pb.Message, sendQueue)}
 	}
 	t.m = newMetrics(opts.Registry)
+	t.signer = wire.NewSigner(opts.Key)
+	t.recv = wire.Receiver{Cluster: opts.ClusterID, Self: opts.Self, Peers: map[uint64]netip.AddrPort{},
+		Verifier: wire.NewVerifier(opts.Key)}
+	for _, p := range opts.Peers {
+		t.recv.Peers[p.ID] = p.Addr
+	}
 	t.limiter.log = opts.Log
 	ua, err := net.ResolveUDPAddr("udp", opts.Bind)
 	if err != nil {
@@ -179,6 +191,7 @@ func (t *Transport) Send(msgs []*pb.Message) {
 		if wire.FitsUDP(m) {
 			pkt, err := wire.Encode(buf[:], t.opts.ClusterID, m)
 			if err == nil {
+				t.signer.Sign(pkt)
 				_, err = t.udp.WriteToUDPAddrPort(pkt, p.Addr)
 			}
 			if err != nil {
@@ -213,12 +226,7 @@ func (t *Transport) readUDP() {
 			t.log.Warn("raft transport: udp read", "err", err)
 			continue
 		}
-		m, reason := wire.Decode(buf[:n], t.opts.ClusterID, t.opts.Self)
-		if reason == wire.OK {
-			if p := t.peers[m.GetFrom()]; p == nil || p.Addr != netip.AddrPortFrom(src.Addr().Unmap(), src.Port()) {
-				reason = wire.DropPeer
-			}
-		}
+		m, reason := t.recv.Receive(buf[:n], src)
 		if reason != wire.OK {
 			t.drop(reason.String(), "udp", src.String(), n)
 			continue

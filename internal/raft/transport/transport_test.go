@@ -61,6 +61,11 @@ const cluster = 9
 // socket's when conn is set (so a test can send from "node 1" by hand).
 func newNode(t *testing.T, self uint64, peers []Peer) (*Transport, *recorder) {
 	t.Helper()
+	return newKeyedNode(t, self, peers, nil)
+}
+
+func newKeyedNode(t *testing.T, self uint64, peers []Peer, key *wire.Key) (*Transport, *recorder) {
+	t.Helper()
 	var bind string
 	for _, p := range peers {
 		if p.ID == self {
@@ -73,7 +78,7 @@ func newNode(t *testing.T, self uint64, peers []Peer) (*Transport, *recorder) {
 			others = append(others, p)
 		}
 	}
-	tr, err := New(Options{ClusterID: cluster, Self: self, Bind: bind, Peers: others,
+	tr, err := New(Options{ClusterID: cluster, Self: self, Bind: bind, Peers: others, Key: key,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
@@ -246,5 +251,69 @@ func TestBadBulkConnections(t *testing.T) {
 	})
 	if got := rec.got(); len(got) != 0 {
 		t.Fatalf("stepped %v from bad connections", got)
+	}
+}
+
+// TestKeyedTransport: with a cluster key, two transports talk; a sender at the right address
+// with an unsigned, a tampered, a replayed or another key's packet reaches no Step and is
+// counted under its reason; a node with another key is not heard.
+func TestKeyedTransport(t *testing.T) {
+	key, other := wire.Key{1, 2, 3}, wire.Key{9}
+	a1, a2, a3 := freeAddrPort(t), freeAddrPort(t), freeAddrPort(t)
+	sock, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(a3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
+	peers := []Peer{{1, a1}, {2, a2}, {3, a3}}
+	t1, _ := newKeyedNode(t, 1, peers, &key)
+	t2, r2 := newKeyedNode(t, 2, peers, &key)
+
+	t1.Send([]*pb.Message{{Type: pb.MsgHeartbeat.Enum(), From: proto.Uint64(1), To: proto.Uint64(2), Term: proto.Uint64(4)}})
+	waitUntil(t, "the signed heartbeat", func() bool { return len(r2.got()) == 1 })
+
+	hb := func(k *wire.Key) []byte {
+		p, err := wire.Encode(make([]byte, wire.PktLen), cluster, &pb.Message{Type: pb.MsgHeartbeat.Enum(),
+			From: proto.Uint64(3), To: proto.Uint64(2), Term: proto.Uint64(4)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wire.NewSigner(k).Sign(p)
+		return p
+	}
+	good := hb(&key)
+	tampered := hb(&key)
+	tampered[40] ^= 1 // log_term
+	bad := []struct {
+		p      []byte
+		reason wire.Reason
+	}{
+		{hb(nil), wire.DropMAC},
+		{hb(&other), wire.DropMAC},
+		{tampered, wire.DropMAC},
+		{good, wire.OK},
+		{good, wire.DropReplay},
+	}
+	dst := net.UDPAddrFromAddrPort(a2)
+	for _, b := range bad {
+		if _, err := sock.WriteToUDP(b.p, dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "drops counted", func() bool {
+		return t2.Dropped("mac") == 3 && t2.Dropped("replay") == 1
+	})
+	waitUntil(t, "the good packet", func() bool { return len(r2.got()) == 2 })
+
+	// A node with another key: its heartbeat is dropped as "mac".
+	t3 := func() *Transport {
+		sock.Close()
+		tr, _ := newKeyedNode(t, 3, peers, &other)
+		return tr
+	}()
+	t3.Send([]*pb.Message{{Type: pb.MsgHeartbeat.Enum(), From: proto.Uint64(3), To: proto.Uint64(2), Term: proto.Uint64(4)}})
+	waitUntil(t, "other key's heartbeat dropped", func() bool { return t2.Dropped("mac") == 4 })
+	if got := r2.got(); len(got) != 2 {
+		t.Fatalf("stepped %d messages, want 2", len(got))
 	}
 }

@@ -27,7 +27,7 @@ const (
 	SnapMax = 256 << 20 // RAFT_SNAP_MAX: a TCP frame carrying a snapshot
 
 	FlagReject = 1 << 0 // RAFT_F_REJECT
-	FlagMAC    = 1 << 1 // RAFT_F_MAC (part 2)
+	FlagMAC    = 1 << 1 // RAFT_F_MAC: the cluster has a key (auth.go)
 	flagKnown  = FlagReject | FlagMAC
 
 	// HelloLen is the size of the TCP bulk connection's hello.
@@ -70,10 +70,13 @@ const (
 	DropType
 	DropFlags
 	DropCtx
+	DropMAC
+	DropStale
+	DropReplay
 	ReasonMax
 )
 
-var reasonNames = [...]string{"ok", "short", "long", "magic", "version", "cluster", "to", "peer", "type", "flags", "ctx"}
+var reasonNames = [...]string{"ok", "short", "long", "magic", "version", "cluster", "to", "peer", "type", "flags", "ctx", "mac", "stale", "replay"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {
@@ -109,7 +112,7 @@ func FitsUDP(m *pb.Message) bool {
 var ErrNotUDP = errors.New("message does not fit the UDP packet")
 
 // Encode writes m as one UDP packet of cluster into b (len(b) >= PktLen) and returns the
-// packet. The MAC fields stay zero (part 1).
+// packet. The authentication fields stay zero: Signer.Sign sets them.
 func Encode(b []byte, cluster uint64, m *pb.Message) ([]byte, error) {
 	if !FitsUDP(m) {
 		return nil, fmt.Errorf("encode %v: %w", m.GetType(), ErrNotUDP)
@@ -138,7 +141,8 @@ func Encode(b []byte, cluster uint64, m *pb.Message) ([]byte, error) {
 
 // Decode checks p (a whole UDP payload) the way raft_hdr_check() does for a receiver with
 // the given cluster id and own id, and returns the message when the verdict is OK. The peer
-// check (DropPeer) is the caller's: it knows the peer table and the source address.
+// check (DropPeer) is the caller's: it knows the peer table and the source address; the
+// authentication fields (FlagMAC, auth_seq, mac) are Verifier's.
 func Decode(p []byte, cluster, self uint64) (*pb.Message, Reason) {
 	if len(p) < PktLen {
 		return nil, DropShort
@@ -158,7 +162,7 @@ func Decode(p []byte, cluster, self uint64) (*pb.Message, Reason) {
 		return nil, DropTo
 	case !udpType(pb.MessageType(p[offType])):
 		return nil, DropType
-	case p[offFlags]&^flagKnown != 0 || p[offFlags]&FlagMAC != 0:
+	case p[offFlags]&^flagKnown != 0:
 		return nil, DropFlags
 	case p[offCtxLen] > CtxMax:
 		return nil, DropCtx
@@ -167,14 +171,6 @@ func Decode(p []byte, cluster, self uint64) (*pb.Message, Reason) {
 	for _, c := range p[offCtx+n : offCtx+CtxMax] {
 		if c != 0 {
 			return nil, DropCtx
-		}
-	}
-	if be.Uint64(p[offAuthSeq:]) != 0 {
-		return nil, DropFlags
-	}
-	for _, c := range p[offMAC : offMAC+MACLen] {
-		if c != 0 {
-			return nil, DropFlags
 		}
 	}
 	// Only non-zero fields are set: etcd-raft reads messages through getters, and zero-valued

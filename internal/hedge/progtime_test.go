@@ -1,0 +1,48 @@
+package hedge
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// TestMeasurePrograms runs the attached programs on requests and their first responses
+// with BPF_PROG_TEST_RUN: every request is recorded by the splitter and completed by the
+// response path (the counters say so), and the kernel reports a run time for both.
+func TestMeasurePrograms(t *testing.T) {
+	requireRoot(t)
+	l := hedgeLab(t, "pt")
+	client, srv1 := l.Host("client"), l.Host("srv1")
+	svc := netip.AddrPortFrom(srv1.IPv4, 9999)
+	cfg := &Config{Interface: "eth0", Services: []ServiceConfig{{Name: "t", Address: svc.String(),
+		Delay: DelaySpec{Fixed: 10 * time.Millisecond}, Budget: BudgetSpec{Ratio: 1, Burst: 1000}}}}
+	h := startHedger(t, l, cfg, "")
+	before, err := h.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 50
+	pt, err := h.MeasurePrograms(client.Handle, 0, netip.AddrPortFrom(client.IPv4, 40000), 7000, n, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := h.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, a := before.Services[0].Counters, after.Services[0].Counters
+	if a["requests"]-b["requests"] != n || a["responses"]-b["responses"] != n {
+		t.Errorf("requests +%d, responses +%d, want +%d each: the runs did not take the request path",
+			a["requests"]-b["requests"], a["responses"]-b["responses"], n)
+	}
+	if pt.Requests != n || pt.Split <= 0 || pt.Resp <= 0 {
+		t.Errorf("times %+v", pt)
+	}
+	t.Logf("hedge_split %v, hedge_resp %v per request (%d requests)", pt.Split, pt.Resp, n)
+	if _, err := h.MeasurePrograms(client.Handle, 1, netip.AddrPortFrom(client.IPv4, 40000), 1, 1, 32); err == nil {
+		t.Error("service 1 of 1 accepted")
+	}
+	if _, err := h.MeasurePrograms(client.Handle, 0, netip.AddrPortFrom(client.IPv6, 40000), 1, 1, 32); err == nil {
+		t.Error("IPv6 client for an IPv4 service accepted")
+	}
+}
