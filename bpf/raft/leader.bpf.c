@@ -9,10 +9,12 @@
  *   leader_enter, leader_pass               the pacer's own programs (pacer namespace)
  * The heartbeat is byte for byte what internal/raft/wire encodes for etcd-raft's MsgHeartbeat
  * without a context (From = leader, To, Term, Commit; everything else zero), in IPv4/UDP from
- * the leader's raft address and port with a full UDP checksum. It carries nothing through the
- * pacer: pacer_carry_deadline() is never asked. */
+ * the leader's raft address and port with a full UDP checksum, signed by raft_sign() (auth.h:
+ * with a cluster key, RAFT_F_MAC, the kernel channel's next auth_seq and the MAC). It carries
+ * nothing through the pacer: pacer_carry_deadline() is never asked. */
 #include "pacer.h"
 #include "raft.h"
+#include "auth.h"
 #include "leader.h"
 
 struct {
@@ -94,6 +96,8 @@ static __always_inline int send_one(struct __sk_buff *skb, struct raft_lease *l,
 	h.to = bpf_cpu_to_be64(f->id);
 	h.term = bpf_cpu_to_be64(l->term);
 	h.commit = bpf_cpu_to_be64(f->commit);
+	if (raft_sign(&h, (void *)(&h + 1)) < 0)
+		return -1;
 	l3.ip.saddr = l->saddr;
 	l3.ip.daddr = f->daddr;
 	l3.ip.check = ip_csum(&l3.ip);

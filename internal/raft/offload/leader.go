@@ -21,6 +21,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/pacer"
+	"github.com/kedge-dev/kedge/internal/raft/wire"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -56,6 +57,13 @@ type LeaderOptions struct {
 	// Syscall renews the lease with map updates even where the kernel can memory-map it
 	// (the fallback path; tests).
 	Syscall bool
+	// Key is the cluster key (nil: none): every heartbeat is signed as the transport signs
+	// (auth.h raft_sign, the kernel channel of auth_seq).
+	Key *wire.Key
+	// TxSeq, when set, is the kernel channel's auth_seq counter (auth.h raft_tx_seq) of
+	// another kernel sender of this node (the follower XDP program), shared so that the
+	// node's kernel-sent packets draw from one sequence; nil: the sender's own.
+	TxSeq *ebpf.Map
 	// Refresh: how often routes and neighbours of the followers are resolved again
 	// (default 1s).
 	Refresh time.Duration
@@ -183,7 +191,14 @@ func NewLeader(o LeaderOptions) (_ *Leader, err error) {
 	if err := l.p.Configure(spec); err != nil {
 		return nil, err
 	}
-	if err := bpfx.LoadAndAssign("raft leader", spec, &l.objs, nil); err != nil {
+	var lopts *ebpf.CollectionOptions
+	if o.TxSeq != nil {
+		lopts = &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{"raft_tx_seq": o.TxSeq}}
+	}
+	if err := bpfx.LoadAndAssign("raft leader", spec, &l.objs, lopts); err != nil {
+		return nil, err
+	}
+	if err := l.fillAuth(o.TxSeq == nil); err != nil {
 		return nil, err
 	}
 	if l.mmap {
@@ -235,6 +250,22 @@ func (l *Leader) initLease() {
 		}
 		l.cur.F[i].Dport = htons(f.Addr.Port())
 	}
+}
+
+// fillAuth writes the cluster id and key the heartbeats are signed with, and (own: the
+// sequence is not shared) seeds the kernel channel's auth_seq.
+func (l *Leader) fillAuth(own bool) error {
+	seq := l.objs.RaftTxSeq
+	if !own {
+		// Fill seeds the sequence: give it a scratch map, keep the shared one's value.
+		scratch, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+		if err != nil {
+			return fmt.Errorf("raft auth: %w", err)
+		}
+		defer scratch.Close()
+		seq = scratch
+	}
+	return wire.AuthMaps{Config: l.objs.RaftAuthCfg, Peers: l.objs.RaftPeers, TxSeq: seq}.Fill(l.opts.ClusterID, l.opts.Key, nil)
 }
 
 // RenewalMode is "mmap" (a renewal is a memory store) or "syscall" (a map update).

@@ -78,6 +78,15 @@ type leaderPacerStats struct {
 	LateHist            [24]uint64
 }
 
+type leaderRaftAuthConfig struct {
+	_         structs.HostLayout
+	ClusterId uint64
+	K0        uint64
+	K1        uint64
+	KeySet    uint32
+	Pad       uint32
+}
+
 type leaderRaftFollower struct {
 	_       structs.HostLayout
 	Id      uint64
@@ -139,6 +148,30 @@ type leaderRaftLease struct {
 	F          [6]leaderRaftFollower
 }
 
+type leaderRaftPeer struct {
+	_    structs.HostLayout
+	Addr struct {
+		_    structs.HostLayout
+		In6U struct {
+			_       structs.HostLayout
+			U6Addr8 [16]uint8
+		}
+	}
+	Port uint16
+	Pad0 uint16
+	Pad1 uint32
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Pad2 uint32
+	Win  [2]struct {
+		_    structs.HostLayout
+		Top  uint64
+		Seen uint64
+	}
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -149,6 +182,9 @@ const (
 	leaderMapPacerArming         = "pacer_arming"
 	leaderMapPacerControl        = "pacer_control"
 	leaderMapPacerCounters       = "pacer_counters"
+	leaderMapRaftAuthCfg         = "raft_auth_cfg"
+	leaderMapRaftPeers           = "raft_peers"
+	leaderMapRaftTxSeq           = "raft_tx_seq"
 	leaderProgLeaderEnter        = "leader_enter"
 	leaderProgLeaderPass         = "leader_pass"
 	leaderProgLeaderTick         = "leader_tick"
@@ -220,6 +256,9 @@ type leaderMapSpecs struct {
 	PacerArming    *ebpf.MapSpec `ebpf:"pacer_arming"`
 	PacerControl   *ebpf.MapSpec `ebpf:"pacer_control"`
 	PacerCounters  *ebpf.MapSpec `ebpf:"pacer_counters"`
+	RaftAuthCfg    *ebpf.MapSpec `ebpf:"raft_auth_cfg"`
+	RaftPeers      *ebpf.MapSpec `ebpf:"raft_peers"`
+	RaftTxSeq      *ebpf.MapSpec `ebpf:"raft_tx_seq"`
 }
 
 // leaderVariableSpecs contains global variables before they are loaded into the kernel.
@@ -263,6 +302,9 @@ type leaderMaps struct {
 	PacerArming    *ebpf.Map `ebpf:"pacer_arming"`
 	PacerControl   *ebpf.Map `ebpf:"pacer_control"`
 	PacerCounters  *ebpf.Map `ebpf:"pacer_counters"`
+	RaftAuthCfg    *ebpf.Map `ebpf:"raft_auth_cfg"`
+	RaftPeers      *ebpf.Map `ebpf:"raft_peers"`
+	RaftTxSeq      *ebpf.Map `ebpf:"raft_tx_seq"`
 }
 
 func (m *leaderMaps) Close() error {
@@ -273,6 +315,9 @@ func (m *leaderMaps) Close() error {
 		m.PacerArming,
 		m.PacerControl,
 		m.PacerCounters,
+		m.RaftAuthCfg,
+		m.RaftPeers,
+		m.RaftTxSeq,
 	)
 }
 

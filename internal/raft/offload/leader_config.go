@@ -18,7 +18,7 @@ func LeaderFromConfig(cfg *config.Config, lease time.Duration, log *slog.Logger)
 		return nil, fmt.Errorf("resolve own raft address: %w", err)
 	}
 	o := LeaderOptions{ClusterID: cfg.ClusterID, Self: cfg.ID, Source: src, Log: log,
-		Interval: time.Duration(cfg.HeartbeatTicks) * cfg.Tick, Lease: lease}
+		Interval: time.Duration(cfg.HeartbeatTicks) * cfg.Tick, Lease: lease, Key: cfg.ClusterKey}
 	if o.Lease == 0 {
 		o.Lease = time.Duration(cfg.ElectionTicks) * cfg.Tick
 	}

@@ -65,7 +65,9 @@ func requireLeader(t *testing.T) {
 	}
 }
 
-func newFixture(t *testing.T, mmap bool) *fixture {
+func newFixture(t *testing.T, mmap bool) *fixture { return newKeyedFixture(t, mmap, nil) }
+
+func newKeyedFixture(t *testing.T, mmap bool, key *wire.Key) *fixture {
 	requireLeader(t)
 	if mmap && !HaveMmapableArray() {
 		t.Skip("kernel without BPF_F_MMAPABLE arrays")
@@ -105,7 +107,7 @@ func newFixture(t *testing.T, mmap bool) *fixture {
 	f.outIfx, f.capIfx, f.tickIfx = idx["hb1"], idx["hb0"], idx["tk0"]
 
 	o := LeaderOptions{ClusterID: fxCluster, Self: fxSelf, Source: fxSource, Followers: fxFollowers,
-		Interval: time.Second, Lease: time.Minute, Syscall: !mmap}
+		Interval: time.Second, Lease: time.Minute, Syscall: !mmap, Key: key}
 	if err := o.setDefaults(); err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +133,9 @@ func newFixture(t *testing.T, mmap bool) *fixture {
 		if errors.As(err, &le) {
 			t.Log(le.Full())
 		}
+		t.Fatal(err)
+	}
+	if err := l.fillAuth(true); err != nil {
 		t.Fatal(err)
 	}
 	if mmap {
@@ -286,11 +291,11 @@ func checkHeartbeat(t *testing.T, fr []byte, f Follower, term, commit uint64) {
 	if [6]byte(fr[0:6]) != fxDMAC || [6]byte(fr[6:12]) != fxSMAC {
 		t.Errorf("heartbeat to %d: MACs %x -> %x", f.ID, fr[6:12], fr[0:6])
 	}
-	checkHeartbeatFrom(t, fr, fxSource, f, term, commit)
+	checkHeartbeatFrom(t, fr, fxSource, f, term, commit, nil)
 }
 
 // checkHeartbeatFrom checks a captured heartbeat frame against what the transport sends.
-func checkHeartbeatFrom(t *testing.T, fr []byte, source netip.AddrPort, f Follower, term, commit uint64) {
+func checkHeartbeatFrom(t *testing.T, fr []byte, source netip.AddrPort, f Follower, term, commit uint64, v *wire.Verifier) {
 	t.Helper()
 	if len(fr) != hbFrameLen {
 		t.Fatalf("heartbeat frame %d bytes, want %d", len(fr), hbFrameLen)
@@ -312,12 +317,21 @@ func checkHeartbeatFrom(t *testing.T, fr []byte, source netip.AddrPort, f Follow
 		t.Errorf("heartbeat to %d without a UDP checksum", f.ID)
 	}
 	payload := udp[8:]
-	if want := wantHeartbeat(t, f.ID, term, commit); string(payload) != string(want) {
+	want := wantHeartbeat(t, f.ID, term, commit)
+	if v != nil { // signed: the transport's encoding plus the MAC flag, auth_seq and MAC
+		want[6] |= wire.FlagMAC
+		copy(want[88:], payload[88:])
+	}
+	if string(payload) != string(want) {
 		t.Errorf("heartbeat to %d differs from the transport's encoding:\n%s", f.ID, bpftest.DiffBytes(payload, want))
 	}
-	m, reason := wire.Decode(payload, fxCluster, f.ID)
+	if v == nil {
+		v = wire.NewVerifier(nil)
+	}
+	r := wire.Receiver{Cluster: fxCluster, Self: f.ID, Peers: map[uint64]netip.AddrPort{fxSelf: source}, Verifier: v}
+	m, reason := r.Receive(payload, source)
 	if reason != wire.OK {
-		t.Fatalf("heartbeat to %d refused by the follower's decoder: %v", f.ID, reason)
+		t.Fatalf("heartbeat to %d refused by the follower's receiver: %v", f.ID, reason)
 	}
 	if m.GetType() != pb.MsgHeartbeat || m.GetFrom() != fxSelf || m.GetTerm() != term || m.GetCommit() != commit {
 		t.Errorf("heartbeat to %d decodes as %v", f.ID, m)
@@ -509,5 +523,46 @@ func TestFixturesLeaderMalformed(t *testing.T) {
 				t.Errorf("%d heartbeats sent", len(got))
 			}
 		})
+	}
+}
+
+// TestFixturesLeaderSigned: with a cluster key every heartbeat carries RAFT_F_MAC, a fresh
+// kernel-channel auth_seq and the MAC the follower's receiver checks; a replayed one is
+// refused, and a receiver with another key refuses them all.
+func TestFixturesLeaderSigned(t *testing.T) {
+	key, err := wire.ParseKey("000102030405060708090a0b0c0d0e0f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newKeyedFixture(t, HaveMmapableArray(), &key)
+	fd := f.capture()
+	heartbeats(t, fd)
+	f.l.Update(true, fxTerm, 9, map[uint64]uint64{2: 9, 3: 4})
+	v := wire.NewVerifier(&key)
+	var first [][]byte
+	for round := range 2 {
+		f.forceDue()
+		f.run(tickFrame(uint64(pacer.Now()), tickMagic))
+		got := heartbeats(t, fd)
+		if len(got) != 2 {
+			t.Fatalf("round %d: %d heartbeats, want 2", round, len(got))
+		}
+		checkHeartbeatFrom(t, got[0], fxSource, fxFollowers[0], fxTerm, 9, v)
+		checkHeartbeatFrom(t, got[1], fxSource, fxFollowers[1], fxTerm, 4, v)
+		for _, fr := range got {
+			if seq := binary.BigEndian.Uint64(fr[42+88:]); seq&wire.SeqKernel == 0 {
+				t.Errorf("auth_seq %#x not on the kernel channel", seq)
+			}
+		}
+		if round == 0 {
+			first = got
+		}
+	}
+	if r := v.Verify(first[0][42:]); r != wire.DropReplay && r != wire.DropStale {
+		t.Errorf("replayed heartbeat: %v, want replay", r)
+	}
+	other, _ := wire.ParseKey("ff0102030405060708090a0b0c0d0e0f")
+	if r := wire.NewVerifier(&other).Verify(first[1][42:]); r != wire.DropMAC {
+		t.Errorf("heartbeat checked with another key: %v, want mac", r)
 	}
 }

@@ -129,7 +129,7 @@ func testLeaderBackend(t *testing.T, backend string) {
 		t.Fatalf("%s: %d heartbeats in %v of renewals (interval %v)", backend, len(got), renewedFor, interval)
 	}
 	for _, fr := range got {
-		checkHeartbeatFrom(t, fr.b, o.Source, follower, fxTerm, 3)
+		checkHeartbeatFrom(t, fr.b, o.Source, follower, fxTerm, 3, nil)
 	}
 	tail := recvHeartbeats(t, fd, 300*time.Millisecond)
 	st, err := l.Stats()
