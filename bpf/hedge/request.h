@@ -177,21 +177,6 @@ static __always_inline struct svc_addr *replica_at(struct svc_cfg *sc, __u32 i)
 	return &sc->replicas[i];
 }
 
-/* pick_replica: round robin over the replicas other than the one the client addressed. */
-static __always_inline __u32 pick_replica(struct svc_cfg *sc, struct svc_state *st, __u8 orig)
-{
-	__u32 n = sc->nreplicas, i;
-
-	if (n <= 1)
-		return 0;
-	if (n > REPLICA_MAX)
-		n = REPLICA_MAX;
-	i = st->rr++; /* racy across CPUs by design: spreading, not counting */
-	if (orig >= n) /* VIP-only service address: any replica */
-		return i % n;
-	return (orig + 1 + i % (n - 1)) % n;
-}
-
 /* split (client egress): record the request, and clone it into the delay line when a
  * budget token is free. The request itself always passes. */
 static __always_inline int split(struct __sk_buff *skb)
@@ -304,13 +289,19 @@ static __always_inline int rescue(struct __sk_buff *skb)
 		COUNT(m.cnt, recirculations);
 		return ret;
 	}
-	/* Due and unanswered: the budget pays for the hedge (bucket: the clone's token). */
+	/* Due and unanswered: a replica that does not have it yet (replica.h) ... */
+	idx = pick_replica(m.cfg, m.st, e->orig_replica < REPLICA_MAX ? 1u << e->orig_replica : 0);
+	if (idx >= REPLICA_MAX) {
+		hedge_failed(&m, e);
+		COUNT(m.cnt, no_replica);
+		return TC_ACT_SHOT;
+	}
+	/* ... and the budget pays for the hedge (bucket: the clone's token). */
 	if (!budget_charge(m.cfg, m.st, now)) {
 		e->state = REQ_REFUSED;
 		COUNT(m.cnt, budget_exhausted);
 		return TC_ACT_SHOT;
 	}
-	idx = pick_replica(m.cfg, m.st, e->orig_replica);
 	to = *replica_at(m.cfg, idx);
 	__builtin_memset(&from, 0, sizeof(from));
 	from.addr = m.p.daddr;
@@ -335,6 +326,13 @@ static __always_inline int rescue(struct __sk_buff *skb)
 	return ret;
 }
 
+/* replied_to: when the copy that replica idx answers was sent (the hedge's time for the
+ * hedge's replica, else the request's). */
+static __always_inline __u64 replied_to(struct hreq *e, __u32 idx)
+{
+	return idx == e->hedge_replica && idx != e->orig_replica ? e->hedged_ns : e->sent_ns;
+}
+
 /* respond (client ingress): the first response completes the request (and is rewritten to
  * the address the client used); the later one of a hedged request is dropped. */
 static __always_inline int respond(struct __sk_buff *skb)
@@ -350,8 +348,11 @@ static __always_inline int respond(struct __sk_buff *skb)
 	if (!e)
 		return TC_ACT_UNSPEC; /* not tracked (expired, evicted, or not a hedged service's request) */
 
+	now = bpf_ktime_get_ns();
 	switch (e->state) {
 	case REQ_ANSWERED_HEDGED:
+		/* The loser's latency: what shows a replica slow (replica.h). */
+		replica_observe(m.cfg, m.st, m.ref.index, now - replied_to(e, m.ref.index));
 		bpf_map_delete_elem(&scoreboard, &m.key);
 		COUNT(m.cnt, duplicates_dropped);
 		return TC_ACT_SHOT;
@@ -359,8 +360,15 @@ static __always_inline int respond(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC; /* the application's own duplicate: not ours to judge */
 	}
 
-	now = bpf_ktime_get_ns();
 	record_latency(m.svc, m.st, now - e->sent_ns);
+	replica_observe(m.cfg, m.st, m.ref.index, now - replied_to(e, m.ref.index));
+	if (e->state == REQ_HEDGED && e->hedge_replica != e->orig_replica) {
+		/* The other copy is still out: a lower bound of its replica's latency. */
+		if (m.ref.index == e->hedge_replica)
+			replica_overdue(m.cfg, m.st, e->orig_replica, now - e->sent_ns);
+		else
+			replica_overdue(m.cfg, m.st, e->hedge_replica, now - e->hedged_ns);
+	}
 	COUNT(m.cnt, responses);
 	if (e->state == REQ_HEDGED) {
 		/* With a single address the responses cannot be told apart; a response after the

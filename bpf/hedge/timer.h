@@ -8,6 +8,7 @@
 #include "maps.h"
 #include "hist.h"
 #include "budget.h"
+#include "replica.h"
 
 static __always_inline void hist_add(void *map, __u32 idx, __u64 us)
 {
@@ -82,8 +83,8 @@ static __always_inline void hist_drain(struct khist *old, struct khist *total)
 	}
 }
 
-/* tick_service sets an adaptive service's delay to the quantile of its window, then
- * rotates the window by one slot. */
+/* tick_service ages the service's replica estimates (replica.h); for an adaptive service it
+ * then sets the delay to the quantile of its window and rotates the window by one slot. */
 static long tick_service(__u32 svc, void *unused)
 {
 	struct svc_cfg *sc;
@@ -96,7 +97,10 @@ static long tick_service(__u32 svc, void *unused)
 		return 1;
 	sc = bpf_map_lookup_elem(&svc_cfgs, &svc);
 	st = bpf_map_lookup_elem(&svc_states, &svc);
-	if (!sc || !st || !sc->enabled || sc->mode != DELAY_QUANTILE)
+	if (!sc || !st || !sc->enabled)
+		return 0;
+	replica_age(sc, st);
+	if (sc->mode != DELAY_QUANTILE)
 		return 0;
 	base = svc * (HIST_SLOTS + 1);
 	idx = base + HIST_SLOTS;

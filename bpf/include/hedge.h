@@ -39,6 +39,8 @@ enum hedge_limits {
 	HIST_SLOTS = 10,
 	/* Windowed budget: the window is BUDGET_SLOTS slots of svc_cfg.budget_slot_ns. */
 	BUDGET_SLOTS = 10,
+	/* Hedges per request at most (gRPC's maxAttempts is 5: the request and 4 hedges). */
+	MAX_HEDGES = 4,
 };
 
 /* How a service's hedges are budgeted (docs/hedging.md, Budget). */
@@ -48,6 +50,16 @@ enum budget_mode {
 	BUDGET_WINDOW = 0,
 	/* A token bucket: each request deposits ratio tokens up to burst, a clone takes one. */
 	BUDGET_BUCKET = 1,
+};
+
+/* How a hedge's replica is chosen among those a request has not tried yet (bpf/hedge/replica.h,
+ * docs/hedging.md, Replica choice). */
+enum replica_choice {
+	/* Round robin over the untried replicas (the default). */
+	REPLICA_RR = 0,
+	/* The untried replica with the lowest recent median latency; one without an estimate
+	 * (cold) first. */
+	REPLICA_P50 = 1,
 };
 
 /* hedge_config: the run's constants, set by user space before load (one const volatile,
@@ -99,7 +111,9 @@ struct svc_cfg {
 	__u64 budget_cap_milli;   /* burst * 1000: bucket size, or the window's floor */
 	__u64 budget_slot_ns;     /* BUDGET_WINDOW: window / BUDGET_SLOTS */
 	__u32 budget_mode;        /* enum budget_mode */
-	__u32 _pad;
+	__u8 max_hedges;          /* hedges per request, 1..MAX_HEDGES */
+	__u8 replica_choice;      /* enum replica_choice */
+	__u16 _pad;
 	struct svc_addr replicas[REPLICA_MAX];
 };
 
@@ -115,6 +129,10 @@ struct svc_state {
 	__u64 win_epoch[BUDGET_SLOTS];
 	__u64 win_requests[BUDGET_SLOTS];
 	__u64 win_hedges[BUDGET_SLOTS];
+	/* Per replica: its recent median latency (a stochastic median estimate, replica.h;
+	 * 0: none yet) and the responses it gave since the last timer tick. */
+	__u64 rep_p50_ns[REPLICA_MAX];
+	__u32 rep_samples[REPLICA_MAX];
 };
 
 /* Scoreboard key: (client addr, client port, service, request id). */
@@ -183,6 +201,7 @@ struct hedge_stats {
 	__u64 gc_expired;        /* scoreboard entries removed by the timer (TTL) */
 	__u64 rescue_unmatched;  /* packet at the delay-line exit that is no clone of a hedged
 				  * service's request (global slot): dropped */
+	__u64 no_replica;        /* hedge due but every replica already has the request: not sent */
 };
 
 

@@ -56,13 +56,16 @@ type hedgeFlags struct {
 	delay, delayMin, delayMax     time.Duration
 	quantile, budgetRatio         float64
 	budgetMode                    string
+	replicaChoice                 string
+	maxHedges                     int
 	budgetWindow                  time.Duration
 	idOffset, idLength, burst     int
 }
 
 // serviceFlags are the flags that declare a service instead of --config.
 var serviceFlags = []string{"interface", "service", "replica", "name", "delay", "delay-quantile", "delay-min",
-	"delay-max", "id-offset", "id-length", "id-order", "budget-ratio", "budget-burst", "budget-mode", "budget-window"}
+	"delay-max", "id-offset", "id-length", "id-order", "budget-ratio", "budget-burst", "budget-mode", "budget-window",
+	"replica-choice", "max-hedges"}
 
 func newHedgeRunCmd(runDir *string) *cobra.Command {
 	var f hedgeFlags
@@ -82,6 +85,8 @@ from a YAML file (several services; docs/hedging.md has every key):
       request_id: {offset: 0, length: 4, order: big}
       delay: 10ms                       # or {quantile: 0.95, min: 1ms, max: 50ms}
       budget: {ratio: 0.05, burst: 10}  # hedges <= 5% of requests + 10 (mode: bucket | window)
+      replica_choice: rr                # rr | p50 (lowest recent median latency)
+      max_hedges: 1                     # 1..4 hedges per request, each to another replica
 
 or, for one service, from flags (--service, --replica, --delay, ...).
 
@@ -135,6 +140,8 @@ qdisc of the chosen --backend).`,
 	fl.IntVar(&f.burst, "budget-burst", 10, "budget: hedges allowed beyond the ratio (the bucket's size, or the window's floor)")
 	fl.StringVar(&f.budgetMode, "budget-mode", hedge.DefaultBudgetMode, "budget: window (hedges <= ratio x requests over --budget-window, + burst) or bucket (token bucket)")
 	fl.DurationVar(&f.budgetWindow, "budget-window", hedge.DefaultBudgetWindow, "budget: the sliding window of mode window")
+	fl.StringVar(&f.replicaChoice, "replica-choice", hedge.ReplicaRR, "which replica a hedge goes to, of those the request was not sent to: rr (round robin) or p50 (lowest recent median latency; untried replicas first)")
+	fl.IntVar(&f.maxHedges, "max-hedges", 1, fmt.Sprintf("hedges per request, 1-%d, each after a further delay and to another replica", hedge.MaxHedgesLimit))
 	return cmd
 }
 
@@ -168,14 +175,17 @@ func hedgeConfig(cmd *cobra.Command, f *hedgeFlags) (*hedge.Config, error) {
 	// A zero length or delay in hedge.Config means "the default"; given as flags they are errors.
 	case f.idLength == 0:
 		return nil, usagef("--id-length 0: use 1..8 bytes")
+	case f.maxHedges == 0:
+		return nil, usagef("--max-hedges 0: use 1..%d", hedge.MaxHedgesLimit)
 	case !quantile && f.delay <= 0:
 		return nil, usagef("--delay %v out of range: use 200us..10s", f.delay)
 	}
 	svc := hedge.ServiceConfig{
 		Name: f.name, Address: f.service, Replicas: f.replicas,
-		RequestID: hedge.RequestIDSpec{Offset: f.idOffset, Length: f.idLength, Order: f.idOrder},
-		Delay:     hedge.DelaySpec{Fixed: f.delay},
-		Budget:    hedge.BudgetSpec{Mode: f.budgetMode, Ratio: f.budgetRatio, Burst: f.burst},
+		RequestID:     hedge.RequestIDSpec{Offset: f.idOffset, Length: f.idLength, Order: f.idOrder},
+		Delay:         hedge.DelaySpec{Fixed: f.delay},
+		Budget:        hedge.BudgetSpec{Mode: f.budgetMode, Ratio: f.budgetRatio, Burst: f.burst},
+		ReplicaChoice: f.replicaChoice, MaxHedges: f.maxHedges,
 	}
 	if svc.Name == "" {
 		svc.Name = f.service
@@ -203,6 +213,7 @@ var flagNames = strings.NewReplacer(
 	"interface is required", "--interface is required",
 	"request_id.offset", "--id-offset", "request_id.length", "--id-length", "request_id.order", "--id-order",
 	"delay.quantile", "--delay-quantile", "budget.ratio", "--budget-ratio", "budget.burst", "--budget-burst", "budget.mode", "--budget-mode", "budget.window", "--budget-window",
+	"replica_choice", "--replica-choice", "max_hedges", "--max-hedges",
 	": address ", ": --service ", ": replica ", ": --replica ", " and address ", " and --service ",
 	": delay needs", ": --delay-min and --delay-max need", ": delay ", ": --delay ",
 )
@@ -456,6 +467,24 @@ func writeHedgeStats(w io.Writer, st *hedge.Status) error {
 	row("precision samples", func(v hedge.ServiceStats) string { return fmt.Sprint(v.Precision.Samples) })
 	row("precision p50", func(v hedge.ServiceStats) string { return dur(v.Precision.P50) })
 	row("precision p99", func(v hedge.ServiceStats) string { return dur(v.Precision.P99) })
+	row("replica choice", func(v hedge.ServiceStats) string {
+		if v.ReplicaChoice == "" {
+			return "-" // a status file of an older kedge
+		}
+		return fmt.Sprintf("%s, max %d hedges", v.ReplicaChoice, v.MaxHedges)
+	})
+	nrep := 0
+	for _, svc := range s.Services {
+		nrep = max(nrep, len(svc.Replicas))
+	}
+	for i := range nrep {
+		row(fmt.Sprintf("replica %d p50", i), func(v hedge.ServiceStats) string {
+			if i >= len(v.Replicas) {
+				return ""
+			}
+			return dur(v.Replicas[i].P50)
+		})
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

@@ -32,10 +32,14 @@ func fakeHedgeStatus(pid int) hedge.Status {
 			Services: []hedge.ServiceStats{
 				{Name: "kv", Address: "198.18.0.12:9999", RequestID: "offset 0, 4 bytes, big-endian", Delay: "10ms", DelayNow: 10 * time.Millisecond, Tokens: 9.5,
 					Counters: counters, LatencyP50: 1152 * time.Microsecond, LatencyP95: 1344 * time.Microsecond,
-					LatencyP99: 9728 * time.Microsecond,
-					Precision:  hedge.Precision{Samples: 6, P50: 54 * time.Microsecond, P99: 92 * time.Microsecond}},
+					LatencyP99:    9728 * time.Microsecond,
+					Precision:     hedge.Precision{Samples: 6, P50: 54 * time.Microsecond, P99: 92 * time.Microsecond},
+					ReplicaChoice: "p50", MaxHedges: 2, Replicas: []hedge.ReplicaStats{
+						{Address: "198.18.0.12:9999", P50: 1100 * time.Microsecond},
+						{Address: "198.18.0.13:9999", P50: 950 * time.Microsecond}, {Address: "198.18.0.14:9999"}}},
 				{Name: "dns", Address: "[2001:db8::c]:53", RequestID: "offset 0, 2 bytes, big-endian", Delay: "p95 [1ms, 50ms]", DelayNow: 1984 * time.Microsecond,
-					Tokens: 10, Counters: map[string]uint64{"requests": 7}},
+					Tokens: 10, Counters: map[string]uint64{"requests": 7}, ReplicaChoice: "rr", MaxHedges: 1,
+					Replicas: []hedge.ReplicaStats{{Address: "[2001:db8::c]:53"}}},
 			},
 			Global:    map[string]uint64{"malformed": 3, "malformed_responses": 2, "fragments": 0},
 			DelayLine: map[string]uint64{"carried_in": 60, "carried_out": 60, "filler_passes": 4783, "period_sum_ns": 47155599835, "period_count": 4700, "period_min_ns": 8056463, "period_max_ns": 12060920},

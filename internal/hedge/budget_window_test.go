@@ -113,9 +113,16 @@ func TestWindowBudget(t *testing.T) {
 	// The window slides: slots from more than BUDGET_SLOTS slots ago no longer count. Age
 	// every slot (its epoch far in the past) with a pile of hedges in it; then one request
 	// is 0.5 + 1 hedges' worth, and its hedge goes out.
+	// The epoch BUDGET_SLOTS slots before now's (0, "unused", within a guest's first
+	// window: its clock starts at boot).
 	st := f.state(t, sWin)
+	slot := f.svcCfg(t, sWin).BudgetSlotNs
+	aged := uint64(0)
+	if cur := monoNow(t)/slot + 1; cur > uint64(budgetSlots) {
+		aged = cur - uint64(budgetSlots)
+	}
 	for i := range st.WinEpoch {
-		st.WinEpoch[i] = 1
+		st.WinEpoch[i] = aged
 		st.WinHedges[i] = 1000
 	}
 	if err := f.objs.SvcStates.Put(uint32(sWin), st); err != nil {

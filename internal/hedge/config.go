@@ -24,6 +24,8 @@ import (
 //	    request_id: {offset: 0, length: 4, order: big}
 //	    delay: 10ms                     # or {quantile: 0.95, min: 1ms, max: 50ms}
 //	    budget: {ratio: 0.05, burst: 10}   # mode: window (10s) or bucket
+//	    replica_choice: rr              # rr | p50
+//	    max_hedges: 1                   # 1..4
 type Config struct {
 	Interface      string          `yaml:"interface"`
 	DelayLine      DelayLineConfig `yaml:"delay_line"`
@@ -48,12 +50,18 @@ type DelayLineConfig struct {
 
 // ServiceConfig declares one hedged service.
 type ServiceConfig struct {
-	Name      string         `yaml:"name"`
-	Address   string         `yaml:"address"`
-	Replicas  []string       `yaml:"replicas"`
-	RequestID RequestIDSpec  `yaml:"request_id"`
-	Delay     DelaySpec      `yaml:"delay"`
-	Budget    BudgetSpec     `yaml:"budget"`
+	Name      string        `yaml:"name"`
+	Address   string        `yaml:"address"`
+	Replicas  []string      `yaml:"replicas"`
+	RequestID RequestIDSpec `yaml:"request_id"`
+	Delay     DelaySpec     `yaml:"delay"`
+	Budget    BudgetSpec    `yaml:"budget"`
+	// ReplicaChoice is how a hedge's replica is chosen among those the request has not been
+	// sent to: ReplicaRR (default) or ReplicaP50 (docs/hedging.md, Replica choice).
+	ReplicaChoice string `yaml:"replica_choice"`
+	// MaxHedges is how many hedges one request may cause, each after a further delay and to
+	// another replica (1..MaxHedgesLimit; default 1).
+	MaxHedges int            `yaml:"max_hedges"`
 	addr      netip.AddrPort // parsed
 	replicas  []netip.AddrPort
 }
@@ -140,6 +148,15 @@ const DefaultBudgetWindow = 10 * time.Second
 // at send, so on a loaded machine a clone that leaves the delay line very late still becomes
 // a hedge after the client gave up (docs/hedging.md, Budget: what keeps it from the default).
 const DefaultBudgetMode = BudgetBucket
+
+// Replica choices (enum replica_choice in bpf/include/hedge.h).
+const (
+	ReplicaRR  = "rr"
+	ReplicaP50 = "p50"
+)
+
+// MaxHedgesLimit is the most hedges a request may cause (MAX_HEDGES in bpf/include/hedge.h).
+const MaxHedgesLimit = int(hedgeHedgeLimitsMAX_HEDGES)
 
 // Duration is a time.Duration read from YAML as "10ms".
 type Duration time.Duration
@@ -353,6 +370,25 @@ func (s *ServiceConfig) validate(i int) error {
 	}
 	if d.Quantile != 0 && d.MinSamples == 0 {
 		d.MinSamples = 100
+	}
+	switch s.ReplicaChoice {
+	case "":
+		s.ReplicaChoice = ReplicaRR
+	case ReplicaRR, ReplicaP50:
+	default:
+		return fmt.Errorf("%s: replica_choice %q: use rr (round robin) or p50 (lowest recent median latency)", where, s.ReplicaChoice)
+	}
+	if s.MaxHedges == 0 {
+		s.MaxHedges = 1
+	}
+	if s.MaxHedges < 1 || s.MaxHedges > MaxHedgesLimit {
+		return fmt.Errorf("%s: max_hedges %d: use 1..%d (omit it for 1)", where, s.MaxHedges, MaxHedgesLimit)
+	}
+	// Each hedge goes to a replica the request has not been sent to; a service with one
+	// address hedges to that address, as often as max_hedges says.
+	if n := len(s.replicas); n > 1 && s.MaxHedges > n-1 {
+		return fmt.Errorf("%s: max_hedges %d but %d other replica(s): each hedge goes to a different one; "+
+			"lower max_hedges to %d or add replicas", where, s.MaxHedges, n-1, n-1)
 	}
 	b := &s.Budget
 	if b.Ratio == 0 && b.Burst == 0 {

@@ -1,6 +1,7 @@
 package hedge
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -57,6 +58,33 @@ services:
 				}
 				if !reflect.DeepEqual(s.replicas, aps("198.18.0.12:9999")) {
 					t.Errorf("replicas %v: a service without replicas hedges to its own address", s.replicas)
+				}
+			},
+		},
+		{
+			name: "replica choice and hedges per request: defaults rr and 1; p50 and 3 with three other replicas; a single address takes any count",
+			yaml: `
+interface: eth0
+services:
+  - name: plain
+    address: 198.18.0.12:9999
+    replicas: [198.18.0.13:9999]
+  - name: many
+    address: 198.18.0.22:9999
+    replicas: [198.18.0.23:9999, 198.18.0.24:9999, 198.18.0.25:9999]
+    replica_choice: p50
+    max_hedges: 3
+  - name: solo
+    address: 198.18.0.32:9999
+    max_hedges: 4
+`,
+			check: func(t *testing.T, c *Config) {
+				got := []string{}
+				for _, s := range c.Services {
+					got = append(got, fmt.Sprintf("%s %s %d", s.Name, s.ReplicaChoice, s.MaxHedges))
+				}
+				if want := []string{"plain rr 1", "many p50 3", "solo rr 4"}; !reflect.DeepEqual(got, want) {
+					t.Errorf("got %v, want %v", got, want)
 				}
 			},
 		},
@@ -197,6 +225,11 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"unknown budget mode", svc("    budget: {mode: leaky}\n"), `budget.mode "leaky": use window or bucket`},
 		{"window too short", svc("    budget: {mode: window, window: 100ms}\n"), "budget.window 100ms: use 1s..1h"},
 		{"window with a bucket", svc("    budget: {window: 5s}\n"), "budget.window is for mode window"},
+		{"unknown replica choice", svc("    replica_choice: fastest\n"), `replica_choice "fastest": use rr (round robin) or p50`},
+		{"max_hedges too many", svc("    max_hedges: 5\n"), "max_hedges 5: use 1..4"},
+		{"max_hedges negative", svc("    max_hedges: -1\n"), "max_hedges -1: use 1..4"},
+		{"more hedges than other replicas", svc("    replicas: [198.18.0.13:9999, 198.18.0.14:9999]\n    max_hedges: 3\n"),
+			"max_hedges 3 but 2 other replica(s): each hedge goes to a different one; lower max_hedges to 2 or add replicas"},
 		{"ttl below twice the delay", "interface: eth0\nttl: 1s\nservices: [{name: s, address: 198.18.0.12:9999, delay: 800ms}]", `ttl 1s is shorter than twice service "s"'s largest delay 800ms: raise ttl`},
 	}
 	for _, tt := range tests {

@@ -47,6 +47,7 @@ const (
 	hedgeHedgeLimitsHIST_BUCKETS   hedgeHedgeLimits = 400
 	hedgeHedgeLimitsHIST_SLOTS     hedgeHedgeLimits = 10
 	hedgeHedgeLimitsBUDGET_SLOTS   hedgeHedgeLimits = 10
+	hedgeHedgeLimitsMAX_HEDGES     hedgeHedgeLimits = 4
 )
 
 type hedgeHedgeStats struct {
@@ -75,6 +76,7 @@ type hedgeHedgeStats struct {
 	RedirectErrors        uint64
 	GcExpired             uint64
 	RescueUnmatched       uint64
+	NoReplica             uint64
 }
 
 type hedgeHedgeTick struct {
@@ -181,6 +183,13 @@ type hedgePacerStats struct {
 	LateHist            [24]uint64
 }
 
+type hedgeReplicaChoice uint32
+
+const (
+	hedgeReplicaChoiceREPLICA_RR  hedgeReplicaChoice = 0
+	hedgeReplicaChoiceREPLICA_P50 hedgeReplicaChoice = 1
+)
+
 type hedgeReplicaRef struct {
 	_     structs.HostLayout
 	Svc   uint16
@@ -241,7 +250,9 @@ type hedgeSvcCfg struct {
 	BudgetCapMilli   uint64
 	BudgetSlotNs     uint64
 	BudgetMode       uint32
-	Pad              uint32
+	MaxHedges        uint8
+	ReplicaChoice    uint8
+	Pad              uint16
 	Replicas         [8]hedgeSvcAddr
 }
 
@@ -260,44 +271,47 @@ type hedgeSvcState struct {
 	WinEpoch    [10]uint64
 	WinRequests [10]uint64
 	WinHedges   [10]uint64
+	RepP50Ns    [8]uint64
+	RepSamples  [8]uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	hedgeMapDlPrecision        = "dl_precision"
-	hedgeMapLatHist            = "lat_hist"
-	hedgeMapPacerArming        = "pacer_arming"
-	hedgeMapPacerControl       = "pacer_control"
-	hedgeMapPacerCounters      = "pacer_counters"
-	hedgeMapReplicas           = "replicas"
-	hedgeMapScoreboard         = "scoreboard"
-	hedgeMapServices           = "services"
-	hedgeMapStats              = "stats"
-	hedgeMapSvcCfgs            = "svc_cfgs"
-	hedgeMapSvcStates          = "svc_states"
-	hedgeMapTicker             = "ticker"
-	hedgeProgDlEntry           = "dl_entry"
-	hedgeProgDlLoop            = "dl_loop"
-	hedgeProgHedgeArm          = "hedge_arm"
-	hedgeProgHedgeRescue       = "hedge_rescue"
-	hedgeProgHedgeResp         = "hedge_resp"
-	hedgeProgHedgeSplit        = "hedge_split"
-	hedgeVarCfg                = "cfg"
-	hedgeVarHedgeBtfBudgetMode = "hedge_btf_budget_mode"
-	hedgeVarHedgeBtfDelayMode  = "hedge_btf_delay_mode"
-	hedgeVarHedgeBtfLimits     = "hedge_btf_limits"
-	hedgeVarHedgeBtfReqState   = "hedge_btf_req_state"
-	hedgeVarHedgeBtfReqidOrder = "hedge_btf_reqid_order"
-	hedgeVarPacerBtfBackend    = "pacer_btf_backend"
-	hedgeVarPacerBtfConsts     = "pacer_btf_consts"
-	hedgeVarPacerBtfFiller     = "pacer_btf_filler"
-	hedgeVarPacerBtfMagic      = "pacer_btf_magic"
-	hedgeVarPacerBtfReq        = "pacer_btf_req"
-	hedgeVarPacerBtfRx         = "pacer_btf_rx"
-	hedgeVarPacerBtfTick       = "pacer_btf_tick"
-	hedgeVarPacerCfg           = "pacer_cfg"
+	hedgeMapDlPrecision           = "dl_precision"
+	hedgeMapLatHist               = "lat_hist"
+	hedgeMapPacerArming           = "pacer_arming"
+	hedgeMapPacerControl          = "pacer_control"
+	hedgeMapPacerCounters         = "pacer_counters"
+	hedgeMapReplicas              = "replicas"
+	hedgeMapScoreboard            = "scoreboard"
+	hedgeMapServices              = "services"
+	hedgeMapStats                 = "stats"
+	hedgeMapSvcCfgs               = "svc_cfgs"
+	hedgeMapSvcStates             = "svc_states"
+	hedgeMapTicker                = "ticker"
+	hedgeProgDlEntry              = "dl_entry"
+	hedgeProgDlLoop               = "dl_loop"
+	hedgeProgHedgeArm             = "hedge_arm"
+	hedgeProgHedgeRescue          = "hedge_rescue"
+	hedgeProgHedgeResp            = "hedge_resp"
+	hedgeProgHedgeSplit           = "hedge_split"
+	hedgeVarCfg                   = "cfg"
+	hedgeVarHedgeBtfBudgetMode    = "hedge_btf_budget_mode"
+	hedgeVarHedgeBtfDelayMode     = "hedge_btf_delay_mode"
+	hedgeVarHedgeBtfLimits        = "hedge_btf_limits"
+	hedgeVarHedgeBtfReplicaChoice = "hedge_btf_replica_choice"
+	hedgeVarHedgeBtfReqState      = "hedge_btf_req_state"
+	hedgeVarHedgeBtfReqidOrder    = "hedge_btf_reqid_order"
+	hedgeVarPacerBtfBackend       = "pacer_btf_backend"
+	hedgeVarPacerBtfConsts        = "pacer_btf_consts"
+	hedgeVarPacerBtfFiller        = "pacer_btf_filler"
+	hedgeVarPacerBtfMagic         = "pacer_btf_magic"
+	hedgeVarPacerBtfReq           = "pacer_btf_req"
+	hedgeVarPacerBtfRx            = "pacer_btf_rx"
+	hedgeVarPacerBtfTick          = "pacer_btf_tick"
+	hedgeVarPacerCfg              = "pacer_cfg"
 )
 
 // loadHedge returns the embedded CollectionSpec for hedge.
@@ -372,20 +386,21 @@ type hedgeMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hedgeVariableSpecs struct {
-	Cfg                *ebpf.VariableSpec `ebpf:"cfg"`
-	HedgeBtfBudgetMode *ebpf.VariableSpec `ebpf:"hedge_btf_budget_mode"`
-	HedgeBtfDelayMode  *ebpf.VariableSpec `ebpf:"hedge_btf_delay_mode"`
-	HedgeBtfLimits     *ebpf.VariableSpec `ebpf:"hedge_btf_limits"`
-	HedgeBtfReqState   *ebpf.VariableSpec `ebpf:"hedge_btf_req_state"`
-	HedgeBtfReqidOrder *ebpf.VariableSpec `ebpf:"hedge_btf_reqid_order"`
-	PacerBtfBackend    *ebpf.VariableSpec `ebpf:"pacer_btf_backend"`
-	PacerBtfConsts     *ebpf.VariableSpec `ebpf:"pacer_btf_consts"`
-	PacerBtfFiller     *ebpf.VariableSpec `ebpf:"pacer_btf_filler"`
-	PacerBtfMagic      *ebpf.VariableSpec `ebpf:"pacer_btf_magic"`
-	PacerBtfReq        *ebpf.VariableSpec `ebpf:"pacer_btf_req"`
-	PacerBtfRx         *ebpf.VariableSpec `ebpf:"pacer_btf_rx"`
-	PacerBtfTick       *ebpf.VariableSpec `ebpf:"pacer_btf_tick"`
-	PacerCfg           *ebpf.VariableSpec `ebpf:"pacer_cfg"`
+	Cfg                   *ebpf.VariableSpec `ebpf:"cfg"`
+	HedgeBtfBudgetMode    *ebpf.VariableSpec `ebpf:"hedge_btf_budget_mode"`
+	HedgeBtfDelayMode     *ebpf.VariableSpec `ebpf:"hedge_btf_delay_mode"`
+	HedgeBtfLimits        *ebpf.VariableSpec `ebpf:"hedge_btf_limits"`
+	HedgeBtfReplicaChoice *ebpf.VariableSpec `ebpf:"hedge_btf_replica_choice"`
+	HedgeBtfReqState      *ebpf.VariableSpec `ebpf:"hedge_btf_req_state"`
+	HedgeBtfReqidOrder    *ebpf.VariableSpec `ebpf:"hedge_btf_reqid_order"`
+	PacerBtfBackend       *ebpf.VariableSpec `ebpf:"pacer_btf_backend"`
+	PacerBtfConsts        *ebpf.VariableSpec `ebpf:"pacer_btf_consts"`
+	PacerBtfFiller        *ebpf.VariableSpec `ebpf:"pacer_btf_filler"`
+	PacerBtfMagic         *ebpf.VariableSpec `ebpf:"pacer_btf_magic"`
+	PacerBtfReq           *ebpf.VariableSpec `ebpf:"pacer_btf_req"`
+	PacerBtfRx            *ebpf.VariableSpec `ebpf:"pacer_btf_rx"`
+	PacerBtfTick          *ebpf.VariableSpec `ebpf:"pacer_btf_tick"`
+	PacerCfg              *ebpf.VariableSpec `ebpf:"pacer_cfg"`
 }
 
 // hedgeObjects contains all objects after they have been loaded into the kernel.
@@ -443,20 +458,21 @@ func (m *hedgeMaps) Close() error {
 //
 // It can be passed to loadHedgeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hedgeVariables struct {
-	Cfg                *ebpf.Variable `ebpf:"cfg"`
-	HedgeBtfBudgetMode *ebpf.Variable `ebpf:"hedge_btf_budget_mode"`
-	HedgeBtfDelayMode  *ebpf.Variable `ebpf:"hedge_btf_delay_mode"`
-	HedgeBtfLimits     *ebpf.Variable `ebpf:"hedge_btf_limits"`
-	HedgeBtfReqState   *ebpf.Variable `ebpf:"hedge_btf_req_state"`
-	HedgeBtfReqidOrder *ebpf.Variable `ebpf:"hedge_btf_reqid_order"`
-	PacerBtfBackend    *ebpf.Variable `ebpf:"pacer_btf_backend"`
-	PacerBtfConsts     *ebpf.Variable `ebpf:"pacer_btf_consts"`
-	PacerBtfFiller     *ebpf.Variable `ebpf:"pacer_btf_filler"`
-	PacerBtfMagic      *ebpf.Variable `ebpf:"pacer_btf_magic"`
-	PacerBtfReq        *ebpf.Variable `ebpf:"pacer_btf_req"`
-	PacerBtfRx         *ebpf.Variable `ebpf:"pacer_btf_rx"`
-	PacerBtfTick       *ebpf.Variable `ebpf:"pacer_btf_tick"`
-	PacerCfg           *ebpf.Variable `ebpf:"pacer_cfg"`
+	Cfg                   *ebpf.Variable `ebpf:"cfg"`
+	HedgeBtfBudgetMode    *ebpf.Variable `ebpf:"hedge_btf_budget_mode"`
+	HedgeBtfDelayMode     *ebpf.Variable `ebpf:"hedge_btf_delay_mode"`
+	HedgeBtfLimits        *ebpf.Variable `ebpf:"hedge_btf_limits"`
+	HedgeBtfReplicaChoice *ebpf.Variable `ebpf:"hedge_btf_replica_choice"`
+	HedgeBtfReqState      *ebpf.Variable `ebpf:"hedge_btf_req_state"`
+	HedgeBtfReqidOrder    *ebpf.Variable `ebpf:"hedge_btf_reqid_order"`
+	PacerBtfBackend       *ebpf.Variable `ebpf:"pacer_btf_backend"`
+	PacerBtfConsts        *ebpf.Variable `ebpf:"pacer_btf_consts"`
+	PacerBtfFiller        *ebpf.Variable `ebpf:"pacer_btf_filler"`
+	PacerBtfMagic         *ebpf.Variable `ebpf:"pacer_btf_magic"`
+	PacerBtfReq           *ebpf.Variable `ebpf:"pacer_btf_req"`
+	PacerBtfRx            *ebpf.Variable `ebpf:"pacer_btf_rx"`
+	PacerBtfTick          *ebpf.Variable `ebpf:"pacer_btf_tick"`
+	PacerCfg              *ebpf.Variable `ebpf:"pacer_cfg"`
 }
 
 // hedgePrograms contains all programs after they have been loaded into the kernel.

@@ -193,6 +193,10 @@ func (h *Hedger) fillMaps() error {
 			cfg.DelayNs = uint64(s.Delay.Fixed)
 			cfg.MinNs, cfg.MaxNs = cfg.DelayNs, cfg.DelayNs
 		}
+		cfg.MaxHedges = uint8(s.MaxHedges)
+		if s.ReplicaChoice == ReplicaP50 {
+			cfg.ReplicaChoice = uint8(hedgeReplicaChoiceREPLICA_P50)
+		}
 		cfg.BudgetRatioMilli = uint64(math.Round(s.Budget.Ratio * 1000))
 		cfg.BudgetCapMilli = uint64(s.Budget.Burst) * 1000
 		cfg.BudgetMode = uint32(hedgeBudgetModeBUDGET_WINDOW)

@@ -37,7 +37,7 @@ type Collector struct {
 	counters   map[string]*prometheus.Desc // per-service counters by C name
 	dlCounters map[string]*prometheus.Desc
 	gauges     []*prometheus.Desc // everything else, for Describe
-	delay, tokens, window, lat50, lat95, lat99, prec50, prec99,
+	delay, tokens, window, replicaP50, lat50, lat95, lat99, prec50, prec99,
 	period, periodMin, periodMax, target, spread, fillers, info *prometheus.Desc
 }
 
@@ -76,6 +76,7 @@ var counterHelp = map[string]string{
 	"redirect_errors":         "Hedges or recirculating clones dropped: bpf_redirect_neigh or bpf_redirect failed.",
 	"gc_expired":              "Scoreboard entries removed by the timer (TTL).",
 	"rescue_unmatched":        "Packets at the delay-line exit that are no clone of a hedged service's request, dropped.",
+	"no_replica":              "Hedges due but not sent: every replica already had the request.",
 }
 
 // NewCollector returns a Collector for h; register it with a prometheus.Registry.
@@ -105,6 +106,7 @@ func newCollector(stats func() (*Snapshot, error)) *Collector {
 	}
 	c.delay = g("kedge_hedge_delay_seconds", "Current hedge delay.", "service")
 	c.tokens = g("kedge_hedge_budget_tokens", "Free budget tokens: clones the splitter may send now (clones in the delay line hold theirs).", "service")
+	c.replicaP50 = g("kedge_hedge_replica_p50_seconds", "A replica's recent median latency (the kernel's stochastic median estimate; 0: no response yet), which replica_choice p50 picks by.", "service", "replica")
 	c.window = g("kedge_hedge_window_samples", "Latency samples in the adaptive-delay window.", "service")
 	// Quantiles as gauges of their own: a "quantile" label belongs to summaries only.
 	lat := func(p string) *prometheus.Desc {
@@ -163,6 +165,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.delay, s.DelayNow.Seconds(), s.Name)
 		gauge(c.tokens, s.Tokens, s.Name)
 		gauge(c.window, float64(s.Window), s.Name)
+		for _, r := range s.Replicas {
+			gauge(c.replicaP50, r.P50.Seconds(), s.Name, r.Address)
+		}
 		gauge(c.lat50, s.LatencyP50.Seconds(), s.Name)
 		gauge(c.lat95, s.LatencyP95.Seconds(), s.Name)
 		gauge(c.lat99, s.LatencyP99.Seconds(), s.Name)

@@ -27,6 +27,17 @@ type ServiceStats struct {
 	LatencyP99 time.Duration `json:"latency_p99_ns"`
 	// Delay-line precision: hedge send time minus intended time (negative: early).
 	Precision Precision `json:"precision"`
+	// ReplicaChoice is rr or p50; Replicas each replica's recent median latency.
+	ReplicaChoice string         `json:"replica_choice"`
+	MaxHedges     int            `json:"max_hedges"`
+	Replicas      []ReplicaStats `json:"replicas"`
+}
+
+// ReplicaStats is one replica's recent median latency: the kernel's stochastic median
+// estimate (bpf/hedge/replica.h), 0 while the replica has not answered.
+type ReplicaStats struct {
+	Address string        `json:"address"`
+	P50     time.Duration `json:"p50_ns"`
 }
 
 // Precision summarises hedge send time - intended send time.
@@ -108,7 +119,10 @@ func (h *Hedger) Stats() (*Snapshot, error) {
 			Name: s.Name, Address: s.addr.String(), Delay: s.Delay.String(),
 			DelayNow: time.Duration(cfg.DelayNs), Tokens: float64(st.TokensMilli) / 1000,
 			Window: st.WindowCount, Counters: pick(counterMap(counters), false),
-			RequestID: s.RequestID.String(),
+			RequestID: s.RequestID.String(), ReplicaChoice: s.ReplicaChoice, MaxHedges: s.MaxHedges,
+		}
+		for r, ap := range s.replicas {
+			ss.Replicas = append(ss.Replicas, ReplicaStats{Address: ap.String(), P50: time.Duration(st.RepP50Ns[r])})
 		}
 		var total hedgeKhist
 		if err := h.objs.LatHist.Lookup(idx*uint32(histSlots+1)+uint32(histSlots), &total); err != nil {

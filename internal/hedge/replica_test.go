@@ -1,0 +1,234 @@
+package hedge
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// Replica choice (bpf/hedge/replica.h) through the programs that use it: the rescuer picks
+// the hedge's replica, the response path keeps each replica's latency estimate. Service
+// "rr" has three replicas: 0 its own address (the one clients use), 1 repRR1, 2 repRR2.
+
+// setChoice sets service svc's replica choice and its replicas' estimates (ns; 0: cold).
+func setChoice(tb testing.TB, f *fixture, svc int, choice uint8, rr uint32, p50 ...uint64) {
+	tb.Helper()
+	c := f.svcCfg(tb, svc)
+	c.ReplicaChoice = choice
+	if err := f.objs.SvcCfgs.Put(uint32(svc), c); err != nil {
+		tb.Fatal(err)
+	}
+	st := f.state(tb, svc)
+	st.Rr = rr
+	st.RepP50Ns = [replicaMax]uint64{}
+	copy(st.RepP50Ns[:], p50)
+	if err := f.objs.SvcStates.Put(uint32(svc), st); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// hedgeOnce runs the rescuer on a due request of service rr and returns the replica its
+// hedge went to.
+func hedgeOnce(tb testing.TB, f *fixture, id uint32) uint8 {
+	tb.Helper()
+	k := key(sRR, client4, uint64(id))
+	now := monoNow(tb)
+	f.put(tb, k, pending(now-uint64(testDelay)-1000, now-1000))
+	r, err := f.run(f.objs.HedgeRescue, datagram(client4, svcRR, idPayload(id, 32)), 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	e, _ := f.entry(tb, k)
+	if r.ret != redirect || e.State != reqHedged {
+		tb.Fatalf("request %d: verdict %s, state %s; want a hedge", id, verdict(r.ret), stateNames[e.State])
+	}
+	return e.HedgeReplica
+}
+
+// TestPickReplica: round robin spreads hedges evenly over the replicas other than the one
+// the client used; p50 takes the untried replica with the lowest estimate, a cold one
+// first, ties to the first from a rotating start; the client's own replica is never picked, however fast.
+func TestPickReplica(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.reset(t)
+	rrP, p50 := uint8(hedgeReplicaChoiceREPLICA_RR), uint8(hedgeReplicaChoiceREPLICA_P50)
+	ms := uint64(time.Millisecond)
+
+	setChoice(t, f, sRR, rrP, 0)
+	var got []uint8
+	for id := uint32(1); id <= 6; id++ {
+		got = append(got, hedgeOnce(t, f, id))
+	}
+	if want := []uint8{1, 2, 1, 2, 1, 2}; string(got) != string(want) {
+		t.Errorf("round robin: hedges went to %v, want %v", got, want)
+	}
+
+	cases := []struct {
+		name string
+		rr   uint32
+		p50  []uint64
+		want uint8
+	}{
+		{"lowest estimate wins", 0, []uint64{1 * ms, 5 * ms, 2 * ms}, 2},
+		{"lowest estimate wins, other order", 1, []uint64{1 * ms, 2 * ms, 5 * ms}, 1},
+		{"the client's replica is never a hedge target, however fast", 0, []uint64{ms / 10, 3 * ms, 4 * ms}, 1},
+		{"a cold replica (no estimate) is tried first", 0, []uint64{1 * ms, 1 * ms, 0}, 2},
+		{"a cold replica (no estimate) is tried first, other order", 1, []uint64{1 * ms, 0, 1 * ms}, 1},
+		{"ties: the first from a rotating start (rr 0)", 0, []uint64{1 * ms, 2 * ms, 2 * ms}, 1},
+		{"ties: the first from a rotating start (rr 2)", 2, []uint64{1 * ms, 2 * ms, 2 * ms}, 2},
+	}
+	for i, c := range cases {
+		setChoice(t, f, sRR, p50, c.rr, c.p50...)
+		if g := hedgeOnce(t, f, uint32(100+i)); g != c.want {
+			t.Errorf("p50, %s: estimates %v, rr %d: hedge to replica %d, want %d", c.name, c.p50, c.rr, g, c.want)
+		}
+	}
+}
+
+// respondFrom runs the response path on a response of service rr from replica src (0, 1 or
+// 2) to request id.
+func respondFrom(tb testing.TB, f *fixture, id uint32, src int) runResult {
+	tb.Helper()
+	from := []netip.AddrPort{svcRR, repRR1, repRR2}[src]
+	r, err := f.run(f.objs.HedgeResp, datagram(from, client4, idPayload(id, 32)), 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
+// TestReplicaLatencyAttribution: a response's latency goes to the replica it came FROM,
+// measured from when the copy sent to that replica left (the hedge's time for the hedge's
+// replica); the dropped duplicate's latency counts for its replica too; and at a hedged
+// request's first response the other copy, still out, raises its replica's estimate (a
+// lower bound above the estimate).
+func TestReplicaLatencyAttribution(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.reset(t)
+	setChoice(t, f, sRR, uint8(hedgeReplicaChoiceREPLICA_P50), 0)
+	ms := time.Millisecond
+	const id = 0x5005
+	k := key(sRR, client4, id)
+	now := monoNow(t)
+	e := pending(now-uint64(40*ms), now-uint64(30*ms)) // sent 40 ms ago to replica 0
+	e.State, e.HedgeReplica, e.HedgedNs = reqHedged, 2, now-uint64(10*ms)
+	f.put(t, k, e)
+
+	// The hedge's response from replica 2: 10 ms after the hedge left, not 40.
+	r := respondFrom(t, f, id, 2)
+	st := f.state(t, sRR)
+	within := func(what string, got time.Duration, lo, hi time.Duration) {
+		t.Helper()
+		if got < lo || got > hi {
+			t.Errorf("%s: %v, want %v..%v", what, got, lo, hi)
+		}
+	}
+	slack := time.Duration(r.t1 - now)
+	within("replica 2's estimate (first sample: its latency)", time.Duration(st.RepP50Ns[2]), 10*ms, 10*ms+slack)
+	// Replica 0 has not answered the copy sent 40 ms ago: cold, it starts there.
+	within("replica 0's estimate (overdue 40 ms, cold)", time.Duration(st.RepP50Ns[0]), 40*ms, 40*ms+slack)
+	if st.RepP50Ns[1] != 0 || st.RepSamples[2] != 1 || st.RepSamples[0] != 0 {
+		t.Errorf("replica 1 estimate %d (want 0: not involved), samples %v (want replica 2: 1, an overdue copy is no sample)",
+			st.RepP50Ns[1], st.RepSamples)
+	}
+
+	// The duplicate from replica 0, now 40+ ms after its copy left: a sample above its
+	// estimate, one step (1/32) up, and a sample.
+	r = respondFrom(t, f, id, 0)
+	if r.ret != shot {
+		t.Fatalf("duplicate: verdict %s, want dropped", verdict(r.ret))
+	}
+	before := st.RepP50Ns[0]
+	st = f.state(t, sRR)
+	if want := before + before>>5 + 1; st.RepP50Ns[0] != want || st.RepSamples[0] != 1 {
+		t.Errorf("replica 0 after its late duplicate: estimate %d samples %d, want %d (one step up) and 1",
+			st.RepP50Ns[0], st.RepSamples[0], want)
+	}
+}
+
+// TestReplicaMedianConverges feeds replica 1's responses with latencies uniform in
+// 10..90 ms (median 50 ms, a fixed seed) to an estimate starting at 200 ms: after 500
+// samples it is near the median. (Simulated over 2000 seeds: 32.8..69.5 ms.)
+func TestReplicaMedianConverges(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.reset(t)
+	setChoice(t, f, sRR, uint8(hedgeReplicaChoiceREPLICA_P50), 0, 0, uint64(200*time.Millisecond), 0)
+	rng := rand.New(rand.NewPCG(14, 3))
+	var est []time.Duration
+	for i := range 500 {
+		id := uint32(0x6000 + i)
+		lat := time.Duration(10+rng.IntN(81)) * time.Millisecond
+		now := monoNow(t)
+		e := pending(now-uint64(lat), now+uint64(time.Second))
+		e.State, e.OrigReplica = reqPending, 1 // replica 1's own request: its latency from sent_ns
+		f.put(t, key(sRR, client4, uint64(id)), e)
+		respondFrom(t, f, id, 1)
+		if i%100 == 99 {
+			est = append(est, time.Duration(f.state(t, sRR).RepP50Ns[1]))
+		}
+	}
+	t.Logf("replica 1's estimate after 100, 200, ... samples: %v", est)
+	if got := est[len(est)-1]; got < 30*time.Millisecond || got > 72*time.Millisecond {
+		t.Errorf("estimate after 500 samples %v, want near the median 50ms (30..72ms)", got)
+	}
+}
+
+// TestReplicaChoiceLab: the service's own server (srv1) answers every request 30 ms late,
+// so every request is hedged after 5 ms; of its two replicas, srv2:9998 answers after
+// 10 ms and srv2:9999 at once. Round robin splits the hedges between them; p50 tries each
+// once (both cold), then sends nearly all to the fast one, because the slow one's
+// responses - and the service's own duplicates - are attributed to where they came from.
+func TestReplicaChoiceLab(t *testing.T) {
+	requireRoot(t)
+	for _, choice := range []string{ReplicaRR, ReplicaP50} {
+		t.Run(choice, func(t *testing.T) {
+			l := hedgeLab(t, "hr")
+			srv1, srv2 := l.Host("srv1"), l.Host("srv2")
+			svc := netip.AddrPortFrom(srv1.IPv4, 9999)
+			slowAt, fastAt := netip.AddrPortFrom(srv2.IPv4, 9998), netip.AddrPortFrom(srv2.IPv4, 9999)
+			startRecServer(t, srv1, svc, 30*time.Millisecond)
+			slow := startRecServer(t, srv2, slowAt, 10*time.Millisecond)
+			fast := startRecServer(t, srv2, fastAt, 0)
+			h := startHedger(t, l, &Config{
+				Interface: "eth0",
+				Services: []ServiceConfig{{Name: "choice", Address: svc.String(), Replicas: []string{slowAt.String(), fastAt.String()},
+					Delay: DelaySpec{Fixed: 5 * time.Millisecond}, ReplicaChoice: choice,
+					Budget: BudgetSpec{Mode: BudgetWindow, Ratio: 1, Burst: 100}}},
+			}, budgetTestBackend())
+			const workers, perWk = 4, 60
+			res := runWorkers(t, l.Host("client"), svc, workers, perWk, 70000, time.Second)
+			c := waitCounters(t, h, 2*time.Second, func(c map[string]uint64) bool {
+				return c["hedges_sent"]+c["budget_exhausted"] >= workers*perWk
+			})
+			snap, err := h.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ns, nf := len(slow.ids()), len(fast.ids())
+			t.Logf("%s: requests %d hedges_sent %d answered %d; hedges to the 10 ms replica %d, to the fast one %d; estimates %+v",
+				choice, c["requests"], c["hedges_sent"], len(res.answered), ns, nf, snap.Services[0].Replicas)
+			if len(res.answered) != workers*perWk || res.extra != 0 {
+				t.Errorf("answered %d of %d, %d unexpected datagrams", len(res.answered), workers*perWk, res.extra)
+			}
+			if uint64(ns+nf) != c["hedges_sent"] || c["hedges_sent"] < workers*perWk*9/10 {
+				t.Fatalf("hedges_sent %d, replicas got %d + %d: want (nearly) every request hedged, each hedge at a replica", c["hedges_sent"], ns, nf)
+			}
+			total := float64(ns + nf)
+			switch choice {
+			case ReplicaRR:
+				if share := float64(nf) / total; share < 0.4 || share > 0.6 {
+					t.Errorf("round robin sent %.0f%% of hedges to the fast replica, want about half", share*100)
+				}
+			case ReplicaP50:
+				if ns < 1 || float64(ns) > 0.05*total {
+					t.Errorf("p50 sent %d of %.0f hedges to the 10 ms replica: want it tried (cold) and then avoided (<= 5%%)", ns, total)
+				}
+				r := snap.Services[0].Replicas
+				if len(r) != 3 || r[0].P50 < 20*time.Millisecond || r[1].P50 < 5*time.Millisecond || r[2].P50 > 5*time.Millisecond {
+					t.Errorf("estimates %+v: want the service's own about 30ms, the slow replica about 10ms, the fast one well below", r)
+				}
+			}
+		})
+	}
+}
