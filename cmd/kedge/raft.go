@@ -17,7 +17,6 @@ import (
 	"github.com/kedge-dev/kedge/internal/raft/client"
 	"github.com/kedge-dev/kedge/internal/raft/config"
 	"github.com/kedge-dev/kedge/internal/raft/node"
-	"github.com/kedge-dev/kedge/internal/raft/offload"
 )
 
 func init() { register(newRaftCmd) }
@@ -48,6 +47,7 @@ func newRaftServeCmd() *cobra.Command {
 		id               uint64
 		duration         time.Duration
 		unsafeReads      bool
+		offloadOn        bool
 		kernelHB         bool
 		hbLease          time.Duration
 	)
@@ -63,7 +63,10 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
   kedge raft serve --config cluster.yaml --id 1 &
   kedge raft serve --config cluster.yaml --id 2 &
   kedge raft serve --config cluster.yaml --id 3 &
-  kedge raft status --config cluster.yaml`,
+  kedge raft status --config cluster.yaml
+
+  # the same node without the kernel paths (to compare)
+  kedge raft serve --config cluster.yaml --id 1 --offload=false`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cfgPath == "" {
@@ -73,25 +76,24 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 			if err != nil {
 				return usagef("%w (docs/raft.md section 1 shows the format)", err)
 			}
-			opts := node.Options{UnsafeLocalReads: unsafeReads, Log: slog.Default()}
-			if kernelHB {
-				if hbLease < 0 {
-					return usagef("--heartbeat-lease %v: use a positive duration (0: the election timeout)", hbLease)
-				}
-				hb, err := offload.LeaderFromConfig(cfg, hbLease, slog.Default())
-				if err != nil {
-					return fmt.Errorf("start kernel heartbeats: %w", err)
-				}
-				defer hb.Close()
-				opts.Heartbeats = hb
+			mode := node.OffloadOff
+			switch {
+			case offloadOn && cmd.Flags().Changed("offload"):
+				mode = node.OffloadOn
+			case offloadOn:
+				mode = node.OffloadAuto
 			}
-			n, err := node.New(cfg, opts)
+			if hbLease < 0 {
+				return usagef("--heartbeat-lease %v: use a positive duration (0: the election timeout)", hbLease)
+			}
+			n, err := node.New(cfg, node.Options{UnsafeLocalReads: unsafeReads, Offload: mode, Log: slog.Default(),
+				KernelHeartbeats: kernelHB, HeartbeatLease: hbLease})
 			if err != nil {
 				return fmt.Errorf("start node %d: %w", cfg.ID, err)
 			}
 			ctx, cancel := untilDone(cmd.Context(), duration)
 			defer cancel()
-			slog.Info("raft: serving", "id", cfg.ID, "raft", cfg.RaftBind(), "client", n.ClientAddr())
+			slog.Info("raft: serving", "id", cfg.ID, "raft", cfg.RaftBind(), "client", n.ClientAddr(), "offload", n.OffloadMode())
 			return n.Run(ctx)
 		},
 	}
@@ -100,6 +102,7 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 	f.Uint64Var(&id, "id", 0, "this node's id (overrides id: in the config)")
 	f.StringVar(&dataDir, "data-dir", "", "data directory (overrides data_dir: in the config)")
 	addDurationFlag(cmd, &duration, "stop")
+	f.BoolVar(&offloadOn, "offload", true, "answer heartbeats in XDP and detect leader failure in the kernel (docs/raft.md \"Kernel paths: follower\"); on by default where the kernel and the raft address allow it, --offload=false to compare, an explicit --offload fails where it cannot run")
 	// The checker's self-test only: not linearizable (docs/raft.md section 7).
 	f.BoolVar(&unsafeReads, "unsafe-local-reads", false, "serve reads from local state without ReadIndex (NOT linearizable)")
 	f.MarkHidden("unsafe-local-reads")

@@ -64,16 +64,18 @@ type PeerStatus struct {
 
 // Status answers GET /v1/status.
 type Status struct {
-	ID               uint64       `json:"id"`
-	ClusterID        uint64       `json:"cluster_id"`
-	State            string       `json:"state"`
-	Leader           uint64       `json:"leader"`
-	Term             uint64       `json:"term"`
-	Commit           uint64       `json:"commit"`
-	Applied          uint64       `json:"applied"`
-	LastIndex        uint64       `json:"last_index"`
-	SnapshotIndex    uint64       `json:"snapshot_index"`
-	LastHeartbeatMs  *float64     `json:"last_heartbeat_ms"`
-	UnsafeLocalReads bool         `json:"unsafe_local_reads"`
-	Peers            []PeerStatus `json:"peers,omitempty"`
+	ID               uint64   `json:"id"`
+	ClusterID        uint64   `json:"cluster_id"`
+	State            string   `json:"state"`
+	Leader           uint64   `json:"leader"`
+	Term             uint64   `json:"term"`
+	Commit           uint64   `json:"commit"`
+	Applied          uint64   `json:"applied"`
+	LastIndex        uint64   `json:"last_index"`
+	SnapshotIndex    uint64   `json:"snapshot_index"`
+	LastHeartbeatMs  *float64 `json:"last_heartbeat_ms"`
+	UnsafeLocalReads bool     `json:"unsafe_local_reads"`
+	// Offload is the follower kernel path ("xdp-native on eth0"); empty when off.
+	Offload string       `json:"offload,omitempty"`
+	Peers   []PeerStatus `json:"peers,omitempty"`
 }

@@ -1,6 +1,10 @@
 package node
 
 import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -28,12 +32,38 @@ func newHeartbeatCounter(reg *prometheus.Registry, on bool) prometheus.Counter {
 	return c
 }
 
+// startHeartbeats starts the kernel sender (Options.KernelHeartbeats) after the follower
+// path, whose kernel-channel auth_seq it shares (one counter per node: auth.h).
+func (n *Node) startHeartbeats() error {
+	n.hb = n.opts.Heartbeats
+	if n.hb != nil || !n.opts.KernelHeartbeats {
+		return nil
+	}
+	var seq *ebpf.Map
+	if n.fol != nil {
+		seq = n.fol.k.TxSeq()
+	}
+	l, err := offload.LeaderFromConfig(n.cfg, n.opts.HeartbeatLease, seq, n.log)
+	if err != nil {
+		return fmt.Errorf("start kernel heartbeats: %w", err)
+	}
+	n.hbLeader, n.hb = l, l
+	return nil
+}
+
+func (n *Node) closeHeartbeats() error {
+	if n.hbLeader == nil {
+		return nil
+	}
+	return n.hbLeader.Close()
+}
+
 // renewHeartbeats hands the offload this node's leadership and progress. Called only after
 // the state it reports is durable (the term of a leader was persisted before it could
 // campaign and win; commit needs no durability, and each follower's Commit is capped by its
 // Match, entries it acknowledged as durable).
 func (n *Node) renewHeartbeats() {
-	hb := n.opts.Heartbeats
+	hb := n.hb
 	if hb == nil {
 		return
 	}
@@ -52,7 +82,7 @@ func (n *Node) renewHeartbeats() {
 // kernelHeartbeats drops the heartbeats the kernel sends. A heartbeat with a context
 // (a ReadIndex round: the follower echoes the context) always goes from user space.
 func (n *Node) kernelHeartbeats(msgs []*pb.Message) []*pb.Message {
-	hb := n.opts.Heartbeats
+	hb := n.hb
 	if hb == nil {
 		return msgs
 	}

@@ -33,9 +33,17 @@ type Options struct {
 	// UnsafeLocalReads serves reads from local state without ReadIndex: NOT linearizable.
 	// Only for the linearizability checker's self-test (docs/raft.md section 7).
 	UnsafeLocalReads bool
-	Log              *slog.Logger
-	// Heartbeats, when set, sends the leader's heartbeats from the kernel while its lease
-	// holds (heartbeats.go); nil: etcd-raft's own sends only.
+	// Offload: the follower's kernel path (heartbeats answered in XDP, leader failure detected
+	// by a bpf_timer). Zero: off.
+	Offload Offload
+	Log     *slog.Logger
+	// KernelHeartbeats: as leader, the kernel sends the heartbeats while a lease holds
+	// (heartbeats.go; docs/raft.md "Kernel paths: leader heartbeats"). HeartbeatLease is
+	// how long one renewal keeps it sending (0: the election timeout).
+	KernelHeartbeats bool
+	HeartbeatLease   time.Duration
+	// Heartbeats, when set, is used instead of the kernel sender KernelHeartbeats starts
+	// (tests: a recorder).
 	Heartbeats HeartbeatOffload
 }
 
@@ -71,6 +79,8 @@ type Node struct {
 	m   *metrics
 
 	hbKernel prometheus.Counter // heartbeats.go
+	hb       HeartbeatOffload
+	hbLeader interface{ Close() error } // the kernel sender startHeartbeats started
 
 	clientLn net.Listener
 	http     *http.Server
@@ -84,6 +94,11 @@ type Node struct {
 
 	// beforeSend, when set (tests), sees every Ready's messages just before they are sent.
 	beforeSend func([]*pb.Message)
+
+	// fol is the follower kernel path (nil: off); termDurable the last saved HardState.Term
+	// (Ready loop only).
+	fol         *follower
+	termDurable uint64
 
 	applied   atomic.Uint64
 	snapIndex atomic.Uint64
@@ -101,7 +116,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		kv: map[string]string{}, waiters: map[uint64]chan api.WriteResponse{}, reads: map[uint64]*readWaiter{},
 		confState: &pb.ConfState{}, done: make(chan struct{})}
 	n.m = newMetrics(n.reg)
-	n.hbKernel = newHeartbeatCounter(n.reg, opts.Heartbeats != nil)
+	n.hbKernel = newHeartbeatCounter(n.reg, opts.Heartbeats != nil || opts.KernelHeartbeats)
 	st, rec, err := storage.Open(cfg.DataDir, n.log)
 	if err != nil {
 		return nil, err
@@ -136,6 +151,20 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		n.tr.Close()
 		st.Close()
 		return nil, fmt.Errorf("listen client api %s: %w (is another node using the port?)", cfg.ClientBind(), err)
+	}
+	n.termDurable = rec.HardState.GetTerm()
+	if err := n.startOffload(opts.Offload); err != nil {
+		n.clientLn.Close()
+		n.tr.Close()
+		st.Close()
+		return nil, err
+	}
+	if err := n.startHeartbeats(); err != nil {
+		n.closeOffload()
+		n.clientLn.Close()
+		n.tr.Close()
+		st.Close()
+		return nil, err
 	}
 	rc := &raft.Config{
 		ID:              cfg.ID,
@@ -191,6 +220,12 @@ func (n *Node) Run(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	n.http.Shutdown(sctx)
+	if cerr := n.closeOffload(); err == nil && cerr != nil {
+		err = fmt.Errorf("close offload: %w", cerr)
+	}
+	if cerr := n.closeHeartbeats(); err == nil && cerr != nil {
+		err = fmt.Errorf("close kernel heartbeats: %w", cerr)
+	}
 	n.tr.Close()
 	stopLoop()
 	<-n.done
@@ -213,13 +248,24 @@ func (n *Node) loop(ctx context.Context) {
 		n.loopErr = err
 		n.log.Error("raft: ready loop stopped", "err", err)
 	}
+	n.offloadMirror(n.termDurable, n.leader.Load())
+	n.offloadAlive()
+	events := n.fol.events()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			n.offloadTick(ctx)
 			n.rn.Tick()
+			n.offloadAlive()
 			n.renewHeartbeats()
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			n.onLeaderSilent(ctx, ev)
 		case rd, ok := <-n.rn.Ready():
 			if !ok {
 				return
@@ -229,6 +275,7 @@ func (n *Node) loop(ctx context.Context) {
 				return
 			}
 			n.rn.Advance()
+			n.offloadAlive()
 		}
 	}
 }
@@ -260,11 +307,18 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	if rd.HardState != nil {
 		n.m.term.Set(float64(rd.HardState.GetTerm()))
 		n.m.commit.Set(float64(rd.HardState.GetCommit()))
+		n.termDurable = rd.HardState.GetTerm()
+	}
+	// The kernel answers heartbeats of the durable term only, now that it is durable.
+	n.offloadMirror(n.termDurable, n.leader.Load())
+	// 3. Only now the messages (the kernel already answered the heartbeats the node
+	// synthesized from its record).
+	if n.fol != nil {
+		rd.Messages = dropSynthResps(rd.Messages)
 	}
 	if rd.SoftState != nil {
 		n.renewHeartbeats() // a lost leadership drops the kernel's lease before anything else goes out
 	}
-	// 3. Only now the messages.
 	if n.beforeSend != nil {
 		n.beforeSend(rd.Messages)
 	}
@@ -513,7 +567,7 @@ func (n *Node) Status() api.Status {
 	last, _ := n.st.LastIndex()
 	st := api.Status{ID: n.cfg.ID, ClusterID: n.cfg.ClusterID, State: stateName(s.RaftState), Leader: s.Lead,
 		Term: s.GetTerm(), Commit: s.GetCommit(), Applied: n.applied.Load(), LastIndex: last,
-		SnapshotIndex: n.snapIndex.Load(), UnsafeLocalReads: n.opts.UnsafeLocalReads}
+		SnapshotIndex: n.snapIndex.Load(), UnsafeLocalReads: n.opts.UnsafeLocalReads, Offload: n.OffloadMode()}
 	now := time.Now()
 	ms := func(t time.Time) *float64 {
 		if t.IsZero() {

@@ -1,11 +1,10 @@
-// Package offload holds kedge raft's kernel paths (issue 13; docs/raft.md "Kernel paths").
-//
 // leader*.go: the leader's heartbeats, sent by the kernel while a lease holds. A pacer
 // consumer (bpf/raft/leader.bpf.c on internal/pacer) sends one MsgHeartbeat per follower
 // every interval while user space keeps renewing the lease; a renewal is a store into a
 // memory-mapped BPF array (BPF_F_MMAPABLE, Linux 5.5) or, where that is refused, a map
 // update. When the lease lapses - the process is stopped, hung, or stuck on its disk - the
 // kernel stops at its next tick.
+
 package offload
 
 import (
@@ -33,8 +32,8 @@ const (
 	hbFrameLen   = int(leaderRaftLeaderConstsRAFT_HB_FRAME_LEN)
 )
 
-// Follower is a node the leader heartbeats.
-type Follower struct {
+// Target is a follower the leader heartbeats.
+type Target struct {
 	ID   uint64
 	Addr netip.AddrPort // its raft address (UDP)
 }
@@ -45,7 +44,7 @@ type LeaderOptions struct {
 	Self      uint64
 	// Source is this node's raft address: the heartbeats' source (followers check it).
 	Source    netip.AddrPort
-	Followers []Follower
+	Followers []Target
 	// Interval between heartbeat rounds (etcd-raft's heartbeat_ticks * tick; default 10ms).
 	Interval time.Duration
 	// Lease: how long one renewal keeps the kernel sending (default 10 * Interval; at least
@@ -133,6 +132,7 @@ type Leader struct {
 	slots map[uint64]int                     // follower id -> slot
 	supp  atomic.Uint64                      // heartbeats user space did not send
 	arm   func(deadline time.Duration) error // the pacer's Arm (tests: a recorder)
+	done  bool                               // closed: Update and Suppress do nothing
 }
 
 // Field offsets in struct raft_lease / raft_follower (leader.h).
@@ -289,8 +289,6 @@ func mapMemory(m *ebpf.Map) ([]byte, error) {
 	return b, nil
 }
 
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
-
 // writeAll writes the whole lease with expires_ns as it is in cur, expires last (mmap), or
 // in one map update.
 func (l *Leader) writeAll() error {
@@ -349,6 +347,9 @@ func (l *Leader) setExpires(v uint64) {
 func (l *Leader) Update(lead bool, term, committed uint64, match map[uint64]uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.done {
+		return
+	}
 	now := uint64(pacer.Now())
 	if !lead || term == 0 {
 		if l.cur.ExpiresNs != 0 {
@@ -411,7 +412,7 @@ func (l *Leader) Suppress(to, term uint64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	i, ok := l.slots[to]
-	if !ok || l.cur.ExpiresNs <= uint64(pacer.Now()) || l.cur.Term != term || l.cur.F[i].Active == 0 {
+	if !ok || l.done || l.cur.ExpiresNs <= uint64(pacer.Now()) || l.cur.Term != term || l.cur.F[i].Active == 0 {
 		return false
 	}
 	l.supp.Add(1)
@@ -456,6 +457,7 @@ func (l *Leader) Close() error {
 		l.stop = nil
 	}
 	l.mu.Lock()
+	l.done = true
 	if l.lmem != nil {
 		l.setExpires(0)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"testing"
 	"time"
 
@@ -22,8 +21,6 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
-
 // Fixtures: leader_tick under BPF_PROG_TEST_RUN in a test namespace. Heartbeats leave by
 // bpf_clone_redirect out of hb1 and are captured on its peer hb0; tick requests go to tk0
 // (the pacer's tick veth stands in). The lease is written by the Leader's own Update (the
@@ -31,23 +28,23 @@ func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
 // writes, not a hand-made lease.
 
 const (
-	fxCluster = 42
-	fxSelf    = 1
-	fxTerm    = 7
+	hbCluster = 42
+	hbSelf    = 1
+	hbTerm    = 7
 )
 
 var (
-	fxSource    = netip.MustParseAddrPort("198.18.1.2:7000")
-	fxFollowers = []Follower{
+	hbSource    = netip.MustParseAddrPort("198.18.1.2:7000")
+	hbFollowers = []Target{
 		{ID: 2, Addr: netip.MustParseAddrPort("198.18.2.2:7000")},
 		{ID: 3, Addr: netip.MustParseAddrPort("198.18.3.2:7001")},
 		{ID: 4, Addr: netip.MustParseAddrPort("198.18.4.2:7002")},
 	}
-	fxSMAC = [6]byte{0x02, 'k', 'l', 'e', 'a', 'd'}
-	fxDMAC = [6]byte{0x02, 'k', 'r', 'o', 'u', 't'}
+	hbSMAC = [6]byte{0x02, 'k', 'l', 'e', 'a', 'd'}
+	hbDMAC = [6]byte{0x02, 'k', 'r', 'o', 'u', 't'}
 )
 
-type fixture struct {
+type leaderFixture struct {
 	t       *testing.T
 	ns      *lab.Netns
 	l       *Leader
@@ -65,14 +62,14 @@ func requireLeader(t *testing.T) {
 	}
 }
 
-func newFixture(t *testing.T, mmap bool) *fixture { return newKeyedFixture(t, mmap, nil) }
+func newLeaderFixture(t *testing.T, mmap bool) *leaderFixture { return newKeyedLeaderFixture(t, mmap, nil) }
 
-func newKeyedFixture(t *testing.T, mmap bool, key *wire.Key) *fixture {
+func newKeyedLeaderFixture(t *testing.T, mmap bool, key *wire.Key) *leaderFixture {
 	requireLeader(t)
 	if mmap && !HaveMmapableArray() {
 		t.Skip("kernel without BPF_F_MMAPABLE arrays")
 	}
-	f := &fixture{t: t}
+	f := &leaderFixture{t: t}
 	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("raftl-fx-%v", mmap)))
 	if err != nil {
 		t.Fatalf("create test namespace: %v", err)
@@ -106,7 +103,7 @@ func newKeyedFixture(t *testing.T, mmap bool, key *wire.Key) *fixture {
 	}
 	f.outIfx, f.capIfx, f.tickIfx = idx["hb1"], idx["hb0"], idx["tk0"]
 
-	o := LeaderOptions{ClusterID: fxCluster, Self: fxSelf, Source: fxSource, Followers: fxFollowers,
+	o := LeaderOptions{ClusterID: hbCluster, Self: hbSelf, Source: hbSource, Followers: hbFollowers,
 		Interval: time.Second, Lease: time.Minute, Syscall: !mmap, Key: key}
 	if err := o.setDefaults(); err != nil {
 		t.Fatal(err)
@@ -158,7 +155,7 @@ func newKeyedFixture(t *testing.T, mmap bool, key *wire.Key) *fixture {
 	// Followers 2 and 3 resolved (through hb1), 4 not: user space heartbeats it.
 	for i := range 2 {
 		l.mu.Lock()
-		l.setSlot(i, 1, nextHop{ifindex: f.outIfx, smac: fxSMAC, dmac: fxDMAC})
+		l.setSlot(i, 1, nextHop{ifindex: f.outIfx, smac: hbSMAC, dmac: hbDMAC})
 		l.mu.Unlock()
 	}
 	f.l = l
@@ -183,7 +180,7 @@ func tickFrame(deadline uint64, magic uint64) []byte {
 
 const tickMagic = 0x6b65646765746b21
 
-func (f *fixture) run(in []byte) uint32 {
+func (f *leaderFixture) run(in []byte) uint32 {
 	f.t.Helper()
 	ctx := make([]byte, 44)
 	binary.NativeEndian.PutUint32(ctx[40:], uint32(f.tickIfx))
@@ -199,7 +196,7 @@ func (f *fixture) run(in []byte) uint32 {
 	return ret
 }
 
-func (f *fixture) counters() bpftest.Counters {
+func (f *leaderFixture) counters() bpftest.Counters {
 	f.t.Helper()
 	c, err := bpftest.SumPerCPU[leaderRaftLeaderStats](f.l.objs.LeaderCounters)
 	if err != nil {
@@ -208,7 +205,7 @@ func (f *fixture) counters() bpftest.Counters {
 	return c
 }
 
-func (f *fixture) armedNs() uint64 {
+func (f *leaderFixture) armedNs() uint64 {
 	var s leaderPacerState
 	if err := f.l.objs.PacerArming.Lookup(uint32(0), &s); err != nil {
 		f.t.Fatal(err)
@@ -216,13 +213,13 @@ func (f *fixture) armedNs() uint64 {
 	return s.ArmedNs
 }
 
-func (f *fixture) setArmed(v uint64) {
+func (f *leaderFixture) setArmed(v uint64) {
 	if err := f.l.objs.PacerArming.Put(uint32(0), leaderPacerState{ArmedNs: v}); err != nil {
 		f.t.Fatal(err)
 	}
 }
 
-func (f *fixture) state() leaderRaftLeaderState {
+func (f *leaderFixture) state() leaderRaftLeaderState {
 	var s leaderRaftLeaderState
 	if err := f.l.objs.LeaderState.Lookup(uint32(0), &s); err != nil {
 		f.t.Fatal(err)
@@ -231,7 +228,7 @@ func (f *fixture) state() leaderRaftLeaderState {
 }
 
 // capture opens a packet socket on hb0 in the test namespace.
-func (f *fixture) capture() int {
+func (f *leaderFixture) capture() int {
 	f.t.Helper()
 	var fd int
 	err := f.ns.Do(func() error {
@@ -276,26 +273,26 @@ func heartbeats(t *testing.T, fd int) [][]byte {
 
 // wantHeartbeat is what the node's transport sends for etcd-raft's heartbeat to f.
 func wantHeartbeat(t *testing.T, to, term, commit uint64) []byte {
-	m := &pb.Message{Type: pb.MsgHeartbeat.Enum(), From: proto.Uint64(fxSelf), To: proto.Uint64(to),
+	m := &pb.Message{Type: pb.MsgHeartbeat.Enum(), From: proto.Uint64(hbSelf), To: proto.Uint64(to),
 		Term: proto.Uint64(term), Commit: proto.Uint64(commit)}
 	var b [wire.PktLen]byte
-	p, err := wire.Encode(b[:], fxCluster, m)
+	p, err := wire.Encode(b[:], hbCluster, m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return append([]byte(nil), p...)
 }
 
-func checkHeartbeat(t *testing.T, fr []byte, f Follower, term, commit uint64) {
+func checkHeartbeat(t *testing.T, fr []byte, f Target, term, commit uint64) {
 	t.Helper()
-	if [6]byte(fr[0:6]) != fxDMAC || [6]byte(fr[6:12]) != fxSMAC {
+	if [6]byte(fr[0:6]) != hbDMAC || [6]byte(fr[6:12]) != hbSMAC {
 		t.Errorf("heartbeat to %d: MACs %x -> %x", f.ID, fr[6:12], fr[0:6])
 	}
-	checkHeartbeatFrom(t, fr, fxSource, f, term, commit, nil)
+	checkHeartbeatFrom(t, fr, hbSource, f, term, commit, nil)
 }
 
 // checkHeartbeatFrom checks a captured heartbeat frame against what the transport sends.
-func checkHeartbeatFrom(t *testing.T, fr []byte, source netip.AddrPort, f Follower, term, commit uint64, v *wire.Verifier) {
+func checkHeartbeatFrom(t *testing.T, fr []byte, source netip.AddrPort, f Target, term, commit uint64, v *wire.Verifier) {
 	t.Helper()
 	if len(fr) != hbFrameLen {
 		t.Fatalf("heartbeat frame %d bytes, want %d", len(fr), hbFrameLen)
@@ -328,12 +325,12 @@ func checkHeartbeatFrom(t *testing.T, fr []byte, source netip.AddrPort, f Follow
 	if v == nil {
 		v = wire.NewVerifier(nil)
 	}
-	r := wire.Receiver{Cluster: fxCluster, Self: f.ID, Peers: map[uint64]netip.AddrPort{fxSelf: source}, Verifier: v}
+	r := wire.Receiver{Cluster: hbCluster, Self: f.ID, Peers: map[uint64]netip.AddrPort{hbSelf: source}, Verifier: v}
 	m, reason := r.Receive(payload, source)
 	if reason != wire.OK {
 		t.Fatalf("heartbeat to %d refused by the follower's receiver: %v", f.ID, reason)
 	}
-	if m.GetType() != pb.MsgHeartbeat || m.GetFrom() != fxSelf || m.GetTerm() != term || m.GetCommit() != commit {
+	if m.GetType() != pb.MsgHeartbeat || m.GetFrom() != hbSelf || m.GetTerm() != term || m.GetCommit() != commit {
 		t.Errorf("heartbeat to %d decodes as %v", f.ID, m)
 	}
 }
@@ -341,20 +338,20 @@ func checkHeartbeatFrom(t *testing.T, fr []byte, source netip.AddrPort, f Follow
 func TestFixturesLeaderTick(t *testing.T) {
 	for _, mmap := range []bool{true, false} {
 		t.Run(map[bool]string{true: "mmap", false: "syscall"}[mmap], func(t *testing.T) {
-			f := newFixture(t, mmap)
+			f := newLeaderFixture(t, mmap)
 			fd := f.capture()
 			heartbeats(t, fd) // drain what the link-up sent
 
 			// Lease fresh: committed 50; follower 2 matched 60 (Commit = 50), follower 3
 			// matched 17 (Commit = 17), follower 4 has no route (user space sends its).
-			f.l.Update(true, fxTerm, 50, map[uint64]uint64{2: 60, 3: 17, 4: 50})
+			f.l.Update(true, hbTerm, 50, map[uint64]uint64{2: 60, 3: 17, 4: 50})
 			if len(f.armed) != 1 {
 				t.Fatalf("first renewal armed %d ticks, want 1", len(f.armed))
 			}
-			if !f.l.Suppress(2, fxTerm) || !f.l.Suppress(3, fxTerm) {
+			if !f.l.Suppress(2, hbTerm) || !f.l.Suppress(3, hbTerm) {
 				t.Errorf("heartbeats to the resolved followers not suppressed")
 			}
-			if f.l.Suppress(4, fxTerm) || f.l.Suppress(2, fxTerm+1) || f.l.Suppress(9, fxTerm) {
+			if f.l.Suppress(4, hbTerm) || f.l.Suppress(2, hbTerm+1) || f.l.Suppress(9, hbTerm) {
 				t.Errorf("suppressed a heartbeat the kernel does not send (unresolved follower, other term, unknown)")
 			}
 			now := uint64(pacer.Now())
@@ -372,8 +369,8 @@ func TestFixturesLeaderTick(t *testing.T) {
 			if len(got) != 2 {
 				t.Fatalf("fresh lease: %d heartbeats captured, want 2", len(got))
 			}
-			checkHeartbeat(t, got[0], fxFollowers[0], fxTerm, 50)
-			checkHeartbeat(t, got[1], fxFollowers[1], fxTerm, 17)
+			checkHeartbeat(t, got[0], hbFollowers[0], hbTerm, 50)
+			checkHeartbeat(t, got[1], hbFollowers[1], hbTerm, 17)
 			st := f.state()
 			if st.Rounds != 1 || st.Sent[0] != 1 || st.Sent[1] != 1 || st.Sent[2] != 0 {
 				t.Errorf("state after a round: %+v", st)
@@ -393,7 +390,7 @@ func TestFixturesLeaderTick(t *testing.T) {
 			}
 
 			// The renewal moves commits (follower 3 caught up) without a new tick armed.
-			f.l.Update(true, fxTerm, 80, map[uint64]uint64{2: 80, 3: 80})
+			f.l.Update(true, hbTerm, 80, map[uint64]uint64{2: 80, 3: 80})
 			if len(f.armed) != 1 {
 				t.Errorf("renewal of a running sender armed a tick (%d)", len(f.armed))
 			}
@@ -406,8 +403,8 @@ func TestFixturesLeaderTick(t *testing.T) {
 			if len(got) != 2 {
 				t.Fatalf("second round: %d heartbeats, want 2", len(got))
 			}
-			checkHeartbeat(t, got[0], fxFollowers[0], fxTerm, 80)
-			checkHeartbeat(t, got[1], fxFollowers[1], fxTerm, 80)
+			checkHeartbeat(t, got[0], hbFollowers[0], hbTerm, 80)
+			checkHeartbeat(t, got[1], hbFollowers[1], hbTerm, 80)
 
 			// Lease expired: nothing sent, no next tick (the sender stops).
 			f.l.mu.Lock()
@@ -428,17 +425,17 @@ func TestFixturesLeaderTick(t *testing.T) {
 			if a := f.armedNs(); a != 0 {
 				t.Errorf("expired lease: a tick was armed (%d)", a)
 			}
-			if f.l.Suppress(2, fxTerm) {
+			if f.l.Suppress(2, hbTerm) {
 				t.Errorf("expired lease: user space still suppresses heartbeats")
 			}
 			// The renewal after a lapse starts the sender again.
-			f.l.Update(true, fxTerm, 80, map[uint64]uint64{2: 80, 3: 80})
+			f.l.Update(true, hbTerm, 80, map[uint64]uint64{2: 80, 3: 80})
 			if len(f.armed) != 2 {
 				t.Errorf("renewal after a lapse armed %d ticks in all, want 2", len(f.armed))
 			}
 
 			// Not leader any more: the lease is dropped at once.
-			f.l.Update(false, fxTerm+1, 80, nil)
+			f.l.Update(false, hbTerm+1, 80, nil)
 			f.forceDue()
 			d = delta(f, func() { f.run(tickFrame(uint64(pacer.Now()), tickMagic)) })
 			if diff := d.Diff(bpftest.Counters{"Ticks": 1, "TicksNoLease": 1}); diff != "" {
@@ -449,21 +446,21 @@ func TestFixturesLeaderTick(t *testing.T) {
 			}
 
 			// A new term: commits start from zero (a new leadership's progress).
-			f.l.Update(true, fxTerm+2, 90, map[uint64]uint64{2: 0, 3: 95})
+			f.l.Update(true, hbTerm+2, 90, map[uint64]uint64{2: 0, 3: 95})
 			f.forceDue()
 			f.run(tickFrame(uint64(pacer.Now()), tickMagic))
 			got = heartbeats(t, fd)
 			if len(got) != 2 {
 				t.Fatalf("new term: %d heartbeats, want 2", len(got))
 			}
-			checkHeartbeat(t, got[0], fxFollowers[0], fxTerm+2, 0)
-			checkHeartbeat(t, got[1], fxFollowers[1], fxTerm+2, 90)
+			checkHeartbeat(t, got[0], hbFollowers[0], hbTerm+2, 0)
+			checkHeartbeat(t, got[1], hbFollowers[1], hbTerm+2, 90)
 		})
 	}
 }
 
 // forceDue makes the next round due now (as if the interval had passed).
-func (f *fixture) forceDue() {
+func (f *leaderFixture) forceDue() {
 	f.t.Helper()
 	st := f.state()
 	st.NextNs = uint64(pacer.Now()) - 1
@@ -472,16 +469,16 @@ func (f *fixture) forceDue() {
 	}
 }
 
-func delta(f *fixture, fn func()) bpftest.Counters {
+func delta(f *leaderFixture, fn func()) bpftest.Counters {
 	before := f.counters()
 	fn()
 	return f.counters().Sub(before)
 }
 
 func TestFixturesLeaderMalformed(t *testing.T) {
-	f := newFixture(t, HaveMmapableArray())
+	f := newLeaderFixture(t, HaveMmapableArray())
 	fd := f.capture()
-	f.l.Update(true, fxTerm, 5, map[uint64]uint64{2: 5, 3: 5})
+	f.l.Update(true, hbTerm, 5, map[uint64]uint64{2: 5, 3: 5})
 	heartbeats(t, fd)
 	now := uint64(pacer.Now())
 	udp := pktbuild.New().IPv4(pktbuild.IPv4{}).UDP(pktbuild.UDP{Src: 1, Dst: 2}).Payload(make([]byte, 40)).Build()
@@ -534,10 +531,10 @@ func TestFixturesLeaderSigned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newKeyedFixture(t, HaveMmapableArray(), &key)
+	f := newKeyedLeaderFixture(t, HaveMmapableArray(), &key)
 	fd := f.capture()
 	heartbeats(t, fd)
-	f.l.Update(true, fxTerm, 9, map[uint64]uint64{2: 9, 3: 4})
+	f.l.Update(true, hbTerm, 9, map[uint64]uint64{2: 9, 3: 4})
 	v := wire.NewVerifier(&key)
 	var first [][]byte
 	for round := range 2 {
@@ -547,8 +544,8 @@ func TestFixturesLeaderSigned(t *testing.T) {
 		if len(got) != 2 {
 			t.Fatalf("round %d: %d heartbeats, want 2", round, len(got))
 		}
-		checkHeartbeatFrom(t, got[0], fxSource, fxFollowers[0], fxTerm, 9, v)
-		checkHeartbeatFrom(t, got[1], fxSource, fxFollowers[1], fxTerm, 4, v)
+		checkHeartbeatFrom(t, got[0], hbSource, hbFollowers[0], hbTerm, 9, v)
+		checkHeartbeatFrom(t, got[1], hbSource, hbFollowers[1], hbTerm, 4, v)
 		for _, fr := range got {
 			if seq := binary.BigEndian.Uint64(fr[42+88:]); seq&wire.SeqKernel == 0 {
 				t.Errorf("auth_seq %#x not on the kernel channel", seq)

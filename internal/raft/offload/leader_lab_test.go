@@ -63,12 +63,17 @@ func waitKernelServes(t *testing.T, c *raftlab.Cluster, leader int) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		b, _ := os.ReadFile(c.LogPath(leader))
-		n := 0
-		for _, n2 := range c.Nodes {
-			if n2.ID != leader && bytes.Contains(b, []byte(fmt.Sprintf("follower heartbeats sent by the kernel\" follower=%d", n2.ID))) {
-				n++
+		served := map[string]bool{}
+		for _, line := range bytes.Split(b, []byte("\n")) {
+			if bytes.Contains(line, []byte("follower heartbeats sent by the kernel")) {
+				for _, n2 := range c.Nodes {
+					if bytes.Contains(line, []byte(fmt.Sprintf(" follower=%d ", n2.ID))) {
+						served[fmt.Sprint(n2.ID)] = true
+					}
+				}
 			}
 		}
+		n := len(served)
 		if n == len(c.Nodes)-1 {
 			return
 		}

@@ -86,9 +86,9 @@ func testLeaderBackend(t *testing.T, backend string) {
 	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 
 	const interval, lease = 20 * time.Millisecond, 400 * time.Millisecond
-	follower := Follower{ID: 2, Addr: netip.MustParseAddrPort("198.18.9.2:7000")}
-	o := LeaderOptions{ClusterID: fxCluster, Self: fxSelf, Source: netip.MustParseAddrPort("198.18.9.1:7000"),
-		Followers: []Follower{follower}, Interval: interval, Lease: lease}
+	follower := Target{ID: 2, Addr: netip.MustParseAddrPort("198.18.9.2:7000")}
+	o := LeaderOptions{ClusterID: hbCluster, Self: hbSelf, Source: netip.MustParseAddrPort("198.18.9.1:7000"),
+		Followers: []Target{follower}, Interval: interval, Lease: lease}
 	o.Pacer.Netns, o.Pacer.Backend = leaderNS.Handle, backend
 	l, err := NewLeader(o)
 	if errors.Is(err, kedge.ErrNotSupported) {
@@ -114,7 +114,7 @@ func testLeaderBackend(t *testing.T, backend string) {
 	var lastRenewal time.Time
 	var got []rxFrame
 	for time.Since(start) < 300*time.Millisecond {
-		l.Update(true, fxTerm, 3, map[uint64]uint64{2: 3})
+		l.Update(true, hbTerm, 3, map[uint64]uint64{2: 3})
 		lastRenewal = time.Now()
 		got = append(got, recvHeartbeats(t, fd, 10*time.Millisecond)...)
 	}
@@ -129,7 +129,7 @@ func testLeaderBackend(t *testing.T, backend string) {
 		t.Fatalf("%s: %d heartbeats in %v of renewals (interval %v)", backend, len(got), renewedFor, interval)
 	}
 	for _, fr := range got {
-		checkHeartbeatFrom(t, fr.b, o.Source, follower, fxTerm, 3, nil)
+		checkHeartbeatFrom(t, fr.b, o.Source, follower, hbTerm, 3, nil)
 	}
 	tail := recvHeartbeats(t, fd, 300*time.Millisecond)
 	st, err := l.Stats()

@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* maps.h - the follower XDP program's maps (bpf/raft/raftxdp.bpf.c). Go mirrors the structs
+ * through bpf2go (internal/raft/offload). docs/raft.md "Kernel paths: follower".
+ *
+ * Nothing here is durable: every value is either mirrored from user space AFTER the node's
+ * HardState is fsynced (raftx_state) or a record of packets seen (raftx_hb, raftx_stats),
+ * and all of it dies with the process (no pins). */
+#ifndef KEDGE_RAFT_MAPS_H
+#define KEDGE_RAFT_MAPS_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+
+/* Slots of raftx_stats.drop: one per enum raft_drop value (rafta's auth adds MAC/replay
+ * reasons; RAFT_DROP_MAX stays below this). */
+#define RAFTX_DROP_SLOTS 16
+
+/* The node's mirrored state, written by user space with BPF_F_LOCK (one writer: the node's
+ * ready loop), read by XDP under the lock so term, leader and its address are one snapshot. */
+struct raftx_state {
+	struct bpf_spin_lock lock;
+	__u32 _pad;
+	__u64 term;               /* durable current term (HardState.Term after fsync) */
+	__u64 leader;             /* leader of that term as etcd-raft knows it; 0 = none */
+	struct in6_addr leader_addr; /* its raft address, IPv4 v4-mapped */
+	__be16 leader_port;
+	__u16 _pad2[3];
+	__u64 alive_until_ns;     /* CLOCK_MONOTONIC; past it nothing is answered in XDP */
+	__u64 detect_ns;          /* failure detector: silence that wakes the node; 0 = off */
+	__u64 detect_jitter_ns;   /* plus uniform [0, jitter) per arming (etcd-raft's randomized timeout) */
+};
+
+/* The last heartbeat answered in XDP (user space reads it with BPF_F_LOCK). */
+struct raftx_hb {
+	struct bpf_spin_lock lock;
+	__u32 _pad;
+	__u64 leader;  /* sender (the mirrored leader) */
+	__u64 term;    /* its term (= the mirrored term) */
+	__u64 commit;  /* highest Commit seen from this leader in this term */
+	__u64 last_ns; /* arrival, bpf_ktime_get_ns() */
+	__u64 count;   /* heartbeats answered since load */
+};
+
+/* The failure detector: one bpf_timer, re-armed by every answered heartbeat. */
+struct raftx_detect {
+	struct bpf_timer timer;
+	__u64 leader;
+	__u64 term;
+	__u64 last_ns;
+	__u32 inited;
+	__u32 _pad;
+};
+
+enum raftx_event_type {
+	RAFTX_EV_LEADER_SILENT = 1, /* no heartbeat from leader for detect_ns (+ jitter) */
+};
+
+/* Ring buffer record: wakes the node to start a pre-vote. */
+struct raftx_event {
+	__u32 type; /* enum raftx_event_type */
+	__u32 _pad;
+	__u64 leader;
+	__u64 term;
+	__u64 last_ns; /* arrival of the last heartbeat answered */
+	__u64 now_ns;  /* when the timer fired */
+};
+
+/* Per-CPU counters: every packet the program sees lands in exactly one of not_raft, drop[],
+ * hb_*, pv_*, passed_type, sign_failed or reflect_failed; detect_* count timer events. */
+struct raftx_stats {
+	__u64 not_raft;          /* not UDP to the raft port, or not parseable: passed untouched */
+	__u64 rx;                /* raft packets looked at (sum of the rest but not_raft) */
+	__u64 drop[RAFTX_DROP_SLOTS]; /* refused by raft_hdr_check/raft_auth: XDP_DROP */
+	__u64 hb_answered;       /* MsgHeartbeatResp built in place: XDP_TX */
+	__u64 hb_no_state;       /* the node has not mirrored its state yet: passed */
+	__u64 hb_not_alive;      /* alive_until_ns is past: passed (user space may be dead) */
+	__u64 hb_stale_term;     /* term below the mirrored term: passed */
+	__u64 hb_new_term;       /* term above it: passed (a term change must be fsynced first) */
+	__u64 hb_leader;         /* sender is not the mirrored leader (or none is known): passed */
+	__u64 hb_leader_addr;    /* the leader's id from another address/port: passed */
+	__u64 pv_answered;       /* raft_prevote built the answer: XDP_TX */
+	__u64 pv_passed;         /* raft_prevote left it to user space */
+	__u64 passed_type;       /* every other raft message: user space's */
+	__u64 sign_failed;       /* raft_sign refused (no auth config): XDP_ABORTED */
+	__u64 reflect_failed;    /* a header was not where parse_pkt said: XDP_ABORTED */
+	__u64 detect_armed;      /* timer (re)started by a heartbeat */
+	__u64 detect_fired;      /* timer expired: event written */
+	__u64 detect_ringbuf_full; /* timer expired but the ring buffer was full */
+	__u64 detect_init_failed;  /* bpf_timer_init/set_callback failed: no detection */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct raftx_state);
+} follower_state SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct raftx_hb);
+} follower_hb SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct raftx_detect);
+} follower_timer SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} follower_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct raftx_stats);
+} follower_stats SEC(".maps");
+
+#endif /* KEDGE_RAFT_MAPS_H */

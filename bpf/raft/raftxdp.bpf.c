@@ -1,0 +1,381 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* raftxdp: the follower's XDP program (docs/raft.md "Kernel paths: follower").
+ *
+ *   raftx_xdp   (XDP on the interface of the node's raft address)
+ *
+ * Every UDP packet to the raft port is checked (raft_hdr_check, then raft_auth_src) and
+ * dropped with a reason counter when it fails. Then:
+ *  - MsgHeartbeat from the mirrored leader, at exactly the mirrored (durable) term, from the
+ *    leader's address, while alive_until_ns is in the future: rewritten in place into the
+ *    MsgHeartbeatResp etcd-raft would send (From/To swapped, the follower's term, the same
+ *    Context), signed, reflected (MAC/IP/ports swapped, full UDP checksum) and sent with
+ *    XDP_TX. Leader, term, commit and arrival time go to follower_hb, and the failure
+ *    detector's bpf_timer is re-armed for detect_ns (+ jitter).
+ *  - MsgPreVote: raft_prevote() (rafta's prevote.h) answers it or leaves it to user space.
+ *  - everything else: XDP_PASS to user space, counted.
+ * When the timer expires (no answered heartbeat for the election timeout) it writes a
+ * RAFTX_EV_LEADER_SILENT record to the follower_events ring buffer; the node wakes and starts
+ * a pre-vote. Nothing here is durable: a term change, a vote or an append is never answered
+ * in the kernel. */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "parse.h"
+#include "raft.h"
+#include "csum.h"
+#include "maps.h"
+
+/* The node's identity; set by Go before loading. */
+const volatile __u64 cfg_cluster_id = 0;
+const volatile __u64 cfg_self = 0;
+const volatile __u16 cfg_port = 0; /* the raft UDP port, host order */
+
+/* Keep the ring buffer record's type in BTF for bpf2go (it is only reserved by size). */
+const struct raftx_event *unused_raftx_event __attribute__((unused));
+
+#define CLOCK_MONOTONIC 1
+#define EBUSY 16
+#define RAFTX_TTL 64
+
+/* Authentication (cluster id, allowlist, MAC, replay window) and signing: rafta's auth.h.
+ * Pre-votes: rafta's prevote.h once it exists; until then a stub leaves them to user space. */
+#include "auth.h"
+
+#if __has_include("prevote.h")
+#include "prevote.h"
+#else
+#define RAFT_PV_PASS 0
+#define RAFT_PV_TX 1
+static __always_inline int raft_prevote(struct xdp_md *ctx, struct raft_hdr *h, void *data_end)
+{
+	return RAFT_PV_PASS;
+}
+#endif
+
+#define COUNT(s, field) ((s)->field++)
+
+static __always_inline int in6_eq(const struct in6_addr *a, const struct in6_addr *b)
+{
+	return a->in6_u.u6_addr32[0] == b->in6_u.u6_addr32[0] &&
+	       a->in6_u.u6_addr32[1] == b->in6_u.u6_addr32[1] &&
+	       a->in6_u.u6_addr32[2] == b->in6_u.u6_addr32[2] &&
+	       a->in6_u.u6_addr32[3] == b->in6_u.u6_addr32[3];
+}
+
+/* The UDP header and the raft header, bounds-checked as one. */
+struct raftx_udp {
+	struct udphdr udp;
+	struct raft_hdr h;
+};
+
+struct pseudo4 {
+	__be32 saddr;
+	__be32 daddr;
+	__u8 zero;
+	__u8 proto;
+	__be16 len;
+};
+
+struct pseudo6 {
+	struct in6_addr saddr;
+	struct in6_addr daddr;
+	__be32 len;
+	__u8 zero[3];
+	__u8 next;
+};
+
+/* reflect turns the received frame around: Ethernet addresses, IP addresses and UDP ports
+ * swapped, TTL/hop limit reset, and the UDP checksum computed over the final bytes (the
+ * received one may be CHECKSUM_PARTIAL's pseudo-header sum: never patched incrementally).
+ * Returns 0, or -1 when a header is not where parse_pkt() said (not reached in practice). */
+static __noinline int reflect(void *data, void *data_end, struct pkt *p, struct raftx_udp *u)
+{
+	struct ethhdr *eth = data;
+	__u8 mac[ETH_ALEN];
+	__be16 port;
+	__s64 sum;
+
+	if ((void *)(eth + 1) > data_end)
+		return -1;
+	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+
+	port = u->udp.source;
+	u->udp.source = u->udp.dest;
+	u->udp.dest = port;
+	u->udp.check = 0;
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)u, sizeof(*u), 0);
+	if (sum < 0)
+		return -1;
+
+	if (p->l3_proto == ETH_P_IP) {
+		struct iphdr *ip = pkt_hdr(data, data_end, p->l3_off, sizeof(*ip));
+		struct pseudo4 ph = {};
+		__be32 a;
+		__be16 old;
+
+		if (!ip)
+			return -1;
+		a = ip->saddr;
+		ip->saddr = ip->daddr;
+		ip->daddr = a;
+		old = *(__be16 *)&ip->ttl; /* ttl and protocol share one checksummed word */
+		ip->ttl = RAFTX_TTL;
+		ip->check = csum_replace2(ip->check, old, *(__be16 *)&ip->ttl);
+		ph.saddr = ip->saddr;
+		ph.daddr = ip->daddr;
+		ph.proto = IPPROTO_UDP;
+		ph.len = u->udp.len;
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), sum);
+	} else {
+		struct ipv6hdr *ip6 = pkt_hdr(data, data_end, p->l3_off, sizeof(*ip6));
+		struct pseudo6 ph = {};
+		struct in6_addr a;
+
+		if (!ip6)
+			return -1;
+		a = ip6->saddr;
+		ip6->saddr = ip6->daddr;
+		ip6->daddr = a;
+		ip6->hop_limit = RAFTX_TTL;
+		ph.saddr = ip6->saddr;
+		ph.daddr = ip6->daddr;
+		ph.len = bpf_htonl(bpf_ntohs(u->udp.len));
+		ph.next = IPPROTO_UDP;
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), sum);
+	}
+	if (sum < 0)
+		return -1;
+	u->udp.check = udp_csum_mangled((__sum16)~csum_fold32((__u32)sum));
+	return 0;
+}
+
+/* check runs raft_hdr_check and raft_auth_src. Not inlined: SipHash's state lives in its own
+ * frame, not in the main program's (the stack of a call chain is bounded by 512 bytes). */
+static __noinline int check(struct raftx_udp *u, void *data_end, __u32 payload_len, struct in6_addr *saddr,
+			    __be16 sport)
+{
+	int reason;
+
+	if ((void *)(u + 1) > data_end)
+		return RAFT_DROP_SHORT;
+	reason = raft_hdr_check(&u->h, data_end, payload_len, cfg_cluster_id, cfg_self);
+	if (!reason)
+		reason = raft_auth_src(&u->h, data_end, saddr, sport);
+	return reason;
+}
+
+/* sign is raft_sign (a MAC on the kernel channel when the cluster has a key). Not inlined,
+ * like check, and called from the main program, not from answer: the chain stays short. */
+static __noinline int sign(struct raftx_udp *u, void *data_end)
+{
+	if ((void *)(u + 1) > data_end)
+		return -1;
+	return raft_sign(&u->h, data_end);
+}
+
+/* answer signs the header built in place and turns the frame around. */
+static __always_inline int answer(void *data, void *data_end, struct pkt *p, struct raftx_udp *u,
+				  struct raftx_stats *s)
+{
+	if (sign(u, data_end) < 0) {
+		COUNT(s, sign_failed);
+		return -1;
+	}
+	if (reflect(data, data_end, p, u) < 0) {
+		COUNT(s, reflect_failed);
+		return -1;
+	}
+	return 0;
+}
+
+static int detect_fired(void *map, __u32 *key, struct raftx_detect *d)
+{
+	struct raftx_stats *s;
+	struct raftx_event *e;
+	__u32 zero = 0;
+
+	s = bpf_map_lookup_elem(&follower_stats, &zero);
+	e = bpf_ringbuf_reserve(&follower_events, sizeof(*e), 0);
+	if (!e) {
+		if (s)
+			COUNT(s, detect_ringbuf_full);
+		return 0;
+	}
+	e->type = RAFTX_EV_LEADER_SILENT;
+	e->_pad = 0;
+	e->leader = d->leader;
+	e->term = d->term;
+	e->last_ns = d->last_ns;
+	e->now_ns = bpf_ktime_get_ns();
+	bpf_ringbuf_submit(e, 0);
+	if (s)
+		COUNT(s, detect_fired);
+	return 0;
+}
+
+/* arm (re)starts the failure detector after a heartbeat from leader at term. */
+static __always_inline void arm(struct raftx_stats *s, __u64 leader, __u64 term, __u64 now,
+				__u64 detect_ns, __u64 jitter_ns)
+{
+	struct raftx_detect *d;
+	__u32 zero = 0;
+	__u64 t;
+	long err;
+
+	if (!detect_ns)
+		return;
+	d = bpf_map_lookup_elem(&follower_timer, &zero);
+	if (!d)
+		return;
+	if (!d->inited) {
+		err = bpf_timer_init(&d->timer, &follower_timer, CLOCK_MONOTONIC);
+		if (err && err != -EBUSY) {
+			COUNT(s, detect_init_failed);
+			return;
+		}
+		if (bpf_timer_set_callback(&d->timer, detect_fired)) {
+			COUNT(s, detect_init_failed);
+			return;
+		}
+		d->inited = 1;
+	}
+	d->leader = leader;
+	d->term = term;
+	d->last_ns = now;
+	t = detect_ns;
+	if (jitter_ns)
+		t += bpf_get_prandom_u32() % jitter_ns;
+	if (bpf_timer_start(&d->timer, t, 0) == 0)
+		COUNT(s, detect_armed);
+}
+
+static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, struct raftx_udp *u,
+				     struct raftx_stats *s)
+{
+	struct raft_hdr *h = &u->h;
+	__u64 term = bpf_be64_to_cpu(h->term), from = bpf_be64_to_cpu(h->from);
+	__u64 commit = bpf_be64_to_cpu(h->commit);
+	__u64 now = bpf_ktime_get_ns();
+	__u64 cur_term, cur_leader, alive_until, detect_ns, jitter_ns;
+	struct in6_addr leader_addr;
+	struct raftx_state *st;
+	struct raftx_hb *hb;
+	__be16 leader_port;
+	__u32 zero = 0;
+
+	st = bpf_map_lookup_elem(&follower_state, &zero);
+	hb = bpf_map_lookup_elem(&follower_hb, &zero);
+	if (!st || !hb)
+		return XDP_PASS;
+	bpf_spin_lock(&st->lock);
+	cur_term = st->term;
+	cur_leader = st->leader;
+	leader_addr = st->leader_addr;
+	leader_port = st->leader_port;
+	alive_until = st->alive_until_ns;
+	detect_ns = st->detect_ns;
+	jitter_ns = st->detect_jitter_ns;
+	bpf_spin_unlock(&st->lock);
+
+	if (!cur_term) {
+		COUNT(s, hb_no_state);
+		return XDP_PASS;
+	}
+	if (now >= alive_until) {
+		COUNT(s, hb_not_alive);
+		return XDP_PASS;
+	}
+	if (term < cur_term) {
+		COUNT(s, hb_stale_term);
+		return XDP_PASS;
+	}
+	if (term > cur_term) {
+		COUNT(s, hb_new_term);
+		return XDP_PASS;
+	}
+	if (!cur_leader || from != cur_leader) {
+		COUNT(s, hb_leader);
+		return XDP_PASS;
+	}
+	if (!in6_eq(&p->saddr, &leader_addr) || p->sport != leader_port) {
+		COUNT(s, hb_leader_addr);
+		return XDP_PASS;
+	}
+
+	/* etcd-raft's follower: commitTo(m.Commit), then
+	 * send(MsgHeartbeatResp{To: m.From, Context: m.Context}) with Term = r.Term. */
+	h->type = RAFT_MSG_HEARTBEAT_RESP;
+	h->flags = 0;
+	h->to = h->from;
+	h->from = bpf_cpu_to_be64(cfg_self);
+	h->log_term = 0;
+	h->index = 0;
+	h->commit = 0;
+	h->reject_hint = 0;
+	h->auth_seq = 0;
+	__builtin_memset(h->mac, 0, RAFT_MAC_LEN);
+	if (answer(data, data_end, p, u, s) < 0)
+		return XDP_ABORTED; /* the header is half rewritten: it cannot go up either */
+
+	bpf_spin_lock(&hb->lock);
+	if (hb->term != term || hb->leader != from) {
+		hb->term = term;
+		hb->leader = from;
+		hb->commit = 0;
+	}
+	if (commit > hb->commit)
+		hb->commit = commit;
+	hb->last_ns = now;
+	hb->count++;
+	bpf_spin_unlock(&hb->lock);
+	arm(s, from, term, now, detect_ns, jitter_ns);
+	COUNT(s, hb_answered);
+	return XDP_TX;
+}
+
+SEC("xdp")
+int raftx_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct raftx_stats *s;
+	struct raftx_udp *u;
+	struct pkt p = {};
+	__u32 zero = 0;
+	int reason;
+
+	s = bpf_map_lookup_elem(&follower_stats, &zero);
+	if (!s)
+		return XDP_PASS;
+	if (parse_pkt(data, data_end, &p) != PARSE_OK || p.l4_proto != IPPROTO_UDP ||
+	    p.dport != bpf_htons(cfg_port)) {
+		COUNT(s, not_raft);
+		return XDP_PASS;
+	}
+	COUNT(s, rx);
+	u = pkt_hdr(data, data_end, p.l4_off, sizeof(*u));
+	reason = u ? check(u, data_end, p.payload_len, &p.saddr, p.sport) : RAFT_DROP_SHORT;
+	if (reason) {
+		s->drop[reason & (RAFTX_DROP_SLOTS - 1)]++;
+		return XDP_DROP;
+	}
+	switch (u->h.type) {
+	case RAFT_MSG_HEARTBEAT:
+		return heartbeat(data, data_end, &p, u, s);
+	case RAFT_MSG_PRE_VOTE:
+		if (raft_prevote(ctx, &u->h, data_end) != RAFT_PV_TX) {
+			COUNT(s, pv_passed);
+			return XDP_PASS;
+		}
+		if (answer(data, data_end, &p, u, s) < 0)
+			return XDP_ABORTED;
+		COUNT(s, pv_answered);
+		return XDP_TX;
+	}
+	COUNT(s, passed_type);
+	return XDP_PASS;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,204 @@
+package node
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
+)
+
+// metric sums the samples of the Prometheus metric name whose labels contain every label
+// (`key="value"`) on node id.
+func (c *pcluster) metric(id uint64, name string, labels ...string) (float64, error) {
+	cl := c.client(id)
+	resp, err := cl.HTTP.Get("http://" + c.peers[id-1].Client + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return 0, fmt.Errorf("metrics: %s: %s", resp.Status, b)
+	}
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != '{' && line[len(name)] != ' ') {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(line, l)
+		}
+		if !ok {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("metrics line %q: %w", line, err)
+		}
+		sum += v
+	}
+	return sum, sc.Err()
+}
+
+func (c *pcluster) inspect(id uint64) (*offload.Inspection, error) {
+	return offload.Inspect(c.hosts[id].Handle, c.hosts[id].Iface)
+}
+
+// passes sums the counters of heartbeats the program handed to user space.
+func passes(in *offload.Inspection) uint64 {
+	var n uint64
+	for _, k := range []string{"hb_no_state", "hb_not_alive", "hb_stale_term", "hb_new_term", "hb_leader", "hb_leader_addr"} {
+		n += in.Counters[k]
+	}
+	return n
+}
+
+// TestLabOffload runs a 3-node cluster in lab namespaces with the follower kernel path on
+// (the default) and a cluster key (every packet MAC'd: the kernel's replies are signed on
+// its own channel and the leader's user space must accept them), and checks, from outside the processes, what the kernel does:
+//   - followers' heartbeats are answered in XDP; user space sees only the ones passed up;
+//   - kill -STOP of a follower: its program stops answering within the alive bound (the
+//     election timeout) and passes heartbeats up instead; SIGCONT resumes answering;
+//   - kill -9 of the leader: the survivors elect a new leader (the time is printed);
+//   - kill -9 of a follower leaves no XDP program on its interface.
+func TestLabOffload(t *testing.T) {
+	bpftest.RequireRoot(t)
+	if err := offload.Probe(); err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	names := []string{"n1", "n2", "n3"}
+	l, err := lab.Up(lab.Spec{Name: "roff", Fabric: lab.Router, Hosts: names})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("lab close: %v", err)
+		}
+	})
+	c := newProcCluster(t, 3, l, "cluster_key: 00112233445566778899aabbccddeeff\n")
+	const aliveFor = 30 * 10 * time.Millisecond // election_ticks 30 x tick 10ms (newProcCluster)
+	lead := c.waitLeader(1, 2, 3)
+	fol := lead%3 + 1
+	c.put(c.client(lead), "x", "1")
+
+	s, err := c.status(fol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(s.Offload, "xdp-") {
+		t.Fatalf("follower %d reports offload %q, want the XDP path on", fol, s.Offload)
+	}
+	var in *offload.Inspection
+	c.waitFor("50 heartbeats answered in XDP", 20*time.Second, func() bool {
+		in, err = c.inspect(fol)
+		return err == nil && in.Counters["hb_answered"] >= 50
+	})
+	seen, err := c.metric(fol, "kedge_raft_transport_received_total", `type="MsgHeartbeat"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in2, err := c.inspect(fol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused, err := c.metric(lead, "kedge_raft_transport_dropped_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refused != 0 {
+		t.Errorf("the leader's transport refused %v packets (the kernel's signed replies?)", refused)
+	}
+	if p := passes(in2); seen > float64(p) {
+		t.Errorf("user space received %v heartbeats, the program passed only %d up", seen, p)
+	}
+	if in2.Heartbeat.Leader != lead || in2.Leader != lead || in2.Term != in2.Heartbeat.Term {
+		t.Errorf("kernel state %+v: want leader %d and the heartbeat's term", in2, lead)
+	}
+	t.Logf("follower %d: %d heartbeats answered in XDP, %d passed up, user space saw %v", fol, in2.Counters["hb_answered"], passes(in2), seen)
+
+	// kill -STOP: the loop cannot refresh alive-until any more.
+	p := c.procs[fol]
+	stopped := offload.Monotonic()
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.cmd.Process.Signal(syscall.SIGCONT) })
+	c.waitFor("heartbeats passed up after the alive deadline", 20*time.Second, func() bool {
+		in, err = c.inspect(fol)
+		return err == nil && in.Counters["hb_not_alive"] >= in2.Counters["hb_not_alive"]+3
+	})
+	if in.AliveUntil > stopped+aliveFor {
+		t.Errorf("alive deadline %v after SIGSTOP, bound %v", in.AliveUntil-stopped, aliveFor)
+	}
+	if in.Heartbeat.Arrival >= in.AliveUntil {
+		t.Errorf("a heartbeat was answered %v after the alive deadline", in.Heartbeat.Arrival-in.AliveUntil)
+	}
+	again, err := c.inspect(fol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Counters["hb_answered"] != in.Counters["hb_answered"] {
+		t.Errorf("the stopped follower's program still answers: %d -> %d", in.Counters["hb_answered"], again.Counters["hb_answered"])
+	}
+	t.Logf("SIGSTOP: last heartbeat answered %v after the stop, alive deadline %v after it (bound %v)",
+		in.Heartbeat.Arrival-stopped, in.AliveUntil-stopped, aliveFor)
+	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("answering again after SIGCONT", 20*time.Second, func() bool {
+		in, err = c.inspect(fol)
+		return err == nil && in.Counters["hb_answered"] > again.Counters["hb_answered"]+10
+	})
+
+	// kill -9 of the leader: a new leader among the survivors.
+	var rest []uint64
+	for id := uint64(1); id <= 3; id++ {
+		if id != lead {
+			rest = append(rest, id)
+		}
+	}
+	killed := time.Now()
+	c.kill(lead)
+	newLead := c.waitLeader(rest...)
+	took := time.Since(killed)
+	var campaigns float64
+	for _, id := range rest {
+		v, err := c.metric(id, "kedge_raft_offload_wakeups_total", `result="campaign"`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		campaigns += v
+	}
+	t.Logf("leader %d killed: node %d leads after %v (polled; detect %v + jitter); pre-votes started by the kernel's detector: %v",
+		lead, newLead, took.Round(time.Millisecond), aliveFor, campaigns)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.client(newLead).Put(ctx, "x", "2"); err != nil {
+		t.Fatalf("write after failover: %v", err)
+	}
+
+	// kill -9 of a follower: the bpf_link dies with the process.
+	other := rest[0]
+	if other == newLead {
+		other = rest[1]
+	}
+	c.kill(other)
+	if _, err := c.inspect(other); err == nil || !strings.Contains(err.Error(), "no XDP program") {
+		t.Errorf("after kill -9 of node %d: %v, want no XDP program on its interface", other, err)
+	}
+}

@@ -1,0 +1,354 @@
+// Package offload moves kedge raft's small, frequent work into the kernel (docs/raft.md,
+// "Kernel paths"). The follower side (this file, bpf/raft/raftxdp.bpf.c): an XDP program on
+// the interface of the node's raft address answers the current leader's heartbeats while the
+// node is alive, records them in a map the node feeds into etcd-raft, and a bpf_timer wakes
+// the node through a ring buffer when the leader falls silent.
+//
+// Nothing the kernel does is durable, and nothing outlives the process: the XDP attachment is
+// a bpf_link and the maps are held by file descriptors, none pinned, so a killed node leaves
+// nothing behind (the lab test checks that the interface has no XDP program after kill -9).
+package offload
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/raft/wire"
+)
+
+// ErrNoDevice says the raft address is not on an interface the follower program can answer
+// from (loopback or an unspecified bind address): offload is off for this node.
+var ErrNoDevice = errors.New("raft address is not on an interface XDP can answer from")
+
+// FollowerOptions configure the follower's kernel path.
+type FollowerOptions struct {
+	ClusterID uint64
+	Self      uint64
+	// RaftAddr is this node's raft address: the program attaches to the interface that holds
+	// the IP and looks at UDP to the port.
+	RaftAddr netip.AddrPort
+	// Netns is the namespace of that interface (-1: the caller's).
+	Netns netns.NsHandle
+	// Detect is the silence after the last answered heartbeat that wakes the node (the
+	// election timeout); DetectJitter adds uniform [0, jitter) per arming, as etcd-raft
+	// randomizes its timeout. Detect 0: no kernel failure detection.
+	Detect, DetectJitter time.Duration
+	// AliveFor is how long one refresh (Alive) keeps the program answering: the bound within
+	// which a stopped, hung or disk-stuck node stops answering for itself.
+	AliveFor time.Duration
+	// Key is the cluster key (nil: none): packets must carry its MAC, and the program signs
+	// its answers with it (bpf/raft/auth.h).
+	Key *wire.Key
+	// Peers is the allowlist: every other node's id and raft address.
+	Peers []wire.AuthPeer
+	// Mode is the XDP attach mode (default: native, falling back to generic).
+	Mode bpfx.XDPMode
+	Log  *slog.Logger
+}
+
+// Heartbeat is the last heartbeat answered in XDP.
+type Heartbeat struct {
+	Leader, Term, Commit uint64
+	Arrival              time.Duration // CLOCK_MONOTONIC
+	Count                uint64        // answered since load
+}
+
+// Event is a ring buffer record: the leader fell silent.
+type Event struct {
+	Leader, Term uint64
+	LastArrival  time.Duration // CLOCK_MONOTONIC of the last answered heartbeat
+	Fired        time.Duration // CLOCK_MONOTONIC when the timer expired
+}
+
+// Follower is the loaded and attached follower program.
+type Follower struct {
+	opts    FollowerOptions
+	objs    raftxdpObjects
+	link    bpfx.Attachment
+	ifname  string
+	rd      *ringbuf.Reader
+	events  chan Event
+	wg      sync.WaitGroup
+	mu      sync.Mutex // guards st (one writer in practice: the node's loop)
+	st      raftxdpRaftxState
+	closeMu sync.Once
+}
+
+// Probe reports what the follower program needs from the kernel and this kernel lacks, as a
+// *kedge.FeatureError (nil: everything is there).
+func Probe() error {
+	if err := features.HaveMapType(ebpf.RingBuf); err != nil {
+		return bpfx.NotSupported("BPF ring buffer", "5.8", "run with --offload=false", err)
+	}
+	if err := features.HaveProgramHelper(ebpf.XDP, asm.FnTimerInit); err != nil {
+		return bpfx.NotSupported("bpf_timer in XDP programs", "5.15", "run with --offload=false", err)
+	}
+	if err := features.HaveProgramHelper(ebpf.XDP, asm.FnSpinLock); err != nil {
+		return bpfx.NotSupported("bpf_spin_lock in XDP programs", "5.1", "run with --offload=false", err)
+	}
+	return nil
+}
+
+// load loads the program for opts without attaching it (also used by the fixtures).
+func load(opts FollowerOptions, objs *raftxdpObjects) error {
+	if err := Probe(); err != nil {
+		return err
+	}
+	spec, err := loadRaftxdp()
+	if err != nil {
+		return fmt.Errorf("load follower program spec: %w", err)
+	}
+	for name, v := range map[string]any{"cfg_cluster_id": opts.ClusterID, "cfg_self": opts.Self, "cfg_port": opts.RaftAddr.Port()} {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	if err := bpfx.LoadAndAssign("raft follower", spec, objs, nil); err != nil {
+		return err
+	}
+	am := wire.AuthMaps{Config: objs.RaftAuthCfg, Peers: objs.RaftPeers, TxSeq: objs.RaftTxSeq}
+	if err := am.Fill(opts.ClusterID, opts.Key, opts.Peers); err != nil {
+		objs.Close()
+		return err
+	}
+	return nil
+}
+
+// NewFollower loads the program, attaches it to the interface of opts.RaftAddr and starts the
+// ring buffer reader. The program answers nothing until Mirror and Alive were called.
+func NewFollower(opts FollowerOptions) (_ *Follower, err error) {
+	ifindex, ifname, veth, err := raftInterface(opts.Netns, opts.RaftAddr.Addr())
+	if err != nil {
+		return nil, err
+	}
+	if veth && opts.Mode == bpfx.XDPAuto {
+		// A veth delivers what XDP_TX sends only when its peer has an XDP program (or GRO)
+		// too; the peer sits in a namespace the node does not see. Generic XDP transmits
+		// through the ordinary skb path, which needs nothing from the peer.
+		opts.Mode = bpfx.XDPGeneric
+	}
+	f, err := newFollower(opts)
+	if err != nil {
+		return nil, err
+	}
+	f.ifname = ifname
+	if f.link, err = bpfx.AttachXDP(f.objs.RaftxXdp, opts.Netns, ifindex, opts.Mode); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("attach raft follower program to %s: %w", ifname, err)
+	}
+	f.opts.Log.Info("raft offload: follower program attached", "iface", ifname, "mode", f.link.Mode(),
+		"detect", opts.Detect, "detect_jitter", opts.DetectJitter, "alive_for", opts.AliveFor)
+	return f, nil
+}
+
+// newFollower loads the program and starts the ring buffer reader, without attaching
+// (BPF_PROG_TEST_RUN fixtures run it so).
+func newFollower(opts FollowerOptions) (_ *Follower, err error) {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	f := &Follower{opts: opts, events: make(chan Event, 16)}
+	if err := load(opts, &f.objs); err != nil {
+		return nil, err
+	}
+	f.st.DetectNs = uint64(opts.Detect)
+	f.st.DetectJitterNs = uint64(opts.DetectJitter)
+	if f.rd, err = ringbuf.NewReader(f.objs.FollowerEvents); err != nil {
+		f.objs.Close()
+		return nil, fmt.Errorf("open follower event ring: %w", err)
+	}
+	f.wg.Add(1)
+	go f.readEvents()
+	return f, nil
+}
+
+// Interface is the interface the program is attached to.
+func (f *Follower) Interface() string { return f.ifname }
+
+// Mode is the XDP attach mode ("xdp-native" or "xdp-generic").
+func (f *Follower) Mode() string {
+	if f.link == nil {
+		return "detached"
+	}
+	return f.link.Mode()
+}
+
+// raftInterface finds the interface in ns that holds addr, and whether it is a veth.
+func raftInterface(ns netns.NsHandle, addr netip.Addr) (int, string, bool, error) {
+	addr = addr.Unmap()
+	if !addr.IsValid() || addr.IsUnspecified() || addr.IsLoopback() {
+		return 0, "", false, fmt.Errorf("raft address %s: %w (bind the raft address to a host address, or use --offload=false)", addr, ErrNoDevice)
+	}
+	var idx int
+	var name string
+	var veth bool
+	err := bpfx.InNetns(ns, func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return fmt.Errorf("list interfaces: %w", err)
+		}
+		for _, l := range links {
+			addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+			if err != nil {
+				return fmt.Errorf("list addresses of %s: %w", l.Attrs().Name, err)
+			}
+			for _, a := range addrs {
+				if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == addr {
+					if l.Attrs().Flags&net.FlagLoopback != 0 {
+						return fmt.Errorf("raft address %s is on loopback %s: %w", addr, l.Attrs().Name, ErrNoDevice)
+					}
+					idx, name, veth = l.Attrs().Index, l.Attrs().Name, l.Type() == "veth"
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("raft address %s is on no interface: %w", addr, ErrNoDevice)
+	})
+	return idx, name, veth, err
+}
+
+// Monotonic is CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
+func Monotonic() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// Mirror records the node's durable term and the leader etcd-raft knows for it (0: none,
+// leaderAddr then ignored). Call it only after the HardState carrying term is fsynced: the
+// program answers heartbeats of exactly this term.
+func (f *Follower) Mirror(term, leader uint64, leaderAddr netip.AddrPort) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.st.Term, f.st.Leader = term, leader
+	f.st.LeaderAddr.In6U.U6Addr8 = [16]byte{}
+	f.st.LeaderPort = 0
+	if leader != 0 {
+		a := leaderAddr.Addr()
+		if a.Is4() {
+			a = netip.AddrFrom16(a.As16()) // v4-mapped, as parse_pkt stores it
+		}
+		f.st.LeaderAddr.In6U.U6Addr8 = a.As16()
+		f.st.LeaderPort = htons(leaderAddr.Port())
+	}
+	return f.write()
+}
+
+// Alive extends the answering deadline to now + AliveFor. The node calls it from its
+// persist/apply loop: a node whose loop stops (process stopped, hung, stuck on the disk)
+// stops answering within AliveFor.
+func (f *Follower) Alive() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.st.AliveUntilNs = uint64(Monotonic() + f.opts.AliveFor)
+	return f.write()
+}
+
+// Stop makes the program pass every heartbeat to user space (alive deadline in the past).
+func (f *Follower) Stop() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.st.AliveUntilNs = 0
+	return f.write()
+}
+
+func (f *Follower) write() error {
+	if err := f.objs.FollowerState.Update(uint32(0), &f.st, ebpf.UpdateLock); err != nil {
+		return fmt.Errorf("write follower state: %w", err)
+	}
+	return nil
+}
+
+// Heartbeat reads the last heartbeat answered in XDP (Count 0: none yet).
+func (f *Follower) Heartbeat() (Heartbeat, error) {
+	var hb raftxdpRaftxHb
+	if err := f.objs.FollowerHb.LookupWithFlags(uint32(0), &hb, ebpf.LookupLock); err != nil {
+		return Heartbeat{}, fmt.Errorf("read follower heartbeat: %w", err)
+	}
+	return Heartbeat{Leader: hb.Leader, Term: hb.Term, Commit: hb.Commit, Arrival: time.Duration(hb.LastNs), Count: hb.Count}, nil
+}
+
+// Events delivers the failure detector's wake-ups; closed by Close.
+func (f *Follower) Events() <-chan Event { return f.events }
+
+func (f *Follower) readEvents() {
+	defer f.wg.Done()
+	defer close(f.events)
+	for {
+		rec, err := f.rd.Read()
+		if err != nil {
+			if !errors.Is(err, os.ErrClosed) {
+				f.opts.Log.Warn("raft offload: follower event ring", "err", err)
+			}
+			return
+		}
+		var e raftxdpRaftxEvent
+		if len(rec.RawSample) < binary.Size(e) {
+			continue
+		}
+		if _, err := binary.Decode(rec.RawSample, binary.NativeEndian, &e); err != nil {
+			continue
+		}
+		ev := Event{Leader: e.Leader, Term: e.Term, LastArrival: time.Duration(e.LastNs), Fired: time.Duration(e.NowNs)}
+		select {
+		case f.events <- ev:
+		default: // the node has not taken the last one: it wakes for that one anyway
+		}
+	}
+}
+
+// Close detaches the program and releases the maps (the timer dies with its map).
+func (f *Follower) Close() error {
+	var err error
+	f.closeMu.Do(func() {
+		if f.link != nil {
+			err = errors.Join(err, f.link.Close())
+		}
+		if f.rd != nil {
+			err = errors.Join(err, f.rd.Close())
+			f.wg.Wait()
+		}
+		err = errors.Join(err, f.objs.Close())
+	})
+	return err
+}
+
+// Stats are the program's counters (struct raftx_stats), summed over the CPUs.
+func (f *Follower) Stats() ([]bpfx.Counter, error) {
+	return readStats(f.objs.FollowerStats)
+}
+
+// dropNames names raftx_stats.drop's slots by enum raft_drop (wire.Reason).
+func dropNames() []string {
+	names := make([]string, 16)
+	for i := range names {
+		names[i] = wire.Reason(i).String()
+	}
+	return names
+}
+
+func readStats(m *ebpf.Map) ([]bpfx.Counter, error) {
+	s, err := bpfx.SumPerCPU[raftxdpRaftxStats](m, uint32(0))
+	if err != nil {
+		return nil, fmt.Errorf("read follower counters: %w", err)
+	}
+	return bpfx.Fields(s, "", bpfx.Naming{C: true, Elems: map[string][]string{"drop": dropNames()}})
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }

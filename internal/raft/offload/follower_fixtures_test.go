@@ -1,0 +1,431 @@
+package offload
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/pktbuild"
+	"github.com/kedge-dev/kedge/internal/raft/wire"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
+
+// The fixtures' cluster: this node is 2, the leader 1 at leader4/leader6, another peer 3.
+const (
+	fxCluster = 42
+	fxSelf    = 2
+	fxLeader  = 1
+	fxOther   = 3
+	fxTerm    = 5
+	fxPort    = 7000
+)
+
+var (
+	self4   = netip.MustParseAddrPort("10.77.0.2:7000")
+	leader4 = netip.MustParseAddrPort("10.77.0.1:7000")
+	other4  = netip.MustParseAddrPort("10.77.0.3:7000")
+	self6   = netip.MustParseAddrPort("[fd00:77::2]:7000")
+	leader6 = netip.MustParseAddrPort("[fd00:77::1]:7000")
+	macSelf = pktbuild.MAC{0x02, 0, 0, 0, 0, 0x02}
+	macGw   = pktbuild.MAC{0x02, 0, 0, 0, 0, 0xfe}
+)
+
+// msg is the raft message of a fixture, with defaults for the usual heartbeat.
+type msg struct {
+	typ                  pb.MessageType
+	from, to, term, comm uint64
+	ctx                  []byte
+	cluster              uint64
+}
+
+func heartbeatMsg() msg {
+	return msg{typ: pb.MsgHeartbeat, from: fxLeader, to: fxSelf, term: fxTerm, comm: 17, ctx: nil, cluster: fxCluster}
+}
+
+// message is a raft message with the non-zero fields set, as wire.Decode returns them.
+func message(typ pb.MessageType, from, to, term, commit uint64, ctx []byte) *pb.Message {
+	m := &pb.Message{Type: typ.Enum(), To: proto.Uint64(to), Context: ctx}
+	for _, f := range []struct {
+		dst **uint64
+		v   uint64
+	}{{&m.From, from}, {&m.Term, term}, {&m.Commit, commit}} {
+		if f.v != 0 {
+			*f.dst = proto.Uint64(f.v)
+		}
+	}
+	return m
+}
+
+func (m msg) payload(t testing.TB) []byte {
+	t.Helper()
+	var b [wire.PktLen]byte
+	p, err := wire.Encode(b[:], m.cluster, message(m.typ, m.from, m.to, m.term, m.comm, m.ctx))
+	if err != nil {
+		t.Fatalf("encode fixture: %v", err)
+	}
+	return bytes.Clone(p)
+}
+
+// frame builds Ethernet/IP/UDP around payload from src to dst.
+func frame(src, dst netip.AddrPort, ipID uint16, payload []byte) []byte {
+	b := pktbuild.New().Ether(pktbuild.Ether{Src: macGw, Dst: macSelf})
+	if src.Addr().Is4() {
+		b = b.IPv4(pktbuild.IPv4{Src: src.Addr(), Dst: dst.Addr(), TTL: 63, ID: ipID})
+	} else {
+		b = b.IPv6(pktbuild.IPv6{Src: src.Addr(), Dst: dst.Addr(), HopLimit: 63})
+	}
+	return b.UDP(pktbuild.UDP{Src: src.Port(), Dst: dst.Port()}).Payload(payload).Build()
+}
+
+// reply is the frame the program must send back for a heartbeat from src to dst.
+func reply(t testing.TB, src, dst netip.AddrPort, ipID uint16, term uint64, ctx []byte) []byte {
+	t.Helper()
+	var b [wire.PktLen]byte
+	p, err := wire.Encode(b[:], fxCluster, message(pb.MsgHeartbeatResp, fxSelf, fxLeader, term, 0, ctx))
+	if err != nil {
+		t.Fatalf("encode reply: %v", err)
+	}
+	bl := pktbuild.New().Ether(pktbuild.Ether{Src: macSelf, Dst: macGw})
+	if src.Addr().Is4() {
+		bl = bl.IPv4(pktbuild.IPv4{Src: dst.Addr(), Dst: src.Addr(), TTL: 64, ID: ipID})
+	} else {
+		bl = bl.IPv6(pktbuild.IPv6{Src: dst.Addr(), Dst: src.Addr(), HopLimit: 64})
+	}
+	return bl.UDP(pktbuild.UDP{Src: dst.Port(), Dst: src.Port()}).Payload(p).Build()
+}
+
+func loadFixture(t *testing.T, opts FollowerOptions) *Follower {
+	t.Helper()
+	bpftest.RequireRoot(t)
+	if err := Probe(); err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	opts.ClusterID, opts.Self, opts.RaftAddr = fxCluster, fxSelf, self4
+	if opts.Peers == nil {
+		opts.Peers = []wire.AuthPeer{{ID: fxLeader, Addr: leader4}, {ID: fxOther, Addr: other4}}
+	}
+	f, err := newFollower(opts)
+	if err != nil {
+		t.Fatalf("load follower: %v", err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func counters(f *Follower) func() (bpftest.Counters, error) {
+	return func() (bpftest.Counters, error) {
+		cs, err := f.Stats()
+		if err != nil {
+			return nil, err
+		}
+		out := bpftest.Counters{}
+		for _, c := range cs {
+			out[c.Name] = int64(c.Value)
+		}
+		return out, nil
+	}
+}
+
+// verifyReply checks the reply's checksums and that the leader's transport would accept it:
+// wire.Decode as node 1 gives the MsgHeartbeatResp etcd-raft's follower sends.
+func verifyReply(term uint64, ctx []byte) func(testing.TB, []byte) {
+	return func(t testing.TB, out []byte) {
+		t.Helper()
+		if err := pktbuild.VerifyChecksums(out); err != nil {
+			t.Errorf("reply checksums: %v", err)
+		}
+		m, reason := wire.Decode(out[len(out)-wire.PktLen:], fxCluster, fxLeader)
+		if reason != wire.OK {
+			t.Fatalf("leader refuses the reply: %v", reason)
+		}
+		want := message(pb.MsgHeartbeatResp, fxSelf, fxLeader, term, 0, ctx)
+		if !proto.Equal(m, want) {
+			t.Errorf("reply decodes as %v, want %v", m, want)
+		}
+	}
+}
+
+func TestFollowerFixtures(t *testing.T) {
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour})
+	if err := f.Mirror(fxTerm, fxLeader, leader4); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Alive(); err != nil {
+		t.Fatal(err)
+	}
+	r := bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}
+	hb := heartbeatMsg()
+	withCtx := hb
+	withCtx.ctx = []byte{1, 2, 3, 4, 5, 6, 7, 8}
+	mod := func(m msg, fn func(*msg)) msg { fn(&m); return m }
+	answered := bpftest.Counters{"rx": 1, "hb_answered": 1}
+	passed := func(c string) bpftest.Counters { return bpftest.Counters{"rx": 1, c: 1} }
+	dropped := func(r wire.Reason) bpftest.Counters { return bpftest.Counters{"rx": 1, "drop_" + r.String(): 1} }
+	good := frame(leader4, self4, 77, hb.payload(t))
+
+	cases := []bpftest.Case{
+		{Name: "heartbeat answered", In: good, WantRet: bpftest.XDPTx,
+			WantOut: reply(t, leader4, self4, 77, fxTerm, nil), Check: verifyReply(fxTerm, nil), WantCounters: answered},
+		{Name: "heartbeat with read context answered, context echoed", In: frame(leader4, self4, 78, withCtx.payload(t)), WantRet: bpftest.XDPTx,
+			WantOut: reply(t, leader4, self4, 78, fxTerm, withCtx.ctx), Check: verifyReply(fxTerm, withCtx.ctx), WantCounters: answered},
+		{Name: "stale term passed", In: frame(leader4, self4, 1, mod(hb, func(m *msg) { m.term = fxTerm - 1 }).payload(t)),
+			WantRet: bpftest.XDPPass, WantCounters: passed("hb_stale_term")},
+		{Name: "newer term passed (term change is durable: user space)", In: frame(leader4, self4, 1, mod(hb, func(m *msg) { m.term = fxTerm + 1 }).payload(t)),
+			WantRet: bpftest.XDPPass, WantCounters: passed("hb_new_term")},
+		{Name: "wrong leader passed", In: frame(other4, self4, 1, mod(hb, func(m *msg) { m.from = fxOther }).payload(t)),
+			WantRet: bpftest.XDPPass, WantCounters: passed("hb_leader")},
+		{Name: "unknown peer dropped", In: frame(netip.MustParseAddrPort("10.77.0.99:7000"), self4, 1, mod(hb, func(m *msg) { m.from = 99 }).payload(t)),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropPeer)},
+		{Name: "leader id from another address dropped", In: frame(other4, self4, 1, hb.payload(t)),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropPeer)},
+		{Name: "leader id from another port dropped", In: frame(netip.AddrPortFrom(leader4.Addr(), 7001), self4, 1, hb.payload(t)),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropPeer)},
+		{Name: "mac without a cluster key dropped", In: frame(leader4, self4, 1, func() []byte { p := hb.payload(t); p[6] |= wire.FlagMAC; return p }()),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropFlags)},
+		{Name: "truncated raft header dropped", In: pktbuild.New().IPv4(pktbuild.IPv4{Src: leader4.Addr(), Dst: self4.Addr()}).
+			UDP(pktbuild.UDP{Src: fxPort, Dst: fxPort}).Payload(hb.payload(t)[:60]).Build(),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropShort)},
+		{Name: "frame cut inside the raft header dropped", In: pktbuild.Truncate(good, len(good)-10),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropShort)},
+		{Name: "long payload dropped", In: frame(leader4, self4, 1, append(hb.payload(t), 0, 0, 0, 0)),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropLong)},
+		{Name: "bad magic dropped", In: frame(leader4, self4, 1, func() []byte { p := hb.payload(t); p[0] ^= 0xff; return p }()),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropMagic)},
+		{Name: "bad version dropped", In: frame(leader4, self4, 1, func() []byte { p := hb.payload(t); p[4] = 9; return p }()),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropVersion)},
+		{Name: "nonzero context padding dropped", In: frame(leader4, self4, 1, func() []byte { p := hb.payload(t); p[72+15] = 1; return p }()),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropCtx)},
+		{Name: "wrong cluster dropped", In: frame(leader4, self4, 1, mod(hb, func(m *msg) { m.cluster = 43 }).payload(t)),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropCluster)},
+		{Name: "addressed to another node dropped", In: frame(leader4, self4, 1, mod(hb, func(m *msg) { m.to = fxOther }).payload(t)),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropTo)},
+		{Name: "message type not allowed on udp dropped", In: frame(leader4, self4, 1, func() []byte { p := hb.payload(t); p[5] = 2; return p }()),
+			WantRet: bpftest.XDPDrop, WantCounters: dropped(wire.DropType)},
+		{Name: "append probe passed to user space", In: frame(leader4, self4, 1, mod(hb, func(m *msg) { m.typ = pb.MsgApp }).payload(t)),
+			WantRet: bpftest.XDPPass, WantCounters: passed("passed_type")},
+		{Name: "vote passed to user space", In: frame(other4, self4, 1, mod(hb, func(m *msg) { m.typ = pb.MsgVote; m.from = fxOther; m.term = fxTerm + 1; m.comm = 0 }).payload(t)),
+			WantRet: bpftest.XDPPass, WantCounters: passed("passed_type")},
+		{Name: "pre-vote left to raft_prevote (stub passes)", In: frame(other4, self4, 1, mod(hb, func(m *msg) { m.typ = pb.MsgPreVote; m.from = fxOther; m.term = fxTerm + 1; m.comm = 0 }).payload(t)),
+			WantRet: bpftest.XDPPass, WantCounters: passed("pv_passed")},
+		{Name: "udp to another port untouched", In: frame(leader4, netip.AddrPortFrom(self4.Addr(), 7001), 1, hb.payload(t)),
+			WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{"not_raft": 1}},
+		{Name: "tcp to the raft port untouched", In: pktbuild.New().IPv4(pktbuild.IPv4{Src: leader4.Addr(), Dst: self4.Addr()}).
+			TCP(pktbuild.TCP{Src: 40000, Dst: fxPort}).Payload(hb.payload(t)).Build(),
+			WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{"not_raft": 1}},
+		{Name: "arp untouched", In: pktbuild.New().Ether(pktbuild.Ether{Type: 0x0806}).Payload(make([]byte, 28)).Build(),
+			WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{"not_raft": 1}},
+		{Name: "malformed ip header untouched", In: pktbuild.New().IPv4(pktbuild.IPv4{Src: leader4.Addr(), Dst: self4.Addr(), IHL: new(3)}).
+			UDP(pktbuild.UDP{Src: fxPort, Dst: fxPort}).Payload(hb.payload(t)).Build(),
+			WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{"not_raft": 1}},
+	}
+	r.Run(t, cases)
+
+	// The heartbeat map holds what the answered heartbeats said.
+	got, err := f.Heartbeat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Leader != fxLeader || got.Term != fxTerm || got.Commit != 17 || got.Count != 2 || got.Arrival <= 0 || got.Arrival > Monotonic() {
+		t.Errorf("heartbeat map %+v, want leader %d term %d commit 17 count 2 and an arrival in the past", got, fxLeader, fxTerm)
+	}
+}
+
+func TestFollowerFixturesIPv6(t *testing.T) {
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Peers: []wire.AuthPeer{{ID: fxLeader, Addr: leader6}}})
+	if err := f.Mirror(fxTerm, fxLeader, leader6); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Alive(); err != nil {
+		t.Fatal(err)
+	}
+	hb := heartbeatMsg()
+	hb.ctx = []byte("abcdefghijklmnop")
+	bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}.Run(t, []bpftest.Case{
+		{Name: "heartbeat over ipv6 answered", In: frame(leader6, self6, 0, hb.payload(t)), WantRet: bpftest.XDPTx,
+			WantOut: reply(t, leader6, self6, 0, fxTerm, hb.ctx), Check: verifyReply(fxTerm, hb.ctx),
+			WantCounters: bpftest.Counters{"rx": 1, "hb_answered": 1}},
+		{Name: "leader id from its ipv4 address dropped", In: frame(leader4, self4, 0, hb.payload(t)), WantRet: bpftest.XDPDrop,
+			WantCounters: bpftest.Counters{"rx": 1, "drop_peer": 1}},
+	})
+}
+
+// The leader's address as mirrored is checked too (defence in depth beside the allowlist):
+// a node whose mirror names another address for the leader answers nothing.
+func TestFollowerLeaderAddressMismatch(t *testing.T) {
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour})
+	if err := f.Mirror(fxTerm, fxLeader, leader6); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Alive(); err != nil {
+		t.Fatal(err)
+	}
+	bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}.Run(t, []bpftest.Case{
+		{Name: "allowed, but not the mirrored leader address", In: frame(leader4, self4, 0, heartbeatMsg().payload(t)),
+			WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{"rx": 1, "hb_leader_addr": 1}},
+	})
+}
+
+// With a cluster key: signed heartbeats are answered with a reply the leader's verifier
+// accepts (kernel channel, bit 63 of auth_seq); unsigned, forged and replayed ones are
+// dropped before user space.
+func TestFollowerFixturesKeyed(t *testing.T) {
+	key, err := wire.ParseKey("000102030405060708090a0b0c0d0e0f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Key: &key})
+	if err := f.Mirror(fxTerm, fxLeader, leader4); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Alive(); err != nil {
+		t.Fatal(err)
+	}
+	leaderSigner := wire.NewSigner(&key)
+	leaderVerifier := wire.NewVerifier(&key)
+	signed := func() []byte { p := heartbeatMsg().payload(t); leaderSigner.Sign(p); return p }
+	first := signed()
+	forged := signed()
+	forged[56] ^= 1 // commit changed after signing
+	otherKey := key
+	otherKey[0] ^= 1
+	wrongKey := heartbeatMsg().payload(t)
+	wire.NewSigner(&otherKey).Sign(wrongKey)
+	checkSigned := func(tb testing.TB, out []byte) {
+		tb.Helper()
+		if err := pktbuild.VerifyChecksums(out); err != nil {
+			tb.Errorf("reply checksums: %v", err)
+		}
+		p := out[len(out)-wire.PktLen:]
+		if r := leaderVerifier.Verify(p); r != wire.OK {
+			tb.Fatalf("the leader's verifier refuses the signed reply: %v", r)
+		}
+		if seq := binary.BigEndian.Uint64(p[88:]); seq&wire.SeqKernel == 0 {
+			tb.Errorf("reply auth_seq %#x is not on the kernel channel", seq)
+		}
+	}
+	bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}.Run(t, []bpftest.Case{
+		{Name: "signed heartbeat answered with a signed reply", In: frame(leader4, self4, 1, first), WantRet: bpftest.XDPTx,
+			Check: checkSigned, WantCounters: bpftest.Counters{"rx": 1, "hb_answered": 1}},
+		{Name: "the same packet again dropped as a replay", In: frame(leader4, self4, 1, first), WantRet: bpftest.XDPDrop,
+			WantCounters: bpftest.Counters{"rx": 1, "drop_replay": 1}},
+		{Name: "unsigned heartbeat dropped", In: frame(leader4, self4, 1, heartbeatMsg().payload(t)), WantRet: bpftest.XDPDrop,
+			WantCounters: bpftest.Counters{"rx": 1, "drop_mac": 1}},
+		{Name: "changed after signing dropped", In: frame(leader4, self4, 1, forged), WantRet: bpftest.XDPDrop,
+			WantCounters: bpftest.Counters{"rx": 1, "drop_mac": 1}},
+		{Name: "signed with another key dropped", In: frame(leader4, self4, 1, wrongKey), WantRet: bpftest.XDPDrop,
+			WantCounters: bpftest.Counters{"rx": 1, "drop_mac": 1}},
+		{Name: "a later signed heartbeat answered", In: frame(leader4, self4, 1, signed()), WantRet: bpftest.XDPTx,
+			Check: checkSigned, WantCounters: bpftest.Counters{"rx": 1, "hb_answered": 1}},
+	})
+}
+
+// The gates that hand heartbeats back to user space: no state mirrored yet, no leader known
+// for the term, and the alive deadline past.
+func TestFollowerGates(t *testing.T) {
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour})
+	r := bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}
+	in := frame(leader4, self4, 1, heartbeatMsg().payload(t))
+	step := func(name string, wantRet uint32, want string) {
+		t.Helper()
+		r.Run(t, []bpftest.Case{{Name: name, In: in, WantRet: wantRet, WantCounters: bpftest.Counters{"rx": 1, want: 1}}})
+	}
+	step("nothing mirrored yet", bpftest.XDPPass, "hb_no_state")
+	if err := f.Mirror(fxTerm, 0, netip.AddrPort{}); err != nil {
+		t.Fatal(err)
+	}
+	step("alive deadline never set", bpftest.XDPPass, "hb_not_alive")
+	if err := f.Alive(); err != nil {
+		t.Fatal(err)
+	}
+	step("no leader known for the term", bpftest.XDPPass, "hb_leader")
+	if err := f.Mirror(fxTerm, fxLeader, leader4); err != nil {
+		t.Fatal(err)
+	}
+	step("alive and leader known", bpftest.XDPTx, "hb_answered")
+	if err := f.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	step("stopped", bpftest.XDPPass, "hb_not_alive")
+
+	// The bound: an Alive refresh holds for AliveFor and no longer.
+	f.opts.AliveFor = 50 * time.Millisecond
+	if err := f.Alive(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := Monotonic() + f.opts.AliveFor
+	for Monotonic() < deadline+5*time.Millisecond {
+		time.Sleep(5 * time.Millisecond)
+	}
+	step("alive deadline expired", bpftest.XDPPass, "hb_not_alive")
+}
+
+// The failure detector: a heartbeat arms the timer; silence for Detect wakes the node with
+// the leader and term of the last answered heartbeat; each heartbeat re-arms it.
+func TestFollowerDetector(t *testing.T) {
+	const detect = 40 * time.Millisecond
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Detect: detect, DetectJitter: 10 * time.Millisecond})
+	if err := f.Mirror(fxTerm, fxLeader, leader4); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Alive(); err != nil {
+		t.Fatal(err)
+	}
+	in := frame(leader4, self4, 1, heartbeatMsg().payload(t))
+	// A stream of heartbeats every 5 ms for 200 ms, then silence.
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if res, err := bpftest.Run(f.objs.RaftxXdp, in); err != nil || res.Ret != bpftest.XDPTx {
+			t.Fatalf("heartbeat: ret %d err %v", res.Ret, err)
+		}
+	}
+	last, err := f.Heartbeat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every event must stand for a real silence of at least detect after the heartbeat it
+	// names (the test may be descheduled during the stream: then an early one is right);
+	// the one after the stream names the last heartbeat.
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case ev := <-f.Events():
+			if ev.Leader != fxLeader || ev.Term != fxTerm {
+				t.Fatalf("event %+v: want leader %d term %d", ev, fxLeader, fxTerm)
+			}
+			if silence := ev.Fired - ev.LastArrival; silence < detect {
+				t.Fatalf("event after %v of silence, want at least %v", silence, detect)
+			}
+			if ev.LastArrival == last.Arrival {
+				t.Logf("leader silent: event %v after the last heartbeat (detect %v + jitter < 10ms)", ev.Fired-ev.LastArrival, detect)
+				cs, _ := counters(f)()
+				if cs["detect_fired"] < 1 || cs["detect_armed"] < 2 {
+					t.Errorf("counters %v: want detect_fired >= 1 and detect_armed >= 2", cs)
+				}
+				return
+			}
+		case <-timeout:
+			t.Fatal("no leader-silent event within 10 s of the last heartbeat")
+		}
+	}
+}
+
+// The Go mirror of struct raftx_state must be what the program reads: the leader port is
+// stored in network order.
+func TestMirrorLayout(t *testing.T) {
+	var st raftxdpRaftxState
+	st.LeaderPort = htons(7000)
+	b, err := binary.Append(nil, binary.NativeEndian, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := 8 + 8 + 8 + 16
+	if got := binary.BigEndian.Uint16(b[off:]); got != 7000 {
+		t.Errorf("leader port bytes %x, want 7000 in network order", b[off:off+2])
+	}
+}
