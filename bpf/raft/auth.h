@@ -97,14 +97,18 @@ struct {
 } raft_tx_seq SEC(".maps");
 
 /* raft_mac computes SipHash-2-4-128 over bytes 0..RAFT_MAC_COVER-1 of the header. The
- * caller has checked that the whole header lies before data_end. */
-static __always_inline void raft_mac(const struct raft_hdr *h, __u64 k0, __u64 k1, __u64 out[2])
+ * caller has checked that the whole header lies before data_end. A BPF subprogram, not
+ * inlined: a program verifies and signs in several places, and each inlined copy would
+ * add its SipHash state to the caller's 512-byte stack. */
+static __noinline void raft_mac(const struct raft_hdr *h, __u64 k0, __u64 k1, __u64 out[2])
 {
 	struct siphash_state s;
 	__u64 m;
 
 	siphash_init(&s, k0, k1, 1);
-#pragma unroll
+	/* A loop, not unrolled: unrolled, the twelve compressions spill the SipHash state
+	 * around the 10 BPF registers and the frame grows to ~250 bytes. */
+#pragma clang loop unroll(disable)
 	for (int i = 0; i < RAFT_MAC_COVER / 8; i++) {
 		__builtin_memcpy(&m, (const __u8 *)h + 8 * i, 8);
 		siphash_word(&s, m);

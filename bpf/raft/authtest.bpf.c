@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* authtest: exposes siphash.h and auth.h to BPF_PROG_TEST_RUN for internal/raft/wire's tests.
+/* authtest: exposes siphash.h, auth.h and prevote.h to BPF_PROG_TEST_RUN for
+ * internal/raft/wire's tests.
  * Not attached anywhere.
  * *  - siphash_xdp: SipHash-2-4 (64 or 128 bit) of a message of 0-63 bytes held in the 'vec'
  *    map, for the reference test vectors;
@@ -7,7 +8,10 @@
  *    parse_pkt(), raft_hdr_check(), raft_auth() - and XDP_DROP on a refusal, with the verdict
  *    in 'verdict' and a per-CPU count per reason;
  *  - sign_xdp: raft_sign() on the Raft header of the packet, XDP_TX; the Go side verifies
- *    the result with its own Verifier.
+ *    the result with its own Verifier;
+ *  - prevote_xdp: a Raft packet through the checks of auth_xdp, then raft_prevote_decide() on
+ *    the view in 'pv_view' and, when it answers, raft_prevote_reply() + raft_sign(): XDP_TX,
+ *    XDP_DROP or XDP_PASS as the follower program returns them; the reason in 'pv_why'.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -16,6 +20,7 @@
 #include "raft.h"
 #include "siphash.h"
 #include "../raft/auth.h"
+#include "../raft/prevote.h"
 
 const volatile __u64 cfg_self = 0;
 
@@ -144,6 +149,62 @@ int sign_xdp(struct xdp_md *ctx)
 
 	h = raft_pkt(ctx, &p, &ret);
 	if (!h || raft_sign(h, data_end))
+		return XDP_ABORTED;
+	return XDP_TX;
+}
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct raft_pv_view);
+} pv_view SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, enum raft_pv_why);
+} pv_why SEC(".maps");
+
+SEC("xdp")
+int prevote_xdp(struct xdp_md *ctx)
+{
+	void *data_end = (void *)(long)ctx->data_end;
+	struct authtest_verdict *r;
+	struct raft_auth_config *cfg;
+	struct raft_pv_view *v;
+	struct raft_hdr *h;
+	struct pkt p = {};
+	__u32 zero = 0, *why;
+	int ret;
+
+	/* enum raft_pv_why and __u32 are the same 4 bytes */
+
+	r = bpf_map_lookup_elem(&verdict, &zero);
+	cfg = bpf_map_lookup_elem(&raft_auth_cfg, &zero);
+	v = bpf_map_lookup_elem(&pv_view, &zero);
+	why = bpf_map_lookup_elem(&pv_why, &zero);
+	if (!r || !cfg || !v || !why)
+		return XDP_ABORTED;
+	__builtin_memset(r, 0, sizeof(*r));
+	*why = RAFT_PV_WHY_MAX;
+	h = raft_pkt(ctx, &p, &r->parse_ret);
+	if (!h)
+		return XDP_DROP;
+	r->hdr_check = raft_hdr_check(h, data_end, p.payload_len, cfg->cluster_id, cfg_self);
+	if (r->hdr_check)
+		return XDP_DROP;
+	r->auth = raft_auth_src(h, data_end, &p.saddr, p.sport);
+	if (r->auth)
+		return XDP_DROP;
+	ret = raft_prevote_decide(h, v, why);
+	if (ret == RAFT_PV_DROP)
+		return XDP_DROP;
+	if (ret != RAFT_PV_TX)
+		return XDP_PASS;
+	raft_prevote_reply(h, v, *why);
+	if (raft_sign(h, data_end))
 		return XDP_ABORTED;
 	return XDP_TX;
 }

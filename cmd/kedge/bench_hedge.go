@@ -47,10 +47,14 @@ Scenarios:
   outage    two replicas, the one the clients address in full outage: app hedgers send a
             hedge for every request, kedge's budget (5%, and 50% for contrast) holds the
             extra load (defaults: 1000 requests, 4 loops, 100 ms timeout, no stalls)
-  rate      concurrent loops (--levels) against a server that answers at once, each level
-            without and with kedge (--repeats pairs, alternating order): fast-path latency
-            cost, requests/s and CPU per request; plus a 2%-stall service with kedge to
-            count missed hedges and lost clones at that rate. Own table and charts.
+  rate      an unmodified UDP client (closed loops, connected sockets) against a server
+            that answers at once, at low load (first of --levels) and at saturation (last),
+            unhedged, with kedge's clone path (--store-limit 0) and with its stored path,
+            paired: --repeats rounds, each running every arm in a rotated order. Prints
+            req/s ratios, CPU per request added (processes and machine), paired P50 added,
+            issue 14's targets beside them, the programs' run time per request
+            (BPF_PROG_TEST_RUN) and a 2%-stall service at saturation (missed hedges, lost
+            clones). Own schema (kedge.bench.rate/v2) and charts.
 Flags given explicitly override the scenario's defaults.`,
 		Example: `  # the thesis's Table 4.2 (about 2 minutes)
   kedge bench hedge
@@ -58,8 +62,8 @@ Flags given explicitly override the scenario's defaults.`,
   # thesis and CPU-pressure scenarios, results under results/hedge/<scenario>/
   kedge bench hedge --scenario thesis,pressure --out results/hedge
 
-  # fast-path cost and throughput at 1, 8 and 64 concurrent loops
-  kedge bench hedge --scenario rate --levels 1,8,64
+  # fast-path cost and throughput: 1 loop and saturation (64 loops), 5 paired rounds
+  kedge bench hedge --scenario rate --levels 1,64 --repeats 5
 
   # clients that stop the world, then CPU pressure five times (ranges of P99.9 and MAX)
   kedge bench hedge --scenario gc
@@ -136,7 +140,7 @@ Flags given explicitly override the scenario's defaults.`,
 	f := cmd.Flags()
 	f.StringVar(&scenarios, "scenario", hedgebench.Thesis, "comma-separated: "+strings.Join(hedgebench.Scenarios, ", ")+", or all")
 	addBenchOutFlag(cmd, &out, "hedge") // one subdirectory per scenario
-	f.IntVarP(&flagOpts.N, "requests", "n", d.N, "measured requests per client (outage: 1000, rate: 20000 per run)")
+	f.IntVarP(&flagOpts.N, "requests", "n", d.N, "measured requests per client (outage: 1000, rate: 30000 per run)")
 	f.IntVar(&flagOpts.Warmup, "warmup", d.Warmup, "warm-up requests per client, discarded (outage: 20, rate: 500)")
 	f.DurationVar(&flagOpts.Delay, "delay", d.Delay, "hedge threshold (app and kernel)")
 	f.DurationVar(&flagOpts.Timeout, "timeout", d.Timeout, "client timeout (outage: 100ms)")
@@ -146,8 +150,8 @@ Flags given explicitly override the scenario's defaults.`,
 	f.DurationVar(&flagOpts.Server.Fast, "fast", d.Server.Fast, "normal service time (rate: 0, answered at once)")
 	f.StringVar(&flagOpts.Backend, "backend", "auto", "delay-line backend: auto, conveyor, netem, edt")
 	f.StringVar(&flagOpts.PyClient, "py-client", "", "path to clients/apphedge.py (default: ./clients/apphedge.py)")
-	f.IntSliceVar(&rateOpts.Levels, "levels", []int{1, 4, 16, 64}, "rate: concurrent loops per level")
-	f.IntVar(&rateOpts.Repeats, "repeats", 3, "rate: runs without and with kedge per level (alternating order)")
+	f.IntSliceVar(&rateOpts.Levels, "levels", []int{1, 64}, "rate: concurrent loops per level: the first is the low load, the last saturation")
+	f.IntVar(&rateOpts.Repeats, "repeats", 5, "rate: rounds, each running every arm at every level (order rotated per round)")
 	f.Uint64Var(&pauses.Seed, "pause-seed", pauses.Seed, "gc: seed of the client pause schedule")
 	f.Float64Var(&pauses.Coverage, "pause-coverage", pauses.Coverage, "gc: fraction of the time each client is stopped")
 	f.DurationVar(&pauses.Min, "pause-min", pauses.Min, "gc: shortest client pause")

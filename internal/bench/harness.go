@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -23,12 +24,18 @@ import (
 // StartProcess starts name with args inside h, its stdout discarded and its stderr on
 // kedge's, and returns a function that stops it: SIGTERM, then SIGKILL after 5 s.
 func StartProcess(h *lab.Host, name string, args ...string) (stop func(), err error) {
+	_, stop, err = StartProcessPID(h, name, args...)
+	return stop, err
+}
+
+// StartProcessPID is StartProcess that also returns the process's PID (for ProcCPU).
+func StartProcessPID(h *lab.Host, name string, args ...string) (pid int, stop func(), err error) {
 	cmd := h.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	if err := h.Start(cmd); err != nil {
-		return nil, fmt.Errorf("start %s: %w", filepath.Base(name), err)
+		return 0, nil, fmt.Errorf("start %s: %w", filepath.Base(name), err)
 	}
-	return func() {
+	return cmd.Process.Pid, func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(done) }()
@@ -44,25 +51,96 @@ func StartProcess(h *lab.Host, name string, args ...string) (stop func(), err er
 // RunProcess runs name with args inside h and waits for it; a failure carries its stderr.
 // When ctx ends first the process is killed.
 func RunProcess(ctx context.Context, h *lab.Host, stdout io.Writer, name string, args ...string) error {
+	_, err := RunProcessCPU(ctx, h, stdout, name, args...)
+	return err
+}
+
+// RunProcessCPU is RunProcess that also returns the CPU time (user + system, rusage) the
+// process used.
+func RunProcessCPU(ctx context.Context, h *lab.Host, stdout io.Writer, name string, args ...string) (time.Duration, error) {
 	cmd := h.Command(name, args...)
 	var stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = stdout, &stderr
 	if err := h.Start(cmd); err != nil {
-		return fmt.Errorf("start %s: %w", name, err)
+		return 0, fmt.Errorf("start %s: %w", name, err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
 	case err := <-done:
 		if err != nil {
-			return fmt.Errorf("%s: %w: %s", filepath.Base(name), err, strings.TrimSpace(stderr.String()))
+			return 0, fmt.Errorf("%s: %w: %s", filepath.Base(name), err, strings.TrimSpace(stderr.String()))
 		}
-		return nil
+		return cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), nil
 	case <-ctx.Done():
 		_ = cmd.Process.Kill()
 		<-done
-		return ctx.Err()
+		return 0, ctx.Err()
 	}
+}
+
+// ProcCPU is the CPU time (user + system) process pid has used so far, from
+// /proc/<pid>/stat (its threads included, its children not).
+func ProcCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read process CPU time: %w", err)
+	}
+	return parseProcStatCPU(string(b))
+}
+
+// parseProcStatCPU reads utime and stime (fields 14 and 15, in USER_HZ ticks) of a
+// /proc/<pid>/stat line; the command name (field 2) may hold spaces and parentheses.
+func parseProcStatCPU(line string) (time.Duration, error) {
+	i := strings.LastIndexByte(line, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("read process CPU time: no command name in %q", line)
+	}
+	f := strings.Fields(line[i+1:]) // field 3 (state) onwards
+	if len(f) < 13 {
+		return 0, fmt.Errorf("read process CPU time: %d fields after the name, want at least 13", len(f))
+	}
+	var sum time.Duration
+	for _, s := range f[11:13] {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("read process CPU time: %q: %w", s, err)
+		}
+		sum += time.Duration(v) * time.Second / userHZ
+	}
+	return sum, nil
+}
+
+// SelfCPU is the CPU time (user + system, all threads) this process has used so far.
+func SelfCPU() (time.Duration, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, fmt.Errorf("read own CPU time: %w", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
+}
+
+// KsoftirqdPIDs lists the PIDs of the kernel's ksoftirqd threads, which run the softirq
+// work (network receive, qdisc timers) that does not run on the back of another task.
+func KsoftirqdPIDs() ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); err == nil && strings.HasPrefix(string(b), "ksoftirqd/") {
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) == 0 {
+		return nil, errors.New("list ksoftirqd threads: none found in /proc")
+	}
+	return pids, nil
 }
 
 // Spin starts n busy-looping processes (CPU pressure) and returns a function that kills

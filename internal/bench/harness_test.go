@@ -94,3 +94,25 @@ func TestProcessHarness(t *testing.T) {
 		t.Fatal("stop did not end the process")
 	}
 }
+
+func TestProcCPU(t *testing.T) {
+	// The name may hold spaces and parentheses; utime 250 + stime 50 ticks = 3 s.
+	line := "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 10 0 0\n"
+	if d, err := parseProcStatCPU(line); err != nil || d != 3*time.Second {
+		t.Errorf("parse: %v, %v; want 3s", d, err)
+	}
+	for _, bad := range []string{"42 no name", "42 (a) S 1 2", "42 (a) S 1 42 42 0 -1 4194560 100 0 0 0 x 50 0"} {
+		if _, err := parseProcStatCPU(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+	if _, err := ProcCPU(os.Getpid()); err != nil {
+		t.Error(err)
+	}
+	if d, err := SelfCPU(); err != nil || d <= 0 {
+		t.Errorf("own CPU %v, %v", d, err)
+	}
+	if pids, err := KsoftirqdPIDs(); err != nil || len(pids) == 0 {
+		t.Errorf("ksoftirqd: %v, %v", pids, err)
+	}
+}

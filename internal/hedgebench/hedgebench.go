@@ -388,17 +388,22 @@ func kernelParams(s *hedge.Snapshot) map[string]any {
 // startServer starts `kedge chaos serve` in h with one replica per address in at (replica
 // i on at[i]), the stall model of o.Server and any extra flags.
 func startServer(o Options, h *lab.Host, at []netip.AddrPort, extra ...string) (func(), error) {
-	addrs := make([]string, len(at))
-	for i, a := range at {
-		addrs[i] = a.String()
-	}
-	stop, err := bench.StartProcess(h, o.Exe, append([]string{"chaos", "serve", "--listen", strings.Join(addrs, ","),
-		"--stall-pct", fmt.Sprint(o.Server.StallPct), "--stall", o.Server.Stall.String(),
-		"--fast", o.Server.Fast.String(), "--ttl", o.Server.TTL.String()}, extra...)...)
+	stop, err := bench.StartProcess(h, o.Exe, append(serverArgs(at, o.Server), extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("start chaos server: %w", err)
 	}
 	return stop, nil
+}
+
+// serverArgs are the arguments of `kedge chaos serve` on the addresses at with stall model c.
+func serverArgs(at []netip.AddrPort, c chaos.Config) []string {
+	addrs := make([]string, len(at))
+	for i, a := range at {
+		addrs[i] = a.String()
+	}
+	return []string{"chaos", "serve", "--listen", strings.Join(addrs, ","),
+		"--stall-pct", fmt.Sprint(c.StallPct), "--stall", c.Stall.String(),
+		"--fast", c.Fast.String(), "--ttl", c.TTL.String()}
 }
 
 // waitReady polls the server from the client namespace with an id that never stalls

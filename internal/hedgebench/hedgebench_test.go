@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -127,35 +128,74 @@ func TestSummarizeRunSeparatesStalls(t *testing.T) {
 	}
 }
 
-func TestRateLevelsPairsRepeats(t *testing.T) {
+func TestRateLevelsPairsRounds(t *testing.T) {
 	u := func(v uint64) *uint64 { return &v }
 	i := func(v int) *int { return &v }
 	runs := []RateRun{
-		{Concurrency: 4, Repeat: 1, Service: "fast", P50US: 100, P99US: 200, RPS: 1000},
-		{Concurrency: 4, Repeat: 1, Service: "fast", Kedge: true, P50US: 103, P99US: 210, RPS: 900, LostClones: u(0)},
-		{Concurrency: 4, Repeat: 1, Service: "chaos", Kedge: true, Stalled: 5, Missed: i(1), LostClones: u(2), RPS: 800},
-		{Concurrency: 4, Repeat: 2, Service: "fast", Kedge: true, P50US: 150, P99US: 300, RPS: 950, LostClones: u(0)},
-		{Concurrency: 4, Repeat: 2, Service: "fast", P50US: 140, P99US: 260, RPS: 990},
-		{Concurrency: 4, Repeat: 2, Service: "chaos", Kedge: true, Stalled: 6, Missed: i(0), LostClones: u(0), RPS: 700},
-		{Concurrency: 1, Repeat: 1, Service: "fast", P50US: 1},
+		{Concurrency: 4, Round: 1, Arm: ArmUnhedged, Service: "fast", P50US: 100, P99US: 200, RPS: 1000, CPUPerReqUS: 30, ProcCPUPerReqUS: 28},
+		{Concurrency: 4, Round: 1, Arm: ArmClone, Service: "fast", P50US: 103, P99US: 210, RPS: 900, CPUPerReqUS: 40, ProcCPUPerReqUS: 37, LostClones: u(0), Counters: map[string]uint64{"clones": 5}},
+		{Concurrency: 4, Round: 1, Arm: ArmClone, Service: "chaos", Stalled: 5, Missed: i(1), LostClones: u(2), RPS: 800, RescueP50US: 11000, RescueMaxUS: 12000},
+		{Concurrency: 4, Round: 2, Arm: ArmClone, Service: "fast", P50US: 150, P99US: 300, RPS: 950, CPUPerReqUS: 41, ProcCPUPerReqUS: 40, LostClones: u(1), Counters: map[string]uint64{"clones": 7}},
+		{Concurrency: 4, Round: 2, Arm: ArmUnhedged, Service: "fast", P50US: 140, P99US: 260, RPS: 990, CPUPerReqUS: 31, ProcCPUPerReqUS: 30},
+		{Concurrency: 4, Round: 2, Arm: ArmClone, Service: "chaos", Stalled: 6, Missed: i(0), LostClones: u(0), RPS: 700, RescueP50US: 10500, RescueMaxUS: 19000},
+		// Round 3 has no unhedged run: its clone run counts for the medians, not the pairs.
+		{Concurrency: 4, Round: 3, Arm: ArmClone, Service: "fast", P50US: 500, P99US: 900, RPS: 100},
+		{Concurrency: 1, Round: 1, Arm: ArmUnhedged, Service: "fast", P50US: 1},
 	}
-	lv := rateLevels(runs, []int{4})
-	if len(lv) != 1 {
-		t.Fatalf("%d levels", len(lv))
+	lv := rateLevels(runs, []int{4}, []string{ArmUnhedged, ArmClone})
+	if len(lv) != 1 || len(lv[0].Arms) != 2 {
+		t.Fatalf("levels %+v", lv)
 	}
-	l := lv[0]
-	// Paired differences: (103-100, 150-140) -> median of {3, 10} by nearest rank = 3.
-	if l.DeltaP50US != 3 || l.DeltaP99US != 10 {
-		t.Errorf("delta P50 %v P99 %v, want 3 and 10", l.DeltaP50US, l.DeltaP99US)
+	un, cl := lv[0].Arms[0], lv[0].Arms[1]
+	// Paired differences: rounds 1 and 2 only: (103-100, 150-140) -> nearest-rank median 3.
+	if cl.DeltaP50US != (Paired{Median: 3, Min: 3, Max: 10, N: 2}) || cl.DeltaP99US.Max != 40 {
+		t.Errorf("clone deltas P50 %+v P99 %+v", cl.DeltaP50US, cl.DeltaP99US)
 	}
-	if l.OffP50US != 100 || l.OnP50US != 103 || l.OffRPS != 990 || l.OnRPS != 900 || l.ChaosRPS != 700 {
-		t.Errorf("level %+v", l)
+	if r := cl.RPSRatio; r.N != 2 || r.Min != 0.9 || r.Max != 950.0/990 {
+		t.Errorf("ratio %+v", r)
 	}
-	if l.Stalled != 11 || l.Missed != 1 || l.LostClones != 2 {
-		t.Errorf("stalled %d missed %d lost %d, want 11, 1, 2", l.Stalled, l.Missed, l.LostClones)
+	if cl.CPUAddedUS.Min != 10 || cl.ProcCPUAddedUS.Max != 10 || cl.ProcCPUAddedUS.Min != 9 {
+		t.Errorf("CPU added %+v / %+v", cl.CPUAddedUS, cl.ProcCPUAddedUS)
+	}
+	// Medians over all three clone rounds (150 of 103, 150, 500).
+	if cl.P50US != 150 || cl.LostClones != 1 || cl.Counters["clones"] != 12 {
+		t.Errorf("clone level %+v", cl)
+	}
+	if un.RPSRatio.N != 0 || un.P50US != 100 || un.RPS != 990 {
+		t.Errorf("unhedged level %+v: no pairs with itself", un)
+	}
+	cc := chaosChecks(runs, []string{ArmUnhedged, ArmClone})
+	if len(cc) != 1 || cc[0].Arm != ArmClone || cc[0].Stalled != 11 || cc[0].Missed != 1 || cc[0].LostClones != 2 || cc[0].RescueMaxUS != 19000 {
+		t.Errorf("chaos checks %+v", cc)
 	}
 	if m := median(nil); m != 0 || math.IsNaN(m) {
 		t.Errorf("median of nothing = %v, want 0", m)
+	}
+	if got := rotate([]int{1, 2, 3}, 4); !slices.Equal(got, []int{2, 3, 1}) {
+		t.Errorf("rotate by 4: %v", got)
+	}
+}
+
+func TestRateReportTargets(t *testing.T) {
+	r := RateResult{Arms: []string{ArmUnhedged, ArmClone}, StoredArm: "not run: test",
+		Levels: []RateLevel{
+			{Concurrency: 1, Arms: []ArmLevel{{Arm: ArmUnhedged}, {Arm: ArmClone, DeltaP50US: Paired{17, 15, 20, 3}}}},
+			{Concurrency: 64, Arms: []ArmLevel{{Arm: ArmUnhedged}, {Arm: ArmClone, RPSRatio: Paired{0.6, 0.55, 0.7, 3},
+				ProcCPUAddedUS: Paired{2, 1, 3, 3}, CPUAddedUS: Paired{20, 18, 30, 3}}}},
+		}}
+	var b strings.Builder
+	if err := WriteRateReport(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"stored path: not run: test",
+		"clone path: req/s at 64 loops 0.60x (0.55x..0.70x) of unhedged (target >= 0.9x: missed, short by 0.30x)",
+		"processes +2.0 (+1.0..+3.0) µs, machine +20.0 (+18.0..+30.0) µs (target <= 3 µs: met)",
+		"P50 added at 1 loop(s): +17.0 (+15.0..+20.0) µs (target <= 8 µs: missed, over by 9.0 µs)",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
 	}
 }
 
@@ -213,27 +253,35 @@ func TestOutageShort(t *testing.T) {
 	}
 }
 
-// TestRateShort runs scenario (d) small: both levels are measured without and with kedge,
-// the stalled requests of the chaos service are all accounted for, and the figures exist.
+// TestRateShort runs the rate scenario small: every arm runs at both levels in every
+// round, in a rotated order, the kedge arms also run the stalling service (all its stalled
+// requests accounted for) and have their programs timed, and the figures exist.
 func TestRateShort(t *testing.T) {
 	bpftest.RequireRoot(t)
-	o := RateOptions{Levels: []int{1, 4}, N: 400, Warmup: 20, Repeats: 1, Stall: 40 * time.Millisecond,
-		Delay: 5 * time.Millisecond, Exe: bpftest.KedgeBinary(t), OutDir: t.TempDir()}
+	o := RateOptions{Levels: []int{1, 4}, N: 400, Warmup: 20, Repeats: 2, Stall: 40 * time.Millisecond,
+		Delay: 5 * time.Millisecond, ProgRuns: 50, Exe: bpftest.KedgeBinary(t), OutDir: t.TempDir()}
 	res, err := RunRate(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Runs) != 6 || len(res.Levels) != 2 {
-		t.Fatalf("%d runs, %d levels: want 3 runs (without, with, chaos with) per level", len(res.Runs), len(res.Levels))
+	arms := rateArms()
+	kedgeArms := len(arms) - 1
+	if want := o.Repeats * (len(arms)*len(o.Levels) + kedgeArms); len(res.Runs) != want || len(res.Levels) != 2 {
+		t.Fatalf("%d runs, %d levels: want %d runs (each arm at each level, plus the stalling service per kedge arm, per round)", len(res.Runs), len(res.Levels), want)
 	}
+	first := map[int]string{}
 	for _, r := range res.Runs {
-		if r.Requests != o.N || r.RPS <= 0 || r.P50US <= 0 || r.CPUPerReqUS < 0 {
+		if r.Order == 0 {
+			first[r.Round] = r.Arm
+		}
+		if r.Requests != o.N || r.RPS <= 0 || r.P50US <= 0 || r.CPUPerReqUS < 0 || r.ProcCPUUS["client"] <= 0 {
 			t.Errorf("run %+v: missing figures", r)
 		}
-		if r.Kedge != (r.Counters != nil) || r.Kedge != (r.LostClones != nil) {
+		kedge := r.Arm != ArmUnhedged
+		if kedge != (r.Counters != nil) || kedge != (r.LostClones != nil) {
 			t.Errorf("run %+v: hedger counters must be there exactly when kedge is", r)
 		}
-		if r.Kedge && r.Counters["requests"] < uint64(o.N) {
+		if kedge && r.Counters["requests"] < uint64(o.N) {
 			t.Errorf("run %+v: the hedger saw %d requests, the client sent %d", r, r.Counters["requests"], o.N+o.Warmup)
 		}
 		if r.Service == "chaos" {
@@ -246,13 +294,34 @@ func TestRateShort(t *testing.T) {
 			}
 		}
 	}
-	for _, f := range []string{"result.json", "latency.png", "throughput.svg"} {
+	if first[1] == first[2] {
+		t.Errorf("rounds 1 and 2 both start with %s: the order does not rotate", first[1])
+	}
+	for _, l := range res.Levels {
+		for _, a := range l.Arms[1:] {
+			if a.RPSRatio.N != o.Repeats || a.DeltaP50US.N != o.Repeats {
+				t.Errorf("level %d arm %s: %d pairs, want one per round", l.Concurrency, a.Arm, a.RPSRatio.N)
+			}
+		}
+	}
+	if len(res.Prog) != kedgeArms || len(res.Chaos) != kedgeArms {
+		t.Errorf("%d program timings, %d chaos checks: want one per kedge arm", len(res.Prog), len(res.Chaos))
+	}
+	for _, p := range res.Prog {
+		if p.SplitNS <= 0 || p.RespNS <= 0 || p.Counters["requests"] != uint64(o.ProgRuns) || p.Counters["responses"] != uint64(o.ProgRuns) {
+			t.Errorf("program timing %+v", p)
+		}
+		if p.Arm == ArmClone && p.Counters["clones"] != uint64(o.ProgRuns) {
+			t.Errorf("clone arm's test runs made %d clones of %d requests", p.Counters["clones"], o.ProgRuns)
+		}
+	}
+	for _, f := range []string{"result.json", "latency.png", "throughput.svg", "cpu.png"} {
 		if _, err := os.Stat(filepath.Join(o.OutDir, f)); err != nil {
 			t.Error(err)
 		}
 	}
 	var b strings.Builder
-	if err := WriteRateReport(&b, res); err != nil || !strings.Contains(b.String(), "| 4 |") {
+	if err := WriteRateReport(&b, res); err != nil || !strings.Contains(b.String(), "| 4 | clone |") {
 		t.Errorf("report %v:\n%s", err, b.String())
 	}
 }

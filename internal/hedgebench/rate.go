@@ -12,29 +12,39 @@ import (
 	"slices"
 	"time"
 
+	"github.com/vishvananda/netns"
+
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/chaos"
 	"github.com/kedge-dev/kedge/internal/hedge"
 )
 
-// RateOptions configure scenario (d): concurrent closed-loop clients at rising
-// concurrency, each level measured without kedge and with it, in alternating order.
+// RateOptions configure the rate scenario: an unmodified UDP client (the chaos baseline
+// client, connected sockets, closed loops) against a server that answers at once, at a low
+// load (the first level: one loop) and at saturation (the last level: many loops, many
+// requests outstanding, nothing stalls), run without kedge ("unhedged"), with kedge's
+// clone path (store limit 0: every request cloned into the delay line) and with its stored
+// path (the default: every request stored in the kernel, hedged from a pacer tick). The
+// arms are paired: every round runs each arm once, in an order rotated per round (round
+// robin), so that drift over the run (other work on the machine, caches) does not favour
+// one arm; ratios and differences are taken within a round and their median reported.
 //
 // Two chaos servers run on the server host. "fast" (port 9999) answers every request at
-// once and never stalls: with it, the difference between the runs with and without kedge
-// is the cost of kedge's fast path (splitter and clone, delay line, rescuer dropping the
-// answered clone, response path) at that rate. "chaos" (port 9998) stalls StallPct of the
-// ids for Stall: run with kedge only, it shows whether the hedger still rescues every
-// stalled request (no missed hedges) and loses no clone at that rate.
+// once and never stalls: the differences between the arms are kedge's fast-path cost.
+// "chaos" (port 9998) stalls StallPct of the ids for Stall: run with each kedge arm at
+// saturation, it shows whether the hedger still rescues every stalled request there (no
+// missed hedges) and loses nothing.
 type RateOptions struct {
-	Levels   []int         // concurrent loops per level (1, 4, 16, 64)
-	N        int           // measured requests per run (20000)
+	Levels   []int         // concurrent loops per level (1, 64): first = low load, last = saturation
+	N        int           // measured requests per run (30000)
 	Warmup   int           // per run, discarded (500)
-	Repeats  int           // without/with pairs per level (3)
+	Repeats  int           // rounds (5)
 	Delay    time.Duration // hedge delay (10 ms)
 	Timeout  time.Duration // client timeout (1 s)
 	StallPct int           // chaos service: stalled ids (2)
 	Stall    time.Duration // chaos service: stall (50 ms)
+	// ProgRuns is the requests BPF_PROG_TEST_RUN times the programs on, per kedge arm (2000).
+	ProgRuns int
 	Backend  string
 	Exe      string
 	OutDir   string
@@ -43,7 +53,7 @@ type RateOptions struct {
 
 func (o *RateOptions) defaults() error {
 	if len(o.Levels) == 0 {
-		o.Levels = []int{1, 4, 16, 64}
+		o.Levels = []int{1, 64}
 	}
 	for _, c := range o.Levels {
 		if c < 1 || c > 1024 {
@@ -55,10 +65,11 @@ func (o *RateOptions) defaults() error {
 			*v = d
 		}
 	}
-	def(&o.N, 20000)
+	def(&o.N, 30000)
 	def(&o.Warmup, 500)
-	def(&o.Repeats, 3)
+	def(&o.Repeats, 5)
 	def(&o.StallPct, 2)
+	def(&o.ProgRuns, 2000)
 	if o.Delay == 0 {
 		o.Delay = 10 * time.Millisecond
 	}
@@ -78,11 +89,12 @@ func (o *RateOptions) defaults() error {
 	case o.Stall >= o.Timeout:
 		return paramErrorf("stall %v must be below the timeout %v", o.Stall, o.Timeout)
 	}
-	// Every run gets its own id range of idSpan ids (see runClient).
-	if runs := len(o.Levels) * o.Repeats * 3; uint64(runs+1)*idSpan > readyIDs {
+	// Every run gets its own id range of idSpan ids (see runClient); the programs' test
+	// runs take the range after the last run's.
+	if runs := len(o.Levels)*o.Repeats*len(rateArms()) + 2*o.Repeats + 1; uint64(runs+1)*idSpan > readyIDs {
 		return paramErrorf("%d runs do not fit in 32-bit request ids: fewer levels or repeats", runs)
 	}
-	if uint64(o.N+o.Warmup)+uint64(max(len(o.Levels), 1))*100 > idSpan {
+	if uint64(o.N+o.Warmup)+uint64(max(len(o.Levels), 1))*100 > idSpan || o.ProgRuns > idSpan/2 {
 		return paramErrorf("%d requests per run: at most %d", o.N+o.Warmup, idSpan/2)
 	}
 	if o.Exe == "" {
@@ -106,15 +118,41 @@ const (
 	readyIDs = 4_000_000_000 // waitReady's ids start here
 )
 
+// The arms of the rate scenario.
+const (
+	ArmUnhedged = "unhedged"
+	ArmClone    = "clone"  // kedge, store limit 0: every request cloned into the delay line
+	ArmStored   = "stored" // kedge, default store limit: every request stored in the kernel
+)
+
+// rateArm is one way of running the client: without kedge, or with kedge configured by set.
+type rateArm struct {
+	name string
+	set  func(*hedge.ServiceConfig) // nil: no kedge
+}
+
+// rateArms lists the arms this build can run: the stored arm only once the hedger has a
+// stored path (storedPathBuilt).
+func rateArms() []rateArm {
+	arms := []rateArm{{name: ArmUnhedged}, {name: ArmClone, set: func(s *hedge.ServiceConfig) { setStoreLimit(s, 0) }}}
+	if storedPathBuilt {
+		arms = append(arms, rateArm{name: ArmStored, set: func(*hedge.ServiceConfig) {}})
+	}
+	return arms
+}
+
 // RateRun is one client run.
 type RateRun struct {
-	Concurrency int     `json:"concurrency"`
-	Repeat      int     `json:"repeat"`
-	Service     string  `json:"service"` // fast or chaos
-	Kedge       bool    `json:"kedge"`
-	Requests    int     `json:"requests"`
-	ElapsedS    float64 `json:"elapsed_s"`
-	RPS         float64 `json:"requests_per_s"`
+	Concurrency int    `json:"concurrency"`
+	Round       int    `json:"round"`
+	Order       int    `json:"order"` // position of the arm in its round (0 first)
+	Arm         string `json:"arm"`
+	Service     string `json:"service"` // fast or chaos
+	Requests    int    `json:"requests"`
+	// Sent is the requests the client sent, warm-up included (what the CPU figures divide).
+	Sent     int     `json:"sent"`
+	ElapsedS float64 `json:"elapsed_s"`
+	RPS      float64 `json:"requests_per_s"`
 	// Latency percentiles of the requests the server answers at once (every request of
 	// the fast service, the non-stalled ones of the chaos service), in µs.
 	P50US  float64 `json:"p50_us"`
@@ -124,13 +162,19 @@ type RateRun struct {
 	// Timeouts and LateDuplicates as the application saw them.
 	Timeouts       int `json:"timeouts"`
 	LateDuplicates int `json:"late_duplicates"`
-	// CPU: busy time of all CPUs during the run (/proc/stat), in CPUs (2.0 = both cores
-	// busy), the softirq part of it, and busy CPU time per request in µs. Client, server,
-	// network stack and kedge all count: the difference between the runs with and without
-	// kedge is kedge's.
+	// CPU, machine: busy time of all CPUs during the run (/proc/stat: every process, the
+	// softirq work, and whatever else ran on the machine), in CPUs (2.0 = both cores busy),
+	// its softirq part, and busy CPU time per request sent in µs.
 	CPUBusy     float64 `json:"cpu_busy"`
 	CPUSoftirq  float64 `json:"cpu_softirq"`
 	CPUPerReqUS float64 `json:"cpu_per_request_us"`
+	// CPU, processes: the CPU time (user + system) of the processes involved, per request
+	// sent, in µs: the client (rusage), both chaos servers and the ksoftirqd threads
+	// (/proc/<pid>/stat), and this process (the benchmark driver with kedge's control
+	// plane). Softirq work is in the time of the task it interrupted (tick accounting) or
+	// of ksoftirqd; other engineers' processes are not in it.
+	ProcCPUPerReqUS float64            `json:"proc_cpu_per_request_us"`
+	ProcCPUUS       map[string]float64 `json:"proc_cpu_us"` // per request, by process
 	// With kedge: the hedger's counters over the run (measured and warm-up requests).
 	Counters map[string]uint64 `json:"counters,omitempty"`
 	// LostClones is clones that entered the delay line and never left it, plus clones
@@ -145,47 +189,106 @@ type RateRun struct {
 	RescueMaxUS float64 `json:"rescue_max_us,omitempty"`
 }
 
-// RateLevel summarises one concurrency level: medians over the repeats.
-type RateLevel struct {
-	Concurrency int     `json:"concurrency"`
-	OffRPS      float64 `json:"off_requests_per_s"`
-	OnRPS       float64 `json:"on_requests_per_s"`
-	OffP50US    float64 `json:"off_p50_us"`
-	OnP50US     float64 `json:"on_p50_us"`
-	OffP99US    float64 `json:"off_p99_us"`
-	OnP99US     float64 `json:"on_p99_us"`
-	// DeltaP50US and DeltaP99US are the medians of the per-pair differences (with kedge
-	// minus without).
-	DeltaP50US     float64 `json:"delta_p50_us"`
-	DeltaP99US     float64 `json:"delta_p99_us"`
-	OffCPUPerReqUS float64 `json:"off_cpu_per_request_us"`
-	OnCPUPerReqUS  float64 `json:"on_cpu_per_request_us"`
-	// Chaos service with kedge, summed over the repeats.
-	ChaosRPS   float64 `json:"chaos_requests_per_s"`
-	Stalled    int     `json:"stalled"`
-	Missed     int     `json:"missed_hedges"`
-	LostClones uint64  `json:"lost_clones"`
-	Timeouts   int     `json:"timeouts"`
-	// BudgetExhausted is the chaos runs' budget refusals (missed hedges the budget chose).
-	BudgetExhausted uint64 `json:"budget_exhausted"`
+// ArmLevel is one arm at one level: medians over the rounds, and (for a kedge arm) the
+// medians of the per-round comparisons with the unhedged run of the same round.
+type ArmLevel struct {
+	Arm             string            `json:"arm"`
+	RPS             float64           `json:"requests_per_s"`
+	P50US           float64           `json:"p50_us"`
+	P99US           float64           `json:"p99_us"`
+	CPUPerReqUS     float64           `json:"cpu_per_request_us"`
+	ProcCPUPerReqUS float64           `json:"proc_cpu_per_request_us"`
+	RPSRatio        Paired            `json:"rps_ratio,omitzero"`         // this arm / unhedged
+	DeltaP50US      Paired            `json:"delta_p50_us,omitzero"`      // this arm - unhedged
+	DeltaP99US      Paired            `json:"delta_p99_us,omitzero"`      //
+	CPUAddedUS      Paired            `json:"cpu_added_us,omitzero"`      // machine CPU per request
+	ProcCPUAddedUS  Paired            `json:"proc_cpu_added_us,omitzero"` // processes' CPU per request
+	Timeouts        int               `json:"timeouts"`
+	LostClones      uint64            `json:"lost_clones"`
+	Counters        map[string]uint64 `json:"counters,omitempty"` // summed over the rounds
 }
+
+// Paired is a per-round comparison: median and range over the rounds. N == 0: none.
+type Paired struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+	N      int     `json:"rounds"`
+}
+
+func paired(v []float64) Paired {
+	if len(v) == 0 {
+		return Paired{}
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return Paired{Median: pct(s, 50), Min: s[0], Max: s[len(s)-1], N: len(s)}
+}
+
+// RateLevel summarises one concurrency level.
+type RateLevel struct {
+	Concurrency int        `json:"concurrency"`
+	Arms        []ArmLevel `json:"arms"`
+}
+
+// ChaosCheck is a kedge arm's runs of the stalling service at saturation, summed over
+// the rounds.
+type ChaosCheck struct {
+	Arm             string  `json:"arm"`
+	Concurrency     int     `json:"concurrency"`
+	RPS             float64 `json:"requests_per_s"` // median
+	Stalled         int     `json:"stalled"`
+	Missed          int     `json:"missed_hedges"`
+	LostClones      uint64  `json:"lost_clones"`
+	Timeouts        int     `json:"timeouts"`
+	BudgetExhausted uint64  `json:"budget_exhausted"`
+	RescueP50US     float64 `json:"rescue_p50_us"` // median over the rounds
+	RescueMaxUS     float64 `json:"rescue_max_us"` // max over the rounds
+}
+
+// ProgTime is the kernel's run time of kedge's programs per request (BPF_PROG_TEST_RUN,
+// one run per packet), on one arm's hedger, with the counters the runs moved (which path).
+type ProgTime struct {
+	Arm      string            `json:"arm"`
+	Requests int               `json:"requests"`
+	SplitNS  float64           `json:"split_ns"`
+	RespNS   float64           `json:"resp_ns"`
+	Counters map[string]uint64 `json:"counters"`
+}
+
+// Targets are issue 14's targets for the rate scenario.
+var Targets = struct {
+	RPSRatio   float64 // stored / unhedged at saturation, at least
+	CPUAddedUS float64 // CPU per request added, at most
+	P50AddedUS float64 // paired P50 added at low load, at most
+}{0.9, 3, 8}
 
 // RateResult is the rate scenario's result.json.
 type RateResult struct {
 	bench.Envelope
-	Backend string `json:"backend"`
-	// IdleCPU is the busy CPUs with no traffic, without kedge and with kedge attached
-	// (the conveyor's fillers circulate whether or not requests flow).
-	IdleCPUOff float64     `json:"idle_cpu_off"`
-	IdleCPUOn  float64     `json:"idle_cpu_on"`
-	Runs       []RateRun   `json:"runs"`
-	Levels     []RateLevel `json:"levels"`
+	Backend string   `json:"backend"`
+	Arms    []string `json:"arms"`
+	// StoredArm says why the stored arm is missing, when it is.
+	StoredArm string `json:"stored_arm,omitempty"`
+	// IdleCPU is the busy CPUs with no traffic, per arm (the hedger attached, nothing sent):
+	// the conveyor's fillers circulate whether or not requests flow.
+	IdleCPU map[string]float64 `json:"idle_cpu"`
+	Runs    []RateRun          `json:"runs"`
+	Levels  []RateLevel        `json:"levels"`
+	Chaos   []ChaosCheck       `json:"chaos"`
+	Prog    []ProgTime         `json:"programs"`
 }
 
 // RateSchema versions RateResult.
-const RateSchema = "kedge.bench.rate/v1"
+const RateSchema = "kedge.bench.rate/v2"
 
-// RunRate runs scenario (d) and writes result.json and charts into o.OutDir.
+// rotate returns arms starting at position k (round-robin order for round k).
+func rotate[T any](arms []T, k int) []T {
+	k %= len(arms)
+	return append(slices.Clone(arms[k:]), arms[:k]...)
+}
+
+// RunRate runs the rate scenario and writes result.json and charts into o.OutDir.
 func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 	var res RateResult
 	if err := o.defaults(); err != nil {
@@ -196,48 +299,63 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 		return res, err
 	}
 	defer l.Close()
-	stopFast, err := startServer(Options{Exe: o.Exe, Server: chaos.Config{StallPct: 0, Stall: o.Stall, TTL: time.Second}},
-		srv, []netip.AddrPort{fast})
-	if err != nil {
-		return res, err
+	var serverPIDs []int
+	for _, s := range []struct {
+		at  netip.AddrPort
+		pct int
+	}{{fast, 0}, {slow, o.StallPct}} {
+		pid, stop, err := bench.StartProcessPID(srv, o.Exe, serverArgs([]netip.AddrPort{s.at},
+			chaos.Config{StallPct: s.pct, Stall: o.Stall, TTL: time.Second})...)
+		if err != nil {
+			return res, fmt.Errorf("start chaos server: %w", err)
+		}
+		defer stop()
+		serverPIDs = append(serverPIDs, pid)
 	}
-	defer stopFast()
-	stopSlow, err := startServer(Options{Exe: o.Exe, Server: chaos.Config{StallPct: o.StallPct, Stall: o.Stall, TTL: time.Second}},
-		srv, []netip.AddrPort{slow})
-	if err != nil {
-		return res, err
-	}
-	defer stopSlow()
 	for _, a := range []netip.AddrPort{fast, slow} {
 		if err := waitReady(ctx, client, a); err != nil {
 			return res, err
 		}
 	}
-
-	res = RateResult{Envelope: bench.NewEnvelope(ctx, RateSchema, Rate, map[string]any{"levels": o.Levels, "n": o.N, "warmup": o.Warmup, "repeats": o.Repeats,
-		"hedge_delay_ms": ms(o.Delay), "timeout_ms": ms(o.Timeout), "stall_pct": o.StallPct, "stall_ms": ms(o.Stall),
-		"fast_ms": 0, "budget_fast": "ratio 0.05, burst 10000", "budget_chaos": "ratio 0.1, burst 10000", "connected": true, "payload_len": 32})}
-	cfg := &hedge.Config{Interface: client.Iface, DelayLine: hedge.DelayLineConfig{Backend: o.Backend},
-		Services: []hedge.ServiceConfig{
-			// Each clone holds a budget token while it rides the delay line, so a service
-			// needs burst >= requests/s x delay for every request to be cloned (docs/hedging.md,
-			// Budget); the fast-path cost is measured with every request cloned.
-			{Name: "fast", Address: fast.String(), Delay: hedge.DelaySpec{Fixed: o.Delay}, Budget: hedge.BudgetSpec{Ratio: 0.05, Burst: 10000}},
-			// The loops' stalls come in synchronised bursts (every loop meets ids ending in
-			// 00 and 01 at about the same time): a burst of 10 would refuse most of a burst
-			// of stalls at 16 loops and more. The budget is not what this run measures, so it
-			// is wide; refusals would still be counted (budget_exhausted).
-			{Name: "chaos", Address: slow.String(), Delay: hedge.DelaySpec{Fixed: o.Delay}, Budget: hedge.BudgetSpec{Ratio: 0.1, Burst: 10000}},
-		}}
-
-	if res.IdleCPUOff, err = bench.IdleCPU(ctx, time.Second); err != nil {
+	softirqPIDs, err := bench.KsoftirqdPIDs()
+	if err != nil {
 		return res, err
 	}
+	arms := rateArms()
+	res = RateResult{Envelope: bench.NewEnvelope(ctx, RateSchema, Rate, map[string]any{"levels": o.Levels, "n": o.N, "warmup": o.Warmup,
+		"rounds": o.Repeats, "hedge_delay_ms": ms(o.Delay), "timeout_ms": ms(o.Timeout), "stall_pct": o.StallPct, "stall_ms": ms(o.Stall),
+		"fast_ms": 0, "budget_fast": "ratio 0.05, burst 10000", "budget_chaos": "ratio 0.1, burst 10000", "connected": true, "payload_len": 32,
+		"client": "kedge chaos client --mode baseline --connected (closed loops, one socket each)", "prog_runs": o.ProgRuns}),
+		IdleCPU: map[string]float64{}}
+	for _, a := range arms {
+		res.Arms = append(res.Arms, a.name)
+	}
+	if !storedPathBuilt {
+		res.StoredArm = "not run: this build of the hedger has no stored path (--store-limit)"
+	}
+	config := func(a rateArm) *hedge.Config {
+		cfg := &hedge.Config{Interface: client.Iface, DelayLine: hedge.DelayLineConfig{Backend: o.Backend},
+			Services: []hedge.ServiceConfig{
+				// The budget is not what this scenario measures: wide enough that every
+				// request can be hedged (with the bucket, a clone holds a token while it
+				// rides the delay line: burst >= requests/s x delay, docs/hedging.md).
+				{Name: "fast", Address: fast.String(), Delay: hedge.DelaySpec{Fixed: o.Delay}, Budget: hedge.BudgetSpec{Ratio: 0.05, Burst: 10000}},
+				// The loops' stalls come in synchronised bursts (every loop meets ids ending
+				// in 00 and 01 at about the same time); refusals would still be counted.
+				{Name: "chaos", Address: slow.String(), Delay: hedge.DelaySpec{Fixed: o.Delay}, Budget: hedge.BudgetSpec{Ratio: 0.1, Burst: 10000}},
+			}}
+		for i := range cfg.Services {
+			a.set(&cfg.Services[i])
+		}
+		return cfg
+	}
+
 	next := uint32(0) // run counter: id ranges
-	runClient := func(c, rep int, svc string, to netip.AddrPort, h *hedge.Hedger) (RateRun, error) {
+	sample := func() (procSample, error) { return readProcs(serverPIDs, softirqPIDs) }
+	runClient := func(c, round, order int, arm, svc string, to netip.AddrPort, h *hedge.Hedger) (RateRun, error) {
 		next++
-		run := RateRun{Concurrency: c, Repeat: rep, Service: svc, Kedge: h != nil}
-		path := filepath.Join(o.OutDir, fmt.Sprintf("c%d-r%d-%s-%s.json", c, rep, svc, map[bool]string{false: "off", true: "on"}[h != nil]))
+		run := RateRun{Concurrency: c, Round: round, Order: order, Arm: arm, Service: svc}
+		path := filepath.Join(o.OutDir, fmt.Sprintf("c%d-r%d-%s-%s.json", c, round, svc, arm))
 		var before *hedge.Snapshot
 		var err error
 		if h != nil {
@@ -249,13 +367,18 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 		if err != nil {
 			return run, err
 		}
-		o.Log.Info("rate run", "concurrency", c, "repeat", rep, "service", svc, "kedge", h != nil)
-		err = bench.RunProcess(ctx, client, io.Discard, o.Exe, "chaos", "client", "--mode", "baseline", "--connected",
+		p0, err := sample()
+		if err != nil {
+			return run, err
+		}
+		o.Log.Info("rate run", "concurrency", c, "round", round, "arm", arm, "service", svc)
+		clientCPU, err := bench.RunProcessCPU(ctx, client, io.Discard, o.Exe, "chaos", "client", "--mode", "baseline", "--connected",
 			"--target", to.String(), "-n", fmt.Sprint(o.N), "--warmup", fmt.Sprint(o.Warmup),
 			"--concurrency", fmt.Sprint(c), "--timeout", o.Timeout.String(), "--base-id", fmt.Sprint(next*idSpan),
 			"--scenario", Rate, "--name", filepath.Base(path), "--out", path)
+		p1, perr := sample()
 		cpu1, cerr := bench.ReadCPU()
-		if err = errors.Join(err, cerr); err != nil {
+		if err = errors.Join(err, perr, cerr); err != nil {
 			return run, err
 		}
 		r, err := bench.ReadFile(path)
@@ -266,73 +389,114 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 		if len(r.Series) != 1 {
 			return run, fmt.Errorf("%s: %d series, want 1", path, len(r.Series))
 		}
-		s := r.Series[0]
 		stallPct := 0
 		if svc == "chaos" {
 			stallPct = o.StallPct
 		}
-		summarizeRun(&run, s, cpu1.Sub(cpu0), stallPct, o.Stall)
+		run.Sent = o.N + o.Warmup
+		summarizeRun(&run, r.Series[0], cpu1.Sub(cpu0), stallPct, o.Stall)
+		run.ProcCPUUS = p1.sub(p0, clientCPU).perRequest(run.Sent)
+		for _, v := range run.ProcCPUUS {
+			run.ProcCPUPerReqUS += v
+		}
 		if h != nil {
-			// Let the last clones leave the delay line before counting.
-			time.Sleep(o.Delay + 50*time.Millisecond)
-			after, err := h.Stats()
-			if err != nil {
+			if run.Counters, run.LostClones, err = settledCounters(h, svc, before, o.Delay); err != nil {
 				return run, err
 			}
-			i := slices.IndexFunc(after.Services, func(s hedge.ServiceStats) bool { return s.Name == svc })
-			run.Counters = diffCounters(after.Services[i].Counters, before.Services[i].Counters)
-			dl := diffCounters(after.DelayLine, before.DelayLine)
-			lost := sub0(dl["carried_in"], dl["carried_out"]) + run.Counters["clone_errors"]
-			run.LostClones = &lost
 		}
 		return run, nil
 	}
 
-	for _, c := range o.Levels {
-		for rep := 1; rep <= o.Repeats; rep++ {
-			// Alternate the order so that drift over the run (other work on the machine,
-			// caches) does not always favour the same side.
-			onFirst := rep%2 == 0
-			for _, on := range []bool{onFirst, !onFirst} {
-				if !on {
-					run, err := runClient(c, rep, "fast", fast, nil)
-					if err != nil {
-						return res, err
-					}
-					res.Runs = append(res.Runs, run)
-					continue
-				}
-				h, err := hedge.Start(cfg, hedge.Options{Netns: client.Handle, Backend: o.Backend, Log: o.Log})
-				if err != nil {
-					return res, fmt.Errorf("start kernel hedger: %w", err)
+	last := o.Levels[len(o.Levels)-1]
+	for round := 1; round <= o.Repeats; round++ {
+		for order, a := range rotate(arms, round-1) {
+			var h *hedge.Hedger
+			if a.set != nil {
+				if h, err = hedge.Start(config(a), hedge.Options{Netns: client.Handle, Backend: o.Backend, Log: o.Log}); err != nil {
+					return res, fmt.Errorf("start kernel hedger (%s arm): %w", a.name, err)
 				}
 				res.Backend = h.Backend
-				if res.IdleCPUOn == 0 {
-					if res.IdleCPUOn, err = bench.IdleCPU(ctx, time.Second); err != nil {
-						return res, errors.Join(err, h.Close())
-					}
-				}
-				for _, svc := range []struct {
-					name string
-					to   netip.AddrPort
-				}{{"fast", fast}, {"chaos", slow}} {
-					run, err := runClient(c, rep, svc.name, svc.to, h)
+			}
+			err := func() error {
+				if _, ok := res.IdleCPU[a.name]; !ok {
+					idle, err := bench.IdleCPU(ctx, time.Second)
 					if err != nil {
-						return res, errors.Join(err, h.Close())
+						return err
+					}
+					res.IdleCPU[a.name] = idle
+				}
+				for _, c := range o.Levels {
+					run, err := runClient(c, round, order, a.name, "fast", fast, h)
+					if err != nil {
+						return err
 					}
 					res.Runs = append(res.Runs, run)
 				}
-				if err := h.Close(); err != nil {
-					return res, err
+				if h == nil {
+					return nil
 				}
+				run, err := runClient(last, round, order, a.name, "chaos", slow, h)
+				if err != nil {
+					return err
+				}
+				res.Runs = append(res.Runs, run)
+				if round == 1 {
+					next++
+					pt, err := measurePrograms(h, client.Handle, netip.AddrPortFrom(client.IPv4, 40000), next*idSpan, o.ProgRuns, o.Delay)
+					if err != nil {
+						return err
+					}
+					pt.Arm = a.name
+					res.Prog = append(res.Prog, pt)
+				}
+				return nil
+			}()
+			if h != nil {
+				err = errors.Join(err, h.Close())
+			}
+			if err != nil {
+				return res, err
 			}
 		}
 	}
-	res.Levels = rateLevels(res.Runs, o.Levels)
+	res.Levels, res.Chaos = rateLevels(res.Runs, o.Levels, res.Arms), chaosChecks(res.Runs, res.Arms)
 	if err := bench.WriteJSON(filepath.Join(o.OutDir, "result.json"), res); err != nil {
 		return res, err
 	}
 	return res, writeRateCharts(o.OutDir, res)
+}
+
+// settledCounters waits for the last clones to leave the delay line and returns the
+// service's counters since before and the clones lost.
+func settledCounters(h *hedge.Hedger, svc string, before *hedge.Snapshot, delay time.Duration) (map[string]uint64, *uint64, error) {
+	time.Sleep(delay + 50*time.Millisecond) // a clone is due after delay: nothing to poll for "none in flight"
+	after, err := h.Stats()
+	if err != nil {
+		return nil, nil, err
+	}
+	i := slices.IndexFunc(after.Services, func(s hedge.ServiceStats) bool { return s.Name == svc })
+	c := diffCounters(after.Services[i].Counters, before.Services[i].Counters)
+	dl := diffCounters(after.DelayLine, before.DelayLine)
+	lost := sub0(dl["carried_in"], dl["carried_out"]) + c["clone_errors"]
+	return c, &lost, nil
+}
+
+// measurePrograms times the programs of h on the fast service (index 0) and records
+// which path the test runs took.
+func measurePrograms(h *hedge.Hedger, ns netns.NsHandle, client netip.AddrPort, firstID uint32, n int, delay time.Duration) (ProgTime, error) {
+	before, err := h.Stats()
+	if err != nil {
+		return ProgTime{}, err
+	}
+	pt, err := h.MeasurePrograms(ns, 0, client, firstID, n, 32)
+	if err != nil {
+		return ProgTime{}, err
+	}
+	c, _, err := settledCounters(h, "fast", before, delay)
+	if err != nil {
+		return ProgTime{}, err
+	}
+	return ProgTime{Requests: pt.Requests, SplitNS: float64(pt.Split.Nanoseconds()), RespNS: float64(pt.Resp.Nanoseconds()), Counters: c}, nil
 }
 
 func sub0(a, b uint64) uint64 {
@@ -350,9 +514,54 @@ func diffCounters(after, before map[string]uint64) map[string]uint64 {
 	return out
 }
 
-// summarizeRun fills run's latency, CPU and stall figures from series s.
+// procSample is the CPU time of the processes a run involves, read at one moment.
+type procSample struct {
+	servers, softirq, self time.Duration
+}
+
+func readProcs(servers, softirq []int) (procSample, error) {
+	var s procSample
+	for _, pid := range servers {
+		d, err := bench.ProcCPU(pid)
+		if err != nil {
+			return s, err
+		}
+		s.servers += d
+	}
+	for _, pid := range softirq {
+		d, err := bench.ProcCPU(pid)
+		if err != nil {
+			return s, err
+		}
+		s.softirq += d
+	}
+	var err error
+	s.self, err = bench.SelfCPU()
+	return s, err
+}
+
+// procCPU is the CPU time each process used over a run.
+type procCPU struct {
+	client, servers, softirq, self time.Duration
+}
+
+func (b procSample) sub(a procSample, client time.Duration) procCPU {
+	return procCPU{client: client, servers: b.servers - a.servers, softirq: b.softirq - a.softirq, self: b.self - a.self}
+}
+
+func (p procCPU) perRequest(n int) map[string]float64 {
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(max(n, 1)) }
+	return map[string]float64{"client": us(p.client), "servers": us(p.servers), "ksoftirqd": us(p.softirq), "kedge": us(p.self)}
+}
+
+// summarizeRun fills run's latency, CPU and stall figures from series s. The CPU per
+// request divides by run.Sent (warm-up included: the CPU was read around the whole run),
+// or by the measured requests when Sent is not set.
 func summarizeRun(run *RateRun, s bench.Series, cpu bench.CPUTimes, stallPct int, stall time.Duration) {
 	run.Requests, run.ElapsedS = s.Requests(), s.ElapsedS
+	if run.Sent == 0 {
+		run.Sent = run.Requests
+	}
 	if s.ElapsedS > 0 {
 		run.RPS = float64(s.Requests()) / s.ElapsedS
 	}
@@ -383,63 +592,92 @@ func summarizeRun(run *RateRun, s bench.Series, cpu bench.CPUTimes, stallPct int
 	if secs := cpu.Wall.Seconds(); secs > 0 {
 		run.CPUBusy, run.CPUSoftirq = cpu.BusyCPUs(), cpu.Softirq.Seconds()/secs
 	}
-	if run.Requests > 0 {
-		run.CPUPerReqUS = float64(cpu.Busy.Microseconds()) / float64(run.Requests)
+	if run.Sent > 0 {
+		run.CPUPerReqUS = float64(cpu.Busy.Microseconds()) / float64(run.Sent)
 	}
 }
 
-// rateLevels summarises the runs per level: medians over the repeats, and the median of
-// the paired differences.
-func rateLevels(runs []RateRun, levels []int) []RateLevel {
+// rateLevels summarises the fast-service runs per level and arm: medians over the rounds,
+// and per kedge arm the medians of its comparisons with the unhedged run of its round.
+func rateLevels(runs []RateRun, levels []int, arms []string) []RateLevel {
 	out := make([]RateLevel, 0, len(levels))
 	for _, c := range levels {
 		lv := RateLevel{Concurrency: c}
-		var offRPS, onRPS, offP50, onP50, offP99, onP99, dP50, dP99, offCPU, onCPU, chaosRPS []float64
-		byRep := map[int][2]*RateRun{}
+		byRound := map[string]map[int]*RateRun{}
 		for i := range runs {
 			r := &runs[i]
-			if r.Concurrency != c {
+			if r.Concurrency != c || r.Service != "fast" {
 				continue
 			}
-			switch {
-			case r.Service == "chaos":
-				chaosRPS = append(chaosRPS, r.RPS)
-				lv.Stalled += r.Stalled
-				lv.BudgetExhausted += r.Counters["budget_exhausted"]
-				if r.Missed != nil {
-					lv.Missed += *r.Missed
-				}
-				if r.LostClones != nil {
-					lv.LostClones += *r.LostClones
-				}
-				lv.Timeouts += r.Timeouts
-			case r.Kedge:
-				onRPS, onP50, onP99, onCPU = append(onRPS, r.RPS), append(onP50, r.P50US), append(onP99, r.P99US), append(onCPU, r.CPUPerReqUS)
-				p := byRep[r.Repeat]
-				p[1] = r
-				byRep[r.Repeat] = p
-				if r.LostClones != nil {
-					lv.LostClones += *r.LostClones
-				}
-				lv.Timeouts += r.Timeouts
-			default:
-				offRPS, offP50, offP99, offCPU = append(offRPS, r.RPS), append(offP50, r.P50US), append(offP99, r.P99US), append(offCPU, r.CPUPerReqUS)
-				p := byRep[r.Repeat]
-				p[0] = r
-				byRep[r.Repeat] = p
+			if byRound[r.Arm] == nil {
+				byRound[r.Arm] = map[int]*RateRun{}
 			}
+			byRound[r.Arm][r.Round] = r
 		}
-		for _, p := range byRep {
-			if p[0] != nil && p[1] != nil {
-				dP50 = append(dP50, p[1].P50US-p[0].P50US)
-				dP99 = append(dP99, p[1].P99US-p[0].P99US)
+		for _, arm := range arms {
+			al := ArmLevel{Arm: arm}
+			var rps, p50, p99, cpu, pcpu, ratio, dp50, dp99, dcpu, dpcpu []float64
+			for round, r := range byRound[arm] {
+				rps, p50, p99 = append(rps, r.RPS), append(p50, r.P50US), append(p99, r.P99US)
+				cpu, pcpu = append(cpu, r.CPUPerReqUS), append(pcpu, r.ProcCPUPerReqUS)
+				al.Timeouts += r.Timeouts
+				if r.LostClones != nil {
+					al.LostClones += *r.LostClones
+				}
+				for k, v := range r.Counters {
+					if al.Counters == nil {
+						al.Counters = map[string]uint64{}
+					}
+					al.Counters[k] += v
+				}
+				u := byRound[ArmUnhedged][round]
+				if arm == ArmUnhedged || u == nil {
+					continue
+				}
+				if u.RPS > 0 {
+					ratio = append(ratio, r.RPS/u.RPS)
+				}
+				dp50, dp99 = append(dp50, r.P50US-u.P50US), append(dp99, r.P99US-u.P99US)
+				dcpu, dpcpu = append(dcpu, r.CPUPerReqUS-u.CPUPerReqUS), append(dpcpu, r.ProcCPUPerReqUS-u.ProcCPUPerReqUS)
 			}
+			al.RPS, al.P50US, al.P99US, al.CPUPerReqUS, al.ProcCPUPerReqUS = median(rps), median(p50), median(p99), median(cpu), median(pcpu)
+			al.RPSRatio, al.DeltaP50US, al.DeltaP99US = paired(ratio), paired(dp50), paired(dp99)
+			al.CPUAddedUS, al.ProcCPUAddedUS = paired(dcpu), paired(dpcpu)
+			lv.Arms = append(lv.Arms, al)
 		}
-		lv.OffRPS, lv.OnRPS, lv.ChaosRPS = median(offRPS), median(onRPS), median(chaosRPS)
-		lv.OffP50US, lv.OnP50US, lv.OffP99US, lv.OnP99US = median(offP50), median(onP50), median(offP99), median(onP99)
-		lv.DeltaP50US, lv.DeltaP99US = median(dP50), median(dP99)
-		lv.OffCPUPerReqUS, lv.OnCPUPerReqUS = median(offCPU), median(onCPU)
 		out = append(out, lv)
+	}
+	return out
+}
+
+// chaosChecks sums the stalling service's runs per kedge arm.
+func chaosChecks(runs []RateRun, arms []string) []ChaosCheck {
+	var out []ChaosCheck
+	for _, arm := range arms {
+		cc := ChaosCheck{Arm: arm}
+		var rps, resc []float64
+		for _, r := range runs {
+			if r.Arm != arm || r.Service != "chaos" {
+				continue
+			}
+			cc.Concurrency = r.Concurrency
+			rps, resc = append(rps, r.RPS), append(resc, r.RescueP50US)
+			cc.Stalled += r.Stalled
+			cc.Timeouts += r.Timeouts
+			cc.BudgetExhausted += r.Counters["budget_exhausted"]
+			cc.RescueMaxUS = max(cc.RescueMaxUS, r.RescueMaxUS)
+			if r.Missed != nil {
+				cc.Missed += *r.Missed
+			}
+			if r.LostClones != nil {
+				cc.LostClones += *r.LostClones
+			}
+		}
+		if len(rps) == 0 {
+			continue
+		}
+		cc.RPS, cc.RescueP50US = median(rps), median(resc)
+		out = append(out, cc)
 	}
 	return out
 }

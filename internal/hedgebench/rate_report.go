@@ -6,6 +6,7 @@ import (
 	"image/color"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -13,56 +14,128 @@ import (
 	"gonum.org/v1/plot/vg"
 )
 
-// WriteRateReport prints the per-level table of r and what it means.
+// WriteRateReport prints the per-level table of r, the issue's targets beside the paired
+// figures, the stalling service's check and the programs' run time.
 func WriteRateReport(w io.Writer, r RateResult) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| Loops | req/s without | req/s with | P50 without (µs) | P50 with | ΔP50 (µs) | P99 without (µs) | P99 with | ΔP99 (µs) | CPU/req without (µs) | CPU/req with | chaos req/s | stalled | missed hedges | budget refusals | lost clones |\n")
-	fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| Loops | Arm | req/s | req/s ratio | P50 (µs) | ΔP50 | P99 (µs) | ΔP99 | CPU/req machine (µs) | ΔCPU machine | CPU/req processes (µs) | ΔCPU processes | timeouts | lost clones |\n")
+	fmt.Fprintf(&b, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, l := range r.Levels {
-		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.1f | %.1f | %+.1f | %.1f | %.1f | %+.1f | %.1f | %.1f | %.0f | %d | %d | %d | %d |\n",
-			l.Concurrency, l.OffRPS, l.OnRPS, l.OffP50US, l.OnP50US, l.DeltaP50US, l.OffP99US, l.OnP99US, l.DeltaP99US,
-			l.OffCPUPerReqUS, l.OnCPUPerReqUS, l.ChaosRPS, l.Stalled, l.Missed, l.BudgetExhausted, l.LostClones)
+		for _, a := range l.Arms {
+			fmt.Fprintf(&b, "| %d | %s | %.0f | %s | %.1f | %s | %.1f | %s | %.1f | %s | %.1f | %s | %d | %d |\n",
+				l.Concurrency, a.Arm, a.RPS, pairedStr(a.RPSRatio, "%.2fx"), a.P50US, pairedStr(a.DeltaP50US, "%+.1f"),
+				a.P99US, pairedStr(a.DeltaP99US, "%+.1f"), a.CPUPerReqUS, pairedStr(a.CPUAddedUS, "%+.1f"),
+				a.ProcCPUPerReqUS, pairedStr(a.ProcCPUAddedUS, "%+.1f"), a.Timeouts, a.LostClones)
+		}
 	}
-	fmt.Fprintf(&b, "\nrate, %v requests per run, %v pairs per level, backend %s, %s",
-		r.Parameters["n"], r.Parameters["repeats"], r.Backend, r.Describe())
-	fmt.Fprintf(&b, "\nidle (no traffic): %.3f CPUs busy without kedge, %.3f with kedge attached\n", r.IdleCPUOff, r.IdleCPUOn)
-	b.WriteString("Δ = with minus without, median of the paired runs; latencies of requests answered at once;\n" +
-		"CPU/req = busy CPU time of the whole machine (client, server, stack, kedge) per request.\n")
+	fmt.Fprintf(&b, "\nrate, %v requests per run, %v rounds (arms in rotated order per round), backend %s, %s\n",
+		r.Parameters["n"], r.Parameters["rounds"], r.Backend, r.Describe())
+	b.WriteString("ratio and Δ: this arm against the unhedged run of the same round, median (min..max) over the rounds.\n" +
+		"CPU/req machine: busy time of all CPUs (/proc/stat, other work on the machine included) per request sent;\n" +
+		"CPU/req processes: user+system time of the client (rusage), both chaos servers, the ksoftirqd threads and the\n" +
+		"driver with kedge's control plane (/proc/<pid>/stat), per request sent; softirq work is in the time of the task\n" +
+		"it interrupted or of ksoftirqd (tick accounting, no IRQ time accounting on this kernel).\n")
+
+	if len(r.Levels) > 0 {
+		low, sat := r.Levels[0], r.Levels[len(r.Levels)-1]
+		fmt.Fprintf(&b, "\nTargets (issue 14), paired per round:\n")
+		for _, arm := range []string{ArmStored, ArmClone} {
+			s, ok := armAt(sat, arm)
+			lo, _ := armAt(low, arm)
+			if !ok {
+				fmt.Fprintf(&b, "  %s path: %s\n", arm, r.StoredArm)
+				continue
+			}
+			fmt.Fprintf(&b, "  %s path: req/s at %d loops %s of unhedged (target >= %.1fx: %s)\n", arm, sat.Concurrency,
+				pairedStr(s.RPSRatio, "%.2fx"), Targets.RPSRatio, verdict(s.RPSRatio.Median >= Targets.RPSRatio, s.RPSRatio.N,
+					fmt.Sprintf("short by %.2fx", Targets.RPSRatio-s.RPSRatio.Median)))
+			fmt.Fprintf(&b, "    CPU per request added at %d loops: processes %s µs, machine %s µs (target <= %.0f µs: %s)\n", sat.Concurrency,
+				pairedStr(s.ProcCPUAddedUS, "%+.1f"), pairedStr(s.CPUAddedUS, "%+.1f"), Targets.CPUAddedUS,
+				verdict(s.ProcCPUAddedUS.Median <= Targets.CPUAddedUS, s.ProcCPUAddedUS.N,
+					fmt.Sprintf("over by %.1f µs (processes)", s.ProcCPUAddedUS.Median-Targets.CPUAddedUS)))
+			fmt.Fprintf(&b, "    P50 added at %d loop(s): %s µs (target <= %.0f µs: %s)\n", low.Concurrency,
+				pairedStr(lo.DeltaP50US, "%+.1f"), Targets.P50AddedUS, verdict(lo.DeltaP50US.Median <= Targets.P50AddedUS, lo.DeltaP50US.N,
+					fmt.Sprintf("over by %.1f µs", lo.DeltaP50US.Median-Targets.P50AddedUS)))
+		}
+	}
+	for _, p := range r.Prog {
+		fmt.Fprintf(&b, "BPF run time per request, %s path (BPF_PROG_TEST_RUN, %d requests, one run each): hedge_split %.0f ns, hedge_resp %.0f ns (counters: %s)\n",
+			p.Arm, p.Requests, p.SplitNS, p.RespNS, counterStr(p.Counters, "requests", "responses", "clones", "stored", "store_too_large", "store_full"))
+	}
+	for _, c := range r.Chaos {
+		fmt.Fprintf(&b, "%d%% stalls at %d loops, %s path: %.0f req/s, %d stalled, %d missed hedges, %d budget refusals, %d lost clones, %d timeouts, rescued in P50 %.1f ms, max %.1f ms\n",
+			r.Parameters["stall_pct"], c.Concurrency, c.Arm, c.RPS, c.Stalled, c.Missed, c.BudgetExhausted, c.LostClones, c.Timeouts,
+			c.RescueP50US/1000, c.RescueMaxUS/1000)
+	}
+	var idle []string
+	for _, arm := range r.Arms {
+		idle = append(idle, fmt.Sprintf("%s %.3f", arm, r.IdleCPU[arm]))
+	}
+	fmt.Fprintf(&b, "idle (nothing sent), busy CPUs: %s\n", strings.Join(idle, ", "))
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
-// writeRateCharts draws latency and throughput against concurrency, with and without kedge.
+func armAt(l RateLevel, arm string) (ArmLevel, bool) {
+	i := slices.IndexFunc(l.Arms, func(a ArmLevel) bool { return a.Arm == arm })
+	if i < 0 {
+		return ArmLevel{}, false
+	}
+	return l.Arms[i], true
+}
+
+func pairedStr(p Paired, f string) string {
+	if p.N == 0 {
+		return "-"
+	}
+	if p.N == 1 {
+		return fmt.Sprintf(f, p.Median)
+	}
+	return fmt.Sprintf(f+" ("+f+".."+f+")", p.Median, p.Min, p.Max)
+}
+
+func verdict(met bool, n int, missed string) string {
+	switch {
+	case n == 0:
+		return "not measured"
+	case met:
+		return "met"
+	}
+	return "missed, " + missed
+}
+
+func counterStr(c map[string]uint64, names ...string) string {
+	var parts []string
+	for _, n := range names {
+		if v, ok := c[n]; ok {
+			parts = append(parts, fmt.Sprintf("%s %d", n, v))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// writeRateCharts draws requests/s, P50 and CPU per request against concurrency, one
+// line per arm.
 func writeRateCharts(dir string, r RateResult) error {
-	pick := func(f func(RateLevel) float64) plotter.XYs {
-		xy := make(plotter.XYs, len(r.Levels))
-		for i, l := range r.Levels {
-			xy[i].X, xy[i].Y = float64(l.Concurrency), f(l)
+	pick := func(arm string, f func(ArmLevel) float64) plotter.XYs {
+		var xy plotter.XYs
+		for _, l := range r.Levels {
+			if a, ok := armAt(l, arm); ok {
+				xy = append(xy, plotter.XY{X: float64(l.Concurrency), Y: f(a)})
+			}
 		}
 		return xy
 	}
-	type line struct {
-		name string
-		xy   plotter.XYs
-	}
 	charts := []struct {
 		file, title, ylabel string
-		lines               []line
+		f                   func(ArmLevel) float64
 	}{
-		{"latency", "Fast-path latency with and without kedge", "latency (µs)", []line{
-			{"P50 without kedge", pick(func(l RateLevel) float64 { return l.OffP50US })},
-			{"P50 with kedge", pick(func(l RateLevel) float64 { return l.OnP50US })},
-			{"P99 without kedge", pick(func(l RateLevel) float64 { return l.OffP99US })},
-			{"P99 with kedge", pick(func(l RateLevel) float64 { return l.OnP99US })},
-		}},
-		{"throughput", "Requests per second with and without kedge", "requests/s", []line{
-			{"without kedge", pick(func(l RateLevel) float64 { return l.OffRPS })},
-			{"with kedge", pick(func(l RateLevel) float64 { return l.OnRPS })},
-			{"with kedge, 2% stalls hedged", pick(func(l RateLevel) float64 { return l.ChaosRPS })},
-		}},
+		{"throughput", "Requests per second (median over the rounds)", "requests/s", func(a ArmLevel) float64 { return a.RPS }},
+		{"latency", "P50 latency (median over the rounds)", "P50 (µs)", func(a ArmLevel) float64 { return a.P50US }},
+		{"cpu", "CPU per request: client, servers, ksoftirqd, kedge", "CPU time per request (µs)", func(a ArmLevel) float64 { return a.ProcCPUPerReqUS }},
 	}
-	colors := []color.Color{color.Black, color.RGBA{R: 214, G: 39, B: 40, A: 255},
-		color.RGBA{R: 31, G: 119, B: 180, A: 255}, color.RGBA{R: 44, G: 160, B: 44, A: 255}}
+	colors := map[string]color.Color{ArmUnhedged: color.Black, ArmClone: color.RGBA{R: 214, G: 39, B: 40, A: 255},
+		ArmStored: color.RGBA{R: 31, G: 119, B: 180, A: 255}}
 	for _, c := range charts {
 		p := plot.New()
 		p.Title.Text = c.title
@@ -73,17 +146,22 @@ func writeRateCharts(dir string, r RateResult) error {
 		p.Y.Min = 0
 		p.Add(plotter.NewGrid())
 		p.Legend.Top, p.Legend.Left = true, true
-		for i, l := range c.lines {
-			ln, pts, err := plotter.NewLinePoints(l.xy)
+		for i, arm := range r.Arms {
+			xy := pick(arm, c.f)
+			if len(xy) == 0 {
+				continue
+			}
+			ln, pts, err := plotter.NewLinePoints(xy)
 			if err != nil {
 				return fmt.Errorf("rate chart %s: %w", c.file, err)
 			}
-			ln.Color, pts.Color = colors[i%len(colors)], colors[i%len(colors)]
+			col := colors[arm]
+			ln.Color, pts.Color = col, col
 			if i%2 == 1 {
 				ln.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
 			}
 			p.Add(ln, pts)
-			p.Legend.Add(l.name, ln, pts)
+			p.Legend.Add(arm, ln, pts)
 		}
 		for _, ext := range []string{".png", ".svg"} {
 			if err := p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, c.file+ext)); err != nil {

@@ -54,6 +54,38 @@ type authtestRaftPeer struct {
 	}
 }
 
+type authtestRaftPvView struct {
+	_            structs.HostLayout
+	Self         uint64
+	Term         uint64
+	LastIndex    uint64
+	LastTerm     uint64
+	Leader       uint64
+	HeardNs      uint64
+	ElectionNs   uint64
+	AliveUntilNs uint64
+	NowNs        uint64
+	Valid        uint32
+	Pad          uint32
+}
+
+type authtestRaftPvWhy uint32
+
+const (
+	authtestRaftPvWhyRAFT_PV_GRANT          authtestRaftPvWhy = 0
+	authtestRaftPvWhyRAFT_PV_REJECT_TERM    authtestRaftPvWhy = 1
+	authtestRaftPvWhyRAFT_PV_REJECT_LOG     authtestRaftPvWhy = 2
+	authtestRaftPvWhyRAFT_PV_IGNORE_LEASE   authtestRaftPvWhy = 3
+	authtestRaftPvWhyRAFT_PV_PASS_TYPE      authtestRaftPvWhy = 4
+	authtestRaftPvWhyRAFT_PV_PASS_NO_STATE  authtestRaftPvWhy = 5
+	authtestRaftPvWhyRAFT_PV_PASS_NOT_ALIVE authtestRaftPvWhy = 6
+	authtestRaftPvWhyRAFT_PV_PASS_LEADER    authtestRaftPvWhy = 7
+	authtestRaftPvWhyRAFT_PV_PASS_SAME_TERM authtestRaftPvWhy = 8
+	authtestRaftPvWhyRAFT_PV_PASS_CONTEXT   authtestRaftPvWhy = 9
+	authtestRaftPvWhyRAFT_PV_PASS_UNHEARD   authtestRaftPvWhy = 10
+	authtestRaftPvWhyRAFT_PV_WHY_MAX        authtestRaftPvWhy = 11
+)
+
 type authtestSiphashVec struct {
 	_      structs.HostLayout
 	K0     uint64
@@ -69,12 +101,15 @@ type authtestSiphashVec struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	authtestMapDrops       = "drops"
+	authtestMapPvView      = "pv_view"
+	authtestMapPvWhy       = "pv_why"
 	authtestMapRaftAuthCfg = "raft_auth_cfg"
 	authtestMapRaftPeers   = "raft_peers"
 	authtestMapRaftTxSeq   = "raft_tx_seq"
 	authtestMapVec         = "vec"
 	authtestMapVerdict     = "verdict"
 	authtestProgAuthXdp    = "auth_xdp"
+	authtestProgPrevoteXdp = "prevote_xdp"
 	authtestProgSignXdp    = "sign_xdp"
 	authtestProgSiphashXdp = "siphash_xdp"
 	authtestVarCfgSelf     = "cfg_self"
@@ -123,6 +158,7 @@ type authtestSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type authtestProgramSpecs struct {
 	AuthXdp    *ebpf.ProgramSpec `ebpf:"auth_xdp"`
+	PrevoteXdp *ebpf.ProgramSpec `ebpf:"prevote_xdp"`
 	SignXdp    *ebpf.ProgramSpec `ebpf:"sign_xdp"`
 	SiphashXdp *ebpf.ProgramSpec `ebpf:"siphash_xdp"`
 }
@@ -132,6 +168,8 @@ type authtestProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type authtestMapSpecs struct {
 	Drops       *ebpf.MapSpec `ebpf:"drops"`
+	PvView      *ebpf.MapSpec `ebpf:"pv_view"`
+	PvWhy       *ebpf.MapSpec `ebpf:"pv_why"`
 	RaftAuthCfg *ebpf.MapSpec `ebpf:"raft_auth_cfg"`
 	RaftPeers   *ebpf.MapSpec `ebpf:"raft_peers"`
 	RaftTxSeq   *ebpf.MapSpec `ebpf:"raft_tx_seq"`
@@ -167,6 +205,8 @@ func (o *authtestObjects) Close() error {
 // It can be passed to loadAuthtestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type authtestMaps struct {
 	Drops       *ebpf.Map `ebpf:"drops"`
+	PvView      *ebpf.Map `ebpf:"pv_view"`
+	PvWhy       *ebpf.Map `ebpf:"pv_why"`
 	RaftAuthCfg *ebpf.Map `ebpf:"raft_auth_cfg"`
 	RaftPeers   *ebpf.Map `ebpf:"raft_peers"`
 	RaftTxSeq   *ebpf.Map `ebpf:"raft_tx_seq"`
@@ -177,6 +217,8 @@ type authtestMaps struct {
 func (m *authtestMaps) Close() error {
 	return _AuthtestClose(
 		m.Drops,
+		m.PvView,
+		m.PvWhy,
 		m.RaftAuthCfg,
 		m.RaftPeers,
 		m.RaftTxSeq,
@@ -197,6 +239,7 @@ type authtestVariables struct {
 // It can be passed to loadAuthtestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type authtestPrograms struct {
 	AuthXdp    *ebpf.Program `ebpf:"auth_xdp"`
+	PrevoteXdp *ebpf.Program `ebpf:"prevote_xdp"`
 	SignXdp    *ebpf.Program `ebpf:"sign_xdp"`
 	SiphashXdp *ebpf.Program `ebpf:"siphash_xdp"`
 }
@@ -204,6 +247,7 @@ type authtestPrograms struct {
 func (p *authtestPrograms) Close() error {
 	return _AuthtestClose(
 		p.AuthXdp,
+		p.PrevoteXdp,
 		p.SignXdp,
 		p.SiphashXdp,
 	)

@@ -1,0 +1,194 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* prevote.h - pre-votes answered in XDP (docs/raft.md section 13, "Pre-vote in XDP", has the
+ * rules and the safety argument; this is the summary).
+ *
+ * A pre-vote changes no state on the voter (Raft thesis 9.6; etcd-raft's PreVote): the
+ * answer depends only on the voter's term, the last entry of its log and whether it has heard
+ * a leader within the election timeout (CheckQuorum). The follower program answers it from
+ * mirrors the node writes AFTER they are durable (the term and the last log index/term of
+ * the fsynced WAL, the leader of that term) and from the heartbeat map, exactly as etcd-raft's
+ * Step does for a MsgPreVote with m.Term > r.Term, and leaves every other case to user space:
+ *
+ *   no mirrored state, alive_until passed, this node leads,
+ *   m.Term == term, a non-empty context (leader transfer)      -> RAFT_PV_PASS
+ *   m.Term <  term                                             -> reject, Term = term (stale term)
+ *   m.Term >  term, leader known and heard < election timeout  -> RAFT_PV_DROP (etcd-raft ignores it)
+ *   m.Term >  term, leader known but never heard in XDP        -> RAFT_PV_PASS (cannot tell)
+ *   m.Term >  term, candidate's log at least as up to date     -> grant, Term = m.Term
+ *   m.Term >  term, candidate's log behind                     -> reject, Term = term (log behind)
+ *
+ * raft_prevote_decide() is the rule, on a struct raft_pv_view (so fixtures can feed any
+ * state); raft_prevote_reply() turns the request into the answer in place (type, from, to,
+ * term, the reject flag; every other field zero) - the caller signs it (raft_sign()), swaps
+ * the addresses and fixes the checksum. raft_prevote() is the glue for the follower program
+ * (bpf/raft/raftxdp.bpf.c): it fills the view from its maps (maps.h) under their locks.
+ */
+#ifndef KEDGE_RAFT_PREVOTE_H
+#define KEDGE_RAFT_PREVOTE_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "raft.h"
+
+/* What the caller does with the packet. */
+#define RAFT_PV_PASS 0 /* XDP_PASS: user space decides */
+#define RAFT_PV_TX 1   /* the answer is built in place: sign, turn around, XDP_TX */
+#define RAFT_PV_DROP 2 /* XDP_DROP: a leader was heard within the election timeout */
+
+/* Why (for counters and fixtures). */
+enum raft_pv_why {
+	RAFT_PV_GRANT = 0,
+	RAFT_PV_REJECT_TERM = 1,    /* candidate's term below ours */
+	RAFT_PV_REJECT_LOG = 2,     /* candidate's log behind our durable log */
+	RAFT_PV_IGNORE_LEASE = 3,   /* a leader heard within the election timeout */
+	RAFT_PV_PASS_TYPE = 4,      /* not a MsgPreVote */
+	RAFT_PV_PASS_NO_STATE = 5,  /* nothing mirrored yet */
+	RAFT_PV_PASS_NOT_ALIVE = 6, /* alive_until passed: the node may be dead or stuck */
+	RAFT_PV_PASS_LEADER = 7,    /* this node leads */
+	RAFT_PV_PASS_SAME_TERM = 8, /* m.Term == term: depends on the vote, user space's */
+	RAFT_PV_PASS_CONTEXT = 9,   /* a context (leader transfer forces a vote) */
+	RAFT_PV_PASS_UNHEARD = 10,  /* a leader is known but its heartbeats were not seen here */
+	RAFT_PV_WHY_MAX = 11,
+};
+
+/* The voter's state as the decision needs it. Times are CLOCK_MONOTONIC ns. */
+struct raft_pv_view {
+	__u64 self;
+	__u64 term;       /* durable current term */
+	__u64 last_index; /* last index of the durable log */
+	__u64 last_term;  /* its term */
+	__u64 leader;     /* leader of term known to the node; 0 = none */
+	__u64 heard_ns;   /* last heartbeat from that leader (answered in XDP); 0 = never */
+	__u64 election_ns;    /* election timeout (the lease of CheckQuorum) */
+	__u64 alive_until_ns; /* the node's persist/apply loop refreshes it */
+	__u64 now_ns;
+	__u32 valid;      /* the node has mirrored its state */
+	__u32 _pad;
+};
+
+static __always_inline int raft_prevote_decide(const struct raft_hdr *h, const struct raft_pv_view *v,
+					       __u32 *why)
+{
+	__u64 mterm, lterm, lindex;
+
+	if (h->type != RAFT_MSG_PRE_VOTE) {
+		*why = RAFT_PV_PASS_TYPE;
+		return RAFT_PV_PASS;
+	}
+	if (!v->valid) {
+		*why = RAFT_PV_PASS_NO_STATE;
+		return RAFT_PV_PASS;
+	}
+	if (v->now_ns >= v->alive_until_ns) {
+		*why = RAFT_PV_PASS_NOT_ALIVE;
+		return RAFT_PV_PASS;
+	}
+	if (v->leader == v->self) {
+		*why = RAFT_PV_PASS_LEADER;
+		return RAFT_PV_PASS;
+	}
+	mterm = bpf_be64_to_cpu(h->term);
+	if (mterm < v->term) {
+		*why = RAFT_PV_REJECT_TERM;
+		return RAFT_PV_TX;
+	}
+	if (mterm == v->term) {
+		*why = RAFT_PV_PASS_SAME_TERM;
+		return RAFT_PV_PASS;
+	}
+	if (h->ctx_len) {
+		*why = RAFT_PV_PASS_CONTEXT;
+		return RAFT_PV_PASS;
+	}
+	if (v->leader) {
+		if (!v->heard_ns) {
+			*why = RAFT_PV_PASS_UNHEARD;
+			return RAFT_PV_PASS;
+		}
+		if (v->now_ns - v->heard_ns < v->election_ns) {
+			*why = RAFT_PV_IGNORE_LEASE;
+			return RAFT_PV_DROP;
+		}
+	}
+	lterm = bpf_be64_to_cpu(h->log_term);
+	lindex = bpf_be64_to_cpu(h->index);
+	if (lterm > v->last_term || (lterm == v->last_term && lindex >= v->last_index))
+		*why = RAFT_PV_GRANT;
+	else
+		*why = RAFT_PV_REJECT_LOG;
+	return RAFT_PV_TX;
+}
+
+/* raft_prevote_reply rewrites the request h into the answer of raft_prevote_decide()'s why:
+ * MsgPreVoteResp from self to the candidate; a grant carries the candidate's term, a reject
+ * the voter's (etcd-raft's Step). The authentication fields are cleared for raft_sign(). */
+static __always_inline void raft_prevote_reply(struct raft_hdr *h, const struct raft_pv_view *v, __u32 why)
+{
+	__be64 cand = h->from;
+	__u8 reject = why != RAFT_PV_GRANT;
+
+	h->type = RAFT_MSG_PRE_VOTE_RESP;
+	h->flags = reject ? RAFT_F_REJECT : 0;
+	h->ctx_len = 0;
+	h->from = bpf_cpu_to_be64(v->self);
+	h->to = cand;
+	if (reject)
+		h->term = bpf_cpu_to_be64(v->term);
+	h->log_term = 0;
+	h->index = 0;
+	h->commit = 0;
+	h->reject_hint = 0;
+	__builtin_memset(h->ctx, 0, RAFT_CTX_MAX);
+	h->auth_seq = 0;
+	__builtin_memset(h->mac, 0, RAFT_MAC_LEN);
+}
+
+#if defined(KEDGE_RAFT_MAPS_H) && defined(RAFTX_STATE_HAS_LOG)
+/* raft_prevote: the contract with the follower program. Reads follower_state (the durable
+ * mirror) and follower_hb (heartbeats answered in XDP) under their locks, decides, and on
+ * RAFT_PV_TX has rewritten h into the answer (unsigned). cfg_self is the program's. */
+static __always_inline int raft_prevote(struct xdp_md *ctx, struct raft_hdr *h, void *data_end)
+{
+	struct raft_pv_view v = {};
+	struct raftx_state *st;
+	struct raftx_hb *hb;
+	__u32 zero = 0, why;
+	int ret;
+
+	if ((void *)(h + 1) > data_end)
+		return RAFT_PV_PASS;
+	st = bpf_map_lookup_elem(&follower_state, &zero);
+	hb = bpf_map_lookup_elem(&follower_hb, &zero);
+	if (!st || !hb)
+		return RAFT_PV_PASS;
+	v.self = cfg_self;
+	bpf_spin_lock(&st->lock);
+	v.term = st->term;
+	v.last_index = st->last_index;
+	v.last_term = st->last_term;
+	v.leader = st->leader;
+	v.election_ns = st->detect_ns;
+	v.alive_until_ns = st->alive_until_ns;
+	bpf_spin_unlock(&st->lock);
+	v.valid = v.term != 0;
+	bpf_spin_lock(&hb->lock);
+	if (hb->leader == v.leader && hb->term == v.term)
+		v.heard_ns = hb->last_ns;
+	bpf_spin_unlock(&hb->lock);
+	v.now_ns = bpf_ktime_get_ns();
+	ret = raft_prevote_decide(h, &v, &why);
+	if (ret == RAFT_PV_TX)
+		raft_prevote_reply(h, &v, why);
+	return ret;
+}
+#elif defined(KEDGE_RAFT_MAPS_H)
+/* The follower program's state mirror does not carry the durable last log index/term yet
+ * (maps.h defines RAFTX_STATE_HAS_LOG when it does): leave every pre-vote to user space. */
+static __always_inline int raft_prevote(struct xdp_md *ctx, struct raft_hdr *h, void *data_end)
+{
+	return RAFT_PV_PASS;
+}
+#endif
+
+#endif /* KEDGE_RAFT_PREVOTE_H */
