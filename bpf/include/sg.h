@@ -169,6 +169,8 @@ struct sg_stats {
 	__u64 slot_busy;       /* request's slot still pending: request dropped (never overwritten) */
 	__u64 slot_range;      /* request's slot outside the group's range: dropped */
 	__u64 not_owner;       /* request from another socket than the group's: passed */
+	__u64 continued;       /* batches handed on to the interface's ingress (fan-out > batch) */
+	__u64 cont_stopped;    /* handed-on request whose slot completed or was reused: rest dropped */
 	/* gather (XDP ingress) */
 	__u64 replies;         /* replies aggregated */
 	__u64 completed;       /* requests completed by their policy */

@@ -11,6 +11,13 @@
 
 /* Set by user space before load. */
 const volatile __u32 cfg_copy_mark = 0x6b530000; /* skb->mark on copies: not scattered again */
+/* Copies per run of the scatter. A run's copies all land in the sending CPU's backlog
+ * before the kernel delivers any of them (netdev_max_backlog, 1000 by default and not per
+ * network namespace: a burst of 1024 overflows it). After a batch, the request is handed
+ * on: marked cfg_cont_mark and redirected to the group interface's ingress, where
+ * sg_scatter_cont sends the next batch once the backlog has delivered this one. */
+const volatile __u32 cfg_batch = 128;
+const volatile __u32 cfg_cont_mark = 0x6b530001; /* skb->mark of a request handed on */
 /* The expiry timer fires this long after the deadline at the latest: a deadline that is
  * this close counts as reached (bpf_timer lateness, kernel-notes). */
 const volatile __u64 cfg_expire_slack_ns = 0;

@@ -31,7 +31,13 @@ struct scatter_ctx {
 	__be32 cur_addr[4]; /* destination now in the packet (IPv4: [0]) */
 	__be16 cur_port;
 	__be16 cur_worker;
-	__u32 next;        /* bounded tier: first worker of the next chunk */
+	__u32 next;        /* first worker of this batch (bounded tier: of the next chunk) */
+	__u32 end;         /* one past the last worker of this batch */
+	__u32 slot_base;   /* the group's slots, elements and deadline */
+	__u32 nslots;
+	__u32 elems;
+	__u32 _pad;
+	__u64 timeout_ns;
 	__u32 copies;
 	__u32 errors;
 };
@@ -84,17 +90,17 @@ static __always_inline int rewrite_to(struct __sk_buff *skb, struct scatter_ctx 
 	return err;
 }
 
-/* scatter_one sends the copy for worker i. Returns 1 (stop) past the last worker. */
-static __always_inline long scatter_one(struct __sk_buff *skb, __u64 i, struct scatter_ctx *c)
+/* scatter_one sends the copy for worker i. Returns 1 (stop) past the batch's last worker. */
+static __always_inline long scatter_one(struct __sk_buff *skb, __u32 i, struct scatter_ctx *c)
 {
 	struct sg_worker *w;
 	__u32 key;
 
-	if (i >= c->nworkers)
+	if (i >= c->end)
 		return 1;
-	key = c->worker_base + (__u32)i;
+	key = c->worker_base + i;
 	w = bpf_map_lookup_elem(&workers, &key);
-	if (!w || rewrite_to(skb, c, w, (__u32)i) < 0 ||
+	if (!w || rewrite_to(skb, c, w, i) < 0 ||
 	    bpf_clone_redirect(skb, c->ifindex, 0) < 0) {
 		c->errors++;
 		return 0;
@@ -107,29 +113,24 @@ static long scatter_cb(__u64 i, void *ctx)
 {
 	struct loop_ctx *l = ctx;
 
-	return scatter_one(l->skb, i, l->c);
+	return scatter_one(l->skb, l->c->next + (__u32)i, l->c);
 }
 
-/* scatter_prepare parses a request, checks it belongs to a configured group and was sent
- * by the group's socket, and arms its slot. Returns 1 when the copies should be sent
- * (c filled), or the TC verdict to return. */
-static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter_ctx *c,
-					   const int use_timer)
+/* parse_request parses a request datagram of a configured group sent by the group's
+ * socket and fills c from it (addresses now in the packet, group, offsets). Returns 1, or
+ * the TC verdict to return. */
+static __always_inline int parse_request(struct __sk_buff *skb, struct scatter_ctx *c,
+					 struct sg_hdr *out)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	struct sg_stats *gcnt = stats_for(NO_GROUP), *cnt;
+	struct sg_stats *gcnt = stats_for(NO_GROUP);
 	struct sg_hdr *h;
 	struct sg_group *g;
-	struct sg_slot *s;
 	struct pkt p;
-	__u32 gid, slot, udp_payload, hoff;
-	__u64 id, now, timeout;
-	__u16 need;
+	__u32 gid, udp_payload, hoff;
 	int perr;
 
-	if (skb->mark == cfg_copy_mark)
-		return TC_ACT_UNSPEC; /* one of our copies coming through again */
 	perr = parse_pkt(data, data_end, &p);
 	if (perr != PARSE_OK || p.l4_proto != IPPROTO_UDP || (p.flags & PKT_F_FRAG))
 		return TC_ACT_UNSPEC; /* not a request: kedge sg only looks at whole UDP datagrams */
@@ -159,31 +160,22 @@ static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter
 		COUNT(gcnt, unknown_group);
 		return TC_ACT_UNSPEC;
 	}
-	cnt = stats_for(gid);
 	if (p.sport != g->coord_port || !addr_eq(&p.saddr, &g->coord_addr) ||
 	    (g->family == 4) != (p.l3_proto == ETH_P_IP)) {
-		COUNT(cnt, not_owner);
+		COUNT(stats_for(gid), not_owner);
 		return TC_ACT_UNSPEC;
 	}
-	COUNT(cnt, requests);
-	id = bpf_be64_to_cpu(h->req_id);
-	slot = id & SG_SLOT_MASK;
-	if (slot < g->slot_base || slot >= (__u32)g->slot_base + g->nslots) {
-		COUNT(cnt, slot_range);
-		return TC_ACT_SHOT;
-	}
-	need = bpf_ntohs(h->need);
-	if (need == 0 || need > g->nworkers)
-		need = g->nworkers;
-	timeout = bpf_ntohl(h->timeout_us) * 1000ULL;
-	if (!timeout)
-		timeout = g->timeout_ns;
-
+	__builtin_memcpy(out, h, sizeof(*out));
 	c->gid = gid;
 	c->nworkers = g->nworkers;
 	c->worker_base = g->worker_base;
 	c->ifindex = g->ifindex;
 	c->next = 0;
+	c->end = 0;
+	c->slot_base = g->slot_base;
+	c->nslots = g->nslots;
+	c->elems = g->elems;
+	c->timeout_ns = g->timeout_ns;
 	c->l3_off = p.l3_off;
 	c->l4_off = p.l4_off;
 	c->hdr_off = hoff;
@@ -196,6 +188,51 @@ static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter
 	c->cur_worker = h->worker;
 	c->copies = 0;
 	c->errors = 0;
+	return 1;
+}
+
+/* batch_end is the end of the batch that starts at worker next. */
+static __always_inline __u32 batch_end(const struct scatter_ctx *c, __u32 next)
+{
+	__u32 batch = cfg_batch ? cfg_batch : 1;
+
+	return next + batch < c->nworkers ? next + batch : c->nworkers;
+}
+
+/* scatter_prepare parses a request, checks it belongs to a configured group and was sent
+ * by the group's socket, and arms its slot. Returns 1 when the copies should be sent
+ * (c filled), or the TC verdict to return. */
+static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter_ctx *c,
+					   const int use_timer)
+{
+	struct sg_stats *cnt;
+	struct sg_slot *s;
+	struct sg_hdr h;
+	__u32 slot;
+	__u64 id, now, timeout;
+	__u16 need;
+	int ret;
+
+	if (skb->mark == cfg_copy_mark)
+		return TC_ACT_UNSPEC; /* one of our copies coming through again */
+	ret = parse_request(skb, c, &h);
+	if (ret != 1)
+		return ret;
+	cnt = stats_for(c->gid);
+	COUNT(cnt, requests);
+	id = bpf_be64_to_cpu(h.req_id);
+	slot = id & SG_SLOT_MASK;
+	if (slot < c->slot_base || slot >= c->slot_base + c->nslots) {
+		COUNT(cnt, slot_range);
+		return TC_ACT_SHOT;
+	}
+	need = bpf_ntohs(h.need);
+	if (need == 0 || need > c->nworkers)
+		need = c->nworkers;
+	timeout = bpf_ntohl(h.timeout_us) * 1000ULL;
+	if (!timeout)
+		timeout = c->timeout_ns;
+	c->end = batch_end(c, 0);
 
 	s = bpf_map_lookup_elem(&slots, &slot);
 	if (!s)
@@ -212,7 +249,7 @@ static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter
 	s->res.req_id = id;
 	s->res.start_ns = now;
 	s->res.done_ns = 0;
-	s->res.group = gid;
+	s->res.group = c->gid;
 	s->res.slot = slot;
 	s->res.status = SG_ST_OK;
 	s->res.count = 0;
@@ -224,7 +261,7 @@ static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter
 	for (__u32 i = 0; i < SG_AGG_ELEMS; i++) {
 		__u32 k = i;
 
-		if (i >= g->elems)
+		if (i >= c->elems)
 			break;
 		barrier_var(k); /* no memset idiom; the mask bounds k for the verifier */
 		s->res.agg[k & (SG_AGG_ELEMS - 1)] = 0;
@@ -236,13 +273,52 @@ static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter
 	return 1;
 }
 
-/* scatter_finish counts the copies and drops the original. */
-static __always_inline int scatter_finish(struct scatter_ctx *c)
+/* cont_prepare picks up a request handed on by scatter_finish (at the group interface's
+ * ingress): the packet still holds the last copy's destination and worker index, so the
+ * next batch starts after it. Its slot must still hold the request, pending: a request
+ * completed (N of M) or expired needs no more copies. Returns 1 or the TC verdict. */
+static __always_inline int cont_prepare(struct __sk_buff *skb, struct scatter_ctx *c)
+{
+	struct sg_slot *s;
+	struct sg_hdr h;
+	__u32 slot, next;
+	__u64 id;
+	int ret;
+
+	if (skb->mark != cfg_cont_mark)
+		return TC_ACT_UNSPEC; /* anything else arriving: not ours here */
+	ret = parse_request(skb, c, &h);
+	if (ret != 1)
+		return ret;
+	if (skb->ifindex != c->ifindex)
+		return TC_ACT_UNSPEC;
+	id = bpf_be64_to_cpu(h.req_id);
+	slot = id & SG_SLOT_MASK;
+	next = (__u32)bpf_ntohs(h.worker) + 1;
+	s = bpf_map_lookup_elem(&slots, &slot);
+	if (!s || s->res.req_id != id || s->state != SG_SLOT_PENDING || next >= c->nworkers) {
+		COUNT(stats_for(c->gid), cont_stopped);
+		return TC_ACT_SHOT;
+	}
+	c->next = next;
+	c->end = batch_end(c, next);
+	skb->mark = cfg_copy_mark;
+	return 1;
+}
+
+/* scatter_finish counts the copies; then it hands the request on to the next batch
+ * (cfg_batch) or drops the original. */
+static __always_inline int scatter_finish(struct __sk_buff *skb, struct scatter_ctx *c)
 {
 	struct sg_stats *cnt = stats_for(c->gid < SG_GROUPS_MAX ? c->gid : NO_GROUP);
 
 	COUNT_N(cnt, copies, c->copies);
 	COUNT_N(cnt, copy_errors, c->errors);
+	if (c->end < c->nworkers) {
+		COUNT(cnt, continued);
+		skb->mark = cfg_cont_mark;
+		return bpf_redirect(c->ifindex, BPF_F_INGRESS);
+	}
 	return TC_ACT_SHOT;
 }
 

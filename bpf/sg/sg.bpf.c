@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* sg.bpf.c - kedge's scatter-gather data plane. Entry points:
  *   sg_scatter      (TC egress, coordinator iface)  one request -> a copy per worker (bpf_loop)
- *   sg_scatter_bl   (same, kernels without bpf_loop: a bounded loop)
+ *   sg_scatter_cont (TC ingress, coordinator iface)  the next batch of a large fan-out
+ *   sg_scatter_bl, sg_scatter_cont_bl (same, kernels without bpf_loop: a bounded loop)
  *   sg_gather       (XDP, coordinator iface)        replies reduced and consumed
  *   sg_timers_init  (BPF_PROG_TEST_RUN)             one bpf_timer per slot
  *   sg_sweep        (BPF_PROG_TEST_RUN)             expiry on kernels without bpf_timer
@@ -30,14 +31,31 @@ int sg_scatter(struct __sk_buff *skb)
 	if (ret != 1)
 		return ret;
 	bpf_loop(SG_WORKERS_MAX, scatter_cb, &l, 0);
-	return scatter_finish(&c);
+	return scatter_finish(skb, &c);
+}
+
+/* TC ingress of the group interface: the next batch of a request handed on by
+ * scatter_finish (fan-outs larger than cfg_batch). Everything else passes. */
+SEC("tc")
+int sg_scatter_cont(struct __sk_buff *skb)
+{
+	struct scatter_ctx c;
+	struct loop_ctx l = { .skb = skb, .c = &c };
+	int ret = cont_prepare(skb, &c);
+
+	if (ret != 1)
+		return ret;
+	bpf_loop(SG_WORKERS_MAX, scatter_cb, &l, 0);
+	return scatter_finish(skb, &c);
 }
 
 /* Kernels before 5.17 (no bpf_loop, no bpf_timer): SCATTER_CHUNK workers per program
- * run in a bounded loop, then a tail call to sg_scatter_chunk for the next chunk, with the
- * loop state in a per-CPU map (a TC program runs to its end on one CPU). 33 runs (the
- * tail-call limit) x 32 = 1056 >= SG_WORKERS_MAX. A bounded loop over all 1024 workers
- * exceeds the verifier's 1M-instruction budget. Expiry is sg_sweep's. */
+ * run in a bounded loop, then a tail call to sg_scatter_chunk for the next chunk of the
+ * batch, with the loop state in a per-CPU map (a TC program runs to its end on one CPU
+ * with bottom halves off; the copies' own pass through the egress hook returns before
+ * touching it). A batch (cfg_batch <= 32 x 33, the tail-call limit) is handed on as in
+ * the bpf_loop tier. A bounded loop over all 1024 workers exceeds the verifier's
+ * 1M-instruction budget. Expiry is sg_sweep's. */
 #define SCATTER_CHUNK 32
 
 struct {
@@ -61,18 +79,19 @@ static __always_inline int scatter_chunk(struct __sk_buff *skb, struct scatter_c
 
 	for (__u32 k = 0; k < SCATTER_CHUNK; k++) {
 		if (scatter_one(skb, start + k, c))
-			return scatter_finish(c);
+			return scatter_finish(skb, c);
 	}
 	c->next = start + SCATTER_CHUNK;
+	if (c->next >= c->end)
+		return scatter_finish(skb, c);
 	bpf_tail_call(skb, &scatter_chain, zero);
-	/* Tail call failed (limit reached or not set up): count the rest as failed. */
-	if (c->nworkers > c->next)
-		c->errors += c->nworkers - c->next;
-	return scatter_finish(c);
+	/* Tail call failed (limit reached or not set up): count the batch's rest as failed. */
+	c->errors += c->end - c->next;
+	return scatter_finish(skb, c);
 }
 
-SEC("tc")
-int sg_scatter_bl(struct __sk_buff *skb)
+/* bounded_entry starts the first batch of a request (cont = 0) or a handed-on one. */
+static __always_inline int bounded_entry(struct __sk_buff *skb, const int cont)
 {
 	__u32 zero = 0;
 	struct scatter_ctx *c = bpf_map_lookup_elem(&scatter_state, &zero);
@@ -80,10 +99,22 @@ int sg_scatter_bl(struct __sk_buff *skb)
 
 	if (!c)
 		return TC_ACT_UNSPEC;
-	ret = scatter_prepare(skb, c, 0);
+	ret = cont ? cont_prepare(skb, c) : scatter_prepare(skb, c, 0);
 	if (ret != 1)
 		return ret;
 	return scatter_chunk(skb, c);
+}
+
+SEC("tc")
+int sg_scatter_bl(struct __sk_buff *skb)
+{
+	return bounded_entry(skb, 0);
+}
+
+SEC("tc")
+int sg_scatter_cont_bl(struct __sk_buff *skb)
+{
+	return bounded_entry(skb, 1);
 }
 
 SEC("tc")

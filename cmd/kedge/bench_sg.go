@@ -23,7 +23,7 @@ func newBenchSgCmd() *cobra.Command {
 	var fanouts []int
 	cmd := &cobra.Command{
 		Use:   "sg",
-		Short: "Scatter-gather: kedge against naive, sendmmsg/recvmmsg, epoll and busy-poll baselines",
+		Short: "Scatter-gather: kedge against naive, sendmmsg/recvmmsg, epoll, busy-poll and io_uring baselines",
 		Long: `Runs kedge's in-kernel scatter-gather and user-space baselines (each matching replies by
 request id, one unconnected socket, the same requests outstanding) against the same worker
 processes in a two-host lab, fan-out by fan-out, methods alternating. Prints per method

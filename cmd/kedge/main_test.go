@@ -147,7 +147,7 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"sg", "stats", "extra"}},
 		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--fanouts", "0"}},
 		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--fanouts", "2000"}},
-		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--methods", "kedge,iouring"}},
+		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--methods", "kedge,dpdk"}},
 		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--outstanding", "0"}},
 		{exitUsage, []string{"bench", "sg", "extra"}},
 	},

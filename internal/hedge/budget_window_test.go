@@ -1,7 +1,12 @@
 package hedge
 
 import (
+	"encoding/binary"
+	"net/netip"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 )
 
 // winSums adds up the window budget's slots (all of them: a fixture's run lasts well
@@ -130,4 +135,235 @@ func TestWindowBudget(t *testing.T) {
 	}
 	split(7)
 	rescue(7, true)
+}
+
+// TestWindowBudgetSlots checks the window's arithmetic at its edges (service "win": ratio
+// 0.5, floor 1, slots of 1 s): a due request's hedge is charged to now's slot when
+// hedges x 1000 <= requests x 500 + 1000 over the slots whose epoch lies within the last
+// BUDGET_SLOTS (now's and the 9 before), refused one past it (and nothing stays charged);
+// a slot 10 epochs old no longer counts; the slot now's epoch reuses is started over.
+func TestWindowBudgetSlots(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.reset(t)
+	slot := f.svcCfg(t, sWin).BudgetSlotNs
+	if slot != uint64(time.Second) {
+		t.Fatalf("slot %d ns, want 1 s (window 10 s / %d)", slot, budgetSlots)
+	}
+	// epochNow is now's epoch (now / slot + 1), at least 150 ms before the next slot begins,
+	// so that the programs run in the same one.
+	epochNow := func() uint64 {
+		for {
+			now := monoNow(t)
+			if now%slot < slot-150*uint64(time.Millisecond) {
+				return now/slot + 1
+			}
+			time.Sleep(time.Duration(slot - now%slot))
+		}
+	}
+	type slotVal struct{ age, requests, hedges uint64 } // age: epochs before now's
+	set := func(cur uint64, slots ...slotVal) {
+		t.Helper()
+		st := f.state(t, sWin)
+		st.WinEpoch, st.WinRequests, st.WinHedges = [budgetSlots]uint64{}, [budgetSlots]uint64{}, [budgetSlots]uint64{}
+		for _, s := range slots {
+			e := cur - s.age
+			st.WinEpoch[e%uint64(budgetSlots)], st.WinRequests[e%uint64(budgetSlots)], st.WinHedges[e%uint64(budgetSlots)] = e, s.requests, s.hedges
+		}
+		if err := f.objs.SvcStates.Put(uint32(sWin), st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rescue := func(id uint32) (hedged bool) {
+		t.Helper()
+		ret, e := rescueDue(t, f, sWin, svcWin, id)
+		switch {
+		case ret == redirect && e.State == reqHedged:
+			return true
+		case ret == shot && e.State == reqRefused:
+			return false
+		}
+		t.Fatalf("request %d: verdict %s state %s: neither hedged nor refused", id, verdict(ret), stateNames[e.State])
+		return false
+	}
+	sums := func() (uint64, uint64) { return winSums(f.state(t, sWin)) }
+	cases := []struct {
+		name      string
+		slots     []slotVal
+		wantHedge bool
+	}{
+		// 20 requests allow 0.5 x 20 + 1 = 11 hedges.
+		{"the 11th hedge of 20 requests: at the bound, sent", []slotVal{{9, 20, 10}}, true},
+		{"the 12th: one past the bound, refused", []slotVal{{9, 20, 11}}, false},
+		{"the oldest slot still in the window (9 epochs old) counts", []slotVal{{0, 0, 5}, {9, 20, 5}}, true},
+		{"... up to its bound", []slotVal{{0, 0, 6}, {9, 20, 5}}, false},
+		{"a slot 11 epochs old (index of the one before now) no longer counts", []slotVal{{11, 0, 1000}, {5, 20, 10}}, true},
+		{"... while one epoch old it does", []slotVal{{1, 0, 1000}, {5, 20, 10}}, false},
+		{"no requests: the floor alone allows one hedge", nil, true},
+	}
+	for i, c := range cases {
+		cur := epochNow()
+		set(cur, c.slots...)
+		r0, h0 := sums()
+		got := rescue(uint32(200 + i))
+		r1, h1 := sums()
+		wantH := h0
+		if c.wantHedge {
+			wantH++
+		}
+		if got != c.wantHedge || r1 != r0 || h1 != wantH {
+			t.Errorf("%s: hedged %v (want %v); window requests %d -> %d, hedges %d -> %d (want %d: charged only when sent)",
+				c.name, got, c.wantHedge, r0, r1, h0, h1, wantH)
+		}
+	}
+
+	// Rollover: now's slot index holds epoch now-10 with a pile of counts; the next request
+	// starts it over (epoch now, 1 request, no hedges) and its hedge counts against that
+	// alone: 0.5 x 1 + 1 -> one hedge, then refused.
+	cur := epochNow()
+	set(cur, slotVal{10, 1000, 1000})
+	if _, err := f.run(f.objs.HedgeSplit, datagram(client4, svcWin, idPayload(300, 32)), 0); err != nil {
+		t.Fatal(err)
+	}
+	st := f.state(t, sWin)
+	i := cur % uint64(budgetSlots)
+	if st.WinEpoch[i] != cur || st.WinRequests[i] != 1 || st.WinHedges[i] != 0 {
+		t.Errorf("now's slot after a request: epoch %d requests %d hedges %d, want %d, 1, 0 (started over)",
+			st.WinEpoch[i], st.WinRequests[i], st.WinHedges[i], cur)
+	}
+	if !rescue(301) || rescue(302) {
+		t.Errorf("after the rollover: want one hedge (1 request x 0.5 + 1) and then a refusal")
+	}
+}
+
+// TestWindowBudgetHoldsOutage: srv1 answers nothing (a full outage) while 4 clients send a
+// request every 2 ms each (open loop, about 2000/s) for 3 s: every request is due, and the
+// window (ratio 0.1, burst 5, window 1 s: slots of 100 ms) must hold the hedges to the
+// ratio, window after window. Sampled every 50 ms:
+//   - the kernel's own tally: hedges <= 0.1 x requests + 5 over the slots in the window;
+//   - the counters: hedges_sent over any stretch of at most 850 ms (inside the window of
+//     the sample that ends it) <= 0.1 x that window's requests + 5.
+//
+// And over the run the budget is used, not starved: hedges >= half of 0.1 x requests.
+func TestWindowBudgetHoldsOutage(t *testing.T) {
+	requireRoot(t)
+	if inGuest() {
+		t.Skip("open-loop load for 3 s: host only (TestWindowBudgetSlots covers the arithmetic in guests)")
+	}
+	l := hedgeLab(t, "ho")
+	srv1, srv2 := l.Host("srv1"), l.Host("srv2")
+	svc, alt := netip.AddrPortFrom(srv1.IPv4, 9999), netip.AddrPortFrom(srv2.IPv4, 9999)
+	startRecServer(t, srv1, svc, -1)
+	startRecServer(t, srv2, alt, 0)
+	const (
+		ratio, burst = 0.1, 5
+		window       = time.Second
+		run          = 3 * time.Second
+		pace         = 2 * time.Millisecond
+		workers      = 4
+	)
+	h := startHedger(t, l, &Config{
+		Interface: "eth0",
+		Services: []ServiceConfig{{Name: "outage", Address: svc.String(), Replicas: []string{alt.String()},
+			Delay:  DelaySpec{Fixed: 5 * time.Millisecond},
+			Budget: BudgetSpec{Mode: BudgetWindow, Ratio: ratio, Burst: burst, Window: Duration(window)}}},
+	}, budgetTestBackend())
+
+	type sample struct {
+		at                  time.Time // after both reads
+		hedges              uint64    // counter hedges_sent
+		winReq, winHedges   uint64    // the kernel's window tally
+		countersAt, tallyAt time.Time
+	}
+	var samples []sample
+	read := func() sample {
+		var s sample
+		snap, err := h.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.countersAt, s.hedges = snap.Time, snap.Services[0].Counters["hedges_sent"]
+		var st hedgeSvcState
+		if err := h.objs.SvcStates.Lookup(uint32(0), &st); err != nil {
+			t.Fatal(err)
+		}
+		s.tallyAt = time.Now()
+		cur := slices.Max(st.WinEpoch[:])
+		for i, e := range st.WinEpoch {
+			if e != 0 && e+uint64(budgetSlots) > cur {
+				s.winReq += st.WinRequests[i]
+				s.winHedges += st.WinHedges[i]
+			}
+		}
+		s.at = time.Now()
+		return s
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		conn := clientSocket(t, l.Host("client"), svc, false)
+		wg.Add(2)
+		go func() { // drain the hedges' answers
+			defer wg.Done()
+			buf := make([]byte, 2048)
+			for {
+				if _, _, err := conn.ReadFromUDPAddrPort(buf); err != nil {
+					return
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			defer conn.Close()
+			req := make([]byte, 32)
+			tick := time.NewTicker(pace)
+			defer tick.Stop()
+			for i := uint32(0); ; i++ {
+				binary.BigEndian.PutUint32(req, uint32(w)<<24|i)
+				if _, err := conn.WriteToUDPAddrPort(req, svc); err != nil {
+					t.Errorf("send: %v", err)
+					return
+				}
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+			}
+		}()
+	}
+	end := time.Now().Add(run)
+	for time.Now().Before(end) {
+		samples = append(samples, read())
+		time.Sleep(50 * time.Millisecond) // the sampling period: nothing to wait for
+	}
+	close(stop)
+	wg.Wait()
+	c := waitCounters(t, h, 2*time.Second, func(c map[string]uint64) bool {
+		return c["hedges_sent"]+c["budget_exhausted"] >= c["requests"]
+	})
+	t.Logf("%d samples; requests %d hedges_sent %d budget_exhausted %d (ratio %g: %.0f)",
+		len(samples), c["requests"], c["hedges_sent"], c["budget_exhausted"], ratio, ratio*float64(c["requests"]))
+
+	worst := 0.0 // the largest share of the bound any check used
+	for i, s := range samples {
+		bound := ratio*float64(s.winReq) + burst
+		if float64(s.winHedges) > bound {
+			t.Errorf("sample %d: the window tallies %d hedges for %d requests: above 0.1 x requests + 5 = %.1f",
+				i, s.winHedges, s.winReq, bound)
+		}
+		for j := i - 1; j >= 0 && s.countersAt.Sub(samples[j].tallyAt) < 850*time.Millisecond; j-- {
+			// samples[j]'s counters were read before its tally, so this stretch lies within
+			// [tallyAt_i - 850 ms, tallyAt_i]: inside the window sample i's tally covers.
+			d := float64(s.hedges - samples[j].hedges)
+			worst = max(worst, d/bound)
+			if d > bound {
+				t.Errorf("samples %d..%d (%v): %0.f hedges sent, above 0.1 x %d requests in the window + 5 = %.1f",
+					j, i, s.countersAt.Sub(samples[j].countersAt).Round(time.Millisecond), d, s.winReq, bound)
+			}
+		}
+	}
+	t.Logf("largest use of the window's bound over a stretch of < 850 ms: %.0f%%", worst*100)
+	if float64(c["hedges_sent"]) < ratio*float64(c["requests"])/2 {
+		t.Errorf("hedges_sent %d: fewer than half of 0.1 x %d requests; the budget starves the outage", c["hedges_sent"], c["requests"])
+	}
 }

@@ -28,20 +28,28 @@ func setChoice(tb testing.TB, f *fixture, svc int, choice uint8, rr uint32, p50 
 	}
 }
 
-// hedgeOnce runs the rescuer on a due request of service rr and returns the replica its
-// hedge went to.
-func hedgeOnce(tb testing.TB, f *fixture, id uint32) uint8 {
+// rescueDue runs the rescuer on a due request id of service svc (its own address to) and
+// returns the verdict and the entry afterwards.
+func rescueDue(tb testing.TB, f *fixture, svc int, to netip.AddrPort, id uint32) (uint32, hedgeHreq) {
 	tb.Helper()
-	k := key(sRR, client4, uint64(id))
+	k := key(svc, client4, uint64(id))
 	now := monoNow(tb)
 	f.put(tb, k, pending(now-uint64(testDelay)-1000, now-1000))
-	r, err := f.run(f.objs.HedgeRescue, datagram(client4, svcRR, idPayload(id, 32)), 0)
+	r, err := f.run(f.objs.HedgeRescue, datagram(client4, to, idPayload(id, 32)), 0)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	e, _ := f.entry(tb, k)
-	if r.ret != redirect || e.State != reqHedged {
-		tb.Fatalf("request %d: verdict %s, state %s; want a hedge", id, verdict(r.ret), stateNames[e.State])
+	return r.ret, e
+}
+
+// hedgeOnce runs the rescuer on a due request of service rr and returns the replica its
+// hedge went to.
+func hedgeOnce(tb testing.TB, f *fixture, id uint32) uint8 {
+	tb.Helper()
+	ret, e := rescueDue(tb, f, sRR, svcRR, id)
+	if ret != redirect || e.State != reqHedged {
+		tb.Fatalf("request %d: verdict %s, state %s; want a hedge", id, verdict(ret), stateNames[e.State])
 	}
 	return e.HedgeReplica
 }

@@ -52,7 +52,12 @@ func newFixture(t *testing.T, gid uint32, coord netip.AddrPort, workers []netip.
 
 func newFixtureTB(t testing.TB, gid uint32, coord netip.AddrPort, workers []netip.AddrPort, red, typ uint8, elems uint16, gatherK uint32) *fixture {
 	t.Helper()
-	o, err := Load(LoadOptions{Tier: DetectTier()})
+	return newFixtureWith(t, LoadOptions{Tier: DetectTier()}, gid, coord, workers, red, typ, elems, gatherK)
+}
+
+func newFixtureWith(t testing.TB, opts LoadOptions, gid uint32, coord netip.AddrPort, workers []netip.AddrPort, red, typ uint8, elems uint16, gatherK uint32) *fixture {
+	t.Helper()
+	o, err := Load(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

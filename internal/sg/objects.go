@@ -55,8 +55,11 @@ type Objects struct {
 	Results *ebpf.Map
 	Stats   *ebpf.Map
 	Scatter *ebpf.Program
-	Gather  *ebpf.Program
-	Sweep   *ebpf.Program
+	// Cont goes on the group interface's TC ingress: it sends the next batch of a
+	// fan-out larger than the batch (LoadOptions.Batch).
+	Cont   *ebpf.Program
+	Gather *ebpf.Program
+	Sweep  *ebpf.Program
 	// TimersInit is nil in TierBounded.
 	TimersInit *ebpf.Program
 
@@ -67,6 +70,7 @@ type Objects struct {
 type loopObjects struct {
 	sgMaps
 	Scatter    *ebpf.Program `ebpf:"sg_scatter"`
+	Cont       *ebpf.Program `ebpf:"sg_scatter_cont"`
 	Gather     *ebpf.Program `ebpf:"sg_gather"`
 	Sweep      *ebpf.Program `ebpf:"sg_sweep"`
 	TimersInit *ebpf.Program `ebpf:"sg_timers_init"`
@@ -75,6 +79,7 @@ type loopObjects struct {
 type boundedObjects struct {
 	sgMaps
 	Scatter *ebpf.Program `ebpf:"sg_scatter_bl"`
+	Cont    *ebpf.Program `ebpf:"sg_scatter_cont_bl"`
 	Chunk   *ebpf.Program `ebpf:"sg_scatter_chunk"`
 	Gather  *ebpf.Program `ebpf:"sg_gather"`
 	Sweep   *ebpf.Program `ebpf:"sg_sweep"`
@@ -87,7 +92,15 @@ type LoadOptions struct {
 	CopyMark uint32
 	// ExpireSlack: a deadline this close counts as reached.
 	ExpireSlack uint64
+	// Batch is the number of copies one run of the scatter sends before it hands the
+	// request on to the interface's ingress (default 128; at most 32 x 33 on the bounded
+	// tier). Every copy of a run waits in the CPU's backlog (netdev_max_backlog) until the
+	// run ends.
+	Batch uint32
 }
+
+// DefaultBatch is the scatter's default batch (LoadOptions.Batch).
+const DefaultBatch = 128
 
 // Load loads the programs of opts.Tier and creates the maps.
 func Load(opts LoadOptions) (*Objects, error) {
@@ -100,6 +113,15 @@ func Load(opts LoadOptions) (*Objects, error) {
 			return nil, fmt.Errorf("set copy mark: %w", err)
 		}
 	}
+	if opts.Batch == 0 {
+		opts.Batch = DefaultBatch
+	}
+	if opts.Batch > 32*33 {
+		return nil, fmt.Errorf("sg batch %d: at most %d", opts.Batch, 32*33)
+	}
+	if err := spec.Variables["cfg_batch"].Set(opts.Batch); err != nil {
+		return nil, fmt.Errorf("set batch: %w", err)
+	}
 	if err := spec.Variables["cfg_expire_slack_ns"].Set(opts.ExpireSlack); err != nil {
 		return nil, fmt.Errorf("set expire slack: %w", err)
 	}
@@ -110,14 +132,14 @@ func Load(opts LoadOptions) (*Objects, error) {
 			return nil, err
 		}
 		o.fromMaps(lo.sgMaps)
-		o.Scatter, o.Gather, o.Sweep, o.TimersInit = lo.Scatter, lo.Gather, lo.Sweep, lo.TimersInit
+		o.Scatter, o.Cont, o.Gather, o.Sweep, o.TimersInit = lo.Scatter, lo.Cont, lo.Gather, lo.Sweep, lo.TimersInit
 	} else {
 		var bo boundedObjects
 		if err := bpfx.LoadAndAssign("sg", spec, &bo, nil); err != nil {
 			return nil, err
 		}
 		o.fromMaps(bo.sgMaps)
-		o.Scatter, o.chunk, o.Gather, o.Sweep = bo.Scatter, bo.Chunk, bo.Gather, bo.Sweep
+		o.Scatter, o.Cont, o.chunk, o.Gather, o.Sweep = bo.Scatter, bo.Cont, bo.Chunk, bo.Gather, bo.Sweep
 		if err := bo.ScatterChain.Put(uint32(0), bo.Chunk); err != nil {
 			o.Close()
 			return nil, fmt.Errorf("link scatter chunks: %w", err)
@@ -170,7 +192,7 @@ func (o *Objects) SumStats(group uint32) (Stats, error) {
 // Close releases every object.
 func (o *Objects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Scatter, o.Gather, o.Sweep, o.Groups, o.Workers, o.Slots, o.Results, o.Stats} {
+	for _, c := range []interface{ Close() error }{o.Scatter, o.Cont, o.Gather, o.Sweep, o.Groups, o.Workers, o.Slots, o.Results, o.Stats} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
@@ -116,46 +117,90 @@ func request(from, to netip.AddrPort, gid uint16, id uint64, payload []byte) []b
 	return b.UDP(pktbuild.UDP{Src: from.Port(), Dst: to.Port()}).Payload(d).Build()
 }
 
+// scatterFixture loads the data plane with batch (0: the default) and points group 1's
+// copies at a veth whose peer captures them; workers get MACs 02:00:00:00:00:1i.
+func scatterFixture(t *testing.T, coord netip.AddrPort, workers []netip.AddrPort, batch uint32) (*fixture, *scatterNS, int) {
+	t.Helper()
+	bpftest.RequireRoot(t)
+	f := newFixtureWith(t, LoadOptions{Tier: DetectTier(), Batch: batch}, 1, coord, workers, RedSum, TypeI64, 1, 0)
+	untimed, err := f.o.InitTimers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newScatterNS(t)
+	var g GroupCfg
+	if err := f.o.Groups.Lookup(uint32(1), &g); err != nil {
+		t.Fatal(err)
+	}
+	g.Ifindex = uint32(s.out)
+	// A deadline no slow guest (TCG) reaches while the cases run: the slot's timer
+	// must not expire the request between two counter reads.
+	g.TimeoutNs = uint64(time.Hour)
+	if err := f.o.Groups.Put(uint32(1), &g); err != nil {
+		t.Fatal(err)
+	}
+	for i := range workers {
+		var w WorkerCfg
+		key := uint32(1*WorkersMax + i)
+		if err := f.o.Workers.Lookup(key, &w); err != nil {
+			t.Fatal(err)
+		}
+		w.Mac = [6]byte{2, 0, 0, 0, 0, byte(0x10 + i)}
+		if err := f.o.Workers.Put(key, &w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f, s, untimed
+}
+
+// checkCopies checks the captured copies of request id: one per worker, in order, each
+// rewritten for its worker with valid checksums.
+func checkCopies(t *testing.T, got [][]byte, workers []netip.AddrPort, id uint64) {
+	t.Helper()
+	if len(got) != len(workers) {
+		t.Fatalf("captured %d copies, want %d", len(got), len(workers))
+	}
+	for i, frame := range got {
+		if err := pktbuild.VerifyChecksums(frame); err != nil {
+			t.Errorf("copy %d: %v", i, err)
+		}
+		w := workers[i]
+		var dst netip.Addr
+		var dport uint16
+		var hdr []byte
+		if w.Addr().Is4() {
+			dst = netip.AddrFrom4([4]byte(frame[30:34]))
+			dport = binary.BigEndian.Uint16(frame[36:])
+			hdr = frame[42:]
+		} else {
+			dst = netip.AddrFrom16([16]byte(frame[38:54]))
+			dport = binary.BigEndian.Uint16(frame[56:])
+			hdr = frame[62:]
+		}
+		h, p, err := ParseHeader(hdr)
+		if err != nil || dst != w.Addr() || dport != w.Port() || int(h.Worker) != i || h.ReqID != id ||
+			string(p) != "payload" || !bytes.Equal(frame[:6], []byte{2, 0, 0, 0, 0, byte(0x10 + i)}) {
+			t.Errorf("copy %d: to %v:%d mac %x worker %d id %#x payload %q (%v); want worker %d at %v",
+				i, dst, dport, frame[:6], h.Worker, h.ReqID, p, err, i, w)
+		}
+	}
+}
+
+var families = []struct {
+	name    string
+	coord   netip.AddrPort
+	workers []netip.AddrPort
+}{{"ipv4", coord4, w4}, {"ipv6", coord6, w6}}
+
 func TestScatterCopies(t *testing.T) {
-	for _, fam := range []struct {
-		name    string
-		coord   netip.AddrPort
-		workers []netip.AddrPort
-	}{{"ipv4", coord4, w4}, {"ipv6", coord6, w6}} {
+	for _, fam := range families {
 		t.Run(fam.name, func(t *testing.T) {
-			f := newFixture(t, 1, fam.coord, fam.workers, RedSum, TypeI64, 1, 0)
-			untimed, err := f.o.InitTimers()
-			if err != nil {
-				t.Fatal(err)
-			}
-			s := newScatterNS(t)
-			var g GroupCfg
-			if err := f.o.Groups.Lookup(uint32(1), &g); err != nil {
-				t.Fatal(err)
-			}
-			g.Ifindex = uint32(s.out)
-			// A deadline no slow guest (TCG) reaches while the cases run: the slot's timer
-			// must not expire the request between two counter reads.
-			g.TimeoutNs = uint64(time.Hour)
-			if err := f.o.Groups.Put(uint32(1), &g); err != nil {
-				t.Fatal(err)
-			}
-			for i := range fam.workers {
-				var w WorkerCfg
-				key := uint32(1*WorkersMax + i)
-				if err := f.o.Workers.Lookup(key, &w); err != nil {
-					t.Fatal(err)
-				}
-				w.Mac = [6]byte{2, 0, 0, 0, 0, byte(0x10 + i)}
-				if err := f.o.Workers.Put(key, &w); err != nil {
-					t.Fatal(err)
-				}
-			}
+			f, s, untimed := scatterFixture(t, fam.coord, fam.workers, 0)
 			id := uint64(5)<<10 | 70
 			in := request(fam.coord, fam.workers[0], 1, id, []byte("payload"))
 			var res bpftest.Result
 			var delta bpftest.Counters
-			err = s.ns.Do(func() (err error) {
+			err := s.ns.Do(func() (err error) {
 				delta, err = bpftest.Delta(f.counters, func() (err error) {
 					res, err = bpftest.Run(f.o.Scatter, in)
 					return err
@@ -174,34 +219,7 @@ func TestScatterCopies(t *testing.T) {
 			if d := delta.Diff(bpftest.Counters{"1.Requests": 1, "1.Copies": int64(len(fam.workers))}); d != "" {
 				t.Errorf("counters:\n%s", d)
 			}
-			got := s.capture(t, len(fam.workers))
-			if len(got) != len(fam.workers) {
-				t.Fatalf("captured %d copies, want %d", len(got), len(fam.workers))
-			}
-			for i, frame := range got {
-				if err := pktbuild.VerifyChecksums(frame); err != nil {
-					t.Errorf("copy %d: %v", i, err)
-				}
-				w := fam.workers[i]
-				var dst netip.Addr
-				var dport uint16
-				var hdr []byte
-				if w.Addr().Is4() {
-					dst = netip.AddrFrom4([4]byte(frame[30:34]))
-					dport = binary.BigEndian.Uint16(frame[36:])
-					hdr = frame[42:]
-				} else {
-					dst = netip.AddrFrom16([16]byte(frame[38:54]))
-					dport = binary.BigEndian.Uint16(frame[56:])
-					hdr = frame[62:]
-				}
-				h, p, err := ParseHeader(hdr)
-				if err != nil || dst != w.Addr() || dport != w.Port() || int(h.Worker) != i || h.ReqID != id ||
-					string(p) != "payload" || !bytes.Equal(frame[:6], []byte{2, 0, 0, 0, 0, byte(0x10 + i)}) {
-					t.Errorf("copy %d: to %v:%d mac %x worker %d id %#x payload %q (%v); want worker %d at %v",
-						i, dst, dport, frame[:6], h.Worker, h.ReqID, p, err, i, w)
-				}
-			}
+			checkCopies(t, s.capture(t, len(fam.workers)), fam.workers, id)
 			var slot SlotRec
 			if err := f.o.Slots.Lookup(uint32(id&SlotMask), &slot); err != nil {
 				t.Fatal(err)
@@ -228,6 +246,105 @@ func TestScatterCopies(t *testing.T) {
 			}
 			if err := s.ns.Do(func() error { r.Run(t, cases); return nil }); err != nil {
 				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// tcActRedirect is TC_ACT_REDIRECT: bpf_redirect's verdict.
+const tcActRedirect = 7
+
+// TestScatterBatches: with a batch of 1, each run of the scatter sends one copy and hands
+// the request on (TC_ACT_REDIRECT to the interface's ingress, marked); sg_scatter_cont
+// picks it up from the packet the previous run left and sends the next, until the last
+// worker. A handed-on request whose slot no longer holds it stops; unmarked traffic at
+// ingress passes.
+func TestScatterBatches(t *testing.T) {
+	const contMark = 0x6b530001
+	for _, fam := range families {
+		t.Run(fam.name, func(t *testing.T) {
+			f, s, _ := scatterFixture(t, fam.coord, fam.workers, 1)
+			id := uint64(6)<<10 | 71
+			in := request(fam.coord, fam.workers[0], 1, id, []byte("payload"))
+			// __sk_buff up to ifindex: mark at [2], ifindex at [10].
+			ctx := func(mark uint32) *[11]uint32 {
+				var c [11]uint32
+				c[2], c[10] = mark, uint32(s.out)
+				return &c
+			}
+			var rets []uint32
+			err := s.ns.Do(func() error {
+				res, err := bpftest.Run(f.o.Scatter, in)
+				if err != nil {
+					return err
+				}
+				rets = append(rets, res.Ret)
+				pkt := res.Out
+				for k := 1; k < len(fam.workers) && res.Ret == tcActRedirect; k++ {
+					opts := ebpf.RunOptions{Data: pkt, DataOut: make([]byte, len(pkt)+bpftest.OutPad), Context: ctx(contMark), Repeat: 1}
+					ret, err := f.o.Cont.Run(&opts)
+					if err != nil {
+						return fmt.Errorf("run sg_scatter_cont: %w", err)
+					}
+					rets = append(rets, ret)
+					pkt = opts.DataOut
+					res.Ret = ret
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := make([]uint32, len(fam.workers))
+			for i := range want {
+				want[i] = tcActRedirect
+			}
+			want[len(want)-1] = bpftest.TCActShot
+			if fmt.Sprint(rets) != fmt.Sprint(want) {
+				t.Errorf("verdicts %v, want %v (redirect to ingress until the last batch)", rets, want)
+			}
+			checkCopies(t, s.capture(t, len(fam.workers)), fam.workers, id)
+			c, err := f.counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c["1.Copies"] != int64(len(fam.workers)) || c["1.Continued"] != int64(len(fam.workers)-1) || c["1.Requests"] != 1 {
+				t.Errorf("copies %d continued %d requests %d, want %d, %d, 1", c["1.Copies"], c["1.Continued"], c["1.Requests"], len(fam.workers), len(fam.workers)-1)
+			}
+
+			other := request(fam.coord, fam.workers[0], 1, id+1024, []byte("payload")) // same slot, not its request
+			cases := []struct {
+				name    string
+				in      []byte
+				mark    uint32
+				wantRet uint32
+				want    bpftest.Counters
+			}{
+				{"handed on, slot holds another request", other, contMark, bpftest.TCActShot, bpftest.Counters{"1.ContStopped": 1}},
+				{"unmarked request at ingress", in, 0, bpftest.TCActUnspec, bpftest.Counters{}},
+				{"marked, not sg", pktbuild.New().IPv4(pktbuild.IPv4{}).UDP(pktbuild.UDP{Src: 1, Dst: 2}).Payload([]byte("GET /")).Build(), contMark, bpftest.TCActUnspec, bpftest.Counters{}},
+			}
+			for _, tc := range cases {
+				var ret uint32
+				err := s.ns.Do(func() error {
+					d, err := bpftest.Delta(f.counters, func() (err error) {
+						ret, err = f.o.Cont.Run(&ebpf.RunOptions{Data: tc.in, Context: ctx(tc.mark), Repeat: 1})
+						return err
+					})
+					if err != nil {
+						return err
+					}
+					if diff := d.Diff(tc.want); diff != "" {
+						t.Errorf("%s: counters:\n%s", tc.name, diff)
+					}
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ret != tc.wantRet {
+					t.Errorf("%s: verdict %d, want %d", tc.name, int32(ret), int32(tc.wantRet))
+				}
 			}
 		})
 	}

@@ -27,6 +27,13 @@ type sgScatterCtx struct {
 	CurPort    uint16
 	CurWorker  uint16
 	Next       uint32
+	End        uint32
+	SlotBase   uint32
+	Nslots     uint32
+	Elems      uint32
+	Pad        uint32
+	_          [4]byte
+	TimeoutNs  uint64
 	Copies     uint32
 	Errors     uint32
 }
@@ -97,6 +104,8 @@ type sgSgStats struct {
 	SlotBusy     uint64
 	SlotRange    uint64
 	NotOwner     uint64
+	Continued    uint64
+	ContStopped  uint64
 	Replies      uint64
 	Completed    uint64
 	Timeouts     uint64
@@ -144,8 +153,12 @@ const (
 	sgProgSgScatter       = "sg_scatter"
 	sgProgSgScatterBl     = "sg_scatter_bl"
 	sgProgSgScatterChunk  = "sg_scatter_chunk"
+	sgProgSgScatterCont   = "sg_scatter_cont"
+	sgProgSgScatterContBl = "sg_scatter_cont_bl"
 	sgProgSgSweep         = "sg_sweep"
 	sgProgSgTimersInit    = "sg_timers_init"
+	sgVarCfgBatch         = "cfg_batch"
+	sgVarCfgContMark      = "cfg_cont_mark"
 	sgVarCfgCopyMark      = "cfg_copy_mark"
 	sgVarCfgExpireSlackNs = "cfg_expire_slack_ns"
 )
@@ -192,12 +205,14 @@ type sgSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sgProgramSpecs struct {
-	SgGather       *ebpf.ProgramSpec `ebpf:"sg_gather"`
-	SgScatter      *ebpf.ProgramSpec `ebpf:"sg_scatter"`
-	SgScatterBl    *ebpf.ProgramSpec `ebpf:"sg_scatter_bl"`
-	SgScatterChunk *ebpf.ProgramSpec `ebpf:"sg_scatter_chunk"`
-	SgSweep        *ebpf.ProgramSpec `ebpf:"sg_sweep"`
-	SgTimersInit   *ebpf.ProgramSpec `ebpf:"sg_timers_init"`
+	SgGather        *ebpf.ProgramSpec `ebpf:"sg_gather"`
+	SgScatter       *ebpf.ProgramSpec `ebpf:"sg_scatter"`
+	SgScatterBl     *ebpf.ProgramSpec `ebpf:"sg_scatter_bl"`
+	SgScatterChunk  *ebpf.ProgramSpec `ebpf:"sg_scatter_chunk"`
+	SgScatterCont   *ebpf.ProgramSpec `ebpf:"sg_scatter_cont"`
+	SgScatterContBl *ebpf.ProgramSpec `ebpf:"sg_scatter_cont_bl"`
+	SgSweep         *ebpf.ProgramSpec `ebpf:"sg_sweep"`
+	SgTimersInit    *ebpf.ProgramSpec `ebpf:"sg_timers_init"`
 }
 
 // sgMapSpecs contains maps before they are loaded into the kernel.
@@ -217,6 +232,8 @@ type sgMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sgVariableSpecs struct {
+	CfgBatch         *ebpf.VariableSpec `ebpf:"cfg_batch"`
+	CfgContMark      *ebpf.VariableSpec `ebpf:"cfg_cont_mark"`
 	CfgCopyMark      *ebpf.VariableSpec `ebpf:"cfg_copy_mark"`
 	CfgExpireSlackNs *ebpf.VariableSpec `ebpf:"cfg_expire_slack_ns"`
 }
@@ -266,6 +283,8 @@ func (m *sgMaps) Close() error {
 //
 // It can be passed to loadSgObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sgVariables struct {
+	CfgBatch         *ebpf.Variable `ebpf:"cfg_batch"`
+	CfgContMark      *ebpf.Variable `ebpf:"cfg_cont_mark"`
 	CfgCopyMark      *ebpf.Variable `ebpf:"cfg_copy_mark"`
 	CfgExpireSlackNs *ebpf.Variable `ebpf:"cfg_expire_slack_ns"`
 }
@@ -274,12 +293,14 @@ type sgVariables struct {
 //
 // It can be passed to loadSgObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sgPrograms struct {
-	SgGather       *ebpf.Program `ebpf:"sg_gather"`
-	SgScatter      *ebpf.Program `ebpf:"sg_scatter"`
-	SgScatterBl    *ebpf.Program `ebpf:"sg_scatter_bl"`
-	SgScatterChunk *ebpf.Program `ebpf:"sg_scatter_chunk"`
-	SgSweep        *ebpf.Program `ebpf:"sg_sweep"`
-	SgTimersInit   *ebpf.Program `ebpf:"sg_timers_init"`
+	SgGather        *ebpf.Program `ebpf:"sg_gather"`
+	SgScatter       *ebpf.Program `ebpf:"sg_scatter"`
+	SgScatterBl     *ebpf.Program `ebpf:"sg_scatter_bl"`
+	SgScatterChunk  *ebpf.Program `ebpf:"sg_scatter_chunk"`
+	SgScatterCont   *ebpf.Program `ebpf:"sg_scatter_cont"`
+	SgScatterContBl *ebpf.Program `ebpf:"sg_scatter_cont_bl"`
+	SgSweep         *ebpf.Program `ebpf:"sg_sweep"`
+	SgTimersInit    *ebpf.Program `ebpf:"sg_timers_init"`
 }
 
 func (p *sgPrograms) Close() error {
@@ -288,6 +309,8 @@ func (p *sgPrograms) Close() error {
 		p.SgScatter,
 		p.SgScatterBl,
 		p.SgScatterChunk,
+		p.SgScatterCont,
+		p.SgScatterContBl,
 		p.SgSweep,
 		p.SgTimersInit,
 	)

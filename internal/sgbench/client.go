@@ -22,7 +22,7 @@ import (
 )
 
 // Methods, in the order they run in each round.
-var Methods = []string{"kedge", "naive", "mmsg", "epoll", "busypoll"}
+var Methods = []string{"kedge", "naive", "mmsg", "epoll", "busypoll", "iouring"}
 
 // ClientOptions configure one client run (one method, one fan-out).
 type ClientOptions struct {
@@ -179,6 +179,9 @@ func setup(o ClientOptions) (func() (requester, error), func(), error) {
 	}
 	if !slices.Contains(Methods, o.Method) {
 		return nil, nil, fmt.Errorf("unknown method %q (want one of %v)", o.Method, Methods)
+	}
+	if o.Method == "iouring" {
+		return func() (requester, error) { return newUringReq(o) }, func() {}, nil
 	}
 	return func() (requester, error) { return newSockReq(o) }, func() {}, nil
 }

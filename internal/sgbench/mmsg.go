@@ -14,8 +14,8 @@ type mmsghdr struct {
 	_   [4]byte
 }
 
-// sendmmsg sends each worker its copy, up to 1024 per system call (UIO_MAXIOV).
-func (s *sockReq) sendmmsg() error {
+// fillSendHdrs points s.hdrs[i] at worker i's copy and address.
+func (s *sockReq) fillSendHdrs() {
 	n := len(s.dsts)
 	if len(s.hdrs) < n {
 		s.hdrs = make([]mmsghdr, max(n, len(s.rbufs)))
@@ -44,6 +44,12 @@ func (s *sockReq) sendmmsg() error {
 			h.Namelen = unix.SizeofSockaddrInet6
 		}
 	}
+}
+
+// sendmmsg sends each worker its copy, up to 1024 per system call (UIO_MAXIOV).
+func (s *sockReq) sendmmsg() error {
+	s.fillSendHdrs()
+	n := len(s.dsts)
 	for off := 0; off < n; {
 		end := min(n, off+1024)
 		r, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(s.fd), uintptr(unsafe.Pointer(&s.hdrs[off])), uintptr(end-off), 0, 0, 0)

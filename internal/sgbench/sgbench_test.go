@@ -1,9 +1,19 @@
 package sgbench
 
 import (
+	"context"
+	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/lab"
+	isg "github.com/kedge-dev/kedge/internal/sg"
+	"github.com/vishvananda/netlink"
 )
 
 func TestRatios(t *testing.T) {
@@ -30,4 +40,119 @@ func TestReadPerf(t *testing.T) {
 	if v := readPerf(filepath.Join(t.TempDir(), "missing")); v != -1 {
 		t.Fatalf("missing file: %v", v)
 	}
+}
+
+// TestBaselines runs every user-space baseline against in-process reference workers on
+// loopback (a private network namespace) and checks each aggregate against the values the
+// workers sent; a dead worker address makes a request time out rather than complete.
+func TestBaselines(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (a private network namespace)")
+	}
+	ns, err := lab.NewNetns(lab.OwnedName("sgbase"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	err = ns.Do(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		var ws []netip.AddrPort
+		for i := range 64 {
+			ws = append(ws, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(21000+i)))
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		ready := make(chan struct{})
+		errc := make(chan error, 1)
+		var st isg.WorkerStats
+		// The workers' sockets are opened on a thread inside the namespace.
+		go func() {
+			errc <- ns.Do(func() error {
+				return isg.RunWorkers(ctx, isg.WorkerConfig{Listen: ws, Type: isg.TypeI64, Elems: 2}, &st, ready)
+			})
+		}()
+		select {
+		case <-ready:
+		case err := <-errc:
+			return err
+		}
+		for _, m := range Methods[1:] {
+			o := ClientOptions{Method: m, Workers: ws, Elems: 2, Timeout: 2 * time.Second}
+			newReq, cleanup, err := setup(o)
+			if err != nil {
+				return fmt.Errorf("%s: %w", m, err)
+			}
+			r, err := newReq()
+			if err != nil {
+				return fmt.Errorf("%s: %w", m, err)
+			}
+			for k := range 20 {
+				id := uint64(k+1)<<10 | uint64(len(m))
+				sum, _, ok, err := r.do(id)
+				if err != nil || !ok || sum != want(ws, id) {
+					t.Errorf("%s request %d: sum %d ok %v err %v, want %d", m, k, sum, ok, err, want(ws, id))
+				}
+			}
+			r.close()
+			// Loaded: 8 requesters made here, used from 8 goroutines (threads change).
+			var rs []requester
+			for range 8 {
+				r, err := newReq()
+				if err != nil {
+					return err
+				}
+				rs = append(rs, r)
+			}
+			var bad atomic.Int64
+			var wg sync.WaitGroup
+			for g, r := range rs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for k := range 50 {
+						id := uint64(g*1000+k+100)<<10 | uint64(len(m))
+						sum, _, ok, err := r.do(id)
+						if err != nil || !ok || sum != want(ws, id) {
+							bad.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			for _, r := range rs {
+				r.close()
+			}
+			if bad.Load() != 0 {
+				t.Errorf("%s: %d of 400 concurrent requests failed", m, bad.Load())
+			}
+			// One address without a worker: the request times out.
+			o.Workers, o.Timeout = append(ws[:4:4], netip.MustParseAddrPort("127.0.0.1:20999")), 50*time.Millisecond
+			if r, err = newSockOrUring(o); err != nil {
+				return err
+			}
+			if _, _, ok, err := r.do(7 << 10); ok || err != nil {
+				t.Errorf("%s with a dead worker: ok %v err %v, want a timeout", m, ok, err)
+			}
+			r.close()
+			cleanup()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newSockOrUring(o ClientOptions) (requester, error) {
+	newReq, _, err := setup(o)
+	if err != nil {
+		return nil, err
+	}
+	return newReq()
 }

@@ -66,6 +66,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("sg config: need %d of %d workers", c.Need, len(c.Workers))
 	case c.InFlight < 0 || c.InFlight > MaxInFlight:
 		return fmt.Errorf("sg config: in-flight limit %d, want 1..%d", c.InFlight, MaxInFlight)
+	case c.ScatterBatch < 0 || c.ScatterBatch > MaxScatterBatch:
+		return fmt.Errorf("sg config: scatter batch %d, want 1..%d", c.ScatterBatch, MaxScatterBatch)
 	}
 	if c.Reduction != Count && (c.Elems < 1 || c.Elems > MaxElems) {
 		return fmt.Errorf("sg config: %d elements, want 1..%d", c.Elems, MaxElems)
@@ -163,7 +165,7 @@ func Open(cfg Config) (_ *Group, err error) {
 	}
 	g.cfg.Local = local
 
-	g.objs, err = isg.Load(isg.LoadOptions{Tier: isg.DetectTier(), ExpireSlack: 20_000})
+	g.objs, err = isg.Load(isg.LoadOptions{Tier: isg.DetectTier(), ExpireSlack: 20_000, Batch: uint32(cfg.ScatterBatch)})
 	if err != nil {
 		return nil, fmt.Errorf("load sg data plane: %w", err)
 	}
@@ -182,6 +184,12 @@ func Open(cfg Config) (_ *Group, err error) {
 		return nil, fmt.Errorf("attach sg scatter to %s egress: %w", cfg.Interface, err)
 	}
 	g.attach = append(g.attach, tc)
+	// Fan-outs larger than a batch continue from the interface's ingress.
+	cont, err := bpfx.AttachTC(g.objs.Cont, bpfx.TCTarget{Netns: ns, IfIndex: ifindex, Dir: bpfx.Ingress, Name: "sg-scatter-cont"})
+	if err != nil {
+		return nil, fmt.Errorf("attach sg scatter continuation to %s ingress: %w", cfg.Interface, err)
+	}
+	g.attach = append(g.attach, cont)
 	xdp, err := bpfx.AttachXDP(g.objs.Gather, ns, ifindex, bpfx.XDPAuto)
 	if err != nil {
 		return nil, fmt.Errorf("attach sg gather (xdp) to %s: %w - another XDP program may own the interface", cfg.Interface, err)

@@ -141,6 +141,78 @@ func TestLab(t *testing.T) {
 	}
 }
 
+// TestLabFanout1024 scatters to 1024 workers: 512 sockets in each of two worker
+// processes on two lab hosts. One run of the scatter would put 1024 copies into the
+// coordinator CPU's backlog at once (netdev_max_backlog, 1000 by default, host-wide); the
+// scatter sends them in batches handed on through the interface's ingress, and every
+// request completes with all 1024 answers and the right sum. The one-batch control
+// (ScatterBatch 1024) is logged, not asserted: it loses copies exactly when the host's
+// netdev_max_backlog is below the fan-out.
+func TestLabFanout1024(t *testing.T) {
+	bpftest.RequireRoot(t)
+	bin := bpftest.KedgeBinary(t)
+	l, err := lab.Up(lab.Spec{Name: "sgf", Fabric: lab.Bridge, Hosts: []string{"coord", "w1", "w2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	coord := l.Host("coord")
+	var workers []netip.AddrPort
+	for _, h := range []*lab.Host{l.Host("w1"), l.Host("w2")} {
+		startWorkers(t, bin, h, h.IPv4, 20000, 512)
+		for k := range 512 {
+			workers = append(workers, netip.AddrPortFrom(h.IPv4, uint16(20000+k)))
+		}
+	}
+	run := func(batch, n int) (ok int, st Stats) {
+		t.Helper()
+		g, err := Open(Config{Interface: coord.Iface, Netns: coord.Path(), Workers: workers,
+			Reduction: Sum, Type: Int64, Elems: 3, Timeout: 2 * time.Second, InFlight: 8, ScatterBatch: batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		for range n {
+			res, err := g.Scatter(context.Background(), []byte("fan-out"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Status != OK {
+				continue
+			}
+			ok++
+			if res.Count != len(workers) || len(res.Answered) != len(workers) {
+				t.Errorf("request %#x: %d answered, want %d", res.ID, res.Count, len(workers))
+			}
+			for j := range 3 {
+				var want int64
+				for w := range workers {
+					want += isg.ValueFor(uint16(w), res.ID, j)
+				}
+				if res.Values[j] != want {
+					t.Errorf("request %#x element %d: %d, want %d", res.ID, j, res.Values[j], want)
+				}
+			}
+		}
+		st, err = g.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok, st
+	}
+	const n = 20
+	ok, st := run(0, n)
+	if ok != n {
+		t.Errorf("%d of %d requests to 1024 workers completed (stats %+v)", ok, n, st)
+	}
+	if st.Continued != n*(1024/isg.DefaultBatch-1) || st.Copies != n*1024 || st.CopyErrors != 0 {
+		t.Errorf("continued %d copies %d copy errors %d, want %d, %d, 0", st.Continued, st.Copies, st.CopyErrors,
+			n*(1024/isg.DefaultBatch-1), n*1024)
+	}
+	ok1, _ := run(1024, 3)
+	t.Logf("control, one batch of 1024 copies: %d of 3 requests completed", ok1)
+}
+
 // TestSIGKILL kills `kedge sg scatter` in the middle of a run with requests in flight,
 // then checks that its XDP program went with it, that a restarted coordinator works on
 // the same interface, and that its pinned counters are gone.

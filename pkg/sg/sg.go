@@ -113,9 +113,12 @@ const (
 const (
 	MaxWorkers  = 1024 // workers per group
 	MaxInFlight = 1024 // request slots
-	MaxElems    = 256  // vector elements (Sum, Min, Max) of either type
-	MaxGatherK  = 64   // Gather: replies kept
-	AggBytes    = 2048 // Gather: GatherK * Elems * Type.Size() must fit
+	// MaxScatterBatch: copies per scatter run (Config.ScatterBatch), 32 x 33 tail calls on
+	// kernels without bpf_loop.
+	MaxScatterBatch = 32 * 33
+	MaxElems        = 256  // vector elements (Sum, Min, Max) of either type
+	MaxGatherK      = 64   // Gather: replies kept
+	AggBytes        = 2048 // Gather: GatherK * Elems * Type.Size() must fit
 )
 
 // Config describes a group.
@@ -146,6 +149,12 @@ type Config struct {
 	// InFlight is how many requests may be outstanding (default 256, max MaxInFlight).
 	InFlight int
 	OnFull   OnFull
+	// ScatterBatch is how many copies one run of the scatter program sends before it
+	// hands the request on (through the interface's ingress) for the next batch; default
+	// 128, at most MaxScatterBatch. A run's copies all wait in the sending CPU's backlog,
+	// which holds net.core.netdev_max_backlog packets (1000 by default, host-wide): a
+	// batch larger than that loses copies.
+	ScatterBatch int
 	// BusyPoll makes the result reader spin on the ring buffer instead of sleeping in
 	// epoll: lower latency, one core busy while the group is open.
 	BusyPoll bool
@@ -226,6 +235,8 @@ type Stats struct {
 	SlotBusy     uint64 `json:"slot_busy"`
 	SlotRange    uint64 `json:"slot_range"`
 	NotOwner     uint64 `json:"not_owner"`
+	Continued    uint64 `json:"continued"`
+	ContStopped  uint64 `json:"cont_stopped"`
 	Replies      uint64 `json:"replies"`
 	Completed    uint64 `json:"completed"`
 	Timeouts     uint64 `json:"timeouts"`

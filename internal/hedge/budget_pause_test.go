@@ -1,0 +1,135 @@
+package hedge
+
+import (
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/lab"
+)
+
+// TestBudgetRescuesPauses is issue 14's pause pattern with real processes and the default
+// budget: `kedge chaos serve` answering at once in srv1 (the service) and srv2 (its
+// replica), `kedge chaos client` (4 closed loops, as fast as answers come) in the client
+// host, and srv1's server process stopped (SIGSTOP, by its pid) for 40 ms every 2 s, a
+// stop-the-world pause of the whole process. Hedge delay 5 ms, budget defaults (5% + 10,
+// window 10 s). Every request a pause stalls past the delay must be hedged: nothing refused
+// by the budget (budget_exhausted 0, unhedged_late 0), and hedges within the bound
+// (<= 5% x requests + 10: the run is shorter than the window).
+func TestBudgetRescuesPauses(t *testing.T) {
+	requireRoot(t)
+	if inGuest() {
+		// Under TCG an unstalled round trip is itself milliseconds and the 40 ms pause
+		// cannot be told from the emulation's own stalls (see TestBudgetCoversShortStalls).
+		t.Skip("timing-bound lab run: host only (TestWindowBudget and TestWindowBudgetSlots cover the budget's BPF in guests)")
+	}
+	l := hedgeLab(t, "hq")
+	client, srv1, srv2 := l.Host("client"), l.Host("srv1"), l.Host("srv2")
+	svc, alt := netip.AddrPortFrom(srv1.IPv4, 9999), netip.AddrPortFrom(srv2.IPv4, 9999)
+	serve := func(h *lab.Host, at netip.AddrPort) *kedgeProc {
+		p := startKedge(t, h, "chaos", "serve", "--listen", at.String(), "--stall-pct", "0", "--fast", "0", "--duration", "2m")
+		t.Cleanup(func() {
+			_ = syscall.Kill(p.pid(), syscall.SIGCONT) // never leave it stopped
+			p.stop(t, syscall.SIGTERM, 5*time.Second)
+		})
+		waitUDPEcho(t, h, at, 5*time.Second)
+		return p
+	}
+	server := serve(srv1, svc)
+	serve(srv2, alt)
+	const (
+		delay = 5 * time.Millisecond
+		pause = 40 * time.Millisecond
+		every = 2 * time.Second
+	)
+	h := startHedger(t, l, &Config{
+		Interface: "eth0",
+		Services: []ServiceConfig{{Name: "pause", Address: svc.String(), Replicas: []string{alt.String()},
+			Delay: DelaySpec{Fixed: delay}, Budget: BudgetSpec{Mode: BudgetWindow}}}, // ratio, burst, window: the defaults
+	}, "")
+	b := h.Config.Services[0].Budget
+	if b.Mode != BudgetWindow || b.Ratio != 0.05 || b.Burst != 10 || time.Duration(b.Window) != 10*time.Second {
+		t.Fatalf("default budget %+v, want window 10s, 5%% + 10", b)
+	}
+
+	// The pauses: from 1 s on, 40 ms in every 2 s, until the client is done.
+	stop := make(chan struct{})
+	var pauses []time.Time
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		next := time.Now().Add(time.Second)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Until(next)):
+			}
+			pauses = append(pauses, time.Now())
+			if err := syscall.Kill(server.pid(), syscall.SIGSTOP); err != nil {
+				t.Errorf("SIGSTOP %d: %v", server.pid(), err)
+				return
+			}
+			time.Sleep(pause) // the pause itself: nothing to poll
+			if err := syscall.Kill(server.pid(), syscall.SIGCONT); err != nil {
+				t.Errorf("SIGCONT %d: %v", server.pid(), err)
+				return
+			}
+			next = next.Add(every)
+		}
+	}()
+	out := filepath.Join(t.TempDir(), "client.json")
+	code, stdout := runKedge(t, client, "chaos", "client", "--mode", "baseline", "--target", svc.String(), "--connected",
+		"-n", "60000", "--concurrency", "4", "--warmup", "0", "--base-id", "100000", "--timeout", "1s", "--out", out)
+	close(stop)
+	wg.Wait()
+	if code != 0 {
+		t.Fatalf("chaos client: exit %d\n%s", code, stdout)
+	}
+	r, err := bench.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := r.Series[0]
+	lat := slices.Clone(s.LatenciesUS)
+	slices.Sort(lat)
+	over := func(d time.Duration) (n int) {
+		for _, v := range lat {
+			if time.Duration(v*1000) >= d {
+				n++
+			}
+		}
+		return n
+	}
+	c := waitCounters(t, h, 2*time.Second, func(c map[string]uint64) bool {
+		return c["responses"] >= c["requests"]
+	})
+	requests := c["requests"]
+	bound := 0.05*float64(requests) + 10
+	t.Logf("%d pauses of %v; client: %d requests, %d over the %v delay, %d over %v, max %s, timeouts %d; "+
+		"kernel: requests %d hedges_sent %d (bound %.0f) hedges_won %d budget_exhausted %d unhedged_late %d",
+		len(pauses), pause, s.Requests(), over(delay), delay, over(pause), pause, time.Duration(lat[len(lat)-1]*1000),
+		s.Timeouts, requests, c["hedges_sent"], bound, c["hedges_won"], c["budget_exhausted"], c["unhedged_late"])
+	if len(pauses) < 2 {
+		t.Fatalf("%d pauses during the client's run: it ran too short for the pattern (%d requests)", len(pauses), s.Requests())
+	}
+	if c["budget_exhausted"] != 0 || c["unhedged_late"] != 0 {
+		t.Errorf("budget_exhausted %d, unhedged_late %d: the default budget left stalled requests unrescued",
+			c["budget_exhausted"], c["unhedged_late"])
+	}
+	if c["hedges_won"] < uint64(len(pauses)) {
+		t.Errorf("hedges_won %d for %d pauses: the pauses stalled nothing?", c["hedges_won"], len(pauses))
+	}
+	if float64(c["hedges_sent"]) > bound {
+		t.Errorf("hedges_sent %d above the bound 5%% x %d + 10 = %.0f", c["hedges_sent"], requests, bound)
+	}
+	if s.Timeouts != 0 || s.LateDuplicates != 0 {
+		t.Errorf("client saw %d timeouts, %d late duplicates", s.Timeouts, s.LateDuplicates)
+	}
+}
