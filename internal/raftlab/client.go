@@ -26,6 +26,7 @@ type Status struct {
 	Applied          uint64   `json:"applied"`
 	LastHeartbeatMs  *float64 `json:"last_heartbeat_ms"`
 	UnsafeLocalReads bool     `json:"unsafe_local_reads"`
+	Offload          string   `json:"offload"` // the follower kernel path, "" when off
 }
 
 type kvResponse struct {

@@ -104,6 +104,8 @@ type raftxdpRaftxState struct {
 	AliveUntilNs   uint64
 	DetectNs       uint64
 	DetectJitterNs uint64
+	LastIndex      uint64
+	LastTerm       uint64
 }
 
 type raftxdpRaftxStats struct {
@@ -120,6 +122,7 @@ type raftxdpRaftxStats struct {
 	HbLeaderAddr      uint64
 	PvAnswered        uint64
 	PvPassed          uint64
+	PvDropped         uint64
 	PassedType        uint64
 	SignFailed        uint64
 	ReflectFailed     uint64
