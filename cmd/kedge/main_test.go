@@ -174,6 +174,7 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-cluster.yaml"}},
 		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-cluster.yaml", "--id", "9"}},
 		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-cluster.yaml", "--id", "1", "--duration", "-1s"}},
+		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-cluster.yaml", "--id", "1", "--offload"}},
 		{exitUsage, []string{"raft", "kv"}},
 		{exitUsage, []string{"raft", "kv", "frobnicate"}},
 		{exitUsage, []string{"raft", "kv", "get"}},

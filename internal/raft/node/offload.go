@@ -39,11 +39,11 @@ type follower struct {
 	detect   time.Duration
 	aliveFor time.Duration
 
-	feed     hbFeeder
-	mirror   offload.Durable // last mirrored (term, lead as etcd-raft has it)
-	lead     uint64
-	mirrored bool
-	lastAlive  time.Duration // CLOCK_MONOTONIC of the last Alive refresh
+	feed      hbFeeder
+	mirror    offload.Durable // last mirrored (term, lead as etcd-raft has it)
+	lead      uint64
+	mirrored  bool
+	lastAlive time.Duration // CLOCK_MONOTONIC of the last Alive refresh
 
 	wakeups *prometheus.CounterVec
 }
