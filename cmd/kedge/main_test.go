@@ -163,6 +163,7 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--nodes", "4"}},
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--scenarios", "nope"}},
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--trials", "0"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--offload", "on,maybe"}},
 	},
 	"raft-errors.golden": {
 		{exitUsage, []string{"raft"}},

@@ -35,9 +35,9 @@ func upLab(t *testing.T, name string, kernel bool) *raftlab.Cluster {
 	// a follower elected while the leader was stopped for less than the lease (seen at
 	// 18:38 UTC after raftx's latest follower changes; under investigation, docs/raft.md
 	// "Kernel paths: leader heartbeats", known issue).
-	spec.ServeArgs = []string{"--offload=false"}
+	spec.Args = []string{"--offload=false"}
 	if kernel {
-		spec.ServeArgs = append(spec.ServeArgs, "--kernel-heartbeats", "--heartbeat-lease", labLease.String())
+		spec.Args = append(spec.Args, "--kernel-heartbeats", "--heartbeat-lease", labLease.String())
 	}
 	c, err := raftlab.Up(ctx, spec)
 	if err != nil {
