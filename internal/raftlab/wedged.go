@@ -21,6 +21,24 @@ type Wedged struct {
 	Polls     int           `json:"polls"`        // status rounds while waiting
 }
 
+// WaitKernelHeartbeats waits until node id, as leader, has left heartbeats to the kernel
+// (kedge_raft_heartbeats_kernel_total moved: its lease is running and its followers are
+// handed over). A wedged-leader trial on nodes with --kernel-heartbeats starts after it;
+// otherwise the leader may be stopped before its first renewal.
+func (c *Cluster) WaitKernelHeartbeats(ctx context.Context, id int) error {
+	for {
+		v, err := c.status.Metric(ctx, c.Node(id).ClientAddr, "kedge_raft_heartbeats_kernel_total")
+		if err == nil && v > 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("node %d sends no heartbeats from the kernel (is it leader, with --kernel-heartbeats?): %w", id, ctx.Err())
+		case <-time.After(10 * time.Millisecond): // polling the node's metrics
+		}
+	}
+}
+
 // WedgedLeader runs one trial: it stops the current leader, polls the other nodes every
 // poll (default 5ms) until one leads in a higher term (or ctx ends), resumes the old leader
 // and waits until it steps down. With kernel heartbeats on, the replacement takes the
