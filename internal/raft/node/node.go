@@ -220,15 +220,17 @@ func (n *Node) Run(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	n.http.Shutdown(sctx)
-	if cerr := n.closeOffload(); err == nil && cerr != nil {
-		err = fmt.Errorf("close offload: %w", cerr)
-	}
-	if cerr := n.closeHeartbeats(); err == nil && cerr != nil {
-		err = fmt.Errorf("close kernel heartbeats: %w", cerr)
-	}
 	n.tr.Close()
 	stopLoop()
 	<-n.done
+	// The loop no longer reads the kernel's record: detach (the program stops answering).
+	if cerr := n.closeOffload(); err == nil && cerr != nil {
+		err = fmt.Errorf("close offload: %w", cerr)
+	}
+	// Nor renews the lease: the kernel sender goes too.
+	if cerr := n.closeHeartbeats(); err == nil && cerr != nil {
+		err = fmt.Errorf("close kernel heartbeats: %w", cerr)
+	}
 	n.rn.Stop()
 	if cerr := n.st.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("close storage: %w", cerr)

@@ -131,7 +131,9 @@ func (n *Node) offloadTick(ctx context.Context) {
 		n.log.Warn("raft offload: read heartbeat record", "err", err)
 		return
 	}
-	if m := f.feed.next(hb, n.cfg.ID); m != nil {
+	if m := f.feed.next(hb, n.cfg.ID); m != nil && hb.Term >= n.termDurable {
+		// (A record of an older term than the saved one: the node moved on since the
+		// kernel answered; stepping it would only make etcd-raft answer a stale leader.)
 		if err := n.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
 			n.log.Debug("raft offload: step synthesized heartbeat", "err", err)
 		}
