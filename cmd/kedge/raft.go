@@ -49,6 +49,8 @@ func newRaftServeCmd() *cobra.Command {
 		duration         time.Duration
 		unsafeReads      bool
 		offloadOn        bool
+		kernelHB         bool
+		hbLease          time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --config node.yaml",
@@ -99,7 +101,11 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 			case offloadOn:
 				mode = node.OffloadAuto
 			}
-			n, err := node.New(cfg, node.Options{UnsafeLocalReads: unsafeReads, Offload: mode, Log: slog.Default()})
+			if hbLease < 0 {
+				return usagef("--heartbeat-lease %v: use a positive duration (0: the election timeout)", hbLease)
+			}
+			n, err := node.New(cfg, node.Options{UnsafeLocalReads: unsafeReads, Offload: mode, Log: slog.Default(),
+				KernelHeartbeats: kernelHB, HeartbeatLease: hbLease})
 			if err != nil {
 				return fmt.Errorf("start node %d: %w", cfg.ID, err)
 			}
@@ -118,6 +124,8 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 	// The checker's self-test only: not linearizable (docs/raft.md section 7).
 	f.BoolVar(&unsafeReads, "unsafe-local-reads", false, "serve reads from local state without ReadIndex (NOT linearizable)")
 	f.MarkHidden("unsafe-local-reads")
+	f.BoolVar(&kernelHB, "kernel-heartbeats", false, "as leader, let the kernel send the heartbeats while a lease holds (docs/raft.md: Kernel paths)")
+	f.DurationVar(&hbLease, "heartbeat-lease", 0, "with --kernel-heartbeats: how long one renewal keeps the kernel sending (0: the election timeout)")
 	return cmd
 }
 
