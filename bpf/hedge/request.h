@@ -234,6 +234,15 @@ static __always_inline int split(struct __sk_buff *skb)
 		default:
 			COUNT(m.cnt, store_unsupported);
 		}
+		if (cfg.no_carry) {
+			/* No clone path: the pacer carries nothing (no conveyor fillers). */
+			struct hreq *e = bpf_map_lookup_elem(&scoreboard, &m.key);
+
+			budget_release(m.cfg, m.st);
+			if (e)
+				__sync_val_compare_and_swap(&e->state, REQ_PENDING, REQ_NOCLONE);
+			return TC_ACT_UNSPEC;
+		}
 	}
 	if (pacer_carry(skb) < 0) {
 		struct hreq *e = bpf_map_lookup_elem(&scoreboard, &m.key);

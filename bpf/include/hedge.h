@@ -83,6 +83,10 @@ struct hedge_config {
 	__u32 hedge_mark;      /* skb->mark on hedges: never cloned again */
 	__u64 ttl_ns;          /* scoreboard entry lifetime */
 	__u64 tick_ns;         /* adaptive-delay refresh and GC period */
+	__u32 no_carry;        /* 1: the pacer carries nothing (every service's store_limit
+				* covers the interface's MTU): a request the store cannot
+				* take is not hedged instead of cloned */
+	__u32 _pad;
 };
 
 enum delay_mode {

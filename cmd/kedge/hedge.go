@@ -147,7 +147,7 @@ qdisc of the chosen --backend).`,
 	fl.DurationVar(&f.budgetWindow, "budget-window", hedge.DefaultBudgetWindow, "budget: the sliding window of mode window")
 	fl.StringVar(&f.replicaChoice, "replica-choice", hedge.ReplicaRR, "which replica a hedge goes to, of those the request was not sent to: rr (round robin) or p50 (lowest recent median latency; untried replicas first)")
 	fl.IntVar(&f.maxHedges, "max-hedges", 1, fmt.Sprintf("hedges per request, 1-%d, each after a further delay and to another replica", hedge.MaxHedgesLimit))
-	fl.IntVar(&f.storeLimit, "store-limit", hedge.DefaultStoreLimit, fmt.Sprintf("requests with at most this many bytes of UDP payload are kept in the kernel and their hedge built from a pacer tick; larger ones are cloned into the delay line (0: clone every request; max %d)", hedge.MaxStoreLimit))
+	fl.IntVar(&f.storeLimit, "store-limit", hedge.DefaultStoreLimit, fmt.Sprintf("requests with at most this many bytes of UDP payload are kept in the kernel and their hedge built from a pacer tick; larger ones are cloned into the delay line (0: clone every request; at least the MTU's largest payload, e.g. 1472: no clone path, and no conveyor fillers; max %d)", hedge.MaxStoreLimit))
 	return cmd
 }
 

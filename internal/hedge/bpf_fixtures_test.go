@@ -150,6 +150,7 @@ type fixtureOpts struct {
 	scoreboard  uint32 // scoreboard max_entries; 0: the default
 	backend     string // delay-line backend the constants are set for; "": conveyor
 	missingDLIf bool   // point cfg_dl_ifindex at an ifindex that does not exist
+	noCarry     bool   // the hedger without a clone path (hedge_config.no_carry)
 }
 
 // Fake ifindexes: far above anything a fresh namespace allocates; checked to be absent.
@@ -199,6 +200,7 @@ func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 		Backend:  o.backend,
 		IfIndex:  f.outIfx,
 		pacerCfg: fixturePacerConfig(o.backend, f),
+		noCarry:  o.noCarry,
 	}
 
 	if err := f.h.load(); err != nil {

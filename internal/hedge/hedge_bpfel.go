@@ -33,6 +33,8 @@ type hedgeHedgeConfig struct {
 	HedgeMark  uint32
 	TtlNs      uint64
 	TickNs     uint64
+	NoCarry    uint32
+	Pad        uint32
 }
 
 type hedgeHedgeLimits uint32

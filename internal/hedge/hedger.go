@@ -38,6 +38,7 @@ type Hedger struct {
 	Calibration Calibration
 
 	objs     hedgeObjects
+	noCarry  bool // every service's store limit covers the interface MTU: no clone path
 	pacer    *pacer.Pacer
 	pacerCfg pacer.Config // what load writes as pacer_cfg (fixtures set it without a pacer)
 	attached []bpfx.Attachment
@@ -74,11 +75,15 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 	if opts.Backend != "" {
 		want = opts.Backend
 	}
-	// The delay line is the pacer (internal/pacer); clones ride it as carried packets.
+	if h.noCarry, err = storeCoversMTU(cfg, opts.Netns, h.IfIndex); err != nil {
+		return nil, err
+	}
+	// The delay line is the pacer (internal/pacer); clones ride it as carried packets, and
+	// the stored path asks it for ticks. Without a clone path it carries nothing.
 	if h.pacer, err = pacer.New(pacer.Options{
 		Netns: opts.Netns, Name: "hedge-dl", IfName: dlClient, Backend: want,
 		Period: time.Duration(cfg.DelayLine.Period), RateMbit: cfg.DelayLine.RateMbit,
-		FillerBytes: cfg.DelayLine.FillerBytes, Carry: true, Log: h.log,
+		FillerBytes: cfg.DelayLine.FillerBytes, Carry: !h.noCarry, Log: h.log,
 	}); err != nil {
 		return nil, fmt.Errorf("delay line: %w", err)
 	}
@@ -116,7 +121,7 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 		return nil, err
 	}
 	h.log.Info("hedger started", "interface", cfg.Interface, "backend", h.Backend,
-		"period", h.pacer.Period(), "services", len(cfg.Services))
+		"period", h.pacer.Period(), "services", len(cfg.Services), "clone_path", !h.noCarry)
 	return h, nil
 }
 
@@ -154,6 +159,9 @@ func (h *Hedger) load() error {
 		HedgeMark:  h.Config.Mark,
 		TtlNs:      uint64(time.Duration(h.Config.TTL)),
 		TickNs:     uint64(time.Duration(h.Config.Tick)),
+	}
+	if h.noCarry {
+		cfg.NoCarry = 1
 	}
 	if err := spec.Variables[hedgeVarCfg].Set(cfg); err != nil {
 		return fmt.Errorf("set run configuration: %w", err)

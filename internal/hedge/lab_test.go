@@ -191,9 +191,12 @@ func TestHedgeRescuesStalledRequests(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			requireBackend(t, backend)
 			for _, v := range scenarioVariants(backend) {
-				for _, stored := range []bool{true, false} {
-					t.Run(fmt.Sprintf("%s/connected=%v/%s", v.fam, v.connected, pathName(stored)), func(t *testing.T) {
-						testRescue(t, backend, v.fam, v.connected, stored)
+				for _, path := range []string{pathStored, pathClone, pathStoredOnly} {
+					if path == pathStoredOnly && v != scenarioVariants(backend)[0] {
+						continue // one variant per backend is enough for the pacer without carry
+					}
+					t.Run(fmt.Sprintf("%s/connected=%v/%s", v.fam, v.connected, path), func(t *testing.T) {
+						testRescue(t, backend, v.fam, v.connected, path)
 					})
 				}
 			}
@@ -250,26 +253,30 @@ func scenarioVariants(backend string) []variant {
 	return []variant{{"ipv4", true}, {"ipv6", false}}
 }
 
-// pathName names the data path a lab test runs: stored (the default store limit) or clone
-// (store_limit 0: every request cloned into the delay line).
-func pathName(stored bool) string {
-	if stored {
-		return "stored"
-	}
-	return "clone"
-}
+// The data paths a lab test runs: stored (the default store limit; the clone path stays for
+// larger requests, so the pacer carries), clone (store_limit 0: every request cloned), and
+// stored-only (store_limit at its maximum, above the MTU's largest payload: no clone path,
+// the pacer without carry, on the conveyor no fillers).
+const (
+	pathStored     = "stored"
+	pathClone      = "clone"
+	pathStoredOnly = "stored-only"
+)
 
-// storeLimit is the store limit of a lab service on the stored (nil: the default) or the
-// clone path (0).
-func storeLimit(stored bool) *int {
-	if stored {
+// storeLimit is a lab service's store limit on path (nil: the default).
+func storeLimit(path string) *int {
+	var n int
+	switch path {
+	case pathStored:
 		return nil
+	case pathStoredOnly:
+		n = MaxStoreLimit
 	}
-	zero := 0
-	return &zero
+	return &n
 }
 
-func testRescue(t *testing.T, backend, fam string, connected, stored bool) {
+func testRescue(t *testing.T, backend, fam string, connected bool, path string) {
+	stored := path != pathClone
 	l := hedgeLab(t, "hr")
 	srv1, srv2 := l.Host("srv1"), l.Host("srv2")
 	a1, a2 := srv1.IPv4, srv2.IPv4
@@ -288,7 +295,7 @@ func testRescue(t *testing.T, backend, fam string, connected, stored bool) {
 			Replicas:   []string{netip.AddrPortFrom(a2, 9999).String()},
 			Delay:      DelaySpec{Fixed: 10 * time.Millisecond},
 			Budget:     BudgetSpec{Ratio: 1, Burst: 100},
-			StoreLimit: storeLimit(stored),
+			StoreLimit: storeLimit(path),
 		}},
 	}
 	h := startHedger(t, l, cfg, backend)
@@ -352,6 +359,12 @@ func testRescue(t *testing.T, backend, fam string, connected, stored bool) {
 		if got := c["stored_answered"] + c["overdue_dropped"]; got != n-hedges {
 			t.Errorf("stored_answered %d + overdue_dropped %d = %d, want %d (every request not hedged)",
 				c["stored_answered"], c["overdue_dropped"], got, n-hedges)
+		}
+		// Without a clone path nothing circulates: no conveyor fillers, no carried packet.
+		if fillers, carried := snap.Calibration.Fillers, snap.DelayLine["carried_in"]; path == pathStoredOnly &&
+			(fillers != 0 || carried != 0 || snap.DelayLine["filler_passes"] != 0) {
+			t.Errorf("stored-only: %d fillers, %d filler passes, %d carried packets; want none", fillers,
+				snap.DelayLine["filler_passes"], carried)
 		}
 	} else {
 		if c["clones"] != n || c["stored"] != 0 {

@@ -1,6 +1,11 @@
 package hedge
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/vishvananda/netns"
+)
 
 // The stored path (bpf/hedge/store.h, docs/hedging.md): a request whose UDP payload is at
 // most a service's store limit is stored in the kernel and its hedge is built from the
@@ -32,4 +37,37 @@ func (s *ServiceConfig) validateStore(where string) error {
 			where, n, MaxStoreLimit)
 	}
 	return nil
+}
+
+// UDP and IP header bytes: the largest UDP payload an unfragmented datagram carries is the
+// MTU minus these.
+const udp4Overhead, udp6Overhead = 20 + 8, 40 + 8
+
+// storeCoversMTU says whether every service's store limit is at least the largest UDP
+// payload an unfragmented datagram on the interface (index ifx in ns) can carry. Then no
+// request needs the clone path (fragments are passed unhedged anyway), and the pacer runs
+// without carry: on the conveyor no filler frames circulate at all. A request the store
+// still cannot take (ring full, IPv4 options, a UDP GSO super-packet) is then not hedged.
+func storeCoversMTU(cfg *Config, ns netns.NsHandle, ifx int) (bool, error) {
+	h, err := bpfx.NetlinkHandle(ns)
+	if err != nil {
+		return false, err
+	}
+	defer h.Close()
+	l, err := h.LinkByIndex(ifx)
+	if err != nil {
+		return false, fmt.Errorf("read the MTU of %s: %w", cfg.Interface, err)
+	}
+	mtu := l.Attrs().MTU
+	for i := range cfg.Services {
+		s := &cfg.Services[i]
+		largest := mtu - udp6Overhead
+		if s.addr.Addr().Is4() {
+			largest = mtu - udp4Overhead
+		}
+		if s.storeLimit() < largest {
+			return false, nil
+		}
+	}
+	return true, nil
 }

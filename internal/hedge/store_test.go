@@ -498,3 +498,33 @@ func trimFrame(b []byte) []byte {
 	}
 	return b
 }
+
+// TestStoreNoCarry: a hedger whose every store limit covers the MTU runs the pacer without
+// carry; what the store cannot take is then recorded unhedged (NOCLONE), never cloned.
+func TestStoreNoCarry(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noCarry: true})
+	const id = 0x5003
+	k4 := key(sSt4, client4, id)
+	big := datagram(client4, svcSt4, idPayload(id, DefaultStoreLimit+1))
+	runCases(t, f, f.objs.HedgeSplit, []progCase{
+		{name: "payload above the store limit: not cloned, not hedged (NOCLONE)", in: big, ret: unspec,
+			counters: bpftest.Counters{"st4.Requests": 1, "st4.StoreTooLarge": 1},
+			board:    map[hedgeHreqKey]uint32{k4: reqNoClone}},
+		{name: "ring full: not cloned, not hedged (NOCLONE)", in: datagram(client4, svcSt4, idPayload(id, 64)), ret: unspec,
+			setup: func(tb testing.TB, f *fixture) {
+				h := f.heads(tb, sSt4)
+				c := f.cell(tb, sSt4, h.Tail)
+				c.Lap = lapEmpty(h.Tail) + 1
+				f.putCell(tb, sSt4, h.Tail, c)
+				h.Tail += uint64(storeRing)
+				if err := f.objs.StoreHeads.Put(uint32(sSt4), h); err != nil {
+					tb.Fatal(err)
+				}
+			},
+			counters: bpftest.Counters{"st4.Requests": 1, "st4.StoreFull": 1},
+			board:    map[hedgeHreqKey]uint32{k4: reqNoClone}},
+		{name: "within the limit: stored as ever", in: datagram(client4, svcSt4, idPayload(id, 64)), ret: unspec,
+			counters: bpftest.Counters{"st4.Requests": 1, "st4.Stored": 1, "dl.TicksRequested": 1, "dl.TicksArmed": 1},
+			board:    map[hedgeHreqKey]uint32{k4: reqPending}},
+	})
+}
