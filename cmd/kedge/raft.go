@@ -59,7 +59,13 @@ func newRaftServeCmd() *cobra.Command {
 small messages, TCP for appends and snapshots) and the HTTP/JSON client API with /metrics.
 The node is ready when GET /v1/status on its client address answers.
 
-Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or config.`,
+Kernel paths (--offload, on by default where possible: Linux 5.15+, a raft address on a
+real interface): an XDP program answers the leader's heartbeats while the node's loop is
+alive and a bpf_timer wakes the node to start a pre-vote when the leader falls silent
+(docs/raft.md section 14). /v1/status shows "offload" when they run.
+
+Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or config,
+3 an explicit --offload on a kernel that lacks what it needs.`,
 		Example: `  # a 3-node cluster on one machine, one shared config, three processes
   kedge raft serve --config cluster.yaml --id 1 &
   kedge raft serve --config cluster.yaml --id 2 &
@@ -114,7 +120,7 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 	f.Uint64Var(&id, "id", 0, "this node's id (overrides id: in the config)")
 	f.StringVar(&dataDir, "data-dir", "", "data directory (overrides data_dir: in the config)")
 	addDurationFlag(cmd, &duration, "stop")
-	f.BoolVar(&offloadOn, "offload", true, "answer heartbeats in XDP and detect leader failure in the kernel (docs/raft.md \"Kernel paths: follower\"); on by default where the kernel and the raft address allow it, --offload=false to compare, an explicit --offload fails where it cannot run")
+	f.BoolVar(&offloadOn, "offload", true, "kernel paths: heartbeats answered in XDP, leader failure detected in the kernel (default: where possible; --offload=false to compare; an explicit --offload fails where it cannot run)")
 	// The checker's self-test only: not linearizable (docs/raft.md section 7).
 	f.BoolVar(&unsafeReads, "unsafe-local-reads", false, "serve reads from local state without ReadIndex (NOT linearizable)")
 	f.MarkHidden("unsafe-local-reads")
