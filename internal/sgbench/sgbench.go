@@ -63,8 +63,9 @@ type Row struct {
 	Mismatches     int64   `json:"mismatches"`
 }
 
-// Ratio compares kedge with the best baseline at one fan-out.
+// Ratio compares one of kedge's methods with the best baseline at one fan-out.
 type Ratio struct {
+	Method          string  `json:"method"` // kedge or kedge-bp
 	Fanout          int     `json:"fanout"`
 	BestThroughput  string  `json:"best_throughput_baseline"`
 	ThroughputRatio float64 `json:"throughput_ratio"` // kedge / best, higher is better
@@ -237,12 +238,12 @@ func ratios(rows []Row) []Ratio {
 		byF[r.Fanout] = append(byF[r.Fanout], r)
 	}
 	for _, f := range fs {
-		var k *Row
+		var ks []*Row
 		var bestT, bestL *Row
 		for i := range byF[f] {
 			r := &byF[f][i]
-			if r.Method == "kedge" {
-				k = r
+			if IsKedge(r.Method) {
+				ks = append(ks, r)
 				continue
 			}
 			if bestT == nil || r.Throughput > bestT.Throughput {
@@ -252,11 +253,13 @@ func ratios(rows []Row) []Ratio {
 				bestL = r
 			}
 		}
-		if k == nil || bestT == nil || bestL == nil || bestT.Throughput == 0 || bestL.P50US == 0 {
+		if bestT == nil || bestL == nil || bestT.Throughput == 0 || bestL.P50US == 0 {
 			continue
 		}
-		out = append(out, Ratio{Fanout: f, BestThroughput: bestT.Method, ThroughputRatio: k.Throughput / bestT.Throughput,
-			BestP50: bestL.Method, P50Ratio: k.P50US / bestL.P50US})
+		for _, k := range ks {
+			out = append(out, Ratio{Method: k.Method, Fanout: f, BestThroughput: bestT.Method, ThroughputRatio: k.Throughput / bestT.Throughput,
+				BestP50: bestL.Method, P50Ratio: k.P50US / bestL.P50US})
+		}
 	}
 	return out
 }
@@ -271,10 +274,11 @@ func WriteTable(w io.Writer, r *Result) {
 	fmt.Fprintln(w)
 	for _, q := range r.Ratios {
 		if q.ThroughputRatio == 0 {
-			fmt.Fprintf(w, "fan-out %4d: kedge completed no request (see the timeouts)\n", q.Fanout)
+			fmt.Fprintf(w, "fan-out %4d: %s completed no request (see the timeouts)\n", q.Fanout, q.Method)
 			continue
 		}
-		fmt.Fprintf(w, "fan-out %4d: kedge/%s throughput %.2fx, kedge/%s p50 %.2fx\n", q.Fanout, q.BestThroughput, q.ThroughputRatio, q.BestP50, q.P50Ratio)
+		fmt.Fprintf(w, "fan-out %4d: %s/%s throughput %.2fx, %s/%s p50 %.2fx\n", q.Fanout, q.Method, q.BestThroughput, q.ThroughputRatio,
+			q.Method, q.BestP50, q.P50Ratio)
 	}
 }
 

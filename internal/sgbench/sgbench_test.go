@@ -21,12 +21,14 @@ func TestRatios(t *testing.T) {
 		{Method: "kedge", Fanout: 16, Throughput: 300, P50US: 50},
 		{Method: "naive", Fanout: 16, Throughput: 100, P50US: 40},
 		{Method: "mmsg", Fanout: 16, Throughput: 200, P50US: 100},
+		{Method: "kedge-bp", Fanout: 16, Throughput: 400, P50US: 20},
 		{Method: "kedge", Fanout: 4, Throughput: 0},
 		{Method: "mmsg", Fanout: 4, Throughput: 10, P50US: 10},
 	}
 	r := ratios(rows)
-	if len(r) != 2 || r[0].Fanout != 16 || r[0].BestThroughput != "mmsg" || r[0].ThroughputRatio != 1.5 ||
-		r[0].BestP50 != "naive" || r[0].P50Ratio != 1.25 || r[1].ThroughputRatio != 0 {
+	if len(r) != 3 || r[0].Fanout != 16 || r[0].Method != "kedge" || r[0].BestThroughput != "mmsg" || r[0].ThroughputRatio != 1.5 ||
+		r[0].BestP50 != "naive" || r[0].P50Ratio != 1.25 || r[1].Method != "kedge-bp" || r[1].ThroughputRatio != 2 ||
+		r[1].P50Ratio != 0.5 || r[2].Fanout != 4 || r[2].ThroughputRatio != 0 {
 		t.Fatalf("ratios %+v", r)
 	}
 }
@@ -82,7 +84,7 @@ func TestBaselines(t *testing.T) {
 		case err := <-errc:
 			return err
 		}
-		for _, m := range Methods[1:] {
+		for _, m := range Methods[2:] {
 			o := ClientOptions{Method: m, Workers: ws, Elems: 2, Timeout: 2 * time.Second}
 			newReq, cleanup, err := setup(o)
 			if err != nil {

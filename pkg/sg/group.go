@@ -42,7 +42,10 @@ type Group struct {
 	wg      sync.WaitGroup
 	closed  atomic.Bool
 	strays  atomic.Uint64
-	owner   *runstate.Owner // with a StatusDir: this process's run-state owner
+	// holdReads stops dispatch from reading the ring buffer (tests: a reader that fell
+	// behind, so the ring fills and results stay in their slots).
+	holdReads atomic.Bool
+	owner     *runstate.Owner // with a StatusDir: this process's run-state owner
 }
 
 type waiter struct {
@@ -535,6 +538,9 @@ func (g *Group) dispatch() {
 	var rec ringbuf.Record
 	var res isg.ResultRec
 	for {
+		for g.holdReads.Load() && !g.closed.Load() {
+			time.Sleep(time.Millisecond)
+		}
 		if g.cfg.BusyPoll {
 			for g.rd.AvailableBytes() == 0 {
 				if g.closed.Load() {
@@ -605,6 +611,10 @@ func (g *Group) sweeper() {
 		}
 	}
 }
+
+// InFlight is how many requests hold a slot now: sent and not yet read, or whose result
+// the kernel still owes (at most Config.InFlight).
+func (g *Group) InFlight() int { return g.cfg.InFlight - len(g.free) }
 
 // Stats returns the group's counters (plus the packets that matched no group).
 func (g *Group) Stats() (Stats, error) {
