@@ -332,3 +332,36 @@ func contains(s []string, v string) bool {
 	}
 	return false
 }
+
+// WriteMarkdown renders r as the tables of docs/benchmarks.md's sg section: the run's
+// envelope, every row, and the kedge/best-baseline ratios against the targets
+// (fan-out >= 16: throughput >= 1.5x, p50 <= 0.7x). Everything comes from r.
+func WriteMarkdown(w io.Writer, r *Result) {
+	fmt.Fprintf(w, "Run: %s.\n\n", r.Envelope.Describe())
+	fmt.Fprintf(w, "Placement: %s.\n\n", r.Placement)
+	fmt.Fprintln(w, "| fan-out | method | p50 us | p99 us | req/s | client CPU us/req | machine CPU us/req | syscalls/req | timeouts | mismatches |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	for _, x := range r.Rows {
+		fmt.Fprintf(w, "| %d | %s | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %d | %d |\n", x.Fanout, x.Method, x.P50US, x.P99US,
+			x.Throughput, x.ClientCPUUS, x.MachineCPUUS, x.SyscallsPerReq, x.Timeouts+int64(x.LatTimeouts), x.Mismatches)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| fan-out | method | best baseline (req/s) | throughput ratio | target >= 1.5x | best baseline (p50) | p50 ratio | target <= 0.7x |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	for _, q := range r.Ratios {
+		if q.Method == "" {
+			q.Method = "kedge" // results from before kedge-bp
+		}
+		met := func(ok bool) string {
+			switch {
+			case q.Fanout < 16:
+				return "(not a target)"
+			case ok:
+				return "met"
+			}
+			return "missed"
+		}
+		fmt.Fprintf(w, "| %d | %s | %s | %.2fx | %s | %s | %.2fx | %s |\n", q.Fanout, q.Method, q.BestThroughput, q.ThroughputRatio,
+			met(q.ThroughputRatio >= 1.5), q.BestP50, q.P50Ratio, met(q.P50Ratio > 0 && q.P50Ratio <= 0.7))
+	}
+}

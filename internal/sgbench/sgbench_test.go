@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -157,4 +158,26 @@ func newSockOrUring(o ClientOptions) (requester, error) {
 		return nil, err
 	}
 	return newReq()
+}
+
+func TestWriteMarkdown(t *testing.T) {
+	rows := []Row{
+		{Method: "kedge", Fanout: 16, Throughput: 300, P50US: 50},
+		{Method: "mmsg", Fanout: 16, Throughput: 100, P50US: 100},
+		{Method: "kedge", Fanout: 4, Throughput: 10, P50US: 100},
+		{Method: "mmsg", Fanout: 4, Throughput: 20, P50US: 50, Timeouts: 2, LatTimeouts: 1},
+	}
+	r := &Result{Rows: rows, Ratios: ratios(rows), Placement: "here"}
+	var b strings.Builder
+	WriteMarkdown(&b, r)
+	for _, want := range []string{
+		"| 16 | kedge | 50 | 0 | 300 | ", // rows as measured
+		"| 4 | mmsg | 50 | 0 | 20 | 0.0 | 0.0 | 0.0 | 3 | 0 |",
+		"| 16 | kedge | mmsg | 3.00x | met | mmsg | 0.50x | met |",
+		"| 4 | kedge | mmsg | 0.50x | (not a target) | mmsg | 2.00x | (not a target) |",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("markdown lacks %q:\n%s", want, b.String())
+		}
+	}
 }
