@@ -2,16 +2,19 @@
 /* budget.h - how many hedges a service may send (docs/hedging.md, Budget).
  *
  * The splitter calls budget_request() for every request and budget_reserve() before it
- * clones one into the delay line; the rescuer calls budget_charge() when a clone is due
- * (refused: no hedge, budget_exhausted), budget_refund() when a charged hedge could not be
- * sent, and budget_release() when it drops a clone unhedged. Two modes
- * (svc_cfg.budget_mode):
+ * clones (or stores) one; whoever sends a hedge calls budget_charge() right before it
+ * leaves (refused: no hedge, budget_exhausted) - each hedge of a request on its own -,
+ * budget_refund() when a charged hedge could not be sent, and budget_release() when a
+ * reservation ends unhedged. Two modes (svc_cfg.budget_mode):
  *
- *  BUDGET_WINDOW (default): every request is cloned; a hedge is charged when it is sent,
+ *  BUDGET_WINDOW (the window, what kedge defaults to with the stored path): every request
+ *    is cloned (or stored); a hedge is charged when it is sent,
  *    if hedges over the last BUDGET_SLOTS slots stay within ratio x requests over those
  *    slots + burst. Waiting and answered requests hold nothing, and a stall's requests are
- *    covered by the whole window's requests, not by a bucket of burst tokens. In any
- *    stretch of at most BUDGET_SLOTS - 1 slots, hedges <= ratio x requests + burst.
+ *    covered by the whole window's requests, not by a bucket of burst tokens. A hedge is
+ *    sent only if, counting it, hedges <= ratio x requests + burst over the window's slots
+ *    (the last BUDGET_SLOTS - 1 to BUDGET_SLOTS slot lengths); docs/hedging.md has what
+ *    that bounds over a stretch and over a run.
  *  BUDGET_BUCKET: each request deposits ratio tokens while fewer than burst are free; the
  *    splitter's clone takes a token (none: no clone, budget_exhausted), a hedge keeps it,
  *    a clone dropped unhedged gives it back. Over any run, hedges <= ratio x requests +

@@ -26,9 +26,12 @@ struct raftx_state {
 	__be16 leader_port;
 	__u16 _pad2[3];
 	__u64 alive_until_ns;     /* CLOCK_MONOTONIC; past it nothing is answered in XDP */
-	__u64 detect_ns;          /* failure detector: silence that wakes the node; 0 = off */
+	__u64 detect_ns;          /* the election timeout: failure detector (0 = off) and pre-vote lease */
 	__u64 detect_jitter_ns;   /* plus uniform [0, jitter) per arming (etcd-raft's randomized timeout) */
+	__u64 last_index;         /* last index of the fsynced log (pre-votes, prevote.h) */
+	__u64 last_term;          /* its term */
 };
+#define RAFTX_STATE_HAS_LOG 1 /* prevote.h: the mirror carries the durable log's end */
 
 /* The last heartbeat answered in XDP (user space reads it with BPF_F_LOCK). */
 struct raftx_hb {
@@ -47,6 +50,7 @@ struct raftx_detect {
 	__u64 leader;
 	__u64 term;
 	__u64 last_ns;
+	__u64 expires_ns; /* last_ns + the timeout of this arming */
 	__u32 inited;
 	__u32 _pad;
 };
@@ -80,11 +84,13 @@ struct raftx_stats {
 	__u64 hb_leader_addr;    /* the leader's id from another address/port: passed */
 	__u64 pv_answered;       /* raft_prevote built the answer: XDP_TX */
 	__u64 pv_passed;         /* raft_prevote left it to user space */
+	__u64 pv_dropped;        /* raft_prevote: a leader heard within the election timeout (etcd-raft ignores it) */
 	__u64 passed_type;       /* every other raft message: user space's */
 	__u64 sign_failed;       /* raft_sign refused (no auth config): XDP_ABORTED */
 	__u64 reflect_failed;    /* a header was not where parse_pkt said: XDP_ABORTED */
 	__u64 detect_armed;      /* timer (re)started by a heartbeat */
 	__u64 detect_fired;      /* timer expired: event written */
+	__u64 detect_rearmed;    /* expired while a heartbeat re-armed it on another CPU: no event */
 	__u64 detect_ringbuf_full; /* timer expired but the ring buffer was full */
 	__u64 detect_init_failed;  /* bpf_timer_init/set_callback failed: no detection */
 };

@@ -11,7 +11,8 @@
  *    Context), signed, reflected (MAC/IP/ports swapped, full UDP checksum) and sent with
  *    XDP_TX. Leader, term, commit and arrival time go to follower_hb, and the failure
  *    detector's bpf_timer is re-armed for detect_ns (+ jitter).
- *  - MsgPreVote: raft_prevote() (rafta's prevote.h) answers it or leaves it to user space.
+ *  - MsgPreVote: raft_prevote() (prevote.h) answers it (signed and reflected like a heartbeat
+ *    reply), drops it while the leader's lease holds (etcd-raft ignores it), or passes it.
  *  - everything else: XDP_PASS to user space, counted.
  * When the timer expires (no answered heartbeat for the election timeout) it writes a
  * RAFTX_EV_LEADER_SILENT record to the follower_events ring buffer; the node wakes and starts
@@ -37,20 +38,10 @@ const struct raftx_event *unused_raftx_event __attribute__((unused));
 #define EBUSY 16
 #define RAFTX_TTL 64
 
-/* Authentication (cluster id, allowlist, MAC, replay window) and signing: rafta's auth.h.
- * Pre-votes: rafta's prevote.h once it exists; until then a stub leaves them to user space. */
+/* Authentication (cluster id, allowlist, MAC, replay window) and signing: auth.h.
+ * Pre-votes answered from the durable mirror and the heartbeat record: prevote.h. */
 #include "auth.h"
-
-#if __has_include("prevote.h")
 #include "prevote.h"
-#else
-#define RAFT_PV_PASS 0
-#define RAFT_PV_TX 1
-static __always_inline int raft_prevote(struct xdp_md *ctx, struct raft_hdr *h, void *data_end)
-{
-	return RAFT_PV_PASS;
-}
-#endif
 
 #define COUNT(s, field) ((s)->field++)
 
@@ -190,6 +181,14 @@ static __always_inline int answer(void *data, void *data_end, struct pkt *p, str
 	return 0;
 }
 
+/* prevote is raft_prevote (prevote.h) in a frame of its own (its view of the state). */
+static __noinline int prevote(struct xdp_md *ctx, struct raftx_udp *u, void *data_end)
+{
+	if ((void *)(u + 1) > data_end)
+		return RAFT_PV_PASS;
+	return raft_prevote(ctx, &u->h, data_end);
+}
+
 static int detect_fired(void *map, __u32 *key, struct raftx_detect *d)
 {
 	struct raftx_stats *s;
@@ -209,6 +208,15 @@ static int detect_fired(void *map, __u32 *key, struct raftx_detect *d)
 	e->term = d->term;
 	e->last_ns = d->last_ns;
 	e->now_ns = bpf_ktime_get_ns();
+	/* A heartbeat on another CPU may have re-armed the timer while this expiry was being
+	 * delivered (arm() writes expires_ns after the fields read above): then the silence is
+	 * over, and the new arming fires later if a new one lasts. */
+	if (e->now_ns < d->expires_ns) {
+		bpf_ringbuf_discard(e, 0);
+		if (s)
+			COUNT(s, detect_rearmed);
+		return 0;
+	}
 	bpf_ringbuf_submit(e, 0);
 	if (s)
 		COUNT(s, detect_fired);
@@ -247,6 +255,7 @@ static __always_inline void arm(struct raftx_stats *s, __u64 leader, __u64 term,
 	t = detect_ns;
 	if (jitter_ns)
 		t += bpf_get_prandom_u32() % jitter_ns;
+	d->expires_ns = now + t;
 	if (bpf_timer_start(&d->timer, t, 0) == 0)
 		COUNT(s, detect_armed);
 }
@@ -365,7 +374,12 @@ int raftx_xdp(struct xdp_md *ctx)
 	case RAFT_MSG_HEARTBEAT:
 		return heartbeat(data, data_end, &p, u, s);
 	case RAFT_MSG_PRE_VOTE:
-		if (raft_prevote(ctx, &u->h, data_end) != RAFT_PV_TX) {
+		reason = prevote(ctx, u, data_end);
+		if (reason == RAFT_PV_DROP) {
+			COUNT(s, pv_dropped);
+			return XDP_DROP;
+		}
+		if (reason != RAFT_PV_TX) {
 			COUNT(s, pv_passed);
 			return XDP_PASS;
 		}

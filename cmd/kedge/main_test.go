@@ -163,6 +163,7 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--nodes", "4"}},
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--scenarios", "nope"}},
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--trials", "0"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--offload", "on,maybe"}},
 	},
 	"raft-errors.golden": {
 		{exitUsage, []string{"raft"}},
@@ -174,6 +175,7 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-cluster.yaml"}},
 		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-cluster.yaml", "--id", "9"}},
 		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-cluster.yaml", "--id", "1", "--duration", "-1s"}},
+		{exitUsage, []string{"raft", "serve", "--config", "testdata/raft-cluster.yaml", "--id", "1", "--offload"}},
 		{exitUsage, []string{"raft", "kv"}},
 		{exitUsage, []string{"raft", "kv", "frobnicate"}},
 		{exitUsage, []string{"raft", "kv", "get"}},

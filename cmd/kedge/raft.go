@@ -17,6 +17,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/raft/client"
 	"github.com/kedge-dev/kedge/internal/raft/config"
 	"github.com/kedge-dev/kedge/internal/raft/node"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
 )
 
 func init() { register(newRaftCmd) }
@@ -78,6 +79,17 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 			switch {
 			case offloadOn && cmd.Flags().Changed("offload"):
 				mode = node.OffloadOn
+				// What can be known before anything is opened: the address, the kernel.
+				a, err := config.ResolveAddr(cfg.RaftBind())
+				if err != nil {
+					return usagef("raft address: %w", err)
+				}
+				if err := offload.CheckAddr(a.Addr()); err != nil {
+					return usagef("--offload: %w", err)
+				}
+				if err := offload.Probe(); err != nil {
+					return err // a *kedge.FeatureError: exit 3
+				}
 			case offloadOn:
 				mode = node.OffloadAuto
 			}

@@ -81,10 +81,19 @@ func (w *budgetWatch) check(cur *Snapshot) []string {
 			continue
 		}
 		w.lastSaid[s.Name] = cur.Time
-		out = append(out, fmt.Sprintf("service %q: in the last %v, %d of %d stalled requests (answered after the %v delay) "+
-			"were not hedged for lack of budget (budget_exhausted +%d); raise budget.burst (--budget-burst, now %d) "+
+		what := fmt.Sprintf("service %q: in the last %v, %d of %d stalled requests (answered after the %v delay) "+
+			"were not hedged for lack of budget (budget_exhausted +%d); ",
+			s.Name, dt.Round(time.Second), late, stalled, s.DelayNow, delta("budget_exhausted"))
+		if b.Mode == BudgetWindow {
+			// The window allows ratio x its requests: the stalls are more than that share.
+			out = append(out, what+fmt.Sprintf("the stalls take more than budget.ratio of the requests over the window: "+
+				"raise budget.ratio (--budget-ratio, now %g) above the share of requests that stall, or budget.burst "+
+				"(--budget-burst, now %d) for a rare long stall", b.Ratio, b.Burst))
+			continue
+		}
+		out = append(out, what+fmt.Sprintf("raise budget.burst (--budget-burst, now %d) "+
 			"to cover a stall's requests (about %.0f per delay at %.0f requests/s), or budget.ratio (--budget-ratio, now %g)",
-			s.Name, dt.Round(time.Second), late, stalled, s.DelayNow, delta("budget_exhausted"), b.Burst, held, rate, b.Ratio))
+			b.Burst, held, rate, b.Ratio))
 	}
 	return out
 }

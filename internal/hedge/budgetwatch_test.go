@@ -47,6 +47,11 @@ func TestBudgetWatch(t *testing.T) {
 			{4 * time.Second, map[string]uint64{"requests": 400, "hedges_sent": 20, "unhedged_late": 60}, nil},
 			{64 * time.Second, map[string]uint64{"requests": 600, "hedges_sent": 30, "unhedged_late": 90}, []string{"in the last 1m0s, 30 of 40 stalled requests"}},
 		}, ""},
+		{"window mode: stalled requests refused - the advice is the ratio", d, []step{
+			{0, map[string]uint64{"requests": 0}, nil},
+			{2 * time.Second, map[string]uint64{"requests": 200, "hedges_sent": 10, "unhedged_late": 30, "budget_exhausted": 150},
+				[]string{"30 of 40 stalled requests", "raise budget.ratio (--budget-ratio, now 0.05) above the share of requests that stall"}},
+		}, BudgetWindow},
 		{"refusals at or below the share: quiet", d, []step{
 			{0, map[string]uint64{}, nil},
 			{2 * time.Second, map[string]uint64{"requests": 200, "hedges_sent": 90, "unhedged_late": 10}, nil},

@@ -2,6 +2,8 @@ package hedge
 
 import (
 	"math/rand/v2"
+
+	"github.com/cilium/ebpf"
 	"net/netip"
 	"testing"
 	"time"
@@ -238,5 +240,66 @@ func TestReplicaChoiceLab(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReplicaEstimatesAge: the bpf_timer halves, every tick, the estimate of a replica that
+// answered nothing since the last tick, and leaves one that did alone; so a replica avoided
+// for being slow comes back as a candidate. Tick 100 ms; the estimates are written directly.
+func TestReplicaEstimatesAge(t *testing.T) {
+	requireRoot(t)
+	l := hedgeLab(t, "ha")
+	srv1, srv2 := l.Host("srv1"), l.Host("srv2")
+	svc, alt := netip.AddrPortFrom(srv1.IPv4, 9999), netip.AddrPortFrom(srv2.IPv4, 9999)
+	h := startHedger(t, l, &Config{
+		Interface: "eth0", Tick: Duration(100 * time.Millisecond),
+		Services: []ServiceConfig{{Name: "age", Address: svc.String(), Replicas: []string{alt.String()},
+			Delay: DelaySpec{Fixed: 5 * time.Millisecond}, ReplicaChoice: ReplicaP50}},
+	}, budgetTestBackend())
+	const start, quiet = uint64(64 * time.Millisecond), uint64(1 << 10) // quiet: 0 after 11 ticks
+	var st hedgeSvcState
+	if err := h.objs.SvcStates.Lookup(uint32(0), &st); err != nil {
+		t.Fatal(err)
+	}
+	// Replica 0 keeps "answering" (a sample per tick, written before each tick would see
+	// none); replica 1 answers nothing.
+	st.RepP50Ns[0], st.RepP50Ns[1] = start, quiet
+	if err := h.objs.SvcStates.Put(uint32(0), st); err != nil {
+		t.Fatal(err)
+	}
+	var seen []uint64
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := h.objs.SvcStates.Lookup(uint32(0), &st); err != nil {
+			t.Fatal(err)
+		}
+		if v := st.RepP50Ns[1]; len(seen) == 0 || v != seen[len(seen)-1] {
+			seen = append(seen, v)
+		}
+		if st.RepP50Ns[1] == 0 {
+			break
+		}
+		// A sample for replica 0 (what replica_observe adds), so its estimate stays.
+		if st.RepSamples[0] == 0 {
+			st.RepSamples[0] = 1
+			if err := h.objs.SvcStates.Update(uint32(0), st, ebpf.UpdateExist); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(10 * time.Millisecond) // polling the timer's effect
+	}
+	t.Logf("replica 1's estimate, tick after tick: %v; replica 0's: %d", seen, st.RepP50Ns[0])
+	if st.RepP50Ns[1] != 0 {
+		t.Fatalf("replica 1's estimate %d after 5 s of 100 ms ticks without a response: want halved to 0", st.RepP50Ns[1])
+	}
+	// Replica 0 had a sample in every tick; one tick may pass between two polls on a loaded
+	// machine, which halves it once.
+	if st.RepP50Ns[0] < start/2 {
+		t.Errorf("replica 0's estimate %d: it answered every tick, want it kept (%d)", st.RepP50Ns[0], start)
+	}
+	for i := 1; i < len(seen); i++ {
+		if seen[i] != seen[i-1]/2 {
+			t.Errorf("estimate went %d -> %d: want halved per tick", seen[i-1], seen[i])
+		}
 	}
 }

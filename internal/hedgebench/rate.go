@@ -244,6 +244,8 @@ type ChaosCheck struct {
 	BudgetExhausted uint64  `json:"budget_exhausted"`
 	RescueP50US     float64 `json:"rescue_p50_us"` // median over the rounds
 	RescueMaxUS     float64 `json:"rescue_max_us"` // max over the rounds
+	// Counters are the hedger's counters of these runs, summed.
+	Counters map[string]uint64 `json:"counters,omitempty"`
 }
 
 // ProgTime is the kernel's run time of kedge's programs per request (BPF_PROG_TEST_RUN,
@@ -666,6 +668,12 @@ func chaosChecks(runs []RateRun, arms []string) []ChaosCheck {
 			cc.Timeouts += r.Timeouts
 			cc.BudgetExhausted += r.Counters["budget_exhausted"]
 			cc.RescueMaxUS = max(cc.RescueMaxUS, r.RescueMaxUS)
+			for k, v := range r.Counters {
+				if cc.Counters == nil {
+					cc.Counters = map[string]uint64{}
+				}
+				cc.Counters[k] += v
+			}
 			if r.Missed != nil {
 				cc.Missed += *r.Missed
 			}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
 )
 
 var long = flag.Bool("raftlab.long", false, "longer fault runs (minutes)")
@@ -45,6 +46,30 @@ func upCluster(t *testing.T, name string, nodes int, unsafe bool) *Cluster {
 		}
 	})
 	return c
+}
+
+// requireOffload checks that every node runs the follower kernel path (docs/raft.md section
+// 14, on by default) where this kernel has it: the fault runs then check it too.
+func requireOffload(t *testing.T, c *Cluster) {
+	t.Helper()
+	if err := offload.Probe(); err != nil {
+		t.Logf("nodes run without the kernel paths: %v", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var modes []string
+	for _, n := range c.Nodes {
+		s, err := c.Status(ctx, n.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Offload == "" {
+			t.Fatalf("node %d runs without the follower kernel path (offload is on by default)", n.ID)
+		}
+		modes = append(modes, s.Offload)
+	}
+	t.Logf("offload: %v", modes)
 }
 
 func tail(b []byte, n int) []byte {
@@ -97,6 +122,7 @@ func summary(ops []Op) (reads, writes, unknown int) {
 
 func TestLinearizableUnderFaults(t *testing.T) {
 	c := upCluster(t, "lz", 3, false)
+	requireOffload(t, c)
 	d, period := 6*time.Second, 800*time.Millisecond
 	if *long {
 		d, period = 60*time.Second, 2*time.Second

@@ -200,12 +200,13 @@ func (n *Node) Run(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	n.http.Shutdown(sctx)
-	if cerr := n.closeOffload(); err == nil && cerr != nil {
-		err = fmt.Errorf("close offload: %w", cerr)
-	}
 	n.tr.Close()
 	stopLoop()
 	<-n.done
+	// The loop no longer reads the kernel's record: detach (the program stops answering).
+	if cerr := n.closeOffload(); err == nil && cerr != nil {
+		err = fmt.Errorf("close offload: %w", cerr)
+	}
 	n.rn.Stop()
 	if cerr := n.st.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("close storage: %w", cerr)

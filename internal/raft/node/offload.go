@@ -39,10 +39,11 @@ type follower struct {
 	detect   time.Duration
 	aliveFor time.Duration
 
-	feed       hbFeeder
-	term, lead uint64 // mirrored
-	mirrored   bool
-	lastAlive  time.Duration // CLOCK_MONOTONIC of the last Alive refresh
+	feed      hbFeeder
+	mirror    offload.Durable // last mirrored (term, lead as etcd-raft has it)
+	lead      uint64
+	mirrored  bool
+	lastAlive time.Duration // CLOCK_MONOTONIC of the last Alive refresh
 
 	wakeups *prometheus.CounterVec
 }
@@ -130,7 +131,9 @@ func (n *Node) offloadTick(ctx context.Context) {
 		n.log.Warn("raft offload: read heartbeat record", "err", err)
 		return
 	}
-	if m := f.feed.next(hb, n.cfg.ID); m != nil {
+	if m := f.feed.next(hb, n.cfg.ID); m != nil && hb.Term >= n.termDurable {
+		// (A record of an older term than the saved one: the node moved on since the
+		// kernel answered; stepping it would only make etcd-raft answer a stale leader.)
 		if err := n.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
 			n.log.Debug("raft offload: step synthesized heartbeat", "err", err)
 		}
@@ -155,25 +158,36 @@ func (n *Node) offloadAlive() {
 	f.lastAlive = now
 }
 
-// offloadMirror gives the kernel the durable term and its leader; called after the Ready's
-// HardState is saved.
+// offloadMirror gives the kernel the durable term, its leader and the end of the durable log;
+// called after the Ready's HardState and entries are saved, before its messages are sent.
 func (n *Node) offloadMirror(term, lead uint64) {
 	f := n.fol
-	if f == nil || (f.mirrored && f.term == term && f.lead == lead) {
+	if f == nil {
 		return
 	}
-	var addr netip.AddrPort
-	kl := lead
+	d := offload.Durable{Term: term, Leader: lead}
 	if lead == n.cfg.ID {
-		kl = 0 // a leader receives no heartbeats
+		d.Leader = 0 // a leader receives no heartbeats
 	} else if lead != 0 {
-		addr = f.peers[lead]
+		d.LeaderAddr = f.peers[lead]
 	}
-	if err := f.k.Mirror(term, kl, addr); err != nil {
-		n.log.Warn("raft offload: mirror term", "err", err)
+	last, err := n.st.LastIndex()
+	if err == nil {
+		d.LastIndex = last
+		d.LastTerm, err = n.st.Term(last)
+	}
+	if err != nil {
+		n.log.Warn("raft offload: read the durable log's end", "err", err)
 		return
 	}
-	f.term, f.lead, f.mirrored = term, lead, true
+	if f.mirrored && f.mirror == d && f.lead == lead {
+		return
+	}
+	if err := f.k.Mirror(d); err != nil {
+		n.log.Warn("raft offload: mirror durable state", "err", err)
+		return
+	}
+	f.mirror, f.lead, f.mirrored = d, lead, true
 }
 
 // onLeaderSilent handles a failure-detector wake-up: if the node still follows that leader in
@@ -186,7 +200,7 @@ func (n *Node) onLeaderSilent(ctx context.Context, ev offload.Event) {
 		f.wakeups.WithLabelValues("stale").Inc()
 		n.log.Debug("raft offload: leader-silent event ignored", "why", why, "leader", ev.Leader, "term", ev.Term)
 	}
-	if n.leader.Load() != ev.Leader || f.term != ev.Term {
+	if n.leader.Load() != ev.Leader || f.mirror.Term != ev.Term {
 		stale("leader or term changed")
 		return
 	}

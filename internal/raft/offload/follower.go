@@ -189,11 +189,21 @@ func (f *Follower) Mode() string {
 	return f.link.Mode()
 }
 
+// CheckAddr says whether the follower program can serve a node whose raft address is addr:
+// not on loopback and not unspecified (it answers on the interface that holds the address).
+func CheckAddr(addr netip.Addr) error {
+	addr = addr.Unmap()
+	if !addr.IsValid() || addr.IsUnspecified() || addr.IsLoopback() {
+		return fmt.Errorf("raft address %s: %w (give the node a raft address on a real interface, or use --offload=false)", addr, ErrNoDevice)
+	}
+	return nil
+}
+
 // raftInterface finds the interface in ns that holds addr, and whether it is a veth.
 func raftInterface(ns netns.NsHandle, addr netip.Addr) (int, string, bool, error) {
 	addr = addr.Unmap()
-	if !addr.IsValid() || addr.IsUnspecified() || addr.IsLoopback() {
-		return 0, "", false, fmt.Errorf("raft address %s: %w (bind the raft address to a host address, or use --offload=false)", addr, ErrNoDevice)
+	if err := CheckAddr(addr); err != nil {
+		return 0, "", false, err
 	}
 	var idx int
 	var name string
@@ -230,13 +240,23 @@ func Monotonic() time.Duration {
 	return time.Duration(ts.Nano())
 }
 
-// Mirror records the node's durable term and the leader etcd-raft knows for it (0: none,
-// leaderAddr then ignored). Call it only after the HardState carrying term is fsynced: the
-// program answers heartbeats of exactly this term.
-func (f *Follower) Mirror(term, leader uint64, leaderAddr netip.AddrPort) error {
+// Durable is what the node mirrors into the kernel after it is on disk.
+type Durable struct {
+	Term       uint64         // HardState.Term, fsynced
+	Leader     uint64         // the leader of Term etcd-raft knows (0: none; not this node)
+	LeaderAddr netip.AddrPort // its raft address (ignored without a leader)
+	// LastIndex and LastTerm are the end of the fsynced log (pre-votes are judged on it).
+	LastIndex, LastTerm uint64
+}
+
+// Mirror records the node's durable state. Call it only after what it says is fsynced: the
+// program answers heartbeats of exactly this term and pre-votes against this log.
+func (f *Follower) Mirror(d Durable) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	term, leader, leaderAddr := d.Term, d.Leader, d.LeaderAddr
 	f.st.Term, f.st.Leader = term, leader
+	f.st.LastIndex, f.st.LastTerm = d.LastIndex, d.LastTerm
 	f.st.LeaderAddr.In6U.U6Addr8 = [16]byte{}
 	f.st.LeaderPort = 0
 	if leader != 0 {
@@ -352,3 +372,19 @@ func readStats(m *ebpf.Map) ([]bpfx.Counter, error) {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// LoadDetached loads the program without attaching it, for BPF_PROG_TEST_RUN: the fixtures
+// here and the offload-on/off equivalence test of internal/raft/node run packets through it
+// with Run.
+func LoadDetached(opts FollowerOptions) (*Follower, error) { return newFollower(opts) }
+
+// Run runs the program once on frame (BPF_PROG_TEST_RUN) and returns its verdict and the frame
+// after it.
+func (f *Follower) Run(frame []byte) (uint32, []byte, error) {
+	opts := ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Repeat: 1}
+	ret, err := f.objs.RaftxXdp.Run(&opts)
+	if err != nil {
+		return 0, nil, fmt.Errorf("run follower program: %w", err)
+	}
+	return ret, opts.DataOut, nil
+}

@@ -3,6 +3,8 @@ package offload
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"testing"
@@ -11,7 +13,9 @@ import (
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 	"github.com/kedge-dev/kedge/internal/raft/wire"
+	"github.com/kedge-dev/kedge/pkg/kedge"
 	pb "go.etcd.io/raft/v3/raftpb"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -153,8 +157,9 @@ func verifyReply(term uint64, ctx []byte) func(testing.TB, []byte) {
 }
 
 func TestFollowerFixtures(t *testing.T) {
-	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour})
-	if err := f.Mirror(fxTerm, fxLeader, leader4); err != nil {
+	// Detect is also the election timeout of the pre-vote lease (prevote.h).
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Detect: time.Hour})
+	if err := f.Mirror(Durable{Term: fxTerm, Leader: fxLeader, LeaderAddr: leader4, LastIndex: 100, LastTerm: fxTerm}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.Alive(); err != nil {
@@ -165,7 +170,7 @@ func TestFollowerFixtures(t *testing.T) {
 	withCtx := hb
 	withCtx.ctx = []byte{1, 2, 3, 4, 5, 6, 7, 8}
 	mod := func(m msg, fn func(*msg)) msg { fn(&m); return m }
-	answered := bpftest.Counters{"rx": 1, "hb_answered": 1}
+	answered := bpftest.Counters{"rx": 1, "hb_answered": 1, "detect_armed": 1}
 	passed := func(c string) bpftest.Counters { return bpftest.Counters{"rx": 1, c: 1} }
 	dropped := func(r wire.Reason) bpftest.Counters { return bpftest.Counters{"rx": 1, "drop_" + r.String(): 1} }
 	good := frame(leader4, self4, 77, hb.payload(t))
@@ -212,8 +217,8 @@ func TestFollowerFixtures(t *testing.T) {
 			WantRet: bpftest.XDPPass, WantCounters: passed("passed_type")},
 		{Name: "vote passed to user space", In: frame(other4, self4, 1, mod(hb, func(m *msg) { m.typ = pb.MsgVote; m.from = fxOther; m.term = fxTerm + 1; m.comm = 0 }).payload(t)),
 			WantRet: bpftest.XDPPass, WantCounters: passed("passed_type")},
-		{Name: "pre-vote left to raft_prevote (stub passes)", In: frame(other4, self4, 1, mod(hb, func(m *msg) { m.typ = pb.MsgPreVote; m.from = fxOther; m.term = fxTerm + 1; m.comm = 0 }).payload(t)),
-			WantRet: bpftest.XDPPass, WantCounters: passed("pv_passed")},
+		{Name: "pre-vote within the leader's lease dropped", In: frame(other4, self4, 1, mod(hb, func(m *msg) { m.typ = pb.MsgPreVote; m.from = fxOther; m.term = fxTerm + 1; m.comm = 0 }).payload(t)),
+			WantRet: bpftest.XDPDrop, WantCounters: passed("pv_dropped")},
 		{Name: "udp to another port untouched", In: frame(leader4, netip.AddrPortFrom(self4.Addr(), 7001), 1, hb.payload(t)),
 			WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{"not_raft": 1}},
 		{Name: "tcp to the raft port untouched", In: pktbuild.New().IPv4(pktbuild.IPv4{Src: leader4.Addr(), Dst: self4.Addr()}).
@@ -239,7 +244,7 @@ func TestFollowerFixtures(t *testing.T) {
 
 func TestFollowerFixturesIPv6(t *testing.T) {
 	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Peers: []wire.AuthPeer{{ID: fxLeader, Addr: leader6}}})
-	if err := f.Mirror(fxTerm, fxLeader, leader6); err != nil {
+	if err := f.Mirror(Durable{Term: fxTerm, Leader: fxLeader, LeaderAddr: leader6, LastIndex: 100, LastTerm: fxTerm}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.Alive(); err != nil {
@@ -260,7 +265,7 @@ func TestFollowerFixturesIPv6(t *testing.T) {
 // a node whose mirror names another address for the leader answers nothing.
 func TestFollowerLeaderAddressMismatch(t *testing.T) {
 	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour})
-	if err := f.Mirror(fxTerm, fxLeader, leader6); err != nil {
+	if err := f.Mirror(Durable{Term: fxTerm, Leader: fxLeader, LeaderAddr: leader6, LastIndex: 100, LastTerm: fxTerm}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.Alive(); err != nil {
@@ -281,7 +286,7 @@ func TestFollowerFixturesKeyed(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Key: &key})
-	if err := f.Mirror(fxTerm, fxLeader, leader4); err != nil {
+	if err := f.Mirror(Durable{Term: fxTerm, Leader: fxLeader, LeaderAddr: leader4, LastIndex: 100, LastTerm: fxTerm}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.Alive(); err != nil {
@@ -337,7 +342,7 @@ func TestFollowerGates(t *testing.T) {
 		r.Run(t, []bpftest.Case{{Name: name, In: in, WantRet: wantRet, WantCounters: bpftest.Counters{"rx": 1, want: 1}}})
 	}
 	step("nothing mirrored yet", bpftest.XDPPass, "hb_no_state")
-	if err := f.Mirror(fxTerm, 0, netip.AddrPort{}); err != nil {
+	if err := f.Mirror(Durable{Term: fxTerm, LastIndex: 100, LastTerm: fxTerm}); err != nil {
 		t.Fatal(err)
 	}
 	step("alive deadline never set", bpftest.XDPPass, "hb_not_alive")
@@ -345,7 +350,7 @@ func TestFollowerGates(t *testing.T) {
 		t.Fatal(err)
 	}
 	step("no leader known for the term", bpftest.XDPPass, "hb_leader")
-	if err := f.Mirror(fxTerm, fxLeader, leader4); err != nil {
+	if err := f.Mirror(Durable{Term: fxTerm, Leader: fxLeader, LeaderAddr: leader4, LastIndex: 100, LastTerm: fxTerm}); err != nil {
 		t.Fatal(err)
 	}
 	step("alive and leader known", bpftest.XDPTx, "hb_answered")
@@ -371,7 +376,7 @@ func TestFollowerGates(t *testing.T) {
 func TestFollowerDetector(t *testing.T) {
 	const detect = 40 * time.Millisecond
 	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Detect: detect, DetectJitter: 10 * time.Millisecond})
-	if err := f.Mirror(fxTerm, fxLeader, leader4); err != nil {
+	if err := f.Mirror(Durable{Term: fxTerm, Leader: fxLeader, LeaderAddr: leader4, LastIndex: 100, LastTerm: fxTerm}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.Alive(); err != nil {
@@ -428,4 +433,111 @@ func TestMirrorLayout(t *testing.T) {
 	if got := binary.BigEndian.Uint16(b[off:]); got != 7000 {
 		t.Errorf("leader port bytes %x, want 7000 in network order", b[off:off+2])
 	}
+}
+
+// Probe's verdict follows the kernel: from 5.15 (bpf_timer in XDP) everything is there; before,
+// a *kedge.FeatureError names what is missing and the minimum kernel (the node then runs
+// without offload, or exits 3 with an explicit --offload). The 5.10 guest of the kernel
+// matrix takes the second branch.
+func TestProbeMatchesKernel(t *testing.T) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	var major, minor int
+	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil {
+		t.Fatalf("parse kernel release %q: %v", rel, err)
+	}
+	err := Probe()
+	if major > 5 || (major == 5 && minor >= 15) {
+		if err != nil {
+			t.Fatalf("kernel %s: Probe: %v, want nil", rel, err)
+		}
+		return
+	}
+	var fe *kedge.FeatureError
+	if !errors.Is(err, kedge.ErrNotSupported) || !errors.As(err, &fe) || fe.MinKernel == "" {
+		t.Fatalf("kernel %s: Probe: %v, want a FeatureError with a minimum kernel", rel, err)
+	}
+	if os.Geteuid() == 0 {
+		if _, lerr := LoadDetached(FollowerOptions{ClusterID: 1, Self: 1, RaftAddr: self4}); !errors.Is(lerr, kedge.ErrNotSupported) {
+			t.Errorf("kernel %s: LoadDetached: %v, want the FeatureError", rel, lerr)
+		}
+	}
+	t.Logf("kernel %s: %v", rel, err)
+}
+
+// Pre-votes through the follower program (prevote.h's rules have their own fixtures in
+// internal/raft/wire): the wiring - lease from the heartbeats answered here, the answer built
+// in place, signed and turned around, the candidate's decoder accepting it.
+func TestFollowerPreVote(t *testing.T) {
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Detect: time.Hour})
+	r := bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}
+	pv := func(term, logTerm, index uint64) []byte {
+		var b [wire.PktLen]byte
+		m := message(pb.MsgPreVote, fxOther, fxSelf, term, 0, nil)
+		m.LogTerm, m.Index = proto.Uint64(logTerm), proto.Uint64(index)
+		p, err := wire.Encode(b[:], fxCluster, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return frame(other4, self4, 9, p)
+	}
+	answer := func(term uint64, reject bool) func(testing.TB, []byte) {
+		return func(tb testing.TB, out []byte) {
+			tb.Helper()
+			if err := pktbuild.VerifyChecksums(out); err != nil {
+				tb.Errorf("reply checksums: %v", err)
+			}
+			m, reason := wire.Decode(out[len(out)-wire.PktLen:], fxCluster, fxOther)
+			if reason != wire.OK {
+				tb.Fatalf("the candidate refuses the answer: %v", reason)
+			}
+			if m.GetType() != pb.MsgPreVoteResp || m.GetFrom() != fxSelf || m.GetTerm() != term || m.GetReject() != reject {
+				tb.Errorf("answer %v, want MsgPreVoteResp from %d term %d reject %v", m, fxSelf, term, reject)
+			}
+		}
+	}
+	tx := bpftest.Counters{"rx": 1, "pv_answered": 1}
+	mirror := func(leader uint64) {
+		t.Helper()
+		d := Durable{Term: fxTerm, Leader: leader, LastIndex: 100, LastTerm: fxTerm}
+		if leader != 0 {
+			d.LeaderAddr = leader4
+		}
+		if err := f.Mirror(d); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Alive(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mirror(fxLeader)
+	r.Run(t, []bpftest.Case{
+		{Name: "leader known but never heard here: passed", In: pv(fxTerm+1, fxTerm, 100), WantRet: bpftest.XDPPass,
+			WantCounters: bpftest.Counters{"rx": 1, "pv_passed": 1}},
+		{Name: "a heartbeat answered", In: frame(leader4, self4, 1, heartbeatMsg().payload(t)), WantRet: bpftest.XDPTx,
+			WantCounters: bpftest.Counters{"rx": 1, "hb_answered": 1, "detect_armed": 1}},
+		{Name: "within the lease: dropped", In: pv(fxTerm+1, fxTerm, 100), WantRet: bpftest.XDPDrop,
+			WantCounters: bpftest.Counters{"rx": 1, "pv_dropped": 1}},
+	})
+	mirror(0)
+	r.Run(t, []bpftest.Case{
+		{Name: "no leader, log up to date: granted", In: pv(fxTerm+1, fxTerm, 100), WantRet: bpftest.XDPTx,
+			Check: answer(fxTerm+1, false), WantCounters: tx},
+		{Name: "no leader, log behind: rejected", In: pv(fxTerm+1, fxTerm-1, 200), WantRet: bpftest.XDPTx,
+			Check: answer(fxTerm, true), WantCounters: tx},
+		{Name: "stale term: rejected", In: pv(fxTerm-1, fxTerm, 100), WantRet: bpftest.XDPTx,
+			Check: answer(fxTerm, true), WantCounters: tx},
+		{Name: "same term: passed (depends on the vote)", In: pv(fxTerm, fxTerm, 100), WantRet: bpftest.XDPPass,
+			WantCounters: bpftest.Counters{"rx": 1, "pv_passed": 1}},
+	})
+	if err := f.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	r.Run(t, []bpftest.Case{
+		{Name: "alive deadline past: passed", In: pv(fxTerm+1, fxTerm, 100), WantRet: bpftest.XDPPass,
+			WantCounters: bpftest.Counters{"rx": 1, "pv_passed": 1}},
+	})
 }

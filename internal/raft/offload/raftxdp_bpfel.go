@@ -52,11 +52,12 @@ type raftxdpRaftxDetect struct {
 		_      structs.HostLayout
 		Opaque [2]uint64
 	}
-	Leader uint64
-	Term   uint64
-	LastNs uint64
-	Inited uint32
-	Pad    uint32
+	Leader    uint64
+	Term      uint64
+	LastNs    uint64
+	ExpiresNs uint64
+	Inited    uint32
+	Pad       uint32
 }
 
 type raftxdpRaftxEvent struct {
@@ -104,6 +105,8 @@ type raftxdpRaftxState struct {
 	AliveUntilNs   uint64
 	DetectNs       uint64
 	DetectJitterNs uint64
+	LastIndex      uint64
+	LastTerm       uint64
 }
 
 type raftxdpRaftxStats struct {
@@ -120,11 +123,13 @@ type raftxdpRaftxStats struct {
 	HbLeaderAddr      uint64
 	PvAnswered        uint64
 	PvPassed          uint64
+	PvDropped         uint64
 	PassedType        uint64
 	SignFailed        uint64
 	ReflectFailed     uint64
 	DetectArmed       uint64
 	DetectFired       uint64
+	DetectRearmed     uint64
 	DetectRingbufFull uint64
 	DetectInitFailed  uint64
 }

@@ -1,0 +1,256 @@
+package hedgebench
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/chaos"
+)
+
+// The documents' figures come from the committed results: docs/benchmarks.md and
+// docs/hedging.md hold blocks between `<!-- figures:NAME -->` and `<!-- /figures -->`, and
+// UpdateFigures rewrites each block from the results under a directory
+// (docs/results/hedge), so no figure in them is typed by hand. tools/hedgefigures runs it.
+
+// Figure blocks and what they render.
+var figureBlocks = map[string]func(dir string) (string, error){
+	"hedge-rate":     rateFigures,
+	"hedge-gc":       func(dir string) (string, error) { return tableFigures(dir, GC) },
+	"hedge-pressure": pressureFigures,
+	"hedge-targets":  targetFigures,
+}
+
+// figureCommands make each block's result (sizes: docs/benchmarks.md, "Reproducing").
+var figureCommands = map[string]string{
+	"hedge-rate":     "kedge bench hedge --scenario rate --out docs/results/hedge",
+	"hedge-targets":  "kedge bench hedge --scenario rate --out docs/results/hedge",
+	"hedge-gc":       "kedge bench hedge --scenario gc --out docs/results/hedge",
+	"hedge-pressure": "kedge bench hedge --scenario pressure --repeat 5 -n 2000 --warmup 100 --out docs/results/hedge",
+}
+
+var blockRE = regexp.MustCompile(`(?s)(<!-- figures:([a-z0-9-]+) -->\n)(.*?)(<!-- /figures -->)`)
+
+// UpdateFigures rewrites the figure blocks of doc from the results under dir and returns
+// the names of the blocks rewritten. A block whose result is missing says so and names
+// the command that makes it; an unknown block name is an error.
+func UpdateFigures(doc []byte, dir string) ([]byte, []string, error) {
+	var names []string
+	var errs []error
+	out := blockRE.ReplaceAllFunc(doc, func(m []byte) []byte {
+		sub := blockRE.FindSubmatch(m)
+		name := string(sub[2])
+		render, ok := figureBlocks[name]
+		if !ok {
+			errs = append(errs, fmt.Errorf("update figures: unknown block %q (known: %s)", name, strings.Join(slices.Sorted(maps.Keys(figureBlocks)), ", ")))
+			return m
+		}
+		body, err := render(dir)
+		var perr *fs.PathError
+		if errors.As(err, &perr) && errors.Is(err, fs.ErrNotExist) {
+			body, err = fmt.Sprintf("_Not run yet: no %s (run `%s`, then `go run ./tools/hedgefigures`)._\n", perr.Path, figureCommands[name]), nil
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("update figures %s: %w", name, err))
+			return m
+		}
+		names = append(names, name)
+		return []byte(string(sub[1]) + body + string(sub[4]))
+	})
+	return out, names, errors.Join(errs...)
+}
+
+// readRate reads dir/rate/result.json.
+func readRate(dir string) (RateResult, error) {
+	var r RateResult
+	p := filepath.Join(dir, Rate, "result.json")
+	if _, err := os.Stat(p); err != nil {
+		return r, err
+	}
+	if err := bench.ReadJSON(p, &r); err != nil {
+		return r, err
+	}
+	if r.Schema != RateSchema {
+		return r, fmt.Errorf("%s: schema %q, want %q", p, r.Schema, RateSchema)
+	}
+	return r, nil
+}
+
+func rateFigures(dir string) (string, error) {
+	r, err := readRate(dir)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, %s; %v requests per run, %v rounds, backend %s.\n\n", r.Timestamp.Format(time.DateOnly), r.Describe(),
+		r.Parameters["n"], r.Parameters["rounds"], r.Backend)
+	fmt.Fprintf(&b, "| Loops | Arm | req/s | ratio to unhedged | P50 (µs) | ΔP50 (µs) | P99 (µs) | CPU/req processes (µs) | ΔCPU processes | CPU/req machine (µs) | ΔCPU machine |\n")
+	fmt.Fprintf(&b, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, l := range r.Levels {
+		for _, a := range l.Arms {
+			fmt.Fprintf(&b, "| %d | %s | %.0f | %s | %.1f | %s | %.1f | %.1f | %s | %.1f | %s |\n", l.Concurrency, a.Arm, a.RPS,
+				pairedStr(a.RPSRatio, "%.2fx"), a.P50US, pairedStr(a.DeltaP50US, "%+.1f"), a.P99US,
+				a.ProcCPUPerReqUS, pairedStr(a.ProcCPUAddedUS, "%+.1f"), a.CPUPerReqUS, pairedStr(a.CPUAddedUS, "%+.1f"))
+		}
+	}
+	b.WriteString("\n(ratio and Δ: against the unhedged run of the same round, median (min..max) over the rounds.)\n\n")
+	for _, p := range r.Prog {
+		fmt.Fprintf(&b, "- BPF run time per request, %s path (BPF_PROG_TEST_RUN, %d requests): hedge_split %.0f ns, hedge_resp %.0f ns (%s).\n",
+			p.Arm, p.Requests, p.SplitNS, p.RespNS, counterStr(p.Counters, "clones", "stored", "store_too_large", "store_full"))
+	}
+	for _, c := range r.Chaos {
+		fmt.Fprintf(&b, "- %v%% of ids stalled %v ms at %d loops, %s path: %.0f req/s, %d stalled, %d missed hedges, %d budget refusals, %d lost clones, %d timeouts.\n",
+			r.Parameters["stall_pct"], r.Parameters["stall_ms"], c.Concurrency, c.Arm, c.RPS, c.Stalled, c.Missed, c.BudgetExhausted, c.LostClones, c.Timeouts)
+		if cs := counterStr(c.Counters, storeCounters...); cs != "" {
+			fmt.Fprintf(&b, "  Counters: %s.\n", cs)
+		}
+	}
+	var idle []string
+	for _, arm := range r.Arms {
+		idle = append(idle, fmt.Sprintf("%s %.3f", arm, r.IdleCPU[arm]))
+	}
+	fmt.Fprintf(&b, "- Idle (nothing sent), busy CPUs: %s.\n", strings.Join(idle, ", "))
+	if r.StoredArm != "" {
+		fmt.Fprintf(&b, "- Stored arm: %s.\n", r.StoredArm)
+	}
+	return b.String(), nil
+}
+
+// targetFigures is issue 14's targets beside the rate scenario's paired figures.
+func targetFigures(dir string) (string, error) {
+	r, err := readRate(dir)
+	if err != nil {
+		return "", err
+	}
+	if len(r.Levels) == 0 {
+		return "", errors.New("rate result without levels")
+	}
+	low, sat := r.Levels[0], r.Levels[len(r.Levels)-1]
+	var b strings.Builder
+	fmt.Fprintf(&b, "From [results/hedge/rate](results/hedge/rate) (%s, commit %.12s, load average %v at start):\n\n", r.Timestamp.Format(time.DateOnly), r.Commit, r.LoadAvg)
+	fmt.Fprintf(&b, "| Path | req/s at %d loops / unhedged (>= %.1fx) | CPU/req added, processes (<= %.0f µs) | CPU/req added, machine | P50 added at %d loop(s) (<= %.0f µs) |\n",
+		sat.Concurrency, Targets.RPSRatio, Targets.CPUAddedUS, low.Concurrency, Targets.P50AddedUS)
+	b.WriteString("|---|---:|---:|---:|---:|\n")
+	for _, arm := range []string{ArmStored, ArmClone} {
+		s, ok := armAt(sat, arm)
+		lo, _ := armAt(low, arm)
+		if !ok {
+			fmt.Fprintf(&b, "| %s | - | - | - | - |\n", arm)
+			continue
+		}
+		mark := func(met bool, n int, by string) string {
+			switch {
+			case n == 0:
+				return ""
+			case met:
+				return " (met)"
+			}
+			return " (missed by " + by + ")"
+		}
+		fmt.Fprintf(&b, "| %s | %s%s | %s%s | %s | %s%s |\n", arm,
+			pairedStr(s.RPSRatio, "%.2fx"), mark(s.RPSRatio.Median >= Targets.RPSRatio, s.RPSRatio.N, fmt.Sprintf("%.2fx", Targets.RPSRatio-s.RPSRatio.Median)),
+			pairedStr(s.ProcCPUAddedUS, "%+.1f"), mark(s.ProcCPUAddedUS.Median <= Targets.CPUAddedUS, s.ProcCPUAddedUS.N, fmt.Sprintf("%.1f µs", s.ProcCPUAddedUS.Median-Targets.CPUAddedUS)),
+			pairedStr(s.CPUAddedUS, "%+.1f"),
+			pairedStr(lo.DeltaP50US, "%+.1f"), mark(lo.DeltaP50US.Median <= Targets.P50AddedUS, lo.DeltaP50US.N, fmt.Sprintf("%.1f µs", lo.DeltaP50US.Median-Targets.P50AddedUS)))
+	}
+	if r.StoredArm != "" {
+		fmt.Fprintf(&b, "\nStored arm: %s.\n", r.StoredArm)
+	}
+	return b.String(), nil
+}
+
+// tableFigures renders a Table 4.2 scenario's result: the table, hedge excess per method
+// and, for gc, the pauses each client met.
+func tableFigures(dir, scenario string) (string, error) {
+	p := filepath.Join(dir, scenario, "result.json")
+	if _, err := os.Stat(p); err != nil {
+		return "", err
+	}
+	r, err := bench.ReadFile(p)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, %s.\n\n", r.Timestamp.Format(time.DateOnly), r.Describe())
+	sums := make([]bench.Summary, len(r.Series))
+	for i, s := range r.Series {
+		sums[i] = bench.Summarize(s)
+	}
+	if err := bench.WriteTable(&b, sums, "baseline"); err != nil {
+		return "", err
+	}
+	b.WriteString("\n")
+	stallPct, _ := r.Parameters["stall_pct"].(float64)
+	delayMS, _ := r.Parameters["hedge_delay_ms"].(float64)
+	isStall := func(id uint32) bool { return chaos.Stalls(0, id, int(stallPct)) }
+	for _, s := range r.Series {
+		if s.Name == "baseline" {
+			continue
+		}
+		ex := bench.HedgeExcess(s, isStall, time.Duration(delayMS*float64(time.Millisecond)))
+		if len(ex) == 0 {
+			continue
+		}
+		slices.Sort(ex)
+		fmt.Fprintf(&b, "- %s: hedge excess on %d stalled requests P50 %.2f ms, P99 %.2f ms, MAX %.2f ms; %d late duplicates at the application.\n",
+			s.Name, len(ex), bench.Percentile(ex, 50), bench.Percentile(ex, 99), ex[len(ex)-1], s.LateDuplicates)
+	}
+	if scenario == GC {
+		var sched PauseSchedule
+		var runs map[string]PauseRun
+		if err := reparse(r.Parameters["pause_schedule"], &sched); err != nil {
+			return "", err
+		}
+		if err := reparse(r.Parameters["pause_runs"], &runs); err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "- Client pauses: seed %d, %g-%g ms, %.1f%% of the time planned (SIGSTOP/SIGCONT from the harness, %d pauses in the schedule up to the longest run's end):",
+			sched.Seed, sched.MinMS, sched.MaxMS, sched.Coverage*100, len(sched.Pauses))
+		for _, s := range r.Series {
+			if pr, ok := runs[s.Name]; ok {
+				fmt.Fprintf(&b, " %s %d pauses, %.1f%% of its %.1f s;", s.Name, pr.Pauses, pr.Coverage*100, pr.ElapsedMS/1000)
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String(), nil
+}
+
+// reparse decodes a value read as generic JSON into a typed one.
+func reparse(v any, into any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, into)
+}
+
+// pressureFigures renders pressure/summary.json (a --repeat run).
+func pressureFigures(dir string) (string, error) {
+	p := filepath.Join(dir, Pressure, "summary.json")
+	if _, err := os.Stat(p); err != nil {
+		return "", err
+	}
+	var s RepeatSummary
+	if err := bench.ReadJSON(p, &s); err != nil {
+		return "", err
+	}
+	if s.Schema != RepeatSchema {
+		return "", fmt.Errorf("%s: schema %q, want %q", p, s.Schema, RepeatSchema)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, %s.\n", s.Timestamp.Format(time.DateOnly), s.Describe())
+	if err := WriteRepeatReport(&b, s); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
