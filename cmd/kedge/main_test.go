@@ -250,6 +250,8 @@ func hedgeErrorCases() []errorCase {
 		{exitUsage, with("--replica-choice", "fastest")},
 		{exitUsage, with("--max-hedges", "0")},
 		{exitUsage, with("--max-hedges", "2", "--replica", "198.18.0.13:9999")},
+		{exitUsage, with("--store-limit", "2001")},
+		{exitUsage, with("--store-limit", "-1")},
 		{exitUsage, with("--backend", "fq")},
 		{exitUsage, with("--duration", "-1s")},
 		{exitUsage, with("--metrics-addr", "9464")},

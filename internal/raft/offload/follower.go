@@ -150,6 +150,9 @@ func NewFollower(opts FollowerOptions) (_ *Follower, err error) {
 	f.ifname = ifname
 	if f.link, err = bpfx.AttachXDP(f.objs.RaftxXdp, opts.Netns, ifindex, opts.Mode); err != nil {
 		f.Close()
+		if errors.Is(err, unix.EBUSY) {
+			return nil, fmt.Errorf("attach raft follower program to %s: %w (an interface takes one XDP program: is another node or program attached there? use --offload=false for this node)", ifname, err)
+		}
 		return nil, fmt.Errorf("attach raft follower program to %s: %w", ifname, err)
 	}
 	f.opts.Log.Info("raft offload: follower program attached", "iface", ifname, "mode", f.link.Mode(),
