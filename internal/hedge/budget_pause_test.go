@@ -52,7 +52,7 @@ func TestBudgetRescuesPauses(t *testing.T) {
 	h := startHedger(t, l, &Config{
 		Interface: "eth0",
 		Services: []ServiceConfig{{Name: "pause", Address: svc.String(), Replicas: []string{alt.String()},
-			Delay: DelaySpec{Fixed: delay}, Budget: BudgetSpec{Mode: BudgetWindow}}}, // ratio, burst, window: the defaults
+			Delay: DelaySpec{Fixed: delay}}}, // budget: the defaults
 	}, "")
 	b := h.Config.Services[0].Budget
 	if b.Mode != BudgetWindow || b.Ratio != 0.05 || b.Burst != 10 || time.Duration(b.Window) != 10*time.Second {
