@@ -12,6 +12,6 @@ go test -count=1 -run '^$' -fuzz FuzzParse -fuzztime 20s -fuzzminimizetime 5s ./
 go test -count=1 -run '^$' -fuzz FuzzDecode -fuzztime 10s -fuzzminimizetime 5s ./internal/raft/wire
 go test -count=1 -run '^$' -fuzz FuzzReplay -fuzztime 10s -fuzzminimizetime 5s ./internal/raft/storage
 go test -count=1 -run '^$' -fuzz FuzzGather -fuzztime 10s -fuzzminimizetime 5s ./internal/sg
-go run ./tools/vmtest -kernels 6.12 -timeout 900s -pkgs ./internal/hedge,./internal/parsetest,./internal/pacer,./internal/raft/offload
+go run ./tools/vmtest -kernels 6.12 -timeout 900s -pkgs ./internal/hedge,./internal/parsetest,./internal/pacer,./internal/raft/offload,./internal/raft/wire
 # sg's BPF fixtures on 6.1: an older verifier (bounds it loses on 32-bit compares) and clsact.
 go run ./tools/vmtest -kernels 6.1 -timeout 600s -pkgs ./internal/sg -run 'TestLoadTiers|TestGather|TestScatter|TestSweep'

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* hedge.bpf.c - the client side of kedge's transparent UDP request hedger: its entry
  * points, each one call into the file that holds its concern.
- *   hedge_split  (TC egress, client iface)       record the request, clone it into the delay line
- *   hedge_rescue (TC ingress, pacer veth)        the pacer's tick program: drop, recirculate,
- *                                                or send the hedge
+ *   hedge_split  (TC egress, client iface)       record the request; store it for a tick
+ *                                                (stored path) or clone it into the delay line
+ *   hedge_rescue (TC ingress, pacer veth)        the pacer's tick program: a tick sends every
+ *                                                due stored request's hedge; a clone is
+ *                                                dropped, sent round again, or sent as the hedge
  *   hedge_resp   (TC ingress, client iface)      first response wins; drop the duplicate
  *   hedge_arm    (BPF_PROG_TEST_RUN, once)       starts the bpf_timer: adaptive delay + expiry
  * and the pacer's two programs (bpf/include/pacer.h), inside its namespace:
@@ -12,6 +14,7 @@
  *
  *   maps.h       run configuration (cfg), maps, counters
  *   request.h    match, rewrites, and the split / rescue / respond handlers
+ *   store.h      the stored path: per-service store rings, the tick's hedges
  *   budget.h     the hedge budget: a sliding window (default) or a token bucket
  *   timer.h      latency and precision histograms, adaptive delay, scoreboard expiry
  *   delayline.h  the hedger's side of the pacer (a clone's deadline, for edt)

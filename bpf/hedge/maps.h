@@ -68,6 +68,44 @@ struct {
 	__type(value, struct hreq);
 } scoreboard SEC(".maps");
 
+/* The stored path (store.h): per service a ring of STORE_RING cells, index
+ * svc * STORE_RING + position % STORE_RING, and its head and tail positions. User space sizes
+ * store_ring to its services before load (a hedger of one service holds one ring). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_MAX * STORE_RING);
+	__type(key, __u32);
+	__type(value, struct hstore);
+} store_ring SEC(".maps");
+
+struct store_pos {
+	__u64 head; /* next position the rescuer pops */
+	__u64 tail; /* next position a splitter claims */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_MAX);
+	__type(key, __u32);
+	__type(value, struct store_pos);
+} store_heads SEC(".maps");
+
+/* A pacer tick's loop state (store.h, store_tick): per CPU, reset at each tick. */
+struct tick_state {
+	__u64 next; /* earliest deadline still waiting (0: none) */
+	__u32 svc;  /* service whose ring is being popped */
+	__u32 sent; /* hedges sent in this tick */
+	__u32 held; /* the skb holds a hedge, sent when the tick ends (or flushed before the next) */
+	__u32 more; /* due cells left when the tick ended */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tick_state);
+} tick_state SEC(".maps");
+
 struct khist {
 	__u32 b[HIST_BUCKETS];
 };

@@ -177,8 +177,12 @@ static __always_inline struct svc_addr *replica_at(struct svc_cfg *sc, __u32 i)
 	return &sc->replicas[i];
 }
 
-/* split (client egress): record the request, and clone it into the delay line when a
- * budget token is free. The request itself always passes. */
+/* The stored path needs match, pick_replica and replica_at from above. */
+#include "store.h"
+
+/* split (client egress): record the request; store it for a hedge from a pacer tick (its
+ * payload within the service's store_limit), or else clone it into the delay line, when the
+ * budget allows (bucket: a free token). The request itself always passes. */
 static __always_inline int split(struct __sk_buff *skb)
 {
 	struct match m;
@@ -199,6 +203,7 @@ static __always_inline int split(struct __sk_buff *skb)
 	r.state = REQ_PENDING;
 	r.orig_replica = m.cfg->orig_index;
 	r.hedge_replica = REPLICA_NONE;
+	r.tried = r.orig_replica < REPLICA_MAX ? 1U << r.orig_replica : 0;
 	/* Bucket: the clone takes its hedge's token now, so none rides the delay line only to be
 	 * refused and concurrent requests cannot all count on the same token. Window: every
 	 * request is cloned; its hedge is charged when due. */
@@ -215,6 +220,21 @@ static __always_inline int split(struct __sk_buff *skb)
 	}
 	if (!token)
 		return TC_ACT_UNSPEC;
+	if (m.cfg->store_limit) {
+		switch (store_request(skb, &m, &r)) {
+		case STORE_OK:
+			COUNT(m.cnt, stored);
+			return TC_ACT_UNSPEC;
+		case STORE_TOO_LARGE:
+			COUNT(m.cnt, store_too_large);
+			break;
+		case STORE_FULL:
+			COUNT(m.cnt, store_full);
+			break;
+		default:
+			COUNT(m.cnt, store_unsupported);
+		}
+	}
 	if (pacer_carry(skb) < 0) {
 		struct hreq *e = bpf_map_lookup_elem(&scoreboard, &m.key);
 
@@ -232,7 +252,7 @@ static __always_inline int split(struct __sk_buff *skb)
  * becomes NOHEDGE, so its response completes it, and the clone's reservation goes back. */
 static __always_inline void hedge_failed(struct match *m, struct hreq *e)
 {
-	e->state = REQ_NOHEDGE;
+	__sync_val_compare_and_swap(&e->state, REQ_PENDING, REQ_NOHEDGE);
 	budget_release(m->cfg, m->st);
 }
 
@@ -240,26 +260,23 @@ static __always_inline void hedge_failed(struct match *m, struct hreq *e)
  * charge is refunded (bucket: the token goes back; window: the slot's hedge). */
 static __always_inline void hedge_unsent(struct match *m, struct hreq *e, __u64 now)
 {
-	e->state = REQ_NOHEDGE;
+	__sync_val_compare_and_swap(&e->state, REQ_PENDING, REQ_NOHEDGE);
 	budget_refund(m->cfg, m->st, now);
 }
 
-/* rescue (the pacer's tick program, at the delay line's exit): drop a clone whose request
- * was answered, send it round again when not due yet, else rewrite it to another replica
- * and send it as the hedge. Ticks (the pacer's calibration; the clone path asks for none)
- * are dropped. */
-static __always_inline int rescue(struct __sk_buff *skb)
+/* rescue_clone (the pacer's tick program, a carried clone back from the delay line): drop
+ * it when its request was answered, send it round again when not due yet, else rewrite it to
+ * another replica and send it as the hedge. Not inlined: its stack frame stays off the tick
+ * path's call chain (store.h), which the verifier adds up. */
+static __noinline int rescue_clone(struct __sk_buff *skb)
 {
 	struct match m;
 	struct hreq *e;
 	struct svc_addr to, from;
-	struct pacer_tick tick;
 	__u32 idx;
 	__u64 now;
 	long ret;
 
-	if (pacer_receive(skb, &tick) != PACER_RX_CARRIED)
-		return TC_ACT_SHOT; /* a tick, or a malformed one (the pacer counts both) */
 	if (!match(skb, &m, MATCH_REQUEST)) {
 		/* Nothing but clones of hedged requests arrive here; anything else is dropped. */
 		COUNT(stats_global(), rescue_unmatched);
@@ -290,7 +307,7 @@ static __always_inline int rescue(struct __sk_buff *skb)
 		return ret;
 	}
 	/* Due and unanswered: a replica that does not have it yet (replica.h) ... */
-	idx = pick_replica(m.cfg, m.st, e->orig_replica < REPLICA_MAX ? 1u << e->orig_replica : 0);
+	idx = pick_replica(m.cfg, m.st, tried_of(e));
 	if (idx >= REPLICA_MAX) {
 		hedge_failed(&m, e);
 		COUNT(m.cnt, no_replica);
@@ -298,7 +315,7 @@ static __always_inline int rescue(struct __sk_buff *skb)
 	}
 	/* ... and the budget pays for the hedge (bucket: the clone's token). */
 	if (!budget_charge(m.cfg, m.st, now)) {
-		e->state = REQ_REFUSED;
+		__sync_val_compare_and_swap(&e->state, REQ_PENDING, REQ_REFUSED);
 		COUNT(m.cnt, budget_exhausted);
 		return TC_ACT_SHOT;
 	}
@@ -311,19 +328,83 @@ static __always_inline int rescue(struct __sk_buff *skb)
 		COUNT(m.cnt, hedge_rewrite_errors);
 		return TC_ACT_SHOT;
 	}
+	/* Claimed before it leaves (see hedge_cell in store.h): a response that came first keeps
+	 * its claim and the clone is dropped. */
+	if (__sync_val_compare_and_swap(&e->state, REQ_PENDING, REQ_HEDGED) != REQ_PENDING) {
+		budget_refund(m.cfg, m.st, now);
+		COUNT(m.cnt, clones_answered);
+		return TC_ACT_SHOT;
+	}
+	e->hedged_ns = now;
+	e->hedge_replica = idx;
+	e->hedges_sent = 1;
+	e->tried = tried_of(e) | (1U << idx);
 	skb->mark = cfg.hedge_mark;
 	ret = bpf_redirect_neigh(cfg.out_ifindex, NULL, 0, 0);
 	if (ret != TC_ACT_REDIRECT) {
-		hedge_unsent(&m, e, now);
+		__sync_val_compare_and_swap(&e->state, REQ_HEDGED, REQ_NOHEDGE);
+		budget_refund(m.cfg, m.st, now);
 		COUNT(m.cnt, redirect_errors);
 		return TC_ACT_SHOT;
 	}
-	e->state = REQ_HEDGED;
-	e->hedged_ns = now;
-	e->hedge_replica = idx;
 	record_precision(m.svc, now, e->deadline_ns);
 	COUNT(m.cnt, hedges_sent);
 	return ret;
+}
+
+/* rescue (the pacer's tick program): a tick sends the stored path's due hedges
+ * (store.h), a carried packet is the clone path's. */
+static __always_inline int rescue(struct __sk_buff *skb)
+{
+	struct pacer_tick tick;
+
+	switch (pacer_receive(skb, &tick)) {
+	case PACER_RX_TICK:
+		return store_tick(skb);
+	case PACER_RX_MALFORMED:
+		return TC_ACT_SHOT; /* counted by the pacer */
+	}
+	/* A hedge a tick cloned back in keeps its mark (same namespace); clones from the pacer
+	 * namespace lose theirs crossing the veth. */
+	if (skb->mark == cfg.hedge_mark)
+		return rescue_hedge(skb);
+	return rescue_clone(skb);
+}
+
+/* claim_response moves a request's state on for a response with compare-and-exchange, so
+ * that two responses on two CPUs cannot both pass as the first. Returns the state it moved
+ * from (the response's role), or 0 when it kept losing races (the response passes). */
+static __always_inline __u32 claim_response(struct hreq *e)
+{
+	__u32 s, next;
+
+	for (int i = 0; i < 4; i++) {
+		s = READ_ONCE(e->state);
+		switch (s) {
+		case REQ_PENDING:
+			next = REQ_ANSWERED;
+			break;
+		case REQ_HEDGED:
+			next = REQ_ANSWERED_HEDGED;
+			break;
+		case REQ_ANSWERED:
+		case REQ_ANSWERED_HEDGED:
+			return s; /* not first: nothing to claim */
+		default: /* NOCLONE / NOHEDGE / REFUSED: completed by this response */
+			next = REQ_ANSWERED;
+		}
+		if (__sync_val_compare_and_swap(&e->state, s, next) == s)
+			return s;
+	}
+	return 0;
+}
+
+/* hedge_won: the response came from a replica a hedge went to. With a single address the
+ * responses cannot be told apart; a response after the hedge left counts as the hedge's. */
+static __always_inline int hedge_won(const struct hreq *e, const struct replica_ref *ref)
+{
+	return ref->index == e->hedge_replica ||
+	       (ref->index < REPLICA_MAX && ref->index != e->orig_replica && (e->tried >> ref->index) & 1);
 }
 
 /* replied_to: when the copy that replica idx answers was sent (the hedge's time for the
@@ -334,13 +415,14 @@ static __always_inline __u64 replied_to(struct hreq *e, __u32 idx)
 }
 
 /* respond (client ingress): the first response completes the request (and is rewritten to
- * the address the client used); the later one of a hedged request is dropped. */
+ * the address the client used); the later ones of a hedged request are dropped, and the
+ * entry goes once every copy (the request and its hedges) was answered. */
 static __always_inline int respond(struct __sk_buff *skb)
 {
 	struct match m;
 	struct hreq *e;
 	__u64 now;
-	__u32 orig;
+	__u32 orig, s;
 
 	if (!match(skb, &m, MATCH_RESPONSE))
 		return TC_ACT_UNSPEC;
@@ -349,11 +431,15 @@ static __always_inline int respond(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC; /* not tracked (expired, evicted, or not a hedged service's request) */
 
 	now = bpf_ktime_get_ns();
-	switch (e->state) {
+	s = claim_response(e);
+	switch (s) {
+	case 0:
+		return TC_ACT_UNSPEC;
 	case REQ_ANSWERED_HEDGED:
 		/* The loser's latency: what shows a replica slow (replica.h). */
 		replica_observe(m.cfg, m.st, m.ref.index, now - replied_to(e, m.ref.index));
-		bpf_map_delete_elem(&scoreboard, &m.key);
+		if (__sync_fetch_and_add(&e->late_responses, 1) + 1 >= e->hedges_sent)
+			bpf_map_delete_elem(&scoreboard, &m.key);
 		COUNT(m.cnt, duplicates_dropped);
 		return TC_ACT_SHOT;
 	case REQ_ANSWERED:
@@ -362,27 +448,24 @@ static __always_inline int respond(struct __sk_buff *skb)
 
 	record_latency(m.svc, m.st, now - e->sent_ns);
 	replica_observe(m.cfg, m.st, m.ref.index, now - replied_to(e, m.ref.index));
-	if (e->state == REQ_HEDGED && e->hedge_replica != e->orig_replica) {
-		/* The other copy is still out: a lower bound of its replica's latency. */
-		if (m.ref.index == e->hedge_replica)
-			replica_overdue(m.cfg, m.st, e->orig_replica, now - e->sent_ns);
-		else
-			replica_overdue(m.cfg, m.st, e->hedge_replica, now - e->hedged_ns);
+	if (s == REQ_HEDGED) {
+		/* The other copies are still out: a lower bound of their replicas' latency (every
+		 * hedge's counted from the last hedge's time: errs low, harmless). */
+		for (__u32 i = 0; i < REPLICA_MAX; i++) {
+			if (i != m.ref.index && (e->tried >> i) & 1)
+				replica_overdue(m.cfg, m.st, i, now - (i == e->orig_replica ? e->sent_ns : e->hedged_ns));
+		}
 	}
 	COUNT(m.cnt, responses);
-	if (e->state == REQ_HEDGED) {
-		/* With a single address the responses cannot be told apart; a response after the
-		 * hedge left counts as the hedge's. */
-		if (m.ref.index == e->hedge_replica)
+	if (s == REQ_HEDGED) {
+		if (hedge_won(e, &m.ref))
 			COUNT(m.cnt, hedges_won);
-		e->state = REQ_ANSWERED_HEDGED;
-	} else if (e->state == REQ_PENDING) {
-		e->state = REQ_ANSWERED; /* the clone deletes the entry when it comes out */
-	} else {
+	} else if (s != REQ_PENDING) {
 		/* NOCLONE / NOHEDGE / REFUSED: nothing follows. A NOCLONE or REFUSED request
 		 * answered after its deadline is one the budget kept from being hedged (user space
-		 * warns when they pile up). */
-		if ((e->state == REQ_NOCLONE || e->state == REQ_REFUSED) && now > e->deadline_ns)
+		 * warns when they pile up). A PENDING one stays ANSWERED until its clone or its
+		 * stored cell comes out. */
+		if ((s == REQ_NOCLONE || s == REQ_REFUSED) && now > e->deadline_ns)
 			COUNT(m.cnt, unhedged_late);
 		bpf_map_delete_elem(&scoreboard, &m.key);
 		return TC_ACT_UNSPEC;

@@ -2,8 +2,12 @@
 /* hedge.h - the kernel/user contract of kedge's UDP request hedger.
  *
  * Data flow (docs/architecture.md has the picture):
- *   client iface egress  (hedge_split)  : request -> scoreboard PENDING, takes a budget token,
- *                                         clone -> delay line (no token: NOCLONE, no clone)
+ *   client iface egress  (hedge_split)  : request -> scoreboard PENDING, takes a budget token;
+ *                                         payload <= store_limit: stored (store ring, a pacer
+ *                                         tick asked for at its deadline), else clone -> delay
+ *                                         line (no token: NOCLONE, neither)
+ *   dl veth ingress, tick (hedge_rescue): every due stored request -> hedge rebuilt from its
+ *                                         bytes, sent to another replica
  *   pacer ns             (dl_entry/loop, bpf/include/pacer.h): clone waits (conveyor | netem | edt), comes back
  *   dl veth ingress      (hedge_rescue) : answered -> drop, budget token back; early -> go
  *                                         round again; pending -> rewrite to another replica,
@@ -41,6 +45,16 @@ enum hedge_limits {
 	BUDGET_SLOTS = 10,
 	/* Hedges per request at most (gRPC's maxAttempts is 5: the request and 4 hedges). */
 	MAX_HEDGES = 4,
+	/* Stored path (bpf/hedge/store.h): a store cell holds a request's IP and UDP headers and
+	 * payload, STORE_BYTES at most; so a payload of STORE_PAYLOAD_MAX fits over IPv6 (a
+	 * 1500-byte MTU's IPv4 datagram, 1472 bytes of payload, fits too). */
+	STORE_BYTES = 2048,
+	STORE_PAYLOAD_MAX = 2000,
+	/* Cells of each service's store ring (a power of two): requests waiting for their hedge
+	 * deadline at once; more go the clone path (store_full). */
+	STORE_RING = 1024,
+	/* Hedges one pacer tick sends at most; more due ones wait for the next tick (at once). */
+	TICK_HEDGES_MAX = 64,
 };
 
 /* How a service's hedges are budgeted (docs/hedging.md, Budget). */
@@ -115,6 +129,8 @@ struct svc_cfg {
 	__u8 replica_choice;      /* enum replica_choice */
 	__u16 _pad;
 	struct svc_addr replicas[REPLICA_MAX];
+	__u32 store_limit;        /* largest UDP payload the stored path takes (0: clone path only) */
+	__u32 _pad2;
 };
 
 /* svc_state: kernel-owned running state per service. */
@@ -154,14 +170,35 @@ enum req_state {
 	REQ_REFUSED,      /* clone came out due, the window budget refused its hedge */
 };
 
+/* A scoreboard entry. state changes only by compare-and-exchange (respond() on one CPU and
+ * the rescuer or another response on another must not both pass as the first). */
 struct hreq {
 	__u64 sent_ns;
 	__u64 deadline_ns;
-	__u64 hedged_ns;
+	__u64 hedged_ns;     /* the last hedge left */
 	__u32 state;         /* enum req_state */
 	__u8 orig_replica;   /* replica the client addressed (REPLICA_NONE for a VIP) */
-	__u8 hedge_replica;
-	__u16 _pad;
+	__u8 hedge_replica;  /* the last hedge's replica */
+	__u8 hedges_sent;
+	__u8 tried;          /* bit i: a copy went to replica i (the original's bit included) */
+	__u32 late_responses; /* responses after the first; the entry goes when all copies answered */
+	__u32 _pad;
+};
+
+/* A stored request: one cell of a service's store ring (bpf/hedge/store.h). lap is the
+ * ring's protocol: 2*lap_of(pos) empty for position pos, +1 filled; the consumer's release
+ * makes it the next lap's empty. */
+struct hstore {
+	__u64 lap;
+	__u64 deadline_ns;
+	__u64 sent_ns;       /* the scoreboard entry's: a later request with the same key is not this one */
+	__u64 delay_ns;      /* this hedge's delay (far-overdue cutoff, re-queue) */
+	struct hreq_key key;
+	__u16 len;           /* bytes in data: IP header, UDP header, payload */
+	__u8 l3_len;         /* 20 (IPv4) or 40 (IPv6) */
+	__u8 ipv6;
+	__u32 _pad;
+	__u8 data[STORE_BYTES + 64]; /* + 64: room for the checksum's 512-byte chunks (store.h) */
 };
 
 /* Per-service counters (per-CPU array, SVC_MAX slots; slot SVC_MAX holds the counters
@@ -202,6 +239,28 @@ struct hedge_stats {
 	__u64 rescue_unmatched;  /* packet at the delay-line exit that is no clone of a hedged
 				  * service's request (global slot): dropped */
 	__u64 no_replica;        /* hedge due but every replica already has the request: not sent */
+	/* The stored path (bpf/hedge/store.h). */
+	__u64 stored;            /* requests stored for a hedge from a pacer tick (not cloned) */
+	__u64 store_too_large;   /* payload above store_limit: cloned instead */
+	__u64 store_full;        /* the service's store ring was full: cloned instead */
+	__u64 store_unsupported; /* IPv4 options, IPv6 extension headers or an in-band VLAN tag:
+				  * cloned instead (a stored hedge is rebuilt without them) */
+	__u64 pacer_ticks;       /* pacer ticks the rescuer got (global slot) */
+	__u64 tick_hedges;       /* hedges sent from ticks (hedges per tick = tick_hedges / pacer_ticks) */
+	__u64 overdue_dropped;   /* stored request due long ago (deadline + max(delay, 4 pacer
+				  * passes, 50 ms)): not hedged that late */
+	__u64 stored_answered;   /* stored request popped after its response: nothing sent */
+	__u64 stored_orphaned;   /* stored request popped without its scoreboard entry (evicted,
+				  * expired, or replaced by a newer request with its key) */
+	__u64 hedge_build_errors; /* rebuilding a stored request into the tick failed: not sent */
+	__u64 requeued;          /* hedged request queued again for a further hedge (max_hedges) */
+	__u64 requeue_full;      /* ... but its store ring was full: no further hedge */
+	__u64 tick_more;         /* tick ended with due requests left (TICK_HEDGES_MAX): the next
+				  * tick is asked for at once (global slot) */
+	__u64 hedges_reinjected; /* hedges of a tick but its last, cloned back into the pacer
+				  * veth to leave by bpf_redirect_neigh (global slot) */
+	__u64 tick_send_errors;  /* a tick's hedge could not be cloned back in or redirected:
+				  * lost (global slot) */
 };
 
 

@@ -50,6 +50,7 @@ struct raftx_detect {
 	__u64 leader;
 	__u64 term;
 	__u64 last_ns;
+	__u64 expires_ns; /* last_ns + the timeout of this arming */
 	__u32 inited;
 	__u32 _pad;
 };
@@ -89,6 +90,7 @@ struct raftx_stats {
 	__u64 reflect_failed;    /* a header was not where parse_pkt said: XDP_ABORTED */
 	__u64 detect_armed;      /* timer (re)started by a heartbeat */
 	__u64 detect_fired;      /* timer expired: event written */
+	__u64 detect_rearmed;    /* expired while a heartbeat re-armed it on another CPU: no event */
 	__u64 detect_ringbuf_full; /* timer expired but the ring buffer was full */
 	__u64 detect_init_failed;  /* bpf_timer_init/set_callback failed: no detection */
 };

@@ -208,6 +208,15 @@ static int detect_fired(void *map, __u32 *key, struct raftx_detect *d)
 	e->term = d->term;
 	e->last_ns = d->last_ns;
 	e->now_ns = bpf_ktime_get_ns();
+	/* A heartbeat on another CPU may have re-armed the timer while this expiry was being
+	 * delivered (arm() writes expires_ns after the fields read above): then the silence is
+	 * over, and the new arming fires later if a new one lasts. */
+	if (e->now_ns < d->expires_ns) {
+		bpf_ringbuf_discard(e, 0);
+		if (s)
+			COUNT(s, detect_rearmed);
+		return 0;
+	}
 	bpf_ringbuf_submit(e, 0);
 	if (s)
 		COUNT(s, detect_fired);
@@ -246,6 +255,7 @@ static __always_inline void arm(struct raftx_stats *s, __u64 leader, __u64 term,
 	t = detect_ns;
 	if (jitter_ns)
 		t += bpf_get_prandom_u32() % jitter_ns;
+	d->expires_ns = now + t;
 	if (bpf_timer_start(&d->timer, t, 0) == 0)
 		COUNT(s, detect_armed);
 }

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,7 +20,50 @@ import (
 	"github.com/kedge-dev/kedge/internal/raftbench"
 )
 
-func init() { registerBench(newBenchRaftCmd) }
+func init() {
+	registerBench(newBenchRaftCmd)
+	registerBench(newBenchRaftProbeCmd)
+}
+
+// newBenchRaftProbeCmd is the heartbeat round-trip probe `kedge bench raft` starts in a lab
+// leader's namespace (raftbench.Probe); hidden: not for direct use.
+func newBenchRaftProbeCmd() *cobra.Command {
+	var (
+		p        raftbench.Probe
+		from, to string
+	)
+	cmd := &cobra.Command{
+		Use:    "raft-hbprobe",
+		Short:  "Heartbeat round-trip probe (started by kedge bench raft in a lab leader's namespace)",
+		Hidden: true,
+		Args:   noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if p.From, err = netip.ParseAddrPort(from); err != nil {
+				return usagef("--from %q: want ip:port", from)
+			}
+			if p.To, err = netip.ParseAddrPort(to); err != nil {
+				return usagef("--to %q: want ip:port", to)
+			}
+			rtts, lost, err := p.Run()
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(raftbench.ProbeResult{RTTUs: rtts, Lost: lost})
+		},
+	}
+	f := cmd.Flags()
+	f.Uint64Var(&p.Cluster, "cluster", 0, "cluster id")
+	f.Uint64Var(&p.Leader, "leader", 0, "the leader's id (the probe speaks in its name)")
+	f.Uint64Var(&p.Follower, "follower", 0, "the follower probed")
+	f.Uint64Var(&p.Term, "term", 0, "the leader's current term")
+	f.StringVar(&from, "from", "", "the leader's raft address (ip:port)")
+	f.StringVar(&to, "to", "", "the follower's raft address (ip:port)")
+	f.IntVar(&p.Count, "count", 20, "probes")
+	f.DurationVar(&p.Interval, "interval", 5*time.Millisecond, "pause between probes")
+	f.DurationVar(&p.Timeout, "timeout", 100*time.Millisecond, "wait for each answer")
+	return cmd
+}
 
 func newBenchRaftCmd() *cobra.Command {
 	var (
@@ -24,29 +71,59 @@ func newBenchRaftCmd() *cobra.Command {
 		scenarios     string
 		electionTicks string
 		tpNodes       string
+		modes         string
+		phases        string
+		auth          bool
 		out           string
 	)
 	cmd := &cobra.Command{
 		Use:   "raft",
-		Short: "Failover time, false elections and write throughput of a kedge raft lab cluster",
-		Long: `Runs kedge raft clusters in a lab (node processes in namespaces behind the fault fabric):
+		Short: "Failover time, false elections, write throughput and CPU per heartbeat of kedge raft, kernel paths on vs off",
+		Long: `Runs kedge raft clusters in a lab (node processes in namespaces behind the fault fabric),
+once per --offload mode: "on" (the kernel paths: heartbeats and pre-votes answered in XDP,
+leader failure detected in the kernel; asked for explicitly, so a kernel that cannot run
+them fails the run) and "off" (--offload=false, user space only). The clusters of both modes
+run at the same time and the trials alternate, so both sides see the same machine.
   failover         kill -9 of the leader, time until the first write acknowledged through a
                    surviving node (writes retried every 50 ms per attempt); --trials per
-                   election timeout; p50/p99/max.
-  false-elections  leader changes with no crash, for --fe-duration each: idle, with two
-                   busy-looping processes per CPU, and with one follower pinned to a CPU
-                   shared with three spinners.
+                   election timeout and mode, alternating; p50/p99/max.
+  false-elections  leader changes with no crash, for --fe-duration per phase (--fe-phases):
+                   idle; spinners (two busy loops per CPU); starved-follower (one follower
+                   pinned to a CPU shared with three spinners); stress (one spinner per CPU
+                   AND a starved follower). Both modes' clusters under the same pressure at
+                   once. The default --fe-duration is short (30s); the issue's figure is
+                   --fe-duration 10m.
   throughput       --clients closed-loop writers putting to the leader for --tp-duration, for
-                   each cluster size in --tp-nodes: writes/s and latency p50/p99.
+                   each cluster size in --tp-nodes and mode: writes/s and latency p50/p99.
+  heartbeat        both modes idle for --hb-duration: the CPU time of one follower's process
+                   per heartbeat that reached it (with offload on, most are answered in XDP);
+                   then --hb-probes heartbeats sent in the leader's name from its namespace
+                   time the follower's round trip (these clusters have no key: the probe
+                   cannot sign).
+With --auth (default) every cluster gets a random key: all UDP packets carry a MAC.
 result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 		Example: `  sudo kedge bench raft --out docs/results/raft
-  sudo kedge bench raft --scenarios failover --trials 50 --election-ticks 5,10,20
-  sudo kedge bench raft --scenarios throughput --tp-nodes 3,5 --clients 16 --tp-duration 10s`,
+  sudo kedge bench raft --scenarios failover --trials 50 --election-ticks 3,10
+  sudo kedge bench raft --scenarios false-elections --election-ticks 3 --fe-duration 10m
+  sudo kedge bench raft --scenarios throughput --tp-nodes 3 --clients 16 --tp-duration 10s --offload on,off`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if o.Scenarios, err = splitList(scenarios, []string{"failover", "false-elections", "throughput"}); err != nil {
+			if o.Scenarios, err = splitList("scenario", scenarios, []string{"failover", "false-elections", "throughput", "heartbeat"}); err != nil {
 				return err
+			}
+			if o.Modes, err = splitList("--offload mode", modes, []string{raftbench.ModeOn, raftbench.ModeOff}); err != nil {
+				return err
+			}
+			if o.FalsePhases, err = splitList("--fe-phases phase", phases, []string{"idle", "spinners", "starved-follower", "stress"}); err != nil {
+				return err
+			}
+			if auth {
+				var k [16]byte
+				if _, err := rand.Read(k[:]); err != nil {
+					return fmt.Errorf("make cluster key: %w", err)
+				}
+				o.ClusterKey = hex.EncodeToString(k[:])
 			}
 			if o.ElectionTicks, err = intList("--election-ticks", electionTicks); err != nil {
 				return err
@@ -98,25 +175,30 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&scenarios, "scenarios", "failover,false-elections,throughput", "which runs (comma-separated)")
+	f.StringVar(&scenarios, "scenarios", "failover,false-elections,throughput,heartbeat", "which runs (comma-separated)")
+	f.StringVar(&modes, "offload", "on,off", "kernel-path modes to compare (comma-separated: on, off)")
+	f.BoolVar(&auth, "auth", true, "give the clusters a random cluster key (every UDP packet authenticated)")
+	f.StringVar(&phases, "fe-phases", "stress", "false-election phases (comma-separated: idle, spinners, starved-follower, stress)")
+	f.DurationVar(&o.HeartbeatDuration, "hb-duration", 10*time.Second, "idle window of the heartbeat CPU measurement")
+	f.IntVar(&o.HeartbeatProbes, "hb-probes", 200, "heartbeat round-trip probes per mode")
 	f.DurationVar(&o.Tick, "tick", 10*time.Millisecond, "raft tick of the nodes")
-	f.StringVar(&electionTicks, "election-ticks", "5,10,20", "election timeouts to measure, in ticks")
+	f.StringVar(&electionTicks, "election-ticks", "3,10", "election timeouts to measure, in ticks")
 	f.IntVar(&o.Nodes, "nodes", 3, "cluster size for failover and false elections")
 	f.IntVar(&o.Trials, "trials", 50, "failover trials per election timeout")
-	f.DurationVar(&o.FalseElectionDuration, "fe-duration", time.Minute, "length of each false-election run")
-	f.StringVar(&tpNodes, "tp-nodes", "3,5", "cluster sizes for the throughput run")
+	f.DurationVar(&o.FalseElectionDuration, "fe-duration", 30*time.Second, "length of each false-election phase (short default; the issue's figure is 10m)")
+	f.StringVar(&tpNodes, "tp-nodes", "3", "cluster sizes for the throughput run")
 	f.DurationVar(&o.ThroughputDuration, "tp-duration", 10*time.Second, "length of each throughput run")
 	f.IntVar(&o.Clients, "clients", 16, "concurrent writers in the throughput run")
 	addBenchOutFlag(cmd, &out, "raft")
 	return cmd
 }
 
-func splitList(s string, allowed []string) ([]string, error) {
+func splitList(what, s string, allowed []string) ([]string, error) {
 	var out []string
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
 		if !contains(allowed, p) {
-			return nil, usagef("unknown scenario %q: use %s", p, strings.Join(allowed, ", "))
+			return nil, usagef("unknown %s %q: use %s", what, p, strings.Join(allowed, ", "))
 		}
 		out = append(out, p)
 	}
@@ -138,23 +220,31 @@ func intList(flag, s string) ([]int, error) {
 func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	if len(r.Failover) > 0 {
-		fmt.Fprintln(tw, "FAILOVER\tELECTION TIMEOUT\tTRIALS\tFAILED\tP50\tP99\tMAX")
+		fmt.Fprintln(tw, "FAILOVER\tOFFLOAD\tELECTION TIMEOUT\tTRIALS\tFAILED\tP50\tP99\tMAX")
 		for _, f := range r.Failover {
-			fmt.Fprintf(tw, "%d nodes\t%.0f ms\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\n", f.Nodes, f.ElectionTimeoutMs, len(f.FailoverMs), f.Failed, f.P50Ms, f.P99Ms, f.MaxMs)
+			fmt.Fprintf(tw, "%d nodes\t%s\t%.0f ms\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\n", f.Nodes, f.Offload, f.ElectionTimeoutMs, len(f.FailoverMs), f.Failed, f.P50Ms, f.P99Ms, f.MaxMs)
 		}
 		fmt.Fprintln(tw)
 	}
 	if len(r.FalseElections) > 0 {
-		fmt.Fprintln(tw, "FALSE ELECTIONS\tELECTION TIMEOUT\tDURATION\tLEADER CHANGES\tPER MINUTE\tTERM +")
+		fmt.Fprintln(tw, "FALSE ELECTIONS\tOFFLOAD\tELECTION TIMEOUT\tDURATION\tLEADER CHANGES\tPER MINUTE\tTERM +")
 		for _, f := range r.FalseElections {
-			fmt.Fprintf(tw, "%s\t%.0f ms\t%.0f s\t%d\t%.2f\t%d\n", f.Scenario, f.ElectionTimeoutMs, f.DurationS, f.LeaderChanges, f.PerMinute, f.TermIncrease)
+			fmt.Fprintf(tw, "%s\t%s\t%.0f ms\t%.0f s\t%d\t%.2f\t%d\n", f.Scenario, f.Offload, f.ElectionTimeoutMs, f.DurationS, f.LeaderChanges, f.PerMinute, f.TermIncrease)
 		}
 		fmt.Fprintln(tw)
 	}
 	if len(r.Throughput) > 0 {
-		fmt.Fprintln(tw, "THROUGHPUT\tCLIENTS\tWRITES/S\tP50\tP99\tMAX\tERRORS")
+		fmt.Fprintln(tw, "THROUGHPUT\tOFFLOAD\tCLIENTS\tWRITES/S\tP50\tP99\tMAX\tERRORS")
 		for _, t := range r.Throughput {
-			fmt.Fprintf(tw, "%d nodes\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\n", t.Nodes, t.Clients, t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors)
+			fmt.Fprintf(tw, "%d nodes\t%s\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\n", t.Nodes, t.Offload, t.Clients, t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors)
+		}
+		fmt.Fprintln(tw)
+	}
+	if len(r.Heartbeats) > 0 {
+		fmt.Fprintln(tw, "HEARTBEATS\tOFFLOAD\tWINDOW\tRECEIVED\tIN XDP\tFOLLOWER CPU\tCPU/HEARTBEAT\tRTT P50\tRTT P99\tPROBES\tLOST")
+		for _, h := range r.Heartbeats {
+			fmt.Fprintf(tw, "follower\t%s\t%.0f s\t%d\t%d\t%.1f ms\t%.1f us\t%.0f us\t%.0f us\t%d\t%d\n", h.Offload, h.DurationS,
+				h.Received, h.InXDP, h.ProcCPUMs, h.CPUPerHBUs, h.RTTP50Us, h.RTTP99Us, h.RTTProbes, h.RTTLost)
 		}
 	}
 	return tw.Flush()

@@ -58,6 +58,7 @@ type hedgeFlags struct {
 	budgetMode                    string
 	replicaChoice                 string
 	maxHedges                     int
+	storeLimit                    int
 	budgetWindow                  time.Duration
 	idOffset, idLength, burst     int
 }
@@ -65,7 +66,7 @@ type hedgeFlags struct {
 // serviceFlags are the flags that declare a service instead of --config.
 var serviceFlags = []string{"interface", "service", "replica", "name", "delay", "delay-quantile", "delay-min",
 	"delay-max", "id-offset", "id-length", "id-order", "budget-ratio", "budget-burst", "budget-mode", "budget-window",
-	"replica-choice", "max-hedges"}
+	"replica-choice", "max-hedges", "store-limit"}
 
 func newHedgeRunCmd(runDir *string) *cobra.Command {
 	var f hedgeFlags
@@ -87,6 +88,7 @@ from a YAML file (several services; docs/hedging.md has every key):
       budget: {ratio: 0.05, burst: 10}  # hedges <= 5% of requests over 10 s + 10 (mode: window | bucket)
       replica_choice: rr                # rr | p50 (lowest recent median latency)
       max_hedges: 1                     # 1..4 hedges per request, each to another replica
+      store_limit: 512                  # payload bytes kept in the kernel (0: clone every request)
 
 or, for one service, from flags (--service, --replica, --delay, ...).
 
@@ -109,6 +111,9 @@ qdisc of the chosen --backend).`,
   # adaptive delay: the p95 of recent latencies, kept within 1-50 ms
   sudo kedge hedge run --interface eth0 --service 198.18.0.12:9999 --replica 198.18.0.13:9999 \
       --delay-quantile 0.95 --delay-min 1ms --delay-max 50ms
+
+  # every request cloned into the delay line (no stored path), as before issue 14
+  sudo kedge hedge run --interface eth0 --service 198.18.0.12:9999 --replica 198.18.0.13:9999 --store-limit 0
 
   # several services from a file, with a Prometheus endpoint
   sudo kedge hedge run --config hedge.yaml --metrics-addr 127.0.0.1:9464
@@ -143,6 +148,7 @@ qdisc of the chosen --backend).`,
 	fl.DurationVar(&f.budgetWindow, "budget-window", hedge.DefaultBudgetWindow, "budget: the sliding window of mode window")
 	fl.StringVar(&f.replicaChoice, "replica-choice", hedge.ReplicaRR, "which replica a hedge goes to, of those the request was not sent to: rr (round robin) or p50 (lowest recent median latency; untried replicas first)")
 	fl.IntVar(&f.maxHedges, "max-hedges", 1, fmt.Sprintf("hedges per request, 1-%d, each after a further delay and to another replica", hedge.MaxHedgesLimit))
+	fl.IntVar(&f.storeLimit, "store-limit", hedge.DefaultStoreLimit, fmt.Sprintf("requests with at most this many bytes of UDP payload are kept in the kernel and their hedge built from a pacer tick; larger ones are cloned into the delay line (0: clone every request; max %d)", hedge.MaxStoreLimit))
 	return cmd
 }
 
@@ -186,7 +192,7 @@ func hedgeConfig(cmd *cobra.Command, f *hedgeFlags) (*hedge.Config, error) {
 		RequestID:     hedge.RequestIDSpec{Offset: f.idOffset, Length: f.idLength, Order: f.idOrder},
 		Delay:         hedge.DelaySpec{Fixed: f.delay},
 		Budget:        hedge.BudgetSpec{Mode: f.budgetMode, Ratio: f.budgetRatio, Burst: f.burst},
-		ReplicaChoice: f.replicaChoice, MaxHedges: f.maxHedges,
+		ReplicaChoice: f.replicaChoice, MaxHedges: f.maxHedges, StoreLimit: &f.storeLimit,
 	}
 	if svc.Name == "" {
 		svc.Name = f.service
@@ -213,7 +219,7 @@ func hedgeConfig(cmd *cobra.Command, f *hedgeFlags) (*hedge.Config, error) {
 var flagNames = strings.NewReplacer(
 	"interface is required", "--interface is required",
 	"request_id.offset", "--id-offset", "request_id.length", "--id-length", "request_id.order", "--id-order",
-	"delay.quantile", "--delay-quantile", "budget.ratio", "--budget-ratio", "budget.burst", "--budget-burst", "budget.mode", "--budget-mode", "budget.window", "--budget-window",
+	"store_limit", "--store-limit", "delay.quantile", "--delay-quantile", "budget.ratio", "--budget-ratio", "budget.burst", "--budget-burst", "budget.mode", "--budget-mode", "budget.window", "--budget-window",
 	"replica_choice", "--replica-choice", "max_hedges", "--max-hedges",
 	": address ", ": --service ", ": replica ", ": --replica ", " and address ", " and --service ",
 	": delay needs", ": --delay-min and --delay-max need", ": delay ", ": --delay ",

@@ -17,6 +17,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/raft/client"
 	"github.com/kedge-dev/kedge/internal/raft/config"
 	"github.com/kedge-dev/kedge/internal/raft/node"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
 )
 
 func init() { register(newRaftCmd) }
@@ -48,6 +49,8 @@ func newRaftServeCmd() *cobra.Command {
 		duration         time.Duration
 		unsafeReads      bool
 		offloadOn        bool
+		kernelHB         bool
+		hbLease          time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --config node.yaml",
@@ -56,7 +59,13 @@ func newRaftServeCmd() *cobra.Command {
 small messages, TCP for appends and snapshots) and the HTTP/JSON client API with /metrics.
 The node is ready when GET /v1/status on its client address answers.
 
-Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or config.`,
+Kernel paths (--offload, on by default where possible: Linux 5.15+, a raft address on a
+real interface): an XDP program answers the leader's heartbeats while the node's loop is
+alive and a bpf_timer wakes the node to start a pre-vote when the leader falls silent
+(docs/raft.md section 14). /v1/status shows "offload" when they run.
+
+Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or config,
+3 an explicit --offload on a kernel that lacks what it needs.`,
 		Example: `  # a 3-node cluster on one machine, one shared config, three processes
   kedge raft serve --config cluster.yaml --id 1 &
   kedge raft serve --config cluster.yaml --id 2 &
@@ -78,10 +87,25 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 			switch {
 			case offloadOn && cmd.Flags().Changed("offload"):
 				mode = node.OffloadOn
+				// What can be known before anything is opened: the address, the kernel.
+				a, err := config.ResolveAddr(cfg.RaftBind())
+				if err != nil {
+					return usagef("raft address: %w", err)
+				}
+				if err := offload.CheckAddr(a.Addr()); err != nil {
+					return usagef("--offload: %w", err)
+				}
+				if err := offload.Probe(); err != nil {
+					return err // a *kedge.FeatureError: exit 3
+				}
 			case offloadOn:
 				mode = node.OffloadAuto
 			}
-			n, err := node.New(cfg, node.Options{UnsafeLocalReads: unsafeReads, Offload: mode, Log: slog.Default()})
+			if hbLease < 0 {
+				return usagef("--heartbeat-lease %v: use a positive duration (0: the election timeout)", hbLease)
+			}
+			n, err := node.New(cfg, node.Options{UnsafeLocalReads: unsafeReads, Offload: mode, Log: slog.Default(),
+				KernelHeartbeats: kernelHB, HeartbeatLease: hbLease})
 			if err != nil {
 				return fmt.Errorf("start node %d: %w", cfg.ID, err)
 			}
@@ -96,10 +120,12 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 	f.Uint64Var(&id, "id", 0, "this node's id (overrides id: in the config)")
 	f.StringVar(&dataDir, "data-dir", "", "data directory (overrides data_dir: in the config)")
 	addDurationFlag(cmd, &duration, "stop")
-	f.BoolVar(&offloadOn, "offload", true, "answer heartbeats in XDP and detect leader failure in the kernel (docs/raft.md \"Kernel paths: follower\"); on by default where the kernel and the raft address allow it, --offload=false to compare, an explicit --offload fails where it cannot run")
+	f.BoolVar(&offloadOn, "offload", true, "kernel paths: heartbeats answered in XDP, leader failure detected in the kernel (default: where possible; --offload=false to compare; an explicit --offload fails where it cannot run)")
 	// The checker's self-test only: not linearizable (docs/raft.md section 7).
 	f.BoolVar(&unsafeReads, "unsafe-local-reads", false, "serve reads from local state without ReadIndex (NOT linearizable)")
 	f.MarkHidden("unsafe-local-reads")
+	f.BoolVar(&kernelHB, "kernel-heartbeats", false, "as leader, let the kernel send the heartbeats while a lease holds (docs/raft.md: Kernel paths)")
+	f.DurationVar(&hbLease, "heartbeat-lease", 0, "with --kernel-heartbeats: how long one renewal keeps the kernel sending (0: the election timeout)")
 	return cmd
 }
 

@@ -60,6 +60,12 @@ var (
 	svcWin   = netip.MustParseAddrPort("198.51.100.50:7000") // window budget
 	repWin   = netip.MustParseAddrPort("198.51.100.51:7000")
 	stranger = netip.MustParseAddrPort("203.0.113.9:9999") // no service, no replica
+	// The stored path (store_test.go): default store limit, two replicas besides the service.
+	svcSt4 = netip.MustParseAddrPort("198.51.100.60:8000")
+	repSt1 = netip.MustParseAddrPort("198.51.100.61:8000")
+	repSt2 = netip.MustParseAddrPort("198.51.100.62:8001")
+	svcSt6 = netip.MustParseAddrPort("[2001:db8::60]:8000")
+	repSt6 = netip.MustParseAddrPort("[2001:db8::61]:8000")
 )
 
 // Service indices in testConfig (the stats/svc_cfgs slot).
@@ -70,10 +76,15 @@ const (
 	sSolo
 	sRR
 	sWin
+	sSt4
+	sSt6
 )
 
 const (
 	testDelay = 10 * time.Millisecond
+	// storeDelay: the stored path's services wait long enough that a loaded machine's
+	// pauses between storing and ticking never make a request due (or overdue) by accident.
+	storeDelay = time.Second
 	// Delay-line period: the rescuer sends a clone due within half of it (cfg_early_ns).
 	testPeriod = 2 * time.Millisecond
 	testEarly  = testPeriod / 2
@@ -93,19 +104,24 @@ func testConfig(tb testing.TB, scoreboard uint32) *Config {
 		ScoreboardSize: scoreboard,
 		DelayLine:      DelayLineConfig{Period: Duration(testPeriod)},
 		Services: []ServiceConfig{
-			{Name: "v4", Address: svc4.String(), Replicas: []string{rep4.String()},
+			{Name: "v4", StoreLimit: ptr(0), Address: svc4.String(), Replicas: []string{rep4.String()},
 				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetBucket, Ratio: v4Ratio, Burst: v4Burst}},
-			{Name: "v6", Address: svc6.String(), Replicas: []string{rep6.String()},
+			{Name: "v6", StoreLimit: ptr(0), Address: svc6.String(), Replicas: []string{rep6.String()},
 				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetBucket, Ratio: 1, Burst: 10}},
-			{Name: "le8", Address: svcLE.String(), RequestID: RequestIDSpec{Offset: 2, Length: 8, Order: "little"},
+			{Name: "le8", StoreLimit: ptr(0), Address: svcLE.String(), RequestID: RequestIDSpec{Offset: 2, Length: 8, Order: "little"},
 				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetBucket, Ratio: 1, Burst: 10}},
-			{Name: "solo", Address: svcSolo.String(),
+			{Name: "solo", StoreLimit: ptr(0), Address: svcSolo.String(),
 				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetBucket, Ratio: 1, Burst: 10}},
-			{Name: "rr", Address: svcRR.String(), Replicas: []string{repRR1.String(), repRR2.String()},
+			{Name: "rr", StoreLimit: ptr(0), Address: svcRR.String(), Replicas: []string{repRR1.String(), repRR2.String()},
 				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetBucket, Ratio: 1, Burst: 10}},
 			// The window budget: 0.5 hedges per request, floor 1.
-			{Name: "win", Address: svcWin.String(), Replicas: []string{repWin.String()},
+			{Name: "win", StoreLimit: ptr(0), Address: svcWin.String(), Replicas: []string{repWin.String()},
 				Delay: DelaySpec{Fixed: testDelay}, Budget: BudgetSpec{Mode: BudgetWindow, Ratio: winRatio, Burst: winBurst}},
+			// The stored path: store_limit left to its default.
+			{Name: "st4", Address: svcSt4.String(), Replicas: []string{repSt1.String(), repSt2.String()},
+				Delay: DelaySpec{Fixed: storeDelay}, Budget: BudgetSpec{Mode: BudgetWindow, Ratio: 1, Burst: 10}},
+			{Name: "st6", Address: svcSt6.String(), Replicas: []string{repSt6.String()},
+				Delay: DelaySpec{Fixed: storeDelay}, Budget: BudgetSpec{Mode: BudgetWindow, Ratio: 1, Burst: 10}},
 		},
 	}
 	if err := cfg.Validate(); err != nil {
@@ -184,6 +200,7 @@ func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 		IfIndex:  f.outIfx,
 		pacerCfg: fixturePacerConfig(o.backend, f),
 	}
+
 	if err := f.h.load(); err != nil {
 		var le *bpfx.LoadError
 		if errors.As(err, &le) {
@@ -279,6 +296,7 @@ func (f *fixture) reset(tb testing.TB) {
 			}
 		}
 	}
+	f.resetStore(tb)
 	if err := f.objs.PacerControl.Put(uint32(0), pacer.Ctl{}); err != nil {
 		tb.Fatalf("clear pacer_control: %v", err)
 	}
@@ -328,10 +346,10 @@ func (f *fixture) slotName(slot string) string {
 
 // fixturePacerConfig is pacer_cfg as a pacer would set it, on fixture devices: carried
 // packets enter through the peer, which BPF_PROG_TEST_RUN's loopback (ifindex 1) stands
-// for; tick requests from a device that does not exist (the clone path asks for none).
+// for; tick requests (the stored path's) leave through the delay-line veth too.
 func fixturePacerConfig(backend string, f *fixture) pacer.Config {
 	c := pacer.Config{Backend: pacer.BackendID(backend), Ifindex: uint32(f.dlIfx), PeerIfindex: 1,
-		TickIfindex: fakeMissingIfx, TickPeerIfindex: fakePeerIfx, DevIfindex: uint32(f.devIfx),
+		TickIfindex: uint32(f.dlIfx), TickPeerIfindex: fakePeerIfx, DevIfindex: uint32(f.devIfx),
 		TickBytes: 128, LostNs: uint64(time.Second)}
 	if backend != BackendEDT {
 		c.EarlyNs, c.CarryEarlyNs = uint64(testEarly), uint64(testEarly)
@@ -527,7 +545,7 @@ func (k hedgeHreqKey) String() string {
 
 // pending is a scoreboard entry as the splitter writes it, sent at sent, due at deadline.
 func pending(sent, deadline uint64) hedgeHreq {
-	return hedgeHreq{SentNs: sent, DeadlineNs: deadline, State: reqPending, OrigReplica: 0, HedgeReplica: replicaNone}
+	return hedgeHreq{SentNs: sent, DeadlineNs: deadline, State: reqPending, OrigReplica: 0, HedgeReplica: replicaNone, Tried: 1}
 }
 
 func (f *fixture) put(tb testing.TB, k hedgeHreqKey, e hedgeHreq) {

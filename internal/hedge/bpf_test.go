@@ -55,7 +55,7 @@ func pendingSince(k hedgeHreqKey, state uint32) func(testing.TB, *fixture, runRe
 		if d := time.Duration(e.DeadlineNs - e.SentNs); d != testDelay {
 			tb.Errorf("deadline = sent + %v, want sent + %v", d, testDelay)
 		}
-		want := hedgeHreq{SentNs: e.SentNs, DeadlineNs: e.DeadlineNs, State: state, OrigReplica: 0, HedgeReplica: replicaNone}
+		want := hedgeHreq{SentNs: e.SentNs, DeadlineNs: e.DeadlineNs, State: state, OrigReplica: 0, HedgeReplica: replicaNone, Tried: 1}
 		if e != want {
 			tb.Errorf("entry %+v, want %+v", e, want)
 		}

@@ -61,9 +61,12 @@ type ServiceConfig struct {
 	ReplicaChoice string `yaml:"replica_choice"`
 	// MaxHedges is how many hedges one request may cause, each after a further delay and to
 	// another replica (1..MaxHedgesLimit; default 1).
-	MaxHedges int            `yaml:"max_hedges"`
-	addr      netip.AddrPort // parsed
-	replicas  []netip.AddrPort
+	MaxHedges int `yaml:"max_hedges"`
+	// StoreLimit: requests with at most this many bytes of UDP payload take the stored path
+	// (nil: DefaultStoreLimit; 0: every request is cloned).
+	StoreLimit *int           `yaml:"store_limit"`
+	addr       netip.AddrPort // parsed
+	replicas   []netip.AddrPort
 }
 
 // RequestIDSpec locates the request id in the UDP payload (same place in the response).
@@ -337,6 +340,9 @@ func (s *ServiceConfig) validate(i int) error {
 	}
 	if len(s.replicas) > replicaMax {
 		return fmt.Errorf("%s: %d replicas, at most %d", where, len(s.replicas), replicaMax)
+	}
+	if err := s.validateStore(where); err != nil {
+		return err
 	}
 	r := &s.RequestID
 	if r.Length == 0 {

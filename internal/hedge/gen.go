@@ -1,3 +1,3 @@
 package hedge
 
-//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -g -mcpu=v3 -Wall -Werror -I../../bpf/include -I../../bpf/hedge" -target bpfel -type svc_key -type svc_addr -type replica_ref -type svc_cfg -type svc_state -type hreq_key -type hreq -type hedge_stats -type khist -type hedge_limits -type delay_mode -type req_state -type reqid_order -type budget_mode -type replica_choice hedge ../../bpf/hedge/hedge.bpf.c
+//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -g -mcpu=v3 -Wall -Werror -I../../bpf/include -I../../bpf/hedge" -target bpfel -type svc_key -type svc_addr -type replica_ref -type svc_cfg -type svc_state -type hreq_key -type hreq -type hedge_stats -type khist -type hedge_limits -type delay_mode -type req_state -type reqid_order -type budget_mode -type replica_choice -type hstore -type store_pos -type pacer_state -type pacer_magic hedge ../../bpf/hedge/hedge.bpf.c

@@ -38,16 +38,20 @@ type hedgeHedgeConfig struct {
 type hedgeHedgeLimits uint32
 
 const (
-	hedgeHedgeLimitsSVC_MAX        hedgeHedgeLimits = 64
-	hedgeHedgeLimitsREPLICA_MAX    hedgeHedgeLimits = 8
-	hedgeHedgeLimitsREPLICA_NONE   hedgeHedgeLimits = 255
-	hedgeHedgeLimitsHIST_SUB_BITS  hedgeHedgeLimits = 4
-	hedgeHedgeLimitsHIST_SUB       hedgeHedgeLimits = 16
-	hedgeHedgeLimitsHIST_MIN_SHIFT hedgeHedgeLimits = 4
-	hedgeHedgeLimitsHIST_BUCKETS   hedgeHedgeLimits = 400
-	hedgeHedgeLimitsHIST_SLOTS     hedgeHedgeLimits = 10
-	hedgeHedgeLimitsBUDGET_SLOTS   hedgeHedgeLimits = 10
-	hedgeHedgeLimitsMAX_HEDGES     hedgeHedgeLimits = 4
+	hedgeHedgeLimitsSVC_MAX           hedgeHedgeLimits = 64
+	hedgeHedgeLimitsREPLICA_MAX       hedgeHedgeLimits = 8
+	hedgeHedgeLimitsREPLICA_NONE      hedgeHedgeLimits = 255
+	hedgeHedgeLimitsHIST_SUB_BITS     hedgeHedgeLimits = 4
+	hedgeHedgeLimitsHIST_SUB          hedgeHedgeLimits = 16
+	hedgeHedgeLimitsHIST_MIN_SHIFT    hedgeHedgeLimits = 4
+	hedgeHedgeLimitsHIST_BUCKETS      hedgeHedgeLimits = 400
+	hedgeHedgeLimitsHIST_SLOTS        hedgeHedgeLimits = 10
+	hedgeHedgeLimitsBUDGET_SLOTS      hedgeHedgeLimits = 10
+	hedgeHedgeLimitsMAX_HEDGES        hedgeHedgeLimits = 4
+	hedgeHedgeLimitsSTORE_BYTES       hedgeHedgeLimits = 2048
+	hedgeHedgeLimitsSTORE_PAYLOAD_MAX hedgeHedgeLimits = 2000
+	hedgeHedgeLimitsSTORE_RING        hedgeHedgeLimits = 1024
+	hedgeHedgeLimitsTICK_HEDGES_MAX   hedgeHedgeLimits = 64
 )
 
 type hedgeHedgeStats struct {
@@ -77,6 +81,21 @@ type hedgeHedgeStats struct {
 	GcExpired             uint64
 	RescueUnmatched       uint64
 	NoReplica             uint64
+	Stored                uint64
+	StoreTooLarge         uint64
+	StoreFull             uint64
+	StoreUnsupported      uint64
+	PacerTicks            uint64
+	TickHedges            uint64
+	OverdueDropped        uint64
+	StoredAnswered        uint64
+	StoredOrphaned        uint64
+	HedgeBuildErrors      uint64
+	Requeued              uint64
+	RequeueFull           uint64
+	TickMore              uint64
+	HedgesReinjected      uint64
+	TickSendErrors        uint64
 }
 
 type hedgeHedgeTick struct {
@@ -88,14 +107,17 @@ type hedgeHedgeTick struct {
 }
 
 type hedgeHreq struct {
-	_            structs.HostLayout
-	SentNs       uint64
-	DeadlineNs   uint64
-	HedgedNs     uint64
-	State        uint32
-	OrigReplica  uint8
-	HedgeReplica uint8
-	Pad          uint16
+	_             structs.HostLayout
+	SentNs        uint64
+	DeadlineNs    uint64
+	HedgedNs      uint64
+	State         uint32
+	OrigReplica   uint8
+	HedgeReplica  uint8
+	HedgesSent    uint8
+	Tried         uint8
+	LateResponses uint32
+	Pad           uint32
 }
 
 type hedgeHreqKey struct {
@@ -111,6 +133,20 @@ type hedgeHreqKey struct {
 	Cport uint16
 	Svc   uint16
 	Pad   uint32
+}
+
+type hedgeHstore struct {
+	_          structs.HostLayout
+	Lap        uint64
+	DeadlineNs uint64
+	SentNs     uint64
+	DelayNs    uint64
+	Key        hedgeHreqKey
+	Len        uint16
+	L3Len      uint8
+	Ipv6       uint8
+	Pad        uint32
+	Data       [2112]uint8
 }
 
 type hedgeKhist struct {
@@ -138,6 +174,13 @@ type hedgePacerCtl struct {
 	FillersToDrop int32
 	Stop          uint32
 }
+
+type hedgePacerMagic uint64
+
+const (
+	hedgePacerMagicPACER_TICK_MAGIC   hedgePacerMagic = 7738701929952602913
+	hedgePacerMagicPACER_FILLER_MAGIC hedgePacerMagic = 7738701929951685740
+)
 
 type hedgePacerState struct {
 	_       structs.HostLayout
@@ -216,6 +259,12 @@ const (
 	hedgeReqidOrderREQID_LITTLE_ENDIAN hedgeReqidOrder = 1
 )
 
+type hedgeStorePos struct {
+	_    structs.HostLayout
+	Head uint64
+	Tail uint64
+}
+
 type hedgeSvcAddr struct {
 	_    structs.HostLayout
 	Addr struct {
@@ -254,6 +303,8 @@ type hedgeSvcCfg struct {
 	ReplicaChoice    uint8
 	Pad              uint16
 	Replicas         [8]hedgeSvcAddr
+	StoreLimit       uint32
+	Pad2             uint32
 }
 
 type hedgeSvcKey struct {
@@ -275,6 +326,15 @@ type hedgeSvcState struct {
 	RepSamples  [8]uint32
 }
 
+type hedgeTickState struct {
+	_    structs.HostLayout
+	Next uint64
+	Svc  uint32
+	Sent uint32
+	Held uint32
+	More uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -288,8 +348,11 @@ const (
 	hedgeMapScoreboard            = "scoreboard"
 	hedgeMapServices              = "services"
 	hedgeMapStats                 = "stats"
+	hedgeMapStoreHeads            = "store_heads"
+	hedgeMapStoreRing             = "store_ring"
 	hedgeMapSvcCfgs               = "svc_cfgs"
 	hedgeMapSvcStates             = "svc_states"
+	hedgeMapTickState             = "tick_state"
 	hedgeMapTicker                = "ticker"
 	hedgeProgDlEntry              = "dl_entry"
 	hedgeProgDlLoop               = "dl_loop"
@@ -377,8 +440,11 @@ type hedgeMapSpecs struct {
 	Scoreboard    *ebpf.MapSpec `ebpf:"scoreboard"`
 	Services      *ebpf.MapSpec `ebpf:"services"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
+	StoreHeads    *ebpf.MapSpec `ebpf:"store_heads"`
+	StoreRing     *ebpf.MapSpec `ebpf:"store_ring"`
 	SvcCfgs       *ebpf.MapSpec `ebpf:"svc_cfgs"`
 	SvcStates     *ebpf.MapSpec `ebpf:"svc_states"`
+	TickState     *ebpf.MapSpec `ebpf:"tick_state"`
 	Ticker        *ebpf.MapSpec `ebpf:"ticker"`
 }
 
@@ -432,8 +498,11 @@ type hedgeMaps struct {
 	Scoreboard    *ebpf.Map `ebpf:"scoreboard"`
 	Services      *ebpf.Map `ebpf:"services"`
 	Stats         *ebpf.Map `ebpf:"stats"`
+	StoreHeads    *ebpf.Map `ebpf:"store_heads"`
+	StoreRing     *ebpf.Map `ebpf:"store_ring"`
 	SvcCfgs       *ebpf.Map `ebpf:"svc_cfgs"`
 	SvcStates     *ebpf.Map `ebpf:"svc_states"`
+	TickState     *ebpf.Map `ebpf:"tick_state"`
 	Ticker        *ebpf.Map `ebpf:"ticker"`
 }
 
@@ -448,8 +517,11 @@ func (m *hedgeMaps) Close() error {
 		m.Scoreboard,
 		m.Services,
 		m.Stats,
+		m.StoreHeads,
+		m.StoreRing,
 		m.SvcCfgs,
 		m.SvcStates,
+		m.TickState,
 		m.Ticker,
 	)
 }

@@ -147,6 +147,8 @@ func (h *Hedger) load() error {
 		return fmt.Errorf("load hedge spec: %w", err)
 	}
 	spec.Maps[hedgeMapScoreboard].MaxEntries = h.Config.ScoreboardSize
+	// One store ring per service (a cell holds a whole request: 2 KiB).
+	spec.Maps[hedgeMapStoreRing].MaxEntries = uint32(len(h.Config.Services) * storeRing)
 	cfg := hedgeHedgeConfig{
 		OutIfindex: uint32(h.IfIndex),
 		HedgeMark:  h.Config.Mark,
@@ -197,6 +199,7 @@ func (h *Hedger) fillMaps() error {
 		if s.ReplicaChoice == ReplicaP50 {
 			cfg.ReplicaChoice = uint8(hedgeReplicaChoiceREPLICA_P50)
 		}
+		cfg.StoreLimit = uint32(s.storeLimit())
 		cfg.BudgetRatioMilli = uint64(math.Round(s.Budget.Ratio * 1000))
 		cfg.BudgetCapMilli = uint64(s.Budget.Burst) * 1000
 		cfg.BudgetMode = uint32(hedgeBudgetModeBUDGET_WINDOW)

@@ -191,9 +191,11 @@ func TestHedgeRescuesStalledRequests(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			requireBackend(t, backend)
 			for _, v := range scenarioVariants(backend) {
-				t.Run(fmt.Sprintf("%s/connected=%v", v.fam, v.connected), func(t *testing.T) {
-					testRescue(t, backend, v.fam, v.connected)
-				})
+				for _, stored := range []bool{true, false} {
+					t.Run(fmt.Sprintf("%s/connected=%v/%s", v.fam, v.connected, pathName(stored)), func(t *testing.T) {
+						testRescue(t, backend, v.fam, v.connected, stored)
+					})
+				}
 			}
 		})
 	}
@@ -248,7 +250,26 @@ func scenarioVariants(backend string) []variant {
 	return []variant{{"ipv4", true}, {"ipv6", false}}
 }
 
-func testRescue(t *testing.T, backend, fam string, connected bool) {
+// pathName names the data path a lab test runs: stored (the default store limit) or clone
+// (store_limit 0: every request cloned into the delay line).
+func pathName(stored bool) string {
+	if stored {
+		return "stored"
+	}
+	return "clone"
+}
+
+// storeLimit is the store limit of a lab service on the stored (nil: the default) or the
+// clone path (0).
+func storeLimit(stored bool) *int {
+	if stored {
+		return nil
+	}
+	zero := 0
+	return &zero
+}
+
+func testRescue(t *testing.T, backend, fam string, connected, stored bool) {
 	l := hedgeLab(t, "hr")
 	srv1, srv2 := l.Host("srv1"), l.Host("srv2")
 	a1, a2 := srv1.IPv4, srv2.IPv4
@@ -264,9 +285,10 @@ func testRescue(t *testing.T, backend, fam string, connected bool) {
 		Interface: "eth0",
 		Services: []ServiceConfig{{
 			Name: "t", Address: svc.String(),
-			Replicas: []string{netip.AddrPortFrom(a2, 9999).String()},
-			Delay:    DelaySpec{Fixed: 10 * time.Millisecond},
-			Budget:   BudgetSpec{Ratio: 1, Burst: 100},
+			Replicas:   []string{netip.AddrPortFrom(a2, 9999).String()},
+			Delay:      DelaySpec{Fixed: 10 * time.Millisecond},
+			Budget:     BudgetSpec{Ratio: 1, Burst: 100},
+			StoreLimit: storeLimit(stored),
 		}},
 	}
 	h := startHedger(t, l, cfg, backend)
@@ -274,14 +296,17 @@ func testRescue(t *testing.T, backend, fam string, connected bool) {
 	res := runClient(t, l.Host("client"), svc, connected, ids(n, 1000), time.Second)
 	// On a busy machine a normal request can take longer than the delay and is then hedged
 	// too, legitimately. A request answered well within the delay never is.
-	stalled, slow := 0, 0
+	stalled, slow, unrescued := 0, 0, 0
 	for i, d := range res.lat {
 		id := uint32(1000 + i)
 		switch {
 		case stallIf(id):
 			stalled++
 			if d >= stall {
-				t.Errorf("id %d: %v - the stall was not rescued by a hedge", id, d)
+				unrescued++
+				if !stored || !inGuest() {
+					t.Errorf("id %d: %v - the stall was not rescued by a hedge", id, d)
+				}
 			}
 		case d >= 9*time.Millisecond:
 			slow++
@@ -300,14 +325,41 @@ func testRescue(t *testing.T, backend, fam string, connected bool) {
 		t.Errorf("requests %d responses %d, want %d each", c["requests"], c["responses"], n)
 	}
 	hedges := c["hedges_sent"]
+	// In an emulated (TCG) guest a tick can come later than the far-overdue cutoff (120 ms
+	// seen with netem on 6.1, the pacer's watchdog re-arming it): the stalled request is then
+	// dropped unhedged, and counted. On real CPUs every stall is rescued (asserted above).
+	if overdue := c["overdue_dropped"]; unrescued > 0 {
+		t.Logf("%d stalled requests not rescued, overdue_dropped %d (emulated guest)", unrescued, overdue)
+		if uint64(unrescued) > overdue {
+			t.Errorf("%d stalled requests not rescued but only %d dropped as overdue", unrescued, overdue)
+		}
+		stalled -= unrescued
+	}
 	if hedges < uint64(stalled) || hedges > uint64(stalled+slow) {
 		t.Errorf("hedges_sent = %d, want the %d stalled requests plus at most the %d slow ones", hedges, stalled, slow)
 	}
 	if won := c["hedges_won"]; won < uint64(stalled) || won > hedges || c["responses_rewritten"] != won {
 		t.Errorf("hedges_won %d responses_rewritten %d, want equal, >= %d stalled and <= %d hedges", won, c["responses_rewritten"], stalled, hedges)
 	}
-	if got := c["clones_answered"]; got != n-hedges {
-		t.Errorf("clones_answered = %d, want %d (every request not hedged)", got, n-hedges)
+	// Every request not hedged is dropped unsent once its deadline comes: its clone at the
+	// delay line's exit, or its stored cell at a tick.
+	if stored {
+		if c["stored"] != n || c["clones"] != 0 || c["tick_hedges"] != hedges {
+			t.Errorf("stored %d clones %d tick_hedges %d, want %d stored, none cloned, every hedge (%d) from a tick",
+				c["stored"], c["clones"], c["tick_hedges"], n, hedges)
+		}
+		// A tick later than the far-overdue cutoff sends nothing (a slow guest's first ticks).
+		if got := c["stored_answered"] + c["overdue_dropped"]; got != n-hedges {
+			t.Errorf("stored_answered %d + overdue_dropped %d = %d, want %d (every request not hedged)",
+				c["stored_answered"], c["overdue_dropped"], got, n-hedges)
+		}
+	} else {
+		if c["clones"] != n || c["stored"] != 0 {
+			t.Errorf("clones %d stored %d, want every request cloned (store_limit 0)", c["clones"], c["stored"])
+		}
+		if got := c["clones_answered"]; got != n-hedges {
+			t.Errorf("clones_answered = %d, want %d (every request not hedged)", got, n-hedges)
+		}
 	}
 	// The losing responses of hedged requests come back later and must be dropped.
 	deadline := time.Now().Add(2 * time.Second)

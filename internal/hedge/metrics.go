@@ -47,7 +47,8 @@ var dlPeriodFields = []string{"period_sum_ns", "period_count", "period_min_ns", 
 
 // globalCounters are the hedge_stats fields bpf/hedge counts in the slot of no service
 // (stats_global()) and nowhere else; they are exported once, without a service label.
-var globalCounters = []string{"fragments", "malformed", "malformed_responses", "gc_expired", "rescue_unmatched"}
+var globalCounters = []string{"fragments", "malformed", "malformed_responses", "gc_expired", "rescue_unmatched",
+	"pacer_ticks", "tick_more", "hedges_reinjected", "tick_send_errors"}
 
 // counterHelp says what each struct hedge_stats counter (bpf/include/hedge.h) counts; it
 // is the metric's HELP text. Every field has one (TestCounterNames).
@@ -77,6 +78,21 @@ var counterHelp = map[string]string{
 	"gc_expired":              "Scoreboard entries removed by the timer (TTL).",
 	"rescue_unmatched":        "Packets at the delay-line exit that are no clone of a hedged service's request, dropped.",
 	"no_replica":              "Hedges due but not sent: every replica already had the request.",
+	"stored":                  "Requests stored for a hedge from a pacer tick (the stored path: not cloned).",
+	"store_too_large":         "Requests whose payload is above the service's store limit, cloned instead.",
+	"store_full":              "Requests that found the service's store ring full, cloned instead.",
+	"store_unsupported":       "Requests with IPv4 options, IPv6 extension headers or an in-band VLAN tag, cloned instead of stored.",
+	"pacer_ticks":             "Pacer ticks the rescuer received.",
+	"tick_hedges":             "Hedges sent from pacer ticks (hedges per tick = tick_hedges / pacer_ticks).",
+	"overdue_dropped":         "Stored requests due so long ago (deadline + max(delay, four pacer passes, 50ms)) that no hedge was sent.",
+	"stored_answered":         "Stored requests popped after their response arrived: nothing sent.",
+	"stored_orphaned":         "Stored requests popped without their scoreboard entry (evicted, expired or replaced): nothing sent.",
+	"hedge_build_errors":      "Stored requests whose hedge could not be rebuilt into the tick: not sent.",
+	"requeued":                "Hedged requests queued again for a further hedge (max_hedges).",
+	"requeue_full":            "Hedged requests that could not be queued again for a further hedge: store ring full.",
+	"tick_more":               "Ticks that ended with due requests left (hedges per tick at most TICK_HEDGES_MAX): the next tick comes at once.",
+	"hedges_reinjected":       "Hedges of a tick but its last, cloned back into the pacer veth to leave by bpf_redirect_neigh.",
+	"tick_send_errors":        "Hedges of a tick that could not be cloned back in or redirected: lost.",
 }
 
 // NewCollector returns a Collector for h; register it with a prometheus.Registry.

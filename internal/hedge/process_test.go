@@ -198,8 +198,8 @@ func TestHedgeRealProcesses(t *testing.T) {
 delay_line: {backend: conveyor}
 services:
   - {name: v4, address: "%s", replicas: ["%s"], delay: 10ms, budget: {ratio: 1, burst: 100}}
-  - {name: v6, address: "%s", replicas: ["%s"], delay: 10ms, budget: {ratio: 1, burst: 100}}
-`, v4, v4alt, v6, v6alt)
+  - {name: v6, address: "%s", replicas: ["%s"], delay: 10ms, budget: {ratio: 1, burst: 100}, store_limit: 0}
+`, v4, v4alt, v6, v6alt) // v4 takes the stored path (default store_limit), v6 the clone path
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -302,10 +302,20 @@ services:
 		for _, w := range []struct {
 			name string
 			want uint64
-		}{{"requests", n}, {"responses", n}, {"clones", n}, {"clones_answered", n - c["hedges_sent"]},
-			{"duplicates_dropped", c["hedges_sent"]}, {"responses_rewritten", c["hedges_won"]}, {"budget_exhausted", 0}} {
+		}{{"requests", n}, {"responses", n}, {"duplicates_dropped", c["hedges_sent"]},
+			{"responses_rewritten", c["hedges_won"]}, {"budget_exhausted", 0}} {
 			if c[w.name] != w.want {
 				t.Errorf("%s: %s = %d, want %d", s.Name, w.name, c[w.name], w.want)
+			}
+		}
+		// v4 on the stored path: nothing cloned, every hedge from a tick; v6 on the clone path.
+		path := map[string]uint64{"stored": n, "stored_answered": n - c["hedges_sent"], "tick_hedges": c["hedges_sent"], "clones": 0}
+		if s.Name == "v6" {
+			path = map[string]uint64{"clones": n, "clones_answered": n - c["hedges_sent"], "stored": 0, "tick_hedges": 0}
+		}
+		for name, want := range path {
+			if c[name] != want {
+				t.Errorf("%s: %s = %d, want %d", s.Name, name, c[name], want)
 			}
 		}
 		if c["hedges_won"] < n/10 {
@@ -320,6 +330,7 @@ services:
 		for _, m := range []string{
 			fmt.Sprintf(`kedge_hedge_hedges_sent_total{service=%q} %d`, s.Name, c["hedges_sent"]),
 			fmt.Sprintf(`kedge_hedge_requests_total{service=%q} %d`, s.Name, n),
+			fmt.Sprintf(`kedge_hedge_stored_total{service=%q} %d`, s.Name, c["stored"]),
 			fmt.Sprintf(`kedge_hedge_delay_seconds{service=%q} 0.01`, s.Name),
 		} {
 			if !strings.Contains(metrics, m) {

@@ -110,6 +110,9 @@ func rateFigures(dir string) (string, error) {
 	for _, c := range r.Chaos {
 		fmt.Fprintf(&b, "- %v%% of ids stalled %v ms at %d loops, %s path: %.0f req/s, %d stalled, %d missed hedges, %d budget refusals, %d lost clones, %d timeouts.\n",
 			r.Parameters["stall_pct"], r.Parameters["stall_ms"], c.Concurrency, c.Arm, c.RPS, c.Stalled, c.Missed, c.BudgetExhausted, c.LostClones, c.Timeouts)
+		if cs := counterStr(c.Counters, storeCounters...); cs != "" {
+			fmt.Fprintf(&b, "  Counters: %s.\n", cs)
+		}
 	}
 	var idle []string
 	for _, arm := range r.Arms {

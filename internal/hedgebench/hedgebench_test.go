@@ -259,7 +259,7 @@ func TestOutageShort(t *testing.T) {
 func TestRateShort(t *testing.T) {
 	bpftest.RequireRoot(t)
 	o := RateOptions{Levels: []int{1, 4}, N: 400, Warmup: 20, Repeats: 2, Stall: 40 * time.Millisecond,
-		Delay: 5 * time.Millisecond, ProgRuns: 50, Exe: bpftest.KedgeBinary(t), OutDir: t.TempDir()}
+		Delay: 5 * time.Millisecond, ProgRuns: 450, Exe: bpftest.KedgeBinary(t), OutDir: t.TempDir()}
 	res, err := RunRate(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -313,6 +313,9 @@ func TestRateShort(t *testing.T) {
 		}
 		if p.Arm == ArmClone && p.Counters["clones"] != uint64(o.ProgRuns) {
 			t.Errorf("clone arm's test runs made %d clones of %d requests", p.Counters["clones"], o.ProgRuns)
+		}
+		if p.Arm == ArmStored && (p.Counters["stored"] != uint64(o.ProgRuns) || p.Counters["clones"] != 0) {
+			t.Errorf("stored arm's test runs stored %d and cloned %d of %d requests", p.Counters["stored"], p.Counters["clones"], o.ProgRuns)
 		}
 	}
 	for _, f := range []string{"result.json", "latency.png", "throughput.svg", "cpu.png"} {

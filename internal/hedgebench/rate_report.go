@@ -66,6 +66,9 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 		fmt.Fprintf(&b, "%d%% stalls at %d loops, %s path: %.0f req/s, %d stalled, %d missed hedges, %d budget refusals, %d lost clones, %d timeouts, rescued in P50 %.1f ms, max %.1f ms\n",
 			r.Parameters["stall_pct"], c.Concurrency, c.Arm, c.RPS, c.Stalled, c.Missed, c.BudgetExhausted, c.LostClones, c.Timeouts,
 			c.RescueP50US/1000, c.RescueMaxUS/1000)
+		if cs := counterStr(c.Counters, storeCounters...); cs != "" {
+			fmt.Fprintf(&b, "  %s path's counters there: %s\n", c.Arm, cs)
+		}
 	}
 	var idle []string
 	for _, arm := range r.Arms {
@@ -75,6 +78,9 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 	_, err := io.WriteString(w, b.String())
 	return err
 }
+
+// storeCounters are the stored path's counters (issue 14), shown where the hedger has them.
+var storeCounters = []string{"hedges_sent", "stored", "store_too_large", "store_full", "overdue_dropped", "pacer_ticks", "tick_hedges"}
 
 func armAt(l RateLevel, arm string) (ArmLevel, bool) {
 	i := slices.IndexFunc(l.Arms, func(a ArmLevel) bool { return a.Arm == arm })

@@ -8,4 +8,4 @@ import "github.com/kedge-dev/kedge/internal/hedge"
 const storedPathBuilt = false
 
 // setStoreLimit sets a service's store limit (0: clone every request).
-func setStoreLimit(s *hedge.ServiceConfig, limit int) {}
+func setStoreLimit(s *hedge.ServiceConfig, limit int) { s.StoreLimit = &limit }

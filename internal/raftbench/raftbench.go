@@ -1,11 +1,13 @@
 // Package raftbench measures kedge raft in a lab cluster (`kedge bench raft`): failover
 // time after kill -9 of the leader, leader changes without a crash (false elections) under
-// CPU pressure, and write throughput and latency. These are the user-space transport's
-// figures that part 2 (XDP fast paths) must beat.
+// CPU pressure, write throughput and latency, and the follower's CPU per heartbeat - each
+// with the kernel paths on and off (`--offload=false`), side by side: the clusters of both
+// modes run at the same time and the trials alternate.
 package raftbench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -13,16 +15,25 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
 	"github.com/kedge-dev/kedge/internal/raftlab"
 )
 
 // Schema of result.json.
-const Schema = "kedge.bench.raft/v1"
+const Schema = "kedge.bench.raft/v2"
+
+// Modes: the kernel paths on (the node's default, asked for explicitly so that a kernel
+// that cannot run them fails the run instead of measuring user space twice) and off.
+const (
+	ModeOn  = "on"
+	ModeOff = "off"
+)
 
 // Options selects and sizes the runs.
 type Options struct {
@@ -30,14 +41,24 @@ type Options struct {
 	Dir    string // work directory (cluster data, logs)
 	Log    func(format string, args ...any)
 
-	Scenarios     []string      // failover, false-elections, throughput
+	Scenarios     []string      // failover, false-elections, throughput, heartbeat
+	Modes         []string      // ModeOn, ModeOff: each scenario runs once per mode, side by side
+	ClusterKey    string        // 32 hex digits: nodes authenticate every UDP packet ("" none)
 	Tick          time.Duration // raft tick (10ms)
 	ElectionTicks []int         // failover and false elections: one setting each (e.g. 5,10,20)
 	Nodes         int           // failover and false elections: cluster size (3)
 
 	Trials int // failover trials per setting (>= 50 for the committed figures)
-	// FalseElectionDuration is each false-election run's length (per scenario and setting).
+	// FalseElectionDuration is each false-election run's length (per phase and setting).
 	FalseElectionDuration time.Duration
+	// FalsePhases: idle, spinners (2 per CPU), starved-follower, stress (one spinner per
+	// CPU and one follower of each cluster pinned to a CPU shared with three spinners).
+	FalsePhases []string
+	// HeartbeatDuration is the idle window over which the follower's CPU per heartbeat is taken.
+	HeartbeatDuration time.Duration
+	// HeartbeatProbes is how many round-trip probes go to one follower per mode (in five
+	// rounds, alternating between the modes).
+	HeartbeatProbes int
 
 	ThroughputNodes    []int // (3, 5)
 	ThroughputDuration time.Duration
@@ -50,11 +71,32 @@ type Result struct {
 	Failover       []Failover       `json:"failover,omitempty"`
 	FalseElections []FalseElections `json:"false_elections,omitempty"`
 	Throughput     []Throughput     `json:"throughput,omitempty"`
+	Heartbeats     []Heartbeats     `json:"heartbeats,omitempty"`
+}
+
+// Heartbeats is one idle window on one follower: what its process cost per heartbeat.
+type Heartbeats struct {
+	Offload   string  `json:"offload"`
+	DurationS float64 `json:"duration_s"`
+	// Received is the heartbeats that reached the follower: with the kernel path on, those
+	// its XDP program answered plus those it passed up; off, those user space received.
+	Received   uint64  `json:"received"`
+	InXDP      uint64  `json:"answered_in_xdp"`
+	ProcCPUMs  float64 `json:"process_cpu_ms"` // user + system time of the follower's process
+	CPUPerHBUs float64 `json:"process_cpu_per_heartbeat_us"`
+	// Round trip of probe heartbeats sent in the leader's name from its namespace (Probe).
+	RTTProbes int       `json:"rtt_probes"`
+	RTTLost   int       `json:"rtt_lost"` // not answered within 100 ms
+	RTTP50Us  float64   `json:"rtt_p50_us"`
+	RTTP99Us  float64   `json:"rtt_p99_us"`
+	RTTMaxUs  float64   `json:"rtt_max_us"`
+	RTTUs     []float64 `json:"rtt_us"`
 }
 
 // Failover is one election-timeout setting's trials: kill -9 of the leader until the first
 // write acknowledged through a surviving node.
 type Failover struct {
+	Offload           string    `json:"offload"` // ModeOn or ModeOff
 	Nodes             int       `json:"nodes"`
 	TickMs            float64   `json:"tick_ms"`
 	ElectionTicks     int       `json:"election_ticks"`
@@ -69,7 +111,8 @@ type Failover struct {
 
 // FalseElections is one run without any crash: leader changes seen while it lasted.
 type FalseElections struct {
-	Scenario          string  `json:"scenario"` // idle, spinners (2 per CPU), starved-follower
+	Offload           string  `json:"offload"`
+	Scenario          string  `json:"scenario"` // idle, spinners (2 per CPU), starved-follower, stress
 	Nodes             int     `json:"nodes"`
 	ElectionTicks     int     `json:"election_ticks"`
 	ElectionTimeoutMs float64 `json:"election_timeout_ms"`
@@ -81,6 +124,7 @@ type FalseElections struct {
 
 // Throughput is one closed-loop write run against the leader.
 type Throughput struct {
+	Offload   string  `json:"offload"`
 	Nodes     int     `json:"nodes"`
 	Clients   int     `json:"clients"`
 	DurationS float64 `json:"duration_s"`
@@ -106,17 +150,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		"tick_ms": ms(o.Tick), "election_ticks": o.ElectionTicks, "nodes": o.Nodes, "trials": o.Trials,
 		"false_election_s": o.FalseElectionDuration.Seconds(), "throughput_nodes": o.ThroughputNodes,
 		"throughput_s": o.ThroughputDuration.Seconds(), "clients": o.Clients, "scenarios": o.Scenarios,
-		"transport": "user space (UDP + TCP), part 1",
+		"modes": o.Modes, "false_phases": o.FalsePhases, "heartbeat_s": o.HeartbeatDuration.Seconds(),
+		"authenticated": o.ClusterKey != "",
 	})}
 	for _, sc := range o.Scenarios {
 		var err error
 		switch sc {
 		case "failover":
 			for _, et := range o.ElectionTicks {
-				var f Failover
-				if f, err = o.failover(ctx, et); err == nil {
-					res.Failover = append(res.Failover, f)
-				}
+				var f []Failover
+				f, err = o.failover(ctx, et)
+				res.Failover = append(res.Failover, f...)
 				if err != nil {
 					break
 				}
@@ -124,25 +168,33 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		case "false-elections":
 			for _, et := range o.ElectionTicks {
 				var fe []FalseElections
-				if fe, err = o.falseElections(ctx, et); err == nil {
-					res.FalseElections = append(res.FalseElections, fe...)
-				}
+				fe, err = o.falseElections(ctx, et)
+				res.FalseElections = append(res.FalseElections, fe...)
 				if err != nil {
 					break
 				}
 			}
 		case "throughput":
 			for _, n := range o.ThroughputNodes {
-				var t Throughput
-				if t, err = o.throughput(ctx, n); err == nil {
-					res.Throughput = append(res.Throughput, t)
+				for _, mode := range o.Modes {
+					var t Throughput
+					if t, err = o.throughput(ctx, n, mode); err == nil {
+						res.Throughput = append(res.Throughput, t)
+					}
+					if err != nil {
+						break
+					}
 				}
 				if err != nil {
 					break
 				}
 			}
+		case "heartbeat":
+			var hb []Heartbeats
+			hb, err = o.heartbeats(ctx)
+			res.Heartbeats = append(res.Heartbeats, hb...)
 		default:
-			err = fmt.Errorf("unknown scenario %q: use failover, false-elections or throughput", sc)
+			err = fmt.Errorf("unknown scenario %q: use failover, false-elections, throughput or heartbeat", sc)
 		}
 		if err != nil {
 			return res, fmt.Errorf("scenario %s: %w", sc, err)
@@ -153,15 +205,53 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-func (o *Options) cluster(ctx context.Context, name string, nodes, electionTicks int) (*raftlab.Cluster, error) {
+func (o *Options) cluster(ctx context.Context, name string, nodes, electionTicks int, mode string) (*raftlab.Cluster, error) {
+	name += mode
 	dir := filepath.Join(o.Dir, name)
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
+	args := []string{"--offload"}
+	if mode == ModeOff {
+		args = []string{"--offload=false"}
+	}
 	uctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	return raftlab.Up(uctx, raftlab.Spec{Name: name, Nodes: nodes, Binary: o.Binary, Dir: dir,
-		Tick: o.Tick, ElectionTicks: electionTicks})
+	c, err := raftlab.Up(uctx, raftlab.Spec{Name: name, Nodes: nodes, Binary: o.Binary, Dir: dir,
+		Tick: o.Tick, ElectionTicks: electionTicks, Args: args, ClusterKey: o.ClusterKey})
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s (offload %s): %w", name, mode, err)
+	}
+	for _, n := range c.Nodes {
+		st, err := c.Status(uctx, n.ID)
+		if err == nil && (st.Offload != "") != (mode == ModeOn) {
+			err = fmt.Errorf("node %d reports offload %q", n.ID, st.Offload)
+		}
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("cluster %s (offload %s): %w", name, mode, err), c.Close())
+		}
+	}
+	return c, nil
+}
+
+// clusters starts one cluster per mode; on error the ones already up are closed.
+func (o *Options) clusters(ctx context.Context, name string, nodes, electionTicks int) (map[string]*raftlab.Cluster, func() error, error) {
+	cs := map[string]*raftlab.Cluster{}
+	closeAll := func() error {
+		var errs []error
+		for _, c := range cs {
+			errs = append(errs, c.Close())
+		}
+		return errors.Join(errs...)
+	}
+	for _, mode := range o.Modes {
+		c, err := o.cluster(ctx, name, nodes, electionTicks, mode)
+		if err != nil {
+			return nil, nil, errors.Join(err, closeAll())
+		}
+		cs[mode] = c
+	}
+	return cs, closeAll, nil
 }
 
 // stableLeader waits until every running node names the same leader and has applied
@@ -202,61 +292,84 @@ func stableLeader(ctx context.Context, c *raftlab.Cluster) (int, error) {
 	}
 }
 
-// failover runs o.Trials kill -9 trials with one election timeout.
-func (o *Options) failover(ctx context.Context, electionTicks int) (f Failover, err error) {
-	c, err := o.cluster(ctx, fmt.Sprintf("rbf%d", electionTicks), o.Nodes, electionTicks)
+// failover runs o.Trials kill -9 trials with one election timeout in each mode: the
+// clusters of both modes are up together and the trials alternate between them.
+func (o *Options) failover(ctx context.Context, electionTicks int) (out []Failover, err error) {
+	cs, closeAll, err := o.clusters(ctx, fmt.Sprintf("rbf%d", electionTicks), o.Nodes, electionTicks)
 	if err != nil {
-		return f, err
+		return nil, err
 	}
-	defer func() { err = errors.Join(err, c.Close()) }()
-	f = Failover{Nodes: o.Nodes, TickMs: ms(o.Tick), ElectionTicks: electionTicks,
-		ElectionTimeoutMs: ms(o.Tick) * float64(electionTicks), Trials: o.Trials}
-	cl := raftlab.NewClient(c.Client, 50*time.Millisecond)
+	defer func() { err = errors.Join(err, closeAll()) }()
+	fs := map[string]*Failover{}
+	for _, mode := range o.Modes {
+		fs[mode] = &Failover{Offload: mode, Nodes: o.Nodes, TickMs: ms(o.Tick), ElectionTicks: electionTicks,
+			ElectionTimeoutMs: ms(o.Tick) * float64(electionTicks), Trials: o.Trials}
+	}
+	cl := raftlab.NewClient(cs[o.Modes[0]].Client, 50*time.Millisecond)
 	defer cl.Close()
 	for trial := 0; trial < o.Trials; trial++ {
-		leader, err := stableLeader(ctx, c)
-		if err != nil {
-			return f, err
-		}
-		var survivors []int
-		for _, n := range c.Nodes {
-			if n.ID != leader {
-				survivors = append(survivors, n.ID)
+		for _, mode := range o.Modes {
+			c := cs[mode]
+			if cl, err = o.failoverTrial(ctx, c, fs[mode], trial, cl); err != nil {
+				return collect(fs, o.Modes), fmt.Errorf("offload %s: %w", mode, err)
 			}
 		}
-		// One write through a survivor before the kill: the path works.
-		if d := firstWrite(ctx, c, cl, survivors, fmt.Sprintf("pre%d", trial), 5*time.Second); d < 0 {
-			return f, errors.New("no write succeeded before the kill")
-		}
-		start := time.Now()
-		if err := c.Kill(leader); err != nil {
-			return f, err
-		}
-		d := firstWrite(ctx, c, cl, survivors, fmt.Sprintf("post%d", trial), 10*time.Second)
-		if d < 0 {
-			f.Failed++
-		} else {
-			f.FailoverMs = append(f.FailoverMs, ms(time.Since(start)))
-		}
-		if err := c.Start(leader); err != nil {
-			return f, err
-		}
-		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		err = c.WaitReady(rctx, leader)
-		cancel()
-		if err != nil {
-			return f, err
-		}
 		if trial%10 == 9 {
-			o.logf("failover, election %d ticks: %d/%d trials", electionTicks, trial+1, o.Trials)
+			o.logf("failover, election %d ticks: %d/%d trials per mode", electionTicks, trial+1, o.Trials)
 		}
 	}
-	s := slices.Clone(f.FailoverMs)
-	slices.Sort(s)
-	if len(s) > 0 {
-		f.P50Ms, f.P99Ms, f.MaxMs = bench.Percentile(s, 50), bench.Percentile(s, 99), s[len(s)-1]
+	return collect(fs, o.Modes), nil
+}
+
+func collect(fs map[string]*Failover, modes []string) []Failover {
+	var out []Failover
+	for _, mode := range modes {
+		f := fs[mode]
+		s := slices.Clone(f.FailoverMs)
+		slices.Sort(s)
+		if len(s) > 0 {
+			f.P50Ms, f.P99Ms, f.MaxMs = bench.Percentile(s, 50), bench.Percentile(s, 99), s[len(s)-1]
+		}
+		out = append(out, *f)
 	}
-	return f, nil
+	return out
+}
+
+// failoverTrial kills c's leader and times the first write acknowledged by a survivor. The
+// client's connections start in c's client host: a new one is made when c is another lab's.
+func (o *Options) failoverTrial(ctx context.Context, c *raftlab.Cluster, f *Failover, trial int, cl *raftlab.Client) (*raftlab.Client, error) {
+	cl.Close()
+	cl = raftlab.NewClient(c.Client, 50*time.Millisecond)
+	leader, err := stableLeader(ctx, c)
+	if err != nil {
+		return cl, err
+	}
+	var survivors []int
+	for _, n := range c.Nodes {
+		if n.ID != leader {
+			survivors = append(survivors, n.ID)
+		}
+	}
+	// One write through a survivor before the kill: the path works.
+	if d := firstWrite(ctx, c, cl, survivors, fmt.Sprintf("pre%d", trial), 5*time.Second); d < 0 {
+		return cl, errors.New("no write succeeded before the kill")
+	}
+	start := time.Now()
+	if err := c.Kill(leader); err != nil {
+		return cl, err
+	}
+	d := firstWrite(ctx, c, cl, survivors, fmt.Sprintf("post%d", trial), 10*time.Second)
+	if d < 0 {
+		f.Failed++
+	} else {
+		f.FailoverMs = append(f.FailoverMs, ms(time.Since(start)))
+	}
+	if err := c.Start(leader); err != nil {
+		return cl, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	return cl, c.WaitReady(rctx, leader)
 }
 
 // firstWrite puts key through the survivors in turn (50 ms per attempt) until one is
@@ -278,49 +391,76 @@ func firstWrite(ctx context.Context, c *raftlab.Cluster, cl *raftlab.Client, via
 	return -1
 }
 
-// falseElections watches leader changes with no crash: idle, with spinners on every CPU,
-// and with one follower starved.
+// falseElections watches leader changes with no crash, in each phase of o.FalsePhases,
+// with the clusters of both modes running at the same time under the same pressure.
 func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []FalseElections, err error) {
-	c, err := o.cluster(ctx, fmt.Sprintf("rbe%d", electionTicks), o.Nodes, electionTicks)
+	cs, closeAll, err := o.clusters(ctx, fmt.Sprintf("rbe%d", electionTicks), o.Nodes, electionTicks)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { err = errors.Join(err, c.Close()) }()
-	for _, sc := range []string{"idle", "spinners", "starved-follower"} {
-		leader, err := stableLeader(ctx, c)
-		if err != nil {
-			return out, err
-		}
-		var stop func() error
-		switch sc {
-		case "spinners":
-			s, err := bench.Spin(2 * runtime.NumCPU())
-			if err != nil {
-				return out, err
+	defer func() { err = errors.Join(err, closeAll()) }()
+	for _, sc := range o.FalsePhases {
+		var stops []func() error
+		stopAll := func() error {
+			var errs []error
+			for _, s := range stops {
+				errs = append(errs, s())
 			}
-			stop = func() error { s(); return nil }
-		case "starved-follower":
+			stops = nil
+			return errors.Join(errs...)
+		}
+		for _, mode := range o.Modes {
+			leader, err := stableLeader(ctx, cs[mode])
+			if err != nil {
+				return out, errors.Join(err, stopAll())
+			}
+			if sc != "starved-follower" && sc != "stress" {
+				continue
+			}
 			follower := 1
 			if leader == 1 {
 				follower = 2
 			}
-			s, err := lab.Starve(c.PID(follower), runtime.NumCPU()-1, 3)
+			s, err := lab.Starve(cs[mode].PID(follower), runtime.NumCPU()-1, 3)
 			if err != nil {
-				return out, err
+				return out, errors.Join(err, stopAll())
 			}
-			stop = s.Stop
+			stops = append(stops, s.Stop)
 		}
-		fe, werr := watchLeaders(ctx, c, o.FalseElectionDuration)
-		if stop != nil {
-			werr = errors.Join(werr, stop())
+		switch sc {
+		case "spinners", "stress":
+			n := 2 * runtime.NumCPU()
+			if sc == "stress" {
+				n = runtime.NumCPU()
+			}
+			s, err := bench.Spin(n)
+			if err != nil {
+				return out, errors.Join(err, stopAll())
+			}
+			stops = append(stops, func() error { s(); return nil })
 		}
-		if werr != nil {
-			return out, werr
+		res := make([]FalseElections, len(o.Modes))
+		errs := make([]error, len(o.Modes))
+		var wg sync.WaitGroup
+		for i, mode := range o.Modes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res[i], errs[i] = watchLeaders(ctx, cs[mode], o.FalseElectionDuration)
+			}()
 		}
-		fe.Scenario, fe.Nodes, fe.ElectionTicks = sc, o.Nodes, electionTicks
-		fe.ElectionTimeoutMs = ms(o.Tick) * float64(electionTicks)
-		o.logf("false elections, %s, election %d ticks: %d leader changes in %.0fs", sc, electionTicks, fe.LeaderChanges, fe.DurationS)
-		out = append(out, fe)
+		wg.Wait()
+		if err := errors.Join(append(errs, stopAll())...); err != nil {
+			return out, err
+		}
+		for i, mode := range o.Modes {
+			fe := res[i]
+			fe.Offload, fe.Scenario, fe.Nodes, fe.ElectionTicks = mode, sc, o.Nodes, electionTicks
+			fe.ElectionTimeoutMs = ms(o.Tick) * float64(electionTicks)
+			o.logf("false elections, %s, offload %s, election %d ticks: %d leader changes (term +%d) in %.0fs",
+				sc, mode, electionTicks, fe.LeaderChanges, fe.TermIncrease, fe.DurationS)
+			out = append(out, fe)
+		}
 	}
 	return out, nil
 }
@@ -363,8 +503,8 @@ func watchLeaders(ctx context.Context, c *raftlab.Cluster, d time.Duration) (Fal
 }
 
 // throughput runs o.Clients closed-loop writers against the leader for the duration.
-func (o *Options) throughput(ctx context.Context, nodes int) (t Throughput, err error) {
-	c, err := o.cluster(ctx, fmt.Sprintf("rbt%d", nodes), nodes, 10)
+func (o *Options) throughput(ctx context.Context, nodes int, mode string) (t Throughput, err error) {
+	c, err := o.cluster(ctx, fmt.Sprintf("rbt%d", nodes), nodes, 10, mode)
 	if err != nil {
 		return t, err
 	}
@@ -373,7 +513,7 @@ func (o *Options) throughput(ctx context.Context, nodes int) (t Throughput, err 
 	if err != nil {
 		return t, err
 	}
-	t = Throughput{Nodes: nodes, Clients: o.Clients}
+	t = Throughput{Offload: mode, Nodes: nodes, Clients: o.Clients}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	runCtx, cancel := context.WithTimeout(ctx, o.ThroughputDuration)
@@ -412,7 +552,7 @@ func (o *Options) throughput(ctx context.Context, nodes int) (t Throughput, err 
 	if len(s) > 0 {
 		t.P50Ms, t.P99Ms, t.MaxMs = bench.Percentile(s, 50)/1000, bench.Percentile(s, 99)/1000, s[len(s)-1]/1000
 	}
-	o.logf("throughput, %d nodes: %.0f writes/s, p50 %.2f ms, p99 %.2f ms", nodes, t.PerSecond, t.P50Ms, t.P99Ms)
+	o.logf("throughput, offload %s, %d nodes: %.0f writes/s, p50 %.2f ms, p99 %.2f ms", mode, nodes, t.PerSecond, t.P50Ms, t.P99Ms)
 	return t, nil
 }
 
@@ -423,7 +563,7 @@ func WriteCharts(dir string, r *Result) error {
 	if len(r.Failover) > 0 {
 		var ss []bench.Series
 		for _, f := range r.Failover {
-			ss = append(ss, series(fmt.Sprintf("election timeout %.0f ms", f.ElectionTimeoutMs), f.FailoverMs, 1000))
+			ss = append(ss, series(fmt.Sprintf("offload %s, election timeout %.0f ms", f.Offload, f.ElectionTimeoutMs), f.FailoverMs, 1000))
 		}
 		errs = append(errs, bench.WriteCDF(filepath.Join(dir, "failover"), ss, bench.ChartOptions{
 			Title: "failover: kill -9 of the leader -> first acknowledged write"}))
@@ -431,7 +571,7 @@ func WriteCharts(dir string, r *Result) error {
 	if len(r.Throughput) > 0 {
 		var ss []bench.Series
 		for _, t := range r.Throughput {
-			ss = append(ss, series(fmt.Sprintf("%d nodes, %d clients", t.Nodes, t.Clients), t.LatenciesUS, 1))
+			ss = append(ss, series(fmt.Sprintf("offload %s, %d nodes, %d clients", t.Offload, t.Nodes, t.Clients), t.LatenciesUS, 1))
 		}
 		errs = append(errs, bench.WriteCDF(filepath.Join(dir, "write-latency"), ss, bench.ChartOptions{Title: "write latency (put to the leader)"}))
 	}
@@ -447,4 +587,142 @@ func series(name string, vals []float64, toUS float64) bench.Series {
 		s.OK = append(s.OK, true)
 	}
 	return s
+}
+
+// heartbeats leaves the clusters of both modes idle for o.HeartbeatDuration and takes, on
+// one follower of each, the CPU time of its process and the heartbeats that reached it;
+// then it measures that follower's heartbeat round trip with probes (Probe). The clusters
+// have no key: the probe speaks in the leader's name and cannot sign.
+func (o *Options) heartbeats(ctx context.Context) (out []Heartbeats, err error) {
+	unkeyed := *o
+	unkeyed.ClusterKey = ""
+	cs, closeAll, err := unkeyed.clusters(ctx, "rbh", o.Nodes, 10)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, closeAll()) }()
+	type sample struct {
+		cpu      time.Duration
+		hb, xdp  uint64
+		follower int
+	}
+	read := func(mode string, c *raftlab.Cluster, follower int) (sample, error) {
+		s := sample{follower: follower}
+		var err error
+		if s.cpu, err = bench.ProcCPU(c.PID(follower)); err != nil {
+			return s, err
+		}
+		if mode == ModeOn {
+			n := c.Node(follower)
+			in, err := offload.Inspect(n.Host.Handle, n.Host.Iface)
+			if err != nil {
+				return s, err
+			}
+			s.xdp = in.Counters["hb_answered"]
+			for k, v := range in.Counters {
+				if strings.HasPrefix(k, "hb_") {
+					s.hb += v
+				}
+			}
+			return s, nil
+		}
+		cl := raftlab.NewClient(c.Client, 2*time.Second)
+		defer cl.Close()
+		v, err := cl.Metric(ctx, c.Node(follower).ClientAddr, "kedge_raft_transport_received_total", `type="MsgHeartbeat"`)
+		s.hb = uint64(v)
+		return s, err
+	}
+	before := map[string]sample{}
+	for _, mode := range o.Modes {
+		leader, err := stableLeader(ctx, cs[mode])
+		if err != nil {
+			return nil, err
+		}
+		follower := leader%o.Nodes + 1
+		if before[mode], err = read(mode, cs[mode], follower); err != nil {
+			return nil, fmt.Errorf("offload %s: %w", mode, err)
+		}
+	}
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(o.HeartbeatDuration): // the measured idle window
+	}
+	d := time.Since(start)
+	for _, mode := range o.Modes {
+		b := before[mode]
+		a, err := read(mode, cs[mode], b.follower)
+		if err != nil {
+			return out, fmt.Errorf("offload %s: %w", mode, err)
+		}
+		h := Heartbeats{Offload: mode, DurationS: d.Seconds(), Received: a.hb - b.hb, InXDP: a.xdp - b.xdp,
+			ProcCPUMs: ms(a.cpu - b.cpu)}
+		if h.Received > 0 {
+			h.CPUPerHBUs = float64((a.cpu - b.cpu).Microseconds()) / float64(h.Received)
+		}
+		out = append(out, h)
+	}
+	const rounds = 5
+	for r := range rounds {
+		for i, mode := range o.Modes {
+			rtts, lost, err := o.probe(ctx, cs[mode], before[mode].follower, max(o.HeartbeatProbes/rounds, 1))
+			if err != nil {
+				return out, fmt.Errorf("offload %s: heartbeat probe round %d: %w", mode, r, err)
+			}
+			out[i].RTTUs = append(out[i].RTTUs, rtts...)
+			out[i].RTTLost += lost
+			out[i].RTTProbes += len(rtts) + lost
+		}
+	}
+	for i := range out {
+		h := &out[i]
+		s := slices.Clone(h.RTTUs)
+		slices.Sort(s)
+		if len(s) > 0 {
+			h.RTTP50Us, h.RTTP99Us, h.RTTMaxUs = bench.Percentile(s, 50), bench.Percentile(s, 99), s[len(s)-1]
+		}
+		o.logf("heartbeats, offload %s: %d in %.0fs (%d answered in XDP), follower process %.1f ms CPU, %.1f us per heartbeat; round trip p50 %.0f us p99 %.0f us (%d probes, %d lost)",
+			h.Offload, h.Received, h.DurationS, h.InXDP, h.ProcCPUMs, h.CPUPerHBUs, h.RTTP50Us, h.RTTP99Us, h.RTTProbes, h.RTTLost)
+	}
+	return out, nil
+}
+
+// probe runs `kedge bench raft-hbprobe` in the leader's namespace against follower.
+func (o *Options) probe(ctx context.Context, c *raftlab.Cluster, follower, count int) ([]float64, int, error) {
+	leader, err := stableLeader(ctx, c)
+	if err != nil {
+		return nil, 0, err
+	}
+	if leader == follower {
+		return nil, 0, fmt.Errorf("node %d, the measured follower, became the leader", follower)
+	}
+	st, err := c.Status(ctx, leader)
+	if err != nil {
+		return nil, 0, err
+	}
+	h := c.Node(leader).Host
+	cmd := h.Command(o.Binary, "bench", "raft-hbprobe", "--cluster", fmt.Sprint(raftlab.ClusterID),
+		"--leader", fmt.Sprint(leader), "--follower", fmt.Sprint(follower), "--term", fmt.Sprint(st.Term),
+		"--from", c.Node(leader).RaftAddr.String(), "--to", c.Node(follower).RaftAddr.String(),
+		"--count", fmt.Sprint(count))
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := h.Start(cmd); err != nil {
+		return nil, 0, err
+	}
+	if err := cmd.Wait(); err != nil {
+		return nil, 0, fmt.Errorf("%w: %s", err, stderr.String())
+	}
+	var res ProbeResult
+	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil {
+		return nil, 0, fmt.Errorf("heartbeat probe output %q: %w", stdout.String(), err)
+	}
+	return res.RTTUs, res.Lost, nil
+}
+
+// ProbeResult is what `kedge bench raft-hbprobe` prints (JSON).
+type ProbeResult struct {
+	RTTUs []float64 `json:"rtt_us"`
+	Lost  int       `json:"lost"`
 }

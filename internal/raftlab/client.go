@@ -1,6 +1,7 @@
 package raftlab
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,6 +12,8 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/lab"
@@ -79,6 +82,45 @@ func (c *Client) Status(ctx context.Context, node netip.AddrPort) (Status, error
 		return st, fmt.Errorf("decode status of %s: %w", node, err)
 	}
 	return st, nil
+}
+
+// Metric sums the samples of the Prometheus metric name on node whose labels contain every
+// one of labels (`key="value"`).
+func (c *Client) Metric(ctx context.Context, node netip.AddrPort, name string, labels ...string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+node.String()+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("metrics of %s: %w", node, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("metrics of %s: HTTP %d", node, resp.StatusCode)
+	}
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		for _, l := range labels {
+			ok = ok && strings.Contains(rest, l)
+		}
+		f := strings.Fields(rest)
+		if !ok || len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("metrics of %s: line %q: %w", node, line, err)
+		}
+		sum += v
+	}
+	return sum, sc.Err()
 }
 
 // Do runs op against node and fills op.Out. Outcome rules (docs/raft.md section 2):

@@ -24,7 +24,7 @@ const (
 	// ClientHost is the lab host the harness's clients run in (its links cross the fabric
 	// too; node-to-node faults leave them alone unless asked).
 	ClientHost = "client"
-	clusterID  = 42
+	ClusterID  = 42 // the cluster id of every lab cluster
 )
 
 // Spec declares a lab cluster.
@@ -41,6 +41,10 @@ type Spec struct {
 	// self-test): reads from local state without ReadIndex.
 	UnsafeLocalReads bool
 	Persistent       bool
+	// Args are extra flags of every `raft serve` (e.g. --offload=false).
+	Args []string
+	// ClusterKey (32 hex digits) goes into the config: every UDP packet is authenticated.
+	ClusterKey string
 }
 
 // Node is one node process.
@@ -130,7 +134,7 @@ func (c *Cluster) writeConfig() error {
 		return fmt.Errorf("make cluster dir: %w", err)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# written by the kedge raft lab\ncluster_id: %d\ndata_dir: %s\npeers:\n", clusterID, filepath.Join(c.Spec.Dir, "data", "{id}"))
+	fmt.Fprintf(&b, "# written by the kedge raft lab\ncluster_id: %d\ndata_dir: %s\npeers:\n", ClusterID, filepath.Join(c.Spec.Dir, "data", "{id}"))
 	for _, n := range c.Nodes {
 		fmt.Fprintf(&b, "  - id: %d\n    raft: %s\n    client: %s\n", n.ID, n.RaftAddr, n.ClientAddr)
 	}
@@ -143,8 +147,11 @@ func (c *Cluster) writeConfig() error {
 	if c.Spec.HeartbeatTicks > 0 {
 		fmt.Fprintf(&b, "heartbeat_ticks: %d\n", c.Spec.HeartbeatTicks)
 	}
+	if c.Spec.ClusterKey != "" {
+		fmt.Fprintf(&b, "cluster_key: %s\n", c.Spec.ClusterKey)
+	}
 	c.Config = filepath.Join(c.Spec.Dir, "cluster.yaml")
-	if err := os.WriteFile(c.Config, []byte(b.String()), 0o644); err != nil {
+	if err := os.WriteFile(c.Config, []byte(b.String()), 0o600); err != nil {
 		return fmt.Errorf("write cluster config: %w", err)
 	}
 	return nil
@@ -183,6 +190,7 @@ func (c *Cluster) Start(id int) error {
 	if c.Spec.UnsafeLocalReads {
 		args = append(args, "--unsafe-local-reads")
 	}
+	args = append(args, c.Spec.Args...)
 	cmd := n.Host.Command(c.Spec.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if !c.Spec.Persistent {

@@ -31,7 +31,7 @@ func TestClusterKey(t *testing.T) {
 	short := write("short", "0011", 0o600)
 	for _, c := range []struct {
 		name, extra, err string
-		key            bool
+		key              bool
 	}{
 		{"none", "", "", false},
 		{"inline", "cluster_key: " + keyHex + "\n", "", true},

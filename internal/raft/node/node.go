@@ -37,6 +37,14 @@ type Options struct {
 	// by a bpf_timer). Zero: off.
 	Offload Offload
 	Log     *slog.Logger
+	// KernelHeartbeats: as leader, the kernel sends the heartbeats while a lease holds
+	// (heartbeats.go; docs/raft.md "Kernel paths: leader heartbeats"). HeartbeatLease is
+	// how long one renewal keeps it sending (0: the election timeout).
+	KernelHeartbeats bool
+	HeartbeatLease   time.Duration
+	// Heartbeats, when set, is used instead of the kernel sender KernelHeartbeats starts
+	// (tests: a recorder).
+	Heartbeats HeartbeatOffload
 }
 
 // command is a log entry's payload.
@@ -69,6 +77,10 @@ type Node struct {
 	tr  *transport.Transport
 	reg *prometheus.Registry
 	m   *metrics
+
+	hbKernel prometheus.Counter // heartbeats.go
+	hb       HeartbeatOffload
+	hbLeader interface{ Close() error } // the kernel sender startHeartbeats started
 
 	clientLn net.Listener
 	http     *http.Server
@@ -104,6 +116,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		kv: map[string]string{}, waiters: map[uint64]chan api.WriteResponse{}, reads: map[uint64]*readWaiter{},
 		confState: &pb.ConfState{}, done: make(chan struct{})}
 	n.m = newMetrics(n.reg)
+	n.hbKernel = newHeartbeatCounter(n.reg, opts.Heartbeats != nil || opts.KernelHeartbeats)
 	st, rec, err := storage.Open(cfg.DataDir, n.log)
 	if err != nil {
 		return nil, err
@@ -141,6 +154,13 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	}
 	n.termDurable = rec.HardState.GetTerm()
 	if err := n.startOffload(opts.Offload); err != nil {
+		n.clientLn.Close()
+		n.tr.Close()
+		st.Close()
+		return nil, err
+	}
+	if err := n.startHeartbeats(); err != nil {
+		n.closeOffload()
 		n.clientLn.Close()
 		n.tr.Close()
 		st.Close()
@@ -200,12 +220,17 @@ func (n *Node) Run(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	n.http.Shutdown(sctx)
-	if cerr := n.closeOffload(); err == nil && cerr != nil {
-		err = fmt.Errorf("close offload: %w", cerr)
-	}
 	n.tr.Close()
 	stopLoop()
 	<-n.done
+	// The loop no longer reads the kernel's record: detach (the program stops answering).
+	if cerr := n.closeOffload(); err == nil && cerr != nil {
+		err = fmt.Errorf("close offload: %w", cerr)
+	}
+	// Nor renews the lease: the kernel sender goes too.
+	if cerr := n.closeHeartbeats(); err == nil && cerr != nil {
+		err = fmt.Errorf("close kernel heartbeats: %w", cerr)
+	}
 	n.rn.Stop()
 	if cerr := n.st.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("close storage: %w", cerr)
@@ -236,6 +261,7 @@ func (n *Node) loop(ctx context.Context) {
 			n.offloadTick(ctx)
 			n.rn.Tick()
 			n.offloadAlive()
+			n.renewHeartbeats()
 		case ev, ok := <-events:
 			if !ok {
 				events = nil
@@ -292,10 +318,13 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	if n.fol != nil {
 		rd.Messages = dropSynthResps(rd.Messages)
 	}
+	if rd.SoftState != nil {
+		n.renewHeartbeats() // a lost leadership drops the kernel's lease before anything else goes out
+	}
 	if n.beforeSend != nil {
 		n.beforeSend(rd.Messages)
 	}
-	n.tr.Send(rd.Messages)
+	n.tr.Send(n.kernelHeartbeats(rd.Messages))
 	// 4. Apply in order, then release reads.
 	if err := n.apply(rd.CommittedEntries); err != nil {
 		return err

@@ -39,11 +39,11 @@ type follower struct {
 	detect   time.Duration
 	aliveFor time.Duration
 
-	feed     hbFeeder
-	mirror   offload.Durable // last mirrored (term, lead as etcd-raft has it)
-	lead     uint64
-	mirrored bool
-	lastAlive  time.Duration // CLOCK_MONOTONIC of the last Alive refresh
+	feed      hbFeeder
+	mirror    offload.Durable // last mirrored (term, lead as etcd-raft has it)
+	lead      uint64
+	mirrored  bool
+	lastAlive time.Duration // CLOCK_MONOTONIC of the last Alive refresh
 
 	wakeups *prometheus.CounterVec
 }
@@ -131,7 +131,9 @@ func (n *Node) offloadTick(ctx context.Context) {
 		n.log.Warn("raft offload: read heartbeat record", "err", err)
 		return
 	}
-	if m := f.feed.next(hb, n.cfg.ID); m != nil {
+	if m := f.feed.next(hb, n.cfg.ID); m != nil && hb.Term >= n.termDurable {
+		// (A record of an older term than the saved one: the node moved on since the
+		// kernel answered; stepping it would only make etcd-raft answer a stale leader.)
 		if err := n.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
 			n.log.Debug("raft offload: step synthesized heartbeat", "err", err)
 		}

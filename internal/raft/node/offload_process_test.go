@@ -73,6 +73,7 @@ func passes(in *offload.Inspection) uint64 {
 //   - followers' heartbeats are answered in XDP; user space sees only the ones passed up;
 //   - kill -STOP of a follower: its program stops answering within the alive bound (the
 //     election timeout) and passes heartbeats up instead; SIGCONT resumes answering;
+//   - a follower starved of CPU for 2 s: no election, its kernel keeps answering;
 //   - kill -9 of the leader: the survivors elect a new leader (the time is printed);
 //   - kill -9 of a follower leaves no XDP program on its interface.
 func TestLabOffload(t *testing.T) {
@@ -164,6 +165,39 @@ func TestLabOffload(t *testing.T) {
 		in, err = c.inspect(fol)
 		return err == nil && in.Counters["hb_answered"] > again.Counters["hb_answered"]+10
 	})
+
+	// A starved follower (pinned to one CPU with 3 busy threads: about a quarter of a CPU)
+	// for 2 s: no election - same leader, same term - while its kernel keeps answering.
+	before, err := c.status(lead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inBefore, err := c.inspect(fol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	starver, err := lab.Starve(p.cmd.Process.Pid, 1, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the starvation being measured, not a synchronisation
+	if err := starver.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	inAfter, err := c.inspect(fol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := c.status(lead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Term != before.Term || after.Leader != before.Leader {
+		t.Errorf("an election while follower %d was starved: leader %d term %d -> leader %d term %d",
+			fol, before.Leader, before.Term, after.Leader, after.Term)
+	}
+	t.Logf("follower %d starved 2 s: %d heartbeats answered in XDP, %d passed up (alive deadline missed), term %d unchanged",
+		fol, inAfter.Counters["hb_answered"]-inBefore.Counters["hb_answered"], passes(inAfter)-passes(inBefore), after.Term)
 
 	// kill -9 of the leader: a new leader among the survivors.
 	var rest []uint64

@@ -150,6 +150,9 @@ func NewFollower(opts FollowerOptions) (_ *Follower, err error) {
 	f.ifname = ifname
 	if f.link, err = bpfx.AttachXDP(f.objs.RaftxXdp, opts.Netns, ifindex, opts.Mode); err != nil {
 		f.Close()
+		if errors.Is(err, unix.EBUSY) {
+			return nil, fmt.Errorf("attach raft follower program to %s: %w (an interface takes one XDP program: is another node or program attached there? use --offload=false for this node)", ifname, err)
+		}
 		return nil, fmt.Errorf("attach raft follower program to %s: %w", ifname, err)
 	}
 	f.opts.Log.Info("raft offload: follower program attached", "iface", ifname, "mode", f.link.Mode(),
@@ -189,11 +192,21 @@ func (f *Follower) Mode() string {
 	return f.link.Mode()
 }
 
+// CheckAddr says whether the follower program can serve a node whose raft address is addr:
+// not on loopback and not unspecified (it answers on the interface that holds the address).
+func CheckAddr(addr netip.Addr) error {
+	addr = addr.Unmap()
+	if !addr.IsValid() || addr.IsUnspecified() || addr.IsLoopback() {
+		return fmt.Errorf("raft address %s: %w (give the node a raft address on a real interface, or use --offload=false)", addr, ErrNoDevice)
+	}
+	return nil
+}
+
 // raftInterface finds the interface in ns that holds addr, and whether it is a veth.
 func raftInterface(ns netns.NsHandle, addr netip.Addr) (int, string, bool, error) {
 	addr = addr.Unmap()
-	if !addr.IsValid() || addr.IsUnspecified() || addr.IsLoopback() {
-		return 0, "", false, fmt.Errorf("raft address %s: %w (bind the raft address to a host address, or use --offload=false)", addr, ErrNoDevice)
+	if err := CheckAddr(addr); err != nil {
+		return 0, "", false, err
 	}
 	var idx int
 	var name string

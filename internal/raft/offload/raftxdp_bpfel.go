@@ -52,11 +52,12 @@ type raftxdpRaftxDetect struct {
 		_      structs.HostLayout
 		Opaque [2]uint64
 	}
-	Leader uint64
-	Term   uint64
-	LastNs uint64
-	Inited uint32
-	Pad    uint32
+	Leader    uint64
+	Term      uint64
+	LastNs    uint64
+	ExpiresNs uint64
+	Inited    uint32
+	Pad       uint32
 }
 
 type raftxdpRaftxEvent struct {
@@ -128,6 +129,7 @@ type raftxdpRaftxStats struct {
 	ReflectFailed     uint64
 	DetectArmed       uint64
 	DetectFired       uint64
+	DetectRearmed     uint64
 	DetectRingbufFull uint64
 	DetectInitFailed  uint64
 }

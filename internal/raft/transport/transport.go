@@ -8,6 +8,7 @@ package transport
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -51,6 +53,7 @@ const (
 	reasonBulkSize   = "bulk_size"
 	reasonBulkDecode = "bulk_decode"
 	reasonBulkPeer   = "bulk_peer"
+	reasonBulkMAC    = "bulk_mac" // keyed cluster: handshake or frame tag wrong
 )
 
 // Raft is what the transport needs from the node.
@@ -75,9 +78,9 @@ type Options struct {
 	// Key is the cluster key (nil: none): every UDP packet sent carries a MAC, and every one
 	// received must carry a valid one inside its sender's replay window (wire.Verifier) -
 	// the checks the XDP program makes, so the behaviour is the same with offload off.
-	Key *wire.Key
-	Log       *slog.Logger
-	Registry  prometheus.Registerer // nil: metrics are not registered
+	Key      *wire.Key
+	Log      *slog.Logger
+	Registry prometheus.Registerer // nil: metrics are not registered
 }
 
 // Transport is one node's endpoint.
@@ -95,6 +98,7 @@ type Transport struct {
 	limiter dropLogger
 	signer  *wire.Signer
 	recv    wire.Receiver
+	key     *wire.Key // nil: the cluster has no key
 
 	connsMu sync.Mutex
 	conns   map[net.Conn]struct{}
@@ -116,6 +120,9 @@ func New(opts Options) (*Transport, error) {
 		t.peers[p.ID] = &peer{Peer: p, queue: make(chan *pb.Message, sendQueue)}
 	}
 	t.m = newMetrics(opts.Registry)
+	if opts.Key != nil && *opts.Key != (wire.Key{}) {
+		t.key = opts.Key
+	}
 	t.signer = wire.NewSigner(opts.Key)
 	t.recv = wire.Receiver{Cluster: opts.ClusterID, Self: opts.Self, Peers: map[uint64]netip.AddrPort{},
 		Verifier: wire.NewVerifier(opts.Key)}
@@ -297,7 +304,7 @@ func (t *Transport) serveConn(c net.Conn) {
 		t.drop(reasonBulkHello, "tcp", src, 0)
 		return
 	}
-	from, reason := wire.ParseHello(hello, t.opts.ClusterID)
+	from, reason := wire.ParseHello(hello, t.opts.ClusterID, t.key != nil)
 	p := t.peers[from]
 	if reason == wire.OK && (p == nil || p.Addr.Addr() != remoteIP(c)) {
 		reason = wire.DropPeer
@@ -305,6 +312,13 @@ func (t *Transport) serveConn(c net.Conn) {
 	if reason != wire.OK {
 		t.drop(reasonBulkHello, "tcp", src+" ("+reason.String()+")", len(hello))
 		return
+	}
+	var auth *wire.FrameAuth
+	if t.key != nil {
+		if auth = t.acceptHandshake(c, hello); auth == nil {
+			t.drop(reasonBulkMAC, "tcp", src+" (handshake)", len(hello))
+			return
+		}
 	}
 	c.SetReadDeadline(time.Time{})
 	r := bufio.NewReaderSize(c, 64<<10)
@@ -327,6 +341,16 @@ func (t *Transport) serveConn(c net.Conn) {
 		if _, err := io.ReadFull(r, body); err != nil {
 			return
 		}
+		if auth != nil {
+			var tag [wire.TagLen]byte
+			if _, err := io.ReadFull(r, tag[:]); err != nil {
+				return
+			}
+			if !auth.Check(hdr[:], body, tag[:]) {
+				t.drop(reasonBulkMAC, "tcp", src, n)
+				return
+			}
+		}
 		m := &pb.Message{}
 		if err := proto.Unmarshal(body, m); err != nil || (m.GetType() == pb.MsgSnap) != (kind == kindSnapshot) {
 			t.drop(reasonBulkDecode, "tcp", src, n)
@@ -338,6 +362,62 @@ func (t *Transport) serveConn(c net.Conn) {
 		}
 		t.deliver("tcp", m)
 	}
+}
+
+// acceptHandshake runs the acceptor's side of the keyed handshake (wire/bulkauth.go) after
+// the hello: the dialler's nonce in, a fresh nonce and the acceptor's tag out, the
+// dialler's tag in. nil: it failed.
+func (t *Transport) acceptHandshake(c net.Conn, hello []byte) *wire.FrameAuth {
+	nonceD := make([]byte, wire.NonceLen)
+	if _, err := io.ReadFull(c, nonceD); err != nil {
+		return nil
+	}
+	nonceA := make([]byte, wire.NonceLen)
+	if _, err := rand.Read(nonceA); err != nil {
+		return nil
+	}
+	hs := wire.NewBulkHandshake(t.key, hello, nonceD, nonceA)
+	c.SetWriteDeadline(time.Now().Add(helloTimeout))
+	if _, err := c.Write(append(nonceA, hs.AcceptTag[:]...)); err != nil {
+		return nil
+	}
+	tag := make([]byte, wire.TagLen)
+	if _, err := io.ReadFull(c, tag); err != nil || !wire.EqualTag(hs.DialTag, tag) {
+		return nil
+	}
+	return hs.FrameAuth()
+}
+
+// dialHandshake is the dialler's side: hello and nonce out, the acceptor's nonce and tag
+// in (checked: a node without the key cannot pose as the peer), the dialler's tag out.
+func (t *Transport) dialHandshake(c net.Conn) (*wire.FrameAuth, error) {
+	hello := wire.Hello(t.opts.ClusterID, t.opts.Self, t.key != nil)
+	c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if t.key == nil {
+		_, err := c.Write(hello)
+		return nil, err
+	}
+	nonceD := make([]byte, wire.NonceLen)
+	if _, err := rand.Read(nonceD); err != nil {
+		return nil, fmt.Errorf("bulk handshake nonce: %w", err)
+	}
+	if _, err := c.Write(append(slices.Clone(hello), nonceD...)); err != nil {
+		return nil, err
+	}
+	c.SetReadDeadline(time.Now().Add(helloTimeout))
+	resp := make([]byte, wire.NonceLen+wire.TagLen)
+	if _, err := io.ReadFull(c, resp); err != nil {
+		return nil, fmt.Errorf("bulk handshake: %w", err)
+	}
+	c.SetReadDeadline(time.Time{})
+	hs := wire.NewBulkHandshake(t.key, hello, nonceD, resp[:wire.NonceLen])
+	if !wire.EqualTag(hs.AcceptTag, resp[wire.NonceLen:]) {
+		return nil, errors.New("bulk handshake: the peer did not prove the cluster key")
+	}
+	if _, err := c.Write(hs.DialTag[:]); err != nil {
+		return nil, err
+	}
+	return hs.FrameAuth(), nil
 }
 
 func remoteIP(c net.Conn) netip.Addr {
@@ -353,6 +433,7 @@ func (t *Transport) sendLoop(p *peer) {
 	var (
 		c        net.Conn
 		w        *bufio.Writer
+		auth     *wire.FrameAuth
 		nextDial time.Time
 		backoff  = redialMin
 	)
@@ -360,7 +441,7 @@ func (t *Transport) sendLoop(p *peer) {
 		if c != nil {
 			t.track(c, false)
 			c.Close()
-			c, w = nil, nil
+			c, w, auth = nil, nil, nil
 		}
 	}
 	defer closeConn()
@@ -388,9 +469,7 @@ func (t *Transport) sendLoop(p *peer) {
 			d := net.Dialer{Timeout: dialTimeout}
 			conn, err := d.DialContext(t.ctx, "tcp", p.Addr.String())
 			if err == nil {
-				conn.SetWriteDeadline(time.Now().Add(writeTimeout))
-				_, err = conn.Write(wire.Hello(t.opts.ClusterID, t.opts.Self))
-				if err != nil {
+				if auth, err = t.dialHandshake(conn); err != nil {
 					conn.Close()
 				}
 			}
@@ -406,7 +485,7 @@ func (t *Transport) sendLoop(p *peer) {
 			}
 			c, w, backoff = conn, bufio.NewWriterSize(conn, 64<<10), redialMin
 		}
-		if err := t.writeFrame(c, w, m); err != nil {
+		if err := t.writeFrame(c, w, m, auth); err != nil {
 			fail(m, err)
 			continue
 		}
@@ -427,7 +506,7 @@ func (t *Transport) sendLoop(p *peer) {
 	}
 }
 
-func (t *Transport) writeFrame(c net.Conn, w *bufio.Writer, m *pb.Message) error {
+func (t *Transport) writeFrame(c net.Conn, w *bufio.Writer, m *pb.Message, auth *wire.FrameAuth) error {
 	body, err := proto.Marshal(m)
 	if err != nil {
 		return fmt.Errorf("marshal %v: %w", m.GetType(), err)
@@ -446,6 +525,12 @@ func (t *Transport) writeFrame(c net.Conn, w *bufio.Writer, m *pb.Message) error
 	w.Write(hdr[:])
 	if _, err := w.Write(body); err != nil {
 		return fmt.Errorf("write frame: %w", err)
+	}
+	if auth != nil {
+		tag := auth.Tag(hdr[:], body)
+		if _, err := w.Write(tag[:]); err != nil {
+			return fmt.Errorf("write frame tag: %w", err)
+		}
 	}
 	t.m.sent.WithLabelValues("tcp", m.GetType().String()).Inc()
 	return nil
@@ -497,7 +582,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for r := wire.Reason(1); r < wire.ReasonMax; r++ {
 		m.dropped.WithLabelValues(r.String())
 	}
-	for _, r := range []string{reasonBulkHello, reasonBulkSize, reasonBulkDecode, reasonBulkPeer} {
+	for _, r := range []string{reasonBulkHello, reasonBulkSize, reasonBulkDecode, reasonBulkPeer, reasonBulkMAC} {
 		m.dropped.WithLabelValues(r)
 	}
 	return m

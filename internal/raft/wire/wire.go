@@ -197,18 +197,23 @@ func Decode(p []byte, cluster, self uint64) (*pb.Message, Reason) {
 // From returns the sender id of a packet that Decode accepted.
 func From(p []byte) uint64 { return binary.BigEndian.Uint64(p[offFrom:]) }
 
-// Hello is the first HelloLen bytes a bulk (TCP) connection's dialler sends.
-func Hello(cluster, from uint64) []byte {
+// Hello is the first HelloLen bytes a bulk (TCP) connection's dialler sends; keyed: the
+// dialler authenticates (bulkauth.go).
+func Hello(cluster, from uint64, keyed bool) []byte {
 	b := make([]byte, HelloLen)
 	binary.BigEndian.PutUint32(b[0:], Magic)
 	b[4] = Version
+	if keyed {
+		b[5] = HelloKeyed
+	}
 	binary.BigEndian.PutUint64(b[8:], cluster)
 	binary.BigEndian.PutUint64(b[16:], from)
 	return b
 }
 
-// ParseHello checks a bulk connection's hello and returns the dialler's id.
-func ParseHello(b []byte, cluster uint64) (uint64, Reason) {
+// ParseHello checks a bulk connection's hello and returns the dialler's id. keyed: the
+// receiver has a cluster key, and the dialler must say it authenticates (and not otherwise).
+func ParseHello(b []byte, cluster uint64, keyed bool) (uint64, Reason) {
 	be := binary.BigEndian
 	switch {
 	case len(b) != HelloLen:
@@ -217,8 +222,10 @@ func ParseHello(b []byte, cluster uint64) (uint64, Reason) {
 		return 0, DropMagic
 	case b[4] != Version:
 		return 0, DropVersion
-	case b[5] != 0 || b[6] != 0 || b[7] != 0:
+	case b[6] != 0 || b[7] != 0 || b[5]&^HelloKeyed != 0:
 		return 0, DropFlags
+	case (b[5] == HelloKeyed) != keyed:
+		return 0, DropMAC
 	case be.Uint64(b[8:]) != cluster:
 		return 0, DropCluster
 	}

@@ -295,18 +295,27 @@ func FuzzDecode(f *testing.F) {
 }
 
 func TestHello(t *testing.T) {
-	h := Hello(testCluster, 3)
-	if id, r := ParseHello(h, testCluster); r != OK || id != 3 {
+	h := Hello(testCluster, 3, false)
+	if id, r := ParseHello(h, testCluster, false); r != OK || id != 3 {
 		t.Fatalf("ParseHello = %d %v", id, r)
 	}
-	if _, r := ParseHello(h, 1); r != DropCluster {
+	if _, r := ParseHello(h, 1, false); r != DropCluster {
 		t.Errorf("foreign cluster hello: %v", r)
 	}
+	if _, r := ParseHello(h, testCluster, true); r != DropMAC {
+		t.Errorf("unkeyed hello at a keyed receiver: %v", r)
+	}
+	if id, r := ParseHello(Hello(testCluster, 3, true), testCluster, true); r != OK || id != 3 {
+		t.Errorf("keyed hello: %d %v", id, r)
+	}
+	if _, r := ParseHello(Hello(testCluster, 3, true), testCluster, false); r != DropMAC {
+		t.Errorf("keyed hello at a receiver without a key: %v", r)
+	}
 	h[0] = 0
-	if _, r := ParseHello(h, testCluster); r != DropMagic {
+	if _, r := ParseHello(h, testCluster, false); r != DropMagic {
 		t.Errorf("bad magic hello: %v", r)
 	}
-	if _, r := ParseHello(h[:5], testCluster); r != DropShort {
+	if _, r := ParseHello(h[:5], testCluster, false); r != DropShort {
 		t.Errorf("short hello: %v", r)
 	}
 }

@@ -1,0 +1,233 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* leader.bpf.c - a Raft leader's heartbeats, sent by the kernel while its lease holds
+ * (issue 13 item 4; docs/raft.md "Kernel paths: leader heartbeats"). A consumer of the shared
+ * pacer (bpf/include/pacer.h):
+ *   leader_tick   (TC ingress, pacer veth)  pacer_receive; while the lease is fresh and a round
+ *                                           is due, one MsgHeartbeat per active follower (its own
+ *                                           Commit), cloned out; the next tick at now + interval.
+ *                                           Lease expired or absent: nothing, and no next tick.
+ *   leader_enter, leader_pass               the pacer's own programs (pacer namespace)
+ * The heartbeat is byte for byte what internal/raft/wire encodes for etcd-raft's MsgHeartbeat
+ * without a context (From = leader, To, Term, Commit; everything else zero), in IPv4/UDP from
+ * the leader's raft address and port with a full UDP checksum, signed by raft_sign() (auth.h:
+ * with a cluster key, RAFT_F_MAC, the kernel channel's next auth_seq and the MAC). It carries
+ * nothing through the pacer: pacer_carry_deadline() is never asked. */
+#include "pacer.h"
+#include "raft.h"
+#include "auth.h"
+#include "leader.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct raft_lease);
+} leader_lease SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct raft_leader_state);
+} leader_state SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct raft_leader_stats);
+} leader_counters SEC(".maps");
+
+const enum raft_leader_consts *raft_leader_btf_consts __attribute__((unused));
+
+static __always_inline __u64 pacer_carry_deadline(struct __sk_buff *skb)
+{
+	return 0;
+}
+
+/* The headers of one heartbeat, in the order they go on the wire. */
+struct hb_l3 {
+	struct iphdr ip;
+	struct udphdr udp;
+};
+
+static __always_inline __u16 ip_csum(struct iphdr *ip)
+{
+	__u16 *w = (__u16 *)ip;
+	__u32 sum = 0;
+
+	for (int i = 0; i < (int)(sizeof(*ip) / 2); i++)
+		sum += w[i];
+	return ~csum_fold32(sum);
+}
+
+/* send_one writes follower f's heartbeat over the skb (already RAFT_HB_FRAME_LEN long) and
+ * clones it out of f's device. */
+static __always_inline int send_one(struct __sk_buff *skb, struct raft_lease *l, struct raft_follower *f)
+{
+	struct ethhdr eth = { .h_proto = bpf_htons(ETH_P_IP) };
+	struct raft_hdr h = {
+		.magic = bpf_htonl(RAFT_MAGIC),
+		.version = RAFT_VERSION,
+		.type = RAFT_MSG_HEARTBEAT,
+	};
+	struct hb_l3 l3 = {
+		.ip = {
+			.version = 4,
+			.ihl = 5,
+			.tot_len = bpf_htons(sizeof(struct hb_l3) + sizeof(struct raft_hdr)),
+			.frag_off = bpf_htons(0x4000), /* DF, as the node's UDP socket sends */
+			.ttl = 64,
+			.protocol = IPPROTO_UDP,
+		},
+		.udp = {
+			.len = bpf_htons(sizeof(struct udphdr) + sizeof(struct raft_hdr)),
+		},
+	};
+	__u32 pseudo;
+	__s64 sum;
+
+	__builtin_memcpy(eth.h_dest, f->dmac, ETH_ALEN);
+	__builtin_memcpy(eth.h_source, f->smac, ETH_ALEN);
+	h.cluster_id = bpf_cpu_to_be64(l->cluster_id);
+	h.from = bpf_cpu_to_be64(l->leader);
+	h.to = bpf_cpu_to_be64(f->id);
+	h.term = bpf_cpu_to_be64(l->term);
+	h.commit = bpf_cpu_to_be64(f->commit);
+	if (raft_sign(&h, (void *)(&h + 1)) < 0)
+		return -1;
+	l3.ip.saddr = l->saddr;
+	l3.ip.daddr = f->daddr;
+	l3.ip.check = ip_csum(&l3.ip);
+	l3.udp.source = l->sport;
+	l3.udp.dest = f->dport;
+	/* Full UDP checksum: pseudo header, UDP header (check 0), payload. */
+	pseudo = (l->saddr & 0xffff) + (l->saddr >> 16) + (f->daddr & 0xffff) + (f->daddr >> 16) +
+		 bpf_htons(IPPROTO_UDP) + l3.udp.len;
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&l3.udp, sizeof(l3.udp), pseudo);
+	if (sum < 0)
+		return -1;
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&h, sizeof(h), (__u32)sum);
+	if (sum < 0)
+		return -1;
+	l3.udp.check = udp_csum_mangled((__sum16)~csum_fold32((__u32)sum));
+	if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, sizeof(eth), &l3, sizeof(l3), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, sizeof(eth) + sizeof(l3), &h, sizeof(h), 0) < 0)
+		return -1;
+	return bpf_clone_redirect(skb, f->ifindex, 0) < 0 ? -1 : 0;
+}
+
+static __always_inline struct raft_leader_stats *stats_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&leader_counters, &zero);
+}
+
+/* rearm asks the pacer for the tick of the next round. */
+static __always_inline void rearm(struct __sk_buff *skb, struct raft_leader_stats *s, __u64 next)
+{
+	switch (pacer_request(skb, next)) {
+	case PACER_ARMED:
+		PACER_COUNT(s, rearmed);
+		break;
+	case PACER_COALESCED:
+		PACER_COUNT(s, rearm_coalesced);
+		break;
+	default:
+		PACER_COUNT(s, rearm_errors);
+	}
+}
+
+SEC("tc")
+int leader_tick(struct __sk_buff *skb)
+{
+	struct raft_leader_stats *s = stats_get();
+	struct raft_leader_state *st;
+	struct raft_lease *l;
+	struct pacer_tick t;
+	__u64 now, expires, next;
+	__u32 zero = 0, n;
+
+	switch (pacer_receive(skb, &t)) {
+	case PACER_RX_MALFORMED:
+		PACER_COUNT(s, rx_malformed);
+		return TC_ACT_SHOT;
+	case PACER_RX_CARRIED:
+		PACER_COUNT(s, carried);
+		return TC_ACT_SHOT;
+	}
+	PACER_COUNT(s, ticks);
+	l = bpf_map_lookup_elem(&leader_lease, &zero);
+	st = bpf_map_lookup_elem(&leader_state, &zero);
+	if (!l || !st)
+		return TC_ACT_SHOT;
+	now = bpf_ktime_get_ns();
+	/* The lease first: user space publishes everything else before it (leader.h). */
+	expires = *(volatile __u64 *)&l->expires_ns;
+	if (!expires) {
+		PACER_COUNT(s, ticks_no_lease);
+		st->stopped_ns = now;
+		return TC_ACT_SHOT;
+	}
+	if (now >= expires) {
+		PACER_COUNT(s, ticks_expired);
+		st->stopped_ns = now;
+		return TC_ACT_SHOT;
+	}
+	n = l->nfollowers;
+	if (l->interval_ns < RAFT_LEADER_MIN_INTERVAL || n > RAFT_LEADER_FOLLOWERS) {
+		PACER_COUNT(s, ticks_bad_lease);
+		st->stopped_ns = now;
+		return TC_ACT_SHOT;
+	}
+	next = st->next_ns;
+	if (next && !pacer_due(next, now, 0) && next - now <= l->interval_ns) {
+		/* Early: a stale tick, or one user space armed while a round is pending. */
+		PACER_COUNT(s, ticks_early);
+		rearm(skb, s, next);
+		return TC_ACT_SHOT;
+	}
+	if (bpf_skb_change_tail(skb, RAFT_HB_FRAME_LEN, 0) < 0) {
+		PACER_COUNT(s, send_errors);
+	} else {
+		for (__u32 i = 0; i < RAFT_LEADER_FOLLOWERS; i++) {
+			if (i >= n)
+				break;
+			if (!l->f[i].active) {
+				PACER_COUNT(s, inactive);
+				continue;
+			}
+			if (send_one(skb, l, &l->f[i]) < 0) {
+				PACER_COUNT(s, send_errors);
+				continue;
+			}
+			PACER_COUNT(s, heartbeats);
+			st->sent[i]++;
+		}
+	}
+	PACER_COUNT(s, ticks_sent);
+	st->last_sent_ns = now;
+	st->rounds++;
+	next = now + l->interval_ns;
+	st->next_ns = next;
+	rearm(skb, s, next);
+	return TC_ACT_SHOT;
+}
+
+SEC("tc")
+int leader_enter(struct __sk_buff *skb)
+{
+	return pacer_enter(skb);
+}
+
+SEC("tc")
+int leader_pass(struct __sk_buff *skb)
+{
+	return pacer_pass(skb);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

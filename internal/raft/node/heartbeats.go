@@ -1,0 +1,98 @@
+package node
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+)
+
+// HeartbeatOffload sends the leader's heartbeats from the kernel while a lease holds
+// (internal/raft/offload.Leader; docs/raft.md "Kernel paths: leader heartbeats"). The Ready
+// loop renews it on every tick and after every Ready that changed the leadership, and asks it
+// about each heartbeat etcd-raft hands out.
+type HeartbeatOffload interface {
+	// Update: this node's leadership (lead, term), commit index and, as leader, every
+	// follower's Progress.Match. As leader the lease is renewed; otherwise dropped at once.
+	Update(lead bool, term, committed uint64, match map[uint64]uint64)
+	// Suppress reports whether the kernel sends the heartbeat to `to` in `term`, so that
+	// user space does not send it as well.
+	Suppress(to, term uint64) bool
+}
+
+func newHeartbeatCounter(reg *prometheus.Registry, on bool) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
+		Name: "heartbeats_kernel_total", Help: "Heartbeats etcd-raft produced that the kernel sent instead of user space."})
+	if on {
+		reg.MustRegister(c)
+	}
+	return c
+}
+
+// startHeartbeats starts the kernel sender (Options.KernelHeartbeats) after the follower
+// path, whose kernel-channel auth_seq it shares (one counter per node: auth.h).
+func (n *Node) startHeartbeats() error {
+	n.hb = n.opts.Heartbeats
+	if n.hb != nil || !n.opts.KernelHeartbeats {
+		return nil
+	}
+	var seq *ebpf.Map
+	if n.fol != nil {
+		seq = n.fol.k.TxSeq()
+	}
+	l, err := offload.LeaderFromConfig(n.cfg, n.opts.HeartbeatLease, seq, n.log)
+	if err != nil {
+		return fmt.Errorf("start kernel heartbeats: %w", err)
+	}
+	n.hbLeader, n.hb = l, l
+	return nil
+}
+
+func (n *Node) closeHeartbeats() error {
+	if n.hbLeader == nil {
+		return nil
+	}
+	return n.hbLeader.Close()
+}
+
+// renewHeartbeats hands the offload this node's leadership and progress. Called only after
+// the state it reports is durable (the term of a leader was persisted before it could
+// campaign and win; commit needs no durability, and each follower's Commit is capped by its
+// Match, entries it acknowledged as durable).
+func (n *Node) renewHeartbeats() {
+	hb := n.hb
+	if hb == nil {
+		return
+	}
+	s := n.rn.Status()
+	lead := s.RaftState == raft.StateLeader
+	var match map[uint64]uint64
+	if lead {
+		match = make(map[uint64]uint64, len(s.Progress))
+		for id, pr := range s.Progress {
+			match[id] = pr.Match
+		}
+	}
+	hb.Update(lead, s.GetTerm(), s.GetCommit(), match)
+}
+
+// kernelHeartbeats drops the heartbeats the kernel sends. A heartbeat with a context
+// (a ReadIndex round: the follower echoes the context) always goes from user space.
+func (n *Node) kernelHeartbeats(msgs []*pb.Message) []*pb.Message {
+	hb := n.hb
+	if hb == nil {
+		return msgs
+	}
+	out := make([]*pb.Message, 0, len(msgs))
+	for _, m := range msgs {
+		if m.GetType() == pb.MsgHeartbeat && len(m.GetContext()) == 0 && hb.Suppress(m.GetTo(), m.GetTerm()) {
+			n.hbKernel.Inc()
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
+}

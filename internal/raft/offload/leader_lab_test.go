@@ -1,0 +1,137 @@
+package offload
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/raftlab"
+)
+
+// Lab tests: real `kedge raft serve` processes in lab namespaces behind the router fabric.
+// Timing is generous on purpose (the machine is shared): an election timeout of 300 ms
+// (30 ticks of 10 ms; etcd-raft randomises it to 300-600 ms), a lease of 2 s, and the
+// leader stopped for 1 s - longer than any follower waits without a heartbeat, shorter
+// than the lease. No timing is asserted; replacement times are printed.
+
+const (
+	labElectionTicks = 30
+	labLease         = 2 * time.Second
+	labPause         = time.Second
+)
+
+func upLab(t *testing.T, name string, kernel bool) *raftlab.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	spec := raftlab.Spec{Name: name, Nodes: 3, Binary: bpftest.KedgeBinary(t), Dir: t.TempDir(),
+		ElectionTicks: labElectionTicks}
+	if kernel {
+		spec.Args = []string{"--kernel-heartbeats", "--heartbeat-lease", labLease.String()}
+	}
+	c, err := raftlab.Up(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range c.Nodes {
+				if b, err := os.ReadFile(c.LogPath(n.ID)); err == nil {
+					if len(b) > 3000 {
+						b = b[len(b)-3000:]
+					}
+					t.Logf("node %d log (tail):\n%s", n.ID, b)
+				}
+			}
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("cluster close: %v", err)
+		}
+	})
+	return c
+}
+
+// waitKernelServes waits until the leader leaves its heartbeats to the kernel (its lease
+// runs and its followers are handed over).
+func waitKernelServes(t *testing.T, c *raftlab.Cluster, leader int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.WaitKernelHeartbeats(ctx, leader); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pauseLeader stops the leader for d and reports whether any other node led in a higher
+// term meanwhile or right after (the followers are polled every 20 ms).
+func pauseLeader(t *testing.T, c *raftlab.Cluster, leader int, term uint64, d time.Duration) (elected bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var others []int
+	for _, n := range c.Nodes {
+		if n.ID != leader {
+			others = append(others, n.ID)
+		}
+	}
+	pid := c.PID(leader)
+	if err := lab.Pause(pid); err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		for _, id := range others {
+			if st, err := c.Status(ctx, id); err == nil && st.Term > term {
+				elected = true
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // polling the followers during the pause
+	}
+	if err := lab.Resume(pid); err != nil {
+		t.Fatal(err)
+	}
+	return elected
+}
+
+func TestLabKernelHeartbeats(t *testing.T) {
+	requireLeader(t)
+	if bpftest.InGuest() {
+		t.Skip("lab cluster: host only (TCG guests are too slow for 300 ms election timeouts)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// Control: without kernel heartbeats, a leader stopped for 1 s is replaced.
+	ctl := upLab(t, "rlctl", false)
+	leader, term := ctl.Leader(ctx, nil)
+	if !pauseLeader(t, ctl, leader, term, labPause) {
+		t.Fatalf("control: leader %d stopped for %v without kernel heartbeats and nobody was elected: the test below proves nothing", leader, labPause)
+	}
+	ctl.Close()
+
+	c := upLab(t, "rlkhb", true)
+	leader, term = c.Leader(ctx, nil)
+	waitKernelServes(t, c, leader)
+	// Stopped for less than the lease: the kernel keeps heartbeating, nobody elects.
+	if pauseLeader(t, c, leader, term, labPause) {
+		t.Fatalf("leader %d stopped for %v (lease %v): a follower elected - the kernel's heartbeats did not hold them", leader, labPause, labLease)
+	}
+	if id, tm := c.Leader(ctx, nil); id != leader || tm != term {
+		t.Fatalf("after the pause: leader %d term %d, want %d term %d", id, tm, leader, term)
+	}
+	// Stopped for good: the lease lapses, the kernel stops, the followers elect.
+	w, err := c.WedgedLeader(ctx, 5*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wedged leader %d (term %d) replaced by %d (term %d) after %v (lease %v + election timeout %d ticks of 10ms); old leader stepped down %v after SIGCONT",
+		w.OldLeader, w.OldTerm, w.NewLeader, w.NewTerm, w.Replaced.Round(time.Millisecond), labLease, labElectionTicks, w.StepDown.Round(time.Millisecond))
+	if w.Replaced < labLease/2 {
+		// Not a timing bound: a replacement much sooner than the lease means the kernel
+		// was not heartbeating at all (the check above would have failed too).
+		t.Errorf("replaced after %v, well inside the lease %v: kernel heartbeats were not running", w.Replaced, labLease)
+	}
+}
