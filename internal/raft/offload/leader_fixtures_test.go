@@ -62,7 +62,9 @@ func requireLeader(t *testing.T) {
 	}
 }
 
-func newLeaderFixture(t *testing.T, mmap bool) *leaderFixture { return newKeyedLeaderFixture(t, mmap, nil) }
+func newLeaderFixture(t *testing.T, mmap bool) *leaderFixture {
+	return newKeyedLeaderFixture(t, mmap, nil)
+}
 
 func newKeyedLeaderFixture(t *testing.T, mmap bool, key *wire.Key) *leaderFixture {
 	requireLeader(t)
