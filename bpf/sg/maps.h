@@ -16,7 +16,7 @@ const volatile __u32 cfg_copy_mark = 0x6b530000; /* skb->mark on copies: not sca
  * network namespace: a burst of 1024 overflows it). After a batch, the request is handed
  * on: marked cfg_cont_mark and redirected to the group interface's ingress, where
  * sg_scatter_cont sends the next batch once the backlog has delivered this one. */
-const volatile __u32 cfg_batch = 128;
+const volatile __u32 cfg_batch = 64;
 const volatile __u32 cfg_cont_mark = 0x6b530001; /* skb->mark of a request handed on */
 /* The expiry timer fires this long after the deadline at the latest: a deadline that is
  * this close counts as reached (bpf_timer lateness, kernel-notes). */

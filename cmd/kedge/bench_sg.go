@@ -21,6 +21,7 @@ func init() {
 func newBenchSgCmd() *cobra.Command {
 	o := sgbench.DefaultOptions()
 	var fanouts []int
+	var from string
 	cmd := &cobra.Command{
 		Use:   "sg",
 		Short: "Scatter-gather: kedge against naive, sendmmsg/recvmmsg, epoll, busy-poll and io_uring baselines",
@@ -30,9 +31,23 @@ processes in a two-host lab, fan-out by fan-out, methods alternating. Prints per
 and fan-out: unloaded p50/p99, throughput under load, CPU and system calls per request,
 and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 		Example: `  kedge bench sg
-  kedge bench sg --fanouts 16,64 --duration 1s --out /tmp/sg`,
+  kedge bench sg --fanouts 16,64 --duration 1s --out /tmp/sg
+  # the tables of docs/benchmarks.md from a result (nothing is run)
+  kedge bench sg --from docs/results/sg/result.json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if from != "" {
+				b, err := os.ReadFile(from)
+				if err != nil {
+					return fmt.Errorf("read result: %w", err)
+				}
+				var res sgbench.Result
+				if err := json.Unmarshal(b, &res); err != nil || res.Schema != sgbench.Schema {
+					return usagef("--from %s: not a %s result (%v)", from, sgbench.Schema, err)
+				}
+				sgbench.WriteMarkdown(cmd.OutOrStdout(), &res)
+				return nil
+			}
 			if len(fanouts) == 0 {
 				return usagef("--fanouts: at least one")
 			}
@@ -90,6 +105,7 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 	f.IntVar(&o.Outstanding, "outstanding", o.Outstanding, "requests in flight in the loaded phase (every method)")
 	f.DurationVar(&o.Duration, "duration", o.Duration, "loaded phase per method and fan-out")
 	f.DurationVar(&o.Timeout, "timeout", o.Timeout, "request timeout")
+	f.StringVar(&from, "from", "", "print the markdown tables of an earlier run's result.json (`FILE`) instead of running")
 	addBenchOutFlag(cmd, &o.Out, "sg")
 	return cmd
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"reflect"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -14,6 +15,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/runstate"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 	"github.com/kedge-dev/kedge/pkg/sg"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 )
 
@@ -199,13 +201,16 @@ func newSgScatterCmd() *cobra.Command {
 		elems, need, count, gatherK                    int
 		timeout                                        time.Duration
 		busyPoll                                       bool
+		metricsAddr                                    string
 	)
 	cmd := &cobra.Command{
 		Use:   "scatter",
 		Short: "Send requests to a group of workers and print the reduced results",
 		Example: `  kedge sg scatter -i lo --workers 127.0.0.1:9000+16 --reduction sum --type int64 --elems 4
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000,10.77.0.3:9000 --reduction max --need 1 -o json
-  kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --reduction gather --elems 2 --count 10`,
+  kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --reduction gather --elems 2 --count 10
+  # a long run with its counters served to Prometheus (kedge_sg_*_total)
+  kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --count 1000000 --metrics-addr 127.0.0.1:9464`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutputFormat(output); err != nil {
@@ -253,11 +258,17 @@ func newSgScatterCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			metrics, err := listenMetrics(metricsAddr)
+			if err != nil {
+				return err
+			}
+			defer metrics.Close()
 			g, err := sg.Open(cfg)
 			if err != nil {
 				return err
 			}
 			defer g.Close()
+			metrics.Serve(nil, newSgCollector(g.Stats, g.InFlight))
 			rep := scatterReport{Interface: iface, Local: g.Local().String(), Tier: g.Tier(), Workers: len(ws), Reduction: r.String()}
 			for range count {
 				res, err := g.Scatter(cmd.Context(), []byte(payload))
@@ -300,6 +311,7 @@ func newSgScatterCmd() *cobra.Command {
 	f.StringVar(&payload, "payload", "kedge", "request payload (opaque to kedge)")
 	f.IntVar(&count, "count", 1, "requests to send, one after the other")
 	f.BoolVar(&busyPoll, "busy-poll", false, "spin on the result ring instead of sleeping in epoll")
+	addMetricsFlag(cmd, &metricsAddr)
 	f.StringVar(&runDir, "run-dir", runstate.Dir, "directory of the coordinators' status files")
 	_ = f.MarkHidden("run-dir")
 	addNetnsFlag(cmd, &nsArg, "the interface and the coordinator socket are")
@@ -355,4 +367,49 @@ func newSgStatsCmd() *cobra.Command {
 	_ = cmd.Flags().MarkHidden("run-dir")
 	addOutputFlag(cmd, &output)
 	return cmd
+}
+
+// sgCollector serves a group's counters (sg.Stats, docs/sg.md) as kedge_sg_<name>_total
+// and its requests in flight as kedge_sg_requests_in_flight.
+type sgCollector struct {
+	stats    func() (sg.Stats, error)
+	inFlight func() int
+	names    []string // json names of sg.Stats, in field order
+	counters []*prometheus.Desc
+	gauge    *prometheus.Desc
+}
+
+func newSgCollector(stats func() (sg.Stats, error), inFlight func() int) *sgCollector {
+	c := &sgCollector{stats: stats, inFlight: inFlight,
+		gauge: prometheus.NewDesc("kedge_sg_requests_in_flight", "Requests whose slot is in use (Scatter called, result not read yet).", nil, nil)}
+	t := reflect.TypeOf(sg.Stats{})
+	for i := range t.NumField() {
+		name := t.Field(i).Tag.Get("json")
+		c.names = append(c.names, name)
+		c.counters = append(c.counters, prometheus.NewDesc("kedge_sg_"+name+"_total",
+			"sg data-plane counter "+name+" (bpf/include/sg.h struct sg_stats, docs/sg.md).", nil, nil))
+	}
+	return c
+}
+
+func (c *sgCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.counters {
+		ch <- d
+	}
+	ch <- c.gauge
+}
+
+func (c *sgCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.gauge, prometheus.GaugeValue, float64(c.inFlight()))
+	st, err := c.stats()
+	if err != nil {
+		for _, d := range c.counters {
+			ch <- prometheus.NewInvalidMetric(d, err)
+		}
+		return
+	}
+	v := reflect.ValueOf(st)
+	for i, d := range c.counters {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v.Field(i).Uint()))
+	}
 }

@@ -25,8 +25,9 @@ import (
 	"github.com/kedge-dev/kedge/internal/raftlab"
 )
 
-// Schema of result.json.
-const Schema = "kedge.bench.raft/v2"
+// Schema of result.json. Part 2 added fields (offload, heartbeats); a part 1 file (no offload
+// field) reads into Result with every run's Offload empty: user space only.
+const Schema = "kedge.bench.raft/v1"
 
 // Modes: the kernel paths on (the node's default, asked for explicitly so that a kernel
 // that cannot run them fails the run instead of measuring user space twice) and off.

@@ -93,14 +93,14 @@ type LoadOptions struct {
 	// ExpireSlack: a deadline this close counts as reached.
 	ExpireSlack uint64
 	// Batch is the number of copies one run of the scatter sends before it hands the
-	// request on to the interface's ingress (default 128; at most 32 x 33 on the bounded
+	// request on to the interface's ingress (default 64; at most 32 x 33 on the bounded
 	// tier). Every copy of a run waits in the CPU's backlog (netdev_max_backlog) until the
 	// run ends.
 	Batch uint32
 }
 
 // DefaultBatch is the scatter's default batch (LoadOptions.Batch).
-const DefaultBatch = 128
+const DefaultBatch = 64
 
 // Load loads the programs of opts.Tier and creates the maps.
 func Load(opts LoadOptions) (*Objects, error) {

@@ -22,7 +22,11 @@ import (
 )
 
 // Methods, in the order they run in each round.
-var Methods = []string{"kedge", "naive", "mmsg", "epoll", "busypoll", "iouring"}
+var Methods = []string{"kedge", "kedge-bp", "naive", "mmsg", "epoll", "busypoll", "iouring"}
+
+// IsKedge tells kedge's methods (kedge: results through the ring buffer's epoll wake-up;
+// kedge-bp: pkg/sg's BusyPoll, spinning on the ring) from the baselines.
+func IsKedge(method string) bool { return method == "kedge" || method == "kedge-bp" }
 
 // ClientOptions configure one client run (one method, one fan-out).
 type ClientOptions struct {
@@ -169,9 +173,9 @@ func want(ws []netip.AddrPort, id uint64) int64 {
 }
 
 func setup(o ClientOptions) (func() (requester, error), func(), error) {
-	if o.Method == "kedge" {
+	if IsKedge(o.Method) {
 		g, err := sg.Open(sg.Config{Interface: o.Interface, Workers: o.Workers, Reduction: sg.Sum, Type: sg.Int64,
-			Elems: o.Elems, Timeout: o.Timeout, InFlight: max(o.Outstanding, 1)})
+			Elems: o.Elems, Timeout: o.Timeout, InFlight: max(o.Outstanding, 1), BusyPoll: o.Method == "kedge-bp"})
 		if err != nil {
 			return nil, nil, err
 		}

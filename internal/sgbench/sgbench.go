@@ -63,8 +63,9 @@ type Row struct {
 	Mismatches     int64   `json:"mismatches"`
 }
 
-// Ratio compares kedge with the best baseline at one fan-out.
+// Ratio compares one of kedge's methods with the best baseline at one fan-out.
 type Ratio struct {
+	Method          string  `json:"method"` // kedge or kedge-bp
 	Fanout          int     `json:"fanout"`
 	BestThroughput  string  `json:"best_throughput_baseline"`
 	ThroughputRatio float64 `json:"throughput_ratio"` // kedge / best, higher is better
@@ -237,12 +238,12 @@ func ratios(rows []Row) []Ratio {
 		byF[r.Fanout] = append(byF[r.Fanout], r)
 	}
 	for _, f := range fs {
-		var k *Row
+		var ks []*Row
 		var bestT, bestL *Row
 		for i := range byF[f] {
 			r := &byF[f][i]
-			if r.Method == "kedge" {
-				k = r
+			if IsKedge(r.Method) {
+				ks = append(ks, r)
 				continue
 			}
 			if bestT == nil || r.Throughput > bestT.Throughput {
@@ -252,11 +253,13 @@ func ratios(rows []Row) []Ratio {
 				bestL = r
 			}
 		}
-		if k == nil || bestT == nil || bestL == nil || bestT.Throughput == 0 || bestL.P50US == 0 {
+		if bestT == nil || bestL == nil || bestT.Throughput == 0 || bestL.P50US == 0 {
 			continue
 		}
-		out = append(out, Ratio{Fanout: f, BestThroughput: bestT.Method, ThroughputRatio: k.Throughput / bestT.Throughput,
-			BestP50: bestL.Method, P50Ratio: k.P50US / bestL.P50US})
+		for _, k := range ks {
+			out = append(out, Ratio{Method: k.Method, Fanout: f, BestThroughput: bestT.Method, ThroughputRatio: k.Throughput / bestT.Throughput,
+				BestP50: bestL.Method, P50Ratio: k.P50US / bestL.P50US})
+		}
 	}
 	return out
 }
@@ -271,10 +274,11 @@ func WriteTable(w io.Writer, r *Result) {
 	fmt.Fprintln(w)
 	for _, q := range r.Ratios {
 		if q.ThroughputRatio == 0 {
-			fmt.Fprintf(w, "fan-out %4d: kedge completed no request (see the timeouts)\n", q.Fanout)
+			fmt.Fprintf(w, "fan-out %4d: %s completed no request (see the timeouts)\n", q.Fanout, q.Method)
 			continue
 		}
-		fmt.Fprintf(w, "fan-out %4d: kedge/%s throughput %.2fx, kedge/%s p50 %.2fx\n", q.Fanout, q.BestThroughput, q.ThroughputRatio, q.BestP50, q.P50Ratio)
+		fmt.Fprintf(w, "fan-out %4d: %s/%s throughput %.2fx, %s/%s p50 %.2fx\n", q.Fanout, q.Method, q.BestThroughput, q.ThroughputRatio,
+			q.Method, q.BestP50, q.P50Ratio)
 	}
 }
 
@@ -327,4 +331,37 @@ func contains(s []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// WriteMarkdown renders r as the tables of docs/benchmarks.md's sg section: the run's
+// envelope, every row, and the kedge/best-baseline ratios against the issue's targets
+// (fan-out >= 16: throughput >= 1.5x, p50 <= 0.7x). Everything comes from r.
+func WriteMarkdown(w io.Writer, r *Result) {
+	fmt.Fprintf(w, "Run: %s.\n\n", r.Envelope.Describe())
+	fmt.Fprintf(w, "Placement: %s.\n\n", r.Placement)
+	fmt.Fprintln(w, "| fan-out | method | p50 us | p99 us | req/s | client CPU us/req | machine CPU us/req | syscalls/req | timeouts | mismatches |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	for _, x := range r.Rows {
+		fmt.Fprintf(w, "| %d | %s | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %d | %d |\n", x.Fanout, x.Method, x.P50US, x.P99US,
+			x.Throughput, x.ClientCPUUS, x.MachineCPUUS, x.SyscallsPerReq, x.Timeouts+int64(x.LatTimeouts), x.Mismatches)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| fan-out | method | best baseline (req/s) | throughput ratio | target >= 1.5x | best baseline (p50) | p50 ratio | target <= 0.7x |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	for _, q := range r.Ratios {
+		if q.Method == "" {
+			q.Method = "kedge" // results from before kedge-bp
+		}
+		met := func(ok bool) string {
+			switch {
+			case q.Fanout < 16:
+				return "(not a target)"
+			case ok:
+				return "met"
+			}
+			return "missed"
+		}
+		fmt.Fprintf(w, "| %d | %s | %s | %.2fx | %s | %s | %.2fx | %s |\n", q.Fanout, q.Method, q.BestThroughput, q.ThroughputRatio,
+			met(q.ThroughputRatio >= 1.5), q.BestP50, q.P50Ratio, met(q.P50Ratio > 0 && q.P50Ratio <= 0.7))
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,12 +22,14 @@ func TestRatios(t *testing.T) {
 		{Method: "kedge", Fanout: 16, Throughput: 300, P50US: 50},
 		{Method: "naive", Fanout: 16, Throughput: 100, P50US: 40},
 		{Method: "mmsg", Fanout: 16, Throughput: 200, P50US: 100},
+		{Method: "kedge-bp", Fanout: 16, Throughput: 400, P50US: 20},
 		{Method: "kedge", Fanout: 4, Throughput: 0},
 		{Method: "mmsg", Fanout: 4, Throughput: 10, P50US: 10},
 	}
 	r := ratios(rows)
-	if len(r) != 2 || r[0].Fanout != 16 || r[0].BestThroughput != "mmsg" || r[0].ThroughputRatio != 1.5 ||
-		r[0].BestP50 != "naive" || r[0].P50Ratio != 1.25 || r[1].ThroughputRatio != 0 {
+	if len(r) != 3 || r[0].Fanout != 16 || r[0].Method != "kedge" || r[0].BestThroughput != "mmsg" || r[0].ThroughputRatio != 1.5 ||
+		r[0].BestP50 != "naive" || r[0].P50Ratio != 1.25 || r[1].Method != "kedge-bp" || r[1].ThroughputRatio != 2 ||
+		r[1].P50Ratio != 0.5 || r[2].Fanout != 4 || r[2].ThroughputRatio != 0 {
 		t.Fatalf("ratios %+v", r)
 	}
 }
@@ -82,7 +85,7 @@ func TestBaselines(t *testing.T) {
 		case err := <-errc:
 			return err
 		}
-		for _, m := range Methods[1:] {
+		for _, m := range Methods[2:] {
 			o := ClientOptions{Method: m, Workers: ws, Elems: 2, Timeout: 2 * time.Second}
 			newReq, cleanup, err := setup(o)
 			if err != nil {
@@ -155,4 +158,26 @@ func newSockOrUring(o ClientOptions) (requester, error) {
 		return nil, err
 	}
 	return newReq()
+}
+
+func TestWriteMarkdown(t *testing.T) {
+	rows := []Row{
+		{Method: "kedge", Fanout: 16, Throughput: 300, P50US: 50},
+		{Method: "mmsg", Fanout: 16, Throughput: 100, P50US: 100},
+		{Method: "kedge", Fanout: 4, Throughput: 10, P50US: 100},
+		{Method: "mmsg", Fanout: 4, Throughput: 20, P50US: 50, Timeouts: 2, LatTimeouts: 1},
+	}
+	r := &Result{Rows: rows, Ratios: ratios(rows), Placement: "here"}
+	var b strings.Builder
+	WriteMarkdown(&b, r)
+	for _, want := range []string{
+		"| 16 | kedge | 50 | 0 | 300 | ", // rows as measured
+		"| 4 | mmsg | 50 | 0 | 20 | 0.0 | 0.0 | 0.0 | 3 | 0 |",
+		"| 16 | kedge | mmsg | 3.00x | met | mmsg | 0.50x | met |",
+		"| 4 | kedge | mmsg | 0.50x | (not a target) | mmsg | 2.00x | (not a target) |",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("markdown lacks %q:\n%s", want, b.String())
+		}
+	}
 }

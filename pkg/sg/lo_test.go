@@ -178,3 +178,84 @@ func TestInFlightFail(t *testing.T) {
 		t.Fatalf("%d completed, %d refused: want both", ok, full)
 	}
 }
+
+// TestRingFull: when the result ring buffer is full (the reader fell behind), a completed
+// request's result is not lost: it stays in its slot (counted ringbuf_full) and Scatter
+// reads it from there when its guard timer fires, with the right aggregate. Afterwards
+// the reader catches up and results flow through the ring again.
+func TestRingFull(t *testing.T) {
+	const n, elems = 2, 2
+	g := loopbackGroup(t, n, 0, Config{Reduction: Sum, Type: Int64, Elems: elems, Timeout: 50 * time.Millisecond, InFlight: 4},
+		isg.WorkerConfig{Type: isg.TypeI64, Elems: elems})
+	check := func(res Result, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != OK || res.Count != n {
+			t.Fatalf("result %+v", res)
+		}
+		for j := range elems {
+			want := isg.ValueFor(0, res.ID, j) + isg.ValueFor(1, res.ID, j)
+			if res.Values[j] != want {
+				t.Fatalf("request %#x element %d: %d, want %d", res.ID, j, res.Values[j], want)
+			}
+		}
+	}
+	// The reader parks after delivering this one.
+	g.holdReads.Store(true)
+	check(g.Scatter(context.Background(), []byte("before")))
+
+	// Fill the ring: expire slots the group does not use, again and again, through
+	// sg_sweep (each expiry emits a 2.4 KiB result; the group owns slots 0-3).
+	for round := 0; ; round++ {
+		st, err := g.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.RingbufFull > 0 {
+			break
+		}
+		if round == 10 {
+			t.Fatalf("ring never full: %+v", st)
+		}
+		for slot := uint32(4); slot < isg.Slots; slot++ {
+			var s isg.SlotRec
+			s.State = isg.SlotPending
+			s.Res.ReqId = uint64(round+1)<<10 | uint64(slot)
+			s.Res.Slot = uint16(slot)
+			s.Res.Group = g.cfg.Group
+			if err := g.objs.Slots.Put(slot, &s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := g.objs.RunSweep(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := g.Stats()
+	start := time.Now()
+	res, err := g.Scatter(context.Background(), []byte("full"))
+	check(res, err)
+	after, _ := g.Stats()
+	if after.RingbufFull <= before.RingbufFull || after.Completed != before.Completed+1 {
+		t.Errorf("ringbuf_full %d -> %d, completed %d -> %d: want the completion counted as not emitted",
+			before.RingbufFull, after.RingbufFull, before.Completed, after.Completed)
+	}
+	t.Logf("result read from its slot after %v (guard: timeout x 1.5 + 50 ms)", time.Since(start).Round(time.Millisecond))
+
+	// The reader catches up (the strays are dropped) and the ring delivers again.
+	g.holdReads.Store(false)
+	for deadline := time.Now().Add(10 * time.Second); g.rd.AvailableBytes() > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the reader did not drain the ring: %d bytes left", g.rd.AvailableBytes())
+		}
+	}
+	for range 3 {
+		res, err := g.Scatter(context.Background(), []byte("after"))
+		check(res, err)
+	}
+	if st, _ := g.Stats(); st.RingbufFull != after.RingbufFull {
+		t.Errorf("ringbuf_full grew after the reader caught up: %d -> %d", after.RingbufFull, st.RingbufFull)
+	}
+}

@@ -151,7 +151,7 @@ type Config struct {
 	OnFull   OnFull
 	// ScatterBatch is how many copies one run of the scatter program sends before it
 	// hands the request on (through the interface's ingress) for the next batch; default
-	// 128, at most MaxScatterBatch. A run's copies all wait in the sending CPU's backlog,
+	// 64, at most MaxScatterBatch. A run's copies all wait in the sending CPU's backlog,
 	// which holds net.core.netdev_max_backlog packets (1000 by default, host-wide): a
 	// batch larger than that loses copies.
 	ScatterBatch int

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/kedge-dev/kedge/pkg/sg"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestSgCollector(t *testing.T) {
+	c := newSgCollector(func() (sg.Stats, error) {
+		return sg.Stats{Requests: 7, Completed: 5, Timeouts: 1, Duplicates: 2, Late: 3, Malformed: 4, SlotBusy: 6, Continued: 9}, nil
+	}, func() int { return 2 })
+	want := `
+# HELP kedge_sg_completed_total sg data-plane counter completed (bpf/include/sg.h struct sg_stats, docs/sg.md).
+# TYPE kedge_sg_completed_total counter
+kedge_sg_completed_total 5
+# HELP kedge_sg_continued_total sg data-plane counter continued (bpf/include/sg.h struct sg_stats, docs/sg.md).
+# TYPE kedge_sg_continued_total counter
+kedge_sg_continued_total 9
+# HELP kedge_sg_duplicates_total sg data-plane counter duplicates (bpf/include/sg.h struct sg_stats, docs/sg.md).
+# TYPE kedge_sg_duplicates_total counter
+kedge_sg_duplicates_total 2
+# HELP kedge_sg_late_total sg data-plane counter late (bpf/include/sg.h struct sg_stats, docs/sg.md).
+# TYPE kedge_sg_late_total counter
+kedge_sg_late_total 3
+# HELP kedge_sg_malformed_total sg data-plane counter malformed (bpf/include/sg.h struct sg_stats, docs/sg.md).
+# TYPE kedge_sg_malformed_total counter
+kedge_sg_malformed_total 4
+# HELP kedge_sg_requests_in_flight Requests whose slot is in use (Scatter called, result not read yet).
+# TYPE kedge_sg_requests_in_flight gauge
+kedge_sg_requests_in_flight 2
+# HELP kedge_sg_requests_total sg data-plane counter requests (bpf/include/sg.h struct sg_stats, docs/sg.md).
+# TYPE kedge_sg_requests_total counter
+kedge_sg_requests_total 7
+# HELP kedge_sg_slot_busy_total sg data-plane counter slot_busy (bpf/include/sg.h struct sg_stats, docs/sg.md).
+# TYPE kedge_sg_slot_busy_total counter
+kedge_sg_slot_busy_total 6
+# HELP kedge_sg_timeouts_total sg data-plane counter timeouts (bpf/include/sg.h struct sg_stats, docs/sg.md).
+# TYPE kedge_sg_timeouts_total counter
+kedge_sg_timeouts_total 1
+`
+	names := []string{"kedge_sg_completed_total", "kedge_sg_continued_total", "kedge_sg_duplicates_total", "kedge_sg_late_total",
+		"kedge_sg_malformed_total", "kedge_sg_requests_in_flight", "kedge_sg_requests_total", "kedge_sg_slot_busy_total", "kedge_sg_timeouts_total"}
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(c); n != len(c.counters)+1 {
+		t.Errorf("%d metrics, want %d", n, len(c.counters)+1)
+	}
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", err, problems)
+	}
+	failing := newSgCollector(func() (sg.Stats, error) { return sg.Stats{}, errors.New("map gone") }, func() int { return 0 })
+	if err := testutil.CollectAndCompare(failing, strings.NewReader("")); err == nil || !strings.Contains(err.Error(), "map gone") {
+		t.Errorf("a failing read: %v, want its error", err)
+	}
+}
