@@ -95,6 +95,11 @@ enum sg_status {
 	SG_ST_TIMEOUT = 1, /* deadline passed: partial aggregate and bitmap */
 };
 
+/* Group flags. */
+#define SG_GF_LOOPBACK 0x1 /* the interface is a loopback: batches are handed on through its
+			    * egress (a packet redirected to lo's ingress loses its route, and
+			    * 127.0.0.0/8 without one is martian on input) */
+
 /* Result flags. */
 #define SG_F_OVERFLOW 0x1 /* an int64 sum wrapped */
 
@@ -115,7 +120,7 @@ struct sg_group {
 	__u16 slot_base;    /* this group's slots: [slot_base, slot_base + nslots) */
 	__u16 nslots;
 	__u16 worker_base;  /* index of worker 0 in the workers map */
-	__u16 _pad0;
+	__u16 flags;        /* SG_GF_* */
 	__u32 ifindex;      /* the interface copies leave through */
 	__u32 gather_k;     /* GATHER: keep the first K payloads (K * payload <= SG_AGG_BYTES) */
 	__u64 timeout_ns;   /* default deadline */

@@ -36,7 +36,7 @@ struct scatter_ctx {
 	__u32 slot_base;   /* the group's slots, elements and deadline */
 	__u32 nslots;
 	__u32 elems;
-	__u32 _pad;
+	__u32 loopback;    /* SG_GF_LOOPBACK: hand batches on through egress */
 	__u64 timeout_ns;
 	__u32 copies;
 	__u32 errors;
@@ -175,6 +175,7 @@ static __always_inline int parse_request(struct __sk_buff *skb, struct scatter_c
 	c->slot_base = g->slot_base;
 	c->nslots = g->nslots;
 	c->elems = g->elems;
+	c->loopback = g->flags & SG_GF_LOOPBACK;
 	c->timeout_ns = g->timeout_ns;
 	c->l3_off = p.l3_off;
 	c->l4_off = p.l4_off;
@@ -213,8 +214,8 @@ static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter
 	__u16 need;
 	int ret;
 
-	if (skb->mark == cfg_copy_mark)
-		return TC_ACT_UNSPEC; /* one of our copies coming through again */
+	if (skb->mark == cfg_copy_mark || skb->mark == cfg_cont_mark)
+		return TC_ACT_UNSPEC; /* our copies, or a batch handed on (loopback), passing again */
 	ret = parse_request(skb, c, &h);
 	if (ret != 1)
 		return ret;
@@ -317,7 +318,9 @@ static __always_inline int scatter_finish(struct __sk_buff *skb, struct scatter_
 	if (c->end < c->nworkers) {
 		COUNT(cnt, continued);
 		skb->mark = cfg_cont_mark;
-		return bpf_redirect(c->ifindex, BPF_F_INGRESS);
+		/* Either way it waits in the backlog behind this batch and comes back to the
+		 * interface's ingress, where sg_scatter_cont takes it. */
+		return bpf_redirect(c->ifindex, c->loopback ? 0 : BPF_F_INGRESS);
 	}
 	return TC_ACT_SHOT;
 }

@@ -85,7 +85,7 @@ from a YAML file (several services; docs/hedging.md has every key):
       replicas: [198.18.0.13:9999]      # where hedges may go instead
       request_id: {offset: 0, length: 4, order: big}
       delay: 10ms                       # or {quantile: 0.95, min: 1ms, max: 50ms}
-      budget: {ratio: 0.05, burst: 10}  # hedges <= 5% of requests + 10 (mode: bucket | window)
+      budget: {ratio: 0.05, burst: 10}  # hedges <= 5% of requests over 10 s + 10 (mode: window | bucket)
       replica_choice: rr                # rr | p50 (lowest recent median latency)
       max_hedges: 1                     # 1..4 hedges per request, each to another replica
       store_limit: 512                  # payload bytes kept in the kernel (0: clone every request)
@@ -96,10 +96,11 @@ At start it removes what killed runs left behind (their kedge-<pid>-* namespaces
 hold their delay lines, and a stale kedge-dl0). While running it writes its status and
 counters every second to /run/kedge/hedge.<pid>.json, read by 'kedge hedge status' and
 'kedge hedge stats'; with --metrics-addr it also serves them to Prometheus at /metrics.
-It warns when the budget keeps hedges from being sent: as soon as a service's request
-rate is known, if budget.burst cannot cover requests/s x delay (each waiting request
-holds a token), and whenever more than 10% of the requests answered after the delay were
-not hedged for lack of a token (counter unhedged_late); each warning names the setting.
+It warns when the budget keeps hedges from being sent: in bucket mode as soon as a
+service's request rate is known, if budget.burst cannot cover requests/s x delay (each
+waiting request holds a token), and in either mode whenever more than 10% of the requests
+answered after the delay were not hedged for lack of budget (counter unhedged_late); each
+warning names the setting.
 
 Exit codes: 0 detached cleanly, 1 runtime error, 2 bad flags or config (also an interface
 or --netns that does not exist), 3 this kernel lacks what the hedger needs (e.g. the

@@ -130,7 +130,7 @@ const minDelay, maxDelay, delayRange = 200 * time.Microsecond, 10 * time.Second,
 const minFillerBytes, maxFillerBytes = 128, 3600
 
 // BudgetSpec limits hedges to Ratio of requests plus Burst (docs/hedging.md, Budget): over
-// a sliding Window (Mode "window") or with a token bucket (Mode "bucket", the default).
+// a sliding Window (Mode "window", the default) or with a token bucket (Mode "bucket").
 type BudgetSpec struct {
 	Mode   string   `yaml:"mode"`   // window | bucket
 	Ratio  float64  `yaml:"ratio"`  // hedges per request
@@ -147,10 +147,9 @@ const (
 // DefaultBudgetWindow is the window mode's default window (Finagle's 10 s).
 const DefaultBudgetWindow = 10 * time.Second
 
-// DefaultBudgetMode stays the bucket for now: the window clones every request and charges
-// at send, so on a loaded machine a clone that leaves the delay line very late still becomes
-// a hedge after the client gave up (docs/hedging.md, Budget: what keeps it from the default).
-const DefaultBudgetMode = BudgetBucket
+// DefaultBudgetMode is the window: a stall's requests are covered by the whole window's
+// requests and waiting requests hold nothing (docs/hedging.md, Budget).
+const DefaultBudgetMode = BudgetWindow
 
 // Replica choices (enum replica_choice in bpf/include/hedge.h).
 const (

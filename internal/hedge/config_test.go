@@ -53,7 +53,7 @@ services:
 				}
 				s := c.Services[0]
 				if s.Name != "svc0" || s.RequestID != (RequestIDSpec{Offset: 0, Length: 4, Order: "big"}) ||
-					s.Budget != (BudgetSpec{Mode: BudgetBucket, Ratio: 0.05, Burst: 10}) || s.Delay != (DelaySpec{Fixed: 10 * time.Millisecond}) {
+					s.Budget != (BudgetSpec{Mode: BudgetWindow, Ratio: 0.05, Burst: 10, Window: Duration(10 * time.Second)}) || s.Delay != (DelaySpec{Fixed: 10 * time.Millisecond}) {
 					t.Errorf("service defaults %+v", s)
 				}
 				if !reflect.DeepEqual(s.replicas, aps("198.18.0.12:9999")) {
@@ -130,7 +130,7 @@ services:
 				if s.Delay != (DelaySpec{Quantile: 0.99, Min: time.Millisecond, Max: 50 * time.Millisecond, MinSamples: 20}) {
 					t.Errorf("delay %+v", s.Delay)
 				}
-				if s.RequestID != (RequestIDSpec{Offset: 2, Length: 8, Order: "little"}) || s.Budget != (BudgetSpec{Mode: BudgetBucket, Ratio: 0.1, Burst: 5}) {
+				if s.RequestID != (RequestIDSpec{Offset: 2, Length: 8, Order: "little"}) || s.Budget != (BudgetSpec{Mode: BudgetWindow, Ratio: 0.1, Burst: 5, Window: Duration(10 * time.Second)}) {
 					t.Errorf("service %+v", s)
 				}
 				if !reflect.DeepEqual(s.replicas, aps("[2001:db8::c]:53", "[2001:db8::d]:53", "[2001:db8::e]:5353")) {
@@ -163,7 +163,7 @@ services:
 					t.Errorf("a's replicas %v", c.Services[0].replicas)
 				}
 				b := c.Services[1]
-				if b.Delay.MinSamples != 100 || b.Budget != (BudgetSpec{Mode: BudgetBucket, Ratio: 0, Burst: 1}) {
+				if b.Delay.MinSamples != 100 || b.Budget != (BudgetSpec{Mode: BudgetWindow, Ratio: 0, Burst: 1, Window: Duration(10 * time.Second)}) {
 					t.Errorf("b: min_samples %d budget %+v (a zero ratio with a burst is kept)", b.Delay.MinSamples, b.Budget)
 				}
 			},
@@ -224,7 +224,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"burst zero", svc("    delay: 10ms\n    budget: {ratio: 0.1}\n"), "budget.burst 0: use 1..100000"},
 		{"unknown budget mode", svc("    budget: {mode: leaky}\n"), `budget.mode "leaky": use window or bucket`},
 		{"window too short", svc("    budget: {mode: window, window: 100ms}\n"), "budget.window 100ms: use 1s..1h"},
-		{"window with a bucket", svc("    budget: {window: 5s}\n"), "budget.window is for mode window"},
+		{"window with a bucket", svc("    budget: {mode: bucket, window: 5s}\n"), "budget.window is for mode window"},
 		{"unknown replica choice", svc("    replica_choice: fastest\n"), `replica_choice "fastest": use rr (round robin) or p50`},
 		{"max_hedges too many", svc("    max_hedges: 5\n"), "max_hedges 5: use 1..4"},
 		{"max_hedges negative", svc("    max_hedges: -1\n"), "max_hedges -1: use 1..4"},

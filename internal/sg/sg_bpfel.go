@@ -31,7 +31,7 @@ type sgScatterCtx struct {
 	SlotBase   uint32
 	Nslots     uint32
 	Elems      uint32
-	Pad        uint32
+	Loopback   uint32
 	_          [4]byte
 	TimeoutNs  uint64
 	Copies     uint32
@@ -49,7 +49,7 @@ type sgSgGroup struct {
 	SlotBase   uint16
 	Nslots     uint16
 	WorkerBase uint16
-	Pad0       uint16
+	Flags      uint16
 	Ifindex    uint32
 	GatherK    uint32
 	TimeoutNs  uint64

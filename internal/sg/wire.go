@@ -46,6 +46,10 @@ const (
 	StatusTimeout = 1
 
 	FlagOverflow = 0x1
+
+	// GroupFlagLoopback (SG_GF_LOOPBACK): the group's interface is a loopback; batches
+	// are handed on through its egress.
+	GroupFlagLoopback = 0x1
 )
 
 // Slot states (enum sg_slot_state).

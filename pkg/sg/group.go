@@ -144,9 +144,10 @@ func Open(cfg Config) (_ *Group, err error) {
 	}()
 	g.target = cfg.Workers[0]
 	var ifindex int
+	var loopback bool
 	var workers []isg.WorkerCfg
 	err = bpfx.InNetns(ns, func() (err error) {
-		ifindex, workers, err = resolve(&cfg)
+		ifindex, loopback, workers, err = resolve(&cfg)
 		if err != nil {
 			return err
 		}
@@ -177,7 +178,7 @@ func Open(cfg Config) (_ *Group, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := g.fillMaps(ifindex, workers); err != nil {
+	if err := g.fillMaps(ifindex, loopback, workers); err != nil {
 		return nil, err
 	}
 	if g.rd, err = ringbuf.NewReader(g.objs.Results); err != nil {
@@ -224,10 +225,10 @@ func Open(cfg Config) (_ *Group, err error) {
 
 // resolve finds the interface and each worker's next-hop MAC, and the default local
 // address. Runs inside the group's namespace.
-func resolve(cfg *Config) (int, []isg.WorkerCfg, error) {
+func resolve(cfg *Config) (int, bool, []isg.WorkerCfg, error) {
 	link, err := netlink.LinkByName(cfg.Interface)
 	if err != nil {
-		return 0, nil, fmt.Errorf("find interface %s: %w (list them with 'ip link')", cfg.Interface, err)
+		return 0, false, nil, fmt.Errorf("find interface %s: %w (list them with 'ip link')", cfg.Interface, err)
 	}
 	attrs := link.Attrs()
 	loopback := attrs.Flags&net.FlagLoopback != 0
@@ -236,16 +237,16 @@ func resolve(cfg *Config) (int, []isg.WorkerCfg, error) {
 		addr := w.Addr().Unmap()
 		routes, err := netlink.RouteGet(addr.AsSlice())
 		if err != nil || len(routes) == 0 {
-			return 0, nil, fmt.Errorf("route to worker %d (%v): %w", i, w, err)
+			return 0, false, nil, fmt.Errorf("route to worker %d (%v): %w", i, w, err)
 		}
 		r := routes[0]
 		if r.LinkIndex != attrs.Index {
-			return 0, nil, fmt.Errorf("worker %d (%v) is routed through ifindex %d, not %s (%d): every worker must be reached through the group's interface", i, w, r.LinkIndex, cfg.Interface, attrs.Index)
+			return 0, false, nil, fmt.Errorf("worker %d (%v) is routed through ifindex %d, not %s (%d): every worker must be reached through the group's interface", i, w, r.LinkIndex, cfg.Interface, attrs.Index)
 		}
 		if i == 0 && !cfg.Local.Addr().IsValid() {
 			src, _ := netip.AddrFromSlice(r.Src)
 			if !src.IsValid() {
-				return 0, nil, fmt.Errorf("no source address towards worker 0 (%v): set Config.Local", w)
+				return 0, false, nil, fmt.Errorf("no source address towards worker 0 (%v): set Config.Local", w)
 			}
 			cfg.Local = netip.AddrPortFrom(src.Unmap(), cfg.Local.Port())
 		}
@@ -261,13 +262,13 @@ func resolve(cfg *Config) (int, []isg.WorkerCfg, error) {
 			}
 			mac, err := neighbour(attrs.Index, hop, w)
 			if err != nil {
-				return 0, nil, fmt.Errorf("resolve worker %d (%v): %w", i, w, err)
+				return 0, false, nil, fmt.Errorf("resolve worker %d (%v): %w", i, w, err)
 			}
 			copy(wc.Mac[:], mac)
 		}
 		out[i] = wc
 	}
-	return attrs.Index, out, nil
+	return attrs.Index, loopback, out, nil
 }
 
 func v4mapped(a netip.Addr) [16]byte {
@@ -315,7 +316,7 @@ func neighbour(ifindex int, hop netip.Addr, w netip.AddrPort) (net.HardwareAddr,
 	}
 }
 
-func (g *Group) fillMaps(ifindex int, workers []isg.WorkerCfg) error {
+func (g *Group) fillMaps(ifindex int, loopback bool, workers []isg.WorkerCfg) error {
 	gc := isg.GroupCfg{
 		Enabled:   1,
 		Family:    4,
@@ -329,6 +330,9 @@ func (g *Group) fillMaps(ifindex int, workers []isg.WorkerCfg) error {
 		GatherK:   uint32(g.cfg.GatherK),
 		TimeoutNs: uint64(g.cfg.Timeout),
 		CoordPort: htons(g.cfg.Local.Port()),
+	}
+	if loopback {
+		gc.Flags = isg.GroupFlagLoopback
 	}
 	la := g.cfg.Local.Addr().Unmap()
 	if la.Is4() {

@@ -259,3 +259,34 @@ func TestRingFull(t *testing.T) {
 		t.Errorf("ringbuf_full grew after the reader caught up: %d -> %d", after.RingbufFull, st.RingbufFull)
 	}
 }
+
+// TestLoopbackBatches: a fan-out above the scatter's batch on lo (generic XDP, the
+// loopback's own backlog) is handed on through lo's egress (a packet redirected to lo's
+// ingress loses its route, and 127.0.0.1 without one is martian on input) and completes
+// with every worker.
+func TestLoopbackBatches(t *testing.T) {
+	const n = 150
+	g := loopbackGroup(t, n, 0, Config{Reduction: Sum, Type: Int64, Elems: 1, Timeout: time.Second, InFlight: 4},
+		isg.WorkerConfig{Type: isg.TypeI64, Elems: 1})
+	for range 10 {
+		res, err := g.Scatter(context.Background(), []byte("lo"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want int64
+		for w := range n {
+			want += isg.ValueFor(uint16(w), res.ID, 0)
+		}
+		if res.Status != OK || res.Count != n || res.Values[0] != want {
+			st, _ := g.Stats()
+			t.Fatalf("request %#x: status %v, %d of %d answered, sum %v want %d; counters %+v", res.ID, res.Status, res.Count, n, res.Values, want, st)
+		}
+	}
+	st, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := uint64(10 * ((n+isg.DefaultBatch-1)/isg.DefaultBatch - 1)); st.Continued != want || st.Copies != 10*n {
+		t.Errorf("continued %d copies %d, want %d and %d", st.Continued, st.Copies, want, 10*n)
+	}
+}
