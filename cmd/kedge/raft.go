@@ -73,7 +73,10 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
   kedge raft status --config cluster.yaml
 
   # the same node without the kernel paths (to compare)
-  kedge raft serve --config cluster.yaml --id 1 --offload=false`,
+  kedge raft serve --config cluster.yaml --id 1 --offload=false
+
+  # as leader, the kernel sends the heartbeats while a 200ms lease holds
+  kedge raft serve --config cluster.yaml --id 1 --kernel-heartbeats --heartbeat-lease 200ms`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cfgPath == "" {

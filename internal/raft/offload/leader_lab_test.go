@@ -3,9 +3,11 @@ package offload
 import (
 	"context"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/raftlab"
@@ -134,4 +136,65 @@ func TestLabKernelHeartbeats(t *testing.T) {
 		// was not heartbeating at all (the check above would have failed too).
 		t.Errorf("replaced after %v, well inside the lease %v: kernel heartbeats were not running", w.Replaced, labLease)
 	}
+}
+
+// TestBenchWedgedLeader prints the wedged-leader replacement time (SIGSTOP the leader ->
+// another node leads) with kernel heartbeats (lease = the election timeout, the default) and
+// without, trials alternating between two clusters of the default timing (tick 10 ms,
+// election timeout 100 ms). Figures only. Run it alone:
+//
+//	KEDGE_RAFT_WEDGED_BENCH=1 flock /work/bench.lock go test -count=1 -run TestBenchWedgedLeader -v ./internal/raft/offload
+func TestBenchWedgedLeader(t *testing.T) {
+	if os.Getenv("KEDGE_RAFT_WEDGED_BENCH") == "" {
+		t.Skip("benchmark: set KEDGE_RAFT_WEDGED_BENCH=1 (and hold /work/bench.lock)")
+	}
+	requireLeader(t)
+	const trials = 10
+	t.Logf("load average at start %v", bench.LoadAvg())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	up := func(name string, args ...string) *raftlab.Cluster {
+		c, err := raftlab.Up(ctx, raftlab.Spec{Name: name, Nodes: 3, Binary: bpftest.KedgeBinary(t), Dir: t.TempDir(), Args: args})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	modes := []struct {
+		name   string
+		c      *raftlab.Cluster
+		kernel bool
+		got    []time.Duration
+	}{
+		{name: "user-space heartbeats", c: up("rlwu")},
+		{name: "kernel heartbeats, lease 100ms", c: up("rlwk", "--kernel-heartbeats"), kernel: true},
+	}
+	for i := range trials {
+		for m := range modes {
+			md := &modes[m]
+			id, err := md.c.WaitLeader(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if md.kernel {
+				if err := md.c.WaitKernelHeartbeats(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w, err := md.c.WedgedLeader(ctx, 2*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			md.got = append(md.got, w.Replaced)
+			t.Logf("trial %d, %s: leader %d replaced by %d after %v", i, md.name, w.OldLeader, w.NewLeader, w.Replaced.Round(time.Millisecond))
+		}
+	}
+	for _, md := range modes {
+		s := slices.Clone(md.got)
+		slices.Sort(s)
+		t.Logf("%s: wedged leader replaced after p50 %v, min %v, max %v (%d trials)", md.name,
+			s[len(s)/2].Round(time.Millisecond), s[0].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond), len(s))
+	}
+	t.Logf("load average at end %v", bench.LoadAvg())
 }
