@@ -172,7 +172,19 @@ func ProcessAlive(pid int) bool {
 // and returns the names it removed. Persistent labs (kedge-lab-...) have no owner and are
 // never removed here (see Down). `kedge cleanup` does this and more (tc filters, pins,
 // status files), with reasons.
-func CleanupStale() ([]string, error) {
+func CleanupStale() ([]string, error) { return cleanupStale(0) }
+
+// CleanupStaleOf is CleanupStale for the namespaces of one ended process (pid): a supervisor
+// that SIGKILLed a child it started removes what the child left, and nobody else's.
+func CleanupStaleOf(pid int) ([]string, error) {
+	if pid <= 0 {
+		return nil, fmt.Errorf("cleanup stale namespaces: pid %d", pid)
+	}
+	return cleanupStale(pid)
+}
+
+// cleanupStale removes dead owners' namespaces; pid > 0 limits it to that owner's pid.
+func cleanupStale(pid int) ([]string, error) {
 	entries, err := namedNetns()
 	if err != nil {
 		return nil, err
@@ -182,6 +194,9 @@ func CleanupStale() ([]string, error) {
 	for _, name := range entries {
 		id, ok := OwnerID(name)
 		if !ok || runstate.Judge(id).State != runstate.Dead {
+			continue
+		}
+		if p, _, _ := runstate.ParseID(id); pid > 0 && p != pid {
 			continue
 		}
 		if err := deleteNamed(name); err != nil {

@@ -239,7 +239,12 @@ func (c *Cluster) Kill(id int) error {
 		return fmt.Errorf("kill node %d: %w", id, err)
 	}
 	<-n.exited
+	pid := n.cmd.Process.Pid
 	n.cmd = nil
+	// A killed node cannot remove what it made (its pacer's namespace with --kernel-heartbeats).
+	if _, err := lab.CleanupStaleOf(pid); err != nil {
+		return fmt.Errorf("kill node %d: %w", id, err)
+	}
 	return nil
 }
 
