@@ -17,8 +17,8 @@ import (
 // TestBudgetRescuesPauses is issue 14's pause pattern with real processes and the default
 // budget: `kedge chaos serve` answering at once in srv1 (the service) and srv2 (its
 // replica), `kedge chaos client` in the client host (4 closed loops, as fast as answers
-// come, sized to run about 4 s), and srv1's server process stopped (SIGSTOP, by its pid)
-// for 40 ms every 2 s from 0.5 s on, a stop-the-world pause of the whole process. Hedge
+// come, sized to run about 5 s), and srv1's server process stopped (SIGSTOP, by its pid)
+// for 40 ms every second from 0.3 s on, a stop-the-world pause of the whole process. Hedge
 // delay 5 ms, budget defaults (5% + 10, window 10 s). Every request a pause stalls past the
 // delay must be hedged: nothing refused by the budget during the bursts (budget_exhausted
 // and unhedged_late +0 from SIGSTOP to 200 ms after SIGCONT), and hedges within the bound
@@ -48,7 +48,7 @@ func TestBudgetRescuesPauses(t *testing.T) {
 	const (
 		delay = 5 * time.Millisecond
 		pause = 40 * time.Millisecond
-		every = 2 * time.Second
+		every = time.Second
 	)
 	h := startHedger(t, l, &Config{
 		Interface: "eth0",
@@ -61,8 +61,11 @@ func TestBudgetRescuesPauses(t *testing.T) {
 	}
 
 	// The client runs a fixed count, so it is sized from a first, short run (also the steady
-	// load before the pauses): about 4 s at that rate (so 2 pauses or more), between 20000
-	// and 200000 requests.
+	// load before the pauses): about 5 s at that rate, between 20000 and 400000 requests.
+	// The rate is taken from the run's own latencies (4 loops: their sum / 4 is its length),
+	// not from the wall clock around it, which also counts the process's start: on a fast
+	// machine that start made the rate look 1.6 times lower and the run too short for two
+	// pauses. Pauses come every second, so even a run half as long as planned sees two.
 	out := filepath.Join(t.TempDir(), "client.json")
 	clientRun := func(n, base int) (int, string) {
 		return runKedge(t, client, "chaos", "client", "--mode", "baseline", "--target", svc.String(), "--connected",
@@ -72,7 +75,18 @@ func TestBudgetRescuesPauses(t *testing.T) {
 	if code, stdout := clientRun(5000, 10000); code != 0 {
 		t.Fatalf("chaos client: exit %d\n%s", code, stdout)
 	}
-	n := min(max(int(5000/time.Since(began).Seconds()*4), 20000), 200000)
+	first, err := bench.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var busyUS float64
+	for _, v := range first.Series[0].LatenciesUS {
+		busyUS += v
+	}
+	n := 20000
+	if busyUS > 0 {
+		n = min(max(int(float64(len(first.Series[0].LatenciesUS))/(busyUS/4/1e6)*5), 20000), 400000)
+	}
 
 	// The pauses: from 0.5 s on, 40 ms in every 2 s, until the client is done. Around each
 	// burst (right before SIGSTOP to 200 ms after SIGCONT, when its stalled requests have
@@ -93,7 +107,7 @@ func TestBudgetRescuesPauses(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		next := time.Now().Add(500 * time.Millisecond)
+		next := time.Now().Add(300 * time.Millisecond)
 		for {
 			select {
 			case <-stop:
