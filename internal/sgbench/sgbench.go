@@ -62,9 +62,11 @@ type Row struct {
 	SyscallsPerReq float64 `json:"syscalls_per_req"`       // client process, loaded phase (perf), -1: not measured
 	Mismatches     int64   `json:"mismatches"`
 	// Loaded phase, where the time goes (is the worker side the bound?): the worker
-	// process's CPU time (user+sys, its threads; softirq work on its CPU is not charged to
-	// it) and each CPU's busy share from /proc/stat (softirq included), as a fraction of
-	// the phase's wall time (1 = the whole CPU). CPU 0 runs the client, CPU 1 the workers.
+	// process's CPU time (user+sys of its threads; with tick accounting and no
+	// CONFIG_IRQ_TIME_ACCOUNTING, as on the development VM, softirq ticks that land while
+	// it runs are charged to it too) and each CPU's busy share from /proc/stat (softirq
+	// included), as fractions of the phase's wall time (1 = the whole CPU). CPU 0 runs the
+	// client, CPU 1 the workers.
 	WorkerCPU      float64    `json:"worker_cpu"`
 	WorkerCPUUSRep float64    `json:"worker_cpu_us_per_reply"`
 	CPUBusy        [2]float64 `json:"cpu_busy"`
