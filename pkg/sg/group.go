@@ -631,9 +631,7 @@ func (g *Group) pumpLocked(by int) {
 				g.strays.Add(1)
 				continue
 			}
-			if g.deliver(&res) {
-				g.delivered[by].Add(1)
-			}
+			g.deliver(&res, by)
 		}
 		if !g.holdReads.Load() || g.closed.Load() {
 			return
@@ -645,11 +643,11 @@ func (g *Group) pumpLocked(by int) {
 }
 
 // deliver hands a result to its waiter and frees its slot.
-func (g *Group) deliver(res *isg.ResultRec) bool {
+func (g *Group) deliver(res *isg.ResultRec, by int) {
 	slot := res.Slot
 	if int(slot) >= len(g.pending) {
 		g.strays.Add(1)
-		return false
+		return
 	}
 	g.mu.Lock()
 	w := g.pending[slot]
@@ -661,11 +659,11 @@ func (g *Group) deliver(res *isg.ResultRec) bool {
 	if !mine {
 		// A result for an older id (recovered from its slot already) is a stray.
 		g.strays.Add(1)
-		return false
+		return
 	}
+	g.delivered[by].Add(1) // before the waiter can see its result
 	w.ch <- g.decode(res, w)
 	g.free <- slot
-	return true
 }
 
 // sweeper expires requests on kernels without bpf_timer.
