@@ -54,6 +54,19 @@ enum store_result {
  * the floor a hedge still rescues a stalled request, whose client is still waiting. */
 #define STORE_OVERDUE_MIN_NS 50000000ULL
 
+/* far_overdue: a hedge due at deadline_ns after a delay of delay_ns is not sent at now (the
+ * cutoff above; the clone path's rescuer applies it too, request.h). */
+static __always_inline int far_overdue(__u64 deadline_ns, __u64 delay_ns, __u64 now)
+{
+	__u64 cutoff = delay_ns;
+
+	if (cutoff < 8 * pacer_cfg.early_ns) /* early_ns is half a pass */
+		cutoff = 8 * pacer_cfg.early_ns;
+	if (cutoff < STORE_OVERDUE_MIN_NS)
+		cutoff = STORE_OVERDUE_MIN_NS;
+	return now > deadline_ns && now - deadline_ns > cutoff;
+}
+
 /* The hedge's Ethernet header (no VLAN: requests with an in-band tag are cloned). */
 #define STORE_ETH_HLEN 14
 
@@ -369,7 +382,6 @@ __attribute__((noinline)) int store_hedge(struct __sk_buff *skb, __u32 svc, __u3
 	struct hedge_stats *cnt = stats_for(svc);
 	struct hreq *e;
 	__u32 s, rep, tried, max;
-	__u64 late, cutoff;
 
 	if (!c || !sc || !st || !c->len)
 		return CELL_SKIPPED;
@@ -387,13 +399,7 @@ __attribute__((noinline)) int store_hedge(struct __sk_buff *skb, __u32 svc, __u3
 		COUNT(cnt, stored_answered);
 		return CELL_SKIPPED;
 	}
-	late = now > c->deadline_ns ? now - c->deadline_ns : 0;
-	cutoff = c->delay_ns;
-	if (cutoff < 8 * pacer_cfg.early_ns) /* early_ns is half a pass */
-		cutoff = 8 * pacer_cfg.early_ns;
-	if (cutoff < STORE_OVERDUE_MIN_NS)
-		cutoff = STORE_OVERDUE_MIN_NS;
-	if (late > cutoff) {
+	if (far_overdue(c->deadline_ns, c->delay_ns, now)) {
 		if (s == REQ_PENDING)
 			__sync_val_compare_and_swap(&e->state, s, REQ_NOHEDGE);
 		budget_release(sc, st);

@@ -342,7 +342,7 @@ func TestRescue(t *testing.T) {
 	due := func(k hedgeHreqKey) func(testing.TB, *fixture) {
 		return func(tb testing.TB, f *fixture) {
 			now := monoNow(tb)
-			f.put(tb, k, pending(now-uint64(testDelay)-1000, now-1000))
+			f.put(tb, k, dueEntry(now))
 		}
 	}
 	withState := func(k hedgeHreqKey, s uint32) func(testing.TB, *fixture) {

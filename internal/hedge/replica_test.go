@@ -36,7 +36,7 @@ func rescueDue(tb testing.TB, f *fixture, svc int, to netip.AddrPort, id uint32)
 	tb.Helper()
 	k := key(svc, client4, uint64(id))
 	now := monoNow(tb)
-	f.put(tb, k, pending(now-uint64(testDelay)-1000, now-1000))
+	f.put(tb, k, dueEntry(now))
 	r, err := f.run(f.objs.HedgeRescue, datagram(client4, to, idPayload(id, 32)), 0)
 	if err != nil {
 		tb.Fatal(err)
