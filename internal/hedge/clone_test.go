@@ -228,16 +228,20 @@ func TestRescueCloneOverdue(t *testing.T) {
 				f.reset(t)
 				setMaxHedges(t, f, sV4, 2)
 				tokens := f.state(t, sV4).TokensMilli
-				now := monoNow(t)
-				deadline := now - uint64(c.late)
-				e := pending(deadline-uint64(c.delay), deadline)
-				if c.hedgesBefore > 0 {
-					// Sent long before; the first hedge left one delay before this deadline.
-					e.SentNs, e.HedgedNs = deadline-uint64(10*time.Second), deadline-uint64(c.delay)
-					e.State, e.HedgesSent, e.HedgeReplica = reqHedged, c.hedgesBefore, 1
+				// The entry is written in the run's own thread, right before the run: an
+				// emulated guest takes 40-110 ms from a monoNow in the test to a run of f.run.
+				var deadline uint64
+				entry := func(now uint64) error {
+					deadline = now - uint64(c.late)
+					e := pending(deadline-uint64(c.delay), deadline)
+					if c.hedgesBefore > 0 {
+						// Sent long before; the first hedge left one delay before this deadline.
+						e.SentNs, e.HedgedNs = deadline-uint64(10*time.Second), deadline-uint64(c.delay)
+						e.State, e.HedgesSent, e.HedgeReplica = reqHedged, c.hedgesBefore, 1
+					}
+					return f.objs.Scoreboard.Put(k, e)
 				}
-				f.put(t, k, e)
-				r, d := rescueRun(t, f, in)
+				r, d := deltaOf(t, f, func() (runResult, error) { return f.runAfter(f.objs.HedgeRescue, in, 0, entry) })
 				// The rescuer read its clock between t0 and t1: which side of the cutoff
 				// did the whole run fall on?
 				lo, hi := time.Duration(r.t0-deadline), time.Duration(r.t1-deadline)
@@ -276,3 +280,4 @@ func TestRescueCloneOverdue(t *testing.T) {
 		})
 	}
 }
+
