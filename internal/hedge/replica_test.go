@@ -1,12 +1,14 @@
 package hedge
 
 import (
+	"math/bits"
 	"math/rand/v2"
-
-	"github.com/cilium/ebpf"
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/kedge-dev/kedge/internal/bpftest"
 )
 
 // Replica choice (bpf/hedge/replica.h) through the programs that use it: the rescuer picks
@@ -246,62 +248,115 @@ func TestReplicaChoiceLab(t *testing.T) {
 
 // TestReplicaEstimatesAge: the bpf_timer halves, every tick, the estimate of a replica that
 // answered nothing since the last tick, and leaves one that did alone; so a replica avoided
-// for being slow comes back as a candidate. Tick 400 ms (polled every 10 ms: a loaded
-// machine has left two 100 ms ticks between two polls); the estimates are written directly.
+// for being slow comes back as a candidate. The service has three replicas, none with
+// traffic: replica 0 is the test's tick counter (it starts at 2^40 and answers nothing, so
+// after k ticks it is 2^(40-k)), replica 1 answers nothing and must be quiet >> k at every
+// poll, replica 2 is given one response through the response program (BPF_PROG_TEST_RUN,
+// so the test never writes the state the timer changes) whenever its last one was consumed:
+// the tick after its response leaves it as it was, each later tick without one halves it.
+// Exact at any load: the ticks are counted, not assumed from the poll interval (two 400 ms
+// ticks have passed between two 10 ms polls on the loaded machine).
 func TestReplicaEstimatesAge(t *testing.T) {
 	requireRoot(t)
 	l := hedgeLab(t, "ha")
 	srv1, srv2 := l.Host("srv1"), l.Host("srv2")
 	svc, alt := netip.AddrPortFrom(srv1.IPv4, 9999), netip.AddrPortFrom(srv2.IPv4, 9999)
+	answering := netip.AddrPortFrom(srv2.IPv4, 9998) // replica 2: its responses are test runs
 	h := startHedger(t, l, &Config{
 		Interface: "eth0", Tick: Duration(400 * time.Millisecond),
-		Services: []ServiceConfig{{Name: "age", Address: svc.String(), Replicas: []string{alt.String()},
+		Services: []ServiceConfig{{Name: "age", Address: svc.String(), Replicas: []string{alt.String(), answering.String()},
 			Delay: DelaySpec{Fixed: 5 * time.Millisecond}, ReplicaChoice: ReplicaP50}},
 	}, budgetTestBackend())
-	const start, quiet = uint64(64 * time.Millisecond), uint64(1 << 4) // quiet: 0 after 5 ticks
-	var st hedgeSvcState
-	if err := h.objs.SvcStates.Lookup(uint32(0), &st); err != nil {
-		t.Fatal(err)
-	}
-	// Replica 0 keeps "answering" (a sample per tick, written before each tick would see
-	// none); replica 1 answers nothing.
-	st.RepP50Ns[0], st.RepP50Ns[1] = start, quiet
-	if err := h.objs.SvcStates.Put(uint32(0), st); err != nil {
-		t.Fatal(err)
-	}
-	var seen []uint64
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	const (
+		clockBits = 40
+		quiet     = uint64(1 << 4) // 0 after 5 ticks
+		start     = uint64(64 * time.Millisecond)
+	)
+	read := func() hedgeSvcState {
+		var st hedgeSvcState
 		if err := h.objs.SvcStates.Lookup(uint32(0), &st); err != nil {
 			t.Fatal(err)
 		}
-		if v := st.RepP50Ns[1]; len(seen) == 0 || v != seen[len(seen)-1] {
-			seen = append(seen, v)
+		return st
+	}
+	ticks := func(st hedgeSvcState) int { return clockBits - (bits.Len64(st.RepP50Ns[0]) - 1) }
+	// until reads until ok holds (a read can catch the timer between two replicas: read again).
+	until := func(ok func(hedgeSvcState) bool) (hedgeSvcState, bool) {
+		st := read()
+		for try := 0; try < 3 && !ok(st); try++ {
+			time.Sleep(time.Millisecond)
+			st = read()
 		}
-		if st.RepP50Ns[1] == 0 {
+		return st, ok(st)
+	}
+	st := read()
+	st.RepP50Ns[0], st.RepP50Ns[1], st.RepP50Ns[2] = 1<<clockBits, quiet, start
+	if err := h.objs.SvcStates.Put(uint32(0), st); err != nil {
+		t.Fatal(err)
+	}
+	// respond gives replica 2 one response, later than its estimate (a step up).
+	id := uint32(0x9000)
+	respond := func(est uint64) {
+		id++
+		k := key(0, client4, uint64(id))
+		err := l.Host("client").Do(func() error {
+			now, err := mono()
+			if err != nil {
+				return err
+			}
+			if err := h.objs.Scoreboard.Put(k, pending(now-est, now+uint64(time.Second))); err != nil {
+				return err
+			}
+			in := datagram(answering, client4, idPayload(id, 32))
+			_, err = h.objs.HedgeResp.Run(&ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+bpftest.OutPad), Context: skBuff{}})
+			return err
+		})
+		if err != nil {
+			t.Fatalf("response from replica 2: %v", err)
+		}
+	}
+	var (
+		armed   bool   // replica 2's response went in before tick fed+1
+		fed     int    // ticks when it went in
+		base    uint64 // replica 2's estimate right after it
+		checked int    // ticks whose effect on replica 2 was checked
+		seen    []uint64
+	)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		st = read()
+		k := ticks(st)
+		if st, ok := until(func(st hedgeSvcState) bool { return st.RepP50Ns[1] == quiet>>ticks(st) }); !ok {
+			t.Fatalf("after %d ticks replica 1's estimate is %d, want %d (halved per tick without a response)", ticks(st), st.RepP50Ns[1], quiet>>ticks(st))
+		}
+		if len(seen) == 0 || st.RepP50Ns[1] != seen[len(seen)-1] {
+			seen = append(seen, st.RepP50Ns[1])
+		}
+		if armed && k > fed {
+			want := func(st hedgeSvcState) uint64 { return base >> (ticks(st) - fed - 1) }
+			st, ok := until(func(st hedgeSvcState) bool { return st.RepP50Ns[2] == want(st) })
+			if !ok {
+				t.Fatalf("replica 2: %d after its response, %d after %d more tick(s); want %d (kept by the tick after the response, halved by each later one)",
+					base, st.RepP50Ns[2], ticks(st)-fed, want(st))
+			}
+			checked++
+			armed = false
+		}
+		if st.RepP50Ns[1] == 0 && checked >= 3 {
 			break
 		}
-		// A sample for replica 0 (what replica_observe adds), so its estimate stays.
-		if st.RepSamples[0] == 0 {
-			st.RepSamples[0] = 1
-			if err := h.objs.SvcStates.Update(uint32(0), st, ebpf.UpdateExist); err != nil {
-				t.Fatal(err)
+		if !armed && st.RepSamples[2] == 0 {
+			respond(st.RepP50Ns[2])
+			after := read()
+			// Checkable only when no tick came between the poll and the response.
+			if ticks(after) == k && after.RepSamples[2] > 0 {
+				armed, fed, base = true, k, after.RepP50Ns[2]
 			}
 		}
 		time.Sleep(10 * time.Millisecond) // polling the timer's effect
 	}
-	t.Logf("replica 1's estimate, tick after tick: %v; replica 0's: %d", seen, st.RepP50Ns[0])
-	if st.RepP50Ns[1] != 0 {
-		t.Fatalf("replica 1's estimate %d after 5 s of 400 ms ticks without a response: want halved to 0", st.RepP50Ns[1])
-	}
-	// Replica 0 had a sample in every tick; one tick may pass between two polls on a loaded
-	// machine, which halves it once.
-	if st.RepP50Ns[0] < start/2 {
-		t.Errorf("replica 0's estimate %d: it answered every tick, want it kept (%d)", st.RepP50Ns[0], start)
-	}
-	for i := 1; i < len(seen); i++ {
-		if seen[i] != seen[i-1]/2 {
-			t.Errorf("estimate went %d -> %d: want halved per tick", seen[i-1], seen[i])
-		}
+	t.Logf("replica 1's estimate, tick after tick: %v; replica 2's kept over %d checked ticks; %d ticks counted", seen, checked, ticks(read()))
+	if st.RepP50Ns[1] != 0 || checked < 3 {
+		t.Fatalf("after 20 s of 400 ms ticks: replica 1's estimate %d (want 0), replica 2 checked over %d ticks (want 3)", st.RepP50Ns[1], checked)
 	}
 }
