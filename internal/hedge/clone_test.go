@@ -280,4 +280,3 @@ func TestRescueCloneOverdue(t *testing.T) {
 		})
 	}
 }
-

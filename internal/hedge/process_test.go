@@ -309,9 +309,9 @@ services:
 			}
 		}
 		// v4 on the stored path: nothing cloned, every hedge from a tick; v6 on the clone path.
-		path := map[string]uint64{"stored": n, "stored_answered": n - c["hedges_sent"], "tick_hedges": c["hedges_sent"], "clones": 0}
+		path := map[string]uint64{"stored": n, "stored_answered": n - c["hedges_sent"] - c["overdue_dropped"], "tick_hedges": c["hedges_sent"], "clones": 0}
 		if s.Name == "v6" {
-			path = map[string]uint64{"clones": n, "clones_answered": n - c["hedges_sent"], "stored": 0, "tick_hedges": 0}
+			path = map[string]uint64{"clones": n, "clones_answered": n - c["hedges_sent"] - c["overdue_dropped"], "stored": 0, "tick_hedges": 0}
 		}
 		for name, want := range path {
 			if c[name] != want {
