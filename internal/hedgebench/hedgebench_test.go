@@ -264,7 +264,10 @@ func TestRateShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	arms := rateArms()
+	arms, err := selectArms(DefaultArms)
+	if err != nil {
+		t.Fatal(err)
+	}
 	kedgeArms := len(arms) - 1
 	if want := o.Repeats * (len(arms)*len(o.Levels) + kedgeArms); len(res.Runs) != want || len(res.Levels) != 2 {
 		t.Fatalf("%d runs, %d levels: want %d runs (each arm at each level, plus the stalling service per kedge arm, per round)", len(res.Runs), len(res.Levels), want)
