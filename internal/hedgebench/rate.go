@@ -46,8 +46,8 @@ type RateOptions struct {
 	Stall    time.Duration // chaos service: stall (50 ms)
 	// ProgRuns is the requests BPF_PROG_TEST_RUN times the programs on, per kedge arm (2000).
 	ProgRuns int
-	// SaturationN is the measured requests per run at the last level (default N): runs at
-	// saturation are short, and a longer one evens out the machine's noise.
+	// SaturationN is the measured requests per run at the last level (default 5 x N): runs
+	// at saturation are several times faster, and a longer one evens out the machine's noise.
 	SaturationN int
 	// Arms are the arms to run, by name (default unhedged, clone, stored; unhedged always
 	// runs: every comparison is with it). AttributionArms lists the others.
@@ -77,7 +77,7 @@ func (o *RateOptions) defaults() error {
 	def(&o.Repeats, 5)
 	def(&o.StallPct, 2)
 	def(&o.ProgRuns, 2000)
-	def(&o.SaturationN, o.N)
+	def(&o.SaturationN, 5*o.N)
 	if len(o.Arms) == 0 {
 		o.Arms = DefaultArms
 	}
