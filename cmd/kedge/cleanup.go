@@ -32,6 +32,7 @@ left behind. Everything kedge creates carries its run's owner ID (<pid>_<hex>):
   - cls_bpf filters kedge:<owner>:... in the current network namespace
   - pin directories /sys/fs/bpf/kedge/<name>.<owner>
   - status files /run/kedge/<capability>.<owner>.json
+  - the pacer's veths (alias kedge:<owner>) here and in every named namespace
 A run holds a lock on its record /run/kedge/owners/<owner>.lock while it runs, so
 cleanup knows for certain which runs have ended, also across PID namespaces
 (containers): it removes only what belongs to those, and keeps what belongs to a

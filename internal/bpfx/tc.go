@@ -307,17 +307,8 @@ func filterOwner(name string) (string, bool) {
 // ListFilters lists the kedge cls_bpf filters on every interface of the namespace (ns < 0:
 // the caller's), any owner's. It lists nothing whose name does not carry FilterPrefix.
 func ListFilters(ns netns.NsHandle) ([]Filter, error) {
-	h, err := NetlinkHandle(ns)
-	if err != nil {
-		return nil, err
-	}
-	defer h.Close()
-	links, err := h.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("list links: %w", err)
-	}
 	var out []Filter
-	for _, l := range links {
+	err := EachLink(ns, func(h *netlink.Handle, l netlink.Link) {
 		for _, dir := range []Direction{Ingress, Egress} {
 			fs, err := h.FilterList(l, hookParent(dir))
 			if err != nil {
@@ -333,8 +324,26 @@ func ListFilters(ns netns.NsHandle) ([]Filter, error) {
 				}
 			}
 		}
+	})
+	return out, err
+}
+
+// EachLink calls fn with every link of namespace ns (ns < 0: the caller's) and a netlink
+// handle in ns, valid during the call. Cleaners list what they own from the links this way.
+func EachLink(ns netns.NsHandle, fn func(h *netlink.Handle, l netlink.Link)) error {
+	h, err := NetlinkHandle(ns)
+	if err != nil {
+		return err
 	}
-	return out, nil
+	defer h.Close()
+	links, err := h.LinkList()
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	for _, l := range links {
+		fn(h, l)
+	}
+	return nil
 }
 
 // RemoveFilter deletes the kedge filter f from namespace ns (a filter already gone is not

@@ -63,6 +63,7 @@ type Result struct {
 	Filters     []string `json:"filters"` // "<iface> <hook> filter <name>"
 	PinDirs     []string `json:"pin_dirs"`
 	StatusFiles []string `json:"status_files"`
+	Veths       []string `json:"veths"`  // pacer veths: "[netns <name>: ]<link>"
 	Labs        []string `json:"labs"`   // persistent labs (with All)
 	Owners      []string `json:"owners"` // records of ended owners with nothing left
 	Items       []Item   `json:"items"`
@@ -96,7 +97,7 @@ func (r *Result) Failures() []Item {
 // either and returns the errors joined, with the Result.
 func Run(opts Options) (*Result, error) {
 	res := &Result{DryRun: opts.DryRun, Namespaces: []string{}, Filters: []string{}, PinDirs: []string{},
-		StatusFiles: []string{}, Labs: []string{}, Owners: []string{}, Items: []Item{}}
+		StatusFiles: []string{}, Veths: []string{}, Labs: []string{}, Owners: []string{}, Items: []Item{}}
 	scope := runstate.Scope{Netns: netns.NsHandle(-1), StatusDir: opts.StatusDir, Named: map[string]netns.NsHandle{}}
 	if opts.FilterNetns != nil {
 		scope.Netns = opts.FilterNetns.Handle
@@ -177,6 +178,8 @@ func (r *Result) add(it Item) {
 		r.PinDirs = append(r.PinDirs, it.Name)
 	case runstate.KindStatus:
 		r.StatusFiles = append(r.StatusFiles, it.Name)
+	case runstate.KindVeth:
+		r.Veths = append(r.Veths, it.Name)
 	}
 }
 

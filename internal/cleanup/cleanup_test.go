@@ -17,6 +17,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	_ "github.com/kedge-dev/kedge/internal/pacer" // registers the pacer veth cleaner
 	"github.com/kedge-dev/kedge/internal/runstate"
 	"github.com/kedge-dev/kedge/internal/runstate/runstatetest"
 )
@@ -133,6 +134,38 @@ func filterNames(t *testing.T, ns *lab.Netns) []string {
 	return names
 }
 
+// ownedVeth adds the veth name (peer name+"p", both in ns) whose alias names its owner, as
+// internal/pacer marks its veths in a consumer namespace.
+func ownedVeth(t *testing.T, ns *lab.Netns, name, alias string) {
+	t.Helper()
+	h, err := netlink.NewHandleAt(ns.Handle)
+	if err != nil {
+		t.Fatalf("netlink: %v", err)
+	}
+	defer h.Close()
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
+		t.Fatalf("add veth %s: %v", name, err)
+	}
+	l, err := h.LinkByName(name)
+	if err == nil {
+		err = h.LinkSetAlias(l, alias)
+	}
+	if err != nil {
+		t.Fatalf("alias %s: %v", name, err)
+	}
+}
+
+// linkNames lists ns's links, sorted.
+func linkNames(t *testing.T, ns *lab.Netns) []string {
+	t.Helper()
+	var names []string
+	if err := bpfx.EachLink(ns.Handle, func(_ *netlink.Handle, l netlink.Link) { names = append(names, l.Attrs().Name) }); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(names)
+	return names
+}
+
 func TestRunRemovesDeadRunsOnly(t *testing.T) {
 	requireRoot(t)
 	if runstatetest.Private(t) {
@@ -161,6 +194,10 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 	// found there although cleanup is pointed at fns.
 	other := filterNamespace(t, "cleanupother", deadPID)
 	deadFilter := fmt.Sprintf("%s%d:test", bpfx.FilterPrefix, deadPID)
+	// Pacer veths (alias kedge:<owner>) in a consumer namespace: the dead run's goes, the
+	// live run's stays.
+	ownedVeth(t, other, "pv-dead", fmt.Sprintf("kedge:%d", deadPID))
+	ownedVeth(t, other, "pv-live", fmt.Sprintf("kedge:%d", os.Getpid()))
 	liveFilter := fmt.Sprintf("%s%d:test", bpfx.FilterPrefix, os.Getpid())
 
 	persistent := fmt.Sprintf("c%d", os.Getpid())
@@ -200,6 +237,7 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 		{"filters", res.Filters, "c0 ingress filter " + deadFilter},
 		{"filters", res.Filters, "netns " + other.Name + ": c0 ingress filter " + deadFilter},
 		{"namespaces", res.Namespaces, deadNS},
+		{"veths", res.Veths, "netns " + other.Name + ": pv-dead"},
 	} {
 		if !slices.Contains(tc.got, tc.removed) {
 			t.Errorf("removed %s = %v, want it to contain %s", tc.what, tc.got, tc.removed)
@@ -210,6 +248,12 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 	}
 	if !exists(filepath.Join(lab.NetnsDir, live.Name)) || !exists(livePin) || !exists(liveStatus) {
 		t.Errorf("live run's namespace %s, pin dir %s or status file %s was removed", live.Name, livePin, liveStatus)
+	}
+	if got := linkNames(t, other); !slices.Equal(got, []string{"c0", "c1", "lo", "pv-live", "pv-livep"}) {
+		t.Errorf("links after cleanup = %v, want the dead run's pacer veth (and its peer) gone, the live run's kept", got)
+	}
+	if len(res.Veths) != 1 {
+		t.Errorf("removed veths = %v, want only the dead run's", res.Veths)
 	}
 	if got := filterNames(t, fns); !slices.Equal(got, []string{liveFilter}) {
 		t.Errorf("filters after cleanup = %v, want only %s", got, liveFilter)

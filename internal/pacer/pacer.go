@@ -410,7 +410,7 @@ func Owner(alias string) (string, bool) {
 }
 
 // KindVeth is the runstate kind of a pacer's veths in its consumer namespace.
-const KindVeth = "pacer veth"
+const KindVeth = runstate.KindVeth
 
 // The pacer's veths in the consumer namespace outlive a killed run (the pacer namespace's
 // end takes them along, but the consumer's may be any namespace): `kedge cleanup` and a
@@ -437,22 +437,13 @@ type ownedVeth struct {
 
 // listVeths lists the links of namespace ns (-1: the caller's) whose alias names an owner.
 func listVeths(ns netns.NsHandle) ([]ownedVeth, error) {
-	h, err := bpfx.NetlinkHandle(ns)
-	if err != nil {
-		return nil, err
-	}
-	defer h.Close()
-	links, err := h.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("list links: %w", err)
-	}
 	var out []ownedVeth
-	for _, l := range links {
+	err := bpfx.EachLink(ns, func(_ *netlink.Handle, l netlink.Link) {
 		if id, ok := Owner(l.Attrs().Alias); ok {
 			out = append(out, ownedVeth{l.Attrs().Name, id, l.Attrs().Index})
 		}
-	}
-	return out, nil
+	})
+	return out, err
 }
 
 // removeVeth deletes the link name of ns if it is still the one listed (index); one gone

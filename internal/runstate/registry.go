@@ -20,6 +20,7 @@ const (
 	KindFilter = "tc filter"
 	KindPinDir = "pin dir"
 	KindStatus = "status file"
+	KindVeth   = "pacer veth" // internal/pacer's veths in a consumer namespace
 )
 
 // Scope tells cleaners where to look.

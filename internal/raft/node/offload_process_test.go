@@ -82,15 +82,7 @@ func TestLabOffload(t *testing.T) {
 		t.Skipf("skipping: %v", err)
 	}
 	names := []string{"n1", "n2", "n3"}
-	l, err := lab.Up(lab.Spec{Name: "roff", Fabric: lab.Router, Hosts: names})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Close(); err != nil {
-			t.Errorf("lab close: %v", err)
-		}
-	})
+	l := routerLab(t, "roff", names...)
 	c := newProcCluster(t, 3, l, "cluster_key: 00112233445566778899aabbccddeeff\n")
 	const aliveFor = 30 * 10 * time.Millisecond // election_ticks 30 x tick 10ms (newProcCluster)
 	lead := c.waitLeader(1, 2, 3)

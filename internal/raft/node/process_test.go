@@ -325,15 +325,7 @@ func TestLabPartition(t *testing.T) {
 		t.Skip("needs root: creates network namespaces and loads the fabric's BPF program")
 	}
 	names := []string{"r1", "r2", "r3", "r4", "r5"}
-	l, err := lab.Up(lab.Spec{Name: "rpart", Fabric: lab.Router, Hosts: names})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Close(); err != nil {
-			t.Errorf("lab close: %v", err)
-		}
-	})
+	l := routerLab(t, "rpart", names...)
 	f, err := l.Faults()
 	if err != nil {
 		t.Fatal(err)
