@@ -258,7 +258,7 @@ func TestOutageShort(t *testing.T) {
 // requests accounted for) and have their programs timed, and the figures exist.
 func TestRateShort(t *testing.T) {
 	bpftest.RequireRoot(t)
-	o := RateOptions{Levels: []int{1, 4}, N: 400, Warmup: 20, Repeats: 2, Stall: 40 * time.Millisecond,
+	o := RateOptions{Levels: []int{1, 4}, N: 400, SaturationN: 400, Warmup: 20, Repeats: 2, Stall: 40 * time.Millisecond,
 		Delay: 5 * time.Millisecond, ProgRuns: 450, Exe: bpftest.KedgeBinary(t), OutDir: t.TempDir()}
 	res, err := RunRate(context.Background(), o)
 	if err != nil {
