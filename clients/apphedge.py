@@ -76,6 +76,7 @@ class Loop:
         self.timeout = args.timeout
         self.hedges = 0
         self.late = 0
+        self.strays = []  # ids of the late responses that carried one
         self.socks = [socket.socket(family, socket.SOCK_DGRAM)]
         if self.connected:
             self.socks[0].connect(self.dest)
@@ -102,6 +103,8 @@ class Loop:
         if len(data) >= ID_LEN and struct.unpack_from("!I", data)[0] == rid:
             return True
         self.late += 1
+        if len(data) >= ID_LEN:
+            self.strays.append(struct.unpack_from("!I", data)[0])
         return False
 
     def apphedge(self, pkt, rid):
@@ -149,18 +152,24 @@ def run_loop(args, target, alt, first, warmup, n, out, k):
     do = loop.apphedge if args.mode == "apphedge" else loop.baseline
     pkt = bytearray(args.payload)
     samples = []
+    answered = set()
     start = time.perf_counter()
     try:
         for i in range(warmup + n):
             if i == warmup:
                 loop.hedges = loop.late = 0
+                loop.strays = []
                 start = time.perf_counter()
             rid = first + i
             struct.pack_into("!I", pkt, 0, rid)
             lat, ok = do(bytes(pkt), rid)
+            if ok:
+                answered.add(rid)
             if i >= warmup:
                 samples.append((rid, lat, ok))
-        out[k] = (samples, loop.hedges, loop.late, time.perf_counter() - start)
+        # Duplicates: late responses whose request had been answered (not timed out).
+        duplicates = sum(1 for s in loop.strays if s in answered)
+        out[k] = (samples, loop.hedges, loop.late, time.perf_counter() - start, duplicates)
     finally:
         loop.close()
 
@@ -269,6 +278,7 @@ def main(argv=None):
         "ok": [s[2] for s in samples],
         "timeouts": sum(1 for s in samples if not s[2]),
         "late_duplicates": sum(r[2] for r in results),
+        "duplicates": sum(r[4] for r in results),
         "elapsed_s": max(r[3] for r in results),
     }
     params = {"mode": args.mode, "target": args.target, "connected": args.connected, "n": args.n,

@@ -30,6 +30,8 @@ struct raftx_state {
 	__u64 detect_jitter_ns;   /* plus uniform [0, jitter) per arming (etcd-raft's randomized timeout) */
 	__u64 last_index;         /* last index of the fsynced log (pre-votes, prevote.h) */
 	__u64 last_term;          /* its term */
+	__u64 detect_after_ns;    /* the failure detector's timeout for this leader (0: detect_ns);
+				   * the pre-vote lease stays detect_ns */
 };
 #define RAFTX_STATE_HAS_LOG 1 /* prevote.h: the mirror carries the durable log's end */
 

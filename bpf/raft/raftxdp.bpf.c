@@ -10,7 +10,7 @@
  *    MsgHeartbeatResp etcd-raft would send (From/To swapped, the follower's term, the same
  *    Context), signed, reflected (MAC/IP/ports swapped, full UDP checksum) and sent with
  *    XDP_TX. Leader, term, commit and arrival time go to follower_hb, and the failure
- *    detector's bpf_timer is re-armed for detect_ns (+ jitter).
+ *    detector's bpf_timer is re-armed for detect_after_ns (or detect_ns) + jitter.
  *  - MsgPreVote: raft_prevote() (prevote.h) answers it (signed and reflected like a heartbeat
  *    reply), drops it while the leader's lease holds (etcd-raft ignores it), or passes it.
  *  - everything else: XDP_PASS to user space, counted.
@@ -267,7 +267,7 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 	__u64 term = bpf_be64_to_cpu(h->term), from = bpf_be64_to_cpu(h->from);
 	__u64 commit = bpf_be64_to_cpu(h->commit);
 	__u64 now = bpf_ktime_get_ns();
-	__u64 cur_term, cur_leader, alive_until, detect_ns, jitter_ns;
+	__u64 cur_term, cur_leader, alive_until, detect_ns, jitter_ns, detect_after;
 	struct in6_addr leader_addr;
 	struct raftx_state *st;
 	struct raftx_hb *hb;
@@ -286,6 +286,7 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 	alive_until = st->alive_until_ns;
 	detect_ns = st->detect_ns;
 	jitter_ns = st->detect_jitter_ns;
+	detect_after = st->detect_after_ns;
 	bpf_spin_unlock(&st->lock);
 
 	if (!cur_term) {
@@ -339,7 +340,9 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 	hb->last_ns = now;
 	hb->count++;
 	bpf_spin_unlock(&hb->lock);
-	arm(s, from, term, now, detect_ns, jitter_ns);
+	/* detect_ns == 0 turns the detector off; detect_after_ns moves its deadline (the node's
+	 * rank after this leader: followers fire one after the other, not at once). */
+	arm(s, from, term, now, detect_ns && detect_after ? detect_after : detect_ns, jitter_ns);
 	COUNT(s, hb_answered);
 	return XDP_TX;
 }

@@ -73,6 +73,7 @@ func newBenchRaftCmd() *cobra.Command {
 		tpNodes       string
 		modes         string
 		phases        string
+		feModes       string
 		auth          bool
 		out           string
 	)
@@ -112,8 +113,19 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 			if o.Scenarios, err = splitList("scenario", scenarios, []string{"failover", "false-elections", "throughput", "heartbeat"}); err != nil {
 				return err
 			}
-			if o.Modes, err = splitList("--offload mode", modes, []string{raftbench.ModeOn, raftbench.ModeOff}); err != nil {
+			if o.Modes, err = splitList("--offload mode", modes, []string{raftbench.ModeOn, raftbench.ModeFollower, raftbench.ModeOff}); err != nil {
 				return err
+			}
+			if o.FailoverClient != raftbench.ClientLeader && o.FailoverClient != raftbench.ClientRetry {
+				return usagef("--failover-client %q: use %s or %s", o.FailoverClient, raftbench.ClientLeader, raftbench.ClientRetry)
+			}
+			if o.HeartbeatTicks < 0 {
+				return usagef("--heartbeat-ticks %d: use a positive number of ticks (0: the node's default)", o.HeartbeatTicks)
+			}
+			if feModes != "" {
+				if o.FalseModes, err = splitList("--fe-offload mode", feModes, []string{raftbench.ModeOn, raftbench.ModeFollower, raftbench.ModeOff}); err != nil {
+					return err
+				}
 			}
 			if o.FalsePhases, err = splitList("--fe-phases phase", phases, []string{"idle", "spinners", "starved-follower", "stress"}); err != nil {
 				return err
@@ -148,7 +160,11 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 			if o.Dir, err = os.MkdirTemp("", "kedge-bench-raft-"); err != nil {
 				return fmt.Errorf("make work directory: %w", err)
 			}
-			defer os.RemoveAll(o.Dir)
+			if os.Getenv("KEDGE_BENCH_KEEP") == "" { // KEDGE_BENCH_KEEP=1 keeps the node logs and data
+				defer os.RemoveAll(o.Dir)
+			} else {
+				defer fmt.Fprintf(cmd.ErrOrStderr(), "work directory kept: %s\n", o.Dir)
+			}
 			o.Log = func(format string, args ...any) { fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", args...) }
 			ctx, stop := untilDone(cmd.Context(), 0)
 			defer stop()
@@ -176,7 +192,10 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&scenarios, "scenarios", "failover,false-elections,throughput,heartbeat", "which runs (comma-separated)")
-	f.StringVar(&modes, "offload", "on,off", "kernel-path modes to compare (comma-separated: on, off)")
+	f.StringVar(&modes, "offload", "on,off", "kernel-path modes to compare (comma-separated: on = every kernel path, follower = the follower path without kernel heartbeats, off)")
+	f.StringVar(&o.FailoverClient, "failover-client", raftbench.ClientLeader, "failover writer: leader (asks every survivor for the new leader at once, writes to it) or retry (part 1's: survivors in turn, 50 ms per attempt)")
+	f.IntVar(&o.HeartbeatTicks, "heartbeat-ticks", 0, "leader heartbeat interval in ticks (0: the node's default, 1)")
+	f.DurationVar(&o.HeartbeatLease, "heartbeat-lease", 0, "mode on: the kernel heartbeats' lease (0: the node's default)")
 	f.BoolVar(&auth, "auth", true, "give the clusters a random cluster key (every UDP packet authenticated)")
 	f.StringVar(&phases, "fe-phases", "stress", "false-election phases (comma-separated: idle, spinners, starved-follower, stress)")
 	f.DurationVar(&o.HeartbeatDuration, "hb-duration", 10*time.Second, "idle window of the heartbeat CPU measurement")
@@ -186,6 +205,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	f.IntVar(&o.Nodes, "nodes", 3, "cluster size for failover and false elections")
 	f.IntVar(&o.Trials, "trials", 50, "failover trials per election timeout")
 	f.DurationVar(&o.FalseElectionDuration, "fe-duration", 30*time.Second, "length of each false-election phase (short default; the issue's figure is 10m)")
+	f.StringVar(&feModes, "fe-offload", "", "modes of the false-election runs (default: --offload)")
 	f.StringVar(&tpNodes, "tp-nodes", "3", "cluster sizes for the throughput run")
 	f.DurationVar(&o.ThroughputDuration, "tp-duration", 10*time.Second, "length of each throughput run")
 	f.IntVar(&o.Clients, "clients", 16, "concurrent writers in the throughput run")
@@ -220,9 +240,33 @@ func intList(flag, s string) ([]int, error) {
 func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	if len(r.Failover) > 0 {
-		fmt.Fprintln(tw, "FAILOVER\tOFFLOAD\tELECTION TIMEOUT\tTRIALS\tFAILED\tP50\tP99\tMAX")
+		fmt.Fprintln(tw, "FAILOVER\tOFFLOAD\tELECTION TIMEOUT\tCLIENT\tTRIALS\tFAILED\tP50\tP99\tMAX")
 		for _, f := range r.Failover {
-			fmt.Fprintf(tw, "%d nodes\t%s\t%.0f ms\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\n", f.Nodes, f.Offload, f.ElectionTimeoutMs, len(f.FailoverMs), f.Failed, f.P50Ms, f.P99Ms, f.MaxMs)
+			fmt.Fprintf(tw, "%d nodes\t%s\t%.0f ms\t%s\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\n", f.Nodes, f.Offload, f.ElectionTimeoutMs, f.Client, len(f.FailoverMs), f.Failed, f.P50Ms, f.P99Ms, f.MaxMs)
+		}
+		fmt.Fprintln(tw)
+		// The phases: each from the event before (p50 / p99 ms); heard-age is how old the
+		// survivors' last word from the leader was at the kill.
+		fmt.Fprint(tw, "FAILOVER PHASES (p50 / p99 ms)\tOFFLOAD\tELECTION TIMEOUT")
+		for _, n := range raftbench.PhaseNames {
+			fmt.Fprintf(tw, "\t%s", strings.ToUpper(n))
+		}
+		fmt.Fprintln(tw, "\tDETECTED BY KERNEL\tMORE THAN ONE ELECTION")
+		for _, f := range r.Failover {
+			fmt.Fprintf(tw, "%d nodes\t%s\t%.0f ms", f.Nodes, f.Offload, f.ElectionTimeoutMs)
+			for _, p := range f.PhaseStats {
+				fmt.Fprintf(tw, "\t%.1f / %.1f", p.P50Ms, p.P99Ms)
+			}
+			kernel, multi := 0, 0
+			for _, p := range f.Phases {
+				if p.Source == "kernel" {
+					kernel++
+				}
+				if p.Terms > 1 {
+					multi++
+				}
+			}
+			fmt.Fprintf(tw, "\t%d/%d\t%d/%d\n", kernel, len(f.Phases), multi, len(f.Phases))
 		}
 		fmt.Fprintln(tw)
 	}
@@ -230,6 +274,20 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 		fmt.Fprintln(tw, "FALSE ELECTIONS\tOFFLOAD\tELECTION TIMEOUT\tDURATION\tLEADER CHANGES\tPER MINUTE\tTERM +")
 		for _, f := range r.FalseElections {
 			fmt.Fprintf(tw, "%s\t%s\t%.0f ms\t%.0f s\t%d\t%.2f\t%d\n", f.Scenario, f.Offload, f.ElectionTimeoutMs, f.DurationS, f.LeaderChanges, f.PerMinute, f.TermIncrease)
+		}
+		fmt.Fprintln(tw)
+		// The issue's question, per mode and phase: the shortest timeout run with no leader
+		// change (and no term change), and the failover at that timeout if it was measured.
+		fmt.Fprintln(tw, "SHORTEST QUIET TIMEOUT\tOFFLOAD\tDURATION\tELECTION TIMEOUT\tFAILOVER P50\tFAILOVER P99\tTIMEOUTS RUN")
+		for _, q := range raftbench.Quiet(r) {
+			to, p50, p99 := "none", "-", "-"
+			if q.ElectionTimeoutMs > 0 {
+				to = fmt.Sprintf("%.0f ms", q.ElectionTimeoutMs)
+			}
+			if q.Failover != nil {
+				p50, p99 = fmt.Sprintf("%.1f ms", q.Failover.P50Ms), fmt.Sprintf("%.1f ms", q.Failover.P99Ms)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%.0f s\t%s\t%s\t%s\t%s\n", q.Scenario, q.Offload, q.DurationS, to, p50, p99, q.Tried)
 		}
 		fmt.Fprintln(tw)
 	}
@@ -241,10 +299,10 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 		fmt.Fprintln(tw)
 	}
 	if len(r.Heartbeats) > 0 {
-		fmt.Fprintln(tw, "HEARTBEATS\tOFFLOAD\tWINDOW\tRECEIVED\tIN XDP\tFOLLOWER CPU\tCPU/HEARTBEAT\tRTT P50\tRTT P99\tPROBES\tLOST")
+		fmt.Fprintln(tw, "HEARTBEATS\tOFFLOAD\tWINDOW\tRECEIVED\tIN XDP\tFOLLOWER CPU\tCPU/HEARTBEAT\tLEADER CPU\tPACER PASSES/S\tRTT P50\tRTT P99\tPROBES\tLOST")
 		for _, h := range r.Heartbeats {
-			fmt.Fprintf(tw, "follower\t%s\t%.0f s\t%d\t%d\t%.1f ms\t%.1f us\t%.0f us\t%.0f us\t%d\t%d\n", h.Offload, h.DurationS,
-				h.Received, h.InXDP, h.ProcCPUMs, h.CPUPerHBUs, h.RTTP50Us, h.RTTP99Us, h.RTTProbes, h.RTTLost)
+			fmt.Fprintf(tw, "follower\t%s\t%.0f s\t%d\t%d\t%.1f ms\t%.1f us\t%.1f ms\t%.0f\t%.0f us\t%.0f us\t%d\t%d\n", h.Offload, h.DurationS,
+				h.Received, h.InXDP, h.ProcCPUMs, h.CPUPerHBUs, h.LeaderCPUMs, h.PacerPassesPerS, h.RTTP50Us, h.RTTP99Us, h.RTTProbes, h.RTTLost)
 		}
 	}
 	return tw.Flush()

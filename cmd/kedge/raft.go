@@ -59,10 +59,12 @@ func newRaftServeCmd() *cobra.Command {
 small messages, TCP for appends and snapshots) and the HTTP/JSON client API with /metrics.
 The node is ready when GET /v1/status on its client address answers.
 
-Kernel paths (--offload, on by default where possible: Linux 5.15+, a raft address on a
-real interface): an XDP program answers the leader's heartbeats while the node's loop is
-alive and a bpf_timer wakes the node to start a pre-vote when the leader falls silent
-(docs/raft.md section 14). /v1/status shows "offload" when they run.
+Kernel paths (--offload and --kernel-heartbeats, on by default where possible: Linux 5.15+,
+a raft address on a real interface): an XDP program answers the leader's heartbeats while
+the node's loop is alive and a bpf_timer wakes the node to start a pre-vote when the leader
+falls silent (docs/raft.md section 14); as leader, the kernel sends the heartbeats while a
+lease the node renews holds ("Kernel paths: leader heartbeats"). /v1/status shows
+"offload" when the follower path runs.
 
 Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or config,
 3 an explicit --offload on a kernel that lacks what it needs.`,
@@ -75,8 +77,12 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
   # the same node without the kernel paths (to compare)
   kedge raft serve --config cluster.yaml --id 1 --offload=false
 
-  # as leader, the kernel sends the heartbeats while a 200ms lease holds
-  kedge raft serve --config cluster.yaml --id 1 --kernel-heartbeats --heartbeat-lease 200ms`,
+  # as leader, the kernel sends the heartbeats while a 200ms lease holds (fail if it cannot)
+  kedge raft serve --config cluster.yaml --id 1 --kernel-heartbeats --heartbeat-lease 200ms
+
+  # a fast-failover cluster: 1ms ticks, 15ms election timeout, heartbeats every 5ms
+  # (tick: 1ms, election_ticks: 15, heartbeat_ticks: 5 in the config)
+  kedge raft serve --config fast.yaml --id 1`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cfgPath == "" {
@@ -107,8 +113,15 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 			if hbLease < 0 {
 				return usagef("--heartbeat-lease %v: use a positive duration (0: the election timeout)", hbLease)
 			}
+			hbMode := node.OffloadOff
+			switch {
+			case kernelHB && cmd.Flags().Changed("kernel-heartbeats"):
+				hbMode = node.OffloadOn
+			case kernelHB:
+				hbMode = node.OffloadAuto
+			}
 			n, err := node.New(cfg, node.Options{UnsafeLocalReads: unsafeReads, Offload: mode, Log: slog.Default(),
-				KernelHeartbeats: kernelHB, HeartbeatLease: hbLease})
+				KernelHeartbeats: hbMode, HeartbeatLease: hbLease})
 			if err != nil {
 				return fmt.Errorf("start node %d: %w", cfg.ID, err)
 			}
@@ -127,7 +140,7 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 	// The checker's self-test only: not linearizable (docs/raft.md section 7).
 	f.BoolVar(&unsafeReads, "unsafe-local-reads", false, "serve reads from local state without ReadIndex (NOT linearizable)")
 	f.MarkHidden("unsafe-local-reads")
-	f.BoolVar(&kernelHB, "kernel-heartbeats", false, "as leader, let the kernel send the heartbeats while a lease holds (docs/raft.md: Kernel paths)")
+	f.BoolVar(&kernelHB, "kernel-heartbeats", true, "as leader, let the kernel send the heartbeats while a lease holds (default: where possible; --kernel-heartbeats=false to compare; an explicit --kernel-heartbeats fails where it cannot run; docs/raft.md: Kernel paths)")
 	f.DurationVar(&hbLease, "heartbeat-lease", 0, "with --kernel-heartbeats: how long one renewal keeps the kernel sending (0: the election timeout)")
 	return cmd
 }

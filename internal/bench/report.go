@@ -32,7 +32,7 @@ func WriteReport(w io.Writer, r Result, opt ReportOptions) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n%s, %d measured requests per series, %s\n", r.Scenario, maxRequests(r.Series), r.Describe())
 	for _, s := range r.Series {
-		fmt.Fprintf(&b, "%s: %d timeouts, %d late duplicates", s.Name, s.Timeouts, s.LateDuplicates)
+		fmt.Fprintf(&b, "%s: %d timeouts, %d late duplicates (%d answered twice)", s.Name, s.Timeouts, s.LateDuplicates, s.Duplicates)
 		if s.HedgesSent != nil {
 			fmt.Fprintf(&b, ", %d hedges sent", *s.HedgesSent)
 		}

@@ -133,6 +133,9 @@ type Series struct {
 	// LateDuplicates counts responses received for an id that was already answered or
 	// abandoned (the loser of a hedge race reaching the application).
 	LateDuplicates int `json:"late_duplicates"`
+	// Duplicates counts those of LateDuplicates whose request had been answered already
+	// (its second answer); the others answer a request that had timed out.
+	Duplicates int `json:"duplicates"`
 	// Backend says where hedges went ("same", "alt replica", ...); empty when not hedging.
 	Backend string `json:"backend,omitempty"`
 	// ElapsedS is the wall time of the measured part of the run, in seconds.

@@ -35,7 +35,7 @@ type hedgeLoop struct {
 	pollfds   []unix.PollFd
 	buf       []byte
 	nHedges   int
-	late      int
+	lateLog
 }
 
 func newHedgeLoop(target, alt netip.AddrPort, connected bool, timeout, delay time.Duration) (*hedgeLoop, error) {
@@ -149,13 +149,12 @@ func (l *hedgeLoop) drain(fd int, id uint32) (bool, error) {
 		if n >= IDLen && binary.BigEndian.Uint32(l.buf) == id {
 			return true, nil
 		}
-		l.late++
+		l.stray(l.buf[:n])
 	}
 }
 
-func (l *hedgeLoop) hedges() int         { return l.nHedges }
-func (l *hedgeLoop) lateDuplicates() int { return l.late }
-func (l *hedgeLoop) reset()              { l.nHedges, l.late = 0, 0 }
+func (l *hedgeLoop) hedges() int { return l.nHedges }
+func (l *hedgeLoop) reset()      { l.nHedges, l.lateLog = 0, lateLog{} }
 
 func (l *hedgeLoop) close() error {
 	var errs []error

@@ -22,7 +22,7 @@ type baselineLoop struct {
 	connected bool
 	timeout   time.Duration
 	buf       []byte
-	late      int
+	lateLog
 }
 
 func newBaselineLoop(target netip.AddrPort, connected bool, timeout time.Duration) (*baselineLoop, error) {
@@ -65,15 +65,14 @@ func (l *baselineLoop) do(pkt []byte, id uint32) (time.Duration, bool, error) {
 		if n >= IDLen && binary.BigEndian.Uint32(l.buf) == id {
 			return time.Since(start), true, nil
 		}
-		l.late++
+		l.stray(l.buf[:n])
 	}
 }
 
-func (l *baselineLoop) start() error        { return nil }
-func (l *baselineLoop) hedges() int         { return 0 }
-func (l *baselineLoop) lateDuplicates() int { return l.late }
-func (l *baselineLoop) reset()              { l.late = 0 }
-func (l *baselineLoop) close() error        { return l.conn.Close() }
+func (l *baselineLoop) start() error { return nil }
+func (l *baselineLoop) hedges() int  { return 0 }
+func (l *baselineLoop) reset()       { l.lateLog = lateLog{} }
+func (l *baselineLoop) close() error { return l.conn.Close() }
 
 func udpNetwork(a netip.AddrPort) string {
 	if a.Addr().Is4() {

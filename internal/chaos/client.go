@@ -72,6 +72,10 @@ type ClientResult struct {
 	HedgesSent int
 	// LateDuplicates counts responses that arrived for an id other than the one awaited.
 	LateDuplicates int
+	// Duplicates counts those of them whose request had been answered already: the second
+	// answer of a request reaching the application. The others answer a request the
+	// client had given up on (timed out): late, not twice.
+	Duplicates int
 	// Elapsed is the wall time of the measured requests (the longest loop).
 	Elapsed time.Duration
 }
@@ -97,6 +101,7 @@ func (r ClientResult) Series(name, client, backend string, hedgesKnown bool) ben
 		OK:             make([]bool, len(r.Samples)),
 		Timeouts:       r.Timeouts(),
 		LateDuplicates: r.LateDuplicates,
+		Duplicates:     r.Duplicates,
 		ElapsedS:       r.Elapsed.Seconds(),
 	}
 	for i, smp := range r.Samples {
@@ -170,6 +175,7 @@ type loop interface {
 	// counters since the last reset.
 	hedges() int
 	lateDuplicates() int
+	strayIDs() []uint32
 	reset()
 	close() error
 }
@@ -228,6 +234,7 @@ func RunClient(ctx context.Context, mode Mode, cfg ClientConfig) (ClientResult, 
 		out.Samples = append(out.Samples, r.Samples...)
 		out.HedgesSent += r.HedgesSent
 		out.LateDuplicates += r.LateDuplicates
+		out.Duplicates += r.Duplicates
 		out.Elapsed = max(out.Elapsed, r.Elapsed)
 	}
 	return out, nil
@@ -238,6 +245,7 @@ func runLoop(ctx context.Context, l loop, first uint32, warmup, n, payloadLen in
 	var res ClientResult
 	res.Samples = make([]Sample, 0, n)
 	var start time.Time
+	answered := make([]bool, warmup+n) // by id - first
 	for i := range warmup + n {
 		if err := ctx.Err(); err != nil {
 			return res, err
@@ -252,14 +260,38 @@ func runLoop(ctx context.Context, l loop, first uint32, warmup, n, payloadLen in
 		if err != nil {
 			return res, fmt.Errorf("request %d: %w", id, err)
 		}
+		answered[i] = ok
 		if i >= warmup {
 			res.Samples = append(res.Samples, Sample{ID: id, Latency: lat, OK: ok})
 		}
 	}
 	res.Elapsed = time.Since(start)
 	res.HedgesSent, res.LateDuplicates = l.hedges(), l.lateDuplicates()
+	for _, s := range l.strayIDs() {
+		if i := s - first; i < uint32(len(answered)) && answered[i] {
+			res.Duplicates++
+		}
+	}
 	return res, nil
 }
+
+// lateLog is a loop's record of responses to another request than the one awaited: how
+// many, and the ids of those that carried one (runLoop tells duplicates from late answers).
+type lateLog struct {
+	late   int
+	strays []uint32
+}
+
+// stray records response b.
+func (g *lateLog) stray(b []byte) {
+	g.late++
+	if len(b) >= IDLen {
+		g.strays = append(g.strays, binary.BigEndian.Uint32(b))
+	}
+}
+
+func (g *lateLog) lateDuplicates() int { return g.late }
+func (g *lateLog) strayIDs() []uint32  { return g.strays }
 
 // resolvePair resolves the target and the optional alternate; both must be of one family
 // since the hedging client sends to both from one socket.

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/binary"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -247,4 +248,62 @@ func TestPythonClient(t *testing.T) {
 			}
 		})
 	}
+}
+
+// scriptedLoop answers the ids in ok, each at once.
+type scriptedLoop struct {
+	ok map[uint32]bool
+	lateLog
+}
+
+func (l *scriptedLoop) start() error { return nil }
+func (l *scriptedLoop) do(_ []byte, id uint32) (time.Duration, bool, error) {
+	return time.Millisecond, l.ok[id], nil
+}
+func (l *scriptedLoop) hedges() int  { return 0 }
+func (l *scriptedLoop) reset()       { l.lateLog = lateLog{} }
+func (l *scriptedLoop) close() error { return nil }
+
+// TestDuplicatesOfAnsweredOnly: of the responses to other requests than the awaited one,
+// only those whose request was answered count as duplicates (warm-up requests included);
+// one for a timed-out request is late, one without an id or of another loop's range is
+// neither.
+func TestDuplicatesOfAnsweredOnly(t *testing.T) {
+	const first = 1000
+	l := &scriptedLoop{ok: map[uint32]bool{first: true, first + 2: true, first + 3: true}}
+	id := func(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+	// The responses arrive while the last request is awaited, after the warm-up (2).
+	res, err := runLoop(context.Background(), &strayAfterWarmup{scriptedLoop: l, at: first + 3, strays: [][]byte{
+		id(first),     // warm-up request, answered: a duplicate
+		id(first + 1), // warm-up request, timed out: late
+		id(first + 2), // answered: a duplicate
+		id(first + 4), // timed out: late
+		id(99),        // not this loop's: late
+		{1, 2},        // no id: late
+	}}, first, 2, 3, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.LateDuplicates != 6 || res.Duplicates != 2 {
+		t.Errorf("late %d, duplicates %d; want 6 late, 2 of them duplicates", res.LateDuplicates, res.Duplicates)
+	}
+	if s := (ClientResult{Duplicates: 2}).Series("x", "go-baseline", "", false); s.Duplicates != 2 {
+		t.Errorf("series duplicates %d, want 2", s.Duplicates)
+	}
+}
+
+// strayAfterWarmup delivers strays while request at is awaited.
+type strayAfterWarmup struct {
+	*scriptedLoop
+	at     uint32
+	strays [][]byte
+}
+
+func (l *strayAfterWarmup) do(pkt []byte, id uint32) (time.Duration, bool, error) {
+	if id == l.at {
+		for _, b := range l.strays {
+			l.stray(b)
+		}
+	}
+	return l.scriptedLoop.do(pkt, id)
 }

@@ -3,6 +3,7 @@ package hedgebench
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -202,10 +203,17 @@ func TestRateReportTargets(t *testing.T) {
 // TestOutageShort runs scenario (c) small, with real processes in a lab: the baseline
 // gets nothing from the downed replica, the app hedgers hedge every request, and kedge's
 // budget holds its hedges to the ratio plus the burst.
+//
+// The app hedgers' check asks every hedge's answer to reach its client before the client
+// gives up, so the timeout is 1 s, not the benchmark's 100 ms: on a loaded machine (load
+// 10: 2 of 4 runs failed) a hedge's answer took over 100 ms now and then. The runs are
+// mostly timeouts (the baseline's every request, most of the 5% budget's), so they last
+// requests x timeout / concurrency on any machine: 18 loops keep each near 5 s, inside
+// the budget's 10 s window, which the hedge limit below assumes.
 func TestOutageShort(t *testing.T) {
 	bpftest.RequireRoot(t)
-	o := Options{Scenario: Outage, N: 80, Warmup: 10, Concurrency: 2, Exe: bpftest.KedgeBinary(t),
-		PyClient: "../../clients/apphedge.py", OutDir: t.TempDir()}
+	o := Options{Scenario: Outage, N: 80, Warmup: 10, Concurrency: 18, Timeout: time.Second,
+		Exe: bpftest.KedgeBinary(t), PyClient: "../../clients/apphedge.py", OutDir: t.TempDir()}
 	res, err := Run(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -213,6 +221,8 @@ func TestOutageShort(t *testing.T) {
 	got := map[string]bench.Series{}
 	for _, s := range res.Series {
 		got[s.Name] = s
+		t.Logf("%s: %d timeouts, hedges %s, %d late answers (%d twice), max latency %.1f ms, %.1f s", s.Name, s.Timeouts,
+			count(s.HedgesSent), s.LateDuplicates, s.Duplicates, slices.Max(s.LatenciesUS)/1e3, s.ElapsedS)
 	}
 	if len(got) != 5 {
 		t.Fatalf("series %v, want baseline, two app hedgers, two kernel budgets", len(got))
@@ -223,7 +233,7 @@ func TestOutageShort(t *testing.T) {
 	for _, name := range []string{"app-hedged (Go)", "app-hedged (Python)"} {
 		s := got[name]
 		if s.Timeouts != 0 || s.HedgesSent == nil || *s.HedgesSent != o.N {
-			t.Errorf("%s: %d timeouts, hedges %v: want every request hedged to the other replica and answered", name, s.Timeouts, s.HedgesSent)
+			t.Errorf("%s: %d timeouts, hedges %s: want every request hedged to the other replica and answered", name, s.Timeouts, count(s.HedgesSent))
 		}
 	}
 	k5, k50 := got["kernel-hedged (budget 5%)"], got["kernel-hedged (budget 50%)"]
@@ -239,11 +249,12 @@ func TestOutageShort(t *testing.T) {
 		t.Errorf("budget 50%%: %d hedges, %d timeouts; 5%%: %d, %d: the larger budget should hedge and answer more",
 			*k50.HedgesSent, k50.Timeouts, *k5.HedgesSent, k5.Timeouts)
 	}
-	// Every kernel-hedged request is answered by a hedge or times out: hedges + timeouts
-	// cover the requests, and nothing reaches the application twice.
-	for _, s := range []bench.Series{k5, k50} {
-		if s.LateDuplicates != 0 {
-			t.Errorf("%s: %d duplicates reached the application", s.Name, s.LateDuplicates)
+	// Nothing reaches the application twice: with the addressed replica down a request has
+	// one answer at most (its hedge's), in every series. An answer after the client gave up
+	// on its request (late, not twice) is the machine's timing and only logged above.
+	for _, s := range res.Series {
+		if s.Duplicates != 0 {
+			t.Errorf("%s: %d answers to requests answered already reached the application", s.Name, s.Duplicates)
 		}
 	}
 	for _, f := range []string{"result.json", "cdf.png", "tail.svg"} {
@@ -251,6 +262,14 @@ func TestOutageShort(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// count prints an optional count.
+func count(p *int) string {
+	if p == nil {
+		return "none"
+	}
+	return fmt.Sprint(*p)
 }
 
 // TestRateShort runs the rate scenario small: every arm runs at both levels in every

@@ -301,26 +301,35 @@ func TestNetnsDNS(t *testing.T) {
 		if _, err := exec.LookPath("dig"); err != nil {
 			t.Skip("dig not installed (Debian: dnsutils)")
 		}
-		dnsServer(t, l.server, l.server.IPv4, 0)
-		before := len(col.rtts(func(e *RTTEvent) bool { return e.Flow.IDType == IDDNS }))
-		out, err := l.client.Run("dig", "@"+l.server.IPv4.String(), "kedge.test", "A", "+tries=1", "+time=2")
+		to := dnsServer(t, l.server, l.server.IPv4, delay)
+		dns := func(e *RTTEvent) bool { return e.Flow.Src == to && e.Flow.IDType == IDDNS }
+		before := len(col.rtts(dns)) // the subtests' queries above came from the same address
+		// -u: dig's query time in microseconds from the precise clock. (Its default, msec,
+		// reads CLOCK_REALTIME_COARSE: a tick's error either way, so a loaded machine saw
+		// pping 313.06 ms against dig's 311 ms.) dig reads the clock before it sends and
+		// after it receives, so the wire RTT pping measures is at most that; +time only
+		// says when dig gives up, long enough for a loaded machine.
+		out, err := l.client.Run("dig", "-u", "@"+l.server.IPv4.String(), "kedge.test", "A", "+tries=1", "+time=10")
 		if err != nil {
 			t.Fatalf("dig: %v", err)
 		}
-		m := regexp.MustCompile(`Query time: (\d+) msec`).FindStringSubmatch(out)
-		if m == nil {
-			t.Fatalf("dig output without a query time:\n%s", out)
+		m := regexp.MustCompile(`Query time: (\d+) usec`).FindStringSubmatch(out)
+		idm := regexp.MustCompile(`->>HEADER<<-.* id: (\d+)`).FindStringSubmatch(out)
+		if m == nil || idm == nil {
+			t.Fatalf("dig output without a query time in usec or a query id:\n%s", out)
 		}
-		waitFor(t, "dig's sample", func() bool {
-			return len(col.rtts(func(e *RTTEvent) bool { return e.Flow.IDType == IDDNS })) > before
-		})
-		e := col.rtts(func(e *RTTEvent) bool { return e.Flow.IDType == IDDNS })[before]
-		ms, _ := strconv.Atoi(m[1])
-		// dig reports whole milliseconds.
-		if e.RTT > time.Duration(ms+1)*time.Millisecond {
-			t.Errorf("pping %v for dig's query, dig says %s ms", e.RTT, m[1])
+		us, _ := strconv.Atoi(m[1])
+		id, _ := strconv.ParseUint(idm[1], 10, 16)
+		waitFor(t, "dig's sample", func() bool { return len(col.rtts(dns)) > before })
+		e, dig := col.rtts(dns)[before], time.Duration(us)*time.Microsecond
+		if e.ID != id {
+			t.Fatalf("pping's sample has DNS id %d, dig's query %d", e.ID, id)
 		}
-		t.Logf("dig: query time %s ms, pping %v", m[1], e.RTT)
+		// dig's microseconds are truncated: one more.
+		if e.RTT < delay || e.RTT > dig+time.Microsecond {
+			t.Errorf("pping %v for dig's query, dig says %v: want %v (the server's think time) <= pping <= dig", e.RTT, dig, delay)
+		}
+		t.Logf("dig: query id %d, query time %v, pping %v", id, dig, e.RTT)
 	})
 }
 

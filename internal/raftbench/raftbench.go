@@ -21,6 +21,8 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/raft/api"
+	"github.com/kedge-dev/kedge/internal/raft/client"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
 	"github.com/kedge-dev/kedge/internal/raftlab"
 )
@@ -29,12 +31,37 @@ import (
 // field) reads into Result with every run's Offload empty: user space only.
 const Schema = "kedge.bench.raft/v1"
 
-// Modes: the kernel paths on (the node's default, asked for explicitly so that a kernel
-// that cannot run them fails the run instead of measuring user space twice) and off.
+// Modes: every kernel path on (asked for explicitly, so that a kernel that cannot run them
+// fails the run instead of measuring user space twice: the follower path and the leader's
+// kernel heartbeats), the follower path alone (heartbeats and pre-votes answered in XDP,
+// the detector; the leader's heartbeats from user space) and off (user space only).
 const (
-	ModeOn  = "on"
-	ModeOff = "off"
+	ModeOn       = "on"
+	ModeFollower = "follower"
+	ModeOff      = "off"
 )
+
+// Failover clients: the one that asks every survivor for the new leader at once (the nodes
+// answer as soon as they know one: GET /v1/leader) and writes to it, and part 1's, which
+// puts through the survivors in turn with a 50 ms limit per attempt.
+const (
+	ClientLeader = "leader"
+	ClientRetry  = "retry"
+)
+
+// modeArgs are the `raft serve` flags of a mode.
+func (o *Options) modeArgs(mode string) []string {
+	switch mode {
+	case ModeOn:
+		if o.HeartbeatLease > 0 {
+			return []string{"--offload", "--kernel-heartbeats", "--heartbeat-lease", o.HeartbeatLease.String()}
+		}
+		return []string{"--offload", "--kernel-heartbeats"}
+	case ModeFollower:
+		return []string{"--offload", "--kernel-heartbeats=false"}
+	}
+	return []string{"--offload=false", "--kernel-heartbeats=false"}
+}
 
 // Options selects and sizes the runs.
 type Options struct {
@@ -42,19 +69,25 @@ type Options struct {
 	Dir    string // work directory (cluster data, logs)
 	Log    func(format string, args ...any)
 
-	Scenarios     []string      // failover, false-elections, throughput, heartbeat
-	Modes         []string      // ModeOn, ModeOff: each scenario runs once per mode, side by side
-	ClusterKey    string        // 32 hex digits: nodes authenticate every UDP packet ("" none)
-	Tick          time.Duration // raft tick (10ms)
-	ElectionTicks []int         // failover and false elections: one setting each (e.g. 5,10,20)
-	Nodes         int           // failover and false elections: cluster size (3)
+	Scenarios      []string      // failover, false-elections, throughput, heartbeat
+	Modes          []string      // ModeOn, ModeFollower, ModeOff: each scenario runs once per mode, side by side
+	ClusterKey     string        // 32 hex digits: nodes authenticate every UDP packet ("" none)
+	Tick           time.Duration // raft tick (10ms)
+	ElectionTicks  []int         // failover and false elections: one setting each (e.g. 5,10,20)
+	HeartbeatTicks int           // leader heartbeat interval in ticks (0: the node's default, 1)
+	HeartbeatLease time.Duration // ModeOn: the kernel heartbeats' lease (0: the node's default)
+	Nodes          int           // failover and false elections: cluster size (3)
 
 	Trials int // failover trials per setting (>= 50 for the committed figures)
+	// FailoverClient: ClientLeader (default) or ClientRetry.
+	FailoverClient string
 	// FalseElectionDuration is each false-election run's length (per phase and setting).
 	FalseElectionDuration time.Duration
 	// FalsePhases: idle, spinners (2 per CPU), starved-follower, stress (one spinner per
 	// CPU and one follower of each cluster pinned to a CPU shared with three spinners).
 	FalsePhases []string
+	// FalseModes are the modes of the false-election runs (nil: Modes).
+	FalseModes []string
 	// HeartbeatDuration is the idle window over which the follower's CPU per heartbeat is taken.
 	HeartbeatDuration time.Duration
 	// HeartbeatProbes is how many round-trip probes go to one follower per mode (in five
@@ -81,10 +114,15 @@ type Heartbeats struct {
 	DurationS float64 `json:"duration_s"`
 	// Received is the heartbeats that reached the follower: with the kernel path on, those
 	// its XDP program answered plus those it passed up; off, those user space received.
-	Received   uint64  `json:"received"`
-	InXDP      uint64  `json:"answered_in_xdp"`
-	ProcCPUMs  float64 `json:"process_cpu_ms"` // user + system time of the follower's process
-	CPUPerHBUs float64 `json:"process_cpu_per_heartbeat_us"`
+	Received  uint64  `json:"received"`
+	InXDP     uint64  `json:"answered_in_xdp"`
+	ProcCPUMs float64 `json:"process_cpu_ms"` // user + system time of the follower's process
+	// LeaderCPUMs is the leader process's user + system time over the window; with kernel
+	// heartbeats (ModeOn) PacerPassesPerS is how often its pacer's frames went round
+	// (tick_passes + filler_passes: softirq work no process is charged for).
+	LeaderCPUMs     float64 `json:"leader_process_cpu_ms"`
+	PacerPassesPerS float64 `json:"pacer_passes_per_s"`
+	CPUPerHBUs      float64 `json:"process_cpu_per_heartbeat_us"`
 	// Round trip of probe heartbeats sent in the leader's name from its namespace (Probe).
 	RTTProbes int       `json:"rtt_probes"`
 	RTTLost   int       `json:"rtt_lost"` // not answered within 100 ms
@@ -108,6 +146,10 @@ type Failover struct {
 	P50Ms             float64   `json:"p50_ms"`
 	P99Ms             float64   `json:"p99_ms"`
 	MaxMs             float64   `json:"max_ms"`
+	Client            string    `json:"client"` // ClientLeader or ClientRetry
+	// Phases per acknowledged trial, in order, and their medians/p99 (PhaseNames).
+	Phases     []Phase      `json:"phases,omitempty"`
+	PhaseStats []PhaseStats `json:"phase_stats,omitempty"`
 }
 
 // FalseElections is one run without any crash: leader changes seen while it lasted.
@@ -151,7 +193,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		"tick_ms": ms(o.Tick), "election_ticks": o.ElectionTicks, "nodes": o.Nodes, "trials": o.Trials,
 		"false_election_s": o.FalseElectionDuration.Seconds(), "throughput_nodes": o.ThroughputNodes,
 		"throughput_s": o.ThroughputDuration.Seconds(), "clients": o.Clients, "scenarios": o.Scenarios,
-		"modes": o.Modes, "false_phases": o.FalsePhases, "heartbeat_s": o.HeartbeatDuration.Seconds(),
+		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "failover_client": o.failoverClient(),
+		"heartbeat_ticks": o.HeartbeatTicks, "heartbeat_lease_ms": ms(o.HeartbeatLease), "heartbeat_s": o.HeartbeatDuration.Seconds(),
 		"authenticated": o.ClusterKey != "",
 	})}
 	for _, sc := range o.Scenarios {
@@ -212,20 +255,16 @@ func (o *Options) cluster(ctx context.Context, name string, nodes, electionTicks
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
-	args := []string{"--offload"}
-	if mode == ModeOff {
-		args = []string{"--offload=false"}
-	}
 	uctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	c, err := raftlab.Up(uctx, raftlab.Spec{Name: name, Nodes: nodes, Binary: o.Binary, Dir: dir,
-		Tick: o.Tick, ElectionTicks: electionTicks, Args: args, ClusterKey: o.ClusterKey})
+		Tick: o.Tick, ElectionTicks: electionTicks, HeartbeatTicks: o.HeartbeatTicks, Args: o.modeArgs(mode), ClusterKey: o.ClusterKey})
 	if err != nil {
 		return nil, fmt.Errorf("cluster %s (offload %s): %w", name, mode, err)
 	}
 	for _, n := range c.Nodes {
 		st, err := c.Status(uctx, n.ID)
-		if err == nil && (st.Offload != "") != (mode == ModeOn) {
+		if err == nil && (st.Offload != "") != (mode != ModeOff) {
 			err = fmt.Errorf("node %d reports offload %q", n.ID, st.Offload)
 		}
 		if err != nil {
@@ -294,7 +333,7 @@ func stableLeader(ctx context.Context, c *raftlab.Cluster) (int, error) {
 }
 
 // failover runs o.Trials kill -9 trials with one election timeout in each mode: the
-// clusters of both modes are up together and the trials alternate between them.
+// clusters of all modes are up together and the trials alternate between them.
 func (o *Options) failover(ctx context.Context, electionTicks int) (out []Failover, err error) {
 	cs, closeAll, err := o.clusters(ctx, fmt.Sprintf("rbf%d", electionTicks), o.Nodes, electionTicks)
 	if err != nil {
@@ -304,14 +343,11 @@ func (o *Options) failover(ctx context.Context, electionTicks int) (out []Failov
 	fs := map[string]*Failover{}
 	for _, mode := range o.Modes {
 		fs[mode] = &Failover{Offload: mode, Nodes: o.Nodes, TickMs: ms(o.Tick), ElectionTicks: electionTicks,
-			ElectionTimeoutMs: ms(o.Tick) * float64(electionTicks), Trials: o.Trials}
+			ElectionTimeoutMs: ms(o.Tick) * float64(electionTicks), Trials: o.Trials, Client: o.failoverClient()}
 	}
-	cl := raftlab.NewClient(cs[o.Modes[0]].Client, 50*time.Millisecond)
-	defer cl.Close()
 	for trial := 0; trial < o.Trials; trial++ {
 		for _, mode := range o.Modes {
-			c := cs[mode]
-			if cl, err = o.failoverTrial(ctx, c, fs[mode], trial, cl); err != nil {
+			if err = o.failoverTrial(ctx, cs[mode], fs[mode], trial); err != nil {
 				return collect(fs, o.Modes), fmt.Errorf("offload %s: %w", mode, err)
 			}
 		}
@@ -320,6 +356,13 @@ func (o *Options) failover(ctx context.Context, electionTicks int) (out []Failov
 		}
 	}
 	return collect(fs, o.Modes), nil
+}
+
+func (o *Options) failoverClient() string {
+	if o.FailoverClient == "" {
+		return ClientLeader
+	}
+	return o.FailoverClient
 }
 
 func collect(fs map[string]*Failover, modes []string) []Failover {
@@ -331,19 +374,25 @@ func collect(fs map[string]*Failover, modes []string) []Failover {
 		if len(s) > 0 {
 			f.P50Ms, f.P99Ms, f.MaxMs = bench.Percentile(s, 50), bench.Percentile(s, 99), s[len(s)-1]
 		}
+		f.PhaseStats = phaseStats(f.Phases)
 		out = append(out, *f)
 	}
 	return out
 }
 
-// failoverTrial kills c's leader and times the first write acknowledged by a survivor. The
-// client's connections start in c's client host: a new one is made when c is another lab's.
-func (o *Options) failoverTrial(ctx context.Context, c *raftlab.Cluster, f *Failover, trial int, cl *raftlab.Client) (*raftlab.Client, error) {
-	cl.Close()
-	cl = raftlab.NewClient(c.Client, 50*time.Millisecond)
+// failoverTrial kills c's leader and times the first write acknowledged by a survivor, then
+// splits that time into phases from the survivors' election records (GET /v1/events: the
+// nodes and this process share CLOCK_MONOTONIC).
+func (o *Options) failoverTrial(ctx context.Context, c *raftlab.Cluster, f *Failover, trial int) error {
+	cl := raftlab.NewClient(c.Client, 5*time.Second)
+	defer cl.Close()
 	leader, err := stableLeader(ctx, c)
 	if err != nil {
-		return cl, err
+		return err
+	}
+	st, err := c.Status(ctx, leader)
+	if err != nil {
+		return err
 	}
 	var survivors []int
 	for _, n := range c.Nodes {
@@ -351,50 +400,221 @@ func (o *Options) failoverTrial(ctx context.Context, c *raftlab.Cluster, f *Fail
 			survivors = append(survivors, n.ID)
 		}
 	}
-	// One write through a survivor before the kill: the path works.
-	if d := firstWrite(ctx, c, cl, survivors, fmt.Sprintf("pre%d", trial), 5*time.Second); d < 0 {
-		return cl, errors.New("no write succeeded before the kill")
+	// One write through a survivor before the kill: the path works (and the connections
+	// from the client host are open, as a running client's would be).
+	if w := firstWriteRetry(ctx, c, cl, survivors, fmt.Sprintf("pre%d", trial), 5*time.Second); w.ackNs == 0 {
+		return errors.New("no write succeeded before the kill")
 	}
-	start := time.Now()
-	if err := c.Kill(leader); err != nil {
-		return cl, err
+	// The client starts with the SIGKILL: Kill also waits for the exit and removes what
+	// the dead node left (its pacer's namespace, tens of ms), which no client waits for.
+	killed := make(chan error, 1)
+	killNs := int64(offload.Monotonic())
+	go func() { killed <- c.Kill(leader) }()
+	key := fmt.Sprintf("post%d", trial)
+	var w written
+	if o.failoverClient() == ClientRetry {
+		w = firstWriteRetry(ctx, c, cl, survivors, key, 10*time.Second)
+	} else {
+		w = firstWriteLeader(ctx, c, cl, survivors, st.Term, key, 10*time.Second)
 	}
-	d := firstWrite(ctx, c, cl, survivors, fmt.Sprintf("post%d", trial), 10*time.Second)
-	if d < 0 {
+	if err := <-killed; err != nil {
+		return err
+	}
+	if w.ackNs == 0 {
 		f.Failed++
 	} else {
-		f.FailoverMs = append(f.FailoverMs, ms(time.Since(start)))
+		f.FailoverMs = append(f.FailoverMs, float64(w.ackNs-killNs)/1e6)
+		ph, err := phases(ctx, c, cl, survivors, st.Term, killNs, w)
+		if err != nil {
+			return err
+		}
+		f.Phases = append(f.Phases, ph)
 	}
 	if err := c.Start(leader); err != nil {
-		return cl, err
+		return err
 	}
 	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	return cl, c.WaitReady(rctx, leader)
+	return c.WaitReady(rctx, leader)
 }
 
-// firstWrite puts key through the survivors in turn (50 ms per attempt) until one is
-// acknowledged; it returns the time that took, or -1 after limit.
-func firstWrite(ctx context.Context, c *raftlab.Cluster, cl *raftlab.Client, via []int, key string, limit time.Duration) time.Duration {
+// written is what the failover client saw (CLOCK_MONOTONIC ns; ackNs 0: no write acknowledged).
+type written struct {
+	foundNs, ackNs int64
+	attempts       int
+}
+
+// firstWriteLeader asks every survivor at once for a leader of a term above oldTerm (each
+// answers as soon as it knows one) and puts key to it; a failed put asks again.
+func firstWriteLeader(ctx context.Context, c *raftlab.Cluster, cl *client.Client, via []int, oldTerm uint64, key string, limit time.Duration) written {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	all := &client.Client{HTTP: cl.HTTP}
+	for _, id := range via {
+		all.Endpoints = append(all.Endpoints, c.Node(id).ClientAddr.String())
+	}
+	var w written
+	for i := 0; ctx.Err() == nil; i++ {
+		l, err := all.LeaderAfter(ctx, oldTerm)
+		if err != nil {
+			return written{}
+		}
+		if w.foundNs == 0 {
+			w.foundNs = int64(offload.Monotonic())
+		}
+		w.attempts++
+		actx, acancel := context.WithTimeout(ctx, time.Second)
+		_, err = cl.At(l.Client).Put(actx, "bench/"+key, fmt.Sprint(i))
+		acancel()
+		if err == nil {
+			w.ackNs = int64(offload.Monotonic())
+			return w
+		}
+	}
+	return written{}
+}
+
+// firstWriteRetry puts key through the survivors in turn (50 ms per attempt) until one is
+// acknowledged (part 1's client).
+func firstWriteRetry(ctx context.Context, c *raftlab.Cluster, cl *client.Client, via []int, key string, limit time.Duration) written {
 	start := time.Now()
+	var w written
 	for i := 0; time.Since(start) < limit && ctx.Err() == nil; i++ {
 		op := raftlab.Op{Kind: raftlab.Put, Key: "bench/" + key, Value: fmt.Sprint(i)}
 		actx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		cl.Do(actx, c.Node(via[i%len(via)]).ClientAddr, &op)
+		raftlab.Do(actx, cl, c.Node(via[i%len(via)]).ClientAddr, &op)
 		cancel()
+		w.attempts++
 		if op.Out.Err == "" && !op.Out.Unknown {
-			return time.Since(start)
+			w.ackNs = int64(offload.Monotonic())
+			return w
 		}
 		if !op.Out.Unknown { // refused at once (no leader yet): do not spin on it
 			time.Sleep(time.Millisecond) // pacing retries against a refusing node
 		}
 	}
-	return -1
+	return written{}
+}
+
+// Phase is one failover trial split at the events of the survivors' election records, in
+// ms after the kill (-1: not seen). Detect is the first survivor that noticed the silence:
+// the kernel's detector waking it (Source "kernel") or etcd-raft's own timer starting a
+// pre-vote ("etcd-raft").
+type Phase struct {
+	TotalMs     float64 `json:"total_ms"`
+	HeardAgeMs  float64 `json:"heard_age_ms"` // how old the first detector's last message from the leader was at the kill
+	DetectMs    float64 `json:"detect_ms"`
+	Source      string  `json:"source"`
+	CandidateMs float64 `json:"candidate_ms"` // the winner's pre-vote quorum (its new term durable)
+	LeaderMs    float64 `json:"leader_ms"`    // the winner's vote quorum
+	CommitMs    float64 `json:"commit_ms"`    // the winner's first entry committed
+	FoundMs     float64 `json:"found_ms"`     // the client knew the new leader (leader client)
+	AckMs       float64 `json:"ack_ms"`       // the client's write acknowledged
+	Terms       uint64  `json:"terms"`        // term increase (> 1: more than one election)
+	Attempts    int     `json:"attempts"`     // client writes sent
+}
+
+// phases reads the survivors' election records since the kill and places the trial's events.
+func phases(ctx context.Context, c *raftlab.Cluster, cl *client.Client, survivors []int, oldTerm uint64, killNs int64, w written) (Phase, error) {
+	at := func(ns int64) float64 {
+		if ns == 0 {
+			return -1
+		}
+		return float64(ns-killNs) / 1e6
+	}
+	var detect, heard, cand, lead, commit int64
+	var source string
+	var term uint64
+	var winner uint64
+	evs := map[int][]api.Event{}
+	for _, id := range survivors {
+		r, err := cl.Events(ctx, c.Node(id).ClientAddr.String(), killNs)
+		if err != nil {
+			return Phase{}, fmt.Errorf("events of node %d: %w", id, err)
+		}
+		evs[id] = r.Events
+		for _, e := range r.Events {
+			if (e.Kind == api.EventDetector && e.Detail == "campaign") || e.Kind == api.EventPreCandidate {
+				if detect == 0 || e.AtNs < detect {
+					detect, source, heard = e.AtNs, "etcd-raft", e.HeardNs
+					if e.Kind == api.EventDetector {
+						source = "kernel"
+					}
+				}
+			}
+			if e.Kind == api.EventLeader && e.Term > term {
+				term, winner = e.Term, uint64(id)
+			}
+		}
+	}
+	for _, e := range evs[int(winner)] {
+		switch {
+		case e.Kind == api.EventCandidate && e.Term == term:
+			cand = e.AtNs
+		case e.Kind == api.EventLeader && e.Term == term:
+			lead = e.AtNs
+		case e.Kind == api.EventCommitted && e.Term == term:
+			commit = e.AtNs
+		}
+	}
+	p := Phase{TotalMs: at(w.ackNs), DetectMs: at(detect), Source: source, CandidateMs: at(cand), LeaderMs: at(lead),
+		CommitMs: at(commit), FoundMs: at(w.foundNs), AckMs: at(w.ackNs), Attempts: w.attempts, HeardAgeMs: -1}
+	if heard != 0 {
+		p.HeardAgeMs = float64(killNs-heard) / 1e6
+	}
+	if term > oldTerm {
+		p.Terms = term - oldTerm
+	}
+	return p, nil
+}
+
+// PhaseStats are the medians and 99th percentiles of a setting's phases, each as the time
+// from the previous event (the last heartbeat's age at the kill stands apart).
+type PhaseStats struct {
+	Name  string  `json:"name"`
+	P50Ms float64 `json:"p50_ms"`
+	P99Ms float64 `json:"p99_ms"`
+	N     int     `json:"n"`
+}
+
+// PhaseNames in order: kill -> detect -> candidate (pre-vote) -> leader (vote) -> commit
+// (the leader's first entry) -> ack (the client's write).
+var PhaseNames = []string{"heard-age", "detect", "pre-vote", "vote", "commit", "client"}
+
+func phaseStats(ps []Phase) []PhaseStats {
+	vals := make([][]float64, len(PhaseNames))
+	for _, p := range ps {
+		steps := []float64{p.HeardAgeMs, p.DetectMs, p.CandidateMs - p.DetectMs, p.LeaderMs - p.CandidateMs,
+			p.CommitMs - p.LeaderMs, p.AckMs - p.CommitMs}
+		ok := []bool{p.HeardAgeMs >= 0, p.DetectMs >= 0, p.CandidateMs >= 0 && p.DetectMs >= 0, p.LeaderMs >= 0 && p.CandidateMs >= 0,
+			p.CommitMs >= 0 && p.LeaderMs >= 0, p.AckMs >= 0 && p.CommitMs >= 0}
+		for i := range steps {
+			if ok[i] {
+				vals[i] = append(vals[i], steps[i])
+			}
+		}
+	}
+	var out []PhaseStats
+	for i, name := range PhaseNames {
+		s := slices.Clone(vals[i])
+		slices.Sort(s)
+		st := PhaseStats{Name: name, N: len(s)}
+		if len(s) > 0 {
+			st.P50Ms, st.P99Ms = bench.Percentile(s, 50), bench.Percentile(s, 99)
+		}
+		out = append(out, st)
+	}
+	return out
 }
 
 // falseElections watches leader changes with no crash, in each phase of o.FalsePhases,
 // with the clusters of both modes running at the same time under the same pressure.
 func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []FalseElections, err error) {
+	if len(o.FalseModes) > 0 {
+		fo := *o
+		fo.Modes, fo.FalseModes = o.FalseModes, nil
+		return fo.falseElections(ctx, electionTicks)
+	}
 	cs, closeAll, err := o.clusters(ctx, fmt.Sprintf("rbe%d", electionTicks), o.Nodes, electionTicks)
 	if err != nil {
 		return nil, err
@@ -466,6 +686,50 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 	return out, nil
 }
 
+// QuietTimeout answers the issue's question for one mode and false-election phase: the
+// shortest election timeout whose run saw no leader change and no term change (0: none of
+// those run), and the failover measured at that timeout in the same result (nil: not run).
+type QuietTimeout struct {
+	Offload           string    `json:"offload"`
+	Scenario          string    `json:"scenario"`
+	DurationS         float64   `json:"duration_s"` // the shortest run at that timeout
+	ElectionTimeoutMs float64   `json:"election_timeout_ms"`
+	Failover          *Failover `json:"-"`
+	Tried             string    `json:"tried"` // every timeout run: "20 ms: 2 changes, 30 ms: 0, ..."
+}
+
+// Quiet finds, per mode and phase of r's false-election runs, the shortest quiet timeout.
+func Quiet(r *Result) []QuietTimeout {
+	var out []QuietTimeout
+	idx := map[[2]string]int{}
+	for _, fe := range r.FalseElections {
+		k := [2]string{fe.Offload, fe.Scenario}
+		i, ok := idx[k]
+		if !ok {
+			i = len(out)
+			idx[k] = i
+			out = append(out, QuietTimeout{Offload: fe.Offload, Scenario: fe.Scenario})
+		}
+		q := &out[i]
+		if q.Tried != "" {
+			q.Tried += ", "
+		}
+		q.Tried += fmt.Sprintf("%.0f ms: %d (term +%d)", fe.ElectionTimeoutMs, fe.LeaderChanges, fe.TermIncrease)
+		if fe.LeaderChanges == 0 && fe.TermIncrease == 0 && (q.ElectionTimeoutMs == 0 || fe.ElectionTimeoutMs < q.ElectionTimeoutMs) {
+			q.ElectionTimeoutMs, q.DurationS = fe.ElectionTimeoutMs, fe.DurationS
+		}
+	}
+	for i := range out {
+		q := &out[i]
+		for j := range r.Failover {
+			if f := &r.Failover[j]; f.Offload == q.Offload && f.ElectionTimeoutMs == q.ElectionTimeoutMs && q.ElectionTimeoutMs > 0 {
+				q.Failover = f
+			}
+		}
+	}
+	return out
+}
+
 // watchLeaders polls every node's status every 20 ms for d and counts new (term, leader)
 // pairs. A change shorter than the polling interval can be missed; the term increase
 // (elections started, with pre-vote: elections that got a pre-vote quorum) is exact.
@@ -531,7 +795,7 @@ func (o *Options) throughput(ctx context.Context, nodes int, mode string) (t Thr
 			for n := 0; runCtx.Err() == nil; n++ {
 				op := raftlab.Op{Kind: raftlab.Put, Key: fmt.Sprintf("tp/%d", n%64), Value: fmt.Sprintf("%d.%d", i, n)}
 				t0 := time.Now()
-				cl.Do(ctx, c.Node(leader).ClientAddr, &op)
+				raftlab.Do(ctx, cl, c.Node(leader).ClientAddr, &op)
 				if op.Out.Err != "" || op.Out.Unknown {
 					errs++
 					continue
@@ -603,17 +867,30 @@ func (o *Options) heartbeats(ctx context.Context) (out []Heartbeats, err error) 
 	}
 	defer func() { err = errors.Join(err, closeAll()) }()
 	type sample struct {
-		cpu      time.Duration
-		hb, xdp  uint64
-		follower int
+		cpu, leaderCPU   time.Duration
+		hb, xdp, passes  uint64
+		follower, leader int
 	}
-	read := func(mode string, c *raftlab.Cluster, follower int) (sample, error) {
-		s := sample{follower: follower}
+	read := func(mode string, c *raftlab.Cluster, follower, leader int) (sample, error) {
+		s := sample{follower: follower, leader: leader}
 		var err error
 		if s.cpu, err = bench.ProcCPU(c.PID(follower)); err != nil {
 			return s, err
 		}
-		if mode == ModeOn {
+		if s.leaderCPU, err = bench.ProcCPU(c.PID(leader)); err != nil {
+			return s, err
+		}
+		if mode == ModeOn { // the conveyor's passes: what kernel heartbeats cost
+			cl := raftlab.NewClient(c.Client, 2*time.Second)
+			v, err := cl.Metric(ctx, c.Node(leader).ClientAddr.String(), "kedge_raft_heartbeat_pacer_total", `counter="tick_passes"`)
+			w, werr := cl.Metric(ctx, c.Node(leader).ClientAddr.String(), "kedge_raft_heartbeat_pacer_total", `counter="filler_passes"`)
+			cl.Close()
+			if err = errors.Join(err, werr); err != nil {
+				return s, err
+			}
+			s.passes = uint64(v + w)
+		}
+		if mode != ModeOff {
 			n := c.Node(follower)
 			in, err := offload.Inspect(n.Host.Handle, n.Host.Iface)
 			if err != nil {
@@ -629,7 +906,7 @@ func (o *Options) heartbeats(ctx context.Context) (out []Heartbeats, err error) 
 		}
 		cl := raftlab.NewClient(c.Client, 2*time.Second)
 		defer cl.Close()
-		v, err := cl.Metric(ctx, c.Node(follower).ClientAddr, "kedge_raft_transport_received_total", `type="MsgHeartbeat"`)
+		v, err := cl.Metric(ctx, c.Node(follower).ClientAddr.String(), "kedge_raft_transport_received_total", `type="MsgHeartbeat"`)
 		s.hb = uint64(v)
 		return s, err
 	}
@@ -640,7 +917,7 @@ func (o *Options) heartbeats(ctx context.Context) (out []Heartbeats, err error) 
 			return nil, err
 		}
 		follower := leader%o.Nodes + 1
-		if before[mode], err = read(mode, cs[mode], follower); err != nil {
+		if before[mode], err = read(mode, cs[mode], follower, leader); err != nil {
 			return nil, fmt.Errorf("offload %s: %w", mode, err)
 		}
 	}
@@ -653,12 +930,13 @@ func (o *Options) heartbeats(ctx context.Context) (out []Heartbeats, err error) 
 	d := time.Since(start)
 	for _, mode := range o.Modes {
 		b := before[mode]
-		a, err := read(mode, cs[mode], b.follower)
+		a, err := read(mode, cs[mode], b.follower, b.leader)
 		if err != nil {
 			return out, fmt.Errorf("offload %s: %w", mode, err)
 		}
 		h := Heartbeats{Offload: mode, DurationS: d.Seconds(), Received: a.hb - b.hb, InXDP: a.xdp - b.xdp,
-			ProcCPUMs: ms(a.cpu - b.cpu)}
+			ProcCPUMs: ms(a.cpu - b.cpu), LeaderCPUMs: ms(a.leaderCPU - b.leaderCPU),
+			PacerPassesPerS: float64(a.passes-b.passes) / d.Seconds()}
 		if h.Received > 0 {
 			h.CPUPerHBUs = float64((a.cpu - b.cpu).Microseconds()) / float64(h.Received)
 		}
@@ -683,8 +961,8 @@ func (o *Options) heartbeats(ctx context.Context) (out []Heartbeats, err error) 
 		if len(s) > 0 {
 			h.RTTP50Us, h.RTTP99Us, h.RTTMaxUs = bench.Percentile(s, 50), bench.Percentile(s, 99), s[len(s)-1]
 		}
-		o.logf("heartbeats, offload %s: %d in %.0fs (%d answered in XDP), follower process %.1f ms CPU, %.1f us per heartbeat; round trip p50 %.0f us p99 %.0f us (%d probes, %d lost)",
-			h.Offload, h.Received, h.DurationS, h.InXDP, h.ProcCPUMs, h.CPUPerHBUs, h.RTTP50Us, h.RTTP99Us, h.RTTProbes, h.RTTLost)
+		o.logf("heartbeats, offload %s: %d in %.0fs (%d answered in XDP), follower process %.1f ms CPU, %.1f us per heartbeat, leader process %.1f ms CPU, pacer %.0f passes/s; round trip p50 %.0f us p99 %.0f us (%d probes, %d lost)",
+			h.Offload, h.Received, h.DurationS, h.InXDP, h.ProcCPUMs, h.CPUPerHBUs, h.LeaderCPUMs, h.PacerPassesPerS, h.RTTP50Us, h.RTTP99Us, h.RTTProbes, h.RTTLost)
 	}
 	return out, nil
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/raft/client"
 )
 
 // Ports every node uses on its own address.
@@ -68,7 +69,7 @@ type Cluster struct {
 	Nodes  []*Node
 	Config string // the shared node config file
 
-	status *Client
+	status *client.Client
 }
 
 // NodeName is the lab host name of node id.
@@ -266,7 +267,7 @@ func (c *Cluster) Running(id int) bool {
 
 // Status asks node id.
 func (c *Cluster) Status(ctx context.Context, id int) (Status, error) {
-	return c.status.Status(ctx, c.Node(id).ClientAddr)
+	return c.status.Status(ctx, c.Node(id).ClientAddr.String())
 }
 
 // WaitReady waits until node id answers /v1/status (or its process exits).

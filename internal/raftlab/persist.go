@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/runstate"
@@ -49,12 +50,25 @@ func readInfo(dir string) (Info, error) {
 func ForceDown(name, dir string) (int, error) {
 	var errs []error
 	if info, err := readInfo(dir); err == nil {
+		var killed []int
 		for _, n := range info.Nodes {
 			cl, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", n.PID))
 			if n.PID > 0 && err == nil && strings.Contains(string(cl), "raft\x00serve\x00--config\x00"+info.Config) {
 				if err := syscall.Kill(n.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 					errs = append(errs, fmt.Errorf("kill node %d (pid %d): %w", n.ID, n.PID, err))
+				} else {
+					killed = append(killed, n.PID)
 				}
+			}
+		}
+		// What the killed nodes made themselves (their kernel heartbeats' pacer namespace)
+		// goes once each is gone (a process still exiting holds its owner lock).
+		for _, pid := range killed {
+			for deadline := time.Now().Add(5 * time.Second); alive(pid) && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond) // polling the process's end
+			}
+			if _, err := lab.CleanupStaleOf(pid); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	}
@@ -90,4 +104,11 @@ func init() {
 		}
 		return out, nil
 	}})
+}
+
+// alive reports whether pid runs (a zombie does not: it holds nothing any more).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	i := strings.LastIndexByte(string(b), ')')
+	return err == nil && i > 0 && i+2 < len(b) && b[i+2] != 'Z'
 }

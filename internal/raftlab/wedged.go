@@ -27,7 +27,7 @@ type Wedged struct {
 // otherwise the leader may be stopped before its first renewal.
 func (c *Cluster) WaitKernelHeartbeats(ctx context.Context, id int) error {
 	for {
-		v, err := c.status.Metric(ctx, c.Node(id).ClientAddr, "kedge_raft_heartbeats_kernel_total")
+		v, err := c.status.Metric(ctx, c.Node(id).ClientAddr.String(), "kedge_raft_heartbeats_kernel_total")
 		if err == nil && v > 0 {
 			return nil
 		}

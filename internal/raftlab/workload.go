@@ -88,7 +88,7 @@ func (c *Cluster) client(ctx context.Context, w Workload, nodes []int, idx int, 
 		}
 		opCtx, cancel := context.WithTimeout(context.Background(), w.Timeout)
 		op.Call = h.Now()
-		cl.Do(opCtx, c.Node(node).ClientAddr, &op)
+		Do(opCtx, cl, c.Node(node).ClientAddr, &op)
 		op.Return = h.Now()
 		cancel()
 		h.Add(op)

@@ -79,3 +79,43 @@ type Status struct {
 	Offload string       `json:"offload,omitempty"`
 	Peers   []PeerStatus `json:"peers,omitempty"`
 }
+
+// Event kinds of GET /v1/events: what a node saw of an election, in order.
+const (
+	EventDetector     = "detector"      // the kernel's failure detector fired (Detail: campaign, or why not)
+	EventPreCandidate = "pre-candidate" // etcd-raft started a pre-vote (HeardNs: the leader last heard)
+	EventCandidate    = "candidate"     // a pre-vote quorum: a real election, term and own vote durable
+	EventLeader       = "leader"        // this node won (Term)
+	EventFollower     = "follower"      // this node follows (Leader, 0 while unknown)
+	EventVote         = "vote"          // this node granted its (durable) vote to Peer
+	EventCommitted    = "committed"     // as leader: the first entry of its term committed (Detail: index)
+)
+
+// Event is one entry of a node's election record. Times are CLOCK_MONOTONIC ns: every
+// process on the machine shares the clock, so a harness can line up several nodes' records
+// with its own timestamps.
+type Event struct {
+	AtNs    int64  `json:"at_ns"`
+	Kind    string `json:"kind"`
+	Term    uint64 `json:"term"`
+	Leader  uint64 `json:"leader,omitempty"`
+	Peer    uint64 `json:"peer,omitempty"`
+	HeardNs int64  `json:"heard_ns,omitempty"` // last message from the leader (0: never)
+	Detail  string `json:"detail,omitempty"`
+}
+
+// Events answers GET /v1/events?since_ns=N: the node's election record after N (at most the
+// last 256 events).
+type Events struct {
+	NowNs  int64   `json:"now_ns"`
+	Events []Event `json:"events"`
+}
+
+// Leader answers GET /v1/leader?after_term=N&wait=D: as soon as the node knows a leader in
+// a term above N (or when D has passed: then Leader may be 0).
+type Leader struct {
+	ID     uint64 `json:"id"` // the node that answers
+	Leader uint64 `json:"leader"`
+	Term   uint64 `json:"term"`
+	Client string `json:"client,omitempty"` // the leader's client address (from the config)
+}

@@ -1,9 +1,12 @@
 // Package client is the Go client of kedge raft's HTTP/JSON API (docs/raft.md section 2),
-// used by `kedge raft kv|status` and by the lab's checker. A Client with one endpoint talks
-// to that node only; with several it moves to the next on a refused connection or a 503.
+// used by `kedge raft kv|status`, by the lab's checker and by `kedge bench raft` (the one
+// HTTP client of kedge raft). A Client with one endpoint talks to that node only; with
+// several it moves to the next on a refused connection or a 503. LeaderAfter finds a new
+// leader by asking every endpoint at once.
 package client
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,6 +16,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/raft/api"
@@ -117,15 +122,37 @@ func (c *Client) once(ctx context.Context, ep, method, path string, body []byte,
 	if resp.StatusCode != http.StatusOK {
 		var ae api.Error
 		if json.Unmarshal(data, &ae) != nil || ae.Error == "" {
+			// Not the node's own error body: a 5xx other than 503 may come after the write
+			// was proposed (a proxy, a crash mid-request).
 			ae = api.Error{Error: http.StatusText(resp.StatusCode), Outcome: api.OutcomeNone}
+			if write && resp.StatusCode >= 500 && resp.StatusCode != http.StatusServiceUnavailable {
+				ae.Outcome = api.OutcomeUnknown
+			}
+		}
+		if write && resp.StatusCode == http.StatusGatewayTimeout {
+			ae.Outcome = api.OutcomeUnknown
 		}
 		return &Error{Endpoint: ep, Status: resp.StatusCode, Outcome: ae.Outcome, Msg: ae.Error, Hint: ae.Hint, Leader: ae.Leader}
 	}
 	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("%s: decode response: %w", ep, err)
+		outcome := api.OutcomeNone
+		if write { // the node answered 200: the write applied, but we cannot read what it said
+			outcome = api.OutcomeUnknown
+		}
+		return &Error{Endpoint: ep, Status: resp.StatusCode, Outcome: outcome, Msg: "decode response: " + err.Error()}
 	}
 	return nil
 }
+
+// Close drops idle connections.
+func (c *Client) Close() {
+	if c.HTTP != nil {
+		c.HTTP.CloseIdleConnections()
+	}
+}
+
+// At is a client of the one node ep, sharing c's HTTP client.
+func (c *Client) At(ep string) *Client { return &Client{Endpoints: []string{ep}, HTTP: c.HTTP} }
 
 func kvPath(prefix, key string) string { return prefix + url.PathEscape(key) }
 
@@ -163,4 +190,88 @@ func (c *Client) Status(ctx context.Context, endpoint string) (api.Status, error
 	var s api.Status
 	err := c.once(ctx, endpoint, http.MethodGet, "/v1/status", nil, &s, false)
 	return s, err
+}
+
+// Events reads node endpoint's election record after sinceNs (CLOCK_MONOTONIC ns).
+func (c *Client) Events(ctx context.Context, endpoint string, sinceNs int64) (api.Events, error) {
+	var ev api.Events
+	err := c.once(ctx, endpoint, http.MethodGet, "/v1/events?since_ns="+strconv.FormatInt(sinceNs, 10), nil, &ev, false)
+	return ev, err
+}
+
+// LeaderAfter asks every endpoint at once to name a leader of a term above afterTerm (each
+// node answers as soon as it knows one: GET /v1/leader long-polls) and returns the first
+// answer that does. It asks again until ctx ends; unreachable endpoints are skipped.
+func (c *Client) LeaderAfter(ctx context.Context, afterTerm uint64) (api.Leader, error) {
+	if len(c.Endpoints) == 0 {
+		return api.Leader{}, errors.New("no endpoints (give --endpoints or --config)")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	const wait = time.Second
+	path := fmt.Sprintf("/v1/leader?after_term=%d&wait=%v", afterTerm, wait)
+	found := make(chan api.Leader, len(c.Endpoints))
+	for _, ep := range c.Endpoints {
+		go func() {
+			for ctx.Err() == nil {
+				var l api.Leader
+				err := c.once(ctx, ep, http.MethodGet, path, nil, &l, false)
+				if err == nil && l.Leader != 0 && l.Term > afterTerm {
+					found <- l
+					return
+				}
+				if err != nil { // a dead node refuses at once: do not spin on it
+					select {
+					case <-ctx.Done():
+					case <-time.After(wait): // this endpoint's next try
+					}
+				}
+			}
+		}()
+	}
+	select {
+	case l := <-found:
+		return l, nil
+	case <-ctx.Done():
+		return api.Leader{}, fmt.Errorf("find a leader after term %d: %w", afterTerm, ctx.Err())
+	}
+}
+
+// Metric sums the samples of the Prometheus metric name on node endpoint whose labels
+// contain every one of labels (`key="value"`).
+func (c *Client) Metric(ctx context.Context, endpoint, name string, labels ...string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.http().Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("metrics of %s: %w", endpoint, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("metrics of %s: HTTP %d", endpoint, resp.StatusCode)
+	}
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		for _, l := range labels {
+			ok = ok && strings.Contains(rest, l)
+		}
+		f := strings.Fields(rest)
+		if !ok || len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("metrics of %s: line %q: %w", endpoint, line, err)
+		}
+		sum += v
+	}
+	return sum, sc.Err()
 }

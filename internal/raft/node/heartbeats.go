@@ -36,7 +36,7 @@ func newHeartbeatCounter(reg *prometheus.Registry, on bool) prometheus.Counter {
 // path, whose kernel-channel auth_seq it shares (one counter per node: auth.h).
 func (n *Node) startHeartbeats() error {
 	n.hb = n.opts.Heartbeats
-	if n.hb != nil || !n.opts.KernelHeartbeats {
+	if n.hb != nil || n.opts.KernelHeartbeats == OffloadOff {
 		return nil
 	}
 	var seq *ebpf.Map
@@ -45,10 +45,46 @@ func (n *Node) startHeartbeats() error {
 	}
 	l, err := offload.LeaderFromConfig(n.cfg, n.opts.HeartbeatLease, seq, n.log)
 	if err != nil {
+		if n.opts.KernelHeartbeats == OffloadAuto {
+			n.log.Warn("raft: kernel heartbeats off, the sender is not available here (user space sends them)", "err", err)
+			return nil
+		}
 		return fmt.Errorf("start kernel heartbeats: %w", err)
 	}
 	n.hbLeader, n.hb = l, l
+	n.reg.MustRegister(&senderCollector{l: l})
 	return nil
+}
+
+// senderCollector exports the kernel sender's counters and its pacer's as
+// kedge_raft_heartbeat_sender_total{counter} and kedge_raft_heartbeat_pacer_total{counter}
+// (tick_passes + filler_passes: what the conveyor costs; docs/raft.md "Kernel paths:
+// leader heartbeats").
+type senderCollector struct{ l *offload.Leader }
+
+var (
+	senderDesc = prometheus.NewDesc("kedge_raft_heartbeat_sender_total",
+		"Kernel heartbeat sender counters (bpf/raft/leader.bpf.c).", []string{"counter"}, nil)
+	pacerDesc = prometheus.NewDesc("kedge_raft_heartbeat_pacer_total",
+		"Counters of the pacer the kernel heartbeats ride (docs/pacer.md).", []string{"counter"}, nil)
+)
+
+func (c *senderCollector) Describe(ch chan<- *prometheus.Desc) { ch <- senderDesc; ch <- pacerDesc }
+
+func (c *senderCollector) Collect(ch chan<- prometheus.Metric) {
+	s, err := c.l.Stats()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(senderDesc, err)
+		return
+	}
+	k := s.Counters
+	for name, v := range map[string]uint64{"ticks": k.Ticks, "ticks_sent": k.TicksSent, "ticks_expired": k.TicksExpired,
+		"heartbeats": k.Heartbeats, "inactive": k.Inactive, "send_errors": k.SendErrors, "suppressed": s.Suppressed} {
+		ch <- prometheus.MustNewConstMetric(senderDesc, prometheus.CounterValue, float64(v), name)
+	}
+	for name, v := range s.Pacer.Counters {
+		ch <- prometheus.MustNewConstMetric(pacerDesc, prometheus.CounterValue, float64(v), name)
+	}
 }
 
 func (n *Node) closeHeartbeats() error {

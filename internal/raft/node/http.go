@@ -18,6 +18,8 @@ func (n *Node) handler() http.Handler {
 	mux.HandleFunc("DELETE /v1/kv/{key}", n.handleDelete)
 	mux.HandleFunc("POST /v1/cas/{key}", n.handleCAS)
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, n.Status()) })
+	mux.HandleFunc("GET /v1/events", n.handleEvents)
+	mux.HandleFunc("GET /v1/leader", n.handleLeader)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		n.writeErr(w, http.StatusNotFound, fmt.Errorf("no such endpoint: %s %s", r.Method, r.URL.Path),

@@ -38,9 +38,10 @@ type Options struct {
 	Offload Offload
 	Log     *slog.Logger
 	// KernelHeartbeats: as leader, the kernel sends the heartbeats while a lease holds
-	// (heartbeats.go; docs/raft.md "Kernel paths: leader heartbeats"). HeartbeatLease is
-	// how long one renewal keeps it sending (0: the election timeout).
-	KernelHeartbeats bool
+	// (heartbeats.go; docs/raft.md "Kernel paths: leader heartbeats"): off, auto (where the
+	// kernel allows, else a log line) or on (else New fails). HeartbeatLease is how long one
+	// renewal keeps it sending (0: the election timeout).
+	KernelHeartbeats Offload
 	HeartbeatLease   time.Duration
 	// Heartbeats, when set, is used instead of the kernel sender KernelHeartbeats starts
 	// (tests: a recorder).
@@ -100,6 +101,14 @@ type Node struct {
 	fol         *follower
 	termDurable uint64
 
+	// The election record (events.go): GET /v1/events and GET /v1/leader. lastState,
+	// leaderTermStart and committedTerm are the Ready loop's.
+	events          eventRing
+	leaderWatch     leaderWatch
+	lastState       raft.StateType
+	leaderTermStart uint64
+	committedTerm   uint64
+
 	applied   atomic.Uint64
 	snapIndex atomic.Uint64
 	leader    atomic.Uint64
@@ -116,7 +125,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		kv: map[string]string{}, waiters: map[uint64]chan api.WriteResponse{}, reads: map[uint64]*readWaiter{},
 		confState: &pb.ConfState{}, done: make(chan struct{})}
 	n.m = newMetrics(n.reg)
-	n.hbKernel = newHeartbeatCounter(n.reg, opts.Heartbeats != nil || opts.KernelHeartbeats)
+	n.hbKernel = newHeartbeatCounter(n.reg, opts.Heartbeats != nil || opts.KernelHeartbeats != OffloadOff)
 	st, rec, err := storage.Open(cfg.DataDir, n.log)
 	if err != nil {
 		return nil, err
@@ -268,6 +277,8 @@ func (n *Node) loop(ctx context.Context) {
 				continue
 			}
 			n.onLeaderSilent(ctx, ev)
+		case <-n.fol.rechecks():
+			n.onLeaderSilent(ctx, n.fol.recheckEv)
 		case rd, ok := <-n.rn.Ready():
 			if !ok {
 				return
@@ -284,6 +295,7 @@ func (n *Node) loop(ctx context.Context) {
 
 // handleReady follows etcd-raft's contract (docs/raft.md section 5).
 func (n *Node) handleReady(rd raft.Ready) error {
+	prevLead := n.leader.Load()
 	if rd.SoftState != nil {
 		old := n.leader.Swap(rd.SoftState.Lead)
 		if old != rd.SoftState.Lead {
@@ -320,6 +332,11 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	}
 	if rd.SoftState != nil {
 		n.renewHeartbeats() // a lost leadership drops the kernel's lease before anything else goes out
+	}
+	n.recordReady(&rd, prevLead)
+	rd.Messages = n.holdEarlyPreVotes(rd.Messages, prevLead)
+	if rd.SoftState != nil || rd.HardState != nil {
+		n.leaderWatch.changed()
 	}
 	if n.beforeSend != nil {
 		n.beforeSend(rd.Messages)

@@ -6,10 +6,12 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/raft/api"
 	"github.com/kedge-dev/kedge/internal/raft/config"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
 	"github.com/kedge-dev/kedge/internal/raft/wire"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 )
@@ -46,6 +48,11 @@ type follower struct {
 	lastAlive time.Duration // CLOCK_MONOTONIC of the last Alive refresh
 
 	wakeups *prometheus.CounterVec
+
+	// recheck: a wake-up the leader's appends made stale is looked at again when the
+	// silence after them reaches the node's slot (Ready loop only).
+	recheck   *time.Timer
+	recheckEv offload.Event
 }
 
 // hbFeeder turns the kernel's heartbeat record into the etcd-raft step it stands for: one
@@ -96,7 +103,7 @@ func (n *Node) startOffload(mode Offload) error {
 		}
 	}
 	f.k, err = offload.NewFollower(offload.FollowerOptions{ClusterID: n.cfg.ClusterID, Self: n.cfg.ID, RaftAddr: self,
-		Key: n.cfg.ClusterKey, Peers: allow, Netns: -1, Detect: et, DetectJitter: et, AliveFor: et, Log: n.log})
+		Key: n.cfg.ClusterKey, Peers: allow, Netns: -1, Detect: et, AliveFor: et, Log: n.log})
 	if err != nil {
 		if mode == OffloadAuto {
 			n.log.Warn("raft offload: off, the follower kernel path is not available here", "err", err)
@@ -105,9 +112,11 @@ func (n *Node) startOffload(mode Offload) error {
 		return fmt.Errorf("start follower offload: %w", err)
 	}
 	f.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
-		Name: "offload_wakeups_total", Help: "Leader-silent wake-ups from the kernel's failure detector by outcome (campaign, stale)."},
+		Name: "offload_wakeups_total", Help: "Leader-silent wake-ups from the kernel's failure detector by outcome (campaign, stale), and early campaigns of etcd-raft's own timer held until the detector's slot (held)."},
 		[]string{"result"})
 	n.reg.MustRegister(f.wakeups, &offloadCollector{k: f.k})
+	f.recheck = time.NewTimer(time.Hour)
+	f.recheck.Stop()
 	n.fol = f
 	return nil
 }
@@ -118,6 +127,14 @@ func (f *follower) events() <-chan offload.Event {
 		return nil
 	}
 	return f.k.Events()
+}
+
+// rechecks is the channel of the delayed second look (nil without offload: never ready).
+func (f *follower) rechecks() <-chan time.Time {
+	if f == nil {
+		return nil
+	}
+	return f.recheck.C
 }
 
 // tick feeds the kernel's heartbeat record into etcd-raft; called before each Tick.
@@ -165,11 +182,18 @@ func (n *Node) offloadMirror(term, lead uint64) {
 	if f == nil {
 		return
 	}
+	// A leader mirrors itself: its program then answers no heartbeat (none comes from
+	// itself) and passes every pre-vote up (prevote.h RAFT_PV_PASS_LEADER), where
+	// etcd-raft's leader ignores it while its lease holds. Mirrored as "no leader" (as
+	// before), its XDP granted a follower's pre-vote for a higher term: with the
+	// candidate's own, a quorum of a 3-node cluster, and the real election that followed
+	// deposed the live leader (the false elections under stress, docs/raft.md section 12).
 	d := offload.Durable{Term: term, Leader: lead}
-	if lead == n.cfg.ID {
-		d.Leader = 0 // a leader receives no heartbeats
-	} else if lead != 0 {
+	if lead != 0 {
 		d.LeaderAddr = f.peers[lead]
+	}
+	if lead != 0 && lead != n.cfg.ID {
+		d.DetectAfter = detectAfter(f.detect, n.cfg.ID, lead, f.peers)
 	}
 	last, err := n.st.LastIndex()
 	if err == nil {
@@ -190,6 +214,29 @@ func (n *Node) offloadMirror(term, lead uint64) {
 	f.mirror, f.lead, f.mirrored = d, lead, true
 }
 
+// Failure detector timing (docs/raft.md section 14): the first follower after the leader
+// (ids in ascending order, wrapping) wakes detectMargin after the election timeout, the next
+// one detectStagger(T) later, and so on. The margin covers the spread of one heartbeat's
+// arrivals at the followers (the voter's lease, in XDP and in etcd-raft, must have run out
+// when the pre-vote arrives); the stagger is more than a pre-vote and vote round with its
+// fsyncs, so that two followers do not split the vote. etcd-raft's own randomized timer
+// ([T, 2T) ticks) still runs behind it.
+const detectMargin = time.Millisecond
+
+func detectStagger(et time.Duration) time.Duration { return max(et/4, 2*time.Millisecond) }
+
+// detectAfter is self's detector timeout while leader leads, et the election timeout.
+func detectAfter(et time.Duration, self, leader uint64, peers map[uint64]netip.AddrPort) time.Duration {
+	rank := 0
+	for id := range peers {
+		// the followers before self, going up from the leader and wrapping (unsigned)
+		if id != leader && id != self && id-leader-1 < self-leader-1 {
+			rank++
+		}
+	}
+	return et + detectMargin + time.Duration(rank)*detectStagger(et)
+}
+
 // onLeaderSilent handles a failure-detector wake-up: if the node still follows that leader in
 // that term, nothing newer was answered in the kernel and user space heard nothing from the
 // leader either, it starts a pre-vote now (PreVote is on: Campaign begins with one) instead of
@@ -197,10 +244,18 @@ func (n *Node) offloadMirror(term, lead uint64) {
 func (n *Node) onLeaderSilent(ctx context.Context, ev offload.Event) {
 	f := n.fol
 	stale := func(why string) {
+		n.events.add(api.Event{AtNs: int64(ev.Fired), Kind: api.EventDetector, Term: ev.Term, Leader: ev.Leader,
+			HeardNs: int64(ev.LastArrival), Detail: "stale: " + why})
 		f.wakeups.WithLabelValues("stale").Inc()
 		n.log.Debug("raft offload: leader-silent event ignored", "why", why, "leader", ev.Leader, "term", ev.Term)
 	}
-	if n.leader.Load() != ev.Leader || f.mirror.Term != ev.Term {
+	// A pre-candidate of the same term is the node whose own etcd-raft timer fired first:
+	// its ticks count the election timeout to within a tick, so its pre-vote may have gone
+	// out before the voters' leases ran out (XDP's is exact: T after the last heartbeat) and
+	// been ignored. The detector fires after the leases: ask again now rather than after
+	// another randomized timeout.
+	preCand := n.leader.Load() == 0 && n.lastState == raft.StatePreCandidate
+	if (n.leader.Load() != ev.Leader && !preCand) || f.mirror.Term != ev.Term {
 		stale("leader or term changed")
 		return
 	}
@@ -210,15 +265,56 @@ func (n *Node) onLeaderSilent(ctx context.Context, ev offload.Event) {
 		return
 	}
 	if t := n.tr.LastHeard(ev.Leader); !t.IsZero() && time.Since(t) < f.detect {
+		// An append (TCP: the program does not see it) came after the last heartbeat:
+		// look again when this node's slot after it has passed, as the kernel would have.
 		stale("leader heard in user space")
+		if wait := detectAfter(f.detect, n.cfg.ID, ev.Leader, f.peers) - time.Since(t); wait > 0 {
+			f.recheck.Reset(wait)
+			f.recheckEv = ev
+		}
 		return
 	}
+	n.events.add(api.Event{AtNs: int64(ev.Fired), Kind: api.EventDetector, Term: ev.Term, Leader: ev.Leader,
+		HeardNs: int64(ev.LastArrival), Detail: "campaign"})
 	f.wakeups.WithLabelValues("campaign").Inc()
 	n.log.Info("raft offload: leader silent, starting a pre-vote", "leader", ev.Leader, "term", ev.Term,
 		"silent_for", ev.Fired-ev.LastArrival)
 	if err := n.rn.Campaign(ctx); err != nil && ctx.Err() == nil {
 		n.log.Warn("raft offload: campaign", "err", err)
 	}
+}
+
+// holdEarlyPreVotes drops the pre-votes of a campaign etcd-raft's own timer started before
+// this node's detector slot (detectAfter) after the last word from leader. Its ticks count
+// the election timeout to within a tick and are randomized over [T, 2T): early, the voters'
+// leases still hold and the pre-votes are ignored; later, they race the detector of the
+// follower ranked before this one and split the vote. Held, the node waits as a
+// pre-candidate (granting others' pre-votes) until its detector fires and onLeaderSilent
+// campaigns again. Dropping a pre-vote is what a lossy network does: liveness only.
+func (n *Node) holdEarlyPreVotes(msgs []*pb.Message, prevLead uint64) []*pb.Message {
+	f := n.fol
+	if f == nil || prevLead == 0 || prevLead == n.cfg.ID || n.lastState != raft.StatePreCandidate {
+		return msgs
+	}
+	heard := n.heardNs(prevLead)
+	if heard == 0 || time.Duration(int64(offload.Monotonic())-heard) >= detectAfter(f.detect, n.cfg.ID, prevLead, f.peers) {
+		return msgs
+	}
+	out := msgs[:0]
+	held := 0
+	for _, m := range msgs {
+		if m.GetType() == pb.MsgPreVote {
+			held++
+			continue
+		}
+		out = append(out, m)
+	}
+	if held > 0 {
+		f.wakeups.WithLabelValues("held").Inc()
+		n.events.add(api.Event{Kind: api.EventDetector, Term: n.termDurable, Leader: prevLead, HeardNs: heard,
+			Detail: "held: etcd-raft's timer fired before this node's detector slot"})
+	}
+	return out
 }
 
 // dropSynthResps removes the answers to synthesized heartbeats from msgs (in place).

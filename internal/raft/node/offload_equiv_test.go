@@ -322,3 +322,21 @@ func TestOffloadEquivalence(t *testing.T) {
 	}
 	t.Logf("equivalent over %d ticks; %d of the heartbeats answered in the kernel, the rest passed up", lastHB+1, answered)
 }
+
+// The detector's order: the followers after the leader in ascending ids, wrapping, each one
+// stagger later than the one before.
+func TestDetectAfter(t *testing.T) {
+	const et = 20 * time.Millisecond
+	peers := map[uint64]netip.AddrPort{1: {}, 2: {}, 3: {}, 4: {}, 5: {}}
+	st := detectStagger(et)
+	for _, c := range []struct {
+		self, leader uint64
+		rank         int
+	}{
+		{2, 1, 0}, {3, 1, 1}, {5, 1, 3}, {4, 3, 0}, {5, 3, 1}, {1, 3, 2}, {2, 3, 3}, {1, 5, 0}, {4, 5, 3},
+	} {
+		if got, want := detectAfter(et, c.self, c.leader, peers), et+detectMargin+time.Duration(c.rank)*st; got != want {
+			t.Errorf("self %d, leader %d: %v, want %v (rank %d)", c.self, c.leader, got, want, c.rank)
+		}
+	}
+}

@@ -120,6 +120,10 @@ func (c *pcluster) kill(id uint64) {
 	p.cmd.Process.Kill()
 	<-p.done
 	delete(c.procs, id)
+	// A killed node cannot remove what it made (its kernel heartbeats' pacer namespace).
+	if _, err := lab.CleanupStaleOf(p.cmd.Process.Pid); err != nil {
+		c.t.Errorf("clean up after node %d: %v", id, err)
+	}
 }
 
 // client returns a client of the given nodes; in a lab its connections are made inside

@@ -250,6 +250,9 @@ type Durable struct {
 	LeaderAddr netip.AddrPort // its raft address (ignored without a leader)
 	// LastIndex and LastTerm are the end of the fsynced log (pre-votes are judged on it).
 	LastIndex, LastTerm uint64
+	// DetectAfter is the failure detector's timeout while Leader leads (0: Detect); the
+	// pre-vote lease stays Detect (the election timeout).
+	DetectAfter time.Duration
 }
 
 // Mirror records the node's durable state. Call it only after what it says is fsynced: the
@@ -260,6 +263,7 @@ func (f *Follower) Mirror(d Durable) error {
 	term, leader, leaderAddr := d.Term, d.Leader, d.LeaderAddr
 	f.st.Term, f.st.Leader = term, leader
 	f.st.LastIndex, f.st.LastTerm = d.LastIndex, d.LastTerm
+	f.st.DetectAfterNs = uint64(d.DetectAfter)
 	f.st.LeaderAddr.In6U.U6Addr8 = [16]byte{}
 	f.st.LeaderPort = 0
 	if leader != 0 {

@@ -107,6 +107,7 @@ type raftxdpRaftxState struct {
 	DetectJitterNs uint64
 	LastIndex      uint64
 	LastTerm       uint64
+	DetectAfterNs  uint64
 }
 
 type raftxdpRaftxStats struct {

@@ -434,6 +434,7 @@ func (t *Transport) sendLoop(p *peer) {
 		c        net.Conn
 		w        *bufio.Writer
 		auth     *wire.FrameAuth
+		broken   chan struct{} // closed when the peer closed or reset the connection
 		nextDial time.Time
 		backoff  = redialMin
 	)
@@ -461,6 +462,15 @@ func (t *Transport) sendLoop(p *peer) {
 			return
 		case m = <-p.queue:
 		}
+		if c != nil {
+			select {
+			case <-broken:
+				// The peer went away (a restarted process, a closed socket): a write would
+				// still succeed into the dead connection and the message be lost. Redial now.
+				closeConn()
+			default:
+			}
+		}
 		if c == nil {
 			if time.Now().Before(nextDial) {
 				fail(m, errors.New("peer unreachable, waiting to redial"))
@@ -484,6 +494,9 @@ func (t *Transport) sendLoop(p *peer) {
 				return
 			}
 			c, w, backoff = conn, bufio.NewWriterSize(conn, 64<<10), redialMin
+			broken = make(chan struct{})
+			t.wg.Add(1)
+			go t.watchConn(conn, broken, p.ID)
 		}
 		if err := t.writeFrame(c, w, m, auth); err != nil {
 			fail(m, err)
@@ -502,6 +515,23 @@ func (t *Transport) sendLoop(p *peer) {
 				continue
 			}
 			t.raft.ReportSnapshot(p.ID, raft.SnapshotFinish)
+		}
+	}
+}
+
+// watchConn reads the outbound connection c (the peer sends nothing on it after the
+// handshake) until it ends: EOF or a reset means the peer is gone, and broken tells the
+// sender before its next write.
+func (t *Transport) watchConn(c net.Conn, broken chan struct{}, peer uint64) {
+	defer t.wg.Done()
+	defer close(broken)
+	var b [64]byte
+	for {
+		if _, err := c.Read(b[:]); err != nil {
+			if !errors.Is(err, net.ErrClosed) { // not our own close
+				t.m.peerClosed.WithLabelValues(strconv.FormatUint(peer, 10)).Inc()
+			}
+			return
 		}
 	}
 }
@@ -561,7 +591,7 @@ func (d *dropLogger) note(reason, transport, src string, size int) {
 }
 
 type metrics struct {
-	sent, received, dropped, sendDropped, sendErrors *prometheus.CounterVec
+	sent, received, dropped, sendDropped, sendErrors, peerClosed *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -578,6 +608,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		dropped:     cv("transport_dropped_total", "Packets and bulk connections refused by the transport's checks, by reason.", "reason"),
 		sendDropped: cv("transport_send_dropped_total", "Bulk messages dropped because the peer's send queue was full.", "peer"),
 		sendErrors:  cv("transport_send_errors_total", "Send failures (unreachable peer, write error), by transport.", "transport"),
+		peerClosed:  cv("transport_bulk_peer_closed_total", "Outbound bulk connections the peer closed or reset (redialled at the next message, none lost into them).", "peer"),
 	}
 	for r := wire.Reason(1); r < wire.ReasonMax; r++ {
 		m.dropped.WithLabelValues(r.String())
