@@ -527,6 +527,10 @@ static __always_inline int respond(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	}
 
+	/* A stored request's cell leaves the ring now when it is the head (no tick needed). */
+	if (s == REQ_PENDING)
+		store_answered(&m, e);
+
 	/* A response from another replica than the one the client addressed is rewritten so
 	 * the client (a connected socket included) accepts it. */
 	orig = m.cfg->orig_index;

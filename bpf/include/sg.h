@@ -8,7 +8,8 @@
  *   coordinator iface ingress (sg_gather)   : a worker's reply is checked (group, registered
  *       worker address and port, full request id, duplicate bit), reduced into the slot's
  *       aggregate and dropped; the reply that completes the request emits the result
- *       into the ring buffer
+ *       into the ring buffer (with SG_GF_WAKE_SOCKET it is then passed to the
+ *       coordinator socket as the reader's wake-up instead of dropped)
  *   expiry (bpf_timer per slot, or sg_sweep): a request not complete by its deadline
  *       completes with status SG_ST_TIMEOUT, the partial aggregate and the bitmap
  * Go mirrors these structs through bpf2go (-type); padding is explicit.
@@ -99,6 +100,13 @@ enum sg_status {
 #define SG_GF_LOOPBACK 0x1 /* the interface is a loopback: batches are handed on through its
 			    * egress (a packet redirected to lo's ingress loses its route, and
 			    * 127.0.0.0/8 without one is martian on input) */
+#define SG_GF_WAKE_SOCKET 0x2 /* the reply that completes a request is passed (XDP_PASS) to the
+			       * coordinator socket, untouched, and its result is emitted with
+			       * BPF_RB_NO_WAKEUP: the packet's arrival on the socket is the
+			       * reader's wake-up (softirq -> sk_data_ready, as a user-space
+			       * baseline is woken) instead of the ring buffer's irq_work. The
+			       * result is committed before XDP returns, so it is in the ring when
+			       * the socket wakes. Timeouts (no packet) keep the ring's wake-up. */
 
 /* Result flags. */
 #define SG_F_OVERFLOW 0x1 /* an int64 sum wrapped */

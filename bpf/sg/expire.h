@@ -35,7 +35,7 @@ static __always_inline int expire_slot(struct sg_slot *s, __u64 now)
 		return 0;
 	cnt = stats_for(group < SG_GROUPS_MAX ? group : NO_GROUP);
 	COUNT(cnt, timeouts);
-	emit_result(s, cnt);
+	emit_result(s, cnt, 0); /* no packet to wake the reader: the ring does */
 	return 1;
 }
 

@@ -15,7 +15,9 @@
  *   slot still pending .................... else dropped (late)
  *   worker's bit not yet set .............. else dropped (duplicates)
  * Then it is reduced under the slot's lock and dropped; the reply that completes the
- * request (count reaches need) also emits the result into the ring buffer. */
+ * request (count reaches need) also emits the result into the ring buffer, and with the
+ * group flag SG_GF_WAKE_SOCKET it is passed (XDP_PASS, untouched) to the coordinator
+ * socket instead of dropped: its arrival wakes the reader (docs/sg.md, Delivery). */
 #ifndef KEDGE_SG_GATHER_H
 #define KEDGE_SG_GATHER_H
 
@@ -264,7 +266,13 @@ static __always_inline int gather(struct xdp_md *ctx)
 	case G_COMPLETED:
 		COUNT(cnt, replies);
 		COUNT(cnt, completed);
-		emit_result(s, cnt);
+		if (g->flags & SG_GF_WAKE_SOCKET) {
+			/* The result is committed before the packet goes up the stack, so the
+			 * reader the socket wakes finds it in the ring. */
+			emit_result(s, cnt, BPF_RB_NO_WAKEUP);
+			return XDP_PASS;
+		}
+		emit_result(s, cnt, 0);
 		break;
 	default:
 		COUNT(cnt, replies);

@@ -80,10 +80,12 @@ static __always_inline int addr_eq(const struct in6_addr *a, const struct in6_ad
 }
 
 /* emit_result sends a completed slot's result to user space. The slot is DONE, so no
- * other program writes it until user space has read the result and reuses the slot. */
-static __always_inline void emit_result(struct sg_slot *s, struct sg_stats *cnt)
+ * other program writes it until user space has read the result and reuses the slot.
+ * flags: 0 (the ring wakes its reader) or BPF_RB_NO_WAKEUP (SG_GF_WAKE_SOCKET: the
+ * completing reply, passed to the coordinator socket, wakes it). */
+static __always_inline void emit_result(struct sg_slot *s, struct sg_stats *cnt, __u64 flags)
 {
-	if (bpf_ringbuf_output(&results, &s->res, sizeof(s->res), 0) < 0)
+	if (bpf_ringbuf_output(&results, &s->res, sizeof(s->res), flags) < 0)
 		COUNT(cnt, ringbuf_full);
 }
 

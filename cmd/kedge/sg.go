@@ -353,10 +353,10 @@ func newSgStatsCmd() *cobra.Command {
 					return nil
 				}
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "PID\tINTERFACE\tWORKERS\tREQUESTS\tCOMPLETED\tTIMEOUTS\tREPLIES\tDUPLICATES\tLATE\tSTALE\tMALFORMED\tUNREGISTERED\tSLOT_BUSY")
+				fmt.Fprintln(tw, "PID\tINTERFACE\tWORKERS\tREQUESTS\tCONTINUED\tCOMPLETED\tTIMEOUTS\tREPLIES\tDUPLICATES\tLATE\tSTALE\tMALFORMED\tUNREGISTERED\tSLOT_BUSY")
 				for _, e := range entries {
 					s := e.Stats
-					fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", e.PID, e.Interface, e.Workers, s.Requests, s.Completed, s.Timeouts,
+					fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", e.PID, e.Interface, e.Workers, s.Requests, s.Continued, s.Completed, s.Timeouts,
 						s.Replies, s.Duplicates, s.Late, s.Stale, s.Malformed+s.BadVersion+s.BadLength, s.Unregistered, s.SlotBusy)
 				}
 				return tw.Flush()

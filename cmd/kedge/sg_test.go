@@ -1,10 +1,14 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
+	"github.com/kedge-dev/kedge/internal/runstate"
+	isg "github.com/kedge-dev/kedge/internal/sg"
 	"github.com/kedge-dev/kedge/pkg/sg"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -56,5 +60,47 @@ kedge_sg_timeouts_total 1
 	failing := newSgCollector(func() (sg.Stats, error) { return sg.Stats{}, errors.New("map gone") }, func() int { return 0 })
 	if err := testutil.CollectAndCompare(failing, strings.NewReader("")); err == nil || !strings.Contains(err.Error(), "map gone") {
 		t.Errorf("a failing read: %v, want its error", err)
+	}
+}
+
+// TestSgStatsTable: `kedge sg stats` shows a running coordinator's counters, continued
+// (batches handed on) among them, and -o json carries every counter.
+func TestSgStatsTable(t *testing.T) {
+	dir := t.TempDir()
+	me, err := runstate.Self()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counters, _ := json.Marshal(sg.Stats{Requests: 20, Continued: 300, Completed: 19, Timeouts: 1, Replies: 20480, Duplicates: 2})
+	if err := runstate.WriteStatus(dir, isg.Capability, me.ID, &isg.Status{Owner: me.ID, PID: os.Getpid(),
+		Interface: "eth0", Workers: 1024, Stats: counters}); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runCLI(t, "", "sg", "stats", "--run-dir", dir)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want a header and one row:\n%s", stdout)
+	}
+	head, row := strings.Fields(lines[0]), strings.Fields(lines[1])
+	got := map[string]string{}
+	for i, h := range head {
+		if i < len(row) {
+			got[h] = row[i]
+		}
+	}
+	for col, want := range map[string]string{"WORKERS": "1024", "REQUESTS": "20", "CONTINUED": "300", "COMPLETED": "19", "TIMEOUTS": "1", "REPLIES": "20480", "DUPLICATES": "2"} {
+		if got[col] != want {
+			t.Errorf("column %s = %q, want %s:\n%s", col, got[col], want, stdout)
+		}
+	}
+	code, stdout, _ = runCLI(t, "", "sg", "stats", "--run-dir", dir, "-o", "json")
+	var entries []struct {
+		Stats sg.Stats `json:"stats"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &entries); code != exitOK || err != nil || len(entries) != 1 || entries[0].Stats.Continued != 300 {
+		t.Errorf("-o json: exit %d, %v: %s", code, err, stdout)
 	}
 }

@@ -152,7 +152,7 @@ func collectStatus() (*statusView, error) {
 	}
 	scopes := map[string]netns.NsHandle{"": netns.None()}
 	for _, n := range nsNames {
-		if h, err := netns.GetFromName(n); err == nil {
+		if h, err := bpfx.OpenNamedNetns(n); err == nil {
 			scopes[n] = h
 			defer h.Close()
 		}

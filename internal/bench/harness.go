@@ -181,15 +181,52 @@ var monoStart = time.Now()
 func ReadCPU() (CPUTimes, error) { return readCPUFrom("/proc/stat") }
 
 func readCPUFrom(path string) (CPUTimes, error) {
+	all, err := readStat(path)
+	if err != nil {
+		return CPUTimes{}, err
+	}
+	t, ok := all["cpu"]
+	if !ok {
+		return CPUTimes{}, fmt.Errorf("read CPU times: no cpu line in %s", path)
+	}
+	return t, nil
+}
+
+// ReadPerCPU reads each CPU's times now (index N: /proc/stat's cpuN line), for placements
+// that pin processes to CPUs.
+func ReadPerCPU() ([]CPUTimes, error) { return readPerCPUFrom("/proc/stat") }
+
+func readPerCPUFrom(path string) ([]CPUTimes, error) {
+	all, err := readStat(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []CPUTimes
+	for name, t := range all {
+		n, err := strconv.Atoi(strings.TrimPrefix(name, "cpu"))
+		if err != nil || n < 0 || n > 4096 {
+			continue
+		}
+		for len(out) <= n {
+			out = append(out, CPUTimes{})
+		}
+		out[n] = t
+	}
+	return out, nil
+}
+
+// readStat reads the cpu and cpuN lines of a /proc/stat file, by name.
+func readStat(path string) (map[string]CPUTimes, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return CPUTimes{}, fmt.Errorf("read CPU times: %w", err)
+		return nil, fmt.Errorf("read CPU times: %w", err)
 	}
 	defer f.Close()
+	out := map[string]CPUTimes{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) < 8 || fields[0] != "cpu" {
+		if len(fields) < 8 || !strings.HasPrefix(fields[0], "cpu") {
 			continue
 		}
 		// user nice system idle iowait irq softirq [steal guest guest_nice]; guest time is
@@ -198,7 +235,7 @@ func readCPUFrom(path string) (CPUTimes, error) {
 		for i, f := range fields[1:min(len(fields), 9)] {
 			v, err := strconv.ParseUint(f, 10, 64)
 			if err != nil {
-				return CPUTimes{}, fmt.Errorf("read CPU times: %s: field %d %q: %w", path, i+1, f, err)
+				return nil, fmt.Errorf("read CPU times: %s: %s field %d %q: %w", path, fields[0], i+1, f, err)
 			}
 			d := time.Duration(v) * time.Second / userHZ
 			switch i {
@@ -211,9 +248,9 @@ func readCPUFrom(path string) (CPUTimes, error) {
 			}
 		}
 		t.Wall = time.Since(monoStart)
-		return t, nil
+		out[fields[0]] = t
 	}
-	return CPUTimes{}, fmt.Errorf("read CPU times: no cpu line in %s", path)
+	return out, nil
 }
 
 // Sub is the CPU time from b to a.

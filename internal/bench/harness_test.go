@@ -27,6 +27,10 @@ func TestReadCPU(t *testing.T) {
 	if c.Busy != 1800*time.Millisecond || c.Softirq != 200*time.Millisecond {
 		t.Errorf("busy %v softirq %v, want 1.8s and 200ms", c.Busy, c.Softirq)
 	}
+	per, err := readPerCPUFrom(path)
+	if err != nil || len(per) != 1 || per[0].Busy != 890*time.Millisecond || per[0].Softirq != 100*time.Millisecond {
+		t.Errorf("per-CPU %+v, %v: want cpu0 busy 890ms softirq 100ms", per, err)
+	}
 	if err := os.WriteFile(path, []byte("cpu  1 2 x 4 5 6 7\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -66,6 +66,23 @@ func ThreadNetns() (netns.NsHandle, error) {
 	return netns.GetFromPath("/proc/thread-self/ns/net")
 }
 
+// OpenNamedNetns opens the network namespace name under /run/netns. An entry there whose
+// namespace mount is gone is an error: a process in a mount namespace of its own (one run
+// under `ip netns exec`) that named a namespace left, when it ended, only the empty file
+// in this mount namespace's view.
+func OpenNamedNetns(name string) (netns.NsHandle, error) {
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		return h, err
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(h), &st); err != nil || st.Type != unix.NSFS_MAGIC {
+		h.Close()
+		return -1, fmt.Errorf("open netns %s: not a namespace (a mount made in another mount namespace, gone)", name)
+	}
+	return h, nil
+}
+
 // NotSupported turns err into a *kedge.FeatureError for feature when it says the kernel
 // lacks something: cilium/ebpf's ErrNotSupported, or EOPNOTSUPP. Other errors are
 // returned as they are. The FeatureError wraps err, so errors.Is(err, ebpf.ErrNotSupported)

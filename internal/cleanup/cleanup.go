@@ -17,7 +17,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	// The shared packages register the cleaners of what they create.
-	_ "github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/runstate"
 )
@@ -103,12 +103,14 @@ func Run(opts Options) (*Result, error) {
 		scope.Netns = opts.FilterNetns.Handle
 	}
 	// tc filters are looked for in every named namespace too: a dead run's filters in a lab
-	// or in a user's namespace outlive it, and its record must not go while they stay.
+	// or in a user's namespace outlive it, and its record must not go while they stay. An
+	// entry that is no namespace (any more) holds nothing to look for; the netns cleaner
+	// removes it when a dead run's name is on it.
 	names, err := lab.Namespaces()
 	var errs []error
 	errs = append(errs, err)
 	for _, n := range names {
-		if h, err := netns.GetFromName(n); err == nil {
+		if h, err := bpfx.OpenNamedNetns(n); err == nil {
 			scope.Named[n] = h
 			defer h.Close()
 		}

@@ -297,3 +297,35 @@ func TestRemoveLabs(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleNetnsEntry: a run under `ip netns exec` (a mount namespace of its own) that named
+// a namespace and was killed leaves, in this mount namespace, only the empty file under
+// /run/netns. Cleanup removes a dead run's such file and does not fail on it (it once
+// reported "failed to set into network namespace: invalid argument" for every cleaner that
+// searches named namespaces, and exited 1).
+func TestStaleNetnsEntry(t *testing.T) {
+	requireRoot(t)
+	if runstatetest.Private(t) {
+		return
+	}
+	usePinRoot(t)
+	ns, err := lab.NewNetns(lab.OwnedName("cleanupstaledir")) // /run/netns as kedge prepares it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	stale := fmt.Sprintf("%s-%d-raft-hb", lab.Prefix, deadPID)
+	if err := os.WriteFile(filepath.Join(lab.NetnsDir, stale), nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bpfx.OpenNamedNetns(stale); err == nil {
+		t.Errorf("OpenNamedNetns(%s): no error for a plain file", stale)
+	}
+	res, err := Run(Options{StatusDir: t.TempDir()})
+	if err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+	if !slices.Contains(res.Namespaces, stale) || exists(filepath.Join(lab.NetnsDir, stale)) {
+		t.Errorf("removed namespaces %v; want the stale entry %s removed", res.Namespaces, stale)
+	}
+}

@@ -253,10 +253,10 @@ func scenarioVariants(backend string) []variant {
 	return []variant{{"ipv4", true}, {"ipv6", false}}
 }
 
-// The data paths a lab test runs: stored (the default store limit; the clone path stays for
-// larger requests, so the pacer carries), clone (store_limit 0: every request cloned), and
-// stored-only (store_limit at its maximum, above the MTU's largest payload: no clone path,
-// the pacer without carry, on the conveyor no fillers).
+// The data paths a lab test runs: stored (store_limit 512, below the MTU's largest payload:
+// the clone path stays for larger requests, so the pacer carries), clone (store_limit 0:
+// every request cloned), and stored-only (the default store limit, the MTU's largest
+// payload: no clone path, the pacer without carry, on the conveyor no fillers).
 const (
 	pathStored     = "stored"
 	pathClone      = "clone"
@@ -268,9 +268,9 @@ func storeLimit(path string) *int {
 	var n int
 	switch path {
 	case pathStored:
-		return nil
+		n = 512
 	case pathStoredOnly:
-		n = MaxStoreLimit
+		return nil
 	}
 	return &n
 }

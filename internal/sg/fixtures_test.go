@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/ringbuf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 )
@@ -40,7 +39,7 @@ func swap16(v uint16) uint16 { return v>>8 | v<<8 }
 
 type fixture struct {
 	o  *Objects
-	rd *ringbuf.Reader
+	rd *Ring
 }
 
 // newFixture loads the data plane and configures group gid with the given workers.
@@ -61,7 +60,7 @@ func newFixtureWith(t testing.TB, opts LoadOptions, gid uint32, coord netip.Addr
 	if err != nil {
 		t.Fatal(err)
 	}
-	rd, err := ringbuf.NewReader(o.Results)
+	rd, err := OpenRing(o.Results)
 	if err != nil {
 		o.Close()
 		t.Fatal(err)
@@ -139,15 +138,16 @@ func vec32(v ...int64) []byte { return AppendVector(nil, TypeI32, v) }
 
 func (f *fixture) result(t *testing.T) ResultRec {
 	t.Helper()
-	if f.rd.AvailableBytes() == 0 {
+	var r ResultRec
+	buf := make([]byte, binary.Size(r))
+	n, ok := f.rd.Read(buf)
+	if !ok {
 		t.Fatal("no result in the ring buffer")
 	}
-	rec, err := f.rd.Read()
-	if err != nil {
-		t.Fatal(err)
+	if n != len(buf) {
+		t.Fatalf("result record of %d bytes, want %d", n, len(buf))
 	}
-	var r ResultRec
-	if _, err := binary.Decode(rec.RawSample, binary.NativeEndian, &r); err != nil {
+	if _, err := binary.Decode(buf, binary.NativeEndian, &r); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -155,7 +155,7 @@ func (f *fixture) result(t *testing.T) ResultRec {
 
 func (f *fixture) noResult(t *testing.T) {
 	t.Helper()
-	if n := f.rd.AvailableBytes(); n != 0 {
+	if n := f.rd.Available(); n != 0 {
 		t.Fatalf("unexpected result in the ring buffer (%d bytes)", n)
 	}
 }
@@ -231,6 +231,52 @@ func TestGatherSumInt64IPv4(t *testing.T) {
 	if res.ReqId != id2 || res.Count != 1 || res.Bitmap[0] != 0b010 || res.Agg[0] != 4 || res.Agg[2] != 6 {
 		t.Fatalf("recycled slot result: count %d bitmap %b agg %v", res.Count, res.Bitmap[0], res.Agg[:3])
 	}
+}
+
+// TestGatherWakeSocket: with SG_GF_WAKE_SOCKET the reply that completes a request is passed,
+// untouched, to the coordinator socket (the reader's wake-up) and its result is already in
+// the ring; every other reply is consumed as without the flag, exactly one completion per
+// request, and foreign or malformed datagrams are passed untouched as before.
+func TestGatherWakeSocket(t *testing.T) {
+	f := newFixture(t, 1, coord4, w4, RedSum, TypeI64, 3, 0)
+	var g GroupCfg
+	if err := f.o.Groups.Lookup(uint32(1), &g); err != nil {
+		t.Fatal(err)
+	}
+	g.Flags |= GroupFlagWakeSocket
+	if err := f.o.Groups.Put(uint32(1), &g); err != nil {
+		t.Fatal(err)
+	}
+	id := uint64(9)<<10 | 70
+	f.arm(t, 1, id, 2)
+	r := bpftest.Runner{Prog: f.o.Gather, Counters: f.counters}
+	completing := reply(w4[1], coord4, 1, 1, id, vec64(10, 20, 30), nil)
+	foreign := pktbuild.New().IPv4(pktbuild.IPv4{Src: w4[1].Addr(), Dst: coord4.Addr()}).
+		UDP(pktbuild.UDP{Src: w4[1].Port(), Dst: coord4.Port()}).Payload([]byte("hello world")).Build()
+	r.Run(t, []bpftest.Case{
+		{Name: "first reply consumed", In: reply(w4[0], coord4, 1, 0, id, vec64(1, 2, 3), nil),
+			WantRet: bpftest.XDPDrop, WantCounters: bpftest.Counters{"1.Replies": 1}},
+		{Name: "duplicate consumed", In: reply(w4[0], coord4, 1, 0, id, vec64(1, 2, 3), nil),
+			WantRet: bpftest.XDPDrop, WantCounters: bpftest.Counters{"1.Duplicates": 1}},
+		{Name: "unregistered source passed untouched", In: reply(netip.AddrPortFrom(w4[1].Addr(), 1), coord4, 1, 1, id, vec64(5, 5, 5), nil),
+			WantOut: reply(netip.AddrPortFrom(w4[1].Addr(), 1), coord4, 1, 1, id, vec64(5, 5, 5), nil),
+			WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{"1.Unregistered": 1}},
+		{Name: "not sg passed untouched", In: foreign, WantOut: foreign, WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{}},
+	})
+	f.noResult(t)
+	r.Run(t, []bpftest.Case{{Name: "completing reply passed untouched", In: completing, WantOut: completing,
+		WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{"1.Replies": 1, "1.Completed": 1}}})
+	res := f.result(t) // committed before the program returned
+	if res.ReqId != id || res.Count != 2 || res.Bitmap[0] != 0b011 || res.Agg[0] != 11 || res.Agg[2] != 33 {
+		t.Fatalf("result id %#x count %d bitmap %b agg %v", res.ReqId, res.Count, res.Bitmap[0], res.Agg[:3])
+	}
+	r.Run(t, []bpftest.Case{
+		{Name: "the completing reply again is late, consumed", In: completing,
+			WantRet: bpftest.XDPDrop, WantCounters: bpftest.Counters{"1.Late": 1}},
+		{Name: "a later reply is late, consumed", In: reply(w4[2], coord4, 1, 2, id, vec64(1, 1, 1), nil),
+			WantRet: bpftest.XDPDrop, WantCounters: bpftest.Counters{"1.Late": 1}},
+	})
+	f.noResult(t)
 }
 
 func TestGatherReductions(t *testing.T) {

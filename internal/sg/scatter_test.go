@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// nsSeq numbers this process's test namespaces: names are lab.OwnedName's (kedge-<owner>-...),
+// unique per run, and `kedge cleanup` removes them once their owner is dead (SIGKILL).
+var nsSeq atomic.Uint64
+
 // scatterNS is a namespace with a veth pair: the scatter's copies leave through sa0 and
 // are captured on sa1 with a packet socket.
 type scatterNS struct {
@@ -26,7 +31,7 @@ type scatterNS struct {
 
 func newScatterNS(t *testing.T) *scatterNS {
 	t.Helper()
-	ns, err := lab.NewNetns("sgscat")
+	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("sgscat%d", nsSeq.Add(1))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,6 +50,10 @@ const (
 	// GroupFlagLoopback (SG_GF_LOOPBACK): the group's interface is a loopback; batches
 	// are handed on through its egress.
 	GroupFlagLoopback = 0x1
+	// GroupFlagWakeSocket (SG_GF_WAKE_SOCKET): the reply that completes a request is
+	// passed to the coordinator socket (its arrival wakes the reader) and its result is
+	// emitted without the ring buffer's wake-up.
+	GroupFlagWakeSocket = 0x2
 )
 
 // Slot states (enum sg_slot_state).

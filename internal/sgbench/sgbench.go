@@ -61,6 +61,16 @@ type Row struct {
 	MachineCPUUS   float64 `json:"machine_cpu_us_per_req"` // /proc/stat busy, workers and softirq included
 	SyscallsPerReq float64 `json:"syscalls_per_req"`       // client process, loaded phase (perf), -1: not measured
 	Mismatches     int64   `json:"mismatches"`
+	// Loaded phase, where the time goes (is the worker side the bound?): the worker
+	// process's CPU time (user+sys of its threads; with tick accounting and no
+	// CONFIG_IRQ_TIME_ACCOUNTING, as on the development VM, softirq ticks that land while
+	// it runs are charged to it too) and each CPU's busy share from /proc/stat (softirq
+	// included), as fractions of the phase's wall time (1 = the whole CPU). CPU 0 runs the
+	// client, CPU 1 the workers.
+	WorkerCPU      float64    `json:"worker_cpu"`
+	WorkerCPUUSRep float64    `json:"worker_cpu_us_per_reply"`
+	CPUBusy        [2]float64 `json:"cpu_busy"`
+	CPUSoftirq     [2]float64 `json:"cpu_softirq"`
 }
 
 // Ratio compares one of kedge's methods with the best baseline at one fan-out.
@@ -120,12 +130,13 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Result, error) {
 	}()
 	for _, f := range o.Fanouts {
 		for _, m := range o.Methods {
-			row, err := runClient(ctx, o, coord, base, f, m)
+			row, err := runClient(ctx, o, coord, base, f, m, wcmd.Process.Pid)
 			if err != nil {
 				return nil, fmt.Errorf("fan-out %d, %s: %w", f, m, err)
 			}
-			fmt.Fprintf(log, "fan-out %4d %-9s p50 %8.1f us  p99 %8.1f us  %9.0f req/s  client CPU %7.1f us/req  syscalls %7.1f/req  timeouts %d  mismatches %d\n",
-				f, m, row.P50US, row.P99US, row.Throughput, row.ClientCPUUS, row.SyscallsPerReq, row.Timeouts+int64(row.LatTimeouts), row.Mismatches)
+			fmt.Fprintf(log, "fan-out %4d %-10s p50 %8.1f us  p99 %8.1f us  %9.0f req/s  client CPU %7.1f us/req  syscalls %7.1f/req  worker CPU %.2f  CPU0/1 busy %.2f/%.2f  timeouts %d  mismatches %d\n",
+				f, m, row.P50US, row.P99US, row.Throughput, row.ClientCPUUS, row.SyscallsPerReq, row.WorkerCPU, row.CPUBusy[0], row.CPUBusy[1],
+				row.Timeouts+int64(row.LatTimeouts), row.Mismatches)
 			res.Rows = append(res.Rows, *row)
 		}
 	}
@@ -133,7 +144,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Result, error) {
 	return res, nil
 }
 
-func runClient(ctx context.Context, o Options, coord *lab.Host, base netip.AddrPort, f int, m string) (*Row, error) {
+func runClient(ctx context.Context, o Options, coord *lab.Host, base netip.AddrPort, f int, m string, workerPID int) (*Row, error) {
 	lat := o.LatRequests
 	if f >= 1024 {
 		lat = max(lat/3, 50)
@@ -174,11 +185,17 @@ func runClient(ctx context.Context, o Options, coord *lab.Host, base netip.AddrP
 		time.Sleep(300 * time.Millisecond) // perf attaches asynchronously; nothing to poll
 	}
 	cpu0, _ := bench.ReadCPU()
+	per0, _ := bench.ReadPerCPU()
+	w0, _ := bench.ProcCPU(workerPID)
+	t0 := time.Now()
 	fmt.Fprintln(in)
 	if err := expect("done"); err != nil {
 		return nil, err
 	}
+	wall := time.Since(t0)
 	cpu1, _ := bench.ReadCPU()
+	per1, _ := bench.ReadPerCPU()
+	w1, _ := bench.ProcCPU(workerPID)
 	syscalls := -1.0
 	if perfOK {
 		_ = perf.Process.Signal(syscall.SIGINT)
@@ -200,7 +217,18 @@ func runClient(ctx context.Context, o Options, coord *lab.Host, base netip.AddrP
 	if cr.LoadedSec > 0 {
 		row.Throughput = float64(cr.Completed) / cr.LoadedSec
 	}
+	if wall > 0 {
+		row.WorkerCPU = (w1 - w0).Seconds() / wall.Seconds()
+		for c := range row.CPUBusy {
+			if c < len(per0) && c < len(per1) {
+				d := per1[c].Sub(per0[c])
+				row.CPUBusy[c] = d.Busy.Seconds() / wall.Seconds()
+				row.CPUSoftirq[c] = d.Softirq.Seconds() / wall.Seconds()
+			}
+		}
+	}
 	if cr.Completed > 0 {
+		row.WorkerCPUUSRep = (w1 - w0).Seconds() * 1e6 / float64(cr.Completed*int64(f))
 		row.ClientCPUUS = (cr.CPUUserSec + cr.CPUSysSec) * 1e6 / float64(cr.Completed)
 		row.MachineCPUUS = cpu1.Sub(cpu0).Busy.Seconds() * 1e6 / float64(cr.Completed)
 		if syscalls >= 0 {
@@ -266,10 +294,11 @@ func ratios(rows []Row) []Ratio {
 
 // WriteTable prints the rows and the ratios.
 func WriteTable(w io.Writer, r *Result) {
-	fmt.Fprintf(w, "%-7s %-9s %10s %10s %12s %14s %15s %12s %9s\n", "FANOUT", "METHOD", "P50_US", "P99_US", "REQ/S", "CLIENT_CPU_US", "MACHINE_CPU_US", "SYSCALLS/REQ", "TIMEOUTS")
+	fmt.Fprintf(w, "%-7s %-10s %10s %10s %12s %14s %15s %12s %10s %10s %9s\n", "FANOUT", "METHOD", "P50_US", "P99_US", "REQ/S", "CLIENT_CPU_US",
+		"MACHINE_CPU_US", "SYSCALLS/REQ", "WORKER_CPU", "CPU0/CPU1", "TIMEOUTS")
 	for _, x := range r.Rows {
-		fmt.Fprintf(w, "%-7d %-9s %10.1f %10.1f %12.0f %14.1f %15.1f %12.1f %9d\n", x.Fanout, x.Method, x.P50US, x.P99US,
-			x.Throughput, x.ClientCPUUS, x.MachineCPUUS, x.SyscallsPerReq, x.Timeouts+int64(x.LatTimeouts))
+		fmt.Fprintf(w, "%-7d %-10s %10.1f %10.1f %12.0f %14.1f %15.1f %12.1f %10.2f %5.2f/%4.2f %9d\n", x.Fanout, x.Method, x.P50US, x.P99US,
+			x.Throughput, x.ClientCPUUS, x.MachineCPUUS, x.SyscallsPerReq, x.WorkerCPU, x.CPUBusy[0], x.CPUBusy[1], x.Timeouts+int64(x.LatTimeouts))
 	}
 	fmt.Fprintln(w)
 	for _, q := range r.Ratios {
@@ -339,11 +368,12 @@ func contains(s []string, v string) bool {
 func WriteMarkdown(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "Run: %s.\n\n", r.Envelope.Describe())
 	fmt.Fprintf(w, "Placement: %s.\n\n", r.Placement)
-	fmt.Fprintln(w, "| fan-out | method | p50 us | p99 us | req/s | client CPU us/req | machine CPU us/req | syscalls/req | timeouts | mismatches |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| fan-out | method | p50 us | p99 us | req/s | client CPU us/req | machine CPU us/req | syscalls/req | worker CPU | worker CPU us/reply | CPU0 busy (softirq) | CPU1 busy (softirq) | timeouts | mismatches |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, x := range r.Rows {
-		fmt.Fprintf(w, "| %d | %s | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %d | %d |\n", x.Fanout, x.Method, x.P50US, x.P99US,
-			x.Throughput, x.ClientCPUUS, x.MachineCPUUS, x.SyscallsPerReq, x.Timeouts+int64(x.LatTimeouts), x.Mismatches)
+		fmt.Fprintf(w, "| %d | %s | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f (%.2f) | %.2f (%.2f) | %d | %d |\n", x.Fanout, x.Method, x.P50US, x.P99US,
+			x.Throughput, x.ClientCPUUS, x.MachineCPUUS, x.SyscallsPerReq, x.WorkerCPU, x.WorkerCPUUSRep, x.CPUBusy[0], x.CPUSoftirq[0],
+			x.CPUBusy[1], x.CPUSoftirq[1], x.Timeouts+int64(x.LatTimeouts), x.Mismatches)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| fan-out | method | best baseline (req/s) | throughput ratio | target >= 1.5x | best baseline (p50) | p50 ratio | target <= 0.7x |")

@@ -18,7 +18,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/cilium/ebpf/ringbuf"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/runstate"
@@ -34,7 +33,8 @@ type Group struct {
 	attach  []bpfx.Attachment
 	conn    *net.UDPConn
 	target  netip.AddrPort // where the request is addressed (worker 0); the scatter fans out
-	rd      *ringbuf.Reader
+	ring    *isg.Ring
+	pumpMu  sync.Mutex // one reader of the ring at a time
 	free    chan uint16
 	seq     atomic.Uint64
 	mu      sync.Mutex
@@ -43,7 +43,10 @@ type Group struct {
 	wg      sync.WaitGroup
 	closed  atomic.Bool
 	strays  atomic.Uint64
-	// holdReads stops dispatch from reading the ring buffer (tests: a reader that fell
+	// delivered counts results by the reader that delivered them (wake*): tests check
+	// that each wake-up path does its job.
+	delivered [wakeKinds]atomic.Uint64
+	// holdReads parks the ring's reader after what it read (tests: a reader that fell
 	// behind, so the ring fills and results stay in their slots).
 	holdReads atomic.Bool
 	owner     *runstate.Owner // with a StatusDir: this process's run-state owner
@@ -181,7 +184,7 @@ func Open(cfg Config) (_ *Group, err error) {
 	if err := g.fillMaps(ifindex, loopback, workers); err != nil {
 		return nil, err
 	}
-	if g.rd, err = ringbuf.NewReader(g.objs.Results); err != nil {
+	if g.ring, err = isg.OpenRing(g.objs.Results); err != nil {
 		return nil, fmt.Errorf("open result ring buffer: %w", err)
 	}
 	tc, err := bpfx.AttachTC(g.objs.Scatter, bpfx.TCTarget{Netns: ns, IfIndex: ifindex, Dir: bpfx.Egress, Name: "sg-scatter"})
@@ -205,7 +208,11 @@ func Open(cfg Config) (_ *Group, err error) {
 	}
 	g.seq.Store(rand.Uint64() >> 12)
 	g.wg.Add(2)
-	go g.dispatch()
+	if cfg.BusyPoll {
+		go g.spin()
+	} else {
+		go g.wait()
+	}
 	go g.drain()
 	// Kernels without bpf_timer, and slots whose timer could not be allocated, are
 	// expired by sg_sweep, run from here.
@@ -332,7 +339,10 @@ func (g *Group) fillMaps(ifindex int, loopback bool, workers []isg.WorkerCfg) er
 		CoordPort: htons(g.cfg.Local.Port()),
 	}
 	if loopback {
-		gc.Flags = isg.GroupFlagLoopback
+		gc.Flags |= isg.GroupFlagLoopback
+	}
+	if !g.cfg.BusyPoll && !g.cfg.RingWake {
+		gc.Flags |= isg.GroupFlagWakeSocket
 	}
 	la := g.cfg.Local.Addr().Unmap()
 	if la.Is4() {
@@ -472,6 +482,13 @@ func (g *Group) forget(slot uint16, id uint64) {
 // recover reads a result from its slot when the ring buffer did not deliver it.
 func (g *Group) recover(slot uint16, w *waiter) (Result, bool) {
 	_, _ = g.objs.RunSweep() // expires it now if its timer did not
+	// A result whose wake-up never came (its passed reply dropped before the socket, by a
+	// firewall or a bad UDP checksum) is in the ring: read it. If the reader holds the
+	// ring, it is reading it now.
+	if g.pumpMu.TryLock() {
+		g.pumpLocked(byRecover)
+		g.pumpMu.Unlock()
+	}
 	select {
 	case r := <-w.ch:
 		return r, true
@@ -537,78 +554,118 @@ func (g *Group) decode(rec *isg.ResultRec, w *waiter) Result {
 	return r
 }
 
-// dispatch reads results from the ring buffer and hands them to their waiters.
-func (g *Group) dispatch() {
+// wait reads the ring whenever it wakes its reader: timeouts, and every completion
+// without SG_GF_WAKE_SOCKET. It waits in the Go runtime's poller, the epoll set that also
+// holds the coordinator socket (drain), so neither holds a thread while it waits.
+func (g *Group) wait() {
 	defer g.wg.Done()
-	var rec ringbuf.Record
-	var res isg.ResultRec
-	for {
-		for g.holdReads.Load() && !g.closed.Load() {
-			time.Sleep(time.Millisecond)
+	_ = g.ring.Wait(func() bool {
+		if g.closed.Load() {
+			return true
 		}
-		if g.cfg.BusyPoll {
-			for g.rd.AvailableBytes() == 0 {
-				if g.closed.Load() {
-					return
-				}
-				runtime.Gosched()
-			}
-		}
-		if err := g.rd.ReadInto(&rec); err != nil {
-			if errors.Is(err, ringbuf.ErrClosed) || g.closed.Load() {
-				return
-			}
-			continue
-		}
-		// The record is the kernel's struct sg_result in native byte order: copied as it
-		// is (binary.Decode's reflection took ~4.5 us per 2.3 KiB result, p50, measured).
-		if len(rec.RawSample) < int(unsafe.Sizeof(res)) {
-			g.strays.Add(1)
-			continue
-		}
-		copy(unsafe.Slice((*byte)(unsafe.Pointer(&res)), unsafe.Sizeof(res)), rec.RawSample)
-		slot := res.Slot
-		if int(slot) >= len(g.pending) {
-			g.strays.Add(1)
-			continue
-		}
-		g.mu.Lock()
-		w := g.pending[slot]
-		mine := w != nil && w.id == res.ReqId
-		if mine {
-			g.pending[slot] = nil
-		}
-		g.mu.Unlock()
-		if !mine {
-			// A request whose waiter gave up (context) has no waiter but still owns the
-			// slot: free it. A result for an older id is a stray (recovered already).
-			g.strays.Add(1)
-			continue
-		}
-		w.ch <- g.decode(&res, w)
-		g.free <- slot
-		if g.rd.AvailableBytes() == 0 {
-			// Let the caller just readied run before this goroutine blocks in epoll_wait:
-			// a goroutine in a system call keeps its P until sysmon takes it back (20 us
-			// to 10 ms later), and with one P (a coordinator pinned to one CPU) the caller
-			// would wait that long.
+		g.pump(byRing)
+		return false
+	})
+}
+
+// spin is the BusyPoll reader: it spins on the ring's positions, no system call while
+// waiting.
+func (g *Group) spin() {
+	defer g.wg.Done()
+	for !g.closed.Load() {
+		if g.ring.Available() == 0 {
 			runtime.Gosched()
+			continue
 		}
+		g.pump(bySpin)
 	}
 }
 
-// drain reads what reaches the coordinator socket (replies XDP passed: malformed,
-// unregistered, other traffic) so its buffer never fills.
+// drain reads what reaches the coordinator socket: with SG_GF_WAKE_SOCKET the reply that
+// completed a request (its result is in the ring by then: the data plane commits it
+// before it passes the packet), and whatever XDP passed (malformed, unregistered, other
+// traffic). Every datagram is discarded; each one is a reason to look at the ring.
 func (g *Group) drain() {
 	defer g.wg.Done()
 	buf := make([]byte, 65536)
 	for {
-		if _, _, err := g.conn.ReadFromUDPAddrPort(buf); err != nil {
-			if g.closed.Load() || errors.Is(err, net.ErrClosed) {
-				return
+		_, err := g.conn.Read(buf)
+		if g.closed.Load() {
+			return
+		}
+		if err != nil && errors.Is(err, net.ErrClosed) {
+			return
+		}
+		g.pump(bySocket)
+	}
+}
+
+// Readers of the ring (Group.delivered's index).
+const (
+	bySocket  = iota // the coordinator socket woke drain
+	byRing           // the ring woke wait
+	bySpin           // BusyPoll
+	byRecover        // a Scatter's guard timer
+	wakeKinds
+)
+
+// pump delivers every result committed to the ring.
+func (g *Group) pump(by int) {
+	g.pumpMu.Lock()
+	g.pumpLocked(by)
+	g.pumpMu.Unlock()
+}
+
+func (g *Group) pumpLocked(by int) {
+	var res isg.ResultRec
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(&res)), unsafe.Sizeof(res))
+	for {
+		for {
+			// The record is the kernel's struct sg_result in native byte order: copied
+			// as it is (binary.Decode's reflection took ~4.5 us per 2.3 KiB result).
+			n, ok := g.ring.Read(dst)
+			if !ok {
+				break
+			}
+			if n < len(dst) {
+				g.strays.Add(1)
+				continue
+			}
+			if g.deliver(&res) {
+				g.delivered[by].Add(1)
 			}
 		}
+		if !g.holdReads.Load() || g.closed.Load() {
+			return
+		}
+		for g.holdReads.Load() && !g.closed.Load() {
+			time.Sleep(time.Millisecond)
+		}
 	}
+}
+
+// deliver hands a result to its waiter and frees its slot.
+func (g *Group) deliver(res *isg.ResultRec) bool {
+	slot := res.Slot
+	if int(slot) >= len(g.pending) {
+		g.strays.Add(1)
+		return false
+	}
+	g.mu.Lock()
+	w := g.pending[slot]
+	mine := w != nil && w.id == res.ReqId
+	if mine {
+		g.pending[slot] = nil
+	}
+	g.mu.Unlock()
+	if !mine {
+		// A result for an older id (recovered from its slot already) is a stray.
+		g.strays.Add(1)
+		return false
+	}
+	w.ch <- g.decode(res, w)
+	g.free <- slot
+	return true
 }
 
 // sweeper expires requests on kernels without bpf_timer.
@@ -652,8 +709,11 @@ func (g *Group) Close() error {
 		return nil
 	}
 	close(g.done)
-	err := g.release()
+	// Wake the readers (they return once closed is set) before the ring is unmapped.
+	_ = g.ring.Shutdown()
+	_ = g.conn.SetReadDeadline(time.Now())
 	g.wg.Wait()
+	err := g.release()
 	if g.owner != nil {
 		err = errors.Join(err, runstate.RemoveStatus(g.cfg.StatusDir, isg.Capability, g.owner.ID))
 	}
@@ -666,8 +726,8 @@ func (g *Group) release() error {
 		errs = append(errs, g.attach[i].Close())
 	}
 	g.attach = nil
-	if g.rd != nil {
-		errs = append(errs, g.rd.Close())
+	if g.ring != nil {
+		errs = append(errs, g.ring.Close())
 	}
 	if g.conn != nil {
 		errs = append(errs, g.conn.Close())

@@ -3,8 +3,10 @@ package sg
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,12 +15,16 @@ import (
 	isg "github.com/kedge-dev/kedge/internal/sg"
 )
 
+// nsSeq numbers this process's test namespaces: names are lab.OwnedName's (kedge-<owner>-...),
+// unique per run, and `kedge cleanup` removes them once their owner is dead (SIGKILL).
+var nsSeq atomic.Uint64
+
 // loopbackGroup runs n reference workers (the last `dead` of them not started) on
 // loopback in a fresh namespace and opens a group on lo.
 func loopbackGroup(t *testing.T, n, dead int, cfg Config, wcfg isg.WorkerConfig) *Group {
 	t.Helper()
 	bpftest.RequireRoot(t)
-	ns, err := lab.NewNetns("sglo")
+	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("sglo%d", nsSeq.Add(1))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +96,58 @@ func TestManyGoroutines(t *testing.T) {
 	}
 	if st.Completed != 640 || st.Replies != 640*n || st.Copies != 640*n || st.Timeouts != 0 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestWakePaths: by default every completed result is delivered by the reader that the
+// passed completing reply woke on the coordinator socket (the ring does not wake anyone for
+// it), with RingWake by the ring's reader, with BusyPoll by the spinning reader; a timeout
+// (no packet) is delivered by the ring's reader in both epoll modes. Nothing reaches the
+// guard timer's fallback.
+func TestWakePaths(t *testing.T) {
+	const n, requests = 4, 50
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		want int
+	}{
+		{"socket", Config{}, bySocket},
+		{"ring", Config{RingWake: true}, byRing},
+		{"busypoll", Config{BusyPoll: true}, bySpin},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := c.cfg
+			cfg.Reduction, cfg.Type, cfg.Elems, cfg.Timeout, cfg.InFlight = Sum, Int64, 1, time.Second, 8
+			g := loopbackGroup(t, n+1, 1, cfg, isg.WorkerConfig{Type: isg.TypeI64, Elems: 1})
+			for range requests {
+				res, err := g.ScatterWith(context.Background(), nil, RequestOptions{Need: n})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Status != OK || res.Count != n {
+					t.Fatalf("request %#x: status %v, %d answered", res.ID, res.Status, res.Count)
+				}
+			}
+			// Every worker but the dead one: times out in the kernel, no packet.
+			res, err := g.ScatterWith(context.Background(), nil, RequestOptions{Timeout: 20 * time.Millisecond})
+			if err != nil || res.Status != Timeout || res.Count != n {
+				t.Fatalf("timeout request: %+v, %v", res, err)
+			}
+			var got [wakeKinds]uint64
+			for i := range got {
+				got[i] = g.delivered[i].Load()
+			}
+			want := [wakeKinds]uint64{}
+			want[c.want] = requests
+			if c.want == bySpin {
+				want[bySpin]++
+			} else {
+				want[byRing]++
+			}
+			if got != want {
+				t.Errorf("delivered by socket/ring/spin/recover %v, want %v", got, want)
+			}
+		})
 	}
 }
 
@@ -246,9 +304,9 @@ func TestRingFull(t *testing.T) {
 
 	// The reader catches up (the strays are dropped) and the ring delivers again.
 	g.holdReads.Store(false)
-	for deadline := time.Now().Add(10 * time.Second); g.rd.AvailableBytes() > 0; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); g.ring.Available() > 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the reader did not drain the ring: %d bytes left", g.rd.AvailableBytes())
+			t.Fatalf("the reader did not drain the ring: %d bytes left", g.ring.Available())
 		}
 	}
 	for range 3 {

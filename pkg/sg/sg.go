@@ -156,8 +156,15 @@ type Config struct {
 	// batch larger than that loses copies.
 	ScatterBatch int
 	// BusyPoll makes the result reader spin on the ring buffer instead of sleeping in
-	// epoll: lower latency, one core busy while the group is open.
+	// epoll: lower latency, one core busy while the group is open. The completing reply
+	// is then consumed in XDP like every other.
 	BusyPoll bool
+	// RingWake makes the ring buffer wake the reader for every result (the kernel's
+	// irq_work), as before SG_GF_WAKE_SOCKET. By default the reply that completes a
+	// request is passed to the coordinator socket and its arrival wakes the reader, the
+	// way a user-space receiver is woken (docs/sg.md, Delivery); timeouts wake it through
+	// the ring either way. For comparisons (`kedge bench sg`'s kedge-ring).
+	RingWake bool
 	// StatusDir, if set, is where the group publishes sg.<owner>.json (counters and
 	// configuration, every second; kedge's run-state status files) for `kedge sg stats`,
 	// which reads /run/kedge.
