@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -126,11 +127,20 @@ func TestLabOffload(t *testing.T) {
 
 	// kill -STOP: the loop cannot refresh alive-until any more.
 	p := c.procs[fol]
-	stopped := offload.Monotonic()
 	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.cmd.Process.Signal(syscall.SIGCONT) })
+	// The stop takes effect when every thread has been stopped (a thread running on another
+	// CPU, or waiting for one under load, may still refresh first): the bound holds from then,
+	// and the time taken once all are seen stopped is later than that.
+	for deadline := time.Now().Add(10 * time.Second); !allStopped(p.cmd.Process.Pid); {
+		if time.Now().After(deadline) {
+			t.Fatal("the follower's threads did not all stop within 10s of SIGSTOP")
+		}
+		time.Sleep(time.Millisecond) // polling the threads' state: the bound starts there
+	}
+	stopped := offload.Monotonic()
 	c.waitFor("heartbeats passed up after the alive deadline", 20*time.Second, func() bool {
 		in, err = c.inspect(fol)
 		return err == nil && in.Counters["hb_not_alive"] >= in2.Counters["hb_not_alive"]+3
@@ -227,4 +237,20 @@ func TestLabOffload(t *testing.T) {
 	if _, err := c.inspect(other); err == nil || !strings.Contains(err.Error(), "no XDP program") {
 		t.Errorf("after kill -9 of node %d: %v, want no XDP program on its interface", other, err)
 	}
+}
+
+// allStopped reports whether every thread of pid is in the stopped state (T).
+func allStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		i := strings.LastIndexByte(string(b), ')')
+		if err != nil || i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
