@@ -265,25 +265,58 @@ static __always_inline void hedge_failed(struct match *m, struct hreq *e)
 	budget_release(m->cfg, m->st);
 }
 
-/* hedge_unsent: the hedge was charged but could not be sent: as hedge_failed, and the
- * charge is refunded (bucket: the token goes back; window: the slot's hedge). */
-static __always_inline void hedge_unsent(struct match *m, struct hreq *e, __u64 now)
+/* clone_unsent: the hedge was claimed (state s -> HEDGED) and charged but could not be
+ * sent: a first hedge's entry becomes NOHEDGE, so its response completes it (a further
+ * hedge's stays HEDGED: the earlier hedges are out), and the charge is refunded (bucket:
+ * the token goes back; window: the slot's hedge). */
+static __always_inline void clone_unsent(struct match *m, struct hreq *e, __u32 s, __u64 now)
 {
-	__sync_val_compare_and_swap(&e->state, REQ_PENDING, REQ_NOHEDGE);
+	if (s == REQ_PENDING)
+		__sync_val_compare_and_swap(&e->state, REQ_HEDGED, REQ_NOHEDGE);
 	budget_refund(m->cfg, m->st, now);
 }
 
+/* clone_delay: the delay the clone's entry waits: from the request's send time for the
+ * first hedge, from the last hedge's for a further one (max_hedges). */
+static __always_inline __u64 clone_delay(const struct hreq *e)
+{
+	__u64 from = e->hedges_sent ? e->hedged_ns : e->sent_ns;
+
+	return e->deadline_ns > from ? e->deadline_ns - from : 0;
+}
+
+/* carry_again: the request may have a further hedge (max_hedges), so the clone, not yet
+ * rewritten, goes round the delay line again, due at now + delay, on a budget reservation
+ * of its own (bucket: a token; returned when it comes out with nothing to do). */
+static __always_inline void carry_again(struct __sk_buff *skb, struct match *m, struct hreq *e, __u64 now,
+					__u64 delay)
+{
+	if (!budget_reserve(m->cfg, m->st)) {
+		COUNT(m->cnt, budget_exhausted);
+		return;
+	}
+	e->deadline_ns = now + delay; /* before the clone enters: edt's pacer reads it */
+	if (pacer_carry(skb) < 0) {
+		budget_release(m->cfg, m->st);
+		COUNT(m->cnt, requeue_full);
+		return;
+	}
+	COUNT(m->cnt, requeued);
+}
+
 /* rescue_clone (the pacer's tick program, a carried clone back from the delay line): drop
- * it when its request was answered, send it round again when not due yet, else rewrite it to
- * another replica and send it as the hedge. Not inlined: its stack frame stays off the tick
- * path's call chain (store.h), which the verifier adds up. */
+ * it when its request was answered (or has had its hedges), send it round again when not
+ * due yet, drop it when far overdue (as the stored path does: store.h, far_overdue), else
+ * rewrite it to a replica that has no copy yet and send it as the hedge; with max_hedges
+ * left, a clone of it goes round again for the next one. Not inlined: its stack frame stays
+ * off the tick path's call chain (store.h), which the verifier adds up. */
 static __noinline int rescue_clone(struct __sk_buff *skb)
 {
 	struct match m;
 	struct hreq *e;
 	struct svc_addr to, from;
-	__u32 idx;
-	__u64 now;
+	__u32 idx, s, max, tried;
+	__u64 now, deadline, delay;
 	long ret;
 
 	if (!match(skb, &m, MATCH_REQUEST)) {
@@ -297,15 +330,20 @@ static __noinline int rescue_clone(struct __sk_buff *skb)
 		COUNT(m.cnt, clones_orphaned);
 		return TC_ACT_SHOT;
 	}
-	if (e->state != REQ_PENDING) {
-		if (e->state == REQ_ANSWERED)
+	s = READ_ONCE(e->state);
+	max = m.cfg->max_hedges ? m.cfg->max_hedges : 1;
+	/* HEDGED with hedges left: the clone carried again for the next (HEDGED and none sent yet:
+	 * a claim in flight on another CPU, this is a stale clone). */
+	if (s != REQ_PENDING && !(s == REQ_HEDGED && e->hedges_sent && e->hedges_sent < max)) {
+		if (s == REQ_ANSWERED)
 			bpf_map_delete_elem(&scoreboard, &m.key);
 		budget_release(m.cfg, m.st);
 		COUNT(m.cnt, clones_answered);
 		return TC_ACT_SHOT;
 	}
 	now = bpf_ktime_get_ns();
-	if (!pacer_due(e->deadline_ns, now, 1)) {
+	deadline = e->deadline_ns;
+	if (!pacer_due(deadline, now, 1)) {
 		ret = pacer_recirculate(skb);
 		if (ret != TC_ACT_REDIRECT) {
 			hedge_failed(&m, e);
@@ -315,8 +353,16 @@ static __noinline int rescue_clone(struct __sk_buff *skb)
 		COUNT(m.cnt, recirculations);
 		return ret;
 	}
+	/* So late, the delay line was behind: the client may have given up (store.h). */
+	delay = clone_delay(e);
+	if (far_overdue(deadline, delay, now)) {
+		hedge_failed(&m, e);
+		COUNT(m.cnt, overdue_dropped);
+		return TC_ACT_SHOT;
+	}
 	/* Due and unanswered: a replica that does not have it yet (replica.h) ... */
-	idx = pick_replica(m.cfg, m.st, tried_of(e));
+	tried = tried_of(e);
+	idx = pick_replica(m.cfg, m.st, tried);
 	if (idx >= REPLICA_MAX) {
 		hedge_failed(&m, e);
 		COUNT(m.cnt, no_replica);
@@ -328,35 +374,36 @@ static __noinline int rescue_clone(struct __sk_buff *skb)
 		COUNT(m.cnt, budget_exhausted);
 		return TC_ACT_SHOT;
 	}
+	/* Claimed before it leaves (see store_hedge in store.h): a response that came first
+	 * keeps its claim and the clone is dropped. */
+	if (__sync_val_compare_and_swap(&e->state, s, REQ_HEDGED) != s) {
+		budget_refund(m.cfg, m.st, now);
+		COUNT(m.cnt, clones_answered);
+		return TC_ACT_SHOT;
+	}
+	if (e->hedges_sent + 1 < max)
+		carry_again(skb, &m, e, now, delay);
 	to = *replica_at(m.cfg, idx);
 	__builtin_memset(&from, 0, sizeof(from));
 	from.addr = m.p.daddr;
 	from.port = m.p.dport;
 	if (rewrite_addr(skb, &m.p, 1, &from, &to) < 0) {
-		hedge_unsent(&m, e, now);
+		clone_unsent(&m, e, s, now);
 		COUNT(m.cnt, hedge_rewrite_errors);
 		return TC_ACT_SHOT;
 	}
-	/* Claimed before it leaves (see hedge_cell in store.h): a response that came first keeps
-	 * its claim and the clone is dropped. */
-	if (__sync_val_compare_and_swap(&e->state, REQ_PENDING, REQ_HEDGED) != REQ_PENDING) {
-		budget_refund(m.cfg, m.st, now);
-		COUNT(m.cnt, clones_answered);
+	skb->mark = cfg.hedge_mark;
+	ret = bpf_redirect_neigh(cfg.out_ifindex, NULL, 0, 0);
+	if (ret != TC_ACT_REDIRECT) {
+		clone_unsent(&m, e, s, now);
+		COUNT(m.cnt, redirect_errors);
 		return TC_ACT_SHOT;
 	}
 	e->hedged_ns = now;
 	e->hedge_replica = idx;
-	e->hedges_sent = 1;
-	e->tried = tried_of(e) | (1U << idx);
-	skb->mark = cfg.hedge_mark;
-	ret = bpf_redirect_neigh(cfg.out_ifindex, NULL, 0, 0);
-	if (ret != TC_ACT_REDIRECT) {
-		__sync_val_compare_and_swap(&e->state, REQ_HEDGED, REQ_NOHEDGE);
-		budget_refund(m.cfg, m.st, now);
-		COUNT(m.cnt, redirect_errors);
-		return TC_ACT_SHOT;
-	}
-	record_precision(m.svc, now, e->deadline_ns);
+	e->hedges_sent++;
+	e->tried = tried | (1U << idx);
+	record_precision(m.svc, now, deadline);
 	COUNT(m.cnt, hedges_sent);
 	return ret;
 }
@@ -479,6 +526,10 @@ static __always_inline int respond(struct __sk_buff *skb)
 		bpf_map_delete_elem(&scoreboard, &m.key);
 		return TC_ACT_UNSPEC;
 	}
+
+	/* A stored request's cell leaves the ring now when it is the head (no tick needed). */
+	if (s == REQ_PENDING)
+		store_answered(&m, e);
 
 	/* A response from another replica than the one the client addressed is rewritten so
 	 * the client (a connected socket included) accepts it. */

@@ -54,6 +54,23 @@ enum store_result {
  * the floor a hedge still rescues a stalled request, whose client is still waiting. */
 #define STORE_OVERDUE_MIN_NS 50000000ULL
 
+/* far_overdue: a hedge due at deadline_ns after a delay of delay_ns is not sent at now (the
+ * cutoff above; the clone path's rescuer applies it too, request.h). */
+static __always_inline int far_overdue(__u64 deadline_ns, __u64 delay_ns, __u64 now)
+{
+	__u64 cutoff = delay_ns;
+
+	if (cutoff < 8 * pacer_cfg.early_ns) /* early_ns is half a pass */
+		cutoff = 8 * pacer_cfg.early_ns;
+	if (cutoff < STORE_OVERDUE_MIN_NS)
+		cutoff = STORE_OVERDUE_MIN_NS;
+	return now > deadline_ns && now - deadline_ns > cutoff;
+}
+
+/* Cells one tick pops at most (hedges sent: TICK_HEDGES_MAX of them), besides a look at each
+ * service's head; more are left to a next tick asked for at once (tick_more). */
+#define TICK_POPS_MAX 256
+
 /* The hedge's Ethernet header (no VLAN: requests with an in-band tag are cloned). */
 #define STORE_ETH_HLEN 14
 
@@ -172,6 +189,53 @@ static __always_inline int store_request(struct __sk_buff *skb, struct match *m,
 	/* Stored (and published) before the request (docs/pacer.md: ordering). */
 	pacer_request(skb, r->deadline_ns);
 	return STORE_OK;
+}
+
+/* key_eq compares two scoreboard keys (40 bytes, 8-byte aligned) word by word. */
+static __always_inline int key_eq(const struct hreq_key *a, const struct hreq_key *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+
+	for (int i = 0; i < (int)(sizeof(*a) / 8); i++)
+		if (x[i] != y[i])
+			return 0;
+	return 1;
+}
+
+/* store_answered (response path): the first response to a stored request whose cell is the
+ * head of its service's ring pops the cell at once and deletes the scoreboard entry - the
+ * usual case, a service that answers in order - so that no tick is needed for it: ticks come
+ * only for requests still waiting at their deadline (store_tick). A cell that is not the head
+ * (answered out of order) is popped by the next tick instead. 1: popped. */
+static __always_inline int store_answered(struct match *m, const struct hreq *e)
+{
+	struct store_pos *sp = bpf_map_lookup_elem(&store_heads, &m->svc);
+	struct hstore *c;
+	__u64 h;
+
+	if (!sp)
+		return 0;
+	h = READ_ONCE(sp->head);
+	c = ring_cell(m->svc, h);
+	if (!c || READ_ONCE(c->lap) != lap_empty(h) + 1 || c->sent_ns != e->sent_ns || !key_eq(&c->key, &m->key))
+		return 0;
+	if (__sync_val_compare_and_swap(&sp->head, h, h + 1) != h)
+		return 0; /* a tick took it */
+	ring_release(c, h);
+	bpf_map_delete_elem(&scoreboard, &m->key);
+	budget_release(m->cfg, m->st);
+	COUNT(m->cnt, stored_answered);
+	return 1;
+}
+
+/* cell_waits: the request of a cell that is not due yet may still need its hedge (its
+ * scoreboard entry is this request's, pending or hedged with more to come). A cell that
+ * does not wait (answered, evicted, replaced) is popped at a tick before its deadline. */
+static __always_inline int cell_waits(struct hstore *c)
+{
+	struct hreq *e = bpf_map_lookup_elem(&scoreboard, &c->key);
+
+	return e && e->sent_ns == c->sent_ns && (e->state == REQ_PENDING || e->state == REQ_HEDGED);
 }
 
 /* ---- the rescuer's side: a pacer tick ---- */
@@ -369,7 +433,6 @@ __attribute__((noinline)) int store_hedge(struct __sk_buff *skb, __u32 svc, __u3
 	struct hedge_stats *cnt = stats_for(svc);
 	struct hreq *e;
 	__u32 s, rep, tried, max;
-	__u64 late, cutoff;
 
 	if (!c || !sc || !st || !c->len)
 		return CELL_SKIPPED;
@@ -387,13 +450,7 @@ __attribute__((noinline)) int store_hedge(struct __sk_buff *skb, __u32 svc, __u3
 		COUNT(cnt, stored_answered);
 		return CELL_SKIPPED;
 	}
-	late = now > c->deadline_ns ? now - c->deadline_ns : 0;
-	cutoff = c->delay_ns;
-	if (cutoff < 8 * pacer_cfg.early_ns) /* early_ns is half a pass */
-		cutoff = 8 * pacer_cfg.early_ns;
-	if (cutoff < STORE_OVERDUE_MIN_NS)
-		cutoff = STORE_OVERDUE_MIN_NS;
-	if (late > cutoff) {
+	if (far_overdue(c->deadline_ns, c->delay_ns, now)) {
 		if (s == REQ_PENDING)
 			__sync_val_compare_and_swap(&e->state, s, REQ_NOHEDGE);
 		budget_release(sc, st);
@@ -489,12 +546,14 @@ static long tick_one(__u32 i, struct tick_ctx *c0)
 		t->svc++; /* empty (or a splitter is still filling the head: it asks for a tick) */
 		return 0;
 	}
-	if (!pacer_due(c->deadline_ns, c0->now, 0)) {
+	if (!pacer_due(c->deadline_ns, c0->now, 0) && cell_waits(c)) {
 		if (!t->next || c->deadline_ns < t->next)
 			t->next = c->deadline_ns;
 		t->svc++;
 		return 0;
 	}
+	/* Due, or done with before its deadline (answered out of order, evicted): popped now,
+	 * so that the next tick is asked for the first request that still waits. */
 	if (t->sent >= TICK_HEDGES_MAX) {
 		t->more = 1; /* this tick sent its share: the next one at once */
 		return 1;
@@ -530,7 +589,7 @@ static __always_inline int store_tick(struct __sk_buff *skb)
 	__builtin_memset(t, 0, sizeof(*t));
 	c.st = t;
 	c.now = bpf_ktime_get_ns();
-	bpf_loop(SVC_MAX + TICK_HEDGES_MAX + 1, tick_one, &c, 0);
+	bpf_loop(SVC_MAX + TICK_POPS_MAX, tick_one, &c, 0);
 	if (t->svc < SVC_MAX)
 		t->more = 1; /* the loop ran out, or stopped at TICK_HEDGES_MAX */
 	if (t->more) {

@@ -251,14 +251,17 @@ struct hedge_stats {
 				  * cloned instead (a stored hedge is rebuilt without them) */
 	__u64 pacer_ticks;       /* pacer ticks the rescuer got (global slot) */
 	__u64 tick_hedges;       /* hedges sent from ticks (hedges per tick = tick_hedges / pacer_ticks) */
-	__u64 overdue_dropped;   /* stored request due long ago (deadline + max(delay, 4 pacer
-				  * passes, 50 ms)): not hedged that late */
+	__u64 overdue_dropped;   /* stored request (its tick) or clone (out of the delay line)
+				  * due long ago (deadline + max(delay, 4 pacer passes, 50 ms)):
+				  * not hedged that late */
 	__u64 stored_answered;   /* stored request popped after its response: nothing sent */
 	__u64 stored_orphaned;   /* stored request popped without its scoreboard entry (evicted,
 				  * expired, or replaced by a newer request with its key) */
 	__u64 hedge_build_errors; /* rebuilding a stored request into the tick failed: not sent */
-	__u64 requeued;          /* hedged request queued again for a further hedge (max_hedges) */
-	__u64 requeue_full;      /* ... but its store ring was full: no further hedge */
+	__u64 requeued;          /* hedged request queued again for a further hedge (max_hedges):
+				  * its cell re-queued, or its clone carried again */
+	__u64 requeue_full;      /* ... but its store ring was full (the clone into the delay
+				  * line failed): no further hedge */
 	__u64 tick_more;         /* tick ended with due requests left (TICK_HEDGES_MAX): the next
 				  * tick is asked for at once (global slot) */
 	__u64 hedges_reinjected; /* hedges of a tick but its last, cloned back into the pacer

@@ -98,6 +98,10 @@ struct pacer_config {
 	__u32 tick_peer_ifindex; /* pacer netns: its peer (pacer_enter makes ticks of them) */
 	__u32 dev_ifindex;    /* pacer netns: the device carrying the backend's qdisc */
 	__u32 tick_bytes;     /* tick frame length (conveyor: length*8/rate is the resolution) */
+	__u32 tick_max_bytes; /* conveyor without fillers: a tick not yet due is resized for its
+			       * next pass to the bytes whose transmission time is what is left,
+			       * up to this (the devices' largest frame); 0: fixed tick_bytes */
+	__u32 rate_bytes;     /* conveyor: the tbf rate, bytes per second */
 	__u64 early_ns;       /* a tick is due when now + early_ns >= its deadline */
 	__u64 carry_early_ns; /* the same for carried packets (half a pass; 0 on edt) */
 	__u64 lost_ns;        /* an armed tick this long overdue is presumed lost */
@@ -581,6 +585,25 @@ static __always_inline int pacer_filler_pass(struct __sk_buff *skb, struct pacer
 	return pacer_redirect(pacer_cfg.dev_ifindex, ps);
 }
 
+/* pacer_tick_resize (conveyor without fillers): a tick frame alone in tbf passes once per
+ * its own transmission time, so a frame of tick_bytes goes round every Resolution however far
+ * its deadline is (10k passes a second at 100 us, each a veth crossing and a softirq). Sized
+ * for its next pass to the bytes that take what is left (left_ns at rate_bytes), between
+ * PACER_TICK_MIN_BYTES and tick_max_bytes, a far tick takes a few long passes and lands near
+ * its deadline in a last short one. A frame that comes back early (tbf's bucket had tokens
+ * to spare) is resized again for what is still left. */
+static __always_inline void pacer_tick_resize(struct __sk_buff *skb, struct pacer_stats *ps, __u64 left_ns)
+{
+	__u64 want = left_ns / 1000 * pacer_cfg.rate_bytes / 1000000;
+
+	if (want > pacer_cfg.tick_max_bytes)
+		want = pacer_cfg.tick_max_bytes;
+	if (want < PACER_TICK_MIN_BYTES)
+		want = PACER_TICK_MIN_BYTES;
+	if (want != skb->len && bpf_skb_change_tail(skb, want, 0) < 0)
+		PACER_COUNT(ps, tick_trim_errors); /* the frame keeps its length: only less precise */
+}
+
 /* pacer_pass: TC ingress of dev_end, after a pass through the qdisc. A due tick (or any
  * carried packet) leaves towards the consumer; a tick not yet due goes round again; a tick
  * that is no longer the armed one is dropped (the earlier tick armed after it serves). */
@@ -591,6 +614,7 @@ static __always_inline int pacer_pass(struct __sk_buff *skb)
 	struct pacer_filler *fl;
 	struct pacer_tick *t;
 	int is_tick;
+	__u64 now;
 
 	t = pacer_tick_of(skb, &is_tick);
 	if (is_tick) {
@@ -603,9 +627,12 @@ static __always_inline int pacer_pass(struct __sk_buff *skb)
 			PACER_COUNT(ps, ticks_superseded);
 			return TC_ACT_SHOT;
 		}
-		if (pacer_cfg.backend != PACER_EDT && !pacer_due(t->deadline_ns, bpf_ktime_get_ns(), 0)) {
+		now = bpf_ktime_get_ns();
+		if (pacer_cfg.backend != PACER_EDT && !pacer_due(t->deadline_ns, now, 0)) {
 			t->passes++;
 			PACER_COUNT(ps, tick_passes);
+			if (pacer_cfg.tick_max_bytes)
+				pacer_tick_resize(skb, ps, t->deadline_ns - now);
 			return pacer_redirect(pacer_cfg.dev_ifindex, ps);
 		}
 		return pacer_redirect(pacer_cfg.peer_ifindex, ps);

@@ -151,6 +151,8 @@ Flags given explicitly override the scenario's defaults.`,
 	f.StringVar(&flagOpts.Backend, "backend", "auto", "delay-line backend: auto, conveyor, netem, edt")
 	f.StringVar(&flagOpts.PyClient, "py-client", "", "path to clients/apphedge.py (default: ./clients/apphedge.py)")
 	f.IntSliceVar(&rateOpts.Levels, "levels", []int{1, 64}, "rate: concurrent loops per level: the first is the low load, the last saturation")
+	f.StringSliceVar(&rateOpts.Arms, "arms", hedgebench.DefaultArms, "rate: arms to run (unhedged always runs); attribution arms: "+strings.Join(hedgebench.AttributionArms, ", "))
+	f.IntVar(&rateOpts.SaturationN, "saturation-requests", 0, "rate: measured requests per run at the last level (default: 5 x --requests, 150000)")
 	f.IntVar(&rateOpts.Repeats, "repeats", 5, "rate: rounds, each running every arm at every level (order rotated per round)")
 	f.Uint64Var(&pauses.Seed, "pause-seed", pauses.Seed, "gc: seed of the client pause schedule")
 	f.Float64Var(&pauses.Coverage, "pause-coverage", pauses.Coverage, "gc: fraction of the time each client is stopped")

@@ -148,7 +148,7 @@ qdisc of the chosen --backend).`,
 	fl.DurationVar(&f.budgetWindow, "budget-window", hedge.DefaultBudgetWindow, "budget: the sliding window of mode window")
 	fl.StringVar(&f.replicaChoice, "replica-choice", hedge.ReplicaRR, "which replica a hedge goes to, of those the request was not sent to: rr (round robin) or p50 (lowest recent median latency; untried replicas first)")
 	fl.IntVar(&f.maxHedges, "max-hedges", 1, fmt.Sprintf("hedges per request, 1-%d, each after a further delay and to another replica", hedge.MaxHedgesLimit))
-	fl.IntVar(&f.storeLimit, "store-limit", hedge.DefaultStoreLimit, fmt.Sprintf("requests with at most this many bytes of UDP payload are kept in the kernel and their hedge built from a pacer tick; larger ones are cloned into the delay line (0: clone every request; at least the MTU's largest payload, e.g. 1472: no clone path, and no conveyor fillers; max %d)", hedge.MaxStoreLimit))
+	fl.IntVar(&f.storeLimit, "store-limit", 0, fmt.Sprintf("requests with at most this many bytes of UDP payload are kept in the kernel and their hedge built from a pacer tick; larger ones are cloned into the delay line (default: the largest payload of the interface's MTU, e.g. 1472, at most %d: no clone path and no conveyor fillers; 0: clone every request; below the MTU's payload, e.g. 512: larger requests and those a full store ring cannot take are cloned)", hedge.MaxStoreLimit))
 	return cmd
 }
 
@@ -192,7 +192,10 @@ func hedgeConfig(cmd *cobra.Command, f *hedgeFlags) (*hedge.Config, error) {
 		RequestID:     hedge.RequestIDSpec{Offset: f.idOffset, Length: f.idLength, Order: f.idOrder},
 		Delay:         hedge.DelaySpec{Fixed: f.delay},
 		Budget:        hedge.BudgetSpec{Mode: f.budgetMode, Ratio: f.budgetRatio, Burst: f.burst},
-		ReplicaChoice: f.replicaChoice, MaxHedges: f.maxHedges, StoreLimit: &f.storeLimit,
+		ReplicaChoice: f.replicaChoice, MaxHedges: f.maxHedges,
+	}
+	if cmd.Flags().Changed("store-limit") { // else derived from the interface's MTU at start
+		svc.StoreLimit = &f.storeLimit
 	}
 	if svc.Name == "" {
 		svc.Name = f.service

@@ -404,6 +404,13 @@ type runResult struct {
 
 // run test-runs prog once inside the fixture's namespace with skb->mark = mark.
 func (f *fixture) run(prog *ebpf.Program, in []byte, mark uint32) (runResult, error) {
+	return f.runAfter(prog, in, mark, nil)
+}
+
+// runAfter is run with prepare(now), if not nil, called in the run's thread right before it
+// (now: a CLOCK_MONOTONIC reading to build entries on; an emulated guest takes tens of
+// milliseconds from a monoNow in the test to f.run's program run).
+func (f *fixture) runAfter(prog *ebpf.Program, in []byte, mark uint32, prepare func(now uint64) error) (runResult, error) {
 	var r runResult
 	opts := ebpf.RunOptions{
 		Data:       in,
@@ -412,6 +419,15 @@ func (f *fixture) run(prog *ebpf.Program, in []byte, mark uint32) (runResult, er
 		ContextOut: &r.ctx,
 	}
 	err := f.ns.Do(func() (err error) {
+		if prepare != nil {
+			now, err := mono()
+			if err != nil {
+				return err
+			}
+			if err := prepare(now); err != nil {
+				return err
+			}
+		}
 		if r.t0, err = mono(); err != nil {
 			return err
 		}

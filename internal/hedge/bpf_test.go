@@ -296,40 +296,53 @@ func TestSplitScoreboardFull(t *testing.T) {
 	// The clones come out of the delay line: the survivors are hedged, the evicted ones
 	// dropped. (Their entries were made due by a zero delay: rewriting them from user space
 	// would itself evict - an LRU update takes a fresh node before it frees the old one.)
+	// A survivor whose clone the loaded machine rescued later than the far-overdue cutoff
+	// (max(delay 0, four passes, 50 ms) after its send) is dropped as overdue instead: told
+	// apart by the run's own clock readings.
+	const cutoff = 50 * time.Millisecond
 	survivors := f.board(t)
+	sent := map[hedgeHreqKey]uint64{}
+	for k := range survivors {
+		e, _ := f.entry(t, k)
+		sent[k] = e.SentNs
+	}
 	tokens := f.state(t, sV4).TokensMilli
 	before = after
-	hedged := 0
+	hedged, overdue := 0, 0
 	for i, in := range reqs {
 		r, err := f.run(f.objs.HedgeRescue, in, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, survived := survivors[key(sV4, client4, uint64(0x500+i))]
+		k := key(sV4, client4, uint64(0x500+i))
+		_, survived := survivors[k]
+		lo, hi := time.Duration(r.t0-sent[k]), time.Duration(r.t1-sent[k])
 		switch {
-		case survived && r.ret == redirect && r.ctx.Mark == hedgeMark:
+		case survived && r.ret == redirect && r.ctx.Mark == hedgeMark && lo <= cutoff:
 			hedged++
+		case survived && r.ret == shot && hi > cutoff:
+			overdue++
 		case !survived && r.ret == shot:
 		default:
-			t.Errorf("clone %d (entry kept: %v): verdict %s, mark %#x", i, survived, verdict(r.ret), r.ctx.Mark)
+			t.Errorf("clone %d (entry kept: %v, rescued %v..%v after its send): verdict %s, mark %#x", i, survived, lo, hi, verdict(r.ret), r.ctx.Mark)
 		}
 	}
 	after, err = f.counters()
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := bpftest.Counters{"v4.HedgesSent": int64(len(survivors)), "v4.ClonesOrphaned": int64(n - len(survivors))}
+	want := bpftest.Counters{"v4.HedgesSent": int64(hedged), "v4.OverdueDropped": int64(overdue), "v4.ClonesOrphaned": int64(n - len(survivors))}
 	if d := after.Sub(before).Diff(want); d != "" {
 		t.Errorf("rescuer counter changes (got, want):\n%s", d)
 	}
-	if len(survivors) == 0 || hedged != len(survivors) {
-		t.Errorf("%d of %d surviving entries hedged", hedged, len(survivors))
+	if len(survivors) == 0 || hedged+overdue != len(survivors) {
+		t.Errorf("%d hedged + %d overdue of %d surviving entries", hedged, overdue, len(survivors))
 	}
-	// Every clone took a token; the orphaned ones gave theirs back.
-	if got, want := f.state(t, sV4).TokensMilli, tokens+int64(n-len(survivors))*1000; got != want {
-		t.Errorf("budget %d milli-tokens after the rescuer, want %d (the orphaned clones' tokens back)", got, want)
+	// Every clone took a token; the orphaned and overdue ones gave theirs back.
+	if got, want := f.state(t, sV4).TokensMilli, tokens+int64(n-len(survivors)+overdue)*1000; got != want {
+		t.Errorf("budget %d milli-tokens after the rescuer, want %d (the orphaned and overdue clones' tokens back)", got, want)
 	}
-	t.Logf("%d requests, %d entries survived, %d clones orphaned", n, len(survivors), n-len(survivors))
+	t.Logf("%d requests, %d entries survived (%d hedged, %d overdue), %d clones orphaned", n, len(survivors), hedged, overdue, n-len(survivors))
 }
 
 func TestRescue(t *testing.T) {
@@ -342,7 +355,7 @@ func TestRescue(t *testing.T) {
 	due := func(k hedgeHreqKey) func(testing.TB, *fixture) {
 		return func(tb testing.TB, f *fixture) {
 			now := monoNow(tb)
-			f.put(tb, k, pending(now-uint64(testDelay)-1000, now-1000))
+			f.put(tb, k, dueEntry(now))
 		}
 	}
 	withState := func(k hedgeHreqKey, s uint32) func(testing.TB, *fixture) {
@@ -396,7 +409,8 @@ func TestRescue(t *testing.T) {
 		{name: "due within half a period (cfg_early_ns): sent now", in: req4, ret: redirect,
 			setup: func(tb testing.TB, f *fixture) {
 				now := monoNow(tb)
-				f.put(tb, k4, pending(now, now+uint64(testEarly)/2))
+				// Sent dueDelay ago: the far-overdue cutoff is a second away.
+				f.put(tb, k4, pending(now-uint64(dueDelay), now+uint64(testEarly)/2))
 			},
 			out: datagram(client4, rep4, p), outMark: ptr[uint32](hedgeMark),
 			counters: hedge4, board: map[hedgeHreqKey]uint32{k4: reqHedged}, check: hedgedTo(sV4, k4, 1, v4Full)},

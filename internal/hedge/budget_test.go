@@ -239,8 +239,9 @@ func testBudgetOutage(t *testing.T, mode string) {
 	if hedges < requests*ratio/2 {
 		t.Errorf("hedges_sent = %d: the budget allows %g, far fewer went out", hedges, ratio*requests+burst)
 	}
-	// overdue: stored requests whose tick came past the far-overdue cutoff (an emulated guest's
-	// late ticks), dropped unhedged, their bucket token given back (the stored path only).
+	// overdue: stored requests whose tick, or clones that came out of the delay line, past the
+	// far-overdue cutoff (an emulated guest's late ticks), dropped unhedged, their bucket token
+	// given back.
 	overdue := c["overdue_dropped"]
 	if c["budget_exhausted"] == 0 || hedges+c["budget_exhausted"]+overdue != requests {
 		t.Errorf("budget_exhausted = %d, want the %d requests that were not hedged", c["budget_exhausted"], requests-hedges)

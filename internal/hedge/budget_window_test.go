@@ -65,7 +65,8 @@ func TestWindowBudget(t *testing.T) {
 			t.Fatalf("request %d not on the scoreboard", id)
 		}
 		now := monoNow(t)
-		e.DeadlineNs = now - 1e6 // due a millisecond ago
+		// Due a millisecond ago, after dueDelay: the far-overdue cutoff is a second away.
+		e.SentNs, e.DeadlineNs = now-uint64(dueDelay)-1e6, now-1e6
 		f.put(t, k, e)
 		var r runResult
 		d := delta(func() {

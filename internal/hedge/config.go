@@ -63,7 +63,8 @@ type ServiceConfig struct {
 	// another replica (1..MaxHedgesLimit; default 1).
 	MaxHedges int `yaml:"max_hedges"`
 	// StoreLimit: requests with at most this many bytes of UDP payload take the stored path
-	// (nil: DefaultStoreLimit; 0: every request is cloned).
+	// (nil: the largest payload of the interface's MTU, at most MaxStoreLimit, set by Start;
+	// 0: every request is cloned).
 	StoreLimit *int           `yaml:"store_limit"`
 	addr       netip.AddrPort // parsed
 	replicas   []netip.AddrPort

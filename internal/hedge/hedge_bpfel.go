@@ -165,6 +165,8 @@ type hedgePacerConfig struct {
 	TickPeerIfindex uint32
 	DevIfindex      uint32
 	TickBytes       uint32
+	TickMaxBytes    uint32
+	RateBytes       uint32
 	_               [4]byte
 	EarlyNs         uint64
 	CarryEarlyNs    uint64

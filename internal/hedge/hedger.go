@@ -38,7 +38,7 @@ type Hedger struct {
 	Calibration Calibration
 
 	objs     hedgeObjects
-	noCarry  bool // every service's store limit covers the interface MTU: no clone path
+	noCarry  bool // every service's store limit covers the interface MTU's payload: no clone path
 	pacer    *pacer.Pacer
 	pacerCfg pacer.Config // what load writes as pacer_cfg (fixtures set it without a pacer)
 	attached []bpfx.Attachment
@@ -75,7 +75,7 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 	if opts.Backend != "" {
 		want = opts.Backend
 	}
-	if h.noCarry, err = storeCoversMTU(cfg, opts.Netns, h.IfIndex); err != nil {
+	if h.noCarry, err = resolveStoreLimits(cfg, opts.Netns, h.IfIndex); err != nil {
 		return nil, err
 	}
 	// The delay line is the pacer (internal/pacer); clones ride it as carried packets, and
@@ -121,7 +121,7 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 		return nil, err
 	}
 	h.log.Info("hedger started", "interface", cfg.Interface, "backend", h.Backend,
-		"period", h.pacer.Period(), "services", len(cfg.Services), "clone_path", !h.noCarry)
+		"period", h.pacer.Period(), "services", len(cfg.Services), "clone_path", !h.noCarry, "store_limit", storeLimits(cfg))
 	return h, nil
 }
 

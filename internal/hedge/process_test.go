@@ -3,7 +3,6 @@ package hedge
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,18 +33,39 @@ func kedgeBinary(t *testing.T) string { return bpftest.KedgeBinary(t) }
 
 // kedgeProc is a kedge process running in a lab host.
 type kedgeProc struct {
-	cmd  *exec.Cmd
-	out  bytes.Buffer // stdout and stderr; read only after done
-	done chan struct{}
-	err  error // from Wait
+	cmd    *exec.Cmd
+	out    bytes.Buffer // stdout and stderr (stderr only with startKedgeStdout); read only after done
+	stdout bytes.Buffer // with startKedgeStdout: stdout; read only after done
+	done   chan struct{}
+	err    error // from Wait
 }
 
 // startKedge starts `kedge args...` in h. The test ends it (SIGKILL, by its pid) if it is
 // still running at cleanup.
 func startKedge(t *testing.T, h *lab.Host, args ...string) *kedgeProc {
 	t.Helper()
+	return newKedgeProc(t, h, false, args)
+}
+
+// startKedgeStdout is startKedge with stdout kept apart (p.stdout) from stderr (p.out).
+func startKedgeStdout(t *testing.T, h *lab.Host, args ...string) *kedgeProc {
+	t.Helper()
+	return newKedgeProc(t, h, true, args)
+}
+
+func newKedgeProc(t *testing.T, h *lab.Host, splitStdout bool, args []string) *kedgeProc {
+	t.Helper()
 	p := &kedgeProc{cmd: h.Command(kedgeBinary(t), args...), done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if splitStdout {
+		p.cmd.Stdout = &p.stdout
+	}
+	p.start(t, h, args)
+	return p
+}
+
+func (p *kedgeProc) start(t *testing.T, h *lab.Host, args []string) {
+	t.Helper()
 	if err := h.Start(p.cmd); err != nil {
 		t.Fatalf("start kedge %s: %v", strings.Join(args, " "), err)
 	}
@@ -62,7 +82,6 @@ func startKedge(t *testing.T, h *lab.Host, args ...string) *kedgeProc {
 			t.Logf("kedge %s killed at cleanup; output:\n%s", strings.Join(args, " "), p.out.String())
 		}
 	})
-	return p
 }
 
 func (p *kedgeProc) pid() int { return p.cmd.Process.Pid }
@@ -131,29 +150,10 @@ func waitHedgerUp(t *testing.T, p *kedgeProc, within time.Duration) Status {
 	}
 }
 
-// waitUDPEcho waits until a UDP echo server answers at addr, probing from inside h (its own
-// address, so the probe never passes a hedger) with an id that no chaos replica stalls.
+// waitUDPEcho waits until a UDP echo server answers at addr (probeEcho).
 func waitUDPEcho(t *testing.T, h *lab.Host, addr netip.AddrPort, within time.Duration) {
 	t.Helper()
-	var conn *net.UDPConn
-	if err := h.Do(func() (err error) {
-		conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(addr))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	deadline := time.Now().Add(within)
-	buf, req := make([]byte, 64), make([]byte, 8)
-	binary.BigEndian.PutUint32(req, 4_000_000_050)
-	for time.Now().Before(deadline) {
-		_, _ = conn.Write(req)
-		_ = conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-		if _, err := conn.Read(buf); err == nil {
-			return
-		}
-	}
-	t.Fatalf("no UDP echo from %s within %v", addr, within)
+	probeEcho(t, h, addr, within)
 }
 
 // scrape fetches http://addr/metrics from inside h.
@@ -309,9 +309,9 @@ services:
 			}
 		}
 		// v4 on the stored path: nothing cloned, every hedge from a tick; v6 on the clone path.
-		path := map[string]uint64{"stored": n, "stored_answered": n - c["hedges_sent"], "tick_hedges": c["hedges_sent"], "clones": 0}
+		path := map[string]uint64{"stored": n, "stored_answered": n - c["hedges_sent"] - c["overdue_dropped"], "tick_hedges": c["hedges_sent"], "clones": 0}
 		if s.Name == "v6" {
-			path = map[string]uint64{"clones": n, "clones_answered": n - c["hedges_sent"], "stored": 0, "tick_hedges": 0}
+			path = map[string]uint64{"clones": n, "clones_answered": n - c["hedges_sent"] - c["overdue_dropped"], "stored": 0, "tick_hedges": 0}
 		}
 		for name, want := range path {
 			if c[name] != want {

@@ -1,12 +1,14 @@
 package hedge
 
 import (
+	"math/bits"
 	"math/rand/v2"
-
-	"github.com/cilium/ebpf"
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/kedge-dev/kedge/internal/bpftest"
 )
 
 // Replica choice (bpf/hedge/replica.h) through the programs that use it: the rescuer picks
@@ -36,7 +38,7 @@ func rescueDue(tb testing.TB, f *fixture, svc int, to netip.AddrPort, id uint32)
 	tb.Helper()
 	k := key(svc, client4, uint64(id))
 	now := monoNow(tb)
-	f.put(tb, k, pending(now-uint64(testDelay)-1000, now-1000))
+	f.put(tb, k, dueEntry(now))
 	r, err := f.run(f.objs.HedgeRescue, datagram(client4, to, idPayload(id, 32)), 0)
 	if err != nil {
 		tb.Fatal(err)
@@ -189,40 +191,89 @@ func TestReplicaMedianConverges(t *testing.T) {
 // 10 ms and srv2:9999 at once. Round robin splits the hedges between them; p50 tries each
 // once (both cold), then sends nearly all to the fast one, because the slow one's
 // responses - and the service's own duplicates - are attributed to where they came from.
+//
+// In two phases. Warm-up: batches of requests until the estimates rank the fast replica
+// below half the slow one's (p50 has tried the slow one while it was cold by then). A single
+// slow first sample of the fast replica (an emulated guest's stall of tens of milliseconds)
+// makes p50 avoid it until the timer's ageing (2 s ticks here) brings it back: the warm-up
+// waits for that, polled, instead of counting it against the choice. Then the measured run:
+// 240 requests, whose hedges' split is checked.
 func TestReplicaChoiceLab(t *testing.T) {
 	requireRoot(t)
 	for _, choice := range []string{ReplicaRR, ReplicaP50} {
 		t.Run(choice, func(t *testing.T) {
 			l := hedgeLab(t, "hr")
-			srv1, srv2 := l.Host("srv1"), l.Host("srv2")
+			srv1, srv2, client := l.Host("srv1"), l.Host("srv2"), l.Host("client")
 			svc := netip.AddrPortFrom(srv1.IPv4, 9999)
 			slowAt, fastAt := netip.AddrPortFrom(srv2.IPv4, 9998), netip.AddrPortFrom(srv2.IPv4, 9999)
 			startRecServer(t, srv1, svc, 30*time.Millisecond)
 			slow := startRecServer(t, srv2, slowAt, 10*time.Millisecond)
 			fast := startRecServer(t, srv2, fastAt, 0)
+			// Neighbour entries and the servers' first-time work before any latency counts:
+			// one request to each, directly, before the hedger is attached (ids below 70000,
+			// not counted below).
+			for i, to := range []netip.AddrPort{svc, slowAt, fastAt} {
+				if res := runWorkers(t, client, to, 1, 1, 60000+uint32(i), 2*time.Second); len(res.answered) != 1 {
+					t.Fatalf("warm-up request to %s unanswered", to)
+				}
+			}
 			h := startHedger(t, l, &Config{
-				Interface: "eth0",
+				Interface: "eth0", Tick: Duration(2 * time.Second),
 				Services: []ServiceConfig{{Name: "choice", Address: svc.String(), Replicas: []string{slowAt.String(), fastAt.String()},
 					Delay: DelaySpec{Fixed: 5 * time.Millisecond}, ReplicaChoice: choice,
 					Budget: BudgetSpec{Mode: BudgetWindow, Ratio: 1, Burst: 100}}},
 			}, budgetTestBackend())
-			const workers, perWk = 4, 60
-			res := runWorkers(t, l.Host("client"), svc, workers, perWk, 70000, time.Second)
-			c := waitCounters(t, h, 2*time.Second, func(c map[string]uint64) bool {
-				return c["hedges_sent"]+c["budget_exhausted"] >= workers*perWk
-			})
-			snap, err := h.Stats()
-			if err != nil {
-				t.Fatal(err)
+			const workers = 4
+			settled := func(sent uint64) map[string]uint64 {
+				return waitCounters(t, h, 2*time.Second, func(c map[string]uint64) bool {
+					return c["hedges_sent"]+c["budget_exhausted"] >= sent
+				})
 			}
-			ns, nf := len(slow.ids()), len(fast.ids())
-			t.Logf("%s: requests %d hedges_sent %d answered %d; hedges to the 10 ms replica %d, to the fast one %d; estimates %+v",
-				choice, c["requests"], c["hedges_sent"], len(res.answered), ns, nf, snap.Services[0].Replicas)
+			estimates := func() []ReplicaStats {
+				snap, err := h.Stats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return snap.Services[0].Replicas
+			}
+			// Warm-up: 40 requests a batch until the fast replica's estimate is below half
+			// the slow one's.
+			base, sent := uint32(70000), uint64(0)
+			deadline := time.Now().Add(30 * time.Second)
+			var batches int
+			for {
+				runWorkers(t, client, svc, workers, 10, base, time.Second)
+				base, sent, batches = base+workers*10, sent+workers*10, batches+1
+				settled(sent)
+				if r := estimates(); len(r) == 3 && r[2].P50 > 0 && r[2].P50 < r[1].P50/2 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("estimates %+v after %d warm-up requests: the fast replica never ranked below half the 10 ms one", estimates(), sent)
+				}
+			}
+			warmSlow := countIDs(slow.ids(), 70000, base)
+			t.Logf("%s: warm-up of %d batches; %d of its hedges at the 10 ms replica, %d at the fast one; estimates %+v",
+				choice, batches, warmSlow, countIDs(fast.ids(), 70000, base), estimates())
+			if choice == ReplicaP50 && warmSlow < 1 {
+				t.Errorf("p50 never tried the 10 ms replica; want it tried while it had no estimate (cold)")
+			}
+
+			// The measured run.
+			before := settled(sent)["hedges_sent"]
+			const perWk = 60
+			res := runWorkers(t, client, svc, workers, perWk, base, time.Second)
+			c := settled(sent + workers*perWk)
+			hedges := c["hedges_sent"] - before
+			ns, nf := countIDs(slow.ids(), base, base+workers*perWk), countIDs(fast.ids(), base, base+workers*perWk)
+			r := estimates()
+			t.Logf("%s: measured run: %d requests, %d hedges, answered %d; hedges to the 10 ms replica %d, to the fast one %d; estimates %+v",
+				choice, workers*perWk, hedges, len(res.answered), ns, nf, r)
 			if len(res.answered) != workers*perWk || res.extra != 0 {
 				t.Errorf("answered %d of %d, %d unexpected datagrams", len(res.answered), workers*perWk, res.extra)
 			}
-			if uint64(ns+nf) != c["hedges_sent"] || c["hedges_sent"] < workers*perWk*9/10 {
-				t.Fatalf("hedges_sent %d, replicas got %d + %d: want (nearly) every request hedged, each hedge at a replica", c["hedges_sent"], ns, nf)
+			if uint64(ns+nf) != hedges || hedges < workers*perWk*9/10 {
+				t.Fatalf("hedges_sent %d, replicas got %d + %d: want (nearly) every request hedged, each hedge at a replica", hedges, ns, nf)
 			}
 			total := float64(ns + nf)
 			switch choice {
@@ -231,11 +282,10 @@ func TestReplicaChoiceLab(t *testing.T) {
 					t.Errorf("round robin sent %.0f%% of hedges to the fast replica, want about half", share*100)
 				}
 			case ReplicaP50:
-				if ns < 1 || float64(ns) > 0.05*total {
-					t.Errorf("p50 sent %d of %.0f hedges to the 10 ms replica: want it tried (cold) and then avoided (<= 5%%)", ns, total)
+				if float64(ns) > 0.05*total {
+					t.Errorf("p50 sent %d of %.0f hedges to the 10 ms replica: want it avoided (<= 5%%)", ns, total)
 				}
 				// Relative, not absolute: in an emulated guest every latency is milliseconds more.
-				r := snap.Services[0].Replicas
 				if len(r) != 3 || r[2].P50 >= r[1].P50/2 || r[2].P50 >= r[0].P50/2 {
 					t.Errorf("estimates %+v: want the fast replica's well below the 10 ms replica's and the service's own (30 ms)", r)
 				}
@@ -244,64 +294,128 @@ func TestReplicaChoiceLab(t *testing.T) {
 	}
 }
 
+// countIDs counts the ids in [from, to) of seen.
+func countIDs(seen map[uint32]int, from, to uint32) int {
+	n := 0
+	for id, k := range seen {
+		if id >= from && id < to {
+			n += k
+		}
+	}
+	return n
+}
+
 // TestReplicaEstimatesAge: the bpf_timer halves, every tick, the estimate of a replica that
 // answered nothing since the last tick, and leaves one that did alone; so a replica avoided
-// for being slow comes back as a candidate. Tick 400 ms (polled every 10 ms: a loaded
-// machine has left two 100 ms ticks between two polls); the estimates are written directly.
+// for being slow comes back as a candidate. The service has three replicas, none with
+// traffic: replica 0 is the test's tick counter (it starts at 2^40 and answers nothing, so
+// after k ticks it is 2^(40-k)), replica 1 answers nothing and must be quiet >> k at every
+// poll, replica 2 is given one response through the response program (BPF_PROG_TEST_RUN,
+// so the test never writes the state the timer changes) whenever its last one was consumed:
+// the tick after its response leaves it as it was, each later tick without one halves it.
+// Exact at any load: the ticks are counted, not assumed from the poll interval (two 400 ms
+// ticks have passed between two 10 ms polls on the loaded machine).
 func TestReplicaEstimatesAge(t *testing.T) {
 	requireRoot(t)
 	l := hedgeLab(t, "ha")
 	srv1, srv2 := l.Host("srv1"), l.Host("srv2")
 	svc, alt := netip.AddrPortFrom(srv1.IPv4, 9999), netip.AddrPortFrom(srv2.IPv4, 9999)
+	answering := netip.AddrPortFrom(srv2.IPv4, 9998) // replica 2: its responses are test runs
 	h := startHedger(t, l, &Config{
 		Interface: "eth0", Tick: Duration(400 * time.Millisecond),
-		Services: []ServiceConfig{{Name: "age", Address: svc.String(), Replicas: []string{alt.String()},
+		Services: []ServiceConfig{{Name: "age", Address: svc.String(), Replicas: []string{alt.String(), answering.String()},
 			Delay: DelaySpec{Fixed: 5 * time.Millisecond}, ReplicaChoice: ReplicaP50}},
 	}, budgetTestBackend())
-	const start, quiet = uint64(64 * time.Millisecond), uint64(1 << 4) // quiet: 0 after 5 ticks
-	var st hedgeSvcState
-	if err := h.objs.SvcStates.Lookup(uint32(0), &st); err != nil {
-		t.Fatal(err)
-	}
-	// Replica 0 keeps "answering" (a sample per tick, written before each tick would see
-	// none); replica 1 answers nothing.
-	st.RepP50Ns[0], st.RepP50Ns[1] = start, quiet
-	if err := h.objs.SvcStates.Put(uint32(0), st); err != nil {
-		t.Fatal(err)
-	}
-	var seen []uint64
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	const (
+		clockBits = 40
+		quiet     = uint64(1 << 4) // 0 after 5 ticks
+		start     = uint64(64 * time.Millisecond)
+	)
+	read := func() hedgeSvcState {
+		var st hedgeSvcState
 		if err := h.objs.SvcStates.Lookup(uint32(0), &st); err != nil {
 			t.Fatal(err)
 		}
-		if v := st.RepP50Ns[1]; len(seen) == 0 || v != seen[len(seen)-1] {
-			seen = append(seen, v)
+		return st
+	}
+	ticks := func(st hedgeSvcState) int { return clockBits - (bits.Len64(st.RepP50Ns[0]) - 1) }
+	// until reads until ok holds (a read can catch the timer between two replicas: read again).
+	until := func(ok func(hedgeSvcState) bool) (hedgeSvcState, bool) {
+		st := read()
+		for try := 0; try < 3 && !ok(st); try++ {
+			time.Sleep(time.Millisecond)
+			st = read()
 		}
-		if st.RepP50Ns[1] == 0 {
+		return st, ok(st)
+	}
+	st := read()
+	st.RepP50Ns[0], st.RepP50Ns[1], st.RepP50Ns[2] = 1<<clockBits, quiet, start
+	if err := h.objs.SvcStates.Put(uint32(0), st); err != nil {
+		t.Fatal(err)
+	}
+	// respond gives replica 2 one response, later than its estimate (a step up).
+	id := uint32(0x9000)
+	respond := func(est uint64) {
+		id++
+		k := key(0, client4, uint64(id))
+		err := l.Host("client").Do(func() error {
+			now, err := mono()
+			if err != nil {
+				return err
+			}
+			if err := h.objs.Scoreboard.Put(k, pending(now-est, now+uint64(time.Second))); err != nil {
+				return err
+			}
+			in := datagram(answering, client4, idPayload(id, 32))
+			_, err = h.objs.HedgeResp.Run(&ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+bpftest.OutPad), Context: skBuff{}})
+			return err
+		})
+		if err != nil {
+			t.Fatalf("response from replica 2: %v", err)
+		}
+	}
+	var (
+		armed   bool   // replica 2's response went in before tick fed+1
+		fed     int    // ticks when it went in
+		base    uint64 // replica 2's estimate right after it
+		checked int    // ticks whose effect on replica 2 was checked
+		seen    []uint64
+	)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		st = read()
+		k := ticks(st)
+		if st, ok := until(func(st hedgeSvcState) bool { return st.RepP50Ns[1] == quiet>>ticks(st) }); !ok {
+			t.Fatalf("after %d ticks replica 1's estimate is %d, want %d (halved per tick without a response)", ticks(st), st.RepP50Ns[1], quiet>>ticks(st))
+		}
+		if len(seen) == 0 || st.RepP50Ns[1] != seen[len(seen)-1] {
+			seen = append(seen, st.RepP50Ns[1])
+		}
+		if armed && k > fed {
+			want := func(st hedgeSvcState) uint64 { return base >> (ticks(st) - fed - 1) }
+			st, ok := until(func(st hedgeSvcState) bool { return st.RepP50Ns[2] == want(st) })
+			if !ok {
+				t.Fatalf("replica 2: %d after its response, %d after %d more tick(s); want %d (kept by the tick after the response, halved by each later one)",
+					base, st.RepP50Ns[2], ticks(st)-fed, want(st))
+			}
+			checked++
+			armed = false
+		}
+		if st.RepP50Ns[1] == 0 && checked >= 3 {
 			break
 		}
-		// A sample for replica 0 (what replica_observe adds), so its estimate stays.
-		if st.RepSamples[0] == 0 {
-			st.RepSamples[0] = 1
-			if err := h.objs.SvcStates.Update(uint32(0), st, ebpf.UpdateExist); err != nil {
-				t.Fatal(err)
+		if !armed && st.RepSamples[2] == 0 {
+			respond(st.RepP50Ns[2])
+			after := read()
+			// Checkable only when no tick came between the poll and the response.
+			if ticks(after) == k && after.RepSamples[2] > 0 {
+				armed, fed, base = true, k, after.RepP50Ns[2]
 			}
 		}
 		time.Sleep(10 * time.Millisecond) // polling the timer's effect
 	}
-	t.Logf("replica 1's estimate, tick after tick: %v; replica 0's: %d", seen, st.RepP50Ns[0])
-	if st.RepP50Ns[1] != 0 {
-		t.Fatalf("replica 1's estimate %d after 5 s of 400 ms ticks without a response: want halved to 0", st.RepP50Ns[1])
-	}
-	// Replica 0 had a sample in every tick; one tick may pass between two polls on a loaded
-	// machine, which halves it once.
-	if st.RepP50Ns[0] < start/2 {
-		t.Errorf("replica 0's estimate %d: it answered every tick, want it kept (%d)", st.RepP50Ns[0], start)
-	}
-	for i := 1; i < len(seen); i++ {
-		if seen[i] != seen[i-1]/2 {
-			t.Errorf("estimate went %d -> %d: want halved per tick", seen[i-1], seen[i])
-		}
+	t.Logf("replica 1's estimate, tick after tick: %v; replica 2's kept over %d checked ticks; %d ticks counted", seen, checked, ticks(read()))
+	if st.RepP50Ns[1] != 0 || checked < 3 {
+		t.Fatalf("after 20 s of 400 ms ticks: replica 1's estimate %d (want 0), replica 2 checked over %d ticks (want 3)", st.RepP50Ns[1], checked)
 	}
 }

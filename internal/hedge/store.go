@@ -11,7 +11,10 @@ import (
 // most a service's store limit is stored in the kernel and its hedge is built from the
 // stored bytes at a pacer tick; a larger one is cloned into the delay line.
 const (
-	// DefaultStoreLimit is the store limit of a service that sets none (bytes of UDP payload).
+	// DefaultStoreLimit is the store limit of a service that sets none where the interface's
+	// MTU is unknown (a hedger loaded without Start: the fixtures). Start gives such a
+	// service the largest UDP payload the interface's MTU allows, at most MaxStoreLimit
+	// (resolveStoreLimits): then nothing needs the clone path and the pacer carries nothing.
 	DefaultStoreLimit = 512
 	// MaxStoreLimit is the largest payload a store cell holds (STORE_PAYLOAD_MAX).
 	MaxStoreLimit = int(hedgeHedgeLimitsSTORE_PAYLOAD_MAX)
@@ -19,7 +22,8 @@ const (
 	storeRing = int(hedgeHedgeLimitsSTORE_RING)
 )
 
-// storeLimit returns the service's store limit (validated: the default filled in).
+// storeLimit returns the service's store limit (DefaultStoreLimit when unset and not
+// resolved by Start).
 func (s *ServiceConfig) storeLimit() int {
 	if s.StoreLimit == nil {
 		return DefaultStoreLimit
@@ -29,8 +33,7 @@ func (s *ServiceConfig) storeLimit() int {
 
 func (s *ServiceConfig) validateStore(where string) error {
 	if s.StoreLimit == nil {
-		v := DefaultStoreLimit
-		s.StoreLimit = &v
+		return nil // Start derives it from the interface's MTU
 	}
 	if n := *s.StoreLimit; n < 0 || n > MaxStoreLimit {
 		return fmt.Errorf("%s: store_limit %d out of range: use 0..%d bytes of UDP payload (0: clone every request, no stored path)",
@@ -43,12 +46,14 @@ func (s *ServiceConfig) validateStore(where string) error {
 // MTU minus these.
 const udp4Overhead, udp6Overhead = 20 + 8, 40 + 8
 
-// storeCoversMTU says whether every service's store limit is at least the largest UDP
-// payload an unfragmented datagram on the interface (index ifx in ns) can carry. Then no
-// request needs the clone path (fragments are passed unhedged anyway), and the pacer runs
-// without carry: on the conveyor no filler frames circulate at all. A request the store
-// still cannot take (ring full, IPv4 options, a UDP GSO super-packet) is then not hedged.
-func storeCoversMTU(cfg *Config, ns netns.NsHandle, ifx int) (bool, error) {
+// resolveStoreLimits gives every service without a store limit the largest UDP payload an
+// unfragmented datagram on the interface (index ifx in ns) carries, at most MaxStoreLimit,
+// and says whether every service's limit now covers it. Then no request needs the clone
+// path (fragments are passed unhedged anyway) and the pacer runs without carry: on the
+// conveyor no filler frames circulate at all. A request the store still cannot take (ring
+// full, IPv4 options, a UDP GSO super-packet) is then not hedged. A limit set below the
+// MTU's payload keeps the clone path for larger requests and for a full ring.
+func resolveStoreLimits(cfg *Config, ns netns.NsHandle, ifx int) (covers bool, err error) {
 	h, err := bpfx.NetlinkHandle(ns)
 	if err != nil {
 		return false, err
@@ -59,15 +64,29 @@ func storeCoversMTU(cfg *Config, ns netns.NsHandle, ifx int) (bool, error) {
 		return false, fmt.Errorf("read the MTU of %s: %w", cfg.Interface, err)
 	}
 	mtu := l.Attrs().MTU
+	covers = true
 	for i := range cfg.Services {
 		s := &cfg.Services[i]
 		largest := mtu - udp6Overhead
 		if s.addr.Addr().Is4() {
 			largest = mtu - udp4Overhead
 		}
+		if s.StoreLimit == nil {
+			v := max(min(largest, MaxStoreLimit), 0)
+			s.StoreLimit = &v
+		}
 		if s.storeLimit() < largest {
-			return false, nil
+			covers = false
 		}
 	}
-	return true, nil
+	return covers, nil
+}
+
+// storeLimits lists the services' store limits for the start log (one per service).
+func storeLimits(cfg *Config) []int {
+	out := make([]int, len(cfg.Services))
+	for i := range cfg.Services {
+		out[i] = cfg.Services[i].storeLimit()
+	}
+	return out
 }

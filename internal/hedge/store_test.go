@@ -210,7 +210,10 @@ func TestStoreSplit(t *testing.T) {
 			board:    map[hedgeHreqKey]uint32{k4: reqPending}, check: stored(sSt4, k4, limit)},
 		{name: "a later tick armed already: coalesced, stored", in: req4, ret: unspec,
 			setup: func(tb testing.TB, f *fixture) {
-				if err := f.objs.PacerArming.Put(uint32(0), pacerState{ArmedNs: monoNow(tb) + uint64(time.Millisecond)}); err != nil {
+				// Armed for 0.9 s from now: before the request's deadline (1 s after the
+				// splitter's run) and not presumed lost (lost_ns 1 s) unless the run comes
+				// 1.9 s after this - a 6.1 TCG guest took over 1 s with 1 ms here.
+				if err := f.objs.PacerArming.Put(uint32(0), pacerState{ArmedNs: monoNow(tb) + uint64(storeDelay*9/10)}); err != nil {
 					tb.Fatal(err)
 				}
 			},
@@ -390,7 +393,9 @@ func TestStoreTick(t *testing.T) {
 		{name: "late but within the cutoff (deadline + delay): still sent", ret: redirect,
 			setup: func(tb testing.TB, f *fixture) {
 				f.store(tb, req4)
-				f.makeDue(tb, sSt4, storeDelay-100*time.Millisecond)
+				// Half a delay late: the cutoff (one delay) is 500 ms away (with 100 ms a 6.1
+				// TCG guest's run came past it).
+				f.makeDue(tb, sSt4, storeDelay/2)
 			},
 			out:    hedge(repSt1, req4)[14:],
 			counts: with(bpftest.Counters{"st4.HedgesSent": 1, "st4.TickHedges": 1}), board: map[hedgeHreqKey]uint32{k4: reqHedged}},

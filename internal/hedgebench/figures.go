@@ -91,8 +91,12 @@ func rateFigures(dir string) (string, error) {
 		return "", err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s, %s; %v requests per run, %v rounds, backend %s.\n\n", r.Timestamp.Format(time.DateOnly), r.Describe(),
-		r.Parameters["n"], r.Parameters["rounds"], r.Backend)
+	sat := ""
+	if n, ok := r.Parameters["n_saturation"]; ok && len(r.Levels) > 0 {
+		sat = fmt.Sprintf(" (%v at %d loops)", n, r.Levels[len(r.Levels)-1].Concurrency)
+	}
+	fmt.Fprintf(&b, "%s, %s; %v requests per run%s, %v rounds, backend %s.\n\n", r.Timestamp.Format(time.DateOnly), r.Describe(),
+		r.Parameters["n"], sat, r.Parameters["rounds"], r.Backend)
 	fmt.Fprintf(&b, "| Loops | Arm | req/s | ratio to unhedged | P50 (µs) | ΔP50 (µs) | P99 (µs) | CPU/req processes (µs) | ΔCPU processes | CPU/req machine (µs) | ΔCPU machine |\n")
 	fmt.Fprintf(&b, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, l := range r.Levels {
@@ -112,6 +116,23 @@ func rateFigures(dir string) (string, error) {
 			r.Parameters["stall_pct"], r.Parameters["stall_ms"], c.Concurrency, c.Arm, c.RPS, c.Stalled, c.Missed, c.BudgetExhausted, c.LostClones, c.Timeouts)
 		if cs := counterStr(c.Counters, storeCounters...); cs != "" {
 			fmt.Fprintf(&b, "  Counters: %s.\n", cs)
+		}
+	}
+	for _, l := range r.Levels {
+		var parts []string
+		for _, a := range l.Arms {
+			if a.SoftirqsPerReq == nil {
+				continue
+			}
+			part := fmt.Sprintf("%s NET_RX %.2f, NET_TX %.2f", a.Arm, a.SoftirqsPerReq["NET_RX"], a.SoftirqsPerReq["NET_TX"])
+			if a.PacerPerReq != nil {
+				part += fmt.Sprintf(" (pacer: ticks %.3f, tick passes %.3f, filler passes %.3f)",
+					a.PacerPerReq["ticks_delivered"], a.PacerPerReq["tick_passes"], a.PacerPerReq["filler_passes"])
+			}
+			parts = append(parts, part)
+		}
+		if len(parts) > 0 {
+			fmt.Fprintf(&b, "- Softirqs raised per request at %d loop(s) (/proc/softirqs; the pacer's own work per request): %s.\n", l.Concurrency, strings.Join(parts, "; "))
 		}
 	}
 	var idle []string

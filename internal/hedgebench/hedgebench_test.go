@@ -277,13 +277,16 @@ func count(p *int) string {
 // requests accounted for) and have their programs timed, and the figures exist.
 func TestRateShort(t *testing.T) {
 	bpftest.RequireRoot(t)
-	o := RateOptions{Levels: []int{1, 4}, N: 400, Warmup: 20, Repeats: 2, Stall: 40 * time.Millisecond,
+	o := RateOptions{Levels: []int{1, 4}, N: 400, SaturationN: 400, Warmup: 20, Repeats: 2, Stall: 40 * time.Millisecond,
 		Delay: 5 * time.Millisecond, ProgRuns: 450, Exe: bpftest.KedgeBinary(t), OutDir: t.TempDir()}
 	res, err := RunRate(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	arms := rateArms()
+	arms, err := selectArms(DefaultArms)
+	if err != nil {
+		t.Fatal(err)
+	}
 	kedgeArms := len(arms) - 1
 	if want := o.Repeats * (len(arms)*len(o.Levels) + kedgeArms); len(res.Runs) != want || len(res.Levels) != 2 {
 		t.Fatalf("%d runs, %d levels: want %d runs (each arm at each level, plus the stalling service per kedge arm, per round)", len(res.Runs), len(res.Levels), want)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/vishvananda/netns"
@@ -45,10 +46,16 @@ type RateOptions struct {
 	Stall    time.Duration // chaos service: stall (50 ms)
 	// ProgRuns is the requests BPF_PROG_TEST_RUN times the programs on, per kedge arm (2000).
 	ProgRuns int
-	Backend  string
-	Exe      string
-	OutDir   string
-	Log      *slog.Logger
+	// SaturationN is the measured requests per run at the last level (default 5 x N): runs
+	// at saturation are several times faster, and a longer one evens out the machine's noise.
+	SaturationN int
+	// Arms are the arms to run, by name (default unhedged, clone, stored; unhedged always
+	// runs: every comparison is with it). AttributionArms lists the others.
+	Arms    []string
+	Backend string
+	Exe     string
+	OutDir  string
+	Log     *slog.Logger
 }
 
 func (o *RateOptions) defaults() error {
@@ -70,6 +77,13 @@ func (o *RateOptions) defaults() error {
 	def(&o.Repeats, 5)
 	def(&o.StallPct, 2)
 	def(&o.ProgRuns, 2000)
+	def(&o.SaturationN, 5*o.N)
+	if len(o.Arms) == 0 {
+		o.Arms = DefaultArms
+	}
+	if _, err := selectArms(o.Arms); err != nil {
+		return err
+	}
 	if o.Delay == 0 {
 		o.Delay = 10 * time.Millisecond
 	}
@@ -82,8 +96,8 @@ func (o *RateOptions) defaults() error {
 	switch {
 	case o.Repeats < 1 || o.Repeats > 10:
 		return paramErrorf("repeats %d out of range 1-10", o.Repeats)
-	case o.N < 100:
-		return paramErrorf("%d requests per run: need at least 100", o.N)
+	case o.N < 100 || o.SaturationN < 100:
+		return paramErrorf("%d requests per run (%d at saturation): need at least 100", o.N, o.SaturationN)
 	case o.Stall <= o.Delay:
 		return paramErrorf("stall %v must exceed the hedge delay %v, or there is nothing to rescue", o.Stall, o.Delay)
 	case o.Stall >= o.Timeout:
@@ -91,11 +105,11 @@ func (o *RateOptions) defaults() error {
 	}
 	// Every run gets its own id range of idSpan ids (see runClient); the programs' test
 	// runs take the range after the last run's.
-	if runs := len(o.Levels)*o.Repeats*len(rateArms()) + 2*o.Repeats + 1; uint64(runs+1)*idSpan > readyIDs {
+	if runs := len(o.Levels)*o.Repeats*len(o.Arms) + len(o.Arms)*o.Repeats + len(o.Arms) + 1; uint64(runs+1)*idSpan > readyIDs {
 		return paramErrorf("%d runs do not fit in 32-bit request ids: fewer levels or repeats", runs)
 	}
-	if uint64(o.N+o.Warmup)+uint64(max(len(o.Levels), 1))*100 > idSpan || o.ProgRuns > idSpan/2 {
-		return paramErrorf("%d requests per run: at most %d", o.N+o.Warmup, idSpan/2)
+	if uint64(max(o.N, o.SaturationN)+o.Warmup)+uint64(max(len(o.Levels), 1))*100 > idSpan || o.ProgRuns > idSpan/2 {
+		return paramErrorf("%d requests per run: at most %d", max(o.N, o.SaturationN)+o.Warmup, idSpan/2)
 	}
 	if o.Exe == "" {
 		exe, err := os.Executable()
@@ -123,22 +137,66 @@ const (
 	ArmUnhedged = "unhedged"
 	ArmClone    = "clone"  // kedge, store limit 0: every request cloned into the delay line
 	ArmStored   = "stored" // kedge, default store limit: every request stored in the kernel
+	// The attribution arms (--arms): where the stored path's cost goes.
+	ArmStoredCarry   = "stored-carry"   // store limit 512: a clone path remains, the pacer carries (conveyor: fillers)
+	ArmStoredNoCarry = "stored-nocarry" // store limit 2000, above the MTU's largest payload: no clone path, no carry
+	ArmIdleCarry     = "idle-carry"     // as stored-carry, but the traffic goes to an address kedge does not hedge
+	ArmIdleNoCarry   = "idle-nocarry"   // as stored-nocarry, the same
 )
 
+// DefaultArms are the arms the rate scenario runs unless told otherwise.
+var DefaultArms = []string{ArmUnhedged, ArmClone, ArmStored}
+
+// AttributionArms are the arms that take the stored path's cost apart: the store limit
+// with and without a clone path (the conveyor's fillers), and the hedger attached with
+// nothing to hedge (its background alone: fillers, the programs on traffic they pass).
+var AttributionArms = []string{ArmStoredCarry, ArmStoredNoCarry, ArmIdleCarry, ArmIdleNoCarry}
+
 // rateArm is one way of running the client: without kedge, or with kedge configured by set.
+// An idle arm's services are at addresses the client does not use: kedge sees the traffic
+// and hedges none of it.
 type rateArm struct {
 	name string
 	set  func(*hedge.ServiceConfig) // nil: no kedge
+	idle bool
 }
 
-// rateArms lists the arms this build can run: the stored arm only once the hedger has a
+// rateArms lists every arm this build can run: the stored arms only once the hedger has a
 // stored path (storedPathBuilt).
 func rateArms() []rateArm {
-	arms := []rateArm{{name: ArmUnhedged}, {name: ArmClone, set: func(s *hedge.ServiceConfig) { setStoreLimit(s, 0) }}}
+	limit := func(n int) func(*hedge.ServiceConfig) {
+		return func(s *hedge.ServiceConfig) { setStoreLimit(s, n) }
+	}
+	arms := []rateArm{{name: ArmUnhedged}, {name: ArmClone, set: limit(0)}}
 	if storedPathBuilt {
-		arms = append(arms, rateArm{name: ArmStored, set: func(*hedge.ServiceConfig) {}})
+		arms = append(arms, rateArm{name: ArmStored, set: func(*hedge.ServiceConfig) {}},
+			rateArm{name: ArmStoredCarry, set: limit(512)}, rateArm{name: ArmStoredNoCarry, set: limit(hedge.MaxStoreLimit)},
+			rateArm{name: ArmIdleCarry, set: limit(512), idle: true}, rateArm{name: ArmIdleNoCarry, set: limit(hedge.MaxStoreLimit), idle: true})
 	}
 	return arms
+}
+
+// selectArms returns the arms named, unhedged first, in the order given.
+func selectArms(names []string) ([]rateArm, error) {
+	all := rateArms()
+	out := []rateArm{all[0]}
+	for _, n := range names {
+		i := slices.IndexFunc(all, func(a rateArm) bool { return a.name == n })
+		switch {
+		case i < 0:
+			var known []string
+			for _, a := range all {
+				known = append(known, a.name)
+			}
+			return nil, paramErrorf("arm %q unknown: use %s", n, strings.Join(known, ", "))
+		case i == 0:
+			continue
+		case slices.ContainsFunc(out, func(a rateArm) bool { return a.name == n }):
+			return nil, paramErrorf("arm %q given twice", n)
+		}
+		out = append(out, all[i])
+	}
+	return out, nil
 }
 
 // RateRun is one client run.
@@ -175,8 +233,12 @@ type RateRun struct {
 	// of ksoftirqd; other engineers' processes are not in it.
 	ProcCPUPerReqUS float64            `json:"proc_cpu_per_request_us"`
 	ProcCPUUS       map[string]float64 `json:"proc_cpu_us"` // per request, by process
-	// With kedge: the hedger's counters over the run (measured and warm-up requests).
+	// With kedge: the hedger's counters over the run (measured and warm-up requests), and
+	// the pacer's (ticks, tick passes, filler passes: its work in the background).
 	Counters map[string]uint64 `json:"counters,omitempty"`
+	Pacer    map[string]uint64 `json:"pacer,omitempty"`
+	// Softirqs is /proc/softirqs over the run, per kind, summed over the CPUs.
+	Softirqs map[string]uint64 `json:"softirqs,omitempty"`
 	// LostClones is clones that entered the delay line and never left it, plus clones
 	// the splitter failed to make.
 	LostClones *uint64 `json:"lost_clones,omitempty"`
@@ -206,6 +268,11 @@ type ArmLevel struct {
 	Timeouts        int               `json:"timeouts"`
 	LostClones      uint64            `json:"lost_clones"`
 	Counters        map[string]uint64 `json:"counters,omitempty"` // summed over the rounds
+	// Per request sent, median over the rounds: /proc/softirqs by kind, and the pacer's
+	// counters (kedge arms).
+	SoftirqsPerReq map[string]float64 `json:"softirqs_per_request,omitempty"`
+	PacerPerReq    map[string]float64 `json:"pacer_per_request,omitempty"`
+	CPUSoftirq     float64            `json:"cpu_softirq"` // softirq CPUs (/proc/stat), median
 }
 
 // Paired is a per-round comparison: median and range over the rounds. N == 0: none.
@@ -323,11 +390,15 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 	if err != nil {
 		return res, err
 	}
-	arms := rateArms()
+	arms, err := selectArms(o.Arms)
+	if err != nil {
+		return res, err
+	}
 	res = RateResult{Envelope: bench.NewEnvelope(ctx, RateSchema, Rate, map[string]any{"levels": o.Levels, "n": o.N, "warmup": o.Warmup,
 		"rounds": o.Repeats, "hedge_delay_ms": ms(o.Delay), "timeout_ms": ms(o.Timeout), "stall_pct": o.StallPct, "stall_ms": ms(o.Stall),
 		"fast_ms": 0, "budget_fast": "ratio 0.05, burst 10000", "budget_chaos": "ratio 0.1, burst 10000", "connected": true, "payload_len": 32,
-		"client": "kedge chaos client --mode baseline --connected (closed loops, one socket each)", "prog_runs": o.ProgRuns}),
+		"client": "kedge chaos client --mode baseline --connected (closed loops, one socket each)", "prog_runs": o.ProgRuns,
+		"n_saturation": o.SaturationN}),
 		IdleCPU: map[string]float64{}}
 	for _, a := range arms {
 		res.Arms = append(res.Arms, a.name)
@@ -348,11 +419,16 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 			}}
 		for i := range cfg.Services {
 			a.set(&cfg.Services[i])
+			if a.idle { // a port nobody sends to: kedge passes every request
+				ap := netip.MustParseAddrPort(cfg.Services[i].Address)
+				cfg.Services[i].Address = netip.AddrPortFrom(ap.Addr(), ap.Port()+100).String()
+			}
 		}
 		return cfg
 	}
 
 	next := uint32(0) // run counter: id ranges
+	last := o.Levels[len(o.Levels)-1]
 	sample := func() (procSample, error) { return readProcs(serverPIDs, softirqPIDs) }
 	runClient := func(c, round, order int, arm, svc string, to netip.AddrPort, h *hedge.Hedger) (RateRun, error) {
 		next++
@@ -369,19 +445,36 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 		if err != nil {
 			return run, err
 		}
+		sirq0, err := readSoftirqs()
+		if err != nil {
+			return run, err
+		}
 		p0, err := sample()
 		if err != nil {
 			return run, err
 		}
-		o.Log.Info("rate run", "concurrency", c, "round", round, "arm", arm, "service", svc)
+		n := o.N
+		if c == last {
+			n = o.SaturationN
+		}
+		o.Log.Info("rate run", "concurrency", c, "round", round, "arm", arm, "service", svc, "requests", n)
 		clientCPU, err := bench.RunProcessCPU(ctx, client, io.Discard, o.Exe, "chaos", "client", "--mode", "baseline", "--connected",
-			"--target", to.String(), "-n", fmt.Sprint(o.N), "--warmup", fmt.Sprint(o.Warmup),
+			"--target", to.String(), "-n", fmt.Sprint(n), "--warmup", fmt.Sprint(o.Warmup),
 			"--concurrency", fmt.Sprint(c), "--timeout", o.Timeout.String(), "--base-id", fmt.Sprint(next*idSpan),
 			"--scenario", Rate, "--name", filepath.Base(path), "--out", path)
 		p1, perr := sample()
 		cpu1, cerr := bench.ReadCPU()
-		if err = errors.Join(err, perr, cerr); err != nil {
+		sirq1, serr := readSoftirqs()
+		if err = errors.Join(err, perr, cerr, serr); err != nil {
 			return run, err
+		}
+		run.Softirqs = diffCounters(sirq1, sirq0)
+		if h != nil { // the pacer's work during the run, before the settling below
+			mid, err := h.Stats()
+			if err != nil {
+				return run, err
+			}
+			run.Pacer = diffCounters(mid.DelayLine, before.DelayLine)
 		}
 		r, err := bench.ReadFile(path)
 		if err != nil {
@@ -395,21 +488,20 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 		if svc == "chaos" {
 			stallPct = o.StallPct
 		}
-		run.Sent = o.N + o.Warmup
+		run.Sent = n + o.Warmup
 		summarizeRun(&run, r.Series[0], cpu1.Sub(cpu0), stallPct, o.Stall)
 		run.ProcCPUUS = p1.sub(p0, clientCPU).perRequest(run.Sent)
 		for _, v := range run.ProcCPUUS {
 			run.ProcCPUPerReqUS += v
 		}
 		if h != nil {
-			if run.Counters, run.LostClones, err = settledCounters(h, svc, before, o.Delay); err != nil {
+			if run.Counters, _, run.LostClones, err = settledCounters(h, svc, before, o.Delay); err != nil {
 				return run, err
 			}
 		}
 		return run, nil
 	}
 
-	last := o.Levels[len(o.Levels)-1]
 	for round := 1; round <= o.Repeats; round++ {
 		for order, a := range rotate(arms, round-1) {
 			var h *hedge.Hedger
@@ -434,7 +526,7 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 					}
 					res.Runs = append(res.Runs, run)
 				}
-				if h == nil {
+				if h == nil || a.idle {
 					return nil
 				}
 				run, err := runClient(last, round, order, a.name, "chaos", slow, h)
@@ -469,18 +561,18 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 }
 
 // settledCounters waits for the last clones to leave the delay line and returns the
-// service's counters since before and the clones lost.
-func settledCounters(h *hedge.Hedger, svc string, before *hedge.Snapshot, delay time.Duration) (map[string]uint64, *uint64, error) {
+// service's counters and the pacer's since before, and the clones lost.
+func settledCounters(h *hedge.Hedger, svc string, before *hedge.Snapshot, delay time.Duration) (map[string]uint64, map[string]uint64, *uint64, error) {
 	time.Sleep(delay + 50*time.Millisecond) // a clone is due after delay: nothing to poll for "none in flight"
 	after, err := h.Stats()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	i := slices.IndexFunc(after.Services, func(s hedge.ServiceStats) bool { return s.Name == svc })
 	c := diffCounters(after.Services[i].Counters, before.Services[i].Counters)
 	dl := diffCounters(after.DelayLine, before.DelayLine)
 	lost := sub0(dl["carried_in"], dl["carried_out"]) + c["clone_errors"]
-	return c, &lost, nil
+	return c, dl, &lost, nil
 }
 
 // measurePrograms times the programs of h on the fast service (index 0) and records
@@ -505,7 +597,7 @@ func measurePrograms(h *hedge.Hedger, ns netns.NsHandle, client netip.AddrPort, 
 		}
 		split, resp = split+pt.Split*time.Duration(k), resp+pt.Resp*time.Duration(k)
 	}
-	c, _, err := settledCounters(h, "fast", before, delay)
+	c, _, _, err := settledCounters(h, "fast", before, delay)
 	if err != nil {
 		return ProgTime{}, err
 	}
@@ -632,9 +724,13 @@ func rateLevels(runs []RateRun, levels []int, arms []string) []RateLevel {
 		}
 		for _, arm := range arms {
 			al := ArmLevel{Arm: arm}
-			var rps, p50, p99, cpu, pcpu, ratio, dp50, dp99, dcpu, dpcpu []float64
+			var rps, p50, p99, cpu, pcpu, ratio, dp50, dp99, dcpu, dpcpu, sirq []float64
+			sirqs, pacer := map[string][]float64{}, map[string][]float64{}
 			for round, r := range byRound[arm] {
 				rps, p50, p99 = append(rps, r.RPS), append(p50, r.P50US), append(p99, r.P99US)
+				sirq = append(sirq, r.CPUSoftirq)
+				perReq(sirqs, r.Softirqs, r.Sent)
+				perReq(pacer, r.Pacer, r.Sent)
 				cpu, pcpu = append(cpu, r.CPUPerReqUS), append(pcpu, r.ProcCPUPerReqUS)
 				al.Timeouts += r.Timeouts
 				if r.LostClones != nil {
@@ -659,6 +755,7 @@ func rateLevels(runs []RateRun, levels []int, arms []string) []RateLevel {
 			al.RPS, al.P50US, al.P99US, al.CPUPerReqUS, al.ProcCPUPerReqUS = median(rps), median(p50), median(p99), median(cpu), median(pcpu)
 			al.RPSRatio, al.DeltaP50US, al.DeltaP99US = paired(ratio), paired(dp50), paired(dp99)
 			al.CPUAddedUS, al.ProcCPUAddedUS = paired(dcpu), paired(dpcpu)
+			al.SoftirqsPerReq, al.PacerPerReq, al.CPUSoftirq = medians(sirqs), medians(pacer), median(sirq)
 			lv.Arms = append(lv.Arms, al)
 		}
 		out = append(out, lv)
@@ -700,6 +797,25 @@ func chaosChecks(runs []RateRun, arms []string) []ChaosCheck {
 		}
 		cc.RPS, cc.RescueP50US = median(rps), median(resc)
 		out = append(out, cc)
+	}
+	return out
+}
+
+// perReq appends each counter of c divided by n to acc.
+func perReq(acc map[string][]float64, c map[string]uint64, n int) {
+	for k, v := range c {
+		acc[k] = append(acc[k], float64(v)/float64(max(n, 1)))
+	}
+}
+
+// medians is the median of each list (nil for none).
+func medians(acc map[string][]float64) map[string]float64 {
+	if len(acc) == 0 {
+		return nil
+	}
+	out := make(map[string]float64, len(acc))
+	for k, v := range acc {
+		out[k] = median(v)
 	}
 	return out
 }

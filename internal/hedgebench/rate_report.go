@@ -70,6 +70,7 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 			fmt.Fprintf(&b, "  %s path's counters there: %s\n", c.Arm, cs)
 		}
 	}
+	writeAttribution(&b, r)
 	var idle []string
 	for _, arm := range r.Arms {
 		idle = append(idle, fmt.Sprintf("%s %.3f", arm, r.IdleCPU[arm]))
@@ -176,4 +177,32 @@ func writeRateCharts(dir string, r RateResult) error {
 		}
 	}
 	return nil
+}
+
+// attributionPacer are the pacer counters the attribution table shows, per request.
+var attributionPacer = []string{"ticks_armed", "ticks_delivered", "ticks_piggybacked", "tick_passes", "filler_passes", "carried_in"}
+
+// writeAttribution prints, per level and arm, the softirqs raised and the pacer's work per
+// request (medians over the rounds): where the CPU a kedge arm adds goes outside its
+// programs.
+func writeAttribution(b *strings.Builder, r RateResult) {
+	fmt.Fprintf(b, "\nPer request sent (median over the rounds): softirqs raised (/proc/softirqs) and the pacer's work\n")
+	fmt.Fprintf(b, "| Loops | Arm | softirq CPUs | NET_RX | NET_TX | TIMER | HRTIMER | SCHED | %s |\n", strings.Join(attributionPacer, " | "))
+	fmt.Fprintf(b, "|---:|---|---:|---:|---:|---:|---:|---:|%s\n", strings.Repeat("---:|", len(attributionPacer)))
+	for _, l := range r.Levels {
+		for _, a := range l.Arms {
+			fmt.Fprintf(b, "| %d | %s | %.3f |", l.Concurrency, a.Arm, a.CPUSoftirq)
+			for _, k := range []string{"NET_RX", "NET_TX", "TIMER", "HRTIMER", "SCHED"} {
+				fmt.Fprintf(b, " %.3f |", a.SoftirqsPerReq[k])
+			}
+			for _, k := range attributionPacer {
+				if v, ok := a.PacerPerReq[k]; ok {
+					fmt.Fprintf(b, " %.3f |", v)
+				} else {
+					b.WriteString(" - |")
+				}
+			}
+			b.WriteString("\n")
+		}
+	}
 }

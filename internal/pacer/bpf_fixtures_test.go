@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -32,6 +33,11 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T, backend pacerPacerBackend) *fixture {
+	return newFixtureWith(t, backend, nil)
+}
+
+// newFixtureWith is newFixture with pacer_cfg changed by set before load.
+func newFixtureWith(t *testing.T, backend pacerPacerBackend, set func(*pacerPacerConfig)) *fixture {
 	requireEcho(t)
 	f := &fixture{t: t}
 	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("pacer-fx-%d", backend)))
@@ -73,6 +79,9 @@ func newFixture(t *testing.T, backend pacerPacerBackend) *fixture {
 	}
 	if backend != pacerPacerBackendPACER_EDT {
 		f.cfg.EarlyNs, f.cfg.CarryEarlyNs = uint64(time.Millisecond/2), uint64(time.Millisecond/2)
+	}
+	if set != nil {
+		set(&f.cfg)
 	}
 	spec, err := loadPacer()
 	if err != nil {
@@ -279,6 +288,60 @@ func TestFixturesPass(t *testing.T) {
 				if got := binary.NativeEndian.Uint32(out[34+28:]); got != c.passes {
 					t.Errorf("passes %d, want %d", got, c.passes)
 				}
+			}
+		})
+	}
+}
+
+// TestFixturesTickResize: on the conveyor without fillers a tick not yet due leaves for its
+// next pass resized to the bytes whose transmission time at the rate is what is left of its
+// wait, between the smallest tick frame and tick_max_bytes; a due one leaves as it came.
+func TestFixturesTickResize(t *testing.T) {
+	// 100 kbit/s, 80 us a byte: the run's own time (a loaded machine: milliseconds) moves the
+	// size little and makes no case due.
+	const rate, maxBytes = 12_500, 4000
+	f := newFixtureWith(t, pacerPacerBackendPACER_CONVEYOR, func(c *pacerPacerConfig) {
+		c.TickBytes, c.TickMaxBytes, c.RateBytes = 200, maxBytes, rate
+		c.EarlyNs, c.CarryEarlyNs = uint64(50*time.Microsecond), 0
+	})
+	in := tickFrame(0, tickMagic, 32)
+	in = append(in, make([]byte, 200-len(in))...) // as pacer_enter sends it: tick_bytes long
+	bytesFor := func(left time.Duration) int {
+		return min(max(int(left.Microseconds()*rate/1_000_000), tickMinBytes), maxBytes)
+	}
+	for _, c := range []struct {
+		name string
+		left time.Duration
+	}{
+		{"far: the largest frame", time.Hour},
+		{"100 ms left: 1250 bytes", 100 * time.Millisecond},
+		{"5 ms left: the smallest frame", 5 * time.Millisecond},
+		{"due: unchanged", -time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			deadline := Now() + c.left
+			frame := slices.Clone(in)
+			binary.NativeEndian.PutUint64(frame[14+20+8:], uint64(deadline))
+			f.setArmed(uint64(deadline))
+			var ret uint32
+			var out []byte
+			t0 := Now()
+			d := f.delta(func() { ret, out = f.run(f.objs.EchoPass, frame, 0) })
+			t1 := Now()
+			wantRet(t, ret, bpftest.TCActRedirect)
+			if d["TickTrimErrors"] != 0 {
+				t.Errorf("resize failed: %v", d)
+			}
+			lo, hi := len(in), len(in) // due: as it came
+			if c.left > 0 {
+				lo, hi = bytesFor(deadline-t1), bytesFor(deadline-t0)
+				if d["TickPasses"] != 1 {
+					t.Errorf("not sent round again: %v", d)
+				}
+			}
+			// The test run cuts DataOut to the frame's length.
+			if len(out) < lo || len(out) > hi {
+				t.Errorf("frame left with %d bytes, want %d..%d", len(out), lo, hi)
 			}
 		})
 	}

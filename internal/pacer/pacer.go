@@ -280,6 +280,15 @@ func (p *Pacer) tickFrameBytes() int {
 	return min(max(n, tickMinBytes), maxFrame)
 }
 
+// tickMaxBytes: on the conveyor without carry a tick not yet due is resized for each pass
+// to what is left of its wait, up to the largest frame (pacer_tick_resize); 0 elsewhere.
+func (p *Pacer) tickMaxBytes() int {
+	if p.backend != BackendConveyor || p.opts.Carry {
+		return 0
+	}
+	return maxFrame
+}
+
 func (p *Pacer) qdisc(backend string) netlink.Qdisc {
 	attrs := netlink.QdiscAttrs{LinkIndex: p.devIfx, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT}
 	switch backend {
@@ -512,6 +521,8 @@ func (p *Pacer) config() pacerPacerConfig {
 		TickPeerIfindex: uint32(p.tickPeerIx),
 		DevIfindex:      uint32(p.devIfx),
 		TickBytes:       uint32(p.tickBytes),
+		TickMaxBytes:    uint32(p.tickMaxBytes()),
+		RateBytes:       uint32(p.rateBytes),
 		EarlyNs:         uint64(p.pass(false) / 2),
 		CarryEarlyNs:    uint64(p.pass(true) / 2),
 		LostNs:          uint64(p.opts.LostAfter),

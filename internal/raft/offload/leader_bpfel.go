@@ -22,6 +22,8 @@ type leaderPacerConfig struct {
 	TickPeerIfindex uint32
 	DevIfindex      uint32
 	TickBytes       uint32
+	TickMaxBytes    uint32
+	RateBytes       uint32
 	_               [4]byte
 	EarlyNs         uint64
 	CarryEarlyNs    uint64

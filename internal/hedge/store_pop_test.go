@@ -1,0 +1,138 @@
+package hedge
+
+// The stored path without per-request ticks: the first response to a stored request whose
+// cell is its ring's head pops the cell at once (store_answered, request.h), and a tick pops
+// cells whose request no longer waits even before their deadline (tick_one, store.h), then
+// asks the pacer for the first request that still waits. Fixtures: bpf_fixtures_test.go.
+
+import (
+	"testing"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+)
+
+func TestStorePops(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	const a, b, c = 0x5101, 0x5102, 0x5103
+	req := func(id uint32) []byte { return datagram(client4, svcSt4, idPayload(id, 64)) }
+	resp := func(id uint32) []byte { return datagram(svcSt4, client4, idPayload(id, 64)) }
+	respond := func(tb testing.TB, id uint32) {
+		tb.Helper()
+		r, err := f.run(f.objs.HedgeResp, resp(id), 0)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if r.ret != unspec {
+			tb.Fatalf("response verdict %s, want TC_ACT_UNSPEC", verdict(r.ret))
+		}
+	}
+	delta := func(tb testing.TB, fn func()) bpftest.Counters {
+		tb.Helper()
+		before, err := f.counters()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		fn()
+		after, err := f.counters()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return after.Sub(before)
+	}
+	armed := func(tb testing.TB) uint64 {
+		tb.Helper()
+		var st pacerState
+		if err := f.objs.PacerArming.Lookup(uint32(0), &st); err != nil {
+			tb.Fatal(err)
+		}
+		return st.ArmedNs
+	}
+	wantQueued := func(tb testing.TB, ids ...uint64) {
+		tb.Helper()
+		q := f.queued(tb, sSt4)
+		if len(q) != len(ids) {
+			tb.Fatalf("%d cells queued, want %d", len(q), len(ids))
+		}
+		for i, c := range q {
+			if c.Key.Id != ids[i] {
+				tb.Errorf("cell %d holds id %#x, want %#x", i, c.Key.Id, ids[i])
+			}
+		}
+	}
+
+	t.Run("in-order response pops its cell", func(t *testing.T) {
+		f.reset(t)
+		f.store(t, req(a))
+		wantQueued(t, a)
+		d := delta(t, func() { respond(t, a) })
+		wantQueued(t)
+		if _, ok := f.entry(t, key(sSt4, client4, a)); ok {
+			t.Error("scoreboard entry of the popped request left")
+		}
+		if d["st4.StoredAnswered"] != 1 || d["st4.Responses"] != 1 {
+			t.Errorf("counters %v: want one stored_answered, one response", nonZeroCounts(d))
+		}
+	})
+
+	t.Run("out-of-order response leaves its cell to the tick", func(t *testing.T) {
+		f.reset(t)
+		f.store(t, req(a))
+		f.store(t, req(b))
+		f.store(t, req(c))
+		respond(t, b) // not the head: stays
+		wantQueued(t, a, b, c)
+		respond(t, a) // the head: popped; b is next and answered, but a response pops only its own
+		wantQueued(t, b, c)
+		cell := f.queued(t, sSt4)[1]
+		// Nothing is due (the stored services wait a second): the tick pops b, answered,
+		// sends nothing, and asks for a tick at c's deadline, the first that still waits.
+		var r runResult
+		d := delta(t, func() { r = f.tick(t) })
+		if r.ret != bpftest.TCActShot {
+			t.Errorf("tick verdict %s, want TC_ACT_SHOT (nothing sent)", verdict(r.ret))
+		}
+		wantQueued(t, c)
+		if d["st4.StoredAnswered"] != 1 || d["st4.TickHedges"] != 0 || d["dl.TicksArmed"] != 1 {
+			t.Errorf("counters %v: want one stored_answered, no hedge, one tick armed", nonZeroCounts(d))
+		}
+		if got := armed(t); got != cell.DeadlineNs {
+			t.Errorf("tick armed at %d, want c's deadline %d", got, cell.DeadlineNs)
+		}
+		if _, ok := f.entry(t, key(sSt4, client4, b)); ok {
+			t.Error("scoreboard entry of the answered request left")
+		}
+	})
+
+	t.Run("nothing waits: no tick asked for", func(t *testing.T) {
+		f.reset(t)
+		f.store(t, req(a))
+		f.store(t, req(b))
+		respond(t, b)
+		if err := f.objs.Scoreboard.Delete(key(sSt4, client4, a)); err != nil { // evicted
+			t.Fatal(err)
+		}
+		var r runResult
+		d := delta(t, func() { r = f.tick(t) })
+		if r.ret != bpftest.TCActShot {
+			t.Errorf("tick verdict %s, want TC_ACT_SHOT", verdict(r.ret))
+		}
+		wantQueued(t)
+		if d["st4.StoredOrphaned"] != 1 || d["st4.StoredAnswered"] != 1 || d["dl.TicksArmed"] != 0 {
+			t.Errorf("counters %v: want one orphaned, one answered, no tick armed", nonZeroCounts(d))
+		}
+		if got := armed(t); got != 0 {
+			t.Errorf("a tick armed at %d with nothing waiting", got)
+		}
+	})
+}
+
+// nonZeroCounts is c without its zero counters (for messages).
+func nonZeroCounts(c bpftest.Counters) bpftest.Counters {
+	out := bpftest.Counters{}
+	for k, v := range c {
+		if v != 0 {
+			out[k] = v
+		}
+	}
+	return out
+}
