@@ -90,9 +90,11 @@ func TestPpingCLI(t *testing.T) {
 			stdout, stderr string
 		}
 		done := make(chan result, 1)
+		// Ended by SIGTERM once both files have a sample; --duration only bounds a run that
+		// hangs (a fixed 6 s once had to hold two pingUntil steps of up to 5 s each).
 		go func() {
 			code, stdout, stderr := runCLI(t, "", "pping", "-i", "eth0", "--netns", client.Name, "-f", "jsonl",
-				"-r", "0", "-w", path, "--duration", "6s", "--counters")
+				"-r", "0", "-w", path, "--duration", "1m", "--counters")
 			done <- result{code, stdout, stderr}
 		}()
 		pingUntil("a sample in "+path, func() bool { return hasICMP(readLines(t, path)) })
@@ -104,6 +106,10 @@ func TestPpingCLI(t *testing.T) {
 			t.Fatal(err)
 		}
 		pingUntil("a sample in the reopened "+path, func() bool { return hasICMP(readLines(t, path)) })
+		// Its samples are written after it handles SIGTERM (as Ctrl-C): it ends with exit 0.
+		if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
 		r := <-done
 		if r.code != exitOK {
 			t.Fatalf("exit %d: %s", r.code, r.stderr)

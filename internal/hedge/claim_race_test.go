@@ -126,8 +126,9 @@ func raceRounds(t *testing.T, f *fixture, rounds int, a, b *ebpf.Program, setup 
 // claiming: the response passing as an unhedged request's answer (PENDING -> ANSWERED) and
 // the rescuer sending the hedge anyway, which leaves the entry HEDGED with its answer gone.
 // Entries must end ANSWERED_HEDGED exactly when the hedge was sent, and ANSWERED or deleted
-// when it was not; the counters must add up to the same. A third case races two responses:
-// exactly one is the first (responses counts once per request).
+// when it was not; the counters must add up to the same. (Two responses racing each other
+// are not tested here: their claims' window is a few instructions, and 4000 such rounds
+// with the response's compare-and-exchange made a plain write did not once hit it.)
 func TestClaimRace(t *testing.T) {
 	if runtime.NumCPU() < 2 {
 		t.Skip("needs two CPUs to race on")
@@ -148,7 +149,7 @@ func TestClaimRace(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, path := range []string{pathClone, pathStored, "two responses"} {
+	for _, path := range []string{pathClone, pathStored} {
 		t.Run(path, func(t *testing.T) {
 			f.reset(t)
 			svc, to := sWin, svcWin
@@ -166,13 +167,9 @@ func TestClaimRace(t *testing.T) {
 				}
 				return e.State
 			}
-			a := f.objs.HedgeRescue
-			if path == "two responses" {
-				a = f.objs.HedgeResp
-			}
 			var res []raceRound
 			delta, err := bpftest.Delta(f.counters, func() error {
-				res = raceRounds(t, f, rounds, a, f.objs.HedgeResp, func(i int) ([]byte, []byte) {
+				res = raceRounds(t, f, rounds, f.objs.HedgeRescue, f.objs.HedgeResp, func(i int) ([]byte, []byte) {
 					// The splitter records (and clones or stores) the request, due 1 us later
 					// (this thread is in the fixture's namespace already).
 					in := req(i)
@@ -180,13 +177,10 @@ func TestClaimRace(t *testing.T) {
 					if err != nil || ret != unspec {
 						t.Errorf("round %d: splitter %v %s", i, err, verdict(ret))
 					}
-					switch path {
-					case pathStored:
+					if path == pathStored {
 						return f.armedTick(t), resp(i)
-					case pathClone:
-						return req(i), resp(i)
 					}
-					return resp(i), resp(i)
+					return req(i), resp(i)
 				}, entry)
 				return nil
 			})
@@ -194,19 +188,6 @@ func TestClaimRace(t *testing.T) {
 				t.Fatal(err)
 			}
 			name := f.h.Config.Services[svc].Name
-			if path == "two responses" {
-				passed := 0
-				for _, r := range res {
-					if r.rescue == unspec && r.resp == unspec {
-						passed++
-					}
-				}
-				t.Logf("%d rounds, counters %v", rounds, movedOnly(delta))
-				if delta[name+".Responses"] != int64(rounds) || passed != rounds {
-					t.Errorf("two responses per request: responses %d (want %d, one first per request), %d rounds both passed", delta[name+".Responses"], rounds, passed)
-				}
-				return
-			}
 			var sent, unsent, contested int
 			for i, r := range res {
 				switch {

@@ -22,15 +22,15 @@ import (
 )
 
 // Methods, in the order they run in each round.
-var Methods = []string{"kedge", "kedge-ring", "kedge-bp", "naive", "mmsg", "epoll", "busypoll", "iouring"}
+var Methods = []string{"kedge", "kedge-sock", "kedge-bp", "naive", "mmsg", "epoll", "busypoll", "iouring"}
 
-// IsKedge tells kedge's methods from the baselines. kedge: pkg/sg's default, the reply
-// that completes a request is passed to the coordinator socket and wakes the reader;
-// kedge-ring: RingWake, the ring buffer's irq_work wakes it for every result (the design
-// before the socket wake-up, kept for the comparison); kedge-bp: BusyPoll, spinning on
+// IsKedge tells kedge's methods from the baselines. kedge: pkg/sg's default, the ring
+// buffer's wake-up (irq_work) wakes the reader, which waits in the Go runtime's poller;
+// kedge-sock: WakeSocket, the reply that completes a request is passed to the coordinator
+// socket and wakes the reader (docs/sg.md, "Delivery"); kedge-bp: BusyPoll, spinning on
 // the ring.
 func IsKedge(method string) bool {
-	return method == "kedge" || method == "kedge-ring" || method == "kedge-bp"
+	return method == "kedge" || method == "kedge-sock" || method == "kedge-bp"
 }
 
 // ClientOptions configure one client run (one method, one fan-out).
@@ -180,7 +180,7 @@ func want(ws []netip.AddrPort, id uint64) int64 {
 func setup(o ClientOptions) (func() (requester, error), func(), error) {
 	if IsKedge(o.Method) {
 		g, err := sg.Open(sg.Config{Interface: o.Interface, Workers: o.Workers, Reduction: sg.Sum, Type: sg.Int64,
-			Elems: o.Elems, Timeout: o.Timeout, InFlight: max(o.Outstanding, 1), BusyPoll: o.Method == "kedge-bp", RingWake: o.Method == "kedge-ring"})
+			Elems: o.Elems, Timeout: o.Timeout, InFlight: max(o.Outstanding, 1), BusyPoll: o.Method == "kedge-bp", WakeSocket: o.Method == "kedge-sock"})
 		if err != nil {
 			return nil, nil, err
 		}

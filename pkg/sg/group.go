@@ -341,7 +341,7 @@ func (g *Group) fillMaps(ifindex int, loopback bool, workers []isg.WorkerCfg) er
 	if loopback {
 		gc.Flags |= isg.GroupFlagLoopback
 	}
-	if !g.cfg.BusyPoll && !g.cfg.RingWake {
+	if g.cfg.WakeSocket && !g.cfg.BusyPoll {
 		gc.Flags |= isg.GroupFlagWakeSocket
 	}
 	la := g.cfg.Local.Addr().Unmap()
@@ -554,8 +554,8 @@ func (g *Group) decode(rec *isg.ResultRec, w *waiter) Result {
 	return r
 }
 
-// wait reads the ring whenever it wakes its reader: timeouts, and every completion
-// without SG_GF_WAKE_SOCKET. It waits in the Go runtime's poller, the epoll set that also
+// wait reads the ring whenever it wakes its reader: every result, or with WakeSocket
+// (SG_GF_WAKE_SOCKET) the timeouts. It waits in the Go runtime's poller, the epoll set that also
 // holds the coordinator socket (drain), so neither holds a thread while it waits.
 func (g *Group) wait() {
 	defer g.wg.Done()
@@ -581,7 +581,7 @@ func (g *Group) spin() {
 	}
 }
 
-// drain reads what reaches the coordinator socket: with SG_GF_WAKE_SOCKET the reply that
+// drain reads what reaches the coordinator socket: with WakeSocket the reply that
 // completed a request (its result is in the ring by then: the data plane commits it
 // before it passes the packet), and whatever XDP passed (malformed, unregistered, other
 // traffic). Every datagram is discarded; each one is a reason to look at the ring.
@@ -631,9 +631,7 @@ func (g *Group) pumpLocked(by int) {
 				g.strays.Add(1)
 				continue
 			}
-			if g.deliver(&res) {
-				g.delivered[by].Add(1)
-			}
+			g.deliver(&res, by)
 		}
 		if !g.holdReads.Load() || g.closed.Load() {
 			return
@@ -645,11 +643,11 @@ func (g *Group) pumpLocked(by int) {
 }
 
 // deliver hands a result to its waiter and frees its slot.
-func (g *Group) deliver(res *isg.ResultRec) bool {
+func (g *Group) deliver(res *isg.ResultRec, by int) {
 	slot := res.Slot
 	if int(slot) >= len(g.pending) {
 		g.strays.Add(1)
-		return false
+		return
 	}
 	g.mu.Lock()
 	w := g.pending[slot]
@@ -661,11 +659,11 @@ func (g *Group) deliver(res *isg.ResultRec) bool {
 	if !mine {
 		// A result for an older id (recovered from its slot already) is a stray.
 		g.strays.Add(1)
-		return false
+		return
 	}
+	g.delivered[by].Add(1) // before the waiter can see its result
 	w.ch <- g.decode(res, w)
 	g.free <- slot
-	return true
 }
 
 // sweeper expires requests on kernels without bpf_timer.

@@ -99,9 +99,9 @@ func TestManyGoroutines(t *testing.T) {
 	}
 }
 
-// TestWakePaths: by default every completed result is delivered by the reader that the
+// TestWakePaths: with WakeSocket every completed result is delivered by the reader that the
 // passed completing reply woke on the coordinator socket (the ring does not wake anyone for
-// it), with RingWake by the ring's reader, with BusyPoll by the spinning reader; a timeout
+// it), by default by the ring's reader, with BusyPoll by the spinning reader; a timeout
 // (no packet) is delivered by the ring's reader in both epoll modes. Nothing reaches the
 // guard timer's fallback.
 func TestWakePaths(t *testing.T) {
@@ -111,8 +111,8 @@ func TestWakePaths(t *testing.T) {
 		cfg  Config
 		want int
 	}{
-		{"socket", Config{}, bySocket},
-		{"ring", Config{RingWake: true}, byRing},
+		{"socket", Config{WakeSocket: true}, bySocket},
+		{"ring", Config{}, byRing},
 		{"busypoll", Config{BusyPoll: true}, bySpin},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -159,12 +159,15 @@ type Config struct {
 	// epoll: lower latency, one core busy while the group is open. The completing reply
 	// is then consumed in XDP like every other.
 	BusyPoll bool
-	// RingWake makes the ring buffer wake the reader for every result (the kernel's
-	// irq_work), as before SG_GF_WAKE_SOCKET. By default the reply that completes a
-	// request is passed to the coordinator socket and its arrival wakes the reader, the
-	// way a user-space receiver is woken (docs/sg.md, Delivery); timeouts wake it through
-	// the ring either way. For comparisons (`kedge bench sg`'s kedge-ring).
-	RingWake bool
+	// WakeSocket makes the reply that completes a request wake the reader: the data plane
+	// passes it to the coordinator socket (SG_GF_WAKE_SOCKET) and emits its result without
+	// the ring buffer's wake-up (irq_work); the reader waits on the socket and the ring in
+	// the Go runtime's poller. Timeouts wake it through the ring either way. Off by
+	// default: on the development VM it was not faster than the ring's wake-up and costs a
+	// datagram through the stack and ~1.2 more system calls per request (docs/sg.md,
+	// "Latency"); `kedge bench sg` runs it as kedge-sock, side by side. Ignored with
+	// BusyPoll.
+	WakeSocket bool
 	// StatusDir, if set, is where the group publishes sg.<owner>.json (counters and
 	// configuration, every second; kedge's run-state status files) for `kedge sg stats`,
 	// which reads /run/kedge.

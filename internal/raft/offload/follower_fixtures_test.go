@@ -19,7 +19,12 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
+// TestMain checks for leaked descriptors and removes the kedge binary the lab tests built.
+func TestMain(m *testing.M) {
+	code := bpftest.CheckFDLeaks(m)
+	bpftest.RemoveKedgeBinary()
+	os.Exit(code)
+}
 
 // The fixtures' cluster: this node is 2, the leader 1 at leader4/leader6, another peer 3.
 const (
