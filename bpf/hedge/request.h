@@ -519,8 +519,8 @@ static __always_inline int respond(struct __sk_buff *skb)
 	} else if (s != REQ_PENDING) {
 		/* NOCLONE / NOHEDGE / REFUSED: nothing follows. A NOCLONE or REFUSED request
 		 * answered after its deadline is one the budget kept from being hedged (user space
-		 * warns when they pile up). A PENDING one stays ANSWERED until its clone or its
-		 * stored cell comes out. */
+		 * warns when they pile up). A PENDING one stays ANSWERED until its clone comes
+		 * out or its stored cell is popped (below, or at a tick). */
 		if ((s == REQ_NOCLONE || s == REQ_REFUSED) && now > e->deadline_ns)
 			COUNT(m.cnt, unhedged_late);
 		bpf_map_delete_elem(&scoreboard, &m.key);

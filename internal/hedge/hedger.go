@@ -241,10 +241,14 @@ func (h *Hedger) fillMaps() error {
 }
 
 // arm starts the in-kernel timer (adaptive delay, scoreboard expiry) by running hedge_arm
-// once. bpf_timer_init can fail with ENOMEM under memory pressure; it is retried.
+// once. bpf_timer_init allocates atomically (no reclaim) and fails with ENOMEM while the
+// memory cgroup is full (seen on a machine hours into builds: ten tries over 100 ms all
+// failed); it is retried with a growing pause, for up to about 5 s, while other work frees
+// memory.
 func (h *Hedger) arm() error {
 	var last uint32
-	for i := 0; i < 10; i++ {
+	pause := 10 * time.Millisecond
+	for i := 0; i < 16; i++ {
 		ret, err := h.objs.HedgeArm.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
 		if err != nil {
 			return fmt.Errorf("run hedge_arm: %w", err)
@@ -253,7 +257,11 @@ func (h *Hedger) arm() error {
 			return nil
 		}
 		last = ret
-		time.Sleep(10 * time.Millisecond) // nothing to poll: the kernel only said "not now"
+		time.Sleep(pause) // nothing to poll: the kernel only said "not now"
+		pause = min(2*pause, 400*time.Millisecond)
+	}
+	if unix.Errno(last) == unix.ENOMEM {
+		return fmt.Errorf("start adaptive-delay timer: bpf_timer_init: %w - the kernel could not allocate the timer: free memory (or raise the memory cgroup's limit) and retry", unix.ENOMEM)
 	}
 	return fmt.Errorf("start adaptive-delay timer: bpf_timer error %d", -int32(last))
 }

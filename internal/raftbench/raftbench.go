@@ -257,8 +257,17 @@ func (o *Options) cluster(ctx context.Context, name string, nodes, electionTicks
 	}
 	uctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	c, err := raftlab.Up(uctx, raftlab.Spec{Name: name, Nodes: nodes, Binary: o.Binary, Dir: dir,
-		Tick: o.Tick, ElectionTicks: electionTicks, HeartbeatTicks: o.HeartbeatTicks, Args: o.modeArgs(mode), ClusterKey: o.ClusterKey})
+	spec := raftlab.Spec{Name: name, Nodes: nodes, Binary: o.Binary, Dir: dir,
+		Tick: o.Tick, ElectionTicks: electionTicks, HeartbeatTicks: o.HeartbeatTicks, Args: o.modeArgs(mode), ClusterKey: o.ClusterKey}
+	c, err := raftlab.Up(uctx, spec)
+	for try := 2; err != nil && try <= startTries && uctx.Err() == nil; try++ {
+		// A node that cannot start its kernel paths exits (mode on asks for them explicitly);
+		// the pacer's calibration fails now and then on a loaded machine: try again.
+		o.logf("cluster %s (offload %s) did not come up (%v); attempt %d of %d", name, mode, err, try, startTries)
+		if err = os.RemoveAll(dir); err == nil {
+			c, err = raftlab.Up(uctx, spec)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cluster %s (offload %s): %w", name, mode, err)
 	}
@@ -430,12 +439,31 @@ func (o *Options) failoverTrial(ctx context.Context, c *raftlab.Cluster, f *Fail
 		}
 		f.Phases = append(f.Phases, ph)
 	}
-	if err := c.Start(leader); err != nil {
-		return err
-	}
 	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	return c.WaitReady(rctx, leader)
+	return o.restart(rctx, c, leader)
+}
+
+// startTries bounds the attempts to start a cluster or restart a node.
+const startTries = 3
+
+// restart starts node id again and waits until it answers; a node that exits at start (its
+// kernel paths could not start) is started again, up to startTries times in all.
+func (o *Options) restart(ctx context.Context, c *raftlab.Cluster, id int) error {
+	var err error
+	for try := 1; try <= startTries; try++ {
+		if err = c.Start(id); err != nil {
+			return err
+		}
+		if err = c.WaitReady(ctx, id); err == nil || ctx.Err() != nil || c.Running(id) {
+			return err
+		}
+		o.logf("node %d exited at start (%v); attempt %d of %d", id, err, try+1, startTries)
+		if kerr := c.Kill(id); kerr != nil { // forget the exited process, remove what it left
+			return errors.Join(err, kerr)
+		}
+	}
+	return err
 }
 
 // written is what the failover client saw (CLOCK_MONOTONIC ns; ackNs 0: no write acknowledged).
@@ -861,7 +889,9 @@ func series(name string, vals []float64, toUS float64) bench.Series {
 func (o *Options) heartbeats(ctx context.Context) (out []Heartbeats, err error) {
 	unkeyed := *o
 	unkeyed.ClusterKey = ""
-	cs, closeAll, err := unkeyed.clusters(ctx, "rbh", o.Nodes, 10)
+	// An idle window without elections: at least the node's default 100 ms election timeout
+	// (10 ticks of 10 ms; more ticks of a shorter --tick).
+	cs, closeAll, err := unkeyed.clusters(ctx, "rbh", o.Nodes, max(10, int(100*time.Millisecond/o.Tick)))
 	if err != nil {
 		return nil, err
 	}

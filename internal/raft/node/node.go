@@ -108,7 +108,6 @@ type Node struct {
 	lastState       raft.StateType
 	leaderTermStart uint64
 	committedTerm   uint64
-	lastTick        time.Time // ticksDue (Ready loop only)
 
 	applied   atomic.Uint64
 	snapIndex atomic.Uint64
@@ -269,9 +268,7 @@ func (n *Node) loop(ctx context.Context) {
 			return
 		case <-tick.C:
 			n.offloadTick(ctx)
-			for range n.ticksDue() {
-				n.rn.Tick()
-			}
+			n.rn.Tick()
 			n.offloadAlive()
 			n.renewHeartbeats()
 		case ev, ok := <-events:
@@ -294,30 +291,6 @@ func (n *Node) loop(ctx context.Context) {
 			n.offloadAlive()
 		}
 	}
-}
-
-// ticksDue is how many raft ticks this wake-up of the ticker stands for: one, or on a
-// follower with the follower path on the ticks of real time since the last one (at most an
-// election timeout's worth). Go's ticker drops ticks while the loop is busy (an fsync takes longer than a 1 ms
-// tick), and etcd-raft's timers count ticks: a voter whose ticks were dropped still held its
-// lease when the kernel's detector - real time - started a pre-vote the kernel granted, and
-// ignored the real vote (docs/raft.md section 14). The heartbeats the kernel answered meanwhile
-// were stepped before (offloadTick), so the catch-up expires nothing they renewed.
-func (n *Node) ticksDue() int {
-	now := time.Now()
-	if n.fol == nil || n.lastTick.IsZero() || n.lastState == raft.StateLeader {
-		// Not on a leader: a starved leader's transport may not have stepped the responses
-		// that arrived meanwhile, and ticks caught up at once would fail its CheckQuorum.
-		n.lastTick = now
-		return 1
-	}
-	k := int(now.Sub(n.lastTick) / n.cfg.Tick)
-	k = min(max(k, 1), n.cfg.ElectionTicks)
-	n.lastTick = n.lastTick.Add(time.Duration(k) * n.cfg.Tick)
-	if now.Sub(n.lastTick) > n.cfg.Tick { // capped: start counting afresh
-		n.lastTick = now
-	}
-	return k
 }
 
 // handleReady follows etcd-raft's contract (docs/raft.md section 5).

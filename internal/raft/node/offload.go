@@ -219,11 +219,11 @@ func (n *Node) offloadMirror(term, lead uint64) {
 // one detectStagger(T) later, and so on. The margin covers the spread of one heartbeat's
 // arrivals at the followers (the voter's lease, in XDP and in etcd-raft, must have run out
 // when the pre-vote arrives); the stagger is more than a pre-vote and vote round with its
-// fsyncs, so that two followers do not split the vote. etcd-raft's own randomized timer
-// ([T, 2T) ticks) still runs behind it.
+// fsyncs (2 ms was too short under load), so that two followers do not split the vote.
+// etcd-raft's own randomized timer ([T, 2T) ticks) still runs behind it.
 const detectMargin = time.Millisecond
 
-func detectStagger(et time.Duration) time.Duration { return max(et/4, 2*time.Millisecond) }
+func detectStagger(et time.Duration) time.Duration { return max(et/4, 5*time.Millisecond) }
 
 // detectAfter is self's detector timeout while leader leads, et the election timeout.
 func detectAfter(et time.Duration, self, leader uint64, peers map[uint64]netip.AddrPort) time.Duration {
