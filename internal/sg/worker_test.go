@@ -11,6 +11,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/vishvananda/netlink"
 )
 
 // workerNetns runs RunWorkers(cfg) in a fresh namespace with lo up and returns it; the
@@ -23,7 +24,13 @@ func workerNetns(t *testing.T, cfg WorkerConfig, st *WorkerStats) *lab.Netns {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Close() })
-	if _, err := ns.Run("ip", "link", "set", "lo", "up"); err != nil {
+	if err := ns.Do(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
