@@ -99,6 +99,7 @@ func newSgWorkerCmd() *cobra.Command {
 		status            uint16
 		nsArg             string
 		duration          time.Duration
+		threads           int
 	)
 	cmd := &cobra.Command{
 		Use:   "worker",
@@ -106,7 +107,8 @@ func newSgWorkerCmd() *cobra.Command {
 		Long: `Each --listen address is one worker with its own UDP socket. A worker answers every
 request with a vector: --values if given, else element j = 1000*worker + j + id%997
 (worker is the index the scatter wrote into the request). Delay, loss and duplicates
-make it a lab worker.`,
+make it a lab worker. The sockets are served by --threads event loops, each an OS
+thread with its own epoll instance, answering in batches (recvmmsg/sendmmsg).`,
 		Example: `  kedge sg worker --listen 127.0.0.1:9000+16 --type int64 --elems 4
   kedge sg worker --netns w1 --listen 10.77.0.2:9000 --delay 1ms --jitter 2ms --dist exp --loss 0.01 --dup 0.05`,
 		Args: noArgs,
@@ -140,6 +142,9 @@ make it a lab worker.`,
 			if loss < 0 || loss > 1 || dup < 0 || dup > 1 {
 				return usagef("--loss and --dup are probabilities (0..1)")
 			}
+			if threads < 0 {
+				return usagef("--threads %d: want 0 (one per CPU the process may use) or more", threads)
+			}
 			ns, err := openNetns(nsArg)
 			if err != nil {
 				return err
@@ -151,7 +156,7 @@ make it a lab worker.`,
 			defer cancel()
 			cfg := isg.WorkerConfig{Listen: addrs, Type: uint8(t), Elems: elems, Values: vals,
 				Delay: delay, Jitter: jitter, Dist: dist, Loss: loss, Dup: dup, Status: status,
-				Seed: uint64(time.Now().UnixNano())}
+				Seed: uint64(time.Now().UnixNano()), Threads: threads}
 			var st isg.WorkerStats
 			ready := make(chan struct{})
 			go func() {
@@ -177,6 +182,7 @@ make it a lab worker.`,
 	f.Float64Var(&loss, "loss", 0, "probability of ignoring a request")
 	f.Float64Var(&dup, "dup", 0, "probability of sending a reply twice")
 	f.Uint16Var(&status, "status", 0, "status in every reply (non-zero: a worker error)")
+	f.IntVar(&threads, "threads", 0, "event loops (OS threads, epoll + recvmmsg/sendmmsg) serving the sockets; 0 = one per CPU the process may use")
 	addNetnsFlag(cmd, &nsArg, "run the workers")
 	addDurationFlag(cmd, &duration, "stop")
 	return cmd
