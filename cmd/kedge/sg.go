@@ -206,7 +206,7 @@ func newSgScatterCmd() *cobra.Command {
 		workers                                        []string
 		elems, need, count, gatherK                    int
 		timeout                                        time.Duration
-		busyPoll                                       bool
+		busyPoll, wakeSocket                           bool
 		metricsAddr                                    string
 	)
 	cmd := &cobra.Command{
@@ -215,6 +215,8 @@ func newSgScatterCmd() *cobra.Command {
 		Example: `  kedge sg scatter -i lo --workers 127.0.0.1:9000+16 --reduction sum --type int64 --elems 4
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000,10.77.0.3:9000 --reduction max --need 1 -o json
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --reduction gather --elems 2 --count 10
+  # the completing reply wakes the reader through the socket (each result's "reader": socket)
+  kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --count 100 --wake-socket -o json
   # a long run with its counters served to Prometheus (kedge_sg_*_total)
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --count 1000000 --metrics-addr 127.0.0.1:9464`,
 		Args: noArgs,
@@ -243,8 +245,11 @@ func newSgScatterCmd() *cobra.Command {
 			if count < 1 {
 				return usagef("--count %d: want at least 1", count)
 			}
+			if busyPoll && wakeSocket {
+				return usagef("--wake-socket and --busy-poll: pick one (the busy-polling reader needs no wake-up)")
+			}
 			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Reduction: r, Type: t,
-				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, StatusDir: runDir}
+				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, StatusDir: runDir}
 			if local != "" {
 				if cfg.Local, err = netip.ParseAddrPort(local); err != nil {
 					return usagef("--local %q: %w", local, err)
@@ -288,8 +293,8 @@ func newSgScatterCmd() *cobra.Command {
 			}
 			return writeReport(cmd.OutOrStdout(), output, rep, func(w io.Writer) error {
 				for _, res := range rep.Results {
-					fmt.Fprintf(w, "request %#x: %s, %d/%d answered (need %d), kernel %v, round trip %v\n",
-						res.ID, res.Status, res.Count, len(ws), res.Need, res.Kernel, res.RoundTrip)
+					fmt.Fprintf(w, "request %#x: %s, %d/%d answered (need %d), kernel %v, round trip %v (%s)\n",
+						res.ID, res.Status, res.Count, len(ws), res.Need, res.Kernel, res.RoundTrip, res.Reader)
 					if res.Values != nil {
 						fmt.Fprintf(w, "  %s: %v\n", r, res.Values)
 					}
@@ -317,6 +322,8 @@ func newSgScatterCmd() *cobra.Command {
 	f.StringVar(&payload, "payload", "kedge", "request payload (opaque to kedge)")
 	f.IntVar(&count, "count", 1, "requests to send, one after the other")
 	f.BoolVar(&busyPoll, "busy-poll", false, "spin on the result ring instead of sleeping in epoll")
+	f.BoolVar(&wakeSocket, "wake-socket", false, "let the reply that completes a request wake the reader through the coordinator socket "+
+		"instead of the ring buffer's wake-up (docs/sg.md, \"Delivery\")")
 	addMetricsFlag(cmd, &metricsAddr)
 	f.StringVar(&runDir, "run-dir", runstate.Dir, "directory of the coordinators' status files")
 	_ = f.MarkHidden("run-dir")
