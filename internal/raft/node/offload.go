@@ -91,7 +91,11 @@ func (n *Node) startOffload(mode Offload) error {
 		return fmt.Errorf("resolve raft address: %w", err)
 	}
 	et := time.Duration(n.cfg.ElectionTicks) * n.cfg.Tick
-	f := &follower{peers: map[uint64]netip.AddrPort{}, detect: et, aliveFor: et}
+	alive := offload.DefaultBound(et)
+	if n.opts.OffloadAlive > 0 {
+		alive = n.opts.OffloadAlive
+	}
+	f := &follower{peers: map[uint64]netip.AddrPort{}, detect: et, aliveFor: alive}
 	var allow []wire.AuthPeer
 	for _, p := range n.cfg.Peers {
 		a, err := config.ResolveAddr(p.Raft)
@@ -104,7 +108,7 @@ func (n *Node) startOffload(mode Offload) error {
 		}
 	}
 	f.k, err = offload.NewFollower(offload.FollowerOptions{ClusterID: n.cfg.ClusterID, Self: n.cfg.ID, RaftAddr: self,
-		Key: n.cfg.ClusterKey, Peers: allow, Netns: -1, Detect: et, AliveFor: et, Log: n.log})
+		Key: n.cfg.ClusterKey, Peers: allow, Netns: -1, Detect: et, AliveFor: alive, Log: n.log})
 	if err != nil {
 		if mode == OffloadAuto {
 			n.log.Warn("raft offload: off, the follower kernel path is not available here", "err", err)
