@@ -271,6 +271,7 @@ func (n *Node) loop(ctx context.Context) {
 			return
 		case <-tick.C:
 			n.offloadTick(ctx)
+			n.offloadAcks(ctx)
 			n.rn.Tick()
 			n.offloadAlive()
 			n.renewHeartbeats()
