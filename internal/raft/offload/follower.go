@@ -277,6 +277,20 @@ func (f *Follower) Mirror(d Durable) error {
 	return f.write()
 }
 
+// Pending tells the program that user space has taken term (it campaigns, or voted in a newer
+// term) and is fsyncing it: pre-votes for terms up to it go to user space, which judges them
+// from the state it is making durable (prevote.h, RAFT_PV_PASS_PENDING). Mirror then records
+// the term as durable; a pending term at or below the durable one changes nothing.
+func (f *Follower) Pending(term uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if term <= f.st.PendingTerm {
+		return nil
+	}
+	f.st.PendingTerm = term
+	return f.write()
+}
+
 // Alive extends the answering deadline to now + AliveFor. The node calls it from its
 // persist/apply loop: a node whose loop stops (process stopped, hung, stuck on the disk)
 // stops answering within AliveFor.
@@ -309,6 +323,26 @@ func (f *Follower) Heartbeat() (Heartbeat, error) {
 		return Heartbeat{}, fmt.Errorf("read follower heartbeat: %w", err)
 	}
 	return Heartbeat{Leader: hb.Leader, Term: hb.Term, Commit: hb.Commit, Arrival: time.Duration(hb.LastNs), Count: hb.Count}, nil
+}
+
+// Ack is the program's record of one follower's heartbeat responses while this node leads
+// (maps.h leader_acks).
+type Ack struct {
+	Term    uint64        // the term they answered (the node's mirrored term then)
+	Arrival time.Duration // CLOCK_MONOTONIC of the last one
+	Count   uint64        // recorded since load
+}
+
+// Ack reads the record of follower peer; ok is false when none was recorded.
+func (f *Follower) Ack(peer uint64) (a Ack, ok bool, err error) {
+	var v raftxdpRaftxAck
+	if err := f.objs.LeaderAcks.Lookup(peer, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return Ack{}, false, nil
+		}
+		return Ack{}, false, fmt.Errorf("read leader ack of %d: %w", peer, err)
+	}
+	return Ack{Term: v.Term, Arrival: time.Duration(v.LastNs), Count: v.Count}, true, nil
 }
 
 // Events delivers the failure detector's wake-ups; closed by Close.
