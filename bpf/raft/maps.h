@@ -32,6 +32,8 @@ struct raftx_state {
 	__u64 last_term;          /* its term */
 	__u64 detect_after_ns;    /* the failure detector's timeout for this leader (0: detect_ns);
 				   * the pre-vote lease stays detect_ns */
+	__u64 pending_term;       /* a term user space has taken but not yet fsynced (0: none):
+				   * pre-votes up to it go to user space (prevote.h) */
 };
 #define RAFTX_STATE_HAS_LOG 1 /* prevote.h: the mirror carries the durable log's end */
 

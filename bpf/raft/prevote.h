@@ -12,6 +12,8 @@
  *   no mirrored state, alive_until passed, this node leads,
  *   m.Term == term, a non-empty context (leader transfer)      -> RAFT_PV_PASS
  *   m.Term <  term                                             -> reject, Term = term (stale term)
+ *   term < m.Term <= pending term (user space took a term it
+ *   has not fsynced yet: it campaigns or voted in it)          -> RAFT_PV_PASS
  *   m.Term >  term, leader known and heard < election timeout  -> RAFT_PV_DROP (etcd-raft ignores it)
  *   m.Term >  term, leader known but never heard in XDP        -> RAFT_PV_PASS (cannot tell)
  *   m.Term >  term, candidate's log at least as up to date     -> grant, Term = m.Term
@@ -49,7 +51,8 @@ enum raft_pv_why {
 	RAFT_PV_PASS_SAME_TERM = 8, /* m.Term == term: depends on the vote, user space's */
 	RAFT_PV_PASS_CONTEXT = 9,   /* a context (leader transfer forces a vote) */
 	RAFT_PV_PASS_UNHEARD = 10,  /* a leader is known but its heartbeats were not seen here */
-	RAFT_PV_WHY_MAX = 11,
+	RAFT_PV_PASS_PENDING = 11,  /* m.Term <= a term user space took and is fsyncing */
+	RAFT_PV_WHY_MAX = 12,
 };
 
 /* The voter's state as the decision needs it. Times are CLOCK_MONOTONIC ns. */
@@ -65,6 +68,7 @@ struct raft_pv_view {
 	__u64 now_ns;
 	__u32 valid;      /* the node has mirrored its state */
 	__u32 _pad;
+	__u64 pending_term; /* a term user space has taken, not yet durable (0: none) */
 };
 
 static __always_inline int raft_prevote_decide(const struct raft_hdr *h, const struct raft_pv_view *v,
@@ -95,6 +99,14 @@ static __always_inline int raft_prevote_decide(const struct raft_hdr *h, const s
 	}
 	if (mterm == v->term) {
 		*why = RAFT_PV_PASS_SAME_TERM;
+		return RAFT_PV_PASS;
+	}
+	if (mterm <= v->pending_term) {
+		/* The node is ahead of its durable mirror: it campaigns in that term (its own
+		 * vote being fsynced) or voted in it. etcd-raft refuses such a pre-vote unless
+		 * the vote was for this candidate; granting from the durable term would let two
+		 * candidates of one term both reach a pre-vote quorum and split the real vote. */
+		*why = RAFT_PV_PASS_PENDING;
 		return RAFT_PV_PASS;
 	}
 	if (h->ctx_len) {
@@ -170,6 +182,7 @@ static __always_inline int raft_prevote(struct xdp_md *ctx, struct raft_hdr *h, 
 	v.leader = st->leader;
 	v.election_ns = st->detect_ns;
 	v.alive_until_ns = st->alive_until_ns;
+	v.pending_term = st->pending_term;
 	bpf_spin_unlock(&st->lock);
 	v.valid = v.term != 0;
 	bpf_spin_lock(&hb->lock);

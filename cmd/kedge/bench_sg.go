@@ -65,6 +65,9 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 					return usagef("--methods: unknown method %q (want %v)", m, sgbench.Methods)
 				}
 			}
+			if o.WorkerThreads < 1 {
+				return usagef("--worker-threads %d: want at least 1", o.WorkerThreads)
+			}
 			if o.Outstanding < 1 || o.Duration <= 0 || o.LatRequests < 1 {
 				return usagef("--outstanding, --duration and --lat-requests must be positive")
 			}
@@ -105,6 +108,9 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 	f.IntVar(&o.Outstanding, "outstanding", o.Outstanding, "requests in flight in the loaded phase (every method)")
 	f.DurationVar(&o.Duration, "duration", o.Duration, "loaded phase per method and fan-out")
 	f.DurationVar(&o.Timeout, "timeout", o.Timeout, "request timeout")
+	f.StringVar(&o.WorkerCPUs, "worker-cpus", o.WorkerCPUs, "CPUs of the worker process (taskset -c list); the coordinator runs on CPU 0")
+	f.IntVar(&o.WorkerThreads, "worker-threads", o.WorkerThreads, "event loops of the worker process (kedge sg worker --threads)")
+	f.BoolVar(&o.BridgeNF, "bridge-nf", o.BridgeNF, "keep bridge netfilter (br_netfilter) on in the lab's bridge namespace")
 	f.StringVar(&from, "from", "", "print the markdown tables of an earlier run's result.json (`FILE`) instead of running")
 	addBenchOutFlag(cmd, &o.Out, "sg")
 	return cmd

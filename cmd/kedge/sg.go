@@ -99,6 +99,7 @@ func newSgWorkerCmd() *cobra.Command {
 		status            uint16
 		nsArg             string
 		duration          time.Duration
+		threads           int
 	)
 	cmd := &cobra.Command{
 		Use:   "worker",
@@ -106,7 +107,8 @@ func newSgWorkerCmd() *cobra.Command {
 		Long: `Each --listen address is one worker with its own UDP socket. A worker answers every
 request with a vector: --values if given, else element j = 1000*worker + j + id%997
 (worker is the index the scatter wrote into the request). Delay, loss and duplicates
-make it a lab worker.`,
+make it a lab worker. The sockets are served by --threads event loops, each an OS
+thread with its own epoll instance, answering in batches (recvmmsg/sendmmsg).`,
 		Example: `  kedge sg worker --listen 127.0.0.1:9000+16 --type int64 --elems 4
   kedge sg worker --netns w1 --listen 10.77.0.2:9000 --delay 1ms --jitter 2ms --dist exp --loss 0.01 --dup 0.05`,
 		Args: noArgs,
@@ -140,6 +142,9 @@ make it a lab worker.`,
 			if loss < 0 || loss > 1 || dup < 0 || dup > 1 {
 				return usagef("--loss and --dup are probabilities (0..1)")
 			}
+			if threads < 0 {
+				return usagef("--threads %d: want 0 (one per CPU the process may use) or more", threads)
+			}
 			ns, err := openNetns(nsArg)
 			if err != nil {
 				return err
@@ -151,7 +156,7 @@ make it a lab worker.`,
 			defer cancel()
 			cfg := isg.WorkerConfig{Listen: addrs, Type: uint8(t), Elems: elems, Values: vals,
 				Delay: delay, Jitter: jitter, Dist: dist, Loss: loss, Dup: dup, Status: status,
-				Seed: uint64(time.Now().UnixNano())}
+				Seed: uint64(time.Now().UnixNano()), Threads: threads}
 			var st isg.WorkerStats
 			ready := make(chan struct{})
 			go func() {
@@ -177,6 +182,7 @@ make it a lab worker.`,
 	f.Float64Var(&loss, "loss", 0, "probability of ignoring a request")
 	f.Float64Var(&dup, "dup", 0, "probability of sending a reply twice")
 	f.Uint16Var(&status, "status", 0, "status in every reply (non-zero: a worker error)")
+	f.IntVar(&threads, "threads", 0, "event loops (OS threads, epoll + recvmmsg/sendmmsg) serving the sockets; 0 = one per CPU the process may use")
 	addNetnsFlag(cmd, &nsArg, "run the workers")
 	addDurationFlag(cmd, &duration, "stop")
 	return cmd
@@ -200,7 +206,7 @@ func newSgScatterCmd() *cobra.Command {
 		workers                                        []string
 		elems, need, count, gatherK                    int
 		timeout                                        time.Duration
-		busyPoll                                       bool
+		busyPoll, wakeSocket                           bool
 		metricsAddr                                    string
 	)
 	cmd := &cobra.Command{
@@ -209,6 +215,8 @@ func newSgScatterCmd() *cobra.Command {
 		Example: `  kedge sg scatter -i lo --workers 127.0.0.1:9000+16 --reduction sum --type int64 --elems 4
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000,10.77.0.3:9000 --reduction max --need 1 -o json
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --reduction gather --elems 2 --count 10
+  # the completing reply wakes the reader through the socket (each result's "reader": socket)
+  kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --count 100 --wake-socket -o json
   # a long run with its counters served to Prometheus (kedge_sg_*_total)
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --count 1000000 --metrics-addr 127.0.0.1:9464`,
 		Args: noArgs,
@@ -237,8 +245,11 @@ func newSgScatterCmd() *cobra.Command {
 			if count < 1 {
 				return usagef("--count %d: want at least 1", count)
 			}
+			if busyPoll && wakeSocket {
+				return usagef("--wake-socket and --busy-poll: pick one (the busy-polling reader needs no wake-up)")
+			}
 			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Reduction: r, Type: t,
-				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, StatusDir: runDir}
+				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, StatusDir: runDir}
 			if local != "" {
 				if cfg.Local, err = netip.ParseAddrPort(local); err != nil {
 					return usagef("--local %q: %w", local, err)
@@ -282,8 +293,8 @@ func newSgScatterCmd() *cobra.Command {
 			}
 			return writeReport(cmd.OutOrStdout(), output, rep, func(w io.Writer) error {
 				for _, res := range rep.Results {
-					fmt.Fprintf(w, "request %#x: %s, %d/%d answered (need %d), kernel %v, round trip %v\n",
-						res.ID, res.Status, res.Count, len(ws), res.Need, res.Kernel, res.RoundTrip)
+					fmt.Fprintf(w, "request %#x: %s, %d/%d answered (need %d), kernel %v, round trip %v (%s)\n",
+						res.ID, res.Status, res.Count, len(ws), res.Need, res.Kernel, res.RoundTrip, res.Reader)
 					if res.Values != nil {
 						fmt.Fprintf(w, "  %s: %v\n", r, res.Values)
 					}
@@ -311,6 +322,8 @@ func newSgScatterCmd() *cobra.Command {
 	f.StringVar(&payload, "payload", "kedge", "request payload (opaque to kedge)")
 	f.IntVar(&count, "count", 1, "requests to send, one after the other")
 	f.BoolVar(&busyPoll, "busy-poll", false, "spin on the result ring instead of sleeping in epoll")
+	f.BoolVar(&wakeSocket, "wake-socket", false, "let the reply that completes a request wake the reader through the coordinator socket "+
+		"instead of the ring buffer's wake-up (docs/sg.md, \"Delivery\")")
 	addMetricsFlag(cmd, &metricsAddr)
 	f.StringVar(&runDir, "run-dir", runstate.Dir, "directory of the coordinators' status files")
 	_ = f.MarkHidden("run-dir")

@@ -2,14 +2,19 @@ package sg
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // WorkerConfig configures the reference worker (kedge sg worker). Each address in Listen
@@ -31,6 +36,8 @@ type WorkerConfig struct {
 	// Status, if non-zero, is sent in every reply (a worker error).
 	Status uint16
 	Seed   uint64
+	// Threads is how many event loops (OS threads) serve the sockets; 0 = GOMAXPROCS.
+	Threads int
 }
 
 // ValueFor is the reference worker's default answer: element j of worker w for request id.
@@ -50,6 +57,12 @@ type WorkerStats struct {
 
 // RunWorkers serves until ctx ends. It returns once every socket is open (ready is
 // closed then) or with the first error.
+//
+// The sockets are served by cfg.Threads event loops (default GOMAXPROCS, at most one per
+// socket), each on its own locked OS thread with its own epoll instance: one epoll_wait
+// reports the ready sockets, one recvmmsg per ready socket takes what it has queued, one
+// sendmmsg sends the replies (workerloop.go). A goroutine per socket through Go's netpoller
+// cost about a third more CPU per reply (docs/sg.md, "Benchmark").
 func RunWorkers(ctx context.Context, cfg WorkerConfig, st *WorkerStats, ready chan<- struct{}) error {
 	if len(cfg.Listen) == 0 {
 		return errors.New("sg worker: no address to listen on")
@@ -57,83 +70,114 @@ func RunWorkers(ctx context.Context, cfg WorkerConfig, st *WorkerStats, ready ch
 	if cfg.Values != nil && len(cfg.Values) != cfg.Elems {
 		return fmt.Errorf("sg worker: %d values for %d elements", len(cfg.Values), cfg.Elems)
 	}
+	if cfg.Elems < 0 {
+		return fmt.Errorf("sg worker: %d elements", cfg.Elems)
+	}
 	switch cfg.Dist {
 	case "", "fixed", "uniform", "exp":
 	default:
 		return fmt.Errorf("sg worker: unknown delay distribution %q (want fixed, uniform or exp)", cfg.Dist)
 	}
+	if cfg.Threads < 0 {
+		return fmt.Errorf("sg worker: %d threads (want 0 = GOMAXPROCS, or more)", cfg.Threads)
+	}
 	if st == nil {
 		st = &WorkerStats{}
 	}
-	conns := make([]*net.UDPConn, 0, len(cfg.Listen))
+	fds := make([]int, 0, len(cfg.Listen))
 	defer func() {
-		for _, c := range conns {
-			c.Close()
+		for _, fd := range fds {
+			unix.Close(fd)
 		}
 	}()
 	for _, a := range cfg.Listen {
-		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(a))
+		fd, err := listenUDP(a)
 		if err != nil {
 			return fmt.Errorf("sg worker: listen on %v: %w", a, err)
 		}
-		conns = append(conns, c)
+		fds = append(fds, fd)
+	}
+	n := cfg.Threads
+	if n == 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	n = min(n, len(fds))
+	loops := make([]*workerLoop, 0, n)
+	defer func() {
+		for _, l := range loops {
+			l.close()
+		}
+	}()
+	for i := range n {
+		var mine []int
+		for k := i; k < len(fds); k += n {
+			mine = append(mine, fds[k])
+		}
+		l, err := newWorkerLoop(cfg, st, mine, cfg.Seed+uint64(i))
+		if err != nil {
+			return fmt.Errorf("sg worker: %w", err)
+		}
+		loops = append(loops, l)
 	}
 	if ready != nil {
 		close(ready)
 	}
 	var wg sync.WaitGroup
-	for i, c := range conns {
+	errs := make([]error, len(loops))
+	for i, l := range loops {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			serve(c, cfg, st, cfg.Seed+uint64(i))
+			errs[i] = l.run()
 		}()
 	}
-	<-ctx.Done()
-	for _, c := range conns {
-		c.Close()
+	select {
+	case <-ctx.Done():
+	case <-firstDone(&wg):
+	}
+	for _, l := range loops {
+		l.stop()
 	}
 	wg.Wait()
-	conns = nil
-	return nil
+	return errors.Join(errs...)
 }
 
-func serve(c *net.UDPConn, cfg WorkerConfig, st *WorkerStats, seed uint64) {
-	rng := rand.New(rand.NewPCG(seed, seed^0x6b53))
-	buf := make([]byte, 65536)
-	for {
-		n, from, err := c.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue
-		}
-		h, _, err := ParseHeader(buf[:n])
-		if err != nil || h.Op != OpRequest {
-			st.Malformed.Add(1)
-			continue
-		}
-		st.Requests.Add(1)
-		if cfg.Loss > 0 && rng.Float64() < cfg.Loss {
-			st.Dropped.Add(1)
-			continue
-		}
-		reply := BuildReply(h, cfg)
-		send := func() {
-			_, _ = c.WriteToUDPAddrPort(reply, from)
-			st.Replies.Add(1)
-			if cfg.Dup > 0 && rng.Float64() < cfg.Dup {
-				_, _ = c.WriteToUDPAddrPort(reply, from)
-				st.Dups.Add(1)
-			}
-		}
-		if d := delay(cfg, rng); d > 0 {
-			time.AfterFunc(d, send)
-		} else {
-			send()
-		}
+// firstDone is closed when wg's goroutines have all returned (a loop only returns early
+// on an error, which RunWorkers then reports).
+func firstDone(wg *sync.WaitGroup) <-chan struct{} {
+	c := make(chan struct{})
+	go func() { wg.Wait(); close(c) }()
+	return c
+}
+
+// listenUDP opens a non-blocking UDP socket bound to a.
+func listenUDP(a netip.AddrPort) (int, error) {
+	fam := unix.AF_INET6
+	if a.Addr().Is4() {
+		fam = unix.AF_INET
 	}
+	fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("socket: %w", err)
+	}
+	var sa unix.Sockaddr
+	if fam == unix.AF_INET {
+		sa = &unix.SockaddrInet4{Port: int(a.Port()), Addr: a.Addr().As4()}
+	} else {
+		z, _ := strconv.Atoi(a.Addr().Zone()) // a zone by number; names are resolved below
+		if z == 0 && a.Addr().Zone() != "" {
+			if ifi, err := net.InterfaceByName(a.Addr().Zone()); err == nil {
+				z = ifi.Index
+			}
+		}
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1)
+		sa = &unix.SockaddrInet6{Port: int(a.Port()), Addr: a.Addr().As16(), ZoneId: uint32(z)}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("bind: %w", err)
+	}
+	return fd, nil
 }
 
 func delay(cfg WorkerConfig, rng *rand.Rand) time.Duration {
@@ -149,15 +193,26 @@ func delay(cfg WorkerConfig, rng *rand.Rand) time.Duration {
 
 // BuildReply is the reference worker's reply to request h.
 func BuildReply(h Header, cfg WorkerConfig) []byte {
-	v := cfg.Values
-	if v == nil {
-		v = make([]int64, cfg.Elems)
-		for j := range v {
-			v[j] = ValueFor(h.Worker, h.ReqID, j)
+	return AppendReply(make([]byte, 0, HdrLen+cfg.Elems*ElemSize(cfg.Type)), h, cfg)
+}
+
+// AppendReply appends the reference worker's reply to request h to b (no allocation when
+// b has room for it).
+func AppendReply(b []byte, h Header, cfg WorkerConfig) []byte {
+	size := cfg.Elems * ElemSize(cfg.Type)
+	r := Header{Version: Version, Op: OpReply, Group: h.Group, Worker: h.Worker, ReqID: h.ReqID,
+		Status: cfg.Status, NParts: 1, PayloadLen: uint32(size)}
+	b = r.Append(b)
+	for j := range cfg.Elems {
+		x := ValueFor(h.Worker, h.ReqID, j)
+		if cfg.Values != nil {
+			x = cfg.Values[j]
+		}
+		if cfg.Type == TypeI64 {
+			b = binary.BigEndian.AppendUint64(b, uint64(x))
+		} else {
+			b = binary.BigEndian.AppendUint32(b, uint32(int32(x)))
 		}
 	}
-	payload := AppendVector(nil, cfg.Type, v)
-	r := Header{Version: Version, Op: OpReply, Group: h.Group, Worker: h.Worker, ReqID: h.ReqID,
-		Status: cfg.Status, NParts: 1, PayloadLen: uint32(len(payload))}
-	return append(r.Append(make([]byte, 0, HdrLen+len(payload))), payload...)
+	return b
 }

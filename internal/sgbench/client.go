@@ -217,17 +217,18 @@ type sockReq struct {
 	epfd  int
 	dsts  []unix.Sockaddr
 	buf   []byte
-	hdrs  []mmsghdr
+	hdrs  []isg.Mmsghdr
 	iovs  []unix.Iovec
 	names []unix.RawSockaddrInet6
 	rbufs [][]byte
 	reqs  [][]byte // per worker: the request with its worker index (as kedge's scatter writes it)
 	seen  []bool
+	v6    bool
 }
 
 func newSockReq(o ClientOptions) (*sockReq, error) {
-	s := &sockReq{o: o, epfd: -1}
 	v6 := !o.Workers[0].Addr().Unmap().Is4()
+	s := &sockReq{o: o, epfd: -1, v6: v6}
 	fam := unix.AF_INET
 	if v6 {
 		fam = unix.AF_INET6

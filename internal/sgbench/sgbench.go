@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"io/fs"
 
 	"fmt"
 	"io"
@@ -38,12 +40,21 @@ type Options struct {
 	Duration    time.Duration
 	Timeout     time.Duration
 	Out         string
+	// WorkerCPUs is the worker process's CPU list (taskset -c); "1" keeps it off the
+	// coordinator's CPU 0. WorkerThreads is its event loops (kedge sg worker --threads).
+	WorkerCPUs    string
+	WorkerThreads int
+	// BridgeNF keeps the host's bridge netfilter hooks (br_netfilter's
+	// net.bridge.bridge-nf-call-*tables, per network namespace) on in the lab's bridge
+	// namespace. Off by default: a switch between two hosts does not run iptables.
+	BridgeNF bool
 }
 
 // DefaultOptions: fan-outs 4..1024, every method, 8 requests outstanding.
 func DefaultOptions() Options {
 	return Options{Fanouts: []int{4, 16, 64, 256, 1024}, Methods: Methods, Elems: 4, LatRequests: 300,
-		Outstanding: 8, Duration: 2 * time.Second, Timeout: 200 * time.Millisecond, Out: "results/sg"}
+		Outstanding: 8, Duration: 2 * time.Second, Timeout: 200 * time.Millisecond, Out: "results/sg",
+		WorkerCPUs: "1", WorkerThreads: 1}
 }
 
 // Row is one (method, fan-out) measurement.
@@ -101,19 +112,30 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Result, error) {
 	}
 	res := &Result{Envelope: bench.NewEnvelope(ctx, Schema, "", map[string]any{
 		"fanouts": o.Fanouts, "methods": o.Methods, "elems": o.Elems, "lat_requests": o.LatRequests,
-		"outstanding": o.Outstanding, "duration_s": o.Duration.Seconds(), "timeout_ms": o.Timeout.Milliseconds()}),
-		Placement: "coordinator (client process) pinned to CPU 0 in namespace coord; all workers in one " +
-			"`kedge sg worker` process pinned to CPU 1 in namespace w1 (one UDP socket per worker); " +
-			"hosts joined by a bridge (veth); softirq work runs where the packets are sent/received"}
+		"outstanding": o.Outstanding, "duration_s": o.Duration.Seconds(), "timeout_ms": o.Timeout.Milliseconds(),
+		"worker_cpus": o.WorkerCPUs, "worker_threads": o.WorkerThreads, "bridge_nf": o.BridgeNF}),
+		Placement: fmt.Sprintf("coordinator (client process) pinned to CPU 0 in namespace coord; all workers in one "+
+			"`kedge sg worker` process (%d epoll thread(s), recvmmsg/sendmmsg) pinned to CPU %s in namespace w1 "+
+			"(one UDP socket per worker); hosts joined by a bridge (veth; bridge netfilter %s); softirq work runs "+
+			"where the packets are sent/received", o.WorkerThreads, o.WorkerCPUs, onOff(o.BridgeNF))}
 	l, err := lab.Up(lab.Spec{Name: "sgb", Fabric: lab.Bridge, Hosts: []string{"coord", "w1"}})
 	if err != nil {
 		return nil, err
 	}
 	defer l.Close()
+	if !o.BridgeNF {
+		// Only in the lab's own bridge namespace; absent without br_netfilter.
+		for _, k := range []string{"iptables", "ip6tables", "arptables"} {
+			if err := l.Fabric.SetSysctl("net/bridge/bridge-nf-call-"+k, "0"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("turn bridge netfilter off in the lab: %w", err)
+			}
+		}
+	}
 	coord, w1 := l.Host("coord"), l.Host("w1")
 	base := netip.AddrPortFrom(w1.IPv4, 20000)
-	wcmd := exec.Command("taskset", "-c", "1", o.Kedge, "sg", "worker", "--netns", w1.Path(),
-		"--listen", fmt.Sprintf("%s+%d", base, maxF), "--type", "int64", "--elems", strconv.Itoa(o.Elems))
+	wcmd := exec.Command("taskset", "-c", o.WorkerCPUs, o.Kedge, "sg", "worker", "--netns", w1.Path(),
+		"--listen", fmt.Sprintf("%s+%d", base, maxF), "--type", "int64", "--elems", strconv.Itoa(o.Elems),
+		"--threads", strconv.Itoa(o.WorkerThreads))
 	wcmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	werr, _ := wcmd.StderrPipe()
 	if err := wcmd.Start(); err != nil {
@@ -394,4 +416,11 @@ func WriteMarkdown(w io.Writer, r *Result) {
 		fmt.Fprintf(w, "| %d | %s | %s | %.2fx | %s | %s | %.2fx | %s |\n", q.Fanout, q.Method, q.BestThroughput, q.ThroughputRatio,
 			met(q.ThroughputRatio >= 1.5), q.BestP50, q.P50Ratio, met(q.P50Ratio > 0 && q.P50Ratio <= 0.7))
 	}
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }

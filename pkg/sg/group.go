@@ -512,13 +512,14 @@ func (g *Group) recover(slot uint16, w *waiter) (Result, bool) {
 			return Result{}, false
 		}
 	}
-	r := g.decode(&s.Res, w)
+	r := g.decode(&s.Res, w, byRecover)
 	g.free <- slot
 	return r, true
 }
 
-func (g *Group) decode(rec *isg.ResultRec, w *waiter) Result {
+func (g *Group) decode(rec *isg.ResultRec, w *waiter, by int) Result {
 	r := Result{
+		Reader:    readerNames[by],
 		ID:        rec.ReqId,
 		Status:    Status(rec.Status),
 		Count:     int(rec.Count),
@@ -609,6 +610,9 @@ const (
 	wakeKinds
 )
 
+// readerNames are Result.Reader's values, by Group.delivered's index.
+var readerNames = [wakeKinds]string{"socket", "ring", "busy-poll", "guard"}
+
 // pump delivers every result committed to the ring.
 func (g *Group) pump(by int) {
 	g.pumpMu.Lock()
@@ -662,7 +666,7 @@ func (g *Group) deliver(res *isg.ResultRec, by int) {
 		return
 	}
 	g.delivered[by].Add(1) // before the waiter can see its result
-	w.ch <- g.decode(res, w)
+	w.ch <- g.decode(res, w, by)
 	g.free <- slot
 }
 

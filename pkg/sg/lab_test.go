@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -294,5 +295,53 @@ func TestSIGKILL(t *testing.T) {
 	// The restarted coordinator removed the killed one's status file.
 	if _, err := os.Stat(statusFile); !os.IsNotExist(err) {
 		t.Errorf("status file %s of the killed run still there (%v)", statusFile, err)
+	}
+}
+
+// TestScatterReaders runs `kedge sg scatter` with each reader: by default every result is
+// brought by the ring buffer's wake-up, with --wake-socket by the completing reply's
+// arrival on the coordinator socket, with --busy-poll by the spinning reader (each
+// result's "reader"); --wake-socket with --busy-poll is refused.
+func TestScatterReaders(t *testing.T) {
+	bpftest.RequireRoot(t)
+	bin := bpftest.KedgeBinary(t)
+	l, err := lab.Up(lab.Spec{Name: "sgr", Fabric: lab.Bridge, Hosts: []string{"coord", "w1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	coord, w1 := l.Host("coord"), l.Host("w1")
+	startWorkers(t, bin, w1, w1.IPv4, 9100, 4)
+	args := []string{"sg", "scatter", "--netns", coord.Path(), "-i", coord.Iface, "--run-dir", t.TempDir(),
+		"--workers", fmt.Sprintf("%s+4", netip.AddrPortFrom(w1.IPv4, 9100)), "--elems", "3",
+		"--count", "20", "--timeout", "1s", "-o", "json"}
+	for _, c := range []struct {
+		flag, want string
+	}{{"", "ring"}, {"--wake-socket", "socket"}, {"--busy-poll", "busy-poll"}} {
+		a := args
+		if c.flag != "" {
+			a = append(append([]string(nil), args...), c.flag)
+		}
+		out, err := exec.Command(bin, a...).Output()
+		if err != nil {
+			t.Fatalf("kedge sg scatter %s: %v", c.flag, err)
+		}
+		var rep struct{ Results []Result }
+		if err := json.Unmarshal(out, &rep); err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Results) != 20 {
+			t.Fatalf("%s: %d results", c.flag, len(rep.Results))
+		}
+		for _, r := range rep.Results {
+			if r.Status != OK || r.Count != 4 || r.Reader != c.want {
+				t.Errorf("%s: result %#x status %v count %d reader %q, want reader %q", c.flag, r.ID, r.Status, r.Count, r.Reader, c.want)
+			}
+		}
+	}
+	out, err := exec.Command(bin, append(args, "--wake-socket", "--busy-poll")...).CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "pick one") {
+		t.Errorf("--wake-socket --busy-poll: %v, %s (want exit 2)", err, out)
 	}
 }

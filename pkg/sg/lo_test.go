@@ -124,8 +124,8 @@ func TestWakePaths(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if res.Status != OK || res.Count != n {
-					t.Fatalf("request %#x: status %v, %d answered", res.ID, res.Status, res.Count)
+				if res.Status != OK || res.Count != n || res.Reader != readerNames[c.want] {
+					t.Fatalf("request %#x: status %v, %d answered, reader %q", res.ID, res.Status, res.Count, res.Reader)
 				}
 			}
 			// Every worker but the dead one: times out in the kernel, no packet.

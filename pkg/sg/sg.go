@@ -229,6 +229,11 @@ type Result struct {
 	// measured in the kernel; RoundTrip is Scatter's own duration.
 	Kernel    time.Duration `json:"kernel_ns"`
 	RoundTrip time.Duration `json:"round_trip_ns"`
+	// Reader is what brought the result to the application: "ring" (the ring buffer's
+	// wake-up), "socket" (WakeSocket: the completing reply's arrival on the coordinator
+	// socket), "busy-poll" (the spinning reader) or "guard" (the Scatter's guard timer
+	// read it: a lost wake-up, or a full ring; docs/sg.md, "Delivery").
+	Reader string `json:"reader"`
 }
 
 // RequestOptions override the group's policy for one request.

@@ -89,6 +89,7 @@ const (
 	EventFollower     = "follower"      // this node follows (Leader, 0 while unknown)
 	EventVote         = "vote"          // this node granted its (durable) vote to Peer
 	EventCommitted    = "committed"     // as leader: the first entry of its term committed (Detail: index)
+	EventLease        = "lease"         // a vote request from Peer found the leader's lease over in real time (HeardNs: the leader last heard)
 )
 
 // Event is one entry of a node's election record. Times are CLOCK_MONOTONIC ns: every

@@ -81,9 +81,18 @@ func (w *leaderWatch) changed() {
 
 // heardNs is when the node last heard from leader: its transport, or the kernel's heartbeat
 // record with the follower path on (CLOCK_MONOTONIC ns; 0: never).
-func (n *Node) heardNs(leader uint64) int64 {
+func (n *Node) heardNs(leader uint64) int64 { return n.laterNs(n.tr.LastHeard(leader), leader) }
+
+// beatNs is when the node last had a heartbeat from leader: answered in the kernel (its
+// record) or passed up to the transport (CLOCK_MONOTONIC ns; 0: never). Appends do not count:
+// this is the clock of the program's pre-vote lease (prevote.h).
+func (n *Node) beatNs(leader uint64) int64 { return n.laterNs(n.tr.LastHeartbeat(leader), leader) }
+
+// laterNs is the later of t (the transport's, zero: never) and the kernel's last heartbeat
+// answered from leader, in CLOCK_MONOTONIC ns.
+func (n *Node) laterNs(t time.Time, leader uint64) int64 {
 	var ns int64
-	if t := n.tr.LastHeard(leader); !t.IsZero() {
+	if !t.IsZero() {
 		ns = int64(offload.Monotonic() - time.Since(t))
 	}
 	if n.fol != nil {

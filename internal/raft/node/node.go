@@ -203,7 +203,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	if opts.UnsafeLocalReads {
 		n.log.Warn("raft: --unsafe-local-reads: reads are served from local state WITHOUT ReadIndex and are NOT linearizable (checker self-test only)")
 	}
-	n.tr.Start(n.rn)
+	n.tr.Start(transportIn{n})
 	return n, nil
 }
 
@@ -314,7 +314,11 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		}
 		n.log.Info("raft: installed snapshot from leader", "index", rd.Snapshot.GetMetadata().GetIndex())
 	}
-	// 2. Entries and HardState durable.
+	// 2. Entries and HardState durable. A new term is announced to the kernel first: its
+	// pre-votes up to that term go to user space while the fsync runs.
+	if rd.HardState != nil && rd.HardState.GetTerm() > n.termDurable {
+		n.offloadPending(rd.HardState.GetTerm())
+	}
 	if err := n.st.Save(rd.HardState, rd.Entries, rd.MustSync); err != nil {
 		return fmt.Errorf("save ready: %w", err)
 	}

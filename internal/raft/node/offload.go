@@ -47,7 +47,8 @@ type follower struct {
 	mirrored  bool
 	lastAlive time.Duration // CLOCK_MONOTONIC of the last Alive refresh
 
-	wakeups *prometheus.CounterVec
+	wakeups   *prometheus.CounterVec
+	leaseOver prometheus.Counter // vote requests let past etcd-raft's lease (judgeLease)
 
 	// recheck: a wake-up the leader's appends made stale is looked at again when the
 	// silence after them reaches the node's slot (Ready loop only).
@@ -114,7 +115,9 @@ func (n *Node) startOffload(mode Offload) error {
 	f.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
 		Name: "offload_wakeups_total", Help: "Leader-silent wake-ups from the kernel's failure detector by outcome (campaign, stale), and early campaigns of etcd-raft's own timer held until the detector's slot (held)."},
 		[]string{"result"})
-	n.reg.MustRegister(f.wakeups, &offloadCollector{k: f.k})
+	f.leaseOver = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
+		Name: "offload_lease_over_total", Help: "Vote requests that found the leader's lease over in real time while etcd-raft's tick count still held it (passed on with the lease check skipped)."})
+	n.reg.MustRegister(f.wakeups, f.leaseOver, &offloadCollector{k: f.k})
 	f.recheck = time.NewTimer(time.Hour)
 	f.recheck.Stop()
 	n.fol = f
@@ -214,6 +217,21 @@ func (n *Node) offloadMirror(term, lead uint64) {
 	f.mirror, f.lead, f.mirrored = d, lead, true
 }
 
+// offloadPending tells the kernel that the node has taken term and is about to fsync it
+// (called before the Ready that carries it is saved): the program then passes pre-votes up to
+// that term to user space instead of granting them from the older durable term. Without it,
+// a candidate whose own vote took 13 ms to fsync granted, from its XDP, the pre-vote of the
+// next follower's detector for the same term: two candidates of one term, a split vote and a
+// second election.
+func (n *Node) offloadPending(term uint64) {
+	if n.fol == nil {
+		return
+	}
+	if err := n.fol.k.Pending(term); err != nil {
+		n.log.Warn("raft offload: announce pending term", "err", err)
+	}
+}
+
 // Failure detector timing (docs/raft.md section 14): the first follower after the leader
 // (ids in ascending order, wrapping) wakes detectMargin after the election timeout, the next
 // one detectStagger(T) later, and so on. The margin covers the spread of one heartbeat's
@@ -254,14 +272,21 @@ func (n *Node) onLeaderSilent(ctx context.Context, ev offload.Event) {
 	// out before the voters' leases ran out (XDP's is exact: T after the last heartbeat) and
 	// been ignored. The detector fires after the leases: ask again now rather than after
 	// another randomized timeout.
-	preCand := n.leader.Load() == 0 && n.lastState == raft.StatePreCandidate
-	if (n.leader.Load() != ev.Leader && !preCand) || f.mirror.Term != ev.Term {
+	if !silenceCalls(ev, f.mirror.Term, n.leader.Load(), n.lastState) {
 		stale("leader or term changed")
 		return
 	}
 	hb, err := f.k.Heartbeat()
 	if err != nil || hb.Arrival != ev.LastArrival {
 		stale("newer heartbeat")
+		return
+	}
+	// The checks above are the Ready loop's view, which lags etcd-raft's own: a vote request
+	// the transport stepped meanwhile may have moved it on (it voted for another candidate in
+	// a newer term). Campaigning then, from that newer term, deposed the candidate it had just
+	// elected (a second election after a failover).
+	if s := n.rn.Status(); !silenceCalls(ev, s.GetTerm(), s.Lead, s.RaftState) {
+		stale("etcd-raft moved on")
 		return
 	}
 	if t := n.tr.LastHeard(ev.Leader); !t.IsZero() && time.Since(t) < f.detect {
@@ -282,6 +307,76 @@ func (n *Node) onLeaderSilent(ctx context.Context, ev offload.Event) {
 	if err := n.rn.Campaign(ctx); err != nil && ctx.Err() == nil {
 		n.log.Warn("raft offload: campaign", "err", err)
 	}
+}
+
+// transportIn is what the transport steps received messages into: etcd-raft, with a vote
+// request first judged against CheckQuorum's lease in real time (judgeLease).
+type transportIn struct{ n *Node }
+
+func (t transportIn) Step(ctx context.Context, m *pb.Message) error {
+	t.n.judgeLease(m)
+	return t.n.rn.Step(ctx, m)
+}
+
+func (t transportIn) ReportUnreachable(id uint64) { t.n.rn.ReportUnreachable(id) }
+
+func (t transportIn) ReportSnapshot(id uint64, s raft.SnapshotStatus) { t.n.rn.ReportSnapshot(id, s) }
+
+// judgeLease lets a vote request (MsgVote, or a MsgPreVote the program passed up) past
+// etcd-raft's CheckQuorum lease when the lease is over in real time (forceIfLeaseOver); with
+// the follower path only. Called from the transport's receivers.
+func (n *Node) judgeLease(m *pb.Message) {
+	f := n.fol
+	if f == nil || (m.GetType() != pb.MsgVote && m.GetType() != pb.MsgPreVote) {
+		return
+	}
+	lead := n.leader.Load()
+	if lead == 0 || lead == n.cfg.ID {
+		return
+	}
+	heard, now := n.beatNs(lead), offload.Monotonic()
+	if !forceIfLeaseOver(m, lead, n.cfg.ID, heard, now, f.detect) {
+		return
+	}
+	f.leaseOver.Inc()
+	n.events.add(api.Event{AtNs: int64(now), Kind: api.EventLease, Term: m.GetTerm(), Leader: lead, Peer: m.GetFrom(),
+		HeardNs: heard, Detail: m.GetType().String()})
+}
+
+// campaignTransfer is etcd-raft's context of a vote request that skips the voter's lease
+// (raft.campaignTransfer, unexported).
+var campaignTransfer = []byte("CampaignTransfer")
+
+// forceIfLeaseOver judges CheckQuorum's lease for a vote request m in real time and on the
+// record the program judges pre-votes by (prevote.h): the lease of a follower of lead is
+// over when lead's last heartbeat (heardNs, CLOCK_MONOTONIC: answered in the kernel or passed
+// up to the transport) is an election timeout et or more before now. etcd-raft judges it in
+// ticks (electionElapsed < electionTimeout), and its ticks run behind real time: Go's ticker
+// drops the ticks that come while the Ready loop is busy (an fsync is longer than a 1 ms
+// tick), and the kernel's heartbeats are stepped at the next tick after they arrive. It also
+// restarts the count on an append (TCP), which the program does not see. Either way a voter
+// whose kernel had granted a candidate's pre-vote then ignored the same candidate's real vote,
+// and the failover waited for a second election (docs/raft.md section 14, "The voter's
+// lease"). When the lease is over, m gets etcd-raft's transfer context, the one input that
+// makes its Step skip the lease check (nothing else reads it for a vote request: the term,
+// the log comparison and the durable vote are etcd-raft's as before), and it returns true.
+// While the lease holds, m is left to etcd-raft, which ignores it unless its own count says
+// the lease is over too. A request that already has a context (a leader transfer) is left
+// as it is.
+func forceIfLeaseOver(m *pb.Message, lead, self uint64, heardNs int64, now, et time.Duration) bool {
+	if (m.GetType() != pb.MsgVote && m.GetType() != pb.MsgPreVote) || len(m.GetContext()) != 0 ||
+		lead == 0 || lead == self || heardNs <= 0 || time.Duration(int64(now)-heardNs) < et {
+		return false
+	}
+	m.Context = campaignTransfer
+	return true
+}
+
+// silenceCalls reports whether a leader-silent event still calls for a campaign in a node of
+// term that follows lead in state: it follows the silent leader in the event's term, or it is
+// a pre-candidate of that term (its own timer fired first, onLeaderSilent).
+func silenceCalls(ev offload.Event, term, lead uint64, state raft.StateType) bool {
+	return term == ev.Term && (lead == ev.Leader || (lead == 0 && state == raft.StatePreCandidate))
 }
 
 // holdEarlyPreVotes drops the pre-votes of a campaign etcd-raft's own timer started before

@@ -277,6 +277,20 @@ func (f *Follower) Mirror(d Durable) error {
 	return f.write()
 }
 
+// Pending tells the program that user space has taken term (it campaigns, or voted in a newer
+// term) and is fsyncing it: pre-votes for terms up to it go to user space, which judges them
+// from the state it is making durable (prevote.h, RAFT_PV_PASS_PENDING). Mirror then records
+// the term as durable; a pending term at or below the durable one changes nothing.
+func (f *Follower) Pending(term uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if term <= f.st.PendingTerm {
+		return nil
+	}
+	f.st.PendingTerm = term
+	return f.write()
+}
+
 // Alive extends the answering deadline to now + AliveFor. The node calls it from its
 // persist/apply loop: a node whose loop stops (process stopped, hung, stuck on the disk)
 // stops answering within AliveFor.

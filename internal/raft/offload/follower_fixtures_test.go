@@ -538,6 +538,17 @@ func TestFollowerPreVote(t *testing.T) {
 		{Name: "same term: passed (depends on the vote)", In: pv(fxTerm, fxTerm, 100), WantRet: bpftest.XDPPass,
 			WantCounters: bpftest.Counters{"rx": 1, "pv_passed": 1}},
 	})
+	// The node campaigns in fxTerm+1 (its own vote is being fsynced): a pre-vote for that
+	// term goes to user space, which refuses it; one for a later term is granted as before.
+	if err := f.Pending(fxTerm + 1); err != nil {
+		t.Fatal(err)
+	}
+	r.Run(t, []bpftest.Case{
+		{Name: "a term being fsynced: passed", In: pv(fxTerm+1, fxTerm, 100), WantRet: bpftest.XDPPass,
+			WantCounters: bpftest.Counters{"rx": 1, "pv_passed": 1}},
+		{Name: "beyond the pending term: granted", In: pv(fxTerm+2, fxTerm, 100), WantRet: bpftest.XDPTx,
+			Check: answer(fxTerm+2, false), WantCounters: tx},
+	})
 	if err := f.Stop(); err != nil {
 		t.Fatal(err)
 	}

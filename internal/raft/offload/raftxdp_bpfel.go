@@ -108,6 +108,7 @@ type raftxdpRaftxState struct {
 	LastIndex      uint64
 	LastTerm       uint64
 	DetectAfterNs  uint64
+	PendingTerm    uint64
 }
 
 type raftxdpRaftxStats struct {

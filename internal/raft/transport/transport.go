@@ -108,6 +108,7 @@ type peer struct {
 	Peer
 	queue     chan *pb.Message
 	lastHeard atomic.Int64 // unix nanos of the last message received from this peer
+	lastBeat  atomic.Int64 // unix nanos of the last MsgHeartbeat received from this peer
 }
 
 // New binds the UDP socket and the TCP listener; Start begins delivering to r.
@@ -179,10 +180,23 @@ func (t *Transport) LastHeard(id uint64) time.Time {
 	if p == nil {
 		return time.Time{}
 	}
-	if n := p.lastHeard.Load(); n != 0 {
-		return time.Unix(0, n)
+	return unixTime(p.lastHeard.Load())
+}
+
+// LastHeartbeat returns when a MsgHeartbeat from peer id was last accepted (zero: never).
+func (t *Transport) LastHeartbeat(id uint64) time.Time {
+	p := t.peers[id]
+	if p == nil {
+		return time.Time{}
 	}
-	return time.Time{}
+	return unixTime(p.lastBeat.Load())
+}
+
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }
 
 // Send hands messages to the wire; it never blocks on the network. Call it only after the
@@ -243,7 +257,12 @@ func (t *Transport) readUDP() {
 }
 
 func (t *Transport) deliver(transport string, m *pb.Message) {
-	t.peers[m.GetFrom()].lastHeard.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	p := t.peers[m.GetFrom()]
+	p.lastHeard.Store(now)
+	if m.GetType() == pb.MsgHeartbeat {
+		p.lastBeat.Store(now)
+	}
 	t.m.received.WithLabelValues(transport, m.GetType().String()).Inc()
 	if err := t.raft.Step(t.ctx, m); err != nil && t.ctx.Err() == nil {
 		t.log.Debug("raft transport: step", "type", m.GetType(), "from", m.GetFrom(), "err", err)

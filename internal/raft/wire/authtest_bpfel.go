@@ -67,6 +67,7 @@ type authtestRaftPvView struct {
 	NowNs        uint64
 	Valid        uint32
 	Pad          uint32
+	PendingTerm  uint64
 }
 
 type authtestRaftPvWhy uint32
@@ -83,7 +84,8 @@ const (
 	authtestRaftPvWhyRAFT_PV_PASS_SAME_TERM authtestRaftPvWhy = 8
 	authtestRaftPvWhyRAFT_PV_PASS_CONTEXT   authtestRaftPvWhy = 9
 	authtestRaftPvWhyRAFT_PV_PASS_UNHEARD   authtestRaftPvWhy = 10
-	authtestRaftPvWhyRAFT_PV_WHY_MAX        authtestRaftPvWhy = 11
+	authtestRaftPvWhyRAFT_PV_PASS_PENDING   authtestRaftPvWhy = 11
+	authtestRaftPvWhyRAFT_PV_WHY_MAX        authtestRaftPvWhy = 12
 )
 
 type authtestSiphashVec struct {

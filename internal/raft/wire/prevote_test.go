@@ -77,6 +77,8 @@ func pvCases() []pvCase {
 		{"pass: alive_until passed", with(func(x *authtestRaftPvView) { x.AliveUntilNs = pvNow }), preVote(6, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_NOT_ALIVE, false},
 		{"pass: this node leads", with(func(x *authtestRaftPvView) { x.Leader = testSelf; x.HeardNs = 0 }), preVote(6, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_LEADER, false},
 		{"pass: same term", v(), preVote(5, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_SAME_TERM, false},
+		{"pass: the term the node is fsyncing", with(func(x *authtestRaftPvView) { x.PendingTerm = 6 }), preVote(6, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_PENDING, false},
+		{"grant: beyond the pending term", with(func(x *authtestRaftPvView) { x.PendingTerm = 6 }), preVote(7, 5, 10), xdpTX, authtestRaftPvWhyRAFT_PV_GRANT, true},
 		{"pass: context", v(), withCtx, xdpPass, authtestRaftPvWhyRAFT_PV_PASS_CONTEXT, false},
 		{"pass: a real vote", v(), vote, xdpPass, authtestRaftPvWhyRAFT_PV_PASS_TYPE, false},
 		{"refuse: unknown peer (auth)", v(), stranger, xdpDrop, authtestRaftPvWhyRAFT_PV_WHY_MAX, false},
