@@ -345,6 +345,10 @@ func TestSplitScoreboardFull(t *testing.T) {
 	t.Logf("%d requests, %d entries survived (%d hedged, %d overdue), %d clones orphaned", n, len(survivors), hedged, overdue, n-len(survivors))
 }
 
+// earlyAhead is how far ahead of the run a deadline lies that is not yet due but within the
+// rescuer's early window (cfg_early_ns, testEarly).
+const earlyAhead = testEarly * 9 / 10
+
 func TestRescue(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	const id = 0x2002
@@ -403,12 +407,13 @@ func TestRescue(t *testing.T) {
 			ret: redirect, out: datagram(client6, rep6, p), outMark: ptr[uint32](hedgeMark),
 			counters: bpftest.Counters{"v6.HedgesSent": 1}, board: map[hedgeHreqKey]uint32{k6: reqHedged}, check: hedgedTo(sV6, k6, 1, 10000)},
 		{name: "due within half a period (cfg_early_ns): sent now", in: req4, ret: redirect,
-			// Sent dueDelay ago: the far-overdue cutoff is a second away. The deadline is
-			// half an early window ahead, and the run must end before it (within).
+			// Sent dueDelay ago: the far-overdue cutoff is a second away. The deadline is 0.9
+			// of the early window ahead, and the run must end before it (within): an emulated
+			// guest took 0.5-0.8 ms from writing the entry to the run's end.
 			atRun: func(f *fixture, now uint64) error {
-				return f.objs.Scoreboard.Put(k4, pending(now-uint64(dueDelay), now+uint64(testEarly)/2))
+				return f.objs.Scoreboard.Put(k4, pending(now-uint64(dueDelay), now+uint64(earlyAhead)))
 			},
-			within: testEarly / 2,
+			within: earlyAhead,
 			out:    datagram(client4, rep4, p), outMark: ptr[uint32](hedgeMark),
 			counters: hedge4, board: map[hedgeHreqKey]uint32{k4: reqHedged}, check: hedgedTo(sV4, k4, 1, v4Full)},
 		{name: "ipv4 with options: rewritten past them", in: opts.build(client4, svc4, p), atRun: due(k4),
