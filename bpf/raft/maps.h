@@ -48,6 +48,17 @@ struct raftx_hb {
 	__u64 count;   /* heartbeats answered since load */
 };
 
+/* While this node leads: the last heartbeat response of each follower (key: its id, host
+ * order), recorded in XDP and passed up as before. The node steps it into etcd-raft when its
+ * transport has not delivered it (a starved receiving goroutine), so that CheckQuorum sees
+ * followers that did answer (docs/raft.md section 14, "CheckQuorum under starvation"). */
+struct raftx_ack {
+	__u64 term;    /* the term it answered: the leader's mirrored term */
+	__u64 last_ns; /* arrival, bpf_ktime_get_ns() */
+	__u64 count;   /* responses recorded from this follower */
+};
+#define RAFTX_MAX_PEERS 64
+
 /* The failure detector: one bpf_timer, re-armed by every answered heartbeat. */
 struct raftx_detect {
 	struct bpf_timer timer;
@@ -74,7 +85,8 @@ struct raftx_event {
 };
 
 /* Per-CPU counters: every packet the program sees lands in exactly one of not_raft, drop[],
- * hb_*, pv_*, passed_type, sign_failed or reflect_failed; detect_* count timer events. */
+ * hb_*, pv_*, ack_recorded, passed_type, sign_failed or reflect_failed; detect_* count timer
+ * events. */
 struct raftx_stats {
 	__u64 not_raft;          /* not UDP to the raft port, or not parseable: passed untouched */
 	__u64 rx;                /* raft packets looked at (sum of the rest but not_raft) */
@@ -97,6 +109,8 @@ struct raftx_stats {
 	__u64 detect_rearmed;    /* expired while a heartbeat re-armed it on another CPU: no event */
 	__u64 detect_ringbuf_full; /* timer expired but the ring buffer was full */
 	__u64 detect_init_failed;  /* bpf_timer_init/set_callback failed: no detection */
+	__u64 ack_recorded;      /* MsgHeartbeatResp at the term this node leads: recorded, passed */
+	__u64 ack_full;          /* ... but leader_acks had no room for its sender: passed */
 };
 
 struct {
@@ -119,6 +133,13 @@ struct {
 	__type(key, __u32);
 	__type(value, struct raftx_detect);
 } follower_timer SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RAFTX_MAX_PEERS);
+	__type(key, __u64);
+	__type(value, struct raftx_ack);
+} leader_acks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);

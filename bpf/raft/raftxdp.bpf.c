@@ -347,6 +347,44 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 	return XDP_TX;
 }
 
+/* ack records a follower's MsgHeartbeatResp while this node leads at its term (maps.h
+ * leader_acks); returns 1 when recorded. The packet goes up either way. */
+static __always_inline int ack(struct raft_hdr *h, struct raftx_stats *s)
+{
+	__u64 term = bpf_be64_to_cpu(h->term), from = bpf_be64_to_cpu(h->from);
+	struct raftx_ack *a, n = {};
+	struct raftx_state *st;
+	__u64 cur_term, cur_leader;
+	__u32 zero = 0;
+
+	st = bpf_map_lookup_elem(&follower_state, &zero);
+	if (!st)
+		return 0;
+	bpf_spin_lock(&st->lock);
+	cur_term = st->term;
+	cur_leader = st->leader;
+	bpf_spin_unlock(&st->lock);
+	if (!cur_term || cur_leader != cfg_self || term != cur_term)
+		return 0;
+	a = bpf_map_lookup_elem(&leader_acks, &from);
+	if (!a) {
+		n.term = term;
+		n.last_ns = bpf_ktime_get_ns();
+		n.count = 1;
+		if (bpf_map_update_elem(&leader_acks, &from, &n, BPF_NOEXIST) && !bpf_map_lookup_elem(&leader_acks, &from)) {
+			COUNT(s, ack_full);
+			return 0;
+		}
+		COUNT(s, ack_recorded);
+		return 1;
+	}
+	a->term = term;
+	a->last_ns = bpf_ktime_get_ns();
+	__sync_fetch_and_add(&a->count, 1);
+	COUNT(s, ack_recorded);
+	return 1;
+}
+
 SEC("xdp")
 int raftx_xdp(struct xdp_md *ctx)
 {
@@ -376,6 +414,10 @@ int raftx_xdp(struct xdp_md *ctx)
 	switch (u->h.type) {
 	case RAFT_MSG_HEARTBEAT:
 		return heartbeat(data, data_end, &p, u, s);
+	case RAFT_MSG_HEARTBEAT_RESP:
+		if (ack(&u->h, s))
+			return XDP_PASS;
+		break;
 	case RAFT_MSG_PRE_VOTE:
 		reason = prevote(ctx, u, data_end);
 		if (reason == RAFT_PV_DROP) {

@@ -17,6 +17,11 @@ const volatile __u32 cfg_copy_mark = 0x6b530000; /* skb->mark on copies: not sca
  * on: marked cfg_cont_mark and redirected to the group interface's ingress, where
  * sg_scatter_cont sends the next batch once the backlog has delivered this one. */
 const volatile __u32 cfg_batch = 64;
+/* The first run sends only this many copies (at most cfg_batch), and each later run as many
+ * as have been sent so far, up to cfg_batch (8, 8, 16, 32, 64, 64, ...): the backlog
+ * delivers the first copies to their workers while the next runs are made, instead of
+ * after the first hop of a whole batch of 64 (docs/sg.md, "Batches"). */
+const volatile __u32 cfg_first_batch = 8;
 const volatile __u32 cfg_cont_mark = 0x6b530001; /* skb->mark of a request handed on */
 /* The expiry timer fires this long after the deadline at the latest: a deadline that is
  * this close counts as reached (bpf_timer lateness, kernel-notes). */

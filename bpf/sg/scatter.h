@@ -192,10 +192,16 @@ static __always_inline int parse_request(struct __sk_buff *skb, struct scatter_c
 	return 1;
 }
 
-/* batch_end is the end of the batch that starts at worker next. */
+/* batch_end is the end of the batch that starts at worker next: cfg_first_batch copies
+ * for the first, then as many as were sent before it (doubling), at most cfg_batch. */
 static __always_inline __u32 batch_end(const struct scatter_ctx *c, __u32 next)
 {
-	__u32 batch = cfg_batch ? cfg_batch : 1;
+	__u32 batch = next < cfg_batch ? next : cfg_batch;
+
+	if (batch < cfg_first_batch)
+		batch = cfg_first_batch;
+	if (batch < 1)
+		batch = 1;
 
 	return next + batch < c->nworkers ? next + batch : c->nworkers;
 }

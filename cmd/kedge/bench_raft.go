@@ -196,6 +196,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	f.StringVar(&o.FailoverClient, "failover-client", raftbench.ClientLeader, "failover writer: leader (asks every survivor for the new leader at once, writes to it) or retry (part 1's: survivors in turn, 50 ms per attempt)")
 	f.IntVar(&o.HeartbeatTicks, "heartbeat-ticks", 0, "leader heartbeat interval in ticks (0: the node's default, 1)")
 	f.DurationVar(&o.HeartbeatLease, "heartbeat-lease", 0, "mode on: the kernel heartbeats' lease (0: the node's default)")
+	f.DurationVar(&o.OffloadAlive, "offload-alive", 0, "modes on and follower: the follower program's alive bound (0: the node's default)")
 	f.BoolVar(&auth, "auth", true, "give the clusters a random cluster key (every UDP packet authenticated)")
 	f.StringVar(&phases, "fe-phases", "stress", "false-election phases (comma-separated: idle, spinners, starved-follower, stress)")
 	f.DurationVar(&o.HeartbeatDuration, "hb-duration", 10*time.Second, "idle window of the heartbeat CPU measurement")

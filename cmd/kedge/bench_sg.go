@@ -58,11 +58,11 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 			}
 			for _, m := range o.Methods {
 				ok := false
-				for _, k := range sgbench.Methods {
+				for _, k := range sgbench.AllMethods {
 					ok = ok || m == k
 				}
 				if !ok {
-					return usagef("--methods: unknown method %q (want %v)", m, sgbench.Methods)
+					return usagef("--methods: unknown method %q (want %v)", m, sgbench.AllMethods)
 				}
 			}
 			if o.WorkerThreads < 1 {

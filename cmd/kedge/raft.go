@@ -51,6 +51,7 @@ func newRaftServeCmd() *cobra.Command {
 		offloadOn        bool
 		kernelHB         bool
 		hbLease          time.Duration
+		offloadAlive     time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --config node.yaml",
@@ -110,8 +111,11 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 			case offloadOn:
 				mode = node.OffloadAuto
 			}
+			if offloadAlive < 0 {
+				return usagef("--offload-alive %v: use a positive duration (0: the election timeout, at least 100ms)", offloadAlive)
+			}
 			if hbLease < 0 {
-				return usagef("--heartbeat-lease %v: use a positive duration (0: the election timeout)", hbLease)
+				return usagef("--heartbeat-lease %v: use a positive duration (0: the election timeout, at least 100ms)", hbLease)
 			}
 			hbMode := node.OffloadOff
 			switch {
@@ -120,7 +124,7 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 			case kernelHB:
 				hbMode = node.OffloadAuto
 			}
-			n, err := node.New(cfg, node.Options{UnsafeLocalReads: unsafeReads, Offload: mode, Log: slog.Default(),
+			n, err := node.New(cfg, node.Options{UnsafeLocalReads: unsafeReads, Offload: mode, OffloadAlive: offloadAlive, Log: slog.Default(),
 				KernelHeartbeats: hbMode, HeartbeatLease: hbLease})
 			if err != nil {
 				return fmt.Errorf("start node %d: %w", cfg.ID, err)
@@ -141,7 +145,8 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 	f.BoolVar(&unsafeReads, "unsafe-local-reads", false, "serve reads from local state without ReadIndex (NOT linearizable)")
 	f.MarkHidden("unsafe-local-reads")
 	f.BoolVar(&kernelHB, "kernel-heartbeats", true, "as leader, let the kernel send the heartbeats while a lease holds (default: where possible; --kernel-heartbeats=false to compare; an explicit --kernel-heartbeats fails where it cannot run; docs/raft.md: Kernel paths)")
-	f.DurationVar(&hbLease, "heartbeat-lease", 0, "with --kernel-heartbeats: how long one renewal keeps the kernel sending (0: the election timeout)")
+	f.DurationVar(&offloadAlive, "offload-alive", 0, "with --offload: how long one refresh of the node's persist/apply loop keeps its XDP program answering for it (0: the election timeout, at least 100ms)")
+	f.DurationVar(&hbLease, "heartbeat-lease", 0, "with --kernel-heartbeats: how long one renewal keeps the kernel sending (0: the election timeout, at least 100ms)")
 	return cmd
 }
 

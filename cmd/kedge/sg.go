@@ -204,7 +204,7 @@ func newSgScatterCmd() *cobra.Command {
 		iface, nsArg, red, typ, payload, output, local string
 		runDir                                         string
 		workers                                        []string
-		elems, need, count, gatherK                    int
+		elems, need, count, gatherK, batch, firstBatch int
 		timeout                                        time.Duration
 		busyPoll, wakeSocket                           bool
 		metricsAddr                                    string
@@ -249,7 +249,7 @@ func newSgScatterCmd() *cobra.Command {
 				return usagef("--wake-socket and --busy-poll: pick one (the busy-polling reader needs no wake-up)")
 			}
 			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Reduction: r, Type: t,
-				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, StatusDir: runDir}
+				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir}
 			if local != "" {
 				if cfg.Local, err = netip.ParseAddrPort(local); err != nil {
 					return usagef("--local %q: %w", local, err)
@@ -321,6 +321,8 @@ func newSgScatterCmd() *cobra.Command {
 	f.DurationVar(&timeout, "timeout", 100*time.Millisecond, "request deadline (enforced in the kernel)")
 	f.StringVar(&payload, "payload", "kedge", "request payload (opaque to kedge)")
 	f.IntVar(&count, "count", 1, "requests to send, one after the other")
+	f.IntVar(&batch, "scatter-batch", 0, "most copies one run of the scatter program sends before it hands the request on (default 64; docs/sg.md, \"Batches\")")
+	f.IntVar(&firstBatch, "scatter-first-batch", 0, "copies of the first run (default 8); later runs double it up to --scatter-batch")
 	f.BoolVar(&busyPoll, "busy-poll", false, "spin on the result ring instead of sleeping in epoll")
 	f.BoolVar(&wakeSocket, "wake-socket", false, "let the reply that completes a request wake the reader through the coordinator socket "+
 		"instead of the ring buffer's wake-up (docs/sg.md, \"Delivery\")")

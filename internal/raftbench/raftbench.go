@@ -10,7 +10,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -51,16 +53,22 @@ const (
 
 // modeArgs are the `raft serve` flags of a mode.
 func (o *Options) modeArgs(mode string) []string {
+	var args []string
 	switch mode {
 	case ModeOn:
+		args = []string{"--offload", "--kernel-heartbeats"}
 		if o.HeartbeatLease > 0 {
-			return []string{"--offload", "--kernel-heartbeats", "--heartbeat-lease", o.HeartbeatLease.String()}
+			args = append(args, "--heartbeat-lease", o.HeartbeatLease.String())
 		}
-		return []string{"--offload", "--kernel-heartbeats"}
 	case ModeFollower:
-		return []string{"--offload", "--kernel-heartbeats=false"}
+		args = []string{"--offload", "--kernel-heartbeats=false"}
+	default:
+		return []string{"--offload=false", "--kernel-heartbeats=false"}
 	}
-	return []string{"--offload=false", "--kernel-heartbeats=false"}
+	if o.OffloadAlive > 0 {
+		args = append(args, "--offload-alive", o.OffloadAlive.String())
+	}
+	return args
 }
 
 // Options selects and sizes the runs.
@@ -76,6 +84,7 @@ type Options struct {
 	ElectionTicks  []int         // failover and false elections: one setting each (e.g. 5,10,20)
 	HeartbeatTicks int           // leader heartbeat interval in ticks (0: the node's default, 1)
 	HeartbeatLease time.Duration // ModeOn: the kernel heartbeats' lease (0: the node's default)
+	OffloadAlive   time.Duration // ModeOn, ModeFollower: the follower program's alive bound (0: the node's default)
 	Nodes          int           // failover and false elections: cluster size (3)
 
 	Trials int // failover trials per setting (>= 50 for the committed figures)
@@ -194,7 +203,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		"false_election_s": o.FalseElectionDuration.Seconds(), "throughput_nodes": o.ThroughputNodes,
 		"throughput_s": o.ThroughputDuration.Seconds(), "clients": o.Clients, "scenarios": o.Scenarios,
 		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "failover_client": o.failoverClient(),
-		"heartbeat_ticks": o.HeartbeatTicks, "heartbeat_lease_ms": ms(o.HeartbeatLease), "heartbeat_s": o.HeartbeatDuration.Seconds(),
+		"heartbeat_ticks": o.HeartbeatTicks, "heartbeat_lease_ms": ms(o.HeartbeatLease), "offload_alive_ms": ms(o.OffloadAlive), "heartbeat_s": o.HeartbeatDuration.Seconds(),
 		"authenticated": o.ClusterKey != "",
 	})}
 	for _, sc := range o.Scenarios {
@@ -702,6 +711,9 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 		if err := errors.Join(append(errs, stopAll())...); err != nil {
 			return out, err
 		}
+		for _, mode := range o.Modes {
+			keepRecords(ctx, cs[mode], sc)
+		}
 		for i, mode := range o.Modes {
 			fe := res[i]
 			fe.Offload, fe.Scenario, fe.Nodes, fe.ElectionTicks = mode, sc, o.Nodes, electionTicks
@@ -712,6 +724,43 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 		}
 	}
 	return out, nil
+}
+
+// keepRecords writes each node's election record (GET /v1/events) and its kedge_raft
+// metrics into the cluster's directory as node<id>-<phase>.{events.json,metrics}: what
+// explains a leader change (which node campaigned, its detector or etcd-raft's timer, the
+// kernel paths' counters). Kept with KEDGE_BENCH_KEEP=1; best effort.
+func keepRecords(ctx context.Context, c *raftlab.Cluster, phase string) {
+	cl := raftlab.NewClient(c.Client, 2*time.Second)
+	defer cl.Close()
+	for _, n := range c.Nodes {
+		base := filepath.Join(c.Spec.Dir, fmt.Sprintf("node%d-%s", n.ID, phase))
+		if ev, err := cl.Events(ctx, n.ClientAddr.String(), 0); err == nil {
+			if b, err := json.MarshalIndent(ev, "", " "); err == nil {
+				os.WriteFile(base+".events.json", b, 0o644)
+			}
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.ClientAddr.String()+"/metrics", nil)
+		if err != nil {
+			continue
+		}
+		resp, err := cl.HTTP.Do(req)
+		if err != nil {
+			continue
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			continue
+		}
+		var keep []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "kedge_raft") {
+				keep = append(keep, l)
+			}
+		}
+		os.WriteFile(base+".metrics", []byte(strings.Join(keep, "\n")+"\n"), 0o644)
+	}
 }
 
 // QuietTimeout answers the issue's question for one mode and false-election phase: the

@@ -97,10 +97,27 @@ type LoadOptions struct {
 	// tier). Every copy of a run waits in the CPU's backlog (netdev_max_backlog) until the
 	// run ends.
 	Batch uint32
+	// FirstBatch is the first run's copies (default min(8, Batch)); each later run sends
+	// as many as were sent before it, up to Batch: 8, 8, 16, 32, 64, 64, ... (BatchRuns).
+	FirstBatch uint32
 }
 
-// DefaultBatch is the scatter's default batch (LoadOptions.Batch).
-const DefaultBatch = 64
+// DefaultBatch and DefaultFirstBatch are the scatter's default batches
+// (LoadOptions.Batch, LoadOptions.FirstBatch).
+const (
+	DefaultBatch      = 64
+	DefaultFirstBatch = 8
+)
+
+// BatchRuns is how many runs of the scatter send n copies (batch_end in bpf/sg/scatter.h):
+// a request is handed on BatchRuns - 1 times.
+func BatchRuns(n, first, batch int) int {
+	runs := 0
+	for next := 0; next < n; runs++ {
+		next += max(first, min(next, batch), 1)
+	}
+	return runs
+}
 
 // Load loads the programs of opts.Tier and creates the maps.
 func Load(opts LoadOptions) (*Objects, error) {
@@ -119,8 +136,17 @@ func Load(opts LoadOptions) (*Objects, error) {
 	if opts.Batch > 32*33 {
 		return nil, fmt.Errorf("sg batch %d: at most %d", opts.Batch, 32*33)
 	}
+	if opts.FirstBatch == 0 {
+		opts.FirstBatch = min(DefaultFirstBatch, opts.Batch)
+	}
+	if opts.FirstBatch > opts.Batch {
+		return nil, fmt.Errorf("sg first batch %d: at most the batch (%d)", opts.FirstBatch, opts.Batch)
+	}
 	if err := spec.Variables["cfg_batch"].Set(opts.Batch); err != nil {
 		return nil, fmt.Errorf("set batch: %w", err)
+	}
+	if err := spec.Variables["cfg_first_batch"].Set(opts.FirstBatch); err != nil {
+		return nil, fmt.Errorf("set first batch: %w", err)
 	}
 	if err := spec.Variables["cfg_expire_slack_ns"].Set(opts.ExpireSlack); err != nil {
 		return nil, fmt.Errorf("set expire slack: %w", err)

@@ -126,8 +126,14 @@ func request(from, to netip.AddrPort, gid uint16, id uint64, payload []byte) []b
 // copies at a veth whose peer captures them; workers get MACs 02:00:00:00:00:1i.
 func scatterFixture(t *testing.T, coord netip.AddrPort, workers []netip.AddrPort, batch uint32) (*fixture, *scatterNS, int) {
 	t.Helper()
+	return scatterFixtureWith(t, coord, workers, LoadOptions{Batch: batch})
+}
+
+func scatterFixtureWith(t *testing.T, coord netip.AddrPort, workers []netip.AddrPort, opts LoadOptions) (*fixture, *scatterNS, int) {
+	t.Helper()
 	bpftest.RequireRoot(t)
-	f := newFixtureWith(t, LoadOptions{Tier: DetectTier(), Batch: batch}, 1, coord, workers, RedSum, TypeI64, 1, 0)
+	opts.Tier = DetectTier()
+	f := newFixtureWith(t, opts, 1, coord, workers, RedSum, TypeI64, 1, 0)
 	untimed, err := f.o.InitTimers()
 	if err != nil {
 		t.Fatal(err)
@@ -353,4 +359,62 @@ func TestScatterBatches(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestScatterRamp: runs grow from the first batch, each as large as everything sent
+// before it, up to the batch (first 1, batch 4: 1, 1, 2, 4, 4, ...), as BatchRuns counts;
+// every worker gets its copy once.
+func TestScatterRamp(t *testing.T) {
+	const contMark = 0x6b530001
+	fam := families[0]
+	fam.workers = nil
+	for i := range 12 {
+		fam.workers = append(fam.workers, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(10 + i)}), uint16(9000+i)))
+	}
+	f, s, _ := scatterFixtureWith(t, fam.coord, fam.workers, LoadOptions{Batch: 4, FirstBatch: 1})
+	id := uint64(6)<<10 | 72
+	var sizes []int64
+	err := s.ns.Do(func() error {
+		c0, err := f.counters()
+		if err != nil {
+			return err
+		}
+		prev := c0["1.Copies"]
+		res, err := bpftest.Run(f.o.Scatter, request(fam.coord, fam.workers[0], 1, id, []byte("payload")))
+		if err != nil {
+			return err
+		}
+		pkt, ret := res.Out, res.Ret
+		for {
+			c, err := f.counters()
+			if err != nil {
+				return err
+			}
+			sizes = append(sizes, c["1.Copies"]-prev)
+			prev = c["1.Copies"]
+			if ret != tcActRedirect || len(sizes) > len(fam.workers) {
+				return nil
+			}
+			var ctx [11]uint32
+			ctx[2], ctx[10] = contMark, uint32(s.out)
+			opts := ebpf.RunOptions{Data: pkt, DataOut: make([]byte, len(pkt)+bpftest.OutPad), Context: &ctx, Repeat: 1}
+			if ret, err = f.o.Cont.Run(&opts); err != nil {
+				return fmt.Errorf("run sg_scatter_cont: %w", err)
+			}
+			pkt = opts.DataOut
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []int64
+	for next := 0; next < len(fam.workers); {
+		k := min(max(1, min(next, 4)), len(fam.workers)-next)
+		want = append(want, int64(k))
+		next += k
+	}
+	if fmt.Sprint(sizes) != "[1 1 2 4 4]" || fmt.Sprint(sizes) != fmt.Sprint(want) || len(sizes) != BatchRuns(len(fam.workers), 1, 4) {
+		t.Errorf("copies per run %v, want %v (%d runs)", sizes, want, BatchRuns(len(fam.workers), 1, 4))
+	}
+	checkCopies(t, s.capture(t, len(fam.workers)), fam.workers, id)
 }

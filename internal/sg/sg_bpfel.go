@@ -161,6 +161,7 @@ const (
 	sgVarCfgContMark      = "cfg_cont_mark"
 	sgVarCfgCopyMark      = "cfg_copy_mark"
 	sgVarCfgExpireSlackNs = "cfg_expire_slack_ns"
+	sgVarCfgFirstBatch    = "cfg_first_batch"
 )
 
 // loadSg returns the embedded CollectionSpec for sg.
@@ -236,6 +237,7 @@ type sgVariableSpecs struct {
 	CfgContMark      *ebpf.VariableSpec `ebpf:"cfg_cont_mark"`
 	CfgCopyMark      *ebpf.VariableSpec `ebpf:"cfg_copy_mark"`
 	CfgExpireSlackNs *ebpf.VariableSpec `ebpf:"cfg_expire_slack_ns"`
+	CfgFirstBatch    *ebpf.VariableSpec `ebpf:"cfg_first_batch"`
 }
 
 // sgObjects contains all objects after they have been loaded into the kernel.
@@ -287,6 +289,7 @@ type sgVariables struct {
 	CfgContMark      *ebpf.Variable `ebpf:"cfg_cont_mark"`
 	CfgCopyMark      *ebpf.Variable `ebpf:"cfg_copy_mark"`
 	CfgExpireSlackNs *ebpf.Variable `ebpf:"cfg_expire_slack_ns"`
+	CfgFirstBatch    *ebpf.Variable `ebpf:"cfg_first_batch"`
 }
 
 // sgPrograms contains all programs after they have been loaded into the kernel.

@@ -1,6 +1,7 @@
 package sg
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -75,6 +76,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("sg config: in-flight limit %d, want 1..%d", c.InFlight, MaxInFlight)
 	case c.ScatterBatch < 0 || c.ScatterBatch > MaxScatterBatch:
 		return fmt.Errorf("sg config: scatter batch %d, want 1..%d", c.ScatterBatch, MaxScatterBatch)
+	case c.ScatterFirstBatch < 0 || c.ScatterFirstBatch > cmp.Or(c.ScatterBatch, isg.DefaultBatch):
+		return fmt.Errorf("sg config: first scatter batch %d, want 1..%d (the scatter batch)", c.ScatterFirstBatch, cmp.Or(c.ScatterBatch, isg.DefaultBatch))
 	}
 	if c.Reduction != Count && (c.Elems < 1 || c.Elems > MaxElems) {
 		return fmt.Errorf("sg config: %d elements, want 1..%d", c.Elems, MaxElems)
@@ -173,7 +176,8 @@ func Open(cfg Config) (_ *Group, err error) {
 	}
 	g.cfg.Local = local
 
-	g.objs, err = isg.Load(isg.LoadOptions{Tier: isg.DetectTier(), ExpireSlack: 20_000, Batch: uint32(cfg.ScatterBatch)})
+	g.objs, err = isg.Load(isg.LoadOptions{Tier: isg.DetectTier(), ExpireSlack: 20_000, Batch: uint32(cfg.ScatterBatch),
+		FirstBatch: uint32(cfg.ScatterFirstBatch)})
 	if err != nil {
 		return nil, fmt.Errorf("load sg data plane: %w", err)
 	}

@@ -147,7 +147,7 @@ func TestLab(t *testing.T) {
 // coordinator CPU's backlog at once (netdev_max_backlog, 1000 by default, host-wide); the
 // scatter sends them in batches handed on through the interface's ingress, and every
 // request completes with all 1024 answers and the right sum. The one-batch control
-// (ScatterBatch 1024) is logged, not asserted: it loses copies exactly when the host's
+// (ScatterBatch and ScatterFirstBatch 1024) is logged, not asserted: it loses copies exactly when the host's
 // netdev_max_backlog is below the fan-out.
 func TestLabFanout1024(t *testing.T) {
 	bpftest.RequireRoot(t)
@@ -165,10 +165,10 @@ func TestLabFanout1024(t *testing.T) {
 			workers = append(workers, netip.AddrPortFrom(h.IPv4, uint16(20000+k)))
 		}
 	}
-	run := func(batch, n int) (ok int, st Stats) {
+	run := func(batch, first, n int) (ok int, st Stats) {
 		t.Helper()
 		g, err := Open(Config{Interface: coord.Iface, Netns: coord.Path(), Workers: workers,
-			Reduction: Sum, Type: Int64, Elems: 3, Timeout: 2 * time.Second, InFlight: 8, ScatterBatch: batch})
+			Reduction: Sum, Type: Int64, Elems: 3, Timeout: 2 * time.Second, InFlight: 8, ScatterBatch: batch, ScatterFirstBatch: first})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,15 +202,15 @@ func TestLabFanout1024(t *testing.T) {
 		return ok, st
 	}
 	const n = 20
-	ok, st := run(0, n)
+	ok, st := run(0, 0, n) // the default: runs of 8, 8, 16, 32, then 64
 	if ok != n {
 		t.Errorf("%d of %d requests to 1024 workers completed (stats %+v)", ok, n, st)
 	}
-	if st.Continued != n*(1024/isg.DefaultBatch-1) || st.Copies != n*1024 || st.CopyErrors != 0 {
+	if st.Continued != n*uint64(isg.BatchRuns(1024, isg.DefaultFirstBatch, isg.DefaultBatch)-1) || st.Copies != n*1024 || st.CopyErrors != 0 {
 		t.Errorf("continued %d copies %d copy errors %d, want %d, %d, 0", st.Continued, st.Copies, st.CopyErrors,
-			n*(1024/isg.DefaultBatch-1), n*1024)
+			n*uint64(isg.BatchRuns(1024, isg.DefaultFirstBatch, isg.DefaultBatch)-1), n*1024)
 	}
-	ok1, _ := run(1024, 3)
+	ok1, _ := run(1024, 1024, 3)
 	t.Logf("control, one batch of 1024 copies: %d of 3 requests completed", ok1)
 }
 

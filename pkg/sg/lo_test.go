@@ -344,7 +344,7 @@ func TestLoopbackBatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := uint64(10 * ((n+isg.DefaultBatch-1)/isg.DefaultBatch - 1)); st.Continued != want || st.Copies != 10*n {
+	if want := uint64(10 * (isg.BatchRuns(n, isg.DefaultFirstBatch, isg.DefaultBatch) - 1)); st.Continued != want || st.Copies != 10*n {
 		t.Errorf("continued %d copies %d, want %d and %d", st.Continued, st.Copies, want, 10*n)
 	}
 }

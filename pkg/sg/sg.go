@@ -155,6 +155,14 @@ type Config struct {
 	// which holds net.core.netdev_max_backlog packets (1000 by default, host-wide): a
 	// batch larger than that loses copies.
 	ScatterBatch int
+	// ScatterFirstBatch is how many copies the first run sends (default min(8,
+	// ScatterBatch), at most ScatterBatch); each later run sends as many as were sent
+	// before it, up to ScatterBatch (8, 8, 16, 32, 64, 64, ...). Small first runs let the
+	// backlog deliver the first copies, and the workers start on them, while the rest are
+	// made: one run of 64 holds every copy back until all 64 have been made and have taken
+	// their first hop (docs/sg.md, "Batches"). ScatterFirstBatch = ScatterBatch sends
+	// equal batches.
+	ScatterFirstBatch int
 	// BusyPoll makes the result reader spin on the ring buffer instead of sleeping in
 	// epoll: lower latency, one core busy while the group is open. The completing reply
 	// is then consumed in XDP like every other.

@@ -36,11 +36,14 @@ type Options struct {
 	// Offload: the follower's kernel path (heartbeats answered in XDP, leader failure detected
 	// by a bpf_timer). Zero: off.
 	Offload Offload
-	Log     *slog.Logger
+	// OffloadAlive is how long one refresh of the persist/apply loop keeps the follower
+	// program answering for the node (0: offload.DefaultBound of the election timeout).
+	OffloadAlive time.Duration
+	Log          *slog.Logger
 	// KernelHeartbeats: as leader, the kernel sends the heartbeats while a lease holds
 	// (heartbeats.go; docs/raft.md "Kernel paths: leader heartbeats"): off, auto (where the
 	// kernel allows, else a log line) or on (else New fails). HeartbeatLease is how long one
-	// renewal keeps it sending (0: the election timeout).
+	// renewal keeps it sending (0: offload.DefaultBound of the election timeout).
 	KernelHeartbeats Offload
 	HeartbeatLease   time.Duration
 	// Heartbeats, when set, is used instead of the kernel sender KernelHeartbeats starts
@@ -268,6 +271,7 @@ func (n *Node) loop(ctx context.Context) {
 			return
 		case <-tick.C:
 			n.offloadTick(ctx)
+			n.offloadAcks(ctx)
 			n.rn.Tick()
 			n.offloadAlive()
 			n.renewHeartbeats()

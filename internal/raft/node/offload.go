@@ -50,6 +50,12 @@ type follower struct {
 	wakeups   *prometheus.CounterVec
 	leaseOver prometheus.Counter // vote requests let past etcd-raft's lease (judgeLease)
 
+	// As leader (offloadAcks): the kernel's heartbeat-response counts stepped, per
+	// follower; ackAfter is the silence of the transport after which the record is read.
+	acked    map[uint64]uint64
+	ackAfter time.Duration
+	ackFed   prometheus.Counter
+
 	// recheck: a wake-up the leader's appends made stale is looked at again when the
 	// silence after them reaches the node's slot (Ready loop only).
 	recheck   *time.Timer
@@ -91,7 +97,12 @@ func (n *Node) startOffload(mode Offload) error {
 		return fmt.Errorf("resolve raft address: %w", err)
 	}
 	et := time.Duration(n.cfg.ElectionTicks) * n.cfg.Tick
-	f := &follower{peers: map[uint64]netip.AddrPort{}, detect: et, aliveFor: et}
+	alive := offload.DefaultBound(et)
+	if n.opts.OffloadAlive > 0 {
+		alive = n.opts.OffloadAlive
+	}
+	f := &follower{peers: map[uint64]netip.AddrPort{}, detect: et, aliveFor: alive, acked: map[uint64]uint64{},
+		ackAfter: 2 * time.Duration(n.cfg.HeartbeatTicks) * n.cfg.Tick}
 	var allow []wire.AuthPeer
 	for _, p := range n.cfg.Peers {
 		a, err := config.ResolveAddr(p.Raft)
@@ -104,7 +115,7 @@ func (n *Node) startOffload(mode Offload) error {
 		}
 	}
 	f.k, err = offload.NewFollower(offload.FollowerOptions{ClusterID: n.cfg.ClusterID, Self: n.cfg.ID, RaftAddr: self,
-		Key: n.cfg.ClusterKey, Peers: allow, Netns: -1, Detect: et, AliveFor: et, Log: n.log})
+		Key: n.cfg.ClusterKey, Peers: allow, Netns: -1, Detect: et, AliveFor: alive, Log: n.log})
 	if err != nil {
 		if mode == OffloadAuto {
 			n.log.Warn("raft offload: off, the follower kernel path is not available here", "err", err)
@@ -117,7 +128,9 @@ func (n *Node) startOffload(mode Offload) error {
 		[]string{"result"})
 	f.leaseOver = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
 		Name: "offload_lease_over_total", Help: "Vote requests that found the leader's lease over in real time while etcd-raft's tick count still held it (passed on with the lease check skipped)."})
-	n.reg.MustRegister(f.wakeups, f.leaseOver, &offloadCollector{k: f.k})
+	f.ackFed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
+		Name: "offload_acks_fed_total", Help: "As leader: followers' heartbeat responses the kernel recorded and the node stepped into etcd-raft because its transport had not delivered them."})
+	n.reg.MustRegister(f.wakeups, f.leaseOver, f.ackFed, &offloadCollector{k: f.k})
 	f.recheck = time.NewTimer(time.Hour)
 	f.recheck.Stop()
 	n.fol = f
@@ -158,6 +171,60 @@ func (n *Node) offloadTick(ctx context.Context) {
 			n.log.Debug("raft offload: step synthesized heartbeat", "err", err)
 		}
 	}
+}
+
+// offloadAcks, as leader, steps a MsgHeartbeatResp for each follower whose response the
+// kernel recorded (offload.Follower.Ack) but whose messages the transport has not delivered
+// for ackAfter; called before each Tick. etcd-raft's CheckQuorum counts a follower active
+// when a response reached Step within the election timeout, in ticks: under CPU starvation
+// the transport's receiving goroutine waited for a CPU while the Ready loop kept ticking, and
+// the leader stepped down although both followers had answered in time (section 14,
+// "CheckQuorum under starvation"). The synthesized response says what the kernel saw - that
+// follower answered a heartbeat of this term - without a context (it confirms no ReadIndex);
+// etcd-raft marks the follower active and, if it is behind, sends it an append, as it does
+// for the real response, which still comes later through the transport.
+func (n *Node) offloadAcks(ctx context.Context) {
+	f := n.fol
+	if f == nil || n.lastState != raft.StateLeader {
+		return
+	}
+	for id := range f.peers {
+		if id == n.cfg.ID {
+			continue
+		}
+		t := n.tr.LastHeard(id)
+		if !t.IsZero() && time.Since(t) < f.ackAfter {
+			continue // the transport keeps up with this follower: nothing to read
+		}
+		a, ok, err := f.k.Ack(id)
+		if err != nil {
+			n.log.Debug("raft offload: read follower ack", "peer", id, "err", err)
+			continue
+		}
+		var heard int64
+		if !t.IsZero() {
+			heard = int64(offload.Monotonic() - time.Since(t))
+		}
+		if !ackToStep(a, ok, n.termDurable, f.acked[id], heard) {
+			continue
+		}
+		f.acked[id] = a.Count
+		m := &pb.Message{Type: pb.MsgHeartbeatResp.Enum(), From: proto.Uint64(id), To: proto.Uint64(n.cfg.ID),
+			Term: proto.Uint64(n.termDurable)}
+		if err := n.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
+			n.log.Debug("raft offload: step recorded ack", "peer", id, "err", err)
+			continue
+		}
+		f.ackFed.Inc()
+	}
+}
+
+// ackToStep reports whether a leader of term steps the kernel's record a of a follower's
+// heartbeat responses: one was recorded (ok) at this term, since the count fed last (fed),
+// and after the last message the transport delivered from that follower (heardNs,
+// CLOCK_MONOTONIC ns; 0: none).
+func ackToStep(a offload.Ack, ok bool, term, fed uint64, heardNs int64) bool {
+	return ok && a.Term == term && a.Count != fed && int64(a.Arrival) > heardNs
 }
 
 // offloadAlive refreshes the alive deadline from the persist/apply loop: at most every quarter

@@ -104,6 +104,38 @@ func encodeMsg(t *testing.T, m *pb.Message) string {
 	return fmt.Sprintf("%x", p)
 }
 
+// loadEqProgram loads the follower program for node eqSelf, detached (BPF_PROG_TEST_RUN),
+// or skips the test where the kernel cannot run it.
+func loadEqProgram(t *testing.T) *offload.Follower {
+	t.Helper()
+	bpftest.RequireRoot(t)
+	if err := offload.Probe(); err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	k, err := offload.LoadDetached(offload.FollowerOptions{ClusterID: eqCluster, Self: eqSelf, RaftAddr: eqSelfAddr,
+		AliveFor: time.Hour, Peers: []wire.AuthPeer{{ID: eqLeader, Addr: eqLeaderAddr}, {ID: eqProber, Addr: eqProbeAddr}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	return k
+}
+
+// save makes rd's state and entries durable in the node's storage.
+func (n *eqNode) save(t *testing.T, rd raft.Ready) {
+	t.Helper()
+	if !raft.IsEmptyHardState(rd.HardState) {
+		if err := n.st.SetHardState(rd.HardState); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(rd.Entries) > 0 {
+		if err := n.st.Append(rd.Entries); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // ready persists and "sends" what the node has, as handleReady does: save, mirror, send.
 func (n *eqNode) ready(t *testing.T) {
 	t.Helper()
@@ -112,16 +144,7 @@ func (n *eqNode) ready(t *testing.T) {
 		if rd.SoftState != nil {
 			n.lead = rd.SoftState.Lead
 		}
-		if !raft.IsEmptyHardState(rd.HardState) {
-			if err := n.st.SetHardState(rd.HardState); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if len(rd.Entries) > 0 {
-			if err := n.st.Append(rd.Entries); err != nil {
-				t.Fatal(err)
-			}
-		}
+		n.save(t, rd)
 		msgs := rd.Messages
 		if n.k != nil {
 			hs, _, _ := n.st.InitialState()
@@ -235,16 +258,7 @@ func (n *eqNode) state() eqState {
 }
 
 func TestOffloadEquivalence(t *testing.T) {
-	bpftest.RequireRoot(t)
-	if err := offload.Probe(); err != nil {
-		t.Skipf("skipping: %v", err)
-	}
-	k, err := offload.LoadDetached(offload.FollowerOptions{ClusterID: eqCluster, Self: eqSelf, RaftAddr: eqSelfAddr,
-		AliveFor: time.Hour, Peers: []wire.AuthPeer{{ID: eqLeader, Addr: eqLeaderAddr}, {ID: eqProber, Addr: eqProbeAddr}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Close()
+	k := loadEqProgram(t)
 	off, on := newEqNode(t, nil), newEqNode(t, k)
 
 	// The script: heartbeats arriving before each tick.

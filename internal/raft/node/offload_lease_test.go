@@ -4,9 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
-	"github.com/kedge-dev/kedge/internal/raft/wire"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -21,20 +19,11 @@ import (
 // silent for the election timeout. The clock is given, not slept: "now" is the last
 // heartbeat's arrival plus a chosen silence.
 func TestOffloadVoterLeaseRealTime(t *testing.T) {
-	bpftest.RequireRoot(t)
-	if err := offload.Probe(); err != nil {
-		t.Skipf("skipping: %v", err)
-	}
 	const tick = time.Millisecond
 	const et = eqElection * tick
 	const fedTicks, busyTicks = 4, 3 // ticks with heartbeats, then the ticks a busy loop got
 	newVoter := func(t *testing.T) (*eqNode, *offload.Follower) {
-		k, err := offload.LoadDetached(offload.FollowerOptions{ClusterID: eqCluster, Self: eqSelf, RaftAddr: eqSelfAddr,
-			AliveFor: time.Hour, Peers: []wire.AuthPeer{{ID: eqLeader, Addr: eqLeaderAddr}, {ID: eqProber, Addr: eqProbeAddr}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { k.Close() })
+		k := loadEqProgram(t)
 		n := newEqNode(t, k)
 		// The first heartbeat names the leader (passed up: nothing mirrored yet), the next
 		// ones are answered in XDP and fed once per tick.

@@ -325,6 +325,26 @@ func (f *Follower) Heartbeat() (Heartbeat, error) {
 	return Heartbeat{Leader: hb.Leader, Term: hb.Term, Commit: hb.Commit, Arrival: time.Duration(hb.LastNs), Count: hb.Count}, nil
 }
 
+// Ack is the program's record of one follower's heartbeat responses while this node leads
+// (maps.h leader_acks).
+type Ack struct {
+	Term    uint64        // the term they answered (the node's mirrored term then)
+	Arrival time.Duration // CLOCK_MONOTONIC of the last one
+	Count   uint64        // recorded since load
+}
+
+// Ack reads the record of follower peer; ok is false when none was recorded.
+func (f *Follower) Ack(peer uint64) (a Ack, ok bool, err error) {
+	var v raftxdpRaftxAck
+	if err := f.objs.LeaderAcks.Lookup(peer, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return Ack{}, false, nil
+		}
+		return Ack{}, false, fmt.Errorf("read leader ack of %d: %w", peer, err)
+	}
+	return Ack{Term: v.Term, Arrival: time.Duration(v.LastNs), Count: v.Count}, true, nil
+}
+
 // Events delivers the failure detector's wake-ups; closed by Close.
 func (f *Follower) Events() <-chan Event { return f.events }
 

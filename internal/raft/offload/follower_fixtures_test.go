@@ -557,3 +557,52 @@ func TestFollowerPreVote(t *testing.T) {
 			WantCounters: bpftest.Counters{"rx": 1, "pv_passed": 1}},
 	})
 }
+
+// The leader's record of its followers' heartbeat responses (maps.h leader_acks): recorded
+// only while the node leads at the response's term, and every response goes up as before.
+func TestFollowerLeaderAcks(t *testing.T) {
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Detect: time.Hour})
+	r := bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}
+	resp := func(from uint64, src netip.AddrPort, term uint64) []byte {
+		var b [wire.PktLen]byte
+		p, err := wire.Encode(b[:], fxCluster, message(pb.MsgHeartbeatResp, from, fxSelf, term, 0, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return frame(src, self4, 5, p)
+	}
+	recorded := bpftest.Counters{"rx": 1, "ack_recorded": 1}
+	passed := bpftest.Counters{"rx": 1, "passed_type": 1}
+	// A follower (another leader, fxLeader, leads): nothing recorded.
+	if err := f.Mirror(Durable{Term: fxTerm, Leader: fxLeader, LeaderAddr: leader4}); err != nil {
+		t.Fatal(err)
+	}
+	r.Run(t, []bpftest.Case{
+		{Name: "not leading: passed", In: resp(fxOther, other4, fxTerm), WantRet: bpftest.XDPPass, WantCounters: passed},
+	})
+	if _, ok, err := f.Ack(fxOther); err != nil || ok {
+		t.Fatalf("a record while following: ok %v, err %v", ok, err)
+	}
+	// This node leads fxTerm.
+	if err := f.Mirror(Durable{Term: fxTerm, Leader: fxSelf, LeaderAddr: self4}); err != nil {
+		t.Fatal(err)
+	}
+	before := Monotonic()
+	r.Run(t, []bpftest.Case{
+		{Name: "a response at this term: recorded, passed", In: resp(fxOther, other4, fxTerm), WantRet: bpftest.XDPPass, WantCounters: recorded},
+		{Name: "again", In: resp(fxOther, other4, fxTerm), WantRet: bpftest.XDPPass, WantCounters: recorded},
+		{Name: "another follower", In: resp(fxLeader, leader4, fxTerm), WantRet: bpftest.XDPPass, WantCounters: recorded},
+		{Name: "an older term: passed", In: resp(fxOther, other4, fxTerm-1), WantRet: bpftest.XDPPass, WantCounters: passed},
+		{Name: "a newer term: passed", In: resp(fxOther, other4, fxTerm+1), WantRet: bpftest.XDPPass, WantCounters: passed},
+	})
+	a, ok, err := f.Ack(fxOther)
+	if err != nil || !ok {
+		t.Fatalf("no record of %d: ok %v, err %v", fxOther, ok, err)
+	}
+	if a.Term != fxTerm || a.Count != 2 || a.Arrival < before || a.Arrival > Monotonic() {
+		t.Errorf("record of %d: %+v, want term %d, count 2, arrival in [%v, now]", fxOther, a, fxTerm, before)
+	}
+	if a, ok, _ := f.Ack(fxLeader); !ok || a.Count != 1 {
+		t.Errorf("record of %d: %+v ok %v, want count 1", fxLeader, a, ok)
+	}
+}

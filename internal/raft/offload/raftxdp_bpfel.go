@@ -46,6 +46,13 @@ type raftxdpRaftPeer struct {
 	}
 }
 
+type raftxdpRaftxAck struct {
+	_      structs.HostLayout
+	Term   uint64
+	LastNs uint64
+	Count  uint64
+}
+
 type raftxdpRaftxDetect struct {
 	_     structs.HostLayout
 	Timer struct {
@@ -134,6 +141,8 @@ type raftxdpRaftxStats struct {
 	DetectRearmed     uint64
 	DetectRingbufFull uint64
 	DetectInitFailed  uint64
+	AckRecorded       uint64
+	AckFull           uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -145,6 +154,7 @@ const (
 	raftxdpMapFollowerState    = "follower_state"
 	raftxdpMapFollowerStats    = "follower_stats"
 	raftxdpMapFollowerTimer    = "follower_timer"
+	raftxdpMapLeaderAcks       = "leader_acks"
 	raftxdpMapRaftAuthCfg      = "raft_auth_cfg"
 	raftxdpMapRaftPeers        = "raft_peers"
 	raftxdpMapRaftTxSeq        = "raft_tx_seq"
@@ -209,6 +219,7 @@ type raftxdpMapSpecs struct {
 	FollowerState  *ebpf.MapSpec `ebpf:"follower_state"`
 	FollowerStats  *ebpf.MapSpec `ebpf:"follower_stats"`
 	FollowerTimer  *ebpf.MapSpec `ebpf:"follower_timer"`
+	LeaderAcks     *ebpf.MapSpec `ebpf:"leader_acks"`
 	RaftAuthCfg    *ebpf.MapSpec `ebpf:"raft_auth_cfg"`
 	RaftPeers      *ebpf.MapSpec `ebpf:"raft_peers"`
 	RaftTxSeq      *ebpf.MapSpec `ebpf:"raft_tx_seq"`
@@ -249,6 +260,7 @@ type raftxdpMaps struct {
 	FollowerState  *ebpf.Map `ebpf:"follower_state"`
 	FollowerStats  *ebpf.Map `ebpf:"follower_stats"`
 	FollowerTimer  *ebpf.Map `ebpf:"follower_timer"`
+	LeaderAcks     *ebpf.Map `ebpf:"leader_acks"`
 	RaftAuthCfg    *ebpf.Map `ebpf:"raft_auth_cfg"`
 	RaftPeers      *ebpf.Map `ebpf:"raft_peers"`
 	RaftTxSeq      *ebpf.Map `ebpf:"raft_tx_seq"`
@@ -261,6 +273,7 @@ func (m *raftxdpMaps) Close() error {
 		m.FollowerState,
 		m.FollowerStats,
 		m.FollowerTimer,
+		m.LeaderAcks,
 		m.RaftAuthCfg,
 		m.RaftPeers,
 		m.RaftTxSeq,

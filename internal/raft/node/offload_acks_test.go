@@ -1,0 +1,126 @@
+package node
+
+import (
+	"testing"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// CheckQuorum under starvation (offloadAcks): a leader whose followers answer its heartbeats
+// in time, but whose transport does not deliver the answers to etcd-raft (its receiving
+// goroutine waits for a CPU while the Ready loop ticks), steps down after an election
+// timeout - the false elections under stress in docs/raft.md section 12. Fed from the
+// kernel's record of the answers (the real program, BPF_PROG_TEST_RUN) it stays leader; with
+// nobody answering it still steps down.
+func TestOffloadLeaderAcks(t *testing.T) {
+	run := func(t *testing.T, answer, feed bool) raft.StateType {
+		k := loadEqProgram(t)
+		n := newEqNode(t, nil)
+		// Node 2 wins an election: pre-votes and votes from node 1.
+		if err := n.rn.Campaign(); err != nil {
+			t.Fatal(err)
+		}
+		persist(t, n)
+		for _, typ := range []pb.MessageType{pb.MsgPreVoteResp, pb.MsgVoteResp} {
+			term := n.rn.BasicStatus().GetTerm()
+			if typ == pb.MsgPreVoteResp {
+				term++
+			}
+			if err := n.rn.Step(&pb.Message{Type: typ.Enum(), From: proto.Uint64(eqLeader), To: proto.Uint64(eqSelf), Term: proto.Uint64(term)}); err != nil {
+				t.Fatal(err)
+			}
+			persist(t, n)
+		}
+		st := n.rn.BasicStatus()
+		if st.RaftState != raft.StateLeader {
+			t.Fatalf("node %d did not win: %+v", eqSelf, st)
+		}
+		term := st.GetTerm()
+		if err := k.Mirror(offload.Durable{Term: term, Leader: eqSelf, LeaderAddr: eqSelfAddr, LastIndex: eqLast + 1, LastTerm: term}); err != nil {
+			t.Fatal(err)
+		}
+		fed := map[uint64]uint64{}
+		for i := 0; i < 3*eqElection; i++ {
+			if answer {
+				// Node 1 answers every heartbeat: the kernel sees it, the transport does not
+				// deliver it.
+				in, err := eqFrame(eqLeaderAddr, &pb.Message{Type: pb.MsgHeartbeatResp.Enum(), From: proto.Uint64(eqLeader),
+					To: proto.Uint64(eqSelf), Term: proto.Uint64(term)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ret, _, err := k.Run(in); err != nil || ret != bpftest.XDPPass {
+					t.Fatalf("program: verdict %d, err %v; want the response passed up", ret, err)
+				}
+			}
+			if feed { // offloadAcks, the transport having delivered nothing (heard 0)
+				for _, id := range []uint64{eqLeader, eqProber} {
+					a, ok, err := k.Ack(id)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if ackToStep(a, ok, term, fed[id], 0) {
+						fed[id] = a.Count
+						if err := n.rn.Step(&pb.Message{Type: pb.MsgHeartbeatResp.Enum(), From: proto.Uint64(id),
+							To: proto.Uint64(eqSelf), Term: proto.Uint64(term)}); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+			n.rn.Tick()
+			persist(t, n)
+			if s := n.rn.BasicStatus().RaftState; s != raft.StateLeader {
+				return s
+			}
+		}
+		return raft.StateLeader
+	}
+	if s := run(t, true, true); s != raft.StateLeader {
+		t.Errorf("answers recorded in the kernel and fed: %v after %d election timeouts, want leader", s, 3)
+	}
+	if s := run(t, true, false); s == raft.StateLeader {
+		t.Error("answers not delivered and not fed: still leader after 3 election timeouts (CheckQuorum should step it down; the test does not show the case)")
+	}
+	if s := run(t, false, true); s == raft.StateLeader {
+		t.Error("nobody answered: still leader after 3 election timeouts")
+	}
+}
+
+func TestAckToStep(t *testing.T) {
+	a := offload.Ack{Term: 7, Arrival: 5000, Count: 3}
+	for _, c := range []struct {
+		name  string
+		ok    bool
+		term  uint64
+		fed   uint64
+		heard int64
+		want  bool
+	}{
+		{"new, transport silent", true, 7, 2, 0, true},
+		{"new, transport heard earlier", true, 7, 2, 4000, true},
+		{"transport heard it already", true, 7, 2, 5000, false},
+		{"already fed", true, 7, 3, 0, false},
+		{"another term", true, 8, 2, 0, false},
+		{"no record", false, 7, 2, 0, false},
+	} {
+		if got := ackToStep(a, c.ok, c.term, c.fed, c.heard); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// persist saves each Ready of n and drops the messages (a leader's appends do not fit the
+// UDP packet eqNode.ready encodes them into).
+func persist(t *testing.T, n *eqNode) {
+	t.Helper()
+	for n.rn.HasReady() {
+		rd := n.rn.Ready()
+		n.save(t, rd)
+		n.rn.Advance(rd)
+	}
+}
