@@ -6,14 +6,11 @@ import (
 	"errors"
 	"net"
 	"os"
-	"runtime"
 	"testing"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/kedge-dev/kedge/internal/bench"
 )
 
 func TestStalls(t *testing.T) {
@@ -190,7 +187,7 @@ func TestArrival(t *testing.T) {
 }
 
 // startServer runs a server on loopback for the test's lifetime.
-func startServer(t *testing.T, cfg Config, replicas int) *Server {
+func startServer(t testing.TB, cfg Config, replicas int) *Server {
 	t.Helper()
 	addrs := make([]string, replicas)
 	for i := range addrs {
@@ -213,7 +210,7 @@ func startServer(t *testing.T, cfg Config, replicas int) *Server {
 }
 
 // dial opens a client socket to replica i of srv.
-func dial(t *testing.T, srv *Server, i int) *net.UDPConn {
+func dial(t testing.TB, srv *Server, i int) *net.UDPConn {
 	t.Helper()
 	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(srv.Addrs()[i]))
 	if err != nil {
@@ -272,30 +269,26 @@ func TestServerStallDoesNotBlockAndReplayIsFast(t *testing.T) {
 	sendID(t, c, 100, 'x', 'y') // stalls
 	sendID(t, c, 102)           // fast
 	id, _, ok := recvID(t, c, testTimeout)
+	// Order, not time, shows it: the fast request sent after the stalled one comes first.
 	if !ok || id != 102 {
 		t.Fatalf("first response: id %d ok %v, want 102 (a stall must not delay other requests)", id, ok)
 	}
-	if el := time.Since(start); el >= cfg.Stall {
-		t.Errorf("fast response after %v, want < stall %v", el, cfg.Stall)
-	}
 
-	// The hedge for 100 is served from the replay memory, before the original.
-	hedgeSent := time.Now()
-	sendID(t, c, 100, 'x', 'y')
+	// The hedge for 100 (told apart by its bytes) is served from the replay memory, before
+	// the original.
+	sendID(t, c, 100, 'h', 'g')
 	id, payload, ok := recvID(t, c, testTimeout)
 	if !ok || id != 100 {
 		t.Fatalf("hedge response: id %d ok %v, want 100", id, ok)
 	}
-	if string(payload[IDLen:]) != "xy" {
-		t.Errorf("payload %q not echoed", payload[IDLen:])
-	}
-	if el := time.Since(hedgeSent); el >= cfg.Stall/2 {
-		t.Errorf("replayed id answered after %v, want the fast path", el)
+	if string(payload[IDLen:]) != "hg" {
+		t.Errorf("first response to id 100 carries %q, want the hedge's %q (the replayed id answered on the fast path, before the stalled original)",
+			payload[IDLen:], "hg")
 	}
 	// Then the stalled original arrives, no earlier than the stall.
-	id, _, ok = recvID(t, c, testTimeout)
-	if !ok || id != 100 {
-		t.Fatalf("stalled response: id %d ok %v, want 100", id, ok)
+	id, payload, ok = recvID(t, c, testTimeout)
+	if !ok || id != 100 || string(payload[IDLen:]) != "xy" {
+		t.Fatalf("stalled response: id %d ok %v payload %q, want 100 with %q", id, ok, payload, "xy")
 	}
 	if el := time.Since(start); el < cfg.Stall {
 		t.Errorf("stalled response after %v, want >= %v", el, cfg.Stall)
@@ -382,84 +375,148 @@ func TestListenErrors(t *testing.T) {
 	}
 }
 
-// TestServerThroughput checks the server sustains 20k req/s on loopback with the thesis's
-// fault model: a pipelined client keeps up to 256 requests in flight (2 ms service time
-// needs > 40 for 20k req/s) and counts answers. Best of five attempts, because the client
-// shares the CPUs with the server and with whatever else runs; on a machine whose load
-// average exceeds its CPU count the rate says nothing about the server, so the test then
-// skips instead of failing.
-func TestServerThroughput(t *testing.T) {
-	skipInEmulatedGuest(t)
-	if testing.Short() {
-		t.Skip("load test skipped in -short mode")
-	}
-	const total, window, want = 40000, 256, 20000.0
+// TestServerPipelined: a pipelined client keeps up to 256 requests in flight to one replica
+// with the thesis's fault model (2% of ids stall 400 ms on first sight, the rest 2 ms) and
+// every request must be answered exactly once, with its own bytes, none lost and none
+// extra, and the replica's counters must say the same. Nothing here depends on how fast the
+// machine is: the deadline (10 s without an answer) is only there to end a broken run. The
+// rate the server sustains is BenchmarkServerThroughput's figure, not asserted.
+func TestServerPipelined(t *testing.T) {
+	const total, window = 5000, 256
 	srv := startServer(t, DefaultConfig(), 1)
-	best := 0.0
-	for attempt := range 5 {
-		rate := pipelinedRate(t, srv, uint32(attempt*total+1000), total, window)
-		t.Logf("attempt %d: %.0f req/s", attempt, rate)
-		best = max(best, rate)
-		if best >= want {
-			return
+	first := uint32(1000)
+	got := pipelined(t, srv, first, total, window, false, 10*time.Second)
+	stalls := 0
+	for id := first; id < first+total; id++ {
+		if Stalls(0, id, DefaultConfig().StallPct) {
+			stalls++
+		}
+		if n := got.answers[id]; n != 1 {
+			t.Errorf("id %d answered %d times, want once", id, n)
 		}
 	}
-	if load := bench.LoadAvg(); len(load) == 3 && load[0] > float64(runtime.NumCPU()) {
-		t.Skipf("best rate %.0f req/s < %.0f, but the machine is overloaded (load %.1f on %d CPUs)",
-			best, want, load[0], runtime.NumCPU())
+	if got.extra != 0 || got.mismatched != 0 {
+		t.Errorf("%d answers for ids never sent, %d answers whose bytes differ from their request's", got.extra, got.mismatched)
 	}
-	t.Errorf("best rate %.0f req/s, want >= %.0f", best, want)
+	// The replica counts a response after its send returns: the client may have it first.
+	st := srv.Stats()[0]
+	for deadline := time.Now().Add(10 * time.Second); st.Responses < total && time.Now().Before(deadline); st = srv.Stats()[0] {
+		time.Sleep(time.Millisecond)
+	}
+	if st.Requests != total || st.Responses != total || st.Stalls != uint64(stalls) || st.SendErrors != 0 {
+		t.Errorf("replica stats %+v: want %d requests, %d responses, %d stalls, no send errors", st, total, total, stalls)
+	}
+	t.Logf("%d requests (%d stalled), %d in flight at most: all answered once in %v", total, stalls, window, got.elapsed)
 }
 
-// pipelinedRate sends total requests (ids from first, skipping stalling ones so the stall
-// time does not dominate) keeping at most window unanswered, and returns answers per second.
-func pipelinedRate(t *testing.T, srv *Server, first uint32, total, window int) float64 {
-	t.Helper()
-	c := dial(t, srv, 0)
+// BenchmarkServerThroughput reports the requests per second one replica answers on loopback
+// with the thesis's fault model, from a pipelined client keeping 256 requests in flight (2 ms
+// service time needs more than 40 for 20k req/s). Stalling ids are skipped, so the stall
+// time does not dominate. The client shares the CPUs with the server: run it on a quiet
+// machine (go test -run '^$' -bench ServerThroughput ./internal/chaos).
+func BenchmarkServerThroughput(b *testing.B) {
+	const window = 256
+	srv := startServer(b, DefaultConfig(), 1)
+	first := uint32(1000)
+	b.ResetTimer()
+	got := pipelined(b, srv, first, b.N, window, true, 10*time.Second)
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/got.elapsed.Seconds(), "req/s")
+	if lost := b.N - len(got.answers); lost != 0 {
+		b.Fatalf("%d of %d requests unanswered", lost, b.N)
+	}
+}
+
+// pipelineResult is what a pipelined client saw.
+type pipelineResult struct {
+	answers    map[uint32]int // answers per id
+	extra      int            // answers for ids never sent
+	mismatched int            // answers whose bytes are not their request's
+	elapsed    time.Duration  // first send to last answer
+}
+
+// pipelined sends total requests to replica 0 of srv (ids from first; with skipStalls, the
+// ids that stall are skipped) keeping at most window unanswered, and waits for every answer.
+// It fails when stuck: no answer for stuck while requests are out.
+func pipelined(tb testing.TB, srv *Server, first uint32, total, window int, skipStalls bool, stuck time.Duration) pipelineResult {
+	tb.Helper()
+	c := dial(tb, srv, 0)
 	_ = c.SetReadBuffer(4 << 20)
-	answered := make(chan struct{}, total)
+	type answer struct {
+		id uint32
+		ok bool // the bytes are the request's
+	}
+	answered := make(chan answer, total)
+	const size = 32
+	// request is id's datagram: the id, then bytes derived from it (checked in the answer).
+	request := func(id uint32) []byte {
+		pkt := make([]byte, size)
+		binary.BigEndian.PutUint32(pkt, id)
+		for i := 4; i < size; i++ {
+			pkt[i] = byte(id>>(i%4*8)) ^ byte(i)
+		}
+		return pkt
+	}
 	go func() {
 		buf := make([]byte, 64)
 		for {
-			if err := c.SetReadDeadline(time.Now().Add(2 * time.Second)); err != nil {
+			if err := c.SetReadDeadline(time.Now().Add(stuck)); err != nil {
 				return
 			}
-			if _, err := c.Read(buf); err != nil {
+			n, err := c.Read(buf)
+			if err != nil {
 				return
 			}
-			answered <- struct{}{}
+			if n < 4 {
+				answered <- answer{id: 0, ok: false}
+				continue
+			}
+			id := binary.BigEndian.Uint32(buf)
+			answered <- answer{id: id, ok: n == size && string(buf[:n]) == string(request(id))}
 		}
 	}()
-	start := time.Now()
-	pkt := make([]byte, 32)
-	got, id := 0, first
-	for sent := 0; sent < total; sent++ {
-		for sent-got >= window {
-			select {
-			case <-answered:
-				got++
-			case <-time.After(2 * time.Second):
-				t.Fatalf("no answer for 2 s with %d in flight (%d/%d answered)", sent-got, got, sent)
-			}
+	res := pipelineResult{answers: make(map[uint32]int, total)}
+	sent := make(map[uint32]bool, total)
+	got := 0
+	take := func(a answer) {
+		got++
+		if !sent[a.id] {
+			res.extra++
+			return
 		}
-		for Stalls(0, id, 2) {
+		res.answers[a.id]++
+		if !a.ok {
+			res.mismatched++
+		}
+	}
+	wait := func(what string) {
+		select {
+		case a := <-answered:
+			take(a)
+		case <-time.After(stuck):
+			tb.Fatalf("no answer for %v %s (%d of %d answered)", stuck, what, got, len(sent))
+		}
+	}
+	start := time.Now()
+	id := first
+	for n := 0; n < total; n++ {
+		for len(sent)-got >= window {
+			wait("with the window full")
+		}
+		for skipStalls && Stalls(0, id, DefaultConfig().StallPct) {
 			id++
 		}
-		binary.BigEndian.PutUint32(pkt, id)
-		id++
-		if _, err := c.Write(pkt); err != nil {
-			t.Fatal(err)
+		sent[id] = true
+		if _, err := c.Write(request(id)); err != nil {
+			tb.Fatal(err)
 		}
+		id++
 	}
 	for got < total {
-		select {
-		case <-answered:
-			got++
-		case <-time.After(2 * time.Second):
-			t.Fatalf("%d/%d answered", got, total)
-		}
+		wait("waiting for the last answers")
 	}
-	return float64(total) / time.Since(start).Seconds()
+	res.elapsed = time.Since(start)
+	return res
 }
 
 // skipInEmulatedGuest skips timing-bound tests in kernel-matrix guests (tools/vmtest), where

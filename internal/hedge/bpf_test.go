@@ -345,18 +345,19 @@ func TestSplitScoreboardFull(t *testing.T) {
 	t.Logf("%d requests, %d entries survived (%d hedged, %d overdue), %d clones orphaned", n, len(survivors), hedged, overdue, n-len(survivors))
 }
 
+// earlyAhead is how far ahead of the run a deadline lies that is not yet due but within the
+// rescuer's early window (cfg_early_ns, testEarly).
+const earlyAhead = testEarly * 9 / 10
+
 func TestRescue(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	const id = 0x2002
 	p := idPayload(id, 32)
 	req4, req6 := datagram(client4, svc4, p), datagram(client6, svc6, p)
 	k4, k6 := key(sV4, client4, id), key(sV6, client6, id)
-	// due: an entry whose deadline has passed.
-	due := func(k hedgeHreqKey) func(testing.TB, *fixture) {
-		return func(tb testing.TB, f *fixture) {
-			now := monoNow(tb)
-			f.put(tb, k, dueEntry(now))
-		}
+	// due: an entry whose deadline has just passed, written right before the run (atRun).
+	due := func(k hedgeHreqKey) func(*fixture, uint64) error {
+		return func(f *fixture, now uint64) error { return f.objs.Scoreboard.Put(k, dueEntry(now)) }
 	}
 	withState := func(k hedgeHreqKey, s uint32) func(testing.TB, *fixture) {
 		return func(tb testing.TB, f *fixture) { f.put(tb, k, hedgeHreq{State: s, HedgeReplica: replicaNone}) }
@@ -394,59 +395,57 @@ func TestRescue(t *testing.T) {
 		{name: "clone with no entry (evicted or expired): dropped as orphaned, token back", in: req4, ret: shot,
 			counters: bpftest.Counters{"v4.ClonesOrphaned": 1}, check: refunded},
 		{name: "clone not yet due: round the delay line again", in: req4, ret: redirect,
-			setup: func(tb testing.TB, f *fixture) {
-				now := monoNow(tb)
-				f.put(tb, k4, pending(now, now+uint64(time.Second)))
+			atRun: func(f *fixture, now uint64) error {
+				return f.objs.Scoreboard.Put(k4, pending(now, now+uint64(time.Second)))
 			},
 			counters: bpftest.Counters{"v4.Recirculations": 1, "dl.CarriedRecirculated": 1}, board: map[hedgeHreqKey]uint32{k4: reqPending},
 			check: tokensAre(sV4, v4Full, "the clone keeps its token")},
-		{name: "ipv4 due: destination rewritten to the other replica, marked, sent", in: req4, setup: due(k4),
+		{name: "ipv4 due: destination rewritten to the other replica, marked, sent", in: req4, atRun: due(k4),
 			ret: redirect, out: datagram(client4, rep4, p), outMark: ptr[uint32](hedgeMark),
 			counters: hedge4, board: map[hedgeHreqKey]uint32{k4: reqHedged}, check: hedgedTo(sV4, k4, 1, v4Full)},
-		{name: "ipv6 due: destination rewritten to the other replica, marked, sent", in: req6, setup: due(k6),
+		{name: "ipv6 due: destination rewritten to the other replica, marked, sent", in: req6, atRun: due(k6),
 			ret: redirect, out: datagram(client6, rep6, p), outMark: ptr[uint32](hedgeMark),
 			counters: bpftest.Counters{"v6.HedgesSent": 1}, board: map[hedgeHreqKey]uint32{k6: reqHedged}, check: hedgedTo(sV6, k6, 1, 10000)},
 		{name: "due within half a period (cfg_early_ns): sent now", in: req4, ret: redirect,
-			setup: func(tb testing.TB, f *fixture) {
-				now := monoNow(tb)
-				// Sent dueDelay ago: the far-overdue cutoff is a second away.
-				f.put(tb, k4, pending(now-uint64(dueDelay), now+uint64(testEarly)/2))
+			// Sent dueDelay ago: the far-overdue cutoff is a second away. The deadline is 0.9
+			// of the early window ahead, and the run must end before it (within): an emulated
+			// guest took 0.5-0.8 ms from writing the entry to the run's end.
+			atRun: func(f *fixture, now uint64) error {
+				return f.objs.Scoreboard.Put(k4, pending(now-uint64(dueDelay), now+uint64(earlyAhead)))
 			},
-			out: datagram(client4, rep4, p), outMark: ptr[uint32](hedgeMark),
+			within: earlyAhead,
+			out:    datagram(client4, rep4, p), outMark: ptr[uint32](hedgeMark),
 			counters: hedge4, board: map[hedgeHreqKey]uint32{k4: reqHedged}, check: hedgedTo(sV4, k4, 1, v4Full)},
-		{name: "ipv4 with options: rewritten past them", in: opts.build(client4, svc4, p), setup: due(k4),
+		{name: "ipv4 with options: rewritten past them", in: opts.build(client4, svc4, p), atRun: due(k4),
 			ret: redirect, out: opts.build(client4, rep4, p), outMark: ptr[uint32](hedgeMark),
 			counters: hedge4, board: map[hedgeHreqKey]uint32{k4: reqHedged}, check: hedgedTo(sV4, k4, 1, v4Full)},
-		{name: "vlan-tagged: rewritten past the tag", in: frame{vlan: true}.build(client4, svc4, p), setup: due(k4),
+		{name: "vlan-tagged: rewritten past the tag", in: frame{vlan: true}.build(client4, svc4, p), atRun: due(k4),
 			ret: redirect, out: frame{vlan: true}.build(client4, rep4, p), outMark: ptr[uint32](hedgeMark),
 			counters: hedge4, board: map[hedgeHreqKey]uint32{k4: reqHedged}, check: hedgedTo(sV4, k4, 1, v4Full)},
-		{name: "ipv4 without udp checksum: stays without", in: noSum.build(client4, svc4, p), setup: due(k4),
+		{name: "ipv4 without udp checksum: stays without", in: noSum.build(client4, svc4, p), atRun: due(k4),
 			ret: redirect, out: noSum.build(client4, rep4, p), outMark: ptr[uint32](hedgeMark),
 			counters: hedge4, board: map[hedgeHreqKey]uint32{k4: reqHedged}, check: hedgedTo(sV4, k4, 1, v4Full)},
-		{name: "ipv4 rewrite whose udp checksum computes to 0: sent as 0xffff", in: datagram(client4, svc4, zp4), setup: due(k4),
+		{name: "ipv4 rewrite whose udp checksum computes to 0: sent as 0xffff", in: datagram(client4, svc4, zp4), atRun: due(k4),
 			ret: redirect, out: datagram(client4, rep4, zp4), outMark: ptr[uint32](hedgeMark),
 			counters: hedge4, board: map[hedgeHreqKey]uint32{k4: reqHedged}, check: hedgedTo(sV4, k4, 1, v4Full)},
-		{name: "ipv6 rewrite whose udp checksum computes to 0: sent as 0xffff, never 0", in: datagram(client6, svc6, zp6), setup: due(k6),
+		{name: "ipv6 rewrite whose udp checksum computes to 0: sent as 0xffff, never 0", in: datagram(client6, svc6, zp6), atRun: due(k6),
 			ret: redirect, out: datagram(client6, rep6, zp6), outMark: ptr[uint32](hedgeMark),
 			counters: bpftest.Counters{"v6.HedgesSent": 1}, board: map[hedgeHreqKey]uint32{k6: reqHedged}, check: hedgedTo(sV6, k6, 1, 10000)},
 		{name: "due, no free token: sent on the token the clone holds", in: req4,
-			setup: func(tb testing.TB, f *fixture) {
-				due(k4)(tb, f)
-				f.setTokens(tb, sV4, 999)
-			},
+			setup: func(tb testing.TB, f *fixture) { f.setTokens(tb, sV4, 999) }, atRun: due(k4),
 			ret: redirect, out: datagram(client4, rep4, p), outMark: ptr[uint32](hedgeMark),
 			counters: hedge4, board: map[hedgeHreqKey]uint32{k4: reqHedged}, check: hedgedTo(sV4, k4, 1, 999)},
-		{name: "single-address service: hedged to its own address", in: datagram(client4, svcSolo, p), setup: due(key(sSolo, client4, id)),
+		{name: "single-address service: hedged to its own address", in: datagram(client4, svcSolo, p), atRun: due(key(sSolo, client4, id)),
 			ret: redirect, outMark: ptr[uint32](hedgeMark),
 			counters: bpftest.Counters{"solo.HedgesSent": 1}, board: map[hedgeHreqKey]uint32{key(sSolo, client4, id): reqHedged},
 			check: hedgedTo(sSolo, key(sSolo, client4, id), 0, 10000)},
-		{name: "two replicas, round robin at 0: first replica", in: datagram(client4, svcRR, p), setup: due(key(sRR, client4, id)),
+		{name: "two replicas, round robin at 0: first replica", in: datagram(client4, svcRR, p), atRun: due(key(sRR, client4, id)),
 			ret: redirect, out: datagram(client4, repRR1, p), outMark: ptr[uint32](hedgeMark),
 			counters: bpftest.Counters{"rr.HedgesSent": 1}, board: map[hedgeHreqKey]uint32{key(sRR, client4, id): reqHedged},
 			check: hedgedTo(sRR, key(sRR, client4, id), 1, 10000)},
 		{name: "two replicas, round robin at 1: second replica (other port)", in: datagram(client4, svcRR, p),
+			atRun: due(key(sRR, client4, id)),
 			setup: func(tb testing.TB, f *fixture) {
-				due(key(sRR, client4, id))(tb, f)
 				st := f.state(tb, sRR)
 				st.Rr = 1
 				if err := f.objs.SvcStates.Put(uint32(sRR), st); err != nil {
@@ -477,17 +476,17 @@ func TestResp(t *testing.T) {
 	const id = 0x3003
 	p := idPayload(id, 32)
 	k4, k6 := key(sV4, client4, id), key(sV6, client6, id)
-	// sentDue records k as sent 5 ms ago with its deadline due in.
-	sentDue := func(k hedgeHreqKey, s uint32, hedgeReplica uint8, due time.Duration) func(testing.TB, *fixture) {
-		return func(tb testing.TB, f *fixture) {
-			now := monoNow(tb)
+	// sentDue records k, right before the run (atRun), as sent 5 ms ago with its deadline
+	// due in.
+	sentDue := func(k hedgeHreqKey, s uint32, hedgeReplica uint8, due time.Duration) func(*fixture, uint64) error {
+		return func(f *fixture, now uint64) error {
 			e := pending(now-uint64(5*time.Millisecond), uint64(int64(now)+int64(due)))
 			e.State, e.HedgeReplica = s, hedgeReplica
-			f.put(tb, k, e)
+			return f.objs.Scoreboard.Put(k, e)
 		}
 	}
-	// A deadline a second away: no emulated guest is that slow between setup and run.
-	sent := func(k hedgeHreqKey, s uint32, hedgeReplica uint8) func(testing.TB, *fixture) {
+	// A deadline a second away (a run later than atRunWithin is repeated).
+	sent := func(k hedgeHreqKey, s uint32, hedgeReplica uint8) func(*fixture, uint64) error {
 		return sentDue(k, s, hedgeReplica, time.Second)
 	}
 	// latency checks that one latency sample went into the service's current slot and
@@ -525,78 +524,78 @@ func TestResp(t *testing.T) {
 
 	runCases(t, f, f.objs.HedgeResp, []progCase{
 		{name: "first response of a PENDING request: ANSWERED, latency recorded", in: datagram(svc4, client4, p),
-			setup: sent(k4, reqPending, replicaNone), ret: unspec,
+			atRun: sent(k4, reqPending, replicaNone), ret: unspec,
 			counters: first, board: map[hedgeHreqKey]uint32{k4: reqAnswered}, check: latency(sV4)},
 		{name: "ipv6 first response of a PENDING request", in: datagram(svc6, client6, p),
-			setup: sent(k6, reqPending, replicaNone), ret: unspec,
+			atRun: sent(k6, reqPending, replicaNone), ret: unspec,
 			counters: bpftest.Counters{"v6.Responses": 1}, board: map[hedgeHreqKey]uint32{k6: reqAnswered}, check: latency(sV6)},
 		{name: "8-byte little-endian id matched", in: datagram(svcLE, client4, lePayload(leID, 16)),
-			setup: sent(kLE, reqPending, replicaNone), ret: unspec,
+			atRun: sent(kLE, reqPending, replicaNone), ret: unspec,
 			counters: bpftest.Counters{"le8.Responses": 1}, board: map[hedgeHreqKey]uint32{kLE: reqAnswered}, check: latency(sLE)},
 		{name: "hedged, the hedge's replica answers first: source rewritten to the service", in: datagram(rep4, client4, p),
-			setup: sent(k4, reqHedged, 1), ret: unspec, out: datagram(svc4, client4, p),
+			atRun: sent(k4, reqHedged, 1), ret: unspec, out: datagram(svc4, client4, p),
 			counters: won4, board: map[hedgeHreqKey]uint32{k4: reqAnsweredHedge}, check: latency(sV4)},
 		{name: "ipv6 hedged, the hedge's replica answers first: source rewritten", in: datagram(rep6, client6, p),
-			setup: sent(k6, reqHedged, 1), ret: unspec, out: datagram(svc6, client6, p),
+			atRun: sent(k6, reqHedged, 1), ret: unspec, out: datagram(svc6, client6, p),
 			counters: won6, board: map[hedgeHreqKey]uint32{k6: reqAnsweredHedge}, check: latency(sV6)},
 		{name: "ipv4 rewrite whose udp checksum computes to 0: 0xffff", in: datagram(rep4, client4, zp4),
-			setup: sent(k4, reqHedged, 1), ret: unspec, out: datagram(svc4, client4, zp4),
+			atRun: sent(k4, reqHedged, 1), ret: unspec, out: datagram(svc4, client4, zp4),
 			counters: won4, board: map[hedgeHreqKey]uint32{k4: reqAnsweredHedge}, check: latency(sV4)},
 		{name: "ipv6 rewrite whose udp checksum computes to 0: 0xffff, never 0", in: datagram(rep6, client6, zp6),
-			setup: sent(k6, reqHedged, 1), ret: unspec, out: datagram(svc6, client6, zp6),
+			atRun: sent(k6, reqHedged, 1), ret: unspec, out: datagram(svc6, client6, zp6),
 			counters: won6, board: map[hedgeHreqKey]uint32{k6: reqAnsweredHedge}, check: latency(sV6)},
 		{name: "hedged, the original answers first: not won, not rewritten", in: datagram(svc4, client4, p),
-			setup: sent(k4, reqHedged, 1), ret: unspec,
+			atRun: sent(k4, reqHedged, 1), ret: unspec,
 			counters: first, board: map[hedgeHreqKey]uint32{k4: reqAnsweredHedge}, check: latency(sV4)},
 		{name: "the later response of a hedged request (from the original): dropped, entry deleted", in: datagram(svc4, client4, p),
-			setup: sent(k4, reqAnsweredHedge, 1), ret: shot,
+			atRun: sent(k4, reqAnsweredHedge, 1), ret: shot,
 			counters: bpftest.Counters{"v4.DuplicatesDropped": 1}, check: noLatency},
 		{name: "the later response of a hedged request (from the hedge's replica): dropped", in: datagram(rep4, client4, p),
-			setup: sent(k4, reqAnsweredHedge, 1), ret: shot,
+			atRun: sent(k4, reqAnsweredHedge, 1), ret: shot,
 			counters: bpftest.Counters{"v4.DuplicatesDropped": 1}, check: noLatency},
 		{name: "ipv6 later response of a hedged request: dropped", in: datagram(svc6, client6, p),
-			setup: sent(k6, reqAnsweredHedge, 1), ret: shot,
+			atRun: sent(k6, reqAnsweredHedge, 1), ret: shot,
 			counters: bpftest.Counters{"v6.DuplicatesDropped": 1}, check: noLatency},
 		{name: "an unhedged request's second response (the application's duplicate): passed", in: datagram(svc4, client4, p),
-			setup: sent(k4, reqAnswered, replicaNone), ret: unspec,
+			atRun: sent(k4, reqAnswered, replicaNone), ret: unspec,
 			board: map[hedgeHreqKey]uint32{k4: reqAnswered}, check: noLatency},
 		{name: "response of a NOCLONE request: completes it, entry removed", in: datagram(svc4, client4, p),
-			setup: sent(k4, reqNoClone, replicaNone), ret: unspec, counters: first, check: latency(sV4)},
+			atRun: sent(k4, reqNoClone, replicaNone), ret: unspec, counters: first, check: latency(sV4)},
 		{name: "response of a NOCLONE request after its deadline: completes it, counted as unhedged_late", in: datagram(svc4, client4, p),
-			setup: sentDue(k4, reqNoClone, replicaNone, -time.Millisecond), ret: unspec,
+			atRun: sentDue(k4, reqNoClone, replicaNone, -time.Millisecond), ret: unspec,
 			counters: bpftest.Counters{"v4.Responses": 1, "v4.UnhedgedLate": 1}, check: latency(sV4)},
 		{name: "response of a NOHEDGE request after its deadline: not unhedged_late (its clone had a token)", in: datagram(svc4, client4, p),
-			setup: sentDue(k4, reqNoHedge, replicaNone, -time.Millisecond), ret: unspec, counters: first, check: latency(sV4)},
+			atRun: sentDue(k4, reqNoHedge, replicaNone, -time.Millisecond), ret: unspec, counters: first, check: latency(sV4)},
 		{name: "response of a NOHEDGE request: completes it, entry removed", in: datagram(svc4, client4, p),
-			setup: sent(k4, reqNoHedge, replicaNone), ret: unspec, counters: first, check: latency(sV4)},
+			atRun: sent(k4, reqNoHedge, replicaNone), ret: unspec, counters: first, check: latency(sV4)},
 		{name: "response for an unknown request: untouched", in: datagram(svc4, client4, p), ret: unspec, check: noLatency},
 		{name: "response to another client port: untouched", in: datagram(svc4, netip.AddrPortFrom(client4.Addr(), 40001), p),
-			setup: sent(k4, reqPending, replicaNone), ret: unspec, board: map[hedgeHreqKey]uint32{k4: reqPending}, check: noLatency},
+			atRun: sent(k4, reqPending, replicaNone), ret: unspec, board: map[hedgeHreqKey]uint32{k4: reqPending}, check: noLatency},
 
 		// Short and malformed responses pass untouched (the application may understand what
 		// kedge cannot match) and leave the request open; short ones count per service,
 		// malformed ones globally (no ports, so no service).
 		{name: "response shorter than the id: passed, counted, request stays open", in: datagram(svc4, client4, p[:3]),
-			setup: sent(k4, reqPending, replicaNone), ret: unspec, counters: bpftest.Counters{"v4.ShortResponses": 1},
+			atRun: sent(k4, reqPending, replicaNone), ret: unspec, counters: bpftest.Counters{"v4.ShortResponses": 1},
 			board: map[hedgeHreqKey]uint32{k4: reqPending}, check: noLatency},
 		{name: "empty response: passed, counted", in: datagram(svc4, client4, nil),
-			setup: sent(k4, reqPending, replicaNone), ret: unspec, counters: bpftest.Counters{"v4.ShortResponses": 1},
+			atRun: sent(k4, reqPending, replicaNone), ret: unspec, counters: bpftest.Counters{"v4.ShortResponses": 1},
 			board: map[hedgeHreqKey]uint32{k4: reqPending}, check: noLatency},
 		{name: "short response from the hedge's replica: passed, not rewritten, counted", in: datagram(rep4, client4, p[:2]),
-			setup: sent(k4, reqHedged, 1), ret: unspec, counters: bpftest.Counters{"v4.ShortResponses": 1},
+			atRun: sent(k4, reqHedged, 1), ret: unspec, counters: bpftest.Counters{"v4.ShortResponses": 1},
 			board: map[hedgeHreqKey]uint32{k4: reqHedged}, check: noLatency},
 		{name: "ipv6 short response: passed, counted", in: datagram(svc6, client6, p[:1]),
-			setup: sent(k6, reqPending, replicaNone), ret: unspec, counters: bpftest.Counters{"v6.ShortResponses": 1},
+			atRun: sent(k6, reqPending, replicaNone), ret: unspec, counters: bpftest.Counters{"v6.ShortResponses": 1},
 			board: map[hedgeHreqKey]uint32{k6: reqPending}, check: noLatency},
 		{name: "8-byte id at offset 2, 9-byte response: short", in: datagram(svcLE, client4, lePayload(leID, 9)),
-			setup: sent(kLE, reqPending, replicaNone), ret: unspec, counters: bpftest.Counters{"le8.ShortResponses": 1},
+			atRun: sent(kLE, reqPending, replicaNone), ret: unspec, counters: bpftest.Counters{"le8.ShortResponses": 1},
 			board: map[hedgeHreqKey]uint32{kLE: reqPending}, check: noLatency},
 		{name: "short datagram from a stranger: not a response, not counted", in: datagram(stranger, client4, p[:3]), ret: unspec, check: noLatency},
 		{name: "malformed response (udp header cut): passed, counted globally", in: pktbuild.Truncate(datagram(svc4, client4, p), 14+20+4),
-			setup: sent(k4, reqPending, replicaNone), ret: unspec, counters: bpftest.Counters{"global.MalformedResponses": 1},
+			atRun: sent(k4, reqPending, replicaNone), ret: unspec, counters: bpftest.Counters{"global.MalformedResponses": 1},
 			board: map[hedgeHreqKey]uint32{k4: reqPending}, check: noLatency},
 		{name: "malformed response (udp length < 8): passed, counted globally", in: frame{l4: pktbuild.UDP{Length: ptr(7)}}.build(svc4, client4, p),
-			setup: sent(k4, reqPending, replicaNone), ret: unspec, counters: bpftest.Counters{"global.MalformedResponses": 1},
+			atRun: sent(k4, reqPending, replicaNone), ret: unspec, counters: bpftest.Counters{"global.MalformedResponses": 1},
 			board: map[hedgeHreqKey]uint32{k4: reqPending}, check: noLatency},
 		{name: "malformed response (ipv4 ihl < 5): passed, counted globally", in: frame{ip4: pktbuild.IPv4{IHL: ptr(4)}}.build(svc4, client4, p),
 			ret: unspec, counters: bpftest.Counters{"global.MalformedResponses": 1}, check: noLatency},
@@ -608,11 +607,11 @@ func TestResp(t *testing.T) {
 		{name: "arp: not malformed", in: pktbuild.New().Ether(pktbuild.Ether{Type: 0x0806}).Payload(make([]byte, 28)).Build(), ret: unspec},
 
 		{name: "a tracked id from a stranger: untouched", in: datagram(stranger, client4, p),
-			setup: sent(k4, reqPending, replicaNone), ret: unspec, board: map[hedgeHreqKey]uint32{k4: reqPending}, check: noLatency},
+			atRun: sent(k4, reqPending, replicaNone), ret: unspec, board: map[hedgeHreqKey]uint32{k4: reqPending}, check: noLatency},
 		{name: "fragmented response: untouched, not counted", in: frame{ip4: pktbuild.IPv4{MF: true}}.build(svc4, client4, p),
-			setup: sent(k4, reqPending, replicaNone), ret: unspec, board: map[hedgeHreqKey]uint32{k4: reqPending}, check: noLatency},
+			atRun: sent(k4, reqPending, replicaNone), ret: unspec, board: map[hedgeHreqKey]uint32{k4: reqPending}, check: noLatency},
 		{name: "later fragment of a response: untouched, not malformed", in: frame{ip4: pktbuild.IPv4{FragOffset: 185}}.build(svc4, client4, p),
-			setup: sent(k4, reqPending, replicaNone), ret: unspec, board: map[hedgeHreqKey]uint32{k4: reqPending}, check: noLatency},
+			atRun: sent(k4, reqPending, replicaNone), ret: unspec, board: map[hedgeHreqKey]uint32{k4: reqPending}, check: noLatency},
 	})
 }
 

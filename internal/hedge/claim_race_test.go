@@ -126,9 +126,8 @@ func raceRounds(t *testing.T, f *fixture, rounds int, a, b *ebpf.Program, setup 
 // claiming: the response passing as an unhedged request's answer (PENDING -> ANSWERED) and
 // the rescuer sending the hedge anyway, which leaves the entry HEDGED with its answer gone.
 // Entries must end ANSWERED_HEDGED exactly when the hedge was sent, and ANSWERED or deleted
-// when it was not; the counters must add up to the same. (Two responses racing each other
-// are not tested here: their claims' window is a few instructions, and 4000 such rounds
-// with the response's compare-and-exchange made a plain write did not once hit it.)
+// when it was not; the counters must add up to the same. Two responses racing each other:
+// TestResponseClaimRace (resp_race_test.go), which starts both runs on the clock.
 func TestClaimRace(t *testing.T) {
 	if runtime.NumCPU() < 2 {
 		t.Skip("needs two CPUs to race on")

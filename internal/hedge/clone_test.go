@@ -27,7 +27,18 @@ func dueEntry(now uint64) hedgeHreq {
 // rescueRun runs the rescuer on in and returns the result and the counters that moved.
 func rescueRun(tb testing.TB, f *fixture, in []byte) (runResult, bpftest.Counters) {
 	tb.Helper()
-	return deltaOf(tb, f, func() (runResult, error) { return f.run(f.objs.HedgeRescue, in, 0) })
+	return rescueRunAt(tb, f, in, hedgeHreqKey{}, nil)
+}
+
+// rescueRunAt is rescueRun with the scoreboard entry k written as entry(now) in the run's
+// thread right before it (nil entry: nothing written).
+func rescueRunAt(tb testing.TB, f *fixture, in []byte, k hedgeHreqKey, entry func(now uint64) hedgeHreq) (runResult, bpftest.Counters) {
+	tb.Helper()
+	var prepare func(uint64) error
+	if entry != nil {
+		prepare = func(now uint64) error { return f.objs.Scoreboard.Put(k, entry(now)) }
+	}
+	return deltaOf(tb, f, func() (runResult, error) { return f.runAfter(f.objs.HedgeRescue, in, 0, prepare) })
 }
 
 // respondRun runs the response path on a response to id from service rr's replica src.
@@ -81,12 +92,10 @@ func TestRescueCloneMaxHedges(t *testing.T) {
 		t.Run(fmt.Sprintf("max_hedges %d", max), func(t *testing.T) {
 			f.reset(t)
 			setMaxHedges(t, f, sRR, max)
-			now := monoNow(t)
-			f.put(t, k, dueEntry(now))
 
 			// 1. Due: hedge to replica 1, and the clone carried again.
 			tx := f.dlTxPackets(t)
-			r, d := rescueRun(t, f, in)
+			r, d := rescueRunAt(t, f, in, k, dueEntry)
 			e, _ := f.entry(t, k)
 			if r.ret != redirect || !slices.Equal(r.out, datagram(client4, repRR1, p)) || r.ctx.Mark != mark {
 				t.Fatalf("first hedge: verdict %s mark %#x, packet %s", verdict(r.ret), r.ctx.Mark, bpftest.DiffBytes(r.out, datagram(client4, repRR1, p)))
@@ -105,18 +114,24 @@ func TestRescueCloneMaxHedges(t *testing.T) {
 				t.Errorf("tokens %d after the first hedge, want %d (the carried clone holds one more)", got, full-1000)
 			}
 
-			// 2. Back before its deadline: round again.
-			r, d = rescueRun(t, f, in)
+			// 2. Back before its deadline (one delay from the run, whenever it comes): round
+			// again.
+			r, d = rescueRunAt(t, f, in, k, func(now uint64) hedgeHreq {
+				e.DeadlineNs = now + uint64(dueDelay)
+				return e
+			})
 			if r.ret != redirect || d.Diff(bpftest.Counters{"rr.Recirculations": 1, "dl.CarriedRecirculated": 1}) != "" {
 				t.Errorf("carried clone not due: verdict %s, counters %v; want sent round again", verdict(r.ret), d)
 			}
 
 			// 3. Due: the second hedge goes to replica 2.
-			now = monoNow(t)
-			e.HedgedNs, e.DeadlineNs = now-uint64(dueDelay)-1000, now-1000
-			f.put(t, k, e)
+			e, _ = f.entry(t, k)
+			lastHedge := func(now uint64) hedgeHreq {
+				e.HedgedNs, e.DeadlineNs = now-uint64(dueDelay)-1000, now-1000
+				return e
+			}
 			tx = f.dlTxPackets(t)
-			r, d = rescueRun(t, f, in)
+			r, d = rescueRunAt(t, f, in, k, lastHedge)
 			e, _ = f.entry(t, k)
 			if r.ret != redirect || !slices.Equal(r.out, datagram(client4, repRR2, p)) || r.ctx.Mark != mark {
 				t.Fatalf("second hedge: verdict %s mark %#x, packet %s", verdict(r.ret), r.ctx.Mark, bpftest.DiffBytes(r.out, datagram(client4, repRR2, p)))
@@ -138,11 +153,8 @@ func TestRescueCloneMaxHedges(t *testing.T) {
 
 			// 4. One more clone out: max 2, nothing left to do (token back); max 3, no
 			// replica left (token back, the entry stays HEDGED for its responses).
-			now = monoNow(t)
-			e.HedgedNs, e.DeadlineNs = now-uint64(dueDelay)-1000, now-1000
-			f.put(t, k, e)
 			tokens := f.state(t, sRR).TokensMilli
-			r, d = rescueRun(t, f, in)
+			r, d = rescueRunAt(t, f, in, k, lastHedge)
 			want = bpftest.Counters{"rr.ClonesAnswered": 1}
 			if max > 2 {
 				want = bpftest.Counters{"rr.NoReplica": 1}
@@ -179,11 +191,11 @@ func TestRescueCloneMaxHedges(t *testing.T) {
 	t.Run("answered after the first hedge", func(t *testing.T) {
 		f.reset(t)
 		setMaxHedges(t, f, sRR, 2)
-		now := monoNow(t)
-		e := dueEntry(now)
-		e.State, e.HedgesSent, e.Tried, e.HedgeReplica, e.HedgedNs = reqAnsweredHedge, 1, 0b011, 1, now-1000
-		f.put(t, k, e)
-		r, d := rescueRun(t, f, in)
+		r, d := rescueRunAt(t, f, in, k, func(now uint64) hedgeHreq {
+			e := dueEntry(now)
+			e.State, e.HedgesSent, e.Tried, e.HedgeReplica, e.HedgedNs = reqAnsweredHedge, 1, 0b011, 1, now-1000
+			return e
+		})
 		if diff := d.Diff(bpftest.Counters{"rr.ClonesAnswered": 1}); r.ret != shot || diff != "" {
 			t.Errorf("verdict %s, counter changes (got, want):\n%s", verdict(r.ret), diff)
 		}

@@ -83,11 +83,13 @@ func TestStorePops(t *testing.T) {
 		wantQueued(t, a, b, c)
 		respond(t, a) // the head: popped; b is next and answered, but a response pops only its own
 		wantQueued(t, b, c)
-		cell := f.queued(t, sSt4)[1]
-		// Nothing is due (the stored services wait a second): the tick pops b, answered,
-		// sends nothing, and asks for a tick at c's deadline, the first that still waits.
+		// Nothing is due (the stored services wait a second, counted here from right before
+		// the tick's run): the tick pops b, answered, sends nothing, and asks for a tick at
+		// c's deadline, the first that still waits.
 		var r runResult
-		d := delta(t, func() { r = f.tick(t) })
+		d := delta(t, func() {
+			r = f.tickAfter(t, func(now uint64) error { return f.dueAt(sSt4, now, -storeDelay) })
+		})
 		if r.ret != bpftest.TCActShot {
 			t.Errorf("tick verdict %s, want TC_ACT_SHOT (nothing sent)", verdict(r.ret))
 		}
@@ -95,7 +97,7 @@ func TestStorePops(t *testing.T) {
 		if d["st4.StoredAnswered"] != 1 || d["st4.TickHedges"] != 0 || d["dl.TicksArmed"] != 1 {
 			t.Errorf("counters %v: want one stored_answered, no hedge, one tick armed", nonZeroCounts(d))
 		}
-		if got := armed(t); got != cell.DeadlineNs {
+		if cell, got := f.queued(t, sSt4)[0], armed(t); got != cell.DeadlineNs {
 			t.Errorf("tick armed at %d, want c's deadline %d", got, cell.DeadlineNs)
 		}
 		if _, ok := f.entry(t, key(sSt4, client4, b)); ok {

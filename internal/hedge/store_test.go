@@ -7,6 +7,7 @@ package hedge
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -73,17 +74,43 @@ func (f *fixture) queued(tb testing.TB, svc int) []hedgeHstore {
 	return out
 }
 
-// makeDue moves the deadline of every queued cell of svc (and its scoreboard entry) to ago
-// before now.
+// makeDue moves the deadline of every queued cell of svc to ago before now.
 func (f *fixture) makeDue(tb testing.TB, svc int, ago time.Duration) {
 	tb.Helper()
-	now := monoNow(tb)
-	h := f.heads(tb, svc)
-	for pos := h.Head; pos < h.Tail; pos++ {
-		c := f.cell(tb, svc, pos)
-		c.DeadlineNs = now - uint64(ago)
-		f.putCell(tb, svc, pos, c)
+	if err := f.dueAt(svc, monoNow(tb), ago); err != nil {
+		tb.Fatal(err)
 	}
+}
+
+// dueAt moves the deadline of every queued cell of svc to ago before now (ago < 0: after
+// now). For a run's prepare (runAfter), where now is the clock right before the run.
+func (f *fixture) dueAt(svc int, now uint64, ago time.Duration) error {
+	var h hedgeStorePos
+	if err := f.objs.StoreHeads.Lookup(uint32(svc), &h); err != nil {
+		return fmt.Errorf("read store_heads[%d]: %w", svc, err)
+	}
+	for pos := h.Head; pos < h.Tail; pos++ {
+		var c hedgeHstore
+		if err := f.objs.StoreRing.Lookup(cellIndex(svc, pos), &c); err != nil {
+			return fmt.Errorf("read store cell %d/%d: %w", svc, pos, err)
+		}
+		c.DeadlineNs = uint64(int64(now) - int64(ago))
+		if err := f.objs.StoreRing.Put(cellIndex(svc, pos), c); err != nil {
+			return fmt.Errorf("write store cell %d/%d: %w", svc, pos, err)
+		}
+	}
+	return nil
+}
+
+// storedDueAt is a prepare (runAfter) that makes every stored request of the stored
+// services due 100 us before the run.
+func (f *fixture) storedDueAt(now uint64) error {
+	for _, svc := range []int{sSt4, sSt6} {
+		if err := f.dueAt(svc, now, 100*time.Microsecond); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // tickFrame is a pacer tick frame (bpf/include/pacer.h, pacer_write_tick) for deadline.
@@ -135,7 +162,13 @@ func (f *fixture) armedTick(tb testing.TB) []byte {
 // tick runs the rescuer on a tick.
 func (f *fixture) tick(tb testing.TB) runResult {
 	tb.Helper()
-	r, err := f.run(f.objs.HedgeRescue, f.armedTick(tb), 0)
+	return f.tickAfter(tb, nil)
+}
+
+// tickAfter runs the rescuer on a tick, prepare (if not nil) called right before the run.
+func (f *fixture) tickAfter(tb testing.TB, prepare func(now uint64) error) runResult {
+	tb.Helper()
+	r, err := f.runAfter(f.objs.HedgeRescue, f.armedTick(tb), 0, prepare)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -209,13 +242,10 @@ func TestStoreSplit(t *testing.T) {
 			counters: with(armed, bpftest.Counters{"st4.Requests": 1, "st4.Stored": 1}),
 			board:    map[hedgeHreqKey]uint32{k4: reqPending}, check: stored(sSt4, k4, limit)},
 		{name: "a later tick armed already: coalesced, stored", in: req4, ret: unspec,
-			setup: func(tb testing.TB, f *fixture) {
-				// Armed for 0.9 s from now: before the request's deadline (1 s after the
-				// splitter's run) and not presumed lost (lost_ns 1 s) unless the run comes
-				// 1.9 s after this - a 6.1 TCG guest took over 1 s with 1 ms here.
-				if err := f.objs.PacerArming.Put(uint32(0), pacerState{ArmedNs: monoNow(tb) + uint64(storeDelay*9/10)}); err != nil {
-					tb.Fatal(err)
-				}
+			// Armed for 0.9 s after the clock right before the run: before the request's
+			// deadline (1 s after the splitter's run) and not presumed lost (lost_ns 1 s).
+			atRun: func(f *fixture, now uint64) error {
+				return f.objs.PacerArming.Put(uint32(0), pacerState{ArmedNs: now + uint64(storeDelay*9/10)})
 			},
 			counters: bpftest.Counters{"st4.Requests": 1, "st4.Stored": 1, "dl.TicksRequested": 1, "dl.TicksCoalesced": 1},
 			board:    map[hedgeHreqKey]uint32{k4: reqPending}},
@@ -272,26 +302,31 @@ func TestStoreTick(t *testing.T) {
 	}
 
 	type tickCase struct {
-		name   string
-		setup  func(tb testing.TB, f *fixture) // requests stored, scoreboard changed
-		in     []byte                          // nil: a tick frame
+		name  string
+		setup func(tb testing.TB, f *fixture) // requests stored, scoreboard changed
+		// atRun: the cells' deadlines, set in the run's thread right before it (see
+		// progCase.atRun); a run that ends later than within (0: atRunWithin) after it is
+		// set up and run again.
+		atRun  func(f *fixture, now uint64) error
+		within time.Duration
+		in     []byte // nil: a tick frame
 		ret    uint32
 		out    []byte // the skb afterwards, from the IP header on (nil: not compared)
 		mark   uint32 // skb->mark going in
 		counts bpftest.Counters
 		board  map[hedgeHreqKey]uint32
 		queued map[int]int // cells left per service
-		check  func(tb testing.TB, f *fixture)
+		check  func(tb testing.TB, f *fixture, r runResult)
 	}
+	// storeDue stores reqs; the case's atRun (storedDueAt) makes them due.
 	storeDue := func(reqs ...[]byte) func(tb testing.TB, f *fixture) {
 		return func(tb testing.TB, f *fixture) {
 			for _, r := range reqs {
 				f.store(tb, r)
 			}
-			f.makeDue(tb, sSt4, 100*time.Microsecond)
-			f.makeDue(tb, sSt6, 100*time.Microsecond)
 		}
 	}
+	due := (*fixture).storedDueAt
 	setState := func(k hedgeHreqKey, s uint32) func(tb testing.TB, f *fixture) {
 		return func(tb testing.TB, f *fixture) {
 			e, ok := f.entry(tb, k)
@@ -318,8 +353,8 @@ func TestStoreTick(t *testing.T) {
 			}
 		}
 	}
-	hedgedTo := func(k hedgeHreqKey, tried uint8, n uint8, rep uint8) func(tb testing.TB, f *fixture) {
-		return func(tb testing.TB, f *fixture) {
+	hedgedTo := func(k hedgeHreqKey, tried uint8, n uint8, rep uint8) func(tb testing.TB, f *fixture, r runResult) {
+		return func(tb testing.TB, f *fixture, _ runResult) {
 			e, _ := f.entry(tb, k)
 			if e.Tried != tried || e.HedgesSent != n || e.HedgeReplica != rep {
 				tb.Errorf("entry %+v: want tried %#b, hedges_sent %d, hedge_replica %d", e, tried, n, rep)
@@ -340,35 +375,38 @@ func TestStoreTick(t *testing.T) {
 	cases := []tickCase{
 		{name: "nothing stored: tick dropped, no next tick", ret: shot, counts: tick},
 		{name: "stored, not yet due: nothing sent, next tick asked for at its deadline", ret: shot,
-			setup:  func(tb testing.TB, f *fixture) { f.store(tb, req4) },
+			setup: func(tb testing.TB, f *fixture) { f.store(tb, req4) },
+			// Due a delay after the run, however long after the store it comes.
+			atRun:  func(f *fixture, now uint64) error { return f.dueAt(sSt4, now, -storeDelay) },
 			counts: with(bpftest.Counters{"dl.TicksRequested": 1, "dl.TicksArmed": 1}),
 			board:  map[hedgeHreqKey]uint32{k4: reqPending}, queued: map[int]int{sSt4: 1}},
 		{name: "due ipv4: rebuilt into the hedge to the first replica, left to bpf_redirect_neigh",
-			setup: storeDue(req4), ret: redirect, out: hedge(repSt1, req4)[14:],
+			setup: storeDue(req4), atRun: due, ret: redirect, out: hedge(repSt1, req4)[14:],
 			counts: with(bpftest.Counters{"st4.HedgesSent": 1, "st4.TickHedges": 1}),
 			board:  map[hedgeHreqKey]uint32{k4: reqHedged}, check: hedgedTo(k4, 0b011, 1, 1)},
-		{name: "due ipv6: rebuilt (protocol changed to IPv6), full checksum", setup: storeDue(req6), ret: redirect,
+		{name: "due ipv6: rebuilt (protocol changed to IPv6), full checksum", setup: storeDue(req6), atRun: due, ret: redirect,
 			out:    hedge(repSt6, req6)[14:],
 			counts: with(bpftest.Counters{"st6.HedgesSent": 1, "st6.TickHedges": 1}),
 			board:  map[hedgeHreqKey]uint32{k6: reqHedged}, check: hedgedTo(k6, 0b011, 1, 1)},
-		{name: "stored bytes with a partial udp checksum: the hedge carries a full one", setup: storeDue(partial), ret: redirect,
+		{name: "stored bytes with a partial udp checksum: the hedge carries a full one", setup: storeDue(partial), atRun: due, ret: redirect,
 			out:    hedge(repSt1, req4)[14:],
 			counts: with(bpftest.Counters{"st4.HedgesSent": 1, "st4.TickHedges": 1}),
 			board:  map[hedgeHreqKey]uint32{k4: reqHedged}},
 		{name: "several due in one tick: a hedge each, all but the last cloned back in to leave", ret: redirect,
 			setup: storeDue(req4, datagram(client4, svcSt4, idPayload(id+1, 100)), datagram(client4, svcSt4, idPayload(id+2, 100)), req6),
+			atRun: due,
 			out:   hedge(repSt6, req6)[14:],
 			counts: with(bpftest.Counters{"st4.HedgesSent": 3, "st4.TickHedges": 3, "st6.HedgesSent": 1, "st6.TickHedges": 1,
 				"global.HedgesReinjected": 3}),
 			board: map[hedgeHreqKey]uint32{k4: reqHedged, key(sSt4, client4, id+1): reqHedged, key(sSt4, client4, id+2): reqHedged, k6: reqHedged}},
 		{name: "a hedge cloned back in (hedge mark): left to bpf_redirect_neigh", in: hedge(repSt1, req4), mark: hedgeMark, ret: redirect,
 			out: hedge(repSt1, req4)[14:]},
-		{name: "answered before it was due: nothing sent, entry deleted", setup: seq(storeDue(req4), setState(k4, reqAnswered)), ret: shot,
+		{name: "answered before it was due: nothing sent, entry deleted", setup: seq(storeDue(req4), setState(k4, reqAnswered)), atRun: due, ret: shot,
 			counts: with(bpftest.Counters{"st4.StoredAnswered": 1})},
 		{name: "hedge answered already (ANSWERED_HEDGED): nothing sent, entry kept for the duplicate",
-			setup: seq(storeDue(req4), setState(k4, reqAnsweredHedge)), ret: shot,
+			setup: seq(storeDue(req4), setState(k4, reqAnsweredHedge)), atRun: due, ret: shot,
 			counts: with(bpftest.Counters{"st4.StoredAnswered": 1}), board: map[hedgeHreqKey]uint32{k4: reqAnsweredHedge}},
-		{name: "evicted from the scoreboard: nothing sent (stored_orphaned)", ret: shot,
+		{name: "evicted from the scoreboard: nothing sent (stored_orphaned)", ret: shot, atRun: due,
 			setup: func(tb testing.TB, f *fixture) {
 				storeDue(req4)(tb, f)
 				if err := f.objs.Scoreboard.Delete(k4); err != nil {
@@ -376,7 +414,7 @@ func TestStoreTick(t *testing.T) {
 				}
 			},
 			counts: with(bpftest.Counters{"st4.StoredOrphaned": 1})},
-		{name: "replaced by a newer request with the same key: the old cell sends nothing", ret: shot,
+		{name: "replaced by a newer request with the same key: the old cell sends nothing", ret: shot, atRun: due,
 			setup: func(tb testing.TB, f *fixture) {
 				storeDue(req4)(tb, f)
 				e, _ := f.entry(tb, k4)
@@ -391,45 +429,44 @@ func TestStoreTick(t *testing.T) {
 			},
 			counts: with(bpftest.Counters{"st4.OverdueDropped": 1}), board: map[hedgeHreqKey]uint32{k4: reqNoHedge}},
 		{name: "late but within the cutoff (deadline + delay): still sent", ret: redirect,
-			setup: func(tb testing.TB, f *fixture) {
-				f.store(tb, req4)
-				// Half a delay late: the cutoff (one delay) is 500 ms away (with 100 ms a 6.1
-				// TCG guest's run came past it).
-				f.makeDue(tb, sSt4, storeDelay/2)
-			},
+			setup: func(tb testing.TB, f *fixture) { f.store(tb, req4) },
+			// Half a delay late right before the run: the cutoff (one delay) is 500 ms away,
+			// and a run ending later than 250 ms after this is repeated.
+			atRun:  func(f *fixture, now uint64) error { return f.dueAt(sSt4, now, storeDelay/2) },
+			within: storeDelay / 4,
 			out:    hedge(repSt1, req4)[14:],
 			counts: with(bpftest.Counters{"st4.HedgesSent": 1, "st4.TickHedges": 1}), board: map[hedgeHreqKey]uint32{k4: reqHedged}},
 		{name: "max_hedges 2: first hedge sent and the request queued again at now + delay", ret: redirect,
-			setup: seq(maxHedges(sSt4, 2), storeDue(req4)),
+			setup: seq(maxHedges(sSt4, 2), storeDue(req4)), atRun: due,
 			counts: with(bpftest.Counters{"st4.HedgesSent": 1, "st4.TickHedges": 1, "st4.Requeued": 1,
 				"dl.TicksRequested": 1, "dl.TicksArmed": 1}),
 			board: map[hedgeHreqKey]uint32{k4: reqHedged}, queued: map[int]int{sSt4: 1},
-			check: func(tb testing.TB, f *fixture) {
-				hedgedTo(k4, 0b011, 1, 1)(tb, f)
+			check: func(tb testing.TB, f *fixture, r runResult) {
+				hedgedTo(k4, 0b011, 1, 1)(tb, f, r)
 				q := f.queued(tb, sSt4)
 				if len(q) == 0 {
 					return // reported already: "0 cells queued, want 1"
 				}
-				now := monoNow(tb)
-				if d := q[0].DeadlineNs; d < now || d > now+uint64(storeDelay) {
-					tb.Errorf("re-queued deadline %d, want within a delay of now %d", d, now)
+				// Re-queued at the rescuer's now (read during the run) + the delay.
+				if d := q[0].DeadlineNs; d < r.t0+uint64(storeDelay) || d > r.t1+uint64(storeDelay) {
+					tb.Errorf("re-queued deadline %d, want a delay after the run [%d, %d]", d, r.t0, r.t1)
 				}
 			}},
 		{name: "max_hedges 2, second tick: second hedge to the other replica, not queued again", ret: redirect,
 			setup: seq(maxHedges(sSt4, 2), storeDue(req4), func(tb testing.TB, f *fixture) {
-				f.tick(tb)
-				f.makeDue(tb, sSt4, 100*time.Microsecond)
+				f.tickAfter(tb, f.storedDueAt)
 			}),
+			atRun:  due,
 			counts: with(bpftest.Counters{"st4.HedgesSent": 1, "st4.TickHedges": 1}),
 			out:    hedge(repSt2, req4)[14:],
 			board:  map[hedgeHreqKey]uint32{k4: reqHedged}, check: hedgedTo(k4, 0b111, 2, 2)},
 		{name: "max_hedges 4 but two replicas: the third finds none left (no_replica)", ret: shot,
 			setup: seq(maxHedges(sSt4, 4), storeDue(req4), func(tb testing.TB, f *fixture) {
 				for i := 0; i < 2; i++ {
-					f.tick(tb)
-					f.makeDue(tb, sSt4, 100*time.Microsecond)
+					f.tickAfter(tb, f.storedDueAt)
 				}
 			}),
+			atRun:  due,
 			counts: with(bpftest.Counters{"st4.NoReplica": 1}), board: map[hedgeHreqKey]uint32{k4: reqHedged},
 			check: hedgedTo(k4, 0b111, 2, 2)},
 		{name: "malformed tick (bad magic): dropped, counted by the pacer", in: func() []byte {
@@ -448,22 +485,8 @@ func TestStoreTick(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f.reset(t)
-			if c.setup != nil {
-				c.setup(t, f)
-			}
-			in := c.in
-			if in == nil {
-				in = f.armedTick(t)
-			}
-			var r runResult
-			delta, err := bpftest.Delta(f.counters, func() (err error) {
-				r, err = f.run(f.objs.HedgeRescue, in, c.mark)
-				return err
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			r, delta := runCase(t, f, f.objs.HedgeRescue, progCase{in: c.in, tick: c.in == nil, mark: c.mark,
+				setup: c.setup, atRun: c.atRun, within: c.within})
 			if r.ret != c.ret {
 				t.Errorf("verdict %s, want %s", verdict(r.ret), verdict(c.ret))
 			}
@@ -487,7 +510,7 @@ func TestStoreTick(t *testing.T) {
 				}
 			}
 			if c.check != nil {
-				c.check(t, f)
+				c.check(t, f, r)
 			}
 		})
 	}
