@@ -5,7 +5,8 @@
  *   leader_tick   (TC ingress, pacer veth)  pacer_receive; while the lease is fresh and a round
  *                                           is due, one MsgHeartbeat per active follower (its own
  *                                           Commit), cloned out; the next tick at now + interval.
- *                                           Lease expired or absent: nothing, and no next tick.
+ *                                           Lease expired or absent, or its owner process
+ *                                           exiting: nothing, and no next tick.
  *   leader_enter, leader_pass               the pacer's own programs (pacer namespace)
  * The heartbeat is byte for byte what internal/raft/wire encodes for etcd-raft's MsgHeartbeat
  * without a context (From = leader, To, Term, Commit; everything else zero), in IPv4/UDP from
@@ -41,6 +42,41 @@ struct {
 } leader_counters SEC(".maps");
 
 const enum raft_leader_consts *raft_leader_btf_consts __attribute__((unused));
+
+/* The owner check (Linux 6.2: the task kfuncs, for SCHED_CLS programs too). Weak: on older
+ * kernels the loader leaves them unresolved and owner_exiting() says "not exiting". */
+extern struct task_struct *bpf_task_from_pid(s32 pid) __ksym __weak;
+extern void bpf_task_release(struct task_struct *p) __ksym __weak;
+
+/* libbpf's bpf_ksym_exists (newer bpf_helpers.h than some build hosts ship). */
+#define ksym_exists(sym) ({                                                              \
+	_Static_assert(!__builtin_constant_p(!!sym), #sym " should be marked as __weak"); \
+	!!sym;                                                                           \
+})
+
+#define KEDGE_PF_EXITING 0x00000004        /* include/linux/sched.h: set first thing in do_exit */
+#define KEDGE_SIGNAL_GROUP_EXIT 0x00000004 /* include/linux/sched/signal.h: set by the kill itself */
+
+/* owner_exiting: the process renewing the lease is dying or gone. A SIGKILLed leader's tcx
+ * link (and with it this program) goes only when its files close, late in do_exit and after
+ * exit_mm; until then the lease alone would keep its heartbeats going. SIGNAL_GROUP_EXIT is
+ * set on the thread group when the fatal signal is delivered (in the killer's context) or at
+ * exit_group(); PF_EXITING when its leader thread enters do_exit; a reaped process is not
+ * found. 0 with no owner or without the kfuncs (before Linux 6.2): the lease alone decides. */
+static __always_inline int owner_exiting(__u32 tgid)
+{
+	struct task_struct *t;
+	int exiting;
+
+	if (!tgid || !ksym_exists(bpf_task_from_pid) || !ksym_exists(bpf_task_release))
+		return 0;
+	t = bpf_task_from_pid((s32)tgid);
+	if (!t)
+		return 1;
+	exiting = (t->flags & KEDGE_PF_EXITING) || (t->signal->flags & KEDGE_SIGNAL_GROUP_EXIT);
+	bpf_task_release(t);
+	return exiting;
+}
 
 static __always_inline __u64 pacer_carry_deadline(struct __sk_buff *skb)
 {
@@ -175,6 +211,11 @@ int leader_tick(struct __sk_buff *skb)
 	}
 	if (now >= expires) {
 		PACER_COUNT(s, ticks_expired);
+		st->stopped_ns = now;
+		return TC_ACT_SHOT;
+	}
+	if (owner_exiting(l->owner_tgid)) {
+		PACER_COUNT(s, ticks_owner_exiting);
 		st->stopped_ns = now;
 		return TC_ACT_SHOT;
 	}

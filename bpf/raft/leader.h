@@ -43,6 +43,9 @@ struct raft_lease {
 	__u16 nfollowers;  /* 46 entries of f[] in use */
 	__u64 generation;  /* 48 bumped by user space at every layout change (leadership) */
 	struct raft_follower f[RAFT_LEADER_FOLLOWERS]; /* 56 */
+	__u32 owner_tgid;  /* 296 the renewing process as the initial pid namespace numbers it (0: no
+	                    * owner check): a tick finding it exiting or gone sends nothing and stops */
+	__u32 _pad;
 };
 
 /* Kernel-written state (array, one slot, mmapable: user space reads it to see the sender run). */
@@ -55,7 +58,7 @@ struct raft_leader_state {
 };
 
 /* Per-CPU counters: every tick is accounted as exactly one of ticks_{sent,early,expired,
- * no_lease,bad_lease}; carried and rx_malformed frames are not ticks. */
+ * no_lease,bad_lease,owner_exiting}; carried and rx_malformed frames are not ticks. */
 struct raft_leader_stats {
 	__u64 ticks;          /* ticks received */
 	__u64 ticks_sent;     /* ticks that sent a round */
@@ -63,6 +66,7 @@ struct raft_leader_stats {
 	__u64 ticks_expired;  /* lease expired: nothing sent, no next tick (the sender stops) */
 	__u64 ticks_no_lease; /* expires_ns = 0 (not leader): stops */
 	__u64 ticks_bad_lease; /* interval below RAFT_LEADER_MIN_INTERVAL or too many followers: stops */
+	__u64 ticks_owner_exiting; /* the lease's owner process is exiting (killed) or gone: stops */
 	__u64 heartbeats;     /* heartbeats sent (one clone each) */
 	__u64 inactive;       /* follower slots skipped (not active: user space heartbeats them) */
 	__u64 send_errors;    /* writing or cloning a heartbeat failed: that one is lost */

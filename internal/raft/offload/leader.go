@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/kedge-dev/kedge/internal/raft/wire"
@@ -230,7 +231,7 @@ func NewLeader(o LeaderOptions) (_ *Leader, err error) {
 	l.wg.Add(1)
 	go l.refresher()
 	o.Log.Info("raft: kernel heartbeats ready", "backend", l.p.Backend(), "interval", o.Interval, "lease", o.Lease,
-		"renewal", l.RenewalMode(), "followers", len(o.Followers))
+		"renewal", l.RenewalMode(), "followers", len(o.Followers), "owner_check", HaveOwnerCheck())
 	return l, nil
 }
 
@@ -239,7 +240,8 @@ func (l *Leader) initLease() {
 	o := l.opts
 	src := o.Source.Addr().Unmap().As4()
 	l.cur = leaderRaftLease{IntervalNs: uint64(o.Interval), Leader: o.Self, ClusterId: o.ClusterID,
-		Saddr: *(*uint32)(unsafe.Pointer(&src[0])), Sport: htons(o.Source.Port()), Nfollowers: uint16(len(o.Followers))}
+		Saddr: *(*uint32)(unsafe.Pointer(&src[0])), Sport: htons(o.Source.Port()), Nfollowers: uint16(len(o.Followers)),
+		OwnerTgid: ownerTgid()}
 	for i, f := range o.Followers {
 		l.slots[f.ID] = i
 		l.cur.F[i].Id = f.ID
@@ -250,6 +252,43 @@ func (l *Leader) initLease() {
 		}
 		l.cur.F[i].Dport = htons(f.Addr.Port())
 	}
+}
+
+// initPidNsIno is the inode of the initial pid namespace (PROC_PID_INIT_INO,
+// include/linux/proc_ns.h): fixed, whatever /proc is mounted from.
+const initPidNsIno = 0xeffffffc
+
+// ownerTgid is this process's id as the initial pid namespace numbers it (bpf_task_from_pid
+// looks it up there), or 0 - no owner check, the lease alone stops a dead leader's heartbeats -
+// when the process runs in another pid namespace (a container), whose ids the kernel program
+// cannot translate.
+func ownerTgid() uint32 {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/pid", &st); err != nil || st.Ino != initPidNsIno {
+		return 0
+	}
+	return uint32(unix.Getpid())
+}
+
+// HaveOwnerCheck reports whether the kernel heartbeat sender can see its owner die (the task
+// kfuncs bpf_task_from_pid and bpf_task_release, Linux 6.2) and this process runs in the
+// initial pid namespace. Without it a killed leader's heartbeats stop when its lease runs out
+// or its files close, whichever comes first.
+func HaveOwnerCheck() bool {
+	if ownerTgid() == 0 {
+		return false
+	}
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false
+	}
+	for _, name := range []string{"bpf_task_from_pid", "bpf_task_release"} {
+		var fn *btf.Func
+		if err := spec.TypeByName(name, &fn); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // fillAuth writes the cluster id and key the heartbeats are signed with, and (own: the

@@ -119,21 +119,22 @@ type leaderRaftLeaderState struct {
 }
 
 type leaderRaftLeaderStats struct {
-	_              structs.HostLayout
-	Ticks          uint64
-	TicksSent      uint64
-	TicksEarly     uint64
-	TicksExpired   uint64
-	TicksNoLease   uint64
-	TicksBadLease  uint64
-	Heartbeats     uint64
-	Inactive       uint64
-	SendErrors     uint64
-	Rearmed        uint64
-	RearmCoalesced uint64
-	RearmErrors    uint64
-	Carried        uint64
-	RxMalformed    uint64
+	_                 structs.HostLayout
+	Ticks             uint64
+	TicksSent         uint64
+	TicksEarly        uint64
+	TicksExpired      uint64
+	TicksNoLease      uint64
+	TicksBadLease     uint64
+	TicksOwnerExiting uint64
+	Heartbeats        uint64
+	Inactive          uint64
+	SendErrors        uint64
+	Rearmed           uint64
+	RearmCoalesced    uint64
+	RearmErrors       uint64
+	Carried           uint64
+	RxMalformed       uint64
 }
 
 type leaderRaftLease struct {
@@ -148,6 +149,8 @@ type leaderRaftLease struct {
 	Nfollowers uint16
 	Generation uint64
 	F          [6]leaderRaftFollower
+	OwnerTgid  uint32
+	Pad        uint32
 }
 
 type leaderRaftPeer struct {

@@ -2,7 +2,9 @@ package offload
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"strconv"
 	"slices"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/raftlab"
+	"golang.org/x/sys/unix"
 )
 
 // Lab tests: real `kedge raft serve` processes in lab namespaces behind the router fabric.
@@ -197,4 +200,103 @@ func TestBenchWedgedLeader(t *testing.T) {
 			s[len(s)/2].Round(time.Millisecond), s[0].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond), len(s))
 	}
 	t.Logf("load average at end %v", bench.LoadAvg())
+}
+
+// holdBPFLinks duplicates every BPF link descriptor of process pid into this process
+// (pidfd_getfd), so that its tick program and the pacer's programs stay attached after the
+// process dies - as they do on a loaded machine until its exit reaches exit_files(). The
+// descriptors are closed at cleanup.
+func holdBPFLinks(t *testing.T, pid int) int {
+	t.Helper()
+	pfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Fatalf("pidfd_open %d: %v", pid, err)
+	}
+	defer unix.Close(pfd)
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		target, err := os.Readlink(dir + "/" + e.Name())
+		if err != nil || target != "anon_inode:bpf_link" {
+			continue
+		}
+		num, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		fd, err := unix.PidfdGetfd(pfd, num, 0)
+		if err != nil {
+			t.Fatalf("pidfd_getfd %d/%d: %v", pid, num, err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		n++
+	}
+	return n
+}
+
+// TestLabKilledLeader: a SIGKILLed leader's kernel stops heartbeating at once, not when its
+// lease (10 s here) runs out. The leader's BPF links are held open by the test, standing in
+// for an exit that has not closed its files yet: without the owner check (leader.bpf.c
+// owner_exiting) the heartbeats go on for the lease and nobody is elected for 10 s. Host
+// only; about 15 s.
+func TestLabKilledLeader(t *testing.T) {
+	requireLeader(t)
+	if bpftest.InGuest() {
+		t.Skip("lab cluster: host only (TCG guests are too slow for 300 ms election timeouts)")
+	}
+	if !HaveOwnerCheck() {
+		t.Skip("no owner check here (kernel without bpf_task_from_pid, or not the initial pid namespace): a killed leader's heartbeats stop when its files close or its lease ends")
+	}
+	const lease = 10 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	spec := raftlab.Spec{Name: "rlkill", Nodes: 3, Binary: bpftest.KedgeBinary(t), Dir: t.TempDir(),
+		ElectionTicks: labElectionTicks, Args: []string{"--kernel-heartbeats", "--heartbeat-lease", lease.String()}}
+	c, err := raftlab.Up(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("cluster close: %v", err)
+		}
+	})
+	leader, term := c.Leader(ctx, nil)
+	waitKernelServes(t, c, leader)
+	pid := c.PID(leader)
+	if n := holdBPFLinks(t, pid); n == 0 {
+		t.Fatalf("leader %d (pid %d) has no BPF links to hold", leader, pid)
+	}
+	var others []int
+	for _, n := range c.Nodes {
+		if n.ID != leader {
+			others = append(others, n.ID)
+		}
+	}
+	killed := time.Now()
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if id, tm := c.Leader(ctx, others); id != 0 && tm > term {
+			took := time.Since(killed)
+			t.Logf("leader %d (term %d) killed with its links held open; node %d leads term %d after %v (lease %v, election timeout %d ticks of 10ms)",
+				leader, term, id, tm, took.Round(time.Millisecond), lease, labElectionTicks)
+			if took >= lease/2 {
+				// Not a timing bound: an election this late means the killed leader's
+				// heartbeats held the followers for its lease.
+				t.Errorf("new leader after %v: the killed leader's kernel heartbeated on (lease %v)", took, lease)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no new leader %v after killing leader %d: %v", time.Since(killed).Round(time.Millisecond), leader, ctx.Err())
+		case <-time.After(10 * time.Millisecond): // polling the followers
+		}
+	}
 }
