@@ -9,7 +9,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
 	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/raftlab"
 )
 
@@ -84,6 +89,12 @@ type ThroughputRun struct {
 	// SoftirqUs its softirq part.
 	MachineCPUUs float64 `json:"machine_cpu_us_per_write"`
 	SoftirqUs    float64 `json:"softirq_us_per_write"`
+	// XDPNsPerWrite and XDPRunsPerWrite: with Options.BPFStats, the run time and the runs
+	// of the XDP programs on the measured cluster's node interfaces (the follower program,
+	// on every node in modes on and follower), summed over the nodes, per write. The run
+	// time is the program's own (BPF_ENABLE_STATS): not what generic XDP costs around it.
+	XDPNsPerWrite   float64 `json:"xdp_ns_per_write,omitempty"`
+	XDPRunsPerWrite float64 `json:"xdp_runs_per_write,omitempty"`
 	// OtherCPUMs is the user + system time of the other modes' (idle) clusters' node
 	// processes over the run.
 	OtherCPUMs float64 `json:"other_clusters_cpu_ms"`
@@ -321,6 +332,15 @@ func (o *Options) throughput(ctx context.Context, nodes int) (runs []ThroughputR
 			return nil, fmt.Errorf("offload %s: warm-up: %w", mode, err)
 		}
 	}
+	if o.BPFStats {
+		// While this file descriptor is held the kernel times every BPF program's runs
+		// (BPF_ENABLE_STATS: no sysctl is written; closing it ends the timing).
+		st, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+		if err != nil {
+			return nil, fmt.Errorf("enable BPF run-time statistics: %w (Linux 5.8+; run without --tp-bpf-stats)", err)
+		}
+		defer st.Close()
+	}
 	rounds := max(o.ThroughputRounds, 1)
 	for r := range rounds {
 		for slot, mode := range roundOrder(o.Modes, r) {
@@ -329,8 +349,8 @@ func (o *Options) throughput(ctx context.Context, nodes int) (runs []ThroughputR
 				return runs, fmt.Errorf("offload %s, round %d: %w", mode, r, err)
 			}
 			run.Round, run.Slot = r, slot
-			o.logf("throughput, %d nodes, round %d/%d, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write, idle clusters %.0f ms CPU, load %.1f",
-				nodes, r+1, rounds, mode, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.OtherCPUMs, run.Load1)
+			o.logf("throughput, %d nodes, round %d/%d, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write (softirq %.1f), XDP %.0f ns and %.1f runs/write, idle clusters %.0f ms CPU, load %.1f",
+				nodes, r+1, rounds, mode, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.SoftirqUs, run.XDPNsPerWrite, run.XDPRunsPerWrite, run.OtherCPUMs, run.Load1)
 			runs = append(runs, run)
 		}
 	}
@@ -348,6 +368,44 @@ func clusterCPU(c *raftlab.Cluster) time.Duration {
 		}
 	}
 	return sum
+}
+
+// xdpStats sums the run time and run count of the XDP programs attached to c's node
+// interfaces (none: zero).
+func xdpStats(c *raftlab.Cluster) (time.Duration, uint64, error) {
+	var rt time.Duration
+	var runs uint64
+	for _, n := range c.Nodes {
+		var id uint32
+		err := bpfx.InNetns(n.Host.Handle, func() error {
+			l, err := netlink.LinkByName(n.Host.Iface)
+			if err != nil {
+				return fmt.Errorf("find %s of node %d: %w", n.Host.Iface, n.ID, err)
+			}
+			if x := l.Attrs().Xdp; x != nil && x.Attached {
+				id = x.ProgId
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, 0, err
+		}
+		if id == 0 {
+			continue
+		}
+		prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(id))
+		if err != nil {
+			return 0, 0, fmt.Errorf("open XDP program %d of node %d: %w", id, n.ID, err)
+		}
+		st, err := prog.Stats()
+		prog.Close()
+		if err != nil {
+			return 0, 0, fmt.Errorf("XDP program %d of node %d: %w", id, n.ID, err)
+		}
+		rt += st.Runtime
+		runs += st.RunCount
+	}
+	return rt, runs, nil
 }
 
 // writeRun runs o.Clients closed-loop writers against mode's leader for d while the other
@@ -374,6 +432,13 @@ func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, 
 		return sum
 	}
 	nodeCPU0, other0 := clusterCPU(c), other()
+	var xdpRT0 time.Duration
+	var xdpRuns0 uint64
+	if o.BPFStats {
+		if xdpRT0, xdpRuns0, err = xdpStats(c); err != nil {
+			return t, err
+		}
+	}
 	machine0, err := bench.ReadCPU()
 	if err != nil {
 		return t, err
@@ -417,6 +482,14 @@ func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, 
 		return t, err
 	}
 	nodeCPU, otherCPU := clusterCPU(c)-nodeCPU0, other()-other0
+	var xdpRT time.Duration
+	var xdpRuns uint64
+	if o.BPFStats {
+		if xdpRT, xdpRuns, err = xdpStats(c); err != nil {
+			return t, err
+		}
+		xdpRT, xdpRuns = xdpRT-xdpRT0, xdpRuns-xdpRuns0
+	}
 	slices.Sort(t.LatenciesUS)
 	t.set(t.LatenciesUS, errs, el.Seconds())
 	t.OtherCPUMs = ms(otherCPU)
@@ -425,6 +498,8 @@ func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, 
 		t.NodeCPUUs = float64(nodeCPU.Microseconds()) / float64(t.Writes)
 		t.MachineCPUUs = float64(m.Busy.Microseconds()) / float64(t.Writes)
 		t.SoftirqUs = float64(m.Softirq.Microseconds()) / float64(t.Writes)
+		t.XDPNsPerWrite = float64(xdpRT.Nanoseconds()) / float64(t.Writes)
+		t.XDPRunsPerWrite = float64(xdpRuns) / float64(t.Writes)
 	}
 	return t, nil
 }
