@@ -107,7 +107,10 @@ type Options struct {
 	ThroughputDuration time.Duration // each mode's run in each round
 	// ThroughputRounds: rounds of one run per mode, the order alternating (throughput.go).
 	ThroughputRounds int
-	Clients          int // concurrent writers in the throughput run
+	// BPFStats times the BPF programs during the throughput runs (BPF_ENABLE_STATS, held
+	// as a file descriptor: every program on the machine pays two clock reads per run).
+	BPFStats bool
+	Clients  int // concurrent writers in the throughput run
 }
 
 // Result is result.json.
@@ -191,7 +194,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res := &Result{Envelope: bench.NewEnvelope(ctx, Schema, "", map[string]any{
 		"tick_ms": ms(o.Tick), "election_ticks": o.ElectionTicks, "nodes": o.Nodes, "trials": o.Trials,
 		"false_election_s": o.FalseElectionDuration.Seconds(), "throughput_nodes": o.ThroughputNodes,
-		"throughput_s": o.ThroughputDuration.Seconds(), "throughput_rounds": o.ThroughputRounds, "clients": o.Clients, "scenarios": o.Scenarios,
+		"throughput_s": o.ThroughputDuration.Seconds(), "throughput_rounds": o.ThroughputRounds, "bpf_stats": o.BPFStats, "clients": o.Clients, "scenarios": o.Scenarios,
 		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "failover_client": o.failoverClient(),
 		"heartbeat_ticks": o.HeartbeatTicks, "heartbeat_lease_ms": ms(o.HeartbeatLease), "offload_alive_ms": ms(o.OffloadAlive), "heartbeat_s": o.HeartbeatDuration.Seconds(),
 		"authenticated": o.ClusterKey != "",
