@@ -71,14 +71,21 @@ func TestGatherParts(t *testing.T) {
 		coord   netip.AddrPort
 		workers []netip.AddrPort
 	}{{"IPv4", coord4, w4}, {"IPv6", coord6, w6p}} {
-		for _, c := range cases {
+		// One load per family: each case reconfigures the group and uses its own slots.
+		f := newPartsFixture(t, 1, fam.coord, fam.workers, RedSum, TypeI64, 5)
+		for ci, c := range cases {
 			t.Run(fam.name+"/"+c.name, func(t *testing.T) {
 				ws := fam.workers
-				f := newPartsFixture(t, 1, fam.coord, ws, c.red, c.typ, 5)
+				var g GroupCfg
+				must(t, f.o.Groups.Lookup(uint32(1), &g))
+				g.Reduce, g.Dtype = c.red, c.typ
+				must(t, f.o.Groups.Put(uint32(1), &g))
+				before, err := f.o.SumStats(1)
+				must(t, err)
 				// Two orders: parts before the single-packet reply (min/max start at
 				// the identity) and after it (a whole reply set every element first).
 				for k, singleFirst := range []bool{false, true} {
-					id := uint64(11+k)<<10 | 66 + uint64(k)
+					id := uint64(11+k)<<10 | 64 + uint64(2*ci+k)
 					f.arm(t, 1, id, 3)
 					p := func(w, i, n int) []byte {
 						return part(ws[w], fam.coord, 1, uint16(w), id, c.typ, vecs[w], i, n)
@@ -107,6 +114,7 @@ func TestGatherParts(t *testing.T) {
 						t.Fatalf("aggregate %v, want %v", res.Agg[:5], c.want)
 					}
 					st, err := f.o.SumStats(1)
+					st.Parts, st.Replies, st.Completed = st.Parts-before.Parts, st.Replies-before.Replies, st.Completed-before.Completed
 					if n := uint64(k + 1); err != nil || st.Parts != 5*n || st.Replies != 3*n || st.Completed != n {
 						t.Fatalf("counters parts %d replies %d completed %d (%v)", st.Parts, st.Replies, st.Completed, err)
 					}
@@ -157,19 +165,20 @@ func TestGatherPartsRejected(t *testing.T) {
 		t.Fatalf("slot: count %d bitmap %b partial %d agg %v", s.Res.Count, s.Res.Bitmap[0], s.Res.Partial, s.Res.Agg[:5])
 	}
 
-	t.Run("groups that take single packets only", func(t *testing.T) {
-		for _, c := range []struct {
-			name string
-			f    *fixture
-		}{
-			{"without the flag", newFixtureWith(t, LoadOptions{Tier: DetectTier(), PartEntries: 64 * 3}, 1, coord4, w4, RedSum, TypeI64, 5, 0)},
-			{"gather", newPartsFixture(t, 1, coord4, w4, RedGather, TypeI64, 5)},
-		} {
-			c.f.arm(t, 1, id, 3)
-			r := bpftest.Runner{Prog: c.f.o.Gather, Counters: c.f.counters}
-			r.Run(t, []bpftest.Case{{Name: c.name, In: p(0, 0, 2), WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{"1.Multipart": 1}}})
-		}
-	})
+	// Groups that take single packets only: without the flag, and gather.
+	for _, c := range []struct {
+		name string
+		mod  func(*GroupCfg)
+	}{
+		{"group without the parts flag", func(g *GroupCfg) { g.Flags &^= GroupFlagParts }},
+		{"gather group", func(g *GroupCfg) { g.Flags |= GroupFlagParts; g.Reduce = RedGather }},
+	} {
+		var g GroupCfg
+		must(t, f.o.Groups.Lookup(uint32(1), &g))
+		c.mod(&g)
+		must(t, f.o.Groups.Put(uint32(1), &g))
+		r.Run(t, []bpftest.Case{{Name: c.name, In: p(1, 0, 2), WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{"1.Multipart": 1}}})
+	}
 }
 
 func truncated(frame []byte, n int) []byte { return append([]byte(nil), frame[:n]...) }
