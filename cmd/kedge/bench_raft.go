@@ -94,8 +94,12 @@ run at the same time and the trials alternate, so both sides see the same machin
                    AND a starved follower). Both modes' clusters under the same pressure at
                    once. The default --fe-duration is short (30s); the issue's figure is
                    --fe-duration 10m.
-  throughput       --clients closed-loop writers putting to the leader for --tp-duration, for
-                   each cluster size in --tp-nodes and mode: writes/s and latency p50/p99.
+  throughput       --clients closed-loop writers putting to the leader, per cluster size in
+                   --tp-nodes: one cluster per mode, built once; --tp-rounds rounds, each
+                   running every mode for --tp-duration in turn (the order reversed every
+                   other round: on,off / off,on ...) while the other clusters idle. Per run
+                   writes/s, latency p50/p99, CPU per write; per round each mode's ratio to
+                   off; the median ratio, its min-max and a sign test over the rounds.
   heartbeat        both modes idle for --hb-duration: the CPU time of one follower's process
                    per heartbeat that reached it (with offload on, most are answered in XDP);
                    then --hb-probes heartbeats sent in the leader's name from its namespace
@@ -106,7 +110,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 		Example: `  sudo kedge bench raft --out docs/results/raft
   sudo kedge bench raft --scenarios failover --trials 50 --election-ticks 3,10
   sudo kedge bench raft --scenarios false-elections --election-ticks 3 --fe-duration 10m
-  sudo kedge bench raft --scenarios throughput --tp-nodes 3 --clients 16 --tp-duration 10s --offload on,off`,
+  sudo kedge bench raft --scenarios throughput --tp-nodes 3 --clients 16 --tp-rounds 6 --tp-duration 20s --offload on,off`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -150,6 +154,9 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 			}
 			if o.Trials < 1 || o.Clients < 1 || o.Tick <= 0 {
 				return usagef("--trials, --clients and --tick must be positive")
+			}
+			if o.ThroughputRounds < 1 || o.ThroughputDuration < time.Second {
+				return usagef("--tp-rounds %d, --tp-duration %v: use at least 1 round of at least 1s, e.g. --tp-rounds 6 --tp-duration 20s", o.ThroughputRounds, o.ThroughputDuration)
 			}
 			if err := requireBenchRoot(cmd); err != nil {
 				return err
@@ -208,7 +215,8 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	f.DurationVar(&o.FalseElectionDuration, "fe-duration", 30*time.Second, "length of each false-election phase (short default; the issue's figure is 10m)")
 	f.StringVar(&feModes, "fe-offload", "", "modes of the false-election runs (default: --offload)")
 	f.StringVar(&tpNodes, "tp-nodes", "3", "cluster sizes for the throughput run")
-	f.DurationVar(&o.ThroughputDuration, "tp-duration", 10*time.Second, "length of each throughput run")
+	f.DurationVar(&o.ThroughputDuration, "tp-duration", 10*time.Second, "length of each mode's throughput run in each round")
+	f.IntVar(&o.ThroughputRounds, "tp-rounds", 6, "throughput rounds (each runs every mode once, the order alternating)")
 	f.IntVar(&o.Clients, "clients", 16, "concurrent writers in the throughput run")
 	addBenchOutFlag(cmd, &out, "raft")
 	return cmd
@@ -292,7 +300,9 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 		}
 		fmt.Fprintln(tw)
 	}
-	if len(r.Throughput) > 0 {
+	if len(r.ThroughputRuns) > 0 {
+		throughputTables(tw, r)
+	} else if len(r.Throughput) > 0 { // a result of before the rounds
 		fmt.Fprintln(tw, "THROUGHPUT\tOFFLOAD\tCLIENTS\tWRITES/S\tP50\tP99\tMAX\tERRORS")
 		for _, t := range r.Throughput {
 			fmt.Fprintf(tw, "%d nodes\t%s\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\n", t.Nodes, t.Offload, t.Clients, t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors)
@@ -307,4 +317,42 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// throughputTables prints the throughput rounds (every run, in the order run), each round's
+// ratios to the baseline, and the summary over the rounds.
+func throughputTables(tw io.Writer, r *raftbench.Result) {
+	fmt.Fprintln(tw, "THROUGHPUT RUNS\tROUND\tOFFLOAD\tCLIENTS\tWRITES/S\tP50\tP99\tMAX\tERRORS\tNODE CPU/WRITE\tMACHINE CPU/WRITE\tSOFTIRQ/WRITE\tIDLE CLUSTERS CPU\tLOAD")
+	for _, t := range r.ThroughputRuns {
+		fmt.Fprintf(tw, "%d nodes\t%d\t%s\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\t%.0f us\t%.0f us\t%.1f us\t%.0f ms\t%.1f\n", t.Nodes, t.Round+1, t.Offload, t.Clients,
+			t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors, t.NodeCPUUs, t.MachineCPUUs, t.SoftirqUs, t.OtherCPUMs, t.Load1)
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "THROUGHPUT, POOLED\tOFFLOAD\tROUNDS\tWRITES\tWRITES/S\tP50\tP99\tMAX\tERRORS")
+	for _, t := range r.Throughput {
+		fmt.Fprintf(tw, "%d nodes\t%s\t%d\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\n", t.Nodes, t.Offload, t.Rounds, t.Writes, t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors)
+	}
+	fmt.Fprintln(tw)
+	if len(r.ThroughputCompare) == 0 {
+		return
+	}
+	fmt.Fprintln(tw, "THROUGHPUT PER ROUND\tROUND\tMODE / BASELINE\tWRITES/S\tP50\tP99\tNODE CPU/WRITE\tMACHINE CPU/WRITE")
+	for _, c := range r.ThroughputCompare {
+		for i := range c.PerSecond.PerRound {
+			fmt.Fprintf(tw, "%d nodes\t%d\t%s / %s\t%.3fx\t%.3fx\t%.3fx\t%.3fx\t%.3fx\n", c.Nodes, i+1, c.Offload, c.Baseline,
+				c.PerSecond.PerRound[i], c.P50.PerRound[i], c.P99.PerRound[i], c.NodeCPU.PerRound[i], c.MachineCPU.PerRound[i])
+		}
+	}
+	fmt.Fprintln(tw)
+	// Median ratio over the rounds [min-max], the rounds with the ratio below 1, and p: the
+	// two-sided sign test of "below and above 1 equally likely".
+	fmt.Fprintln(tw, "THROUGHPUT RATIO\tMODE / BASELINE\tROUNDS\tWRITES/S\tP50\tP99\tNODE CPU/WRITE\tMACHINE CPU/WRITE")
+	cell := func(x raftbench.Ratio) string {
+		return fmt.Sprintf("%.3fx [%.3f-%.3f] %d below 1, p=%.2f", x.Median, x.Min, x.Max, x.Below, x.SignP)
+	}
+	for _, c := range r.ThroughputCompare {
+		fmt.Fprintf(tw, "%d nodes\t%s / %s\t%d\t%s\t%s\t%s\t%s\t%s\n", c.Nodes, c.Offload, c.Baseline, c.Rounds,
+			cell(c.PerSecond), cell(c.P50), cell(c.P99), cell(c.NodeCPU), cell(c.MachineCPU))
+	}
+	fmt.Fprintln(tw)
 }

@@ -167,6 +167,7 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--scenarios", "nope"}},
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--trials", "0"}},
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--offload", "on,maybe"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--tp-rounds", "0"}},
 	},
 	"raft-errors.golden": {
 		{exitUsage, []string{"raft"}},

@@ -103,9 +103,11 @@ type Options struct {
 	// rounds, alternating between the modes).
 	HeartbeatProbes int
 
-	ThroughputNodes    []int // (3, 5)
-	ThroughputDuration time.Duration
-	Clients            int // concurrent writers in the throughput run
+	ThroughputNodes    []int         // (3, 5)
+	ThroughputDuration time.Duration // each mode's run in each round
+	// ThroughputRounds: rounds of one run per mode, the order alternating (throughput.go).
+	ThroughputRounds int
+	Clients          int // concurrent writers in the throughput run
 }
 
 // Result is result.json.
@@ -114,7 +116,11 @@ type Result struct {
 	Failover       []Failover       `json:"failover,omitempty"`
 	FalseElections []FalseElections `json:"false_elections,omitempty"`
 	Throughput     []Throughput     `json:"throughput,omitempty"`
-	Heartbeats     []Heartbeats     `json:"heartbeats,omitempty"`
+	// ThroughputRuns are the throughput scenario's runs, round by round; ThroughputCompare
+	// each mode against the baseline (off), paired by round (throughput.go).
+	ThroughputRuns    []ThroughputRun     `json:"throughput_runs,omitempty"`
+	ThroughputCompare []ThroughputCompare `json:"throughput_compare,omitempty"`
+	Heartbeats        []Heartbeats        `json:"heartbeats,omitempty"`
 }
 
 // Heartbeats is one idle window on one follower: what its process cost per heartbeat.
@@ -174,22 +180,6 @@ type FalseElections struct {
 	PerMinute         float64 `json:"per_minute"`
 }
 
-// Throughput is one closed-loop write run against the leader.
-type Throughput struct {
-	Offload   string  `json:"offload"`
-	Nodes     int     `json:"nodes"`
-	Clients   int     `json:"clients"`
-	DurationS float64 `json:"duration_s"`
-	Writes    int     `json:"writes"`
-	Errors    int     `json:"errors"`
-	PerSecond float64 `json:"writes_per_s"`
-	P50Ms     float64 `json:"p50_ms"`
-	P99Ms     float64 `json:"p99_ms"`
-	MaxMs     float64 `json:"max_ms"`
-	// LatenciesUS of the acknowledged writes (for the chart).
-	LatenciesUS []float64 `json:"latencies_us"`
-}
-
 func (o *Options) logf(format string, args ...any) {
 	if o.Log != nil {
 		o.Log(format, args...)
@@ -201,7 +191,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res := &Result{Envelope: bench.NewEnvelope(ctx, Schema, "", map[string]any{
 		"tick_ms": ms(o.Tick), "election_ticks": o.ElectionTicks, "nodes": o.Nodes, "trials": o.Trials,
 		"false_election_s": o.FalseElectionDuration.Seconds(), "throughput_nodes": o.ThroughputNodes,
-		"throughput_s": o.ThroughputDuration.Seconds(), "clients": o.Clients, "scenarios": o.Scenarios,
+		"throughput_s": o.ThroughputDuration.Seconds(), "throughput_rounds": o.ThroughputRounds, "clients": o.Clients, "scenarios": o.Scenarios,
 		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "failover_client": o.failoverClient(),
 		"heartbeat_ticks": o.HeartbeatTicks, "heartbeat_lease_ms": ms(o.HeartbeatLease), "offload_alive_ms": ms(o.OffloadAlive), "heartbeat_s": o.HeartbeatDuration.Seconds(),
 		"authenticated": o.ClusterKey != "",
@@ -229,19 +219,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			}
 		case "throughput":
 			for _, n := range o.ThroughputNodes {
-				for _, mode := range o.Modes {
-					var t Throughput
-					if t, err = o.throughput(ctx, n, mode); err == nil {
-						res.Throughput = append(res.Throughput, t)
-					}
-					if err != nil {
-						break
-					}
-				}
+				var runs []ThroughputRun
+				runs, err = o.throughput(ctx, n)
+				res.ThroughputRuns = append(res.ThroughputRuns, runs...)
 				if err != nil {
 					break
 				}
 			}
+			res.Throughput = poolThroughput(res.ThroughputRuns, o.Modes)
+			res.ThroughputCompare = CompareThroughput(res.ThroughputRuns, o.Modes)
 		case "heartbeat":
 			var hb []Heartbeats
 			hb, err = o.heartbeats(ctx)
@@ -842,60 +828,6 @@ func watchLeaders(ctx context.Context, c *raftlab.Cluster, d time.Duration) (Fal
 	fe.TermIncrease = lastTerm - firstTerm
 	fe.PerMinute = float64(fe.LeaderChanges) / fe.DurationS * 60
 	return fe, ctx.Err()
-}
-
-// throughput runs o.Clients closed-loop writers against the leader for the duration.
-func (o *Options) throughput(ctx context.Context, nodes int, mode string) (t Throughput, err error) {
-	c, err := o.cluster(ctx, fmt.Sprintf("rbt%d", nodes), nodes, 10, mode)
-	if err != nil {
-		return t, err
-	}
-	defer func() { err = errors.Join(err, c.Close()) }()
-	leader, err := stableLeader(ctx, c)
-	if err != nil {
-		return t, err
-	}
-	t = Throughput{Offload: mode, Nodes: nodes, Clients: o.Clients}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	runCtx, cancel := context.WithTimeout(ctx, o.ThroughputDuration)
-	defer cancel()
-	start := time.Now()
-	for i := range o.Clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cl := raftlab.NewClient(c.Client, 5*time.Second)
-			defer cl.Close()
-			var lat []float64
-			errs := 0
-			for n := 0; runCtx.Err() == nil; n++ {
-				op := raftlab.Op{Kind: raftlab.Put, Key: fmt.Sprintf("tp/%d", n%64), Value: fmt.Sprintf("%d.%d", i, n)}
-				t0 := time.Now()
-				raftlab.Do(ctx, cl, c.Node(leader).ClientAddr, &op)
-				if op.Out.Err != "" || op.Out.Unknown {
-					errs++
-					continue
-				}
-				lat = append(lat, float64(time.Since(t0).Microseconds()))
-			}
-			mu.Lock()
-			t.LatenciesUS = append(t.LatenciesUS, lat...)
-			t.Errors += errs
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	t.DurationS = time.Since(start).Seconds()
-	t.Writes = len(t.LatenciesUS)
-	t.PerSecond = float64(t.Writes) / t.DurationS
-	s := slices.Clone(t.LatenciesUS)
-	slices.Sort(s)
-	if len(s) > 0 {
-		t.P50Ms, t.P99Ms, t.MaxMs = bench.Percentile(s, 50)/1000, bench.Percentile(s, 99)/1000, s[len(s)-1]/1000
-	}
-	o.logf("throughput, offload %s, %d nodes: %.0f writes/s, p50 %.2f ms, p99 %.2f ms", mode, nodes, t.PerSecond, t.P50Ms, t.P99Ms)
-	return t, nil
 }
 
 // WriteCharts draws the failover CDF (one line per election timeout) and the write latency

@@ -1,0 +1,430 @@
+package raftbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/raftlab"
+)
+
+// The throughput scenario, paired: one cluster per mode, built once and reused for every
+// round; each round runs every mode once, in turn, for ThroughputDuration while the other
+// modes' clusters stay up and idle (heartbeating, no writes); the order alternates between
+// rounds (on, off / off, on / ...) so that a drift of the machine over the run falls on both
+// modes alike. A mode is compared with the baseline (off) round by round: the ratio of two
+// runs minutes apart, not of two separately started runs.
+//
+// Idle rather than stopped: SIGSTOPping a cluster lets its kernel detector fire and its
+// resumption start an election, and rebuilding clusters per round adds a start-up (and the
+// pacer's calibration) to every round. The idle clusters' cost is measured (their node
+// processes' CPU over each run) and printed with the run, so any asymmetry in it is visible.
+
+// throughputLatencyPoints bounds the latencies kept in result.json per mode (for the chart):
+// the pooled, sorted latencies of all rounds thinned evenly in rank.
+const throughputLatencyPoints = 5000
+
+// WriteStats are the figures of closed-loop writes (inlined into the JSON of the types
+// that embed it).
+type WriteStats struct {
+	DurationS float64 `json:"duration_s"`
+	Writes    int     `json:"writes"` // acknowledged
+	Errors    int     `json:"errors"`
+	PerSecond float64 `json:"writes_per_s"`
+	P50Ms     float64 `json:"p50_ms"`
+	P99Ms     float64 `json:"p99_ms"`
+	MaxMs     float64 `json:"max_ms"`
+}
+
+// set fills the figures from the writes' latencies (sorted, microseconds), errors and duration.
+func (w *WriteStats) set(sortedUS []float64, errors int, durationS float64) {
+	w.Writes, w.Errors, w.DurationS = len(sortedUS), errors, durationS
+	if durationS > 0 {
+		w.PerSecond = float64(w.Writes) / durationS
+	}
+	if len(sortedUS) > 0 {
+		w.P50Ms, w.P99Ms = bench.Percentile(sortedUS, 50)/1000, bench.Percentile(sortedUS, 99)/1000
+		w.MaxMs = sortedUS[len(sortedUS)-1] / 1000
+	}
+}
+
+// Throughput is one mode's closed-loop writes against the leader, pooled over its rounds
+// (ThroughputRun each; a result of before the rounds has one run per mode and no Rounds).
+type Throughput struct {
+	Offload    string `json:"offload"`
+	Nodes      int    `json:"nodes"`
+	Clients    int    `json:"clients"`
+	Rounds     int    `json:"rounds,omitempty"`
+	WriteStats        // DurationS summed over the rounds
+	// LatenciesUS of the acknowledged writes (for the chart), sorted and, over 5000,
+	// thinned evenly in rank (a result of before the rounds: all of them, unsorted).
+	LatenciesUS []float64 `json:"latencies_us"`
+}
+
+// ThroughputRun is one mode's closed-loop write run in one round.
+type ThroughputRun struct {
+	Round   int    `json:"round"` // from 0
+	Slot    int    `json:"slot"`  // position in the round's order (0: first)
+	Offload string `json:"offload"`
+	Nodes   int    `json:"nodes"`
+	Clients int    `json:"clients"`
+	Leader  int    `json:"leader"`
+	WriteStats
+	// NodeCPUUs is the user + system time of the cluster's node processes per acknowledged
+	// write (XDP and TC run in softirq: charged to whichever process was interrupted, or to
+	// the softirq column of /proc/stat - MachineCPUUs counts them either way).
+	NodeCPUUs float64 `json:"node_cpu_us_per_write"`
+	// MachineCPUUs is the machine's busy CPU time (/proc/stat: all but idle and iowait: the
+	// nodes, the clients, softirq, the idle clusters, anything else running) per write;
+	// SoftirqUs its softirq part.
+	MachineCPUUs float64 `json:"machine_cpu_us_per_write"`
+	SoftirqUs    float64 `json:"softirq_us_per_write"`
+	// OtherCPUMs is the user + system time of the other modes' (idle) clusters' node
+	// processes over the run.
+	OtherCPUMs float64 `json:"other_clusters_cpu_ms"`
+	Load1      float64 `json:"load1"` // the machine's 1-minute load average at the start
+	// LatenciesUS of the run's acknowledged writes (pooled per mode into Throughput; not
+	// written to result.json).
+	LatenciesUS []float64 `json:"-"`
+}
+
+// Ratio is one figure of a mode divided by the baseline's, per round, and its summary.
+type Ratio struct {
+	PerRound []float64 `json:"per_round"`
+	Median   float64   `json:"median"` // of the per-round ratios (mean of the middle two for an even count)
+	Min      float64   `json:"min"`
+	Max      float64   `json:"max"`
+	Below    int       `json:"below_1"` // rounds with the ratio below 1
+	Above    int       `json:"above_1"`
+	// SignP is the two-sided exact sign test of "below and above 1 equally likely" (ties
+	// left out): 6 of 6 rounds on one side give 0.031, 5 of 6 give 0.22.
+	SignP float64 `json:"sign_test_p"`
+}
+
+// ThroughputCompare is one mode against the baseline over the rounds (paired by round).
+type ThroughputCompare struct {
+	Offload   string `json:"offload"`
+	Baseline  string `json:"baseline"`
+	Nodes     int    `json:"nodes"`
+	Rounds    int    `json:"rounds"`
+	PerSecond Ratio  `json:"writes_per_s"`
+	P50       Ratio  `json:"p50"`
+	P99       Ratio  `json:"p99"`
+	NodeCPU   Ratio  `json:"node_cpu_per_write"`
+	// MachineCPU is the machine's busy CPU per write (what the whole box paid per write).
+	MachineCPU Ratio `json:"machine_cpu_per_write"`
+}
+
+// roundOrder is the order of the modes in round r: as given in even rounds, reversed in odd
+// ones (on, off / off, on / ...: every adjacent pair of rounds is balanced).
+func roundOrder(modes []string, r int) []string {
+	out := slices.Clone(modes)
+	if r%2 == 1 {
+		slices.Reverse(out)
+	}
+	return out
+}
+
+// baselineMode is what the other modes are divided by: off when it runs, else the last mode.
+func baselineMode(modes []string) string {
+	if slices.Contains(modes, ModeOff) {
+		return ModeOff
+	}
+	return modes[len(modes)-1]
+}
+
+// median of v (the mean of the middle two for an even count; NaN when empty or when a value
+// is NaN: a round without a figure makes the median unknown rather than wrong).
+func median(v []float64) float64 {
+	if len(v) == 0 || slices.ContainsFunc(v, math.IsNaN) {
+		return math.NaN()
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// signTestP is the two-sided exact sign test's p-value for below and above out of the
+// untied rounds: P(a count as extreme as min(below, above) under Binomial(n, 1/2)), doubled.
+func signTestP(below, above int) float64 {
+	n := below + above
+	if n == 0 {
+		return 1
+	}
+	k := min(below, above)
+	// sum_{i<=k} C(n, i) / 2^n, computed in floating point (n is a few dozen at most).
+	c, sum := 1.0, 0.0
+	for i := 0; i <= k; i++ {
+		if i > 0 {
+			c = c * float64(n-i+1) / float64(i)
+		}
+		sum += c
+	}
+	return math.Min(1, 2*sum/math.Pow(2, float64(n)))
+}
+
+// newRatio summarizes per-round ratios.
+func newRatio(per []float64) Ratio {
+	r := Ratio{PerRound: per, Median: median(per), Min: math.NaN(), Max: math.NaN()}
+	for _, v := range per {
+		if math.IsNaN(v) {
+			continue
+		}
+		if math.IsNaN(r.Min) || v < r.Min {
+			r.Min = v
+		}
+		if math.IsNaN(r.Max) || v > r.Max {
+			r.Max = v
+		}
+		switch {
+		case v < 1:
+			r.Below++
+		case v > 1:
+			r.Above++
+		}
+	}
+	r.SignP = signTestP(r.Below, r.Above)
+	return r
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return math.NaN()
+	}
+	return a / b
+}
+
+// CompareThroughput pairs each mode's runs with the baseline's run of the same round (and
+// cluster size) and summarizes the ratios; modes are in the order given, the baseline left out.
+func CompareThroughput(runs []ThroughputRun, modes []string) []ThroughputCompare {
+	if len(modes) == 0 {
+		return nil
+	}
+	base := baselineMode(modes)
+	type key struct {
+		nodes, round int
+		mode         string
+	}
+	byKey := map[key]*ThroughputRun{}
+	var sizes []int
+	for i := range runs {
+		r := &runs[i]
+		byKey[key{r.Nodes, r.Round, r.Offload}] = r
+		if !slices.Contains(sizes, r.Nodes) {
+			sizes = append(sizes, r.Nodes)
+		}
+	}
+	var out []ThroughputCompare
+	for _, n := range sizes {
+		for _, mode := range modes {
+			if mode == base {
+				continue
+			}
+			var ws, p50, p99, cpu, mcpu []float64
+			for i := range runs {
+				m := &runs[i]
+				if m.Nodes != n || m.Offload != mode {
+					continue
+				}
+				b := byKey[key{n, m.Round, base}]
+				if b == nil {
+					continue // the round was cut short before the baseline ran
+				}
+				ws = append(ws, ratio(m.PerSecond, b.PerSecond))
+				p50 = append(p50, ratio(m.P50Ms, b.P50Ms))
+				p99 = append(p99, ratio(m.P99Ms, b.P99Ms))
+				cpu = append(cpu, ratio(m.NodeCPUUs, b.NodeCPUUs))
+				mcpu = append(mcpu, ratio(m.MachineCPUUs, b.MachineCPUUs))
+			}
+			if len(ws) == 0 {
+				continue
+			}
+			out = append(out, ThroughputCompare{Offload: mode, Baseline: base, Nodes: n, Rounds: len(ws),
+				PerSecond: newRatio(ws), P50: newRatio(p50), P99: newRatio(p99), NodeCPU: newRatio(cpu), MachineCPU: newRatio(mcpu)})
+		}
+	}
+	return out
+}
+
+// poolThroughput is each mode's summary over all its rounds: writes and errors summed,
+// writes/s over the summed duration, percentiles over the pooled latencies (kept thinned).
+func poolThroughput(runs []ThroughputRun, modes []string) []Throughput {
+	var out []Throughput
+	var sizes []int
+	for _, r := range runs {
+		if !slices.Contains(sizes, r.Nodes) {
+			sizes = append(sizes, r.Nodes)
+		}
+	}
+	for _, n := range sizes {
+		for _, mode := range modes {
+			t := Throughput{Offload: mode, Nodes: n}
+			var lat []float64
+			var errs int
+			var d float64
+			for _, r := range runs {
+				if r.Nodes != n || r.Offload != mode {
+					continue
+				}
+				t.Clients = r.Clients
+				t.Rounds++
+				d += r.DurationS
+				errs += r.Errors
+				lat = append(lat, r.LatenciesUS...)
+			}
+			if t.Rounds == 0 {
+				continue
+			}
+			slices.Sort(lat)
+			t.set(lat, errs, d)
+			t.LatenciesUS = thin(lat, throughputLatencyPoints)
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// thin keeps at most n of the sorted values, evenly spaced in rank, the first and last
+// included (a CDF drawn from them is the full one's to within 1/n).
+func thin(sorted []float64, n int) []float64 {
+	if len(sorted) <= n {
+		return sorted
+	}
+	out := make([]float64, n)
+	for i := range n {
+		out[i] = sorted[i*(len(sorted)-1)/(n-1)]
+	}
+	return out
+}
+
+// throughput runs o.ThroughputRounds rounds of every mode on clusters of `nodes` nodes.
+func (o *Options) throughput(ctx context.Context, nodes int) (runs []ThroughputRun, err error) {
+	cs, closeAll, err := o.clusters(ctx, fmt.Sprintf("rbt%d", nodes), nodes, 10)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, closeAll()) }()
+	// A warm-up per cluster, not counted: the first writes after a start pay for
+	// connections, the WAL's first segment and cold caches, and would fall on round 0's
+	// first mode only.
+	warm := min(2*time.Second, o.ThroughputDuration/5)
+	for _, mode := range o.Modes {
+		if _, err := o.writeRun(ctx, cs, nodes, mode, warm); err != nil {
+			return nil, fmt.Errorf("offload %s: warm-up: %w", mode, err)
+		}
+	}
+	rounds := max(o.ThroughputRounds, 1)
+	for r := range rounds {
+		for slot, mode := range roundOrder(o.Modes, r) {
+			run, err := o.writeRun(ctx, cs, nodes, mode, o.ThroughputDuration)
+			if err != nil {
+				return runs, fmt.Errorf("offload %s, round %d: %w", mode, r, err)
+			}
+			run.Round, run.Slot = r, slot
+			o.logf("throughput, %d nodes, round %d/%d, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write, idle clusters %.0f ms CPU, load %.1f",
+				nodes, r+1, rounds, mode, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.OtherCPUMs, run.Load1)
+			runs = append(runs, run)
+		}
+	}
+	return runs, nil
+}
+
+// clusterCPU is the user + system time of every running node process of c.
+func clusterCPU(c *raftlab.Cluster) time.Duration {
+	var sum time.Duration
+	for _, n := range c.Nodes {
+		if pid := c.PID(n.ID); pid != 0 {
+			if t, err := bench.ProcCPU(pid); err == nil {
+				sum += t
+			}
+		}
+	}
+	return sum
+}
+
+// writeRun runs o.Clients closed-loop writers against mode's leader for d while the other
+// clusters stay idle, and measures what it cost.
+func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, nodes int, mode string, d time.Duration) (ThroughputRun, error) {
+	c := cs[mode]
+	t := ThroughputRun{Offload: mode, Nodes: nodes, Clients: o.Clients}
+	// The previous run's writes applied everywhere and one leader: the same start each time.
+	leader, err := stableLeader(ctx, c)
+	if err != nil {
+		return t, err
+	}
+	t.Leader = leader
+	if l := bench.LoadAvg(); len(l) > 0 {
+		t.Load1 = l[0]
+	}
+	other := func() time.Duration {
+		var sum time.Duration
+		for m, oc := range cs {
+			if m != mode {
+				sum += clusterCPU(oc)
+			}
+		}
+		return sum
+	}
+	nodeCPU0, other0 := clusterCPU(c), other()
+	machine0, err := bench.ReadCPU()
+	if err != nil {
+		return t, err
+	}
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs int
+	)
+	runCtx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	start := time.Now()
+	for i := range o.Clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := raftlab.NewClient(c.Client, 5*time.Second)
+			defer cl.Close()
+			var lat []float64
+			e := 0
+			for n := 0; runCtx.Err() == nil; n++ {
+				op := raftlab.Op{Kind: raftlab.Put, Key: fmt.Sprintf("tp/%d", n%64), Value: fmt.Sprintf("%d.%d", i, n)}
+				t0 := time.Now()
+				raftlab.Do(ctx, cl, c.Node(leader).ClientAddr, &op)
+				if op.Out.Err != "" || op.Out.Unknown {
+					e++
+					continue
+				}
+				lat = append(lat, float64(time.Since(t0).Microseconds()))
+			}
+			mu.Lock()
+			t.LatenciesUS = append(t.LatenciesUS, lat...)
+			errs += e
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	machine1, err := bench.ReadCPU()
+	if err != nil {
+		return t, err
+	}
+	nodeCPU, otherCPU := clusterCPU(c)-nodeCPU0, other()-other0
+	slices.Sort(t.LatenciesUS)
+	t.set(t.LatenciesUS, errs, el.Seconds())
+	t.OtherCPUMs = ms(otherCPU)
+	if t.Writes > 0 {
+		m := machine1.Sub(machine0)
+		t.NodeCPUUs = float64(nodeCPU.Microseconds()) / float64(t.Writes)
+		t.MachineCPUUs = float64(m.Busy.Microseconds()) / float64(t.Writes)
+		t.SoftirqUs = float64(m.Softirq.Microseconds()) / float64(t.Writes)
+	}
+	return t, nil
+}
