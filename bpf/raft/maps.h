@@ -37,15 +37,18 @@ struct raftx_state {
 };
 #define RAFTX_STATE_HAS_LOG 1 /* prevote.h: the mirror carries the durable log's end */
 
-/* The last heartbeat answered in XDP (user space reads it with BPF_F_LOCK). */
+/* The last heartbeat of the mirrored leader at the mirrored term seen in XDP: answered, or
+ * passed up because the alive deadline was past (then only leader, term and last_ns move).
+ * User space reads it with BPF_F_LOCK. */
 struct raftx_hb {
 	struct bpf_spin_lock lock;
 	__u32 _pad;
 	__u64 leader;  /* sender (the mirrored leader) */
 	__u64 term;    /* its term (= the mirrored term) */
-	__u64 commit;  /* highest Commit seen from this leader in this term */
-	__u64 last_ns; /* arrival, bpf_ktime_get_ns() */
+	__u64 commit;  /* highest Commit answered from this leader in this term */
+	__u64 last_ns; /* arrival, bpf_ktime_get_ns() (answered or not) */
 	__u64 count;   /* heartbeats answered since load */
+	__u64 answered_ns; /* arrival of the last one answered */
 };
 
 /* While this node leads: the last heartbeat response of each follower (key: its id, host
@@ -80,7 +83,7 @@ struct raftx_event {
 	__u32 _pad;
 	__u64 leader;
 	__u64 term;
-	__u64 last_ns; /* arrival of the last heartbeat answered */
+	__u64 last_ns; /* arrival of the last heartbeat seen (raftx_hb.last_ns) */
 	__u64 now_ns;  /* when the timer fired */
 };
 
@@ -93,7 +96,8 @@ struct raftx_stats {
 	__u64 drop[RAFTX_DROP_SLOTS]; /* refused by raft_hdr_check/raft_auth: XDP_DROP */
 	__u64 hb_answered;       /* MsgHeartbeatResp built in place: XDP_TX */
 	__u64 hb_no_state;       /* the node has not mirrored its state yet: passed */
-	__u64 hb_not_alive;      /* alive_until_ns is past: passed (user space may be dead) */
+	__u64 hb_not_alive;      /* a valid heartbeat, alive_until_ns past: recorded (last_ns), detector
+				  * re-armed, passed (user space may be dead) */
 	__u64 hb_stale_term;     /* term below the mirrored term: passed */
 	__u64 hb_new_term;       /* term above it: passed (a term change must be fsynced first) */
 	__u64 hb_leader;         /* sender is not the mirrored leader (or none is known): passed */

@@ -293,10 +293,6 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 		COUNT(s, hb_no_state);
 		return XDP_PASS;
 	}
-	if (now >= alive_until) {
-		COUNT(s, hb_not_alive);
-		return XDP_PASS;
-	}
 	if (term < cur_term) {
 		COUNT(s, hb_stale_term);
 		return XDP_PASS;
@@ -311,6 +307,31 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 	}
 	if (!in6_eq(&p->saddr, &leader_addr) || p->sport != leader_port) {
 		COUNT(s, hb_leader_addr);
+		return XDP_PASS;
+	}
+	/* detect_ns == 0 turns the detector off; detect_after_ns moves its deadline (the node's
+	 * rank after this leader: followers fire one after the other, not at once). */
+	if (detect_ns && detect_after)
+		detect_ns = detect_after;
+	if (now >= alive_until) {
+		/* Not answered: the node's persist/apply loop has not refreshed its deadline (it
+		 * may be dead, hung or stuck on its disk), and the packet goes up to its socket.
+		 * But the leader is not silent: its arrival is recorded (not counted as answered)
+		 * and the detector re-armed. Without that, a node whose loop was starved past the
+		 * bound woke to a record that said "silent" while the heartbeats sat unread in its
+		 * socket: its detector's event and its lease judged in real time (the node's
+		 * judgeLease) started or granted an election against a live leader (docs/raft.md
+		 * section 14, "A starved follower's record"). */
+		bpf_spin_lock(&hb->lock);
+		if (hb->term != term || hb->leader != from) {
+			hb->term = term;
+			hb->leader = from;
+			hb->commit = 0;
+		}
+		hb->last_ns = now;
+		bpf_spin_unlock(&hb->lock);
+		arm(s, from, term, now, detect_ns, jitter_ns);
+		COUNT(s, hb_not_alive);
 		return XDP_PASS;
 	}
 
@@ -338,11 +359,10 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 	if (commit > hb->commit)
 		hb->commit = commit;
 	hb->last_ns = now;
+	hb->answered_ns = now;
 	hb->count++;
 	bpf_spin_unlock(&hb->lock);
-	/* detect_ns == 0 turns the detector off; detect_after_ns moves its deadline (the node's
-	 * rank after this leader: followers fire one after the other, not at once). */
-	arm(s, from, term, now, detect_ns && detect_after ? detect_after : detect_ns, jitter_ns);
+	arm(s, from, term, now, detect_ns, jitter_ns);
 	COUNT(s, hb_answered);
 	return XDP_TX;
 }

@@ -217,6 +217,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	f.StringVar(&tpNodes, "tp-nodes", "3", "cluster sizes for the throughput run")
 	f.DurationVar(&o.ThroughputDuration, "tp-duration", 10*time.Second, "length of each mode's throughput run in each round")
 	f.IntVar(&o.ThroughputRounds, "tp-rounds", 6, "throughput rounds (each runs every mode once, the order alternating)")
+	f.BoolVar(&o.BPFStats, "tp-bpf-stats", false, "time the nodes' XDP programs during the throughput runs (BPF_ENABLE_STATS while the bench runs: every BPF program on the machine pays two clock reads per run)")
 	f.IntVar(&o.Clients, "clients", 16, "concurrent writers in the throughput run")
 	addBenchOutFlag(cmd, &out, "raft")
 	return cmd
@@ -322,10 +323,14 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 // throughputTables prints the throughput rounds (every run, in the order run), each round's
 // ratios to the baseline, and the summary over the rounds.
 func throughputTables(tw io.Writer, r *raftbench.Result) {
-	fmt.Fprintln(tw, "THROUGHPUT RUNS\tROUND\tOFFLOAD\tCLIENTS\tWRITES/S\tP50\tP99\tMAX\tERRORS\tNODE CPU/WRITE\tMACHINE CPU/WRITE\tSOFTIRQ/WRITE\tIDLE CLUSTERS CPU\tLOAD")
+	fmt.Fprintln(tw, "THROUGHPUT RUNS\tROUND\tOFFLOAD\tCLIENTS\tWRITES/S\tP50\tP99\tMAX\tERRORS\tNODE CPU/WRITE\tMACHINE CPU/WRITE\tSOFTIRQ/WRITE\tXDP/WRITE\tIDLE CLUSTERS CPU\tLOAD\tTERM +")
 	for _, t := range r.ThroughputRuns {
-		fmt.Fprintf(tw, "%d nodes\t%d\t%s\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\t%.0f us\t%.0f us\t%.1f us\t%.0f ms\t%.1f\n", t.Nodes, t.Round+1, t.Offload, t.Clients,
-			t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors, t.NodeCPUUs, t.MachineCPUUs, t.SoftirqUs, t.OtherCPUMs, t.Load1)
+		xdp := "-" // not timed (--tp-bpf-stats) or no program
+		if t.XDPRunsPerWrite > 0 {
+			xdp = fmt.Sprintf("%.0f ns, %.1f runs (%.1f raft)", t.XDPNsPerWrite, t.XDPRunsPerWrite, t.XDPRaftPerWrite)
+		}
+		fmt.Fprintf(tw, "%d nodes\t%d\t%s\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\t%.0f us\t%.0f us\t%.1f us\t%s\t%.0f ms\t%.1f\t%d\n", t.Nodes, t.Round+1, t.Offload, t.Clients,
+			t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors, t.NodeCPUUs, t.MachineCPUUs, t.SoftirqUs, xdp, t.OtherCPUMs, t.Load1, t.TermChange)
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "THROUGHPUT, POOLED\tOFFLOAD\tROUNDS\tWRITES\tWRITES/S\tP50\tP99\tMAX\tERRORS")

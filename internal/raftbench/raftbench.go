@@ -107,7 +107,10 @@ type Options struct {
 	ThroughputDuration time.Duration // each mode's run in each round
 	// ThroughputRounds: rounds of one run per mode, the order alternating (throughput.go).
 	ThroughputRounds int
-	Clients          int // concurrent writers in the throughput run
+	// BPFStats times the BPF programs during the throughput runs (BPF_ENABLE_STATS, held
+	// as a file descriptor: every program on the machine pays two clock reads per run).
+	BPFStats bool
+	Clients  int // concurrent writers in the throughput run
 }
 
 // Result is result.json.
@@ -191,7 +194,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res := &Result{Envelope: bench.NewEnvelope(ctx, Schema, "", map[string]any{
 		"tick_ms": ms(o.Tick), "election_ticks": o.ElectionTicks, "nodes": o.Nodes, "trials": o.Trials,
 		"false_election_s": o.FalseElectionDuration.Seconds(), "throughput_nodes": o.ThroughputNodes,
-		"throughput_s": o.ThroughputDuration.Seconds(), "throughput_rounds": o.ThroughputRounds, "clients": o.Clients, "scenarios": o.Scenarios,
+		"throughput_s": o.ThroughputDuration.Seconds(), "throughput_rounds": o.ThroughputRounds, "bpf_stats": o.BPFStats, "clients": o.Clients, "scenarios": o.Scenarios,
 		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "failover_client": o.failoverClient(),
 		"heartbeat_ticks": o.HeartbeatTicks, "heartbeat_lease_ms": ms(o.HeartbeatLease), "offload_alive_ms": ms(o.OffloadAlive), "heartbeat_s": o.HeartbeatDuration.Seconds(),
 		"authenticated": o.ClusterKey != "",
@@ -524,17 +527,21 @@ func firstWriteRetry(ctx context.Context, c *raftlab.Cluster, cl *client.Client,
 // the kernel's detector waking it (Source "kernel") or etcd-raft's own timer starting a
 // pre-vote ("etcd-raft").
 type Phase struct {
-	TotalMs     float64 `json:"total_ms"`
-	HeardAgeMs  float64 `json:"heard_age_ms"` // how old the first detector's last message from the leader was at the kill
-	DetectMs    float64 `json:"detect_ms"`
-	Source      string  `json:"source"`
-	CandidateMs float64 `json:"candidate_ms"` // the winner's pre-vote quorum (its new term durable)
-	LeaderMs    float64 `json:"leader_ms"`    // the winner's vote quorum
-	CommitMs    float64 `json:"commit_ms"`    // the winner's first entry committed
-	FoundMs     float64 `json:"found_ms"`     // the client knew the new leader (leader client)
-	AckMs       float64 `json:"ack_ms"`       // the client's write acknowledged
-	Terms       uint64  `json:"terms"`        // term increase (> 1: more than one election)
-	Attempts    int     `json:"attempts"`     // client writes sent
+	TotalMs    float64 `json:"total_ms"`
+	HeardAgeMs float64 `json:"heard_age_ms"` // how old the first detector's last message from the leader was at the kill
+	DetectMs   float64 `json:"detect_ms"`
+	Source     string  `json:"source"`
+	// PreCandidateMs: the first detector's node started its pre-vote (its user space woke
+	// on the kernel's event and ran Campaign; = DetectMs when etcd-raft's timer fired).
+	PreCandidateMs float64 `json:"pre_candidate_ms"`
+	CandidateMs    float64 `json:"candidate_ms"` // the winner's pre-vote quorum (its new term durable)
+	TermSaveMs     float64 `json:"term_save_ms"` // of which saving its new term and own vote (fsync)
+	LeaderMs       float64 `json:"leader_ms"`    // the winner's vote quorum
+	CommitMs       float64 `json:"commit_ms"`    // the winner's first entry committed
+	FoundMs        float64 `json:"found_ms"`     // the client knew the new leader (leader client)
+	AckMs          float64 `json:"ack_ms"`       // the client's write acknowledged
+	Terms          uint64  `json:"terms"`        // term increase (> 1: more than one election)
+	Attempts       int     `json:"attempts"`     // client writes sent
 }
 
 // phases reads the survivors' election records since the kill and places the trial's events.
@@ -545,8 +552,9 @@ func phases(ctx context.Context, c *raftlab.Cluster, cl *client.Client, survivor
 		}
 		return float64(ns-killNs) / 1e6
 	}
-	var detect, heard, cand, lead, commit int64
+	var detect, heard, cand, lead, commit, precand, save int64
 	var source string
+	var detector int
 	var term uint64
 	var winner uint64
 	evs := map[int][]api.Event{}
@@ -559,7 +567,7 @@ func phases(ctx context.Context, c *raftlab.Cluster, cl *client.Client, survivor
 		for _, e := range r.Events {
 			if (e.Kind == api.EventDetector && e.Detail == "campaign") || e.Kind == api.EventPreCandidate {
 				if detect == 0 || e.AtNs < detect {
-					detect, source, heard = e.AtNs, "etcd-raft", e.HeardNs
+					detect, source, heard, detector = e.AtNs, "etcd-raft", e.HeardNs, id
 					if e.Kind == api.EventDetector {
 						source = "kernel"
 					}
@@ -570,17 +578,24 @@ func phases(ctx context.Context, c *raftlab.Cluster, cl *client.Client, survivor
 			}
 		}
 	}
+	for _, e := range evs[detector] {
+		if e.Kind == api.EventPreCandidate && e.AtNs >= detect {
+			precand = e.AtNs
+			break
+		}
+	}
 	for _, e := range evs[int(winner)] {
 		switch {
 		case e.Kind == api.EventCandidate && e.Term == term:
-			cand = e.AtNs
+			cand, save = e.AtNs, e.SaveNs
 		case e.Kind == api.EventLeader && e.Term == term:
 			lead = e.AtNs
 		case e.Kind == api.EventCommitted && e.Term == term:
 			commit = e.AtNs
 		}
 	}
-	p := Phase{TotalMs: at(w.ackNs), DetectMs: at(detect), Source: source, CandidateMs: at(cand), LeaderMs: at(lead),
+	p := Phase{TotalMs: at(w.ackNs), DetectMs: at(detect), Source: source, PreCandidateMs: at(precand),
+		CandidateMs: at(cand), TermSaveMs: float64(save) / 1e6, LeaderMs: at(lead),
 		CommitMs: at(commit), FoundMs: at(w.foundNs), AckMs: at(w.ackNs), Attempts: w.attempts, HeardAgeMs: -1}
 	if heard != 0 {
 		p.HeardAgeMs = float64(killNs-heard) / 1e6
@@ -600,17 +615,26 @@ type PhaseStats struct {
 	N     int     `json:"n"`
 }
 
-// PhaseNames in order: kill -> detect -> candidate (pre-vote) -> leader (vote) -> commit
-// (the leader's first entry) -> ack (the client's write).
-var PhaseNames = []string{"heard-age", "detect", "pre-vote", "vote", "commit", "client"}
+// PhaseNames in order: kill -> detect -> wake (the detecting node's pre-vote started) ->
+// pre-vote (the winner's pre-vote quorum, before its term fsync) -> term-fsync (its new term
+// and own vote saved: a candidate) -> vote (its vote quorum: a leader) -> commit (the leader's
+// first entry) -> client (the client's write acknowledged).
+var PhaseNames = []string{"heard-age", "detect", "wake", "pre-vote", "term-fsync", "vote", "commit", "client"}
 
 func phaseStats(ps []Phase) []PhaseStats {
 	vals := make([][]float64, len(PhaseNames))
 	for _, p := range ps {
-		steps := []float64{p.HeardAgeMs, p.DetectMs, p.CandidateMs - p.DetectMs, p.LeaderMs - p.CandidateMs,
+		// Records without the wake split (pre_candidate_ms -1, or older records: 0) put the
+		// whole of detect -> candidate under pre-vote.
+		pre := p.PreCandidateMs
+		if pre < p.DetectMs || pre > p.CandidateMs {
+			pre = p.DetectMs
+		}
+		quorum := p.CandidateMs - p.TermSaveMs
+		steps := []float64{p.HeardAgeMs, p.DetectMs, pre - p.DetectMs, quorum - pre, p.TermSaveMs, p.LeaderMs - p.CandidateMs,
 			p.CommitMs - p.LeaderMs, p.AckMs - p.CommitMs}
-		ok := []bool{p.HeardAgeMs >= 0, p.DetectMs >= 0, p.CandidateMs >= 0 && p.DetectMs >= 0, p.LeaderMs >= 0 && p.CandidateMs >= 0,
-			p.CommitMs >= 0 && p.LeaderMs >= 0, p.AckMs >= 0 && p.CommitMs >= 0}
+		ok := []bool{p.HeardAgeMs >= 0, p.DetectMs >= 0, p.CandidateMs >= 0 && p.DetectMs >= 0, p.CandidateMs >= 0 && p.DetectMs >= 0,
+			p.CandidateMs >= 0, p.LeaderMs >= 0 && p.CandidateMs >= 0, p.CommitMs >= 0 && p.LeaderMs >= 0, p.AckMs >= 0 && p.CommitMs >= 0}
 		for i := range steps {
 			if ok[i] {
 				vals[i] = append(vals[i], steps[i])

@@ -9,7 +9,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
 	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
 	"github.com/kedge-dev/kedge/internal/raftlab"
 )
 
@@ -74,16 +78,33 @@ type ThroughputRun struct {
 	Nodes   int    `json:"nodes"`
 	Clients int    `json:"clients"`
 	Leader  int    `json:"leader"`
+	// TermChange is how far the leader's term moved over the run, LeaderAfter the leader
+	// after it: a fault-free run has 0 and Leader (an election during a run stalls writes).
+	TermChange  uint64 `json:"term_change"`
+	LeaderAfter int    `json:"leader_after"`
+	// ErrorKinds counts the failed writes by error text (a write that timed out after 5 s
+	// is "unknown: ...").
+	ErrorKinds map[string]int `json:"error_kinds,omitempty"`
 	WriteStats
 	// NodeCPUUs is the user + system time of the cluster's node processes per acknowledged
 	// write (XDP and TC run in softirq: charged to whichever process was interrupted, or to
 	// the softirq column of /proc/stat - MachineCPUUs counts them either way).
 	NodeCPUUs float64 `json:"node_cpu_us_per_write"`
 	// MachineCPUUs is the machine's busy CPU time (/proc/stat: all but idle and iowait: the
-	// nodes, the clients, softirq, the idle clusters, anything else running) per write;
-	// SoftirqUs its softirq part.
+	// nodes, the clients, softirq, anything else running) less the idle clusters' node
+	// processes (OtherCPUMs: the idle user-space cluster costs more than an idle one with
+	// the kernel paths), per write; SoftirqUs the softirq part (not less anything).
 	MachineCPUUs float64 `json:"machine_cpu_us_per_write"`
 	SoftirqUs    float64 `json:"softirq_us_per_write"`
+	// XDPNsPerWrite and XDPRunsPerWrite: with Options.BPFStats, the run time and the runs
+	// of the XDP programs on the measured cluster's node interfaces (the follower program,
+	// on every node in modes on and follower), summed over the nodes, per write. The run
+	// time is the program's own (BPF_ENABLE_STATS): not what generic XDP costs around it.
+	XDPNsPerWrite   float64 `json:"xdp_ns_per_write,omitempty"`
+	XDPRunsPerWrite float64 `json:"xdp_runs_per_write,omitempty"`
+	// XDPRaftPerWrite: of those runs, the raft packets (UDP to the raft port: authenticated
+	// in XDP); the rest (TCP appends, client HTTP) are parsed and passed.
+	XDPRaftPerWrite float64 `json:"xdp_raft_per_write,omitempty"`
 	// OtherCPUMs is the user + system time of the other modes' (idle) clusters' node
 	// processes over the run.
 	OtherCPUMs float64 `json:"other_clusters_cpu_ms"`
@@ -321,6 +342,15 @@ func (o *Options) throughput(ctx context.Context, nodes int) (runs []ThroughputR
 			return nil, fmt.Errorf("offload %s: warm-up: %w", mode, err)
 		}
 	}
+	if o.BPFStats {
+		// While this file descriptor is held the kernel times every BPF program's runs
+		// (BPF_ENABLE_STATS: no sysctl is written; closing it ends the timing).
+		st, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+		if err != nil {
+			return nil, fmt.Errorf("enable BPF run-time statistics: %w (Linux 5.8+; run without --tp-bpf-stats)", err)
+		}
+		defer st.Close()
+	}
 	rounds := max(o.ThroughputRounds, 1)
 	for r := range rounds {
 		for slot, mode := range roundOrder(o.Modes, r) {
@@ -329,8 +359,8 @@ func (o *Options) throughput(ctx context.Context, nodes int) (runs []ThroughputR
 				return runs, fmt.Errorf("offload %s, round %d: %w", mode, r, err)
 			}
 			run.Round, run.Slot = r, slot
-			o.logf("throughput, %d nodes, round %d/%d, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write, idle clusters %.0f ms CPU, load %.1f",
-				nodes, r+1, rounds, mode, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.OtherCPUMs, run.Load1)
+			o.logf("throughput, %d nodes, round %d/%d, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write (softirq %.1f), XDP %.0f ns and %.1f runs (%.1f raft)/write, idle clusters %.0f ms CPU, load %.1f, term +%d, leader %d -> %d, errors %v",
+				nodes, r+1, rounds, mode, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.SoftirqUs, run.XDPNsPerWrite, run.XDPRunsPerWrite, run.XDPRaftPerWrite, run.OtherCPUMs, run.Load1, run.TermChange, run.Leader, run.LeaderAfter, run.ErrorKinds)
 			runs = append(runs, run)
 		}
 	}
@@ -350,6 +380,39 @@ func clusterCPU(c *raftlab.Cluster) time.Duration {
 	return sum
 }
 
+// xdpCounts are the XDP follower programs' figures summed over a cluster's nodes.
+type xdpCounts struct {
+	runtime    time.Duration
+	runs, raft uint64 // raft: the runs that were raft packets (UDP to the raft port)
+}
+
+// xdpStats reads the run time and runs of the follower programs on c's nodes (mode off: none).
+func xdpStats(c *raftlab.Cluster, mode string) (xdpCounts, error) {
+	var x xdpCounts
+	if mode == ModeOff {
+		return x, nil
+	}
+	for _, n := range c.Nodes {
+		in, err := offload.Inspect(n.Host.Handle, n.Host.Iface)
+		if err != nil {
+			return x, fmt.Errorf("node %d: %w", n.ID, err)
+		}
+		prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(in.ProgID))
+		if err != nil {
+			return x, fmt.Errorf("open XDP program %d of node %d: %w", in.ProgID, n.ID, err)
+		}
+		st, err := prog.Stats()
+		prog.Close()
+		if err != nil {
+			return x, fmt.Errorf("XDP program %d of node %d: %w", in.ProgID, n.ID, err)
+		}
+		x.runtime += st.Runtime
+		x.runs += st.RunCount
+		x.raft += in.Counters["rx"]
+	}
+	return x, nil
+}
+
 // writeRun runs o.Clients closed-loop writers against mode's leader for d while the other
 // clusters stay idle, and measures what it cost.
 func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, nodes int, mode string, d time.Duration) (ThroughputRun, error) {
@@ -361,6 +424,10 @@ func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, 
 		return t, err
 	}
 	t.Leader = leader
+	st0, err := c.Status(ctx, leader)
+	if err != nil {
+		return t, err
+	}
 	if l := bench.LoadAvg(); len(l) > 0 {
 		t.Load1 = l[0]
 	}
@@ -374,6 +441,12 @@ func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, 
 		return sum
 	}
 	nodeCPU0, other0 := clusterCPU(c), other()
+	var xdp0 xdpCounts
+	if o.BPFStats {
+		if xdp0, err = xdpStats(c, mode); err != nil {
+			return t, err
+		}
+	}
 	machine0, err := bench.ReadCPU()
 	if err != nil {
 		return t, err
@@ -394,12 +467,18 @@ func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, 
 			defer cl.Close()
 			var lat []float64
 			e := 0
+			kinds := map[string]int{}
 			for n := 0; runCtx.Err() == nil; n++ {
 				op := raftlab.Op{Kind: raftlab.Put, Key: fmt.Sprintf("tp/%d", n%64), Value: fmt.Sprintf("%d.%d", i, n)}
 				t0 := time.Now()
 				raftlab.Do(ctx, cl, c.Node(leader).ClientAddr, &op)
 				if op.Out.Err != "" || op.Out.Unknown {
 					e++
+					k := op.Out.Err
+					if op.Out.Unknown {
+						k = "unknown: " + k
+					}
+					kinds[k]++
 					continue
 				}
 				lat = append(lat, float64(time.Since(t0).Microseconds()))
@@ -407,24 +486,47 @@ func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, 
 			mu.Lock()
 			t.LatenciesUS = append(t.LatenciesUS, lat...)
 			errs += e
+			for k, v := range kinds {
+				if t.ErrorKinds == nil {
+					t.ErrorKinds = map[string]int{}
+				}
+				t.ErrorKinds[k] += v
+			}
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
 	el := time.Since(start)
+	// The leader's term after the run (from any node that answers: the leader may have changed).
+	for _, n := range c.Nodes {
+		if st, err := c.Status(ctx, n.ID); err == nil && st.Leader != 0 {
+			t.TermChange, t.LeaderAfter = st.Term-st0.Term, int(st.Leader)
+			break
+		}
+	}
 	machine1, err := bench.ReadCPU()
 	if err != nil {
 		return t, err
 	}
 	nodeCPU, otherCPU := clusterCPU(c)-nodeCPU0, other()-other0
+	var xdp xdpCounts
+	if o.BPFStats {
+		if xdp, err = xdpStats(c, mode); err != nil {
+			return t, err
+		}
+		xdp = xdpCounts{xdp.runtime - xdp0.runtime, xdp.runs - xdp0.runs, xdp.raft - xdp0.raft}
+	}
 	slices.Sort(t.LatenciesUS)
 	t.set(t.LatenciesUS, errs, el.Seconds())
 	t.OtherCPUMs = ms(otherCPU)
 	if t.Writes > 0 {
 		m := machine1.Sub(machine0)
 		t.NodeCPUUs = float64(nodeCPU.Microseconds()) / float64(t.Writes)
-		t.MachineCPUUs = float64(m.Busy.Microseconds()) / float64(t.Writes)
+		t.MachineCPUUs = float64((m.Busy - otherCPU).Microseconds()) / float64(t.Writes)
 		t.SoftirqUs = float64(m.Softirq.Microseconds()) / float64(t.Writes)
+		t.XDPNsPerWrite = float64(xdp.runtime.Nanoseconds()) / float64(t.Writes)
+		t.XDPRunsPerWrite = float64(xdp.runs) / float64(t.Writes)
+		t.XDPRaftPerWrite = float64(xdp.raft) / float64(t.Writes)
 	}
 	return t, nil
 }

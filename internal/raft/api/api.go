@@ -102,7 +102,10 @@ type Event struct {
 	Leader  uint64 `json:"leader,omitempty"`
 	Peer    uint64 `json:"peer,omitempty"`
 	HeardNs int64  `json:"heard_ns,omitempty"` // last message from the leader (0: never)
-	Detail  string `json:"detail,omitempty"`
+	// SaveNs (candidate): how long saving the Ready that carried the new term and the own
+	// vote took (the fsync the candidate waits for before its vote requests go out).
+	SaveNs int64  `json:"save_ns,omitempty"`
+	Detail string `json:"detail,omitempty"`
 }
 
 // Events answers GET /v1/events?since_ns=N: the node's election record after N (at most the

@@ -105,7 +105,8 @@ func (n *Node) laterNs(t time.Time, leader uint64) int64 {
 
 // recordReady adds what a Ready says about the election to the record; called by the Ready
 // loop after the Ready was persisted, before its messages go out (a vote is then durable).
-func (n *Node) recordReady(rd *raft.Ready, prevLead uint64) {
+// saved is how long saving it took.
+func (n *Node) recordReady(rd *raft.Ready, prevLead uint64, saved time.Duration) {
 	if ss := rd.SoftState; ss != nil && ss.RaftState != n.lastState {
 		n.lastState = ss.RaftState
 		term := n.termDurable
@@ -113,7 +114,7 @@ func (n *Node) recordReady(rd *raft.Ready, prevLead uint64) {
 		case raft.StatePreCandidate:
 			n.events.add(api.Event{Kind: api.EventPreCandidate, Term: term, Leader: prevLead, HeardNs: n.heardNs(prevLead)})
 		case raft.StateCandidate:
-			n.events.add(api.Event{Kind: api.EventCandidate, Term: term})
+			n.events.add(api.Event{Kind: api.EventCandidate, Term: term, SaveNs: int64(saved)})
 		case raft.StateLeader:
 			n.events.add(api.Event{Kind: api.EventLeader, Term: term, Leader: n.cfg.ID})
 			n.leaderTermStart = 0

@@ -80,7 +80,7 @@ func (c *senderCollector) Collect(ch chan<- prometheus.Metric) {
 	k := s.Counters
 	for name, v := range map[string]uint64{"ticks": k.Ticks, "ticks_sent": k.TicksSent, "ticks_expired": k.TicksExpired,
 		"ticks_owner_exiting": k.TicksOwnerExiting, "heartbeats": k.Heartbeats, "inactive": k.Inactive,
-		"send_errors": k.SendErrors, "suppressed": s.Suppressed} {
+		"send_errors": k.SendErrors, "suppressed": s.Suppressed, "overdue": s.Overdue} {
 		ch <- prometheus.MustNewConstMetric(senderDesc, prometheus.CounterValue, float64(v), name)
 	}
 	for name, v := range s.Pacer.Counters {

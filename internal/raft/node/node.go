@@ -20,6 +20,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/raft/api"
 	"github.com/kedge-dev/kedge/internal/raft/config"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
 	"github.com/kedge-dev/kedge/internal/raft/storage"
 	"github.com/kedge-dev/kedge/internal/raft/transport"
 	"github.com/prometheus/client_golang/prometheus"
@@ -282,7 +283,11 @@ func (n *Node) loop(ctx context.Context) {
 			}
 			n.onLeaderSilent(ctx, ev)
 		case <-n.fol.rechecks():
-			n.onLeaderSilent(ctx, n.fol.recheckEv)
+			// The second look happens now: its record (and the bench's detect phase) says
+			// when the node decided, not when the kernel's timer first fired.
+			ev := n.fol.recheckEv
+			ev.Fired = offload.Monotonic()
+			n.onLeaderSilent(ctx, ev)
 		case rd, ok := <-n.rn.Ready():
 			if !ok {
 				return
@@ -323,9 +328,11 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	if rd.HardState != nil && rd.HardState.GetTerm() > n.termDurable {
 		n.offloadPending(rd.HardState.GetTerm())
 	}
+	saveStart := time.Now()
 	if err := n.st.Save(rd.HardState, rd.Entries, rd.MustSync); err != nil {
 		return fmt.Errorf("save ready: %w", err)
 	}
+	saved := time.Since(saveStart)
 	if rd.HardState != nil {
 		n.m.term.Set(float64(rd.HardState.GetTerm()))
 		n.m.commit.Set(float64(rd.HardState.GetCommit()))
@@ -341,7 +348,7 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	if rd.SoftState != nil {
 		n.renewHeartbeats() // a lost leadership drops the kernel's lease before anything else goes out
 	}
-	n.recordReady(&rd, prevLead)
+	n.recordReady(&rd, prevLead, saved)
 	rd.Messages = n.holdEarlyPreVotes(rd.Messages, prevLead)
 	if rd.SoftState != nil || rd.HardState != nil {
 		n.leaderWatch.changed()

@@ -356,15 +356,15 @@ func (n *Node) onLeaderSilent(ctx context.Context, ev offload.Event) {
 		stale("etcd-raft moved on")
 		return
 	}
-	if t := n.tr.LastHeard(ev.Leader); !t.IsZero() && time.Since(t) < f.detect {
+	if t := n.tr.LastHeard(ev.Leader); !t.IsZero() {
 		// An append (TCP: the program does not see it) came after the last heartbeat:
 		// look again when this node's slot after it has passed, as the kernel would have.
-		stale("leader heard in user space")
-		if wait := detectAfter(f.detect, n.cfg.ID, ev.Leader, f.peers) - time.Since(t); wait > 0 {
+		if wait := slotWait(time.Since(t), detectAfter(f.detect, n.cfg.ID, ev.Leader, f.peers)); wait > 0 {
+			stale("leader heard in user space")
 			f.recheck.Reset(wait)
 			f.recheckEv = ev
+			return
 		}
-		return
 	}
 	n.events.add(api.Event{AtNs: int64(ev.Fired), Kind: api.EventDetector, Term: ev.Term, Leader: ev.Leader,
 		HeardNs: int64(ev.LastArrival), Detail: "campaign"})
@@ -439,6 +439,14 @@ func forceIfLeaseOver(m *pb.Message, lead, self uint64, heardNs int64, now, et t
 	return true
 }
 
+// slotWait is how long a node whose slot after the leader's last word is slot must still
+// wait when that word is since old (<= 0: the slot has passed). The detector's campaign and
+// holdEarlyPreVotes judge by the same slot: until session 7 the campaign looked at the
+// election timeout instead, so an append between T and the slot before the detector's event
+// made it campaign and holdEarlyPreVotes then dropped its pre-votes - the failover waited for
+// etcd-raft's own timer or the next follower's slot (5 ms at a 10 ms timeout).
+func slotWait(since, slot time.Duration) time.Duration { return slot - since }
+
 // silenceCalls reports whether a leader-silent event still calls for a campaign in a node of
 // term that follows lead in state: it follows the silent leader in the event's term, or it is
 // a pre-candidate of that term (its own timer fired first, onLeaderSilent).
@@ -459,7 +467,7 @@ func (n *Node) holdEarlyPreVotes(msgs []*pb.Message, prevLead uint64) []*pb.Mess
 		return msgs
 	}
 	heard := n.heardNs(prevLead)
-	if heard == 0 || time.Duration(int64(offload.Monotonic())-heard) >= detectAfter(f.detect, n.cfg.ID, prevLead, f.peers) {
+	if heard == 0 || slotWait(time.Duration(int64(offload.Monotonic())-heard), detectAfter(f.detect, n.cfg.ID, prevLead, f.peers)) <= 0 {
 		return msgs
 	}
 	out := msgs[:0]

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
@@ -164,6 +165,32 @@ func TestSilenceCalls(t *testing.T) {
 	} {
 		if got := silenceCalls(ev, c.term, c.lead, c.state); got != c.wantCampaign {
 			t.Errorf("%s: campaign %v, want %v", c.name, got, c.wantCampaign)
+		}
+	}
+}
+
+// The detector's campaign and holdEarlyPreVotes judge the leader's last word by the same slot
+// (slotWait): an append heard between the election timeout and the slot defers the campaign
+// to the slot. Before session 7 the campaign went ahead at the timeout and its pre-votes were
+// then held (dropped), and the failover waited for the next follower's slot.
+func TestDetectorSlot(t *testing.T) {
+	const et = 10 * time.Millisecond
+	peers := map[uint64]netip.AddrPort{1: {}, 2: {}, 3: {}}
+	slot := detectAfter(et, 2, 1, peers) // node 2, first after leader 1: T + 1 ms
+	if slot != et+detectMargin {
+		t.Fatalf("slot of the first follower %v, want %v", slot, et+detectMargin)
+	}
+	for _, c := range []struct {
+		since    time.Duration
+		campaign bool
+	}{
+		{et - time.Millisecond, false},
+		{et + slot/100, false}, // past the timeout, before the slot: what used to campaign and be held
+		{slot, true},
+		{slot + time.Millisecond, true},
+	} {
+		if got := slotWait(c.since, slot) <= 0; got != c.campaign {
+			t.Errorf("last word %v ago, slot %v: campaign now %v, want %v", c.since, slot, got, c.campaign)
 		}
 	}
 }

@@ -148,8 +148,11 @@ func TestLabOffload(t *testing.T) {
 	if in.AliveUntil > stopped+aliveFor {
 		t.Errorf("alive deadline %v after SIGSTOP, bound %v", in.AliveUntil-stopped, aliveFor)
 	}
-	if in.Heartbeat.Arrival >= in.AliveUntil {
-		t.Errorf("a heartbeat was answered %v after the alive deadline", in.Heartbeat.Arrival-in.AliveUntil)
+	if in.Heartbeat.Answered >= in.AliveUntil {
+		t.Errorf("a heartbeat was answered %v after the alive deadline", in.Heartbeat.Answered-in.AliveUntil)
+	}
+	if in.Heartbeat.Arrival < in.AliveUntil {
+		t.Errorf("the heartbeats passed up after the alive deadline did not move the record's arrival")
 	}
 	again, err := c.inspect(fol)
 	if err != nil {
@@ -159,7 +162,7 @@ func TestLabOffload(t *testing.T) {
 		t.Errorf("the stopped follower's program still answers: %d -> %d", in.Counters["hb_answered"], again.Counters["hb_answered"])
 	}
 	t.Logf("SIGSTOP: last heartbeat answered %v after the stop, alive deadline %v after it (bound %v)",
-		in.Heartbeat.Arrival-stopped, in.AliveUntil-stopped, aliveFor)
+		in.Heartbeat.Answered-stopped, in.AliveUntil-stopped, aliveFor)
 	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}

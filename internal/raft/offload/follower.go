@@ -62,17 +62,21 @@ type FollowerOptions struct {
 	Log  *slog.Logger
 }
 
-// Heartbeat is the last heartbeat answered in XDP.
+// Heartbeat is the program's record of the leader's heartbeats: the last one of the mirrored
+// leader at the mirrored term it saw - answered, or passed up while the alive deadline was
+// past (then only Leader, Term and Arrival move: the leader is not silent, the node just did
+// not answer for itself).
 type Heartbeat struct {
-	Leader, Term, Commit uint64
+	Leader, Term, Commit uint64        // Commit: the highest answered
 	Arrival              time.Duration // CLOCK_MONOTONIC
+	Answered             time.Duration // CLOCK_MONOTONIC of the last one answered
 	Count                uint64        // answered since load
 }
 
 // Event is a ring buffer record: the leader fell silent.
 type Event struct {
 	Leader, Term uint64
-	LastArrival  time.Duration // CLOCK_MONOTONIC of the last answered heartbeat
+	LastArrival  time.Duration // CLOCK_MONOTONIC of the last heartbeat seen (Heartbeat.Arrival)
 	Fired        time.Duration // CLOCK_MONOTONIC when the timer expired
 }
 
@@ -316,13 +320,18 @@ func (f *Follower) write() error {
 	return nil
 }
 
-// Heartbeat reads the last heartbeat answered in XDP (Count 0: none yet).
+// Heartbeat reads the program's heartbeat record (Count 0: none answered yet).
 func (f *Follower) Heartbeat() (Heartbeat, error) {
 	var hb raftxdpRaftxHb
 	if err := f.objs.FollowerHb.LookupWithFlags(uint32(0), &hb, ebpf.LookupLock); err != nil {
 		return Heartbeat{}, fmt.Errorf("read follower heartbeat: %w", err)
 	}
-	return Heartbeat{Leader: hb.Leader, Term: hb.Term, Commit: hb.Commit, Arrival: time.Duration(hb.LastNs), Count: hb.Count}, nil
+	return heartbeatOf(hb), nil
+}
+
+func heartbeatOf(hb raftxdpRaftxHb) Heartbeat {
+	return Heartbeat{Leader: hb.Leader, Term: hb.Term, Commit: hb.Commit, Arrival: time.Duration(hb.LastNs),
+		Answered: time.Duration(hb.AnsweredNs), Count: hb.Count}
 }
 
 // Ack is the program's record of one follower's heartbeat responses while this node leads

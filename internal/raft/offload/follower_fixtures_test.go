@@ -337,7 +337,9 @@ func TestFollowerFixturesKeyed(t *testing.T) {
 }
 
 // The gates that hand heartbeats back to user space: no state mirrored yet, no leader known
-// for the term, and the alive deadline past.
+// for the term, and the alive deadline past. A heartbeat passed up for the alive deadline is
+// still the leader's: the record's arrival moves (the answered count does not), so that a
+// node whose loop was starved past the bound does not wake to a record that says "silent".
 func TestFollowerGates(t *testing.T) {
 	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour})
 	r := bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}
@@ -346,23 +348,54 @@ func TestFollowerGates(t *testing.T) {
 		t.Helper()
 		r.Run(t, []bpftest.Case{{Name: name, In: in, WantRet: wantRet, WantCounters: bpftest.Counters{"rx": 1, want: 1}}})
 	}
+	record := func() Heartbeat {
+		t.Helper()
+		hb, err := f.Heartbeat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return hb
+	}
+	// seen checks that the step's heartbeat moved the record's arrival (answered: the count
+	// too) and nothing else.
+	seen := func(name string, before Heartbeat, answered bool) {
+		t.Helper()
+		after := record()
+		wantCount := before.Count
+		if answered {
+			wantCount++
+		}
+		if after.Arrival <= before.Arrival || after.Leader != fxLeader || after.Term != fxTerm || after.Count != wantCount {
+			t.Errorf("%s: record %+v after %+v: want a later arrival from leader %d at term %d, count %d",
+				name, after, before, fxLeader, fxTerm, wantCount)
+		}
+	}
 	step("nothing mirrored yet", bpftest.XDPPass, "hb_no_state")
 	if err := f.Mirror(Durable{Term: fxTerm, LastIndex: 100, LastTerm: fxTerm}); err != nil {
 		t.Fatal(err)
 	}
-	step("alive deadline never set", bpftest.XDPPass, "hb_not_alive")
-	if err := f.Alive(); err != nil {
-		t.Fatal(err)
-	}
 	step("no leader known for the term", bpftest.XDPPass, "hb_leader")
+	if hb := record(); hb.Arrival != 0 || hb.Count != 0 {
+		t.Errorf("record %+v after heartbeats of no known leader: want none", hb)
+	}
 	if err := f.Mirror(Durable{Term: fxTerm, Leader: fxLeader, LeaderAddr: leader4, LastIndex: 100, LastTerm: fxTerm}); err != nil {
 		t.Fatal(err)
 	}
+	before := record()
+	step("alive deadline never set", bpftest.XDPPass, "hb_not_alive")
+	seen("alive deadline never set", before, false)
+	if err := f.Alive(); err != nil {
+		t.Fatal(err)
+	}
+	before = record()
 	step("alive and leader known", bpftest.XDPTx, "hb_answered")
+	seen("alive and leader known", before, true)
 	if err := f.Stop(); err != nil {
 		t.Fatal(err)
 	}
+	before = record()
 	step("stopped", bpftest.XDPPass, "hb_not_alive")
+	seen("stopped", before, false)
 
 	// The bound: an Alive refresh holds for AliveFor and no longer.
 	f.opts.AliveFor = 50 * time.Millisecond
@@ -374,6 +407,20 @@ func TestFollowerGates(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	step("alive deadline expired", bpftest.XDPPass, "hb_not_alive")
+}
+
+// A heartbeat passed up for the alive deadline re-arms the failure detector: the leader is
+// not silent (the node's loop is), and a starved node must not wake to a leader-silent event.
+func TestFollowerNotAliveRearms(t *testing.T) {
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Detect: time.Hour})
+	if err := f.Mirror(Durable{Term: fxTerm, Leader: fxLeader, LeaderAddr: leader4, LastIndex: 100, LastTerm: fxTerm}); err != nil {
+		t.Fatal(err)
+	}
+	in := frame(leader4, self4, 1, heartbeatMsg().payload(t))
+	bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}.Run(t, []bpftest.Case{
+		{Name: "alive deadline never set: passed, detector armed", In: in, WantRet: bpftest.XDPPass,
+			WantCounters: bpftest.Counters{"rx": 1, "hb_not_alive": 1, "detect_armed": 1}},
+	})
 }
 
 // The failure detector: a heartbeat arms the timer; silence for Detect wakes the node with

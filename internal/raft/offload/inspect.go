@@ -89,7 +89,7 @@ func Inspect(ns netns.NsHandle, ifname string) (*Inspection, error) {
 		stm.LookupWithFlags(uint32(0), &st, ebpf.LookupLock)); err != nil {
 		return nil, fmt.Errorf("read follower maps: %w", err)
 	}
-	in.Heartbeat = Heartbeat{Leader: hb.Leader, Term: hb.Term, Commit: hb.Commit, Arrival: time.Duration(hb.LastNs), Count: hb.Count}
+	in.Heartbeat = heartbeatOf(hb)
 	in.Term, in.Leader, in.AliveUntil = st.Term, st.Leader, time.Duration(st.AliveUntilNs)
 	return in, nil
 }

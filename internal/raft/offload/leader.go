@@ -132,6 +132,7 @@ type Leader struct {
 	cur   leaderRaftLease                    // what user space last wrote (the whole truth in syscall mode)
 	slots map[uint64]int                     // follower id -> slot
 	supp  atomic.Uint64                      // heartbeats user space did not send
+	late  atomic.Uint64                      // heartbeats user space sent because the kernel's round was overdue
 	arm   func(deadline time.Duration) error // the pacer's Arm (tests: a recorder)
 	done  bool                               // closed: Update and Suppress do nothing
 }
@@ -445,17 +446,40 @@ func (l *Leader) stuck(now uint64) bool {
 }
 
 // Suppress is the node's hook for each MsgHeartbeat etcd-raft hands out without a context:
-// true when the kernel sends that heartbeat (the lease is fresh, in this term, and the
-// follower's route is resolved), so user space does not send it too.
+// true when the kernel sends that heartbeat (the lease is fresh, in this term, the
+// follower's route is resolved, and the kernel's rounds are on time), so user space does
+// not send it too.
 func (l *Leader) Suppress(to, term uint64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now := uint64(pacer.Now())
 	i, ok := l.slots[to]
-	if !ok || l.done || l.cur.ExpiresNs <= uint64(pacer.Now()) || l.cur.Term != term || l.cur.F[i].Active == 0 {
+	if !ok || l.done || l.cur.ExpiresNs <= now || l.cur.Term != term || l.cur.F[i].Active == 0 {
+		return false
+	}
+	if l.overdue(now) {
+		l.late.Add(1)
 		return false
 	}
 	l.supp.Add(1)
 	return true
+}
+
+// overdue: the kernel's next round is more than half an interval past its time (mmap mode
+// only: reading the state costs a system call otherwise). Under CPU stress the pacer's tick
+// came up to 9 ms late on the 2-vCPU test machine (softirq work waiting for a CPU), so a
+// follower saw 11.7 ms without a heartbeat at a 3 ms interval: past a 10 ms election timeout
+// plus the detector's 1 ms margin, and its detector started a pre-vote the other follower,
+// which had seen the same gap, granted - with the leader alive (docs/raft.md section 12,
+// "False elections with the kernel paths, session 7"). While the kernel is late, user space
+// sends etcd-raft's heartbeats as it would without the kernel path: the followers get the
+// earlier of the two schedules, and a duplicate is answered like any heartbeat.
+func (l *Leader) overdue(now uint64) bool {
+	if !l.mmap {
+		return false
+	}
+	next := atomic.LoadUint64((*uint64)(unsafe.Pointer(&l.smem[unsafe.Offsetof(leaderRaftLeaderState{}.NextNs)])))
+	return next != 0 && now > next+uint64(l.opts.Interval)/2
 }
 
 // LeaderStats are the sender's counters (struct raft_leader_stats, summed over CPUs), its
@@ -464,6 +488,7 @@ type LeaderStats struct {
 	Counters   leaderRaftLeaderStats
 	State      leaderRaftLeaderState
 	Suppressed uint64 // heartbeats etcd-raft produced that user space did not send
+	Overdue    uint64 // heartbeats user space sent because the kernel's round was overdue
 	Pacer      pacer.Stats
 }
 
@@ -478,6 +503,7 @@ func (l *Leader) Stats() (LeaderStats, error) {
 		return s, fmt.Errorf("read heartbeat state: %w", err)
 	}
 	s.Suppressed = l.supp.Load()
+	s.Overdue = l.late.Load()
 	if l.p == nil {
 		return s, nil
 	}

@@ -229,6 +229,13 @@ func (f *leaderFixture) state() leaderRaftLeaderState {
 	return s
 }
 
+func (f *leaderFixture) putState(s leaderRaftLeaderState) {
+	f.t.Helper()
+	if err := f.l.objs.LeaderState.Put(uint32(0), s); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 // capture opens a packet socket on hb0 in the test namespace.
 func (f *leaderFixture) capture() int {
 	f.t.Helper()
@@ -379,6 +386,28 @@ func TestFixturesLeaderTick(t *testing.T) {
 			}
 			if a := f.armedNs(); a != st.NextNs || st.NextNs < now+uint64(time.Second) {
 				t.Errorf("next tick armed at %d, next round %d: want now+interval (now %d)", a, st.NextNs, now)
+			}
+
+			// The kernel's round on time: user space leaves the heartbeats to it. Overdue
+			// by more than half an interval (its tick late: under CPU stress the pacer's
+			// came up to 9 ms late): user space sends them too (mmap mode: it reads the
+			// state by a load), and again leaves them once the kernel is back on time.
+			if !f.l.Suppress(2, hbTerm) {
+				t.Errorf("round on time: heartbeat not suppressed")
+			}
+			onTime := st.NextNs
+			st.NextNs = uint64(pacer.Now()) - uint64(f.l.opts.Interval)/2 - 1
+			f.putState(st)
+			if got := f.l.Suppress(2, hbTerm); got != !mmap {
+				t.Errorf("kernel round overdue: suppressed %v, want %v", got, !mmap)
+			}
+			if s, err := f.l.Stats(); err != nil || (s.Overdue == 1) != mmap {
+				t.Errorf("kernel round overdue: Overdue %d (%v)", s.Overdue, err)
+			}
+			st.NextNs = onTime
+			f.putState(st)
+			if !f.l.Suppress(2, hbTerm) {
+				t.Errorf("round back on time: heartbeat not suppressed")
 			}
 
 			// A tick with nothing due (a stale or user-armed tick before the next round):

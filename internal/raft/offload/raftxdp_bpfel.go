@@ -83,12 +83,13 @@ type raftxdpRaftxHb struct {
 		_   structs.HostLayout
 		Val uint32
 	}
-	Pad    uint32
-	Leader uint64
-	Term   uint64
-	Commit uint64
-	LastNs uint64
-	Count  uint64
+	Pad        uint32
+	Leader     uint64
+	Term       uint64
+	Commit     uint64
+	LastNs     uint64
+	Count      uint64
+	AnsweredNs uint64
 }
 
 type raftxdpRaftxState struct {
