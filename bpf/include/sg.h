@@ -24,15 +24,24 @@
  *    8      req_id       64-bit request id (workers echo it)
  *   16      status       reply: 0 = ok, else a worker error (counted, not aggregated)
  *   18      need         request: replies that complete it (0 = all workers); reply: 0
- *   20      part         multi-packet: index of this part (0)
- *   22      nparts       multi-packet: number of parts (0 or 1 = a single packet)
+ *   20      part         reply: index of this part, 0..nparts-1 (request: 0)
+ *   22      nparts       reply: number of parts, 0 or 1 = a single packet, at most
+ *                        SG_PARTS_MAX (request: 0)
  *   24      timeout_us   request: deadline in microseconds (0 = the group's); reply: 0
  *   28      payload_len  bytes of payload that follow the header
  *   32      payload      request: opaque to kedge; reply: the worker's value (see below)
  *
  * Reply payload per reduction: SUM/MIN/MAX - a vector of `elems` int32 or int64 (per the
  * group's dtype), big-endian, payload_len == elems * size; COUNT - anything; GATHER -
- * exactly `elems * size` opaque bytes, copied into the result in arrival order. */
+ * exactly `elems * size` opaque bytes, copied into the result in arrival order.
+ *
+ * Multi-packet replies (nparts > 1; groups with SG_GF_PARTS, not GATHER): part p of a
+ * worker's reply carries the elements [p * k, min((p + 1) * k, elems)) of its vector, where
+ * k = ceil(elems / nparts); every part must be non-empty ((nparts - 1) * k < elems) and its
+ * payload_len exactly its slice's bytes. COUNT: any payload per part. Each part is reduced
+ * into the aggregate as it arrives; the worker has answered (bitmap, count, completion)
+ * when all nparts parts have. Which parts arrived is kept per (slot, worker) in the parts
+ * map (struct sg_parts), touched only by replies with nparts > 1. */
 #ifndef KEDGE_SG_H
 #define KEDGE_SG_H
 
@@ -77,6 +86,9 @@ struct sg_hdr {
 #define SG_AGG_WORDS (SG_AGG_BYTES / 4)
 /* GATHER keeps the arrival order of at most this many replies. */
 #define SG_GATHER_MAX 64
+/* Parts of a multi-packet reply (one bit each in struct sg_parts). The vector they carry
+ * together is still at most SG_AGG_ELEMS elements. */
+#define SG_PARTS_MAX 32
 
 enum sg_reduce {
 	SG_RED_SUM = 0,
@@ -107,9 +119,14 @@ enum sg_status {
 			       * baseline is woken) instead of the ring buffer's irq_work. The
 			       * result is committed before XDP returns, so it is in the ring when
 			       * the socket wakes. Timeouts (no packet) keep the ring's wake-up. */
+#define SG_GF_PARTS 0x4 /* multi-packet replies are reduced per part (the parts map holds
+			 * this group's entries at part_base); without it they are passed */
 
 /* Result flags. */
 #define SG_F_OVERFLOW 0x1 /* an int64 sum wrapped */
+#define SG_F_PARTS 0x2    /* parts of multi-packet replies were reduced; for MIN/MAX the
+			   * accumulators then start at the identity (INT64_MAX / INT64_MIN),
+			   * so an element no part covered holds it (docs/sg.md) */
 
 enum sg_slot_state {
 	SG_SLOT_FREE = 0,
@@ -134,7 +151,9 @@ struct sg_group {
 	__u64 timeout_ns;   /* default deadline */
 	struct in6_addr coord_addr; /* the coordinator socket (IPv4 as ::ffff:a.b.c.d) */
 	__be16 coord_port;
-	__u16 _pad1[3];
+	__u16 _pad1;
+	__u32 part_base;    /* SG_GF_PARTS: this group's entries in the parts map start here,
+			     * (slot - slot_base) * nworkers + worker after it */
 };
 
 /* workers map value (index worker_base + i). */
@@ -156,7 +175,9 @@ struct sg_result {
 	__u16 count;        /* replies aggregated */
 	__u16 need;         /* replies that complete it */
 	__u16 flags;        /* SG_F_* */
-	__u32 gathered;     /* GATHER: payloads copied */
+	__u16 gathered;     /* GATHER: payloads copied */
+	__u16 partial;      /* workers some but not all of whose parts were reduced: they are
+			     * not in the bitmap, their parts are in the aggregate */
 	__u64 bitmap[SG_BITMAP_WORDS]; /* bit i: worker i answered */
 	__u16 order[SG_GATHER_MAX];    /* GATHER: worker index of each copied payload */
 	__s64 agg[SG_AGG_ELEMS];       /* accumulators (GATHER: the raw payload bytes) */
@@ -169,6 +190,17 @@ struct sg_slot {
 	__u64 deadline_ns;
 	struct sg_result res;
 	struct bpf_timer timer;
+};
+
+/* parts map value, one per (slot, worker) of a group with SG_GF_PARTS. Written only under
+ * the slot's lock, by replies with nparts > 1 for the slot's current request. An entry
+ * whose req_id is not the slot's request (or whose bits are 0) is free: nothing has to
+ * clear it when a request completes or expires. */
+struct sg_parts {
+	__u64 req_id;
+	__u32 bits;         /* bit p: part p arrived */
+	__u16 nparts;       /* the worker's part count for this request */
+	__u16 _pad;
 };
 
 /* Per-group counters (per-CPU array, SG_GROUPS_MAX slots; slot SG_GROUPS_MAX holds what
@@ -194,9 +226,16 @@ struct sg_stats {
 	__u64 unregistered;    /* source address/port is not that worker's: passed */
 	__u64 bad_length;      /* payload length wrong for the group's reduction: passed */
 	__u64 worker_errors;   /* reply with status != 0: dropped, not aggregated */
-	__u64 multipart;       /* nparts > 1 (not supported, docs/sg.md): passed */
+	__u64 multipart;       /* nparts > 1 for a group without SG_GF_PARTS or GATHER: passed */
 	__u64 overflow;        /* an int64 sum wrapped (result flagged) */
 	__u64 ringbuf_full;    /* result not emitted (user space reads the slot instead) */
+	/* multi-packet replies (nparts > 1) */
+	__u64 parts;           /* parts reduced (the one that completes a worker also counts
+				* in replies) */
+	__u64 part_dups;       /* a part that already arrived: dropped */
+	__u64 bad_parts;       /* nparts > SG_PARTS_MAX, part >= nparts, an empty part (slice
+				* beyond the vector) or a payload length wrong for its slice: passed */
+	__u64 part_mismatch;   /* nparts differs from the worker's earlier parts: dropped */
 	/* no group (global slot) or any group */
 	__u64 unknown_group;   /* sg packet for a group that is not configured: passed */
 	__u64 malformed;       /* looks like sg (magic) but short/truncated/bad op: passed */

@@ -8,8 +8,9 @@
  *   to the group's coordinator socket, from the registered address and port of the worker
  *   index it names ........................ else passed (unregistered): it may be someone
  *                                           else's traffic, and it is never aggregated
- *   single packet, status 0, payload length right for the reduction
- *                                           else passed (multipart, bad_length) or dropped
+ *   single packet ......................... else the part path (parts.h)
+ *   status 0, payload length right for the reduction
+ *                                           else passed (bad_length) or dropped
  *                                           (worker_errors)
  *   slot holds this full request id ....... else dropped (stale: a recycled slot)
  *   slot still pending .................... else dropped (late)
@@ -24,39 +25,43 @@
 #include "maps.h"
 
 /* One loop per (operation, element type): a loop that branched on them per element
- * would multiply the verifier's states (it walks every iteration). */
+ * would multiply the verifier's states (it walks every iteration). Element i of the
+ * payload goes into accumulator off + i (a part of a multi-packet reply; 0 for a single
+ * packet); the mask keeps the index inside the block for the verifier, user space and
+ * the part checks keep off + n <= elems <= SG_AGG_ELEMS. */
 #define LOAD_I32(src, i) ((__s64)(__s32)bpf_ntohl(((__be32 *)(src))[i]))
 #define LOAD_I64(src, i) ((__s64)bpf_be64_to_cpu(((__be64 *)(src))[i]))
 #define ELEM_LOOP(n, src, data_end, T, LOAD, BODY)                           \
 	for (__u32 i = 0; i < SG_AGG_ELEMS; i++) {                           \
-		__s64 x;                                                     \
+		__s64 x, *a;                                                 \
 		if (i >= (n) || (void *)((T *)(src) + i + 1) > (data_end))   \
 			break;                                               \
 		x = LOAD(src, i);                                            \
+		a = &acc[(off + i) & (SG_AGG_ELEMS - 1)];                    \
 		BODY;                                                        \
 	}
 
-static __always_inline void reduce_i32(struct sg_slot *s, __u32 op, __u32 n, void *v,
+static __always_inline void reduce_i32(struct sg_slot *s, __u32 op, __u32 off, __u32 n, void *v,
 				       void *data_end)
 {
 	__s64 *acc = s->res.agg;
 
 	switch (op) {
 	case SG_RED_SUM: /* int32 into int64: 1024 of them cannot wrap */
-		ELEM_LOOP(n, v, data_end, __be32, LOAD_I32, acc[i] += x);
+		ELEM_LOOP(n, v, data_end, __be32, LOAD_I32, *a += x);
 		break;
 	case SG_RED_MIN:
-		ELEM_LOOP(n, v, data_end, __be32, LOAD_I32, if (x < acc[i]) acc[i] = x);
+		ELEM_LOOP(n, v, data_end, __be32, LOAD_I32, if (x < *a) *a = x);
 		break;
 	case SG_RED_MAX:
-		ELEM_LOOP(n, v, data_end, __be32, LOAD_I32, if (x > acc[i]) acc[i] = x);
+		ELEM_LOOP(n, v, data_end, __be32, LOAD_I32, if (x > *a) *a = x);
 		break;
 	default: /* the first reply of a MIN/MAX request */
-		ELEM_LOOP(n, v, data_end, __be32, LOAD_I32, acc[i] = x);
+		ELEM_LOOP(n, v, data_end, __be32, LOAD_I32, *a = x);
 	}
 }
 
-static __always_inline void reduce_i64(struct sg_slot *s, __u32 op, __u32 n, void *v,
+static __always_inline void reduce_i64(struct sg_slot *s, __u32 op, __u32 off, __u32 n, void *v,
 				       void *data_end)
 {
 	__s64 *acc = s->res.agg;
@@ -64,18 +69,18 @@ static __always_inline void reduce_i64(struct sg_slot *s, __u32 op, __u32 n, voi
 
 	switch (op) {
 	case SG_RED_SUM:
-		ELEM_LOOP(n, v, data_end, __be64, LOAD_I64, over |= __builtin_add_overflow(acc[i], x, &acc[i]));
+		ELEM_LOOP(n, v, data_end, __be64, LOAD_I64, over |= __builtin_add_overflow(*a, x, a));
 		if (over)
 			s->res.flags |= SG_F_OVERFLOW;
 		break;
 	case SG_RED_MIN:
-		ELEM_LOOP(n, v, data_end, __be64, LOAD_I64, if (x < acc[i]) acc[i] = x);
+		ELEM_LOOP(n, v, data_end, __be64, LOAD_I64, if (x < *a) *a = x);
 		break;
 	case SG_RED_MAX:
-		ELEM_LOOP(n, v, data_end, __be64, LOAD_I64, if (x > acc[i]) acc[i] = x);
+		ELEM_LOOP(n, v, data_end, __be64, LOAD_I64, if (x > *a) *a = x);
 		break;
 	default:
-		ELEM_LOOP(n, v, data_end, __be64, LOAD_I64, acc[i] = x);
+		ELEM_LOOP(n, v, data_end, __be64, LOAD_I64, *a = x);
 	}
 }
 
@@ -110,12 +115,14 @@ static __always_inline void reduce_reply(struct sg_slot *s, const struct sg_grou
 		s->res.gathered++;
 		return;
 	}
-	if (op != SG_RED_SUM && s->res.count == 0)
+	/* The first reply of a MIN/MAX request sets the accumulators, unless parts of
+	 * multi-packet replies came first: they started them at the identity (parts.h). */
+	if (op != SG_RED_SUM && s->res.count == 0 && !(s->res.flags & SG_F_PARTS))
 		op = OP_FIRST;
 	if (g->dtype == SG_T_I64)
-		reduce_i64(s, op, n, v, data_end);
+		reduce_i64(s, op, 0, n, v, data_end);
 	else
-		reduce_i32(s, op, n, v, data_end);
+		reduce_i32(s, op, 0, n, v, data_end);
 }
 
 enum gather_outcome {
@@ -124,7 +131,88 @@ enum gather_outcome {
 	G_STALE,
 	G_LATE,
 	G_DUP,
+	G_PART,        /* a part reduced, the worker has parts to come */
+	G_PART_DUP,
+	G_PART_MISMATCH,
 };
+#define G_OVERFLOWED 0x100
+
+/* answered marks a worker as answered (under s->lock): G_COMPLETED when that completes
+ * the request, else G_REDUCED. */
+static __always_inline int answered(struct sg_slot *s, __u32 word, __u64 mask, __u64 now)
+{
+	s->res.bitmap[word] |= mask;
+	s->res.count++;
+	if (s->res.count < s->res.need)
+		return G_REDUCED;
+	s->state = SG_SLOT_DONE;
+	s->res.done_ns = now;
+	return G_COMPLETED;
+}
+
+/* overflowed is G_OVERFLOWED when the reply just reduced made an int64 sum wrap. */
+static __always_inline int overflowed(const struct sg_slot *s, __u16 flags_before)
+{
+	return !(flags_before & SG_F_OVERFLOW) && (s->res.flags & SG_F_OVERFLOW) ? G_OVERFLOWED : 0;
+}
+
+/* worker_bit returns worker widx's bit in its bitmap word and sets *word. */
+static __always_inline __u64 worker_bit(__u32 widx, __u32 *word)
+{
+	__u32 w = widx / 64;
+
+	/* widx < SG_WORKERS_MAX is known to clang, which would drop the mask; 5.10's verifier
+	 * no longer knows it here, so keep the mask behind a barrier. */
+	barrier_var(w);
+	*word = w & (SG_BITMAP_WORDS - 1);
+	return 1ULL << (widx & 63);
+} /* or-ed in: this reply made an int64 sum wrap */
+
+/* gather_finish counts what happened to a reply (outside the slot's lock) and returns its
+ * verdict; the reply that completed the request emits the result. */
+static __always_inline int gather_finish(int outcome, struct sg_slot *s, const struct sg_group *g,
+					 struct sg_stats *cnt)
+{
+	if (outcome & G_OVERFLOWED) {
+		COUNT(cnt, overflow);
+		outcome &= 0xff;
+	}
+	switch (outcome) {
+	case G_STALE:
+		COUNT(cnt, stale);
+		break;
+	case G_LATE:
+		COUNT(cnt, late);
+		break;
+	case G_DUP:
+		COUNT(cnt, duplicates);
+		break;
+	case G_PART:
+		break;
+	case G_PART_DUP:
+		COUNT(cnt, part_dups);
+		break;
+	case G_PART_MISMATCH:
+		COUNT(cnt, part_mismatch);
+		break;
+	case G_COMPLETED:
+		COUNT(cnt, replies);
+		COUNT(cnt, completed);
+		if (g->flags & SG_GF_WAKE_SOCKET) {
+			/* The result is committed before the packet goes up the stack, so the
+			 * reader the socket wakes finds it in the ring. */
+			emit_result(s, cnt, BPF_RB_NO_WAKEUP);
+			return XDP_PASS;
+		}
+		emit_result(s, cnt, 0);
+		break;
+	default:
+		COUNT(cnt, replies);
+	}
+	return XDP_DROP;
+}
+
+#include "parts.h"
 
 static __always_inline int gather(struct xdp_md *ctx)
 {
@@ -136,7 +224,7 @@ static __always_inline int gather(struct xdp_md *ctx)
 	struct sg_slot *s;
 	struct sg_hdr *h;
 	struct pkt p;
-	__u32 gid, widx, key, slot, plen, want, bit, word;
+	__u32 gid, widx, key, slot, plen, want, word;
 	__u64 id, now, mask;
 	int perr, outcome;
 	__u16 flags_before;
@@ -182,10 +270,8 @@ static __always_inline int gather(struct xdp_md *ctx)
 		COUNT(cnt, unregistered);
 		return XDP_PASS;
 	}
-	if (bpf_ntohs(h->nparts) > 1) {
-		COUNT(cnt, multipart);
-		return XDP_PASS;
-	}
+	if (bpf_ntohs(h->nparts) > 1)
+		return gather_part(h, data_end, g, cnt, gid, widx, plen);
 	want = g->reduce == SG_RED_COUNT ? plen : (__u32)g->elems * (g->dtype == SG_T_I64 ? 8 : 4);
 	if (plen != want) {
 		COUNT(cnt, bad_length);
@@ -217,13 +303,7 @@ static __always_inline int gather(struct xdp_md *ctx)
 		COUNT(cnt, stale);
 		return XDP_DROP;
 	}
-	bit = widx & 63;
-	mask = 1ULL << bit;
-	/* widx < SG_WORKERS_MAX is known to clang, which would drop the mask; 5.10's verifier
-	 * no longer knows it here, so keep the mask behind a barrier. */
-	word = widx / 64;
-	barrier_var(word);
-	word &= SG_BITMAP_WORDS - 1;
+	mask = worker_bit(widx, &word);
 	now = bpf_ktime_get_ns();
 
 	bpf_spin_lock(&s->lock);
@@ -234,50 +314,12 @@ static __always_inline int gather(struct xdp_md *ctx)
 	} else if (s->res.bitmap[word] & mask) {
 		outcome = G_DUP;
 	} else {
-		s->res.bitmap[word] |= mask;
 		flags_before = s->res.flags;
 		reduce_reply(s, g, h + 1, data_end, widx);
-		s->res.count++;
-		outcome = G_REDUCED;
-		if (s->res.count >= s->res.need) {
-			s->state = SG_SLOT_DONE;
-			s->res.done_ns = now;
-			outcome = G_COMPLETED;
-		}
-		if (!(flags_before & SG_F_OVERFLOW) && (s->res.flags & SG_F_OVERFLOW))
-			outcome |= 0x100;
+		outcome = answered(s, word, mask, now) | overflowed(s, flags_before);
 	}
 	bpf_spin_unlock(&s->lock);
-
-	if (outcome & 0x100) {
-		COUNT(cnt, overflow);
-		outcome &= 0xff;
-	}
-	switch (outcome) {
-	case G_STALE:
-		COUNT(cnt, stale);
-		break;
-	case G_LATE:
-		COUNT(cnt, late);
-		break;
-	case G_DUP:
-		COUNT(cnt, duplicates);
-		break;
-	case G_COMPLETED:
-		COUNT(cnt, replies);
-		COUNT(cnt, completed);
-		if (g->flags & SG_GF_WAKE_SOCKET) {
-			/* The result is committed before the packet goes up the stack, so the
-			 * reader the socket wakes finds it in the ring. */
-			emit_result(s, cnt, BPF_RB_NO_WAKEUP);
-			return XDP_PASS;
-		}
-		emit_result(s, cnt, 0);
-		break;
-	default:
-		COUNT(cnt, replies);
-	}
-	return XDP_DROP;
+	return gather_finish(outcome, s, g, cnt);
 }
 
 #endif /* KEDGE_SG_GATHER_H */

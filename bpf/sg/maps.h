@@ -50,6 +50,18 @@ struct {
 	__type(value, struct sg_slot);
 } slots SEC(".maps");
 
+/* Multi-packet replies: which parts of each (slot, worker) arrived (struct sg_parts; gather
+ * key part_base + (slot - slot_base) * nworkers + worker). An array, so entries are never
+ * allocated or freed: an entry belongs to the request whose id it holds, and a newer
+ * request in the slot takes it over. User space sizes it (nslots x nworkers of the groups
+ * with SG_GF_PARTS; 1 when there are none) before load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sg_parts);
+} parts SEC(".maps");
+
 /* Completed requests. 4 MiB hold ~1800 results (2.4 KiB each), more than the SG_SLOTS
  * that can complete before user space frees a slot only when it is read... so a full
  * ring means user space stopped reading; the slot then keeps the result (ringbuf_full). */

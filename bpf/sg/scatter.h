@@ -263,6 +263,7 @@ static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter
 	s->res.need = need;
 	s->res.flags = 0;
 	s->res.gathered = 0;
+	s->res.partial = 0; /* one 32-bit store with gathered */
 	__builtin_memset(s->res.bitmap, 0, sizeof(s->res.bitmap));
 	/* Only the accumulators this group uses (a loop clang cannot turn into memset). */
 	for (__u32 i = 0; i < SG_AGG_ELEMS; i++) {

@@ -100,6 +100,8 @@ func newSgWorkerCmd() *cobra.Command {
 		nsArg             string
 		duration          time.Duration
 		threads           int
+		parts, maxDgram   int
+		partLoss          float64
 	)
 	cmd := &cobra.Command{
 		Use:   "worker",
@@ -108,8 +110,13 @@ func newSgWorkerCmd() *cobra.Command {
 request with a vector: --values if given, else element j = 1000*worker + j + id%997
 (worker is the index the scatter wrote into the request). Delay, loss and duplicates
 make it a lab worker. The sockets are served by --threads event loops, each an OS
-thread with its own epoll instance, answering in batches (recvmmsg/sendmmsg).`,
+thread with its own epoll instance, answering in batches (recvmmsg/sendmmsg).
+A reply larger than one datagram is sent as a multi-packet reply: --parts N splits
+every reply into N parts, --max-datagram BYTES into as few as keep each datagram's UDP
+payload within BYTES (the coordinator must take them: kedge sg scatter --multi-packet).`,
 		Example: `  kedge sg worker --listen 127.0.0.1:9000+16 --type int64 --elems 4
+  # 256 x int64 (2 KiB) per reply, in datagrams that fit an MTU of 1500; 1% of parts lost
+  kedge sg worker --listen 10.77.0.2:9000+8 --elems 256 --max-datagram 1452 --part-loss 0.01
   kedge sg worker --netns w1 --listen 10.77.0.2:9000 --delay 1ms --jitter 2ms --dist exp --loss 0.01 --dup 0.05`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -145,6 +152,9 @@ thread with its own epoll instance, answering in batches (recvmmsg/sendmmsg).`,
 			if threads < 0 {
 				return usagef("--threads %d: want 0 (one per CPU the process may use) or more", threads)
 			}
+			if partLoss < 0 || partLoss > 1 {
+				return usagef("--part-loss is a probability (0..1)")
+			}
 			ns, err := openNetns(nsArg)
 			if err != nil {
 				return err
@@ -156,7 +166,11 @@ thread with its own epoll instance, answering in batches (recvmmsg/sendmmsg).`,
 			defer cancel()
 			cfg := isg.WorkerConfig{Listen: addrs, Type: uint8(t), Elems: elems, Values: vals,
 				Delay: delay, Jitter: jitter, Dist: dist, Loss: loss, Dup: dup, Status: status,
-				Seed: uint64(time.Now().UnixNano()), Threads: threads}
+				Seed: uint64(time.Now().UnixNano()), Threads: threads, Parts: parts, MaxDatagram: maxDgram, PartLoss: partLoss}
+			if n := cfg.NParts(); parts < 0 || maxDgram < 0 || n > sg.MaxParts || n > 1 && elems > 0 && !isg.ValidParts(elems, n) {
+				return usagef("--parts %d / --max-datagram %d: a reply of %d elements in %d parts (want 1..%d parts, none empty: fewer parts or a larger --max-datagram)",
+					parts, maxDgram, elems, n, sg.MaxParts)
+			}
 			var st isg.WorkerStats
 			ready := make(chan struct{})
 			go func() {
@@ -183,6 +197,9 @@ thread with its own epoll instance, answering in batches (recvmmsg/sendmmsg).`,
 	f.Float64Var(&dup, "dup", 0, "probability of sending a reply twice")
 	f.Uint16Var(&status, "status", 0, "status in every reply (non-zero: a worker error)")
 	f.IntVar(&threads, "threads", 0, "event loops (OS threads, epoll + recvmmsg/sendmmsg) serving the sockets; 0 = one per CPU the process may use")
+	f.IntVar(&parts, "parts", 0, "split every reply into N datagrams (a multi-packet reply; 0 or 1: one, unless --max-datagram)")
+	f.IntVar(&maxDgram, "max-datagram", 0, "split replies into as few parts as keep each datagram's UDP payload within `BYTES` (1452 fits an MTU of 1500); 0: no split")
+	f.Float64Var(&partLoss, "part-loss", 0, "probability of not sending one part of a multi-packet reply")
 	addNetnsFlag(cmd, &nsArg, "run the workers")
 	addDurationFlag(cmd, &duration, "stop")
 	return cmd
@@ -206,7 +223,7 @@ func newSgScatterCmd() *cobra.Command {
 		workers                                        []string
 		elems, need, count, gatherK, batch, firstBatch int
 		timeout                                        time.Duration
-		busyPoll, wakeSocket                           bool
+		busyPoll, wakeSocket, multiPacket              bool
 		metricsAddr                                    string
 	)
 	cmd := &cobra.Command{
@@ -215,6 +232,8 @@ func newSgScatterCmd() *cobra.Command {
 		Example: `  kedge sg scatter -i lo --workers 127.0.0.1:9000+16 --reduction sum --type int64 --elems 4
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000,10.77.0.3:9000 --reduction max --need 1 -o json
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --reduction gather --elems 2 --count 10
+  # workers answering 256 x int64 in parts (kedge sg worker --max-datagram 1452)
+  kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+8 --elems 256 --multi-packet
   # the completing reply wakes the reader through the socket (each result's "reader": socket)
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --count 100 --wake-socket -o json
   # a long run with its counters served to Prometheus (kedge_sg_*_total)
@@ -249,7 +268,7 @@ func newSgScatterCmd() *cobra.Command {
 				return usagef("--wake-socket and --busy-poll: pick one (the busy-polling reader needs no wake-up)")
 			}
 			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Reduction: r, Type: t,
-				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir}
+				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, MultiPacket: multiPacket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir}
 			if local != "" {
 				if cfg.Local, err = netip.ParseAddrPort(local); err != nil {
 					return usagef("--local %q: %w", local, err)
@@ -304,6 +323,9 @@ func newSgScatterCmd() *cobra.Command {
 					if res.Count < len(ws) {
 						fmt.Fprintf(w, "  answered: %v\n", res.Answered)
 					}
+					for _, p := range res.Partial {
+						fmt.Fprintf(w, "  worker %d: parts %v of %d arrived (in the aggregate, not answered)\n", p.Worker, p.Parts, p.NParts)
+					}
 				}
 				return nil
 			})
@@ -324,6 +346,7 @@ func newSgScatterCmd() *cobra.Command {
 	f.IntVar(&batch, "scatter-batch", 0, "most copies one run of the scatter program sends before it hands the request on (default 64; docs/sg.md, \"Batches\")")
 	f.IntVar(&firstBatch, "scatter-first-batch", 0, "copies of the first run (default 8); later runs double it up to --scatter-batch")
 	f.BoolVar(&busyPoll, "busy-poll", false, "spin on the result ring instead of sleeping in epoll")
+	f.BoolVar(&multiPacket, "multi-packet", false, "take multi-packet replies (vectors larger than one datagram, up to 32 parts; not with gather; docs/sg.md)")
 	f.BoolVar(&wakeSocket, "wake-socket", false, "let the reply that completes a request wake the reader through the coordinator socket "+
 		"instead of the ring buffer's wake-up (docs/sg.md, \"Delivery\")")
 	addMetricsFlag(cmd, &metricsAddr)

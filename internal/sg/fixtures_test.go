@@ -46,11 +46,6 @@ type fixture struct {
 func newFixture(t *testing.T, gid uint32, coord netip.AddrPort, workers []netip.AddrPort, red, typ uint8, elems uint16, gatherK uint32) *fixture {
 	t.Helper()
 	bpftest.RequireRoot(t)
-	return newFixtureTB(t, gid, coord, workers, red, typ, elems, gatherK)
-}
-
-func newFixtureTB(t testing.TB, gid uint32, coord netip.AddrPort, workers []netip.AddrPort, red, typ uint8, elems uint16, gatherK uint32) *fixture {
-	t.Helper()
 	return newFixtureWith(t, LoadOptions{Tier: DetectTier()}, gid, coord, workers, red, typ, elems, gatherK)
 }
 

@@ -18,6 +18,7 @@ type (
 	ResultRec = sgSgResult
 	SlotRec   = sgSgSlot
 	Stats     = sgSgStats
+	PartsRec  = sgSgParts
 )
 
 // Tier is the set of kernel features the data plane is built from.
@@ -54,6 +55,9 @@ type Objects struct {
 	Slots   *ebpf.Map
 	Results *ebpf.Map
 	Stats   *ebpf.Map
+	// Parts holds which parts of a multi-packet reply arrived, per (slot, worker) of the
+	// groups with GroupFlagParts (LoadOptions.PartEntries).
+	Parts   *ebpf.Map
 	Scatter *ebpf.Program
 	// Cont goes on the group interface's TC ingress: it sends the next batch of a
 	// fan-out larger than the batch (LoadOptions.Batch).
@@ -100,6 +104,10 @@ type LoadOptions struct {
 	// FirstBatch is the first run's copies (default min(8, Batch)); each later run sends
 	// as many as were sent before it, up to Batch: 8, 8, 16, 32, 64, 64, ... (BatchRuns).
 	FirstBatch uint32
+	// PartEntries sizes the parts map: slots x workers of every group that takes
+	// multi-packet replies (GroupFlagParts; its PartBase indexes into it). 0: none does
+	// (a map of one entry, never used).
+	PartEntries uint32
 }
 
 // DefaultBatch and DefaultFirstBatch are the scatter's default batches
@@ -151,6 +159,10 @@ func Load(opts LoadOptions) (*Objects, error) {
 	if err := spec.Variables["cfg_expire_slack_ns"].Set(opts.ExpireSlack); err != nil {
 		return nil, fmt.Errorf("set expire slack: %w", err)
 	}
+	if opts.PartEntries > PartEntriesMax {
+		return nil, fmt.Errorf("sg parts map of %d entries: at most %d (slots x workers)", opts.PartEntries, PartEntriesMax)
+	}
+	spec.Maps["parts"].MaxEntries = max(opts.PartEntries, 1)
 	o := &Objects{Tier: opts.Tier}
 	if opts.Tier == TierLoop {
 		var lo loopObjects
@@ -175,7 +187,7 @@ func Load(opts LoadOptions) (*Objects, error) {
 }
 
 func (o *Objects) fromMaps(m sgMaps) {
-	o.Groups, o.Workers, o.Slots, o.Results, o.Stats = m.Groups, m.Workers, m.Slots, m.Results, m.Stats
+	o.Groups, o.Workers, o.Slots, o.Results, o.Stats, o.Parts = m.Groups, m.Workers, m.Slots, m.Results, m.Stats, m.Parts
 	o.other = []*ebpf.Map{m.ScatterChain, m.ScatterState}
 }
 
@@ -218,7 +230,7 @@ func (o *Objects) SumStats(group uint32) (Stats, error) {
 // Close releases every object.
 func (o *Objects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Scatter, o.Cont, o.Gather, o.Sweep, o.Groups, o.Workers, o.Slots, o.Results, o.Stats} {
+	for _, c := range []interface{ Close() error }{o.Scatter, o.Cont, o.Gather, o.Sweep, o.Groups, o.Workers, o.Slots, o.Results, o.Stats, o.Parts} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}

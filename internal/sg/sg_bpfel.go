@@ -61,7 +61,16 @@ type sgSgGroup struct {
 		}
 	}
 	CoordPort uint16
-	Pad1      [3]uint16
+	Pad1      uint16
+	PartBase  uint32
+}
+
+type sgSgParts struct {
+	_      structs.HostLayout
+	ReqId  uint64
+	Bits   uint32
+	Nparts uint16
+	Pad    uint16
 }
 
 type sgSgResult struct {
@@ -75,7 +84,8 @@ type sgSgResult struct {
 	Count    uint16
 	Need     uint16
 	Flags    uint16
-	Gathered uint32
+	Gathered uint16
+	Partial  uint16
 	Bitmap   [16]uint64
 	Order    [64]uint16
 	Agg      [256]int64
@@ -118,6 +128,10 @@ type sgSgStats struct {
 	Multipart    uint64
 	Overflow     uint64
 	RingbufFull  uint64
+	Parts        uint64
+	PartDups     uint64
+	BadParts     uint64
+	PartMismatch uint64
 	UnknownGroup uint64
 	Malformed    uint64
 	BadVersion   uint64
@@ -143,6 +157,7 @@ type sgSgWorker struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	sgMapGroups           = "groups"
+	sgMapParts            = "parts"
 	sgMapResults          = "results"
 	sgMapScatterChain     = "scatter_chain"
 	sgMapScatterState     = "scatter_state"
@@ -221,6 +236,7 @@ type sgProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sgMapSpecs struct {
 	Groups       *ebpf.MapSpec `ebpf:"groups"`
+	Parts        *ebpf.MapSpec `ebpf:"parts"`
 	Results      *ebpf.MapSpec `ebpf:"results"`
 	ScatterChain *ebpf.MapSpec `ebpf:"scatter_chain"`
 	ScatterState *ebpf.MapSpec `ebpf:"scatter_state"`
@@ -261,6 +277,7 @@ func (o *sgObjects) Close() error {
 // It can be passed to loadSgObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sgMaps struct {
 	Groups       *ebpf.Map `ebpf:"groups"`
+	Parts        *ebpf.Map `ebpf:"parts"`
 	Results      *ebpf.Map `ebpf:"results"`
 	ScatterChain *ebpf.Map `ebpf:"scatter_chain"`
 	ScatterState *ebpf.Map `ebpf:"scatter_state"`
@@ -272,6 +289,7 @@ type sgMaps struct {
 func (m *sgMaps) Close() error {
 	return _SgClose(
 		m.Groups,
+		m.Parts,
 		m.Results,
 		m.ScatterChain,
 		m.ScatterState,

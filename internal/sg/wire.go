@@ -26,6 +26,10 @@ const (
 	AggElems    = AggBytes / 8
 	GatherMax   = 64
 	BitmapWords = WorkersMax / 64
+	// PartsMax is the most parts a multi-packet reply may have (SG_PARTS_MAX).
+	PartsMax = 32
+	// PartEntriesMax is the largest parts map: every slot x every worker of a group.
+	PartEntriesMax = Slots * WorkersMax
 )
 
 // Reductions and element types (enum sg_reduce, enum sg_dtype).
@@ -46,6 +50,9 @@ const (
 	StatusTimeout = 1
 
 	FlagOverflow = 0x1
+	// FlagParts (SG_F_PARTS): parts of multi-packet replies were reduced; for min and
+	// max the accumulators started at the identity (MinIdentity, MaxIdentity).
+	FlagParts = 0x2
 
 	// GroupFlagLoopback (SG_GF_LOOPBACK): the group's interface is a loopback; batches
 	// are handed on through its egress.
@@ -54,6 +61,9 @@ const (
 	// passed to the coordinator socket (its arrival wakes the reader) and its result is
 	// emitted without the ring buffer's wake-up.
 	GroupFlagWakeSocket = 0x2
+	// GroupFlagParts (SG_GF_PARTS): multi-packet replies are reduced per part; the
+	// group's entries in the parts map start at its PartBase.
+	GroupFlagParts = 0x4
 )
 
 // Slot states (enum sg_slot_state).
@@ -161,4 +171,38 @@ func DecodeVector(b []byte, t uint8) []int64 {
 		}
 	}
 	return out
+}
+
+// PartSlice is the slice of an elems-long vector that part part of an nparts-part reply
+// carries (bpf/include/sg.h): elements [off, off+n) with k = ceil(elems/nparts), off =
+// part*k, n = min(k, elems-off). ok is false when nparts is 0 or above PartsMax, part is
+// not below nparts, or the part would be empty (nparts too large for the vector).
+func PartSlice(elems, nparts, part int) (off, n int, ok bool) {
+	if nparts < 1 || nparts > PartsMax || part < 0 || part >= nparts {
+		return 0, 0, false
+	}
+	k := (elems + nparts - 1) / nparts
+	off = part * k
+	if off >= elems {
+		return 0, 0, false
+	}
+	return off, min(k, elems-off), true
+}
+
+// PartsFor is the fewest parts in which a vector of elems elements of size bytes travels
+// with at most maxPayload bytes of payload per datagram (at least 1). It can be above
+// PartsMax: the caller refuses that.
+func PartsFor(elems, size, maxPayload int) int {
+	per := max(maxPayload/size, 1)
+	return max((elems+per-1)/per, 1)
+}
+
+// ValidParts reports whether an elems-long vector can travel in nparts parts: every part
+// non-empty and nparts within PartsMax (nparts 1: a single packet).
+func ValidParts(elems, nparts int) bool {
+	if nparts == 1 {
+		return true
+	}
+	_, _, ok := PartSlice(elems, nparts, nparts-1)
+	return ok
 }

@@ -38,6 +38,28 @@ type WorkerConfig struct {
 	Seed   uint64
 	// Threads is how many event loops (OS threads) serve the sockets; 0 = GOMAXPROCS.
 	Threads int
+	// Parts splits every reply into this many datagrams (a multi-packet reply, PartSlice);
+	// 0 or 1: a single datagram, unless MaxDatagram asks for more.
+	Parts int
+	// MaxDatagram, if set and Parts is not, splits a reply into as few parts as keep each
+	// datagram's UDP payload (header included) within it (DefaultMaxDatagram fits an MTU
+	// of 1500).
+	MaxDatagram int
+	// PartLoss drops each part of a multi-packet reply with this probability (the rest of
+	// the reply is sent).
+	PartLoss float64
+}
+
+// DefaultMaxDatagram is the UDP payload of a datagram that fits an MTU of 1500 over IPv6
+// (1500 - 40 - 8) and IPv4.
+const DefaultMaxDatagram = 1452
+
+// NParts is how many datagrams a reply of cfg takes (Parts, or PartsFor MaxDatagram).
+func (cfg WorkerConfig) NParts() int {
+	if cfg.Parts > 0 || cfg.MaxDatagram <= HdrLen || cfg.Elems == 0 {
+		return max(cfg.Parts, 1)
+	}
+	return PartsFor(cfg.Elems, ElemSize(cfg.Type), cfg.MaxDatagram-HdrLen)
 }
 
 // ValueFor is the reference worker's default answer: element j of worker w for request id.
@@ -80,6 +102,12 @@ func RunWorkers(ctx context.Context, cfg WorkerConfig, st *WorkerStats, ready ch
 	}
 	if cfg.Threads < 0 {
 		return fmt.Errorf("sg worker: %d threads (want 0 = GOMAXPROCS, or more)", cfg.Threads)
+	}
+	if cfg.Parts < 0 || cfg.MaxDatagram < 0 || cfg.MaxDatagram > 0 && cfg.MaxDatagram <= HdrLen+8 {
+		return fmt.Errorf("sg worker: %d parts, max datagram %d bytes (want parts >= 0, max datagram > %d)", cfg.Parts, cfg.MaxDatagram, HdrLen+8)
+	}
+	if n := cfg.NParts(); n > 1 && (n > PartsMax || cfg.Elems > 0 && !ValidParts(cfg.Elems, n)) {
+		return fmt.Errorf("sg worker: a reply of %d elements cannot travel in %d parts (at most %d, none empty)", cfg.Elems, n, PartsMax)
 	}
 	if st == nil {
 		st = &WorkerStats{}
@@ -191,19 +219,28 @@ func delay(cfg WorkerConfig, rng *rand.Rand) time.Duration {
 	return d
 }
 
-// BuildReply is the reference worker's reply to request h.
-func BuildReply(h Header, cfg WorkerConfig) []byte {
-	return AppendReply(make([]byte, 0, HdrLen+cfg.Elems*ElemSize(cfg.Type)), h, cfg)
+// BuildReply is the reference worker's reply to request h: one datagram per part.
+func BuildReply(h Header, cfg WorkerConfig) [][]byte {
+	n := cfg.NParts()
+	out := make([][]byte, n)
+	for p := range out {
+		out[p] = AppendPart(nil, h, cfg, p, n)
+	}
+	return out
 }
 
-// AppendReply appends the reference worker's reply to request h to b (no allocation when
-// b has room for it).
-func AppendReply(b []byte, h Header, cfg WorkerConfig) []byte {
-	size := cfg.Elems * ElemSize(cfg.Type)
+// AppendPart appends part p of nparts of the reference worker's reply to request h to b
+// (no allocation when b has room for it). nparts 1 is the whole reply in one datagram;
+// otherwise the part carries PartSlice's elements (count: an empty payload).
+func AppendPart(b []byte, h Header, cfg WorkerConfig, p, nparts int) []byte {
+	off, n := 0, cfg.Elems
+	if nparts > 1 {
+		off, n, _ = PartSlice(cfg.Elems, nparts, p)
+	}
 	r := Header{Version: Version, Op: OpReply, Group: h.Group, Worker: h.Worker, ReqID: h.ReqID,
-		Status: cfg.Status, NParts: 1, PayloadLen: uint32(size)}
+		Status: cfg.Status, Part: uint16(p), NParts: uint16(nparts), PayloadLen: uint32(n * ElemSize(cfg.Type))}
 	b = r.Append(b)
-	for j := range cfg.Elems {
+	for j := off; j < off+n; j++ {
 		x := ValueFor(h.Worker, h.ReqID, j)
 		if cfg.Values != nil {
 			x = cfg.Values[j]

@@ -135,7 +135,7 @@ func TestWorkerReplies(t *testing.T) {
 				}
 				seen[h.ReqID] = true
 				rh := Header{Worker: uint16(i), ReqID: h.ReqID, Group: 3}
-				if want := BuildReply(rh, cfg); !bytes.Equal(g, want) {
+				if want := BuildReply(rh, cfg)[0]; !bytes.Equal(g, want) {
 					t.Errorf("%v: reply %x, want %x", a, g, want)
 				}
 			}
@@ -194,6 +194,50 @@ func TestWorkerFaults(t *testing.T) {
 		}
 		if got := exchange(t, ns, a, many, 200, 2*time.Second); len(got) != 200 {
 			t.Errorf("%d of 200 jittered replies", len(got))
+		}
+	})
+}
+
+// TestWorkerParts: a vector larger than MaxDatagram is split into the fewest parts that
+// fit, each part byte for byte AppendPart's (PartSlice's slice), delayed replies too;
+// PartLoss 1 sends no part; Parts forces the count.
+func TestWorkerParts(t *testing.T) {
+	a := netip.MustParseAddrPort("127.0.0.1:18300")
+	reqs := [][]byte{workerRequest(0, 1), workerRequest(0, 2)}
+	for _, cfg := range []WorkerConfig{
+		{Listen: []netip.AddrPort{a}, Type: TypeI64, Elems: 256, MaxDatagram: DefaultMaxDatagram},
+		{Listen: []netip.AddrPort{a}, Type: TypeI32, Elems: 10, Parts: 4, Delay: time.Millisecond},
+	} {
+		n := cfg.NParts()
+		if cfg.MaxDatagram > 0 && n != 2 {
+			t.Fatalf("256 x int64 in %d parts of at most %d bytes, want 2", n, cfg.MaxDatagram)
+		}
+		ns := workerNetns(t, cfg, nil)
+		got := exchange(t, ns, a, reqs, len(reqs)*n, 2*time.Second)
+		if len(got) != len(reqs)*n {
+			t.Fatalf("%d datagrams for %d requests of %d parts", len(got), len(reqs), n)
+		}
+		seen := map[[2]uint64]bool{}
+		for _, g := range got {
+			h, payload, err := ParseHeader(g)
+			if err != nil || int(h.NParts) != n || seen[[2]uint64{h.ReqID, uint64(h.Part)}] || len(g) > max(cfg.MaxDatagram, HdrLen+40) {
+				t.Fatalf("part %x: %v (%d bytes, nparts %d, or seen before)", g[:HdrLen], err, len(g), h.NParts)
+			}
+			seen[[2]uint64{h.ReqID, uint64(h.Part)}] = true
+			off, k, _ := PartSlice(cfg.Elems, n, int(h.Part))
+			v := DecodeVector(payload, cfg.Type)
+			if len(v) != k || v[0] != ValueFor(0, h.ReqID, off) || v[k-1] != ValueFor(0, h.ReqID, off+k-1) {
+				t.Fatalf("part %d of %d: %d elements from %d, want %d", h.Part, n, len(v), v[0], k)
+			}
+			if want := AppendPart(nil, Header{ReqID: h.ReqID, Group: 3}, cfg, int(h.Part), n); !bytes.Equal(g, want) {
+				t.Fatalf("part %d differs from AppendPart", h.Part)
+			}
+		}
+	}
+	t.Run("part loss", func(t *testing.T) {
+		ns := workerNetns(t, WorkerConfig{Listen: []netip.AddrPort{a}, Type: TypeI64, Elems: 4, Parts: 2, PartLoss: 1}, nil)
+		if got := exchange(t, ns, a, reqs, 1, 300*time.Millisecond); len(got) != 0 {
+			t.Errorf("%d parts sent with part loss 1", len(got))
 		}
 	})
 }

@@ -32,10 +32,12 @@ type workerLoop struct {
 	riovs [workerBatch]unix.Iovec
 	rbufs [workerBatch][]byte
 	names [workerBatch]unix.RawSockaddrInet6
-	// Send side: up to two replies per request (a duplicate), to the request's sender.
-	shdrs [2 * workerBatch]Mmsghdr
-	siovs [2 * workerBatch]unix.Iovec
-	sbufs [2 * workerBatch][]byte
+	// Send side: up to two replies per request (a duplicate) of nparts datagrams each, to
+	// the request's sender: 2 * workerBatch * nparts entries.
+	nparts int
+	shdrs  []Mmsghdr
+	siovs  []unix.Iovec
+	sbufs  [][]byte
 }
 
 // lateReply is a delayed reply waiting in workerLoop.late.
@@ -44,7 +46,7 @@ type lateReply struct {
 	fd      int
 	name    unix.RawSockaddrInet6
 	namelen uint32
-	reply   []byte
+	reply   [][]byte // one datagram per part
 	dup     bool
 }
 
@@ -88,7 +90,10 @@ func newWorkerLoop(cfg WorkerConfig, st *WorkerStats, fds []int, seed uint64) (*
 		l.riovs[i].Base = &l.rbufs[i][0]
 		l.riovs[i].SetLen(len(l.rbufs[i]))
 	}
+	l.nparts = cfg.NParts()
 	rlen := HdrLen + max(cfg.Elems, 1)*ElemSize(cfg.Type)
+	n := 2 * workerBatch * l.nparts
+	l.shdrs, l.siovs, l.sbufs = make([]Mmsghdr, n), make([]unix.Iovec, n), make([][]byte, n)
 	for i := range l.sbufs {
 		l.sbufs[i] = make([]byte, 0, rlen)
 	}
@@ -173,13 +178,20 @@ func (l *workerLoop) serve(fd int) {
 			}
 			continue
 		}
-		l.sbufs[k] = AppendReply(l.sbufs[k][:0], h, l.cfg)
-		l.queue(k, &l.names[i], l.rhdrs[i].Hdr.Namelen, l.sbufs[k])
-		k++
+		first := k
+		for p := range l.nparts {
+			l.sbufs[k] = AppendPart(l.sbufs[k][:0], h, l.cfg, p, l.nparts)
+			if !l.losePart() {
+				l.queue(k, &l.names[i], l.rhdrs[i].Hdr.Namelen, l.sbufs[k])
+				k++
+			}
+		}
 		replies++
 		if dup {
-			l.queue(k, &l.names[i], l.rhdrs[i].Hdr.Namelen, l.sbufs[k-1])
-			k++
+			for j, end := first, k; j < end; j++ {
+				l.queue(k, &l.names[i], l.rhdrs[i].Hdr.Namelen, l.sbufs[j])
+				k++
+			}
 			dups++
 		}
 	}
@@ -189,6 +201,18 @@ func (l *workerLoop) serve(fd int) {
 	l.st.Dropped.Add(dropped)
 	l.st.Replies.Add(replies)
 	l.st.Dups.Add(dups)
+}
+
+// losePart draws whether one part of a multi-packet reply is lost (PartLoss).
+func (l *workerLoop) losePart() bool {
+	return l.nparts > 1 && l.cfg.PartLoss > 0 && l.rng.Float64() < l.cfg.PartLoss
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // queue points send header k at reply b to the address in name.
@@ -221,11 +245,14 @@ func (l *workerLoop) sendDue() {
 	now := monotonicNow()
 	for len(l.late) > 0 && l.late[0].due <= now {
 		lr := heap.Pop(&l.late).(*lateReply)
-		l.queue(0, &lr.name, lr.namelen, lr.reply)
-		k := 1
-		if lr.dup {
-			l.queue(1, &lr.name, lr.namelen, lr.reply)
-			k = 2
+		k := 0
+		for range 1 + b2i(lr.dup) {
+			for _, d := range lr.reply {
+				if !l.losePart() {
+					l.queue(k, &lr.name, lr.namelen, d)
+					k++
+				}
+			}
 		}
 		l.send(lr.fd, l.shdrs[:k])
 		l.st.Replies.Add(1)

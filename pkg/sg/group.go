@@ -82,6 +82,9 @@ func (c *Config) Validate() error {
 	if c.Reduction != Count && (c.Elems < 1 || c.Elems > MaxElems) {
 		return fmt.Errorf("sg config: %d elements, want 1..%d", c.Elems, MaxElems)
 	}
+	if c.MultiPacket && c.Reduction == Gather {
+		return errors.New("sg config: gather takes single-packet replies only (unset MultiPacket)")
+	}
 	v4 := c.Workers[0].Addr().Unmap().Is4()
 	for i, w := range c.Workers {
 		if !w.IsValid() || w.Port() == 0 {
@@ -176,8 +179,12 @@ func Open(cfg Config) (_ *Group, err error) {
 	}
 	g.cfg.Local = local
 
+	var partEntries uint32
+	if cfg.MultiPacket {
+		partEntries = uint32(cfg.InFlight * len(cfg.Workers))
+	}
 	g.objs, err = isg.Load(isg.LoadOptions{Tier: isg.DetectTier(), ExpireSlack: 20_000, Batch: uint32(cfg.ScatterBatch),
-		FirstBatch: uint32(cfg.ScatterFirstBatch)})
+		FirstBatch: uint32(cfg.ScatterFirstBatch), PartEntries: partEntries})
 	if err != nil {
 		return nil, fmt.Errorf("load sg data plane: %w", err)
 	}
@@ -347,6 +354,9 @@ func (g *Group) fillMaps(ifindex int, loopback bool, workers []isg.WorkerCfg) er
 	}
 	if g.cfg.WakeSocket && !g.cfg.BusyPoll {
 		gc.Flags |= isg.GroupFlagWakeSocket
+	}
+	if g.cfg.MultiPacket {
+		gc.Flags |= isg.GroupFlagParts // PartBase 0: the group's slots start at 0
 	}
 	la := g.cfg.Local.Addr().Unmap()
 	if la.Is4() {
@@ -541,10 +551,16 @@ func (g *Group) decode(rec *isg.ResultRec, w *waiter, by int) Result {
 			}
 		}
 	}
+	if rec.Partial > 0 {
+		r.Partial = g.partials(rec)
+	}
 	switch g.cfg.Reduction {
 	case Sum, Min, Max:
-		if g.cfg.Reduction == Sum || r.Count > 0 {
+		if g.cfg.Reduction == Sum || r.Count > 0 || len(r.Partial) > 0 {
 			r.Values = append([]int64(nil), rec.Agg[:g.cfg.Elems]...)
+		}
+		if g.cfg.Reduction != Sum && r.Count == 0 && len(r.Partial) > 0 {
+			uncovered(r.Values, r.Partial)
 		}
 	case Gather:
 		per := g.cfg.Elems * g.cfg.Type.Size()
@@ -557,6 +573,50 @@ func (g *Group) decode(rec *isg.ResultRec, w *waiter, by int) Result {
 		}
 	}
 	return r
+}
+
+// partials reads the parts map entries of rec's request for the workers not in its
+// bitmap (rec.Partial of them hold some parts). The slot is not yet freed, so no later
+// request has taken the entries over.
+func (g *Group) partials(rec *isg.ResultRec) []PartialReply {
+	var out []PartialReply
+	n := len(g.cfg.Workers)
+	for w := 0; w < n && len(out) < int(rec.Partial); w++ {
+		if rec.Bitmap[w/64]&(1<<(w%64)) != 0 {
+			continue
+		}
+		var e isg.PartsRec
+		if err := g.objs.Parts.Lookup(uint32(int(rec.Slot)*n+w), &e); err != nil || e.ReqId != rec.ReqId || e.Bits == 0 {
+			continue
+		}
+		p := PartialReply{Worker: w, NParts: int(e.Nparts)}
+		for b := range isg.PartsMax {
+			if e.Bits&(1<<b) != 0 {
+				p.Parts = append(p.Parts, b)
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// uncovered zeroes the elements of a Min/Max aggregate that no part in ps covered (the
+// kernel started them at the identity: SG_F_PARTS), when no worker answered in full.
+func uncovered(v []int64, ps []PartialReply) {
+	covered := make([]bool, len(v))
+	for _, p := range ps {
+		for _, part := range p.Parts {
+			off, n, _ := isg.PartSlice(len(v), p.NParts, part)
+			for i := off; i < off+n; i++ {
+				covered[i] = true
+			}
+		}
+	}
+	for i := range v {
+		if !covered[i] {
+			v[i] = 0
+		}
+	}
 }
 
 // wait reads the ring whenever it wakes its reader: every result, or with WakeSocket

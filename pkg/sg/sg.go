@@ -28,6 +28,8 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	isg "github.com/kedge-dev/kedge/internal/sg"
 )
 
 // Reduction is how the workers' replies combine.
@@ -118,6 +120,7 @@ const (
 	MaxScatterBatch = 32 * 33
 	MaxElems        = 256  // vector elements (Sum, Min, Max) of either type
 	MaxGatherK      = 64   // Gather: replies kept
+	MaxParts        = 32   // datagrams of one multi-packet reply (Config.MultiPacket)
 	AggBytes        = 2048 // Gather: GatherK * Elems * Type.Size() must fit
 )
 
@@ -176,6 +179,12 @@ type Config struct {
 	// "Latency"); `kedge bench sg` runs it as kedge-sock, side by side. Ignored with
 	// BusyPoll.
 	WakeSocket bool
+	// MultiPacket makes the group take multi-packet replies: a worker whose vector does
+	// not fit one datagram sends it in up to MaxParts parts (docs/sg.md, "Multi-packet
+	// replies"), each reduced in the kernel as it arrives; the worker has answered when
+	// all its parts have. Costs a parts map of InFlight x workers x 16 bytes. Not with
+	// Gather (single-packet replies only). Single-packet replies are taken either way.
+	MultiPacket bool
 	// StatusDir, if set, is where the group publishes sg.<owner>.json (counters and
 	// configuration, every second; kedge's run-state status files) for `kedge sg stats`,
 	// which reads /run/kedge.
@@ -233,6 +242,11 @@ type Result struct {
 	Gathered []GatherItem `json:"gathered,omitempty"`
 	// Overflow: an int64 sum wrapped.
 	Overflow bool `json:"overflow,omitempty"`
+	// Partial lists the workers (MultiPacket) some but not all of whose parts arrived
+	// before the request completed or expired: they are not in Answered, and the parts
+	// they sent ARE in Values (each part's slice: PartSlice). For Min and Max an element
+	// that no arrived reply or part covered is 0.
+	Partial []PartialReply `json:"partial,omitempty"`
 	// Kernel is the time from the scatter to the completing reply (or the expiry),
 	// measured in the kernel; RoundTrip is Scatter's own duration.
 	Kernel    time.Duration `json:"kernel_ns"`
@@ -242,6 +256,20 @@ type Result struct {
 	// socket), "busy-poll" (the spinning reader) or "guard" (the Scatter's guard timer
 	// read it: a lost wake-up, or a full ring; docs/sg.md, "Delivery").
 	Reader string `json:"reader"`
+}
+
+// PartialReply is a worker's incomplete multi-packet reply (Result.Partial).
+type PartialReply struct {
+	Worker int   `json:"worker"`
+	NParts int   `json:"nparts"`
+	Parts  []int `json:"parts"` // the part indexes that arrived, ascending
+}
+
+// PartSlice is the slice of an elems-long vector that part part of an nparts-part reply
+// carries: elements [off, off+n) (docs/sg.md, wire format). ok is false for a part that
+// cannot exist (part >= nparts, nparts above MaxParts, or an empty part).
+func PartSlice(elems, nparts, part int) (off, n int, ok bool) {
+	return isg.PartSlice(elems, nparts, part)
 }
 
 // RequestOptions override the group's policy for one request.
@@ -272,6 +300,10 @@ type Stats struct {
 	Multipart    uint64 `json:"multipart"`
 	Overflow     uint64 `json:"overflow"`
 	RingbufFull  uint64 `json:"ringbuf_full"`
+	Parts        uint64 `json:"parts"`
+	PartDups     uint64 `json:"part_dups"`
+	BadParts     uint64 `json:"bad_parts"`
+	PartMismatch uint64 `json:"part_mismatch"`
 	UnknownGroup uint64 `json:"unknown_group"`
 	Malformed    uint64 `json:"malformed"`
 	BadVersion   uint64 `json:"bad_version"`
