@@ -497,11 +497,15 @@ func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, 
 	}
 	wg.Wait()
 	el := time.Since(start)
-	// The leader's term after the run (from any node that answers: the leader may have changed).
+	// The newest term any node knows after the run, and its leader (the leader may have
+	// changed; a node that lags may still report the old term).
 	for _, n := range c.Nodes {
-		if st, err := c.Status(ctx, n.ID); err == nil && st.Leader != 0 {
-			t.TermChange, t.LeaderAfter = st.Term-st0.Term, int(st.Leader)
-			break
+		st, err := c.Status(ctx, n.ID)
+		if err != nil || st.Term < st0.Term {
+			continue
+		}
+		if d := st.Term - st0.Term; d > t.TermChange || (d == t.TermChange && t.LeaderAfter == 0) {
+			t.TermChange, t.LeaderAfter = d, int(st.Leader)
 		}
 	}
 	machine1, err := bench.ReadCPU()
