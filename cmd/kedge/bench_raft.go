@@ -323,14 +323,18 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 // throughputTables prints the throughput rounds (every run, in the order run), each round's
 // ratios to the baseline, and the summary over the rounds.
 func throughputTables(tw io.Writer, r *raftbench.Result) {
-	fmt.Fprintln(tw, "THROUGHPUT RUNS\tROUND\tOFFLOAD\tCLIENTS\tWRITES/S\tP50\tP99\tMAX\tERRORS\tNODE CPU/WRITE\tMACHINE CPU/WRITE\tSOFTIRQ/WRITE\tXDP/WRITE\tIDLE CLUSTERS CPU\tLOAD\tTERM +")
+	fmt.Fprintln(tw, "THROUGHPUT RUNS\tROUND\tOFFLOAD\tCLIENTS\tWRITES/S\tP50\tP99\tMAX\tERRORS\tNODE CPU/WRITE\tMACHINE CPU/WRITE\tSOFTIRQ/WRITE\tXDP/WRITE\tKERNEL HEARTBEATS\tIDLE CLUSTERS CPU\tLOAD\tTERM +")
 	for _, t := range r.ThroughputRuns {
 		xdp := "-" // not timed (--tp-bpf-stats) or no program
 		if t.XDPRunsPerWrite > 0 {
 			xdp = fmt.Sprintf("%.0f ns, %.1f runs (%.1f raft)", t.XDPNsPerWrite, t.XDPRunsPerWrite, t.XDPRaftPerWrite)
 		}
-		fmt.Fprintf(tw, "%d nodes\t%d\t%s\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\t%.0f us\t%.0f us\t%.1f us\t%s\t%.0f ms\t%.1f\t%d\n", t.Nodes, t.Round+1, t.Offload, t.Clients,
-			t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors, t.NodeCPUUs, t.MachineCPUUs, t.SoftirqUs, xdp, t.OtherCPUMs, t.Load1, t.TermChange)
+		khb := "-" // mode on only: heartbeats the leader's kernel sent, its pacer's passes, rounds user space covered
+		if t.KernelHeartbeatsPerS > 0 || t.PacerPassesPerS > 0 {
+			khb = fmt.Sprintf("%.0f/s, %.0f passes/s, %.1f overdue/s", t.KernelHeartbeatsPerS, t.PacerPassesPerS, t.OverduePerS)
+		}
+		fmt.Fprintf(tw, "%d nodes\t%d\t%s\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\t%.0f us\t%.0f us\t%.1f us\t%s\t%s\t%.0f ms\t%.1f\t%d\n", t.Nodes, t.Round+1, t.Offload, t.Clients,
+			t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors, t.NodeCPUUs, t.MachineCPUUs, t.SoftirqUs, xdp, khb, t.OtherCPUMs, t.Load1, t.TermChange)
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "THROUGHPUT, POOLED\tOFFLOAD\tROUNDS\tWRITES\tWRITES/S\tP50\tP99\tMAX\tERRORS")

@@ -105,6 +105,13 @@ type ThroughputRun struct {
 	// XDPRaftPerWrite: of those runs, the raft packets (UDP to the raft port: authenticated
 	// in XDP); the rest (TCP appends, client HTTP) are parsed and passed.
 	XDPRaftPerWrite float64 `json:"xdp_raft_per_write,omitempty"`
+	// Mode on: the leader's kernel heartbeat sender over the run, per second - heartbeats
+	// the kernel sent, the passes of its pacer's frames (tick_passes + filler_passes:
+	// softirq work no process is charged for), and rounds user space covered because the
+	// kernel's was overdue (sender counter "overdue").
+	KernelHeartbeatsPerS float64 `json:"kernel_heartbeats_per_s,omitempty"`
+	PacerPassesPerS      float64 `json:"pacer_passes_per_s,omitempty"`
+	OverduePerS          float64 `json:"overdue_per_s,omitempty"`
 	// OtherCPUMs is the user + system time of the other modes' (idle) clusters' node
 	// processes over the run.
 	OtherCPUMs float64 `json:"other_clusters_cpu_ms"`
@@ -359,8 +366,8 @@ func (o *Options) throughput(ctx context.Context, nodes int) (runs []ThroughputR
 				return runs, fmt.Errorf("offload %s, round %d: %w", mode, r, err)
 			}
 			run.Round, run.Slot = r, slot
-			o.logf("throughput, %d nodes, round %d/%d, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write (softirq %.1f), XDP %.0f ns and %.1f runs (%.1f raft)/write, idle clusters %.0f ms CPU, load %.1f, term +%d, leader %d -> %d, errors %v",
-				nodes, r+1, rounds, mode, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.SoftirqUs, run.XDPNsPerWrite, run.XDPRunsPerWrite, run.XDPRaftPerWrite, run.OtherCPUMs, run.Load1, run.TermChange, run.Leader, run.LeaderAfter, run.ErrorKinds)
+			o.logf("throughput, %d nodes, round %d/%d, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write (softirq %.1f), XDP %.0f ns and %.1f runs (%.1f raft)/write, kernel heartbeats %.0f/s (pacer %.0f passes/s, overdue %.1f/s), idle clusters %.0f ms CPU, load %.1f, term +%d, leader %d -> %d, errors %v",
+				nodes, r+1, rounds, mode, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.SoftirqUs, run.XDPNsPerWrite, run.XDPRunsPerWrite, run.XDPRaftPerWrite, run.KernelHeartbeatsPerS, run.PacerPassesPerS, run.OverduePerS, run.OtherCPUMs, run.Load1, run.TermChange, run.Leader, run.LeaderAfter, run.ErrorKinds)
 			runs = append(runs, run)
 		}
 	}
@@ -413,6 +420,29 @@ func xdpStats(c *raftlab.Cluster, mode string) (xdpCounts, error) {
 	return x, nil
 }
 
+// senderCounts are the leader's kernel heartbeat counters (mode on).
+type senderCounts struct{ heartbeats, passes, overdue float64 }
+
+// leaderSender reads them from the leader's metrics.
+func leaderSender(ctx context.Context, c *raftlab.Cluster, leader int) (senderCounts, error) {
+	cl := raftlab.NewClient(c.Client, 2*time.Second)
+	defer cl.Close()
+	addr := c.Node(leader).ClientAddr.String()
+	var errs []error
+	metric := func(name, label string) float64 {
+		v, err := cl.Metric(ctx, addr, name, label)
+		errs = append(errs, err)
+		return v
+	}
+	sc := senderCounts{
+		heartbeats: metric("kedge_raft_heartbeat_sender_total", `counter="heartbeats"`),
+		passes: metric("kedge_raft_heartbeat_pacer_total", `counter="tick_passes"`) +
+			metric("kedge_raft_heartbeat_pacer_total", `counter="filler_passes"`),
+		overdue: metric("kedge_raft_heartbeat_sender_total", `counter="overdue"`),
+	}
+	return sc, errors.Join(errs...)
+}
+
 // writeRun runs o.Clients closed-loop writers against mode's leader for d while the other
 // clusters stay idle, and measures what it cost.
 func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, nodes int, mode string, d time.Duration) (ThroughputRun, error) {
@@ -445,6 +475,12 @@ func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, 
 	if o.BPFStats {
 		if xdp0, err = xdpStats(c, mode); err != nil {
 			return t, err
+		}
+	}
+	var snd0 senderCounts
+	if mode == ModeOn {
+		if snd0, err = leaderSender(ctx, c, leader); err != nil {
+			return t, fmt.Errorf("read the leader's kernel heartbeat counters: %w", err)
 		}
 	}
 	machine0, err := bench.ReadCPU()
@@ -497,11 +533,23 @@ func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, 
 	}
 	wg.Wait()
 	el := time.Since(start)
-	// The leader's term after the run (from any node that answers: the leader may have changed).
+	if mode == ModeOn {
+		// From the leader the run started with (a run whose term changed says so: TermChange).
+		if snd, err := leaderSender(ctx, c, leader); err == nil {
+			t.KernelHeartbeatsPerS = (snd.heartbeats - snd0.heartbeats) / el.Seconds()
+			t.PacerPassesPerS = (snd.passes - snd0.passes) / el.Seconds()
+			t.OverduePerS = (snd.overdue - snd0.overdue) / el.Seconds()
+		}
+	}
+	// The newest term any node knows after the run, and its leader (the leader may have
+	// changed; a node that lags may still report the old term).
 	for _, n := range c.Nodes {
-		if st, err := c.Status(ctx, n.ID); err == nil && st.Leader != 0 {
-			t.TermChange, t.LeaderAfter = st.Term-st0.Term, int(st.Leader)
-			break
+		st, err := c.Status(ctx, n.ID)
+		if err != nil || st.Term < st0.Term {
+			continue
+		}
+		if d := st.Term - st0.Term; d > t.TermChange || (d == t.TermChange && t.LeaderAfter == 0) {
+			t.TermChange, t.LeaderAfter = d, int(st.Leader)
 		}
 	}
 	machine1, err := bench.ReadCPU()
