@@ -222,6 +222,7 @@ static __always_inline int gather(struct xdp_md *ctx)
 	struct sg_worker *w;
 	struct sg_group *g;
 	struct sg_slot *s;
+	struct sg_parts *e = NULL;
 	struct sg_hdr *h;
 	struct pkt p;
 	__u32 gid, widx, key, slot, plen, want, word;
@@ -303,6 +304,10 @@ static __always_inline int gather(struct xdp_md *ctx)
 		COUNT(cnt, stale);
 		return XDP_DROP;
 	}
+	/* Groups that take multi-packet replies: a worker must not mix parts and a whole
+	 * reply in one request (its parts' slices would count twice). */
+	if (g->flags & SG_GF_PARTS)
+		e = parts_entry(g, slot, widx);
 	mask = worker_bit(widx, &word);
 	now = bpf_ktime_get_ns();
 
@@ -313,6 +318,8 @@ static __always_inline int gather(struct xdp_md *ctx)
 		outcome = G_LATE;
 	} else if (s->res.bitmap[word] & mask) {
 		outcome = G_DUP;
+	} else if (e && e->req_id == id && e->bits) {
+		outcome = G_PART_MISMATCH;
 	} else {
 		flags_before = s->res.flags;
 		reduce_reply(s, g, h + 1, data_end, widx);

@@ -18,11 +18,26 @@
  *   worker not yet answered in full, part not yet arrived
  *                                           else dropped (part_dups)
  *   nparts as in the worker's earlier parts of this request
- *                                           else dropped (part_mismatch) */
+ *                                           else dropped (part_mismatch)
+ * A single-packet reply of a worker that has parts of this request in the aggregate is
+ * dropped (part_mismatch) by gather(): the one lookup of this map a single packet makes,
+ * only in groups with SG_GF_PARTS. */
 #ifndef KEDGE_SG_PARTS_H
 #define KEDGE_SG_PARTS_H
 
 #include "maps.h"
+
+/* parts_entry is the parts-map entry of (slot, worker widx) of group g, or NULL when the
+ * slot is outside the group's range or the map was not sized for it. */
+static __always_inline struct sg_parts *parts_entry(const struct sg_group *g, __u32 slot, __u32 widx)
+{
+	__u32 rel = slot - g->slot_base, key;
+
+	if (rel >= g->nslots)
+		return NULL;
+	key = g->part_base + rel * g->nworkers + widx;
+	return bpf_map_lookup_elem(&parts, &key);
+}
 
 /* parts_first starts the accumulators of a MIN/MAX request at the identity when a part is
  * the first contribution (a part covers only its slice, so "the first reply sets them" does
@@ -46,7 +61,7 @@ static __always_inline int gather_part(struct sg_hdr *h, void *data_end, const s
 				       struct sg_stats *cnt, __u32 gid, __u32 widx, __u32 plen)
 {
 	__u32 nparts = bpf_ntohs(h->nparts), part = bpf_ntohs(h->part);
-	__u32 off = 0, n = 0, k, rel, key, slot, word, pbit, full;
+	__u32 off = 0, n = 0, k, slot, word, pbit, full;
 	struct sg_parts *e;
 	struct sg_slot *s;
 	__u64 id, mask, now;
@@ -89,14 +104,12 @@ static __always_inline int gather_part(struct sg_hdr *h, void *data_end, const s
 	}
 	id = bpf_be64_to_cpu(h->req_id);
 	slot = id & SG_SLOT_MASK;
-	rel = slot - g->slot_base;
 	s = bpf_map_lookup_elem(&slots, &slot);
-	if (!s || rel >= g->nslots) {
+	if (!s || slot - g->slot_base >= g->nslots) {
 		COUNT(cnt, stale);
 		return XDP_DROP;
 	}
-	key = g->part_base + rel * g->nworkers + widx;
-	e = bpf_map_lookup_elem(&parts, &key);
+	e = parts_entry(g, slot, widx);
 	if (!e) { /* the parts map was not sized for this group */
 		COUNT(cnt, multipart);
 		return XDP_PASS;

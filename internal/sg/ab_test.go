@@ -31,6 +31,9 @@ type abSide struct {
 
 func loadABSide(t *testing.T, name string, spec *ebpf.CollectionSpec) *abSide {
 	t.Helper()
+	if m, ok := spec.Maps["parts"]; ok {
+		m.MaxEntries = 64 * uint32(len(w4)) // the "MultiPacket group" case looks a real entry up
+	}
 	var o struct {
 		Gather  *ebpf.Program `ebpf:"sg_gather"`
 		Groups  *ebpf.Map     `ebpf:"groups"`
@@ -78,9 +81,13 @@ func TestMeasureGatherAB(t *testing.T) {
 		elems uint16
 		need  uint16
 		dup   bool // the worker answered already: the duplicate path, no reset
+		flags uint16
 	}
-	cases := []kase{{"reduce 4 x int64", 4, 3, false}, {"complete 4 x int64", 4, 1, false},
-		{"reduce 128 x int64", 128, 3, false}, {"duplicate 4 x int64", 4, 3, true}}
+	// The last case is a single-packet reply in a MultiPacket group (GroupFlagParts: one
+	// parts-map lookup); an object without the flag ignores it.
+	cases := []kase{{"reduce 4 x int64", 4, 3, false, 0}, {"complete 4 x int64", 4, 1, false, 0},
+		{"reduce 128 x int64", 128, 3, false, 0}, {"duplicate 4 x int64", 4, 3, true, 0},
+		{"reduce 4, MultiPacket", 4, 3, false, GroupFlagParts}}
 	id := uint64(5)<<10 | 9
 	// per[case][side]: per-run nanoseconds, every round's.
 	per := make([][][]float64, len(cases))
@@ -93,7 +100,7 @@ func TestMeasureGatherAB(t *testing.T) {
 			si := slices.Index(sides, s)
 			for ci, c := range cases {
 				g := GroupCfg{Enabled: 1, Family: 4, Reduce: RedSum, Dtype: TypeI64, Nworkers: uint16(len(w4)), Elems: c.elems,
-					Nslots: 64, Ifindex: 1, TimeoutNs: 1e9, CoordPort: swap16(coord4.Port())}
+					Nslots: 64, Ifindex: 1, TimeoutNs: 1e9, CoordPort: swap16(coord4.Port()), Flags: c.flags}
 				g.CoordAddr.In6U.U6Addr8 = mapped(coord4.Addr())
 				for i, w := range w4 {
 					wc := WorkerCfg{Port: swap16(w.Port())}
