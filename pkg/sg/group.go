@@ -44,6 +44,12 @@ type Group struct {
 	wg      sync.WaitGroup
 	closed  atomic.Bool
 	strays  atomic.Uint64
+	// inFlightWaits counts guard timers that found their result claimed by a reader that
+	// had not handed it over yet (recover waited for it instead of calling it lost).
+	inFlightWaits atomic.Uint64
+	// afterClaim, when set (tests), runs in deliver between claiming a waiter and
+	// handing it its result: a reader starved at the worst moment.
+	afterClaim func()
 	// delivered counts results by the reader that delivered them (wake*): tests check
 	// that each wake-up path does its job.
 	delivered [wakeKinds]atomic.Uint64
@@ -475,10 +481,17 @@ func (g *Group) ScatterWith(ctx context.Context, payload []byte, o RequestOption
 		case <-g.done:
 			return Result{}, ErrClosed
 		case <-guard.C:
-			if r, ok := g.recover(slot, w); ok {
-				return r, nil
+			r, owed, err := g.recover(slot, w)
+			if err != nil {
+				return Result{}, err
 			}
-			return Result{}, ErrLost
+			if owed {
+				// The kernel still holds the request pending: its result is owed, not
+				// lost (a starved process can see its guard fire first). Look again.
+				guard.Reset(timeout/2 + 50*time.Millisecond)
+				continue
+			}
+			return r, nil
 		}
 	}
 }
@@ -493,9 +506,12 @@ func (g *Group) forget(slot uint16, id uint64) {
 	g.free <- slot
 }
 
-// recover reads a result from its slot when the ring buffer did not deliver it.
-func (g *Group) recover(slot uint16, w *waiter) (Result, bool) {
-	_, _ = g.objs.RunSweep() // expires it now if its timer did not
+// recover reads a result from its slot when the ring buffer did not deliver it. owed:
+// the slot still holds the request pending, so the kernel will complete it (its timer or
+// the next sweep) and the caller waits again. An error wraps ErrLost with what the slot
+// held: the request never registered there, or its result went nowhere.
+func (g *Group) recover(slot uint16, w *waiter) (r Result, owed bool, err error) {
+	_, sweepErr := g.objs.RunSweep() // expires it now if its timer did not
 	// A result whose wake-up never came (its passed reply dropped before the socket, by a
 	// firewall or a bad UDP checksum) is in the ring: read it. If the reader holds the
 	// ring, it is reading it now.
@@ -505,30 +521,45 @@ func (g *Group) recover(slot uint16, w *waiter) (Result, bool) {
 	}
 	select {
 	case r := <-w.ch:
-		return r, true
+		return r, false, nil
 	case <-time.After(10 * time.Millisecond):
-	}
-	var s isg.SlotRec
-	if err := g.objs.Slots.Lookup(uint32(slot), &s); err != nil || s.Res.ReqId != w.id || s.State != isg.SlotDone {
-		return Result{}, false // slot stays reserved: never reused while its state is unknown
 	}
 	g.mu.Lock()
 	mine := g.pending[slot] == w
+	g.mu.Unlock()
+	if !mine {
+		// A reader claimed the result (deliver clears the waiter under g.mu, then decodes
+		// and sends): it is in flight to us however starved that reader is.
+		g.inFlightWaits.Add(1)
+		return <-w.ch, false, nil
+	}
+	var s isg.SlotRec
+	if err := g.objs.Slots.Lookup(uint32(slot), &s); err != nil {
+		return Result{}, false, fmt.Errorf("%w: look up slot %d: %w", ErrLost, slot, err)
+	}
+	if s.Res.ReqId == w.id && s.State == isg.SlotPending {
+		if sweepErr != nil { // nothing will complete it on a kernel without bpf_timer
+			return Result{}, false, fmt.Errorf("%w: slot %d still pending: %w", ErrLost, slot, sweepErr)
+		}
+		return Result{}, true, nil
+	}
+	if s.Res.ReqId != w.id || s.State != isg.SlotDone {
+		// The slot stays reserved: never reused while its state is unknown.
+		return Result{}, false, fmt.Errorf("%w: slot %d holds request %#x in state %d, not %#x", ErrLost, slot, s.Res.ReqId, s.State, w.id)
+	}
+	g.mu.Lock()
+	mine = g.pending[slot] == w
 	if mine {
 		g.pending[slot] = nil
 	}
 	g.mu.Unlock()
-	if !mine {
-		select { // delivered meanwhile
-		case r := <-w.ch:
-			return r, true
-		default:
-			return Result{}, false
-		}
+	if !mine { // a reader claimed it meanwhile
+		g.inFlightWaits.Add(1)
+		return <-w.ch, false, nil
 	}
-	r := g.decode(&s.Res, w, byRecover)
+	r = g.decode(&s.Res, w, byRecover)
 	g.free <- slot
-	return r, true
+	return r, false, nil
 }
 
 func (g *Group) decode(rec *isg.ResultRec, w *waiter, by int) Result {
@@ -728,6 +759,9 @@ func (g *Group) deliver(res *isg.ResultRec, by int) {
 		// A result for an older id (recovered from its slot already) is a stray.
 		g.strays.Add(1)
 		return
+	}
+	if g.afterClaim != nil {
+		g.afterClaim()
 	}
 	g.delivered[by].Add(1) // before the waiter can see its result
 	w.ch <- g.decode(res, w, by)

@@ -348,3 +348,55 @@ func TestLoopbackBatches(t *testing.T) {
 		t.Errorf("continued %d copies %d, want %d and %d", st.Continued, st.Copies, want, 10*n)
 	}
 }
+
+// TestGuardWaitsForClaimedResult: a reader that claimed a result and is starved before it
+// hands it over (issue 11: TestLabMultiPacket lost a result on a machine at load 7-12)
+// must not make the waiting Scatter's guard call the result lost: the result is in flight
+// to it. The reader is held between claim and hand-over until the guard has fired and
+// either given up (the bug: ErrLost) or chosen to wait for the reader.
+func TestGuardWaitsForClaimedResult(t *testing.T) {
+	const n, elems = 2, 2
+	g := loopbackGroup(t, n, 0, Config{Reduction: Sum, Type: Int64, Elems: elems, Timeout: 20 * time.Millisecond},
+		isg.WorkerConfig{Type: isg.TypeI64, Elems: elems})
+	type out struct {
+		res Result
+		err error
+	}
+	done := make(chan out, 1)
+	held, returned := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	g.afterClaim = func() {
+		once.Do(func() {
+			close(held)
+			for g.inFlightWaits.Load() == 0 {
+				select {
+				case <-returned:
+					return
+				case <-time.After(time.Millisecond):
+				}
+			}
+		})
+	}
+	go func() {
+		res, err := g.Scatter(context.Background(), []byte("starved"))
+		close(returned)
+		done <- out{res, err}
+	}()
+	<-held
+	o := <-done
+	if o.err != nil {
+		t.Fatalf("result claimed by a starved reader reported as %v", o.err)
+	}
+	if o.res.Status != OK || o.res.Count != n || g.inFlightWaits.Load() != 1 {
+		t.Fatalf("result %+v, in-flight waits %d", o.res, g.inFlightWaits.Load())
+	}
+	for j := range elems {
+		if want := isg.ValueFor(0, o.res.ID, j) + isg.ValueFor(1, o.res.ID, j); o.res.Values[j] != want {
+			t.Fatalf("element %d: %d, want %d", j, o.res.Values[j], want)
+		}
+	}
+	res, err := g.Scatter(context.Background(), []byte("after")) // the slot was freed
+	if err != nil || res.Status != OK {
+		t.Fatalf("next request: %+v, %v", res, err)
+	}
+}
