@@ -21,11 +21,16 @@ check-generated: generate
 		echo "generated BPF bindings are stale - run 'make generate' and commit the result:"; \
 		git status --porcelain -- internal; exit 1; fi
 
+# The binary knows its commit (kedge version, benchmark envelopes); "-dirty" marks local changes.
+COMMIT = $(shell git describe --always --dirty --abbrev=40 --match=NeVeR 2>/dev/null)
+
 build: deps
-	@$(GO) build -trimpath -ldflags "-s -w" -o $(BIN) ./cmd/kedge
+	@$(GO) build -trimpath -ldflags "-s -w -X github.com/kedge-dev/kedge/internal/version.Commit=$(COMMIT)" -o $(BIN) ./cmd/kedge
 
 vet:
 	@$(GO) vet ./...
+	@files=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$files" ]; then \
+		echo "not gofmt-formatted - run 'gofmt -w' on:"; echo "$$files"; exit 1; fi
 
 test: check-generated build vet
 	@./scripts/test.sh

@@ -70,6 +70,8 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"probe", "--bogus"}},
 		{exitUsage, []string{"cleanup", "--quiet", "-o", "json"}},
 		{exitUsage, []string{"cleanup", "now"}},
+		{exitUsage, []string{"version", "now"}},
+		{exitUsage, []string{"version", "-o", "yaml"}},
 		{exitUsage, []string{"lab"}},
 		{exitUsage, []string{"lab", "frobnicate"}},
 		{exitUsage, []string{"lab", "up", "--fabric", "mesh"}},

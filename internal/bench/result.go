@@ -24,6 +24,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kedge-dev/kedge/internal/version"
 )
 
 // SchemaVersion names the layout of Result. Bump it on any incompatible change;
@@ -43,7 +45,8 @@ type Envelope struct {
 	Machine   Machine   `json:"machine"`
 	// Kernel is `uname -r` of the machine the benchmark ran on.
 	Kernel string `json:"kernel"`
-	// Commit is the kedge commit (git rev-parse HEAD), "unknown" outside a checkout.
+	// Commit is the commit the kedge binary was built from (internal/version), else the
+	// working directory's (git rev-parse HEAD), else "unknown".
 	Commit string `json:"commit"`
 	// LoadAvg is /proc/loadavg (1, 5, 15 min) when the result was started: other work on the
 	// machine shows up in latency tails, so a result says how busy the machine was.
@@ -52,7 +55,8 @@ type Envelope struct {
 }
 
 // NewEnvelope starts the envelope of a result of schema (and scenario, may be empty) on
-// this machine, now, at the commit of the working directory's git checkout.
+// this machine, now, at the commit of the running binary (or of the working directory's
+// checkout when the binary does not know its own, as in go test).
 func NewEnvelope(ctx context.Context, schema, scenario string, params map[string]any) Envelope {
 	return Envelope{
 		Schema:     schema,
@@ -60,7 +64,7 @@ func NewEnvelope(ctx context.Context, schema, scenario string, params map[string
 		Timestamp:  time.Now().UTC().Truncate(time.Second),
 		Machine:    LocalMachine(),
 		Kernel:     KernelRelease(),
-		Commit:     Commit(ctx, ""),
+		Commit:     binaryCommit(ctx),
 		LoadAvg:    LoadAvg(),
 		Parameters: params,
 	}
@@ -225,6 +229,15 @@ func KernelRelease() string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// binaryCommit is the commit the running binary was built from, else the working
+// directory's: a binary built elsewhere and run here reports its own code, not this tree's.
+func binaryCommit(ctx context.Context) string {
+	if c := version.Revision(); c != "" {
+		return c
+	}
+	return Commit(ctx, "")
 }
 
 // Commit is `git rev-parse HEAD` in dir ("" for the working directory), or "unknown".
