@@ -51,6 +51,15 @@ struct raftx_hb {
 	__u64 answered_ns; /* arrival of the last one answered */
 };
 
+/* User space's last word from a leader: CLOCK_MONOTONIC ns of the last MsgApp, MsgHeartbeat
+ * or MsgSnap the node stepped into etcd-raft (each resets its CheckQuorum lease), over UDP or
+ * TCP. Written by user space only - a 64-bit store into the memory-mapped array (BPF_F_MMAPABLE,
+ * a map update where the kernel refuses that) that only moves forward - and read by prevote.h
+ * for the pre-vote lease beside follower_hb (docs/raft.md section 13, "The leader's last word"). */
+struct raftx_word {
+	__u64 last_ns;
+};
+
 /* While this node leads: the last heartbeat response of each follower (key: its id, host
  * order), recorded in XDP and passed up as before. The node steps it into etcd-raft when its
  * transport has not delivered it (a starved receiving goroutine), so that CheckQuorum sees
@@ -137,6 +146,14 @@ struct {
 	__type(key, __u32);
 	__type(value, struct raftx_detect);
 } follower_timer SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct raftx_word);
+} follower_word SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -15,7 +15,15 @@
  *   term < m.Term <= pending term (user space took a term it
  *   has not fsynced yet: it campaigns or voted in it)          -> RAFT_PV_PASS
  *   m.Term >  term, leader known and heard < election timeout  -> RAFT_PV_DROP (etcd-raft ignores it)
- *   m.Term >  term, leader known but never heard in XDP        -> RAFT_PV_PASS (cannot tell)
+ *   m.Term >  term, leader known but never heard               -> RAFT_PV_PASS (cannot tell)
+ *
+ * "Heard" is the leader's last word: the later of the last heartbeat of the mirrored leader
+ * at the mirrored term this program saw (follower_hb) and the last message user space
+ * stepped that resets etcd-raft's lease - MsgApp, MsgHeartbeat, MsgSnap, over UDP or TCP -
+ * which the node stores into follower_word (memory-mapped: a store, not a system call). The
+ * kernel's liveness view is then at least as wide as etcd-raft's: it does not grant a
+ * pre-vote its user space would ignore because an append (which XDP does not see) came
+ * within the election timeout. The word can only make the program refuse more.
  *   m.Term >  term, candidate's log at least as up to date     -> grant, Term = m.Term
  *   m.Term >  term, candidate's log behind                     -> reject, Term = term (log behind)
  *
@@ -50,7 +58,7 @@ enum raft_pv_why {
 	RAFT_PV_PASS_LEADER = 7,    /* this node leads */
 	RAFT_PV_PASS_SAME_TERM = 8, /* m.Term == term: depends on the vote, user space's */
 	RAFT_PV_PASS_CONTEXT = 9,   /* a context (leader transfer forces a vote) */
-	RAFT_PV_PASS_UNHEARD = 10,  /* a leader is known but its heartbeats were not seen here */
+	RAFT_PV_PASS_UNHEARD = 10,  /* a leader is known but nothing of it was heard (XDP or user space) */
 	RAFT_PV_PASS_PENDING = 11,  /* m.Term <= a term user space took and is fsyncing */
 	RAFT_PV_WHY_MAX = 12,
 };
@@ -62,19 +70,28 @@ struct raft_pv_view {
 	__u64 last_index; /* last index of the durable log */
 	__u64 last_term;  /* its term */
 	__u64 leader;     /* leader of term known to the node; 0 = none */
-	__u64 heard_ns;   /* last heartbeat from that leader (answered in XDP); 0 = never */
+	__u64 heard_ns;   /* last heartbeat from that leader seen in XDP; 0 = never */
 	__u64 election_ns;    /* election timeout (the lease of CheckQuorum) */
 	__u64 alive_until_ns; /* the node's persist/apply loop refreshes it */
 	__u64 now_ns;
 	__u32 valid;      /* the node has mirrored its state */
 	__u32 _pad;
 	__u64 pending_term; /* a term user space has taken, not yet durable (0: none) */
+	__u64 word_ns;      /* user space's last word from a leader (follower_word); 0 = none */
 };
+
+/* raft_pv_heard is the leader's last word: the later of the two records (0: neither). One
+ * definition, used by the lease rule; the node's judges (internal/raft/node lastWordNs) take
+ * the same maximum. */
+static __always_inline __u64 raft_pv_heard(const struct raft_pv_view *v)
+{
+	return v->word_ns > v->heard_ns ? v->word_ns : v->heard_ns;
+}
 
 static __always_inline int raft_prevote_decide(const struct raft_hdr *h, const struct raft_pv_view *v,
 					       __u32 *why)
 {
-	__u64 mterm, lterm, lindex;
+	__u64 mterm, lterm, lindex, heard;
 
 	if (h->type != RAFT_MSG_PRE_VOTE) {
 		*why = RAFT_PV_PASS_TYPE;
@@ -114,11 +131,14 @@ static __always_inline int raft_prevote_decide(const struct raft_hdr *h, const s
 		return RAFT_PV_PASS;
 	}
 	if (v->leader) {
-		if (!v->heard_ns) {
+		heard = raft_pv_heard(v);
+		if (!heard) {
 			*why = RAFT_PV_PASS_UNHEARD;
 			return RAFT_PV_PASS;
 		}
-		if (v->now_ns - v->heard_ns < v->election_ns) {
+		/* A word stored after now (user space read its clock after this program did) is
+		 * recent: the unsigned difference would wrap, so compare the other way round. */
+		if (heard >= v->now_ns || v->now_ns - heard < v->election_ns) {
 			*why = RAFT_PV_IGNORE_LEASE;
 			return RAFT_PV_DROP;
 		}
@@ -158,12 +178,14 @@ static __always_inline void raft_prevote_reply(struct raft_hdr *h, const struct 
 
 #if defined(KEDGE_RAFT_MAPS_H) && defined(RAFTX_STATE_HAS_LOG)
 /* raft_prevote: the contract with the follower program. Reads follower_state (the durable
- * mirror) and follower_hb (heartbeats answered in XDP) under their locks, decides, and on
+ * mirror) and follower_hb (heartbeats seen in XDP) under their locks and follower_word (user
+ * space's last word, one 64-bit load), decides, and on
  * RAFT_PV_TX has rewritten h into the answer (unsigned). cfg_self is the program's. */
 static __always_inline int raft_prevote(struct xdp_md *ctx, struct raft_hdr *h, void *data_end)
 {
 	struct raft_pv_view v = {};
 	struct raftx_state *st;
+	struct raftx_word *w;
 	struct raftx_hb *hb;
 	__u32 zero = 0, why;
 	int ret;
@@ -172,7 +194,8 @@ static __always_inline int raft_prevote(struct xdp_md *ctx, struct raft_hdr *h, 
 		return RAFT_PV_PASS;
 	st = bpf_map_lookup_elem(&follower_state, &zero);
 	hb = bpf_map_lookup_elem(&follower_hb, &zero);
-	if (!st || !hb)
+	w = bpf_map_lookup_elem(&follower_word, &zero);
+	if (!st || !hb || !w)
 		return RAFT_PV_PASS;
 	v.self = cfg_self;
 	bpf_spin_lock(&st->lock);
@@ -189,6 +212,7 @@ static __always_inline int raft_prevote(struct xdp_md *ctx, struct raft_hdr *h, 
 	if (hb->leader == v.leader && hb->term == v.term)
 		v.heard_ns = hb->last_ns;
 	bpf_spin_unlock(&hb->lock);
+	v.word_ns = *(volatile __u64 *)&w->last_ns;
 	v.now_ns = bpf_ktime_get_ns();
 	ret = raft_prevote_decide(h, &v, &why);
 	if (ret == RAFT_PV_TX)

@@ -79,28 +79,17 @@ func (w *leaderWatch) changed() {
 	w.mu.Unlock()
 }
 
-// heardNs is when the node last heard from leader: its transport, or the kernel's heartbeat
-// record with the follower path on (CLOCK_MONOTONIC ns; 0: never).
-func (n *Node) heardNs(leader uint64) int64 { return n.laterNs(n.tr.LastHeard(leader), leader) }
-
-// beatNs is when the node last had a heartbeat from leader: answered in the kernel (its
-// record) or passed up to the transport (CLOCK_MONOTONIC ns; 0: never). Appends do not count:
-// this is the clock of the program's pre-vote lease (prevote.h).
-func (n *Node) beatNs(leader uint64) int64 { return n.laterNs(n.tr.LastHeartbeat(leader), leader) }
-
-// laterNs is the later of t (the transport's, zero: never) and the kernel's last heartbeat
-// answered from leader, in CLOCK_MONOTONIC ns.
-func (n *Node) laterNs(t time.Time, leader uint64) int64 {
-	var ns int64
-	if !t.IsZero() {
-		ns = int64(offload.Monotonic() - time.Since(t))
-	}
+// heardNs is when the node last heard from leader (CLOCK_MONOTONIC ns; 0: never): with the
+// follower path on, the leader's last word (follower.lastWord, the definition the program's
+// pre-vote lease uses); without it, the last message its transport delivered from leader.
+func (n *Node) heardNs(leader uint64) int64 {
 	if n.fol != nil {
-		if hb, err := n.fol.k.Heartbeat(); err == nil && hb.Leader == leader && int64(hb.Arrival) > ns {
-			ns = int64(hb.Arrival)
-		}
+		return n.fol.lastWord(leader)
 	}
-	return ns
+	if t := n.tr.LastHeard(leader); !t.IsZero() {
+		return int64(offload.Monotonic() - time.Since(t))
+	}
+	return 0
 }
 
 // recordReady adds what a Ready says about the election to the record; called by the Ready

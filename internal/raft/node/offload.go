@@ -356,10 +356,11 @@ func (n *Node) onLeaderSilent(ctx context.Context, ev offload.Event) {
 		stale("etcd-raft moved on")
 		return
 	}
-	if t := n.tr.LastHeard(ev.Leader); !t.IsZero() {
+	if w := f.lastWord(ev.Leader); w > 0 {
 		// An append (TCP: the program does not see it) came after the last heartbeat:
 		// look again when this node's slot after it has passed, as the kernel would have.
-		if wait := slotWait(time.Since(t), detectAfter(f.detect, n.cfg.ID, ev.Leader, f.peers)); wait > 0 {
+		since := offload.Monotonic() - time.Duration(w)
+		if wait := slotWait(since, detectAfter(f.detect, n.cfg.ID, ev.Leader, f.peers)); wait > 0 {
 			stale("leader heard in user space")
 			f.recheck.Reset(wait)
 			f.recheckEv = ev
@@ -382,7 +383,57 @@ type transportIn struct{ n *Node }
 
 func (t transportIn) Step(ctx context.Context, m *pb.Message) error {
 	t.n.judgeLease(m)
-	return t.n.rn.Step(ctx, m)
+	f := t.n.fol
+	if f == nil || !resetsLease(m, f.k.Term()) {
+		return t.n.rn.Step(ctx, m)
+	}
+	// The leader's last word, for the program's pre-vote lease (prevote.h) and the node's
+	// judges (lastWord): stored before etcd-raft takes the message, so the kernel never
+	// knows less than etcd-raft, and again after, so the kernel's lease runs at least the
+	// election timeout from when etcd-raft restarted its own (Step may wait for the raft
+	// goroutine). A receiving goroutine that is starved before it gets here makes the word
+	// later than the arrival, never earlier: the kernel then refuses longer, not less.
+	t.n.heard(f)
+	err := t.n.rn.Step(ctx, m)
+	t.n.heard(f)
+	return err
+}
+
+// resetsLease reports whether etcd-raft's follower restarts its CheckQuorum lease on m
+// (electionElapsed = 0: an append, heartbeat or snapshot from a leader, at its term or a
+// newer one). term is the mirrored durable term: a message below it is one etcd-raft ignores
+// (it answers a deposed leader with its newer term). The mirror may lag etcd-raft's term, so
+// a message between the two counts although etcd-raft ignores it: the kernel refuses more,
+// for at most one election timeout.
+func resetsLease(m *pb.Message, term uint64) bool {
+	switch m.GetType() {
+	case pb.MsgApp, pb.MsgHeartbeat, pb.MsgSnap:
+		return m.GetTerm() >= term
+	}
+	return false
+}
+
+// heard stores now as the leader's last word.
+func (n *Node) heard(f *follower) {
+	if err := f.k.Heard(offload.Monotonic()); err != nil {
+		n.log.Warn("raft offload: record the leader's last word", "err", err)
+	}
+}
+
+// lastWord is when the node last heard from leader, in CLOCK_MONOTONIC ns (0: never): the
+// later of the program's heartbeat record of leader and the last word user space stored
+// (transportIn.Step). It is the one definition of "heard" behind every judge of the leader's
+// silence - the program's pre-vote lease (prevote.h raft_pv_heard, the same maximum),
+// judgeLease, the detector's second look (onLeaderSilent), holdEarlyPreVotes and the election
+// record - so that none of them calls a leader silent that another still hears. The word is
+// not tied to a leader (a message of a newer leader counts for the old one until the mirror
+// moves): it can only make the judges see the leader as heard more recently.
+func (f *follower) lastWord(leader uint64) int64 {
+	w := int64(f.k.Word())
+	if hb, err := f.k.Heartbeat(); err == nil && hb.Leader == leader && int64(hb.Arrival) > w {
+		w = int64(hb.Arrival)
+	}
+	return w
 }
 
 func (t transportIn) ReportUnreachable(id uint64) { t.n.rn.ReportUnreachable(id) }
@@ -401,7 +452,7 @@ func (n *Node) judgeLease(m *pb.Message) {
 	if lead == 0 || lead == n.cfg.ID {
 		return
 	}
-	heard, now := n.beatNs(lead), offload.Monotonic()
+	heard, now := n.heardNs(lead), offload.Monotonic()
 	if !forceIfLeaseOver(m, lead, n.cfg.ID, heard, now, f.detect) {
 		return
 	}

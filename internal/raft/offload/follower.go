@@ -18,7 +18,9 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -59,7 +61,10 @@ type FollowerOptions struct {
 	Peers []wire.AuthPeer
 	// Mode is the XDP attach mode (default: native, falling back to generic).
 	Mode bpfx.XDPMode
-	Log  *slog.Logger
+	// Syscall records the leader's last word (Heard) with map updates even where the kernel
+	// can memory-map the map (tests of the fallback).
+	Syscall bool
+	Log     *slog.Logger
 }
 
 // Heartbeat is the program's record of the leader's heartbeats: the last one of the mirrored
@@ -92,7 +97,21 @@ type Follower struct {
 	mu      sync.Mutex // guards st (one writer in practice: the node's loop)
 	st      raftxdpRaftxState
 	closeMu sync.Once
+
+	// The leader's last word (Heard): wmem is follower_word memory-mapped; without it
+	// (wmem nil) word is what the map holds, written with map updates under wordMu.
+	wmem   []byte
+	word   atomic.Int64
+	wordMu sync.Mutex
+	term   atomic.Uint64 // the mirrored term (st.Term), read without f.mu
 }
+
+// wordAhead is how far ahead of the arrival a map update dates the last word where the map
+// cannot be memory-mapped: messages within it cost no system call. Dating it later makes the
+// program refuse pre-votes up to wordAhead longer (the safe direction: a refusal changes no
+// state); it stays well below the failure detector's margin (1 ms, internal/raft/node), so a
+// candidate's first pre-vote after a real failure is not refused for it.
+const wordAhead = 250 * time.Microsecond
 
 // Probe reports what the follower program needs from the kernel and this kernel lacks, as a
 // *kedge.FeatureError (nil: everything is there).
@@ -122,6 +141,9 @@ func load(opts FollowerOptions, objs *raftxdpObjects) error {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
 		}
+	}
+	if opts.Syscall || !HaveMmapableArray() {
+		spec.Maps["follower_word"].Flags &^= unix.BPF_F_MMAPABLE
 	}
 	if err := bpfx.LoadAndAssign("raft follower", spec, objs, nil); err != nil {
 		return err
@@ -160,7 +182,7 @@ func NewFollower(opts FollowerOptions) (_ *Follower, err error) {
 		return nil, fmt.Errorf("attach raft follower program to %s: %w", ifname, err)
 	}
 	f.opts.Log.Info("raft offload: follower program attached", "iface", ifname, "mode", f.link.Mode(),
-		"detect", opts.Detect, "detect_jitter", opts.DetectJitter, "alive_for", opts.AliveFor)
+		"detect", opts.Detect, "detect_jitter", opts.DetectJitter, "alive_for", opts.AliveFor, "last_word", f.WordMode())
 	return f, nil
 }
 
@@ -176,8 +198,14 @@ func newFollower(opts FollowerOptions) (_ *Follower, err error) {
 	}
 	f.st.DetectNs = uint64(opts.Detect)
 	f.st.DetectJitterNs = uint64(opts.DetectJitter)
+	if f.objs.FollowerWord.Flags()&unix.BPF_F_MMAPABLE != 0 {
+		if f.wmem, err = mapMemory(f.objs.FollowerWord); err != nil {
+			f.objs.Close()
+			return nil, err
+		}
+	}
 	if f.rd, err = ringbuf.NewReader(f.objs.FollowerEvents); err != nil {
-		f.objs.Close()
+		f.Close()
 		return nil, fmt.Errorf("open follower event ring: %w", err)
 	}
 	f.wg.Add(1)
@@ -240,12 +268,16 @@ func raftInterface(ns netns.NsHandle, addr netip.Addr) (int, string, bool, error
 	return idx, name, veth, err
 }
 
-// Monotonic is CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
-func Monotonic() time.Duration {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return time.Duration(ts.Nano())
-}
+// Monotonic is CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns. It is the Go runtime's clock
+// (runtime.nanotime: clock_gettime(CLOCK_MONOTONIC) through the vDSO on Linux, no system
+// call), so that the node can read it for every message it receives (transportIn.Step).
+// TestMonotonicIsClockMonotonic compares it with the system call.
+func Monotonic() time.Duration { return time.Duration(nanotime()) }
+
+// nanotime is the runtime's monotonic clock (linkname kept for compatibility by the runtime).
+//
+//go:linkname nanotime runtime.nanotime
+func nanotime() int64
 
 // Durable is what the node mirrors into the kernel after it is on disk.
 type Durable struct {
@@ -266,6 +298,7 @@ func (f *Follower) Mirror(d Durable) error {
 	defer f.mu.Unlock()
 	term, leader, leaderAddr := d.Term, d.Leader, d.LeaderAddr
 	f.st.Term, f.st.Leader = term, leader
+	f.term.Store(term)
 	f.st.LastIndex, f.st.LastTerm = d.LastIndex, d.LastTerm
 	f.st.DetectAfterNs = uint64(d.DetectAfter)
 	f.st.LeaderAddr.In6U.U6Addr8 = [16]byte{}
@@ -334,6 +367,61 @@ func heartbeatOf(hb raftxdpRaftxHb) Heartbeat {
 		Answered: time.Duration(hb.AnsweredNs), Count: hb.Count}
 }
 
+// Heard records that the node heard its leader at arrival (CLOCK_MONOTONIC): a MsgApp,
+// MsgHeartbeat or MsgSnap it steps into etcd-raft, each of which resets etcd-raft's
+// CheckQuorum lease. The program's pre-vote lease (prevote.h) runs from the later of this and
+// its own heartbeat record, so it does not grant a pre-vote that etcd-raft would ignore
+// because of a message the program does not see (an append over TCP). The word only moves
+// forward (concurrent receivers may call it out of order). Memory-mapped, it is an atomic
+// compare-and-swap on the map's memory; otherwise a map update, at most one per wordAhead
+// while messages keep coming (the word is then dated up to wordAhead after the arrival).
+// Safe for concurrent use.
+func (f *Follower) Heard(arrival time.Duration) error {
+	if f.wmem != nil {
+		p := (*uint64)(unsafe.Pointer(&f.wmem[0]))
+		for {
+			cur := atomic.LoadUint64(p)
+			if uint64(arrival) <= cur || atomic.CompareAndSwapUint64(p, cur, uint64(arrival)) {
+				return nil
+			}
+		}
+	}
+	if int64(arrival) <= f.word.Load() {
+		return nil
+	}
+	f.wordMu.Lock()
+	defer f.wordMu.Unlock()
+	if int64(arrival) <= f.word.Load() {
+		return nil
+	}
+	w := raftxdpRaftxWord{LastNs: uint64(arrival + wordAhead)}
+	if err := f.objs.FollowerWord.Update(uint32(0), &w, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("record the leader's last word: %w", err)
+	}
+	f.word.Store(int64(w.LastNs))
+	return nil
+}
+
+// Term is the mirrored durable term (Mirror), without a lock.
+func (f *Follower) Term() uint64 { return f.term.Load() }
+
+// Word is the leader's last word as the program reads it (CLOCK_MONOTONIC; 0: none), without
+// a system call.
+func (f *Follower) Word() time.Duration {
+	if f.wmem != nil {
+		return time.Duration(atomic.LoadUint64((*uint64)(unsafe.Pointer(&f.wmem[0]))))
+	}
+	return time.Duration(f.word.Load())
+}
+
+// WordMode is "mmap" (Heard is a memory store) or "syscall" (a map update).
+func (f *Follower) WordMode() string {
+	if f.wmem != nil {
+		return "mmap"
+	}
+	return "syscall"
+}
+
 // Ack is the program's record of one follower's heartbeat responses while this node leads
 // (maps.h leader_acks).
 type Ack struct {
@@ -393,6 +481,10 @@ func (f *Follower) Close() error {
 		if f.rd != nil {
 			err = errors.Join(err, f.rd.Close())
 			f.wg.Wait()
+		}
+		if f.wmem != nil {
+			err = errors.Join(err, unix.Munmap(f.wmem))
+			f.wmem = nil
 		}
 		err = errors.Join(err, f.objs.Close())
 	})

@@ -653,3 +653,134 @@ func TestFollowerLeaderAcks(t *testing.T) {
 		t.Errorf("record of %d: %+v ok %v, want count 1", fxLeader, a, ok)
 	}
 }
+
+// The leader's last word (Heard, follower_word): the pre-vote lease runs from the later of
+// the program's heartbeat record and the word user space stored for a message the program
+// does not see (an append over TCP). Both ways of storing it - a store into the
+// memory-mapped map, and the map update where the kernel refuses BPF_F_MMAPABLE - feed the
+// same rule. Without the word, the program granted the pre-vote of a candidate while its
+// user space, which had just stepped an append, would have ignored it (docs/raft.md
+// section 13, "The leader's last word").
+func TestFollowerLastWord(t *testing.T) {
+	for _, mode := range []string{"mmap", "syscall"} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == "mmap" && !HaveMmapableArray() {
+				t.Skip("kernel without BPF_F_MMAPABLE arrays")
+			}
+			// Detect is the election timeout of the pre-vote lease; the test waits it out
+			// once (the clock is polled, not assumed).
+			const et = 100 * time.Millisecond
+			f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Detect: et, Syscall: mode == "syscall"})
+			if got := f.WordMode(); got != mode {
+				t.Fatalf("last word recorded by %q, want %q", got, mode)
+			}
+			if err := f.Mirror(Durable{Term: fxTerm, Leader: fxLeader, LeaderAddr: leader4, LastIndex: 100, LastTerm: fxTerm}); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Alive(); err != nil {
+				t.Fatal(err)
+			}
+			var b [wire.PktLen]byte
+			m := message(pb.MsgPreVote, fxOther, fxSelf, fxTerm+1, 0, nil)
+			m.LogTerm, m.Index = proto.Uint64(fxTerm), proto.Uint64(100)
+			p, err := wire.Encode(b[:], fxCluster, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pv := frame(other4, self4, 9, p)
+			r := bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}
+			granted := bpftest.Counters{"rx": 1, "pv_answered": 1}
+
+			// heard stores arrival as the last word and checks what the kernel's map holds.
+			heard := func(arrival time.Duration) {
+				t.Helper()
+				if err := f.Heard(arrival); err != nil {
+					t.Fatal(err)
+				}
+				var w raftxdpRaftxWord
+				if err := f.objs.FollowerWord.Lookup(uint32(0), &w); err != nil {
+					t.Fatal(err)
+				}
+				if time.Duration(w.LastNs) != f.Word() || f.Word() < arrival || f.Word() > arrival+wordAhead {
+					t.Fatalf("after Heard(%v): map holds %v, Word %v; want the same, in [arrival, arrival+%v]", arrival, time.Duration(w.LastNs), f.Word(), wordAhead)
+				}
+			}
+			// freshDrops stores a fresh word and runs the pre-vote: dropped. A run later than
+			// an election timeout after the word proves nothing (a descheduled test): it is
+			// tried again with a fresh word.
+			freshDrops := func(name string) {
+				t.Helper()
+				for try := 0; ; try++ {
+					at := Monotonic()
+					heard(at)
+					before, err := counters(f)()
+					if err != nil {
+						t.Fatal(err)
+					}
+					res, err := bpftest.Run(f.objs.RaftxXdp, pv)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if Monotonic()-at >= et && try < 5 {
+						continue
+					}
+					after, err := counters(f)()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if res.Ret != bpftest.XDPDrop || after["pv_dropped"] != before["pv_dropped"]+1 {
+						t.Fatalf("%s: action %d, pv_dropped %d -> %d; want XDP_DROP, counted (etcd-raft ignores it)", name, res.Ret, before["pv_dropped"], after["pv_dropped"])
+					}
+					return
+				}
+			}
+			// Nothing seen in XDP, only user space's word: a leader is known and heard.
+			freshDrops("no heartbeat seen here, last word fresh")
+			first := f.Word()
+			// A heartbeat answered, then both records go stale.
+			r.Run(t, []bpftest.Case{{Name: "a heartbeat answered", In: frame(leader4, self4, 1, heartbeatMsg().payload(t)), WantRet: bpftest.XDPTx,
+				WantCounters: bpftest.Counters{"rx": 1, "hb_answered": 1, "detect_armed": 1}}})
+			hb, err := f.Heartbeat()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for Monotonic() < max(hb.Arrival, f.Word())+et {
+				time.Sleep(et / 10)
+			}
+			r.Run(t, []bpftest.Case{{Name: "heartbeat record and last word both stale: granted", In: pv, WantRet: bpftest.XDPTx, WantCounters: granted}})
+			// An older word changes nothing (the word only moves forward).
+			heard(first)
+			if f.Word() < first {
+				t.Fatalf("the word went back to %v", f.Word())
+			}
+			r.Run(t, []bpftest.Case{{Name: "an older word: still granted", In: pv, WantRet: bpftest.XDPTx, WantCounters: granted}})
+			// User space hears the leader (an append over TCP); the heartbeat record stays stale.
+			freshDrops("heartbeat record stale, last word fresh")
+			if mode == "syscall" {
+				// Within wordAhead of the stored word no map update is made: the word stays.
+				w := f.Word()
+				heard(w - wordAhead)
+				if f.Word() != w {
+					t.Errorf("a word within %v of the stored one moved it from %v to %v", wordAhead, w, f.Word())
+				}
+			}
+		})
+	}
+}
+
+// Monotonic reads the runtime's clock (no system call); it must be CLOCK_MONOTONIC, the
+// clock of bpf_ktime_get_ns.
+func TestMonotonicIsClockMonotonic(t *testing.T) {
+	var ts unix.Timespec
+	for range 3 {
+		a := Monotonic()
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+			t.Fatal(err)
+		}
+		b := Monotonic()
+		if sys := time.Duration(ts.Nano()); sys >= a && sys <= b {
+			return
+		}
+	}
+	t.Fatalf("clock_gettime(CLOCK_MONOTONIC) outside [Monotonic() before, after] three times")
+}

@@ -146,6 +146,11 @@ type raftxdpRaftxStats struct {
 	AckFull           uint64
 }
 
+type raftxdpRaftxWord struct {
+	_      structs.HostLayout
+	LastNs uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -155,6 +160,7 @@ const (
 	raftxdpMapFollowerState    = "follower_state"
 	raftxdpMapFollowerStats    = "follower_stats"
 	raftxdpMapFollowerTimer    = "follower_timer"
+	raftxdpMapFollowerWord     = "follower_word"
 	raftxdpMapLeaderAcks       = "leader_acks"
 	raftxdpMapRaftAuthCfg      = "raft_auth_cfg"
 	raftxdpMapRaftPeers        = "raft_peers"
@@ -220,6 +226,7 @@ type raftxdpMapSpecs struct {
 	FollowerState  *ebpf.MapSpec `ebpf:"follower_state"`
 	FollowerStats  *ebpf.MapSpec `ebpf:"follower_stats"`
 	FollowerTimer  *ebpf.MapSpec `ebpf:"follower_timer"`
+	FollowerWord   *ebpf.MapSpec `ebpf:"follower_word"`
 	LeaderAcks     *ebpf.MapSpec `ebpf:"leader_acks"`
 	RaftAuthCfg    *ebpf.MapSpec `ebpf:"raft_auth_cfg"`
 	RaftPeers      *ebpf.MapSpec `ebpf:"raft_peers"`
@@ -261,6 +268,7 @@ type raftxdpMaps struct {
 	FollowerState  *ebpf.Map `ebpf:"follower_state"`
 	FollowerStats  *ebpf.Map `ebpf:"follower_stats"`
 	FollowerTimer  *ebpf.Map `ebpf:"follower_timer"`
+	FollowerWord   *ebpf.Map `ebpf:"follower_word"`
 	LeaderAcks     *ebpf.Map `ebpf:"leader_acks"`
 	RaftAuthCfg    *ebpf.Map `ebpf:"raft_auth_cfg"`
 	RaftPeers      *ebpf.Map `ebpf:"raft_peers"`
@@ -274,6 +282,7 @@ func (m *raftxdpMaps) Close() error {
 		m.FollowerState,
 		m.FollowerStats,
 		m.FollowerTimer,
+		m.FollowerWord,
 		m.LeaderAcks,
 		m.RaftAuthCfg,
 		m.RaftPeers,

@@ -68,6 +68,7 @@ type authtestRaftPvView struct {
 	Valid        uint32
 	Pad          uint32
 	PendingTerm  uint64
+	WordNs       uint64
 }
 
 type authtestRaftPvWhy uint32

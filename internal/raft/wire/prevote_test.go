@@ -72,6 +72,26 @@ func pvCases() []pvCase {
 		{"reject: log behind by term", v(), preVote(6, 4, 100), xdpTX, authtestRaftPvWhyRAFT_PV_REJECT_LOG, true},
 		{"refuse: leader recently heard (ignored, as etcd-raft does)", heardAgo(electionNS / 10), preVote(6, 5, 10), xdpDrop, authtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
 		{"refuse: leader recently heard, candidate's log ahead", heardAgo(electionNS - 1), preVote(9, 8, 50), xdpDrop, authtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
+		// The leader's last word (follower_word): user space stepped an append or a heartbeat
+		// the program did not see (TCP; passed up), and etcd-raft restarted its lease on it.
+		{"refuse: heartbeat record stale, user space's last word fresh", with(func(x *authtestRaftPvView) {
+			x.Leader, x.HeardNs, x.WordNs = 1, pvNow-uint64(2*electionNS), pvNow-uint64(electionNS/10)
+		}), preVote(6, 5, 10), xdpDrop, authtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
+		{"grant: heartbeat record and last word both stale", with(func(x *authtestRaftPvView) {
+			x.Leader, x.HeardNs, x.WordNs = 1, pvNow-uint64(3*electionNS), pvNow-uint64(electionNS)
+		}), preVote(6, 5, 10), xdpTX, authtestRaftPvWhyRAFT_PV_GRANT, true},
+		{"refuse: no heartbeat seen in XDP, last word fresh", with(func(x *authtestRaftPvView) {
+			x.Leader, x.WordNs = 1, pvNow-uint64(electionNS-1)
+		}), preVote(6, 5, 10), xdpDrop, authtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
+		{"refuse: last word stored after the program read its clock", with(func(x *authtestRaftPvView) {
+			x.Leader, x.HeardNs, x.WordNs = 1, pvNow-uint64(2*electionNS), pvNow+uint64(time.Millisecond)
+		}), preVote(6, 5, 10), xdpDrop, authtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
+		{"refuse: heartbeat recorded on another CPU after the program read its clock", with(func(x *authtestRaftPvView) {
+			x.Leader, x.HeardNs = 1, pvNow+1
+		}), preVote(6, 5, 10), xdpDrop, authtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
+		{"grant: no leader known, a last word does not matter", with(func(x *authtestRaftPvView) {
+			x.WordNs = pvNow - uint64(electionNS/10)
+		}), preVote(6, 5, 10), xdpTX, authtestRaftPvWhyRAFT_PV_GRANT, true},
 		{"pass: leader known, never heard in XDP", with(func(x *authtestRaftPvView) { x.Leader = 1 }), preVote(6, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_UNHEARD, false},
 		{"pass: no mirrored state", with(func(x *authtestRaftPvView) { x.Valid = 0 }), preVote(6, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_NO_STATE, false},
 		{"pass: alive_until passed", with(func(x *authtestRaftPvView) { x.AliveUntilNs = pvNow }), preVote(6, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_NOT_ALIVE, false},
@@ -88,7 +108,7 @@ func pvCases() []pvCase {
 // TestKernelPreVote runs every rule through prevote_xdp (auth, decide, reply, sign) and checks
 // the action, the reason, the answer's fields and its MAC (Go verifier, kernel channel); for
 // the cases etcd-raft answers or ignores itself, it checks that etcd-raft, in the same state
-// (term, last log entry, leader heard or not), does the same.
+// (term, last log entry, leader heard or not - by either record), does the same.
 func TestKernelPreVote(t *testing.T) {
 	bpftest.RequireRoot(t)
 	o := loadAuthObjs(t, testSelf)
@@ -147,7 +167,8 @@ func TestKernelPreVote(t *testing.T) {
 
 // etcdAnswer puts an etcd-raft RawNode into the view's state - HardState.Term, a log whose
 // last entry is (LastTerm, LastIndex), and, when the view has a leader, a heartbeat from it
-// followed by as many ticks as the time since it was heard - steps m and returns the
+// followed by as many ticks as the time since it was last heard (heartbeat record or last
+// word) - steps m and returns the
 // MsgPreVoteResp it sends (nil: it ignored m).
 func etcdAnswer(t *testing.T, v authtestRaftPvView, m *pb.Message) *pb.Message {
 	t.Helper()
@@ -176,14 +197,18 @@ func etcdAnswer(t *testing.T, v authtestRaftPvView, m *pb.Message) *pb.Message {
 		}
 		return out
 	}
-	if v.Leader != 0 && v.HeardNs != 0 {
+	// The leader's last word, whichever record has it: etcd-raft restarts its lease on a
+	// heartbeat and on an append alike.
+	if heard := max(v.HeardNs, v.WordNs); v.Leader != 0 && heard != 0 {
 		hb := &pb.Message{Type: pb.MsgHeartbeat.Enum(), From: proto.Uint64(v.Leader), To: proto.Uint64(testSelf),
 			Term: proto.Uint64(v.Term), Commit: proto.Uint64(v.LastIndex)}
 		if err := rn.Step(hb); err != nil {
 			t.Fatal(err)
 		}
-		for range int(time.Duration(v.NowNs-v.HeardNs) / tick) {
-			rn.Tick()
+		if v.NowNs > heard {
+			for range int(time.Duration(v.NowNs-heard) / tick) {
+				rn.Tick()
+			}
 		}
 	}
 	drain()
