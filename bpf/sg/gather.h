@@ -212,6 +212,28 @@ static __always_inline int gather_finish(int outcome, struct sg_slot *s, const s
 	return XDP_DROP;
 }
 
+/* reply_slot reads a reply's request id and finds its slot; NULL when the reply is dropped
+ * before the slot's lock: the worker reported an error (worker_errors) or the id's slot is
+ * not one of the group's (stale). Shared by whole replies (gather) and parts (gather_part). */
+static __always_inline struct sg_slot *reply_slot(const struct sg_hdr *h, const struct sg_group *g,
+						  struct sg_stats *cnt, __u64 *id, __u32 *slot)
+{
+	struct sg_slot *s;
+
+	if (h->status) {
+		COUNT(cnt, worker_errors);
+		return NULL;
+	}
+	*id = bpf_be64_to_cpu(h->req_id);
+	*slot = *id & SG_SLOT_MASK;
+	s = bpf_map_lookup_elem(&slots, slot);
+	if (!s || *slot - g->slot_base >= g->nslots) {
+		COUNT(cnt, stale);
+		return NULL;
+	}
+	return s;
+}
+
 #include "parts.h"
 
 static __always_inline int gather(struct xdp_md *ctx)
@@ -293,17 +315,9 @@ static __always_inline int gather(struct xdp_md *ctx)
 			return XDP_PASS;
 		}
 	}
-	if (h->status) {
-		COUNT(cnt, worker_errors);
+	s = reply_slot(h, g, cnt, &id, &slot);
+	if (!s)
 		return XDP_DROP;
-	}
-	id = bpf_be64_to_cpu(h->req_id);
-	slot = id & SG_SLOT_MASK;
-	s = bpf_map_lookup_elem(&slots, &slot);
-	if (!s) {
-		COUNT(cnt, stale);
-		return XDP_DROP;
-	}
 	/* Groups that take multi-packet replies: a worker must not mix parts and a whole
 	 * reply in one request (its parts' slices would count twice). */
 	if (g->flags & SG_GF_PARTS)

@@ -98,17 +98,9 @@ static __always_inline int gather_part(struct sg_hdr *h, void *data_end, const s
 			return XDP_PASS;
 		}
 	}
-	if (h->status) {
-		COUNT(cnt, worker_errors);
+	s = reply_slot(h, g, cnt, &id, &slot);
+	if (!s)
 		return XDP_DROP;
-	}
-	id = bpf_be64_to_cpu(h->req_id);
-	slot = id & SG_SLOT_MASK;
-	s = bpf_map_lookup_elem(&slots, &slot);
-	if (!s || slot - g->slot_base >= g->nslots) {
-		COUNT(cnt, stale);
-		return XDP_DROP;
-	}
 	e = parts_entry(g, slot, widx);
 	if (!e) { /* the parts map was not sized for this group */
 		COUNT(cnt, multipart);

@@ -55,16 +55,19 @@ func TestLabMultiPacket(t *testing.T) {
 				}
 			}
 			g, err := Open(Config{Interface: coord.Iface, Netns: coord.Path(), Workers: workers, Reduction: c.red,
-				Type: Int64, Elems: elems, Timeout: 300 * time.Millisecond, MultiPacket: true})
+				Type: Int64, Elems: elems, Timeout: time.Second, MultiPacket: true})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer g.Close()
 			partials := 0
 			for k := range 24 {
-				opts := RequestOptions{Need: 4} // w1's workers, lossless
+				// w1's workers are lossless: with need 4 the request completes (the
+				// timeout only bounds a starved machine); with need = all it mostly times
+				// out, and the timeout is what each such request costs.
+				opts := RequestOptions{Need: 4, Timeout: 2 * time.Second}
 				if k%2 == 1 {
-					opts.Need = len(workers)
+					opts.Need, opts.Timeout = len(workers), 600*time.Millisecond
 				}
 				res, err := g.ScatterWith(context.Background(), []byte("parts"), opts)
 				if err != nil {
