@@ -116,14 +116,15 @@ func (n *Node) renewHeartbeats() {
 	hb.Update(lead, s.GetTerm(), s.GetCommit(), match)
 }
 
-// kernelHeartbeats drops the heartbeats the kernel sends. A heartbeat with a context
-// (a ReadIndex round: the follower echoes the context) always goes from user space.
+// kernelHeartbeats drops the heartbeats the kernel sends, in place (msgs is the Ready's, sent
+// once: no allocation per Ready). A heartbeat with a context (a ReadIndex round: the follower
+// echoes the context) always goes from user space.
 func (n *Node) kernelHeartbeats(msgs []*pb.Message) []*pb.Message {
 	hb := n.hb
 	if hb == nil {
 		return msgs
 	}
-	out := make([]*pb.Message, 0, len(msgs))
+	out := msgs[:0]
 	for _, m := range msgs {
 		if m.GetType() == pb.MsgHeartbeat && len(m.GetContext()) == 0 && hb.Suppress(m.GetTo(), m.GetTerm()) {
 			n.hbKernel.Inc()

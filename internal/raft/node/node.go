@@ -263,7 +263,7 @@ func (n *Node) loop(ctx context.Context) {
 		n.loopErr = err
 		n.log.Error("raft: ready loop stopped", "err", err)
 	}
-	n.offloadMirror(n.termDurable, n.leader.Load())
+	n.offloadMirror(n.termDurable, n.leader.Load(), true)
 	n.offloadAlive()
 	events := n.fol.events()
 	for {
@@ -271,6 +271,7 @@ func (n *Node) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			n.offloadMirror(n.termDurable, n.leader.Load(), true)
 			n.offloadTick(ctx)
 			n.offloadAcks(ctx)
 			n.rn.Tick()
@@ -339,7 +340,7 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		n.termDurable = rd.HardState.GetTerm()
 	}
 	// The kernel answers heartbeats of the durable term only, now that it is durable.
-	n.offloadMirror(n.termDurable, n.leader.Load())
+	n.offloadMirror(n.termDurable, n.leader.Load(), false)
 	// 3. Only now the messages (the kernel already answered the heartbeats the node
 	// synthesized from its record).
 	if n.fol != nil {

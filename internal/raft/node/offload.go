@@ -43,7 +43,6 @@ type follower struct {
 
 	feed      hbFeeder
 	mirror    offload.Durable // last mirrored (term, lead as etcd-raft has it)
-	lead      uint64
 	mirrored  bool
 	lastAlive time.Duration // CLOCK_MONOTONIC of the last Alive refresh
 
@@ -246,8 +245,10 @@ func (n *Node) offloadAlive() {
 }
 
 // offloadMirror gives the kernel the durable term, its leader and the end of the durable log;
-// called after the Ready's HardState and entries are saved, before its messages are sent.
-func (n *Node) offloadMirror(term, lead uint64) {
+// called after the Ready's HardState and entries are saved, before its messages are sent
+// (tick false), and on every tick (tick true), which writes what a Ready left behind
+// (mirrorWrite).
+func (n *Node) offloadMirror(term, lead uint64, tick bool) {
 	f := n.fol
 	if f == nil {
 		return
@@ -274,14 +275,46 @@ func (n *Node) offloadMirror(term, lead uint64) {
 		n.log.Warn("raft offload: read the durable log's end", "err", err)
 		return
 	}
-	if f.mirrored && f.mirror == d && f.lead == lead {
+	if !mirrorWrite(f.mirror, d, f.mirrored, tick, n.cfg.ID) {
 		return
 	}
 	if err := f.k.Mirror(d); err != nil {
 		n.log.Warn("raft offload: mirror durable state", "err", err)
 		return
 	}
-	f.mirror, f.lead, f.mirrored = d, lead, true
+	f.mirror, f.mirrored = d, true
+}
+
+// mirrorWrite reports whether the durable state d is written to the kernel, which holds cur
+// (held: anything was written), at a Ready (tick false) or a tick (tick true) of a node whose
+// id is self. Everything the program answers heartbeats by (term, leader, its address, the
+// detector's timeout) and a change of the log's last term or a shorter log go at once. The
+// growth of the log alone - LastIndex moves with every append, so writing it after each
+// Ready made a map update per Ready on every node (docs/raft.md section 12, "The fault-free
+// path") - goes:
+//   - never while self leads: its program passes every pre-vote up (prevote.h
+//     RAFT_PV_PASS_LEADER) and reads no log end; a step down changes the leader and writes
+//     the log end of then;
+//   - on a follower, at the next tick. Until then the kernel holds a shorter log than the
+//     durable one (never a longer one: d is read after the save). Its only reader is the
+//     pre-vote, which grants nothing while the leader's last word is less than an election
+//     timeout (>= 2 ticks) old - and the entries came with a word - so the tick writes them
+//     first unless the Ready loop misses its ticks for that long; then the program could grant
+//     a candidate missing those entries a pre-vote user space would refuse. That changes no
+//     state, and the real vote stays with etcd-raft on the real log: liveness, not safety.
+func mirrorWrite(cur, d offload.Durable, held, tick bool, self uint64) bool {
+	if !held {
+		return true
+	}
+	if cur == d {
+		return false
+	}
+	grown := cur
+	grown.LastIndex = d.LastIndex
+	if grown != d || d.LastIndex < cur.LastIndex {
+		return true
+	}
+	return tick && d.Leader != self
 }
 
 // offloadPending tells the kernel that the node has taken term and is about to fsync it

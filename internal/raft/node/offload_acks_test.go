@@ -1,6 +1,7 @@
 package node
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
@@ -122,5 +123,43 @@ func persist(t *testing.T, n *eqNode) {
 		rd := n.rn.Ready()
 		n.save(t, rd)
 		n.rn.Advance(rd)
+	}
+}
+
+// The durable-state mirror (offloadMirror) writes the growth of the log alone at a tick, not
+// after every Ready, and never while the node leads; everything else at once.
+func TestMirrorWrite(t *testing.T) {
+	const self = 2
+	fol := offload.Durable{Term: 3, Leader: 1, LeaderAddr: eqLeaderAddr, LastIndex: 40, LastTerm: 3, DetectAfter: 11e6}
+	lead := offload.Durable{Term: 3, Leader: self, LeaderAddr: eqSelfAddr, LastIndex: 40, LastTerm: 3}
+	with := func(d offload.Durable, f func(*offload.Durable)) offload.Durable { f(&d); return d }
+	grow := func(d *offload.Durable) { d.LastIndex += 5 }
+	for _, c := range []struct {
+		name   string
+		cur, d offload.Durable
+		held   bool
+		ready  bool // written at a Ready
+		tick   bool // written at a tick
+	}{
+		{"first write", offload.Durable{}, fol, false, true, true},
+		{"unchanged", fol, fol, true, false, false},
+		{"follower: log grows", fol, with(fol, grow), true, false, true},
+		{"leader: log grows", lead, with(lead, grow), true, false, false},
+		{"follower: log shrinks", fol, with(fol, func(d *offload.Durable) { d.LastIndex-- }), true, true, true},
+		{"leader: log shrinks", lead, with(lead, func(d *offload.Durable) { d.LastIndex-- }), true, true, true},
+		{"last term", fol, with(fol, func(d *offload.Durable) { d.LastIndex++; d.LastTerm++ }), true, true, true},
+		{"term", fol, with(fol, func(d *offload.Durable) { d.Term++; grow(d) }), true, true, true},
+		{"leader changes", fol, with(fol, func(d *offload.Durable) { d.Leader = 3; grow(d) }), true, true, true},
+		{"leader steps down", lead, with(fol, grow), true, true, true},
+		{"becomes leader", fol, with(lead, grow), true, true, true},
+		{"leader lost", fol, with(fol, func(d *offload.Durable) { d.Leader, d.LeaderAddr, d.DetectAfter = 0, netip.AddrPort{}, 0 }), true, true, true},
+		{"detector timeout", fol, with(fol, func(d *offload.Durable) { d.DetectAfter++ }), true, true, true},
+	} {
+		if got := mirrorWrite(c.cur, c.d, c.held, false, self); got != c.ready {
+			t.Errorf("%s: written at a Ready %v, want %v", c.name, got, c.ready)
+		}
+		if got := mirrorWrite(c.cur, c.d, c.held, true, self); got != c.tick {
+			t.Errorf("%s: written at a tick %v, want %v", c.name, got, c.tick)
+		}
 	}
 }
