@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -97,9 +98,12 @@ run at the same time and the trials alternate, so both sides see the same machin
   throughput       --clients closed-loop writers putting to the leader, per cluster size in
                    --tp-nodes: one cluster per mode, built once; --tp-rounds rounds, each
                    running every mode for --tp-duration in turn (the order reversed every
-                   other round: on,off / off,on ...) while the other clusters idle. Per run
-                   writes/s, latency p50/p99, CPU per write; per round each mode's ratio to
-                   off; the median ratio, its min-max and a sign test over the rounds.
+                   other round: on,off / off,on ...) while the other clusters idle; with
+                   --tp-concurrent every mode's writers run at the same time in each round
+                   (each cluster its own --clients), so both share the same seconds of the
+                   machine. Per run writes/s, latency p50/p99, CPU per write; per round each
+                   mode's ratio to off; the median ratio, its min-max and a sign test over
+                   the rounds.
   heartbeat        both modes idle for --hb-duration: the CPU time of one follower's process
                    per heartbeat that reached it (with offload on, most are answered in XDP);
                    then --hb-probes heartbeats sent in the leader's name from its namespace
@@ -110,14 +114,15 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 		Example: `  sudo kedge bench raft --out docs/results/raft
   sudo kedge bench raft --scenarios failover --trials 50 --election-ticks 3,10
   sudo kedge bench raft --scenarios false-elections --election-ticks 3 --fe-duration 10m
-  sudo kedge bench raft --scenarios throughput --tp-nodes 3 --clients 16 --tp-rounds 6 --tp-duration 20s --offload on,off`,
+  sudo kedge bench raft --scenarios throughput --tp-nodes 3 --clients 16 --tp-rounds 6 --tp-duration 20s --offload on,off
+  sudo kedge bench raft --scenarios throughput --tp-concurrent --tp-rounds 6 --tp-duration 20s --offload on,off`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if o.Scenarios, err = splitList("scenario", scenarios, []string{"failover", "false-elections", "throughput", "heartbeat"}); err != nil {
 				return err
 			}
-			if o.Modes, err = splitList("--offload mode", modes, []string{raftbench.ModeOn, raftbench.ModeFollower, raftbench.ModeOff}); err != nil {
+			if o.Modes, err = splitList("--offload mode", modes, raftbench.Modes); err != nil {
 				return err
 			}
 			if o.FailoverClient != raftbench.ClientLeader && o.FailoverClient != raftbench.ClientRetry {
@@ -127,7 +132,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 				return usagef("--heartbeat-ticks %d: use a positive number of ticks (0: the node's default)", o.HeartbeatTicks)
 			}
 			if feModes != "" {
-				if o.FalseModes, err = splitList("--fe-offload mode", feModes, []string{raftbench.ModeOn, raftbench.ModeFollower, raftbench.ModeOff}); err != nil {
+				if o.FalseModes, err = splitList("--fe-offload mode", feModes, raftbench.Modes); err != nil {
 					return err
 				}
 			}
@@ -199,7 +204,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&scenarios, "scenarios", "failover,false-elections,throughput,heartbeat", "which runs (comma-separated)")
-	f.StringVar(&modes, "offload", "on,off", "kernel-path modes to compare (comma-separated: on = every kernel path, follower = the follower path without kernel heartbeats, off)")
+	f.StringVar(&modes, "offload", "on,off", "kernel-path modes to compare (comma-separated: on = every kernel path, follower = the follower path without kernel heartbeats, off; xdp-pass = off with an XDP program that passes everything on each node's interface, a control)")
 	f.StringVar(&o.FailoverClient, "failover-client", raftbench.ClientLeader, "failover writer: leader (asks every survivor for the new leader at once, writes to it) or retry (part 1's: survivors in turn, 50 ms per attempt)")
 	f.IntVar(&o.HeartbeatTicks, "heartbeat-ticks", 0, "leader heartbeat interval in ticks (0: the node's default, 1)")
 	f.DurationVar(&o.HeartbeatLease, "heartbeat-lease", 0, "mode on: the kernel heartbeats' lease (0: the node's default)")
@@ -217,6 +222,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	f.StringVar(&tpNodes, "tp-nodes", "3", "cluster sizes for the throughput run")
 	f.DurationVar(&o.ThroughputDuration, "tp-duration", 10*time.Second, "length of each mode's throughput run in each round")
 	f.IntVar(&o.ThroughputRounds, "tp-rounds", 6, "throughput rounds (each runs every mode once, the order alternating)")
+	f.BoolVar(&o.Concurrent, "tp-concurrent", false, "run every mode's throughput writers at the same time in each round (each cluster its own --clients) instead of in turn")
 	f.BoolVar(&o.BPFStats, "tp-bpf-stats", false, "time the nodes' XDP programs during the throughput runs (BPF_ENABLE_STATS while the bench runs: every BPF program on the machine pays two clock reads per run)")
 	f.IntVar(&o.Clients, "clients", 16, "concurrent writers in the throughput run")
 	addBenchOutFlag(cmd, &out, "raft")
@@ -320,10 +326,18 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 	return tw.Flush()
 }
 
+// times prints a ratio, or "-" for none (NaN).
+func times(x float64) string {
+	if math.IsNaN(x) {
+		return "-"
+	}
+	return fmt.Sprintf("%.3fx", x)
+}
+
 // throughputTables prints the throughput rounds (every run, in the order run), each round's
 // ratios to the baseline, and the summary over the rounds.
 func throughputTables(tw io.Writer, r *raftbench.Result) {
-	fmt.Fprintln(tw, "THROUGHPUT RUNS\tROUND\tOFFLOAD\tCLIENTS\tWRITES/S\tP50\tP99\tMAX\tERRORS\tNODE CPU/WRITE\tMACHINE CPU/WRITE\tSOFTIRQ/WRITE\tXDP/WRITE\tKERNEL HEARTBEATS\tIDLE CLUSTERS CPU\tLOAD\tTERM +")
+	fmt.Fprintln(tw, "THROUGHPUT RUNS\tROUND\tOFFLOAD\tCLIENTS\tWRITES/S\tP50\tP99\tMAX\tERRORS\tNODE CPU/WRITE\tMACHINE CPU/WRITE\tSOFTIRQ/WRITE\tXDP/WRITE\tKERNEL HEARTBEATS\tOTHER CLUSTERS CPU\tLOAD\tTERM +")
 	for _, t := range r.ThroughputRuns {
 		xdp := "-" // not timed (--tp-bpf-stats) or no program
 		if t.XDPRunsPerWrite > 0 {
@@ -333,8 +347,12 @@ func throughputTables(tw io.Writer, r *raftbench.Result) {
 		if t.KernelHeartbeatsPerS > 0 || t.PacerPassesPerS > 0 {
 			khb = fmt.Sprintf("%.0f/s, %.0f passes/s, %.1f overdue/s", t.KernelHeartbeatsPerS, t.PacerPassesPerS, t.OverduePerS)
 		}
-		fmt.Fprintf(tw, "%d nodes\t%d\t%s\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\t%.0f us\t%.0f us\t%.1f us\t%s\t%s\t%.0f ms\t%.1f\t%d\n", t.Nodes, t.Round+1, t.Offload, t.Clients,
-			t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors, t.NodeCPUUs, t.MachineCPUUs, t.SoftirqUs, xdp, khb, t.OtherCPUMs, t.Load1, t.TermChange)
+		machine, softirq := fmt.Sprintf("%.0f us", t.MachineCPUUs), fmt.Sprintf("%.1f us", t.SoftirqUs)
+		if t.Concurrent { // the machine's figures are shared by the clusters that wrote at once
+			machine, softirq = "-", "-"
+		}
+		fmt.Fprintf(tw, "%d nodes\t%d\t%s\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\t%.0f us\t%s\t%s\t%s\t%s\t%.0f ms\t%.1f\t%d\n", t.Nodes, t.Round+1, t.Offload, t.Clients,
+			t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors, t.NodeCPUUs, machine, softirq, xdp, khb, t.OtherCPUMs, t.Load1, t.TermChange)
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "THROUGHPUT, POOLED\tOFFLOAD\tROUNDS\tWRITES\tWRITES/S\tP50\tP99\tMAX\tERRORS")
@@ -347,21 +365,30 @@ func throughputTables(tw io.Writer, r *raftbench.Result) {
 	}
 	fmt.Fprintln(tw, "THROUGHPUT PER ROUND\tROUND\tMODE / BASELINE\tWRITES/S\tP50\tP99\tNODE CPU/WRITE\tMACHINE CPU/WRITE")
 	for _, c := range r.ThroughputCompare {
+		machine := func(i int) string {
+			if c.MachineCPU == nil || i >= len(c.MachineCPU.PerRound) {
+				return "-"
+			}
+			return times(c.MachineCPU.PerRound[i])
+		}
 		for i := range c.PerSecond.PerRound {
-			fmt.Fprintf(tw, "%d nodes\t%d\t%s / %s\t%.3fx\t%.3fx\t%.3fx\t%.3fx\t%.3fx\n", c.Nodes, i+1, c.Offload, c.Baseline,
-				c.PerSecond.PerRound[i], c.P50.PerRound[i], c.P99.PerRound[i], c.NodeCPU.PerRound[i], c.MachineCPU.PerRound[i])
+			fmt.Fprintf(tw, "%d nodes\t%d\t%s / %s\t%s\t%s\t%s\t%s\t%s\n", c.Nodes, i+1, c.Offload, c.Baseline,
+				times(c.PerSecond.PerRound[i]), times(c.P50.PerRound[i]), times(c.P99.PerRound[i]), times(c.NodeCPU.PerRound[i]), machine(i))
 		}
 	}
 	fmt.Fprintln(tw)
 	// Median ratio over the rounds [min-max], the rounds with the ratio below 1, and p: the
 	// two-sided sign test of "below and above 1 equally likely".
 	fmt.Fprintln(tw, "THROUGHPUT RATIO\tMODE / BASELINE\tROUNDS\tWRITES/S\tP50\tP99\tNODE CPU/WRITE\tMACHINE CPU/WRITE")
-	cell := func(x raftbench.Ratio) string {
+	cell := func(x *raftbench.Ratio) string {
+		if x == nil || math.IsNaN(x.Median) { // no figure (the machine's, for writers that ran at once)
+			return "-"
+		}
 		return fmt.Sprintf("%.3fx [%.3f-%.3f] %d below 1, p=%.2f", x.Median, x.Min, x.Max, x.Below, x.SignP)
 	}
 	for _, c := range r.ThroughputCompare {
 		fmt.Fprintf(tw, "%d nodes\t%s / %s\t%d\t%s\t%s\t%s\t%s\t%s\n", c.Nodes, c.Offload, c.Baseline, c.Rounds,
-			cell(c.PerSecond), cell(c.P50), cell(c.P99), cell(c.NodeCPU), cell(c.MachineCPU))
+			cell(&c.PerSecond), cell(&c.P50), cell(&c.P99), cell(&c.NodeCPU), cell(c.MachineCPU))
 	}
 	fmt.Fprintln(tw)
 }

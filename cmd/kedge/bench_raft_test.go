@@ -53,3 +53,41 @@ func TestRaftBenchThroughputTable(t *testing.T) {
 		t.Errorf("round 1 off row does not end in its term change 1: %q", lines[2])
 	}
 }
+
+// TestRaftBenchThroughputTableConcurrent: runs whose writers ran at the same time print no
+// machine figures (they are not one cluster's) and no machine ratio.
+func TestRaftBenchThroughputTableConcurrent(t *testing.T) {
+	run := func(mode string, perS, cpu float64) raftbench.ThroughputRun {
+		return raftbench.ThroughputRun{Offload: mode, Nodes: 3, Clients: 16, Concurrent: true,
+			WriteStats: raftbench.WriteStats{PerSecond: perS, P50Ms: 5, P99Ms: 10, Writes: int(perS)}, NodeCPUUs: cpu}
+	}
+	r := &raftbench.Result{ThroughputRuns: []raftbench.ThroughputRun{run(raftbench.ModeOn, 970, 412), run(raftbench.ModeOff, 1000, 400)}}
+	r.ThroughputCompare = raftbench.CompareThroughput(r.ThroughputRuns, []string{raftbench.ModeOn, raftbench.ModeOff})
+	var b strings.Builder
+	if err := raftBenchTable(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if strings.Contains(out, "NaN") {
+		t.Errorf("table prints NaN:\n%s", out)
+	}
+	for _, want := range []string{"0.970x", "1.030x"} { // writes/s and node CPU per write
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	lines := strings.Split(out, "\n")
+	// THROUGHPUT RUNS rows: node CPU, then "-" for the machine and its softirq.
+	if f := strings.Fields(lines[1]); len(f) < 17 || f[13] != "412" || f[15] != "-" || f[16] != "-" {
+		t.Errorf("concurrent run row does not leave the machine's figures out: %q", lines[1])
+	}
+	var ratioRow string
+	for _, l := range lines {
+		if strings.Contains(l, "on / off") && strings.Contains(l, "below 1") {
+			ratioRow = l
+		}
+	}
+	if !strings.HasSuffix(strings.TrimSpace(ratioRow), "-") {
+		t.Errorf("ratio row has a machine CPU ratio: %q", ratioRow)
+	}
+}

@@ -68,6 +68,12 @@ func AttachXDP(prog *ebpf.Program, ns netns.NsHandle, ifindex int, mode XDPMode)
 // its peer sends with XDP_TX/XDP_REDIRECT when the receiving veth has an XDP program (the
 // peer's NAPI is then enabled), so the peer of an interface that transmits from XDP needs one.
 func AttachXDPPass(ns netns.NsHandle, ifindex int) (Attachment, error) {
+	return AttachXDPPassMode(ns, ifindex, XDPNative)
+}
+
+// AttachXDPPassMode attaches a program that returns XDP_PASS in the given mode (a
+// benchmark's control: what attaching any XDP program costs on an interface).
+func AttachXDPPassMode(ns netns.NsHandle, ifindex int, mode XDPMode) (Attachment, error) {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:         "kedge_xdp_pass",
 		Type:         ebpf.XDP,
@@ -77,7 +83,7 @@ func AttachXDPPass(ns netns.NsHandle, ifindex int) (Attachment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load xdp_pass: %w", err)
 	}
-	a, err := AttachXDP(prog, ns, ifindex, XDPNative)
+	a, err := AttachXDP(prog, ns, ifindex, mode)
 	if err != nil {
 		prog.Close()
 		return nil, err

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/raft/api"
 	"github.com/kedge-dev/kedge/internal/raft/client"
@@ -37,11 +38,22 @@ const Schema = "kedge.bench.raft/v1"
 // fails the run instead of measuring user space twice: the follower path and the leader's
 // kernel heartbeats), the follower path alone (heartbeats and pre-votes answered in XDP,
 // the detector; the leader's heartbeats from user space) and off (user space only).
+// ModeXDPPass is a control: off, with an XDP program that passes every packet attached to
+// each node's interface in the mode the follower program takes there (generic on the lab's
+// veths): what attaching XDP costs on these interfaces, apart from what the follower
+// program and the node's kernel paths do.
 const (
 	ModeOn       = "on"
 	ModeFollower = "follower"
 	ModeOff      = "off"
+	ModeXDPPass  = "xdp-pass"
 )
+
+// Modes lists every mode, in the order of the help text.
+var Modes = []string{ModeOn, ModeFollower, ModeOff, ModeXDPPass}
+
+// kernelPaths says whether mode's nodes run the kernel paths.
+func kernelPaths(mode string) bool { return mode == ModeOn || mode == ModeFollower }
 
 // Failover clients: the one that asks every survivor for the new leader at once (the nodes
 // answer as soon as they know one: GET /v1/leader) and writes to it, and part 1's, which
@@ -107,6 +119,11 @@ type Options struct {
 	ThroughputDuration time.Duration // each mode's run in each round
 	// ThroughputRounds: rounds of one run per mode, the order alternating (throughput.go).
 	ThroughputRounds int
+	// Concurrent runs every mode's writers at the same time in each round (each cluster its
+	// own Clients writers) instead of one mode after the other: both modes see the same
+	// seconds of the machine, so a load that comes and goes falls on both; what a mode
+	// costs more shows as fewer writes and more node CPU per write beside the other.
+	Concurrent bool
 	// BPFStats times the BPF programs during the throughput runs (BPF_ENABLE_STATS, held
 	// as a file descriptor: every program on the machine pays two clock reads per run).
 	BPFStats bool
@@ -194,7 +211,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res := &Result{Envelope: bench.NewEnvelope(ctx, Schema, "", map[string]any{
 		"tick_ms": ms(o.Tick), "election_ticks": o.ElectionTicks, "nodes": o.Nodes, "trials": o.Trials,
 		"false_election_s": o.FalseElectionDuration.Seconds(), "throughput_nodes": o.ThroughputNodes,
-		"throughput_s": o.ThroughputDuration.Seconds(), "throughput_rounds": o.ThroughputRounds, "bpf_stats": o.BPFStats, "clients": o.Clients, "scenarios": o.Scenarios,
+		"throughput_s": o.ThroughputDuration.Seconds(), "throughput_rounds": o.ThroughputRounds, "throughput_concurrent": o.Concurrent, "bpf_stats": o.BPFStats, "clients": o.Clients, "scenarios": o.Scenarios,
 		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "failover_client": o.failoverClient(),
 		"heartbeat_ticks": o.HeartbeatTicks, "heartbeat_lease_ms": ms(o.HeartbeatLease), "offload_alive_ms": ms(o.OffloadAlive), "heartbeat_s": o.HeartbeatDuration.Seconds(),
 		"authenticated": o.ClusterKey != "",
@@ -271,14 +288,37 @@ func (o *Options) cluster(ctx context.Context, name string, nodes, electionTicks
 	}
 	for _, n := range c.Nodes {
 		st, err := c.Status(uctx, n.ID)
-		if err == nil && (st.Offload != "") != (mode != ModeOff) {
+		if err == nil && (st.Offload != "") != kernelPaths(mode) {
 			err = fmt.Errorf("node %d reports offload %q", n.ID, st.Offload)
 		}
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("cluster %s (offload %s): %w", name, mode, err), c.Close())
 		}
 	}
+	if mode == ModeXDPPass {
+		if err := attachPass(c); err != nil {
+			return nil, errors.Join(fmt.Errorf("cluster %s (offload %s): %w", name, mode, err), c.Close())
+		}
+	}
 	return c, nil
+}
+
+// attachPass attaches an XDP_PASS program to every node's interface of c, generic (skb)
+// mode as the follower program takes on a veth (internal/raft/offload); detached when c
+// closes (or when this process dies: the bench holds the links).
+func attachPass(c *raftlab.Cluster) error {
+	for _, n := range c.Nodes {
+		ifindex, err := bpfx.IfIndex(n.Host.Handle, n.Host.Iface)
+		if err != nil {
+			return err
+		}
+		a, err := bpfx.AttachXDPPassMode(n.Host.Handle, ifindex, bpfx.XDPGeneric)
+		if err != nil {
+			return fmt.Errorf("node %d: %w", n.ID, err)
+		}
+		c.OnClose(a.Close)
+	}
+	return nil
 }
 
 // clusters starts one cluster per mode; on error the ones already up are closed.
@@ -925,7 +965,7 @@ func (o *Options) heartbeats(ctx context.Context) (out []Heartbeats, err error) 
 			}
 			s.passes = uint64(v + w)
 		}
-		if mode != ModeOff {
+		if kernelPaths(mode) {
 			n := c.Node(follower)
 			in, err := offload.Inspect(n.Host.Handle, n.Host.Iface)
 			if err != nil {

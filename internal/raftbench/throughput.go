@@ -22,7 +22,16 @@ import (
 // modes' clusters stay up and idle (heartbeating, no writes); the order alternates between
 // rounds (on, off / off, on / ...) so that a drift of the machine over the run falls on both
 // modes alike. A mode is compared with the baseline (off) round by round: the ratio of two
-// runs minutes apart, not of two separately started runs.
+// runs seconds apart, not of two separately started runs.
+//
+// Concurrent (--tp-concurrent): each round runs every mode's writers at the same time
+// instead, each cluster with its own writers. On a machine whose load comes and goes (other
+// work, the bench's own clients) sequential runs of one mode see another machine than the
+// other's; concurrent runs share every second of it, and what one mode costs more shows as
+// fewer writes and more node CPU per write beside the other. An A/A check (two clusters of
+// the same mode at once) resolves node CPU per write to about 1% on the 2-vCPU machine
+// (docs/raft.md section 12). The machine-wide figures cannot be split between clusters
+// that ran at once: they are left at 0.
 //
 // Idle rather than stopped: SIGSTOPping a cluster lets its kernel detector fire and its
 // resumption start an election, and rebuilding clusters per round adds a start-up (and the
@@ -72,12 +81,15 @@ type Throughput struct {
 
 // ThroughputRun is one mode's closed-loop write run in one round.
 type ThroughputRun struct {
-	Round   int    `json:"round"` // from 0
-	Slot    int    `json:"slot"`  // position in the round's order (0: first)
-	Offload string `json:"offload"`
-	Nodes   int    `json:"nodes"`
-	Clients int    `json:"clients"`
-	Leader  int    `json:"leader"`
+	Round int `json:"round"` // from 0
+	Slot  int `json:"slot"`  // position in the round's order (0: first; concurrent runs: all 0)
+	// Concurrent: every mode's writers ran at the same time (--tp-concurrent); the
+	// machine's figures (MachineCPUUs, SoftirqUs) are then shared and left at 0.
+	Concurrent bool   `json:"concurrent,omitempty"`
+	Offload    string `json:"offload"`
+	Nodes      int    `json:"nodes"`
+	Clients    int    `json:"clients"`
+	Leader     int    `json:"leader"`
 	// TermChange is how far the leader's term moved over the run, LeaderAfter the leader
 	// after it: a fault-free run has 0 and Leader (an election during a run stalls writes).
 	TermChange  uint64 `json:"term_change"`
@@ -144,8 +156,9 @@ type ThroughputCompare struct {
 	P50       Ratio  `json:"p50"`
 	P99       Ratio  `json:"p99"`
 	NodeCPU   Ratio  `json:"node_cpu_per_write"`
-	// MachineCPU is the machine's busy CPU per write (what the whole box paid per write).
-	MachineCPU Ratio `json:"machine_cpu_per_write"`
+	// MachineCPU is the machine's busy CPU per write (what the whole box paid per write);
+	// nil for concurrent runs (the machine's CPU is not one cluster's).
+	MachineCPU *Ratio `json:"machine_cpu_per_write,omitempty"`
 }
 
 // roundOrder is the order of the modes in round r: as given in even rounds, reversed in odd
@@ -270,13 +283,20 @@ func CompareThroughput(runs []ThroughputRun, modes []string) []ThroughputCompare
 				p50 = append(p50, ratio(m.P50Ms, b.P50Ms))
 				p99 = append(p99, ratio(m.P99Ms, b.P99Ms))
 				cpu = append(cpu, ratio(m.NodeCPUUs, b.NodeCPUUs))
-				mcpu = append(mcpu, ratio(m.MachineCPUUs, b.MachineCPUUs))
+				if !m.Concurrent {
+					mcpu = append(mcpu, ratio(m.MachineCPUUs, b.MachineCPUUs))
+				}
 			}
 			if len(ws) == 0 {
 				continue
 			}
-			out = append(out, ThroughputCompare{Offload: mode, Baseline: base, Nodes: n, Rounds: len(ws),
-				PerSecond: newRatio(ws), P50: newRatio(p50), P99: newRatio(p99), NodeCPU: newRatio(cpu), MachineCPU: newRatio(mcpu)})
+			tc := ThroughputCompare{Offload: mode, Baseline: base, Nodes: n, Rounds: len(ws),
+				PerSecond: newRatio(ws), P50: newRatio(p50), P99: newRatio(p99), NodeCPU: newRatio(cpu)}
+			if len(mcpu) > 0 {
+				r := newRatio(mcpu)
+				tc.MachineCPU = &r
+			}
+			out = append(out, tc)
 		}
 	}
 	return out
@@ -345,8 +365,8 @@ func (o *Options) throughput(ctx context.Context, nodes int) (runs []ThroughputR
 	// first mode only.
 	warm := min(2*time.Second, o.ThroughputDuration/5)
 	for _, mode := range o.Modes {
-		if _, err := o.writeRun(ctx, cs, nodes, mode, warm); err != nil {
-			return nil, fmt.Errorf("offload %s: warm-up: %w", mode, err)
+		if _, err := o.writeRuns(ctx, cs, nodes, []string{mode}, warm); err != nil {
+			return nil, fmt.Errorf("warm-up: %w", err)
 		}
 	}
 	if o.BPFStats {
@@ -360,15 +380,26 @@ func (o *Options) throughput(ctx context.Context, nodes int) (runs []ThroughputR
 	}
 	rounds := max(o.ThroughputRounds, 1)
 	for r := range rounds {
-		for slot, mode := range roundOrder(o.Modes, r) {
-			run, err := o.writeRun(ctx, cs, nodes, mode, o.ThroughputDuration)
-			if err != nil {
-				return runs, fmt.Errorf("offload %s, round %d: %w", mode, r, err)
+		// A round: every mode in turn (the order alternating), or all at once.
+		batches := [][]string{}
+		if o.Concurrent {
+			batches = append(batches, o.Modes)
+		} else {
+			for _, mode := range roundOrder(o.Modes, r) {
+				batches = append(batches, []string{mode})
 			}
-			run.Round, run.Slot = r, slot
-			o.logf("throughput, %d nodes, round %d/%d, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write (softirq %.1f), XDP %.0f ns and %.1f runs (%.1f raft)/write, kernel heartbeats %.0f/s (pacer %.0f passes/s, overdue %.1f/s), idle clusters %.0f ms CPU, load %.1f, term +%d, leader %d -> %d, errors %v",
-				nodes, r+1, rounds, mode, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.SoftirqUs, run.XDPNsPerWrite, run.XDPRunsPerWrite, run.XDPRaftPerWrite, run.KernelHeartbeatsPerS, run.PacerPassesPerS, run.OverduePerS, run.OtherCPUMs, run.Load1, run.TermChange, run.Leader, run.LeaderAfter, run.ErrorKinds)
-			runs = append(runs, run)
+		}
+		for slot, modes := range batches {
+			rs, err := o.writeRuns(ctx, cs, nodes, modes, o.ThroughputDuration)
+			if err != nil {
+				return runs, fmt.Errorf("round %d: %w", r, err)
+			}
+			for _, run := range rs {
+				run.Round, run.Slot = r, slot
+				o.logf("throughput, %d nodes, round %d/%d, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write (softirq %.1f), XDP %.0f ns and %.1f runs (%.1f raft)/write, kernel heartbeats %.0f/s (pacer %.0f passes/s, overdue %.1f/s), other clusters %.0f ms CPU, load %.1f, term +%d, leader %d -> %d, errors %v",
+					nodes, r+1, rounds, run.Offload, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.SoftirqUs, run.XDPNsPerWrite, run.XDPRunsPerWrite, run.XDPRaftPerWrite, run.KernelHeartbeatsPerS, run.PacerPassesPerS, run.OverduePerS, run.OtherCPUMs, run.Load1, run.TermChange, run.Leader, run.LeaderAfter, run.ErrorKinds)
+				runs = append(runs, run)
+			}
 		}
 	}
 	return runs, nil
@@ -393,10 +424,11 @@ type xdpCounts struct {
 	runs, raft uint64 // raft: the runs that were raft packets (UDP to the raft port)
 }
 
-// xdpStats reads the run time and runs of the follower programs on c's nodes (mode off: none).
+// xdpStats reads the run time and runs of the follower programs on c's nodes (modes
+// without the kernel paths: none).
 func xdpStats(c *raftlab.Cluster, mode string) (xdpCounts, error) {
 	var x xdpCounts
-	if mode == ModeOff {
+	if !kernelPaths(mode) {
 		return x, nil
 	}
 	for _, n := range c.Nodes {
@@ -443,138 +475,183 @@ func leaderSender(ctx context.Context, c *raftlab.Cluster, leader int) (senderCo
 	return sc, errors.Join(errs...)
 }
 
-// writeRun runs o.Clients closed-loop writers against mode's leader for d while the other
-// clusters stay idle, and measures what it cost.
-func (o *Options) writeRun(ctx context.Context, cs map[string]*raftlab.Cluster, nodes int, mode string, d time.Duration) (ThroughputRun, error) {
-	c := cs[mode]
-	t := ThroughputRun{Offload: mode, Nodes: nodes, Clients: o.Clients}
+// meter is one mode's run in the making: the cluster, the run's record and the counters read
+// before its writers started.
+type meter struct {
+	c                *raftlab.Cluster
+	t                ThroughputRun
+	st0              uint64 // the leader's term at the start
+	nodeCPU0, other0 time.Duration
+	xdp0             xdpCounts
+	snd0             senderCounts
+	mu               sync.Mutex
+	errs             int
+}
+
+// otherCPU is the node processes' CPU of every cluster but mode's.
+func otherCPU(cs map[string]*raftlab.Cluster, mode string) time.Duration {
+	var sum time.Duration
+	for m, oc := range cs {
+		if m != mode {
+			sum += clusterCPU(oc)
+		}
+	}
+	return sum
+}
+
+// begin waits for mode's cluster to settle and reads its counters.
+func (o *Options) begin(ctx context.Context, cs map[string]*raftlab.Cluster, nodes int, mode string) (*meter, error) {
+	m := &meter{c: cs[mode], t: ThroughputRun{Offload: mode, Nodes: nodes, Clients: o.Clients}}
 	// The previous run's writes applied everywhere and one leader: the same start each time.
-	leader, err := stableLeader(ctx, c)
+	leader, err := stableLeader(ctx, m.c)
 	if err != nil {
-		return t, err
+		return nil, err
 	}
-	t.Leader = leader
-	st0, err := c.Status(ctx, leader)
+	m.t.Leader = leader
+	st0, err := m.c.Status(ctx, leader)
 	if err != nil {
-		return t, err
+		return nil, err
 	}
+	m.st0 = st0.Term
 	if l := bench.LoadAvg(); len(l) > 0 {
-		t.Load1 = l[0]
+		m.t.Load1 = l[0]
 	}
-	other := func() time.Duration {
-		var sum time.Duration
-		for m, oc := range cs {
-			if m != mode {
-				sum += clusterCPU(oc)
-			}
-		}
-		return sum
-	}
-	nodeCPU0, other0 := clusterCPU(c), other()
-	var xdp0 xdpCounts
+	m.nodeCPU0, m.other0 = clusterCPU(m.c), otherCPU(cs, mode)
 	if o.BPFStats {
-		if xdp0, err = xdpStats(c, mode); err != nil {
-			return t, err
+		if m.xdp0, err = xdpStats(m.c, mode); err != nil {
+			return nil, err
 		}
 	}
-	var snd0 senderCounts
 	if mode == ModeOn {
-		if snd0, err = leaderSender(ctx, c, leader); err != nil {
-			return t, fmt.Errorf("read the leader's kernel heartbeat counters: %w", err)
+		if m.snd0, err = leaderSender(ctx, m.c, leader); err != nil {
+			return nil, fmt.Errorf("read the leader's kernel heartbeat counters: %w", err)
 		}
 	}
-	machine0, err := bench.ReadCPU()
-	if err != nil {
-		return t, err
-	}
-	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		errs int
-	)
-	runCtx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	start := time.Now()
-	for i := range o.Clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cl := raftlab.NewClient(c.Client, 5*time.Second)
-			defer cl.Close()
-			var lat []float64
-			e := 0
-			kinds := map[string]int{}
-			for n := 0; runCtx.Err() == nil; n++ {
-				op := raftlab.Op{Kind: raftlab.Put, Key: fmt.Sprintf("tp/%d", n%64), Value: fmt.Sprintf("%d.%d", i, n)}
-				t0 := time.Now()
-				raftlab.Do(ctx, cl, c.Node(leader).ClientAddr, &op)
-				if op.Out.Err != "" || op.Out.Unknown {
-					e++
-					k := op.Out.Err
-					if op.Out.Unknown {
-						k = "unknown: " + k
-					}
-					kinds[k]++
-					continue
-				}
-				lat = append(lat, float64(time.Since(t0).Microseconds()))
+	return m, nil
+}
+
+// write runs one closed-loop writer against m's leader until runCtx ends.
+func (m *meter) write(ctx, runCtx context.Context, i int) {
+	cl := raftlab.NewClient(m.c.Client, 5*time.Second)
+	defer cl.Close()
+	var lat []float64
+	e := 0
+	kinds := map[string]int{}
+	addr := m.c.Node(m.t.Leader).ClientAddr
+	for n := 0; runCtx.Err() == nil; n++ {
+		op := raftlab.Op{Kind: raftlab.Put, Key: fmt.Sprintf("tp/%d", n%64), Value: fmt.Sprintf("%d.%d", i, n)}
+		t0 := time.Now()
+		raftlab.Do(ctx, cl, addr, &op)
+		if op.Out.Err != "" || op.Out.Unknown {
+			e++
+			k := op.Out.Err
+			if op.Out.Unknown {
+				k = "unknown: " + k
 			}
-			mu.Lock()
-			t.LatenciesUS = append(t.LatenciesUS, lat...)
-			errs += e
-			for k, v := range kinds {
-				if t.ErrorKinds == nil {
-					t.ErrorKinds = map[string]int{}
-				}
-				t.ErrorKinds[k] += v
-			}
-			mu.Unlock()
-		}()
+			kinds[k]++
+			continue
+		}
+		lat = append(lat, float64(time.Since(t0).Microseconds()))
 	}
-	wg.Wait()
-	el := time.Since(start)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.t.LatenciesUS = append(m.t.LatenciesUS, lat...)
+	m.errs += e
+	for k, v := range kinds {
+		if m.t.ErrorKinds == nil {
+			m.t.ErrorKinds = map[string]int{}
+		}
+		m.t.ErrorKinds[k] += v
+	}
+}
+
+// end reads m's counters after its writers stopped and fills the run's figures. machine is
+// the machine's CPU over the run; shared says other clusters wrote at the same time (the
+// machine's figures are then not this cluster's: left at 0).
+func (o *Options) end(ctx context.Context, cs map[string]*raftlab.Cluster, m *meter, el time.Duration, machine bench.CPUTimes, shared bool) (ThroughputRun, error) {
+	t, c, mode := m.t, m.c, m.t.Offload
+	t.Concurrent = shared
 	if mode == ModeOn {
 		// From the leader the run started with (a run whose term changed says so: TermChange).
-		if snd, err := leaderSender(ctx, c, leader); err == nil {
-			t.KernelHeartbeatsPerS = (snd.heartbeats - snd0.heartbeats) / el.Seconds()
-			t.PacerPassesPerS = (snd.passes - snd0.passes) / el.Seconds()
-			t.OverduePerS = (snd.overdue - snd0.overdue) / el.Seconds()
+		if snd, err := leaderSender(ctx, c, t.Leader); err == nil {
+			t.KernelHeartbeatsPerS = (snd.heartbeats - m.snd0.heartbeats) / el.Seconds()
+			t.PacerPassesPerS = (snd.passes - m.snd0.passes) / el.Seconds()
+			t.OverduePerS = (snd.overdue - m.snd0.overdue) / el.Seconds()
 		}
 	}
 	// The newest term any node knows after the run, and its leader (the leader may have
 	// changed; a node that lags may still report the old term).
 	for _, n := range c.Nodes {
 		st, err := c.Status(ctx, n.ID)
-		if err != nil || st.Term < st0.Term {
+		if err != nil || st.Term < m.st0 {
 			continue
 		}
-		if d := st.Term - st0.Term; d > t.TermChange || (d == t.TermChange && t.LeaderAfter == 0) {
+		if d := st.Term - m.st0; d > t.TermChange || (d == t.TermChange && t.LeaderAfter == 0) {
 			t.TermChange, t.LeaderAfter = d, int(st.Leader)
 		}
 	}
-	machine1, err := bench.ReadCPU()
-	if err != nil {
-		return t, err
-	}
-	nodeCPU, otherCPU := clusterCPU(c)-nodeCPU0, other()-other0
+	nodeCPU, other := clusterCPU(c)-m.nodeCPU0, otherCPU(cs, mode)-m.other0
 	var xdp xdpCounts
 	if o.BPFStats {
+		var err error
 		if xdp, err = xdpStats(c, mode); err != nil {
 			return t, err
 		}
-		xdp = xdpCounts{xdp.runtime - xdp0.runtime, xdp.runs - xdp0.runs, xdp.raft - xdp0.raft}
+		xdp = xdpCounts{xdp.runtime - m.xdp0.runtime, xdp.runs - m.xdp0.runs, xdp.raft - m.xdp0.raft}
 	}
 	slices.Sort(t.LatenciesUS)
-	t.set(t.LatenciesUS, errs, el.Seconds())
-	t.OtherCPUMs = ms(otherCPU)
+	t.set(t.LatenciesUS, m.errs, el.Seconds())
+	t.OtherCPUMs = ms(other)
 	if t.Writes > 0 {
-		m := machine1.Sub(machine0)
 		t.NodeCPUUs = float64(nodeCPU.Microseconds()) / float64(t.Writes)
-		t.MachineCPUUs = float64((m.Busy - otherCPU).Microseconds()) / float64(t.Writes)
-		t.SoftirqUs = float64(m.Softirq.Microseconds()) / float64(t.Writes)
+		if !shared {
+			t.MachineCPUUs = float64((machine.Busy - other).Microseconds()) / float64(t.Writes)
+			t.SoftirqUs = float64(machine.Softirq.Microseconds()) / float64(t.Writes)
+		}
 		t.XDPNsPerWrite = float64(xdp.runtime.Nanoseconds()) / float64(t.Writes)
 		t.XDPRunsPerWrite = float64(xdp.runs) / float64(t.Writes)
 		t.XDPRaftPerWrite = float64(xdp.raft) / float64(t.Writes)
 	}
 	return t, nil
+}
+
+// writeRuns runs o.Clients closed-loop writers against the leader of each of modes'
+// clusters, all at once, for d while the other clusters stay idle, and measures what each
+// mode's run cost. With one mode it is a run on its own; with several (--tp-concurrent)
+// every mode's writers share the same seconds of the machine.
+func (o *Options) writeRuns(ctx context.Context, cs map[string]*raftlab.Cluster, nodes int, modes []string, d time.Duration) ([]ThroughputRun, error) {
+	meters := make([]*meter, len(modes))
+	for i, mode := range modes {
+		m, err := o.begin(ctx, cs, nodes, mode)
+		if err != nil {
+			return nil, fmt.Errorf("offload %s: %w", mode, err)
+		}
+		meters[i] = m
+	}
+	machine0, err := bench.ReadCPU()
+	if err != nil {
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	runCtx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	start := time.Now()
+	for i := range o.Clients {
+		for _, m := range meters {
+			wg.Go(func() { m.write(ctx, runCtx, i) })
+		}
+	}
+	wg.Wait()
+	el := time.Since(start)
+	machine1, err := bench.ReadCPU()
+	if err != nil {
+		return nil, err
+	}
+	runs := make([]ThroughputRun, len(meters))
+	for i, m := range meters {
+		if runs[i], err = o.end(ctx, cs, m, el, machine1.Sub(machine0), len(meters) > 1); err != nil {
+			return nil, fmt.Errorf("offload %s: %w", modes[i], err)
+		}
+	}
+	return runs, nil
 }

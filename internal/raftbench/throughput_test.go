@@ -1,6 +1,7 @@
 package raftbench
 
 import (
+	"encoding/json"
 	"math"
 	"slices"
 	"testing"
@@ -142,7 +143,10 @@ func TestCompareThroughputPairsByRound(t *testing.T) {
 	want("p50", c.P50, []float64{1.25, 0.5})
 	want("p99", c.P99, []float64{1.25, 0.5})
 	want("node cpu", c.NodeCPU, []float64{300.0 / 330, 0.9})
-	want("machine cpu", c.MachineCPU, []float64{300.0 / 330, 0.9})
+	if c.MachineCPU == nil {
+		t.Fatal("no machine CPU ratio for runs one after the other")
+	}
+	want("machine cpu", *c.MachineCPU, []float64{300.0 / 330, 0.9})
 	if math.Abs(c.PerSecond.Median-1.0) > 1e-12 {
 		t.Errorf("median writes/s ratio %v, want 1.0", c.PerSecond.Median)
 	}
@@ -157,6 +161,19 @@ func TestCompareThroughputPairsByRound(t *testing.T) {
 	}
 	if CompareThroughput(runs, nil) != nil {
 		t.Error("comparison without modes")
+	}
+	// Concurrent runs: paired by round as well, but the machine's CPU is not one
+	// cluster's: no ratio of it (and nothing that JSON cannot encode).
+	con := []ThroughputRun{run(0, ModeOn, 3, 900, 5, 10, 300), run(0, ModeOff, 3, 1000, 4, 8, 330)}
+	for i := range con {
+		con[i].Concurrent, con[i].MachineCPUUs = true, 0
+	}
+	got = CompareThroughput(con, []string{ModeOn, ModeOff})
+	if len(got) != 1 || got[0].MachineCPU != nil || got[0].PerSecond.PerRound[0] != 0.9 {
+		t.Errorf("concurrent: %+v, want writes/s 0.9x and no machine CPU ratio", got)
+	}
+	if _, err := json.Marshal(got); err != nil {
+		t.Errorf("concurrent comparison does not encode: %v", err)
 	}
 }
 

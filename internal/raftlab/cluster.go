@@ -69,8 +69,14 @@ type Cluster struct {
 	Nodes  []*Node
 	Config string // the shared node config file
 
-	status *client.Client
+	status  *client.Client
+	onClose []func() error
 }
+
+// OnClose runs f when the cluster closes, before its nodes are killed and its lab removed
+// (something attached to the cluster's hosts from outside, such as a benchmark's control
+// program).
+func (c *Cluster) OnClose(f func() error) { c.onClose = append(c.onClose, f) }
 
 // NodeName is the lab host name of node id.
 func NodeName(id int) string { return fmt.Sprintf("n%d", id) }
@@ -322,6 +328,10 @@ func (c *Cluster) WaitLeader(ctx context.Context, among []int) (int, error) {
 // fabric and the lab. The directory stays (logs, data) for the caller to keep or remove.
 func (c *Cluster) Close() error {
 	var errs []error
+	for _, f := range c.onClose {
+		errs = append(errs, f())
+	}
+	c.onClose = nil
 	for _, n := range c.Nodes {
 		errs = append(errs, c.Kill(n.ID))
 	}
