@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -24,6 +26,7 @@ var (
 
 func loadAuthObjs(t testing.TB, self uint64) *authtestObjects {
 	t.Helper()
+	requireKernelPaths(t)
 	spec, err := loadAuthtest()
 	if err != nil {
 		t.Fatalf("load spec: %v", err)
@@ -37,6 +40,27 @@ func loadAuthObjs(t testing.TB, self uint64) *authtestObjects {
 	}
 	t.Cleanup(func() { objs.Close() })
 	return &objs
+}
+
+// requireKernelPaths skips on a kernel older than the raft kernel paths need (5.15: bpf_timer
+// in XDP, offload.Probe; raft_sign's atomic fetch-add alone needs 5.12, and a kernel without
+// it refuses the whole object: "BPF_STX uses reserved fields"). There a node runs without the
+// kernel paths and nothing loads these programs. From 5.15 on, a program that does not load
+// fails the test.
+func requireKernelPaths(t testing.TB) {
+	t.Helper()
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	var major, minor int
+	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil {
+		t.Fatalf("parse kernel release %q: %v", rel, err)
+	}
+	if major < 5 || (major == 5 && minor < 15) {
+		t.Skipf("kernel %s: the raft kernel paths need Linux 5.15 (bpf_timer in XDP; raft_sign's atomic fetch-add needs 5.12): nodes here run without them", rel)
+	}
 }
 
 func (o *authtestObjects) authMaps() AuthMaps {
