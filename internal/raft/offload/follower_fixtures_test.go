@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"net/netip"
 	"os"
 	"testing"
@@ -492,17 +491,9 @@ func TestMirrorLayout(t *testing.T) {
 // without offload, or exits 3 with an explicit --offload). The 5.10 guest of the kernel
 // matrix takes the second branch.
 func TestProbeMatchesKernel(t *testing.T) {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		t.Fatal(err)
-	}
-	rel := unix.ByteSliceToString(u.Release[:])
-	var major, minor int
-	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil {
-		t.Fatalf("parse kernel release %q: %v", rel, err)
-	}
+	recent, rel := bpftest.KernelAtLeast(t, 5, 15)
 	err := Probe()
-	if major > 5 || (major == 5 && minor >= 15) {
+	if recent {
 		if err != nil {
 			t.Fatalf("kernel %s: Probe: %v, want nil", rel, err)
 		}

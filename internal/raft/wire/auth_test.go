@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
-
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -49,16 +47,7 @@ func loadAuthObjs(t testing.TB, self uint64) *authtestObjects {
 // fails the test.
 func requireKernelPaths(t testing.TB) {
 	t.Helper()
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		t.Fatal(err)
-	}
-	rel := unix.ByteSliceToString(u.Release[:])
-	var major, minor int
-	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil {
-		t.Fatalf("parse kernel release %q: %v", rel, err)
-	}
-	if major < 5 || (major == 5 && minor < 15) {
+	if ok, rel := bpftest.KernelAtLeast(t, 5, 15); !ok {
 		t.Skipf("kernel %s: the raft kernel paths need Linux 5.15 (bpf_timer in XDP; raft_sign's atomic fetch-add needs 5.12): nodes here run without them", rel)
 	}
 }
