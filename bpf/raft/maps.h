@@ -124,6 +124,7 @@ struct raftx_stats {
 	__u64 detect_init_failed;  /* bpf_timer_init/set_callback failed: no detection */
 	__u64 ack_recorded;      /* MsgHeartbeatResp at the term this node leads: recorded, passed */
 	__u64 ack_full;          /* ... but leader_acks had no room for its sender: passed */
+	__u64 marked;            /* passed up with the pass mark in place of its verified MAC */
 };
 
 struct {

@@ -113,8 +113,18 @@ func (n *Node) startOffload(mode Offload) error {
 			allow = append(allow, wire.AuthPeer{ID: p.ID, Addr: a})
 		}
 	}
+	// With a key, the program marks the packets whose MAC it verified and the transport
+	// skips its own SipHash of them (docs/raft.md, "Kernel paths: pre-vote and
+	// authentication"). The transport knows the mark before the program can write it.
+	var mark wire.Mark
+	if n.cfg.ClusterKey != nil && *n.cfg.ClusterKey != (wire.Key{}) {
+		if mark, err = wire.NewMark(); err != nil {
+			return err
+		}
+		n.tr.SetPassMark(mark)
+	}
 	f.k, err = offload.NewFollower(offload.FollowerOptions{ClusterID: n.cfg.ClusterID, Self: n.cfg.ID, RaftAddr: self,
-		Key: n.cfg.ClusterKey, Peers: allow, Netns: -1, Detect: et, AliveFor: alive, Log: n.log})
+		Key: n.cfg.ClusterKey, PassMark: mark, Peers: allow, Netns: -1, Detect: et, AliveFor: alive, Log: n.log})
 	if err != nil {
 		if mode == OffloadAuto {
 			n.log.Warn("raft offload: off, the follower kernel path is not available here", "err", err)

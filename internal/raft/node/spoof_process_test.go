@@ -251,6 +251,20 @@ func spoofLab(t *testing.T, kernel bool) {
 			}
 		}
 		t.Logf("node %d (XDP): %v", target, dropsOf(after, before, want))
+		// The leader's transport took the followers' packets by the program's pass mark
+		// (their MAC verified in XDP only), and refused none of them for their MAC.
+		c.put(c.client(lead), "y", "2")
+		marked, err := c.metric(lead, "kedge_raft_transport_pass_marked_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if marked == 0 {
+			t.Errorf("node %d (leader) accepted no packet by its pass mark", lead)
+		}
+		if v, err := c.metric(lead, "kedge_raft_transport_dropped_total", `reason="mac"`); err != nil || v != 0 {
+			t.Errorf("node %d (leader) refused %v packets for their MAC (%v): the pass mark was not recognized", lead, v, err)
+		}
+		t.Logf("node %d (leader): %v packets accepted by the pass mark", lead, marked)
 	} else {
 		c.waitFor("every spoofed packet refused by user space", 20*1e9, func() bool {
 			now := userDrops()

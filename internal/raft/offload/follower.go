@@ -59,6 +59,10 @@ type FollowerOptions struct {
 	Key *wire.Key
 	// Peers is the allowlist: every other node's id and raft address.
 	Peers []wire.AuthPeer
+	// PassMark, with a Key, is written over the MAC of every packet the program verified and
+	// passes up (bpf/raft/raftxdp.bpf.c mark): give the node's wire.Verifier the same mark
+	// before attaching. Zero: packets go up as they came.
+	PassMark wire.Mark
 	// Mode is the XDP attach mode (default: native, falling back to generic).
 	Mode bpfx.XDPMode
 	// Syscall records the leader's last word (Heard) with map updates even where the kernel
@@ -137,7 +141,11 @@ func load(opts FollowerOptions, objs *raftxdpObjects) error {
 	if err != nil {
 		return fmt.Errorf("load follower program spec: %w", err)
 	}
-	for name, v := range map[string]any{"cfg_cluster_id": opts.ClusterID, "cfg_self": opts.Self, "cfg_port": opts.RaftAddr.Port()} {
+	vars := map[string]any{"cfg_cluster_id": opts.ClusterID, "cfg_self": opts.Self, "cfg_port": opts.RaftAddr.Port()}
+	if opts.Key != nil && *opts.Key != (wire.Key{}) {
+		vars["cfg_mark0"], vars["cfg_mark1"] = opts.PassMark.Halves()
+	}
+	for name, v := range vars {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
 		}

@@ -335,6 +335,90 @@ func TestFollowerFixturesKeyed(t *testing.T) {
 	})
 }
 
+// The pass mark: with a key, every packet the program verified and passes up carries the
+// mark in place of its MAC, with a UDP checksum that still holds (and an IPv4 "no checksum"
+// left alone); the node's verifier accepts it by the mark and refuses it without one. A
+// packet that arrives carrying the mark is a forgery like any other, and what the program
+// sends (its signed replies) keeps its real MAC.
+func TestFollowerPassMark(t *testing.T) {
+	key, err := wire.ParseKey("000102030405060708090a0b0c0d0e0f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark, err := wire.NewMark()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Key: &key, PassMark: mark})
+	if err := f.Mirror(Durable{Term: fxTerm, Leader: fxLeader, LeaderAddr: leader4, LastIndex: 100, LastTerm: fxTerm}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Alive(); err != nil {
+		t.Fatal(err)
+	}
+	leaderSigner := wire.NewSigner(&key)
+	signed := func(m msg) []byte { p := m.payload(t); leaderSigner.Sign(p); return p }
+	appResp := msg{typ: pb.MsgAppResp, from: fxLeader, to: fxSelf, term: fxTerm, comm: 0, cluster: fxCluster}
+	staleHB := heartbeatMsg()
+	staleHB.term = fxTerm - 1
+	withMark := signed(appResp)
+	copy(withMark[96:], mark[:])
+	noCsum := func(p []byte) []byte {
+		return pktbuild.New().Ether(pktbuild.Ether{Src: macGw, Dst: macSelf}).
+			IPv4(pktbuild.IPv4{Src: leader4.Addr(), Dst: self4.Addr(), TTL: 63, ID: 1}).
+			UDP(pktbuild.UDP{Src: leader4.Port(), Dst: self4.Port(), Checksum: new(int)}).Payload(p).Build()
+	}
+	marked := func(wantCsum bool) func(testing.TB, []byte) {
+		return func(tb testing.TB, out []byte) {
+			tb.Helper()
+			p := bytes.Clone(out[len(out)-wire.PktLen:])
+			if !bytes.Equal(p[96:], mark[:]) {
+				tb.Fatalf("MAC field %x, want the pass mark %x", p[96:], mark[:])
+			}
+			if err := pktbuild.VerifyChecksums(out); err != nil {
+				tb.Errorf("checksums after marking: %v", err)
+			}
+			if csum := binary.BigEndian.Uint16(out[len(out)-wire.PktLen-2:]); (csum != 0) != wantCsum {
+				tb.Errorf("UDP checksum %#04x after marking, want it zero: %v", csum, !wantCsum)
+			}
+			unmarked := wire.NewVerifier(&key)
+			if r := unmarked.Verify(bytes.Clone(p)); r != wire.DropMAC {
+				tb.Errorf("a verifier without the mark: %v, want %v", r, wire.DropMAC)
+			}
+			v := wire.NewVerifier(&key)
+			v.SetPassMark(mark)
+			if r := v.Verify(p); r != wire.OK || v.Marked.Load() != 1 {
+				tb.Errorf("the node's verifier: %v with %d marked, want ok by the mark", r, v.Marked.Load())
+			}
+		}
+	}
+	bpftest.Runner{Prog: f.objs.RaftxXdp, Counters: counters(f)}.Run(t, []bpftest.Case{
+		{Name: "append response passed up marked", In: frame(leader4, self4, 1, signed(appResp)), WantRet: bpftest.XDPPass,
+			Check: marked(true), WantCounters: bpftest.Counters{"rx": 1, "passed_type": 1, "marked": 1}},
+		{Name: "heartbeat of an older term passed up marked", In: frame(leader4, self4, 1, signed(staleHB)), WantRet: bpftest.XDPPass,
+			Check: marked(true), WantCounters: bpftest.Counters{"rx": 1, "hb_stale_term": 1, "marked": 1}},
+		{Name: "no UDP checksum stays none", In: noCsum(signed(appResp)), WantRet: bpftest.XDPPass,
+			Check: marked(false), WantCounters: bpftest.Counters{"rx": 1, "passed_type": 1, "marked": 1}},
+		{Name: "the mark in place of a MAC dropped", In: frame(leader4, self4, 1, withMark), WantRet: bpftest.XDPDrop,
+			WantCounters: bpftest.Counters{"rx": 1, "drop_mac": 1}},
+		{Name: "heartbeat answered with its real MAC, not marked", In: frame(leader4, self4, 1, signed(heartbeatMsg())), WantRet: bpftest.XDPTx,
+			Check: func(tb testing.TB, out []byte) {
+				tb.Helper()
+				if r := wire.NewVerifier(&key).Verify(out[len(out)-wire.PktLen:]); r != wire.OK {
+					tb.Errorf("the leader refuses the reply: %v", r)
+				}
+			}, WantCounters: bpftest.Counters{"rx": 1, "hb_answered": 1}},
+	})
+
+	// Without a key there is no MAC to replace: packets go up as they came.
+	plain := loadFixture(t, FollowerOptions{AliveFor: time.Hour, PassMark: mark})
+	in := frame(leader4, self4, 1, appResp.payload(t))
+	bpftest.Runner{Prog: plain.objs.RaftxXdp, Counters: counters(plain)}.Run(t, []bpftest.Case{
+		{Name: "unkeyed cluster: passed unchanged", In: in, WantRet: bpftest.XDPPass, WantOut: in,
+			WantCounters: bpftest.Counters{"rx": 1, "passed_type": 1}},
+	})
+}
+
 // The gates that hand heartbeats back to user space: no state mirrored yet, no leader known
 // for the term, and the alive deadline past. A heartbeat passed up for the alive deadline is
 // still the leader's: the record's arrival moves (the answered count does not), so that a

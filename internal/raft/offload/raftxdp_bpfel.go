@@ -144,6 +144,7 @@ type raftxdpRaftxStats struct {
 	DetectInitFailed  uint64
 	AckRecorded       uint64
 	AckFull           uint64
+	Marked            uint64
 }
 
 type raftxdpRaftxWord struct {
@@ -167,6 +168,8 @@ const (
 	raftxdpMapRaftTxSeq        = "raft_tx_seq"
 	raftxdpProgRaftxXdp        = "raftx_xdp"
 	raftxdpVarCfgClusterId     = "cfg_cluster_id"
+	raftxdpVarCfgMark0         = "cfg_mark0"
+	raftxdpVarCfgMark1         = "cfg_mark1"
 	raftxdpVarCfgPort          = "cfg_port"
 	raftxdpVarCfgSelf          = "cfg_self"
 	raftxdpVarUnusedRaftxEvent = "unused_raftx_event"
@@ -238,6 +241,8 @@ type raftxdpMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type raftxdpVariableSpecs struct {
 	CfgClusterId     *ebpf.VariableSpec `ebpf:"cfg_cluster_id"`
+	CfgMark0         *ebpf.VariableSpec `ebpf:"cfg_mark0"`
+	CfgMark1         *ebpf.VariableSpec `ebpf:"cfg_mark1"`
 	CfgPort          *ebpf.VariableSpec `ebpf:"cfg_port"`
 	CfgSelf          *ebpf.VariableSpec `ebpf:"cfg_self"`
 	UnusedRaftxEvent *ebpf.VariableSpec `ebpf:"unused_raftx_event"`
@@ -295,6 +300,8 @@ func (m *raftxdpMaps) Close() error {
 // It can be passed to loadRaftxdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type raftxdpVariables struct {
 	CfgClusterId     *ebpf.Variable `ebpf:"cfg_cluster_id"`
+	CfgMark0         *ebpf.Variable `ebpf:"cfg_mark0"`
+	CfgMark1         *ebpf.Variable `ebpf:"cfg_mark1"`
 	CfgPort          *ebpf.Variable `ebpf:"cfg_port"`
 	CfgSelf          *ebpf.Variable `ebpf:"cfg_self"`
 	UnusedRaftxEvent *ebpf.Variable `ebpf:"unused_raftx_event"`

@@ -130,6 +130,13 @@ func New(opts Options) (*Transport, error) {
 	for _, p := range opts.Peers {
 		t.recv.Peers[p.ID] = p.Addr
 	}
+	if opts.Registry != nil {
+		v := t.recv.Verifier
+		opts.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
+			Name: "transport_pass_marked_total",
+			Help: "UDP packets accepted by the follower program's pass mark: their MAC was verified in XDP and not again in user space."},
+			func() float64 { return float64(v.Marked.Load()) }))
+	}
 	t.limiter.log = opts.Log
 	ua, err := net.ResolveUDPAddr("udp", opts.Bind)
 	if err != nil {
@@ -637,6 +644,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	return m
 }
+
+// SetPassMark makes the UDP receiver accept m in place of a MAC the follower program verified
+// (wire.Verifier.SetPassMark): call it before the program is attached.
+func (t *Transport) SetPassMark(m wire.Mark) { t.recv.Verifier.SetPassMark(m) }
+
+// Marked is how many received packets were accepted by their pass mark.
+func (t *Transport) Marked() uint64 { return t.recv.Verifier.Marked.Load() }
 
 // Dropped returns the drop counter of a reason (tests).
 func (t *Transport) Dropped(reason string) float64 {

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"crypto/rand"
 	"crypto/subtle"
 	"encoding/binary"
 	"encoding/hex"
@@ -142,9 +143,42 @@ func (w *replayWindow) check(seq uint64) Reason {
 // Verifier checks the authentication fields of received packets, as raft_auth() does
 // after the allowlist.
 type Verifier struct {
-	key *Key
-	mu  sync.Mutex
-	win map[uint64]*[2]replayWindow // peer id -> [user space, kernel] windows
+	key  *Key
+	mark atomic.Pointer[Mark] // SetPassMark
+	mu   sync.Mutex
+	win  map[uint64]*[2]replayWindow // peer id -> [user space, kernel] windows
+	// Marked counts the packets accepted by their pass mark (no SipHash in user space).
+	Marked atomic.Uint64
+}
+
+// Mark is a pass mark: 16 random bytes the follower program (bpf/raft/raftxdp.bpf.c) writes
+// over the MAC of a packet whose MAC it verified before passing it up. It never leaves the
+// host and no sender knows it: a packet that arrives carrying it fails the program's MAC
+// check like any other forgery.
+type Mark [MACLen]byte
+
+// NewMark draws a pass mark from crypto/rand.
+func NewMark() (Mark, error) {
+	var m Mark
+	if _, err := rand.Read(m[:]); err != nil {
+		return Mark{}, fmt.Errorf("draw a pass mark: %w", err)
+	}
+	return m, nil
+}
+
+// Halves are the mark as the program's two little-endian constants (cfg_mark0, cfg_mark1).
+func (m Mark) Halves() (uint64, uint64) {
+	return binary.LittleEndian.Uint64(m[:8]), binary.LittleEndian.Uint64(m[8:])
+}
+
+// SetPassMark makes Verify accept m in place of the MAC of a keyed packet: the program that
+// writes it verified the MAC already. Set it before the program is attached (a marked packet
+// that reaches a verifier without the mark is refused as DropMAC). The replay window is
+// checked either way. Without a key it does nothing: unkeyed packets carry no MAC to replace.
+func (v *Verifier) SetPassMark(m Mark) {
+	if v.key != nil && m != (Mark{}) {
+		v.mark.Store(&m)
+	}
 }
 
 // NewVerifier returns a verifier for key (nil: no key, the MAC fields must be zero).
@@ -171,8 +205,9 @@ func (v *Verifier) Verify(p []byte) Reason {
 	if p[offFlags]&FlagMAC == 0 {
 		return DropMAC
 	}
-	m := MAC(v.key, p)
-	if subtle.ConstantTimeCompare(m[:], p[offMAC:offMAC+MACLen]) != 1 {
+	if mk := v.mark.Load(); mk != nil && subtle.ConstantTimeCompare(mk[:], p[offMAC:offMAC+MACLen]) == 1 {
+		v.Marked.Add(1)
+	} else if m := MAC(v.key, p); subtle.ConstantTimeCompare(m[:], p[offMAC:offMAC+MACLen]) != 1 {
 		return DropMAC
 	}
 	from := From(p)

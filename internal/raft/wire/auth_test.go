@@ -307,3 +307,50 @@ func TestKeyNeverPrints(t *testing.T) {
 		}
 	}
 }
+
+// The pass mark replaces the SipHash only: the replay window still holds, a verifier without
+// a key or with a zero mark ignores it, and a marked packet is DropMAC to a verifier that
+// does not know the mark.
+func TestVerifierPassMark(t *testing.T) {
+	mark, err := NewMark()
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked := func(p []byte) []byte { q := bytes.Clone(p); copy(q[offMAC:], mark[:]); return q }
+	p := encode(t, heartbeat())
+	NewSigner(&testKey).Sign(p)
+
+	v := NewVerifier(&testKey)
+	if r := v.Verify(marked(p)); r != DropMAC {
+		t.Fatalf("marked packet before SetPassMark: %v, want %v", r, DropMAC)
+	}
+	v.SetPassMark(mark)
+	if r := v.Verify(marked(p)); r != OK || v.Marked.Load() != 1 {
+		t.Fatalf("marked packet: %v (%d marked), want ok by the mark", r, v.Marked.Load())
+	}
+	if r := v.Verify(p); r != DropReplay {
+		t.Errorf("the same packet with its MAC after the marked one: %v, want %v", r, DropReplay)
+	}
+	if r := v.Verify(marked(p)); r != DropReplay {
+		t.Errorf("the marked packet again: %v, want %v", r, DropReplay)
+	}
+	other := marked(p)
+	other[offMAC] ^= 1
+	if r := v.Verify(other); r != DropMAC {
+		t.Errorf("a mark one bit off: %v, want %v", r, DropMAC)
+	}
+
+	zero := NewVerifier(&testKey)
+	zero.SetPassMark(Mark{})
+	if r := zero.Verify(marked(p)); r != DropMAC {
+		t.Errorf("zero mark set, marked packet: %v, want %v", r, DropMAC)
+	}
+	if r := zero.Verify(append(p[:offMAC:offMAC], make([]byte, MACLen)...)); r != DropMAC {
+		t.Errorf("zero mark set, zero MAC: %v, want %v", r, DropMAC)
+	}
+	plain := NewVerifier(nil)
+	plain.SetPassMark(mark)
+	if r := plain.Verify(marked(encode(t, heartbeat()))); r != DropFlags {
+		t.Errorf("no key, marked packet: %v, want %v", r, DropFlags)
+	}
+}
