@@ -337,6 +337,9 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	if rd.HardState != nil {
 		n.m.term.Set(float64(rd.HardState.GetTerm()))
 		n.m.commit.Set(float64(rd.HardState.GetCommit()))
+		if n.fol != nil {
+			n.fol.commit = rd.HardState.GetCommit()
+		}
 		n.termDurable = rd.HardState.GetTerm()
 	}
 	// The kernel answers heartbeats of the durable term only, now that it is durable.

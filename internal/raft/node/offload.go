@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/raft/api"
@@ -59,6 +60,49 @@ type follower struct {
 	// silence after them reaches the node's slot (Ready loop only).
 	recheck   *time.Timer
 	recheckEv offload.Event
+
+	// since: the last message since the last tick that restarted etcd-raft's lease
+	// (transportIn.Step); commit: the commit of the last saved HardState (Ready loop only).
+	// With them offloadTick leaves out a synthesized heartbeat that would change nothing
+	// (skipSynth); skipped counts those.
+	since   stepSince
+	commit  uint64
+	skipped prometheus.Counter
+}
+
+// stepSince records, for the Ready loop, the leader and term of the last message that
+// restarted etcd-raft's lease since the loop's last tick.
+type stepSince struct {
+	mu         sync.Mutex
+	set        bool
+	from, term uint64
+}
+
+func (s *stepSince) stepped(from, term uint64) {
+	s.mu.Lock()
+	s.set, s.from, s.term = true, from, term
+	s.mu.Unlock()
+}
+
+// take returns what was recorded since the last take and clears it.
+func (s *stepSince) take() (set bool, from, term uint64) {
+	s.mu.Lock()
+	set, from, term = s.set, s.from, s.term
+	s.set = false
+	s.mu.Unlock()
+	return set, from, term
+}
+
+// skipSynth reports whether the synthesized heartbeat m (hbFeeder) may be left out: since
+// the last tick the node stepped a message from m's leader at m's term that restarted
+// etcd-raft's election timer (stepped: an append, heartbeat or snapshot - electionElapsed =
+// 0 and lead = From, all the heartbeat would do to them), and m's commit is no higher than
+// the commit already saved (commit: commitTo(m.Commit) is a no-op). The response etcd-raft
+// would send is dropped anyway (the kernel's went out). Stepping m then changes nothing in
+// etcd-raft, and leaving it out saves a Ready cycle per tick on a follower that appends
+// reach anyway (docs/raft.md section 14, "The synthesized heartbeat").
+func skipSynth(m *pb.Message, stepped bool, from, term, commit uint64) bool {
+	return stepped && m.GetFrom() == from && m.GetTerm() == term && m.GetCommit() <= commit
 }
 
 // hbFeeder turns the kernel's heartbeat record into the etcd-raft step it stands for: one
@@ -139,7 +183,9 @@ func (n *Node) startOffload(mode Offload) error {
 		Name: "offload_lease_over_total", Help: "Vote requests that found the leader's lease over in real time while etcd-raft's tick count still held it (passed on with the lease check skipped)."})
 	f.ackFed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
 		Name: "offload_acks_fed_total", Help: "As leader: followers' heartbeat responses the kernel recorded and the node stepped into etcd-raft because its transport had not delivered them."})
-	n.reg.MustRegister(f.wakeups, f.leaseOver, f.ackFed, &offloadCollector{k: f.k})
+	f.skipped = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
+		Name: "offload_synth_skipped_total", Help: "Heartbeats synthesized from the kernel's record and left out because an append of the same leader and term had restarted etcd-raft's timer since the last tick and the commit was no higher (stepping them would change nothing)."})
+	n.reg.MustRegister(f.wakeups, f.leaseOver, f.ackFed, f.skipped, &offloadCollector{k: f.k})
 	f.recheck = time.NewTimer(time.Hour)
 	f.recheck.Stop()
 	n.fol = f
@@ -173,9 +219,14 @@ func (n *Node) offloadTick(ctx context.Context) {
 		n.log.Warn("raft offload: read heartbeat record", "err", err)
 		return
 	}
+	stepped, from, term := f.since.take()
 	if m := f.feed.next(hb, n.cfg.ID); m != nil && hb.Term >= n.termDurable {
 		// (A record of an older term than the saved one: the node moved on since the
 		// kernel answered; stepping it would only make etcd-raft answer a stale leader.)
+		if skipSynth(m, stepped, from, term, f.commit) {
+			f.skipped.Inc()
+			return
+		}
 		if err := n.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
 			n.log.Debug("raft offload: step synthesized heartbeat", "err", err)
 		}
@@ -439,6 +490,9 @@ func (t transportIn) Step(ctx context.Context, m *pb.Message) error {
 	t.n.heard(f)
 	err := t.n.rn.Step(ctx, m)
 	t.n.heard(f)
+	if err == nil {
+		f.since.stepped(m.GetFrom(), m.GetTerm())
+	}
 	return err
 }
 

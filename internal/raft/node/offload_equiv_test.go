@@ -57,6 +57,11 @@ type eqNode struct {
 	feed hbFeeder
 	sent []string // wire encodings of the messages sent since the last take
 	lead uint64
+	// As the node (offloadTick, transportIn.Step): what was stepped since the last tick, the
+	// saved commit, and the synthesized heartbeats left out (skipSynth) or stepped.
+	since          stepSince
+	commit         uint64
+	skipped, feeds int
 }
 
 func newEqNode(t *testing.T, k *offload.Follower) *eqNode {
@@ -145,6 +150,9 @@ func (n *eqNode) ready(t *testing.T) {
 			n.lead = rd.SoftState.Lead
 		}
 		n.save(t, rd)
+		if !raft.IsEmptyHardState(rd.HardState) {
+			n.commit = rd.HardState.GetCommit()
+		}
 		msgs := rd.Messages
 		if n.k != nil {
 			hs, _, _ := n.st.InitialState()
@@ -205,10 +213,27 @@ func (n *eqNode) receive(t *testing.T, h eqHeartbeat) {
 			t.Fatalf("program verdict %d for a heartbeat", ret)
 		}
 	}
+	n.step(t, m)
+}
+
+// step steps a message that came up to user space, recording it as transportIn.Step does.
+func (n *eqNode) step(t *testing.T, m *pb.Message) {
+	t.Helper()
 	if err := n.rn.Step(m); err != nil {
 		t.Fatal(err)
 	}
+	if n.k != nil && resetsLease(m, n.k.Term()) {
+		n.since.stepped(m.GetFrom(), m.GetTerm())
+	}
 	n.ready(t)
+}
+
+// appendMsg delivers an entry-less append from the leader (it goes up to user space in both
+// modes): the log matches at eqLast, commit as given.
+func (n *eqNode) appendMsg(t *testing.T, term, commit uint64) {
+	t.Helper()
+	n.step(t, &pb.Message{Type: pb.MsgApp.Enum(), From: proto.Uint64(eqLeader), To: proto.Uint64(eqSelf),
+		Term: proto.Uint64(term), LogTerm: proto.Uint64(1), Index: proto.Uint64(eqLast), Commit: proto.Uint64(commit)})
 }
 
 func (n *eqNode) tick(t *testing.T) {
@@ -218,9 +243,15 @@ func (n *eqNode) tick(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		stepped, from, term := n.since.take()
 		if m := n.feed.next(hb, eqSelf); m != nil {
-			if err := n.rn.Step(m); err != nil {
-				t.Fatal(err)
+			if skipSynth(m, stepped, from, term, n.commit) {
+				n.skipped++
+			} else {
+				n.feeds++
+				if err := n.rn.Step(m); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	}
@@ -283,10 +314,53 @@ func TestOffloadEquivalence(t *testing.T) {
 		script[i] = []eqHeartbeat{{term: 2, commit: commit}}
 	}
 	script[33] = append(script[33], eqHeartbeat{term: 1, commit: 3}) // a stale one
-	const lastHB = 44
+	// Then two election timeouts of heartbeats that carry no new commit and no append: each
+	// must still restart the on-node's timer (a skip rule that ignored whether an append came
+	// since the tick would let its lease run out here).
+	for i := 45; i < 45+2*eqElection; i++ {
+		script[i] = []eqHeartbeat{{term: 2, commit: commit}}
+	}
+	const lastHB = 45 + 2*eqElection - 1
+	// Appends (entry-less, as the leader sends a new commit) in some ticks, before or after
+	// that tick's heartbeats, with the commit the leader had: the synthesized heartbeat of
+	// such a tick is left out when its commit is no higher (skipSynth), stepped otherwise.
+	type eqApp struct {
+		after bool
+		term  uint64
+	}
+	apps := map[int]eqApp{}
+	for i := 0; i < 45; i++ {
+		term := uint64(1)
+		if i >= 30 {
+			term = 2
+		}
+		switch {
+		case i >= 12 && i < 12+eqElection-2:
+		case i%4 == 1:
+			apps[i] = eqApp{after: true, term: term}
+		case i%6 == 2:
+			apps[i] = eqApp{after: false, term: term}
+		}
+	}
+	hbCommit := func(i int) uint64 { // the highest commit of the heartbeats up to tick i
+		c := uint64(1)
+		for j := 0; j <= i; j++ {
+			for _, h := range script[j] {
+				if h.term >= 1 && h.commit > c && !(j == 33 && h.term == 1) {
+					c = h.commit
+				}
+			}
+		}
+		return c
+	}
 
 	answered := 0
 	for i := 0; ; i++ {
+		if a, ok := apps[i]; ok && !a.after {
+			c := hbCommit(i - 1)
+			off.appendMsg(t, a.term, c)
+			on.appendMsg(t, a.term, c)
+		}
 		for _, h := range script[i] {
 			before, _ := k.Heartbeat()
 			off.receive(t, h)
@@ -294,6 +368,11 @@ func TestOffloadEquivalence(t *testing.T) {
 			if after, _ := k.Heartbeat(); after.Count > before.Count {
 				answered++
 			}
+		}
+		if a, ok := apps[i]; ok && a.after {
+			c := hbCommit(i)
+			off.appendMsg(t, a.term, c)
+			on.appendMsg(t, a.term, c)
 		}
 		off.tick(t)
 		on.tick(t)
@@ -334,7 +413,11 @@ func TestOffloadEquivalence(t *testing.T) {
 	if got := on.state(); got.Commit != commit {
 		t.Errorf("commit %d after the script, want %d", got.Commit, commit)
 	}
-	t.Logf("equivalent over %d ticks; %d of the heartbeats answered in the kernel, the rest passed up", lastHB+1, answered)
+	if on.skipped == 0 || on.feeds == 0 {
+		t.Errorf("synthesized heartbeats: %d left out, %d stepped - the script must exercise both", on.skipped, on.feeds)
+	}
+	t.Logf("equivalent over %d ticks; %d of the heartbeats answered in the kernel, the rest passed up; %d synthesized heartbeats stepped, %d left out after an append",
+		lastHB+1, answered, on.feeds, on.skipped)
 }
 
 // The detector's order: the followers after the leader in ascending ids, wrapping, each one
