@@ -334,6 +334,7 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		return fmt.Errorf("save ready: %w", err)
 	}
 	saved := time.Since(saveStart)
+	n.fol.saved(&rd)
 	if rd.HardState != nil {
 		n.m.term.Set(float64(rd.HardState.GetTerm()))
 		n.m.commit.Set(float64(rd.HardState.GetCommit()))

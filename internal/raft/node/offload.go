@@ -42,9 +42,16 @@ type follower struct {
 	detect   time.Duration
 	aliveFor time.Duration
 
-	feed      hbFeeder
-	mirror    offload.Durable // last mirrored (term, lead as etcd-raft has it)
-	mirrored  bool
+	feed     hbFeeder
+	mirror   offload.Durable // last mirrored (term, lead as etcd-raft has it)
+	mirrored bool
+	// end is the durable log's end as the Ready loop last saved it (known: read from the
+	// storage at the last tick or snapshot, moved by each Ready's entries since), so a
+	// Ready's mirror reads no storage; detLead and detAfter memoize detectAfter.
+	end       logEnd
+	endKnown  bool
+	detLead   uint64
+	detAfter  time.Duration
 	lastAlive time.Duration // CLOCK_MONOTONIC of the last Alive refresh
 
 	wakeups   *prometheus.CounterVec
@@ -325,17 +332,25 @@ func (n *Node) offloadMirror(term, lead uint64, tick bool) {
 		d.LeaderAddr = f.peers[lead]
 	}
 	if lead != 0 && lead != n.cfg.ID {
-		d.DetectAfter = detectAfter(f.detect, n.cfg.ID, lead, f.peers)
+		if f.detLead != lead {
+			f.detLead, f.detAfter = lead, detectAfter(f.detect, n.cfg.ID, lead, f.peers)
+		}
+		d.DetectAfter = f.detAfter
 	}
-	last, err := n.st.LastIndex()
-	if err == nil {
-		d.LastIndex = last
-		d.LastTerm, err = n.st.Term(last)
+	if tick || !f.endKnown {
+		last, err := n.st.LastIndex()
+		if err == nil {
+			f.end.index = last
+			f.end.term, err = n.st.Term(last)
+		}
+		if err != nil {
+			f.endKnown = false
+			n.log.Warn("raft offload: read the durable log's end", "err", err)
+			return
+		}
+		f.endKnown = true
 	}
-	if err != nil {
-		n.log.Warn("raft offload: read the durable log's end", "err", err)
-		return
-	}
+	d.LastIndex, d.LastTerm = f.end.index, f.end.term
 	if !mirrorWrite(f.mirror, d, f.mirrored, tick, n.cfg.ID) {
 		return
 	}
@@ -344,6 +359,25 @@ func (n *Node) offloadMirror(term, lead uint64, tick bool) {
 		return
 	}
 	f.mirror, f.mirrored = d, true
+}
+
+// logEnd is the last index of a log and its term.
+type logEnd struct{ index, term uint64 }
+
+// saved moves the durable log's end after a Ready was saved: etcd-raft's unstable entries
+// are a suffix of its log, so the last one of a Ready is the end after the save (a conflict
+// truncates the storage after it); a snapshot makes the next mirror read the storage.
+func (f *follower) saved(rd *raft.Ready) {
+	if f == nil {
+		return
+	}
+	switch {
+	case !raft.IsEmptySnap(rd.Snapshot):
+		f.endKnown = false
+	case len(rd.Entries) > 0:
+		e := rd.Entries[len(rd.Entries)-1]
+		f.end = logEnd{e.GetIndex(), e.GetTerm()}
+	}
 }
 
 // mirrorWrite reports whether the durable state d is written to the kernel, which holds cur

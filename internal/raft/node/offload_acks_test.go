@@ -163,3 +163,44 @@ func TestMirrorWrite(t *testing.T) {
 		}
 	}
 }
+
+// The log end a Ready's mirror uses without reading the storage (follower.saved) is the
+// storage's own after every save: appends, an empty Ready, a conflict that truncates, and a
+// snapshot (after which the storage is read again).
+func TestFollowerSavedTracksLogEnd(t *testing.T) {
+	st := raft.NewMemoryStorage()
+	f := &follower{endKnown: true}
+	ents := func(from, to, term uint64) []*pb.Entry {
+		var es []*pb.Entry
+		for i := from; i <= to; i++ {
+			es = append(es, &pb.Entry{Index: proto.Uint64(i), Term: proto.Uint64(term)})
+		}
+		return es
+	}
+	for _, c := range []struct {
+		name string
+		rd   raft.Ready
+	}{
+		{"append 1-5", raft.Ready{Entries: ents(1, 5, 1)}},
+		{"no entries", raft.Ready{}},
+		{"append 6-8 of a new term", raft.Ready{Entries: ents(6, 8, 2)}},
+		{"conflict from 4, shorter", raft.Ready{Entries: ents(4, 5, 3)}},
+		{"append 6", raft.Ready{Entries: ents(6, 6, 3)}},
+	} {
+		if err := st.Append(c.rd.Entries); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		f.saved(&c.rd)
+		last, _ := st.LastIndex()
+		term, _ := st.Term(last)
+		if !f.endKnown || f.end != (logEnd{last, term}) {
+			t.Errorf("%s: tracked end %+v (known %v), storage %d/%d", c.name, f.end, f.endKnown, last, term)
+		}
+	}
+	snap := raft.Ready{Snapshot: &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(20), Term: proto.Uint64(3)}}}
+	f.saved(&snap)
+	if f.endKnown {
+		t.Error("after a snapshot the end is still taken as known: the next mirror must read the storage")
+	}
+	(*follower)(nil).saved(&snap) // offload off: nothing to track
+}
