@@ -124,6 +124,11 @@ type ThroughputRun struct {
 	KernelHeartbeatsPerS float64 `json:"kernel_heartbeats_per_s,omitempty"`
 	PacerPassesPerS      float64 `json:"pacer_passes_per_s,omitempty"`
 	OverduePerS          float64 `json:"overdue_per_s,omitempty"`
+	// Modes on and follower: the heartbeats the nodes synthesized from their programs'
+	// records over the run, per second, summed over the nodes - stepped into etcd-raft, or
+	// left out because an append had done what they would (docs/raft.md section 14).
+	SynthSteppedPerS float64 `json:"synth_stepped_per_s,omitempty"`
+	SynthSkippedPerS float64 `json:"synth_skipped_per_s,omitempty"`
 	// OtherCPUMs is the user + system time of the other modes' (idle) clusters' node
 	// processes over the run.
 	OtherCPUMs float64 `json:"other_clusters_cpu_ms"`
@@ -396,8 +401,8 @@ func (o *Options) throughput(ctx context.Context, nodes int) (runs []ThroughputR
 			}
 			for _, run := range rs {
 				run.Round, run.Slot = r, slot
-				o.logf("throughput, %d nodes, round %d/%d, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write (softirq %.1f), XDP %.0f ns and %.1f runs (%.1f raft)/write, kernel heartbeats %.0f/s (pacer %.0f passes/s, overdue %.1f/s), other clusters %.0f ms CPU, load %.1f, term +%d, leader %d -> %d, errors %v",
-					nodes, r+1, rounds, run.Offload, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.SoftirqUs, run.XDPNsPerWrite, run.XDPRunsPerWrite, run.XDPRaftPerWrite, run.KernelHeartbeatsPerS, run.PacerPassesPerS, run.OverduePerS, run.OtherCPUMs, run.Load1, run.TermChange, run.Leader, run.LeaderAfter, run.ErrorKinds)
+				o.logf("throughput, %d nodes, round %d/%d, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write (softirq %.1f), XDP %.0f ns and %.1f runs (%.1f raft)/write, kernel heartbeats %.0f/s (pacer %.0f passes/s, overdue %.1f/s), synthesized heartbeats %.0f/s stepped, %.0f/s skipped, other clusters %.0f ms CPU, load %.1f, term +%d, leader %d -> %d, errors %v",
+					nodes, r+1, rounds, run.Offload, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.SoftirqUs, run.XDPNsPerWrite, run.XDPRunsPerWrite, run.XDPRaftPerWrite, run.KernelHeartbeatsPerS, run.PacerPassesPerS, run.OverduePerS, run.SynthSteppedPerS, run.SynthSkippedPerS, run.OtherCPUMs, run.Load1, run.TermChange, run.Leader, run.LeaderAfter, run.ErrorKinds)
 				runs = append(runs, run)
 			}
 		}
@@ -475,6 +480,29 @@ func leaderSender(ctx context.Context, c *raftlab.Cluster, leader int) (senderCo
 	return sc, errors.Join(errs...)
 }
 
+// synthCounts are the heartbeats a cluster's nodes synthesized from their programs'
+// records (kedge_raft_offload_synth_heartbeats_total), summed over the nodes.
+type synthCounts struct{ stepped, skipped float64 }
+
+func synthHeartbeats(ctx context.Context, c *raftlab.Cluster) (synthCounts, error) {
+	cl := raftlab.NewClient(c.Client, 2*time.Second)
+	defer cl.Close()
+	var sc synthCounts
+	var errs []error
+	for _, n := range c.Nodes {
+		addr := c.Node(n.ID).ClientAddr.String()
+		for _, r := range []struct {
+			label string
+			to    *float64
+		}{{`result="stepped"`, &sc.stepped}, {`result="skipped"`, &sc.skipped}} {
+			v, err := cl.Metric(ctx, addr, "kedge_raft_offload_synth_heartbeats_total", r.label)
+			errs = append(errs, err)
+			*r.to += v
+		}
+	}
+	return sc, errors.Join(errs...)
+}
+
 // meter is one mode's run in the making: the cluster, the run's record and the counters read
 // before its writers started.
 type meter struct {
@@ -484,6 +512,7 @@ type meter struct {
 	nodeCPU0, other0 time.Duration
 	xdp0             xdpCounts
 	snd0             senderCounts
+	synth0           synthCounts
 	mu               sync.Mutex
 	errs             int
 }
@@ -525,6 +554,11 @@ func (o *Options) begin(ctx context.Context, cs map[string]*raftlab.Cluster, nod
 	if mode == ModeOn {
 		if m.snd0, err = leaderSender(ctx, m.c, leader); err != nil {
 			return nil, fmt.Errorf("read the leader's kernel heartbeat counters: %w", err)
+		}
+	}
+	if mode == ModeOn || mode == ModeFollower {
+		if m.synth0, err = synthHeartbeats(ctx, m.c); err != nil {
+			return nil, fmt.Errorf("read the nodes' synthesized heartbeat counters: %w", err)
 		}
 	}
 	return m, nil
@@ -577,6 +611,12 @@ func (o *Options) end(ctx context.Context, cs map[string]*raftlab.Cluster, m *me
 			t.KernelHeartbeatsPerS = (snd.heartbeats - m.snd0.heartbeats) / el.Seconds()
 			t.PacerPassesPerS = (snd.passes - m.snd0.passes) / el.Seconds()
 			t.OverduePerS = (snd.overdue - m.snd0.overdue) / el.Seconds()
+		}
+	}
+	if mode == ModeOn || mode == ModeFollower {
+		if sy, err := synthHeartbeats(ctx, c); err == nil {
+			t.SynthSteppedPerS = (sy.stepped - m.synth0.stepped) / el.Seconds()
+			t.SynthSkippedPerS = (sy.skipped - m.synth0.skipped) / el.Seconds()
 		}
 	}
 	// The newest term any node knows after the run, and its leader (the leader may have
