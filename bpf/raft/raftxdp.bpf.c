@@ -416,7 +416,10 @@ static __always_inline int ack(struct raft_hdr *h, struct raftx_stats *s)
 /* mark writes the pass mark over the MAC of a keyed raft packet that passed check() and goes
  * up to user space; the UDP checksum follows (RFC 1624: HC' = ~(~HC + ~m + m')), so a stack
  * that verifies it - a NIC without checksum offload - still accepts the packet; an IPv4
- * "no checksum" 0 stays 0. Not inlined: the main program's frame stays small. */
+ * "no checksum" 0 stays 0. Patched, not recomputed as reflect() does: a packet a local
+ * sender handed a veth (CHECKSUM_PARTIAL) holds a pseudo-header sum, which the receiving
+ * stack does not check, and the packet goes no further than the socket. Not inlined: the
+ * main program's frame stays small. */
 static __noinline void mark(struct raftx_udp *u, void *data_end, struct raftx_stats *s)
 {
 	__u64 old[2], mark[2] = {cfg_mark0, cfg_mark1};
