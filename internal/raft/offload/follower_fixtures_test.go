@@ -410,6 +410,14 @@ func TestFollowerPassMark(t *testing.T) {
 			}, WantCounters: bpftest.Counters{"rx": 1, "hb_answered": 1}},
 	})
 
+	// IPv6, where the UDP checksum is mandatory: patched the same way.
+	v6 := loadFixture(t, FollowerOptions{AliveFor: time.Hour, Key: &key, PassMark: mark,
+		Peers: []wire.AuthPeer{{ID: fxLeader, Addr: leader6}}})
+	bpftest.Runner{Prog: v6.objs.RaftxXdp, Counters: counters(v6)}.Run(t, []bpftest.Case{
+		{Name: "ipv6 append response passed up marked", In: frame(leader6, self6, 0, signed(appResp)), WantRet: bpftest.XDPPass,
+			Check: marked(true), WantCounters: bpftest.Counters{"rx": 1, "passed_type": 1, "marked": 1}},
+	})
+
 	// Without a key there is no MAC to replace: packets go up as they came.
 	plain := loadFixture(t, FollowerOptions{AliveFor: time.Hour, PassMark: mark})
 	in := frame(leader4, self4, 1, appResp.payload(t))
