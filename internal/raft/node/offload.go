@@ -224,12 +224,12 @@ func (n *Node) offloadTick(ctx context.Context) {
 	if f == nil {
 		return
 	}
+	stepped, from, term := f.since.take() // this tick's, whatever happens below
 	hb, err := f.k.Heartbeat()
 	if err != nil {
 		n.log.Warn("raft offload: read heartbeat record", "err", err)
 		return
 	}
-	stepped, from, term := f.since.take()
 	if m := f.feed.next(hb, n.cfg.ID); m != nil && hb.Term >= n.termDurable {
 		// (A record of an older term than the saved one: the node moved on since the
 		// kernel answered; stepping it would only make etcd-raft answer a stale leader.)
