@@ -649,9 +649,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 // (wire.Verifier.SetPassMark): call it before the program is attached.
 func (t *Transport) SetPassMark(m wire.Mark) { t.recv.Verifier.SetPassMark(m) }
 
-// Marked is how many received packets were accepted by their pass mark.
-func (t *Transport) Marked() uint64 { return t.recv.Verifier.Marked.Load() }
-
 // Dropped returns the drop counter of a reason (tests).
 func (t *Transport) Dropped(reason string) float64 {
 	return counterValue(t.m.dropped.WithLabelValues(reason))
