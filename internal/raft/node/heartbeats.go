@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
@@ -54,6 +55,15 @@ func (n *Node) startHeartbeats() error {
 	n.hbLeader, n.hb = l, l
 	n.reg.MustRegister(&senderCollector{l: l})
 	return nil
+}
+
+// followerOnlyShort reports whether a node runs the follower path (its kernel failure
+// detector) without kernel heartbeats at an election timeout et below offload.MinBound: the
+// combination that deposes a leader whose user space is starved for longer than et (mode
+// follower of bench raft: 12-24 leader changes per 20 s round of writes at 10 ms, docs/raft.md
+// "The default, and what it costs").
+func followerOnlyShort(follower, kernelHeartbeats bool, et time.Duration) bool {
+	return follower && !kernelHeartbeats && et < offload.MinBound
 }
 
 // senderCollector exports the kernel sender's counters and its pacer's as

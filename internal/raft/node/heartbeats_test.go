@@ -2,6 +2,7 @@ package node
 
 import (
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -47,5 +48,25 @@ func TestKernelHeartbeats(t *testing.T) {
 	}
 	if allocs != 0 {
 		t.Errorf("%v allocations per Ready, want 0", allocs)
+	}
+}
+
+// The warning's condition: the follower path without kernel heartbeats, below the kernel
+// paths' minimum bound.
+func TestFollowerOnlyShort(t *testing.T) {
+	for _, c := range []struct {
+		follower, kernelHB bool
+		et                 time.Duration
+		want               bool
+	}{
+		{true, false, 10 * time.Millisecond, true},
+		{true, false, 99 * time.Millisecond, true},
+		{true, false, 100 * time.Millisecond, false},
+		{true, true, 10 * time.Millisecond, false},
+		{false, false, 10 * time.Millisecond, false},
+	} {
+		if got := followerOnlyShort(c.follower, c.kernelHB, c.et); got != c.want {
+			t.Errorf("follower %v, kernel heartbeats %v, election timeout %v: %v, want %v", c.follower, c.kernelHB, c.et, got, c.want)
+		}
 	}
 }

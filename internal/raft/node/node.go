@@ -179,6 +179,12 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		st.Close()
 		return nil, err
 	}
+	if et := time.Duration(cfg.ElectionTicks) * cfg.Tick; followerOnlyShort(n.fol != nil, n.hb != nil, et) {
+		n.log.Warn("raft: the kernel's failure detector runs without kernel heartbeats at a short election timeout: "+
+			"it judges this cluster's leader by its user-space heartbeats in real time, so a leader whose process waits "+
+			"longer than the timeout for a CPU is replaced (docs/raft.md, Kernel paths: leader heartbeats); "+
+			"keep --kernel-heartbeats on, or use an election timeout of at least 100ms", "election_timeout", et)
+	}
 	rc := &raft.Config{
 		ID:              cfg.ID,
 		ElectionTick:    cfg.ElectionTicks,
