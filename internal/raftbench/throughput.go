@@ -487,18 +487,15 @@ type synthCounts struct{ stepped, skipped float64 }
 func synthHeartbeats(ctx context.Context, c *raftlab.Cluster) (synthCounts, error) {
 	cl := raftlab.NewClient(c.Client, 2*time.Second)
 	defer cl.Close()
+	const name = "kedge_raft_offload_synth_heartbeats_total"
 	var sc synthCounts
 	var errs []error
 	for _, n := range c.Nodes {
-		addr := c.Node(n.ID).ClientAddr.String()
-		for _, r := range []struct {
-			label string
-			to    *float64
-		}{{`result="stepped"`, &sc.stepped}, {`result="skipped"`, &sc.skipped}} {
-			v, err := cl.Metric(ctx, addr, "kedge_raft_offload_synth_heartbeats_total", r.label)
-			errs = append(errs, err)
-			*r.to += v
-		}
+		addr := n.ClientAddr.String()
+		stepped, err1 := cl.Metric(ctx, addr, name, `result="stepped"`)
+		skipped, err2 := cl.Metric(ctx, addr, name, `result="skipped"`)
+		sc.stepped, sc.skipped = sc.stepped+stepped, sc.skipped+skipped
+		errs = append(errs, err1, err2)
 	}
 	return sc, errors.Join(errs...)
 }
@@ -556,7 +553,7 @@ func (o *Options) begin(ctx context.Context, cs map[string]*raftlab.Cluster, nod
 			return nil, fmt.Errorf("read the leader's kernel heartbeat counters: %w", err)
 		}
 	}
-	if mode == ModeOn || mode == ModeFollower {
+	if kernelPaths(mode) {
 		if m.synth0, err = synthHeartbeats(ctx, m.c); err != nil {
 			return nil, fmt.Errorf("read the nodes' synthesized heartbeat counters: %w", err)
 		}
@@ -613,7 +610,7 @@ func (o *Options) end(ctx context.Context, cs map[string]*raftlab.Cluster, m *me
 			t.OverduePerS = (snd.overdue - m.snd0.overdue) / el.Seconds()
 		}
 	}
-	if mode == ModeOn || mode == ModeFollower {
+	if kernelPaths(mode) {
 		if sy, err := synthHeartbeats(ctx, c); err == nil {
 			t.SynthSteppedPerS = (sy.stepped - m.synth0.stepped) / el.Seconds()
 			t.SynthSkippedPerS = (sy.skipped - m.synth0.skipped) / el.Seconds()

@@ -71,10 +71,10 @@ type follower struct {
 	// since: the last message since the last tick that restarted etcd-raft's lease
 	// (transportIn.Step); commit: the commit of the last saved HardState (Ready loop only).
 	// With them offloadTick leaves out a synthesized heartbeat that would change nothing
-	// (skipSynth); synth counts them by result (stepped, skipped).
-	since  stepSince
-	commit uint64
-	synth  *prometheus.CounterVec
+	// (skipSynth); stepped and skipped count them (offload_synth_heartbeats_total{result}).
+	since            stepSince
+	commit           uint64
+	stepped, skipped prometheus.Counter
 }
 
 // stepSince records, for the Ready loop, the leader and term of the last message that
@@ -190,12 +190,11 @@ func (n *Node) startOffload(mode Offload) error {
 		Name: "offload_lease_over_total", Help: "Vote requests that found the leader's lease over in real time while etcd-raft's tick count still held it (passed on with the lease check skipped)."})
 	f.ackFed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
 		Name: "offload_acks_fed_total", Help: "As leader: followers' heartbeat responses the kernel recorded and the node stepped into etcd-raft because its transport had not delivered them."})
-	f.synth = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
+	synth := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
 		Name: "offload_synth_heartbeats_total", Help: "Heartbeats synthesized from the kernel's record, by result: stepped into etcd-raft, or skipped because an append of the same leader and term had restarted etcd-raft's timer since the last tick and the commit was no higher (stepping them would change nothing)."},
 		[]string{"result"})
-	f.synth.WithLabelValues("stepped")
-	f.synth.WithLabelValues("skipped")
-	n.reg.MustRegister(f.wakeups, f.leaseOver, f.ackFed, f.synth, &offloadCollector{k: f.k})
+	f.stepped, f.skipped = synth.WithLabelValues("stepped"), synth.WithLabelValues("skipped")
+	n.reg.MustRegister(f.wakeups, f.leaseOver, f.ackFed, synth, &offloadCollector{k: f.k})
 	f.recheck = time.NewTimer(time.Hour)
 	f.recheck.Stop()
 	n.fol = f
@@ -234,10 +233,10 @@ func (n *Node) offloadTick(ctx context.Context) {
 		// (A record of an older term than the saved one: the node moved on since the
 		// kernel answered; stepping it would only make etcd-raft answer a stale leader.)
 		if skipSynth(m, stepped, from, term, f.commit) {
-			f.synth.WithLabelValues("skipped").Inc()
+			f.skipped.Inc()
 			return
 		}
-		f.synth.WithLabelValues("stepped").Inc()
+		f.stepped.Inc()
 		if err := n.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
 			n.log.Debug("raft offload: step synthesized heartbeat", "err", err)
 		}
