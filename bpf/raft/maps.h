@@ -71,6 +71,28 @@ struct raftx_ack {
 };
 #define RAFTX_MAX_PEERS 64
 
+/* While this node leads: the quorum wait (docs/raft.md "Electrode: broadcast and quorum
+ * wait"). User space writes the voters other than this node from etcd-raft's configuration
+ * (id; n = 0 turns the wait off: a joint configuration, or this node not a voter); the program
+ * keeps, per voter, the highest index it acknowledged in a MsgAppResp at `term` and absorbs
+ * (XDP_DROP) a response that can move neither that voter's match nor the commit index:
+ * with the leader's own acknowledgement, k = (n + 1) / 2 voters make a quorum, so a
+ * response for index i moves the commit only if fewer than k other voters acknowledged i.
+ * The node steps one MsgAppResp per voter with what was absorbed at its next tick. */
+#define RAFTX_QUORUM_MAX 16
+struct raftx_voter {
+	__u64 id;       /* node id, host order */
+	__u64 index;    /* highest index acknowledged at term (0: none) */
+	__u64 count;    /* MsgAppResp recorded at term, passed or absorbed */
+	__u64 absorbed; /* of them absorbed: the node steps the record when this moved */
+};
+struct raftx_quorum {
+	struct bpf_spin_lock lock;
+	__u32 n;    /* voters in v[] */
+	__u64 term; /* the term v[].index/count/absorbed were recorded at (another: reset) */
+	struct raftx_voter v[RAFTX_QUORUM_MAX];
+};
+
 /* The failure detector: one bpf_timer, re-armed by every answered heartbeat. */
 struct raftx_detect {
 	struct bpf_timer timer;
@@ -97,8 +119,8 @@ struct raftx_event {
 };
 
 /* Per-CPU counters: every packet the program sees lands in exactly one of not_raft, drop[],
- * hb_*, pv_*, ack_recorded, passed_type, sign_failed or reflect_failed; detect_* count timer
- * events. */
+ * hb_*, pv_*, ack_recorded, app_recorded, app_absorbed, passed_type, sign_failed or
+ * reflect_failed; detect_* count timer events. */
 struct raftx_stats {
 	__u64 not_raft;          /* not UDP to the raft port, or not parseable: passed untouched */
 	__u64 rx;                /* raft packets looked at (sum of the rest but not_raft) */
@@ -125,6 +147,8 @@ struct raftx_stats {
 	__u64 ack_recorded;      /* MsgHeartbeatResp at the term this node leads: recorded, passed */
 	__u64 ack_full;          /* ... but leader_acks had no room for its sender: passed */
 	__u64 marked;            /* passed up with the pass mark in place of its verified MAC */
+	__u64 app_recorded;      /* MsgAppResp of a voter at the term this node leads: recorded, passed */
+	__u64 app_absorbed;      /* ... recorded and absorbed by the quorum wait: XDP_DROP */
 };
 
 struct {
@@ -162,6 +186,13 @@ struct {
 	__type(key, __u64);
 	__type(value, struct raftx_ack);
 } leader_acks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct raftx_quorum);
+} leader_quorum SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);

@@ -13,6 +13,10 @@
  *    detector's bpf_timer is re-armed for detect_after_ns (or detect_ns) + jitter.
  *  - MsgPreVote: raft_prevote() (prevote.h) answers it (signed and reflected like a heartbeat
  *    reply), drops it while the leader's lease holds (etcd-raft ignores it), or passes it.
+ *  - while this node leads: a follower's MsgHeartbeatResp is recorded (leader_acks) and
+ *    passed; a voter's MsgAppResp goes through the quorum wait (app_ack, leader_quorum): one
+ *    that moves neither its sender's match nor the commit index is recorded and absorbed,
+ *    the node steps the record at its next tick.
  *  - everything else: XDP_PASS to user space, counted.
  * With a cluster key and a pass mark (cfg_mark0/1, 16 random bytes user space draws at load),
  * every raft packet passed up after its MAC was verified here carries the mark in place of
@@ -375,12 +379,9 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 	return XDP_TX;
 }
 
-/* ack records a follower's MsgHeartbeatResp while this node leads at its term (maps.h
- * leader_acks); returns 1 when recorded. The packet goes up either way. */
-static __always_inline int ack(struct raft_hdr *h, struct raftx_stats *s)
+/* leads reports whether the mirrored state says this node leads term. */
+static __always_inline int leads(__u64 term)
 {
-	__u64 term = bpf_be64_to_cpu(h->term), from = bpf_be64_to_cpu(h->from);
-	struct raftx_ack *a, n = {};
 	struct raftx_state *st;
 	__u64 cur_term, cur_leader;
 	__u32 zero = 0;
@@ -392,7 +393,17 @@ static __always_inline int ack(struct raft_hdr *h, struct raftx_stats *s)
 	cur_term = st->term;
 	cur_leader = st->leader;
 	bpf_spin_unlock(&st->lock);
-	if (!cur_term || cur_leader != cfg_self || term != cur_term)
+	return cur_term && cur_leader == cfg_self && term == cur_term;
+}
+
+/* ack records a follower's MsgHeartbeatResp while this node leads at its term (maps.h
+ * leader_acks); returns 1 when recorded. The packet goes up either way. */
+static __always_inline int ack(struct raft_hdr *h, struct raftx_stats *s)
+{
+	__u64 term = bpf_be64_to_cpu(h->term), from = bpf_be64_to_cpu(h->from);
+	struct raftx_ack *a, n = {};
+
+	if (!leads(term))
 		return 0;
 	a = bpf_map_lookup_elem(&leader_acks, &from);
 	if (!a) {
@@ -411,6 +422,62 @@ static __always_inline int ack(struct raft_hdr *h, struct raftx_stats *s)
 	__sync_fetch_and_add(&a->count, 1);
 	COUNT(s, ack_recorded);
 	return 1;
+}
+
+enum { APP_PASS, APP_RECORDED, APP_ABSORBED };
+
+/* app_ack is the quorum wait (maps.h leader_quorum) for a MsgAppResp: a voter's acceptance
+ * at the term this node leads is recorded, and absorbed when it moves neither the voter's
+ * highest acknowledged index (a duplicate: the answer to a commit-only append) nor the commit
+ * index (k other voters acknowledged that index already). A rejection, another term, a
+ * learner or a node that does not lead passes untouched. */
+static __always_inline int app_ack(struct raft_hdr *h)
+{
+	__u64 term = bpf_be64_to_cpu(h->term), from = bpf_be64_to_cpu(h->from);
+	__u64 index = bpf_be64_to_cpu(h->index);
+	__u32 zero = 0, i, n, k, slot = RAFTX_QUORUM_MAX, others = 0;
+	struct raftx_quorum *q;
+	int ret = APP_RECORDED;
+
+	if ((h->flags & RAFT_F_REJECT) || !leads(term))
+		return APP_PASS;
+	q = bpf_map_lookup_elem(&leader_quorum, &zero);
+	if (!q)
+		return APP_PASS;
+	bpf_spin_lock(&q->lock);
+	n = q->n;
+	if (q->term != term) {
+		q->term = term;
+#pragma unroll
+		for (i = 0; i < RAFTX_QUORUM_MAX; i++) {
+			q->v[i].index = 0;
+			q->v[i].count = 0;
+			q->v[i].absorbed = 0;
+		}
+	}
+#pragma unroll
+	for (i = 0; i < RAFTX_QUORUM_MAX; i++) {
+		if (i < n && q->v[i].id == from)
+			slot = i;
+		else if (i < n && q->v[i].index >= index)
+			others++;
+	}
+	if (slot >= RAFTX_QUORUM_MAX) {
+		bpf_spin_unlock(&q->lock);
+		return APP_PASS;
+	}
+	/* With the leader's own acknowledgement (etcd-raft's leader acknowledges its entries
+	 * once they are durable, before it sends them), k of the other n voters make a quorum. */
+	k = (n + 1) / 2;
+	if (index <= q->v[slot].index || others >= k) {
+		q->v[slot].absorbed++;
+		ret = APP_ABSORBED;
+	}
+	if (index > q->v[slot].index)
+		q->v[slot].index = index;
+	q->v[slot].count++;
+	bpf_spin_unlock(&q->lock);
+	return ret;
 }
 
 /* mark writes the pass mark over the MAC of a keyed raft packet that passed check() and goes
@@ -449,6 +516,16 @@ static __always_inline int dispatch(struct xdp_md *ctx, void *data, void *data_e
 	case RAFT_MSG_HEARTBEAT_RESP:
 		if (ack(&u->h, s))
 			return XDP_PASS;
+		break;
+	case RAFT_MSG_APP_RESP:
+		switch (app_ack(&u->h)) {
+		case APP_ABSORBED:
+			COUNT(s, app_absorbed);
+			return XDP_DROP;
+		case APP_RECORDED:
+			COUNT(s, app_recorded);
+			return XDP_PASS;
+		}
 		break;
 	case RAFT_MSG_PRE_VOTE:
 		reason = prevote(ctx, u, data_end);

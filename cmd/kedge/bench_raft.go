@@ -204,7 +204,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&scenarios, "scenarios", "failover,false-elections,throughput,heartbeat", "which runs (comma-separated)")
-	f.StringVar(&modes, "offload", "on,off", "kernel-path modes to compare (comma-separated: on = every kernel path, follower = the follower path without kernel heartbeats, off; xdp-pass = off with an XDP program that passes everything on each node's interface, a control)")
+	f.StringVar(&modes, "offload", "on,off", "kernel-path modes to compare (comma-separated: on = every kernel path, on-nowait = on without the quorum wait, follower = the follower path without kernel heartbeats, off; xdp-pass = off with an XDP program that passes everything on each node's interface, a control)")
 	f.StringVar(&o.FailoverClient, "failover-client", raftbench.ClientLeader, "failover writer: leader (asks every survivor for the new leader at once, writes to it) or retry (part 1's: survivors in turn, 50 ms per attempt)")
 	f.IntVar(&o.HeartbeatTicks, "heartbeat-ticks", 0, "leader heartbeat interval in ticks (0: the node's default, 1)")
 	f.DurationVar(&o.HeartbeatLease, "heartbeat-lease", 0, "mode on: the kernel heartbeats' lease (0: the node's default)")

@@ -50,6 +50,7 @@ func newRaftServeCmd() *cobra.Command {
 		unsafeReads      bool
 		offloadOn        bool
 		kernelHB         bool
+		quorumWait       bool
 		hbLease          time.Duration
 		offloadAlive     time.Duration
 	)
@@ -125,7 +126,7 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 				hbMode = node.OffloadAuto
 			}
 			n, err := node.New(cfg, node.Options{UnsafeLocalReads: unsafeReads, Offload: mode, OffloadAlive: offloadAlive, Log: slog.Default(),
-				KernelHeartbeats: hbMode, HeartbeatLease: hbLease})
+				KernelHeartbeats: hbMode, HeartbeatLease: hbLease, NoQuorumWait: !quorumWait})
 			if err != nil {
 				return fmt.Errorf("start node %d: %w", cfg.ID, err)
 			}
@@ -146,6 +147,7 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 	f.MarkHidden("unsafe-local-reads")
 	f.BoolVar(&kernelHB, "kernel-heartbeats", true, "as leader, let the kernel send the heartbeats while a lease holds (default: where possible; --kernel-heartbeats=false to compare; an explicit --kernel-heartbeats fails where it cannot run; docs/raft.md: Kernel paths)")
 	f.DurationVar(&offloadAlive, "offload-alive", 0, "with --offload: how long one refresh of the node's persist/apply loop keeps its XDP program answering for it (0: the election timeout, at least 100ms)")
+	f.BoolVar(&quorumWait, "quorum-wait", true, "with --offload, as leader: absorb in XDP the followers' append acknowledgements that move neither their match nor the commit, stepped a tick later from the kernel's record (--quorum-wait=false to compare; docs/raft.md: Electrode)")
 	f.DurationVar(&hbLease, "heartbeat-lease", 0, "with --kernel-heartbeats: how long one renewal keeps the kernel sending (0: the election timeout, at least 100ms)")
 	return cmd
 }

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -44,16 +45,21 @@ const Schema = "kedge.bench.raft/v1"
 // program and the node's kernel paths do.
 const (
 	ModeOn       = "on"
+	ModeOnNoWait = "on-nowait"
 	ModeFollower = "follower"
 	ModeOff      = "off"
 	ModeXDPPass  = "xdp-pass"
 )
 
-// Modes lists every mode, in the order of the help text.
-var Modes = []string{ModeOn, ModeFollower, ModeOff, ModeXDPPass}
+// Modes lists every mode, in the order of the help text. ModeOnNoWait is on without the
+// quorum wait (raft serve --quorum-wait=false): what the wait changes.
+var Modes = []string{ModeOn, ModeOnNoWait, ModeFollower, ModeOff, ModeXDPPass}
 
 // kernelPaths says whether mode's nodes run the kernel paths.
-func kernelPaths(mode string) bool { return mode == ModeOn || mode == ModeFollower }
+func kernelPaths(mode string) bool { return kernelHeartbeats(mode) || mode == ModeFollower }
+
+// kernelHeartbeats says whether mode's leader sends its heartbeats from the kernel.
+func kernelHeartbeats(mode string) bool { return mode == ModeOn || mode == ModeOnNoWait }
 
 // Failover clients: the one that asks every survivor for the new leader at once (the nodes
 // answer as soon as they know one: GET /v1/leader) and writes to it, and part 1's, which
@@ -67,8 +73,8 @@ const (
 func (o *Options) modeArgs(mode string) []string {
 	var args []string
 	switch mode {
-	case ModeOn:
-		args = []string{"--offload", "--kernel-heartbeats"}
+	case ModeOn, ModeOnNoWait:
+		args = []string{"--offload", "--kernel-heartbeats", "--quorum-wait=" + strconv.FormatBool(mode == ModeOn)}
 		if o.HeartbeatLease > 0 {
 			args = append(args, "--heartbeat-lease", o.HeartbeatLease.String())
 		}
@@ -955,7 +961,7 @@ func (o *Options) heartbeats(ctx context.Context) (out []Heartbeats, err error) 
 		if s.leaderCPU, err = bench.ProcCPU(c.PID(leader)); err != nil {
 			return s, err
 		}
-		if mode == ModeOn { // the conveyor's passes: what kernel heartbeats cost
+		if kernelHeartbeats(mode) { // the conveyor's passes: what kernel heartbeats cost
 			cl := raftlab.NewClient(c.Client, 2*time.Second)
 			v, err := cl.Metric(ctx, c.Node(leader).ClientAddr.String(), "kedge_raft_heartbeat_pacer_total", `counter="tick_passes"`)
 			w, werr := cl.Metric(ctx, c.Node(leader).ClientAddr.String(), "kedge_raft_heartbeat_pacer_total", `counter="filler_passes"`)

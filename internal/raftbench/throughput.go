@@ -548,7 +548,7 @@ func (o *Options) begin(ctx context.Context, cs map[string]*raftlab.Cluster, nod
 			return nil, err
 		}
 	}
-	if mode == ModeOn {
+	if kernelHeartbeats(mode) {
 		if m.snd0, err = leaderSender(ctx, m.c, leader); err != nil {
 			return nil, fmt.Errorf("read the leader's kernel heartbeat counters: %w", err)
 		}
@@ -602,7 +602,7 @@ func (m *meter) write(ctx, runCtx context.Context, i int) {
 func (o *Options) end(ctx context.Context, cs map[string]*raftlab.Cluster, m *meter, el time.Duration, machine bench.CPUTimes, shared bool) (ThroughputRun, error) {
 	t, c, mode := m.t, m.c, m.t.Offload
 	t.Concurrent = shared
-	if mode == ModeOn {
+	if kernelHeartbeats(mode) {
 		// From the leader the run started with (a run whose term changed says so: TermChange).
 		if snd, err := leaderSender(ctx, c, t.Leader); err == nil {
 			t.KernelHeartbeatsPerS = (snd.heartbeats - m.snd0.heartbeats) / el.Seconds()

@@ -40,6 +40,10 @@ type Options struct {
 	// OffloadAlive is how long one refresh of the persist/apply loop keeps the follower
 	// program answering for the node (0: offload.DefaultBound of the election timeout).
 	OffloadAlive time.Duration
+	// NoQuorumWait, with Offload: the program passes every follower's MsgAppResp up instead of
+	// absorbing the ones that move neither its match nor the commit (docs/raft.md "Electrode:
+	// broadcast and quorum wait"); for comparisons.
+	NoQuorumWait bool
 	Log          *slog.Logger
 	// KernelHeartbeats: as leader, the kernel sends the heartbeats while a lease holds
 	// (heartbeats.go; docs/raft.md "Kernel paths: leader heartbeats"): off, auto (where the
@@ -280,6 +284,7 @@ func (n *Node) loop(ctx context.Context) {
 			n.offloadMirror(n.termDurable, n.leader.Load(), true)
 			n.offloadTick(ctx)
 			n.offloadAcks(ctx)
+			n.offloadQuorum(ctx)
 			n.rn.Tick()
 			n.offloadAlive()
 			n.renewHeartbeats()

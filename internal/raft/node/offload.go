@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -75,6 +76,15 @@ type follower struct {
 	since            stepSince
 	commit           uint64
 	stepped, skipped prometheus.Counter
+
+	// The quorum wait (offloadQuorum): the voters given to the program (set: given at all;
+	// off: the node's option), and per voter the absorbed count stepped at appTerm.
+	voters    []uint64
+	votersSet bool
+	quorumOff bool
+	appTerm   uint64
+	appFed    map[uint64]uint64
+	appFedC   prometheus.Counter
 }
 
 // stepSince records, for the Ready loop, the leader and term of the last message that
@@ -152,7 +162,8 @@ func (n *Node) startOffload(mode Offload) error {
 		alive = n.opts.OffloadAlive
 	}
 	f := &follower{peers: map[uint64]netip.AddrPort{}, detect: et, aliveFor: alive, acked: map[uint64]uint64{},
-		ackAfter: 2 * time.Duration(n.cfg.HeartbeatTicks) * n.cfg.Tick}
+		ackAfter: 2 * time.Duration(n.cfg.HeartbeatTicks) * n.cfg.Tick, appFed: map[uint64]uint64{},
+		quorumOff: n.opts.NoQuorumWait}
 	var allow []wire.AuthPeer
 	for _, p := range n.cfg.Peers {
 		a, err := config.ResolveAddr(p.Raft)
@@ -194,7 +205,9 @@ func (n *Node) startOffload(mode Offload) error {
 		Name: "offload_synth_heartbeats_total", Help: "Heartbeats synthesized from the kernel's record, by result: stepped into etcd-raft, or skipped because an append of the same leader and term had restarted etcd-raft's timer since the last tick and the commit was no higher (stepping them would change nothing)."},
 		[]string{"result"})
 	f.stepped, f.skipped = synth.WithLabelValues("stepped"), synth.WithLabelValues("skipped")
-	n.reg.MustRegister(f.wakeups, f.leaseOver, f.ackFed, synth, &offloadCollector{k: f.k})
+	f.appFedC = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
+		Name: "offload_quorum_fed_total", Help: "As leader: MsgAppResp the node stepped from the quorum wait's record of a follower whose responses the kernel absorbed (one per follower and tick at most)."})
+	n.reg.MustRegister(f.wakeups, f.leaseOver, f.ackFed, synth, f.appFedC, &offloadCollector{k: f.k})
 	f.recheck = time.NewTimer(time.Hour)
 	f.recheck.Stop()
 	n.fol = f
@@ -287,6 +300,83 @@ func (n *Node) offloadAcks(ctx context.Context) {
 		}
 		f.ackFed.Inc()
 	}
+}
+
+// offloadQuorum keeps the quorum wait's voters equal to etcd-raft's configuration and, as
+// leader, steps for each voter whose responses the kernel absorbed since the last tick one
+// MsgAppResp carrying the highest index it acknowledged: what stepping each absorbed response
+// leaves (Progress.MaybeUpdate only moves forward; RecentActive is set), a tick later. The
+// program absorbs only responses that move neither the commit index nor, at once, anything
+// else etcd-raft needs (docs/raft.md "Electrode: broadcast and quorum wait"); called before
+// each Tick, so CheckQuorum sees a follower active whose responses were all absorbed.
+func (n *Node) offloadQuorum(ctx context.Context) {
+	f := n.fol
+	if f == nil {
+		return
+	}
+	var voters []uint64
+	if !f.quorumOff {
+		n.mu.Lock()
+		voters = quorumVoters(n.confState, n.cfg.ID)
+		n.mu.Unlock()
+	}
+	if !f.votersSet || !slices.Equal(voters, f.voters) {
+		if err := f.k.SetVoters(voters); err != nil {
+			n.log.Warn("raft offload: quorum wait voters", "err", err)
+			return
+		}
+		f.voters, f.votersSet = voters, true
+		f.appTerm = 0 // the program's records start over
+	}
+	if len(voters) == 0 || n.lastState != raft.StateLeader {
+		return
+	}
+	term, vs, err := f.k.Quorum()
+	if err != nil {
+		n.log.Debug("raft offload: read the quorum wait's records", "err", err)
+		return
+	}
+	if term != n.termDurable {
+		return // made at another term (or none yet): not this leader's acknowledgements
+	}
+	if term != f.appTerm {
+		clear(f.appFed)
+		f.appTerm = term
+	}
+	for _, v := range vs {
+		if v.Absorbed == f.appFed[v.ID] {
+			continue
+		}
+		m := &pb.Message{Type: pb.MsgAppResp.Enum(), From: proto.Uint64(v.ID), To: proto.Uint64(n.cfg.ID),
+			Term: proto.Uint64(term), Index: proto.Uint64(v.Index)}
+		if err := n.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
+			n.log.Debug("raft offload: step the quorum wait's record", "peer", v.ID, "err", err)
+			continue
+		}
+		f.appFed[v.ID] = v.Absorbed
+		f.appFedC.Inc()
+	}
+}
+
+// quorumVoters are the voters of cs other than self, in order, for the quorum wait: none
+// (the wait off) in a joint configuration, whose commit needs two majorities, or when self
+// is not a voter (its own acknowledgement is what the program counts on), or with more than
+// the program tracks.
+func quorumVoters(cs *pb.ConfState, self uint64) []uint64 {
+	if len(cs.GetVotersOutgoing()) > 0 || !slices.Contains(cs.GetVoters(), self) {
+		return nil
+	}
+	var vs []uint64
+	for _, id := range cs.GetVoters() {
+		if id != self {
+			vs = append(vs, id)
+		}
+	}
+	if len(vs) > offload.MaxVoters {
+		return nil
+	}
+	slices.Sort(vs)
+	return vs
 }
 
 // ackToStep reports whether a leader of term steps the kernel's record a of a follower's

@@ -450,6 +450,49 @@ func (f *Follower) Ack(peer uint64) (a Ack, ok bool, err error) {
 	return Ack{Term: v.Term, Arrival: time.Duration(v.LastNs), Count: v.Count}, true, nil
 }
 
+// MaxVoters is how many voters besides this node the quorum wait tracks (maps.h
+// RAFTX_QUORUM_MAX); a larger configuration runs without it.
+const MaxVoters = 16
+
+// SetVoters gives the quorum wait (maps.h leader_quorum) the voters other than this node,
+// from etcd-raft's configuration; nil turns it off (a joint configuration, this node not a
+// voter, or more than MaxVoters). The records start over at the next response.
+func (f *Follower) SetVoters(ids []uint64) error {
+	if len(ids) > MaxVoters {
+		ids = nil
+	}
+	var q raftxdpRaftxQuorum
+	q.N = uint32(len(ids))
+	for i, id := range ids {
+		q.V[i].Id = id
+	}
+	if err := f.objs.LeaderQuorum.Update(uint32(0), &q, ebpf.UpdateLock); err != nil {
+		return fmt.Errorf("write the quorum wait's voters: %w", err)
+	}
+	return nil
+}
+
+// VoterAck is the quorum wait's record of one voter's MsgAppResp at the term of the record.
+type VoterAck struct {
+	ID       uint64
+	Index    uint64 // highest index acknowledged (0: none yet)
+	Count    uint64 // responses recorded, passed or absorbed
+	Absorbed uint64 // of them absorbed in XDP: etcd-raft has not seen them
+}
+
+// Quorum reads the quorum wait's records and the term they were made at (0: none yet).
+func (f *Follower) Quorum() (term uint64, voters []VoterAck, err error) {
+	var q raftxdpRaftxQuorum
+	if err := f.objs.LeaderQuorum.LookupWithFlags(uint32(0), &q, ebpf.LookupLock); err != nil {
+		return 0, nil, fmt.Errorf("read the quorum wait's records: %w", err)
+	}
+	for i := range min(int(q.N), len(q.V)) {
+		v := q.V[i]
+		voters = append(voters, VoterAck{ID: v.Id, Index: v.Index, Count: v.Count, Absorbed: v.Absorbed})
+	}
+	return q.Term, voters, nil
+}
+
 // Events delivers the failure detector's wake-ups; closed by Close.
 func (f *Follower) Events() <-chan Event { return f.events }
 

@@ -92,6 +92,23 @@ type raftxdpRaftxHb struct {
 	AnsweredNs uint64
 }
 
+type raftxdpRaftxQuorum struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	N    uint32
+	Term uint64
+	V    [16]struct {
+		_        structs.HostLayout
+		Id       uint64
+		Index    uint64
+		Count    uint64
+		Absorbed uint64
+	}
+}
+
 type raftxdpRaftxState struct {
 	_    structs.HostLayout
 	Lock struct {
@@ -145,6 +162,8 @@ type raftxdpRaftxStats struct {
 	AckRecorded       uint64
 	AckFull           uint64
 	Marked            uint64
+	AppRecorded       uint64
+	AppAbsorbed       uint64
 }
 
 type raftxdpRaftxWord struct {
@@ -163,6 +182,7 @@ const (
 	raftxdpMapFollowerTimer    = "follower_timer"
 	raftxdpMapFollowerWord     = "follower_word"
 	raftxdpMapLeaderAcks       = "leader_acks"
+	raftxdpMapLeaderQuorum     = "leader_quorum"
 	raftxdpMapRaftAuthCfg      = "raft_auth_cfg"
 	raftxdpMapRaftPeers        = "raft_peers"
 	raftxdpMapRaftTxSeq        = "raft_tx_seq"
@@ -231,6 +251,7 @@ type raftxdpMapSpecs struct {
 	FollowerTimer  *ebpf.MapSpec `ebpf:"follower_timer"`
 	FollowerWord   *ebpf.MapSpec `ebpf:"follower_word"`
 	LeaderAcks     *ebpf.MapSpec `ebpf:"leader_acks"`
+	LeaderQuorum   *ebpf.MapSpec `ebpf:"leader_quorum"`
 	RaftAuthCfg    *ebpf.MapSpec `ebpf:"raft_auth_cfg"`
 	RaftPeers      *ebpf.MapSpec `ebpf:"raft_peers"`
 	RaftTxSeq      *ebpf.MapSpec `ebpf:"raft_tx_seq"`
@@ -275,6 +296,7 @@ type raftxdpMaps struct {
 	FollowerTimer  *ebpf.Map `ebpf:"follower_timer"`
 	FollowerWord   *ebpf.Map `ebpf:"follower_word"`
 	LeaderAcks     *ebpf.Map `ebpf:"leader_acks"`
+	LeaderQuorum   *ebpf.Map `ebpf:"leader_quorum"`
 	RaftAuthCfg    *ebpf.Map `ebpf:"raft_auth_cfg"`
 	RaftPeers      *ebpf.Map `ebpf:"raft_peers"`
 	RaftTxSeq      *ebpf.Map `ebpf:"raft_tx_seq"`
@@ -289,6 +311,7 @@ func (m *raftxdpMaps) Close() error {
 		m.FollowerTimer,
 		m.FollowerWord,
 		m.LeaderAcks,
+		m.LeaderQuorum,
 		m.RaftAuthCfg,
 		m.RaftPeers,
 		m.RaftTxSeq,
