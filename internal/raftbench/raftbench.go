@@ -96,7 +96,7 @@ type Options struct {
 	Log    func(format string, args ...any)
 
 	Scenarios      []string      // failover, false-elections, throughput, heartbeat
-	Modes          []string      // ModeOn, ModeFollower, ModeOff: each scenario runs once per mode, side by side
+	Modes          []string      // of Modes: each scenario runs once per mode, side by side
 	ClusterKey     string        // 32 hex digits: nodes authenticate every UDP packet ("" none)
 	Tick           time.Duration // raft tick (10ms)
 	ElectionTicks  []int         // failover and false elections: one setting each (e.g. 5,10,20)
@@ -176,7 +176,7 @@ type Heartbeats struct {
 // Failover is one election-timeout setting's trials: kill -9 of the leader until the first
 // write acknowledged through a surviving node.
 type Failover struct {
-	Offload           string    `json:"offload"` // ModeOn or ModeOff
+	Offload           string    `json:"offload"` // one of Modes
 	Nodes             int       `json:"nodes"`
 	TickMs            float64   `json:"tick_ms"`
 	ElectionTicks     int       `json:"election_ticks"`

@@ -77,10 +77,11 @@ type follower struct {
 	commit           uint64
 	stepped, skipped prometheus.Counter
 
-	// The quorum wait (offloadQuorum): the voters given to the program (set: given at all;
-	// off: the node's option), and per voter the absorbed count stepped at appTerm.
+	// The quorum wait (offloadQuorum): the configuration whose voters the program has (a
+	// new ConfState is a new pointer: setConfState, restore), those voters (none: off, or
+	// quorumOff, the node's option), and per voter the absorbed count stepped at appTerm.
+	cs        *pb.ConfState
 	voters    []uint64
-	votersSet bool
 	quorumOff bool
 	appTerm   uint64
 	appFed    map[uint64]uint64
@@ -314,21 +315,22 @@ func (n *Node) offloadQuorum(ctx context.Context) {
 	if f == nil {
 		return
 	}
-	var voters []uint64
-	if !f.quorumOff {
-		n.mu.Lock()
-		voters = quorumVoters(n.confState, n.cfg.ID)
-		n.mu.Unlock()
-	}
-	if !f.votersSet || !slices.Equal(voters, f.voters) {
+	n.mu.Lock()
+	cs := n.confState
+	n.mu.Unlock()
+	if cs != f.cs {
+		var voters []uint64
+		if !f.quorumOff {
+			voters = quorumVoters(cs, n.cfg.ID)
+		}
 		if err := f.k.SetVoters(voters); err != nil {
 			n.log.Warn("raft offload: quorum wait voters", "err", err)
 			return
 		}
-		f.voters, f.votersSet = voters, true
+		f.cs, f.voters = cs, voters
 		f.appTerm = 0 // the program's records start over
 	}
-	if len(voters) == 0 || n.lastState != raft.StateLeader {
+	if len(f.voters) == 0 || n.lastState != raft.StateLeader {
 		return
 	}
 	term, vs, err := f.k.Quorum()

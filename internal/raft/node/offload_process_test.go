@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
 )
@@ -78,13 +77,7 @@ func passes(in *offload.Inspection) uint64 {
 //   - kill -9 of the leader: the survivors elect a new leader (the time is printed);
 //   - kill -9 of a follower leaves no XDP program on its interface.
 func TestLabOffload(t *testing.T) {
-	bpftest.RequireRoot(t)
-	if err := offload.Probe(); err != nil {
-		t.Skipf("skipping: %v", err)
-	}
-	names := []string{"n1", "n2", "n3"}
-	l := routerLab(t, "roff", names...)
-	c := newProcCluster(t, 3, l, "cluster_key: 00112233445566778899aabbccddeeff\n")
+	c := offloadCluster(t, "roff")
 	const aliveFor = 30 * 10 * time.Millisecond // election_ticks 30 x tick 10ms (newProcCluster)
 	lead := c.waitLeader(1, 2, 3)
 	fol := lead%3 + 1

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/raft/api"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -27,7 +26,7 @@ func TestQuorumVoters(t *testing.T) {
 		{"empty (restarting before the log's configuration is applied)", &pb.ConfState{}, nil},
 		{"too many", func() *pb.ConfState {
 			cs := &pb.ConfState{}
-			for id := uint64(1); id <= offload.MaxVoters+2; id++ {
+			for id := uint64(1); id <= uint64(offload.MaxVoters)+2; id++ {
 				cs.Voters = append(cs.Voters, id)
 			}
 			return cs
@@ -47,12 +46,7 @@ func TestQuorumVoters(t *testing.T) {
 // the leader's probes are absorbed as well and its match never moves). Every write
 // committed, and the cluster kept its leader.
 func TestLabQuorumWait(t *testing.T) {
-	bpftest.RequireRoot(t)
-	if err := offload.Probe(); err != nil {
-		t.Skipf("skipping: %v", err)
-	}
-	l := routerLab(t, "rqw", "n1", "n2", "n3")
-	c := newProcCluster(t, 3, l, "cluster_key: 00112233445566778899aabbccddeeff\n")
+	c := offloadCluster(t, "rqw")
 	lead := c.waitLeader(1, 2, 3)
 	before, err := c.status(lead)
 	if err != nil {

@@ -155,7 +155,7 @@ func TestLabSpoof(t *testing.T) {
 
 func spoofLab(t *testing.T, kernel bool) {
 	l := routerLab(t, "rspf", "n1", "n2", "n3", "spoof")
-	c := newProcCluster(t, 3, l, "cluster_key: 00112233445566778899aabbccddeeff\n")
+	c := newProcCluster(t, 3, l, labKey)
 	if !kernel {
 		c.args = []string{"--offload=false"}
 		for id := uint64(1); id <= 3; id++ {
@@ -308,12 +308,7 @@ func dropsOf(after, before *offload.Inspection, want map[wire.Reason]uint64) map
 // (pv_answered: granted or refused from the durable mirror, signed on the kernel channel).
 // The dead leader is restarted between rounds.
 func TestLabPreVoteInXDP(t *testing.T) {
-	bpftest.RequireRoot(t)
-	if err := offload.Probe(); err != nil {
-		t.Skipf("skipping: %v", err)
-	}
-	l := routerLab(t, "rpv", "n1", "n2", "n3")
-	c := newProcCluster(t, 3, l, "cluster_key: 00112233445566778899aabbccddeeff\n")
+	c := offloadCluster(t, "rpv")
 	counters := func(id uint64) map[string]uint64 {
 		in, err := c.inspect(id)
 		if err != nil {
@@ -348,6 +343,20 @@ func TestLabPreVoteInXDP(t *testing.T) {
 	if answered == 0 {
 		t.Errorf("no pre-vote was answered in XDP in three failovers (passed %d, dropped %d)", passed, dropped)
 	}
+}
+
+// labKey is the cluster key of the keyed lab clusters (newProcCluster's extra config).
+const labKey = "cluster_key: 00112233445566778899aabbccddeeff\n"
+
+// offloadCluster is a keyed 3-node cluster of real processes in a routed lab named name,
+// with the kernel paths on by default; the test skips where the kernel cannot run them.
+func offloadCluster(t *testing.T, name string) *pcluster {
+	t.Helper()
+	bpftest.RequireRoot(t)
+	if err := offload.Probe(); err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	return newProcCluster(t, 3, routerLab(t, name, "n1", "n2", "n3"), labKey)
 }
 
 // routerLab builds a lab of hosts behind a router, removed when the test ends.

@@ -452,14 +452,14 @@ func (f *Follower) Ack(peer uint64) (a Ack, ok bool, err error) {
 
 // MaxVoters is how many voters besides this node the quorum wait tracks (maps.h
 // RAFTX_QUORUM_MAX); a larger configuration runs without it.
-const MaxVoters = 16
+const MaxVoters = len(raftxdpRaftxQuorum{}.V)
 
 // SetVoters gives the quorum wait (maps.h leader_quorum) the voters other than this node,
-// from etcd-raft's configuration; nil turns it off (a joint configuration, this node not a
-// voter, or more than MaxVoters). The records start over at the next response.
+// from etcd-raft's configuration (at most MaxVoters); nil turns it off (a joint
+// configuration, this node not a voter). The records start over at the next response.
 func (f *Follower) SetVoters(ids []uint64) error {
 	if len(ids) > MaxVoters {
-		ids = nil
+		return fmt.Errorf("quorum wait: %d voters, it tracks at most %d", len(ids), MaxVoters)
 	}
 	var q raftxdpRaftxQuorum
 	q.N = uint32(len(ids))
