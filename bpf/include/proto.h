@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Constants that vmlinux.h does not carry (they are #defines in UAPI headers). */
+/* Constants that vmlinux.h does not carry (they are #defines in UAPI and libc headers), so
+ * that no program writes a bare number for them. */
 #ifndef KEDGE_PROTO_H
 #define KEDGE_PROTO_H
 
@@ -22,8 +23,10 @@
 #define IPPROTO_NONE 59
 #define IPPROTO_DSTOPTS 60
 
+#define IP_DF 0x4000 /* frag_off (host order): don't fragment, as Linux's UDP sockets send */
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1FFF
+#define IPDEFTTL 64 /* TTL / hop limit of packets a program builds (Linux's ip_default_ttl) */
 
 #define ICMP_ECHOREPLY 0
 #define ICMP_ECHO 8
@@ -34,6 +37,15 @@
 #define TCPOPT_NOP 1
 #define TCPOPT_TIMESTAMP 8
 #define TCPOLEN_TIMESTAMP 10
+
+#define AF_INET 2
+#define AF_INET6 10
+
+#define CLOCK_MONOTONIC 1 /* bpf_timer_init() */
+
+/* errno values helpers return negated. */
+#define EBUSY 16
+#define EEXIST 17
 
 #define TC_ACT_UNSPEC (-1)
 #define TC_ACT_OK 0
