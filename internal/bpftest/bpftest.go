@@ -1,34 +1,63 @@
 // Package bpftest runs kedge BPF programs through BPF_PROG_TEST_RUN in Go tests: no
-// attachment, no network namespace, just a packet in and a verdict and packet out.
+// attachment, just a packet in and a verdict, a packet and program state out.
 //
-// A test loads its bpf2go objects, then runs table-driven cases:
+// Every BPF fixture in kedge is written in one style, katran's: a table of Cases, each a
+// description, an input packet built with internal/pktbuild, the expected verdict, the
+// expected output bytes and the expected effects on maps and counters. A Runner runs the
+// table, one subtest per case:
 //
-//	func TestHedge(t *testing.T) {
+//	func TestSplit(t *testing.T) {
 //		bpftest.RequireRoot(t)
+//		spec, err := loadHedge()
+//		...
+//		bpftest.FixClock(spec) // the programs read the time the cases give (clock.h)
 //		var objs hedgeObjects
-//		if err := loadHedgeObjects(&objs, nil); err != nil {
+//		if err := spec.LoadAndAssign(&objs, nil); err != nil {
 //			t.Fatalf("load objects: %v", err)
 //		}
 //		t.Cleanup(func() { objs.Close() })
 //		r := bpftest.Runner{
-//			Prog:     objs.HedgeTc,
-//			Counters: func() (bpftest.Counters, error) { return bpftest.SumPerCPU[hedgeCounters](objs.Counters) },
+//			Prog:     objs.HedgeSplit,
+//			Counters: func() (bpftest.Counters, error) { return bpftest.SumPerCPU[hedgeStats](objs.Stats) },
+//			Reset:    func(tb testing.TB) { clearScoreboard(tb, &objs) },
+//			Clock:    objs.KedgeClockNs,
 //		}
+//		const now = bpftest.ClockStart
 //		r.Run(t, []bpftest.Case{{
-//			Name:         "udp request is cloned",
+//			Name:         "due request is hedged to the other replica",
+//			Setup:        func(tb testing.TB) { putEntry(tb, &objs, key, pending(now-5*ms, now-ms)) },
 //			In:           pktbuild.New().IPv4(pktbuild.IPv4{}).UDP(pktbuild.UDP{Dst: 53}).Build(),
-//			WantRet:      bpftest.TCActUnspec,
-//			WantCounters: bpftest.Counters{"Cloned": 1},
+//			Now:          now,
+//			WantRet:      bpftest.TCActRedirect,
+//			WantOut:      rewritten,
+//			WantMark:     bpftest.Mark(hedgeMark),
+//			WantCounters: bpftest.Counters{"Hedged": 1},
+//			WantMaps:     []bpftest.MapWant{{Map: objs.Scoreboard, Want: map[hedgeHreqKey]hedgeHreq{key: hedged(now)}}},
 //		}})
 //	}
 //
-// and the package's TestMain checks that no file descriptor (program, map, link) leaks:
+// What a case can say, and where each of the older dialects went:
+//   - packet, verdict, bytes: In, WantRet, WantOut (or WantSame: the packet is not changed);
+//   - program state before the run: Setup, after the Runner's Reset (state is shared between
+//     cases when the Runner has no Reset);
+//   - skb context: Skb in, WantMark and Result.Skb out (TC programs);
+//   - time: a program that reads the clock through kedge_now() (bpf/include/clock.h), loaded
+//     after FixClock, sees exactly Case.Now: deadlines and RTTs are exact, so no case depends
+//     on how fast the machine runs it;
+//   - effects: WantCounters (every counter not named must stay), WantMaps (whole map
+//     contents), Check for anything else (ring-buffer events, derived values);
+//   - several packets on one state (a handshake, a request and its reply, packets through
+//     two hooks): Steps, each a case with its own Prog, Now and expectations;
+//   - network namespace: Runner.Within, for programs that redirect to devices.
+//
+// Runner.Bench runs the same table as benchmarks (the kernel's mean run time per packet).
+//
+// The package's TestMain checks that no file descriptor (program, map, link) leaks:
 //
 //	func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
 package bpftest
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -64,110 +93,9 @@ const (
 // run with ENOSPC when the result does not fit.
 const OutPad = 64 << 10
 
-// Result is the outcome of one run.
-type Result struct {
-	Ret uint32 // the program's return value (verdict)
-	Out []byte // the packet after the run
-}
-
-// Run runs prog once on the packet in (at least 14 bytes: the kernel wants an Ethernet
-// header for TC and XDP programs).
-func Run(prog *ebpf.Program, in []byte) (Result, error) {
-	opts := ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+OutPad), Repeat: 1}
-	ret, err := prog.Run(&opts)
-	if err != nil {
-		return Result{}, fmt.Errorf("run %s on %d-byte packet: %w", progName(prog), len(in), err)
-	}
-	return Result{Ret: ret, Out: opts.DataOut}, nil // Run cut DataOut to the packet's length
-}
-
-func progName(prog *ebpf.Program) string {
-	if info, err := prog.Info(); err == nil && info.Name != "" {
-		return "program " + info.Name
-	}
-	return "program"
-}
-
-// Case is one table-driven fixture for Runner.Run.
-type Case struct {
-	Name    string
-	In      []byte
-	WantRet uint32
-	// WantOut is the expected output packet; nil does not compare it.
-	WantOut []byte
-	// Check, if set, inspects the output packet (for instance with pktbuild.VerifyChecksums).
-	Check func(tb testing.TB, out []byte)
-	// WantCounters, if not nil, is the expected change of every counter over the run: a
-	// counter it does not name must not change. Needs Runner.Counters.
-	WantCounters Counters
-}
-
-// Runner runs Cases against one program.
-type Runner struct {
-	Prog *ebpf.Program
-	// Counters reads the program's counters (usually a closure around SumPerCPU); nil when
-	// the program has none.
-	Counters func() (Counters, error)
-}
-
-// Run runs each case as a subtest of t.
-func (r Runner) Run(t *testing.T, cases []Case) {
-	t.Helper()
-	for _, c := range cases {
-		t.Run(c.Name, func(t *testing.T) {
-			res, err := r.runOne(t, c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if c.Check != nil {
-				c.Check(t, res.Out)
-			}
-		})
-	}
-}
-
-// reporter is the part of testing.TB that runOne reports mismatches through.
-type reporter interface {
-	Helper()
-	Errorf(format string, args ...any)
-}
-
-// runOne runs c and reports a wrong verdict, output packet or counter change to rep. It
-// returns an error when the case cannot run at all.
-func (r Runner) runOne(rep reporter, c Case) (Result, error) {
-	rep.Helper()
-	var res Result
-	run := func() (err error) {
-		res, err = Run(r.Prog, c.In)
-		return err
-	}
-	var delta Counters
-	switch {
-	case c.WantCounters != nil && r.Counters == nil:
-		return Result{}, fmt.Errorf("run case %q: it has WantCounters but the Runner has no Counters reader", c.Name)
-	case c.WantCounters != nil:
-		var err error
-		if delta, err = Delta(r.Counters, run); err != nil {
-			return Result{}, err
-		}
-	default:
-		if err := run(); err != nil {
-			return Result{}, err
-		}
-	}
-	if res.Ret != c.WantRet {
-		rep.Errorf("verdict %d (%#x), want %d (%#x)", int32(res.Ret), res.Ret, int32(c.WantRet), c.WantRet)
-	}
-	if c.WantOut != nil && !bytes.Equal(res.Out, c.WantOut) {
-		rep.Errorf("output packet differs: %s", DiffBytes(res.Out, c.WantOut))
-	}
-	if c.WantCounters != nil {
-		if d := delta.Diff(c.WantCounters); d != "" {
-			rep.Errorf("counter changes differ (got, want):\n%s", d)
-		}
-	}
-	return res, nil
-}
+// progName names prog in an error message without a syscall (a table may refuse thousands
+// of packets on purpose).
+func progName(prog *ebpf.Program) string { return "program " + prog.String() }
 
 // DiffBytes describes how got differs from want: lengths, the first differing offset and
 // both packets in hex.

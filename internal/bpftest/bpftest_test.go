@@ -112,9 +112,9 @@ func TestRunnerXDP(t *testing.T) {
 			Name:    "check func sees the output",
 			In:      in[:14],
 			WantRet: XDPTx,
-			Check: func(tb testing.TB, out []byte) {
-				if len(out) != 18 || !bytes.Equal(out[4:], in[:14]) {
-					tb.Errorf("output %x, want 4 bytes then the input", out)
+			Check: func(tb testing.TB, r Result) {
+				if len(r.Out) != 18 || !bytes.Equal(r.Out[4:], in[:14]) {
+					tb.Errorf("output %x, want 4 bytes then the input", r.Out)
 				}
 			},
 		},
@@ -145,28 +145,39 @@ func TestRunnerReportsFailures(t *testing.T) {
 	RequireRoot(t)
 	m := newMap(t, ebpf.PerCPUArray, 8, 3)
 	r := Runner{Prog: countTC(t, m), Counters: func() (Counters, error) { return SumPerCPU[uint64](m) }}
+	grow := growXDP(t, newMap(t, ebpf.PerCPUArray, 24, 1))
 	in := make([]byte, 14)
 	for _, tc := range []struct {
 		name string
 		c    Case
 		want string
 	}{
-		{"verdict", Case{In: in, WantRet: TCActOK}, "verdict -1"},
+		{"verdict", Case{In: in, WantRet: TCActOK}, "verdict TC_ACT_UNSPEC, want TC_ACT_OK"},
 		{"output", Case{In: in, WantRet: TCActUnspec, WantOut: []byte{1}}, "output packet differs"},
 		{"counter value", Case{In: in, WantRet: TCActUnspec, WantCounters: Counters{"2": 2}}, "2: 1, want 2"},
 		{"unexpected counter", Case{In: in, WantRet: TCActUnspec, WantCounters: Counters{"1": 1}}, "2: 1, want 0"},
 		{"counters without reader", Case{In: in, WantRet: TCActUnspec, WantCounters: Counters{}}, "no Counters reader"},
+		{"same packet", Case{In: in, WantRet: TCActUnspec, WantSame: true}, ""},
+		{"changed packet", Case{Prog: grow, In: in, WantRet: XDPTx, WantSame: true}, "the program changed the packet"},
+		{"xdp verdict", Case{Prog: grow, In: in, WantRet: XDPPass}, "verdict XDP_TX, want XDP_PASS"},
+		{"mark on xdp", Case{Prog: grow, In: in, WantRet: XDPTx, WantMark: Mark(1)}, "skb context"},
+		{"now without clock", Case{In: in, WantRet: TCActUnspec, Now: 5}, "no Clock"},
+		{"in and steps", Case{In: in, Steps: []Case{{In: in}}}, "both In and Steps"},
+		{"nested steps", Case{Steps: []Case{{Steps: []Case{{In: in}}}}}, "steps of its own"},
+		{"step verdict", Case{Steps: []Case{{In: in, WantRet: TCActUnspec}, {Name: "second", In: in, WantRet: TCActShot}}}, "step 1 (second): verdict TC_ACT_UNSPEC, want TC_ACT_SHOT"},
+		{"sequence counters", Case{Steps: []Case{{In: in, WantRet: TCActUnspec}, {In: in, WantRet: TCActUnspec}},
+			WantCounters: Counters{"2": 1}}, "after the last step: counter changes differ (got, want):\n  2: 2, want 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var rec recorder
+			rec := &recorder{TB: t}
 			rr := r
 			if tc.name == "counters without reader" {
 				rr.Counters = nil
 			}
-			if _, err := rr.runOne(&rec, tc.c); err != nil {
+			if _, err := rr.exec(rec, tc.c, ""); err != nil {
 				rec.Errorf("%v", err)
 			}
-			if !strings.Contains(rec.String(), tc.want) {
+			if !strings.Contains(rec.String(), tc.want) || (tc.want == "") != (rec.Len() == 0) {
 				t.Errorf("reported %q, want it to mention %q", rec.String(), tc.want)
 			}
 		})
@@ -243,8 +254,11 @@ func TestDiffBytes(t *testing.T) {
 	}
 }
 
-// recorder collects what runOne reports.
-type recorder struct{ strings.Builder }
+// recorder collects what a Runner reports instead of failing the test.
+type recorder struct {
+	testing.TB
+	strings.Builder
+}
 
 func (r *recorder) Helper() {}
 func (r *recorder) Errorf(format string, args ...any) {

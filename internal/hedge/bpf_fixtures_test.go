@@ -359,27 +359,8 @@ func fixturePacerConfig(backend string, f *fixture) pacer.Config {
 	return c
 }
 
-// skBuff mirrors struct __sk_buff (vmlinux.h): BPF_PROG_TEST_RUN takes it as the context
-// in (only mark, priority, ifindexes, cb, tstamp, wire_len and gso fields may be non-zero)
-// and writes it back out. TestSkBuffLayout checks its size against the kernel's BTF.
-type skBuff struct {
-	Len, PktType, Mark, QueueMapping, Protocol     uint32
-	VlanPresent, VlanTCI, VlanProto, Priority      uint32
-	IngressIfindex, Ifindex, TCIndex               uint32
-	CB                                             [5]uint32
-	Hash, TCClassid, Data, DataEnd, NapiID, Family uint32
-	RemoteIP4, LocalIP4                            uint32
-	RemoteIP6, LocalIP6                            [4]uint32
-	RemotePort, LocalPort, DataMeta                uint32
-	FlowKeys                                       uint64
-	Tstamp                                         uint64
-	WireLen, GSOSegs                               uint32
-	Sk                                             uint64
-	GSOSize                                        uint32
-	TstampType                                     uint8
-	_                                              [3]byte
-	HWTstamp                                       uint64
-}
+// skBuff is the TC context BPF_PROG_TEST_RUN takes in and writes back out.
+type skBuff = bpftest.SkBuff
 
 // kernelSkBuffSize is sizeof(struct __sk_buff) from the running kernel's BTF.
 func kernelSkBuffSize() (int, error) {

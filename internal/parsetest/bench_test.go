@@ -2,7 +2,8 @@ package parsetest
 
 import (
 	"testing"
-	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
 )
 
 // BenchmarkParse reports the in-kernel cost of one parse (parse_pkt, parse_tcp_ts and the
@@ -24,23 +25,15 @@ func BenchmarkParse(b *testing.B) {
 		{"ipv6-6ext-udp", "ipv6 six extension headers udp"},
 		{"qinq-ipv6-hbh-tcp-ts", "ipv6 qinq hop-by-hop tcp"},
 	}
+	var cases []bpftest.Case
 	for _, e := range h.entries {
 		for _, k := range kinds {
 			fx, ok := byName[k.fixture]
 			if !ok {
 				b.Fatalf("no fixture %q", k.fixture)
 			}
-			frame := fx.builder().Build()
-			b.Run(e.name+"/"+k.name, func(b *testing.B) {
-				ret, perRun, err := e.prog.Benchmark(frame, b.N, b.ResetTimer)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if ret != e.verdict {
-					b.Fatalf("verdict %d, want %d", int32(ret), int32(e.verdict))
-				}
-				b.ReportMetric(float64(perRun)/float64(time.Nanosecond), "ns/op")
-			})
+			cases = append(cases, bpftest.Case{Name: e.name + "/" + k.name, Prog: e.prog, In: fx.builder().Build(), WantRet: e.verdict})
 		}
 	}
+	h.runner.Bench(b, cases)
 }

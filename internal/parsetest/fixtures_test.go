@@ -1,7 +1,6 @@
 package parsetest
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -236,9 +235,7 @@ func TestValidFixtures(t *testing.T) {
 	for _, fx := range validFixtures {
 		t.Run(fx.name, func(t *testing.T) {
 			want, _ := fx.expect()
-			if msg := h.check(fx.builder().Build(), want); msg != "" {
-				t.Error(msg)
-			}
+			h.checkFixture(t, fx.builder().Build(), want)
 		})
 	}
 }
@@ -269,20 +266,11 @@ func TestTruncations(t *testing.T) {
 				if want.Ret != wantRet {
 					t.Errorf("cut at %d of %d: reference returned %s, want %s", n, len(frame), retName(want.Ret), retName(wantRet))
 				}
-				for _, e := range h.entries {
-					got, err := h.run(e, cut)
-					if errors.Is(err, errNotRunnable) {
+				for _, c := range h.cases(fmt.Sprintf("cut at %d of %d: parse_", n, len(frame)), cut, wantParse(want)) {
+					if h.runner.RunCase(t, c) {
+						runs++
+					} else {
 						skipped++
-						continue
-					}
-					runs++
-					if err != nil {
-						t.Fatalf("cut at %d: %v", n, err)
-					}
-					if got.Ret != wantRet {
-						t.Errorf("cut at %d of %d: parse_%s returned %s, want %s", n, len(frame), e.name, retName(got.Ret), retName(wantRet))
-					} else if d := got.diff(want); d != "" {
-						t.Errorf("cut at %d of %d: parse_%s differs from the reference:\n%s", n, len(frame), e.name, d)
 					}
 				}
 			}
@@ -300,17 +288,15 @@ func TestShortFramesRejected(t *testing.T) {
 		if ref := refParse(frame[:n]); ref.Ret != errETH {
 			t.Errorf("reference on %d bytes returned %s, want ETH", n, retName(ref.Ret))
 		}
-		for _, e := range h.entries {
-			// Recent kernels refuse test runs shorter than an Ethernet header; older ones
-			// (5.10 for XDP) run them, and then the parser must say ETH.
-			got, err := h.run(e, frame[:n])
-			switch {
-			case errors.Is(err, errNotRunnable):
-			case err != nil:
-				t.Errorf("parse_%s on a %d-byte packet: %v", e.name, n, err)
-			case got.Ret != errETH:
-				t.Errorf("parse_%s on a %d-byte packet returned %s, want ETH", e.name, n, retName(got.Ret))
+		// Recent kernels refuse test runs shorter than an Ethernet header; older ones (5.10
+		// for XDP) run them, and then the parser must say ETH.
+		onlyRet := func(tb testing.TB, e entry, got parse) {
+			if got.Ret != errETH {
+				tb.Errorf("parse_%s returned %s, want ETH", e.name, retName(got.Ret))
 			}
+		}
+		for _, c := range h.cases(fmt.Sprintf("%d-byte packet: parse_", n), frame[:n], onlyRet) {
+			h.runner.RunCase(t, c)
 		}
 	}
 }
@@ -465,9 +451,7 @@ func TestMalformedFixtures(t *testing.T) {
 	h := load(t)
 	for _, fx := range malformedFixtures() {
 		t.Run(fx.name, func(t *testing.T) {
-			if msg := h.check(fx.frame, fx.want); msg != "" {
-				t.Error(msg)
-			}
+			h.checkFixture(t, fx.frame, fx.want)
 		})
 	}
 }

@@ -1,7 +1,7 @@
 package parsetest
 
 import (
-	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -28,20 +28,8 @@ func FuzzParse(f *testing.F) {
 		if _, ok := errNames[want.Ret]; !ok {
 			t.Fatalf("reference returned %d, not a parse_err", want.Ret)
 		}
-		for _, e := range h.entries {
-			got, err := h.run(e, frame)
-			if errors.Is(err, errNotRunnable) {
-				continue
-			}
-			if err != nil {
-				t.Fatalf("frame %x: %v", frame, err)
-			}
-			if _, ok := errNames[got.Ret]; !ok {
-				t.Fatalf("frame %x: parse_%s returned %d, not a parse_err", frame, e.name, got.Ret)
-			}
-			if d := got.diff(want); d != "" {
-				t.Fatalf("frame %x: parse_%s differs from the reference:\n%s", frame, e.name, d)
-			}
+		for _, c := range h.cases(fmt.Sprintf("frame %x: parse_", frame), frame, wantParse(want)) {
+			h.runner.RunCase(t, c)
 		}
 	})
 }

@@ -1,8 +1,6 @@
 package parsetest
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"math/bits"
 	"net/netip"
@@ -12,8 +10,9 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/kedge-dev/kedge/internal/bpftest"
 	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
 )
 
 func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
@@ -141,6 +140,7 @@ type entry struct {
 type harness struct {
 	objs    parsetestObjects
 	entries []entry
+	runner  bpftest.Runner
 }
 
 // load loads the parsetest objects (skipping without root) and closes them at cleanup.
@@ -156,11 +156,14 @@ func load(tb testing.TB) *harness {
 		{"tc", h.objs.ParseTc, bpftest.TCActUnspec},
 		{"xdp", h.objs.ParseXdp, bpftest.XDPPass},
 	}
+	h.runner = bpftest.Runner{Reset: func(tb testing.TB) {
+		tb.Helper()
+		if err := h.objs.Result.Put(uint32(0), parsetestParseResult{Ret: resultUnwritten}); err != nil {
+			tb.Fatalf("reset result: %v", err)
+		}
+	}}
 	return h
 }
-
-// errNotRunnable: the kernel refused to test-run this frame (see skbRefuses).
-var errNotRunnable = errors.New("frame refused by the skb test runner")
 
 // skbRefuses says whether the skb (TC) test runner refuses frame: measured on 6.18, it
 // returns EINVAL when the outer ethertype is IPv4 (IPv6) and the frame is shorter than an
@@ -178,57 +181,50 @@ func skbRefuses(frame []byte) bool {
 	return false
 }
 
-// run parses frame with e and returns the parse. It fails when the verdict is not the
-// entry point's, when the program changed the packet or did not write its result; it
-// returns errNotRunnable when the kernel refuses the frame for a documented reason.
-func (h *harness) run(e entry, frame []byte) (parse, error) {
-	zero := uint32(0)
-	if err := h.objs.Result.Put(zero, parsetestParseResult{Ret: resultUnwritten}); err != nil {
-		return parse{}, fmt.Errorf("reset result: %w", err)
-	}
-	res, err := bpftest.Run(e.prog, frame)
-	if err != nil {
-		if errors.Is(err, unix.EINVAL) && (len(frame) < minFrame || e.name == "tc" && skbRefuses(frame)) {
-			return parse{}, errNotRunnable
+// cases is the fixture of frame on each entry point: the entry's fixed verdict, the packet
+// unchanged, and check on the parse it wrote. A frame the kernel refuses to test-run for a
+// documented reason (shorter than an Ethernet header; see skbRefuses) is not judged.
+func (h *harness) cases(name string, frame []byte, check func(tb testing.TB, e entry, got parse)) []bpftest.Case {
+	var cs []bpftest.Case
+	for _, e := range h.entries {
+		c := bpftest.Case{
+			Name: name + e.name, Prog: e.prog, In: frame, WantRet: e.verdict, WantSame: true,
+			Check: func(tb testing.TB, _ bpftest.Result) {
+				tb.Helper()
+				var r parsetestParseResult
+				if err := h.objs.Result.Lookup(uint32(0), &r); err != nil {
+					tb.Fatalf("read result: %v", err)
+				}
+				if r.Ret == resultUnwritten {
+					tb.Errorf("parse_%s did not write its result", e.name)
+					return
+				}
+				check(tb, e, fromBPF(r))
+			},
 		}
-		return parse{}, err
+		if len(frame) < minFrame || e.name == "tc" && skbRefuses(frame) {
+			c.Refused = unix.EINVAL
+		}
+		cs = append(cs, c)
 	}
-	if res.Ret != e.verdict {
-		return parse{}, fmt.Errorf("parse_%s returned %d, want %d", e.name, int32(res.Ret), int32(e.verdict))
-	}
-	if !bytes.Equal(res.Out, frame) {
-		return parse{}, fmt.Errorf("parse_%s changed the packet: %s", e.name, bpftest.DiffBytes(res.Out, frame))
-	}
-	var r parsetestParseResult
-	if err := h.objs.Result.Lookup(zero, &r); err != nil {
-		return parse{}, fmt.Errorf("read result: %w", err)
-	}
-	if r.Ret == resultUnwritten {
-		return parse{}, fmt.Errorf("parse_%s did not write its result", e.name)
-	}
-	return fromBPF(r), nil
+	return cs
 }
 
-// check runs frame through both entry points and compares each parse with want and with the
-// reference parser. It returns what it found wrong, "" if nothing.
-func (h *harness) check(frame []byte, want parse) string {
-	var b strings.Builder
-	ref := refParse(frame)
-	if d := ref.diff(want); d != "" {
-		fmt.Fprintf(&b, "reference parser differs from the fixture:\n%s", d)
-	}
-	for _, e := range h.entries {
-		got, err := h.run(e, frame)
-		if errors.Is(err, errNotRunnable) {
-			continue
-		}
-		if err != nil {
-			fmt.Fprintf(&b, "%v\n", err)
-			continue
-		}
+// wantParse is a cases check: the parse equals want.
+func wantParse(want parse) func(testing.TB, entry, parse) {
+	return func(tb testing.TB, e entry, got parse) {
+		tb.Helper()
 		if d := got.diff(want); d != "" {
-			fmt.Fprintf(&b, "parse_%s differs from the fixture:\n%s", e.name, d)
+			tb.Errorf("parse_%s differs from the expected parse:\n%s", e.name, d)
 		}
 	}
-	return b.String()
+}
+
+// checkFixture compares the reference parser with want and runs frame's cases as subtests.
+func (h *harness) checkFixture(t *testing.T, frame []byte, want parse) {
+	t.Helper()
+	if d := refParse(frame).diff(want); d != "" {
+		t.Errorf("reference parser differs from the fixture:\n%s", d)
+	}
+	h.runner.Run(t, h.cases("", frame, wantParse(want)))
 }

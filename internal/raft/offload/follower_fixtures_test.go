@@ -143,8 +143,9 @@ func counters(f *Follower) func() (bpftest.Counters, error) {
 
 // verifyReply checks the reply's checksums and that the leader's transport would accept it:
 // wire.Decode as node 1 gives the MsgHeartbeatResp etcd-raft's follower sends.
-func verifyReply(term uint64, ctx []byte) func(testing.TB, []byte) {
-	return func(t testing.TB, out []byte) {
+func verifyReply(term uint64, ctx []byte) func(testing.TB, bpftest.Result) {
+	return func(t testing.TB, r bpftest.Result) {
+		out := r.Out
 		t.Helper()
 		if err := pktbuild.VerifyChecksums(out); err != nil {
 			t.Errorf("reply checksums: %v", err)
@@ -306,7 +307,8 @@ func TestFollowerFixturesKeyed(t *testing.T) {
 	otherKey[0] ^= 1
 	wrongKey := heartbeatMsg().payload(t)
 	wire.NewSigner(&otherKey).Sign(wrongKey)
-	checkSigned := func(tb testing.TB, out []byte) {
+	checkSigned := func(tb testing.TB, r bpftest.Result) {
+		out := r.Out
 		tb.Helper()
 		if err := pktbuild.VerifyChecksums(out); err != nil {
 			tb.Errorf("reply checksums: %v", err)
@@ -368,8 +370,9 @@ func TestFollowerPassMark(t *testing.T) {
 			IPv4(pktbuild.IPv4{Src: leader4.Addr(), Dst: self4.Addr(), TTL: 63, ID: 1}).
 			UDP(pktbuild.UDP{Src: leader4.Port(), Dst: self4.Port(), Checksum: new(int)}).Payload(p).Build()
 	}
-	marked := func(wantCsum bool) func(testing.TB, []byte) {
-		return func(tb testing.TB, out []byte) {
+	marked := func(wantCsum bool) func(testing.TB, bpftest.Result) {
+		return func(tb testing.TB, r bpftest.Result) {
+			out := r.Out
 			tb.Helper()
 			p := bytes.Clone(out[len(out)-wire.PktLen:])
 			if !bytes.Equal(p[96:], mark[:]) {
@@ -402,7 +405,8 @@ func TestFollowerPassMark(t *testing.T) {
 		{Name: "the mark in place of a MAC dropped", In: frame(leader4, self4, 1, withMark), WantRet: bpftest.XDPDrop,
 			WantCounters: bpftest.Counters{"rx": 1, "drop_mac": 1}},
 		{Name: "heartbeat answered with its real MAC, not marked", In: frame(leader4, self4, 1, signed(heartbeatMsg())), WantRet: bpftest.XDPTx,
-			Check: func(tb testing.TB, out []byte) {
+			Check: func(tb testing.TB, r bpftest.Result) {
+				out := r.Out
 				tb.Helper()
 				if r := wire.NewVerifier(&key).Verify(out[len(out)-wire.PktLen:]); r != wire.OK {
 					tb.Errorf("the leader refuses the reply: %v", r)
@@ -619,8 +623,9 @@ func TestFollowerPreVote(t *testing.T) {
 		}
 		return frame(other4, self4, 9, p)
 	}
-	answer := func(term uint64, reject bool) func(testing.TB, []byte) {
-		return func(tb testing.TB, out []byte) {
+	answer := func(term uint64, reject bool) func(testing.TB, bpftest.Result) {
+		return func(tb testing.TB, r bpftest.Result) {
+			out := r.Out
 			tb.Helper()
 			if err := pktbuild.VerifyChecksums(out); err != nil {
 				tb.Errorf("reply checksums: %v", err)
