@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
 
 	"github.com/kedge-dev/kedge/internal/pacer"
+	"github.com/kedge-dev/kedge/internal/strictyaml"
 )
 
 // Config is what `kedge hedge run` is given (YAML, or flags for one service).
@@ -84,12 +84,18 @@ func (r RequestIDSpec) String() string {
 	return fmt.Sprintf("offset %d, %d bytes, %s-endian", r.Offset, r.Length, r.Order)
 }
 
+// requestIDYAML is a request_id mapping as written (a nil Length: not given).
+type requestIDYAML struct {
+	Offset int    `yaml:"offset"`
+	Length *int   `yaml:"length"`
+	Order  string `yaml:"order"`
+}
+
+// YAMLShape gives strictyaml the keys of a request_id mapping.
+func (RequestIDSpec) YAMLShape() any { return requestIDYAML{} }
+
 func (r *RequestIDSpec) UnmarshalYAML(n *yaml.Node) error {
-	var raw struct {
-		Offset int    `yaml:"offset"`
-		Length *int   `yaml:"length"`
-		Order  string `yaml:"order"`
-	}
+	var raw requestIDYAML
 	if err := n.Decode(&raw); err != nil {
 		return err
 	}
@@ -173,6 +179,17 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
+// delayYAML is an adaptive delay's mapping as written.
+type delayYAML struct {
+	Quantile   float64  `yaml:"quantile"`
+	Min        Duration `yaml:"min"`
+	Max        Duration `yaml:"max"`
+	MinSamples int      `yaml:"min_samples"`
+}
+
+// YAMLShape gives strictyaml the keys of an adaptive delay's mapping.
+func (DelaySpec) YAMLShape() any { return delayYAML{} }
+
 func (d *DelaySpec) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind == yaml.ScalarNode {
 		v, err := time.ParseDuration(n.Value)
@@ -186,12 +203,7 @@ func (d *DelaySpec) UnmarshalYAML(n *yaml.Node) error {
 		*d = DelaySpec{Fixed: v}
 		return nil
 	}
-	var raw struct {
-		Quantile   float64  `yaml:"quantile"`
-		Min        Duration `yaml:"min"`
-		Max        Duration `yaml:"max"`
-		MinSamples int      `yaml:"min_samples"`
-	}
+	var raw delayYAML
 	if err := n.Decode(&raw); err != nil {
 		return err
 	}
@@ -222,9 +234,10 @@ func LoadConfig(path string) (*Config, error) {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
 	var c Config
-	dec := yaml.NewDecoder(strings.NewReader(string(b)))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
+	if err := strictyaml.Decode(b, &c); err != nil {
+		if errors.Is(err, strictyaml.ErrEmpty) {
+			return nil, fmt.Errorf("config %s is empty: declare an interface and its services (docs/hedging.md has every key)", path)
+		}
 		return nil, fmt.Errorf("parse config %s: %w", path, err)
 	}
 	if err := c.Validate(); err != nil {

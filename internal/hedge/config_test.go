@@ -196,7 +196,12 @@ func TestLoadConfigErrors(t *testing.T) {
 	}{
 		{"no interface", "services: [{address: 198.18.0.12:9999, delay: 10ms}]", "interface is required: the client-side interface"},
 		{"no services", "interface: eth0", "no services: declare at least one under 'services'"},
-		{"unknown key", svc("    delay: 10ms\n    dealy: 5ms\n"), "field dealy not found"},
+		{"unknown key", svc("    delay: 10ms\n    dealy: 5ms\n"), `line 6: services[0]: unknown key "dealy": did you mean "delay"?`},
+		{"unknown top key", "interfce: eth0\nservices: [{address: 198.18.0.12:9999}]", `line 1: unknown key "interfce": did you mean "interface"?`},
+		{"unknown delay key", svc("    delay: {quantile: 0.9, min: 1ms, mx: 9ms}\n"), `line 5: services[0].delay: unknown key "mx": did you mean "max"?`},
+		{"unknown request_id key", svc("    request_id: {ofset: 2}\n"), `line 5: services[0].request_id: unknown key "ofset": did you mean "offset"?`},
+		{"empty file", "", "is empty: declare an interface and its services"},
+		{"comments only", "# nothing yet\n", "is empty: declare an interface and its services"},
 		{"bad duration", "interface: eth0\nttl: forever\nservices: [{address: 198.18.0.12:9999, delay: 10ms}]", `"forever" is not a duration (use e.g. 10ms, 1.5s)`},
 		{"bad delay scalar", svc("    delay: soon\n"), `delay "soon" is neither a duration (10ms) nor {quantile, min, max}`},
 		{"unknown backend", "interface: eth0\ndelay_line: {backend: fq}\nservices: [{address: 198.18.0.12:9999, delay: 10ms}]", `delay_line.backend "fq" unknown: use auto, conveyor, netem or edt`},
