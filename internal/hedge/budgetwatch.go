@@ -49,7 +49,7 @@ func (w *budgetWatch) check(cur *Snapshot) []string {
 	}
 	var out []string
 	for i, s := range cur.Services {
-		if i >= len(prev.Services) || i >= len(w.services) || prev.Services[i].Name != s.Name {
+		if i >= len(prev.Services) || i >= len(w.services) || prev.Services[i].Name != s.Name || w.services[i].Name != s.Name {
 			continue
 		}
 		b := w.services[i].Budget
@@ -101,10 +101,13 @@ func (w *budgetWatch) check(cur *Snapshot) []string {
 // WatchBudget logs a warning when the budget keeps hedging from working (see budgetWatch),
 // checking every interval until ctx ends.
 func (h *Hedger) WatchBudget(ctx context.Context, interval time.Duration) {
-	w := newBudgetWatch(h.Config.Services)
+	w := newBudgetWatch(nil)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
+		h.mu.RLock()
+		w.services = h.Config.Services // Update may have changed them
+		h.mu.RUnlock()
 		if snap, err := h.Stats(); err == nil {
 			for _, msg := range w.check(snap) {
 				h.log.Warn("budget refuses hedges", "advice", msg)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -28,6 +29,13 @@ type Options struct {
 	// Backend overrides Config.DelayLine.Backend when set.
 	Backend string
 	Log     *slog.Logger
+	// Instance tells the delay lines of several hedgers in one process apart: 0 names them
+	// hedge-dl (namespace) and kedge-dl0 (veth), n > 0 hedge-dl<n> and kedge-dl<n>.
+	Instance int
+	// ServiceSlots is how many services the hedger is sized for (each slot holds a store
+	// ring of about 2 MiB): Update adds services into free slots without restarting
+	// (default: the config's services; at most 64).
+	ServiceSlots int
 }
 
 // Hedger is a running hedger. Close detaches everything and removes the delay line.
@@ -43,6 +51,15 @@ type Hedger struct {
 	pacerCfg pacer.Config // what load writes as pacer_cfg (fixtures set it without a pacer)
 	attached []bpfx.Attachment
 	log      *slog.Logger
+
+	// What Update needs: the client namespace (the caller keeps it open while the hedger
+	// runs), the service slots and each service's slot (Config.Services order), and when
+	// each slot was last freed. mu guards Config and slots against Stats.
+	netns    netns.NsHandle
+	capacity int
+	slots    []uint32
+	freed    map[uint32]time.Time
+	mu       sync.RWMutex
 }
 
 // Calibration is the delay line's (the pacer's) calibration, measured by the pacer at start.
@@ -59,7 +76,10 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 	if err := checkKernel(); err != nil {
 		return nil, err
 	}
-	h := &Hedger{Config: cfg, log: opts.Log}
+	h := &Hedger{Config: cfg, log: opts.Log, netns: opts.Netns, capacity: max(opts.ServiceSlots, len(cfg.Services))}
+	if h.capacity > svcMax {
+		return nil, fmt.Errorf("%d service slots, at most %d", h.capacity, svcMax)
+	}
 	if h.log == nil {
 		h.log = slog.Default()
 	}
@@ -80,8 +100,12 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 	}
 	// The delay line is the pacer (internal/pacer); clones ride it as carried packets, and
 	// the stored path asks it for ticks. Without a clone path it carries nothing.
+	dlName, dlIf := "hedge-dl", dlClient
+	if opts.Instance > 0 {
+		dlName, dlIf = fmt.Sprintf("hedge-dl%d", opts.Instance), fmt.Sprintf("kedge-dl%d", opts.Instance)
+	}
 	if h.pacer, err = pacer.New(pacer.Options{
-		Netns: opts.Netns, Name: "hedge-dl", IfName: dlClient, Backend: want,
+		Netns: opts.Netns, Name: dlName, IfName: dlIf, Backend: want,
 		Period: time.Duration(cfg.DelayLine.Period), RateMbit: cfg.DelayLine.RateMbit,
 		FillerBytes: cfg.DelayLine.FillerBytes, Carry: !h.noCarry, Log: h.log,
 	}); err != nil {
@@ -152,8 +176,8 @@ func (h *Hedger) load() error {
 		return fmt.Errorf("load hedge spec: %w", err)
 	}
 	spec.Maps[hedgeMapScoreboard].MaxEntries = h.Config.ScoreboardSize
-	// One store ring per service (a cell holds a whole request: 2 KiB).
-	spec.Maps[hedgeMapStoreRing].MaxEntries = uint32(len(h.Config.Services) * storeRing)
+	// One store ring per service slot (a cell holds a whole request: 2 KiB).
+	spec.Maps[hedgeMapStoreRing].MaxEntries = uint32(max(h.capacity, len(h.Config.Services)) * storeRing)
 	cfg := hedgeHedgeConfig{
 		OutIfindex: uint32(h.IfIndex),
 		HedgeMark:  h.Config.Mark,
@@ -182,60 +206,75 @@ func svcAddr(ap netip.AddrPort) hedgeSvcAddr {
 	return a
 }
 
-// fillMaps writes the services into services, replicas, svc_cfgs and svc_states.
+// fillMaps writes the services into services, replicas, svc_cfgs and svc_states, service i
+// into slot i.
 func (h *Hedger) fillMaps() error {
-	for i, s := range h.Config.Services {
-		idx := uint32(i)
-		cfg := hedgeSvcCfg{Enabled: 1, Nreplicas: uint8(len(s.replicas)), OrigIndex: 0}
-		cfg.Reqid.Offset = uint16(s.RequestID.Offset)
-		cfg.Reqid.Len = uint8(s.RequestID.Length)
-		if s.RequestID.Order == "little" {
-			cfg.Reqid.Order = uint8(hedgeReqidOrderREQID_LITTLE_ENDIAN)
+	h.slots = make([]uint32, len(h.Config.Services))
+	for i := range h.Config.Services {
+		h.slots[i] = uint32(i)
+		if err := h.writeService(uint32(i), &h.Config.Services[i], true); err != nil {
+			return err
 		}
-		if s.Delay.Quantile > 0 {
-			cfg.Mode = uint8(hedgeDelayModeDELAY_QUANTILE)
-			cfg.DelayNs = uint64(s.Delay.Max) // until the window has min_samples
-			cfg.MinNs, cfg.MaxNs = uint64(s.Delay.Min), uint64(s.Delay.Max)
-			cfg.QuantilePm = uint32(math.Round(s.Delay.Quantile * 1000))
-			cfg.MinSamples = uint32(s.Delay.MinSamples)
-		} else {
-			cfg.Mode = uint8(hedgeDelayModeDELAY_FIXED)
-			cfg.DelayNs = uint64(s.Delay.Fixed)
-			cfg.MinNs, cfg.MaxNs = cfg.DelayNs, cfg.DelayNs
-		}
-		cfg.MaxHedges = uint8(s.MaxHedges)
-		if s.ReplicaChoice == ReplicaP50 {
-			cfg.ReplicaChoice = uint8(hedgeReplicaChoiceREPLICA_P50)
-		}
-		cfg.StoreLimit = uint32(s.storeLimit())
-		cfg.BudgetRatioMilli = uint64(math.Round(s.Budget.Ratio * 1000))
-		cfg.BudgetCapMilli = uint64(s.Budget.Burst) * 1000
-		cfg.BudgetMode = uint32(hedgeBudgetModeBUDGET_WINDOW)
-		cfg.BudgetSlotNs = uint64(time.Duration(s.Budget.Window) / time.Duration(budgetSlots))
-		var state hedgeSvcState
-		if s.Budget.Mode == BudgetBucket {
-			cfg.BudgetMode = uint32(hedgeBudgetModeBUDGET_BUCKET)
-			state.TokensMilli = int64(cfg.BudgetCapMilli) // a full bucket
-		}
-		for r, ap := range s.replicas {
-			cfg.Replicas[r] = svcAddr(ap)
-			ref := hedgeReplicaRef{Svc: uint16(i), Index: uint8(r)}
-			if r == 0 {
-				ref.IsSvc = 1
-			}
-			if err := h.objs.Replicas.Put(hedgeSvcKey{A: svcAddr(ap)}, ref); err != nil {
-				return fmt.Errorf("write replica %s: %w", ap, err)
-			}
-		}
-		if err := h.objs.SvcCfgs.Put(idx, cfg); err != nil {
-			return fmt.Errorf("write service %s config: %w", s.Name, err)
-		}
+	}
+	return nil
+}
+
+// writeService writes service s into slot idx: its config, its state (fresh when
+// newState), its replicas and, last, its address, so the splitter sees it only complete.
+func (h *Hedger) writeService(idx uint32, s *ServiceConfig, newState bool) error {
+	cfg := hedgeSvcCfg{Enabled: 1, Nreplicas: uint8(len(s.replicas)), OrigIndex: 0}
+	cfg.Reqid.Offset = uint16(s.RequestID.Offset)
+	cfg.Reqid.Len = uint8(s.RequestID.Length)
+	if s.RequestID.Order == "little" {
+		cfg.Reqid.Order = uint8(hedgeReqidOrderREQID_LITTLE_ENDIAN)
+	}
+	if s.Delay.Quantile > 0 {
+		cfg.Mode = uint8(hedgeDelayModeDELAY_QUANTILE)
+		cfg.DelayNs = uint64(s.Delay.Max) // until the window has min_samples
+		cfg.MinNs, cfg.MaxNs = uint64(s.Delay.Min), uint64(s.Delay.Max)
+		cfg.QuantilePm = uint32(math.Round(s.Delay.Quantile * 1000))
+		cfg.MinSamples = uint32(s.Delay.MinSamples)
+	} else {
+		cfg.Mode = uint8(hedgeDelayModeDELAY_FIXED)
+		cfg.DelayNs = uint64(s.Delay.Fixed)
+		cfg.MinNs, cfg.MaxNs = cfg.DelayNs, cfg.DelayNs
+	}
+	cfg.MaxHedges = uint8(s.MaxHedges)
+	if s.ReplicaChoice == ReplicaP50 {
+		cfg.ReplicaChoice = uint8(hedgeReplicaChoiceREPLICA_P50)
+	}
+	cfg.StoreLimit = uint32(s.storeLimit())
+	cfg.BudgetRatioMilli = uint64(math.Round(s.Budget.Ratio * 1000))
+	cfg.BudgetCapMilli = uint64(s.Budget.Burst) * 1000
+	cfg.BudgetMode = uint32(hedgeBudgetModeBUDGET_WINDOW)
+	cfg.BudgetSlotNs = uint64(time.Duration(s.Budget.Window) / time.Duration(budgetSlots))
+	var state hedgeSvcState
+	if s.Budget.Mode == BudgetBucket {
+		cfg.BudgetMode = uint32(hedgeBudgetModeBUDGET_BUCKET)
+		state.TokensMilli = int64(cfg.BudgetCapMilli) // a full bucket
+	}
+	for r, ap := range s.replicas {
+		cfg.Replicas[r] = svcAddr(ap)
+	}
+	if err := h.objs.SvcCfgs.Put(idx, cfg); err != nil {
+		return fmt.Errorf("write service %s config: %w", s.Name, err)
+	}
+	if newState {
 		if err := h.objs.SvcStates.Put(idx, state); err != nil {
 			return fmt.Errorf("write service %s state: %w", s.Name, err)
 		}
-		if err := h.objs.Services.Put(hedgeSvcKey{A: svcAddr(s.addr)}, idx); err != nil {
-			return fmt.Errorf("write service %s: %w", s.Name, err)
+	}
+	for r, ap := range s.replicas {
+		ref := hedgeReplicaRef{Svc: uint16(idx), Index: uint8(r)}
+		if r == 0 {
+			ref.IsSvc = 1
 		}
+		if err := h.objs.Replicas.Put(hedgeSvcKey{A: svcAddr(ap)}, ref); err != nil {
+			return fmt.Errorf("write replica %s: %w", ap, err)
+		}
+	}
+	if err := h.objs.Services.Put(hedgeSvcKey{A: svcAddr(s.addr)}, idx); err != nil {
+		return fmt.Errorf("write service %s: %w", s.Name, err)
 	}
 	return nil
 }

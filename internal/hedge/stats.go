@@ -87,6 +87,8 @@ func pick(m map[string]uint64, global bool) map[string]uint64 {
 
 // Stats reads a consistent-enough snapshot of every counter and histogram.
 func (h *Hedger) Stats() (*Snapshot, error) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
 	snap := &Snapshot{Time: time.Now(), Backend: h.Backend, Calibration: h.Calibration}
 	if h.pacer != nil {
 		snap.Period = h.pacer.Period()
@@ -102,7 +104,7 @@ func (h *Hedger) Stats() (*Snapshot, error) {
 	}
 	snap.DelayLine = dl.Counters
 	for i, s := range h.Config.Services {
-		idx := uint32(i)
+		idx := h.slot(i)
 		counters, err := bpfx.SumPerCPU[hedgeHedgeStats](h.objs.Stats, idx)
 		if err != nil {
 			return nil, fmt.Errorf("read counters of %s: %w", s.Name, err)
