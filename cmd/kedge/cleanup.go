@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/cleanup"
-	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
@@ -139,25 +138,9 @@ func writeCleanup(w io.Writer, r *cleanup.Result) error {
 }
 
 // cleanBeforeRun removes what killed runs left behind before a long-running command
-// starts: namespaces, tc filters in ns (the namespace it attaches in; TCX links die with
-// their process), pins and status files in statusDir ("" = runstate.Dir). What stays is
-// logged, not fatal.
+// starts (cleanup.BeforeRun), logging what it removes and what stays.
 func cleanBeforeRun(ns netns.NsHandle, statusDir string) {
-	res, err := cleanup.Run(cleanup.Options{FilterNetns: &lab.Netns{Handle: ns}, StatusDir: statusDir})
-	if err != nil {
-		slog.Warn("look for leftovers of killed runs", "err", err)
-	}
-	if res == nil {
-		return
-	}
-	for _, it := range res.Items {
-		switch it.Action {
-		case cleanup.Removed:
-			slog.Info("removed a killed run's leftover", "kind", it.Kind, "name", it.Name, "why", it.Reason)
-		case cleanup.Failed:
-			slog.Warn("cannot remove a killed run's leftover", "kind", it.Kind, "name", it.Name, "err", it.Error)
-		}
-	}
+	cleanup.BeforeRun(slog.Default(), ns, statusDir)
 }
 
 // rootHint adds "run as root" to permission errors of unprivileged callers.
