@@ -118,7 +118,8 @@ without root and without the interfaces: keys (a typo is named, with the nearest
 key), values and their ranges, and that no two hedgers or monitors share an interface.
 It prints what the file declares.
 
-Exit codes: 0 valid, 2 not valid (the message says what to change), 1 unreadable.`,
+Exit codes: 0 valid, 2 not valid or no such file (the message says what to change),
+1 unreadable.`,
 		Example: `  kedge agent check /etc/kedge/kedge.yaml
   kedge agent check kedge.yaml && sudo systemctl reload kedge-agent`,
 		Args: func(cmd *cobra.Command, args []string) error {

@@ -195,6 +195,18 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"raft", "status", "extra"}},
 		{exitError, []string{"raft", "status", "--endpoints", "127.0.0.1:1"}},
 	},
+	"agent-errors.golden": {
+		{exitUsage, []string{"agent", "extra"}},
+		{exitUsage, []string{"agent", "--config", "testdata/agent-missing.yaml"}},
+		{exitUsage, []string{"agent", "--config", "testdata/agent-typo.yaml"}},
+		{exitUsage, []string{"agent", "check"}},
+		{exitUsage, []string{"agent", "check", "testdata/agent-missing.yaml"}},
+		{exitUsage, []string{"agent", "check", "testdata/agent-typo.yaml"}},
+		{exitUsage, []string{"agent", "check", "testdata/agent-empty.yaml"}},
+		{exitUsage, []string{"agent", "check", "testdata/agent-bad.yaml"}},
+		{exitUsage, []string{"agent", "check", "testdata/agent-dup.yaml"}},
+		{exitUsage, []string{"agent", "check", "testdata/hedge-bad.yaml"}},
+	},
 	"pping-errors.golden": {
 		{exitUsage, []string{"pping"}},
 		{exitUsage, []string{"pping", "extra", "-i", noIface}},
