@@ -1,0 +1,188 @@
+package doccheck
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// The names a document gives to the code must exist in it: a file or directory moved or
+// renamed, a test renamed, a function gone - the document is then wrong, and says so here.
+
+// repoPathRE finds repository paths in a document's text: a top-level directory of the
+// repository and what follows up to a character no path of ours contains.
+var repoPathRE = regexp.MustCompile(`(^|[^A-Za-z0-9_./~-])((?:bpf|internal|pkg|cmd|tools|scripts|clients|deploy|docs|\.ci)/[A-Za-z0-9_./-]*)`)
+
+// testNameRE finds Go test, benchmark and fuzz functions named in a document.
+var testNameRE = regexp.MustCompile(`\b((?:Test|Benchmark|Fuzz)[A-Z][A-Za-z0-9_]*)`)
+
+// callRE finds `name()` in code spans: a function of ours (Go or BPF C).
+var callRE = regexp.MustCompile("`(?:[A-Za-z_][A-Za-z0-9_]*\\.)?([A-Za-z_][A-Za-z0-9_]*)\\(\\)`")
+
+// qualRE finds `pkg.Name` in code spans, where pkg is one of our Go packages.
+var qualRE = regexp.MustCompile("`\\(?\\*?([a-z][a-z0-9]*)\\.([A-Z][A-Za-z0-9_]*)")
+
+// sources reads the repository's Go, C and header files (not generated objects).
+type sources struct {
+	all       strings.Builder             // every source file's text
+	tests     map[string]bool             // Test/Benchmark/Fuzz functions defined
+	pkgs      map[string][]string         // Go package name -> directories
+	pkgText   map[string]*strings.Builder // directory -> its Go files' text
+	externals map[string]bool             // package names that are not ours (etcd-raft's, ...)
+}
+
+var testFuncRE = regexp.MustCompile(`(?m)^func ((?:Test|Benchmark|Fuzz)[A-Z]\w*)\(`)
+var pkgClauseRE = regexp.MustCompile(`(?m)^package (\w+)`)
+
+func readSources(t *testing.T) *sources {
+	t.Helper()
+	s := &sources{tests: map[string]bool{}, pkgs: map[string][]string{}, pkgText: map[string]*strings.Builder{}}
+	err := filepath.WalkDir(repoRoot, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if n := d.Name(); p != repoRoot && (strings.HasPrefix(n, ".") || n == "docs" || n == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		ext := filepath.Ext(p)
+		if ext != ".go" && ext != ".c" && ext != ".h" {
+			return nil
+		}
+		if strings.HasSuffix(p, "vmlinux.h") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		s.all.Write(b)
+		s.all.WriteByte('\n')
+		if ext != ".go" {
+			return nil
+		}
+		for _, m := range testFuncRE.FindAllSubmatch(b, -1) {
+			s.tests[string(m[1])] = true
+		}
+		dir := filepath.Dir(p)
+		if m := pkgClauseRE.FindSubmatch(b); m != nil && !strings.HasSuffix(p, "_test.go") {
+			name := string(m[1])
+			if !slices.Contains(s.pkgs[name], dir) {
+				s.pkgs[name] = append(s.pkgs[name], dir)
+			}
+		}
+		if s.pkgText[dir] == nil {
+			s.pkgText[dir] = new(strings.Builder)
+		}
+		s.pkgText[dir].Write(b)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestDocNames: every repository path, test and function a document names exists.
+func TestDocNames(t *testing.T) {
+	docs := documents(t)
+	src := readSources(t)
+	all := src.all.String()
+	names := make([]string, 0, len(docs))
+	for d := range docs {
+		names = append(names, d)
+	}
+	sort.Strings(names)
+	for _, doc := range names {
+		text := string(docs[doc])
+		missing := map[string]bool{}
+		for _, m := range repoPathRE.FindAllStringSubmatchIndex(text, -1) {
+			p := text[m[4]:m[5]]
+			if m[5] < len(text) && strings.ContainsRune("<*{$", rune(text[m[5]])) {
+				// A pattern (bench_<name>.go, fabric*.go): something must start so.
+				if g, _ := filepath.Glob(filepath.Join(repoRoot, p) + "*"); len(g) == 0 {
+					missing["path "+p+"..."] = true
+				}
+				continue
+			}
+			p = strings.TrimRight(p, ".-")
+			if _, err := os.Stat(filepath.Join(repoRoot, p)); err != nil {
+				missing["path "+p] = true
+			}
+		}
+		for _, l := range links(text) {
+			if _, err := os.Stat(filepath.Join(repoRoot, filepath.Dir(doc), l)); err != nil {
+				missing["link "+l] = true
+			}
+		}
+		for _, m := range testNameRE.FindAllStringSubmatch(text, -1) {
+			if !src.hasTest(m[1]) {
+				missing["test "+m[1]] = true
+			}
+		}
+		for _, m := range callRE.FindAllStringSubmatch(text, -1) {
+			if !regexp.MustCompile(`\b` + regexp.QuoteMeta(m[1]) + `\(`).MatchString(all) {
+				missing["function "+m[1]+"()"] = true
+			}
+		}
+		for _, m := range qualRE.FindAllStringSubmatch(text, -1) {
+			dirs := src.pkgs[m[1]]
+			if len(dirs) == 0 {
+				continue // not one of our packages (etcd-raft's raft., Go's os., ...)
+			}
+			re := regexp.MustCompile(`\b` + regexp.QuoteMeta(m[2]) + `\b`)
+			found := false
+			for _, d := range dirs {
+				found = found || re.MatchString(src.pkgText[d].String())
+			}
+			if !found {
+				missing["identifier "+m[1]+"."+m[2]] = true
+			}
+		}
+		for _, k := range slices.Sorted(mapsKeys(missing)) {
+			t.Errorf("%s names %s, which does not exist", doc, k)
+		}
+	}
+}
+
+// hasTest says whether a test is defined with this name or, as a -run pattern's prefix
+// (-run 'TestFollower|TestProbe'), one starts with it.
+func (s *sources) hasTest(name string) bool {
+	if s.tests[name] {
+		return true
+	}
+	for n := range s.tests {
+		if strings.HasPrefix(n, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// linkRE finds relative markdown link targets (not URLs, not anchors).
+var linkRE = regexp.MustCompile(`\]\(([^)#:\s]+)(#[^)]*)?\)`)
+
+func links(text string) []string {
+	var out []string
+	for _, m := range linkRE.FindAllStringSubmatch(text, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+func mapsKeys(m map[string]bool) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
