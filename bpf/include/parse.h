@@ -338,6 +338,15 @@ static __always_inline void ipv4_mapped(struct in6_addr *dst, __be32 addr)
 	dst->in6_u.u6_addr32[3] = addr;
 }
 
+/* in6_addr_eq compares two addresses as struct pkt holds them (IPv4 v4-mapped). */
+static __always_inline int in6_addr_eq(const struct in6_addr *a, const struct in6_addr *b)
+{
+	return a->in6_u.u6_addr32[0] == b->in6_u.u6_addr32[0] &&
+	       a->in6_u.u6_addr32[1] == b->in6_u.u6_addr32[1] &&
+	       a->in6_u.u6_addr32[2] == b->in6_u.u6_addr32[2] &&
+	       a->in6_u.u6_addr32[3] == b->in6_u.u6_addr32[3];
+}
+
 /* pkt_hdr returns a pointer to the len bytes at offset off (from struct pkt) of the packet
  * starting at data, or NULL when they are not all inside it. len must be a constant. */
 static __always_inline void *pkt_hdr(void *data, void *data_end, __u32 off, __u32 len)

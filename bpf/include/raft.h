@@ -17,21 +17,29 @@
 #define KEDGE_RAFT_H
 
 #include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
-#define RAFT_MAGIC 0x4b524654 /* "KRFT" */
-#define RAFT_VERSION 1
-#define RAFT_CTX_MAX 16 /* etcd-raft's ReadIndex context on heartbeats: kedge uses 8 bytes */
-#define RAFT_MAC_LEN 16 /* SipHash-2-4-128 over bytes 0..95 (bpf/raft/auth.h) */
+/* Constants are enum members so that they reach the object's BTF: internal/raft/wire's
+ * codec is written by hand, and its TestLayoutMatchesHeader compares them. */
+enum raft_wire {
+	RAFT_MAGIC = 0x4b524654, /* "KRFT" */
+	RAFT_VERSION = 1,
+	RAFT_CTX_MAX = 16,       /* etcd-raft's ReadIndex context on heartbeats: kedge uses 8 bytes */
+	RAFT_MAC_LEN = 16,       /* SipHash-2-4-128 over bytes 0..95 (bpf/raft/auth.h) */
+	RAFT_PKT_LEN = 112,      /* sizeof(struct raft_hdr): the whole UDP payload */
+	/* Bulk (TCP) limits, docs/raft.md: a frame of an append or other message, and a
+	 * snapshot. */
+	RAFT_BULK_MAX = 8 << 20,
+	RAFT_SNAP_MAX = 256 << 20,
+};
 
-/* Bulk (TCP) limits, docs/raft.md: a frame of an append or other message, and a snapshot. */
-#define RAFT_BULK_MAX (8U << 20)
-#define RAFT_SNAP_MAX (256U << 20)
-
-/* flags */
-#define RAFT_F_REJECT (1 << 0) /* Message.Reject */
-#define RAFT_F_MAC (1 << 1)    /* mac/auth_seq are set: the cluster has a key (bpf/raft/auth.h) */
-#define RAFT_F_KNOWN (RAFT_F_REJECT | RAFT_F_MAC)
+/* struct raft_hdr.flags */
+enum raft_flags {
+	RAFT_F_REJECT = 1 << 0, /* Message.Reject */
+	RAFT_F_MAC = 1 << 1,    /* mac/auth_seq are set: the cluster has a key (bpf/raft/auth.h) */
+	RAFT_F_KNOWN = RAFT_F_REJECT | RAFT_F_MAC,
+};
 
 /* etcd-raft raftpb.MessageType numbers of the messages allowed on UDP. */
 enum raft_msg_type {
@@ -74,7 +82,6 @@ struct raft_hdr {
 
 /* Natural alignment leaves no padding: 8 bytes of u8/u32 fields, then u64s and byte arrays
  * at multiples of 8. */
-#define RAFT_PKT_LEN 112
 _Static_assert(sizeof(struct raft_hdr) == RAFT_PKT_LEN, "raft_hdr is the whole UDP payload");
 
 /* Why a packet was refused. The Go codec returns the same codes (wire.Reason); the node

@@ -12,7 +12,9 @@
  *       coordinator socket as the reader's wake-up instead of dropped)
  *   expiry (bpf_timer per slot, or sg_sweep): a request not complete by its deadline
  *       completes with status SG_ST_TIMEOUT, the partial aggregate and the bitmap
- * Go mirrors these structs through bpf2go (-type); padding is explicit.
+ * Go mirrors these structs through bpf2go (-type); padding is explicit. The constants are
+ * enum members so that they reach the object's BTF: internal/sg's wire codec is written by
+ * hand, and TestWireMatchesBTF compares its constants and header offsets with them.
  *
  * Wire format (all fields big-endian, 32 bytes, directly after the UDP header):
  *
@@ -45,8 +47,13 @@
 #ifndef KEDGE_SG_H
 #define KEDGE_SG_H
 
-#define SG_MAGIC 0x6b53
-#define SG_VERSION 1
+#include "vmlinux.h"
+
+enum sg_wire {
+	SG_MAGIC = 0x6b53,
+	SG_VERSION = 1,
+	SG_HDR_LEN = 32, /* sizeof(struct sg_hdr) */
+};
 
 enum sg_op {
 	SG_OP_REQUEST = 1,
@@ -68,27 +75,30 @@ struct sg_hdr {
 	__be32 payload_len;
 };
 
-/* Groups per loaded instance (the groups map). kedge's Go API opens one group per
- * instance; the map keeps room for more behind one XDP program per interface. */
-#define SG_GROUPS_MAX 16
-/* Workers per group: 1024 (the "at least 1024"); the bitmap has one bit each. */
-#define SG_WORKERS_MAX 1024
-#define SG_BITMAP_WORDS (SG_WORKERS_MAX / 64)
-/* Request slots per instance, shared by its groups (each group owns a range). This is
- * the in-flight ceiling: 1024 slots of ~2.3 KiB each = 2.4 MiB of locked map memory.
- * The slot of a request is req_id & SG_SLOT_MASK; the full id is stored and checked. */
-#define SG_SLOTS 1024
-#define SG_SLOT_MASK (SG_SLOTS - 1)
-/* Aggregate bytes per slot: 256 int64 accumulators (int32 vectors are summed in int64 so
- * a sum of 1024 int32 cannot wrap); GATHER concatenates up to this many payload bytes. */
-#define SG_AGG_BYTES 2048
-#define SG_AGG_ELEMS (SG_AGG_BYTES / 8)
-#define SG_AGG_WORDS (SG_AGG_BYTES / 4)
-/* GATHER keeps the arrival order of at most this many replies. */
-#define SG_GATHER_MAX 64
-/* Parts of a multi-packet reply (one bit each in struct sg_parts). The vector they carry
- * together is still at most SG_AGG_ELEMS elements. */
-#define SG_PARTS_MAX 32
+enum sg_limits {
+	/* Groups per loaded instance (the groups map). kedge's Go API opens one group per
+	 * instance; the map keeps room for more behind one XDP program per interface. */
+	SG_GROUPS_MAX = 16,
+	/* Workers per group: 1024 (the "at least 1024"); the bitmap has one bit each. */
+	SG_WORKERS_MAX = 1024,
+	SG_BITMAP_WORDS = SG_WORKERS_MAX / 64,
+	/* Request slots per instance, shared by its groups (each group owns a range). This is
+	 * the in-flight ceiling: 1024 slots of ~2.3 KiB each = 2.4 MiB of locked map memory.
+	 * The slot of a request is req_id & SG_SLOT_MASK; the full id is stored and checked. */
+	SG_SLOTS = 1024,
+	SG_SLOT_MASK = SG_SLOTS - 1,
+	/* Aggregate bytes per slot: 256 int64 accumulators (int32 vectors are summed in int64
+	 * so a sum of 1024 int32 cannot wrap); GATHER concatenates up to this many payload
+	 * bytes. */
+	SG_AGG_BYTES = 2048,
+	SG_AGG_ELEMS = SG_AGG_BYTES / 8,
+	SG_AGG_WORDS = SG_AGG_BYTES / 4,
+	/* GATHER keeps the arrival order of at most this many replies. */
+	SG_GATHER_MAX = 64,
+	/* Parts of a multi-packet reply (one bit each in struct sg_parts). The vector they
+	 * carry together is still at most SG_AGG_ELEMS elements. */
+	SG_PARTS_MAX = 32,
+};
 
 enum sg_reduce {
 	SG_RED_SUM = 0,
@@ -108,25 +118,32 @@ enum sg_status {
 	SG_ST_TIMEOUT = 1, /* deadline passed: partial aggregate and bitmap */
 };
 
-/* Group flags. */
-#define SG_GF_LOOPBACK 0x1 /* the interface is a loopback: batches are handed on through its
-			    * egress (a packet redirected to lo's ingress loses its route, and
-			    * 127.0.0.0/8 without one is martian on input) */
-#define SG_GF_WAKE_SOCKET 0x2 /* the reply that completes a request is passed (XDP_PASS) to the
-			       * coordinator socket, untouched, and its result is emitted with
-			       * BPF_RB_NO_WAKEUP: the packet's arrival on the socket is the
-			       * reader's wake-up (softirq -> sk_data_ready, as a user-space
-			       * baseline is woken) instead of the ring buffer's irq_work. The
-			       * result is committed before XDP returns, so it is in the ring when
-			       * the socket wakes. Timeouts (no packet) keep the ring's wake-up. */
-#define SG_GF_PARTS 0x4 /* multi-packet replies are reduced per part (the parts map holds
-			 * this group's entries at part_base); without it they are passed */
+/* Group flags (struct sg_group.flags). */
+enum sg_group_flags {
+	/* The interface is a loopback: batches are handed on through its egress (a packet
+	 * redirected to lo's ingress loses its route, and 127.0.0.0/8 without one is martian
+	 * on input). */
+	SG_GF_LOOPBACK = 0x1,
+	/* The reply that completes a request is passed (XDP_PASS) to the coordinator socket,
+	 * untouched, and its result is emitted with BPF_RB_NO_WAKEUP: the packet's arrival on
+	 * the socket is the reader's wake-up (softirq -> sk_data_ready, as a user-space
+	 * baseline is woken) instead of the ring buffer's irq_work. The result is committed
+	 * before XDP returns, so it is in the ring when the socket wakes. Timeouts (no packet)
+	 * keep the ring's wake-up. */
+	SG_GF_WAKE_SOCKET = 0x2,
+	/* Multi-packet replies are reduced per part (the parts map holds this group's entries
+	 * at part_base); without it they are passed. */
+	SG_GF_PARTS = 0x4,
+};
 
-/* Result flags. */
-#define SG_F_OVERFLOW 0x1 /* an int64 sum wrapped */
-#define SG_F_PARTS 0x2    /* parts of multi-packet replies were reduced; for MIN/MAX the
-			   * accumulators then start at the identity (INT64_MAX / INT64_MIN),
-			   * so an element no part covered holds it (docs/sg.md) */
+/* Result flags (struct sg_result.flags). */
+enum sg_result_flags {
+	SG_F_OVERFLOW = 0x1, /* an int64 sum wrapped */
+	/* Parts of multi-packet replies were reduced; for MIN/MAX the accumulators then start
+	 * at the identity (INT64_MAX / INT64_MIN), so an element no part covered holds it
+	 * (docs/sg.md). */
+	SG_F_PARTS = 0x2,
+};
 
 enum sg_slot_state {
 	SG_SLOT_FREE = 0,
@@ -242,6 +259,27 @@ struct sg_stats {
 	__u64 bad_version;     /* sg magic with another version: passed */
 	__u64 sweeps;          /* expiry sweeps run (kernels without bpf_timer) */
 	__u64 timer_errors;    /* bpf_timer_start failed: the sweep or user space expires it */
+};
+
+/* The program's configuration, set by user space before load (const volatile sg_cfg,
+ * bpf/sg/maps.h). */
+struct sg_config {
+	__u32 copy_mark; /* skb->mark on copies: not scattered again (KEDGE_MARK_SG_COPY) */
+	__u32 cont_mark; /* skb->mark of a request handed on (KEDGE_MARK_SG_CONT) */
+	/* Copies per run of the scatter. A run's copies all land in the sending CPU's backlog
+	 * before the kernel delivers any of them (netdev_max_backlog, 1000 by default and not
+	 * per network namespace: a burst of 1024 overflows it). After a batch, the request is
+	 * handed on: marked cont_mark and redirected to the group interface's ingress, where
+	 * sg_scatter_cont sends the next batch once the backlog has delivered this one. */
+	__u32 batch;
+	/* The first run sends only this many copies (at most batch), and each later run as
+	 * many as have been sent so far, up to batch (8, 8, 16, 32, 64, 64, ...): the backlog
+	 * delivers the first copies to their workers while the next runs are made, instead of
+	 * after the first hop of a whole batch of 64 (docs/sg.md, "Batches"). */
+	__u32 first_batch;
+	/* The expiry timer fires this long after the deadline at the latest: a deadline that
+	 * is this close counts as reached (bpf_timer lateness, kernel-notes). */
+	__u64 expire_slack_ns;
 };
 
 #endif /* KEDGE_SG_H */

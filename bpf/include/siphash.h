@@ -22,6 +22,7 @@
 #define KEDGE_SIPHASH_H
 
 #include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
 
 struct siphash_state {
 	__u64 v0, v1, v2, v3;

@@ -25,14 +25,22 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "counters.h"
+#include "marks.h"
 #include "parse.h"
+#include "proto.h"
 
-#define TCX_NEXT (-1)
-#define TC_ACT_SHOT 2
-#define BPF_F_INGRESS_FLAG 1
+/* Set by user space before load (internal/lab). */
+struct fab_config {
+	__u32 dup_mark;      /* skb->mark of a duplicate copy on its way back in: passed once,
+			      * never cloned again (KEDGE_MARK_FABRIC_DUP) */
+	__u32 delay_ifindex; /* the delay device; 0: none, delay rules count delay_off and pass */
+};
 
-/* skb->mark of a duplicate copy on its way back in: passed once, never cloned again. */
-const volatile __u32 cfg_dup_mark = 0x6b640001;
+const volatile struct fab_config fab_cfg = { .dup_mark = KEDGE_MARK_FABRIC_DUP };
+
+/* Referenced so that the mark registry reaches the object's BTF (bpf2go -type). */
+const enum kedge_mark *fab_btf_mark __attribute__((unused));
 
 struct fab_link_key {
 	__u32 src; /* host index (1-based, lab.Host.Index) */
@@ -45,11 +53,6 @@ struct fab_fault {
 	__u32 loss;
 	__u32 dup;
 	__u32 delay;     /* fraction of packets sent to the delay device */
-};
-
-struct fab_cfg {
-	__u32 delay_ifindex; /* 0: no delay device, delay rules count delay_off and pass */
-	__u32 _pad;
 };
 
 struct fab_stats {
@@ -88,13 +91,6 @@ struct {
 	__type(key, struct fab_link_key);
 	__type(value, struct fab_fault);
 } fab_links SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct fab_cfg);
-} fab_config SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -153,17 +149,14 @@ int fabric_ingress(struct __sk_buff *skb)
 	struct fab_stats *st;
 	struct fab_link_key k;
 	struct fab_fault *f;
-	struct fab_cfg *cfg;
 	struct in6_addr dst;
 	__u32 zero = 0, ifindex = skb->ifindex, *src, *dsth;
 	int err;
 
 	st = bpf_map_lookup_elem(&fab_counters, &zero);
-	if (!st)
-		return TCX_NEXT;
-	if (skb->mark == cfg_dup_mark) {
+	if (skb->mark == fab_cfg.dup_mark) {
 		skb->mark = 0;
-		st->dup_copy++;
+		COUNT(st, dup_copy);
 		return TCX_NEXT;
 	}
 	/* Headers of locally sent packets are linear; pull in case a sender's are not. */
@@ -171,59 +164,58 @@ int fabric_ingress(struct __sk_buff *skb)
 		bpf_skb_pull_data(skb, sizeof(struct ethhdr) + sizeof(struct ipv6hdr));
 	err = dst_addr(SKB_LOAD(skb, data), SKB_LOAD(skb, data_end), &dst);
 	if (err == -1) {
-		st->not_ip++;
+		COUNT(st, not_ip);
 		return TCX_NEXT;
 	}
 	if (err < 0) {
-		st->malformed++;
+		COUNT(st, malformed);
 		return TCX_NEXT;
 	}
 	src = bpf_map_lookup_elem(&fab_ports, &ifindex);
 	dsth = bpf_map_lookup_elem(&fab_hosts, &dst);
 	if (!src || !dsth) {
-		st->no_host++;
+		COUNT(st, no_host);
 		return TCX_NEXT;
 	}
 	k.src = *src;
 	k.dst = *dsth;
 	f = bpf_map_lookup_elem(&fab_links, &k);
 	if (!f) {
-		st->no_rule++;
+		COUNT(st, no_rule);
 		return TCX_NEXT;
 	}
 	if (f->partition) {
-		st->partitioned++;
+		COUNT(st, partitioned);
 		return TC_ACT_SHOT;
 	}
 	if (hit(f->loss)) {
-		st->lost++;
+		COUNT(st, lost);
 		return TC_ACT_SHOT;
 	}
 	if (hit(f->dup)) {
 		__u32 mark = skb->mark;
 
-		skb->mark = cfg_dup_mark;
-		if (bpf_clone_redirect(skb, ifindex, BPF_F_INGRESS_FLAG) == 0)
-			st->duplicated++;
+		skb->mark = fab_cfg.dup_mark;
+		if (bpf_clone_redirect(skb, ifindex, BPF_F_INGRESS) == 0)
+			COUNT(st, duplicated);
 		else
-			st->dup_failed++;
+			COUNT(st, dup_failed);
 		skb->mark = mark;
 	}
 	if (hit(f->delay)) {
-		cfg = bpf_map_lookup_elem(&fab_config, &zero);
-		if (!cfg || !cfg->delay_ifindex) {
-			st->delay_off++;
+		if (!fab_cfg.delay_ifindex) {
+			COUNT(st, delay_off);
 			return TCX_NEXT;
 		}
-		err = bpf_redirect(cfg->delay_ifindex, 0);
+		err = bpf_redirect(fab_cfg.delay_ifindex, 0);
 		if (err == TC_ACT_REDIRECT) {
-			st->delayed++;
+			COUNT(st, delayed);
 			return err;
 		}
-		st->delay_failed++;
+		COUNT(st, delay_failed);
 		return TCX_NEXT;
 	}
-	st->passed++;
+	COUNT(st, passed);
 	return TCX_NEXT;
 }
 

@@ -27,8 +27,7 @@
  *
  * The maps below are part of every program that includes this header; user space fills
  * raft_auth_cfg, raft_peers and raft_tx_seq (internal/raft/wire.FillAuthMaps) before the
- * program is attached. Include after parse.h and raft.h. Little-endian BPF target only
- * (siphash.h).
+ * program is attached. Little-endian BPF target only (siphash.h).
  */
 #ifndef KEDGE_RAFT_AUTH_H
 #define KEDGE_RAFT_AUTH_H
@@ -162,11 +161,7 @@ static __always_inline int raft_auth_src(struct raft_hdr *h, void *data_end,
 		return RAFT_DROP_CLUSTER;
 	from = bpf_be64_to_cpu(h->from);
 	peer = bpf_map_lookup_elem(&raft_peers, &from);
-	if (!peer || peer->port != sport ||
-	    peer->addr.in6_u.u6_addr32[0] != saddr->in6_u.u6_addr32[0] ||
-	    peer->addr.in6_u.u6_addr32[1] != saddr->in6_u.u6_addr32[1] ||
-	    peer->addr.in6_u.u6_addr32[2] != saddr->in6_u.u6_addr32[2] ||
-	    peer->addr.in6_u.u6_addr32[3] != saddr->in6_u.u6_addr32[3])
+	if (!peer || peer->port != sport || !in6_addr_eq(&peer->addr, saddr))
 		return RAFT_DROP_PEER;
 	__builtin_memcpy(&got0, h->mac, 8);
 	__builtin_memcpy(&got1, h->mac + 8, 8);
@@ -183,8 +178,8 @@ static __always_inline int raft_auth_src(struct raft_hdr *h, void *data_end,
 	return raft_replay_check(peer, bpf_be64_to_cpu(h->auth_seq));
 }
 
-/* raft_auth: the contract with the follower program (SHARED-GROUND "Session 4 contracts").
- * Parses the packet again for its source address and port. */
+/* raft_auth is raft_auth_src for a caller that has not kept the parsed packet: it parses it
+ * again for its source address and port. */
 static __always_inline int raft_auth(struct xdp_md *ctx, struct raft_hdr *h, void *data_end)
 {
 	void *data = (void *)(long)ctx->data;

@@ -19,10 +19,15 @@
 #include "parse.h"
 #include "raft.h"
 #include "siphash.h"
-#include "../raft/auth.h"
-#include "../raft/prevote.h"
+#include "auth.h"
+#include "prevote.h"
 
-const volatile __u64 cfg_self = 0;
+/* The receiver's identity; set by the test before loading. */
+struct authtest_config {
+	__u64 self;
+};
+
+const volatile struct authtest_config authtest_cfg = {};
 
 #define VEC_MSG_MAX 64
 
@@ -124,7 +129,7 @@ int auth_xdp(struct xdp_md *ctx)
 		r->hdr_check = reason;
 		goto drop;
 	}
-	reason = raft_hdr_check(h, data_end, p.payload_len, cfg->cluster_id, cfg_self);
+	reason = raft_hdr_check(h, data_end, p.payload_len, cfg->cluster_id, authtest_cfg.self);
 	r->hdr_check = reason;
 	if (reason != RAFT_OK)
 		goto drop;
@@ -192,7 +197,7 @@ int prevote_xdp(struct xdp_md *ctx)
 	h = raft_pkt(ctx, &p, &r->parse_ret);
 	if (!h)
 		return XDP_DROP;
-	r->hdr_check = raft_hdr_check(h, data_end, p.payload_len, cfg->cluster_id, cfg_self);
+	r->hdr_check = raft_hdr_check(h, data_end, p.payload_len, cfg->cluster_id, authtest_cfg.self);
 	if (r->hdr_check)
 		return XDP_DROP;
 	r->auth = raft_auth_src(h, data_end, &p.saddr, p.sport);

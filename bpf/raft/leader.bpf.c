@@ -13,6 +13,12 @@
  * the leader's raft address and port with a full UDP checksum, signed by raft_sign() (auth.h:
  * with a cluster key, RAFT_F_MAC, the kernel channel's next auth_seq and the MAC). It carries
  * nothing through the pacer: pacer_carry_deadline() is never asked. */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "counters.h"
+#include "csum.h"
+#include "proto.h"
 #include "pacer.h"
 #include "raft.h"
 #include "auth.h"
@@ -89,16 +95,6 @@ struct hb_l3 {
 	struct udphdr udp;
 };
 
-static __always_inline __u16 ip_csum(struct iphdr *ip)
-{
-	__u16 *w = (__u16 *)ip;
-	__u32 sum = 0;
-
-	for (int i = 0; i < (int)(sizeof(*ip) / 2); i++)
-		sum += w[i];
-	return ~csum_fold32(sum);
-}
-
 /* send_one writes follower f's heartbeat over the skb (already RAFT_HB_FRAME_LEN long) and
  * clones it out of f's device. */
 static __always_inline int send_one(struct __sk_buff *skb, struct raft_lease *l, struct raft_follower *f)
@@ -114,15 +110,14 @@ static __always_inline int send_one(struct __sk_buff *skb, struct raft_lease *l,
 			.version = 4,
 			.ihl = 5,
 			.tot_len = bpf_htons(sizeof(struct hb_l3) + sizeof(struct raft_hdr)),
-			.frag_off = bpf_htons(0x4000), /* DF, as the node's UDP socket sends */
-			.ttl = 64,
+			.frag_off = bpf_htons(IP_DF), /* as the node's UDP socket sends */
+			.ttl = IPDEFTTL,
 			.protocol = IPPROTO_UDP,
 		},
 		.udp = {
 			.len = bpf_htons(sizeof(struct udphdr) + sizeof(struct raft_hdr)),
 		},
 	};
-	__u32 pseudo;
 	__s64 sum;
 
 	__builtin_memcpy(eth.h_dest, f->dmac, ETH_ALEN);
@@ -136,19 +131,18 @@ static __always_inline int send_one(struct __sk_buff *skb, struct raft_lease *l,
 		return -1;
 	l3.ip.saddr = l->saddr;
 	l3.ip.daddr = f->daddr;
-	l3.ip.check = ip_csum(&l3.ip);
+	csum_ipv4_set(&l3.ip);
 	l3.udp.source = l->sport;
 	l3.udp.dest = f->dport;
 	/* Full UDP checksum: pseudo header, UDP header (check 0), payload. */
-	pseudo = (l->saddr & 0xffff) + (l->saddr >> 16) + (f->daddr & 0xffff) + (f->daddr >> 16) +
-		 bpf_htons(IPPROTO_UDP) + l3.udp.len;
-	sum = bpf_csum_diff(NULL, 0, (__be32 *)&l3.udp, sizeof(l3.udp), pseudo);
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&l3.udp, sizeof(l3.udp),
+			    csum_pseudo4(l->saddr, f->daddr, IPPROTO_UDP, bpf_ntohs(l3.udp.len)));
 	if (sum < 0)
 		return -1;
 	sum = bpf_csum_diff(NULL, 0, (__be32 *)&h, sizeof(h), (__u32)sum);
 	if (sum < 0)
 		return -1;
-	l3.udp.check = udp_csum_mangled((__sum16)~csum_fold32((__u32)sum));
+	l3.udp.check = csum_udp_final(sum);
 	if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, sizeof(eth), &l3, sizeof(l3), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, sizeof(eth) + sizeof(l3), &h, sizeof(h), 0) < 0)
@@ -168,13 +162,13 @@ static __always_inline void rearm(struct __sk_buff *skb, struct raft_leader_stat
 {
 	switch (pacer_request(skb, next)) {
 	case PACER_ARMED:
-		PACER_COUNT(s, rearmed);
+		COUNT(s, rearmed);
 		break;
 	case PACER_COALESCED:
-		PACER_COUNT(s, rearm_coalesced);
+		COUNT(s, rearm_coalesced);
 		break;
 	default:
-		PACER_COUNT(s, rearm_errors);
+		COUNT(s, rearm_errors);
 	}
 }
 
@@ -190,13 +184,13 @@ int leader_tick(struct __sk_buff *skb)
 
 	switch (pacer_receive(skb, &t)) {
 	case PACER_RX_MALFORMED:
-		PACER_COUNT(s, rx_malformed);
+		COUNT(s, rx_malformed);
 		return TC_ACT_SHOT;
 	case PACER_RX_CARRIED:
-		PACER_COUNT(s, carried);
+		COUNT(s, carried);
 		return TC_ACT_SHOT;
 	}
-	PACER_COUNT(s, ticks);
+	COUNT(s, ticks);
 	l = bpf_map_lookup_elem(&leader_lease, &zero);
 	st = bpf_map_lookup_elem(&leader_state, &zero);
 	if (!l || !st)
@@ -205,52 +199,52 @@ int leader_tick(struct __sk_buff *skb)
 	/* The lease first: user space publishes everything else before it (leader.h). */
 	expires = *(volatile __u64 *)&l->expires_ns;
 	if (!expires) {
-		PACER_COUNT(s, ticks_no_lease);
+		COUNT(s, ticks_no_lease);
 		st->stopped_ns = now;
 		return TC_ACT_SHOT;
 	}
 	if (now >= expires) {
-		PACER_COUNT(s, ticks_expired);
+		COUNT(s, ticks_expired);
 		st->stopped_ns = now;
 		return TC_ACT_SHOT;
 	}
 	if (owner_exiting(l->owner_tgid)) {
-		PACER_COUNT(s, ticks_owner_exiting);
+		COUNT(s, ticks_owner_exiting);
 		st->stopped_ns = now;
 		return TC_ACT_SHOT;
 	}
 	n = l->nfollowers;
 	if (l->interval_ns < RAFT_LEADER_MIN_INTERVAL || n > RAFT_LEADER_FOLLOWERS) {
-		PACER_COUNT(s, ticks_bad_lease);
+		COUNT(s, ticks_bad_lease);
 		st->stopped_ns = now;
 		return TC_ACT_SHOT;
 	}
 	next = st->next_ns;
 	if (next && !pacer_due(next, now, 0) && next - now <= l->interval_ns) {
 		/* Early: a stale tick, or one user space armed while a round is pending. */
-		PACER_COUNT(s, ticks_early);
+		COUNT(s, ticks_early);
 		rearm(skb, s, next);
 		return TC_ACT_SHOT;
 	}
 	if (bpf_skb_change_tail(skb, RAFT_HB_FRAME_LEN, 0) < 0) {
-		PACER_COUNT(s, send_errors);
+		COUNT(s, send_errors);
 	} else {
 		for (__u32 i = 0; i < RAFT_LEADER_FOLLOWERS; i++) {
 			if (i >= n)
 				break;
 			if (!l->f[i].active) {
-				PACER_COUNT(s, inactive);
+				COUNT(s, inactive);
 				continue;
 			}
 			if (send_one(skb, l, &l->f[i]) < 0) {
-				PACER_COUNT(s, send_errors);
+				COUNT(s, send_errors);
 				continue;
 			}
-			PACER_COUNT(s, heartbeats);
+			COUNT(s, heartbeats);
 			st->sent[i]++;
 		}
 	}
-	PACER_COUNT(s, ticks_sent);
+	COUNT(s, ticks_sent);
 	st->last_sent_ns = now;
 	st->rounds++;
 	next = now + l->interval_ns;

@@ -11,6 +11,18 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 
+/* The follower program's configuration: set by user space before load (const volatile
+ * raftx_cfg, raftxdp.bpf.c; internal/raft/offload fills it through the generated type). */
+struct raftx_config {
+	__u64 cluster_id; /* host order */
+	__u64 self;       /* this node's raft id */
+	/* The pass mark ({0, 0}: none): two little-endian halves of 16 random bytes user space
+	 * draws at load (raftxdp.bpf.c, mark()). */
+	__u64 mark[2];
+	__u16 port;       /* the raft UDP port, host order */
+	__u16 _pad[3];
+};
+
 /* Slots of raftx_stats.drop: one per enum raft_drop value (rafta's auth adds MAC/replay
  * reasons; RAFT_DROP_MAX stays below this). */
 #define RAFTX_DROP_SLOTS 16
@@ -35,7 +47,6 @@ struct raftx_state {
 	__u64 pending_term;       /* a term user space has taken but not yet fsynced (0: none):
 				   * pre-votes up to it go to user space (prevote.h) */
 };
-#define RAFTX_STATE_HAS_LOG 1 /* prevote.h: the mirror carries the durable log's end */
 
 /* The last heartbeat of the mirrored leader at the mirrored term seen in XDP: answered, or
  * passed up because the alive deadline was past (then only leader, term and last_ns move).

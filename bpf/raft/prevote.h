@@ -30,8 +30,8 @@
  * raft_prevote_decide() is the rule, on a struct raft_pv_view (so fixtures can feed any
  * state); raft_prevote_reply() turns the request into the answer in place (type, from, to,
  * term, the reject flag; every other field zero) - the caller signs it (raft_sign()), swaps
- * the addresses and fixes the checksum. raft_prevote() is the glue for the follower program
- * (bpf/raft/raftxdp.bpf.c): it fills the view from its maps (maps.h) under their locks.
+ * the addresses and fixes the checksum. The follower program (bpf/raft/raftxdp.bpf.c,
+ * prevote()) fills the view from its maps (maps.h) under their locks.
  */
 #ifndef KEDGE_RAFT_PREVOTE_H
 #define KEDGE_RAFT_PREVOTE_H
@@ -175,57 +175,5 @@ static __always_inline void raft_prevote_reply(struct raft_hdr *h, const struct 
 	h->auth_seq = 0;
 	__builtin_memset(h->mac, 0, RAFT_MAC_LEN);
 }
-
-#if defined(KEDGE_RAFT_MAPS_H) && defined(RAFTX_STATE_HAS_LOG)
-/* raft_prevote: the contract with the follower program. Reads follower_state (the durable
- * mirror) and follower_hb (heartbeats seen in XDP) under their locks and follower_word (user
- * space's last word, one 64-bit load), decides, and on
- * RAFT_PV_TX has rewritten h into the answer (unsigned). cfg_self is the program's. */
-static __always_inline int raft_prevote(struct xdp_md *ctx, struct raft_hdr *h, void *data_end)
-{
-	struct raft_pv_view v = {};
-	struct raftx_state *st;
-	struct raftx_word *w;
-	struct raftx_hb *hb;
-	__u32 zero = 0, why;
-	int ret;
-
-	if ((void *)(h + 1) > data_end)
-		return RAFT_PV_PASS;
-	st = bpf_map_lookup_elem(&follower_state, &zero);
-	hb = bpf_map_lookup_elem(&follower_hb, &zero);
-	w = bpf_map_lookup_elem(&follower_word, &zero);
-	if (!st || !hb || !w)
-		return RAFT_PV_PASS;
-	v.self = cfg_self;
-	bpf_spin_lock(&st->lock);
-	v.term = st->term;
-	v.last_index = st->last_index;
-	v.last_term = st->last_term;
-	v.leader = st->leader;
-	v.election_ns = st->detect_ns;
-	v.alive_until_ns = st->alive_until_ns;
-	v.pending_term = st->pending_term;
-	bpf_spin_unlock(&st->lock);
-	v.valid = v.term != 0;
-	bpf_spin_lock(&hb->lock);
-	if (hb->leader == v.leader && hb->term == v.term)
-		v.heard_ns = hb->last_ns;
-	bpf_spin_unlock(&hb->lock);
-	v.word_ns = *(volatile __u64 *)&w->last_ns;
-	v.now_ns = bpf_ktime_get_ns();
-	ret = raft_prevote_decide(h, &v, &why);
-	if (ret == RAFT_PV_TX)
-		raft_prevote_reply(h, &v, why);
-	return ret;
-}
-#elif defined(KEDGE_RAFT_MAPS_H)
-/* The follower program's state mirror does not carry the durable last log index/term yet
- * (maps.h defines RAFTX_STATE_HAS_LOG when it does): leave every pre-vote to user space. */
-static __always_inline int raft_prevote(struct xdp_md *ctx, struct raft_hdr *h, void *data_end)
-{
-	return RAFT_PV_PASS;
-}
-#endif
 
 #endif /* KEDGE_RAFT_PREVOTE_H */

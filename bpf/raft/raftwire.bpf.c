@@ -11,8 +11,16 @@
 #include "raft.h"
 
 /* The receiver's identity; set by the test before loading. */
-const volatile __u64 cfg_cluster_id = 0;
-const volatile __u64 cfg_self = 0;
+struct raftwire_config {
+	__u64 cluster_id;
+	__u64 self;
+};
+
+const volatile struct raftwire_config raftwire_cfg = {};
+
+/* Referenced so that raft.h's constants reach the object's BTF (TestLayoutMatchesHeader). */
+const enum raft_wire *raftwire_btf_wire __attribute__((unused));
+const enum raft_flags *raftwire_btf_flags __attribute__((unused));
 
 struct raftwire_result {
 	__s32 parse_ret; /* parse_pkt() */
@@ -64,7 +72,7 @@ int raftwire_xdp(struct xdp_md *ctx)
 	}
 	r->reached = 1;
 	__builtin_memcpy(&r->hdr, h, sizeof(*h));
-	r->verdict = raft_hdr_check(h, data_end, p.payload_len, cfg_cluster_id, cfg_self);
+	r->verdict = raft_hdr_check(h, data_end, p.payload_len, raftwire_cfg.cluster_id, raftwire_cfg.self);
 	r->type = h->type;
 	r->flags = h->flags;
 	r->ctx_len = h->ctx_len;

@@ -11,14 +11,14 @@
  *    Context), signed, reflected (MAC/IP/ports swapped, full UDP checksum) and sent with
  *    XDP_TX. Leader, term, commit and arrival time go to follower_hb, and the failure
  *    detector's bpf_timer is re-armed for detect_after_ns (or detect_ns) + jitter.
- *  - MsgPreVote: raft_prevote() (prevote.h) answers it (signed and reflected like a heartbeat
+ *  - MsgPreVote: prevote() (the rule in prevote.h) answers it (signed and reflected like a heartbeat
  *    reply), drops it while the leader's lease holds (etcd-raft ignores it), or passes it.
  *  - while this node leads: a follower's MsgHeartbeatResp is recorded (leader_acks) and
  *    passed; a voter's MsgAppResp goes through the quorum wait (app_ack, leader_quorum): one
  *    that moves neither its sender's match nor the commit index is recorded and absorbed,
  *    the node steps the record at its next tick.
  *  - everything else: XDP_PASS to user space, counted.
- * With a cluster key and a pass mark (cfg_mark0/1, 16 random bytes user space draws at load),
+ * With a cluster key and a pass mark (raftx_cfg.mark, 16 random bytes user space draws at load),
  * every raft packet passed up after its MAC was verified here carries the mark in place of
  * the MAC (UDP checksum updated incrementally): the node's transport then skips its own
  * SipHash of the packet (wire.Verifier.SetPassMark). A packet that arrives with the mark in
@@ -30,61 +30,27 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
-#include "parse.h"
-#include "raft.h"
+#include "counters.h"
 #include "csum.h"
+#include "parse.h"
+#include "proto.h"
+#include "raft.h"
 #include "maps.h"
-
-/* The node's identity; set by Go before loading. */
-const volatile __u64 cfg_cluster_id = 0;
-const volatile __u64 cfg_self = 0;
-const volatile __u16 cfg_port = 0; /* the raft UDP port, host order */
-/* The pass mark (0, 0: none; see above). */
-const volatile __u64 cfg_mark0 = 0;
-const volatile __u64 cfg_mark1 = 0;
-
-/* Keep the ring buffer record's type in BTF for bpf2go (it is only reserved by size). */
-const struct raftx_event *unused_raftx_event __attribute__((unused));
-
-#define CLOCK_MONOTONIC 1
-#define EBUSY 16
-#define RAFTX_TTL 64
-
 /* Authentication (cluster id, allowlist, MAC, replay window) and signing: auth.h.
- * Pre-votes answered from the durable mirror and the heartbeat record: prevote.h. */
+ * The pre-vote rule answered from the durable mirror and the heartbeat record: prevote.h. */
 #include "auth.h"
 #include "prevote.h"
 
-#define COUNT(s, field) ((s)->field++)
+/* The node's identity, port and pass mark; set by Go before loading (maps.h). */
+const volatile struct raftx_config raftx_cfg = {};
 
-static __always_inline int in6_eq(const struct in6_addr *a, const struct in6_addr *b)
-{
-	return a->in6_u.u6_addr32[0] == b->in6_u.u6_addr32[0] &&
-	       a->in6_u.u6_addr32[1] == b->in6_u.u6_addr32[1] &&
-	       a->in6_u.u6_addr32[2] == b->in6_u.u6_addr32[2] &&
-	       a->in6_u.u6_addr32[3] == b->in6_u.u6_addr32[3];
-}
+/* Keep the ring buffer record's type in BTF for bpf2go (it is only reserved by size). */
+const struct raftx_event *unused_raftx_event __attribute__((unused));
 
 /* The UDP header and the raft header, bounds-checked as one. */
 struct raftx_udp {
 	struct udphdr udp;
 	struct raft_hdr h;
-};
-
-struct pseudo4 {
-	__be32 saddr;
-	__be32 daddr;
-	__u8 zero;
-	__u8 proto;
-	__be16 len;
-};
-
-struct pseudo6 {
-	struct in6_addr saddr;
-	struct in6_addr daddr;
-	__be32 len;
-	__u8 zero[3];
-	__u8 next;
 };
 
 /* reflect turns the received frame around: Ethernet addresses, IP addresses and UDP ports
@@ -108,13 +74,12 @@ static __noinline int reflect(void *data, void *data_end, struct pkt *p, struct 
 	u->udp.source = u->udp.dest;
 	u->udp.dest = port;
 	u->udp.check = 0;
-	sum = bpf_csum_diff(NULL, 0, (__be32 *)u, sizeof(*u), 0);
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)u, sizeof(*u), 0); /* UDP and raft headers */
 	if (sum < 0)
 		return -1;
 
 	if (p->l3_proto == ETH_P_IP) {
 		struct iphdr *ip = pkt_hdr(data, data_end, p->l3_off, sizeof(*ip));
-		struct pseudo4 ph = {};
 		__be32 a;
 		__be16 old;
 
@@ -124,16 +89,12 @@ static __noinline int reflect(void *data, void *data_end, struct pkt *p, struct 
 		ip->saddr = ip->daddr;
 		ip->daddr = a;
 		old = *(__be16 *)&ip->ttl; /* ttl and protocol share one checksummed word */
-		ip->ttl = RAFTX_TTL;
+		ip->ttl = IPDEFTTL;
 		ip->check = csum_replace2(ip->check, old, *(__be16 *)&ip->ttl);
-		ph.saddr = ip->saddr;
-		ph.daddr = ip->daddr;
-		ph.proto = IPPROTO_UDP;
-		ph.len = u->udp.len;
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), sum);
+		u->udp.check = csum_udp_final((__u64)sum + csum_pseudo4(ip->saddr, ip->daddr, IPPROTO_UDP,
+									 bpf_ntohs(u->udp.len)));
 	} else {
 		struct ipv6hdr *ip6 = pkt_hdr(data, data_end, p->l3_off, sizeof(*ip6));
-		struct pseudo6 ph = {};
 		struct in6_addr a;
 
 		if (!ip6)
@@ -141,16 +102,10 @@ static __noinline int reflect(void *data, void *data_end, struct pkt *p, struct 
 		a = ip6->saddr;
 		ip6->saddr = ip6->daddr;
 		ip6->daddr = a;
-		ip6->hop_limit = RAFTX_TTL;
-		ph.saddr = ip6->saddr;
-		ph.daddr = ip6->daddr;
-		ph.len = bpf_htonl(bpf_ntohs(u->udp.len));
-		ph.next = IPPROTO_UDP;
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), sum);
+		ip6->hop_limit = IPDEFTTL;
+		u->udp.check = csum_udp_final((__u64)sum + csum_pseudo6(&ip6->saddr, &ip6->daddr, IPPROTO_UDP,
+									 bpf_ntohs(u->udp.len)));
 	}
-	if (sum < 0)
-		return -1;
-	u->udp.check = udp_csum_mangled((__sum16)~csum_fold32((__u32)sum));
 	return 0;
 }
 
@@ -163,7 +118,7 @@ static __noinline int check(struct raftx_udp *u, void *data_end, __u32 payload_l
 
 	if ((void *)(u + 1) > data_end)
 		return RAFT_DROP_SHORT;
-	reason = raft_hdr_check(&u->h, data_end, payload_len, cfg_cluster_id, cfg_self);
+	reason = raft_hdr_check(&u->h, data_end, payload_len, raftx_cfg.cluster_id, raftx_cfg.self);
 	if (!reason)
 		reason = raft_auth_src(&u->h, data_end, saddr, sport);
 	return reason;
@@ -193,12 +148,47 @@ static __always_inline int answer(void *data, void *data_end, struct pkt *p, str
 	return 0;
 }
 
-/* prevote is raft_prevote (prevote.h) in a frame of its own (its view of the state). */
+/* prevote decides a MsgPreVote by raft_prevote_decide() (prevote.h) on a view filled from the
+ * maps: follower_state (the durable mirror) and follower_hb (heartbeats seen in XDP) under
+ * their locks, follower_word (user space's last word, one 64-bit load). On RAFT_PV_TX it has
+ * rewritten the header into the answer (unsigned). In a frame of its own (the view). */
 static __noinline int prevote(struct xdp_md *ctx, struct raftx_udp *u, void *data_end)
 {
+	struct raft_pv_view v = {};
+	struct raftx_state *st;
+	struct raftx_word *w;
+	struct raftx_hb *hb;
+	__u32 zero = 0, why;
+	int ret;
+
 	if ((void *)(u + 1) > data_end)
 		return RAFT_PV_PASS;
-	return raft_prevote(ctx, &u->h, data_end);
+	st = bpf_map_lookup_elem(&follower_state, &zero);
+	hb = bpf_map_lookup_elem(&follower_hb, &zero);
+	w = bpf_map_lookup_elem(&follower_word, &zero);
+	if (!st || !hb || !w)
+		return RAFT_PV_PASS;
+	v.self = raftx_cfg.self;
+	bpf_spin_lock(&st->lock);
+	v.term = st->term;
+	v.last_index = st->last_index;
+	v.last_term = st->last_term;
+	v.leader = st->leader;
+	v.election_ns = st->detect_ns;
+	v.alive_until_ns = st->alive_until_ns;
+	v.pending_term = st->pending_term;
+	bpf_spin_unlock(&st->lock);
+	v.valid = v.term != 0;
+	bpf_spin_lock(&hb->lock);
+	if (hb->leader == v.leader && hb->term == v.term)
+		v.heard_ns = hb->last_ns;
+	bpf_spin_unlock(&hb->lock);
+	v.word_ns = *(volatile __u64 *)&w->last_ns;
+	v.now_ns = bpf_ktime_get_ns();
+	ret = raft_prevote_decide(&u->h, &v, &why);
+	if (ret == RAFT_PV_TX)
+		raft_prevote_reply(&u->h, &v, why);
+	return ret;
 }
 
 static int detect_fired(void *map, __u32 *key, struct raftx_detect *d)
@@ -210,8 +200,7 @@ static int detect_fired(void *map, __u32 *key, struct raftx_detect *d)
 	s = bpf_map_lookup_elem(&follower_stats, &zero);
 	e = bpf_ringbuf_reserve(&follower_events, sizeof(*e), 0);
 	if (!e) {
-		if (s)
-			COUNT(s, detect_ringbuf_full);
+		COUNT(s, detect_ringbuf_full);
 		return 0;
 	}
 	e->type = RAFTX_EV_LEADER_SILENT;
@@ -225,13 +214,11 @@ static int detect_fired(void *map, __u32 *key, struct raftx_detect *d)
 	 * over, and the new arming fires later if a new one lasts. */
 	if (e->now_ns < d->expires_ns) {
 		bpf_ringbuf_discard(e, 0);
-		if (s)
-			COUNT(s, detect_rearmed);
+		COUNT(s, detect_rearmed);
 		return 0;
 	}
 	bpf_ringbuf_submit(e, 0);
-	if (s)
-		COUNT(s, detect_fired);
+	COUNT(s, detect_fired);
 	return 0;
 }
 
@@ -317,7 +304,7 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 		COUNT(s, hb_leader);
 		return XDP_PASS;
 	}
-	if (!in6_eq(&p->saddr, &leader_addr) || p->sport != leader_port) {
+	if (!in6_addr_eq(&p->saddr, &leader_addr) || p->sport != leader_port) {
 		COUNT(s, hb_leader_addr);
 		return XDP_PASS;
 	}
@@ -352,7 +339,7 @@ static __always_inline int heartbeat(void *data, void *data_end, struct pkt *p, 
 	h->type = RAFT_MSG_HEARTBEAT_RESP;
 	h->flags = 0;
 	h->to = h->from;
-	h->from = bpf_cpu_to_be64(cfg_self);
+	h->from = bpf_cpu_to_be64(raftx_cfg.self);
 	h->log_term = 0;
 	h->index = 0;
 	h->commit = 0;
@@ -393,7 +380,7 @@ static __always_inline int leads(__u64 term)
 	cur_term = st->term;
 	cur_leader = st->leader;
 	bpf_spin_unlock(&st->lock);
-	return cur_term && cur_leader == cfg_self && term == cur_term;
+	return cur_term && cur_leader == raftx_cfg.self && term == cur_term;
 }
 
 /* ack records a follower's MsgHeartbeatResp while this node leads at its term (maps.h
@@ -489,17 +476,16 @@ static __always_inline int app_ack(struct raft_hdr *h)
  * main program's frame stays small. */
 static __noinline void mark(struct raftx_udp *u, void *data_end, struct raftx_stats *s)
 {
-	__u64 old[2], mark[2] = {cfg_mark0, cfg_mark1};
-	__u32 sum;
+	__u64 old[2], mark[2] = {raftx_cfg.mark[0], raftx_cfg.mark[1]};
+	__s64 diff;
 
 	if ((void *)(u + 1) > data_end || !(u->h.flags & RAFT_F_MAC))
 		return;
 	__builtin_memcpy(old, u->h.mac, RAFT_MAC_LEN);
 	__builtin_memcpy(u->h.mac, mark, RAFT_MAC_LEN);
 	if (u->udp.check) {
-		sum = bpf_csum_diff((__be32 *)old, RAFT_MAC_LEN, (__be32 *)mark, RAFT_MAC_LEN,
-				    (__u16)~u->udp.check);
-		u->udp.check = udp_csum_mangled((__sum16)~csum_fold32(sum));
+		diff = bpf_csum_diff((__be32 *)old, RAFT_MAC_LEN, (__be32 *)mark, RAFT_MAC_LEN, 0);
+		u->udp.check = udp_csum_mangled(csum_replace_diff(u->udp.check, (__u32)diff));
 	}
 	COUNT(s, marked);
 }
@@ -561,7 +547,7 @@ int raftx_xdp(struct xdp_md *ctx)
 	if (!s)
 		return XDP_PASS;
 	if (parse_pkt(data, data_end, &p) != PARSE_OK || p.l4_proto != IPPROTO_UDP ||
-	    p.dport != bpf_htons(cfg_port)) {
+	    p.dport != bpf_htons(raftx_cfg.port)) {
 		COUNT(s, not_raft);
 		return XDP_PASS;
 	}
@@ -569,11 +555,11 @@ int raftx_xdp(struct xdp_md *ctx)
 	u = pkt_hdr(data, data_end, p.l4_off, sizeof(*u));
 	reason = u ? check(u, data_end, p.payload_len, &p.saddr, p.sport) : RAFT_DROP_SHORT;
 	if (reason) {
-		s->drop[reason & (RAFTX_DROP_SLOTS - 1)]++;
+		COUNT(s, drop[reason & (RAFTX_DROP_SLOTS - 1)]);
 		return XDP_DROP;
 	}
 	act = dispatch(ctx, data, data_end, &p, u, s);
-	if (act == XDP_PASS && (cfg_mark0 | cfg_mark1)) {
+	if (act == XDP_PASS && (raftx_cfg.mark[0] | raftx_cfg.mark[1])) {
 		/* dispatch's helpers may have moved nothing, but the verifier forgets packet
 		 * pointers across calls: find the header again. */
 		data = (void *)(long)ctx->data;

@@ -12,6 +12,11 @@
 #ifndef KEDGE_SG_EXPIRE_H
 #define KEDGE_SG_EXPIRE_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "counters.h"
+#include "proto.h"
+#include "sg.h"
 #include "maps.h"
 
 /* expire_slot completes s with SG_ST_TIMEOUT when it is pending and its deadline has
@@ -23,7 +28,7 @@ static __always_inline int expire_slot(struct sg_slot *s, __u64 now)
 	__u16 group;
 
 	bpf_spin_lock(&s->lock);
-	if (s->state == SG_SLOT_PENDING && now + cfg_expire_slack_ns >= s->deadline_ns) {
+	if (s->state == SG_SLOT_PENDING && now + sg_cfg.expire_slack_ns >= s->deadline_ns) {
 		s->state = SG_SLOT_DONE;
 		s->res.status = SG_ST_TIMEOUT;
 		s->res.done_ns = now;
@@ -79,8 +84,8 @@ static long timer_init_cb(__u64 i, void *ctx)
 
 	if (!s)
 		return 1;
-	err = bpf_timer_init(&s->timer, &slots, SG_CLOCK_MONOTONIC);
-	if (err == 0 || err == -SG_EBUSY)
+	err = bpf_timer_init(&s->timer, &slots, CLOCK_MONOTONIC);
+	if (err == 0 || err == -EBUSY)
 		err = bpf_timer_set_callback(&s->timer, expire_cb);
 	if (err) {
 		/* -ENOMEM: the timer allocator's per-CPU cache is empty until its refill

@@ -1,31 +1,35 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* maps.h - kedge sg's maps, run-time constants and counter helpers. */
+/* maps.h - kedge sg's configuration, maps and counter helpers. */
 #ifndef KEDGE_SG_MAPS_H
 #define KEDGE_SG_MAPS_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "counters.h"
+#include "marks.h"
 #include "sg.h"
 
-/* UAPI #defines vmlinux.h lacks. */
-#define SG_CLOCK_MONOTONIC 1
-#define SG_EBUSY 16
+/* Set by user space before load (internal/sg.Load); the defaults are what it sets when not
+ * told otherwise. */
+const volatile struct sg_config sg_cfg = {
+	.copy_mark = KEDGE_MARK_SG_COPY,
+	.cont_mark = KEDGE_MARK_SG_CONT,
+	.batch = 64,
+	.first_batch = 8,
+};
 
-/* Set by user space before load. */
-const volatile __u32 cfg_copy_mark = 0x6b530000; /* skb->mark on copies: not scattered again */
-/* Copies per run of the scatter. A run's copies all land in the sending CPU's backlog
- * before the kernel delivers any of them (netdev_max_backlog, 1000 by default and not per
- * network namespace: a burst of 1024 overflows it). After a batch, the request is handed
- * on: marked cfg_cont_mark and redirected to the group interface's ingress, where
- * sg_scatter_cont sends the next batch once the backlog has delivered this one. */
-const volatile __u32 cfg_batch = 64;
-/* The first run sends only this many copies (at most cfg_batch), and each later run as many
- * as have been sent so far, up to cfg_batch (8, 8, 16, 32, 64, 64, ...): the backlog
- * delivers the first copies to their workers while the next runs are made, instead of
- * after the first hop of a whole batch of 64 (docs/sg.md, "Batches"). */
-const volatile __u32 cfg_first_batch = 8;
-const volatile __u32 cfg_cont_mark = 0x6b530001; /* skb->mark of a request handed on */
-/* The expiry timer fires this long after the deadline at the latest: a deadline that is
- * this close counts as reached (bpf_timer lateness, kernel-notes). */
-const volatile __u64 cfg_expire_slack_ns = 0;
+/* Referenced so that these types reach the object's BTF (bpf2go -type, TestWireMatchesBTF). */
+const enum kedge_mark *sg_btf_mark __attribute__((unused));
+const enum sg_wire *sg_btf_wire __attribute__((unused));
+const enum sg_limits *sg_btf_limits __attribute__((unused));
+const enum sg_group_flags *sg_btf_group_flags __attribute__((unused));
+const enum sg_result_flags *sg_btf_result_flags __attribute__((unused));
+const enum sg_op *sg_btf_op __attribute__((unused));
+const enum sg_reduce *sg_btf_reduce __attribute__((unused));
+const enum sg_dtype *sg_btf_dtype __attribute__((unused));
+const enum sg_status *sg_btf_status __attribute__((unused));
+const enum sg_slot_state *sg_btf_slot_state __attribute__((unused));
+const struct sg_hdr *sg_btf_hdr __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -77,24 +81,12 @@ struct {
 	__type(value, struct sg_stats);
 } stats SEC(".maps");
 
-/* Evaluates st once: a second lookup would be unchecked. */
-#define COUNT(st, field) do { typeof(st) __c = (st); if (__c) __c->field++; } while (0)
-#define COUNT_N(st, field, n) do { typeof(st) __c = (st); if (__c) __c->field += (n); } while (0)
-
 static __always_inline struct sg_stats *stats_for(__u32 group)
 {
 	return bpf_map_lookup_elem(&stats, &group);
 }
 
 #define NO_GROUP SG_GROUPS_MAX
-
-static __always_inline int addr_eq(const struct in6_addr *a, const struct in6_addr *b)
-{
-	return a->in6_u.u6_addr32[0] == b->in6_u.u6_addr32[0] &&
-	       a->in6_u.u6_addr32[1] == b->in6_u.u6_addr32[1] &&
-	       a->in6_u.u6_addr32[2] == b->in6_u.u6_addr32[2] &&
-	       a->in6_u.u6_addr32[3] == b->in6_u.u6_addr32[3];
-}
 
 /* emit_result sends a completed slot's result to user space. The slot is DONE, so no
  * other program writes it until user space has read the result and reuses the slot.

@@ -25,7 +25,13 @@
 #ifndef KEDGE_SG_PARTS_H
 #define KEDGE_SG_PARTS_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "counters.h"
+#include "sg.h"
 #include "maps.h"
+#include "reply.h"
 
 /* parts_entry is the parts-map entry of (slot, worker widx) of group g, or NULL when the
  * slot is outside the group's range or the map was not sized for it. */

@@ -4,7 +4,7 @@
  * Each copy is the request with the destination address, UDP port, destination MAC and
  * the header's worker index rewritten, checksums updated incrementally (bpf_l3/l4_csum_
  * replace keep CHECKSUM_PARTIAL and CHECKSUM_COMPLETE skbs right), then sent with
- * bpf_clone_redirect to the group's interface egress. The copies carry cfg_copy_mark, so
+ * bpf_clone_redirect to the group's interface egress. The copies carry sg_cfg.copy_mark, so
  * when they pass this hook again they go through untouched; that keeps one program looping
  * bpf_clone_redirect at transmit recursion depth 1 (Electrode's TC broadcast), instead of
  * a chain of re-entries that would hit the kernel's limit of 8. The original is dropped.
@@ -14,6 +14,13 @@
 #ifndef KEDGE_SG_SCATTER_H
 #define KEDGE_SG_SCATTER_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "counters.h"
+#include "csum.h"
+#include "parse.h"
+#include "sg.h"
 #include "maps.h"
 #include "expire.h"
 
@@ -160,7 +167,7 @@ static __always_inline int parse_request(struct __sk_buff *skb, struct scatter_c
 		COUNT(gcnt, unknown_group);
 		return TC_ACT_UNSPEC;
 	}
-	if (p.sport != g->coord_port || !addr_eq(&p.saddr, &g->coord_addr) ||
+	if (p.sport != g->coord_port || !in6_addr_eq(&p.saddr, &g->coord_addr) ||
 	    (g->family == 4) != (p.l3_proto == ETH_P_IP)) {
 		COUNT(stats_for(gid), not_owner);
 		return TC_ACT_UNSPEC;
@@ -192,14 +199,14 @@ static __always_inline int parse_request(struct __sk_buff *skb, struct scatter_c
 	return 1;
 }
 
-/* batch_end is the end of the batch that starts at worker next: cfg_first_batch copies
- * for the first, then as many as were sent before it (doubling), at most cfg_batch. */
+/* batch_end is the end of the batch that starts at worker next: sg_cfg.first_batch copies
+ * for the first, then as many as were sent before it (doubling), at most sg_cfg.batch. */
 static __always_inline __u32 batch_end(const struct scatter_ctx *c, __u32 next)
 {
-	__u32 batch = next < cfg_batch ? next : cfg_batch;
+	__u32 batch = next < sg_cfg.batch ? next : sg_cfg.batch;
 
-	if (batch < cfg_first_batch)
-		batch = cfg_first_batch;
+	if (batch < sg_cfg.first_batch)
+		batch = sg_cfg.first_batch;
 	if (batch < 1)
 		batch = 1;
 
@@ -220,7 +227,7 @@ static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter
 	__u16 need;
 	int ret;
 
-	if (skb->mark == cfg_copy_mark || skb->mark == cfg_cont_mark)
+	if (skb->mark == sg_cfg.copy_mark || skb->mark == sg_cfg.cont_mark)
 		return TC_ACT_UNSPEC; /* our copies, or a batch handed on (loopback), passing again */
 	ret = parse_request(skb, c, &h);
 	if (ret != 1)
@@ -277,7 +284,7 @@ static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter
 	bpf_spin_unlock(&s->lock);
 	if (use_timer)
 		arm_expiry(s, timeout, cnt);
-	skb->mark = cfg_copy_mark; /* inherited by every clone */
+	skb->mark = sg_cfg.copy_mark; /* inherited by every clone */
 	return 1;
 }
 
@@ -293,7 +300,7 @@ static __always_inline int cont_prepare(struct __sk_buff *skb, struct scatter_ct
 	__u64 id;
 	int ret;
 
-	if (skb->mark != cfg_cont_mark)
+	if (skb->mark != sg_cfg.cont_mark)
 		return TC_ACT_UNSPEC; /* anything else arriving: not ours here */
 	ret = parse_request(skb, c, &h);
 	if (ret != 1)
@@ -310,12 +317,12 @@ static __always_inline int cont_prepare(struct __sk_buff *skb, struct scatter_ct
 	}
 	c->next = next;
 	c->end = batch_end(c, next);
-	skb->mark = cfg_copy_mark;
+	skb->mark = sg_cfg.copy_mark;
 	return 1;
 }
 
 /* scatter_finish counts the copies; then it hands the request on to the next batch
- * (cfg_batch) or drops the original. */
+ * (sg_cfg.batch) or drops the original. */
 static __always_inline int scatter_finish(struct __sk_buff *skb, struct scatter_ctx *c)
 {
 	struct sg_stats *cnt = stats_for(c->gid < SG_GROUPS_MAX ? c->gid : NO_GROUP);
@@ -324,7 +331,7 @@ static __always_inline int scatter_finish(struct __sk_buff *skb, struct scatter_
 	COUNT_N(cnt, copy_errors, c->errors);
 	if (c->end < c->nworkers) {
 		COUNT(cnt, continued);
-		skb->mark = cfg_cont_mark;
+		skb->mark = sg_cfg.cont_mark;
 		/* Either way it waits in the backlog behind this batch and comes back to the
 		 * interface's ingress, where sg_scatter_cont takes it. */
 		return bpf_redirect(c->ifindex, c->loopback ? 0 : BPF_F_INGRESS);

@@ -6,13 +6,14 @@
  *   sg_gather       (XDP, coordinator iface)        replies reduced and consumed
  *   sg_timers_init  (BPF_PROG_TEST_RUN)             one bpf_timer per slot
  *   sg_sweep        (BPF_PROG_TEST_RUN)             expiry on kernels without bpf_timer
- * The wire format and the contract with user space are in bpf/include/sg.h; scatter.h,
- * gather.h and expire.h hold the logic by concern. */
+ * The wire format and the contract with user space are in bpf/include/sg.h. The stages:
+ * scatter.h (a request becomes a copy per worker), gather.h (a whole reply is reduced),
+ * parts.h (a part of a multi-packet reply is reduced), reply.h (what the two share),
+ * expire.h (a request past its deadline completes); maps.h holds the config and maps. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
-#include "parse.h"
-#include "csum.h"
+#include "counters.h"
 #include "sg.h"
 #include "maps.h"
 #include "expire.h"
@@ -35,7 +36,7 @@ int sg_scatter(struct __sk_buff *skb)
 }
 
 /* TC ingress of the group interface: the next batch of a request handed on by
- * scatter_finish (fan-outs larger than cfg_batch). Everything else passes. */
+ * scatter_finish (fan-outs larger than sg_cfg.batch). Everything else passes. */
 SEC("tc")
 int sg_scatter_cont(struct __sk_buff *skb)
 {
@@ -53,7 +54,7 @@ int sg_scatter_cont(struct __sk_buff *skb)
  * run in a bounded loop, then a tail call to sg_scatter_chunk for the next chunk of the
  * batch, with the loop state in a per-CPU map (a TC program runs to its end on one CPU
  * with bottom halves off; the copies' own pass through the egress hook returns before
- * touching it). A batch (cfg_batch <= 32 x 33, the tail-call limit) is handed on as in
+ * touching it). A batch (sg_cfg.batch <= 32 x 33, the tail-call limit) is handed on as in
  * the bpf_loop tier. A bounded loop over all 1024 workers exceeds the verifier's
  * 1M-instruction budget. Expiry is sg_sweep's. */
 #define SCATTER_CHUNK 32

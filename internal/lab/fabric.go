@@ -14,6 +14,9 @@ import (
 	"github.com/kedge-dev/kedge/internal/bpfx"
 )
 
+// dupMark is the skb mark of a duplicate on its way back into its port (bpf/include/marks.h).
+const dupMark = uint32(fabricKedgeMarkKEDGE_MARK_FABRIC_DUP)
+
 // LinkFault is what the fault fabric does to the packets of one direction of one link
 // (from host A into the fabric, addressed to host B). The zero value passes everything.
 type LinkFault struct {
@@ -127,14 +130,22 @@ func (l *Lab) Faults() (_ *FaultFabric, err error) {
 			err = errors.Join(err, f.Close())
 		}
 	}()
-	if err := loadFabricProgram(&f.objs); err != nil {
-		return nil, err
-	}
 	fh, err := bpfx.NetlinkHandle(l.Fabric.Handle)
 	if err != nil {
 		return nil, err
 	}
 	defer fh.Close()
+	// The delay line first: the program is loaded with its device's ifindex (fab_cfg).
+	var delayIfindex uint32
+	if l.Spec.Fabric == Router {
+		if f.delay, err = newTunDelay(l, fh, f.linkOf, f.delayOf); err != nil {
+			return nil, err
+		}
+		delayIfindex = uint32(f.delay.ifindex)
+	}
+	if err := loadFabricProgram(&f.objs, delayIfindex); err != nil {
+		return nil, err
+	}
 	for _, h := range l.Hosts {
 		port, err := fh.LinkByName(fmt.Sprintf("v%d", h.Index))
 		if err != nil {
@@ -159,23 +170,19 @@ func (l *Lab) Faults() (_ *FaultFabric, err error) {
 		}
 		f.atts = append(f.atts, att)
 	}
-	if l.Spec.Fabric == Router {
-		if f.delay, err = newTunDelay(l, fh, f.linkOf, f.delayOf); err != nil {
-			return nil, err
-		}
-		if err := f.objs.FabConfig.Put(uint32(0), fabricFabCfg{DelayIfindex: uint32(f.delay.ifindex)}); err != nil {
-			return nil, fmt.Errorf("fill fab_config: %w", err)
-		}
-	}
 	return f, nil
 }
 
 // loadFabricProgram loads the fault program (raising RLIMIT_MEMLOCK where the kernel
-// still charges BPF memory to it, before 5.11).
-func loadFabricProgram(objs *fabricObjects) error {
+// still charges BPF memory to it, before 5.11) with its delay device (0: none).
+func loadFabricProgram(objs *fabricObjects, delayIfindex uint32) error {
 	spec, err := loadFabric()
 	if err != nil {
 		return fmt.Errorf("load fabric program spec: %w", err)
+	}
+	cfg := fabricFabConfig{DupMark: dupMark, DelayIfindex: delayIfindex}
+	if err := spec.Variables[fabricVarFabCfg].Set(cfg); err != nil {
+		return fmt.Errorf("set fabric config: %w", err)
 	}
 	return bpfx.LoadAndAssign("fault fabric", spec, objs, nil)
 }

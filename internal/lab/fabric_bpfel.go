@@ -13,10 +13,10 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type fabricFabCfg struct {
+type fabricFabConfig struct {
 	_            structs.HostLayout
+	DupMark      uint32
 	DelayIfindex uint32
-	Pad          uint32
 }
 
 type fabricFabFault struct {
@@ -58,17 +58,26 @@ type fabricIn6Addr struct {
 	}
 }
 
+type fabricKedgeMark uint32
+
+const (
+	fabricKedgeMarkKEDGE_MARK_SG_COPY    fabricKedgeMark = 1800601600
+	fabricKedgeMarkKEDGE_MARK_SG_CONT    fabricKedgeMark = 1800601601
+	fabricKedgeMarkKEDGE_MARK_FABRIC_DUP fabricKedgeMark = 1801715713
+	fabricKedgeMarkKEDGE_MARK_HEDGE      fabricKedgeMark = 1801781248
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	fabricMapFabConfig      = "fab_config"
 	fabricMapFabCounters    = "fab_counters"
 	fabricMapFabHosts       = "fab_hosts"
 	fabricMapFabLinks       = "fab_links"
 	fabricMapFabPorts       = "fab_ports"
 	fabricProgFabricIngress = "fabric_ingress"
-	fabricVarCfgDupMark     = "cfg_dup_mark"
+	fabricVarFabBtfMark     = "fab_btf_mark"
+	fabricVarFabCfg         = "fab_cfg"
 )
 
 // loadFabric returns the embedded CollectionSpec for fabric.
@@ -120,7 +129,6 @@ type fabricProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fabricMapSpecs struct {
-	FabConfig   *ebpf.MapSpec `ebpf:"fab_config"`
 	FabCounters *ebpf.MapSpec `ebpf:"fab_counters"`
 	FabHosts    *ebpf.MapSpec `ebpf:"fab_hosts"`
 	FabLinks    *ebpf.MapSpec `ebpf:"fab_links"`
@@ -131,7 +139,8 @@ type fabricMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fabricVariableSpecs struct {
-	CfgDupMark *ebpf.VariableSpec `ebpf:"cfg_dup_mark"`
+	FabBtfMark *ebpf.VariableSpec `ebpf:"fab_btf_mark"`
+	FabCfg     *ebpf.VariableSpec `ebpf:"fab_cfg"`
 }
 
 // fabricObjects contains all objects after they have been loaded into the kernel.
@@ -154,7 +163,6 @@ func (o *fabricObjects) Close() error {
 //
 // It can be passed to loadFabricObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fabricMaps struct {
-	FabConfig   *ebpf.Map `ebpf:"fab_config"`
 	FabCounters *ebpf.Map `ebpf:"fab_counters"`
 	FabHosts    *ebpf.Map `ebpf:"fab_hosts"`
 	FabLinks    *ebpf.Map `ebpf:"fab_links"`
@@ -163,7 +171,6 @@ type fabricMaps struct {
 
 func (m *fabricMaps) Close() error {
 	return _FabricClose(
-		m.FabConfig,
 		m.FabCounters,
 		m.FabHosts,
 		m.FabLinks,
@@ -175,7 +182,8 @@ func (m *fabricMaps) Close() error {
 //
 // It can be passed to loadFabricObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fabricVariables struct {
-	CfgDupMark *ebpf.Variable `ebpf:"cfg_dup_mark"`
+	FabBtfMark *ebpf.Variable `ebpf:"fab_btf_mark"`
+	FabCfg     *ebpf.Variable `ebpf:"fab_cfg"`
 }
 
 // fabricPrograms contains all programs after they have been loaded into the kernel.

@@ -32,11 +32,6 @@ func fixtureNS(t *testing.T, fn func() error) {
 
 func TestFabricProgramFixtures(t *testing.T) {
 	requireRoot(t)
-	var objs fabricObjects
-	if err := loadFabricProgram(&objs); err != nil {
-		t.Fatal(err)
-	}
-	defer objs.Close()
 	// The test packet arrives on ifindex 1 (loopback): host 1. Hosts 2..7 each carry one rule.
 	must := func(err error) {
 		t.Helper()
@@ -44,13 +39,8 @@ func TestFabricProgramFixtures(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	must(objs.FabPorts.Put(uint32(1), uint32(1)))
 	addr4 := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, byte(i), 2}) }
 	addr6 := func(i int) netip.Addr { return v6(uint16(i), 2) }
-	for i := 2; i <= 8; i++ {
-		must(objs.FabHosts.Put(addr4(i).As16(), uint32(i)))
-		must(objs.FabHosts.Put(addr6(i).As16(), uint32(i)))
-	}
 	rules := map[int]fabricFabFault{
 		2: {Partition: 1},
 		3: {Loss: math.MaxUint32},
@@ -60,9 +50,23 @@ func TestFabricProgramFixtures(t *testing.T) {
 		7: {}, // a rule that does nothing
 		8: {Dup: math.MaxUint32, Delay: math.MaxUint32},
 	}
-	for dst, r := range rules {
-		must(objs.FabLinks.Put(fabricFabLinkKey{Src: 1, Dst: uint32(dst)}, r))
+	// load loads the program with a delay device (0: none) and fills its maps.
+	load := func(delayIfindex uint32) *fabricObjects {
+		t.Helper()
+		var objs fabricObjects
+		must(loadFabricProgram(&objs, delayIfindex))
+		t.Cleanup(func() { objs.Close() })
+		must(objs.FabPorts.Put(uint32(1), uint32(1)))
+		for i := 2; i <= 8; i++ {
+			must(objs.FabHosts.Put(addr4(i).As16(), uint32(i)))
+			must(objs.FabHosts.Put(addr6(i).As16(), uint32(i)))
+		}
+		for dst, r := range rules {
+			must(objs.FabLinks.Put(fabricFabLinkKey{Src: 1, Dst: uint32(dst)}, r))
+		}
+		return &objs
 	}
+	objs := load(0)
 	udp4 := func(dst int) []byte {
 		return pktbuild.New().IPv4(pktbuild.IPv4{Src: addr4(1), Dst: addr4(dst)}).UDP(pktbuild.UDP{Src: 1, Dst: 2}).Payload([]byte("x")).Build()
 	}
@@ -96,7 +100,10 @@ func TestFabricProgramFixtures(t *testing.T) {
 	fixtureNS(t, func() error { r.Run(t, cases); return nil })
 
 	// With a delay device: the program redirects (the test run reports the verdict only).
-	must(objs.FabConfig.Put(uint32(0), fabricFabCfg{DelayIfindex: 1}))
+	delayed := load(1)
+	r = bpftest.Runner{Prog: delayed.FabricIngress, Counters: func() (bpftest.Counters, error) {
+		return bpftest.SumPerCPU[fabricFabStats](delayed.FabCounters)
+	}}
 	fixtureNS(t, func() error {
 		r.Run(t, []bpftest.Case{
 			{Name: "delay", In: udp4(5), WantRet: bpftest.TCActRedirect, WantCounters: bpftest.Counters{"Delayed": 1}},
@@ -109,7 +116,7 @@ func TestFabricProgramFixtures(t *testing.T) {
 	fixtureNS(t, func() error {
 		before, _ := counters()
 		ctx := make([]byte, 192) // struct __sk_buff; mark is at offset 8
-		binary.LittleEndian.PutUint32(ctx[8:], 0x6b640001)
+		binary.LittleEndian.PutUint32(ctx[8:], dupMark)
 		ctxOut := make([]byte, 192)
 		opts := ebpf.RunOptions{Data: udp4(2), Context: ctx, ContextOut: ctxOut, Repeat: 1}
 		ret, err := objs.FabricIngress.Run(&opts)

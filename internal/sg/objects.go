@@ -92,7 +92,8 @@ type boundedObjects struct {
 // LoadOptions tune Load.
 type LoadOptions struct {
 	Tier Tier
-	// CopyMark is the skb mark on scatter copies (default 0x6b530000).
+	// CopyMark is the skb mark on scatter copies (default CopyMark, from the registry in
+	// bpf/include/marks.h).
 	CopyMark uint32
 	// ExpireSlack: a deadline this close counts as reached.
 	ExpireSlack uint64
@@ -117,6 +118,13 @@ const (
 	DefaultFirstBatch = 8
 )
 
+// The skb marks of the scatter (bpf/include/marks.h): its copies (LoadOptions.CopyMark
+// moves it) and a request handed on to its next batch.
+const (
+	CopyMark = uint32(sgKedgeMarkKEDGE_MARK_SG_COPY)
+	ContMark = uint32(sgKedgeMarkKEDGE_MARK_SG_CONT)
+)
+
 // BatchRuns is how many runs of the scatter send n copies (batch_end in bpf/sg/scatter.h):
 // a request is handed on BatchRuns - 1 times.
 func BatchRuns(n, first, batch int) int {
@@ -133,10 +141,8 @@ func Load(opts LoadOptions) (*Objects, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load sg spec: %w", err)
 	}
-	if opts.CopyMark != 0 {
-		if err := spec.Variables["cfg_copy_mark"].Set(opts.CopyMark); err != nil {
-			return nil, fmt.Errorf("set copy mark: %w", err)
-		}
+	if opts.CopyMark == 0 {
+		opts.CopyMark = CopyMark
 	}
 	if opts.Batch == 0 {
 		opts.Batch = DefaultBatch
@@ -150,14 +156,15 @@ func Load(opts LoadOptions) (*Objects, error) {
 	if opts.FirstBatch > opts.Batch {
 		return nil, fmt.Errorf("sg first batch %d: at most the batch (%d)", opts.FirstBatch, opts.Batch)
 	}
-	if err := spec.Variables["cfg_batch"].Set(opts.Batch); err != nil {
-		return nil, fmt.Errorf("set batch: %w", err)
+	cfg := sgSgConfig{
+		CopyMark:      opts.CopyMark,
+		ContMark:      ContMark,
+		Batch:         opts.Batch,
+		FirstBatch:    opts.FirstBatch,
+		ExpireSlackNs: opts.ExpireSlack,
 	}
-	if err := spec.Variables["cfg_first_batch"].Set(opts.FirstBatch); err != nil {
-		return nil, fmt.Errorf("set first batch: %w", err)
-	}
-	if err := spec.Variables["cfg_expire_slack_ns"].Set(opts.ExpireSlack); err != nil {
-		return nil, fmt.Errorf("set expire slack: %w", err)
+	if err := spec.Variables[sgVarSgCfg].Set(cfg); err != nil {
+		return nil, fmt.Errorf("set sg config: %w", err)
 	}
 	if opts.PartEntries > PartEntriesMax {
 		return nil, fmt.Errorf("sg parts map of %d entries: at most %d (slots x workers)", opts.PartEntries, PartEntriesMax)

@@ -271,7 +271,7 @@ const tcActRedirect = 7
 // worker. A handed-on request whose slot no longer holds it stops; unmarked traffic at
 // ingress passes.
 func TestScatterBatches(t *testing.T) {
-	const contMark = 0x6b530001
+	const contMark = ContMark
 	for _, fam := range families {
 		t.Run(fam.name, func(t *testing.T) {
 			f, s, _ := scatterFixture(t, fam.coord, fam.workers, 1)
@@ -365,7 +365,7 @@ func TestScatterBatches(t *testing.T) {
 // before it, up to the batch (first 1, batch 4: 1, 1, 2, 4, 4, ...), as BatchRuns counts;
 // every worker gets its copy once.
 func TestScatterRamp(t *testing.T) {
-	const contMark = 0x6b530001
+	const contMark = ContMark
 	fam := families[0]
 	fam.workers = nil
 	for i := range 12 {

@@ -13,6 +13,15 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type sgKedgeMark uint32
+
+const (
+	sgKedgeMarkKEDGE_MARK_SG_COPY    sgKedgeMark = 1800601600
+	sgKedgeMarkKEDGE_MARK_SG_CONT    sgKedgeMark = 1800601601
+	sgKedgeMarkKEDGE_MARK_FABRIC_DUP sgKedgeMark = 1801715713
+	sgKedgeMarkKEDGE_MARK_HEDGE      sgKedgeMark = 1801781248
+)
+
 type sgScatterCtx struct {
 	_          structs.HostLayout
 	Gid        uint32
@@ -36,6 +45,15 @@ type sgScatterCtx struct {
 	TimeoutNs  uint64
 	Copies     uint32
 	Errors     uint32
+}
+
+type sgSgConfig struct {
+	_             structs.HostLayout
+	CopyMark      uint32
+	ContMark      uint32
+	Batch         uint32
+	FirstBatch    uint32
+	ExpireSlackNs uint64
 }
 
 type sgSgGroup struct {
@@ -172,11 +190,18 @@ const (
 	sgProgSgScatterContBl = "sg_scatter_cont_bl"
 	sgProgSgSweep         = "sg_sweep"
 	sgProgSgTimersInit    = "sg_timers_init"
-	sgVarCfgBatch         = "cfg_batch"
-	sgVarCfgContMark      = "cfg_cont_mark"
-	sgVarCfgCopyMark      = "cfg_copy_mark"
-	sgVarCfgExpireSlackNs = "cfg_expire_slack_ns"
-	sgVarCfgFirstBatch    = "cfg_first_batch"
+	sgVarSgBtfDtype       = "sg_btf_dtype"
+	sgVarSgBtfGroupFlags  = "sg_btf_group_flags"
+	sgVarSgBtfHdr         = "sg_btf_hdr"
+	sgVarSgBtfLimits      = "sg_btf_limits"
+	sgVarSgBtfMark        = "sg_btf_mark"
+	sgVarSgBtfOp          = "sg_btf_op"
+	sgVarSgBtfReduce      = "sg_btf_reduce"
+	sgVarSgBtfResultFlags = "sg_btf_result_flags"
+	sgVarSgBtfSlotState   = "sg_btf_slot_state"
+	sgVarSgBtfStatus      = "sg_btf_status"
+	sgVarSgBtfWire        = "sg_btf_wire"
+	sgVarSgCfg            = "sg_cfg"
 )
 
 // loadSg returns the embedded CollectionSpec for sg.
@@ -249,11 +274,18 @@ type sgMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sgVariableSpecs struct {
-	CfgBatch         *ebpf.VariableSpec `ebpf:"cfg_batch"`
-	CfgContMark      *ebpf.VariableSpec `ebpf:"cfg_cont_mark"`
-	CfgCopyMark      *ebpf.VariableSpec `ebpf:"cfg_copy_mark"`
-	CfgExpireSlackNs *ebpf.VariableSpec `ebpf:"cfg_expire_slack_ns"`
-	CfgFirstBatch    *ebpf.VariableSpec `ebpf:"cfg_first_batch"`
+	SgBtfDtype       *ebpf.VariableSpec `ebpf:"sg_btf_dtype"`
+	SgBtfGroupFlags  *ebpf.VariableSpec `ebpf:"sg_btf_group_flags"`
+	SgBtfHdr         *ebpf.VariableSpec `ebpf:"sg_btf_hdr"`
+	SgBtfLimits      *ebpf.VariableSpec `ebpf:"sg_btf_limits"`
+	SgBtfMark        *ebpf.VariableSpec `ebpf:"sg_btf_mark"`
+	SgBtfOp          *ebpf.VariableSpec `ebpf:"sg_btf_op"`
+	SgBtfReduce      *ebpf.VariableSpec `ebpf:"sg_btf_reduce"`
+	SgBtfResultFlags *ebpf.VariableSpec `ebpf:"sg_btf_result_flags"`
+	SgBtfSlotState   *ebpf.VariableSpec `ebpf:"sg_btf_slot_state"`
+	SgBtfStatus      *ebpf.VariableSpec `ebpf:"sg_btf_status"`
+	SgBtfWire        *ebpf.VariableSpec `ebpf:"sg_btf_wire"`
+	SgCfg            *ebpf.VariableSpec `ebpf:"sg_cfg"`
 }
 
 // sgObjects contains all objects after they have been loaded into the kernel.
@@ -303,11 +335,18 @@ func (m *sgMaps) Close() error {
 //
 // It can be passed to loadSgObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sgVariables struct {
-	CfgBatch         *ebpf.Variable `ebpf:"cfg_batch"`
-	CfgContMark      *ebpf.Variable `ebpf:"cfg_cont_mark"`
-	CfgCopyMark      *ebpf.Variable `ebpf:"cfg_copy_mark"`
-	CfgExpireSlackNs *ebpf.Variable `ebpf:"cfg_expire_slack_ns"`
-	CfgFirstBatch    *ebpf.Variable `ebpf:"cfg_first_batch"`
+	SgBtfDtype       *ebpf.Variable `ebpf:"sg_btf_dtype"`
+	SgBtfGroupFlags  *ebpf.Variable `ebpf:"sg_btf_group_flags"`
+	SgBtfHdr         *ebpf.Variable `ebpf:"sg_btf_hdr"`
+	SgBtfLimits      *ebpf.Variable `ebpf:"sg_btf_limits"`
+	SgBtfMark        *ebpf.Variable `ebpf:"sg_btf_mark"`
+	SgBtfOp          *ebpf.Variable `ebpf:"sg_btf_op"`
+	SgBtfReduce      *ebpf.Variable `ebpf:"sg_btf_reduce"`
+	SgBtfResultFlags *ebpf.Variable `ebpf:"sg_btf_result_flags"`
+	SgBtfSlotState   *ebpf.Variable `ebpf:"sg_btf_slot_state"`
+	SgBtfStatus      *ebpf.Variable `ebpf:"sg_btf_status"`
+	SgBtfWire        *ebpf.Variable `ebpf:"sg_btf_wire"`
+	SgCfg            *ebpf.Variable `ebpf:"sg_cfg"`
 }
 
 // sgPrograms contains all programs after they have been loaded into the kernel.

@@ -141,14 +141,12 @@ func load(opts FollowerOptions, objs *raftxdpObjects) error {
 	if err != nil {
 		return fmt.Errorf("load follower program spec: %w", err)
 	}
-	vars := map[string]any{"cfg_cluster_id": opts.ClusterID, "cfg_self": opts.Self, "cfg_port": opts.RaftAddr.Port()}
+	cfg := raftxdpRaftxConfig{ClusterId: opts.ClusterID, Self: opts.Self, Port: opts.RaftAddr.Port()}
 	if opts.Key != nil && *opts.Key != (wire.Key{}) {
-		vars["cfg_mark0"], vars["cfg_mark1"] = opts.PassMark.Halves()
+		cfg.Mark[0], cfg.Mark[1] = opts.PassMark.Halves()
 	}
-	for name, v := range vars {
-		if err := spec.Variables[name].Set(v); err != nil {
-			return fmt.Errorf("set %s: %w", name, err)
-		}
+	if err := spec.Variables[raftxdpVarRaftxCfg].Set(cfg); err != nil {
+		return fmt.Errorf("set follower config: %w", err)
 	}
 	if opts.Syscall || !HaveMmapableArray() {
 		spec.Maps["follower_word"].Flags &^= unix.BPF_F_MMAPABLE

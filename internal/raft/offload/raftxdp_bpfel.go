@@ -53,6 +53,15 @@ type raftxdpRaftxAck struct {
 	Count  uint64
 }
 
+type raftxdpRaftxConfig struct {
+	_         structs.HostLayout
+	ClusterId uint64
+	Self      uint64
+	Mark      [2]uint64
+	Port      uint16
+	Pad       [3]uint16
+}
+
 type raftxdpRaftxDetect struct {
 	_     structs.HostLayout
 	Timer struct {
@@ -187,11 +196,7 @@ const (
 	raftxdpMapRaftPeers        = "raft_peers"
 	raftxdpMapRaftTxSeq        = "raft_tx_seq"
 	raftxdpProgRaftxXdp        = "raftx_xdp"
-	raftxdpVarCfgClusterId     = "cfg_cluster_id"
-	raftxdpVarCfgMark0         = "cfg_mark0"
-	raftxdpVarCfgMark1         = "cfg_mark1"
-	raftxdpVarCfgPort          = "cfg_port"
-	raftxdpVarCfgSelf          = "cfg_self"
+	raftxdpVarRaftxCfg         = "raftx_cfg"
 	raftxdpVarUnusedRaftxEvent = "unused_raftx_event"
 )
 
@@ -261,11 +266,7 @@ type raftxdpMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type raftxdpVariableSpecs struct {
-	CfgClusterId     *ebpf.VariableSpec `ebpf:"cfg_cluster_id"`
-	CfgMark0         *ebpf.VariableSpec `ebpf:"cfg_mark0"`
-	CfgMark1         *ebpf.VariableSpec `ebpf:"cfg_mark1"`
-	CfgPort          *ebpf.VariableSpec `ebpf:"cfg_port"`
-	CfgSelf          *ebpf.VariableSpec `ebpf:"cfg_self"`
+	RaftxCfg         *ebpf.VariableSpec `ebpf:"raftx_cfg"`
 	UnusedRaftxEvent *ebpf.VariableSpec `ebpf:"unused_raftx_event"`
 }
 
@@ -322,11 +323,7 @@ func (m *raftxdpMaps) Close() error {
 //
 // It can be passed to loadRaftxdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type raftxdpVariables struct {
-	CfgClusterId     *ebpf.Variable `ebpf:"cfg_cluster_id"`
-	CfgMark0         *ebpf.Variable `ebpf:"cfg_mark0"`
-	CfgMark1         *ebpf.Variable `ebpf:"cfg_mark1"`
-	CfgPort          *ebpf.Variable `ebpf:"cfg_port"`
-	CfgSelf          *ebpf.Variable `ebpf:"cfg_self"`
+	RaftxCfg         *ebpf.Variable `ebpf:"raftx_cfg"`
 	UnusedRaftxEvent *ebpf.Variable `ebpf:"unused_raftx_event"`
 }
 

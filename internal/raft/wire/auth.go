@@ -166,7 +166,7 @@ func NewMark() (Mark, error) {
 	return m, nil
 }
 
-// Halves are the mark as the program's two little-endian constants (cfg_mark0, cfg_mark1).
+// Halves are the mark as the program's two little-endian words (struct raftx_config's mark).
 func (m Mark) Halves() (uint64, uint64) {
 	return binary.LittleEndian.Uint64(m[:8]), binary.LittleEndian.Uint64(m[8:])
 }

@@ -29,7 +29,7 @@ func loadAuthObjs(t testing.TB, self uint64) *authtestObjects {
 	if err != nil {
 		t.Fatalf("load spec: %v", err)
 	}
-	if err := spec.Variables["cfg_self"].Set(self); err != nil {
+	if err := spec.Variables[authtestVarAuthtestCfg].Set(authtestAuthtestConfig{Self: self}); err != nil {
 		t.Fatalf("set self: %v", err)
 	}
 	var objs authtestObjects

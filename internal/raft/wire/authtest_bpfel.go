@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type authtestAuthtestConfig struct {
+	_    structs.HostLayout
+	Self uint64
+}
+
 type authtestAuthtestVerdict struct {
 	_        structs.HostLayout
 	ParseRet int32
@@ -115,7 +120,7 @@ const (
 	authtestProgPrevoteXdp = "prevote_xdp"
 	authtestProgSignXdp    = "sign_xdp"
 	authtestProgSiphashXdp = "siphash_xdp"
-	authtestVarCfgSelf     = "cfg_self"
+	authtestVarAuthtestCfg = "authtest_cfg"
 )
 
 // loadAuthtest returns the embedded CollectionSpec for authtest.
@@ -184,7 +189,7 @@ type authtestMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type authtestVariableSpecs struct {
-	CfgSelf *ebpf.VariableSpec `ebpf:"cfg_self"`
+	AuthtestCfg *ebpf.VariableSpec `ebpf:"authtest_cfg"`
 }
 
 // authtestObjects contains all objects after they have been loaded into the kernel.
@@ -234,7 +239,7 @@ func (m *authtestMaps) Close() error {
 //
 // It can be passed to loadAuthtestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type authtestVariables struct {
-	CfgSelf *ebpf.Variable `ebpf:"cfg_self"`
+	AuthtestCfg *ebpf.Variable `ebpf:"authtest_cfg"`
 }
 
 // authtestPrograms contains all programs after they have been loaded into the kernel.

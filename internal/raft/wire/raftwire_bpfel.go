@@ -33,6 +33,12 @@ type raftwireRaftHdr struct {
 	Mac        [16]uint8
 }
 
+type raftwireRaftwireConfig struct {
+	_         structs.HostLayout
+	ClusterId uint64
+	Self      uint64
+}
+
 type raftwireRaftwireResult struct {
 	_          structs.HostLayout
 	ParseRet   int32
@@ -57,10 +63,11 @@ type raftwireRaftwireResult struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	raftwireMapResult       = "result"
-	raftwireProgRaftwireXdp = "raftwire_xdp"
-	raftwireVarCfgClusterId = "cfg_cluster_id"
-	raftwireVarCfgSelf      = "cfg_self"
+	raftwireMapResult           = "result"
+	raftwireProgRaftwireXdp     = "raftwire_xdp"
+	raftwireVarRaftwireBtfFlags = "raftwire_btf_flags"
+	raftwireVarRaftwireBtfWire  = "raftwire_btf_wire"
+	raftwireVarRaftwireCfg      = "raftwire_cfg"
 )
 
 // loadRaftwire returns the embedded CollectionSpec for raftwire.
@@ -119,8 +126,9 @@ type raftwireMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type raftwireVariableSpecs struct {
-	CfgClusterId *ebpf.VariableSpec `ebpf:"cfg_cluster_id"`
-	CfgSelf      *ebpf.VariableSpec `ebpf:"cfg_self"`
+	RaftwireBtfFlags *ebpf.VariableSpec `ebpf:"raftwire_btf_flags"`
+	RaftwireBtfWire  *ebpf.VariableSpec `ebpf:"raftwire_btf_wire"`
+	RaftwireCfg      *ebpf.VariableSpec `ebpf:"raftwire_cfg"`
 }
 
 // raftwireObjects contains all objects after they have been loaded into the kernel.
@@ -156,8 +164,9 @@ func (m *raftwireMaps) Close() error {
 //
 // It can be passed to loadRaftwireObjects or ebpf.CollectionSpec.LoadAndAssign.
 type raftwireVariables struct {
-	CfgClusterId *ebpf.Variable `ebpf:"cfg_cluster_id"`
-	CfgSelf      *ebpf.Variable `ebpf:"cfg_self"`
+	RaftwireBtfFlags *ebpf.Variable `ebpf:"raftwire_btf_flags"`
+	RaftwireBtfWire  *ebpf.Variable `ebpf:"raftwire_btf_wire"`
+	RaftwireCfg      *ebpf.Variable `ebpf:"raftwire_cfg"`
 }
 
 // raftwirePrograms contains all programs after they have been loaded into the kernel.

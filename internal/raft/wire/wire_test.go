@@ -77,6 +77,20 @@ func TestLayoutMatchesHeader(t *testing.T) {
 		}
 	}
 
+	for name, want := range map[string]map[string]int64{
+		"raft_wire": {"RAFT_MAGIC": Magic, "RAFT_VERSION": Version, "RAFT_CTX_MAX": CtxMax, "RAFT_MAC_LEN": MACLen,
+			"RAFT_PKT_LEN": PktLen, "RAFT_BULK_MAX": BulkMax, "RAFT_SNAP_MAX": SnapMax},
+		"raft_flags": {"RAFT_F_REJECT": FlagReject, "RAFT_F_MAC": FlagMAC, "RAFT_F_KNOWN": flagKnown},
+	} {
+		bad, err := bpftest.EnumMismatches(spec, name, want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range bad {
+			t.Error(b)
+		}
+	}
+
 	var drop *btf.Enum
 	if err := spec.Types.TypeByName("raft_drop", &drop); err != nil {
 		t.Fatalf("find enum raft_drop: %v", err)
@@ -205,11 +219,8 @@ func TestKernelCheckAgrees(t *testing.T) {
 	if err != nil {
 		t.Fatalf("load spec: %v", err)
 	}
-	if err := spec.Variables["cfg_cluster_id"].Set(uint64(testCluster)); err != nil {
-		t.Fatalf("set cluster id: %v", err)
-	}
-	if err := spec.Variables["cfg_self"].Set(uint64(testSelf)); err != nil {
-		t.Fatalf("set self: %v", err)
+	if err := spec.Variables[raftwireVarRaftwireCfg].Set(raftwireRaftwireConfig{ClusterId: testCluster, Self: testSelf}); err != nil {
+		t.Fatalf("set config: %v", err)
 	}
 	var objs raftwireObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
