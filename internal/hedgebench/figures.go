@@ -4,85 +4,35 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/chaos"
+	"github.com/kedge-dev/kedge/internal/docfigures"
 )
 
-// The documents' figures come from the committed results: docs/benchmarks.md and
-// docs/hedging.md hold blocks between `<!-- figures:NAME -->` and `<!-- /figures -->`, and
-// UpdateFigures rewrites each block from the results under a directory
-// (docs/results/hedge), so no figure in them is typed by hand. tools/hedgefigures runs it.
-
-// Figure blocks and what they render.
-var figureBlocks = map[string]func(dir string) (string, error){
-	"hedge-rate":     rateFigures,
-	"hedge-gc":       func(dir string) (string, error) { return tableFigures(dir, GC) },
-	"hedge-pressure": pressureFigures,
-	"hedge-targets":  targetFigures,
-}
-
-// figureCommands make each block's result (sizes: docs/benchmarks.md, "Reproducing").
-var figureCommands = map[string]string{
-	"hedge-rate":     "kedge bench hedge --scenario rate --out docs/results/hedge",
-	"hedge-targets":  "kedge bench hedge --scenario rate --out docs/results/hedge",
-	"hedge-gc":       "kedge bench hedge --scenario gc --out docs/results/hedge",
-	"hedge-pressure": "kedge bench hedge --scenario pressure --repeat 5 -n 2000 --warmup 100 --out docs/results/hedge",
-}
-
-var blockRE = regexp.MustCompile(`(?s)(<!-- figures:([a-z0-9-]+) -->\n)(.*?)(<!-- /figures -->)`)
-
-// UpdateFigures rewrites the figure blocks of doc from the results under dir and returns
-// the names of the blocks rewritten. A block whose result is missing says so and names
-// the command that makes it; an unknown block name is an error.
-func UpdateFigures(doc []byte, dir string) ([]byte, []string, error) {
-	var names []string
-	var errs []error
-	out := blockRE.ReplaceAllFunc(doc, func(m []byte) []byte {
-		sub := blockRE.FindSubmatch(m)
-		name := string(sub[2])
-		render, ok := figureBlocks[name]
-		if !ok {
-			errs = append(errs, fmt.Errorf("update figures: unknown block %q (known: %s)", name, strings.Join(slices.Sorted(maps.Keys(figureBlocks)), ", ")))
-			return m
-		}
-		body, err := render(dir)
-		var perr *fs.PathError
-		if errors.As(err, &perr) && errors.Is(err, fs.ErrNotExist) {
-			body, err = fmt.Sprintf("_Not run yet: no %s (run `%s`, then `go run ./tools/hedgefigures`)._\n", perr.Path, figureCommands[name]), nil
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("update figures %s: %w", name, err))
-			return m
-		}
-		names = append(names, name)
-		return []byte(string(sub[1]) + body + string(sub[4]))
-	})
-	return out, names, errors.Join(errs...)
+// FigureBlocks are the hedging figure blocks of the documents (docs/benchmarks.md,
+// docs/hedging.md), rendered from docs/results/hedge; tools/docfigures rewrites them.
+func FigureBlocks() map[string]docfigures.Block {
+	const out = "--out docs/results/hedge"
+	rate := "kedge bench hedge --scenario rate " + out
+	return map[string]docfigures.Block{
+		"hedge-rate":     {Results: "hedge", Command: rate, Render: rateFigures},
+		"hedge-targets":  {Results: "hedge", Command: rate, Render: targetFigures},
+		"hedge-gc":       {Results: "hedge", Command: "kedge bench hedge --scenario gc " + out, Render: func(dir string) (string, error) { return tableFigures(dir, GC) }},
+		"hedge-pressure": {Results: "hedge", Command: "kedge bench hedge --scenario pressure --repeat 5 -n 2000 --warmup 100 " + out, Render: pressureFigures},
+	}
 }
 
 // readRate reads dir/rate/result.json.
 func readRate(dir string) (RateResult, error) {
 	var r RateResult
-	p := filepath.Join(dir, Rate, "result.json")
-	if _, err := os.Stat(p); err != nil {
-		return r, err
-	}
-	if err := bench.ReadJSON(p, &r); err != nil {
-		return r, err
-	}
-	if r.Schema != RateSchema {
-		return r, fmt.Errorf("%s: schema %q, want %q", p, r.Schema, RateSchema)
-	}
-	return r, nil
+	err := docfigures.ReadResult(filepath.Join(dir, Rate, "result.json"), RateSchema, &r)
+	return r, err
 }
 
 func rateFigures(dir string) (string, error) {
@@ -146,7 +96,8 @@ func rateFigures(dir string) (string, error) {
 	return b.String(), nil
 }
 
-// targetFigures is issue 14's targets beside the rate scenario's paired figures.
+// targetFigures is the targets of the hedging data path (Targets) beside the rate
+// scenario's paired figures.
 func targetFigures(dir string) (string, error) {
 	r, err := readRate(dir)
 	if err != nil {
@@ -257,16 +208,9 @@ func reparse(v any, into any) error {
 
 // pressureFigures renders pressure/summary.json (a --repeat run).
 func pressureFigures(dir string) (string, error) {
-	p := filepath.Join(dir, Pressure, "summary.json")
-	if _, err := os.Stat(p); err != nil {
-		return "", err
-	}
 	var s RepeatSummary
-	if err := bench.ReadJSON(p, &s); err != nil {
+	if err := docfigures.ReadResult(filepath.Join(dir, Pressure, "summary.json"), RepeatSchema, &s); err != nil {
 		return "", err
-	}
-	if s.Schema != RepeatSchema {
-		return "", fmt.Errorf("%s: schema %q, want %q", p, s.Schema, RepeatSchema)
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s, %s.\n", s.Timestamp.Format(time.DateOnly), s.Describe())

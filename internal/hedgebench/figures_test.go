@@ -3,17 +3,18 @@ package hedgebench
 import (
 	"bytes"
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/docfigures"
 )
 
 func TestUpdateFiguresFromResults(t *testing.T) {
-	dir := t.TempDir()
+	root := t.TempDir()
+	dir := filepath.Join(root, "hedge")
 	rate := RateResult{Envelope: bench.NewEnvelope(context.Background(), RateSchema, Rate, map[string]any{"n": 30000, "rounds": 5, "stall_pct": 2, "stall_ms": 50}),
 		Backend: "conveyor", Arms: []string{ArmUnhedged, ArmClone}, StoredArm: "not run: test", IdleCPU: map[string]float64{ArmUnhedged: 0, ArmClone: 0.02},
 		Levels: []RateLevel{
@@ -45,7 +46,7 @@ func TestUpdateFiguresFromResults(t *testing.T) {
 	}
 	doc := []byte("# T\n\n<!-- figures:hedge-targets -->\nold\n<!-- /figures -->\ntext\n<!-- figures:hedge-rate -->\n<!-- /figures -->\n" +
 		"<!-- figures:hedge-gc -->\nx\n<!-- /figures -->\n<!-- figures:hedge-pressure -->\nstale 1.23\n<!-- /figures -->\nend\n")
-	out, names, err := UpdateFigures(doc, dir)
+	out, names, err := docfigures.Update(doc, root, FigureBlocks())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +62,7 @@ func TestUpdateFiguresFromResults(t *testing.T) {
 		"| kernel-hedged |     2.00 |     2.00 |    12.30 |",
 		"kernel-hedged: hedge excess on 4 stalled requests P50 0.30 ms",
 		"seed 1, 5-50 ms, 3.0% of the time planned",
-		"_Not run yet: no " + filepath.Join(dir, Pressure, "summary.json"),
+		"_Not run yet: no docs/results/hedge/pressure/summary.json (run `kedge bench hedge --scenario pressure",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("document lacks %q:\n%s", want, got)
@@ -71,32 +72,11 @@ func TestUpdateFiguresFromResults(t *testing.T) {
 		t.Errorf("old block text left:\n%s", got)
 	}
 	// Idempotent: a second pass changes nothing.
-	again, _, err := UpdateFigures(out, dir)
+	again, _, err := docfigures.Update(out, root, FigureBlocks())
 	if err != nil || !bytes.Equal(again, out) {
 		t.Errorf("second pass changed the document (%v)", err)
 	}
-	if _, _, err := UpdateFigures([]byte("<!-- figures:nope -->\n<!-- /figures -->"), dir); err == nil || !strings.Contains(err.Error(), "hedge-rate") {
+	if _, _, err := docfigures.Update([]byte("<!-- figures:nope -->\n<!-- /figures -->"), root, FigureBlocks()); err == nil || !strings.Contains(err.Error(), "hedge-rate") {
 		t.Errorf("unknown block: error %v", err)
-	}
-}
-
-// TestDocsFiguresCurrent: the figure blocks of the committed documents are what the
-// committed results say (after a benchmark run: go run ./tools/hedgefigures).
-func TestDocsFiguresCurrent(t *testing.T) {
-	for _, doc := range []string{"benchmarks.md", "hedging.md"} {
-		path := filepath.Join("..", "..", "docs", doc)
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, names, err := UpdateFigures(b, filepath.Join("..", "..", "docs", "results", "hedge"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The not-run message names the results' path as the tool sees it from the root.
-		got = bytes.ReplaceAll(got, []byte(filepath.Join("..", "..", "docs")+"/"), []byte("docs/"))
-		if !bytes.Equal(got, b) {
-			t.Errorf("%s: figure blocks %v differ from docs/results/hedge: run go run ./tools/hedgefigures", path, names)
-		}
 	}
 }

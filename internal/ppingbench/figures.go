@@ -1,0 +1,68 @@
+package ppingbench
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/docfigures"
+)
+
+// figureRuns are the committed runs of the pping table, in its order: the directory
+// under docs/results/pping and the flags that made it.
+var figureRuns = []struct{ dir, flags string }{
+	{"ratelimit-100ms", "--rounds 3"},
+	{"ratelimit-0", "--rate-limit 0 --rounds 3"},
+	{"offloads-on", "--offloads --rounds 2"},
+}
+
+// FigureBlocks are the pping figure blocks of the documents (docs/pping.md,
+// docs/benchmarks.md), rendered from docs/results/pping; tools/docfigures rewrites them.
+func FigureBlocks() map[string]docfigures.Block {
+	return map[string]docfigures.Block{
+		"pping": {Results: "pping", Command: "kedge bench pping " + figureRuns[0].flags + " --out docs/results/pping/" + figureRuns[0].dir + " (and the other rows' flags)", Render: figures},
+	}
+}
+
+// ReadResult reads dir/result.json.
+func ReadResult(dir string) (*Result, error) {
+	var r Result
+	if err := docfigures.ReadResult(filepath.Join(dir, "result.json"), Schema, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// figures is one row per committed run: the forwarding rate without and with the
+// monitor, the programs' run time per packet at each hook, and the samples delivered.
+func figures(dir string) (string, error) {
+	var b strings.Builder
+	b.WriteString("| Configuration | Forwarded pps, off -> on | BPF ns/packet, ingress (data) | XDP ingress | Egress (ACKs) | Samples/s | Run |\n|---|---:|---:|---:|---:|---:|---|\n")
+	for _, fr := range figureRuns {
+		r, err := ReadResult(filepath.Join(dir, fr.dir))
+		if err != nil {
+			return "", err
+		}
+		s := r.Summarize()
+		rl, _ := r.Parameters["rate_limit_ms"].(float64)
+		rounds, _ := r.Parameters["rounds"].(float64)
+		offloads, _ := r.Parameters["offloads"].(bool)
+		xdp := "-"
+		if s.XDPIngressPackets > 0 {
+			xdp = fmt.Sprintf("%.0f", s.XDPIngressNs)
+		}
+		fmt.Fprintf(&b, "| `-r %g`, offloads %s, %g rounds | %.1fk -> %.1fk (%+.1f %%) | %.0f | %s | %.0f | %.1f | [%s](results/pping/%s/result.json): %s, commit %.12s, load %.1f |\n",
+			rl, map[bool]string{true: "on", false: "off"}[offloads], rounds, s.PPSOff/1000, s.PPSOn/1000, -s.ForwardingLossPct,
+			s.IngressNs, xdp, s.EgressNs, s.SamplesPerSec, fr.dir, fr.dir, r.Timestamp.Format(time.DateOnly), r.Commit, load1(r.Envelope))
+	}
+	return b.String(), nil
+}
+
+func load1(e bench.Envelope) float64 {
+	if len(e.LoadAvg) == 0 {
+		return 0
+	}
+	return e.LoadAvg[0]
+}

@@ -1,0 +1,195 @@
+package raftbench
+
+import (
+	"fmt"
+	"math"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/docfigures"
+)
+
+// The current raft figures of docs/raft.md and docs/benchmarks.md: one block per committed
+// result directory under docs/results, named after it, rendered from its result.json.
+var figureRuns = map[string]string{
+	// failover and false elections at the fast configuration, under the stress
+	"raft-fe-7-s11": "kedge bench raft --scenarios failover,false-elections --tick 1ms --heartbeat-ticks 3 --election-ticks 7 --trials 50 --fe-duration 10m --fe-phases stress --offload on,off --out docs/results/raft-fe-7-s11",
+	"raft-fe-7-10":  "kedge bench raft --scenarios failover,false-elections --tick 1ms --heartbeat-ticks 3 --election-ticks 7,10 --trials 50 --fe-duration 10m --fe-phases stress --offload on,off --out docs/results/raft-fe-7-10",
+	// failover, throughput and heartbeats at the default configuration, three modes
+	"raft-default": "kedge bench raft --scenarios failover,throughput,heartbeat --election-ticks 10 --trials 20 --offload on,follower,off --tp-duration 10s --hb-duration 10s --out docs/results/raft-default",
+	// throughput, every mode's writers at once
+	"raft-tp-concurrent-12r":    "kedge bench raft --scenarios throughput --tp-concurrent --offload on,on-nowait,off --tp-rounds 12 --tp-duration 20s --out docs/results/raft-tp-concurrent-12r",
+	"raft-tp-concurrent-5n-12r": "kedge bench raft --scenarios throughput --tp-concurrent --tp-nodes 5 --offload on,off --tp-rounds 12 --tp-duration 20s --out docs/results/raft-tp-concurrent-5n-12r",
+	"raft-tp-fast":              "kedge bench raft --scenarios throughput --tp-concurrent --tick 1ms --heartbeat-ticks 3 --offload on,follower,xdp-pass,off --tp-rounds 6 --tp-duration 20s --out docs/results/raft-tp-fast",
+	"raft-tp-fast-onoff":        "kedge bench raft --scenarios throughput --tp-concurrent --tick 1ms --heartbeat-ticks 3 --offload on,off --tp-rounds 6 --tp-duration 20s --out docs/results/raft-tp-fast-onoff",
+}
+
+// figureNoThroughput are the blocks whose throughput rows stay out: raft-default's are
+// sequential 10-second rounds that swung with the machine (VM stalls in three of six); the
+// concurrent runs are the throughput figure at that configuration.
+var figureNoThroughput = map[string]bool{"raft-default": true}
+
+// FigureBlocks are the raft figure blocks of the documents; tools/docfigures rewrites them.
+func FigureBlocks() map[string]docfigures.Block {
+	out := map[string]docfigures.Block{}
+	for name, cmd := range figureRuns {
+		render := Figures
+		if figureNoThroughput[name] {
+			render = func(dir string) (string, error) { return figures(dir, false) }
+		}
+		out[name] = docfigures.Block{Results: name, Command: cmd, Render: render}
+	}
+	return out
+}
+
+// ReadResult reads dir/result.json.
+func ReadResult(dir string) (*Result, error) {
+	var r Result
+	if err := docfigures.ReadResult(filepath.Join(dir, "result.json"), Schema, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Figures renders a raft result (dir/result.json) as markdown: the run's configuration,
+// then a table per scenario it ran.
+func Figures(dir string) (string, error) { return figures(dir, true) }
+
+func figures(dir string, throughput bool) (string, error) {
+	r, err := ReadResult(dir)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	if !throughput {
+		r.Throughput, r.ThroughputRuns, r.ThroughputCompare = nil, nil, nil
+	}
+	fmt.Fprintf(&b, "%s, %s. %s.\n", r.Timestamp.Format(time.DateOnly), r.Describe(), configuration(r))
+	if len(r.Failover) > 0 {
+		b.WriteString("\n| Mode | Election timeout | Trials | Failover p50 / p99 / max (ms) | More than one election | Detected by the kernel |\n|---|---:|---:|---:|---:|---:|\n")
+		for _, f := range r.Failover {
+			kernel, multi := 0, 0
+			for _, p := range f.Phases {
+				if p.Source == "kernel" {
+					kernel++
+				}
+				if p.Terms > 1 {
+					multi++
+				}
+			}
+			detected := fmt.Sprintf("%d of %d", kernel, len(f.Phases))
+			if !kernelPaths(f.Offload) {
+				detected = "-"
+			}
+			fmt.Fprintf(&b, "| %s | %.0f ms | %d | %.1f / %.1f / %.1f | %d of %d | %s |\n", f.Offload, f.ElectionTimeoutMs, len(f.FailoverMs)-f.Failed,
+				f.P50Ms, f.P99Ms, f.MaxMs, multi, len(f.Phases), detected)
+		}
+		b.WriteString("\nFailover phases, p50 / p99 ms (each from the event before; `heard-age`: how old the detecting node's last word from the leader was at the kill):\n\n| Mode | Election timeout |")
+		for _, n := range PhaseNames {
+			fmt.Fprintf(&b, " %s |", n)
+		}
+		b.WriteString("\n|---|---:|" + strings.Repeat("---:|", len(PhaseNames)) + "\n")
+		for _, f := range r.Failover {
+			fmt.Fprintf(&b, "| %s | %.0f ms |", f.Offload, f.ElectionTimeoutMs)
+			for _, p := range f.PhaseStats {
+				fmt.Fprintf(&b, " %.1f / %.1f |", p.P50Ms, p.P99Ms)
+			}
+			b.WriteString("\n")
+		}
+	}
+	if len(r.FalseElections) > 0 {
+		b.WriteString("\n| Mode | Election timeout | Phase | Duration | Leader changes | Term increase |\n|---|---:|---|---:|---:|---:|\n")
+		for _, f := range r.FalseElections {
+			fmt.Fprintf(&b, "| %s | %.0f ms | %s | %.0f s | %d | %d |\n", f.Offload, f.ElectionTimeoutMs, f.Scenario, f.DurationS, f.LeaderChanges, f.TermIncrease)
+		}
+	}
+	if len(r.Throughput) > 0 {
+		elections := map[string][2]int{} // mode: runs with an election, terms gained
+		for _, t := range r.ThroughputRuns {
+			e := elections[t.Offload]
+			if t.TermChange > 0 {
+				e[0]++
+			}
+			e[1] += int(t.TermChange)
+			elections[t.Offload] = e
+		}
+		b.WriteString("\n| Mode | Nodes | Writers | Rounds | Writes/s | p50 (ms) | p99 (ms) | Max (ms) | Failed writes | Rounds with an election (terms gained) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, t := range r.Throughput {
+			e := elections[t.Offload]
+			fmt.Fprintf(&b, "| %s | %d | %d | %d | %.0f | %.2f | %.2f | %.1f | %d | %d (%d) |\n", t.Offload, t.Nodes, t.Clients, t.Rounds,
+				t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors, e[0], e[1])
+		}
+	}
+	if len(r.ThroughputCompare) > 0 {
+		b.WriteString("\nPer-round ratios to the baseline, median [min-max] over the rounds, the rounds below 1, and the two-sided sign test of \"below and above 1 equally likely\":\n\n")
+		b.WriteString("| Mode / baseline | Writes/s | p50 | p99 | Node CPU per write |\n|---|---|---|---|---|\n")
+		for _, c := range r.ThroughputCompare {
+			fmt.Fprintf(&b, "| %s / %s | %s | %s | %s | %s |\n", c.Offload, c.Baseline, ratioCell(c.PerSecond), ratioCell(c.P50), ratioCell(c.P99), ratioCell(c.NodeCPU))
+		}
+	}
+	if len(r.Heartbeats) > 0 {
+		b.WriteString("\n| Mode | Follower CPU per heartbeat | Heartbeats (answered in XDP) | Round trip p50 / p99 (µs) | Leader process CPU | Leader's pacer passes/s |\n|---|---:|---:|---:|---:|---:|\n")
+		for _, h := range r.Heartbeats {
+			fmt.Fprintf(&b, "| %s | %.1f µs | %d (%d) | %.0f / %.0f | %.0f ms in %.0f s | %.0f |\n", h.Offload, h.CPUPerHBUs, h.Received, h.InXDP,
+				h.RTTP50Us, h.RTTP99Us, h.LeaderCPUMs, h.DurationS, h.PacerPassesPerS)
+		}
+	}
+	return b.String(), nil
+}
+
+// configuration says how the run's clusters were set up, from its parameters.
+func configuration(r *Result) string {
+	p := r.Parameters
+	num := func(k string) float64 { v, _ := p[k].(float64); return v }
+	var parts []string
+	tick := num("tick_ms")
+	hb := num("heartbeat_ticks")
+	if hb == 0 {
+		hb = 1
+	}
+	parts = append(parts, fmt.Sprintf("tick %g ms, heartbeat every %g ms", tick, tick*hb))
+	var timeouts []string
+	if ets, ok := p["election_ticks"].([]any); ok && (len(r.Failover) > 0 || len(r.FalseElections) > 0) {
+		for _, et := range ets {
+			if v, ok := et.(float64); ok {
+				timeouts = append(timeouts, fmt.Sprintf("%g", v*tick))
+			}
+		}
+		parts = append(parts, "election timeout "+strings.Join(timeouts, ", ")+" ms")
+	}
+	if len(r.ThroughputRuns) > 0 {
+		how := "one mode after the other"
+		if r.ThroughputRuns[0].Concurrent {
+			how = "every mode's writers at once"
+		}
+		parts = append(parts, fmt.Sprintf("throughput at election timeout %g ms, %g rounds of %g s, %s", 10*tick, num("throughput_rounds"), num("throughput_s"), how))
+	}
+	if auth, ok := p["authenticated"].(bool); ok {
+		parts = append(parts, map[bool]string{true: "cluster key on", false: "no cluster key"}[auth])
+	}
+	if slices.Contains(toStrings(p["scenarios"]), "false-elections") {
+		parts = append(parts, fmt.Sprintf("false elections under %s for %g s", strings.Join(toStrings(p["false_phases"]), ", "), num("false_election_s")))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func toStrings(v any) []string {
+	l, _ := v.([]any)
+	var out []string
+	for _, x := range l {
+		if s, ok := x.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// ratioCell prints a ratio over the rounds: "1.019x [1.003-1.050], 0 of 12 below 1, p = 0.0005".
+func ratioCell(x Ratio) string {
+	if math.IsNaN(x.Median) || len(x.PerRound) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3fx [%.3f-%.3f], %d of %d below 1, p = %.2g", x.Median, x.Min, x.Max, x.Below, len(x.PerRound), x.SignP)
+}
