@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // The names a document gives to the code must exist in it: a file or directory moved or
@@ -118,8 +119,17 @@ func TestDocNames(t *testing.T) {
 			}
 		}
 		for _, l := range links(text) {
-			if _, err := os.Stat(filepath.Join(repoRoot, filepath.Dir(doc), l)); err != nil {
-				missing["link "+l] = true
+			target, anchor, _ := strings.Cut(l, "#")
+			path := doc
+			if target != "" {
+				path = filepath.Join(filepath.Dir(doc), target)
+				if _, err := os.Stat(filepath.Join(repoRoot, path)); err != nil {
+					missing["link "+l] = true
+					continue
+				}
+			}
+			if anchor != "" && strings.HasSuffix(path, ".md") && !slices.Contains(anchors(t, path, docs), anchor) {
+				missing["link "+l+" (no such heading)"] = true
 			}
 		}
 		for _, m := range testNameRE.FindAllStringSubmatch(text, -1) {
@@ -166,15 +176,63 @@ func (s *sources) hasTest(name string) bool {
 	return false
 }
 
-// linkRE finds relative markdown link targets (not URLs, not anchors).
-var linkRE = regexp.MustCompile(`\]\(([^)#:\s]+)(#[^)]*)?\)`)
+// linkRE finds relative markdown link targets, with their anchor (not URLs).
+var linkRE = regexp.MustCompile(`\]\(([^)#:\s]*(?:#[^)\s]*)?)\)`)
 
 func links(text string) []string {
 	var out []string
 	for _, m := range linkRE.FindAllStringSubmatch(text, -1) {
-		out = append(out, m[1])
+		if m[1] != "" {
+			out = append(out, m[1])
+		}
 	}
 	return out
+}
+
+var headingRE = regexp.MustCompile(`(?m)^#{1,6} +(.+?) *$`)
+
+// anchors are the GitHub anchors of a markdown file's headings: lower case, punctuation
+// but '-' and '_' dropped, spaces as '-'.
+func anchors(t *testing.T, path string, docs map[string][]byte) []string {
+	src, ok := docs[path]
+	if !ok {
+		b, err := os.ReadFile(filepath.Join(repoRoot, path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		src = b
+	}
+	var out []string
+	for _, m := range headingRE.FindAllStringSubmatch(string(stripFences(src)), -1) {
+		var b strings.Builder
+		for _, r := range strings.ToLower(m[1]) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		out = append(out, b.String())
+	}
+	return out
+}
+
+// stripFences blanks fenced blocks, whose '#' lines are no headings.
+func stripFences(src []byte) []byte {
+	lines := strings.Split(string(src), "\n")
+	in := false
+	for i, l := range lines {
+		if strings.HasPrefix(l, "```") {
+			in = !in
+			lines[i] = ""
+			continue
+		}
+		if in {
+			lines[i] = ""
+		}
+	}
+	return []byte(strings.Join(lines, "\n"))
 }
 
 func mapsKeys(m map[string]bool) func(func(string) bool) {

@@ -20,11 +20,18 @@ import (
 func FigureBlocks() map[string]docfigures.Block {
 	const out = "--out docs/results/hedge"
 	rate := "kedge bench hedge --scenario rate " + out
+	table := func(scenario string) docfigures.Block {
+		return docfigures.Block{Results: "hedge", Command: "kedge bench hedge --scenario " + scenario + " " + out,
+			Render: func(dir string) (string, error) { return tableFigures(dir, scenario) }}
+	}
 	return map[string]docfigures.Block{
 		"hedge-rate":     {Results: "hedge", Command: rate, Render: rateFigures},
 		"hedge-targets":  {Results: "hedge", Command: rate, Render: targetFigures},
-		"hedge-gc":       {Results: "hedge", Command: "kedge bench hedge --scenario gc " + out, Render: func(dir string) (string, error) { return tableFigures(dir, GC) }},
+		"hedge-gc":       table(GC),
 		"hedge-pressure": {Results: "hedge", Command: "kedge bench hedge --scenario pressure --repeat 5 -n 2000 --warmup 100 " + out, Render: pressureFigures},
+		"hedge-thesis":   table(Thesis),
+		"hedge-adaptive": table(Adaptive),
+		"hedge-outage":   table(Outage),
 	}
 }
 
