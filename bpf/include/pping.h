@@ -30,46 +30,57 @@
 #include "parse.h"
 #include "reqid.h"
 
-/* Map sizes. Hash maps are preallocated (no allocation on the packet path), so these are
- * also the memory budget: about 100 B per pkt_ts entry and 230 B per flow. User space may
- * lower or raise them before loading (--max-flows); these are the defaults. */
+/* The constants are enum members so that they reach the object's BTF: internal/pping
+ * generates its Go constants from them (bpf2go -type pp_consts) or a test compares them. */
+enum pp_consts {
+	/* Map sizes. Hash maps are preallocated (no allocation on the packet path), so these
+	 * are also the memory budget: about 100 B per pkt_ts entry and 230 B per flow. User
+	 * space may lower or raise them before loading (--max-flows); these are the defaults. */
 
-/* Concurrent flows (both directions share one entry). 2^16 covers the flow count of a busy
- * edge link; beyond it new flows are counted as flow_map_full, existing ones keep working. */
-#define PP_MAX_FLOWS 65536
-/* Outstanding (unmatched) identifiers. A flow stores at most one per rate-limit interval
- * (100 ms by default) and a match deletes it, so a healthy flow holds 1-2 and the map needs
- * about two per flow; the garbage collector removes the ones never answered. */
-#define PP_MAX_PKT_TS (2 * PP_MAX_FLOWS)
-/* UDP services measured through reqid.h (the same description as kedge hedge's). */
-#define PP_MAX_SERVICES 64
-/* Subnets per aggregation buffer, per address family. Not preallocated: memory follows the
- * number of subnets actually seen; a subnet that does not fit is counted (agg_map_full) and
- * folded into the "other" entry (PP_AGG_OTHER_*), which user space creates up front. */
-#define PP_MAX_SUBNETS 4096
-/* Event ring buffer: 1 MiB holds ~8000 RTT events, ~80 ms of a 100k samples/s burst while
- * user space is descheduled. A full ring is counted (event_dropped), never silent. */
-#define PP_RINGBUF_BYTES (1 << 20)
+	/* Concurrent flows (both directions share one entry). 2^16 covers the flow count of a
+	 * busy edge link; beyond it new flows are counted as flow_map_full, existing ones keep
+	 * working. */
+	PP_MAX_FLOWS = 65536,
+	/* Outstanding (unmatched) identifiers. A flow stores at most one per rate-limit
+	 * interval (100 ms by default) and a match deletes it, so a healthy flow holds 1-2 and
+	 * the map needs about two per flow; the garbage collector removes the ones never
+	 * answered. */
+	PP_MAX_PKT_TS = 2 * PP_MAX_FLOWS,
+	/* UDP services measured through reqid.h (the same description as kedge hedge's). */
+	PP_MAX_SERVICES = 64,
+	/* Subnets per aggregation buffer, per address family. Not preallocated: memory follows
+	 * the number of subnets actually seen; a subnet that does not fit is counted
+	 * (agg_map_full) and folded into the "other" entry (PP_AGG_OTHER_*), which user space
+	 * creates up front. */
+	PP_MAX_SUBNETS = 4096,
+	/* Event ring buffer: 1 MiB holds ~8000 RTT events, ~80 ms of a 100k samples/s burst
+	 * while user space is descheduled. A full ring is counted (event_dropped), never
+	 * silent. */
+	PP_RINGBUF_BYTES = 1 << 20,
+
+	/* Fixed point for rtt_rate: value << 16 (so 0.5 RTT is 32768). */
+	PP_FIXPOINT_SHIFT = 16,
+
+	/* RTT histogram (aggregation mode): hist.h's log-linear layout over the RTT in
+	 * nanoseconds, PP_HIST_SUB (8) buckets per power of two: below 2^PP_HIST_MIN_SHIFT ns
+	 * (256 ns) 8 linear buckets of 32 ns, then 8 per octave up to 2^PP_HIST_MAX_SHIFT ns
+	 * (68.7 s); the last bucket holds the rest. A bucket is at most 12.5 % of its lower
+	 * edge wide (2 us at 20 us, 1 ms at 10 ms), where ePPing's linear bins are 4 ms. Go:
+	 * internal/hist with the same layout. */
+	PP_HIST_SUB_BITS = 3,
+	PP_HIST_SUB = 1 << PP_HIST_SUB_BITS,
+	PP_HIST_MIN_SHIFT = 8,
+	PP_HIST_MAX_SHIFT = 36,
+	PP_HIST_BINS = ((PP_HIST_MAX_SHIFT - PP_HIST_MIN_SHIFT + 1) << PP_HIST_SUB_BITS) + 1,
+};
 
 /* Aggregation keys for the "other" entry: prefixes no reply can come from.
  * IPv4 255.255.255.255 (limited broadcast) and IPv6 ffff:ffff:ffff:ffff::/64 (multicast).
- * Keys hold the masked address in network byte order, so all-ones needs no byte swap. */
+ * Keys hold the masked address in network byte order, so all-ones needs no byte swap.
+ * #defines: the IPv6 key is 64 bits wide, beyond what an enum carries to every kernel's
+ * BTF. */
 #define PP_AGG_OTHER_V4 0xffffffffU
 #define PP_AGG_OTHER_V6 0xffffffffffffffffULL
-
-/* Fixed point for rtt_rate: value << 16 (so 0.5 RTT is 32768). */
-#define PP_FIXPOINT_SHIFT 16
-
-/* RTT histogram (aggregation mode): hist.h's log-linear layout over the RTT in nanoseconds,
- * PP_HIST_SUB (8) buckets per power of two: below 2^PP_HIST_MIN_SHIFT ns (256 ns) 8 linear
- * buckets of 32 ns, then 8 per octave up to 2^PP_HIST_MAX_SHIFT ns (68.7 s); the last bucket
- * holds the rest. A bucket is at most 12.5 % of its lower edge wide (2 us at 20 us, 1 ms at
- * 10 ms), where ePPing's linear bins are 4 ms. Go: internal/hist with the same layout. */
-#define PP_HIST_SUB_BITS 3
-#define PP_HIST_SUB (1 << PP_HIST_SUB_BITS)
-#define PP_HIST_MIN_SHIFT 8
-#define PP_HIST_MAX_SHIFT 36
-#define PP_HIST_BINS (((PP_HIST_MAX_SHIFT - PP_HIST_MIN_SHIFT + 1) << PP_HIST_SUB_BITS) + 1)
 
 enum pp_event_type {
 	PP_EVENT_RTT = 1,

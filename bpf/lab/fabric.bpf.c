@@ -71,23 +71,30 @@ struct fab_stats {
 	__u64 no_host;      /* unknown port or destination address */
 };
 
+/* Map sizes: a lab has at most 200 hosts (its address plan, lab.Spec), one fabric port and
+ * two addresses (IPv4, IPv6) each; a rule per ordered pair of hosts. Rounded up to powers
+ * of two. */
+#define FAB_PORTS_MAX 256
+#define FAB_HOSTS_MAX 1024
+#define FAB_LINKS_MAX 65536
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
+	__uint(max_entries, FAB_PORTS_MAX);
 	__type(key, __u32); /* ifindex of the fabric-side port */
 	__type(value, __u32);
 } fab_ports SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
+	__uint(max_entries, FAB_HOSTS_MAX);
 	__type(key, struct in6_addr);
 	__type(value, __u32);
 } fab_hosts SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, FAB_LINKS_MAX);
 	__type(key, struct fab_link_key);
 	__type(value, struct fab_fault);
 } fab_links SEC(".maps");

@@ -8,12 +8,17 @@
 #ifndef KEDGE_PPING_FLOW_H
 #define KEDGE_PPING_FLOW_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "counters.h"
 #include "hist.h"
+#include "parse.h"
+#include "proto.h"
+#include "pping.h"
+#include "maps.h"
 #include "ident.h"
 
-#define PP_AF_INET 2
-#define PP_AF_INET6 10
-#define PP_EEXIST 17 /* errno; vmlinux.h has no UAPI #defines */
 /* An unmatched identifier expires after this many smoothed RTTs (clamped, see config). */
 #define PP_TS_RTT_MULT 8
 
@@ -35,12 +40,12 @@ static __always_inline int pp_dst_is_local(void *ctx, const struct pp_pkt *pp)
 	fib.l4_protocol = p->l4_proto;
 	fib.tot_len = p->payload_len;
 	if (p->l3_proto == ETH_P_IP) {
-		fib.family = PP_AF_INET;
+		fib.family = AF_INET;
 		fib.tos = p->tos;
 		fib.ipv4_src = p->saddr.in6_u.u6_addr32[3];
 		fib.ipv4_dst = p->daddr.in6_u.u6_addr32[3];
 	} else {
-		fib.family = PP_AF_INET6;
+		fib.family = AF_INET6;
 		__builtin_memcpy(fib.ipv6_src, &p->saddr, sizeof(fib.ipv6_src));
 		__builtin_memcpy(fib.ipv6_dst, &p->daddr, sizeof(fib.ipv6_dst));
 	}
@@ -75,14 +80,14 @@ static __always_inline struct pp_flow_state *pp_flow_get(const struct pp_pkt *pp
 	/* Only a request opens a flow: replies and closing packets of unknown flows (started
 	 * before the monitor, or already closed) would only create state nobody matches. */
 	if (!pp->pid_valid || pp->event == PP_FLOW_CLOSING) {
-		cnt->skip_no_flow++;
+		COUNT(cnt, skip_no_flow);
 		return NULL;
 	}
 	err = bpf_map_update_elem(&flows, key, &pp_zero_flow, BPF_NOEXIST);
 	if (err == 0) {
-		cnt->flow_created++;
-	} else if (err != -PP_EEXIST) {
-		cnt->flow_map_full++;
+		COUNT(cnt, flow_created);
+	} else if (err != -EEXIST) {
+		COUNT(cnt, flow_map_full);
 		pp_warn_full(cnt, &pp->pid.flow, pp->now, PP_MAP_FLOWS);
 		return NULL;
 	}
@@ -124,11 +129,11 @@ static __always_inline void pp_timestamp(struct pp_dir_state *d, struct pp_pkt *
 	if (!pp->pid_valid)
 		return;
 	if (!pp_active(d)) {
-		cnt->ts_inactive++;
+		COUNT(cnt, ts_inactive);
 		return;
 	}
 	if (d->local) {
-		cnt->ts_local++;
+		COUNT(cnt, ts_local);
 		return;
 	}
 	/* A datagram identifier sent again while outstanding is a retransmission: its reply
@@ -136,19 +141,19 @@ static __always_inline void pp_timestamp(struct pp_dir_state *d, struct pp_pkt *
 	if (pp->pid.flow.proto != IPPROTO_TCP && bpf_map_delete_elem(&pkt_ts, &pp->pid) == 0) {
 		if (d->outstanding)
 			__sync_fetch_and_add(&d->outstanding, -1);
-		cnt->ts_retrans++;
+		COUNT(cnt, ts_retrans);
 		return;
 	}
 	if ((d->has_ts || pp->wait_edge) && !pp_id_is_new(pp, d)) {
 		if (pp->pid.id == d->last_id)
 			d->last_id_time = pp->now;
-		cnt->ts_not_new++;
+		COUNT(cnt, ts_not_new);
 		return;
 	}
 	d->last_id = pp->pid.id;
 	d->last_id_time = pp->now;
 	if (d->has_ts && pp_rate_limited(d, pp->now)) {
-		cnt->ts_rate_limited++;
+		COUNT(cnt, ts_rate_limited);
 		return;
 	}
 	/* Count the attempt even if the map is full, so a full map does not turn every packet
@@ -159,12 +164,12 @@ static __always_inline void pp_timestamp(struct pp_dir_state *d, struct pp_pkt *
 	err = bpf_map_update_elem(&pkt_ts, &pp->pid, &stamp, BPF_NOEXIST);
 	if (err == 0) {
 		__sync_fetch_and_add(&d->outstanding, 1);
-		cnt->ts_stored++;
+		COUNT(cnt, ts_stored);
 		pp_debug("stored id %llu", pp->pid.id);
-	} else if (err == -PP_EEXIST) {
-		cnt->ts_exists++;
+	} else if (err == -EEXIST) {
+		COUNT(cnt, ts_exists);
 	} else {
-		cnt->ts_map_full++;
+		COUNT(cnt, ts_map_full);
 		pp_warn_full(cnt, &pp->pid.flow, pp->now, PP_MAP_PKT_TS);
 	}
 }
@@ -209,8 +214,8 @@ static __always_inline struct pp_agg_stats *pp_agg_get(const struct in6_addr *ip
 	if (!create)
 		return bpf_map_lookup_elem(map, other);
 	err = bpf_map_update_elem(map, key, &pp_zero_agg, BPF_NOEXIST);
-	if (err && err != -PP_EEXIST) {
-		cnt->agg_map_full++;
+	if (err && err != -EEXIST) {
+		COUNT(cnt, agg_map_full);
 		return bpf_map_lookup_elem(map, other);
 	}
 	return bpf_map_lookup_elem(map, key);
@@ -280,24 +285,24 @@ static __always_inline void pp_match(struct pp_dir_state *d, struct pp_pkt *pp,
 	if (!pp->reply_valid)
 		return;
 	if (!pp_active(d) || d->outstanding == 0) {
-		cnt->match_none++;
+		COUNT(cnt, match_none);
 		return;
 	}
 	stored = bpf_map_lookup_elem(&pkt_ts, &pp->reply);
 	if (!stored) {
-		cnt->match_miss++;
+		COUNT(cnt, match_miss);
 		return;
 	}
 	t0 = *stored & ~PP_TS_PURE_ACK;
 	pure_ack = *stored & PP_TS_PURE_ACK;
 	if (pp->now < t0) {
-		cnt->match_clock++;
+		COUNT(cnt, match_clock);
 		return;
 	}
 	/* Whoever deletes the entry owns the sample: a duplicated reply on another CPU finds
 	 * it gone and counts a miss instead of a second sample. */
 	if (bpf_map_delete_elem(&pkt_ts, &pp->reply) != 0) {
-		cnt->match_miss++;
+		COUNT(cnt, match_miss);
 		return;
 	}
 	if (d->outstanding)
@@ -312,14 +317,14 @@ static __always_inline void pp_match(struct pp_dir_state *d, struct pp_pkt *pp,
 	last_sent = pp->reply.id == d->last_id ? d->last_id_time : t0;
 	if (pure_ack && pp->prev_seen <= last_sent &&
 	    !(d->min_rtt && pp->now - pp->prev_seen < d->min_rtt)) {
-		cnt->match_ack_idle++;
+		COUNT(cnt, match_ack_idle);
 		return;
 	}
 	rtt = pp->now - t0;
 	if (!d->min_rtt || rtt < d->min_rtt)
 		d->min_rtt = rtt;
 	d->srtt = d->srtt ? d->srtt - (d->srtt >> 3) + (rtt >> 3) : rtt;
-	cnt->match_rtt++;
+	COUNT(cnt, match_rtt);
 	pp_debug("rtt %llu ns id %llu", rtt, pp->reply.id);
 	if (pp_cfg.push_events)
 		pp_send_rtt(cnt, &pp->pid.flow, d, pp->now, rtt, pp->reply.id, !pp->is_ingress);
@@ -342,18 +347,18 @@ static __always_inline void pp_close(struct pp_flow_state *fs, struct pp_dir_sta
 		pp_send_flow(cnt, &pp->reply.flow, pp->now, PP_FLOW_CLOSING, pp->reason,
 			     PP_SOURCE_PKT_DEST);
 	if (pp_active(fwd))
-		cnt->flow_closed++;
+		COUNT(cnt, flow_closed);
 	fwd->conn = PP_CONN_CLOSED;
 	if (pp->close_both) {
 		if (rev->conn == PP_CONN_OPEN && pp_cfg.push_events)
 			pp_send_flow(cnt, &pp->pid.flow, pp->now, PP_FLOW_CLOSING, pp->reason,
 				     PP_SOURCE_PKT_SRC);
 		if (pp_active(rev))
-			cnt->flow_closed++;
+			COUNT(cnt, flow_closed);
 		rev->conn = PP_CONN_CLOSED;
 	}
 	if (!pp_active(fwd) && !pp_active(rev) && bpf_map_delete_elem(&flows, key) == 0)
-		cnt->flow_deleted++;
+		COUNT(cnt, flow_deleted);
 }
 
 /* The per-packet pipeline after identification: flow state, request side, reply side,
@@ -383,7 +388,7 @@ static __always_inline void pp_process(void *ctx, struct pp_pkt *pp, struct pp_c
 	if (pp_active(rev)) {
 		if (rev->conn == PP_CONN_WAITOPEN && !pp->close_both) {
 			rev->conn = PP_CONN_OPEN;
-			cnt->flow_opened++;
+			COUNT(cnt, flow_opened);
 			if (pp_cfg.push_events)
 				pp_send_flow(cnt, &pp->pid.flow, rev->last_seen, PP_FLOW_OPENING,
 					     rev->open_reason, PP_SOURCE_PKT_DEST);

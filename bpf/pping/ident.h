@@ -9,6 +9,13 @@
 #ifndef KEDGE_PPING_IDENT_H
 #define KEDGE_PPING_IDENT_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "counters.h"
+#include "parse.h"
+#include "reqid.h"
+#include "pping.h"
 #include "maps.h"
 
 #define PP_DNS_PORT 53
@@ -46,11 +53,11 @@ static __always_inline int pp_ident_tcp(void *data, void *data_end, const struct
 		return -1;
 	}
 	if (pp_cfg.skip_syn && tcph->syn) {
-		cnt->skip_syn++;
+		COUNT(cnt, skip_syn);
 		return -1;
 	}
 	if (parse_tcp_ts(tcph, data_end, &tsval, &tsecr) < 0) {
-		cnt->skip_no_tcp_ts++;
+		COUNT(cnt, skip_no_tcp_ts);
 		return -1;
 	}
 	pp->pid.id = tsval;
@@ -101,17 +108,17 @@ static __always_inline int pp_ident_icmp(void *data, void *data_end, const struc
 	}
 	if (p->l4_proto == IPPROTO_ICMPV6) {
 		if (p->l3_proto != ETH_P_IPV6) {
-			cnt->skip_proto++;
+			COUNT(cnt, skip_proto);
 			return -1;
 		}
 		req = ICMPV6_ECHO_REQUEST;
 		rep = ICMPV6_ECHO_REPLY;
 	} else if (p->l3_proto != ETH_P_IP) {
-		cnt->skip_proto++;
+		COUNT(cnt, skip_proto);
 		return -1;
 	}
 	if (ih->code != 0 || (ih->type != req && ih->type != rep)) {
-		cnt->skip_icmp_type++;
+		COUNT(cnt, skip_icmp_type);
 		return -1;
 	}
 	if (ih->type == req) {
@@ -193,7 +200,7 @@ static __always_inline int pp_ident_dns(const struct pp_ctx *c, const struct pkt
 	__u16 flags;
 
 	if (p->payload_len < PP_DNS_HDR_LEN || pp_load(c, p->payload_off, hdr, sizeof(hdr)) < 0) {
-		cnt->skip_udp_short++;
+		COUNT(cnt, skip_udp_short);
 		return -1;
 	}
 	flags = bpf_ntohs(hdr[1]);
@@ -204,7 +211,7 @@ static __always_inline int pp_ident_dns(const struct pp_ctx *c, const struct pkt
 		pp->reply.id = bpf_ntohs(hdr[0]);
 		pp->reply_valid = 1;
 	} else {
-		cnt->skip_proto++;
+		COUNT(cnt, skip_proto);
 		return -1;
 	}
 	pp->pid.flow.id_type = PP_ID_DNS;
@@ -239,13 +246,13 @@ static __always_inline int pp_ident_udp(const struct pp_ctx *c, const struct pkt
 	if (pp->pid.flow.id_type == PP_ID_UDP_REQID) {
 		if (pp->pid_valid || pp->reply_valid)
 			return 0;
-		cnt->skip_udp_short++;
+		COUNT(cnt, skip_udp_short);
 		return -1;
 	}
 	if (pp_cfg.track_dns &&
 	    (p->dport == bpf_htons(PP_DNS_PORT) || p->sport == bpf_htons(PP_DNS_PORT)))
 		return pp_ident_dns(c, p, pp, cnt);
-	cnt->skip_proto++;
+	COUNT(cnt, skip_proto);
 	return -1;
 }
 
@@ -315,7 +322,7 @@ static __always_inline int pp_identify(const struct pp_ctx *c, struct pp_pkt *pp
 	pp->fwd = pp_src_sorts_first(&pp->pid.flow) ? 0 : 1;
 	return 0;
 skip:
-	cnt->skip_proto++;
+	COUNT(cnt, skip_proto);
 	return -1;
 }
 

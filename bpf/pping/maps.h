@@ -5,10 +5,23 @@
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include "counters.h"
 #include "pping.h"
 
 /* Set by user space before loading; the verifier prunes what it switches off. */
 const volatile struct pp_config pp_cfg = {};
+
+/* Referenced so that these enums reach the object's BTF: bpf2go generates pp_consts and
+ * pp_event_type for internal/pping, TestMirrorMatchesBTF compares its typed enums. */
+const enum pp_consts *pp_btf_consts __attribute__((unused));
+const enum pp_event_type *pp_btf_event_type __attribute__((unused));
+const enum pp_id_type *pp_btf_id_type __attribute__((unused));
+const enum pp_flow_event_type *pp_btf_flow_event_type __attribute__((unused));
+const enum pp_flow_reason *pp_btf_flow_reason __attribute__((unused));
+const enum pp_flow_source *pp_btf_flow_source __attribute__((unused));
+const enum pp_map_id *pp_btf_map_id __attribute__((unused));
+const enum pp_hook *pp_btf_hook __attribute__((unused));
+const enum parse_err *pp_btf_parse_err __attribute__((unused));
 
 #define pp_debug(fmt, ...)                                  \
 	do {                                                \
@@ -96,7 +109,7 @@ static __always_inline void pp_count_parse_err(struct pp_counters *cnt, int err)
 	__u32 i = -err;
 
 	if (i < PARSE_ERR_MAX)
-		cnt->parse_err[i]++;
+		COUNT(cnt, parse_err[i]);
 }
 
 static __always_inline void pp_send_rtt(struct pp_counters *cnt, const struct pp_tuple *flow,
@@ -106,7 +119,7 @@ static __always_inline void pp_send_rtt(struct pp_counters *cnt, const struct pp
 	struct pp_rtt_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
 	if (!e) {
-		cnt->event_dropped++;
+		COUNT(cnt, event_dropped);
 		return;
 	}
 	e->type = PP_EVENT_RTT;
@@ -131,7 +144,7 @@ static __always_inline void pp_send_flow(struct pp_counters *cnt, const struct p
 	struct pp_flow_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
 	if (!e) {
-		cnt->event_dropped++;
+		COUNT(cnt, event_dropped);
 		return;
 	}
 	e->type = PP_EVENT_FLOW;
@@ -159,7 +172,7 @@ static __always_inline void pp_warn_full(struct pp_counters *cnt, const struct p
 	*last = now;
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
-		cnt->event_dropped++;
+		COUNT(cnt, event_dropped);
 		return;
 	}
 	e->type = PP_EVENT_MAP_FULL;

@@ -12,6 +12,9 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "counters.h"
+#include "pping.h"
+#include "maps.h"
 #include "flow.h"
 
 /* Ring-buffer records user space decodes: referenced here so their BTF reaches bpf2go. */
@@ -99,8 +102,8 @@ static __always_inline void pp_handle(void *ctx, int xdp, __u32 len, __u32 ifind
 
 	if (!cnt)
 		return;
-	cnt->pkts++;
-	cnt->bytes += len;
+	COUNT(cnt, pkts);
+	COUNT_N(cnt, bytes, len);
 	parsed = xdp ? pp_parse_xdp(ctx, hook) : pp_parse(ctx, hook); /* parse, decide */
 	if (parsed == PP_PARSED_BAD)
 		return;
@@ -153,7 +156,6 @@ int pping_gc_ts(struct bpf_iter__bpf_map_elem *ctx)
 	struct pp_pkt_id *id = ctx->key;
 	__u64 *stored = ctx->value;
 	struct pp_dir_state *d = NULL;
-	struct pp_counters *cnt;
 	struct pp_flow_state *fs;
 	struct pp_tuple key;
 	struct pp_pkt_id del;
@@ -185,9 +187,7 @@ int pping_gc_ts(struct bpf_iter__bpf_map_elem *ctx)
 		return 0;
 	if (d && d->outstanding)
 		__sync_fetch_and_add(&d->outstanding, -1);
-	cnt = pp_counters_get(PP_HOOK_GC);
-	if (cnt)
-		cnt->gc_ts_expired++;
+	COUNT(pp_counters_get(PP_HOOK_GC), gc_ts_expired);
 	return 0;
 }
 
@@ -217,7 +217,7 @@ int pping_gc_flow(struct bpf_iter__bpf_map_elem *ctx)
 	cnt = pp_counters_get(PP_HOOK_GC);
 	if (!cnt)
 		return 0;
-	cnt->gc_flow_expired++;
+	COUNT(cnt, gc_flow_expired);
 	if (!pp_cfg.push_events)
 		return 0;
 	pp_reverse(&rev, &k);

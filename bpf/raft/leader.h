@@ -12,11 +12,14 @@
 #define KEDGE_RAFT_LEADER_H
 
 #include "vmlinux.h"
+#include "raft.h"
 
 enum raft_leader_consts {
 	RAFT_LEADER_FOLLOWERS = 6,        /* a 7-node cluster's followers */
 	RAFT_LEADER_MIN_INTERVAL = 100000, /* ns: a lease asking for faster heartbeats is refused */
-	RAFT_HB_FRAME_LEN = 154,          /* Ethernet 14 + IPv4 20 + UDP 8 + struct raft_hdr 112 */
+	/* Ethernet 14 + IPv4 20 + UDP 8 + struct raft_hdr 112 = 154 */
+	RAFT_HB_FRAME_LEN = sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr) +
+			    RAFT_PKT_LEN,
 };
 
 /* One follower the kernel heartbeats. Offsets are fixed (Go mirrors them). */

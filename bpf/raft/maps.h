@@ -205,9 +205,13 @@ struct {
 	__type(value, struct raftx_quorum);
 } leader_quorum SEC(".maps");
 
+/* One page: a record is 40 bytes, the detector writes at most one per election timeout, and
+ * the node reads each as it comes (a full ring is counted: detect_ringbuf_full). */
+#define RAFTX_EVENTS_BYTES 4096
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4096);
+	__uint(max_entries, RAFTX_EVENTS_BYTES);
 } follower_events SEC(".maps");
 
 struct {

@@ -69,9 +69,11 @@ struct {
 /* Completed requests. 4 MiB hold ~1800 results (2.4 KiB each), more than the SG_SLOTS
  * that can complete before user space frees a slot only when it is read... so a full
  * ring means user space stopped reading; the slot then keeps the result (ringbuf_full). */
+#define SG_RESULTS_BYTES (4 << 20)
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4 << 20);
+	__uint(max_entries, SG_RESULTS_BYTES);
 } results SEC(".maps");
 
 struct {

@@ -74,9 +74,9 @@ static __always_inline int rewrite_to(struct __sk_buff *skb, struct scatter_ctx 
 					   L4_CSUM_ADDR_FLAGS(1) | 4);
 		err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[3], w->addr.in6_u.u6_addr32[3],
 					   L4_CSUM_ADDR_FLAGS(1) | 4);
-		__builtin_memcpy(c->cur_addr, &w->addr, 16);
+		__builtin_memcpy(c->cur_addr, &w->addr, sizeof(c->cur_addr));
 		err |= bpf_skb_store_bytes(skb, c->l3_off + offsetof(struct ipv6hdr, daddr),
-					   c->cur_addr, 16, 0);
+					   c->cur_addr, sizeof(c->cur_addr), 0);
 	} else {
 		__be32 to = w->addr.in6_u.u6_addr32[3];
 
@@ -189,7 +189,7 @@ static __always_inline int parse_request(struct __sk_buff *skb, struct scatter_c
 	c->hdr_off = hoff;
 	c->v6 = p.l3_proto == ETH_P_IPV6;
 	if (c->v6)
-		__builtin_memcpy(c->cur_addr, &p.daddr, 16);
+		__builtin_memcpy(c->cur_addr, &p.daddr, sizeof(c->cur_addr));
 	else
 		c->cur_addr[0] = p.daddr.in6_u.u6_addr32[3];
 	c->cur_port = p.dport;

@@ -17,12 +17,12 @@ import (
 // HistLayout is the kernel histogram's layout (PP_HIST_* in bpf/include/pping.h, hist.h):
 // RTTs in ns, 8 buckets per power of two, linear below 256 ns, open above 2^36 ns (68.7 s).
 // The bucket count comes from the generated struct.
-var HistLayout = hist.Layout{SubBits: histSubBits, MinShift: histMinShift, Buckets: HistBins}
+var HistLayout = hist.Layout{SubBits: uint(histSubBits), MinShift: uint(histMinShift), Buckets: HistBins}
 
 const (
-	histSubBits  = 3  // PP_HIST_SUB_BITS
-	histMinShift = 8  // PP_HIST_MIN_SHIFT
-	histMaxShift = 36 // PP_HIST_MAX_SHIFT: the last bucket starts here
+	histSubBits  = int(ppingPpConstsPP_HIST_SUB_BITS)
+	histMinShift = int(ppingPpConstsPP_HIST_MIN_SHIFT)
+	histMaxShift = int(ppingPpConstsPP_HIST_MAX_SHIFT) // the last bucket starts here
 	// HistBins is the number of histogram buckets (PP_HIST_BINS).
 	HistBins = len(ppingPpAggStats{}.Bins)
 )

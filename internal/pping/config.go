@@ -163,7 +163,7 @@ func DefaultConfig() Config {
 }
 
 // DefaultMaxFlows is PP_MAX_FLOWS in bpf/include/pping.h.
-const DefaultMaxFlows = 65536
+const DefaultMaxFlows = int(ppingPpConstsPP_MAX_FLOWS)
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
@@ -224,9 +224,9 @@ func (c Config) Validate() error {
 }
 
 // maxServices is PP_MAX_SERVICES in bpf/include/pping.h.
-const maxServices = 64
+const maxServices = int(ppingPpConstsPP_MAX_SERVICES)
 
-const fixpointShift = 16 // PP_FIXPOINT_SHIFT
+const fixpointShift = int(ppingPpConstsPP_FIXPOINT_SHIFT)
 
 func b2u(b bool) uint8 {
 	if b {

@@ -224,9 +224,9 @@ func decodeEvent(raw []byte, clock *monoClock) (Event, error) {
 
 // enum pp_event_type
 const (
-	eventRTT     = 1
-	eventFlow    = 2
-	eventMapFull = 3
+	eventRTT     = uint64(ppingPpEventTypePP_EVENT_RTT)
+	eventFlow    = uint64(ppingPpEventTypePP_EVENT_FLOW)
+	eventMapFull = uint64(ppingPpEventTypePP_EVENT_MAP_FULL)
 )
 
 // EventReader reads events from the monitor's ring buffer.

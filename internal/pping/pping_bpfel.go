@@ -52,6 +52,22 @@ type ppingPpConfig struct {
 	_                  [4]byte
 }
 
+type ppingPpConsts uint32
+
+const (
+	ppingPpConstsPP_MAX_FLOWS      ppingPpConsts = 65536
+	ppingPpConstsPP_MAX_PKT_TS     ppingPpConsts = 131072
+	ppingPpConstsPP_MAX_SERVICES   ppingPpConsts = 64
+	ppingPpConstsPP_MAX_SUBNETS    ppingPpConsts = 4096
+	ppingPpConstsPP_RINGBUF_BYTES  ppingPpConsts = 1048576
+	ppingPpConstsPP_FIXPOINT_SHIFT ppingPpConsts = 16
+	ppingPpConstsPP_HIST_SUB_BITS  ppingPpConsts = 3
+	ppingPpConstsPP_HIST_SUB       ppingPpConsts = 8
+	ppingPpConstsPP_HIST_MIN_SHIFT ppingPpConsts = 8
+	ppingPpConstsPP_HIST_MAX_SHIFT ppingPpConsts = 36
+	ppingPpConstsPP_HIST_BINS      ppingPpConsts = 233
+)
+
 type ppingPpCounters struct {
 	_             structs.HostLayout
 	Pkts          uint64
@@ -105,6 +121,14 @@ type ppingPpDirState struct {
 	HasTs       uint8
 	Local       uint8
 }
+
+type ppingPpEventType uint32
+
+const (
+	ppingPpEventTypePP_EVENT_RTT      ppingPpEventType = 1
+	ppingPpEventTypePP_EVENT_FLOW     ppingPpEventType = 2
+	ppingPpEventTypePP_EVENT_MAP_FULL ppingPpEventType = 3
+)
 
 type ppingPpFlowEvent struct {
 	_         structs.HostLayout
@@ -249,29 +273,38 @@ type ppingReqidSpec struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	ppingMapAgg40         = "agg4_0"
-	ppingMapAgg41         = "agg4_1"
-	ppingMapAgg60         = "agg6_0"
-	ppingMapAgg61         = "agg6_1"
-	ppingMapAggActive     = "agg_active"
-	ppingMapCounters      = "counters"
-	ppingMapEvents        = "events"
-	ppingMapFlows         = "flows"
-	ppingMapPktTs         = "pkt_ts"
-	ppingMapScratch       = "scratch"
-	ppingMapServices      = "services"
-	ppingProgPpingEgress  = "pping_egress"
-	ppingProgPpingGcFlow  = "pping_gc_flow"
-	ppingProgPpingGcTs    = "pping_gc_ts"
-	ppingProgPpingIngress = "pping_ingress"
-	ppingProgPpingXdp     = "pping_xdp"
-	ppingVarPpBtfFlow     = "pp_btf_flow"
-	ppingVarPpBtfFull     = "pp_btf_full"
-	ppingVarPpBtfRtt      = "pp_btf_rtt"
-	ppingVarPpCfg         = "pp_cfg"
-	ppingVarPpLastWarn    = "pp_last_warn"
-	ppingVarPpZeroAgg     = "pp_zero_agg"
-	ppingVarPpZeroFlow    = "pp_zero_flow"
+	ppingMapAgg40              = "agg4_0"
+	ppingMapAgg41              = "agg4_1"
+	ppingMapAgg60              = "agg6_0"
+	ppingMapAgg61              = "agg6_1"
+	ppingMapAggActive          = "agg_active"
+	ppingMapCounters           = "counters"
+	ppingMapEvents             = "events"
+	ppingMapFlows              = "flows"
+	ppingMapPktTs              = "pkt_ts"
+	ppingMapScratch            = "scratch"
+	ppingMapServices           = "services"
+	ppingProgPpingEgress       = "pping_egress"
+	ppingProgPpingGcFlow       = "pping_gc_flow"
+	ppingProgPpingGcTs         = "pping_gc_ts"
+	ppingProgPpingIngress      = "pping_ingress"
+	ppingProgPpingXdp          = "pping_xdp"
+	ppingVarPpBtfConsts        = "pp_btf_consts"
+	ppingVarPpBtfEventType     = "pp_btf_event_type"
+	ppingVarPpBtfFlow          = "pp_btf_flow"
+	ppingVarPpBtfFlowEventType = "pp_btf_flow_event_type"
+	ppingVarPpBtfFlowReason    = "pp_btf_flow_reason"
+	ppingVarPpBtfFlowSource    = "pp_btf_flow_source"
+	ppingVarPpBtfFull          = "pp_btf_full"
+	ppingVarPpBtfHook          = "pp_btf_hook"
+	ppingVarPpBtfIdType        = "pp_btf_id_type"
+	ppingVarPpBtfMapId         = "pp_btf_map_id"
+	ppingVarPpBtfParseErr      = "pp_btf_parse_err"
+	ppingVarPpBtfRtt           = "pp_btf_rtt"
+	ppingVarPpCfg              = "pp_cfg"
+	ppingVarPpLastWarn         = "pp_last_warn"
+	ppingVarPpZeroAgg          = "pp_zero_agg"
+	ppingVarPpZeroFlow         = "pp_zero_flow"
 )
 
 // loadPping returns the embedded CollectionSpec for pping.
@@ -344,13 +377,22 @@ type ppingMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ppingVariableSpecs struct {
-	PpBtfFlow  *ebpf.VariableSpec `ebpf:"pp_btf_flow"`
-	PpBtfFull  *ebpf.VariableSpec `ebpf:"pp_btf_full"`
-	PpBtfRtt   *ebpf.VariableSpec `ebpf:"pp_btf_rtt"`
-	PpCfg      *ebpf.VariableSpec `ebpf:"pp_cfg"`
-	PpLastWarn *ebpf.VariableSpec `ebpf:"pp_last_warn"`
-	PpZeroAgg  *ebpf.VariableSpec `ebpf:"pp_zero_agg"`
-	PpZeroFlow *ebpf.VariableSpec `ebpf:"pp_zero_flow"`
+	PpBtfConsts        *ebpf.VariableSpec `ebpf:"pp_btf_consts"`
+	PpBtfEventType     *ebpf.VariableSpec `ebpf:"pp_btf_event_type"`
+	PpBtfFlow          *ebpf.VariableSpec `ebpf:"pp_btf_flow"`
+	PpBtfFlowEventType *ebpf.VariableSpec `ebpf:"pp_btf_flow_event_type"`
+	PpBtfFlowReason    *ebpf.VariableSpec `ebpf:"pp_btf_flow_reason"`
+	PpBtfFlowSource    *ebpf.VariableSpec `ebpf:"pp_btf_flow_source"`
+	PpBtfFull          *ebpf.VariableSpec `ebpf:"pp_btf_full"`
+	PpBtfHook          *ebpf.VariableSpec `ebpf:"pp_btf_hook"`
+	PpBtfIdType        *ebpf.VariableSpec `ebpf:"pp_btf_id_type"`
+	PpBtfMapId         *ebpf.VariableSpec `ebpf:"pp_btf_map_id"`
+	PpBtfParseErr      *ebpf.VariableSpec `ebpf:"pp_btf_parse_err"`
+	PpBtfRtt           *ebpf.VariableSpec `ebpf:"pp_btf_rtt"`
+	PpCfg              *ebpf.VariableSpec `ebpf:"pp_cfg"`
+	PpLastWarn         *ebpf.VariableSpec `ebpf:"pp_last_warn"`
+	PpZeroAgg          *ebpf.VariableSpec `ebpf:"pp_zero_agg"`
+	PpZeroFlow         *ebpf.VariableSpec `ebpf:"pp_zero_flow"`
 }
 
 // ppingObjects contains all objects after they have been loaded into the kernel.
@@ -406,13 +448,22 @@ func (m *ppingMaps) Close() error {
 //
 // It can be passed to loadPpingObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ppingVariables struct {
-	PpBtfFlow  *ebpf.Variable `ebpf:"pp_btf_flow"`
-	PpBtfFull  *ebpf.Variable `ebpf:"pp_btf_full"`
-	PpBtfRtt   *ebpf.Variable `ebpf:"pp_btf_rtt"`
-	PpCfg      *ebpf.Variable `ebpf:"pp_cfg"`
-	PpLastWarn *ebpf.Variable `ebpf:"pp_last_warn"`
-	PpZeroAgg  *ebpf.Variable `ebpf:"pp_zero_agg"`
-	PpZeroFlow *ebpf.Variable `ebpf:"pp_zero_flow"`
+	PpBtfConsts        *ebpf.Variable `ebpf:"pp_btf_consts"`
+	PpBtfEventType     *ebpf.Variable `ebpf:"pp_btf_event_type"`
+	PpBtfFlow          *ebpf.Variable `ebpf:"pp_btf_flow"`
+	PpBtfFlowEventType *ebpf.Variable `ebpf:"pp_btf_flow_event_type"`
+	PpBtfFlowReason    *ebpf.Variable `ebpf:"pp_btf_flow_reason"`
+	PpBtfFlowSource    *ebpf.Variable `ebpf:"pp_btf_flow_source"`
+	PpBtfFull          *ebpf.Variable `ebpf:"pp_btf_full"`
+	PpBtfHook          *ebpf.Variable `ebpf:"pp_btf_hook"`
+	PpBtfIdType        *ebpf.Variable `ebpf:"pp_btf_id_type"`
+	PpBtfMapId         *ebpf.Variable `ebpf:"pp_btf_map_id"`
+	PpBtfParseErr      *ebpf.Variable `ebpf:"pp_btf_parse_err"`
+	PpBtfRtt           *ebpf.Variable `ebpf:"pp_btf_rtt"`
+	PpCfg              *ebpf.Variable `ebpf:"pp_cfg"`
+	PpLastWarn         *ebpf.Variable `ebpf:"pp_last_warn"`
+	PpZeroAgg          *ebpf.Variable `ebpf:"pp_zero_agg"`
+	PpZeroFlow         *ebpf.Variable `ebpf:"pp_zero_flow"`
 }
 
 // ppingPrograms contains all programs after they have been loaded into the kernel.
