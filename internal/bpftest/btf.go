@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -94,4 +95,24 @@ func FieldBytes(baseline, marked []byte) (off, n uint32, err error) {
 		return 0, 0, errors.New("the field changed no byte")
 	}
 	return uint32(first), uint32(last - first + 1), nil
+}
+
+// CheckEnums fails t with every mismatch between the enums in spec's BTF and want (enum
+// name -> member name -> value), as EnumMismatches finds them.
+func CheckEnums(t testing.TB, spec *ebpf.CollectionSpec, want map[string]map[string]int64) {
+	t.Helper()
+	names := make([]string, 0, len(want))
+	for n := range want {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		bad, err := EnumMismatches(spec, n, want[n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range bad {
+			t.Error(b)
+		}
+	}
 }

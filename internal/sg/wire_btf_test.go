@@ -14,7 +14,7 @@ func TestWireMatchesBTF(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	enums := map[string]map[string]int64{
+	bpftest.CheckEnums(t, spec, map[string]map[string]int64{
 		"sg_wire": {"SG_MAGIC": Magic, "SG_VERSION": Version, "SG_HDR_LEN": HdrLen},
 		"sg_op":   {"SG_OP_REQUEST": OpRequest, "SG_OP_REPLY": OpReply},
 		"sg_limits": {
@@ -33,16 +33,7 @@ func TestWireMatchesBTF(t *testing.T) {
 			"SG_GF_LOOPBACK": GroupFlagLoopback, "SG_GF_WAKE_SOCKET": GroupFlagWakeSocket, "SG_GF_PARTS": GroupFlagParts,
 		},
 		"sg_result_flags": {"SG_F_OVERFLOW": FlagOverflow, "SG_F_PARTS": FlagParts},
-	}
-	for name, want := range enums {
-		bad, err := bpftest.EnumMismatches(spec, name, want)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, b := range bad {
-			t.Error(b)
-		}
-	}
+	})
 
 	size, members, err := bpftest.StructLayout(spec, "sg_hdr")
 	if err != nil {
