@@ -22,6 +22,10 @@ struct {
 	__type(value, struct parse_result);
 } result SEC(".maps");
 
+/* Referenced so that parse.h's enums reach the object's BTF (TestParseEnumsMatchBTF). */
+const enum parse_err *parsetest_btf_parse_err __attribute__((unused));
+const enum pkt_flags *parsetest_btf_pkt_flags __attribute__((unused));
+
 static __always_inline void run_parse(void *data, void *data_end)
 {
 	__u32 zero = 0;

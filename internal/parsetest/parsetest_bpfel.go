@@ -54,9 +54,11 @@ type parsetestParseResult struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	parsetestMapResult    = "result"
-	parsetestProgParseTc  = "parse_tc"
-	parsetestProgParseXdp = "parse_xdp"
+	parsetestMapResult               = "result"
+	parsetestProgParseTc             = "parse_tc"
+	parsetestProgParseXdp            = "parse_xdp"
+	parsetestVarParsetestBtfParseErr = "parsetest_btf_parse_err"
+	parsetestVarParsetestBtfPktFlags = "parsetest_btf_pkt_flags"
 )
 
 // loadParsetest returns the embedded CollectionSpec for parsetest.
@@ -116,6 +118,8 @@ type parsetestMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type parsetestVariableSpecs struct {
+	ParsetestBtfParseErr *ebpf.VariableSpec `ebpf:"parsetest_btf_parse_err"`
+	ParsetestBtfPktFlags *ebpf.VariableSpec `ebpf:"parsetest_btf_pkt_flags"`
 }
 
 // parsetestObjects contains all objects after they have been loaded into the kernel.
@@ -151,6 +155,8 @@ func (m *parsetestMaps) Close() error {
 //
 // It can be passed to loadParsetestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type parsetestVariables struct {
+	ParsetestBtfParseErr *ebpf.Variable `ebpf:"parsetest_btf_parse_err"`
+	ParsetestBtfPktFlags *ebpf.Variable `ebpf:"parsetest_btf_pkt_flags"`
 }
 
 // parsetestPrograms contains all programs after they have been loaded into the kernel.
