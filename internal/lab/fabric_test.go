@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 )
@@ -113,26 +112,10 @@ func TestFabricProgramFixtures(t *testing.T) {
 	})
 
 	// A copy coming back (dup mark) passes untouched, even on a partitioned link, and loses its mark.
+	r = bpftest.Runner{Prog: objs.FabricIngress, Counters: counters}
 	fixtureNS(t, func() error {
-		before, _ := counters()
-		ctx := make([]byte, 192) // struct __sk_buff; mark is at offset 8
-		binary.LittleEndian.PutUint32(ctx[8:], dupMark)
-		ctxOut := make([]byte, 192)
-		opts := ebpf.RunOptions{Data: udp4(2), Context: ctx, ContextOut: ctxOut, Repeat: 1}
-		ret, err := objs.FabricIngress.Run(&opts)
-		if err != nil {
-			return err
-		}
-		after, _ := counters()
-		if ret != bpftest.TCActUnspec {
-			t.Errorf("dup copy: verdict %d, want pass", int32(ret))
-		}
-		if d := after.Sub(before).Diff(bpftest.Counters{"DupCopy": 1}); d != "" {
-			t.Errorf("dup copy counters: %s", d)
-		}
-		if m := binary.LittleEndian.Uint32(ctxOut[8:]); m != 0 {
-			t.Errorf("dup copy left with mark %#x, want 0", m)
-		}
+		r.Run(t, []bpftest.Case{{Name: "dup copy", In: udp4(2), Skb: &bpftest.SkBuff{Mark: dupMark},
+			WantRet: bpftest.TCActUnspec, WantSame: true, WantMark: bpftest.Mark(0), WantCounters: bpftest.Counters{"DupCopy": 1}}})
 		return nil
 	})
 }

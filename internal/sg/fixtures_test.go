@@ -6,6 +6,7 @@ package sg
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"os"
 	"testing"
@@ -131,7 +132,7 @@ func reply(from, to netip.AddrPort, gid, worker uint16, id uint64, payload []byt
 func vec64(v ...int64) []byte { return AppendVector(nil, TypeI64, v) }
 func vec32(v ...int64) []byte { return AppendVector(nil, TypeI32, v) }
 
-func (f *fixture) result(t *testing.T) ResultRec {
+func (f *fixture) result(t testing.TB) ResultRec {
 	t.Helper()
 	var r ResultRec
 	buf := make([]byte, binary.Size(r))
@@ -148,7 +149,7 @@ func (f *fixture) result(t *testing.T) ResultRec {
 	return r
 }
 
-func (f *fixture) noResult(t *testing.T) {
+func (f *fixture) noResult(t testing.TB) {
 	t.Helper()
 	if n := f.rd.Available(); n != 0 {
 		t.Fatalf("unexpected result in the ring buffer (%d bytes)", n)
@@ -295,23 +296,23 @@ func TestGatherReductions(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t, 0, coord4, w4, c.red, c.typ, c.elems, 0)
 			id := uint64(3)<<10 | 5
-			f.arm(t, 0, id, c.need)
+			var steps []bpftest.Case
 			for i, v := range c.replies {
-				var p []byte
+				p := vec32(v...)
 				if c.typ == TypeI64 {
 					p = vec64(v...)
-				} else {
-					p = vec32(v...)
 				}
-				res, err := bpftest.Run(f.o.Gather, reply(w4[i], coord4, 0, uint16(i), id, p, nil))
-				if err != nil || res.Ret != bpftest.XDPDrop {
-					t.Fatalf("reply %d: verdict %d err %v", i, res.Ret, err)
-				}
+				steps = append(steps, bpftest.Case{Name: fmt.Sprintf("reply %d", i),
+					In: reply(w4[i], coord4, 0, uint16(i), id, p, nil), WantRet: bpftest.XDPDrop})
 			}
-			res := f.result(t)
-			if got := res.Agg[:c.elems]; !equal(got, c.want) || res.Flags != c.wantFlags || int(res.Count) != len(c.replies) {
-				t.Fatalf("aggregate %v flags %d count %d, want %v flags %d", got, res.Flags, res.Count, c.want, c.wantFlags)
-			}
+			bpftest.Runner{Prog: f.o.Gather}.RunCase(t, bpftest.Case{Name: c.name, Steps: steps,
+				Setup: func(tb testing.TB) { f.arm(tb, 0, id, c.need) },
+				Check: func(tb testing.TB, _ bpftest.Result) {
+					res := f.result(tb)
+					if got := res.Agg[:c.elems]; !equal(got, c.want) || res.Flags != c.wantFlags || int(res.Count) != len(c.replies) {
+						tb.Errorf("aggregate %v flags %d count %d, want %v flags %d", got, res.Flags, res.Count, c.want, c.wantFlags)
+					}
+				}})
 		})
 	}
 }
@@ -329,36 +330,40 @@ func equal(a, b []int64) bool {
 }
 
 func TestGatherCountAndGatherIPv6(t *testing.T) {
+	// replies is a case whose steps are the replies of the workers in order, all consumed.
+	replies := func(f *fixture, gid uint32, id uint64, need uint16, order []int, payload func(i int) []byte,
+		check func(tb testing.TB, r ResultRec)) bpftest.Case {
+		var steps []bpftest.Case
+		for _, i := range order {
+			steps = append(steps, bpftest.Case{Name: fmt.Sprintf("reply of worker %d", i),
+				In: reply(w6[i], coord6, uint16(gid), uint16(i), id, payload(i), nil), WantRet: bpftest.XDPDrop})
+		}
+		return bpftest.Case{Steps: steps, Setup: func(tb testing.TB) { f.arm(tb, gid, id, need) },
+			Check: func(tb testing.TB, _ bpftest.Result) { check(tb, f.result(tb)) }}
+	}
 	t.Run("count any payload", func(t *testing.T) {
 		f := newFixture(t, 2, coord6, w6, RedCount, TypeI32, 0, 0)
-		id := uint64(1)<<10 | 130
-		f.arm(t, 2, id, 2)
-		for i := range w6 {
-			res, err := bpftest.Run(f.o.Gather, reply(w6[i], coord6, 2, uint16(i), id, []byte("anything"), nil))
-			if err != nil || res.Ret != bpftest.XDPDrop {
-				t.Fatalf("reply %d: verdict %d err %v", i, res.Ret, err)
-			}
-		}
-		if r := f.result(t); r.Count != 2 || r.Bitmap[0] != 0b11 {
-			t.Fatalf("count %d bitmap %b", r.Count, r.Bitmap[0])
-		}
+		c := replies(f, 2, uint64(1)<<10|130, 2, []int{0, 1}, func(int) []byte { return []byte("anything") },
+			func(tb testing.TB, r ResultRec) {
+				if r.Count != 2 || r.Bitmap[0] != 0b11 {
+					tb.Errorf("count %d bitmap %b", r.Count, r.Bitmap[0])
+				}
+			})
+		c.Name = "count"
+		bpftest.Runner{Prog: f.o.Gather}.RunCase(t, c)
 	})
 	t.Run("gather first K payloads in arrival order", func(t *testing.T) {
 		f := newFixture(t, 2, coord6, w6, RedGather, TypeI32, 2, 1)
-		id := uint64(1)<<10 | 131
-		f.arm(t, 2, id, 2)
-		for _, i := range []int{1, 0} {
-			res, err := bpftest.Run(f.o.Gather, reply(w6[i], coord6, 2, uint16(i), id, vec32(int64(i+1)*11, int64(i+1)*22), nil))
-			if err != nil || res.Ret != bpftest.XDPDrop {
-				t.Fatalf("reply %d: verdict %d err %v", i, res.Ret, err)
-			}
-		}
-		r := f.result(t)
-		raw := make([]byte, 8)
-		binary.NativeEndian.PutUint64(raw, uint64(r.Agg[0]))
-		if r.Gathered != 1 || r.Order[0] != 1 || !equal(DecodeVector(raw, TypeI32), []int64{22, 44}) {
-			t.Fatalf("gathered %d order %v payload %x", r.Gathered, r.Order[:2], raw)
-		}
+		c := replies(f, 2, uint64(1)<<10|131, 2, []int{1, 0}, func(i int) []byte { return vec32(int64(i+1)*11, int64(i+1)*22) },
+			func(tb testing.TB, r ResultRec) {
+				raw := make([]byte, 8)
+				binary.NativeEndian.PutUint64(raw, uint64(r.Agg[0]))
+				if r.Gathered != 1 || r.Order[0] != 1 || !equal(DecodeVector(raw, TypeI32), []int64{22, 44}) {
+					tb.Errorf("gathered %d order %v payload %x", r.Gathered, r.Order[:2], raw)
+				}
+			})
+		c.Name = "gather"
+		bpftest.Runner{Prog: f.o.Gather}.RunCase(t, c)
 	})
 }
 

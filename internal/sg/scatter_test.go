@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
@@ -262,8 +261,38 @@ func TestScatterCopies(t *testing.T) {
 	}
 }
 
-// tcActRedirect is TC_ACT_REDIRECT: bpf_redirect's verdict.
-const tcActRedirect = 7
+// handOn runs a request through the scatter and every batch after it, the way the kernel
+// does: each run of sg_scatter_cont takes the packet the previous run redirected, marked
+// ContMark, at the group interface's ingress. Each run is a fixture case: the verdict
+// (redirect while batches remain, then shot) and, with copies given, the counter changes of
+// each run (runs[0] the scatter's, then one per handed-on batch).
+func handOn(t *testing.T, f *fixture, s *scatterNS, in []byte, copies []int64) {
+	t.Helper()
+	r := bpftest.Runner{Counters: f.counters, Within: s.ns.Do}
+	pkt := in
+	for k, n := range copies {
+		last := k == len(copies)-1
+		c := bpftest.Case{
+			Name:    fmt.Sprintf("run %d (%d copies)", k, n),
+			Prog:    f.o.Cont,
+			In:      pkt,
+			Skb:     &bpftest.SkBuff{Mark: ContMark, Ifindex: uint32(s.out)},
+			WantRet: bpftest.TCActRedirect,
+			// A run hands the request on until the last batch, then drops the original.
+			WantCounters: bpftest.Counters{"1.Copies": n, "1.Continued": 1},
+			Check:        func(tb testing.TB, res bpftest.Result) { pkt = res.Out },
+		}
+		if k == 0 {
+			c.Prog, c.Skb = f.o.Scatter, nil
+			c.WantCounters["1.Requests"] = 1
+		}
+		if last {
+			c.WantRet = bpftest.TCActShot
+			delete(c.WantCounters, "1.Continued")
+		}
+		r.RunCase(t, c)
+	}
+}
 
 // TestScatterBatches: with a batch of 1, each run of the scatter sends one copy and hands
 // the request on (TC_ACT_REDIRECT to the interface's ingress, marked); sg_scatter_cont
@@ -271,92 +300,29 @@ const tcActRedirect = 7
 // worker. A handed-on request whose slot no longer holds it stops; unmarked traffic at
 // ingress passes.
 func TestScatterBatches(t *testing.T) {
-	const contMark = ContMark
 	for _, fam := range families {
 		t.Run(fam.name, func(t *testing.T) {
 			f, s, _ := scatterFixture(t, fam.coord, fam.workers, 1)
 			id := uint64(6)<<10 | 71
 			in := request(fam.coord, fam.workers[0], 1, id, []byte("payload"))
-			// __sk_buff up to ifindex: mark at [2], ifindex at [10].
-			ctx := func(mark uint32) *[11]uint32 {
-				var c [11]uint32
-				c[2], c[10] = mark, uint32(s.out)
-				return &c
+			copies := make([]int64, len(fam.workers))
+			for i := range copies {
+				copies[i] = 1
 			}
-			var rets []uint32
-			err := s.ns.Do(func() error {
-				res, err := bpftest.Run(f.o.Scatter, in)
-				if err != nil {
-					return err
-				}
-				rets = append(rets, res.Ret)
-				pkt := res.Out
-				for k := 1; k < len(fam.workers) && res.Ret == tcActRedirect; k++ {
-					opts := ebpf.RunOptions{Data: pkt, DataOut: make([]byte, len(pkt)+bpftest.OutPad), Context: ctx(contMark), Repeat: 1}
-					ret, err := f.o.Cont.Run(&opts)
-					if err != nil {
-						return fmt.Errorf("run sg_scatter_cont: %w", err)
-					}
-					rets = append(rets, ret)
-					pkt = opts.DataOut
-					res.Ret = ret
-				}
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := make([]uint32, len(fam.workers))
-			for i := range want {
-				want[i] = tcActRedirect
-			}
-			want[len(want)-1] = bpftest.TCActShot
-			if fmt.Sprint(rets) != fmt.Sprint(want) {
-				t.Errorf("verdicts %v, want %v (redirect to ingress until the last batch)", rets, want)
-			}
+			handOn(t, f, s, in, copies)
 			checkCopies(t, s.capture(t, len(fam.workers)), fam.workers, id)
-			c, err := f.counters()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if c["1.Copies"] != int64(len(fam.workers)) || c["1.Continued"] != int64(len(fam.workers)-1) || c["1.Requests"] != 1 {
-				t.Errorf("copies %d continued %d requests %d, want %d, %d, 1", c["1.Copies"], c["1.Continued"], c["1.Requests"], len(fam.workers), len(fam.workers)-1)
-			}
 
 			other := request(fam.coord, fam.workers[0], 1, id+1024, []byte("payload")) // same slot, not its request
-			cases := []struct {
-				name    string
-				in      []byte
-				mark    uint32
-				wantRet uint32
-				want    bpftest.Counters
-			}{
-				{"handed on, slot holds another request", other, contMark, bpftest.TCActShot, bpftest.Counters{"1.ContStopped": 1}},
-				{"unmarked request at ingress", in, 0, bpftest.TCActUnspec, bpftest.Counters{}},
-				{"marked, not sg", pktbuild.New().IPv4(pktbuild.IPv4{}).UDP(pktbuild.UDP{Src: 1, Dst: 2}).Payload([]byte("GET /")).Build(), contMark, bpftest.TCActUnspec, bpftest.Counters{}},
-			}
-			for _, tc := range cases {
-				var ret uint32
-				err := s.ns.Do(func() error {
-					d, err := bpftest.Delta(f.counters, func() (err error) {
-						ret, err = f.o.Cont.Run(&ebpf.RunOptions{Data: tc.in, Context: ctx(tc.mark), Repeat: 1})
-						return err
-					})
-					if err != nil {
-						return err
-					}
-					if diff := d.Diff(tc.want); diff != "" {
-						t.Errorf("%s: counters:\n%s", tc.name, diff)
-					}
-					return nil
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if ret != tc.wantRet {
-					t.Errorf("%s: verdict %d, want %d", tc.name, int32(ret), int32(tc.wantRet))
-				}
-			}
+			marked := &bpftest.SkBuff{Mark: ContMark, Ifindex: uint32(s.out)}
+			r := bpftest.Runner{Prog: f.o.Cont, Counters: f.counters, Within: s.ns.Do}
+			r.Run(t, []bpftest.Case{
+				{Name: "handed on, slot holds another request", In: other, Skb: marked,
+					WantRet: bpftest.TCActShot, WantCounters: bpftest.Counters{"1.ContStopped": 1}},
+				{Name: "unmarked request at ingress", In: in, Skb: &bpftest.SkBuff{Ifindex: uint32(s.out)},
+					WantRet: bpftest.TCActUnspec, WantCounters: bpftest.Counters{}},
+				{Name: "marked, not sg", In: pktbuild.New().IPv4(pktbuild.IPv4{}).UDP(pktbuild.UDP{Src: 1, Dst: 2}).Payload([]byte("GET /")).Build(),
+					Skb: marked, WantRet: bpftest.TCActUnspec, WantCounters: bpftest.Counters{}},
+			})
 		})
 	}
 }
@@ -365,7 +331,6 @@ func TestScatterBatches(t *testing.T) {
 // before it, up to the batch (first 1, batch 4: 1, 1, 2, 4, 4, ...), as BatchRuns counts;
 // every worker gets its copy once.
 func TestScatterRamp(t *testing.T) {
-	const contMark = ContMark
 	fam := families[0]
 	fam.workers = nil
 	for i := range 12 {
@@ -373,48 +338,15 @@ func TestScatterRamp(t *testing.T) {
 	}
 	f, s, _ := scatterFixtureWith(t, fam.coord, fam.workers, LoadOptions{Batch: 4, FirstBatch: 1})
 	id := uint64(6)<<10 | 72
-	var sizes []int64
-	err := s.ns.Do(func() error {
-		c0, err := f.counters()
-		if err != nil {
-			return err
-		}
-		prev := c0["1.Copies"]
-		res, err := bpftest.Run(f.o.Scatter, request(fam.coord, fam.workers[0], 1, id, []byte("payload")))
-		if err != nil {
-			return err
-		}
-		pkt, ret := res.Out, res.Ret
-		for {
-			c, err := f.counters()
-			if err != nil {
-				return err
-			}
-			sizes = append(sizes, c["1.Copies"]-prev)
-			prev = c["1.Copies"]
-			if ret != tcActRedirect || len(sizes) > len(fam.workers) {
-				return nil
-			}
-			var ctx [11]uint32
-			ctx[2], ctx[10] = contMark, uint32(s.out)
-			opts := ebpf.RunOptions{Data: pkt, DataOut: make([]byte, len(pkt)+bpftest.OutPad), Context: &ctx, Repeat: 1}
-			if ret, err = f.o.Cont.Run(&opts); err != nil {
-				return fmt.Errorf("run sg_scatter_cont: %w", err)
-			}
-			pkt = opts.DataOut
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var want []int64
 	for next := 0; next < len(fam.workers); {
 		k := min(max(1, min(next, 4)), len(fam.workers)-next)
 		want = append(want, int64(k))
 		next += k
 	}
-	if fmt.Sprint(sizes) != "[1 1 2 4 4]" || fmt.Sprint(sizes) != fmt.Sprint(want) || len(sizes) != BatchRuns(len(fam.workers), 1, 4) {
-		t.Errorf("copies per run %v, want %v (%d runs)", sizes, want, BatchRuns(len(fam.workers), 1, 4))
+	if fmt.Sprint(want) != "[1 1 2 4 4]" || len(want) != BatchRuns(len(fam.workers), 1, 4) {
+		t.Fatalf("copies per run %v (%d runs), want [1 1 2 4 4] (%d runs)", want, len(want), BatchRuns(len(fam.workers), 1, 4))
 	}
+	handOn(t, f, s, request(fam.coord, fam.workers[0], 1, id, []byte("payload")), want)
 	checkCopies(t, s.capture(t, len(fam.workers)), fam.workers, id)
 }

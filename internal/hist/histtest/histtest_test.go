@@ -2,6 +2,7 @@ package histtest
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -62,40 +63,48 @@ func TestBPFMatchesGo(t *testing.T) {
 		for range 1024 {
 			values = append(values, rng.Uint64()>>rng.IntN(64))
 		}
+		// One case per batch of the cases map (HISTTEST_CASES entries, sized by the object):
+		// Setup writes the values and indexes, hist_table computes every entry in one run,
+		// Check compares them with internal/hist.
+		nCases := int(spec.Maps[histtestMapCases].MaxEntries)
 		n := max(len(values), l.Buckets)
 		checked := 0
-		for start := 0; start < n; start += histtestCases {
-			var batch [histtestCases]histtestHistCase
+		r := bpftest.Runner{Prog: objs.HistTable}
+		for start := 0; start < n; start += nCases {
+			batch := make([]histtestHistCase, nCases)
 			for i := range batch {
 				batch[i].Value = values[(start+i)%len(values)]
 				batch[i].Index = uint32((start + i) % l.Buckets)
 			}
-			for i := range batch {
-				if err := objs.Cases.Put(uint32(i), batch[i]); err != nil {
-					t.Fatalf("write case %d: %v", i, err)
-				}
-			}
-			ret, err := objs.HistTable.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
-			if err != nil || ret != 0 {
-				t.Fatalf("%+v: run hist_table: %d, %v", l, ret, err)
-			}
-			for i := range batch {
-				var got histtestHistCase
-				if err := objs.Cases.Lookup(uint32(i), &got); err != nil {
-					t.Fatalf("read case %d: %v", i, err)
-				}
-				if want := l.Bucket(got.Value); int(got.Bucket) != want {
-					t.Errorf("%+v: hist_bucket(%d) = %d, Go: %d", l, got.Value, got.Bucket, want)
-				}
-				if want := l.Lower(int(got.Index)); got.Lower != want {
-					t.Errorf("%+v: hist_lower(%d) = %d, Go: %d", l, got.Index, got.Lower, want)
-				}
-				checked++
-			}
+			r.RunCase(t, bpftest.Case{
+				Name: fmt.Sprintf("%+v, cases %d-%d", l, start, start+nCases-1),
+				Setup: func(tb testing.TB) {
+					for i := range batch {
+						if err := objs.Cases.Put(uint32(i), batch[i]); err != nil {
+							tb.Fatalf("write case %d: %v", i, err)
+						}
+					}
+				},
+				In:      make([]byte, 64),
+				WantRet: 0,
+				Check: func(tb testing.TB, _ bpftest.Result) {
+					for i := range batch {
+						var got histtestHistCase
+						if err := objs.Cases.Lookup(uint32(i), &got); err != nil {
+							tb.Fatalf("read case %d: %v", i, err)
+						}
+						if want := l.Bucket(got.Value); int(got.Bucket) != want {
+							tb.Errorf("hist_bucket(%d) = %d, Go: %d", got.Value, got.Bucket, want)
+						}
+						if want := l.Lower(int(got.Index)); got.Lower != want {
+							tb.Errorf("hist_lower(%d) = %d, Go: %d", got.Index, got.Lower, want)
+						}
+						checked++
+					}
+				},
+			})
 		}
 		t.Logf("%+v: %d values and all %d bucket edges agree", l, checked, l.Buckets)
 		objs.Close()
 	}
 }
-
-const histtestCases = 256 // HISTTEST_CASES

@@ -185,44 +185,48 @@ func TestAuthGo(t *testing.T) {
 }
 
 // TestAuthKernel runs the same fixtures through raft_hdr_check() + raft_auth() in XDP
-// (BPF_PROG_TEST_RUN): the verdict, the XDP action and the per-reason drop counters must
-// match the Go receiver's.
+// (BPF_PROG_TEST_RUN): the verdict, the XDP action and the per-reason drop counter of each
+// packet must match the Go receiver's. The cases run in order on one loaded object: the
+// replay windows carry state from case to case.
 func TestAuthKernel(t *testing.T) {
 	bpftest.RequireRoot(t)
 	for _, tc := range []struct {
 		key   *Key
 		cases []authCase
 	}{{&testKey, authCases(t)}, {nil, noKeyCases(t)}} {
-		o := loadAuthObjs(t, testSelf)
-		fillAuth(t, o, tc.key)
-		want := map[Reason]uint64{}
-		for _, c := range tc.cases {
-			res, err := bpftest.Run(o.AuthXdp, frame(c.p, c.src))
-			if err != nil {
-				t.Fatalf("%s: %v", c.name, err)
+		t.Run(fmt.Sprintf("key=%v", tc.key != nil), func(t *testing.T) {
+			o := loadAuthObjs(t, testSelf)
+			fillAuth(t, o, tc.key)
+			r := bpftest.Runner{Prog: o.AuthXdp, Counters: func() (bpftest.Counters, error) {
+				out := bpftest.Counters{}
+				for r := Reason(1); r < ReasonMax; r++ {
+					out[r.String()] = int64(perCPUSum(t, o.Drops, uint32(r)))
+				}
+				return out, nil
+			}}
+			var cases []bpftest.Case
+			for _, c := range tc.cases {
+				bc := bpftest.Case{Name: c.name, In: frame(c.p, c.src), WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{},
+					Check: func(tb testing.TB, _ bpftest.Result) {
+						var v authtestAuthtestVerdict
+						if err := o.Verdict.Lookup(uint32(0), &v); err != nil {
+							tb.Fatal(err)
+						}
+						got := Reason(v.HdrCheck)
+						if got == OK {
+							got = Reason(v.Auth)
+						}
+						if got != c.want {
+							tb.Errorf("kernel %v, want %v", got, c.want)
+						}
+					}}
+				if c.want != OK {
+					bc.WantRet, bc.WantCounters[c.want.String()] = bpftest.XDPDrop, 1
+				}
+				cases = append(cases, bc)
 			}
-			var v authtestAuthtestVerdict
-			if err := o.Verdict.Lookup(uint32(0), &v); err != nil {
-				t.Fatal(err)
-			}
-			got := Reason(v.HdrCheck)
-			if got == OK {
-				got = Reason(v.Auth)
-			}
-			wantAction := uint32(2) // XDP_PASS
-			if c.want != OK {
-				wantAction = 1 // XDP_DROP
-				want[c.want]++
-			}
-			if got != c.want || res.Ret != wantAction {
-				t.Errorf("key=%v %s: kernel %v (action %d), want %v (action %d)", tc.key != nil, c.name, got, res.Ret, c.want, wantAction)
-			}
-		}
-		for r := Reason(1); r < ReasonMax; r++ {
-			if got := perCPUSum(t, o.Drops, uint32(r)); got != want[r] {
-				t.Errorf("key=%v: drops[%v] = %d, want %d", tc.key != nil, r, got, want[r])
-			}
-		}
+			r.Run(t, cases)
+		})
 	}
 }
 

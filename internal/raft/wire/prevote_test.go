@@ -114,54 +114,66 @@ func TestKernelPreVote(t *testing.T) {
 	o := loadAuthObjs(t, testSelf)
 	fillAuth(t, o, &testKey)
 	seq := uint64(1_700_000_000_000_000_000)
+	var cases []bpftest.Case
 	for _, c := range pvCases() {
-		if err := o.PvView.Update(uint32(0), &c.view, ebpf.UpdateAny); err != nil {
-			t.Fatal(err)
-		}
 		seq++
-		req := signedAt(t, &testKey, c.msg, seq)
-		res, err := bpftest.Run(o.PrevoteXdp, frame(req, peer3Addr))
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
+		cases = append(cases, bpftest.Case{
+			Name: c.name,
+			Setup: func(tb testing.TB) {
+				if err := o.PvView.Update(uint32(0), &c.view, ebpf.UpdateAny); err != nil {
+					tb.Fatal(err)
+				}
+			},
+			In:      frame(signedAt(t, &testKey, c.msg, seq), peer3Addr),
+			WantRet: c.action,
+			Check:   func(tb testing.TB, res bpftest.Result) { checkPreVote(tb, o, c, res) },
+		})
+	}
+	bpftest.Runner{Prog: o.PrevoteXdp}.Run(t, cases)
+}
+
+// checkPreVote checks what prevote_xdp did with c beyond its action: the reason, the
+// answer's fields and its MAC, and etcd-raft's answer in the same state (c.oracle).
+func checkPreVote(tb testing.TB, o *authtestObjects, c pvCase, res bpftest.Result) {
+	tb.Helper()
+	var why authtestRaftPvWhy
+	if err := o.PvWhy.Lookup(uint32(0), &why); err != nil {
+		tb.Fatal(err)
+	}
+	if res.Ret != c.action || why != c.why {
+		tb.Errorf("why %v, want %v", why, c.why)
+		return
+	}
+	var got *pb.Message
+	if res.Ret == xdpTX {
+		p := res.Out[len(res.Out)-PktLen:]
+		// The answer goes back to the candidate: the test verifies it as node 3 would.
+		r3 := &Receiver{Cluster: testCluster, Self: pvCand, Peers: map[uint64]netip.AddrPort{testSelf: peer1Addr}, Verifier: NewVerifier(&testKey)}
+		m, reason := r3.Receive(p, peer1Addr)
+		if reason != OK {
+			tb.Errorf("the kernel's answer is refused by the candidate: %v", reason)
+			return
 		}
-		var why authtestRaftPvWhy
-		if err := o.PvWhy.Lookup(uint32(0), &why); err != nil {
-			t.Fatal(err)
+		if m.GetType() != pb.MsgPreVoteResp || m.GetFrom() != testSelf || m.GetTo() != pvCand {
+			tb.Errorf("answer %v", m)
 		}
-		if res.Ret != c.action || why != c.why {
-			t.Errorf("%s: action %d why %v, want %d %v", c.name, res.Ret, why, c.action, c.why)
-			continue
+		if seq := binary.BigEndian.Uint64(p[offAuthSeq:]); seq&SeqKernel == 0 {
+			tb.Errorf("answer not signed on the kernel channel")
 		}
-		var got *pb.Message
-		if res.Ret == xdpTX {
-			p := res.Out[len(res.Out)-PktLen:]
-			// The answer goes back to the candidate: the test verifies it as node 3 would.
-			r3 := &Receiver{Cluster: testCluster, Self: pvCand, Peers: map[uint64]netip.AddrPort{testSelf: peer1Addr}, Verifier: NewVerifier(&testKey)}
-			m, reason := r3.Receive(p, peer1Addr)
-			if reason != OK {
-				t.Errorf("%s: the kernel's answer is refused by the candidate: %v", c.name, reason)
-				continue
-			}
-			if m.GetType() != pb.MsgPreVoteResp || m.GetFrom() != testSelf || m.GetTo() != pvCand {
-				t.Errorf("%s: answer %v", c.name, m)
-			}
-			if seq := binary.BigEndian.Uint64(p[offAuthSeq:]); seq&SeqKernel == 0 {
-				t.Errorf("%s: answer not signed on the kernel channel", c.name)
-			}
-			got = m
-		}
-		if c.oracle {
-			want := etcdAnswer(t, c.view, c.msg)
-			switch {
-			case want == nil && got != nil:
-				t.Errorf("%s: etcd-raft ignores it, the kernel answered %v", c.name, got)
-			case want != nil && got == nil:
-				t.Errorf("%s: etcd-raft answers %v, the kernel did not", c.name, want)
-			case want != nil && (want.GetTerm() != got.GetTerm() || want.GetReject() != got.GetReject()):
-				t.Errorf("%s: etcd-raft answers term %d reject %v, the kernel term %d reject %v",
-					c.name, want.GetTerm(), want.GetReject(), got.GetTerm(), got.GetReject())
-			}
-		}
+		got = m
+	}
+	if !c.oracle {
+		return
+	}
+	want := etcdAnswer(tb, c.view, c.msg)
+	switch {
+	case want == nil && got != nil:
+		tb.Errorf("etcd-raft ignores it, the kernel answered %v", got)
+	case want != nil && got == nil:
+		tb.Errorf("etcd-raft answers %v, the kernel did not", want)
+	case want != nil && (want.GetTerm() != got.GetTerm() || want.GetReject() != got.GetReject()):
+		tb.Errorf("etcd-raft answers term %d reject %v, the kernel term %d reject %v",
+			want.GetTerm(), want.GetReject(), got.GetTerm(), got.GetReject())
 	}
 }
 
@@ -170,7 +182,7 @@ func TestKernelPreVote(t *testing.T) {
 // followed by as many ticks as the time since it was last heard (heartbeat record or last
 // word) - steps m and returns the
 // MsgPreVoteResp it sends (nil: it ignored m).
-func etcdAnswer(t *testing.T, v authtestRaftPvView, m *pb.Message) *pb.Message {
+func etcdAnswer(t testing.TB, v authtestRaftPvView, m *pb.Message) *pb.Message {
 	t.Helper()
 	ms := raft.NewMemoryStorage()
 	if err := ms.ApplySnapshot(&pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(v.LastIndex),
