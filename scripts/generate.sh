@@ -21,6 +21,6 @@ git ls-files -z --cached --others --exclude-standard |
 	while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
 	tar -c --null -T - | tar -x -C "$build"
 (cd "$build" && go generate ./...)
-(cd "$build" && find internal -name '*_bpfel.go' -o -name '*_bpfel.o') | while read -r f; do
+(cd "$build" && find internal -name '*_bpfel.go' -o -name '*_bpfel.o' -o -name '*_bpfel_test.go' -o -name '*_bpfel_test.o') | while read -r f; do
 	cmp -s "$build/$f" "$repo/$f" || cp "$build/$f" "$repo/$f"
 done

@@ -8,21 +8,18 @@
  *                                                dropped, sent round again, or sent as the hedge
  *   hedge_resp   (TC ingress, client iface)      first response wins; drop the duplicate
  *   hedge_arm    (BPF_PROG_TEST_RUN, once)       starts the bpf_timer: adaptive delay + expiry
- * and the pacer's two programs (bpf/include/pacer.h), inside its namespace:
- *   dl_entry     (TC ingress, pacer veth peers)  pacer_enter: clone -> the delay device
- *   dl_loop      (TC ingress, delay device peer) pacer_pass: fillers go round; clones back
+ * The pacer (the delay line) runs its own programs; the hedger is its client
+ * (bpf/include/pacer_client.h): clones ride it as carried packets, each with its deadline.
  *
  *   maps.h       run configuration (cfg), maps, counters
  *   request.h    match, rewrites, and the split / rescue / respond handlers
  *   store.h      the stored path: per-service store rings, the tick's hedges
  *   budget.h     the hedge budget: a sliding window (default) or a token bucket
  *   timer.h      latency and precision histograms, adaptive delay, scoreboard expiry
- *   delayline.h  the hedger's side of the pacer (a clone's deadline, for edt)
  * The contract with user space is bpf/include/hedge.h. */
 #include "maps.h"
 #include "timer.h"
 #include "request.h"
-#include "delayline.h"
 
 SEC("tc")
 int hedge_split(struct __sk_buff *skb)
@@ -48,18 +45,6 @@ SEC("tc")
 int hedge_arm(struct __sk_buff *skb)
 {
 	return timer_arm();
-}
-
-SEC("tc")
-int dl_entry(struct __sk_buff *skb)
-{
-	return pacer_enter(skb);
-}
-
-SEC("tc")
-int dl_loop(struct __sk_buff *skb)
-{
-	return pacer_pass(skb);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -10,7 +10,7 @@
 #include "parse.h"
 #include "csum.h"
 #include "hedge.h"
-#include "pacer.h"
+#include "pacer_client.h"
 
 /* Scoreboard size: entries live about one hedge delay (longer for hedged requests, until
  * the second response or the TTL). 65536 covers 100k req/s at 500 ms lifetimes; LRU so a

@@ -244,7 +244,7 @@ static __always_inline int split(struct __sk_buff *skb)
 			return TC_ACT_UNSPEC;
 		}
 	}
-	if (pacer_carry(skb) < 0) {
+	if (pacer_carry(skb, r.deadline_ns) < 0) {
 		struct hreq *e = bpf_map_lookup_elem(&scoreboard, &m.key);
 
 		budget_release(m.cfg, m.st);
@@ -295,8 +295,8 @@ static __always_inline void carry_again(struct __sk_buff *skb, struct match *m, 
 		COUNT(m->cnt, budget_exhausted);
 		return;
 	}
-	e->deadline_ns = now + delay; /* before the clone enters: edt's pacer reads it */
-	if (pacer_carry(skb) < 0) {
+	e->deadline_ns = now + delay; /* before the clone can be back */
+	if (pacer_carry(skb, now + delay) < 0) {
 		budget_release(m->cfg, m->st);
 		COUNT(m->cnt, requeue_full);
 		return;
@@ -344,7 +344,7 @@ static __noinline int rescue_clone(struct __sk_buff *skb)
 	now = bpf_ktime_get_ns();
 	deadline = e->deadline_ns;
 	if (!pacer_due(deadline, now, 1)) {
-		ret = pacer_recirculate(skb);
+		ret = pacer_recirculate(skb, deadline);
 		if (ret != TC_ACT_REDIRECT) {
 			hedge_failed(&m, e);
 			COUNT(m.cnt, redirect_errors);

@@ -1,271 +1,49 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* pacer.bpf.c - the pacer's reference consumer, a delayed echo: a UDP datagram to the echo
- * port is stored (its frame, addresses swapped) and sent back from a pacer tick once its
- * delay has passed. It exercises the whole interface of bpf/include/pacer.h the way the
- * hedger's stored path and Raft's heartbeats use it, and is what internal/pacer's tests and
- * benchmark run:
- *   echo_store (TC ingress, echo iface)    store the datagram, pacer_request(deadline); drop it
- *   echo_tick  (TC ingress, pacer veth)    pacer_receive; send every due echo (a clone each,
- *                                          several per tick when due), re-arm for the rest
- *   echo_enter, echo_pass                  the pacer's own programs (pacer namespace)
- * It carries nothing: pacer_carry_deadline() is never asked. */
+/* pacer.bpf.c - kedge's pacer (docs/pacer.md): its own programs, loaded from this object by
+ * internal/pacer and attached inside the pacer's namespace. Consumers reach it through
+ * bpf/include/pacer_client.h (tick requests and carried packets come in through the veths;
+ * the pacer's maps are shared with their objects at load); it never calls them.
+ *
+ *   consumer netns            pacer netns
+ *   <ifname>t (veth) ======= tick peer --+
+ *                                         pacer_enter --> dev [qdisc: fq | netem | tbf] == dev_end
+ *   <ifname> (veth) ======== peer -------+
+ *      ^  TC ingress:                                                                 |
+ *      |  the consumer's                                       pacer_pass (TC ingress)|
+ *      |  tick program       <------------------ peer (egress) <----- due ----------- +
+ *                                                                 not due: round again (dev)
+ *
+ *   pacer_enter  (TC ingress, both peers)     enter.h: tick request -> tick frame; carried in
+ *   pacer_pass   (TC ingress, dev_end)        pass.h: due -> out; not due -> round again;
+ *                                             fillers round (conveyor), superseded ticks dropped
+ *   frame.h      tick frames and fillers
+ * The contract (types) is bpf/include/pacer.h. */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
 #include "pacer.h"
+#include "pacer_client.h"
+#include "enter.h"
+#include "pass.h"
 
-enum echo_limits {
-	ECHO_SLOTS = 32,       /* datagrams waiting at once (the tests send fewer) */
-	ECHO_FRAME_MAX = 256,  /* longest stored frame: Ethernet + IPv6 + UDP + 194 bytes */
-};
+/* Types referenced here so their BTF reaches bpf2go (-type); nothing reads these. */
+const enum pacer_backend *pacer_btf_backend __attribute__((unused));
+const enum pacer_consts *pacer_btf_consts __attribute__((unused));
+const enum pacer_magic *pacer_btf_magic __attribute__((unused));
+const enum pacer_req *pacer_btf_req __attribute__((unused));
+const enum pacer_rx *pacer_btf_rx __attribute__((unused));
+const struct pacer_tick *pacer_btf_tick __attribute__((unused));
+const struct pacer_filler *pacer_btf_filler __attribute__((unused));
 
-struct echo_config {
-	__u32 out_ifindex; /* where echoes leave (egress): the echo iface itself */
-	__be16 port;       /* UDP destination port that is echoed */
-	__u16 _pad;
-	__u64 delay_ns;    /* how long a datagram waits */
-};
-
-struct echo_slot {
-	__u64 deadline_ns;
-	__u32 len;
-	__u32 busy;
-	__u8 frame[ECHO_FRAME_MAX];
-};
-
-struct echo_stats {
-	__u64 stored;       /* datagrams stored */
-	__u64 ring_full;    /* datagram found its slot busy: passed unechoed */
-	__u64 too_long;     /* datagram longer than ECHO_FRAME_MAX: passed unechoed */
-	__u64 malformed;    /* failed parse.h: passed */
-	__u64 ticks;        /* ticks received */
-	__u64 ticks_idle;   /* ticks with nothing due */
-	__u64 echoes_sent;  /* echoes sent (one clone each) */
-	__u64 send_errors;  /* rebuilding or cloning an echo failed: echo lost */
-	__u64 rearmed;      /* ticks requested from the tick program */
-	__u64 carried;      /* carried packets at the tick program (none expected): dropped */
-	__u64 rx_malformed; /* malformed tick frames: dropped */
-	__u64 echo_late_sum_ns; /* echo sent minus its deadline: sum, count, max */
-	__u64 echo_late_count;
-	__u64 echo_late_max_ns;
-};
-
-const volatile struct echo_config echo_cfg = {};
-const enum echo_limits *echo_btf_limits __attribute__((unused));
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, ECHO_SLOTS);
-	__type(key, __u32);
-	__type(value, struct echo_slot);
-} echo_slots SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} echo_head SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct echo_stats);
-} echo_counters SEC(".maps");
-
-static __always_inline __u64 pacer_carry_deadline(struct __sk_buff *skb)
+SEC("tc")
+int pacer_enter(struct __sk_buff *skb)
 {
-	return 0;
-}
-
-static __always_inline struct echo_stats *echo_stats_get(void)
-{
-	__u32 zero = 0;
-
-	return bpf_map_lookup_elem(&echo_counters, &zero);
-}
-
-/* echo_len bounds a length already checked to be 1..ECHO_FRAME_MAX by arithmetic the
- * verifier follows: clang folds "len < a || len > b" into one subtract-and-compare on a
- * copy, which leaves the register passed to the helper unbounded on older verifiers (6.12). */
-static __always_inline __u32 echo_len(__u32 len)
-{
-	return ((len - 1) & (ECHO_FRAME_MAX - 1)) + 1;
-}
-
-/* swap exchanges n bytes at offsets a and b of a stored frame (bounded for the verifier). */
-static __always_inline int swap(__u8 *frame, __u32 a, __u32 b, __u32 n)
-{
-	if (a > ECHO_FRAME_MAX - 16 || b > ECHO_FRAME_MAX - 16 || n > 16)
-		return -1;
-	for (__u32 i = 0; i < 16; i++) {
-		__u8 x;
-
-		if (i >= n)
-			break;
-		x = frame[(a + i) & (ECHO_FRAME_MAX - 1)];
-		frame[(a + i) & (ECHO_FRAME_MAX - 1)] = frame[(b + i) & (ECHO_FRAME_MAX - 1)];
-		frame[(b + i) & (ECHO_FRAME_MAX - 1)] = x;
-	}
-	return 0;
-}
-
-/* turn_around swaps the frame's MACs, IP addresses and UDP ports: the checksums stay right
- * (a sum does not change when two of its terms swap). But the stored bytes may not hold a
- * full UDP checksum at all: a datagram from a local socket over a veth is CHECKSUM_PARTIAL,
- * its checksum field only the pseudo-header sum, and the skb the echo is sent from (a tick,
- * possibly a conveyor filler's clone) does not carry that state. So over IPv4 the echo is
- * sent without a UDP checksum (0, RFC 768); over IPv6, where 0 is not allowed, the stored
- * checksum is kept (right for datagrams that arrived with a full one). */
-static __always_inline int turn_around(__u8 *frame, const struct pkt *p)
-{
-	__u32 a = p->l3_off + (p->l3_proto == ETH_P_IP ? offsetof(struct iphdr, saddr) : offsetof(struct ipv6hdr, saddr));
-	__u32 n = p->l3_proto == ETH_P_IP ? 4 : 16;
-	__u32 c = p->l4_off + offsetof(struct udphdr, check);
-
-	if (p->l3_proto == ETH_P_IP) {
-		if (c > ECHO_FRAME_MAX - 2)
-			return -1;
-		frame[c & (ECHO_FRAME_MAX - 1)] = 0;
-		frame[(c + 1) & (ECHO_FRAME_MAX - 1)] = 0;
-	}
-	return swap(frame, 0, ETH_ALEN, ETH_ALEN) | swap(frame, a, a + n, n) |
-	       swap(frame, p->l4_off, p->l4_off + 2, 2);
+	return enter(skb);
 }
 
 SEC("tc")
-int echo_store(struct __sk_buff *skb)
+int pacer_pass(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct echo_stats *es = echo_stats_get();
-	struct echo_slot *s;
-	struct pkt p;
-	__u32 zero = 0, *head, idx, len;
-	int perr;
-
-	perr = parse_pkt(data, data_end, &p);
-	if (perr != PARSE_OK) {
-		if (perr != PARSE_ERR_L3_PROTO)
-			PACER_COUNT(es, malformed);
-		return TC_ACT_UNSPEC;
-	}
-	if (p.l4_proto != IPPROTO_UDP || p.dport != echo_cfg.port)
-		return TC_ACT_UNSPEC;
-	len = skb->len;
-	if (len > ECHO_FRAME_MAX) {
-		PACER_COUNT(es, too_long);
-		return TC_ACT_UNSPEC;
-	}
-	head = bpf_map_lookup_elem(&echo_head, &zero);
-	if (!head)
-		return TC_ACT_UNSPEC;
-	idx = __sync_fetch_and_add(head, 1) % ECHO_SLOTS;
-	s = bpf_map_lookup_elem(&echo_slots, &idx);
-	if (!s || s->busy) {
-		PACER_COUNT(es, ring_full);
-		return TC_ACT_UNSPEC;
-	}
-	if (len < sizeof(struct ethhdr) || bpf_skb_load_bytes(skb, 0, s->frame, echo_len(len)) < 0 ||
-	    turn_around(s->frame, &p) < 0) {
-		PACER_COUNT(es, malformed);
-		return TC_ACT_UNSPEC;
-	}
-	s->len = len;
-	s->deadline_ns = bpf_ktime_get_ns() + echo_cfg.delay_ns;
-	/* Stored before the request (docs/pacer.md: ordering). */
-	__sync_fetch_and_add(&s->busy, 1);
-	PACER_COUNT(es, stored);
-	pacer_request(skb, s->deadline_ns);
-	return TC_ACT_SHOT;
-}
-
-/* send_echo rebuilds the tick's skb as slot s's frame and clones it out. */
-static __always_inline int send_echo(struct __sk_buff *skb, struct echo_slot *s)
-{
-	__u32 len = s->len;
-
-	if (len < sizeof(struct ethhdr) || len > ECHO_FRAME_MAX)
-		return -1;
-	len = echo_len(len);
-	if (bpf_skb_change_tail(skb, len, 0) < 0 || bpf_skb_store_bytes(skb, 0, s->frame, len, 0) < 0)
-		return -1;
-	return bpf_clone_redirect(skb, echo_cfg.out_ifindex, 0) < 0 ? -1 : 0;
-}
-
-struct echo_scan {
-	struct __sk_buff *skb;
-	struct echo_stats *es;
-	__u64 now;
-	__u64 next; /* earliest deadline still pending, 0: none */
-	__u32 sent;
-};
-
-/* echo_one sends slot idx's echo if it is due (bpf_loop callback: one verifier pass for all
- * slots, where a plain loop's states multiply). */
-static long echo_one(__u32 idx, struct echo_scan *c)
-{
-	struct echo_slot *s = bpf_map_lookup_elem(&echo_slots, &idx);
-	struct echo_stats *es = c->es;
-	__u64 late;
-
-	if (!s || !s->busy)
-		return 0;
-	if (!pacer_due(s->deadline_ns, c->now, 0)) {
-		if (!c->next || s->deadline_ns < c->next)
-			c->next = s->deadline_ns;
-		return 0;
-	}
-	s->busy = 0;
-	if (send_echo(c->skb, s) < 0) {
-		PACER_COUNT(es, send_errors);
-		return 0;
-	}
-	c->sent++;
-	if (es) {
-		late = c->now > s->deadline_ns ? c->now - s->deadline_ns : 0;
-		es->echoes_sent++;
-		es->echo_late_sum_ns += late;
-		es->echo_late_count++;
-		if (late > es->echo_late_max_ns)
-			es->echo_late_max_ns = late;
-	}
-	return 0;
-}
-
-SEC("tc")
-int echo_tick(struct __sk_buff *skb)
-{
-	struct echo_stats *es = echo_stats_get();
-	struct echo_scan c = { .skb = skb, .es = es };
-	struct pacer_tick t;
-
-	switch (pacer_receive(skb, &t)) {
-	case PACER_RX_MALFORMED:
-		PACER_COUNT(es, rx_malformed);
-		return TC_ACT_SHOT;
-	case PACER_RX_CARRIED:
-		PACER_COUNT(es, carried);
-		return TC_ACT_SHOT;
-	}
-	PACER_COUNT(es, ticks);
-	c.now = bpf_ktime_get_ns();
-	bpf_loop(ECHO_SLOTS, echo_one, &c, 0);
-	if (!c.sent)
-		PACER_COUNT(es, ticks_idle);
-	if (c.next && pacer_request(skb, c.next) == PACER_ARMED)
-		PACER_COUNT(es, rearmed);
-	return TC_ACT_SHOT;
-}
-
-SEC("tc")
-int echo_enter(struct __sk_buff *skb)
-{
-	return pacer_enter(skb);
-}
-
-SEC("tc")
-int echo_pass(struct __sk_buff *skb)
-{
-	return pacer_pass(skb);
+	return after_pass(skb);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,25 +1,24 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* leader.bpf.c - a Raft leader's heartbeats, sent by the kernel while its lease holds
  * (issue 13 item 4; docs/raft.md "Kernel paths: leader heartbeats"). A consumer of the shared
- * pacer (bpf/include/pacer.h):
+ * pacer (bpf/include/pacer_client.h):
  *   leader_tick   (TC ingress, pacer veth)  pacer_receive; while the lease is fresh and a round
  *                                           is due, one MsgHeartbeat per active follower (its own
  *                                           Commit), cloned out; the next tick at now + interval.
  *                                           Lease expired or absent, or its owner process
  *                                           exiting: nothing, and no next tick.
- *   leader_enter, leader_pass               the pacer's own programs (pacer namespace)
  * The heartbeat is byte for byte what internal/raft/wire encodes for etcd-raft's MsgHeartbeat
  * without a context (From = leader, To, Term, Commit; everything else zero), in IPv4/UDP from
  * the leader's raft address and port with a full UDP checksum, signed by raft_sign() (auth.h:
  * with a cluster key, RAFT_F_MAC, the kernel channel's next auth_seq and the MAC). It carries
- * nothing through the pacer: pacer_carry_deadline() is never asked. */
+ * nothing through the pacer. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "counters.h"
 #include "csum.h"
 #include "proto.h"
-#include "pacer.h"
+#include "pacer_client.h"
 #include "raft.h"
 #include "auth.h"
 #include "leader.h"
@@ -82,11 +81,6 @@ static __always_inline int owner_exiting(__u32 tgid)
 	exiting = (t->flags & KEDGE_PF_EXITING) || (t->signal->flags & KEDGE_SIGNAL_GROUP_EXIT);
 	bpf_task_release(t);
 	return exiting;
-}
-
-static __always_inline __u64 pacer_carry_deadline(struct __sk_buff *skb)
-{
-	return 0;
 }
 
 /* The headers of one heartbeat, in the order they go on the wire. */
@@ -251,18 +245,6 @@ int leader_tick(struct __sk_buff *skb)
 	st->next_ns = next;
 	rearm(skb, s, next);
 	return TC_ACT_SHOT;
-}
-
-SEC("tc")
-int leader_enter(struct __sk_buff *skb)
-{
-	return pacer_enter(skb);
-}
-
-SEC("tc")
-int leader_pass(struct __sk_buff *skb)
-{
-	return pacer_pass(skb);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -199,7 +199,7 @@ func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 		Config:   testConfig(tb, o.scoreboard),
 		Backend:  o.backend,
 		IfIndex:  f.outIfx,
-		pacerCfg: fixturePacerConfig(o.backend, f),
+		pacerCli: pacer.Client{Config: fixturePacerConfig(o.backend, f)},
 		noCarry:  o.noCarry,
 	}
 
@@ -275,8 +275,8 @@ func absentIn(ns *lab.Netns, ifxs ...int) error {
 	return nil
 }
 
-// reset empties the scoreboard, the latency and precision histograms and the delay-line
-// control, and rewrites the services (fillMaps: full budget, round robin and histogram slot
+// reset empties the scoreboard, the latency and precision histograms and the store rings,
+// and rewrites the services (fillMaps: full budget, round robin and histogram slot
 // back to 0). Counters are not reset: cases assert their changes.
 func (f *fixture) reset(tb testing.TB) {
 	tb.Helper()
@@ -299,9 +299,6 @@ func (f *fixture) reset(tb testing.TB) {
 		}
 	}
 	f.resetStore(tb)
-	if err := f.objs.PacerControl.Put(uint32(0), pacer.Ctl{}); err != nil {
-		tb.Fatalf("clear pacer_control: %v", err)
-	}
 	if err := f.h.fillMaps(); err != nil {
 		tb.Fatalf("fill maps: %v", err)
 	}
@@ -392,11 +389,16 @@ func (f *fixture) run(prog *ebpf.Program, in []byte, mark uint32) (runResult, er
 // (now: a CLOCK_MONOTONIC reading to build entries on; an emulated guest takes tens of
 // milliseconds from a monoNow in the test to f.run's program run).
 func (f *fixture) runAfter(prog *ebpf.Program, in []byte, mark uint32, prepare func(now uint64) error) (runResult, error) {
+	return f.runCtxAfter(prog, in, skBuff{Mark: mark}, prepare)
+}
+
+// runCtxAfter is runAfter with the whole context going in (skb->mark, tstamp).
+func (f *fixture) runCtxAfter(prog *ebpf.Program, in []byte, ctx skBuff, prepare func(now uint64) error) (runResult, error) {
 	var r runResult
 	opts := ebpf.RunOptions{
 		Data:       in,
 		DataOut:    make([]byte, len(in)+bpftest.OutPad),
-		Context:    skBuff{Mark: mark},
+		Context:    ctx,
 		ContextOut: &r.ctx,
 	}
 	err := f.ns.Do(func() (err error) {
@@ -642,11 +644,12 @@ func total(h hedgeKhist) (n uint64) {
 // prepared the maps; the verdict, the packet out, the mark out, the counter changes and the
 // whole scoreboard afterwards are checked.
 type progCase struct {
-	name  string
-	in    []byte
-	tick  bool                            // in: a pacer tick armed after setup (f.armedTick)
-	mark  uint32                          // skb->mark going in
-	setup func(tb testing.TB, f *fixture) // scoreboard entries, budget, dl_control
+	name   string
+	in     []byte
+	tick   bool                            // in: a pacer tick armed after setup (f.armedTick)
+	mark   uint32                          // skb->mark going in
+	tstamp uint64                          // skb->tstamp going in
+	setup  func(tb testing.TB, f *fixture) // scoreboard entries, budget, dl_control
 	// atRun writes what depends on the clock (an entry's send time and deadline) in the
 	// run's thread right before the run, from now (CLOCK_MONOTONIC): a loaded or emulated
 	// machine may take any time between setup and the run. A run that ends later than
@@ -734,7 +737,7 @@ func runCase(t *testing.T, f *fixture, prog *ebpf.Program, c progCase) (runResul
 			}
 		}
 		delta, err := bpftest.Delta(f.counters, func() (err error) {
-			r, err = f.runAfter(prog, in, c.mark, prepare)
+			r, err = f.runCtxAfter(prog, in, skBuff{Mark: c.mark, Tstamp: c.tstamp}, prepare)
 			return err
 		})
 		if err != nil {

@@ -615,44 +615,33 @@ func TestResp(t *testing.T) {
 	})
 }
 
-// The delay line's own programs (pacer_enter, pacer_pass: fillers, ticks, carried
-// packets) have their fixtures in internal/pacer; here only what the hedger adds to them:
-// a clone's deadline from its scoreboard entry (edt).
-func TestDelayLineEntry(t *testing.T) {
-	const id = 0x4004
+// TestCarryDeadline: the delay line's own programs have their fixtures in internal/pacer;
+// here what the hedger gives them: on edt the splitter's clone carries its deadline as its
+// delivery time (pacer_carry, counted as dl.EdtSet), while the request itself leaves with
+// the time it came with.
+func TestCarryDeadline(t *testing.T) {
+	const id, rxTime = 0x4004, 12345
 	req := datagram(client4, svc4, idPayload(id, 32))
-	t.Run("conveyor", func(t *testing.T) {
-		f := newFixture(t, fixtureOpts{})
-		runCases(t, f, f.objs.DlEntry, []progCase{{
-			name: "clone into the delay device", in: req, ret: redirect, counters: bpftest.Counters{"dl.CarriedIn": 1},
-		}})
-	})
-	t.Run("edt", func(t *testing.T) {
-		f := newFixture(t, fixtureOpts{backend: BackendEDT})
-		var deadline uint64
-		runCases(t, f, f.objs.DlEntry, []progCase{
-			{name: "clone stamped with its deadline", in: req, ret: redirect,
-				setup: func(tb testing.TB, f *fixture) {
-					now := monoNow(tb)
-					deadline = now + uint64(testDelay)
-					f.put(tb, key(sV4, client4, id), pending(now, deadline))
-				},
-				counters: bpftest.Counters{"dl.CarriedIn": 1, "dl.EdtSet": 1},
-				board:    map[hedgeHreqKey]uint32{key(sV4, client4, id): reqPending},
+	k := key(sV4, client4, id)
+	for _, c := range []struct {
+		backend  string
+		counters bpftest.Counters
+	}{
+		{BackendConveyor, bpftest.Counters{"v4.Requests": 1, "v4.Clones": 1}},
+		{BackendEDT, bpftest.Counters{"v4.Requests": 1, "v4.Clones": 1, "dl.EdtSet": 1}},
+	} {
+		t.Run(c.backend, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{backend: c.backend})
+			runCases(t, f, f.objs.HedgeSplit, []progCase{{
+				name: "request cloned with its deadline", in: req, tstamp: rxTime, ret: unspec,
+				counters: c.counters, board: map[hedgeHreqKey]uint32{k: reqPending},
 				check: func(tb testing.TB, _ *fixture, r runResult, _, _ uint64) {
-					if r.ctx.Tstamp != deadline {
-						tb.Errorf("skb tstamp %d, want the deadline %d", r.ctx.Tstamp, deadline)
+					if r.ctx.Tstamp != rxTime {
+						tb.Errorf("the request left with tstamp %d, want its own %d", r.ctx.Tstamp, rxTime)
 					}
-				}},
-			{name: "clone without an entry: sent through unstamped", in: req, ret: redirect,
-				counters: bpftest.Counters{"dl.CarriedIn": 1, "dl.EdtNoDeadline": 1},
-				check: func(tb testing.TB, _ *fixture, r runResult, _, _ uint64) {
-					if r.ctx.Tstamp != 0 {
-						tb.Errorf("skb tstamp %d, want 0", r.ctx.Tstamp)
-					}
-				}},
+				}}})
 		})
-	})
+	}
 }
 
 // TestLatencyBucket checks stats.go's bucketOf (which user space uses to read lat_hist)

@@ -100,14 +100,6 @@ type hedgeHedgeStats struct {
 	TickSendErrors        uint64
 }
 
-type hedgeHedgeTick struct {
-	_     structs.HostLayout
-	Timer struct {
-		_      structs.HostLayout
-		Opaque [2]uint64
-	}
-}
-
 type hedgeHreq struct {
 	_             structs.HostLayout
 	SentNs        uint64
@@ -154,80 +146,6 @@ type hedgeHstore struct {
 type hedgeKhist struct {
 	_ structs.HostLayout
 	B [400]uint32
-}
-
-type hedgePacerConfig struct {
-	_               structs.HostLayout
-	Backend         uint32
-	Ifindex         uint32
-	PeerIfindex     uint32
-	TickIfindex     uint32
-	TickPeerIfindex uint32
-	DevIfindex      uint32
-	TickBytes       uint32
-	TickMaxBytes    uint32
-	RateBytes       uint32
-	_               [4]byte
-	EarlyNs         uint64
-	CarryEarlyNs    uint64
-	LostNs          uint64
-}
-
-type hedgePacerCtl struct {
-	_             structs.HostLayout
-	FillersToDrop int32
-	Stop          uint32
-}
-
-type hedgePacerMagic uint64
-
-const (
-	hedgePacerMagicPACER_TICK_MAGIC   hedgePacerMagic = 7738701929952602913
-	hedgePacerMagicPACER_FILLER_MAGIC hedgePacerMagic = 7738701929951685740
-)
-
-type hedgePacerState struct {
-	_       structs.HostLayout
-	ArmedNs uint64
-	Seq     uint64
-	FiredNs uint64
-}
-
-type hedgePacerStats struct {
-	_                   structs.HostLayout
-	TicksRequested      uint64
-	TicksArmed          uint64
-	TicksCoalesced      uint64
-	TicksLost           uint64
-	ArmErrors           uint64
-	TicksEntered        uint64
-	TickTrimErrors      uint64
-	TickBuildErrors     uint64
-	TickPasses          uint64
-	TicksPiggybacked    uint64
-	TicksSuperseded     uint64
-	TicksDelivered      uint64
-	TicksStale          uint64
-	MalformedTicks      uint64
-	Foreign             uint64
-	CarriedIn           uint64
-	CarriedOut          uint64
-	CarriedRecirculated uint64
-	EdtSet              uint64
-	EdtNoDeadline       uint64
-	RedirectErrors      uint64
-	FillerPasses        uint64
-	FillersDropped      uint64
-	PeriodSumNs         uint64
-	PeriodCount         uint64
-	PeriodMinNs         uint64
-	PeriodMaxNs         uint64
-	LateSumNs           uint64
-	LateCount           uint64
-	LateMaxNs           uint64
-	EarlyCount          uint64
-	EarlyMaxNs          uint64
-	LateHist            [24]uint64
 }
 
 type hedgeReplicaChoice uint32
@@ -330,15 +248,6 @@ type hedgeSvcState struct {
 	RepSamples  [8]uint32
 }
 
-type hedgeTickState struct {
-	_    structs.HostLayout
-	Next uint64
-	Svc  uint32
-	Sent uint32
-	Held uint32
-	More uint32
-}
-
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -346,7 +255,6 @@ const (
 	hedgeMapDlPrecision           = "dl_precision"
 	hedgeMapLatHist               = "lat_hist"
 	hedgeMapPacerArming           = "pacer_arming"
-	hedgeMapPacerControl          = "pacer_control"
 	hedgeMapPacerCounters         = "pacer_counters"
 	hedgeMapReplicas              = "replicas"
 	hedgeMapScoreboard            = "scoreboard"
@@ -358,8 +266,6 @@ const (
 	hedgeMapSvcStates             = "svc_states"
 	hedgeMapTickState             = "tick_state"
 	hedgeMapTicker                = "ticker"
-	hedgeProgDlEntry              = "dl_entry"
-	hedgeProgDlLoop               = "dl_loop"
 	hedgeProgHedgeArm             = "hedge_arm"
 	hedgeProgHedgeRescue          = "hedge_rescue"
 	hedgeProgHedgeResp            = "hedge_resp"
@@ -371,13 +277,6 @@ const (
 	hedgeVarHedgeBtfReplicaChoice = "hedge_btf_replica_choice"
 	hedgeVarHedgeBtfReqState      = "hedge_btf_req_state"
 	hedgeVarHedgeBtfReqidOrder    = "hedge_btf_reqid_order"
-	hedgeVarPacerBtfBackend       = "pacer_btf_backend"
-	hedgeVarPacerBtfConsts        = "pacer_btf_consts"
-	hedgeVarPacerBtfFiller        = "pacer_btf_filler"
-	hedgeVarPacerBtfMagic         = "pacer_btf_magic"
-	hedgeVarPacerBtfReq           = "pacer_btf_req"
-	hedgeVarPacerBtfRx            = "pacer_btf_rx"
-	hedgeVarPacerBtfTick          = "pacer_btf_tick"
 	hedgeVarPacerCfg              = "pacer_cfg"
 )
 
@@ -423,8 +322,6 @@ type hedgeSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hedgeProgramSpecs struct {
-	DlEntry     *ebpf.ProgramSpec `ebpf:"dl_entry"`
-	DlLoop      *ebpf.ProgramSpec `ebpf:"dl_loop"`
 	HedgeArm    *ebpf.ProgramSpec `ebpf:"hedge_arm"`
 	HedgeRescue *ebpf.ProgramSpec `ebpf:"hedge_rescue"`
 	HedgeResp   *ebpf.ProgramSpec `ebpf:"hedge_resp"`
@@ -438,7 +335,6 @@ type hedgeMapSpecs struct {
 	DlPrecision   *ebpf.MapSpec `ebpf:"dl_precision"`
 	LatHist       *ebpf.MapSpec `ebpf:"lat_hist"`
 	PacerArming   *ebpf.MapSpec `ebpf:"pacer_arming"`
-	PacerControl  *ebpf.MapSpec `ebpf:"pacer_control"`
 	PacerCounters *ebpf.MapSpec `ebpf:"pacer_counters"`
 	Replicas      *ebpf.MapSpec `ebpf:"replicas"`
 	Scoreboard    *ebpf.MapSpec `ebpf:"scoreboard"`
@@ -463,13 +359,6 @@ type hedgeVariableSpecs struct {
 	HedgeBtfReplicaChoice *ebpf.VariableSpec `ebpf:"hedge_btf_replica_choice"`
 	HedgeBtfReqState      *ebpf.VariableSpec `ebpf:"hedge_btf_req_state"`
 	HedgeBtfReqidOrder    *ebpf.VariableSpec `ebpf:"hedge_btf_reqid_order"`
-	PacerBtfBackend       *ebpf.VariableSpec `ebpf:"pacer_btf_backend"`
-	PacerBtfConsts        *ebpf.VariableSpec `ebpf:"pacer_btf_consts"`
-	PacerBtfFiller        *ebpf.VariableSpec `ebpf:"pacer_btf_filler"`
-	PacerBtfMagic         *ebpf.VariableSpec `ebpf:"pacer_btf_magic"`
-	PacerBtfReq           *ebpf.VariableSpec `ebpf:"pacer_btf_req"`
-	PacerBtfRx            *ebpf.VariableSpec `ebpf:"pacer_btf_rx"`
-	PacerBtfTick          *ebpf.VariableSpec `ebpf:"pacer_btf_tick"`
 	PacerCfg              *ebpf.VariableSpec `ebpf:"pacer_cfg"`
 }
 
@@ -496,7 +385,6 @@ type hedgeMaps struct {
 	DlPrecision   *ebpf.Map `ebpf:"dl_precision"`
 	LatHist       *ebpf.Map `ebpf:"lat_hist"`
 	PacerArming   *ebpf.Map `ebpf:"pacer_arming"`
-	PacerControl  *ebpf.Map `ebpf:"pacer_control"`
 	PacerCounters *ebpf.Map `ebpf:"pacer_counters"`
 	Replicas      *ebpf.Map `ebpf:"replicas"`
 	Scoreboard    *ebpf.Map `ebpf:"scoreboard"`
@@ -515,7 +403,6 @@ func (m *hedgeMaps) Close() error {
 		m.DlPrecision,
 		m.LatHist,
 		m.PacerArming,
-		m.PacerControl,
 		m.PacerCounters,
 		m.Replicas,
 		m.Scoreboard,
@@ -541,13 +428,6 @@ type hedgeVariables struct {
 	HedgeBtfReplicaChoice *ebpf.Variable `ebpf:"hedge_btf_replica_choice"`
 	HedgeBtfReqState      *ebpf.Variable `ebpf:"hedge_btf_req_state"`
 	HedgeBtfReqidOrder    *ebpf.Variable `ebpf:"hedge_btf_reqid_order"`
-	PacerBtfBackend       *ebpf.Variable `ebpf:"pacer_btf_backend"`
-	PacerBtfConsts        *ebpf.Variable `ebpf:"pacer_btf_consts"`
-	PacerBtfFiller        *ebpf.Variable `ebpf:"pacer_btf_filler"`
-	PacerBtfMagic         *ebpf.Variable `ebpf:"pacer_btf_magic"`
-	PacerBtfReq           *ebpf.Variable `ebpf:"pacer_btf_req"`
-	PacerBtfRx            *ebpf.Variable `ebpf:"pacer_btf_rx"`
-	PacerBtfTick          *ebpf.Variable `ebpf:"pacer_btf_tick"`
 	PacerCfg              *ebpf.Variable `ebpf:"pacer_cfg"`
 }
 
@@ -555,8 +435,6 @@ type hedgeVariables struct {
 //
 // It can be passed to loadHedgeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hedgePrograms struct {
-	DlEntry     *ebpf.Program `ebpf:"dl_entry"`
-	DlLoop      *ebpf.Program `ebpf:"dl_loop"`
 	HedgeArm    *ebpf.Program `ebpf:"hedge_arm"`
 	HedgeRescue *ebpf.Program `ebpf:"hedge_rescue"`
 	HedgeResp   *ebpf.Program `ebpf:"hedge_resp"`
@@ -565,8 +443,6 @@ type hedgePrograms struct {
 
 func (p *hedgePrograms) Close() error {
 	return _HedgeClose(
-		p.DlEntry,
-		p.DlLoop,
 		p.HedgeArm,
 		p.HedgeRescue,
 		p.HedgeResp,

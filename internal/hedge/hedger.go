@@ -48,7 +48,7 @@ type Hedger struct {
 	objs     hedgeObjects
 	noCarry  bool // every service's store limit covers the interface MTU's payload: no clone path
 	pacer    *pacer.Pacer
-	pacerCfg pacer.Config // what load writes as pacer_cfg (fixtures set it without a pacer)
+	pacerCli pacer.Client // what load binds the collection to (fixtures: a Config without a pacer)
 	attached []bpfx.Attachment
 	log      *slog.Logger
 
@@ -112,7 +112,7 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 		return nil, fmt.Errorf("delay line: %w", err)
 	}
 	h.Backend = h.pacer.Backend()
-	h.pacerCfg = h.pacer.Config()
+	h.pacerCli = h.pacer.Client()
 	if err := h.load(); err != nil {
 		return nil, err
 	}
@@ -121,8 +121,7 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 	}
 	// The pacer attaches its programs and hedge_rescue (its tick program) and calibrates,
 	// before the splitter sends it anything.
-	if err := h.pacer.Start(pacer.Programs{Enter: h.objs.DlEntry, Pass: h.objs.DlLoop, Tick: h.objs.HedgeRescue,
-		State: h.objs.PacerArming, Counters: h.objs.PacerCounters, Control: h.objs.PacerControl}); err != nil {
+	if err := h.pacer.Start(h.objs.HedgeRescue); err != nil {
 		return nil, fmt.Errorf("delay line: %w", err)
 	}
 	h.Calibration = h.pacer.Calibration()
@@ -190,10 +189,11 @@ func (h *Hedger) load() error {
 	if err := spec.Variables[hedgeVarCfg].Set(cfg); err != nil {
 		return fmt.Errorf("set run configuration: %w", err)
 	}
-	if err := pacer.ConfigureSpec(spec, h.pacerCfg); err != nil {
+	var opts ebpf.CollectionOptions
+	if err := h.pacerCli.Bind(spec, &opts); err != nil {
 		return err
 	}
-	return bpfx.LoadAndAssign("hedge", spec, &h.objs, nil)
+	return bpfx.LoadAndAssign("hedge", spec, &h.objs, &opts)
 }
 
 func svcAddr(ap netip.AddrPort) hedgeSvcAddr {

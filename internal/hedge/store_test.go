@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 )
 
@@ -131,7 +132,7 @@ func tickFrame(deadline uint64, n int) []byte {
 		sum = sum&0xffff + sum>>16
 	}
 	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
-	binary.NativeEndian.PutUint64(b[34:], uint64(hedgePacerMagicPACER_TICK_MAGIC))
+	binary.NativeEndian.PutUint64(b[34:], pacer.TickMagic)
 	binary.NativeEndian.PutUint64(b[42:], deadline)
 	return b
 }
@@ -283,7 +284,7 @@ func TestStoreSplit(t *testing.T) {
 }
 
 // pacerState is struct pacer_state (bpf/include/pacer.h) as bpf2go gives it to this package.
-type pacerState = hedgePacerState
+type pacerState = pacer.State
 
 func TestStoreTick(t *testing.T) {
 	const id = 0x5002

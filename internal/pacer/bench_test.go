@@ -69,14 +69,14 @@ func TestBenchPacer(t *testing.T) {
 					t.Fatal(err)
 				}
 				// Disarm: the circulating tick is dropped as superseded at its next pass.
-				if err := r.objs.PacerArming.Put(uint32(0), pacerPacerState{}); err != nil {
+				if err := r.p.objs.PacerArming.Put(uint32(0), pacerPacerState{}); err != nil {
 					t.Fatal(err)
 				}
 				c.idle = append(c.idle, idle)
 				c.pending = append(c.pending, pend)
 			}
 			before, _ := r.p.Stats()
-			rtts := r.runClient(t, 300, 1, 2*time.Millisecond)
+			rtts := r.runClient(t, echoPort, 300, 1, 2*time.Millisecond)
 			after, _ := r.p.Stats()
 			late := make([]time.Duration, len(rtts))
 			for i, v := range rtts {

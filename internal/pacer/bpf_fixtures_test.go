@@ -17,18 +17,21 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// Fixtures: the pacer's programs (through the reference consumer) under BPF_PROG_TEST_RUN,
-// one packet in, verdict, packet out and counters checked. They run inside a test namespace
-// whose veth pt0/pt1 stands in for the pacer's veth (bpf_clone_redirect needs a device).
+// Fixtures: the pacer's programs and the reference consumer's under BPF_PROG_TEST_RUN, one
+// packet in, verdict, packet out and counters checked. The consumer is bound to the pacer as
+// in a run (Pacer.Client: the pacer's maps replace its own). They run inside a test
+// namespace whose veth pt0/pt1 stands in for the pacer's veth (bpf_clone_redirect needs a
+// device).
 
-const fixturePort = 7777
+const fixturePort, fixtureCarryPort = 7777, 7778
 
 type fixture struct {
 	t      *testing.T
 	ns     *lab.Netns
-	objs   pacerObjects
-	ifx    int // pt0: the "pacer veth" (carried clones go here; also stands for the peer)
-	outIfx int // pt1: where echoes leave; also stands for the tick veth and its peer
+	objs   pacerObjects // the pacer's own
+	echo   echoObjects  // the consumer's, sharing the pacer's maps
+	ifx    int          // pt0: the "pacer veth" (carried clones go here; also stands for the peer)
+	outIfx int          // pt1: where echoes leave; also stands for the tick veth and its peer
 	cfg    pacerPacerConfig
 }
 
@@ -83,34 +86,76 @@ func newFixtureWith(t *testing.T, backend pacerPacerBackend, set func(*pacerPace
 	if set != nil {
 		set(&f.cfg)
 	}
+	f.objs, f.echo = loadWithEcho(t, f.cfg, echoEchoConfig{OutIfindex: uint32(f.outIfx), Port: htons(fixturePort),
+		CarryPort: htons(fixtureCarryPort), DelayNs: uint64(5 * time.Millisecond)})
+	return f
+}
+
+// loadWithEcho loads the pacer's object with cfg and the reference consumer bound to it, as
+// Pacer.New and a consumer do; both close with the test.
+func loadWithEcho(t testing.TB, cfg Config, ecfg echoEchoConfig) (pacerObjects, echoObjects) {
+	t.Helper()
+	var objs pacerObjects
+	var echo echoObjects
 	spec, err := loadPacer()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := spec.Variables["pacer_cfg"].Set(f.cfg); err != nil {
+	if err := (Client{Config: cfg}).Bind(spec, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := spec.Variables["echo_cfg"].Set(pacerEchoConfig{OutIfindex: uint32(f.outIfx), Port: htons(fixturePort), DelayNs: uint64(5 * time.Millisecond)}); err != nil {
+	if err := bpfx.LoadAndAssign("pacer", spec, &objs, nil); err != nil {
+		logFull(t, err)
 		t.Fatal(err)
 	}
-	if err := bpfx.LoadAndAssign("pacer", spec, &f.objs, nil); err != nil {
-		var le *bpfx.LoadError
-		if errors.As(err, &le) {
-			t.Log(le.Full())
-		}
+	t.Cleanup(func() { objs.Close() })
+	espec, err := loadEcho()
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { f.objs.Close() })
-	return f
+	if err := espec.Variables["echo_cfg"].Set(ecfg); err != nil {
+		t.Fatal(err)
+	}
+	var opts ebpf.CollectionOptions
+	cli := Client{Config: cfg, Maps: map[string]*ebpf.Map{MapState: objs.PacerArming, MapCounters: objs.PacerCounters}}
+	if err := cli.Bind(espec, &opts); err != nil {
+		t.Fatal(err)
+	}
+	if err := bpfx.LoadAndAssign("echo", espec, &echo, &opts); err != nil {
+		logFull(t, err)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { echo.Close() })
+	return objs, echo
+}
+
+// logFull logs a verifier error's whole log.
+func logFull(t testing.TB, err error) {
+	var le *bpfx.LoadError
+	if errors.As(err, &le) {
+		t.Log(le.Full())
+	}
 }
 
 // run runs prog on in as if it arrived on device ifx (0: loopback), inside the test
 // namespace.
 func (f *fixture) run(prog *ebpf.Program, in []byte, ifx int) (ret uint32, out []byte) {
 	f.t.Helper()
-	ctx := make([]byte, 44) // struct __sk_buff up to and including ifindex (offset 40)
+	ret, out, _ = f.runStamped(prog, in, ifx, 0)
+	return ret, out
+}
+
+// skbTstampOff is the offset of tstamp in struct __sk_buff.
+const skbTstampOff = 152
+
+// runStamped is run with skb->tstamp = tstamp going in; it returns the tstamp coming out.
+func (f *fixture) runStamped(prog *ebpf.Program, in []byte, ifx int, tstamp uint64) (ret uint32, out []byte, tstampOut uint64) {
+	f.t.Helper()
+	ctx := make([]byte, skbTstampOff+8) // struct __sk_buff up to and including tstamp
 	binary.NativeEndian.PutUint32(ctx[40:], uint32(ifx))
-	opts := ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+bpftest.OutPad), Context: ctx, Repeat: 1}
+	binary.NativeEndian.PutUint64(ctx[skbTstampOff:], tstamp)
+	ctxOut := make([]byte, 256) // room for the kernel's whole struct __sk_buff
+	opts := ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+bpftest.OutPad), Context: ctx, ContextOut: ctxOut, Repeat: 1}
 	var err error
 	if derr := f.ns.Do(func() error { ret, err = prog.Run(&opts); return nil }); derr != nil {
 		f.t.Fatal(derr)
@@ -118,7 +163,7 @@ func (f *fixture) run(prog *ebpf.Program, in []byte, ifx int) (ret uint32, out [
 	if err != nil {
 		f.t.Fatalf("run: %v", err)
 	}
-	return ret, opts.DataOut
+	return ret, opts.DataOut, binary.NativeEndian.Uint64(ctxOut[skbTstampOff:])
 }
 
 func (f *fixture) counters() bpftest.Counters {
@@ -127,7 +172,7 @@ func (f *fixture) counters() bpftest.Counters {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	e, err := bpftest.SumPerCPU[pacerEchoStats](f.objs.EchoCounters)
+	e, err := bpftest.SumPerCPU[echoEchoStats](f.echo.EchoCounters)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -197,7 +242,7 @@ func TestFixturesEnter(t *testing.T) {
 
 	t.Run("packet from another device dropped", func(t *testing.T) {
 		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.objs.EchoEnter, udpTo(53), 0) })
+		d := f.delta(func() { ret, _ = f.run(f.objs.PacerEnter, udpTo(53), 0) })
 		wantRet(t, ret, bpftest.TCActShot)
 		wantDelta(t, d, bpftest.Counters{"Foreign": 1})
 	})
@@ -206,7 +251,7 @@ func TestFixturesEnter(t *testing.T) {
 		f.setArmed(deadline)
 		var ret uint32
 		var out []byte
-		d := f.delta(func() { ret, out = f.run(f.objs.EchoEnter, udpTo(53), prio) })
+		d := f.delta(func() { ret, out = f.run(f.objs.PacerEnter, udpTo(53), prio) })
 		wantRet(t, ret, bpftest.TCActRedirect)
 		wantDelta(t, d, bpftest.Counters{"TicksEntered": 1})
 		if len(out) != tickMinBytes {
@@ -226,7 +271,7 @@ func TestFixturesEnter(t *testing.T) {
 	t.Run("a 14-byte tick request grows to a tick frame", func(t *testing.T) {
 		f.setArmed(42)
 		in := make([]byte, 14)
-		ret, out := f.run(f.objs.EchoEnter, in, prio)
+		ret, out := f.run(f.objs.PacerEnter, in, prio)
 		wantRet(t, ret, bpftest.TCActRedirect)
 		if len(out) != tickMinBytes {
 			t.Errorf("tick frame %d bytes, want %d", len(out), tickMinBytes)
@@ -236,7 +281,7 @@ func TestFixturesEnter(t *testing.T) {
 		in := udpTo(53)
 		var ret uint32
 		var out []byte
-		d := f.delta(func() { ret, out = f.run(f.objs.EchoEnter, in, carry) })
+		d := f.delta(func() { ret, out = f.run(f.objs.PacerEnter, in, carry) })
 		wantRet(t, ret, bpftest.TCActRedirect)
 		wantDelta(t, d, bpftest.Counters{"CarriedIn": 1})
 		if string(out) != string(in) {
@@ -245,16 +290,96 @@ func TestFixturesEnter(t *testing.T) {
 	})
 }
 
+// TestFixturesEnterEDT: on edt a carried packet enters as it came; the pacer stamps nothing
+// (its deadline travels in skb->tstamp, set by the consumer's pacer_carry).
 func TestFixturesEnterEDT(t *testing.T) {
 	if haveSetTstamp() != nil {
 		t.Skip("bpf_skb_set_tstamp missing (Linux 5.18+): edt does not load here")
 	}
 	f := newFixture(t, pacerPacerBackendPACER_EDT)
 	var ret uint32
-	d := f.delta(func() { ret, _ = f.run(f.objs.EchoEnter, udpTo(53), f.ifx) })
+	var tstamp uint64
+	d := f.delta(func() { ret, _, tstamp = f.runStamped(f.objs.PacerEnter, udpTo(53), f.ifx, 0) })
 	wantRet(t, ret, bpftest.TCActRedirect)
-	// The echo consumer carries nothing: its pacer_carry_deadline returns 0.
-	wantDelta(t, d, bpftest.Counters{"CarriedIn": 1, "EdtNoDeadline": 1})
+	wantDelta(t, d, bpftest.Counters{"CarriedIn": 1})
+	if tstamp != 0 {
+		t.Errorf("carried packet left with tstamp %d, want it untouched (0)", tstamp)
+	}
+}
+
+// TestFixturesCarry: the client's carry path through the reference consumer. A datagram to
+// the carry port is carried (cloned into the pacer veth) with its deadline recorded; on edt
+// the clone is stamped and the datagram itself keeps the time it had. Back at the tick
+// program, a carried datagram not yet due goes round again, a due one is turned around.
+func TestFixturesCarry(t *testing.T) {
+	in := udpTo(fixtureCarryPort)
+	backends := []pacerPacerBackend{pacerPacerBackendPACER_NETEM}
+	if haveSetTstamp() == nil {
+		backends = append(backends, pacerPacerBackendPACER_EDT)
+	}
+	for _, b := range backends {
+		edt := b == pacerPacerBackendPACER_EDT
+		t.Run(fmt.Sprintf("backend %d", b), func(t *testing.T) {
+			f := newFixture(t, b)
+			const rxTime = 12345 // a receive time (not a delivery time) the datagram came with
+			var ret uint32
+			var tstamp uint64
+			d := f.delta(func() { ret, _, tstamp = f.runStamped(f.echo.EchoStore, in, 0, rxTime) })
+			wantRet(t, ret, bpftest.TCActShot)
+			want := bpftest.Counters{"EchoCarried": 1}
+			if edt {
+				want["EdtSet"] = 1
+			}
+			wantDelta(t, d, want)
+			if tstamp != rxTime {
+				t.Errorf("the datagram left with tstamp %d, want its own %d back", tstamp, rxTime)
+			}
+			// Back before its deadline: round again, on edt stamped anew. The deadlines are
+			// set here, not left to the 5 ms the store gave: a slow (emulated) machine may
+			// take longer than that between two runs.
+			setDeadline := func(d time.Duration) {
+				t.Helper()
+				if err := f.echo.EchoCarried.Update(echoKey(5555, in), uint64(Now()+d), ebpf.UpdateExist); err != nil {
+					t.Fatalf("the carried datagram's deadline: %v", err)
+				}
+			}
+			setDeadline(time.Hour)
+			d = f.delta(func() { ret, _ = f.run(f.echo.EchoTick, in, 0) })
+			wantRet(t, ret, bpftest.TCActRedirect)
+			want = bpftest.Counters{"EchoRecirculated": 1, "CarriedRecirculated": 1}
+			if edt {
+				want["EdtSet"] = 1
+			}
+			wantDelta(t, d, want)
+			// Due: turned around and sent.
+			setDeadline(-time.Millisecond)
+			var out []byte
+			d = f.delta(func() { ret, out = f.run(f.echo.EchoTick, in, 0) })
+			wantRet(t, ret, bpftest.TCActRedirect)
+			if d["EchoEchoesSent"] != 1 || d["EchoRecirculated"] != 0 {
+				t.Errorf("counters %v", d)
+			}
+			back := pktbuild.New().IPv4(pktbuild.IPv4{Src: netip.MustParseAddr("10.0.0.2"), Dst: netip.MustParseAddr("10.0.0.1")}).
+				UDP(pktbuild.UDP{Src: fixtureCarryPort, Dst: 5555}).Payload([]byte("0123456789")).Build()
+			copy(back[0:6], in[6:12]) // the MACs swapped too
+			copy(back[6:12], in[0:6])
+			if string(out) != string(back) {
+				t.Errorf("echo: %s", bpftest.DiffBytes(out, back))
+			}
+			// Back again (a duplicate): no deadline recorded any more.
+			d = f.delta(func() { ret, _ = f.run(f.echo.EchoTick, in, 0) })
+			wantRet(t, ret, bpftest.TCActShot)
+			wantDelta(t, d, bpftest.Counters{"EchoCarriedUnknown": 1})
+		})
+	}
+}
+
+// echoKey is struct echo_key of a carried datagram from sport whose payload starts as in's.
+func echoKey(sport uint16, in []byte) []byte {
+	k := make([]byte, 8)
+	copy(k[0:4], in[14+20+8:])
+	binary.BigEndian.PutUint16(k[4:], sport)
+	return k
 }
 
 func TestFixturesPass(t *testing.T) {
@@ -281,7 +406,7 @@ func TestFixturesPass(t *testing.T) {
 			f.setArmed(c.armed)
 			var ret uint32
 			var out []byte
-			d := f.delta(func() { ret, out = f.run(f.objs.EchoPass, c.in, 0) })
+			d := f.delta(func() { ret, out = f.run(f.objs.PacerPass, c.in, 0) })
 			wantRet(t, ret, c.want)
 			wantDelta(t, d, c.counter)
 			if c.passes > 0 {
@@ -326,7 +451,7 @@ func TestFixturesTickResize(t *testing.T) {
 			var ret uint32
 			var out []byte
 			t0 := Now()
-			d := f.delta(func() { ret, out = f.run(f.objs.EchoPass, frame, 0) })
+			d := f.delta(func() { ret, out = f.run(f.objs.PacerPass, frame, 0) })
 			t1 := Now()
 			wantRet(t, ret, bpftest.TCActRedirect)
 			if d["TickTrimErrors"] != 0 {
@@ -354,7 +479,7 @@ func TestFixturesFiller(t *testing.T) {
 	binary.NativeEndian.PutUint64(frame[14:], fillerMagic)
 	binary.NativeEndian.PutUint64(frame[22:], uint64(Now()-10*time.Millisecond))
 	var ret uint32
-	d := f.delta(func() { ret, _ = f.run(f.objs.EchoPass, frame, 0) })
+	d := f.delta(func() { ret, _ = f.run(f.objs.PacerPass, frame, 0) })
 	wantRet(t, ret, bpftest.TCActRedirect)
 	if d["FillerPasses"] != 1 || d["PeriodCount"] != 1 {
 		t.Errorf("filler pass not counted: %v", d)
@@ -364,7 +489,7 @@ func TestFixturesFiller(t *testing.T) {
 	due := uint64(Now() - time.Millisecond)
 	f.setArmed(due)
 	var out []byte
-	d = f.delta(func() { ret, out = f.run(f.objs.EchoPass, frame, 0) })
+	d = f.delta(func() { ret, out = f.run(f.objs.PacerPass, frame, 0) })
 	wantRet(t, ret, bpftest.TCActRedirect)
 	if d["TicksPiggybacked"] != 1 || d["FillerPasses"] != 1 || d["TickBuildErrors"] != 0 {
 		t.Errorf("piggyback not counted: %v", d)
@@ -376,18 +501,18 @@ func TestFixturesFiller(t *testing.T) {
 	if err := f.objs.PacerArming.Lookup(uint32(0), &st); err != nil || st.FiredNs != due {
 		t.Errorf("fired %d (%v), want %d", st.FiredNs, err, due)
 	}
-	d = f.delta(func() { ret, _ = f.run(f.objs.EchoPass, frame, 0) })
+	d = f.delta(func() { ret, _ = f.run(f.objs.PacerPass, frame, 0) })
 	if d["TicksPiggybacked"] != 0 {
 		t.Errorf("a fired deadline fired again: %v", d)
 	}
-	d = f.delta(func() { ret, _ = f.run(f.objs.EchoPass, tickFrame(due, tickMagic, 32), 0) })
+	d = f.delta(func() { ret, _ = f.run(f.objs.PacerPass, tickFrame(due, tickMagic, 32), 0) })
 	wantRet(t, ret, bpftest.TCActShot)
 	wantDelta(t, d, bpftest.Counters{"TicksSuperseded": 1})
 	f.setArmed(0)
 	if err := f.objs.PacerControl.Put(uint32(0), pacerPacerCtl{FillersToDrop: 1}); err != nil {
 		t.Fatal(err)
 	}
-	d = f.delta(func() { ret, _ = f.run(f.objs.EchoPass, frame, 0) })
+	d = f.delta(func() { ret, _ = f.run(f.objs.PacerPass, frame, 0) })
 	wantRet(t, ret, bpftest.TCActShot)
 	wantDelta(t, d, bpftest.Counters{"FillersDropped": 1})
 }
@@ -395,9 +520,9 @@ func TestFixturesFiller(t *testing.T) {
 // storeSlot writes a due or pending echo into slot i.
 func (f *fixture) storeSlot(i uint32, deadline uint64, frame []byte) {
 	f.t.Helper()
-	s := pacerEchoSlot{DeadlineNs: deadline, Len: uint32(len(frame)), Busy: 1}
+	s := echoEchoSlot{DeadlineNs: deadline, Len: uint32(len(frame)), Busy: 1}
 	copy(s.Frame[:], frame)
-	if err := f.objs.EchoSlots.Put(i, s); err != nil {
+	if err := f.echo.EchoSlots.Put(i, s); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -409,7 +534,7 @@ func TestFixturesTick(t *testing.T) {
 	t.Run("tick with nothing due", func(t *testing.T) {
 		f.setArmed(now)
 		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.objs.EchoTick, tickFrame(now, tickMagic, 32), 0) })
+		d := f.delta(func() { ret, _ = f.run(f.echo.EchoTick, tickFrame(now, tickMagic, 32), 0) })
 		wantRet(t, ret, bpftest.TCActShot)
 		if d["TicksDelivered"] != 1 || d["EchoTicks"] != 1 || d["EchoTicksIdle"] != 1 || d["TicksStale"] != 0 || d["EchoEchoesSent"] != 0 {
 			t.Errorf("counters %v", d)
@@ -420,7 +545,7 @@ func TestFixturesTick(t *testing.T) {
 	})
 	t.Run("stale tick is still delivered and counted", func(t *testing.T) {
 		f.setArmed(now + 5)
-		d := f.delta(func() { f.run(f.objs.EchoTick, tickFrame(now, tickMagic, 32), 0) })
+		d := f.delta(func() { f.run(f.echo.EchoTick, tickFrame(now, tickMagic, 32), 0) })
 		if d["TicksDelivered"] != 1 || d["TicksStale"] != 1 {
 			t.Errorf("counters %v", d)
 		}
@@ -437,7 +562,7 @@ func TestFixturesTick(t *testing.T) {
 		f.storeSlot(2, later, echo)
 		var ret uint32
 		var out []byte
-		d := f.delta(func() { ret, out = f.run(f.objs.EchoTick, tickFrame(now, tickMagic, 32), 0) })
+		d := f.delta(func() { ret, out = f.run(f.echo.EchoTick, tickFrame(now, tickMagic, 32), 0) })
 		wantRet(t, ret, bpftest.TCActShot)
 		if d["EchoEchoesSent"] != 2 || d["EchoSendErrors"] != 0 || d["TicksArmed"] != 1 || d["EchoRearmed"] != 1 {
 			t.Errorf("counters %v", d)
@@ -448,27 +573,27 @@ func TestFixturesTick(t *testing.T) {
 		if a := f.armed(); a != later {
 			t.Errorf("armed %d, want the pending echo's deadline %d", a, later)
 		}
-		var s pacerEchoSlot
+		var s echoEchoSlot
 		for i, busy := range []uint32{0, 0, 1} {
-			if err := f.objs.EchoSlots.Lookup(uint32(i), &s); err != nil || s.Busy != busy {
+			if err := f.echo.EchoSlots.Lookup(uint32(i), &s); err != nil || s.Busy != busy {
 				t.Errorf("slot %d busy %d (%v), want %d", i, s.Busy, err, busy)
 			}
 		}
-		if err := f.objs.EchoSlots.Put(uint32(2), pacerEchoSlot{}); err != nil {
+		if err := f.echo.EchoSlots.Put(uint32(2), echoEchoSlot{}); err != nil {
 			t.Fatal(err)
 		}
 	})
 	t.Run("malformed tick dropped", func(t *testing.T) {
 		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.objs.EchoTick, tickFrame(now, 1, 32), 0) })
+		d := f.delta(func() { ret, _ = f.run(f.echo.EchoTick, tickFrame(now, 1, 32), 0) })
 		wantRet(t, ret, bpftest.TCActShot)
 		wantDelta(t, d, bpftest.Counters{"MalformedTicks": 1, "EchoRxMalformed": 1})
 	})
-	t.Run("carried packet at the tick program dropped", func(t *testing.T) {
+	t.Run("carried packet the consumer does not know: dropped", func(t *testing.T) {
 		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.objs.EchoTick, udpTo(53), 0) })
+		d := f.delta(func() { ret, _ = f.run(f.echo.EchoTick, udpTo(53), 0) })
 		wantRet(t, ret, bpftest.TCActShot)
-		wantDelta(t, d, bpftest.Counters{"EchoCarried": 1})
+		wantDelta(t, d, bpftest.Counters{"EchoCarriedUnknown": 1})
 	})
 }
 
@@ -477,7 +602,7 @@ func TestFixturesStore(t *testing.T) {
 	t.Run("datagram to the echo port is stored and a tick requested", func(t *testing.T) {
 		f.setArmed(0)
 		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.objs.EchoStore, udpTo(fixturePort), 0) })
+		d := f.delta(func() { ret, _ = f.run(f.echo.EchoStore, udpTo(fixturePort), 0) })
 		wantRet(t, ret, bpftest.TCActShot)
 		wantDelta(t, d, bpftest.Counters{"EchoStored": 1, "TicksRequested": 1, "TicksArmed": 1})
 		if f.armed() == 0 {
@@ -485,23 +610,23 @@ func TestFixturesStore(t *testing.T) {
 		}
 	})
 	t.Run("a second datagram coalesces with the armed tick", func(t *testing.T) {
-		d := f.delta(func() { f.run(f.objs.EchoStore, udpTo(fixturePort), 0) })
+		d := f.delta(func() { f.run(f.echo.EchoStore, udpTo(fixturePort), 0) })
 		wantDelta(t, d, bpftest.Counters{"EchoStored": 1, "TicksRequested": 1, "TicksCoalesced": 1})
 	})
 	t.Run("a lost tick is re-armed by the next request", func(t *testing.T) {
 		f.setArmed(uint64(Now() - 2*time.Second)) // overdue by more than lost_ns (1s)
-		d := f.delta(func() { f.run(f.objs.EchoStore, udpTo(fixturePort), 0) })
+		d := f.delta(func() { f.run(f.echo.EchoStore, udpTo(fixturePort), 0) })
 		wantDelta(t, d, bpftest.Counters{"EchoStored": 1, "TicksRequested": 1, "TicksArmed": 1, "TicksLost": 1})
 	})
 	t.Run("other port passes", func(t *testing.T) {
 		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.objs.EchoStore, udpTo(53), 0) })
+		d := f.delta(func() { ret, _ = f.run(f.echo.EchoStore, udpTo(53), 0) })
 		wantRet(t, ret, bpftest.TCActUnspec)
 		wantDelta(t, d, bpftest.Counters{})
 	})
 	t.Run("truncated UDP header passes, counted", func(t *testing.T) {
 		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.objs.EchoStore, udpTo(fixturePort)[:38], 0) })
+		d := f.delta(func() { ret, _ = f.run(f.echo.EchoStore, udpTo(fixturePort)[:38], 0) })
 		wantRet(t, ret, bpftest.TCActUnspec)
 		wantDelta(t, d, bpftest.Counters{"EchoMalformed": 1})
 	})

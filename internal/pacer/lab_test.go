@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
@@ -19,17 +20,19 @@ import (
 
 // The lab tests run the reference consumer (a delayed echo) between two namespaces: a
 // client process in host a sends datagrams to host b, where echo_store stores each and the
-// pacer's tick sends it back after the delay. The client measures each echo's round trip.
+// pacer's tick sends it back after the delay (the echo port), or carries each through the
+// pacer until its deadline (the carry port, with Options.Carry). The client measures each
+// echo's round trip.
 
 // echoRig is host b's side: the pacer and the echo consumer.
 type echoRig struct {
 	lab  *lab.Lab
 	p    *Pacer
-	objs pacerObjects
+	objs echoObjects
 	at   bpfx.Attachment
 }
 
-const echoPort = 7000
+const echoPort, echoCarryPort = 7000, 7001
 
 func newEchoRig(t *testing.T, o Options, delay time.Duration) *echoRig {
 	requireEcho(t)
@@ -62,21 +65,22 @@ func newEchoRig(t *testing.T, o Options, delay time.Duration) *echoRig {
 		}
 		t.Fatalf("new pacer: %v", err)
 	}
-	spec, err := loadPacer()
+	spec, err := loadEcho()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.p.Configure(spec); err != nil {
+	if err := spec.Variables["echo_cfg"].Set(echoEchoConfig{OutIfindex: uint32(b.IfIndex), Port: htons(echoPort),
+		CarryPort: htons(echoCarryPort), DelayNs: uint64(delay)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := spec.Variables["echo_cfg"].Set(pacerEchoConfig{OutIfindex: uint32(b.IfIndex), Port: htons(echoPort), DelayNs: uint64(delay)}); err != nil {
+	var opts ebpf.CollectionOptions
+	if err := r.p.Client().Bind(spec, &opts); err != nil {
 		t.Fatal(err)
 	}
-	if err := bpfx.LoadAndAssign("pacer", spec, &r.objs, nil); err != nil {
+	if err := bpfx.LoadAndAssign("echo", spec, &r.objs, &opts); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.p.Start(Programs{Enter: r.objs.EchoEnter, Pass: r.objs.EchoPass, Tick: r.objs.EchoTick,
-		State: r.objs.PacerArming, Counters: r.objs.PacerCounters, Control: r.objs.PacerControl}); err != nil {
+	if err := r.p.Start(r.objs.EchoTick); err != nil {
 		t.Fatalf("start pacer: %v", err)
 	}
 	if r.at, err = bpfx.AttachTC(r.objs.EchoStore, bpfx.TCTarget{Netns: b.Handle, IfIndex: b.IfIndex, Dir: bpfx.Ingress, Name: "echo_store"}); err != nil {
@@ -89,14 +93,15 @@ func newEchoRig(t *testing.T, o Options, delay time.Duration) *echoRig {
 // echoClientEnv makes the test binary an echo client (TestEchoClientProcess).
 const echoClientEnv = "KEDGE_PACER_ECHO_CLIENT"
 
-// runClient runs the test binary as a client process in host a: count rounds, burst
-// datagrams per round sent back to back, gap between rounds. It returns the round trips.
-func (r *echoRig) runClient(t *testing.T, count, burst int, gap time.Duration) []time.Duration {
+// runClient runs the test binary as a client process in host a, sending to port of host b:
+// count rounds, burst datagrams per round sent back to back, gap between rounds. It returns
+// the round trips.
+func (r *echoRig) runClient(t *testing.T, port, count, burst int, gap time.Duration) []time.Duration {
 	t.Helper()
 	a, b := r.lab.Host("a"), r.lab.Host("b")
 	cmd := a.Command(os.Args[0], "-test.run=^TestEchoClientProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%d,%d,%d,%s", echoClientEnv,
-		net.JoinHostPort(b.IPv4.String(), strconv.Itoa(echoPort)), count, burst, gap, 2*time.Second))
+		net.JoinHostPort(b.IPv4.String(), strconv.Itoa(port)), count, burst, gap, 2*time.Second))
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := a.Start(cmd); err != nil {
@@ -124,22 +129,11 @@ func (r *echoRig) runClient(t *testing.T, count, burst int, gap time.Duration) [
 }
 
 func (r *echoRig) echoCounters(t *testing.T) map[string]uint64 {
-	var per []pacerEchoStats
-	if err := r.objs.EchoCounters.Lookup(uint32(0), &per); err != nil {
+	s, err := bpfx.SumPerCPU[echoEchoStats](r.objs.EchoCounters, uint32(0), bpfx.Extrema)
+	if err != nil {
 		t.Fatal(err)
 	}
-	var sum pacerEchoStats
-	for _, c := range per {
-		sum.Stored += c.Stored
-		sum.Ticks += c.Ticks
-		sum.TicksIdle += c.TicksIdle
-		sum.EchoesSent += c.EchoesSent
-		sum.SendErrors += c.SendErrors
-		sum.Rearmed += c.Rearmed
-		sum.RingFull += c.RingFull
-	}
-	return map[string]uint64{"stored": sum.Stored, "ticks": sum.Ticks, "ticks_idle": sum.TicksIdle,
-		"echoes_sent": sum.EchoesSent, "send_errors": sum.SendErrors, "rearmed": sum.Rearmed, "ring_full": sum.RingFull}
+	return counterMapOf(s)
 }
 
 // TestEchoClientProcess is the client process itself (skipped unless the parent set the env).
@@ -191,13 +185,13 @@ func quantile(d []time.Duration, q float64) time.Duration {
 	return s[min(len(s)-1, int(q*float64(len(s))))]
 }
 
-// checkEchoes: every echo came back no earlier than the delay minus half a pass (and a
-// margin for the clocks of two processes), and on real CPUs no later than a generous
-// bound. Figures are printed; the bound catches a pacer that does not tick, not a slow
-// machine.
-func checkEchoes(t *testing.T, r *echoRig, rtts []time.Duration, delay time.Duration) {
+// checkEchoes: every echo came back no earlier than the delay minus half a pass (a tick's,
+// or a carried packet's with carried) and a margin for the clocks of two processes, and on
+// real CPUs no later than a generous bound. Figures are printed; the bound catches a pacer
+// that does not tick, not a slow machine.
+func checkEchoes(t *testing.T, r *echoRig, rtts []time.Duration, delay time.Duration, carried bool) {
 	t.Helper()
-	pass := r.p.Calibration().Target
+	pass := r.p.pass(carried)
 	lo := delay - pass/2 - 200*time.Microsecond
 	hi := delay + 2*pass + 200*time.Millisecond
 	late := make([]time.Duration, len(rtts))
@@ -214,8 +208,8 @@ func checkEchoes(t *testing.T, r *echoRig, rtts []time.Duration, delay time.Dura
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("backend %s delay %v: echo round trip minus delay p50 %v p99 %v max %v (n=%d); pacer tick lateness %+v",
-		r.p.Backend(), delay, quantile(late, 0.5), quantile(late, 0.99), slices.Max(late), len(late), st.Precision)
+	t.Logf("backend %s carried %v delay %v: echo round trip minus delay p50 %v p99 %v max %v (n=%d); pacer tick lateness %+v",
+		r.p.Backend(), carried, delay, quantile(late, 0.5), quantile(late, 0.99), slices.Max(late), len(late), st.Precision)
 	t.Logf("pacer counters %v", nonZero(st.Counters))
 }
 
@@ -242,8 +236,11 @@ func TestLabEcho(t *testing.T) {
 	for _, b := range backendsToTest {
 		runs = append(runs, run{b, Options{Backend: b, Period: time.Millisecond}})
 	}
-	// Carry on the conveyor: a 10ms filler queue, ticks ride the filler passes. Not in
-	// emulated guests: tbf paces the fillers in real time, which TCG does not keep.
+	// Carry: edt and netem carry with their own passes; the conveyor keeps a 10ms filler
+	// queue and ticks ride the filler passes. The conveyor's not in emulated guests: tbf
+	// paces the fillers in real time, which TCG does not keep.
+	runs = append(runs, run{"edt-carry", Options{Backend: BackendEDT, Period: time.Millisecond, Carry: true}},
+		run{"netem-carry", Options{Backend: BackendNetem, Period: time.Millisecond, Carry: true}})
 	if !bpftest.InGuest() {
 		runs = append(runs, run{"conveyor-carry", Options{Backend: BackendConveyor, Period: 10 * time.Millisecond, Carry: true}})
 	}
@@ -251,11 +248,11 @@ func TestLabEcho(t *testing.T) {
 	for _, c := range runs {
 		t.Run(c.name, func(t *testing.T) {
 			r := newEchoRig(t, c.o, delay)
-			rtts := r.runClient(t, 20, 1, 3*time.Millisecond)
-			checkEchoes(t, r, rtts, delay)
+			rtts := r.runClient(t, echoPort, 20, 1, 3*time.Millisecond)
+			checkEchoes(t, r, rtts, delay, false)
 			// Bursts: several echoes due at one tick, each a clone of the tick's skb.
-			rtts = r.runClient(t, 5, 4, 3*time.Millisecond)
-			checkEchoes(t, r, rtts, delay)
+			rtts = r.runClient(t, echoPort, 5, 4, 3*time.Millisecond)
+			checkEchoes(t, r, rtts, delay, false)
 			st, err := r.p.Stats()
 			if err != nil {
 				t.Fatal(err)
@@ -263,12 +260,47 @@ func TestLabEcho(t *testing.T) {
 			if st.Counters["ticks_delivered"] >= 20+5*4+5 {
 				t.Errorf("%d ticks delivered for 40 echoes in 25 rounds: a burst should share ticks", st.Counters["ticks_delivered"])
 			}
+			if c.o.Carry {
+				r.checkCarry(t, delay)
+			}
 			r.checkIdle(t)
 			if !watchdogDone {
 				r.checkWatchdog(t)
 				watchdogDone = true
 			}
 		})
+	}
+}
+
+// checkCarry sends datagrams the consumer carries through the pacer (pacer_carry) until
+// their deadline. On edt each rides one pass, its deadline travelling as the clone's delivery
+// time: a carried packet that came back at once (its time lost on the way) would be sent
+// round again and again until due, so recirculations stay below one per datagram (fq may
+// release one a little early).
+func (r *echoRig) checkCarry(t *testing.T, delay time.Duration) {
+	t.Helper()
+	const n = 20
+	before, _ := r.p.Stats()
+	ebefore := r.echoCounters(t)
+	rtts := r.runClient(t, echoCarryPort, n, 1, 3*time.Millisecond)
+	checkEchoes(t, r, rtts, delay, true)
+	after, err := r.p.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	eafter := r.echoCounters(t)
+	carried, recirc := eafter["carried"]-ebefore["carried"], eafter["recirculated"]-ebefore["recirculated"]
+	t.Logf("carried %d, recirculated %d, edt_set %d", carried, recirc, after.Counters["edt_set"]-before.Counters["edt_set"])
+	if carried != n || after.Counters["carried_in"]-before.Counters["carried_in"] < n {
+		t.Errorf("carried %d (pacer carried_in %d), want %d", carried, after.Counters["carried_in"]-before.Counters["carried_in"], n)
+	}
+	if r.p.Backend() == BackendEDT {
+		if set := after.Counters["edt_set"] - before.Counters["edt_set"]; set != carried+recirc {
+			t.Errorf("edt_set %d, want one per carry and recirculation (%d)", set, carried+recirc)
+		}
+		if recirc >= n {
+			t.Errorf("%d recirculations for %d carried datagrams on edt: the deadline did not travel with them", recirc, n)
+		}
 	}
 }
 
@@ -309,7 +341,7 @@ func (r *echoRig) checkIdle(t *testing.T) {
 func (r *echoRig) checkWatchdog(t *testing.T) {
 	t.Helper()
 	// Pretend a tick was armed long ago and lost: state says armed, nothing is in flight.
-	if err := r.objs.PacerArming.Put(uint32(0), pacerPacerState{ArmedNs: uint64(Now() - time.Second)}); err != nil {
+	if err := r.p.objs.PacerArming.Put(uint32(0), pacerPacerState{ArmedNs: uint64(Now() - time.Second)}); err != nil {
 		t.Fatal(err)
 	}
 	before, _ := r.p.Stats()

@@ -2,6 +2,7 @@ package pacer
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 
@@ -10,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
-	"github.com/kedge-dev/kedge/internal/bpfx"
 )
 
 func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
@@ -36,29 +36,17 @@ func requireEcho(t *testing.T) {
 	}
 }
 
-// TestLoadVerifies loads the reference consumer (pacer.h's programs included) for every
-// backend: the verifier sees each backend's branch live in turn.
+// TestLoadVerifies loads the pacer's object and the reference consumer bound to it (the
+// client header's code included) for every backend: the verifier sees each backend's branch
+// live in turn.
 func TestLoadVerifies(t *testing.T) {
 	requireEcho(t)
 	if bpftest.InGuest() {
 		t.Skip("in a matrix guest TestLabEcho loads every backend (a load costs ~15 s under TCG)")
 	}
 	for _, b := range []pacerPacerBackend{pacerPacerBackendPACER_CONVEYOR, pacerPacerBackendPACER_NETEM, pacerPacerBackendPACER_EDT} {
-		spec, err := loadPacer()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := spec.Variables["pacer_cfg"].Set(pacerPacerConfig{Backend: uint32(b), TickBytes: 128}); err != nil {
-			t.Fatal(err)
-		}
-		var objs pacerObjects
-		if err := bpfx.LoadAndAssign("pacer", spec, &objs, nil); err != nil {
-			var le *bpfx.LoadError
-			if errors.As(err, &le) {
-				t.Log(le.Full())
-			}
-			t.Fatalf("backend %d: %v", b, err)
-		}
-		objs.Close()
+		t.Run(fmt.Sprint(b), func(t *testing.T) {
+			loadWithEcho(t, Config{Backend: uint32(b), TickBytes: 128}, echoEchoConfig{})
+		})
 	}
 }

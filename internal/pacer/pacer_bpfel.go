@@ -13,47 +13,6 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type pacerEchoConfig struct {
-	_          structs.HostLayout
-	OutIfindex uint32
-	Port       uint16
-	Pad        uint16
-	DelayNs    uint64
-}
-
-type pacerEchoLimits uint32
-
-const (
-	pacerEchoLimitsECHO_SLOTS     pacerEchoLimits = 32
-	pacerEchoLimitsECHO_FRAME_MAX pacerEchoLimits = 256
-)
-
-type pacerEchoSlot struct {
-	_          structs.HostLayout
-	DeadlineNs uint64
-	Len        uint32
-	Busy       uint32
-	Frame      [256]uint8
-}
-
-type pacerEchoStats struct {
-	_             structs.HostLayout
-	Stored        uint64
-	RingFull      uint64
-	TooLong       uint64
-	Malformed     uint64
-	Ticks         uint64
-	TicksIdle     uint64
-	EchoesSent    uint64
-	SendErrors    uint64
-	Rearmed       uint64
-	Carried       uint64
-	RxMalformed   uint64
-	EchoLateSumNs uint64
-	EchoLateCount uint64
-	EchoLateMaxNs uint64
-}
-
 type pacerPacerBackend uint32
 
 const (
@@ -181,18 +140,11 @@ type pacerPacerTick struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	pacerMapEchoCounters    = "echo_counters"
-	pacerMapEchoHead        = "echo_head"
-	pacerMapEchoSlots       = "echo_slots"
 	pacerMapPacerArming     = "pacer_arming"
 	pacerMapPacerControl    = "pacer_control"
 	pacerMapPacerCounters   = "pacer_counters"
-	pacerProgEchoEnter      = "echo_enter"
-	pacerProgEchoPass       = "echo_pass"
-	pacerProgEchoStore      = "echo_store"
-	pacerProgEchoTick       = "echo_tick"
-	pacerVarEchoBtfLimits   = "echo_btf_limits"
-	pacerVarEchoCfg         = "echo_cfg"
+	pacerProgPacerEnter     = "pacer_enter"
+	pacerProgPacerPass      = "pacer_pass"
 	pacerVarPacerBtfBackend = "pacer_btf_backend"
 	pacerVarPacerBtfConsts  = "pacer_btf_consts"
 	pacerVarPacerBtfFiller  = "pacer_btf_filler"
@@ -245,19 +197,14 @@ type pacerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type pacerProgramSpecs struct {
-	EchoEnter *ebpf.ProgramSpec `ebpf:"echo_enter"`
-	EchoPass  *ebpf.ProgramSpec `ebpf:"echo_pass"`
-	EchoStore *ebpf.ProgramSpec `ebpf:"echo_store"`
-	EchoTick  *ebpf.ProgramSpec `ebpf:"echo_tick"`
+	PacerEnter *ebpf.ProgramSpec `ebpf:"pacer_enter"`
+	PacerPass  *ebpf.ProgramSpec `ebpf:"pacer_pass"`
 }
 
 // pacerMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type pacerMapSpecs struct {
-	EchoCounters  *ebpf.MapSpec `ebpf:"echo_counters"`
-	EchoHead      *ebpf.MapSpec `ebpf:"echo_head"`
-	EchoSlots     *ebpf.MapSpec `ebpf:"echo_slots"`
 	PacerArming   *ebpf.MapSpec `ebpf:"pacer_arming"`
 	PacerControl  *ebpf.MapSpec `ebpf:"pacer_control"`
 	PacerCounters *ebpf.MapSpec `ebpf:"pacer_counters"`
@@ -267,8 +214,6 @@ type pacerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type pacerVariableSpecs struct {
-	EchoBtfLimits   *ebpf.VariableSpec `ebpf:"echo_btf_limits"`
-	EchoCfg         *ebpf.VariableSpec `ebpf:"echo_cfg"`
 	PacerBtfBackend *ebpf.VariableSpec `ebpf:"pacer_btf_backend"`
 	PacerBtfConsts  *ebpf.VariableSpec `ebpf:"pacer_btf_consts"`
 	PacerBtfFiller  *ebpf.VariableSpec `ebpf:"pacer_btf_filler"`
@@ -299,9 +244,6 @@ func (o *pacerObjects) Close() error {
 //
 // It can be passed to loadPacerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type pacerMaps struct {
-	EchoCounters  *ebpf.Map `ebpf:"echo_counters"`
-	EchoHead      *ebpf.Map `ebpf:"echo_head"`
-	EchoSlots     *ebpf.Map `ebpf:"echo_slots"`
 	PacerArming   *ebpf.Map `ebpf:"pacer_arming"`
 	PacerControl  *ebpf.Map `ebpf:"pacer_control"`
 	PacerCounters *ebpf.Map `ebpf:"pacer_counters"`
@@ -309,9 +251,6 @@ type pacerMaps struct {
 
 func (m *pacerMaps) Close() error {
 	return _PacerClose(
-		m.EchoCounters,
-		m.EchoHead,
-		m.EchoSlots,
 		m.PacerArming,
 		m.PacerControl,
 		m.PacerCounters,
@@ -322,8 +261,6 @@ func (m *pacerMaps) Close() error {
 //
 // It can be passed to loadPacerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type pacerVariables struct {
-	EchoBtfLimits   *ebpf.Variable `ebpf:"echo_btf_limits"`
-	EchoCfg         *ebpf.Variable `ebpf:"echo_cfg"`
 	PacerBtfBackend *ebpf.Variable `ebpf:"pacer_btf_backend"`
 	PacerBtfConsts  *ebpf.Variable `ebpf:"pacer_btf_consts"`
 	PacerBtfFiller  *ebpf.Variable `ebpf:"pacer_btf_filler"`
@@ -338,18 +275,14 @@ type pacerVariables struct {
 //
 // It can be passed to loadPacerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type pacerPrograms struct {
-	EchoEnter *ebpf.Program `ebpf:"echo_enter"`
-	EchoPass  *ebpf.Program `ebpf:"echo_pass"`
-	EchoStore *ebpf.Program `ebpf:"echo_store"`
-	EchoTick  *ebpf.Program `ebpf:"echo_tick"`
+	PacerEnter *ebpf.Program `ebpf:"pacer_enter"`
+	PacerPass  *ebpf.Program `ebpf:"pacer_pass"`
 }
 
 func (p *pacerPrograms) Close() error {
 	return _PacerClose(
-		p.EchoEnter,
-		p.EchoPass,
-		p.EchoStore,
-		p.EchoTick,
+		p.PacerEnter,
+		p.PacerPass,
 	)
 }
 

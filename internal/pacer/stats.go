@@ -64,8 +64,8 @@ func (p *Pacer) Stats() (Stats, error) {
 	s.Counters = counterMap(c)
 	s.Precision = precisionOf(c)
 	var st pacerPacerState
-	if p.progs.State != nil {
-		if err := p.progs.State.Lookup(uint32(0), &st); err != nil {
+	if p.objs.PacerArming != nil {
+		if err := p.objs.PacerArming.Lookup(uint32(0), &st); err != nil {
 			return s, fmt.Errorf("read pacer state: %w", err)
 		}
 	}
@@ -76,10 +76,10 @@ func (p *Pacer) Stats() (Stats, error) {
 // counters reads the per-CPU counters: _max_ns fields take the maximum, _min_ns the
 // smallest non-zero value, the rest add up.
 func (p *Pacer) counters() (pacerPacerStats, error) {
-	if p.progs.Counters == nil {
+	if p.objs.PacerCounters == nil {
 		return pacerPacerStats{}, errors.New("read pacer counters: not started")
 	}
-	s, err := bpfx.SumPerCPU[pacerPacerStats](p.progs.Counters, uint32(0), bpfx.Extrema)
+	s, err := bpfx.SumPerCPU[pacerPacerStats](p.objs.PacerCounters, uint32(0), bpfx.Extrema)
 	if err != nil {
 		return s, fmt.Errorf("read pacer counters: %w", err)
 	}
@@ -88,7 +88,10 @@ func (p *Pacer) counters() (pacerPacerStats, error) {
 
 // counterMap names the scalar counters in snake_case as in struct pacer_stats (late_hist
 // is reported as Precision).
-func counterMap(s pacerPacerStats) map[string]uint64 {
+func counterMap(s pacerPacerStats) map[string]uint64 { return counterMapOf(s) }
+
+// counterMapOf names the scalar fields of a bpf2go counter struct in snake_case.
+func counterMapOf[T any](s T) map[string]uint64 {
 	fs, _ := bpfx.Fields(s, "", bpfx.Naming{C: true, NoArrays: true}) // bpf2go's struct: integers only
 	m := make(map[string]uint64, len(fs))
 	for _, f := range fs {
@@ -189,80 +192,6 @@ func (p *Pacer) waitDelivered(want uint64, timeout time.Duration) error {
 		}
 		time.Sleep(time.Millisecond) // polling a counter: nothing to wait on
 	}
-}
-
-// calibrateConveyor fills the conveyor so a pass takes the period, measuring the fillers'
-// own round trips and correcting the filler count a few times.
-func (p *Pacer) calibrateConveyor() error {
-	target := p.opts.Period
-	if err := p.addFillers(p.fillersFor(target)); err != nil {
-		return err
-	}
-	p.cal.Target = target
-	for round := 0; round < 6; round++ {
-		mean, lo, hi, err := p.measurePeriod(max(3*target, 100*time.Millisecond))
-		if err != nil {
-			return err
-		}
-		p.cal.Mean, p.cal.Min, p.cal.Max = mean, lo, hi
-		p.cal.Fillers = p.fillers
-		off := mean - target
-		p.opts.Log.Debug("conveyor calibration", "round", round, "fillers", p.fillers, "mean", mean, "target", target)
-		if off.Abs() <= max(p.cal.Spread, target/50) {
-			return nil
-		}
-		// Each filler adds one spread to the period.
-		delta := int(math.Round(float64(-off) / float64(p.cal.Spread)))
-		if delta > 0 {
-			if err := p.addFillers(delta); err != nil {
-				return err
-			}
-		} else if delta < 0 {
-			if err := p.progs.Control.Put(uint32(0), pacerPacerCtl{FillersToDrop: int32(-delta)}); err != nil {
-				return fmt.Errorf("shrink conveyor: %w", err)
-			}
-			p.fillers += delta
-		}
-		p.cal.Fillers = p.fillers
-	}
-	p.opts.Log.Warn("conveyor calibration did not converge", "target", target, "mean", p.cal.Mean)
-	return nil
-}
-
-// measurePeriod samples the conveyor's filler round trips over window.
-func (p *Pacer) measurePeriod(window time.Duration) (mean, lo, hi time.Duration, err error) {
-	before, err := p.counters()
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	if err := p.resetMinMax(); err != nil {
-		return 0, 0, 0, err
-	}
-	time.Sleep(window) // a measuring window, not synchronisation
-	after, err := p.counters()
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	n := after.PeriodCount - before.PeriodCount
-	if n == 0 {
-		return 0, 0, 0, errors.New("conveyor fillers are not circulating (no filler round trips measured)")
-	}
-	return time.Duration((after.PeriodSumNs - before.PeriodSumNs) / n), time.Duration(after.PeriodMinNs), time.Duration(after.PeriodMaxNs), nil
-}
-
-// resetMinMax clears the per-CPU filler minima and maxima so a window's extremes are seen.
-func (p *Pacer) resetMinMax() error {
-	var per []pacerPacerStats
-	if err := p.progs.Counters.Lookup(uint32(0), &per); err != nil {
-		return fmt.Errorf("read pacer counters: %w", err)
-	}
-	for i := range per {
-		per[i].PeriodMinNs, per[i].PeriodMaxNs = 0, 0
-	}
-	if err := p.progs.Counters.Put(uint32(0), per); err != nil {
-		return fmt.Errorf("reset pacer counters: %w", err)
-	}
-	return nil
 }
 
 // CounterNames are the keys of Stats.Counters (struct pacer_stats' scalar fields).

@@ -190,12 +190,12 @@ func NewLeader(o LeaderOptions) (_ *Leader, err error) {
 		return nil, fmt.Errorf("start heartbeat pacer: %w", err)
 	}
 	l.arm = l.p.Arm
-	if err := l.p.Configure(spec); err != nil {
-		return nil, err
-	}
-	var lopts *ebpf.CollectionOptions
+	lopts := &ebpf.CollectionOptions{}
 	if o.TxSeq != nil {
-		lopts = &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{"raft_tx_seq": o.TxSeq}}
+		lopts.MapReplacements = map[string]*ebpf.Map{"raft_tx_seq": o.TxSeq}
+	}
+	if err := l.p.Client().Bind(spec, lopts); err != nil {
+		return nil, err
 	}
 	if err := bpfx.LoadAndAssign("raft leader", spec, &l.objs, lopts); err != nil {
 		return nil, err
@@ -224,8 +224,7 @@ func NewLeader(o LeaderOptions) (_ *Leader, err error) {
 		return nil, err
 	}
 	l.resolveAll()
-	if err := l.p.Start(pacer.Programs{Enter: l.objs.LeaderEnter, Pass: l.objs.LeaderPass, Tick: l.objs.LeaderTick,
-		State: l.objs.PacerArming, Counters: l.objs.PacerCounters, Control: l.objs.PacerControl}); err != nil {
+	if err := l.p.Start(l.objs.LeaderTick); err != nil {
 		return nil, fmt.Errorf("start heartbeat pacer: %w", err)
 	}
 	l.stop = make(chan struct{})

@@ -13,82 +13,6 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type leaderPacerConfig struct {
-	_               structs.HostLayout
-	Backend         uint32
-	Ifindex         uint32
-	PeerIfindex     uint32
-	TickIfindex     uint32
-	TickPeerIfindex uint32
-	DevIfindex      uint32
-	TickBytes       uint32
-	TickMaxBytes    uint32
-	RateBytes       uint32
-	_               [4]byte
-	EarlyNs         uint64
-	CarryEarlyNs    uint64
-	LostNs          uint64
-}
-
-type leaderPacerCtl struct {
-	_             structs.HostLayout
-	FillersToDrop int32
-	Stop          uint32
-}
-
-type leaderPacerState struct {
-	_       structs.HostLayout
-	ArmedNs uint64
-	Seq     uint64
-	FiredNs uint64
-}
-
-type leaderPacerStats struct {
-	_                   structs.HostLayout
-	TicksRequested      uint64
-	TicksArmed          uint64
-	TicksCoalesced      uint64
-	TicksLost           uint64
-	ArmErrors           uint64
-	TicksEntered        uint64
-	TickTrimErrors      uint64
-	TickBuildErrors     uint64
-	TickPasses          uint64
-	TicksPiggybacked    uint64
-	TicksSuperseded     uint64
-	TicksDelivered      uint64
-	TicksStale          uint64
-	MalformedTicks      uint64
-	Foreign             uint64
-	CarriedIn           uint64
-	CarriedOut          uint64
-	CarriedRecirculated uint64
-	EdtSet              uint64
-	EdtNoDeadline       uint64
-	RedirectErrors      uint64
-	FillerPasses        uint64
-	FillersDropped      uint64
-	PeriodSumNs         uint64
-	PeriodCount         uint64
-	PeriodMinNs         uint64
-	PeriodMaxNs         uint64
-	LateSumNs           uint64
-	LateCount           uint64
-	LateMaxNs           uint64
-	EarlyCount          uint64
-	EarlyMaxNs          uint64
-	LateHist            [24]uint64
-}
-
-type leaderRaftAuthConfig struct {
-	_         structs.HostLayout
-	ClusterId uint64
-	K0        uint64
-	K1        uint64
-	KeySet    uint32
-	Pad       uint32
-}
-
 type leaderRaftFollower struct {
 	_       structs.HostLayout
 	Id      uint64
@@ -153,30 +77,6 @@ type leaderRaftLease struct {
 	Pad        uint32
 }
 
-type leaderRaftPeer struct {
-	_    structs.HostLayout
-	Addr struct {
-		_    structs.HostLayout
-		In6U struct {
-			_       structs.HostLayout
-			U6Addr8 [16]uint8
-		}
-	}
-	Port uint16
-	Pad0 uint16
-	Pad1 uint32
-	Lock struct {
-		_   structs.HostLayout
-		Val uint32
-	}
-	Pad2 uint32
-	Win  [2]struct {
-		_    structs.HostLayout
-		Top  uint64
-		Seen uint64
-	}
-}
-
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -185,21 +85,11 @@ const (
 	leaderMapLeaderLease         = "leader_lease"
 	leaderMapLeaderState         = "leader_state"
 	leaderMapPacerArming         = "pacer_arming"
-	leaderMapPacerControl        = "pacer_control"
 	leaderMapPacerCounters       = "pacer_counters"
 	leaderMapRaftAuthCfg         = "raft_auth_cfg"
 	leaderMapRaftPeers           = "raft_peers"
 	leaderMapRaftTxSeq           = "raft_tx_seq"
-	leaderProgLeaderEnter        = "leader_enter"
-	leaderProgLeaderPass         = "leader_pass"
 	leaderProgLeaderTick         = "leader_tick"
-	leaderVarPacerBtfBackend     = "pacer_btf_backend"
-	leaderVarPacerBtfConsts      = "pacer_btf_consts"
-	leaderVarPacerBtfFiller      = "pacer_btf_filler"
-	leaderVarPacerBtfMagic       = "pacer_btf_magic"
-	leaderVarPacerBtfReq         = "pacer_btf_req"
-	leaderVarPacerBtfRx          = "pacer_btf_rx"
-	leaderVarPacerBtfTick        = "pacer_btf_tick"
 	leaderVarPacerCfg            = "pacer_cfg"
 	leaderVarRaftLeaderBtfConsts = "raft_leader_btf_consts"
 )
@@ -246,9 +136,7 @@ type leaderSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type leaderProgramSpecs struct {
-	LeaderEnter *ebpf.ProgramSpec `ebpf:"leader_enter"`
-	LeaderPass  *ebpf.ProgramSpec `ebpf:"leader_pass"`
-	LeaderTick  *ebpf.ProgramSpec `ebpf:"leader_tick"`
+	LeaderTick *ebpf.ProgramSpec `ebpf:"leader_tick"`
 }
 
 // leaderMapSpecs contains maps before they are loaded into the kernel.
@@ -259,7 +147,6 @@ type leaderMapSpecs struct {
 	LeaderLease    *ebpf.MapSpec `ebpf:"leader_lease"`
 	LeaderState    *ebpf.MapSpec `ebpf:"leader_state"`
 	PacerArming    *ebpf.MapSpec `ebpf:"pacer_arming"`
-	PacerControl   *ebpf.MapSpec `ebpf:"pacer_control"`
 	PacerCounters  *ebpf.MapSpec `ebpf:"pacer_counters"`
 	RaftAuthCfg    *ebpf.MapSpec `ebpf:"raft_auth_cfg"`
 	RaftPeers      *ebpf.MapSpec `ebpf:"raft_peers"`
@@ -270,13 +157,6 @@ type leaderMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type leaderVariableSpecs struct {
-	PacerBtfBackend     *ebpf.VariableSpec `ebpf:"pacer_btf_backend"`
-	PacerBtfConsts      *ebpf.VariableSpec `ebpf:"pacer_btf_consts"`
-	PacerBtfFiller      *ebpf.VariableSpec `ebpf:"pacer_btf_filler"`
-	PacerBtfMagic       *ebpf.VariableSpec `ebpf:"pacer_btf_magic"`
-	PacerBtfReq         *ebpf.VariableSpec `ebpf:"pacer_btf_req"`
-	PacerBtfRx          *ebpf.VariableSpec `ebpf:"pacer_btf_rx"`
-	PacerBtfTick        *ebpf.VariableSpec `ebpf:"pacer_btf_tick"`
 	PacerCfg            *ebpf.VariableSpec `ebpf:"pacer_cfg"`
 	RaftLeaderBtfConsts *ebpf.VariableSpec `ebpf:"raft_leader_btf_consts"`
 }
@@ -305,7 +185,6 @@ type leaderMaps struct {
 	LeaderLease    *ebpf.Map `ebpf:"leader_lease"`
 	LeaderState    *ebpf.Map `ebpf:"leader_state"`
 	PacerArming    *ebpf.Map `ebpf:"pacer_arming"`
-	PacerControl   *ebpf.Map `ebpf:"pacer_control"`
 	PacerCounters  *ebpf.Map `ebpf:"pacer_counters"`
 	RaftAuthCfg    *ebpf.Map `ebpf:"raft_auth_cfg"`
 	RaftPeers      *ebpf.Map `ebpf:"raft_peers"`
@@ -318,7 +197,6 @@ func (m *leaderMaps) Close() error {
 		m.LeaderLease,
 		m.LeaderState,
 		m.PacerArming,
-		m.PacerControl,
 		m.PacerCounters,
 		m.RaftAuthCfg,
 		m.RaftPeers,
@@ -330,13 +208,6 @@ func (m *leaderMaps) Close() error {
 //
 // It can be passed to loadLeaderObjects or ebpf.CollectionSpec.LoadAndAssign.
 type leaderVariables struct {
-	PacerBtfBackend     *ebpf.Variable `ebpf:"pacer_btf_backend"`
-	PacerBtfConsts      *ebpf.Variable `ebpf:"pacer_btf_consts"`
-	PacerBtfFiller      *ebpf.Variable `ebpf:"pacer_btf_filler"`
-	PacerBtfMagic       *ebpf.Variable `ebpf:"pacer_btf_magic"`
-	PacerBtfReq         *ebpf.Variable `ebpf:"pacer_btf_req"`
-	PacerBtfRx          *ebpf.Variable `ebpf:"pacer_btf_rx"`
-	PacerBtfTick        *ebpf.Variable `ebpf:"pacer_btf_tick"`
 	PacerCfg            *ebpf.Variable `ebpf:"pacer_cfg"`
 	RaftLeaderBtfConsts *ebpf.Variable `ebpf:"raft_leader_btf_consts"`
 }
@@ -345,15 +216,11 @@ type leaderVariables struct {
 //
 // It can be passed to loadLeaderObjects or ebpf.CollectionSpec.LoadAndAssign.
 type leaderPrograms struct {
-	LeaderEnter *ebpf.Program `ebpf:"leader_enter"`
-	LeaderPass  *ebpf.Program `ebpf:"leader_pass"`
-	LeaderTick  *ebpf.Program `ebpf:"leader_tick"`
+	LeaderTick *ebpf.Program `ebpf:"leader_tick"`
 }
 
 func (p *leaderPrograms) Close() error {
 	return _LeaderClose(
-		p.LeaderEnter,
-		p.LeaderPass,
 		p.LeaderTick,
 	)
 }

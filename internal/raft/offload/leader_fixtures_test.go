@@ -124,7 +124,7 @@ func newKeyedLeaderFixture(t *testing.T, mmap bool, key *wire.Key) *leaderFixtur
 	cfg := pacer.Config{Backend: pacer.BackendID(pacer.BackendConveyor), Ifindex: uint32(f.tickIfx),
 		PeerIfindex: uint32(f.tickIfx), TickIfindex: uint32(f.tickIfx), TickPeerIfindex: uint32(f.tickIfx),
 		DevIfindex: 1002, TickBytes: 128, EarlyNs: uint64(50 * time.Microsecond), LostNs: uint64(time.Second)}
-	if err := pacer.ConfigureSpec(spec, cfg); err != nil {
+	if err := (pacer.Client{Config: cfg}).Bind(spec, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := bpfx.LoadAndAssign("raft leader", spec, &l.objs, nil); err != nil {
@@ -180,7 +180,7 @@ func tickFrame(deadline uint64, magic uint64) []byte {
 	return b
 }
 
-const tickMagic = 0x6b65646765746b21
+const tickMagic = pacer.TickMagic
 
 func (f *leaderFixture) run(in []byte) uint32 {
 	f.t.Helper()
@@ -208,7 +208,7 @@ func (f *leaderFixture) counters() bpftest.Counters {
 }
 
 func (f *leaderFixture) armedNs() uint64 {
-	var s leaderPacerState
+	var s pacer.State
 	if err := f.l.objs.PacerArming.Lookup(uint32(0), &s); err != nil {
 		f.t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func (f *leaderFixture) armedNs() uint64 {
 }
 
 func (f *leaderFixture) setArmed(v uint64) {
-	if err := f.l.objs.PacerArming.Put(uint32(0), leaderPacerState{ArmedNs: v}); err != nil {
+	if err := f.l.objs.PacerArming.Put(uint32(0), pacer.State{ArmedNs: v}); err != nil {
 		f.t.Fatal(err)
 	}
 }
