@@ -8,6 +8,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "parse.h"
+#include "counters.h"
 #include "csum.h"
 #include "hedge.h"
 #include "pacer_client.h"
@@ -145,10 +146,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct hedge_tick);
 } ticker SEC(".maps");
-
-/* Evaluates st once: a second lookup would be unchecked (older verifiers do not know an
- * array lookup with a constant in-range key is non-NULL). */
-#define COUNT(st, field) do { typeof(st) __c = (st); if (__c) __c->field++; } while (0)
 
 static __always_inline struct hedge_stats *stats_for(__u32 svc)
 {

@@ -30,6 +30,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "counters.h"
 #include "parse.h"
 #include "pacer.h"
 
@@ -51,8 +52,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct pacer_stats);
 } pacer_counters SEC(".maps");
-
-#define PACER_COUNT(ps, field) do { typeof(ps) __p = (ps); if (__p) __p->field++; } while (0)
 
 static __always_inline struct pacer_stats *pacer_stats_get(void)
 {
@@ -80,13 +79,13 @@ static __always_inline int pacer_request(struct __sk_buff *skb, __u64 deadline_n
 
 	if (!st)
 		return PACER_ERR;
-	PACER_COUNT(ps, ticks_requested);
+	COUNT(ps, ticks_requested);
 	if (!deadline_ns)
 		deadline_ns = now; /* 0 means "none" in pacer_state */
 	for (int i = 0; i < PACER_REQUEST_TRIES; i++) {
 		armed = st->armed_ns;
 		if (armed && armed <= deadline_ns && now < armed + pacer_cfg.lost_ns) {
-			PACER_COUNT(ps, ticks_coalesced);
+			COUNT(ps, ticks_coalesced);
 			return PACER_COALESCED;
 		}
 		if (__sync_val_compare_and_swap(&st->armed_ns, armed, deadline_ns) == armed) {
@@ -95,21 +94,21 @@ static __always_inline int pacer_request(struct __sk_buff *skb, __u64 deadline_n
 		}
 	}
 	if (!claimed) { /* other CPUs kept arming: one of them holds a tick near ours */
-		PACER_COUNT(ps, ticks_coalesced);
+		COUNT(ps, ticks_coalesced);
 		return PACER_COALESCED;
 	}
 	if (armed && now >= armed + pacer_cfg.lost_ns)
-		PACER_COUNT(ps, ticks_lost);
+		COUNT(ps, ticks_lost);
 	if (bpf_clone_redirect(skb, pacer_cfg.tick_ifindex, 0) < 0) {
 		/* Give the slot back to the tick that held it (if any is still in flight). */
 		__sync_val_compare_and_swap(&st->armed_ns, deadline_ns, armed);
-		PACER_COUNT(ps, arm_errors);
+		COUNT(ps, arm_errors);
 		return PACER_ERR;
 	}
 	if (st->fired_ns == deadline_ns)
 		st->fired_ns = 0; /* a new tick for a deadline a filler pass delivered before */
 	__sync_fetch_and_add(&st->seq, 1);
-	PACER_COUNT(ps, ticks_armed);
+	COUNT(ps, ticks_armed);
 	return PACER_ARMED;
 }
 
@@ -127,9 +126,9 @@ static __always_inline void pacer_count_stamp(int stamped)
 	struct pacer_stats *ps = pacer_stats_get();
 
 	if (stamped)
-		PACER_COUNT(ps, edt_set);
+		COUNT(ps, edt_set);
 	else
-		PACER_COUNT(ps, edt_no_deadline);
+		COUNT(ps, edt_no_deadline);
 }
 
 /* pacer_restore_tstamp puts back a time pacer_carry replaced: a delivery time (monotonic, or
@@ -183,7 +182,7 @@ static __always_inline int pacer_recirculate(struct __sk_buff *skb, __u64 deadli
 	if (ret != TC_ACT_REDIRECT)
 		return TC_ACT_SHOT;
 	ps = pacer_stats_get();
-	PACER_COUNT(ps, carried_recirculated);
+	COUNT(ps, carried_recirculated);
 	return ret;
 }
 
@@ -270,14 +269,14 @@ static __always_inline int pacer_receive(struct __sk_buff *skb, struct pacer_tic
 	if (!is_tick)
 		return PACER_RX_CARRIED;
 	if (!f) {
-		PACER_COUNT(ps, malformed_ticks);
+		COUNT(ps, malformed_ticks);
 		return PACER_RX_MALFORMED;
 	}
 	*t = *f;
 	now = bpf_ktime_get_ns();
 	if (st && __sync_val_compare_and_swap(&st->armed_ns, t->deadline_ns, 0) != t->deadline_ns)
-		PACER_COUNT(ps, ticks_stale);
-	PACER_COUNT(ps, ticks_delivered);
+		COUNT(ps, ticks_stale);
+	COUNT(ps, ticks_delivered);
 	pacer_record_precision(ps, now, t->deadline_ns);
 	/* edt's delivery time is spent: what the consumer sends goes now. Through the helper on
 	 * edt (a program that reads skb->tstamp_type, as pacer_carry does, writes skb->tstamp

@@ -15,6 +15,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "counters.h"
 #include "parse.h"
 #include "pacer_client.h"
 
@@ -184,16 +185,16 @@ static __always_inline int echo_carry(struct __sk_buff *skb, const struct pkt *p
 	__u64 deadline = bpf_ktime_get_ns() + echo_cfg.delay_ns;
 
 	if (echo_key_of(skb, p, &k) < 0) {
-		PACER_COUNT(es, malformed);
+		COUNT(es, malformed);
 		return TC_ACT_UNSPEC;
 	}
 	/* Recorded before it is carried: the tick program reads it when the clone is back. */
 	if (bpf_map_update_elem(&echo_carried, &k, &deadline, BPF_ANY) < 0 || pacer_carry(skb, deadline) < 0) {
 		bpf_map_delete_elem(&echo_carried, &k);
-		PACER_COUNT(es, carry_errors);
+		COUNT(es, carry_errors);
 		return TC_ACT_SHOT;
 	}
-	PACER_COUNT(es, carried);
+	COUNT(es, carried);
 	return TC_ACT_SHOT;
 }
 
@@ -211,7 +212,7 @@ int echo_store(struct __sk_buff *skb)
 	perr = parse_pkt(data, data_end, &p);
 	if (perr != PARSE_OK) {
 		if (perr != PARSE_ERR_L3_PROTO)
-			PACER_COUNT(es, malformed);
+			COUNT(es, malformed);
 		return TC_ACT_UNSPEC;
 	}
 	if (p.l4_proto != IPPROTO_UDP)
@@ -222,7 +223,7 @@ int echo_store(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	len = skb->len;
 	if (len > ECHO_FRAME_MAX) {
-		PACER_COUNT(es, too_long);
+		COUNT(es, too_long);
 		return TC_ACT_UNSPEC;
 	}
 	head = bpf_map_lookup_elem(&echo_head, &zero);
@@ -231,19 +232,19 @@ int echo_store(struct __sk_buff *skb)
 	idx = __sync_fetch_and_add(head, 1) % ECHO_SLOTS;
 	s = bpf_map_lookup_elem(&echo_slots, &idx);
 	if (!s || s->busy) {
-		PACER_COUNT(es, ring_full);
+		COUNT(es, ring_full);
 		return TC_ACT_UNSPEC;
 	}
 	if (len < sizeof(struct ethhdr) || bpf_skb_load_bytes(skb, 0, s->frame, echo_len(len)) < 0 ||
 	    turn_around(s->frame, &p) < 0) {
-		PACER_COUNT(es, malformed);
+		COUNT(es, malformed);
 		return TC_ACT_UNSPEC;
 	}
 	s->len = len;
 	s->deadline_ns = bpf_ktime_get_ns() + echo_cfg.delay_ns;
 	/* Stored before the request (docs/pacer.md: ordering). */
 	__sync_fetch_and_add(&s->busy, 1);
-	PACER_COUNT(es, stored);
+	COUNT(es, stored);
 	pacer_request(skb, s->deadline_ns);
 	return TC_ACT_SHOT;
 }
@@ -285,7 +286,7 @@ static long echo_one(__u32 idx, struct echo_scan *c)
 	}
 	s->busy = 0;
 	if (send_echo(c->skb, s) < 0) {
-		PACER_COUNT(es, send_errors);
+		COUNT(es, send_errors);
 		return 0;
 	}
 	c->sent++;
@@ -323,13 +324,13 @@ static __always_inline int echo_carried_back(struct __sk_buff *skb, struct echo_
 
 	if (parse_pkt(data, data_end, &p) != PARSE_OK || p.l4_proto != IPPROTO_UDP ||
 	    echo_key_of(skb, &p, &k) < 0 || !(d = bpf_map_lookup_elem(&echo_carried, &k))) {
-		PACER_COUNT(es, carried_unknown);
+		COUNT(es, carried_unknown);
 		return TC_ACT_SHOT;
 	}
 	deadline = *d;
 	now = bpf_ktime_get_ns();
 	if (!pacer_due(deadline, now, 1)) {
-		PACER_COUNT(es, recirculated);
+		COUNT(es, recirculated);
 		return pacer_recirculate(skb, deadline);
 	}
 	bpf_map_delete_elem(&echo_carried, &k);
@@ -337,7 +338,7 @@ static __always_inline int echo_carried_back(struct __sk_buff *skb, struct echo_
 	n = p.l3_proto == ETH_P_IP ? 4 : 16;
 	if (swap_skb(skb, 0, ETH_ALEN, ETH_ALEN) < 0 || swap_skb(skb, a, a + n, n) < 0 ||
 	    swap_skb(skb, p.l4_off, p.l4_off + 2, 2) < 0) {
-		PACER_COUNT(es, send_errors);
+		COUNT(es, send_errors);
 		return TC_ACT_SHOT;
 	}
 	echo_sent(es, now, deadline);
@@ -353,18 +354,18 @@ int echo_tick(struct __sk_buff *skb)
 
 	switch (pacer_receive(skb, &t)) {
 	case PACER_RX_MALFORMED:
-		PACER_COUNT(es, rx_malformed);
+		COUNT(es, rx_malformed);
 		return TC_ACT_SHOT;
 	case PACER_RX_CARRIED:
 		return echo_carried_back(skb, es);
 	}
-	PACER_COUNT(es, ticks);
+	COUNT(es, ticks);
 	c.now = bpf_ktime_get_ns();
 	bpf_loop(ECHO_SLOTS, echo_one, &c, 0);
 	if (!c.sent)
-		PACER_COUNT(es, ticks_idle);
+		COUNT(es, ticks_idle);
 	if (c.next && pacer_request(skb, c.next) == PACER_ARMED)
-		PACER_COUNT(es, rearmed);
+		COUNT(es, rearmed);
 	return TC_ACT_SHOT;
 }
 

@@ -7,6 +7,7 @@
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include "counters.h"
 #include "pacer_client.h"
 #include "frame.h"
 
@@ -25,15 +26,15 @@ static __always_inline int pacer_build_tick(struct __sk_buff *skb, struct pacer_
 	t.sent_ns = now;
 	t.seq = st->seq;
 	if (bpf_skb_change_tail(skb, pacer_cfg.tick_bytes, 0) < 0)
-		PACER_COUNT(ps, tick_trim_errors);
+		COUNT(ps, tick_trim_errors);
 	if (pacer_write_tick(skb, &t) < 0) {
 		__sync_val_compare_and_swap(&st->armed_ns, t.deadline_ns, 0);
-		PACER_COUNT(ps, tick_build_errors);
+		COUNT(ps, tick_build_errors);
 		return TC_ACT_SHOT;
 	}
 	if (pacer_cfg.backend == PACER_EDT)
 		bpf_skb_set_tstamp(skb, t.deadline_ns, BPF_SKB_TSTAMP_DELIVERY_MONO);
-	PACER_COUNT(ps, ticks_entered);
+	COUNT(ps, ticks_entered);
 	return pacer_redirect(pacer_cfg.dev_ifindex, ps);
 }
 
@@ -48,10 +49,10 @@ static __always_inline int enter(struct __sk_buff *skb)
 	if (skb->ifindex == pacer_cfg.tick_peer_ifindex)
 		return pacer_build_tick(skb, ps);
 	if (skb->ifindex != pacer_cfg.peer_ifindex) {
-		PACER_COUNT(ps, foreign);
+		COUNT(ps, foreign);
 		return TC_ACT_SHOT;
 	}
-	PACER_COUNT(ps, carried_in);
+	COUNT(ps, carried_in);
 	return pacer_redirect(pacer_cfg.dev_ifindex, ps);
 }
 

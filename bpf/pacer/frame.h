@@ -10,6 +10,7 @@
 #include <bpf/bpf_endian.h>
 #include "parse.h"
 #include "csum.h"
+#include "counters.h"
 #include "pacer_client.h"
 
 /* pacer_tick_ip returns the tick frame's IPv4 header, checksum included. */
@@ -21,12 +22,8 @@ static __always_inline struct iphdr pacer_tick_ip(__u32 frame_len)
 		.tot_len = bpf_htons(frame_len - sizeof(struct ethhdr)),
 		.protocol = PACER_IPPROTO,
 	};
-	__u16 *w = (__u16 *)&ip;
-	__u32 sum = 0;
 
-	for (int i = 0; i < (int)(sizeof(ip) / 2); i++)
-		sum += w[i];
-	ip.check = (__sum16)~csum_fold32(sum);
+	csum_ipv4_set(&ip);
 	return ip;
 }
 
@@ -74,7 +71,7 @@ static __always_inline int pacer_redirect(__u32 ifindex, struct pacer_stats *ps)
 	long ret = bpf_redirect(ifindex, 0);
 
 	if (ret != TC_ACT_REDIRECT)
-		PACER_COUNT(ps, redirect_errors);
+		COUNT(ps, redirect_errors);
 	return ret;
 }
 

@@ -9,6 +9,7 @@
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include "counters.h"
 #include "pacer_client.h"
 #include "frame.h"
 
@@ -50,12 +51,12 @@ static __always_inline void pacer_piggyback(struct __sk_buff *skb, struct pacer_
 	if (bpf_skb_load_bytes(skb, 0, head, sizeof(head)) < 0 || pacer_write_tick(skb, &t) < 0 ||
 	    bpf_clone_redirect(skb, pacer_cfg.peer_ifindex, 0) < 0) {
 		st->fired_ns = fired; /* the queued tick frame still serves */
-		PACER_COUNT(ps, tick_build_errors);
+		COUNT(ps, tick_build_errors);
 	} else {
-		PACER_COUNT(ps, ticks_piggybacked);
+		COUNT(ps, ticks_piggybacked);
 	}
 	if (bpf_skb_store_bytes(skb, 0, head, sizeof(head), 0) < 0)
-		PACER_COUNT(ps, tick_build_errors); /* the filler is lost at its next pass */
+		COUNT(ps, tick_build_errors); /* the filler is lost at its next pass */
 }
 
 /* pacer_filler_pass keeps a conveyor filler going round, unless user space asked for fewer,
@@ -69,12 +70,12 @@ static __always_inline int pacer_filler_pass(struct __sk_buff *skb, struct pacer
 
 	ctl = bpf_map_lookup_elem(&pacer_control, &zero);
 	if (ctl && ctl->stop) {
-		PACER_COUNT(ps, fillers_dropped);
+		COUNT(ps, fillers_dropped);
 		return TC_ACT_SHOT;
 	}
 	if (ctl && ctl->fillers_to_drop > 0) {
 		if (__sync_fetch_and_add(&ctl->fillers_to_drop, -1) > 0) {
-			PACER_COUNT(ps, fillers_dropped);
+			COUNT(ps, fillers_dropped);
 			return TC_ACT_SHOT;
 		}
 		__sync_fetch_and_add(&ctl->fillers_to_drop, 1); /* lost a race: undo */
@@ -113,7 +114,7 @@ static __always_inline void pacer_tick_resize(struct __sk_buff *skb, struct pace
 	if (want < PACER_TICK_MIN_BYTES)
 		want = PACER_TICK_MIN_BYTES;
 	if (want != skb->len && bpf_skb_change_tail(skb, want, 0) < 0)
-		PACER_COUNT(ps, tick_trim_errors); /* the frame keeps its length: only less precise */
+		COUNT(ps, tick_trim_errors); /* the frame keeps its length: only less precise */
 }
 
 /* after_pass (pacer_pass): a due tick (or any carried packet) leaves towards the consumer; a tick not yet
@@ -131,18 +132,18 @@ static __always_inline int after_pass(struct __sk_buff *skb)
 	t = pacer_tick_of(skb, &is_tick);
 	if (is_tick) {
 		if (!t) {
-			PACER_COUNT(ps, malformed_ticks);
+			COUNT(ps, malformed_ticks);
 			return TC_ACT_SHOT;
 		}
 		st = pacer_state_get();
 		if (st && (st->armed_ns != t->deadline_ns || st->fired_ns == t->deadline_ns)) {
-			PACER_COUNT(ps, ticks_superseded);
+			COUNT(ps, ticks_superseded);
 			return TC_ACT_SHOT;
 		}
 		now = bpf_ktime_get_ns();
 		if (pacer_cfg.backend != PACER_EDT && !pacer_due(t->deadline_ns, now, 0)) {
 			t->passes++;
-			PACER_COUNT(ps, tick_passes);
+			COUNT(ps, tick_passes);
 			if (pacer_cfg.tick_max_bytes)
 				pacer_tick_resize(skb, ps, t->deadline_ns - now);
 			return pacer_redirect(pacer_cfg.dev_ifindex, ps);
@@ -152,7 +153,7 @@ static __always_inline int after_pass(struct __sk_buff *skb)
 	fl = pacer_filler_of(skb);
 	if (fl)
 		return pacer_filler_pass(skb, fl, ps);
-	PACER_COUNT(ps, carried_out);
+	COUNT(ps, carried_out);
 	return pacer_redirect(pacer_cfg.peer_ifindex, ps);
 }
 
