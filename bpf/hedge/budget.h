@@ -22,14 +22,20 @@
 #ifndef KEDGE_HEDGE_BUDGET_H
 #define KEDGE_HEDGE_BUDGET_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "hedge.h"
 #include "maps.h"
+
+/* A window slot's length when user space set none (the fixtures' objects). */
+#define BUDGET_SLOT_DEFAULT_NS 1000000000ULL
 
 /* win_slot returns the window slot of now, starting it over (zeroed) when it last served
  * an older slot of time; *epoch is now's slot index in time. Two CPUs starting the same
  * slot at once may lose a count or two of the slot's first moments: a budget, not a ledger. */
 static __always_inline __u32 win_slot(struct svc_cfg *sc, struct svc_state *st, __u64 now, __u64 *epoch)
 {
-	__u64 slot_ns = sc->budget_slot_ns ? sc->budget_slot_ns : 1000000000ULL;
+	__u64 slot_ns = sc->budget_slot_ns ? sc->budget_slot_ns : BUDGET_SLOT_DEFAULT_NS;
 	__u64 e = now / slot_ns + 1, old;
 	__u32 i = e % BUDGET_SLOTS;
 

@@ -1,25 +1,30 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* hedge.bpf.c - the client side of kedge's transparent UDP request hedger: its entry
- * points, each one call into the file that holds its concern.
- *   hedge_split  (TC egress, client iface)       record the request; store it for a tick
- *                                                (stored path) or clone it into the delay line
- *   hedge_rescue (TC ingress, pacer veth)        the pacer's tick program: a tick sends every
- *                                                due stored request's hedge; a clone is
- *                                                dropped, sent round again, or sent as the hedge
- *   hedge_resp   (TC ingress, client iface)      first response wins; drop the duplicate
- *   hedge_arm    (BPF_PROG_TEST_RUN, once)       starts the bpf_timer: adaptive delay + expiry
- * The pacer (the delay line) runs its own programs; the hedger is its client
- * (bpf/include/pacer_client.h): clones ride it as carried packets, each with its deadline.
+/* hedge.bpf.c - the client side of kedge's transparent UDP request hedger: its entry points,
+ * one call each into the stage that handles it. A request's path, top-down:
  *
- *   maps.h       run configuration (cfg), maps, counters
- *   request.h    match, rewrites, and the split / rescue / respond handlers
- *   store.h      the stored path: per-service store rings, the tick's hedges
- *   budget.h     the hedge budget: a sliding window (default) or a token bucket
- *   timer.h      latency and precision histograms, adaptive delay, scoreboard expiry
- * The contract with user space is bpf/include/hedge.h. */
-#include "maps.h"
+ *   hedge_split  (TC egress, client iface)   split.h    record the request; store it for a
+ *                                                       tick (store.h) or carry a clone
+ *                                                       through the delay line (the pacer)
+ *   hedge_rescue (TC ingress, pacer veth)    tick.h     the pacer's tick program: a tick pops
+ *                                                       every due stored request, a clone
+ *                                                       comes back; each due one is hedged
+ *                                                       by send.h (claim, budget, build) and
+ *                                                       sent; a clone not due goes round again
+ *   hedge_resp   (TC ingress, client iface)  respond.h  first response wins; duplicates dropped
+ *   hedge_arm    (BPF_PROG_TEST_RUN, once)   timer.h    starts the bpf_timer: adaptive delay,
+ *                                                       replica ageing, scoreboard expiry
+ *
+ *   maps.h     run configuration (cfg), maps          match.h    datagram -> service, request
+ *   budget.h   the hedge budget                       replica.h  which replica a hedge goes to
+ *   rewrite.h  address rewrites, stored hedges rebuilt
+ * The pacer (the delay line) runs its own programs; the hedger is its client
+ * (bpf/include/pacer_client.h). The contract with user space is bpf/include/hedge.h. */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "split.h"
+#include "tick.h"
+#include "respond.h"
 #include "timer.h"
-#include "request.h"
 
 SEC("tc")
 int hedge_split(struct __sk_buff *skb)

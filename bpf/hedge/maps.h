@@ -1,17 +1,14 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* maps.h - the hedger's run configuration, maps and counters (bpf/include/hedge.h has the
- * types). Every program of bpf/hedge includes it first. */
+ * types): what every stage of bpf/hedge shares. */
 #ifndef KEDGE_HEDGE_MAPS_H
 #define KEDGE_HEDGE_MAPS_H
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
-#include <bpf/bpf_endian.h>
-#include "parse.h"
 #include "counters.h"
-#include "csum.h"
+#include "marks.h"
 #include "hedge.h"
-#include "pacer_client.h"
 
 /* Scoreboard size: entries live about one hedge delay (longer for hedged requests, until
  * the second response or the TTL). 65536 covers 100k req/s at 500 ms lifetimes; LRU so a
@@ -22,7 +19,7 @@
 /* Set by user space before load (Hedger.load); the defaults only serve tests that load the
  * object without setting it. */
 const volatile struct hedge_config cfg = {
-	.hedge_mark = 0x6b650000,
+	.hedge_mark = KEDGE_MARK_HEDGE,
 	.ttl_ns = 5000000000ULL,
 	.tick_ns = 3000000000ULL,
 };
@@ -33,6 +30,11 @@ const enum delay_mode *hedge_btf_delay_mode __attribute__((unused));
 const enum req_state *hedge_btf_req_state __attribute__((unused));
 const enum reqid_order *hedge_btf_reqid_order __attribute__((unused));
 const enum budget_mode *hedge_btf_budget_mode __attribute__((unused));
+const enum kedge_mark *hedge_btf_mark __attribute__((unused));
+
+#ifndef READ_ONCE
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+#endif
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -69,7 +71,7 @@ struct {
 	__type(value, struct hreq);
 } scoreboard SEC(".maps");
 
-/* The stored path (store.h): per service a ring of STORE_RING cells, index
+/* The stored path (store.h, tick.h): per service a ring of STORE_RING cells, index
  * svc * STORE_RING + position % STORE_RING, and its head and tail positions. User space sizes
  * store_ring to its services before load (a hedger of one service holds one ring). */
 struct {
@@ -78,6 +80,13 @@ struct {
 	__type(key, __u32);
 	__type(value, struct hstore);
 } store_ring SEC(".maps");
+
+/* store_len bounds a length already checked to be 1..STORE_BYTES for the verifier (see
+ * echo_len in bpf/pacer/echo.bpf.c). */
+static __always_inline __u32 store_len(__u32 len)
+{
+	return ((len - 1) & (STORE_BYTES - 1)) + 1;
+}
 
 struct store_pos {
 	__u64 head; /* next position the rescuer pops */
@@ -91,7 +100,7 @@ struct {
 	__type(value, struct store_pos);
 } store_heads SEC(".maps");
 
-/* A pacer tick's loop state (store.h, store_tick): per CPU, reset at each tick. */
+/* A pacer tick's loop state (tick.h, store_tick): per CPU, reset at each tick. */
 struct tick_state {
 	__u64 next; /* earliest deadline still waiting (0: none) */
 	__u32 svc;  /* service whose ring is being popped */

@@ -20,6 +20,9 @@
 #ifndef KEDGE_HEDGE_REPLICA_H
 #define KEDGE_HEDGE_REPLICA_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "hedge.h"
 #include "maps.h"
 
 /* Referenced so the enum's BTF reaches bpf2go (-type replica_choice). */

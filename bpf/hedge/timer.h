@@ -5,8 +5,13 @@
 #ifndef KEDGE_HEDGE_TIMER_H
 #define KEDGE_HEDGE_TIMER_H
 
-#include "maps.h"
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "counters.h"
+#include "proto.h"
 #include "hist.h"
+#include "hedge.h"
+#include "maps.h"
 #include "budget.h"
 #include "replica.h"
 
@@ -179,8 +184,8 @@ static __always_inline int timer_arm(void)
 
 	if (!t)
 		return 1;
-	err = bpf_timer_init(&t->timer, &ticker, 1 /* CLOCK_MONOTONIC */);
-	if (err && err != -16 /* -EBUSY: already initialised */)
+	err = bpf_timer_init(&t->timer, &ticker, CLOCK_MONOTONIC);
+	if (err && err != -EBUSY) /* already initialised */
 		return (int)-err;
 	err = bpf_timer_set_callback(&t->timer, on_tick);
 	if (err)

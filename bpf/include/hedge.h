@@ -1,21 +1,22 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* hedge.h - the kernel/user contract of kedge's UDP request hedger.
  *
- * Data flow (docs/architecture.md has the picture):
+ * Data flow (bpf/hedge/hedge.bpf.c lists the stages; docs/hedging.md has the picture):
  *   client iface egress  (hedge_split)  : request -> scoreboard PENDING, takes a budget token;
  *                                         payload <= store_limit: stored (store ring, a pacer
- *                                         tick asked for at its deadline), else clone -> delay
- *                                         line (no token: NOCLONE, neither)
- *   dl veth ingress, tick (hedge_rescue): every due stored request -> hedge rebuilt from its
- *                                         bytes, sent to another replica
- *   pacer ns             (dl_entry/loop, bpf/include/pacer.h): clone waits (conveyor | netem | edt), comes back
- *   dl veth ingress      (hedge_rescue) : answered -> drop, budget token back; early -> go
- *                                         round again; pending -> rewrite to another replica,
- *                                         send (the token the splitter took pays for it)
+ *                                         tick asked for at its deadline), else a clone carried
+ *                                         through the pacer with its deadline (no token:
+ *                                         NOCLONE, neither)
+ *   pacer ns             (the pacer's own programs, bpf/pacer): the clone waits (conveyor |
+ *                                         netem | edt), comes back; ticks come at deadlines
+ *   pacer veth ingress   (hedge_rescue) : a tick: every due stored request -> its hedge, rebuilt
+ *                                         from its bytes; a clone: answered -> dropped, token
+ *                                         back; early -> round again; due -> rewritten to
+ *                                         another replica and sent (the token pays for it)
  *   client iface ingress (hedge_resp)   : first response completes, rewritten to the address
  *                                         the client used; the later duplicate is dropped
  * Go gets these structs and enums through bpf2go (-type), never by hand; keep padding
- * explicit. The programs are in bpf/hedge/ (hedge.bpf.c lists them). */
+ * explicit. */
 #ifndef KEDGE_HEDGE_H
 #define KEDGE_HEDGE_H
 

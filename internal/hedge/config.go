@@ -126,8 +126,9 @@ type DelaySpec struct {
 	MinSamples int
 }
 
-// DefaultMark is the skb mark hedges carry unless the config sets one ("ke" in its top bytes).
-const DefaultMark = 0x6b650000
+// DefaultMark is the skb mark hedges carry unless the config sets one: hedging's entry in the
+// mark registry (bpf/include/marks.h, "ke" in its top bytes).
+const DefaultMark = uint32(hedgeKedgeMarkKEDGE_MARK_HEDGE)
 
 // The range of a hedge delay (fixed, or an adaptive delay's clamps).
 const minDelay, maxDelay, delayRange = 200 * time.Microsecond, 10 * time.Second, "200us..10s"

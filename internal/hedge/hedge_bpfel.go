@@ -143,6 +143,15 @@ type hedgeHstore struct {
 	Data       [2112]uint8
 }
 
+type hedgeKedgeMark uint32
+
+const (
+	hedgeKedgeMarkKEDGE_MARK_SG_COPY    hedgeKedgeMark = 1800601600
+	hedgeKedgeMarkKEDGE_MARK_SG_CONT    hedgeKedgeMark = 1800601601
+	hedgeKedgeMarkKEDGE_MARK_FABRIC_DUP hedgeKedgeMark = 1801715713
+	hedgeKedgeMarkKEDGE_MARK_HEDGE      hedgeKedgeMark = 1801781248
+)
+
 type hedgeKhist struct {
 	_ structs.HostLayout
 	B [400]uint32
@@ -274,6 +283,7 @@ const (
 	hedgeVarHedgeBtfBudgetMode    = "hedge_btf_budget_mode"
 	hedgeVarHedgeBtfDelayMode     = "hedge_btf_delay_mode"
 	hedgeVarHedgeBtfLimits        = "hedge_btf_limits"
+	hedgeVarHedgeBtfMark          = "hedge_btf_mark"
 	hedgeVarHedgeBtfReplicaChoice = "hedge_btf_replica_choice"
 	hedgeVarHedgeBtfReqState      = "hedge_btf_req_state"
 	hedgeVarHedgeBtfReqidOrder    = "hedge_btf_reqid_order"
@@ -356,6 +366,7 @@ type hedgeVariableSpecs struct {
 	HedgeBtfBudgetMode    *ebpf.VariableSpec `ebpf:"hedge_btf_budget_mode"`
 	HedgeBtfDelayMode     *ebpf.VariableSpec `ebpf:"hedge_btf_delay_mode"`
 	HedgeBtfLimits        *ebpf.VariableSpec `ebpf:"hedge_btf_limits"`
+	HedgeBtfMark          *ebpf.VariableSpec `ebpf:"hedge_btf_mark"`
 	HedgeBtfReplicaChoice *ebpf.VariableSpec `ebpf:"hedge_btf_replica_choice"`
 	HedgeBtfReqState      *ebpf.VariableSpec `ebpf:"hedge_btf_req_state"`
 	HedgeBtfReqidOrder    *ebpf.VariableSpec `ebpf:"hedge_btf_reqid_order"`
@@ -425,6 +436,7 @@ type hedgeVariables struct {
 	HedgeBtfBudgetMode    *ebpf.Variable `ebpf:"hedge_btf_budget_mode"`
 	HedgeBtfDelayMode     *ebpf.Variable `ebpf:"hedge_btf_delay_mode"`
 	HedgeBtfLimits        *ebpf.Variable `ebpf:"hedge_btf_limits"`
+	HedgeBtfMark          *ebpf.Variable `ebpf:"hedge_btf_mark"`
 	HedgeBtfReplicaChoice *ebpf.Variable `ebpf:"hedge_btf_replica_choice"`
 	HedgeBtfReqState      *ebpf.Variable `ebpf:"hedge_btf_req_state"`
 	HedgeBtfReqidOrder    *ebpf.Variable `ebpf:"hedge_btf_reqid_order"`
