@@ -22,7 +22,13 @@ func TestMeasurePrograms(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 50
-	pt, err := h.MeasurePrograms(client.Handle, 0, netip.AddrPortFrom(client.IPv4, 40000), 7000, n, 32)
+	from := netip.AddrPortFrom(client.IPv4, 40000)
+	var reqs, resps [][]byte
+	for i := range n {
+		p := idPayload(uint32(7000+i), 32)
+		reqs, resps = append(reqs, datagram(from, svc, p)), append(resps, datagram(svc, from, p))
+	}
+	pt, err := h.MeasurePrograms(client.Handle, reqs, resps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,10 +45,10 @@ func TestMeasurePrograms(t *testing.T) {
 		t.Errorf("times %+v", pt)
 	}
 	t.Logf("hedge_split %v, hedge_resp %v per request (%d requests)", pt.Split, pt.Resp, n)
-	if _, err := h.MeasurePrograms(client.Handle, 1, netip.AddrPortFrom(client.IPv4, 40000), 1, 1, 32); err == nil {
-		t.Error("service 1 of 1 accepted")
+	if _, err := h.MeasurePrograms(client.Handle, reqs, resps[:1]); err == nil {
+		t.Error("50 requests with 1 response accepted")
 	}
-	if _, err := h.MeasurePrograms(client.Handle, 0, netip.AddrPortFrom(client.IPv6, 40000), 1, 1, 32); err == nil {
-		t.Error("IPv6 client for an IPv4 service accepted")
+	if _, err := h.MeasurePrograms(client.Handle, nil, nil); err == nil {
+		t.Error("no requests accepted")
 	}
 }

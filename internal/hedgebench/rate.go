@@ -2,6 +2,7 @@ package hedgebench
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/chaos"
 	"github.com/kedge-dev/kedge/internal/hedge"
+	"github.com/kedge-dev/kedge/internal/pktbuild"
 )
 
 // RateOptions configure the rate scenario: an unmodified UDP client (the chaos baseline
@@ -591,7 +593,11 @@ func measurePrograms(h *hedge.Hedger, ns netns.NsHandle, client netip.AddrPort, 
 			time.Sleep(3 * delay) // the batch's requests come due and leave the ring: nothing to poll per cell
 		}
 		k := min(progBatch, n-done)
-		pt, err := h.MeasurePrograms(ns, 0, client, firstID+uint32(done), k, 32)
+		reqs, resps, err := progFrames(h.Config.Services[0], client, firstID+uint32(done), k, 32)
+		if err != nil {
+			return ProgTime{}, err
+		}
+		pt, err := h.MeasurePrograms(ns, reqs, resps)
 		if err != nil {
 			return ProgTime{}, err
 		}
@@ -602,6 +608,39 @@ func measurePrograms(h *hedge.Hedger, ns netns.NsHandle, client netip.AddrPort, 
 		return ProgTime{}, err
 	}
 	return ProgTime{Requests: n, SplitNS: float64(split.Nanoseconds()) / float64(n), RespNS: float64(resp.Nanoseconds()) / float64(n), Counters: c}, nil
+}
+
+// progFrames builds n requests from client to service s, ids from firstID upwards, and their
+// responses, payloadLen bytes each (the id in the service's id field), for MeasurePrograms.
+func progFrames(s hedge.ServiceConfig, client netip.AddrPort, firstID uint32, n, payloadLen int) (reqs, resps [][]byte, err error) {
+	svc, err := netip.ParseAddrPort(s.Address)
+	if err != nil {
+		return nil, nil, fmt.Errorf("measure programs: service address %q: %w", s.Address, err)
+	}
+	id := s.RequestID
+	if id.Length > 4 || payloadLen < id.Offset+4 {
+		return nil, nil, fmt.Errorf("measure programs: request id of %d bytes at %d in %d-byte payloads: want at most 4 bytes inside the payload", id.Length, id.Offset, payloadLen)
+	}
+	if client.Addr().Is4() != svc.Addr().Is4() {
+		return nil, nil, fmt.Errorf("measure programs: client %s and service %s differ in address family", client, svc)
+	}
+	frame := func(from, to netip.AddrPort, reqID uint32) []byte {
+		p := make([]byte, payloadLen)
+		binary.BigEndian.PutUint32(p[id.Offset:], reqID<<(8*(4-id.Length)))
+		b := pktbuild.New()
+		if from.Addr().Is4() {
+			b = b.IPv4(pktbuild.IPv4{Src: from.Addr(), Dst: to.Addr()})
+		} else {
+			b = b.IPv6(pktbuild.IPv6{Src: from.Addr(), Dst: to.Addr()})
+		}
+		return b.UDP(pktbuild.UDP{Src: from.Port(), Dst: to.Port()}).Payload(p).Build()
+	}
+	for i := range n {
+		rid := firstID + uint32(i)
+		reqs = append(reqs, frame(client, svc, rid))
+		resps = append(resps, frame(svc, client, rid))
+	}
+	return reqs, resps, nil
 }
 
 // progBatch is the requests timed back to back (well below the store ring's 1024 cells).
