@@ -302,7 +302,11 @@ func testRescue(t *testing.T, backend, fam string, connected bool, path string) 
 	const n = 60
 	res := runClient(t, l.Host("client"), svc, connected, ids(n, 1000), time.Second)
 	// On a busy machine a normal request can take longer than the delay and is then hedged
-	// too, legitimately. A request answered well within the delay never is.
+	// too, legitimately; so can one that takes longer than the delay less the pacer's early
+	// margin (half a pass: netem's, or the conveyor's filler queue for clones, 5 ms at the
+	// default 10 ms period), which an emulated guest's responses do. A request answered well
+	// within that never is.
+	slowAfter := 10*time.Millisecond - h.Calibration.Target/2 - time.Millisecond
 	stalled, slow, unrescued := 0, 0, 0
 	for i, d := range res.lat {
 		id := uint32(1000 + i)
@@ -315,7 +319,7 @@ func testRescue(t *testing.T, backend, fam string, connected bool, path string) 
 					t.Errorf("id %d: %v - the stall was not rescued by a hedge", id, d)
 				}
 			}
-		case d >= 9*time.Millisecond:
+		case d >= slowAfter:
 			slow++
 		}
 	}
