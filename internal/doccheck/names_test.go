@@ -244,3 +244,18 @@ func mapsKeys(m map[string]bool) func(func(string) bool) {
 		}
 	}
 }
+
+// historyRE finds what makes a document a diary: work sessions and issue numbers, which a
+// reader cannot see. History goes to CHANGELOG.md and git.
+var historyRE = regexp.MustCompile(`(?i)\b(session|issue)s? #?[0-9]+\b`)
+
+// TestDocsNoHistory: no document names a work session or an issue number.
+func TestDocsNoHistory(t *testing.T) {
+	for doc, src := range documents(t) {
+		for i, line := range strings.Split(string(stripFences(src)), "\n") {
+			if m := historyRE.FindString(line); m != "" {
+				t.Errorf("%s:%d: %q: a reader cannot see sessions or issues; say what is, history goes to CHANGELOG.md", doc, i+1, m)
+			}
+		}
+	}
+}
