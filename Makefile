@@ -4,7 +4,7 @@ GO ?= go
 export CGO_ENABLED := 0
 BIN := bin/kedge
 
-.PHONY: all deps generate check-generated build test test-unit test-kernels demo vet clean cleanup fuzz
+.PHONY: all deps generate check-generated build test test-unit test-kernels demo vet clean cleanup fuzz install uninstall image deb
 
 all: build
 
@@ -26,6 +26,23 @@ COMMIT = $(shell git describe --always --dirty --abbrev=40 --match=NeVeR 2>/dev/
 
 build: deps
 	@$(GO) build -trimpath -ldflags "-s -w -X github.com/kedge-dev/kedge/internal/version.Commit=$(COMMIT)" -o $(BIN) ./cmd/kedge
+
+# The binary on the PATH (what the lab's "Next:" hints and docs run as a bare 'kedge').
+PREFIX ?= /usr/local
+install: build
+	@install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/kedge
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/kedge"
+
+uninstall:
+	@rm -f $(DESTDIR)$(PREFIX)/bin/kedge
+
+# Packaging, offline (docs/deploy.md): the OCI image FROM scratch (podman; saved as OCI and
+# docker archives under bin/) and the Debian package with the kedge-agent systemd unit.
+image: build
+	@COMMIT=$(COMMIT) ./scripts/image.sh
+
+deb: build
+	@COMMIT=$(COMMIT) ./scripts/deb.sh
 
 vet:
 	@$(GO) vet ./...

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/runstate"
 	"github.com/kedge-dev/kedge/pkg/kedge"
 )
 
@@ -102,6 +103,11 @@ func run(cmd *cobra.Command, args []string) int {
 	defer stop()
 	err := cmd.ExecuteContext(ctx)
 	if err == nil {
+		// Everything this run made is gone: its owner record goes too (a failed run keeps
+		// it, so that what it could not remove is judged by the free lock, as after a kill).
+		if cerr := runstate.CloseSelf(); cerr != nil {
+			slog.Warn("remove this run's owner record", "err", cerr)
+		}
 		return exitOK
 	}
 	fmt.Fprintf(os.Stderr, "kedge: %v\n", err)

@@ -152,7 +152,9 @@ func Parse(name string, b []byte) (*Config, error) {
 }
 
 // Validate fills in defaults and checks everything that can be checked without root:
-// each hedger's and monitor's settings, and no two on the same interface.
+// each hedger's and monitor's settings, and no two on the same interface. A config that
+// declares nothing is valid (the packaged default): the agent then serves its endpoints
+// and waits for a reload.
 func (c *Config) Validate() error {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
@@ -178,9 +180,6 @@ func (c *Config) Validate() error {
 	}
 	if r := time.Duration(c.Retry); r < 100*time.Millisecond || r > time.Hour {
 		return fmt.Errorf("retry %v: use 100ms..1h", r)
-	}
-	if len(c.Hedge) == 0 && len(c.Pping) == 0 {
-		return errors.New("nothing to run: declare hedgers under 'hedge' or monitors under 'pping'")
 	}
 	seen := map[string]int{}
 	for i := range c.Hedge {

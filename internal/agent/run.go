@@ -70,6 +70,9 @@ func Run(ctx context.Context, o Options) error {
 	a.healthWindow.Store(int64(3*time.Duration(cfg.Retry) + 30*time.Second))
 	srv.Serve(a)
 	o.Log.Info("agent serving", "url", "http://"+srv.Addr().String(), "endpoints", "/metrics /healthz /readyz", "config", o.Path)
+	if len(cfg.Hedge)+len(cfg.Pping) == 0 {
+		o.Log.Warn("the config declares nothing to run: add hedgers under 'hedge' or monitors under 'pping', then reload", "config", o.Path)
+	}
 	if err := a.Apply(cfg); err != nil {
 		o.Log.Warn("not everything is attached yet; retrying every "+time.Duration(cfg.Retry).String(), "err", err)
 	}

@@ -182,6 +182,17 @@ func (o *Owner) Close() error {
 	return err
 }
 
+// CloseSelf closes this process's owner, if Self made one: for a run that ends cleanly,
+// having removed everything it made, so that no record stays behind for `kedge cleanup` to
+// report. A run that ends with an error keeps its record until the process exits: whatever
+// its cleanup could not remove is then judged by the free lock, as after a kill.
+func CloseSelf() error {
+	selfMu.Lock()
+	o := self
+	selfMu.Unlock()
+	return o.Close()
+}
+
 // startTicks reads field 22 (starttime) of /proc/<pid>/stat (pid 0: this process; in a
 // PID namespace of its own /proc may be its parent's, so not by pid).
 func startTicks(pid int) (uint64, error) {
