@@ -18,6 +18,9 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	bpftest.RemoveKedgeBinary()
+	if debOnce.out != "" {
+		os.RemoveAll(debOnce.out)
+	}
 	os.Exit(code)
 }
 
