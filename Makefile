@@ -4,7 +4,7 @@ GO ?= go
 export CGO_ENABLED := 0
 BIN := bin/kedge
 
-.PHONY: all deps generate check-generated build test test-unit test-kernels demo vet clean cleanup fuzz install uninstall image deb
+.PHONY: all deps generate check-generated build test test-unit test-kernels demo vet clean cleanup fuzz install uninstall image deb helm
 
 all: build
 
@@ -43,6 +43,12 @@ image: build
 
 deb: build
 	@COMMIT=$(COMMIT) ./scripts/deb.sh
+
+# Helm, built from the Go module proxy at the version the chart's tests use (no other
+# download is reachable here): then 'bin/helm template kedge deploy/helm/kedge' works.
+helm:
+	@cd deploy/helm/chartcheck && $(GO) build -o ../../../bin/helm helm.sh/helm/v3/cmd/helm
+	@echo "bin/helm: $$(bin/helm version --short)"
 
 vet:
 	@$(GO) vet ./...

@@ -8,6 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CGO_ENABLED=0
 go test -count=1 -timeout 20m ./...
+# The Helm chart, rendered with Helm's library and decoded into the Kubernetes API types: a
+# module of its own (deploy/helm/chartcheck), so Helm is no dependency of kedge.
+(cd deploy/helm/chartcheck && go test -count=1 -timeout 20m ./...)
 # Fuzz budgets are execution counts, not durations: with a duration, Go 1.26's fuzz
 # coordinator can report "context deadline exceeded" (no failing input) when a loaded
 # worker is mid-run at the deadline (golang/go#75804, fixed in Go 1.27); seen here once in

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -356,6 +358,8 @@ func TestAgentReload(t *testing.T) {
 		t.Errorf("kedge_agent_unit_attached{interface=kx0} = %v, want 0", v)
 	}
 
+	checkDashboard(t, scrape(t, base), withPping)
+
 	// Remove a; b stays as it is.
 	close(stopTraffic)
 	<-tr.done
@@ -371,6 +375,51 @@ func TestAgentReload(t *testing.T) {
 	}
 	t.Logf("a: %d requests answered across 5 reloads", tr.answered.Load())
 	stop()
+}
+
+// checkDashboard checks that every kedge metric deploy/grafana/kedge.json queries is one the
+// agent serves (pping's only when a monitor could run here).
+func checkDashboard(t *testing.T, served map[string]*familyValues, withPping bool) {
+	t.Helper()
+	b, err := os.ReadFile("../../deploy/grafana/kedge.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatalf("dashboard: %v", err)
+	}
+	nameRE := regexp.MustCompile(`kedge_[a-z0-9_]+`)
+	alternatives := regexp.MustCompile(`kedge_hedge_\(([a-z0-9_|]+)\)_total`)
+	checked := 0
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			names := nameRE.FindAllString(tg.Expr, -1)
+			if m := alternatives.FindStringSubmatch(tg.Expr); m != nil {
+				for _, n := range strings.Split(m[1], "|") {
+					names = append(names, "kedge_hedge_"+n+"_total")
+				}
+			}
+			for _, n := range names {
+				if strings.HasSuffix(n, "_") || (!withPping && strings.HasPrefix(n, "kedge_pping_")) {
+					continue // the prefix of a regex alternation, or pping's metrics where it cannot load
+				}
+				n = strings.TrimSuffix(n, "_bucket")
+				if _, ok := served[n]; !ok {
+					t.Errorf("dashboard panel %q queries %s, which the agent does not serve", p.Title, n)
+				}
+				checked++
+			}
+		}
+	}
+	if checked < 20 {
+		t.Errorf("only %d metric names checked in the dashboard", checked)
+	}
 }
 
 // ppingLoads reports whether this machine lets pping's programs load. Some sandboxes
