@@ -52,7 +52,7 @@ Scenarios:
             unhedged, with kedge's clone path (--store-limit 0) and with its stored path,
             paired: --repeats rounds, each running every arm in a rotated order. Prints
             req/s ratios, CPU per request added (processes and machine), paired P50 added,
-            issue 14's targets beside them, the programs' run time per request
+            the targets (docs/hedging.md) beside them, the programs' run time per request
             (BPF_PROG_TEST_RUN) and a 2%-stall service at saturation (missed hedges, lost
             clones). Own schema (kedge.bench.rate/v2) and charts.
 Flags given explicitly override the scenario's defaults.`,

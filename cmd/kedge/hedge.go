@@ -112,7 +112,7 @@ qdisc of the chosen --backend).`,
   sudo kedge hedge run --interface eth0 --service 198.18.0.12:9999 --replica 198.18.0.13:9999 \
       --delay-quantile 0.95 --delay-min 1ms --delay-max 50ms
 
-  # every request cloned into the delay line (no stored path), as before issue 14
+  # every request cloned into the delay line (no stored path: for requests larger than a store cell)
   sudo kedge hedge run --interface eth0 --service 198.18.0.12:9999 --replica 198.18.0.13:9999 --store-limit 0
 
   # several services from a file, with a Prometheus endpoint
@@ -417,6 +417,12 @@ running, --pid picks one. -o json prints the whole status file.`,
 			if err != nil {
 				return err
 			}
+			if st == nil {
+				return writeReport(cmd.OutOrStdout(), output, struct{}{}, func(w io.Writer) error {
+					_, err := fmt.Fprintln(w, "no hedger running (start one with 'kedge hedge run' or 'kedge agent')")
+					return err
+				})
+			}
 			return writeReport(cmd.OutOrStdout(), output, st, func(w io.Writer) error { return writeHedgeStats(w, st) })
 		},
 	}
@@ -432,11 +438,11 @@ func pickHedger(sts []hedge.Status, pid int) (*hedge.Status, error) {
 				return &sts[i], nil
 			}
 		}
-		return nil, exitCodeError{exitError, fmt.Errorf("no hedger with pid %d is running (see 'kedge hedge status')", pid)}
+		return nil, usagef("no hedger with pid %d is running (see 'kedge hedge status')", pid)
 	}
 	switch len(sts) {
 	case 0:
-		return nil, exitCodeError{exitError, errors.New("no hedger running (start one with 'kedge hedge run')")}
+		return nil, nil // nothing running: said, not an error (as every status command)
 	case 1:
 		return &sts[0], nil
 	}

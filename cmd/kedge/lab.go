@@ -7,10 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/lab"
 )
@@ -155,17 +158,25 @@ func labSpec(name, hosts, fabric string, mtu int) (lab.Spec, error) {
 }
 
 func newLabDownCmd() *cobra.Command {
-	var quiet bool
+	var quiet, kill bool
 	cmd := &cobra.Command{
-		Use:     "down NAME",
-		Short:   "Remove a persistent lab",
-		Example: `  sudo kedge lab down demo`,
-		Args:    exactArgs("NAME"),
+		Use:   "down NAME",
+		Short: "Remove a persistent lab (and, with --kill, the processes still running in it)",
+		Long: `Down removes a persistent lab's namespaces. Processes still running inside them (a
+server started with 'kedge lab exec', a shell) would be orphaned in a namespace without
+a name: Down names them and removes nothing, unless --kill stops them first (SIGTERM,
+then SIGKILL after 2 s).`,
+		Example: `  sudo kedge lab down demo
+  sudo kedge lab down demo --kill   # also stop what still runs in it`,
+		Args: exactArgs("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := lab.ValidName(args[0]); err != nil {
 				return usagef("%v", err)
 			}
 			if err := checkLabPrefix(); err != nil {
+				return err
+			}
+			if err := stopLabProcesses(cmd, args[0], kill, quiet); err != nil {
 				return err
 			}
 			removed, err := lab.DownIn(labPrefix, args[0])
@@ -175,13 +186,101 @@ func newLabDownCmd() *cobra.Command {
 				}
 			}
 			if errors.Is(err, lab.ErrNotFound) {
-				return fmt.Errorf("%w (see 'kedge lab list')", err)
+				return usagef("%w (see 'kedge lab list')", err)
 			}
 			return rootHint(err)
 		},
 	}
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print nothing unless something fails")
+	cmd.Flags().BoolVar(&kill, "kill", false, "stop the processes still running in the lab's namespaces (SIGTERM, then SIGKILL)")
 	return cmd
+}
+
+// labProc is a process running in one of a lab's namespaces.
+type labProc struct {
+	pid               int
+	comm, ns, cmdline string
+}
+
+// labProcesses lists the processes (other than this one) whose network namespace is one of
+// the lab's.
+func labProcesses(l *lab.Lab) ([]labProc, error) {
+	inodes := map[uint64]string{}
+	nss := []*lab.Netns{l.Fabric}
+	for _, h := range l.Hosts {
+		nss = append(nss, h.Netns)
+	}
+	for _, n := range nss {
+		var st unix.Stat_t
+		if err := unix.Stat(n.Path(), &st); err == nil {
+			inodes[st.Ino] = n.Name
+		}
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	var out []labProc
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) != nil {
+			continue // gone, or a kernel thread
+		}
+		ns, ok := inodes[st.Ino]
+		if !ok {
+			continue
+		}
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		out = append(out, labProc{pid: pid, ns: ns, comm: strings.TrimSpace(string(comm)),
+			cmdline: strings.TrimSpace(strings.ReplaceAll(string(cmdline), "\x00", " "))})
+	}
+	return out, nil
+}
+
+// stopLabProcesses names the processes running in lab name's namespaces; without kill that
+// is an error (nothing is removed), with kill they are stopped: SIGTERM, SIGKILL after 2 s.
+func stopLabProcesses(cmd *cobra.Command, name string, kill, quiet bool) error {
+	l, err := lab.OpenIn(labPrefix, name)
+	if err != nil {
+		return nil // not there (DownIn says so), or broken: nothing to look into
+	}
+	defer l.Release()
+	procs, err := labProcesses(l)
+	if err != nil || len(procs) == 0 {
+		return err
+	}
+	var lines []string
+	for _, p := range procs {
+		lines = append(lines, fmt.Sprintf("  pid %d in %s: %s", p.pid, p.ns, p.cmdline))
+	}
+	if !kill {
+		return fmt.Errorf("%d process(es) still run in lab %s; stop them, or add --kill to stop them with the lab:\n%s",
+			len(procs), name, strings.Join(lines, "\n"))
+	}
+	for _, p := range procs {
+		if err := unix.Kill(p.pid, unix.SIGTERM); err == nil && !quiet {
+			fmt.Fprintf(cmd.OutOrStdout(), "stopping pid %d (%s) in %s\n", p.pid, p.comm, p.ns)
+		}
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if left, _ := labProcesses(l); len(left) == 0 {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond) // polling for exits: no event to wait on for non-children
+	}
+	left, _ := labProcesses(l)
+	for _, p := range left {
+		if err := unix.Kill(p.pid, unix.SIGKILL); err == nil && !quiet {
+			fmt.Fprintf(cmd.OutOrStdout(), "killed pid %d (%s) in %s\n", p.pid, p.comm, p.ns)
+		}
+	}
+	return nil
 }
 
 func newLabExecCmd() *cobra.Command {
@@ -315,6 +414,9 @@ func openHost(labName, host string) (*lab.Host, func(), error) {
 		return nil, nil, err
 	}
 	l, err := lab.OpenIn(labPrefix, labName)
+	if errors.Is(err, lab.ErrNotFound) {
+		return nil, nil, usageError{Err: err} // a name that does not exist, as with interfaces
+	}
 	if err != nil {
 		return nil, nil, rootHint(err)
 	}

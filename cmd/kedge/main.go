@@ -1,9 +1,10 @@
-// Command kedge moves distributed-systems communication patterns (request hedging,
-// latency monitoring, ...) into the Linux kernel with eBPF. See README.md.
+// Command kedge moves distributed-systems communication patterns (request hedging, latency
+// monitoring, scatter-gather, raft) into the Linux kernel with eBPF. See README.md.
 //
-// Exit codes (pkg/kedge.ExitCode): 0 success, 1 runtime error, 2 bad usage (flags,
-// arguments, config, an interface or namespace that does not exist), 3 this kernel lacks a
-// feature the command needs (see `kedge probe`).
+// Exit codes (pkg/kedge.ExitCode): 0 success (status commands that find nothing running
+// included), 1 runtime error, 2 bad usage (flags, arguments, config, a name - interface,
+// namespace, lab, host, pid - that does not exist), 3 this kernel lacks a feature the
+// command needs (see `kedge probe`).
 package main
 
 import (
@@ -62,13 +63,27 @@ func newRootCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "kedge",
 		Short: "Kernel-resident communication patterns for distributed systems (eBPF)",
-		Long: `kedge moves communication patterns of distributed systems into the Linux kernel:
-transparent UDP request hedging, passive latency monitoring, and the lab and
-benchmarks that measure them. Run 'kedge probe' first to see what this kernel offers.
+		Long: `kedge moves communication patterns of distributed systems into the Linux kernel
+with eBPF, as one binary:
 
-Exit codes: 0 success, 1 runtime error, 2 bad usage (flags, arguments, config, an
-interface or namespace that does not exist), 3 this kernel lacks a feature the command
-needs (the message names it, the kernel version that has it and what to do).`,
+  hedge   transparent UDP request hedging: a request not answered within a delay is
+          sent to another replica, the first response wins (unmodified clients)
+  pping   passive latency monitoring: RTTs from the traffic itself (TCP timestamps,
+          ICMP, DNS, UDP request ids), per flow or per subnet
+  sg      scatter-gather: one datagram fanned out to up to 1024 workers, the replies
+          reduced in XDP (also a Go API, pkg/sg)
+  raft    a replicated key-value store on etcd's raft with its fast paths in XDP
+  agent   hedgers and latency monitors from one config file, as a node service with
+          Prometheus metrics (systemd unit, container image, Helm chart)
+
+and the lab (network-namespace topologies), chaos and bench commands that measure them.
+Run 'kedge probe' first to see what this kernel offers.
+
+Exit codes, the same in every command: 0 success (a status or stats command that finds
+nothing running says so and exits 0); 1 runtime error; 2 bad usage: a flag, argument or
+config value that cannot be used, including a name that does not exist (an interface, a
+namespace, a lab or host, a pid); 3 this kernel lacks a feature the command needs (the
+message names it, the kernel version that has it and what to do).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRun: func(cmd *cobra.Command, args []string) {

@@ -223,7 +223,8 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 	var out *pping.Writer
 	if f.write != "" {
 		if out, err = pping.NewFileWriter(f.write, format); err != nil {
-			return err
+			// A path that cannot be written is a flag value that cannot be used (exit 2).
+			return usagef("-w %s: %w (give a file in a writable directory)", f.write, err)
 		}
 	} else {
 		out = pping.NewWriter(stdout, format)

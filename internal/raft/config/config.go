@@ -2,7 +2,6 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -13,7 +12,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/raft/wire"
-	"gopkg.in/yaml.v3"
+	"github.com/kedge-dev/kedge/internal/strictyaml"
 )
 
 // Peer is one member of the static membership.
@@ -86,10 +85,8 @@ func Load(path string, id uint64, dataDir string) (*Config, error) {
 // Parse is Load on the file's contents.
 func Parse(b []byte, id uint64, dataDir string) (*Config, error) {
 	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("parse config: %w", err)
+	if err := decode(b, &c); err != nil {
+		return nil, err
 	}
 	if id != 0 {
 		c.ID = id
@@ -108,6 +105,18 @@ func Parse(b []byte, id uint64, dataDir string) (*Config, error) {
 	return &c, nil
 }
 
+// decode reads a config strictly: a mistyped key is named with its line and the nearest
+// valid key, an empty file says so.
+func decode(b []byte, c *Config) error {
+	if err := strictyaml.Decode(b, c); err != nil {
+		if errors.Is(err, strictyaml.ErrEmpty) {
+			return errors.New("parse config: the file is empty: declare id, peers and data_dir (docs/raft.md has an example)")
+		}
+		return fmt.Errorf("parse config: %w", err)
+	}
+	return nil
+}
+
 // LoadPeers reads only the peers of a config (a client needs their addresses, not an id).
 func LoadPeers(path string) ([]Peer, error) {
 	b, err := os.ReadFile(path)
@@ -115,10 +124,8 @@ func LoadPeers(path string) ([]Peer, error) {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
 	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("parse config: %w", err)
+	if err := decode(b, &c); err != nil {
+		return nil, err
 	}
 	if len(c.Peers) == 0 {
 		return nil, fmt.Errorf("config %s: no peers", path)
