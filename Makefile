@@ -66,11 +66,14 @@ test-kernels: build
 
 # The main job on its default: what the kernel offers, then the thesis's Table 4.2 reproduced
 # in a lab (chaos server, baseline / app-hedged Python and Go / kernel-hedged clients), charts
-# under results/hedge/thesis/. `kedge demo` is a quicker tour (probe, lab, round trips).
+# under results/hedge/thesis/; then the other capabilities (kedge demo tour): pping on a TCP
+# flow, a scatter at fan-out 64, a 3-node raft cluster whose leader is killed, each with a
+# one-line result and a chart under results/demo/, and a summary table. About 3 minutes.
 demo: build
 	@./$(BIN) cleanup --quiet
 	@./$(BIN) probe
 	@./$(BIN) bench hedge --scenario thesis --out results/hedge
+	@./$(BIN) demo tour --out results/demo --hedge-result results/hedge/thesis/result.json
 
 cleanup: build
 	@./$(BIN) cleanup

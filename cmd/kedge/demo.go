@@ -46,6 +46,7 @@ checks that nothing of it is left. 'make demo' runs 'kedge cleanup --quiet' firs
 		},
 	}
 	cmd.Flags().IntVar(&count, "count", 1000, "UDP round trips to measure")
+	cmd.AddCommand(newDemoTourCmd())
 	return cmd
 }
 

@@ -95,6 +95,8 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"status", "now"}},
 		{exitUsage, []string{"status", "-o", "yaml"}},
 		{exitUsage, []string{"demo", "--count", "0"}},
+		{exitUsage, []string{"demo", "tour", "extra"}},
+		{exitUsage, []string{"demo", "tour", "--out", ""}},
 		{exitUsage, []string{"bench"}},
 		{exitUsage, []string{"bench", "frobnicate"}},
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "nope"}},

@@ -33,12 +33,18 @@ type Monitor struct {
 // under the first's name), so a kernel that refuses one ingress program still runs the
 // other and a load verifies nothing it does not use.
 type monitorObjects struct {
+	monitorCore
+	PpingGcTs   *ebpf.Program `ebpf:"pping_gc_ts"`
+	PpingGcFlow *ebpf.Program `ebpf:"pping_gc_flow"`
+}
+
+// monitorCore is monitorObjects without the GC iterators: what Load loads when the cleanup
+// interval is 0 (the iterators are tracing programs, which some sandboxes refuse).
+type monitorCore struct {
 	ppingMaps
 	ppingVariables
 	PpingEgress  *ebpf.Program `ebpf:"pping_egress"`
 	PpingIngress *ebpf.Program `ebpf:"pping_ingress"`
-	PpingGcTs    *ebpf.Program `ebpf:"pping_gc_ts"`
-	PpingGcFlow  *ebpf.Program `ebpf:"pping_gc_flow"`
 }
 
 func (o *monitorObjects) Close() error {
@@ -72,7 +78,11 @@ func Load(cfg Config) (*Monitor, error) {
 	}
 	delete(spec.Programs, ppingProgPpingXdp)
 	m := &Monitor{cfg: cfg}
-	if err := bpfx.LoadAndAssign("pping", spec, &m.objs, nil); err != nil {
+	var into any = &m.objs
+	if cfg.CleanupInterval == 0 {
+		into = &m.objs.monitorCore // no GC: its iterators are not loaded at all
+	}
+	if err := bpfx.LoadAndAssign("pping", spec, into, nil); err != nil {
 		if ve := (*ebpf.VerifierError)(nil); cfg.IngressHook == IngressXDP && errors.As(err, &ve) {
 			return nil, fmt.Errorf("%w - if it is pping_xdp, try --ingress-hook tc", err)
 		}
