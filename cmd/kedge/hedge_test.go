@@ -97,7 +97,7 @@ func TestHedgeStatusAndStats(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &all); code != exitOK || err != nil || len(all) != 2 {
 		t.Errorf("status -o json: exit %d, %v, %d hedgers", code, err, len(all))
 	}
-	if code, _, stderr := runCLI(t, "", "hedge", "stats", "--run-dir", dir, "--pid", "999999999"); code != exitError ||
+	if code, _, stderr := runCLI(t, "", "hedge", "stats", "--run-dir", dir, "--pid", "999999999"); code != exitUsage ||
 		!strings.Contains(stderr, "no hedger with pid 999999999 is running") {
 		t.Errorf("stats --pid of nobody: exit %d: %s", code, stderr)
 	}

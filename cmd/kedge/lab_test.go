@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
@@ -103,7 +104,7 @@ func TestLabCLI(t *testing.T) {
 		{"exec without dash", "", []string{"lab", "exec", name, "b", "/bin/sh", "-c", "echo $0", "x"}, 0, "x"},
 		{"exec exit status", "", []string{"lab", "exec", name, "a", "--", "/bin/sh", "-c", "exit 7"}, 7, ""},
 		{"exec unknown host", "", []string{"lab", "exec", name, "zz", "--", "true"}, exitUsage, ""},
-		{"exec unknown lab", "", []string{"lab", "exec", "nolab" + name, "a", "--", "true"}, exitError, ""},
+		{"exec unknown lab", "", []string{"lab", "exec", "nolab" + name, "a", "--", "true"}, exitUsage, ""},
 		{"shell", "echo host=$KEDGE_HOST; exit\n", []string{"lab", "shell", name, "b"}, 0, "host=b"},
 		{"list", "", []string{"lab", "list"}, 0, "198.18.1.2"},
 	} {
@@ -117,8 +118,33 @@ func TestLabCLI(t *testing.T) {
 		})
 	}
 
-	if code, _, stderr := runCLI(t, "", "lab", "down", name); code != 0 {
-		t.Fatalf("lab down: exit %d: %s", code, stderr)
+	// A process still running in the lab: down names it and removes nothing; --kill stops it.
+	l, err := lab.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sleeper := l.Host("b").Command("sleep", "60")
+	if err := l.Host("b").Start(sleeper); err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+	waited := make(chan error, 1)
+	go func() { waited <- sleeper.Wait() }()
+	code, _, stderr = runCLI(t, "", "lab", "down", name)
+	if want := fmt.Sprintf("pid %d in %s: sleep 60", sleeper.Process.Pid, lab.PersistentPrefix+name+"-b"); code != exitError || !strings.Contains(stderr, want) {
+		t.Errorf("lab down with a process in it: exit %d, stderr %q; want exit 1 naming %q", code, stderr, want)
+	}
+	if _, err := lab.Open(name); err != nil {
+		t.Fatalf("the lab went although a process ran in it: %v", err)
+	}
+	code, stdout, stderr = runCLI(t, "", "lab", "down", name, "--kill")
+	if code != 0 || !strings.Contains(stdout, fmt.Sprintf("stopping pid %d (sleep)", sleeper.Process.Pid)) {
+		t.Fatalf("lab down --kill: exit %d: %s%s", code, stdout, stderr)
+	}
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		t.Errorf("the process in the lab still runs after lab down --kill")
 	}
 	_, stdout, _ = runCLI(t, "", "lab", "list", "-o", "json")
 	var labs []labView
@@ -130,8 +156,8 @@ func TestLabCLI(t *testing.T) {
 			t.Errorf("lab %s still listed after down", name)
 		}
 	}
-	if code, _, _ := runCLI(t, "", "lab", "down", name); code != exitError {
-		t.Errorf("second lab down: exit %d, want %d", code, exitError)
+	if code, _, _ := runCLI(t, "", "lab", "down", name); code != exitUsage {
+		t.Errorf("second lab down: exit %d, want %d (no such lab)", code, exitUsage)
 	}
 }
 

@@ -104,7 +104,16 @@ func main() {
 	for _, fn := range subcmdFns {
 		rootCmd.AddCommand(fn())
 	}
-	os.Exit(run(rootCmd, os.Args[1:]))
+	code := run(rootCmd, os.Args[1:])
+	if code == exitOK {
+		// Everything this run made is gone: its owner record goes too (a failed run keeps
+		// it, so that what it could not remove is judged by the free lock, as after a kill).
+		// Here, not in run: tests run commands in their own process, whose owner lives on.
+		if err := runstate.CloseSelf(); err != nil {
+			slog.Warn("remove this run's owner record", "err", err)
+		}
+	}
+	os.Exit(code)
 }
 
 // run executes the command tree and maps errors to exit codes.
@@ -118,11 +127,6 @@ func run(cmd *cobra.Command, args []string) int {
 	defer stop()
 	err := cmd.ExecuteContext(ctx)
 	if err == nil {
-		// Everything this run made is gone: its owner record goes too (a failed run keeps
-		// it, so that what it could not remove is judged by the free lock, as after a kill).
-		if cerr := runstate.CloseSelf(); cerr != nil {
-			slog.Warn("remove this run's owner record", "err", cerr)
-		}
 		return exitOK
 	}
 	fmt.Fprintf(os.Stderr, "kedge: %v\n", err)
