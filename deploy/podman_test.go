@@ -176,6 +176,10 @@ func TestImageInLab(t *testing.T) {
 			t.Errorf("%s: %v", f, err)
 		}
 	}
+	// The docker archive loads (what 'docker load' reads): podman load reports the same image.
+	if got := p.run("load", "--input", filepath.Join(out, "kedge-image.docker.tar")); !strings.Contains(got, tag) {
+		t.Errorf("podman load of the docker archive: %s", got)
+	}
 	// Nothing but the binary and the default config in it.
 	if got := p.run("image", "history", "--format", "{{.CreatedBy}}", tag); strings.Contains(got, "FROM") && !strings.Contains(got, "scratch") {
 		t.Errorf("image history shows a base image: %s", got)

@@ -27,3 +27,6 @@ if ! command -v go >/dev/null 2>&1; then
 	exit 1
 fi
 go mod download
+# The Helm chart's tests (and make helm) are a module of their own: Helm and the Kubernetes
+# API types come from the module proxy.
+(cd "$(dirname "$0")/../deploy/helm/chartcheck" && go mod download)
