@@ -12,6 +12,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "clock.h"
 #include "counters.h"
 #include "pping.h"
 #include "maps.h"
@@ -116,7 +117,7 @@ static __always_inline void pp_handle(void *ctx, int xdp, __u32 len, __u32 ifind
 		return;
 	pp->is_ingress = hook == PP_HOOK_INGRESS;
 	pp->ifindex = ifindex;
-	pp->now = bpf_ktime_get_ns();
+	pp->now = kedge_now();
 	pp_process(ctx, pp, cnt); /* act, count */
 }
 
@@ -164,7 +165,7 @@ int pping_gc_ts(struct bpf_iter__bpf_map_elem *ctx)
 
 	if (!id || !stored)
 		return 0;
-	now = bpf_ktime_get_ns();
+	now = kedge_now();
 	if (now <= *stored)
 		return 0;
 	first = pp_src_sorts_first(&id->flow);
@@ -204,7 +205,7 @@ int pping_gc_flow(struct bpf_iter__bpf_map_elem *ctx)
 
 	if (!key || !fs)
 		return 0;
-	now = bpf_ktime_get_ns();
+	now = kedge_now();
 	exp0 = pp_dir_expired(&fs->dir[0], key->proto, now);
 	exp1 = pp_dir_expired(&fs->dir[1], key->proto, now);
 	if ((pp_active(&fs->dir[0]) && !exp0) || (pp_active(&fs->dir[1]) && !exp1))

@@ -203,7 +203,7 @@ func (mc monitorCache) get(t *testing.T, mod func(*Config)) *Monitor {
 	m := mc[key]
 	if m == nil {
 		var err error
-		if m, err = Load(cfg); err != nil {
+		if m, err = load(cfg, bpftest.FixClock); err != nil {
 			t.Fatalf("load pping: %v", err)
 		}
 		mc[key] = m
@@ -254,7 +254,7 @@ func loadFixture(t *testing.T, mod func(*Config)) *Monitor {
 	if mod != nil {
 		mod(&cfg)
 	}
-	m, err := Load(cfg)
+	m, err := load(cfg, bpftest.FixClock)
 	if err != nil {
 		t.Fatalf("load pping: %v", err)
 	}
@@ -270,23 +270,18 @@ func readCounters(m *Monitor) func() (bpftest.Counters, error) {
 	return func() (bpftest.Counters, error) { return bpftest.SumPerCPU[ppingPpCounters](m.objs.Counters) }
 }
 
-// runStep runs s and checks its counter changes.
-func runStep(t *testing.T, m *Monitor, i int, s step) {
-	t.Helper()
+// stepGap is the time between two steps on the fixtures' fixed clock (bpftest.FixClock):
+// step i of a case runs at bpftest.ClockStart + (i+1) stepGap, so an RTT measured between
+// two steps is an exact multiple of it.
+const stepGap = time.Millisecond
+
+// stepCase is step i as a bpftest.Case: its hook's program, the pass verdict, its time, and
+// its counter changes (want names counters of that hook by their Go field names; Pkts and
+// Bytes are implied).
+func stepCase(m *Monitor, i int, s step) bpftest.Case {
 	prog := m.objs.PpingEgress
 	if s.hook == HookIngress {
 		prog = m.objs.PpingIngress
-	}
-	var res bpftest.Result
-	delta, err := bpftest.Delta(readCounters(m), func() (err error) {
-		res, err = bpftest.Run(prog, s.pkt)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("step %d: %v", i, err)
-	}
-	if want := passVerdict(prog); res.Ret != want {
-		t.Errorf("step %d: verdict %d, want %d: TC_ACT_UNSPEC or XDP_PASS (a monitor never decides)", i, int32(res.Ret), int32(want))
 	}
 	want := bpftest.Counters{}
 	prefix := fmt.Sprintf("%d.", s.hook)
@@ -297,8 +292,32 @@ func runStep(t *testing.T, m *Monitor, i int, s step) {
 		}
 		want[k] = v
 	}
-	if d := delta.Diff(want); d != "" {
-		t.Errorf("step %d (%s): counter changes differ (got, want):\n%s", i, s.hook, d)
+	return bpftest.Case{Name: s.hook.String(), Prog: prog, In: s.pkt, Now: bpftest.ClockStart + uint64(i+1)*uint64(stepGap),
+		WantRet: passVerdict(prog), WantCounters: want}
+}
+
+// runSteps runs steps in order on m's state, as one case of bpftest's fixture style (no
+// reset between them), each at its time on the fixed clock. It returns the time from the
+// first step to the last.
+func runSteps(t *testing.T, m *Monitor, steps []step) time.Duration {
+	t.Helper()
+	c := bpftest.Case{Name: t.Name()}
+	for i, s := range steps {
+		c.Steps = append(c.Steps, stepCase(m, i, s))
+	}
+	bpftest.Runner{Counters: readCounters(m), Clock: m.objs.KedgeClockNs}.RunCase(t, c)
+	return time.Duration(max(len(steps)-1, 0)) * stepGap
+}
+
+// advance moves the fixed clock on by d (for the garbage collector, which reads it too).
+func advance(t *testing.T, m *Monitor, d time.Duration) {
+	t.Helper()
+	var now uint64
+	if err := m.objs.KedgeClockNs.Get(&now); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.objs.KedgeClockNs.Set(now + uint64(d)); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -339,11 +358,7 @@ func (fx fixture) run(t *testing.T) {
 	} else {
 		m = loadFixture(t, fx.cfg)
 	}
-	start := time.Now()
-	for i, s := range fx.steps {
-		runStep(t, m, i, s)
-	}
-	elapsed := time.Since(start)
+	span := runSteps(t, m, fx.steps)
 	var rtts []*RTTEvent
 	var flows []*FlowEvent
 	var full []string
@@ -368,10 +383,10 @@ func (fx fixture) run(t *testing.T) {
 				got.Flow.Protocol(), got.Flow, got.ID, got.MatchOnEgress, got.Flow.IDType,
 				want.proto, want.flow, want.id, want.egress, want.idType)
 		}
-		// The RTT is the time between the request's and the reply's runs: positive and
-		// no longer than the whole fixture took.
-		if got.RTT <= 0 || got.RTT > elapsed || got.MinRTT <= 0 || got.MinRTT > got.RTT {
-			t.Errorf("RTT event %d: rtt %v min %v, want 0 < min <= rtt <= %v", i, got.RTT, got.MinRTT, elapsed)
+		// The RTT is the time between the request's and the reply's steps on the fixed
+		// clock: a whole number of step gaps, within the case.
+		if got.RTT <= 0 || got.RTT > span || got.RTT%stepGap != 0 || got.MinRTT <= 0 || got.MinRTT > got.RTT {
+			t.Errorf("RTT event %d: rtt %v min %v, want 0 < min <= rtt <= %v, a multiple of %v", i, got.RTT, got.MinRTT, span, stepGap)
 		}
 	}
 	if len(flows) != len(fx.flows) {
@@ -388,7 +403,7 @@ func (fx fixture) run(t *testing.T) {
 		t.Errorf("map-full warnings %v, want %v", full, fx.full)
 	}
 	if fx.check != nil {
-		fx.check(t, m, elapsed)
+		fx.check(t, m, span)
 	}
 }
 
@@ -835,9 +850,7 @@ func testAggregation(t *testing.T, hook IngressHook) {
 		// Not IP: no subnet at all.
 		in(arp, c{"ParseErr[4]": 1}),
 	}
-	for i, st := range steps {
-		runStep(t, m, i, st)
-	}
+	runSteps(t, m, steps)
 	rep, err := m.CollectAggregate()
 	if err != nil {
 		t.Fatal(err)
@@ -865,16 +878,14 @@ func testAggregation(t *testing.T, hook IngressHook) {
 	reqC, repC := echo(addrA4, addrC, 8, 3), echo(addrC, addrA4, 0, 3)
 	reqD, repD := echo(addrA4, addrD, 8, 4), echo(addrD, addrA4, 0, 4)
 	clearMap(t, m.objs.Flows, new(ppingPpFlowState))
-	for i, st := range []step{
+	runSteps(t, m, []step{
 		eg(req4, c{"FlowCreated": 1, "TsStored": 1}),
 		in(rep4, c{"FlowOpened": 1, "MatchRtt": 1}),
 		eg(reqC, c{"FlowCreated": 1, "TsStored": 1}),
 		in(repC, c{"FlowOpened": 1, "MatchRtt": 1}),
 		eg(reqD, c{"FlowCreated": 1, "TsStored": 1, "AggMapFull": 1}),
 		in(repD, c{"FlowOpened": 1, "MatchRtt": 1, "AggMapFull": 2}), // its source, then its RTT
-	} {
-		runStep(t, m, i, st)
-	}
+	})
 	if rep, err = m.CollectAggregate(); err != nil {
 		t.Fatal(err)
 	}
@@ -935,6 +946,7 @@ func TestGC(t *testing.T) {
 	}
 	fromB := v4.flowStr(true, 7, 7)
 	gc := func(t *testing.T, m *Monitor, _ time.Duration) {
+		advance(t, m, time.Second) // past every lifetime
 		d, err := bpftest.Delta(readCounters(m), m.RunGC)
 		if err != nil {
 			t.Fatal(err)

@@ -54,12 +54,23 @@ func (o *monitorObjects) Close() error {
 
 // Load validates cfg and loads the BPF object with it.
 func Load(cfg Config) (*Monitor, error) {
+	return load(cfg, nil)
+}
+
+// load is Load with prepare, when not nil, applied to the spec before the programs are
+// loaded (the fixtures fix the programs' clock).
+func load(cfg Config, prepare func(*ebpf.CollectionSpec) error) (*Monitor, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	spec, err := loadPping()
 	if err != nil {
 		return nil, fmt.Errorf("load pping spec: %w", err)
+	}
+	if prepare != nil {
+		if err := prepare(spec); err != nil {
+			return nil, err
+		}
 	}
 	if err := spec.Variables[ppingVarPpCfg].Set(cfg.bpfConfig()); err != nil {
 		return nil, fmt.Errorf("set pping config: %w", err)

@@ -289,6 +289,8 @@ const (
 	ppingProgPpingGcTs         = "pping_gc_ts"
 	ppingProgPpingIngress      = "pping_ingress"
 	ppingProgPpingXdp          = "pping_xdp"
+	ppingVarKedgeClockFixed    = "kedge_clock_fixed"
+	ppingVarKedgeClockNs       = "kedge_clock_ns"
 	ppingVarPpBtfConsts        = "pp_btf_consts"
 	ppingVarPpBtfEventType     = "pp_btf_event_type"
 	ppingVarPpBtfFlow          = "pp_btf_flow"
@@ -377,6 +379,8 @@ type ppingMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ppingVariableSpecs struct {
+	KedgeClockFixed    *ebpf.VariableSpec `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs       *ebpf.VariableSpec `ebpf:"kedge_clock_ns"`
 	PpBtfConsts        *ebpf.VariableSpec `ebpf:"pp_btf_consts"`
 	PpBtfEventType     *ebpf.VariableSpec `ebpf:"pp_btf_event_type"`
 	PpBtfFlow          *ebpf.VariableSpec `ebpf:"pp_btf_flow"`
@@ -448,6 +452,8 @@ func (m *ppingMaps) Close() error {
 //
 // It can be passed to loadPpingObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ppingVariables struct {
+	KedgeClockFixed    *ebpf.Variable `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs       *ebpf.Variable `ebpf:"kedge_clock_ns"`
 	PpBtfConsts        *ebpf.Variable `ebpf:"pp_btf_consts"`
 	PpBtfEventType     *ebpf.Variable `ebpf:"pp_btf_event_type"`
 	PpBtfFlow          *ebpf.Variable `ebpf:"pp_btf_flow"`

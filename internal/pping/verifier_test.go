@@ -24,7 +24,14 @@ func TestVerifierCost(t *testing.T) {
 		{"xdp", func(c *Config) { c.Services = svc; c.IngressHook = IngressXDP }},
 		{"xdp-aggregate", func(c *Config) { c.Services = svc; c.IngressHook = IngressXDP; c.Aggregate = time.Second }},
 	} {
-		m := loadFixture(t, c.mod)
+		// The production load (the real clock): the figures are the deployed programs'.
+		cfg := fixtureConfig()
+		c.mod(&cfg)
+		m, err := Load(cfg)
+		if err != nil {
+			t.Fatalf("%s: load pping: %v", c.name, err)
+		}
+		t.Cleanup(func() { m.Close() })
 		for _, p := range []struct {
 			name string
 			prog *ebpf.Program
