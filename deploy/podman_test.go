@@ -155,6 +155,8 @@ next:
 // stalled (SIGSTOP), and serving its metrics; then SIGKILLs the container and starts a new
 // one, in another PID namespace, that removes what the first left (its delay line's
 // namespace and veth, its owner record) and takes over; SIGTERM then detaches everything.
+// Then the same with the Helm chart's mounts (/run/netns HostToContainer, read-only root):
+// a killed agent leaves only its mount point, which the next one removes.
 // The containers run with the capabilities docs/deploy.md lists for hedging, not
 // --privileged.
 func TestImageInLab(t *testing.T) {
@@ -232,12 +234,24 @@ hedge:
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	start := func(name string) {
+	// start runs a container: as docs/deploy.md's podman example (/run/netns shared both
+	// ways), or as the Helm chart's DaemonSet does (chart: /run/netns only from the host,
+	// HostToContainer, and a read-only root file system).
+	start := func(name string, chart bool) {
 		t.Helper()
-		p.run("run", "-d", "--name", name, "--network", "ns:"+client.Path(),
+		netnsMount, more := "/run/netns:/run/netns:rshared", []string{}
+		if chart {
+			netnsMount, more = "/run/netns:/run/netns:rslave", []string{"--read-only"}
+		}
+		args := append([]string{"run", "-d", "--name", name, "--network", "ns:" + client.Path(),
 			"--cap-drop", "all", "--cap-add", "BPF,PERFMON,NET_ADMIN,NET_RAW,SYS_ADMIN",
-			"-v", "/run/netns:/run/netns:rshared", "-v", runDir+":/run/kedge", "-v", conf+":/etc/kedge/kedge.yaml:ro", tag)
-		t.Cleanup(func() { _, _ = exec.Command("podman", "rm", "--force", "--time", "2", name).CombinedOutput() })
+			"-v", netnsMount, "-v", runDir + ":/run/kedge", "-v", conf + ":/etc/kedge/kedge.yaml:ro"}, more...)
+		p.run(append(args, tag)...)
+		t.Cleanup(func() {
+			rm := exec.Command("podman", "rm", "--force", "--time", "2", name)
+			rm.Env = append(os.Environ(), p.env...)
+			_, _ = rm.CombinedOutput()
+		})
 		deadline := time.Now().Add(60 * time.Second)
 		for {
 			code, body := get("/readyz")
@@ -275,7 +289,7 @@ hedge:
 	}
 
 	c1 := "kedge-test-agent1-" + hex.EncodeToString(rnd[:])
-	start(c1)
+	start(c1, false)
 	hedged("first container", 1000)
 
 	// SIGKILL: the agent cannot clean up. What it made outside itself stays.
@@ -296,7 +310,7 @@ hedge:
 	// A new container (a new PID namespace: its agent is pid 1 there too) cleans up and
 	// takes over.
 	c2 := "kedge-test-agent2-" + hex.EncodeToString(rnd[:])
-	start(c2)
+	start(c2, false)
 	if _, err := os.Stat(filepath.Join(lab.NetnsDir, dl1)); err == nil {
 		t.Errorf("the killed agent's namespace %s is still there", dl1)
 	}
@@ -329,6 +343,33 @@ hedge:
 	}
 	if got := query(t, client, dns1.addr, 5000, 10, time.Second); got != 10 {
 		t.Errorf("after the agent's exit %d of 10 queries answered, want 10 (nothing attached any more)", got)
+	}
+
+	// As the chart runs it: the delay line's namespace is mounted in the container's own
+	// mount namespace only, so a SIGKILL leaves just its empty mount point under the host's
+	// /run/netns, which the next agent removes.
+	c3, c4 := "kedge-test-agent3-"+hex.EncodeToString(rnd[:]), "kedge-test-agent4-"+hex.EncodeToString(rnd[:])
+	start(c3, true)
+	hedged("chart-like container", 6000)
+	p.run("kill", "--signal", "KILL", c3)
+	p.run("wait", c3)
+	records, _ := filepath.Glob(filepath.Join(runDir, "owners", "*.lock"))
+	if len(records) != 1 {
+		t.Fatalf("owner records after SIGKILL: %v, want the killed agent's", records)
+	}
+	owner3 := strings.TrimSuffix(filepath.Base(records[0]), ".lock")
+	dl3 := filepath.Join(lab.NetnsDir, lab.Prefix+"-"+owner3+"-hedge-dl1")
+	if _, err := os.Stat(dl3); err != nil {
+		t.Errorf("after SIGKILL the mount point %s: %v", dl3, err)
+	}
+	start(c4, true)
+	if _, err := os.Stat(dl3); err == nil {
+		t.Errorf("the killed agent's mount point %s is still there", dl3)
+	}
+	hedged("chart-like container after the takeover", 8000)
+	p.run("stop", "--time", "20", c4)
+	if records, _ := filepath.Glob(filepath.Join(runDir, "owners", "*.lock")); len(records) > 0 {
+		t.Errorf("owner records left after a clean exit: %v", records)
 	}
 }
 
