@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -8,7 +9,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/kedge-dev/kedge/internal/agent"
 	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
 // TestAgentCheckWithoutRoot: 'kedge agent check' validates a config as an unprivileged user
@@ -53,5 +56,25 @@ func TestAgentCheckWithoutRoot(t *testing.T) {
 	}
 	if code, out := check("typo.yaml"); code != exitUsage || !strings.Contains(out, `did you mean "address"?`) {
 		t.Errorf("check of a mistyped config as nobody: exit %d: %s", code, out)
+	}
+}
+
+// TestHedgeStatusPointsAtAgent: with no 'kedge hedge run' but a live agent running hedgers,
+// hedge status and stats say where the agent's hedgers are (exit 0).
+func TestHedgeStatusPointsAtAgent(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: an owner record under /run/kedge for the agent's status")
+	}
+	dir := t.TempDir()
+	st := agent.Status{PID: os.Getpid(), Listen: "127.0.0.1:9464", Units: []agent.UnitStatus{
+		{Kind: "hedge", Interface: "eth0", Attached: true}, {Kind: "pping", Interface: "eth0", Attached: true}}}
+	if err := runstate.WriteStatus(dir, "agent", runstate.SelfID(), st); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("no 'kedge hedge run' running; kedge agent (pid %d) runs 1 hedger(s): their counters are at http://127.0.0.1:9464/metrics", os.Getpid())
+	for _, cmd := range []string{"status", "stats"} {
+		if code, stdout, stderr := runCLI(t, "", "hedge", cmd, "--run-dir", dir); code != exitOK || !strings.Contains(stdout, want) {
+			t.Errorf("hedge %s: exit %d: %s%s\nwant %q", cmd, code, stdout, stderr, want)
+		}
 	}
 }

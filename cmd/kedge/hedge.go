@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/vishvananda/netns"
 
+	"github.com/kedge-dev/kedge/internal/agent"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/hedge"
 )
@@ -326,7 +327,7 @@ current delay. Status files of killed runs are removed.`,
 			if sts == nil {
 				sts = []hedge.Status{}
 			}
-			return writeReport(cmd.OutOrStdout(), output, sts, func(w io.Writer) error { return writeHedgeStatus(w, sts) })
+			return writeReport(cmd.OutOrStdout(), output, sts, func(w io.Writer) error { return writeHedgeStatus(w, sts, *runDir) })
 		},
 	}
 	addOutputFlag(cmd, &output)
@@ -338,9 +339,9 @@ func readHedgers(output, runDir string) ([]hedge.Status, error) {
 	return hedge.ReadStatuses(runDir)
 }
 
-func writeHedgeStatus(w io.Writer, sts []hedge.Status) error {
+func writeHedgeStatus(w io.Writer, sts []hedge.Status, runDir string) error {
 	if len(sts) == 0 {
-		_, err := fmt.Fprintln(w, "no hedger running (start one with 'kedge hedge run')")
+		_, err := fmt.Fprintln(w, noHedger(runDir))
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -367,6 +368,27 @@ func writeHedgeStatus(w io.Writer, sts []hedge.Status) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// noHedger says that no 'kedge hedge run' runs, and where a running agent's hedgers are.
+func noHedger(runDir string) string {
+	agents, _ := agent.ReadStatuses(runDir)
+	var where []string
+	for _, a := range agents {
+		n := 0
+		for _, u := range a.Units {
+			if u.Kind == "hedge" {
+				n++
+			}
+		}
+		if n > 0 {
+			where = append(where, fmt.Sprintf("kedge agent (pid %d) runs %d hedger(s): their counters are at http://%s/metrics, what is attached at /readyz", a.PID, n, a.Listen))
+		}
+	}
+	if len(where) == 0 {
+		return "no hedger running (start one with 'kedge hedge run' or 'kedge agent')"
+	}
+	return "no 'kedge hedge run' running; " + strings.Join(where, "; ")
 }
 
 // dur prints a duration rounded to what the eye needs ("-" for none).
@@ -419,7 +441,7 @@ running, --pid picks one. -o json prints the whole status file.`,
 			}
 			if st == nil {
 				return writeReport(cmd.OutOrStdout(), output, struct{}{}, func(w io.Writer) error {
-					_, err := fmt.Fprintln(w, "no hedger running (start one with 'kedge hedge run' or 'kedge agent')")
+					_, err := fmt.Fprintln(w, noHedger(*runDir))
 					return err
 				})
 			}

@@ -41,6 +41,8 @@ type Agent struct {
 
 	// lastLoop is when Run's loop last ran (UnixNano); healthWindow how old it may be.
 	lastLoop, healthWindow atomic.Int64
+	// listenAddr is where the HTTP endpoint listens now (a string), for the status file.
+	listenAddr atomic.Value
 }
 
 // New returns an agent with nothing attached yet; Apply attaches cfg's units.

@@ -248,10 +248,11 @@ func TestAgentReload(t *testing.T) {
 	hup := make(chan os.Signal, 1)
 	listening := make(chan net.Addr, 2)
 	ran := make(chan error, 1)
+	statusDir := t.TempDir()
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	go func() {
 		ran <- Run(ctx, Options{Path: path, Config: cfg, Log: log, Reload: hup, Poll: 100 * time.Millisecond,
-			Listening: func(a net.Addr) { listening <- a }})
+			Listening: func(a net.Addr) { listening <- a }, StatusDir: statusDir})
 	}()
 	stopped := false
 	stop := func() {
@@ -279,6 +280,11 @@ func TestAgentReload(t *testing.T) {
 		return v
 	}
 	waitFor(t, 10*time.Second, "a's first hedges", func() bool { return count(scrape(t, base), "hedges_sent", "a") >= 3 })
+	// The status file points other commands at this agent.
+	waitFor(t, 10*time.Second, "the agent's status file", func() bool {
+		sts, _ := ReadStatuses(statusDir)
+		return len(sts) == 1 && sts[0].Listen == base && len(sts[0].Units) == 1 && sts[0].Units[0].Attached
+	})
 	aBefore := count(scrape(t, base), "requests", "a")
 
 	// Add b (SIGHUP): hedged at once, a untouched.
@@ -375,6 +381,9 @@ func TestAgentReload(t *testing.T) {
 	}
 	t.Logf("a: %d requests answered across 5 reloads", tr.answered.Load())
 	stop()
+	if sts, _ := ReadStatuses(statusDir); len(sts) != 0 {
+		t.Errorf("the agent's status file outlives it: %+v", sts)
+	}
 }
 
 // checkDashboard checks that every kedge metric deploy/grafana/kedge.json queries is one the

@@ -39,6 +39,8 @@ type Options struct {
 	Poll time.Duration
 	// Listening is called once the HTTP listener is open (tests, with port 0).
 	Listening func(net.Addr)
+	// StatusDir holds the agent's status file ("" = runstate.Dir).
+	StatusDir string
 }
 
 // Run is `kedge agent`: it removes what killed runs left, attaches the config's units,
@@ -66,10 +68,19 @@ func Run(ctx context.Context, o Options) error {
 
 	a := New(o.Log)
 	defer a.Close()
+	a.listenAddr.Store(srv.Addr().String())
 	a.lastLoop.Store(time.Now().UnixNano())
 	a.healthWindow.Store(int64(3*time.Duration(cfg.Retry) + 30*time.Second))
 	srv.Serve(a)
 	o.Log.Info("agent serving", "url", "http://"+srv.Addr().String(), "endpoints", "/metrics /healthz /readyz", "config", o.Path)
+	statusCtx, stopStatus := context.WithCancel(context.Background())
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		a.publishStatus(statusCtx, o.StatusDir, Status{PID: os.Getpid(), Started: time.Now(), Config: o.Path},
+			func() string { return a.listenAddr.Load().(string) }, 2*time.Second)
+	}()
+	defer func() { stopStatus(); <-published }()
 	if len(cfg.Hedge)+len(cfg.Pping) == 0 {
 		o.Log.Warn("the config declares nothing to run: add hedgers under 'hedge' or monitors under 'pping', then reload", "config", o.Path)
 	}
@@ -137,6 +148,7 @@ func (a *Agent) reload(srv **Server, cur, next *Config, o Options) error {
 		*srv = ns
 		ns.Serve(a)
 		_ = old.Close()
+		a.listenAddr.Store(ns.Addr().String())
 		if o.Listening != nil {
 			o.Listening(ns.Addr())
 		}
