@@ -8,6 +8,7 @@
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include "clock.h"
 #include "counters.h"
 #include "hedge.h"
 #include "maps.h"
@@ -76,7 +77,7 @@ static __always_inline int respond(struct __sk_buff *skb)
 	if (!e)
 		return TC_ACT_UNSPEC; /* not tracked (expired, evicted, or not a hedged service's request) */
 
-	now = bpf_ktime_get_ns();
+	now = kedge_now();
 	s = claim_response(e);
 	switch (s) {
 	case 0:

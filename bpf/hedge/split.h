@@ -9,6 +9,7 @@
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include "clock.h"
 #include "counters.h"
 #include "hedge.h"
 #include "maps.h"
@@ -32,7 +33,7 @@ static __always_inline int split(struct __sk_buff *skb)
 	if (!match(skb, &m, MATCH_REQUEST))
 		return TC_ACT_UNSPEC;
 	COUNT(m.cnt, requests);
-	now = bpf_ktime_get_ns();
+	now = kedge_now();
 	budget_request(m.cfg, m.st, now);
 
 	r.sent_ns = now;

@@ -16,6 +16,7 @@
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include "clock.h"
 #include "counters.h"
 #include "hedge.h"
 #include "maps.h"
@@ -147,7 +148,7 @@ static __always_inline int store_tick(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	__builtin_memset(t, 0, sizeof(*t));
 	c.st = t;
-	c.now = bpf_ktime_get_ns();
+	c.now = kedge_now();
 	bpf_loop(SVC_MAX + TICK_POPS_MAX, tick_one, &c, 0);
 	if (t->svc < SVC_MAX)
 		t->more = 1; /* the loop ran out, or stopped at TICK_HEDGES_MAX */
@@ -213,7 +214,7 @@ static __noinline int rescue_clone(struct __sk_buff *skb)
 	h.m = &m;
 	if (!hedge_wanted(&h))
 		return TC_ACT_SHOT;
-	h.now = bpf_ktime_get_ns();
+	h.now = kedge_now();
 	h.deadline = h.e->deadline_ns;
 	if (!pacer_due(h.deadline, h.now, 1)) {
 		ret = pacer_recirculate(skb, h.deadline);

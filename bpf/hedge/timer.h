@@ -7,6 +7,7 @@
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include "clock.h"
 #include "counters.h"
 #include "proto.h"
 #include "hist.h"
@@ -167,7 +168,7 @@ static long gc_one(void *map, struct hreq_key *key, struct hreq *r, struct gc_ct
 
 static int on_tick(void *map, __u32 *key, struct hedge_tick *t)
 {
-	struct gc_ctx g = { .now = bpf_ktime_get_ns() };
+	struct gc_ctx g = { .now = kedge_now() };
 
 	bpf_loop(SVC_MAX, tick_service, NULL, 0);
 	bpf_for_each_map_elem(&scoreboard, gc_one, &g, 0);

@@ -30,6 +30,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "clock.h"
 #include "counters.h"
 #include "parse.h"
 #include "pacer.h"
@@ -74,7 +75,7 @@ static __always_inline int pacer_request(struct __sk_buff *skb, __u64 deadline_n
 {
 	struct pacer_state *st = pacer_state_get();
 	struct pacer_stats *ps = pacer_stats_get();
-	__u64 now = bpf_ktime_get_ns(), armed = 0;
+	__u64 now = kedge_now(), armed = 0;
 	int claimed = 0;
 
 	if (!st)
@@ -273,7 +274,7 @@ static __always_inline int pacer_receive(struct __sk_buff *skb, struct pacer_tic
 		return PACER_RX_MALFORMED;
 	}
 	*t = *f;
-	now = bpf_ktime_get_ns();
+	now = kedge_now();
 	if (st && __sync_val_compare_and_swap(&st->armed_ns, t->deadline_ns, 0) != t->deadline_ns)
 		COUNT(ps, ticks_stale);
 	COUNT(ps, ticks_delivered);

@@ -15,6 +15,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "clock.h"
 #include "counters.h"
 #include "parse.h"
 #include "pacer_client.h"
@@ -182,7 +183,7 @@ static __always_inline int echo_key_of(struct __sk_buff *skb, const struct pkt *
 static __always_inline int echo_carry(struct __sk_buff *skb, const struct pkt *p, struct echo_stats *es)
 {
 	struct echo_key k;
-	__u64 deadline = bpf_ktime_get_ns() + echo_cfg.delay_ns;
+	__u64 deadline = kedge_now() + echo_cfg.delay_ns;
 
 	if (echo_key_of(skb, p, &k) < 0) {
 		COUNT(es, malformed);
@@ -241,7 +242,7 @@ int echo_store(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	}
 	s->len = len;
-	s->deadline_ns = bpf_ktime_get_ns() + echo_cfg.delay_ns;
+	s->deadline_ns = kedge_now() + echo_cfg.delay_ns;
 	/* Stored before the request (docs/pacer.md: ordering). */
 	__sync_fetch_and_add(&s->busy, 1);
 	COUNT(es, stored);
@@ -328,7 +329,7 @@ static __always_inline int echo_carried_back(struct __sk_buff *skb, struct echo_
 		return TC_ACT_SHOT;
 	}
 	deadline = *d;
-	now = bpf_ktime_get_ns();
+	now = kedge_now();
 	if (!pacer_due(deadline, now, 1)) {
 		COUNT(es, recirculated);
 		return pacer_recirculate(skb, deadline);
@@ -360,7 +361,7 @@ int echo_tick(struct __sk_buff *skb)
 		return echo_carried_back(skb, es);
 	}
 	COUNT(es, ticks);
-	c.now = bpf_ktime_get_ns();
+	c.now = kedge_now();
 	bpf_loop(ECHO_SLOTS, echo_one, &c, 0);
 	if (!c.sent)
 		COUNT(es, ticks_idle);

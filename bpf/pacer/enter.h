@@ -7,6 +7,7 @@
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include "clock.h"
 #include "counters.h"
 #include "pacer_client.h"
 #include "frame.h"
@@ -16,7 +17,7 @@ static __always_inline int pacer_build_tick(struct __sk_buff *skb, struct pacer_
 {
 	struct pacer_state *st = pacer_state_get();
 	struct pacer_tick t = { .magic = PACER_TICK_MAGIC };
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = kedge_now();
 
 	if (!st)
 		return TC_ACT_SHOT;

@@ -9,6 +9,7 @@
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include "clock.h"
 #include "counters.h"
 #include "pacer_client.h"
 #include "frame.h"
@@ -80,7 +81,7 @@ static __always_inline int pacer_filler_pass(struct __sk_buff *skb, struct pacer
 		}
 		__sync_fetch_and_add(&ctl->fillers_to_drop, 1); /* lost a race: undo */
 	}
-	now = bpf_ktime_get_ns();
+	now = kedge_now();
 	if (ps) {
 		period = now - f->stamp_ns;
 		if (f->stamp_ns && period < PACER_PERIOD_MAX_NS) {
@@ -140,7 +141,7 @@ static __always_inline int after_pass(struct __sk_buff *skb)
 			COUNT(ps, ticks_superseded);
 			return TC_ACT_SHOT;
 		}
-		now = bpf_ktime_get_ns();
+		now = kedge_now();
 		if (pacer_cfg.backend != PACER_EDT && !pacer_due(t->deadline_ns, now, 0)) {
 			t->passes++;
 			COUNT(ps, tick_passes);

@@ -222,6 +222,18 @@ func TestCountersArithmetic(t *testing.T) {
 	if err != nil || got["n"] != 0 {
 		t.Errorf("Delta = %v, %v", got, err)
 	}
+	base := Counters{"a": 1, "b": 2}
+	if w := base.With(Counters{"b": 3, "c": 4}); !mapsEqual(w, Counters{"a": 1, "b": 3, "c": 4}) || !mapsEqual(base, Counters{"a": 1, "b": 2}) {
+		t.Errorf("With = %v (base now %v), want a new map with b replaced and c added", w, base)
+	}
+}
+
+func TestSeq(t *testing.T) {
+	var order []int
+	Seq(func(testing.TB) { order = append(order, 1) }, func(testing.TB) { order = append(order, 2) })(t)
+	if len(order) != 2 || order[0] != 1 || order[1] != 2 {
+		t.Errorf("Seq ran %v, want [1 2]", order)
+	}
 }
 
 func TestLeaked(t *testing.T) {

@@ -66,6 +66,19 @@ func (c Counters) Sub(before Counters) Counters {
 	return out
 }
 
+// With returns a copy of c with more's counters set (added or replaced): a table's shared
+// expectation plus what one case adds.
+func (c Counters) With(more Counters) Counters {
+	out := make(Counters, len(c)+len(more))
+	for k, v := range c {
+		out[k] = v
+	}
+	for k, v := range more {
+		out[k] = v
+	}
+	return out
+}
+
 // Diff compares c with want, a missing counter counting as 0, and returns one line per
 // counter that differs ("" when none does).
 func (c Counters) Diff(want Counters) string {

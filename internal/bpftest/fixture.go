@@ -89,6 +89,16 @@ type Case struct {
 	Check func(tb testing.TB, r Result)
 }
 
+// Seq runs setups in order: a Case.Setup made of several.
+func Seq(setups ...func(testing.TB)) func(testing.TB) {
+	return func(tb testing.TB) {
+		tb.Helper()
+		for _, s := range setups {
+			s(tb)
+		}
+	}
+}
+
 // Mark returns a pointer to m, for Case.WantMark.
 func Mark(m uint32) *uint32 { return &m }
 

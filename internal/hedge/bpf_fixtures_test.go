@@ -1,11 +1,14 @@
 package hedge
 
 // Fixtures for the BPF_PROG_TEST_RUN tests in bpf_test.go: a hedger collection loaded and
-// filled exactly as Start does it (Hedger.load, Hedger.fillMaps), a namespace to run it in,
-// packets, scoreboard keys and a table runner that checks verdict, output packet, skb mark,
-// counter changes and the scoreboard after each case.
+// filled exactly as Start does it (Hedger.load, Hedger.fillMaps), with its clock fixed
+// (bpftest.FixClock: every run reads the fixture's time, so deadlines are exact), a
+// namespace to run it in, packets, scoreboard keys, and the hedger's Runner for bpftest's
+// tables: verdict, output packet, skb mark, counter changes and the scoreboard after each
+// case.
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -17,14 +20,12 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/btf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // Scoreboard states (enum req_state in bpf/include/hedge.h, through bpf2go).
@@ -82,8 +83,8 @@ const (
 
 const (
 	testDelay = 10 * time.Millisecond
-	// storeDelay: the stored path's services wait long enough that a loaded machine's
-	// pauses between storing and ticking never make a request due (or overdue) by accident.
+	// storeDelay: the stored path's services' delay (a cutoff of one delay, far above the
+	// 50 ms floor).
 	storeDelay = time.Second
 	// Delay-line period: the rescuer sends a clone due within half of it (cfg_early_ns).
 	testPeriod = 2 * time.Millisecond
@@ -144,6 +145,9 @@ type fixture struct {
 	ns   *lab.Netns
 	// ifindexes the programs were loaded with
 	dlIfx, outIfx, peerIfx, devIfx int
+	// now is the time the programs read (kedge_now) in runs outside a table (f.run); a
+	// table's cases run at now0, where now starts too.
+	now uint64
 }
 
 type fixtureOpts struct {
@@ -172,7 +176,7 @@ func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 	if o.backend == "" {
 		o.backend = BackendConveyor
 	}
-	f := &fixture{outIfx: fakeOutIfx, peerIfx: fakePeerIfx, devIfx: fakeDevIfx}
+	f := &fixture{outIfx: fakeOutIfx, peerIfx: fakePeerIfx, devIfx: fakeDevIfx, now: now0}
 	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("hbpf%d", fixtureSeq.Add(1))))
 	if err != nil {
 		tb.Fatalf("create test namespace: %v", err)
@@ -201,6 +205,7 @@ func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 		IfIndex:  f.outIfx,
 		pacerCli: pacer.Client{Config: fixturePacerConfig(o.backend, f)},
 		noCarry:  o.noCarry,
+		prepare:  bpftest.FixClock,
 	}
 
 	if err := f.h.load(); err != nil {
@@ -359,90 +364,44 @@ func fixturePacerConfig(backend string, f *fixture) pacer.Config {
 // skBuff is the TC context BPF_PROG_TEST_RUN takes in and writes back out.
 type skBuff = bpftest.SkBuff
 
-// kernelSkBuffSize is sizeof(struct __sk_buff) from the running kernel's BTF.
-func kernelSkBuffSize() (int, error) {
-	spec, err := btf.LoadKernelSpec()
-	if err != nil {
-		return 0, fmt.Errorf("load kernel BTF: %w", err)
+// run test-runs prog once inside the fixture's namespace at the fixture's time (f.now), with
+// skb->mark = mark.
+func (f *fixture) run(prog *ebpf.Program, in []byte, mark uint32) (bpftest.Result, error) {
+	return f.runAt(prog, in, mark, nil)
+}
+
+// runAt is run with prepare(f.now), if not nil, called right before it: entries written
+// relative to the time the run reads.
+func (f *fixture) runAt(prog *ebpf.Program, in []byte, mark uint32, prepare func(now uint64) error) (bpftest.Result, error) {
+	return f.runCtx(prog, in, skBuff{Mark: mark}, prepare)
+}
+
+// runCtx is runAt with the whole context going in (skb->mark, tstamp).
+func (f *fixture) runCtx(prog *ebpf.Program, in []byte, ctx skBuff, prepare func(now uint64) error) (bpftest.Result, error) {
+	r := bpftest.Result{Now: f.now}
+	if prepare != nil {
+		if err := prepare(f.now); err != nil {
+			return r, err
+		}
 	}
-	var s *btf.Struct
-	if err := spec.TypeByName("__sk_buff", &s); err != nil {
-		return 0, fmt.Errorf("find struct __sk_buff in kernel BTF: %w", err)
+	if err := f.objs.KedgeClockNs.Set(f.now); err != nil {
+		return r, fmt.Errorf("set the clock: %w", err)
 	}
-	return int(s.Size), nil
-}
-
-// runResult is the outcome of one test run.
-type runResult struct {
-	ret    uint32
-	out    []byte
-	ctx    skBuff // the context after the run (mark, tstamp)
-	t0, t1 uint64 // CLOCK_MONOTONIC right before and after the run
-}
-
-// run test-runs prog once inside the fixture's namespace with skb->mark = mark.
-func (f *fixture) run(prog *ebpf.Program, in []byte, mark uint32) (runResult, error) {
-	return f.runAfter(prog, in, mark, nil)
-}
-
-// runAfter is run with prepare(now), if not nil, called in the run's thread right before it
-// (now: a CLOCK_MONOTONIC reading to build entries on; an emulated guest takes tens of
-// milliseconds from a monoNow in the test to f.run's program run).
-func (f *fixture) runAfter(prog *ebpf.Program, in []byte, mark uint32, prepare func(now uint64) error) (runResult, error) {
-	return f.runCtxAfter(prog, in, skBuff{Mark: mark}, prepare)
-}
-
-// runCtxAfter is runAfter with the whole context going in (skb->mark, tstamp).
-func (f *fixture) runCtxAfter(prog *ebpf.Program, in []byte, ctx skBuff, prepare func(now uint64) error) (runResult, error) {
-	var r runResult
 	opts := ebpf.RunOptions{
 		Data:       in,
 		DataOut:    make([]byte, len(in)+bpftest.OutPad),
 		Context:    ctx,
-		ContextOut: &r.ctx,
+		ContextOut: &r.Skb,
 	}
 	err := f.ns.Do(func() (err error) {
-		if prepare != nil {
-			now, err := mono()
-			if err != nil {
-				return err
-			}
-			if err := prepare(now); err != nil {
-				return err
-			}
-		}
-		if r.t0, err = mono(); err != nil {
-			return err
-		}
-		if r.ret, err = prog.Run(&opts); err != nil {
-			return err
-		}
-		r.t1, err = mono()
+		r.Ret, err = prog.Run(&opts)
 		return err
 	})
 	if err != nil {
 		return r, fmt.Errorf("test-run %s: %w", prog, err)
 	}
-	r.out = opts.DataOut
+	r.Out = opts.DataOut
 	return r, nil
-}
-
-// mono reads CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
-func mono() (uint64, error) {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return 0, fmt.Errorf("read CLOCK_MONOTONIC: %w", err)
-	}
-	return uint64(ts.Nano()), nil
-}
-
-func monoNow(tb testing.TB) uint64 {
-	tb.Helper()
-	now, err := mono()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return now
 }
 
 // ---- packets ----
@@ -638,119 +597,80 @@ func total(h hedgeKhist) (n uint64) {
 	return n
 }
 
-// ---- table runner ----
+// ---- the hedger's Runner ----
 
-// progCase is one BPF_PROG_TEST_RUN fixture: a packet (and skb mark) in, after setup has
-// prepared the maps; the verdict, the packet out, the mark out, the counter changes and the
-// whole scoreboard afterwards are checked.
-type progCase struct {
-	name   string
-	in     []byte
-	tick   bool                            // in: a pacer tick armed after setup (f.armedTick)
-	mark   uint32                          // skb->mark going in
-	tstamp uint64                          // skb->tstamp going in
-	setup  func(tb testing.TB, f *fixture) // scoreboard entries, budget, dl_control
-	// atRun writes what depends on the clock (an entry's send time and deadline) in the
-	// run's thread right before the run, from now (CLOCK_MONOTONIC): a loaded or emulated
-	// machine may take any time between setup and the run. A run that ends later than
-	// within (0: atRunWithin) after now is not judged: the case is set up and run again.
-	atRun  func(f *fixture, now uint64) error
-	within time.Duration
-	// want
-	ret      uint32
-	out      []byte           // nil: the packet must come out unchanged
-	anyOut   bool             // do not compare the packet (check looks at it)
-	outMark  *uint32          // nil: the mark must come out as it went in
-	counters bpftest.Counters // changes of every counter; unnamed ones must not move
-	board    map[hedgeHreqKey]uint32
-	check    func(tb testing.TB, f *fixture, r runResult, t0, t1 uint64)
-}
-
-// atRunWithin is how soon after an atRun preparation its run must end to be judged: every
-// clock-dependent case keeps at least this much margin (a second to the far-overdue cutoff
-// or to a deadline it must not reach).
-const atRunWithin = 500 * time.Millisecond
-
-// atRunTries is how often a case whose run came too late after its atRun is tried.
-const atRunTries = 5
-
-// runCases runs each case as a subtest on a reset fixture.
-func runCases(t *testing.T, f *fixture, prog *ebpf.Program, cases []progCase) {
-	t.Helper()
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			r, delta := runCase(t, f, prog, c)
-			if r.ret != c.ret {
-				t.Errorf("verdict %s, want %s", verdict(r.ret), verdict(c.ret))
-			}
-			want := c.out
-			if want == nil {
-				want = c.in
-			}
-			if !c.anyOut && !slices.Equal(r.out, want) {
-				t.Errorf("output packet: %s", bpftest.DiffBytes(r.out, want))
-			}
-			wantMark := c.mark
-			if c.outMark != nil {
-				wantMark = *c.outMark
-			}
-			if r.ctx.Mark != wantMark {
-				t.Errorf("skb mark %#x after the run, want %#x", r.ctx.Mark, wantMark)
-			}
-			if d := delta.Diff(c.counters); d != "" {
-				t.Errorf("counter changes (got, want):\n%s", d)
-			}
-			if d := diffBoard(f.board(t), c.board); d != "" {
-				t.Errorf("scoreboard (got, want):\n%s", d)
-			}
-			if c.check != nil {
-				c.check(t, f, r, r.t0, r.t1)
-			}
-		})
+// runner is bpftest's Runner for prog: the fixture reset before each case, every service's
+// and the pacer's counters, the fixed clock, runs inside the fixture's namespace.
+func (f *fixture) runner(prog *ebpf.Program) bpftest.Runner {
+	return bpftest.Runner{
+		Prog:     prog,
+		Counters: f.counters,
+		Reset:    f.reset,
+		Clock:    f.objs.KedgeClockNs,
+		Within:   f.ns.Do,
 	}
 }
 
-// runCase sets c up on a reset fixture and runs it, again (at most atRunTries times) while
-// its run ended later than c.within after its atRun.
-func runCase(t *testing.T, f *fixture, prog *ebpf.Program, c progCase) (runResult, bpftest.Counters) {
+// now0 is the time every table case runs at (its clock's start): entries in Setup are
+// written relative to it.
+const now0 = bpftest.ClockStart
+
+// tickIn is a tick frame for the armed deadline now0 - 1 us, as the pacer delivers it: a
+// case with In: tickIn has the pacer armed for it before its Setup.
+var tickIn = tickFrame(now0-1000, 128)
+
+// runCases runs a table on prog with the hedger's Runner. The hedger's tables are strict: a
+// case that names no counter change, mark, output or scoreboard expects none - every counter
+// still, the mark as it went in, the packet unchanged, an empty scoreboard (f.leaves).
+func runCases(t *testing.T, f *fixture, prog *ebpf.Program, cases []bpftest.Case) {
 	t.Helper()
-	within := c.within
-	if within == 0 {
-		within = atRunWithin
+	for i := range cases {
+		f.strict(&cases[i])
 	}
-	for try := 1; ; try++ {
-		f.reset(t)
-		if c.setup != nil {
-			c.setup(t, f)
+	f.runner(prog).Run(t, cases)
+}
+
+// strict fills in what a hedger case leaves unsaid (see runCases), and arms the pacer for a
+// case whose packet is tickIn.
+func (f *fixture) strict(c *bpftest.Case) {
+	if c.WantCounters == nil {
+		c.WantCounters = bpftest.Counters{}
+	}
+	if c.WantMark == nil {
+		var m uint32
+		if c.Skb != nil {
+			m = c.Skb.Mark
 		}
-		in := c.in
-		if c.tick {
-			in = f.armedTick(t)
-		}
-		var r runResult
-		var prepared uint64
-		var prepare func(now uint64) error
-		if c.atRun != nil {
-			prepare = func(now uint64) error {
-				prepared = now
-				return c.atRun(f, now)
+		c.WantMark = &m
+	}
+	if c.WantOut == nil {
+		c.WantSame = true
+	}
+	if c.Check == nil {
+		c.Check = f.leaves(nil)
+	}
+	if bytes.Equal(c.In, tickIn) {
+		setup := c.Setup
+		c.Setup = func(tb testing.TB) {
+			f.armTick(tb, now0-1000)
+			if setup != nil {
+				setup(tb)
 			}
 		}
-		delta, err := bpftest.Delta(f.counters, func() (err error) {
-			r, err = f.runCtxAfter(prog, in, skBuff{Mark: c.mark, Tstamp: c.tstamp}, prepare)
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
+	}
+}
+
+// leaves checks that the scoreboard holds exactly board (state per key; nil: empty) after
+// the run, then runs checks.
+func (f *fixture) leaves(board map[hedgeHreqKey]uint32, checks ...func(testing.TB, bpftest.Result)) func(testing.TB, bpftest.Result) {
+	return func(tb testing.TB, r bpftest.Result) {
+		tb.Helper()
+		if d := diffBoard(f.board(tb), board); d != "" {
+			tb.Errorf("scoreboard (got, want):\n%s", d)
 		}
-		if c.atRun == nil || time.Duration(r.t1-prepared) <= within {
-			return r, delta
+		for _, c := range checks {
+			c(tb, r)
 		}
-		if try == atRunTries {
-			t.Skipf("%d tries: every run ended %v or more after its entries were written (over %v): this machine is too slow for the case",
-				try, time.Duration(r.t1-prepared), within)
-		}
-		t.Logf("try %d: the run ended %v after its entries were written (over %v); again", try, time.Duration(r.t1-prepared), within)
 	}
 }
 
@@ -779,11 +699,11 @@ func verdict(v uint32) string {
 	return fmt.Sprintf("%d (%#x)", int32(v), v)
 }
 
-// verifyChecksums is a progCase check: the packet out has valid IP and UDP checksums.
-func verifyChecksums(tb testing.TB, _ *fixture, r runResult, _, _ uint64) {
+// verifyChecksums is a case check: the packet out has valid IP and UDP checksums.
+func verifyChecksums(tb testing.TB, r bpftest.Result) {
 	tb.Helper()
-	if err := pktbuild.VerifyChecksums(r.out); err != nil {
-		tb.Errorf("output packet: %v\n%x", err, r.out)
+	if err := pktbuild.VerifyChecksums(r.Out); err != nil {
+		tb.Errorf("output packet: %v\n%x", err, r.Out)
 	}
 }
 

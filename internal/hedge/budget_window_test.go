@@ -2,6 +2,7 @@ package hedge
 
 import (
 	"encoding/binary"
+	"github.com/kedge-dev/kedge/internal/bpftest"
 	"net/netip"
 	"sync"
 	"testing"
@@ -72,12 +73,12 @@ func TestWindowBudget(t *testing.T) {
 		if !ok {
 			t.Fatalf("request %d not on the scoreboard", id)
 		}
-		var r runResult
+		var r bpftest.Result
 		d := delta(func() {
 			var err error
 			// Due a millisecond before the run, after dueDelay: the far-overdue cutoff is a
-			// second away. Written in the run's thread right before it.
-			r, err = f.runAfter(f.objs.HedgeRescue, req(id), 0, func(now uint64) error {
+			// second away.
+			r, err = f.runAt(f.objs.HedgeRescue, req(id), 0, func(now uint64) error {
 				e.SentNs, e.DeadlineNs = now-uint64(dueDelay)-1e6, now-1e6
 				return f.objs.Scoreboard.Put(k, e)
 			})
@@ -87,10 +88,10 @@ func TestWindowBudget(t *testing.T) {
 		})
 		got, _ := f.entry(t, k)
 		switch {
-		case wantHedge && (r.ret != redirect || d["win.HedgesSent"] != 1 || got.State != reqHedged):
-			t.Errorf("rescue of %d: verdict %d, changes %v, state %s; want a hedge", id, r.ret, d, stateNames[got.State])
-		case !wantHedge && (r.ret != shot || d["win.BudgetExhausted"] != 1 || d["win.HedgesSent"] != 0 || got.State != reqRefused):
-			t.Errorf("rescue of %d: verdict %d, changes %v, state %s; want refused (budget_exhausted, REFUSED)", id, r.ret, d, stateNames[got.State])
+		case wantHedge && (r.Ret != redirect || d["win.HedgesSent"] != 1 || got.State != reqHedged):
+			t.Errorf("rescue of %d: verdict %d, changes %v, state %s; want a hedge", id, r.Ret, d, stateNames[got.State])
+		case !wantHedge && (r.Ret != shot || d["win.BudgetExhausted"] != 1 || d["win.HedgesSent"] != 0 || got.State != reqRefused):
+			t.Errorf("rescue of %d: verdict %d, changes %v, state %s; want refused (budget_exhausted, REFUSED)", id, r.Ret, d, stateNames[got.State])
 		}
 	}
 	expect := func(what string, requests, hedges uint64) {
@@ -128,12 +129,11 @@ func TestWindowBudget(t *testing.T) {
 	// The window slides: slots from more than BUDGET_SLOTS slots ago no longer count. Age
 	// every slot (its epoch far in the past) with a pile of hedges in it; then one request
 	// is 0.5 + 1 hedges' worth, and its hedge goes out.
-	// The epoch BUDGET_SLOTS slots before now's (0, "unused", within a guest's first
-	// window: its clock starts at boot).
+	// The epoch BUDGET_SLOTS slots before now's.
 	st := f.state(t, sWin)
 	slot := f.svcCfg(t, sWin).BudgetSlotNs
 	aged := uint64(0)
-	if cur := monoNow(t)/slot + 1; cur > uint64(budgetSlots) {
+	if cur := f.now/slot + 1; cur > uint64(budgetSlots) {
 		aged = cur - uint64(budgetSlots)
 	}
 	for i := range st.WinEpoch {
@@ -148,7 +148,7 @@ func TestWindowBudget(t *testing.T) {
 }
 
 // TestWindowBudgetSlots checks the window's arithmetic at its edges (service "win": ratio
-// 0.5, floor 1, slots of 1 s): a due request's hedge is charged to now's slot when
+// 0.5, floor 1, slots of 1 s), at the fixture's fixed time: a due request's hedge is charged to now's slot when
 // hedges x 1000 <= requests x 500 + 1000 over the slots whose epoch lies within the last
 // BUDGET_SLOTS (now's and the 9 before), refused one past it (and nothing stays charged);
 // a slot 10 epochs old no longer counts; the slot now's epoch reuses is started over.
@@ -159,17 +159,8 @@ func TestWindowBudgetSlots(t *testing.T) {
 	if slot != uint64(time.Second) {
 		t.Fatalf("slot %d ns, want 1 s (window 10 s / %d)", slot, budgetSlots)
 	}
-	// epochNow is now's epoch (now / slot + 1), at least 150 ms before the next slot begins,
-	// so that the programs run in the same one.
-	epochNow := func() uint64 {
-		for {
-			now := monoNow(t)
-			if now%slot < slot-150*uint64(time.Millisecond) {
-				return now/slot + 1
-			}
-			time.Sleep(time.Duration(slot - now%slot))
-		}
-	}
+	// cur is the epoch (now / slot + 1) of the fixture's time, the one every run reads.
+	cur := f.now/slot + 1
 	type slotVal struct{ age, requests, hedges uint64 } // age: epochs before now's
 	set := func(cur uint64, slots ...slotVal) {
 		t.Helper()
@@ -183,20 +174,18 @@ func TestWindowBudgetSlots(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// rescue runs the rescuer on a due request id; inEpoch: the whole run fell in epoch cur
-	// (else it may have counted in another slot than the case set up: not judged).
-	rescue := func(id uint32, cur uint64) (hedged, inEpoch bool) {
+	// rescue runs the rescuer on a due request id: hedged or refused.
+	rescue := func(id uint32) bool {
 		t.Helper()
 		r, e := rescueDue(t, f, sWin, svcWin, id)
-		inEpoch = r.t0/slot+1 == cur && r.t1/slot+1 == cur
 		switch {
-		case r.ret == redirect && e.State == reqHedged:
-			return true, inEpoch
-		case r.ret == shot && e.State == reqRefused:
-			return false, inEpoch
+		case r.Ret == redirect && e.State == reqHedged:
+			return true
+		case r.Ret == shot && e.State == reqRefused:
+			return false
 		}
-		t.Fatalf("request %d: verdict %s state %s: neither hedged nor refused", id, verdict(r.ret), stateNames[e.State])
-		return false, inEpoch
+		t.Fatalf("request %d: verdict %s state %s: neither hedged nor refused", id, verdict(r.Ret), stateNames[e.State])
+		return false
 	}
 	sums := func() (uint64, uint64) { return winSums(f.state(t, sWin)) }
 	cases := []struct {
@@ -214,64 +203,41 @@ func TestWindowBudgetSlots(t *testing.T) {
 		{"no requests: the floor alone allows one hedge", nil, true},
 	}
 	for i, c := range cases {
-		for try := 1; ; try++ {
-			cur := epochNow()
-			set(cur, c.slots...)
-			r0, h0 := sums()
-			got, inEpoch := rescue(uint32(200+10*i+try), cur)
-			if !inEpoch {
-				if try == 5 {
-					t.Fatalf("%s: 5 runs fell outside the epoch they were set up in", c.name)
-				}
-				t.Logf("%s: try %d ran past its epoch's end; again", c.name, try)
-				continue
-			}
-			r1, h1 := sums()
-			wantH := h0
-			if c.wantHedge {
-				wantH++
-			}
-			if got != c.wantHedge || r1 != r0 || h1 != wantH {
-				t.Errorf("%s: hedged %v (want %v); window requests %d -> %d, hedges %d -> %d (want %d: charged only when sent)",
-					c.name, got, c.wantHedge, r0, r1, h0, h1, wantH)
-			}
-			break
+		set(cur, c.slots...)
+		r0, h0 := sums()
+		got := rescue(uint32(200 + i))
+		r1, h1 := sums()
+		wantH := h0
+		if c.wantHedge {
+			wantH++
+		}
+		if got != c.wantHedge || r1 != r0 || h1 != wantH {
+			t.Errorf("%s: hedged %v (want %v); window requests %d -> %d, hedges %d -> %d (want %d: charged only when sent)",
+				c.name, got, c.wantHedge, r0, r1, h0, h1, wantH)
 		}
 	}
 
 	// Rollover: now's slot index holds epoch now-10 with a pile of counts; the next request
 	// starts it over (epoch now, 1 request, no hedges) and its hedge counts against that
 	// alone: 0.5 x 1 + 1 -> one hedge, then refused.
-	for try := 1; ; try++ {
-		cur := epochNow()
-		set(cur, slotVal{10, 1000, 1000})
-		id := uint32(300 + 10*try)
-		r, err := f.run(f.objs.HedgeSplit, datagram(client4, svcWin, idPayload(id, 32)), 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		after := f.state(t, sWin)
-		first, in1 := rescue(id+1, cur)
-		second, in2 := rescue(id+2, cur)
-		if r.t1/slot+1 != cur || !in1 || !in2 {
-			if try == 5 {
-				t.Fatalf("rollover: 5 runs fell outside the epoch they were set up in")
-			}
-			t.Logf("rollover: try %d ran past its epoch's end; again", try)
-			continue
-		}
-		i := cur % uint64(budgetSlots)
-		if st := after; st.WinEpoch[i] != cur || st.WinRequests[i] != 1 || st.WinHedges[i] != 0 {
-			t.Errorf("now's slot after a request: epoch %d requests %d hedges %d, want %d, 1, 0 (started over)",
-				st.WinEpoch[i], st.WinRequests[i], st.WinHedges[i], cur)
-		}
-		if st := f.state(t, sWin); st.WinHedges[i] != 1 {
-			t.Errorf("now's slot after the hedge and the refusal: %d hedges, want 1 (charged when sent)", st.WinHedges[i])
-		}
-		if !first || second {
-			t.Errorf("after the rollover: hedged %v then %v, want one hedge (1 request x 0.5 + 1) and then a refusal", first, second)
-		}
-		break
+	set(cur, slotVal{10, 1000, 1000})
+	const id = 300
+	if _, err := f.run(f.objs.HedgeSplit, datagram(client4, svcWin, idPayload(id, 32)), 0); err != nil {
+		t.Fatal(err)
+	}
+	after := f.state(t, sWin)
+	first := rescue(id + 1)
+	second := rescue(id + 2)
+	i := cur % uint64(budgetSlots)
+	if st := after; st.WinEpoch[i] != cur || st.WinRequests[i] != 1 || st.WinHedges[i] != 0 {
+		t.Errorf("now's slot after a request: epoch %d requests %d hedges %d, want %d, 1, 0 (started over)",
+			st.WinEpoch[i], st.WinRequests[i], st.WinHedges[i], cur)
+	}
+	if st := f.state(t, sWin); st.WinHedges[i] != 1 {
+		t.Errorf("now's slot after the hedge and the refusal: %d hedges, want 1 (charged when sent)", st.WinHedges[i])
+	}
+	if !first || second {
+		t.Errorf("after the rollover: hedged %v then %v, want one hedge (1 request x 0.5 + 1) and then a refusal", first, second)
 	}
 }
 

@@ -60,7 +60,7 @@ func (w *budgetWatch) check(cur *Snapshot) []string {
 			}
 			return c - p
 		}
-		rate := float64(delta("requests")) / dt.Seconds()
+		rate := float64(delta(counterRequests)) / dt.Seconds()
 		held := rate * s.DelayNow.Seconds()
 		// Only the bucket has to hold requests/s x delay tokens in burst; a window's
 		// allowance grows with the requests (ratio x requests/s x window).
@@ -72,7 +72,7 @@ func (w *budgetWatch) check(cur *Snapshot) []string {
 					"raise budget.burst (--budget-burst) above %d", s.Name, rate, s.DelayNow, need, b.Burst, need))
 			}
 		}
-		late, hedged := delta("unhedged_late"), delta("hedges_sent")
+		late, hedged := delta(counterUnhedgedLate), delta(counterHedgesSent)
 		stalled := late + hedged
 		if stalled < minStalled || float64(late) <= refusedShare*float64(stalled) {
 			continue
@@ -83,7 +83,7 @@ func (w *budgetWatch) check(cur *Snapshot) []string {
 		w.lastSaid[s.Name] = cur.Time
 		what := fmt.Sprintf("service %q: in the last %v, %d of %d stalled requests (answered after the %v delay) "+
 			"were not hedged for lack of budget (budget_exhausted +%d); ",
-			s.Name, dt.Round(time.Second), late, stalled, s.DelayNow, delta("budget_exhausted"))
+			s.Name, dt.Round(time.Second), late, stalled, s.DelayNow, delta(counterBudgetExhausted))
 		if b.Mode == BudgetWindow {
 			// The window allows ratio x its requests: the stalls are more than that share.
 			out = append(out, what+fmt.Sprintf("the stalls take more than budget.ratio of the requests over the window: "+

@@ -59,6 +59,7 @@ func spin(n int) {
 func raceRounds(t *testing.T, f *fixture, rounds int, a, b *ebpf.Program, setup func(i int) (inA, inB []byte),
 	after func(i int) uint32) []raceRound {
 	t.Helper()
+	f.setClock(t)
 	out := make([]raceRound, rounds)
 	var ready, round atomic.Int64 // ready: threads waiting at the barrier; round: released round + 1
 	var wg sync.WaitGroup

@@ -287,6 +287,8 @@ const (
 	hedgeVarHedgeBtfReplicaChoice = "hedge_btf_replica_choice"
 	hedgeVarHedgeBtfReqState      = "hedge_btf_req_state"
 	hedgeVarHedgeBtfReqidOrder    = "hedge_btf_reqid_order"
+	hedgeVarKedgeClockFixed       = "kedge_clock_fixed"
+	hedgeVarKedgeClockNs          = "kedge_clock_ns"
 	hedgeVarPacerCfg              = "pacer_cfg"
 )
 
@@ -370,6 +372,8 @@ type hedgeVariableSpecs struct {
 	HedgeBtfReplicaChoice *ebpf.VariableSpec `ebpf:"hedge_btf_replica_choice"`
 	HedgeBtfReqState      *ebpf.VariableSpec `ebpf:"hedge_btf_req_state"`
 	HedgeBtfReqidOrder    *ebpf.VariableSpec `ebpf:"hedge_btf_reqid_order"`
+	KedgeClockFixed       *ebpf.VariableSpec `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs          *ebpf.VariableSpec `ebpf:"kedge_clock_ns"`
 	PacerCfg              *ebpf.VariableSpec `ebpf:"pacer_cfg"`
 }
 
@@ -440,6 +444,8 @@ type hedgeVariables struct {
 	HedgeBtfReplicaChoice *ebpf.Variable `ebpf:"hedge_btf_replica_choice"`
 	HedgeBtfReqState      *ebpf.Variable `ebpf:"hedge_btf_req_state"`
 	HedgeBtfReqidOrder    *ebpf.Variable `ebpf:"hedge_btf_reqid_order"`
+	KedgeClockFixed       *ebpf.Variable `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs          *ebpf.Variable `ebpf:"kedge_clock_ns"`
 	PacerCfg              *ebpf.Variable `ebpf:"pacer_cfg"`
 }
 

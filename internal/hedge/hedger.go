@@ -49,6 +49,9 @@ type Hedger struct {
 	noCarry  bool // every service's store limit covers the interface MTU's payload: no clone path
 	pacer    *pacer.Pacer
 	pacerCli pacer.Client // what load binds the collection to (fixtures: a Config without a pacer)
+	// prepare, if set, adjusts the spec right before load: the BPF_PROG_TEST_RUN fixtures
+	// fix the programs' clock with it (bpftest.FixClock).
+	prepare  func(*ebpf.CollectionSpec) error
 	attached []bpfx.Attachment
 	log      *slog.Logger
 
@@ -192,6 +195,11 @@ func (h *Hedger) load() error {
 	var opts ebpf.CollectionOptions
 	if err := h.pacerCli.Bind(spec, &opts); err != nil {
 		return err
+	}
+	if h.prepare != nil {
+		if err := h.prepare(spec); err != nil {
+			return err
+		}
 	}
 	return bpfx.LoadAndAssign("hedge", spec, &h.objs, &opts)
 }

@@ -1,7 +1,7 @@
 package hedge
 
 // Two responses of one hedged request on two CPUs at the same moment (the original's and the
-// hedge's, or two late ones): the response path (respond in bpf/hedge/request.h) claims the
+// hedge's, or two late ones): the response path (respond in bpf/hedge/respond.h) claims the
 // entry's state by compare-and-exchange (claim_response), so exactly one passes as the
 // first, the other is dropped as a duplicate, and the entry goes once every copy was
 // answered (late_responses, a fetch-and-add). TestClaimRace races the rescuer against a
@@ -49,6 +49,7 @@ func raceOffset(i int) time.Duration {
 // start at a time CPU 0 names 50 us ahead, the second thread's shifted by raceOffset(i).
 func raceOnClock(t *testing.T, f *fixture, rounds int, prog *ebpf.Program, setup func(i int) ([2][]byte, error)) [][2]pairRun {
 	t.Helper()
+	f.setClock(t)
 	out := make([][2]pairRun, rounds)
 	base := time.Now()
 	var (
@@ -226,10 +227,7 @@ func TestResponseClaimRace(t *testing.T) {
 			var res [][2]pairRun
 			delta, err := bpftest.Delta(f.counters, func() error {
 				res = raceOnClock(t, f, rounds, f.objs.HedgeResp, func(i int) ([2][]byte, error) {
-					now, err := mono()
-					if err != nil {
-						return [2][]byte{}, err
-					}
+					now := f.now
 					e := pending(now-uint64(5*time.Millisecond), now+uint64(time.Second))
 					e.State, e.Tried, e.HedgesSent, e.HedgeReplica, e.HedgedNs = c.state, 0b11, c.hedges, 1, now-uint64(time.Millisecond)
 					if err := f.objs.Scoreboard.Put(k(i), e); err != nil {

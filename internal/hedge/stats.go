@@ -61,6 +61,18 @@ type Snapshot struct {
 	DelayLine map[string]uint64 `json:"delay_line"`
 }
 
+// The counters of struct hedge_stats this package reads by name (counterMap's names);
+// TestCounterNamesExist pins each to the generated struct.
+const (
+	counterRequests        = "requests"
+	counterHedgesSent      = "hedges_sent"
+	counterUnhedgedLate    = "unhedged_late"
+	counterBudgetExhausted = "budget_exhausted"
+)
+
+// countersByName lists the names above, for the test.
+var countersByName = []string{counterRequests, counterHedgesSent, counterUnhedgedLate, counterBudgetExhausted}
+
 // counterMap turns a counters struct into name -> value using the C field names.
 func counterMap(v any) map[string]uint64 {
 	fields, err := bpfx.Fields(v, "", bpfx.Naming{C: true})

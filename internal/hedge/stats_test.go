@@ -462,3 +462,15 @@ func TestCountersOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestCounterNamesExist: every struct hedge_stats counter the package reads by name (the
+// budget warnings) is a field of the struct bpf2go generated from bpf/include/hedge.h, as
+// counterMap names it: a renamed C field fails here, not as a silent zero.
+func TestCounterNamesExist(t *testing.T) {
+	names := counterMap(hedgeHedgeStats{})
+	for _, n := range countersByName {
+		if _, ok := names[n]; !ok {
+			t.Errorf("counter %q is not a field of struct hedge_stats (bpf/include/hedge.h)", n)
+		}
+	}
+}

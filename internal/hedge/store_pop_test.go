@@ -1,7 +1,7 @@
 package hedge
 
 // The stored path without per-request ticks: the first response to a stored request whose
-// cell is its ring's head pops the cell at once (store_answered, request.h), and a tick pops
+// cell is its ring's head pops the cell at once (store_answered, store.h), and a tick pops
 // cells whose request no longer waits even before their deadline (tick_one, store.h), then
 // asks the pacer for the first request that still waits. Fixtures: bpf_fixtures_test.go.
 
@@ -22,8 +22,8 @@ func TestStorePops(t *testing.T) {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		if r.ret != unspec {
-			tb.Fatalf("response verdict %s, want TC_ACT_UNSPEC", verdict(r.ret))
+		if r.Ret != unspec {
+			tb.Fatalf("response verdict %s, want TC_ACT_UNSPEC", verdict(r.Ret))
 		}
 	}
 	delta := func(tb testing.TB, fn func()) bpftest.Counters {
@@ -86,12 +86,12 @@ func TestStorePops(t *testing.T) {
 		// Nothing is due (the stored services wait a second, counted here from right before
 		// the tick's run): the tick pops b, answered, sends nothing, and asks for a tick at
 		// c's deadline, the first that still waits.
-		var r runResult
+		var r bpftest.Result
 		d := delta(t, func() {
-			r = f.tickAfter(t, func(now uint64) error { return f.dueAt(sSt4, now, -storeDelay) })
+			r = f.tickAt(t, func(now uint64) error { return f.dueAt(sSt4, now, -storeDelay) })
 		})
-		if r.ret != bpftest.TCActShot {
-			t.Errorf("tick verdict %s, want TC_ACT_SHOT (nothing sent)", verdict(r.ret))
+		if r.Ret != bpftest.TCActShot {
+			t.Errorf("tick verdict %s, want TC_ACT_SHOT (nothing sent)", verdict(r.Ret))
 		}
 		wantQueued(t, c)
 		if d["st4.StoredAnswered"] != 1 || d["st4.TickHedges"] != 0 || d["dl.TicksArmed"] != 1 {
@@ -113,10 +113,10 @@ func TestStorePops(t *testing.T) {
 		if err := f.objs.Scoreboard.Delete(key(sSt4, client4, a)); err != nil { // evicted
 			t.Fatal(err)
 		}
-		var r runResult
+		var r bpftest.Result
 		d := delta(t, func() { r = f.tick(t) })
-		if r.ret != bpftest.TCActShot {
-			t.Errorf("tick verdict %s, want TC_ACT_SHOT", verdict(r.ret))
+		if r.Ret != bpftest.TCActShot {
+			t.Errorf("tick verdict %s, want TC_ACT_SHOT", verdict(r.Ret))
 		}
 		wantQueued(t)
 		if d["st4.StoredOrphaned"] != 1 || d["st4.StoredAnswered"] != 1 || d["dl.TicksArmed"] != 0 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,13 +18,17 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// Fixtures: the pacer's programs and the reference consumer's under BPF_PROG_TEST_RUN, one
-// packet in, verdict, packet out and counters checked. The consumer is bound to the pacer as
-// in a run (Pacer.Client: the pacer's maps replace its own). They run inside a test
-// namespace whose veth pt0/pt1 stands in for the pacer's veth (bpf_clone_redirect needs a
-// device).
+// Fixtures: the pacer's programs and the reference consumer's under BPF_PROG_TEST_RUN, in
+// bpftest's table style: one packet in, verdict, packet out, counters and the pacer's state
+// checked. The consumer is bound to the pacer as in a run (the pacer's maps replace its
+// own), and both objects' clocks are fixed (bpftest.FixClock): every case runs at
+// bpftest.ClockStart (or its Now), so deadlines are exact. They run inside a test namespace
+// whose veth pt0/pt1 stands in for the pacer's veth (bpf_clone_redirect needs a device).
 
 const fixturePort, fixtureCarryPort = 7777, 7778
+
+// now0 is the time a case runs at unless it sets Now.
+const now0 = bpftest.ClockStart
 
 type fixture struct {
 	t      *testing.T
@@ -87,13 +92,14 @@ func newFixtureWith(t *testing.T, backend pacerPacerBackend, set func(*pacerPace
 		set(&f.cfg)
 	}
 	f.objs, f.echo = loadWithEcho(t, f.cfg, echoEchoConfig{OutIfindex: uint32(f.outIfx), Port: htons(fixturePort),
-		CarryPort: htons(fixtureCarryPort), DelayNs: uint64(5 * time.Millisecond)})
+		CarryPort: htons(fixtureCarryPort), DelayNs: uint64(5 * time.Millisecond)}, true)
 	return f
 }
 
 // loadWithEcho loads the pacer's object with cfg and the reference consumer bound to it, as
-// Pacer.New and a consumer do; both close with the test.
-func loadWithEcho(t testing.TB, cfg Config, ecfg echoEchoConfig) (pacerObjects, echoObjects) {
+// Pacer.New and a consumer do, with both clocks fixed when fixed is set; both close with
+// the test.
+func loadWithEcho(t testing.TB, cfg Config, ecfg echoEchoConfig, fixed bool) (pacerObjects, echoObjects) {
 	t.Helper()
 	var objs pacerObjects
 	var echo echoObjects
@@ -104,15 +110,22 @@ func loadWithEcho(t testing.TB, cfg Config, ecfg echoEchoConfig) (pacerObjects, 
 	if err := (Client{Config: cfg}).Bind(spec, nil); err != nil {
 		t.Fatal(err)
 	}
+	espec, err := loadEcho()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fixed {
+		for _, s := range []*ebpf.CollectionSpec{spec, espec} {
+			if err := bpftest.FixClock(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	if err := bpfx.LoadAndAssign("pacer", spec, &objs, nil); err != nil {
 		logFull(t, err)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { objs.Close() })
-	espec, err := loadEcho()
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := espec.Variables["echo_cfg"].Set(ecfg); err != nil {
 		t.Fatal(err)
 	}
@@ -137,81 +150,95 @@ func logFull(t testing.TB, err error) {
 	}
 }
 
-// run runs prog on in as if it arrived on device ifx (0: loopback), inside the test
-// namespace.
-func (f *fixture) run(prog *ebpf.Program, in []byte, ifx int) (ret uint32, out []byte) {
-	f.t.Helper()
-	ret, out, _ = f.runStamped(prog, in, ifx, 0)
-	return ret, out
+// pacer is the Runner for the pacer's own programs, echo for the consumer's: the pacer's and
+// the consumer's counters (the latter as Echo<Field>), their object's fixed clock, runs in
+// the test namespace. State is shared between cases: each sets what it needs (Setup).
+func (f *fixture) pacer(prog *ebpf.Program) bpftest.Runner {
+	return bpftest.Runner{Prog: prog, Counters: f.counters, Clock: f.objs.KedgeClockNs, Within: f.ns.Do}
 }
 
-// skbTstampOff is the offset of tstamp in struct __sk_buff.
-const skbTstampOff = 152
-
-// runStamped is run with skb->tstamp = tstamp going in; it returns the tstamp coming out.
-func (f *fixture) runStamped(prog *ebpf.Program, in []byte, ifx int, tstamp uint64) (ret uint32, out []byte, tstampOut uint64) {
-	f.t.Helper()
-	ctx := make([]byte, skbTstampOff+8) // struct __sk_buff up to and including tstamp
-	binary.NativeEndian.PutUint32(ctx[40:], uint32(ifx))
-	binary.NativeEndian.PutUint64(ctx[skbTstampOff:], tstamp)
-	ctxOut := make([]byte, 256) // room for the kernel's whole struct __sk_buff
-	opts := ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+bpftest.OutPad), Context: ctx, ContextOut: ctxOut, Repeat: 1}
-	var err error
-	if derr := f.ns.Do(func() error { ret, err = prog.Run(&opts); return nil }); derr != nil {
-		f.t.Fatal(derr)
-	}
-	if err != nil {
-		f.t.Fatalf("run: %v", err)
-	}
-	return ret, opts.DataOut, binary.NativeEndian.Uint64(ctxOut[skbTstampOff:])
+func (f *fixture) consumer(prog *ebpf.Program) bpftest.Runner {
+	return bpftest.Runner{Prog: prog, Counters: f.counters, Clock: f.echo.KedgeClockNs, Within: f.ns.Do}
 }
 
-func (f *fixture) counters() bpftest.Counters {
-	f.t.Helper()
+func (f *fixture) counters() (bpftest.Counters, error) {
 	c, err := bpftest.SumPerCPU[pacerPacerStats](f.objs.PacerCounters)
 	if err != nil {
-		f.t.Fatal(err)
+		return nil, err
 	}
 	e, err := bpftest.SumPerCPU[echoEchoStats](f.echo.EchoCounters)
 	if err != nil {
-		f.t.Fatal(err)
+		return nil, err
 	}
 	for k, v := range e {
 		c["Echo"+k] = v
 	}
-	return c
+	// Per-CPU minima and maxima do not add up over CPUs (a case may run on another CPU than
+	// the one before): left out, checked where a case means them (extremes).
+	for k := range c {
+		if strings.HasSuffix(k, "MinNs") || strings.HasSuffix(k, "MaxNs") {
+			delete(c, k)
+		}
+	}
+	return c, nil
 }
 
-// delta runs fn and returns the counters that changed.
-func (f *fixture) delta(fn func()) bpftest.Counters {
-	before := f.counters()
-	fn()
-	return f.counters().Sub(before)
+// extremes reads the pacer's counters with minima and maxima taken over the CPUs.
+func (f *fixture) extremes(tb testing.TB) pacerPacerStats {
+	tb.Helper()
+	s, err := bpfx.SumPerCPU[pacerPacerStats](f.objs.PacerCounters, uint32(0), bpfx.Extrema)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
 }
 
-func (f *fixture) setArmed(ns uint64) {
-	f.t.Helper()
-	if err := f.objs.PacerArming.Put(uint32(0), pacerPacerState{ArmedNs: ns}); err != nil {
-		f.t.Fatal(err)
+// from is the context of a packet that arrived on device ifx.
+func from(ifx int) *bpftest.SkBuff { return &bpftest.SkBuff{Ifindex: uint32(ifx)} }
+
+// setArmed is a Setup: the pacer's armed deadline.
+func (f *fixture) setArmed(ns uint64) func(testing.TB) {
+	return func(tb testing.TB) {
+		tb.Helper()
+		if err := f.objs.PacerArming.Put(uint32(0), pacerPacerState{ArmedNs: ns}); err != nil {
+			tb.Fatal(err)
+		}
 	}
 }
 
-func (f *fixture) armed() uint64 {
-	f.t.Helper()
-	var st pacerPacerState
-	if err := f.objs.PacerArming.Lookup(uint32(0), &st); err != nil {
-		f.t.Fatal(err)
+// armedIs is a Check: the pacer's armed deadline after the run.
+func (f *fixture) armedIs(want uint64) func(testing.TB, bpftest.Result) {
+	return func(tb testing.TB, _ bpftest.Result) {
+		tb.Helper()
+		var st pacerPacerState
+		if err := f.objs.PacerArming.Lookup(uint32(0), &st); err != nil {
+			tb.Fatal(err)
+		}
+		if st.ArmedNs != want {
+			tb.Errorf("armed %d, want %d", st.ArmedNs, want)
+		}
 	}
-	return st.ArmedNs
 }
 
-// tickFrame is a tick frame as pacer_enter builds it (IPv4, protocol 253, no addresses).
+// tickFrame is a tick frame for deadline with magic, cut to its first payload bytes of
+// struct pacer_tick (its IPv4 length cut too).
 func tickFrame(deadline uint64, magic uint64, payload int) []byte {
-	p := make([]byte, 32)
-	binary.NativeEndian.PutUint64(p[0:], magic)
-	binary.NativeEndian.PutUint64(p[8:], deadline)
-	return pktbuild.New().IPv4(pktbuild.IPv4{Src: netip.IPv4Unspecified(), Dst: netip.IPv4Unspecified()}).
-		Proto(uint8(pacerPacerConstsPACER_IPPROTO)).Payload(p[:payload]).Build()
+	b := TickFrame(Tick{Magic: magic, DeadlineNs: deadline}, 0)[:ethHeaderLen+ipv4HeaderLen+payload]
+	ip := b[ethHeaderLen:]
+	binary.BigEndian.PutUint16(ip[2:], uint16(ipv4HeaderLen+payload))
+	binary.BigEndian.PutUint16(ip[10:], 0)
+	binary.BigEndian.PutUint16(ip[10:], ipv4Checksum(ip[:ipv4HeaderLen]))
+	return b
+}
+
+// tickOf decodes the struct pacer_tick of a tick frame.
+func tickOf(tb testing.TB, frame []byte) Tick {
+	tb.Helper()
+	var t Tick
+	if _, err := binary.Decode(frame[ethHeaderLen+ipv4HeaderLen:], binary.NativeEndian, &t); err != nil {
+		tb.Fatalf("decode the tick: %v", err)
+	}
+	return t
 }
 
 func udpTo(port uint16) []byte {
@@ -221,72 +248,62 @@ func udpTo(port uint16) []byte {
 
 var tickMagic = uint64(pacerPacerMagicPACER_TICK_MAGIC)
 
-func wantDelta(t *testing.T, got, want bpftest.Counters) {
-	t.Helper()
-	if d := got.Diff(want); d != "" {
-		t.Errorf("counters: %s", d)
+// tickIs is a Check: the output is a tick frame of n bytes for deadline with valid headers.
+func tickIs(n int, deadline uint64) func(testing.TB, bpftest.Result) {
+	return func(tb testing.TB, r bpftest.Result) {
+		tb.Helper()
+		if len(r.Out) != n {
+			tb.Fatalf("tick frame %d bytes, want %d", len(r.Out), n)
+		}
+		if err := pktbuild.VerifyChecksums(r.Out); err != nil {
+			tb.Errorf("tick frame: %v", err)
+		}
+		if r.Out[ethHeaderLen+9] != byte(pacerPacerConstsPACER_IPPROTO) {
+			tb.Errorf("protocol %d, want %d", r.Out[ethHeaderLen+9], pacerPacerConstsPACER_IPPROTO)
+		}
+		if tk := tickOf(tb, r.Out); tk.Magic != tickMagic || tk.DeadlineNs != deadline {
+			tb.Errorf("tick magic %#x deadline %d, want %#x %d", tk.Magic, tk.DeadlineNs, tickMagic, deadline)
+		}
 	}
 }
 
-func wantRet(t *testing.T, got, want uint32) {
-	t.Helper()
-	if got != want {
-		t.Errorf("verdict %d, want %d", int32(got), int32(want))
-	}
+// TestTickFrameMatchesEnter pins TickFrame, Go's tick frame (what consumers' fixtures feed
+// their tick programs), to the frame pacer_enter writes: byte for byte, every field of
+// struct pacer_tick included.
+func TestTickFrameMatchesEnter(t *testing.T) {
+	f := newFixture(t, pacerPacerBackendPACER_NETEM)
+	const deadline, seq = 987654321, 7
+	want := TickFrame(Tick{Magic: tickMagic, DeadlineNs: deadline, SentNs: now0, Seq: seq}, tickMinBytes)
+	f.pacer(f.objs.PacerEnter).Run(t, []bpftest.Case{{
+		Name: "tick request", In: udpTo(53), Skb: from(f.outIfx),
+		Setup: func(tb testing.TB) {
+			if err := f.objs.PacerArming.Put(uint32(0), pacerPacerState{ArmedNs: deadline, Seq: seq}); err != nil {
+				tb.Fatal(err)
+			}
+		},
+		WantRet: bpftest.TCActRedirect, WantOut: want, WantCounters: bpftest.Counters{"TicksEntered": 1},
+	}})
 }
 
 func TestFixturesEnter(t *testing.T) {
 	f := newFixture(t, pacerPacerBackendPACER_NETEM)
 	prio := f.outIfx // the tick veth's peer
 	carry := f.ifx   // the main veth's peer
-
-	t.Run("packet from another device dropped", func(t *testing.T) {
-		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.objs.PacerEnter, udpTo(53), 0) })
-		wantRet(t, ret, bpftest.TCActShot)
-		wantDelta(t, d, bpftest.Counters{"Foreign": 1})
-	})
-	t.Run("tick request becomes a tick frame for the armed deadline", func(t *testing.T) {
-		const deadline = 123456789
-		f.setArmed(deadline)
-		var ret uint32
-		var out []byte
-		d := f.delta(func() { ret, out = f.run(f.objs.PacerEnter, udpTo(53), prio) })
-		wantRet(t, ret, bpftest.TCActRedirect)
-		wantDelta(t, d, bpftest.Counters{"TicksEntered": 1})
-		if len(out) != tickMinBytes {
-			t.Fatalf("tick frame %d bytes, want %d", len(out), tickMinBytes)
-		}
-		if err := pktbuild.VerifyChecksums(out); err != nil {
-			t.Errorf("tick frame: %v", err)
-		}
-		if out[14+9] != byte(pacerPacerConstsPACER_IPPROTO) {
-			t.Errorf("protocol %d, want %d", out[14+9], pacerPacerConstsPACER_IPPROTO)
-		}
-		tk := out[34:]
-		if m, dl := binary.NativeEndian.Uint64(tk[0:]), binary.NativeEndian.Uint64(tk[8:]); m != tickMagic || dl != deadline {
-			t.Errorf("tick magic %#x deadline %d, want %#x %d", m, dl, tickMagic, deadline)
-		}
-	})
-	t.Run("a 14-byte tick request grows to a tick frame", func(t *testing.T) {
-		f.setArmed(42)
-		in := make([]byte, 14)
-		ret, out := f.run(f.objs.PacerEnter, in, prio)
-		wantRet(t, ret, bpftest.TCActRedirect)
-		if len(out) != tickMinBytes {
-			t.Errorf("tick frame %d bytes, want %d", len(out), tickMinBytes)
-		}
-	})
-	t.Run("carried packet goes in unchanged", func(t *testing.T) {
-		in := udpTo(53)
-		var ret uint32
-		var out []byte
-		d := f.delta(func() { ret, out = f.run(f.objs.PacerEnter, in, carry) })
-		wantRet(t, ret, bpftest.TCActRedirect)
-		wantDelta(t, d, bpftest.Counters{"CarriedIn": 1})
-		if string(out) != string(in) {
-			t.Errorf("carried packet changed: %s", bpftest.DiffBytes(out, in))
-		}
+	const deadline = 123456789
+	f.pacer(f.objs.PacerEnter).Run(t, []bpftest.Case{
+		{Name: "packet from another device dropped", In: udpTo(53), Skb: from(0),
+			WantRet: bpftest.TCActShot, WantCounters: bpftest.Counters{"Foreign": 1}},
+		{Name: "tick request becomes a tick frame for the armed deadline", In: udpTo(53), Skb: from(prio),
+			Setup: f.setArmed(deadline), WantRet: bpftest.TCActRedirect, WantCounters: bpftest.Counters{"TicksEntered": 1},
+			Check: tickIs(tickMinBytes, deadline)},
+		{Name: "a tick request with nothing armed: a tick for now, harmless", In: udpTo(53), Skb: from(prio),
+			Setup: f.setArmed(0), WantRet: bpftest.TCActRedirect, WantCounters: bpftest.Counters{"TicksEntered": 1},
+			Check: tickIs(tickMinBytes, now0)},
+		{Name: "a 14-byte tick request grows to a tick frame", In: make([]byte, 14), Skb: from(prio),
+			Setup: f.setArmed(42), WantRet: bpftest.TCActRedirect, WantCounters: bpftest.Counters{"TicksEntered": 1},
+			Check: tickIs(tickMinBytes, 42)},
+		{Name: "carried packet goes in unchanged", In: udpTo(53), Skb: from(carry),
+			WantRet: bpftest.TCActRedirect, WantSame: true, WantCounters: bpftest.Counters{"CarriedIn": 1}},
 	})
 }
 
@@ -297,14 +314,15 @@ func TestFixturesEnterEDT(t *testing.T) {
 		t.Skip("bpf_skb_set_tstamp missing (Linux 5.18+): edt does not load here")
 	}
 	f := newFixture(t, pacerPacerBackendPACER_EDT)
-	var ret uint32
-	var tstamp uint64
-	d := f.delta(func() { ret, _, tstamp = f.runStamped(f.objs.PacerEnter, udpTo(53), f.ifx, 0) })
-	wantRet(t, ret, bpftest.TCActRedirect)
-	wantDelta(t, d, bpftest.Counters{"CarriedIn": 1})
-	if tstamp != 0 {
-		t.Errorf("carried packet left with tstamp %d, want it untouched (0)", tstamp)
-	}
+	f.pacer(f.objs.PacerEnter).Run(t, []bpftest.Case{
+		{Name: "carried packet: redirected, its tstamp untouched", In: udpTo(53), Skb: &bpftest.SkBuff{Ifindex: uint32(f.ifx), Tstamp: 12345},
+			WantRet: bpftest.TCActRedirect, WantSame: true, WantCounters: bpftest.Counters{"CarriedIn": 1},
+			Check: func(tb testing.TB, r bpftest.Result) {
+				if r.Skb.Tstamp != 12345 {
+					tb.Errorf("carried packet left with tstamp %d, want its own 12345", r.Skb.Tstamp)
+				}
+			}},
+	})
 }
 
 // TestFixturesCarry: the client's carry path through the reference consumer. A datagram to
@@ -313,63 +331,60 @@ func TestFixturesEnterEDT(t *testing.T) {
 // program, a carried datagram not yet due goes round again, a due one is turned around.
 func TestFixturesCarry(t *testing.T) {
 	in := udpTo(fixtureCarryPort)
+	back := pktbuild.New().IPv4(pktbuild.IPv4{Src: netip.MustParseAddr("10.0.0.2"), Dst: netip.MustParseAddr("10.0.0.1")}).
+		UDP(pktbuild.UDP{Src: fixtureCarryPort, Dst: 5555}).Payload([]byte("0123456789")).Build()
+	copy(back[0:6], in[6:12]) // the MACs swapped too
+	copy(back[6:12], in[0:6])
+	const rxTime = 12345 // a receive time (not a delivery time) the datagram came with
 	backends := []pacerPacerBackend{pacerPacerBackendPACER_NETEM}
 	if haveSetTstamp() == nil {
 		backends = append(backends, pacerPacerBackendPACER_EDT)
 	}
 	for _, b := range backends {
 		edt := b == pacerPacerBackendPACER_EDT
+		stamp := func(c bpftest.Counters) bpftest.Counters {
+			if edt {
+				c["EdtSet"] = 1
+			}
+			return c
+		}
 		t.Run(fmt.Sprintf("backend %d", b), func(t *testing.T) {
 			f := newFixture(t, b)
-			const rxTime = 12345 // a receive time (not a delivery time) the datagram came with
-			var ret uint32
-			var tstamp uint64
-			d := f.delta(func() { ret, _, tstamp = f.runStamped(f.echo.EchoStore, in, 0, rxTime) })
-			wantRet(t, ret, bpftest.TCActShot)
-			want := bpftest.Counters{"EchoCarried": 1}
-			if edt {
-				want["EdtSet"] = 1
-			}
-			wantDelta(t, d, want)
-			if tstamp != rxTime {
-				t.Errorf("the datagram left with tstamp %d, want its own %d back", tstamp, rxTime)
-			}
-			// Back before its deadline: round again, on edt stamped anew. The deadlines are
-			// set here, not left to the 5 ms the store gave: a slow (emulated) machine may
-			// take longer than that between two runs.
-			setDeadline := func(d time.Duration) {
-				t.Helper()
-				if err := f.echo.EchoCarried.Update(echoKey(5555, in), uint64(Now()+d), ebpf.UpdateExist); err != nil {
-					t.Fatalf("the carried datagram's deadline: %v", err)
+			// deadline is a Setup: the carried datagram's recorded deadline.
+			deadline := func(d uint64) func(testing.TB) {
+				return func(tb testing.TB) {
+					tb.Helper()
+					if err := f.echo.EchoCarried.Update(echoKey(5555, in), d, ebpf.UpdateExist); err != nil {
+						tb.Fatalf("the carried datagram's deadline: %v", err)
+					}
 				}
 			}
-			setDeadline(time.Hour)
-			d = f.delta(func() { ret, _ = f.run(f.echo.EchoTick, in, 0) })
-			wantRet(t, ret, bpftest.TCActRedirect)
-			want = bpftest.Counters{"EchoRecirculated": 1, "CarriedRecirculated": 1}
-			if edt {
-				want["EdtSet"] = 1
-			}
-			wantDelta(t, d, want)
-			// Due: turned around and sent.
-			setDeadline(-time.Millisecond)
-			var out []byte
-			d = f.delta(func() { ret, out = f.run(f.echo.EchoTick, in, 0) })
-			wantRet(t, ret, bpftest.TCActRedirect)
-			if d["EchoEchoesSent"] != 1 || d["EchoRecirculated"] != 0 {
-				t.Errorf("counters %v", d)
-			}
-			back := pktbuild.New().IPv4(pktbuild.IPv4{Src: netip.MustParseAddr("10.0.0.2"), Dst: netip.MustParseAddr("10.0.0.1")}).
-				UDP(pktbuild.UDP{Src: fixtureCarryPort, Dst: 5555}).Payload([]byte("0123456789")).Build()
-			copy(back[0:6], in[6:12]) // the MACs swapped too
-			copy(back[6:12], in[0:6])
-			if string(out) != string(back) {
-				t.Errorf("echo: %s", bpftest.DiffBytes(out, back))
-			}
-			// Back again (a duplicate): no deadline recorded any more.
-			d = f.delta(func() { ret, _ = f.run(f.echo.EchoTick, in, 0) })
-			wantRet(t, ret, bpftest.TCActShot)
-			wantDelta(t, d, bpftest.Counters{"EchoCarriedUnknown": 1})
+			t.Run("stored", func(t *testing.T) {
+				f.consumer(f.echo.EchoStore).Run(t, []bpftest.Case{
+					{Name: "carried, its own time kept", In: in, Skb: &bpftest.SkBuff{Tstamp: rxTime},
+						WantRet: bpftest.TCActShot, WantCounters: stamp(bpftest.Counters{"EchoCarried": 1}),
+						Check: func(tb testing.TB, r bpftest.Result) {
+							if r.Skb.Tstamp != rxTime {
+								tb.Errorf("the datagram left with tstamp %d, want its own %d back", r.Skb.Tstamp, rxTime)
+							}
+							var d uint64
+							if err := f.echo.EchoCarried.Lookup(echoKey(5555, in), &d); err != nil || d != now0+uint64(5*time.Millisecond) {
+								tb.Errorf("recorded deadline %d (%v), want now + the 5 ms delay", d, err)
+							}
+						}},
+				})
+			})
+			f.consumer(f.echo.EchoTick).Run(t, []bpftest.Case{
+				{Name: "back before its deadline (beyond the early margin): round again (edt: stamped anew)", In: in,
+					Setup:   deadline(now0 + uint64(time.Millisecond)),
+					WantRet: bpftest.TCActRedirect, WantSame: true,
+					WantCounters: stamp(bpftest.Counters{"EchoRecirculated": 1, "CarriedRecirculated": 1})},
+				{Name: "back at its deadline: turned around and sent", In: in, Setup: deadline(now0),
+					WantRet: bpftest.TCActRedirect, WantOut: back,
+					WantCounters: bpftest.Counters{"EchoEchoesSent": 1, "EchoEchoLateCount": 1}},
+				{Name: "back again (a duplicate): no deadline recorded any more, dropped", In: in,
+					WantRet: bpftest.TCActShot, WantCounters: bpftest.Counters{"EchoCarriedUnknown": 1}},
+			})
 		})
 	}
 }
@@ -384,250 +399,207 @@ func echoKey(sport uint16, in []byte) []byte {
 
 func TestFixturesPass(t *testing.T) {
 	f := newFixture(t, pacerPacerBackendPACER_NETEM)
-	now := uint64(Now())
-	cases := []struct {
-		name    string
-		in      []byte
-		armed   uint64
-		want    uint32
-		counter bpftest.Counters
-		passes  uint32 // checked on the output tick when > 0
-	}{
-		{"due tick leaves", tickFrame(now-uint64(time.Millisecond), tickMagic, 32), now - uint64(time.Millisecond), bpftest.TCActRedirect, bpftest.Counters{}, 0},
-		{"tick not due goes round again", tickFrame(now+uint64(time.Hour), tickMagic, 32), now + uint64(time.Hour), bpftest.TCActRedirect, bpftest.Counters{"TickPasses": 1}, 1},
-		{"superseded tick dropped", tickFrame(now+uint64(time.Hour), tickMagic, 32), now + uint64(time.Minute), bpftest.TCActShot, bpftest.Counters{"TicksSuperseded": 1}, 0},
-		{"tick with a bad magic dropped", tickFrame(now, 0xdead, 32), now, bpftest.TCActShot, bpftest.Counters{"MalformedTicks": 1}, 0},
-		{"truncated tick dropped", tickFrame(now, tickMagic, 12), now, bpftest.TCActShot, bpftest.Counters{"MalformedTicks": 1}, 0},
-		{"carried packet leaves", udpTo(53), 0, bpftest.TCActRedirect, bpftest.Counters{"CarriedOut": 1}, 0},
-		{"truncated Ethernet frame counts as carried and leaves", make([]byte, 14), 0, bpftest.TCActRedirect, bpftest.Counters{"CarriedOut": 1}, 0},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			f.setArmed(c.armed)
-			var ret uint32
-			var out []byte
-			d := f.delta(func() { ret, out = f.run(f.objs.PacerPass, c.in, 0) })
-			wantRet(t, ret, c.want)
-			wantDelta(t, d, c.counter)
-			if c.passes > 0 {
-				if got := binary.NativeEndian.Uint32(out[34+28:]); got != c.passes {
-					t.Errorf("passes %d, want %d", got, c.passes)
-				}
+	ms := uint64(time.Millisecond)
+	// passes: the output is a tick sent round again with its pass count incremented.
+	passes := func(n uint32) func(testing.TB, bpftest.Result) {
+		return func(tb testing.TB, r bpftest.Result) {
+			if got := tickOf(tb, r.Out).Passes; got != n {
+				tb.Errorf("passes %d, want %d", got, n)
 			}
-		})
+		}
 	}
+	f.pacer(f.objs.PacerPass).Run(t, []bpftest.Case{
+		{Name: "due tick leaves", In: tickFrame(now0-ms, tickMagic, 32), Setup: f.setArmed(now0 - ms),
+			WantRet: bpftest.TCActRedirect, WantSame: true, WantCounters: bpftest.Counters{}},
+		{Name: "tick due within the early margin (half a pass) leaves", In: tickFrame(now0+ms/2, tickMagic, 32), Setup: f.setArmed(now0 + ms/2),
+			WantRet: bpftest.TCActRedirect, WantSame: true, WantCounters: bpftest.Counters{}},
+		{Name: "tick just beyond the early margin goes round again", In: tickFrame(now0+ms/2+1, tickMagic, 32), Setup: f.setArmed(now0 + ms/2 + 1),
+			WantRet: bpftest.TCActRedirect, WantCounters: bpftest.Counters{"TickPasses": 1}, Check: passes(1)},
+		{Name: "tick not due goes round again", In: tickFrame(now0+uint64(time.Hour), tickMagic, 32), Setup: f.setArmed(now0 + uint64(time.Hour)),
+			WantRet: bpftest.TCActRedirect, WantCounters: bpftest.Counters{"TickPasses": 1}, Check: passes(1)},
+		{Name: "superseded tick dropped", In: tickFrame(now0+uint64(time.Hour), tickMagic, 32), Setup: f.setArmed(now0 + uint64(time.Minute)),
+			WantRet: bpftest.TCActShot, WantCounters: bpftest.Counters{"TicksSuperseded": 1}},
+		{Name: "tick with a bad magic dropped", In: tickFrame(now0, 0xdead, 32), Setup: f.setArmed(now0),
+			WantRet: bpftest.TCActShot, WantCounters: bpftest.Counters{"MalformedTicks": 1}},
+		{Name: "truncated tick dropped", In: tickFrame(now0, tickMagic, 12), Setup: f.setArmed(now0),
+			WantRet: bpftest.TCActShot, WantCounters: bpftest.Counters{"MalformedTicks": 1}},
+		{Name: "carried packet leaves", In: udpTo(53), Setup: f.setArmed(0),
+			WantRet: bpftest.TCActRedirect, WantSame: true, WantCounters: bpftest.Counters{"CarriedOut": 1}},
+		{Name: "truncated Ethernet frame counts as carried and leaves", In: make([]byte, 14), Setup: f.setArmed(0),
+			WantRet: bpftest.TCActRedirect, WantSame: true, WantCounters: bpftest.Counters{"CarriedOut": 1}},
+	})
 }
 
 // TestFixturesTickResize: on the conveyor without fillers a tick not yet due leaves for its
 // next pass resized to the bytes whose transmission time at the rate is what is left of its
 // wait, between the smallest tick frame and tick_max_bytes; a due one leaves as it came.
 func TestFixturesTickResize(t *testing.T) {
-	// 100 kbit/s, 80 us a byte: the run's own time (a loaded machine: milliseconds) moves the
-	// size little and makes no case due.
-	const rate, maxBytes = 12_500, 4000
+	const rate, maxBytes = 12_500, 4000 // 100 kbit/s: 80 us a byte
 	f := newFixtureWith(t, pacerPacerBackendPACER_CONVEYOR, func(c *pacerPacerConfig) {
 		c.TickBytes, c.TickMaxBytes, c.RateBytes = 200, maxBytes, rate
 		c.EarlyNs, c.CarryEarlyNs = uint64(50*time.Microsecond), 0
 	})
-	in := tickFrame(0, tickMagic, 32)
-	in = append(in, make([]byte, 200-len(in))...) // as pacer_enter sends it: tick_bytes long
-	bytesFor := func(left time.Duration) int {
-		return min(max(int(left.Microseconds()*rate/1_000_000), tickMinBytes), maxBytes)
+	// As pacer_enter sends it: tick_bytes (200) long.
+	frame := func(left time.Duration) []byte {
+		return TickFrame(Tick{Magic: tickMagic, DeadlineNs: uint64(int64(now0) + int64(left))}, 200)
 	}
-	for _, c := range []struct {
-		name string
-		left time.Duration
-	}{
-		{"far: the largest frame", time.Hour},
-		{"100 ms left: 1250 bytes", 100 * time.Millisecond},
-		{"5 ms left: the smallest frame", 5 * time.Millisecond},
-		{"due: unchanged", -time.Millisecond},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			deadline := Now() + c.left
-			frame := slices.Clone(in)
-			binary.NativeEndian.PutUint64(frame[14+20+8:], uint64(deadline))
-			f.setArmed(uint64(deadline))
-			var ret uint32
-			var out []byte
-			t0 := Now()
-			d := f.delta(func() { ret, out = f.run(f.objs.PacerPass, frame, 0) })
-			t1 := Now()
-			wantRet(t, ret, bpftest.TCActRedirect)
-			if d["TickTrimErrors"] != 0 {
-				t.Errorf("resize failed: %v", d)
-			}
-			lo, hi := len(in), len(in) // due: as it came
-			if c.left > 0 {
-				lo, hi = bytesFor(deadline-t1), bytesFor(deadline-t0)
-				if d["TickPasses"] != 1 {
-					t.Errorf("not sent round again: %v", d)
+	resized := func(left time.Duration) bpftest.Case {
+		want := min(max(int(left.Microseconds()*rate/1_000_000), tickMinBytes), maxBytes)
+		return bpftest.Case{In: frame(left), Setup: f.setArmed(uint64(int64(now0) + int64(left))),
+			WantRet: bpftest.TCActRedirect, WantCounters: bpftest.Counters{"TickPasses": 1},
+			Check: func(tb testing.TB, r bpftest.Result) {
+				if len(r.Out) != want {
+					tb.Errorf("frame left with %d bytes, want %d", len(r.Out), want)
 				}
-			}
-			// The test run cuts DataOut to the frame's length.
-			if len(out) < lo || len(out) > hi {
-				t.Errorf("frame left with %d bytes, want %d..%d", len(out), lo, hi)
-			}
-		})
+			}}
 	}
+	named := func(name string, c bpftest.Case) bpftest.Case { c.Name = name; return c }
+	f.pacer(f.objs.PacerPass).Run(t, []bpftest.Case{
+		named("far: the largest frame", resized(time.Hour)),
+		named("100 ms left: 1250 bytes", resized(100*time.Millisecond)),
+		named("5 ms left: the smallest frame", resized(5*time.Millisecond)),
+		{Name: "due: unchanged", In: frame(-time.Millisecond), Setup: f.setArmed(now0 - uint64(time.Millisecond)),
+			WantRet: bpftest.TCActRedirect, WantSame: true, WantCounters: bpftest.Counters{}},
+	})
 }
 
 func TestFixturesFiller(t *testing.T) {
 	f := newFixture(t, pacerPacerBackendPACER_CONVEYOR)
-	frame := make([]byte, tickMinBytes) // the smallest filler Options allow
-	binary.BigEndian.PutUint16(frame[12:], fillerEthP)
-	binary.NativeEndian.PutUint64(frame[14:], fillerMagic)
-	binary.NativeEndian.PutUint64(frame[22:], uint64(Now()-10*time.Millisecond))
-	var ret uint32
-	d := f.delta(func() { ret, _ = f.run(f.objs.PacerPass, frame, 0) })
-	wantRet(t, ret, bpftest.TCActRedirect)
-	if d["FillerPasses"] != 1 || d["PeriodCount"] != 1 {
-		t.Errorf("filler pass not counted: %v", d)
+	// The smallest filler Options allow, as addFillers sends it, last stamped 10 ms ago.
+	stamped := func(stamp uint64) []byte {
+		b := fillerFrame(tickMinBytes, nil)
+		if _, err := binary.Encode(b[ethHeaderLen:], binary.NativeEndian, pacerPacerFiller{Magic: fillerMagic, StampNs: stamp}); err != nil {
+			t.Fatal(err)
+		}
+		return b
 	}
-	// A due tick rides this filler pass: the filler is cloned out as a tick frame and
-	// restored; the tick frame still queued for that deadline is then superseded.
-	due := uint64(Now() - time.Millisecond)
-	f.setArmed(due)
-	var out []byte
-	d = f.delta(func() { ret, out = f.run(f.objs.PacerPass, frame, 0) })
-	wantRet(t, ret, bpftest.TCActRedirect)
-	if d["TicksPiggybacked"] != 1 || d["FillerPasses"] != 1 || d["TickBuildErrors"] != 0 {
-		t.Errorf("piggyback not counted: %v", d)
+	frame := stamped(now0 - uint64(10*time.Millisecond))
+	due := now0 - uint64(time.Millisecond)
+	// A filler goes round with its stamp moved to now (its round trip recorded).
+	restamped := stamped(now0)
+	period := bpftest.Counters{"FillerPasses": 1, "PeriodCount": 1, "PeriodSumNs": int64(10 * time.Millisecond)}
+	fillerHead := ethHeaderLen + binary.Size(pacerPacerFiller{}) // PACER_FILLER_HEAD
+	fired := func(want uint64) func(testing.TB, bpftest.Result) {
+		return func(tb testing.TB, _ bpftest.Result) {
+			var st pacerPacerState
+			if err := f.objs.PacerArming.Lookup(uint32(0), &st); err != nil || st.FiredNs != want {
+				tb.Errorf("fired %d (%v), want %d", st.FiredNs, err, want)
+			}
+		}
 	}
-	if string(out[:22]) != string(frame[:22]) {
-		t.Errorf("filler not restored: %s", bpftest.DiffBytes(out[:22], frame[:22]))
-	}
-	var st pacerPacerState
-	if err := f.objs.PacerArming.Lookup(uint32(0), &st); err != nil || st.FiredNs != due {
-		t.Errorf("fired %d (%v), want %d", st.FiredNs, err, due)
-	}
-	d = f.delta(func() { ret, _ = f.run(f.objs.PacerPass, frame, 0) })
-	if d["TicksPiggybacked"] != 0 {
-		t.Errorf("a fired deadline fired again: %v", d)
-	}
-	d = f.delta(func() { ret, _ = f.run(f.objs.PacerPass, tickFrame(due, tickMagic, 32), 0) })
-	wantRet(t, ret, bpftest.TCActShot)
-	wantDelta(t, d, bpftest.Counters{"TicksSuperseded": 1})
-	f.setArmed(0)
-	if err := f.objs.PacerControl.Put(uint32(0), pacerPacerCtl{FillersToDrop: 1}); err != nil {
-		t.Fatal(err)
-	}
-	d = f.delta(func() { ret, _ = f.run(f.objs.PacerPass, frame, 0) })
-	wantRet(t, ret, bpftest.TCActShot)
-	wantDelta(t, d, bpftest.Counters{"FillersDropped": 1})
+	f.pacer(f.objs.PacerPass).Run(t, []bpftest.Case{
+		{Name: "filler goes round, its round trip recorded", In: frame, Setup: f.setArmed(0),
+			WantRet: bpftest.TCActRedirect, WantOut: restamped, WantCounters: period,
+			Check: func(tb testing.TB, _ bpftest.Result) {
+				if s := f.extremes(tb); s.PeriodMinNs != uint64(10*time.Millisecond) || s.PeriodMaxNs != uint64(10*time.Millisecond) {
+					tb.Errorf("period min %d max %d, want both 10 ms", s.PeriodMinNs, s.PeriodMaxNs)
+				}
+			}},
+		// A due tick rides this filler pass: the filler is cloned out as a tick frame and
+		// restored; the tick frame still queued for that deadline is then superseded.
+		{Name: "a due tick rides the filler pass", In: frame, Setup: f.setArmed(due),
+			WantRet: bpftest.TCActRedirect, WantCounters: period.With(bpftest.Counters{"TicksPiggybacked": 1}),
+			Check: func(tb testing.TB, r bpftest.Result) {
+				fired(due)(tb, r)
+				// The filler's head (Ethernet, magic, stamp) restored; what follows is padding.
+				if !slices.Equal(r.Out[:fillerHead], restamped[:fillerHead]) {
+					tb.Errorf("filler not restored: %s", bpftest.DiffBytes(r.Out[:fillerHead], restamped[:fillerHead]))
+				}
+			}},
+		{Name: "a fired deadline does not fire again", In: frame,
+			WantRet: bpftest.TCActRedirect, WantOut: restamped, WantCounters: period, Check: fired(due)},
+		{Name: "the queued tick frame for the fired deadline is superseded", In: tickFrame(due, tickMagic, 32),
+			WantRet: bpftest.TCActShot, WantCounters: bpftest.Counters{"TicksSuperseded": 1}},
+		{Name: "a filler user space asked to drop is dropped", In: frame,
+			Setup: bpftest.Seq(f.setArmed(0), func(tb testing.TB) {
+				if err := f.objs.PacerControl.Put(uint32(0), pacerPacerCtl{FillersToDrop: 1}); err != nil {
+					tb.Fatal(err)
+				}
+			}),
+			WantRet: bpftest.TCActShot, WantCounters: bpftest.Counters{"FillersDropped": 1}},
+	})
 }
 
-// storeSlot writes a due or pending echo into slot i.
-func (f *fixture) storeSlot(i uint32, deadline uint64, frame []byte) {
-	f.t.Helper()
-	s := echoEchoSlot{DeadlineNs: deadline, Len: uint32(len(frame)), Busy: 1}
-	copy(s.Frame[:], frame)
-	if err := f.echo.EchoSlots.Put(i, s); err != nil {
-		f.t.Fatal(err)
+// storeSlot is a Setup: a due or pending echo in slot i.
+func (f *fixture) storeSlot(i uint32, deadline uint64, frame []byte) func(testing.TB) {
+	return func(tb testing.TB) {
+		tb.Helper()
+		s := echoEchoSlot{DeadlineNs: deadline, Len: uint32(len(frame)), Busy: 1}
+		copy(s.Frame[:], frame)
+		if err := f.echo.EchoSlots.Put(i, s); err != nil {
+			tb.Fatal(err)
+		}
 	}
 }
 
 func TestFixturesTick(t *testing.T) {
 	f := newFixture(t, pacerPacerBackendPACER_NETEM)
-	now := uint64(Now())
-
-	t.Run("tick with nothing due", func(t *testing.T) {
-		f.setArmed(now)
-		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.echo.EchoTick, tickFrame(now, tickMagic, 32), 0) })
-		wantRet(t, ret, bpftest.TCActShot)
-		if d["TicksDelivered"] != 1 || d["EchoTicks"] != 1 || d["EchoTicksIdle"] != 1 || d["TicksStale"] != 0 || d["EchoEchoesSent"] != 0 {
-			t.Errorf("counters %v", d)
-		}
-		if a := f.armed(); a != 0 {
-			t.Errorf("armed %d after the armed tick was delivered, want 0", a)
-		}
-	})
-	t.Run("stale tick is still delivered and counted", func(t *testing.T) {
-		f.setArmed(now + 5)
-		d := f.delta(func() { f.run(f.echo.EchoTick, tickFrame(now, tickMagic, 32), 0) })
-		if d["TicksDelivered"] != 1 || d["TicksStale"] != 1 {
-			t.Errorf("counters %v", d)
-		}
-		if a := f.armed(); a != now+5 {
-			t.Errorf("armed %d, want the newer tick's %d kept", a, now+5)
-		}
-	})
-	t.Run("tick with due work sends it and re-arms for the rest", func(t *testing.T) {
-		f.setArmed(now)
-		echo := udpTo(9)
-		later := uint64(Now() + time.Hour)
-		f.storeSlot(0, now-uint64(time.Millisecond), echo)
-		f.storeSlot(1, now-uint64(2*time.Millisecond), echo)
-		f.storeSlot(2, later, echo)
-		var ret uint32
-		var out []byte
-		d := f.delta(func() { ret, out = f.run(f.echo.EchoTick, tickFrame(now, tickMagic, 32), 0) })
-		wantRet(t, ret, bpftest.TCActShot)
-		if d["EchoEchoesSent"] != 2 || d["EchoSendErrors"] != 0 || d["TicksArmed"] != 1 || d["EchoRearmed"] != 1 {
-			t.Errorf("counters %v", d)
-		}
-		if string(out) != string(echo) {
-			t.Errorf("the tick's skb was not rebuilt as the echo: %s", bpftest.DiffBytes(out, echo))
-		}
-		if a := f.armed(); a != later {
-			t.Errorf("armed %d, want the pending echo's deadline %d", a, later)
-		}
-		var s echoEchoSlot
-		for i, busy := range []uint32{0, 0, 1} {
-			if err := f.echo.EchoSlots.Lookup(uint32(i), &s); err != nil || s.Busy != busy {
-				t.Errorf("slot %d busy %d (%v), want %d", i, s.Busy, err, busy)
+	echo := udpTo(9)
+	later := now0 + uint64(time.Hour)
+	ms := uint64(time.Millisecond)
+	// busy: the echo slots' busy flags after the run (the slots are cleared after).
+	busy := func(want ...uint32) func(testing.TB, bpftest.Result) {
+		return func(tb testing.TB, _ bpftest.Result) {
+			var s echoEchoSlot
+			for i, b := range want {
+				if err := f.echo.EchoSlots.Lookup(uint32(i), &s); err != nil || s.Busy != b {
+					tb.Errorf("slot %d busy %d (%v), want %d", i, s.Busy, err, b)
+				}
+				if err := f.echo.EchoSlots.Put(uint32(i), echoEchoSlot{}); err != nil {
+					tb.Fatal(err)
+				}
 			}
 		}
-		if err := f.echo.EchoSlots.Put(uint32(2), echoEchoSlot{}); err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Run("malformed tick dropped", func(t *testing.T) {
-		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.echo.EchoTick, tickFrame(now, 1, 32), 0) })
-		wantRet(t, ret, bpftest.TCActShot)
-		wantDelta(t, d, bpftest.Counters{"MalformedTicks": 1, "EchoRxMalformed": 1})
-	})
-	t.Run("carried packet the consumer does not know: dropped", func(t *testing.T) {
-		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.echo.EchoTick, udpTo(53), 0) })
-		wantRet(t, ret, bpftest.TCActShot)
-		wantDelta(t, d, bpftest.Counters{"EchoCarriedUnknown": 1})
+	}
+	tick := bpftest.Counters{"TicksDelivered": 1, "EchoTicks": 1, "LateCount": 1, "LateHist[0]": 1}
+	f.consumer(f.echo.EchoTick).Run(t, []bpftest.Case{
+		{Name: "tick with nothing due: delivered, disarmed", In: tickFrame(now0, tickMagic, 32), Setup: f.setArmed(now0),
+			WantRet: bpftest.TCActShot, WantCounters: tick.With(bpftest.Counters{"EchoTicksIdle": 1}), Check: f.armedIs(0)},
+		{Name: "stale tick is still delivered and counted, the newer armed one kept", In: tickFrame(now0, tickMagic, 32),
+			Setup: f.setArmed(now0 + 5), WantRet: bpftest.TCActShot,
+			WantCounters: tick.With(bpftest.Counters{"EchoTicksIdle": 1, "TicksStale": 1}), Check: f.armedIs(now0 + 5)},
+		{Name: "early tick: counted early, by how much", In: tickFrame(now0+ms, tickMagic, 32), Setup: f.setArmed(now0 + ms),
+			WantRet:      bpftest.TCActShot,
+			WantCounters: bpftest.Counters{"TicksDelivered": 1, "EchoTicks": 1, "EchoTicksIdle": 1, "EarlyCount": 1},
+			Check: func(tb testing.TB, r bpftest.Result) {
+				f.armedIs(0)(tb, r)
+				if s := f.extremes(tb); s.EarlyMaxNs != ms {
+					tb.Errorf("early_max_ns %d, want %d (the tick's lead)", s.EarlyMaxNs, ms)
+				}
+			}},
+		{Name: "tick with due work sends it and re-arms for the rest", In: tickFrame(now0, tickMagic, 32),
+			Setup:   bpftest.Seq(f.setArmed(now0), f.storeSlot(0, now0-ms, echo), f.storeSlot(1, now0-2*ms, echo), f.storeSlot(2, later, echo)),
+			WantRet: bpftest.TCActShot, WantOut: echo, // the tick's skb rebuilt as the echo (each echo a clone of it)
+			WantCounters: tick.With(bpftest.Counters{"EchoEchoesSent": 2, "EchoEchoLateCount": 2, "EchoEchoLateSumNs": int64(3 * ms),
+				"TicksRequested": 1, "TicksArmed": 1, "EchoRearmed": 1}),
+			Check: func(tb testing.TB, r bpftest.Result) {
+				f.armedIs(later)(tb, r) // the pending echo's deadline
+				busy(0, 0, 1)(tb, r)
+			}},
+		{Name: "malformed tick dropped", In: tickFrame(now0, 1, 32), WantRet: bpftest.TCActShot,
+			WantCounters: bpftest.Counters{"MalformedTicks": 1, "EchoRxMalformed": 1}},
+		{Name: "carried packet the consumer does not know: dropped", In: udpTo(53), WantRet: bpftest.TCActShot,
+			WantCounters: bpftest.Counters{"EchoCarriedUnknown": 1}},
 	})
 }
 
 func TestFixturesStore(t *testing.T) {
 	f := newFixture(t, pacerPacerBackendPACER_NETEM)
-	t.Run("datagram to the echo port is stored and a tick requested", func(t *testing.T) {
-		f.setArmed(0)
-		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.echo.EchoStore, udpTo(fixturePort), 0) })
-		wantRet(t, ret, bpftest.TCActShot)
-		wantDelta(t, d, bpftest.Counters{"EchoStored": 1, "TicksRequested": 1, "TicksArmed": 1})
-		if f.armed() == 0 {
-			t.Error("no tick armed")
-		}
-	})
-	t.Run("a second datagram coalesces with the armed tick", func(t *testing.T) {
-		d := f.delta(func() { f.run(f.echo.EchoStore, udpTo(fixturePort), 0) })
-		wantDelta(t, d, bpftest.Counters{"EchoStored": 1, "TicksRequested": 1, "TicksCoalesced": 1})
-	})
-	t.Run("a lost tick is re-armed by the next request", func(t *testing.T) {
-		f.setArmed(uint64(Now() - 2*time.Second)) // overdue by more than lost_ns (1s)
-		d := f.delta(func() { f.run(f.echo.EchoStore, udpTo(fixturePort), 0) })
-		wantDelta(t, d, bpftest.Counters{"EchoStored": 1, "TicksRequested": 1, "TicksArmed": 1, "TicksLost": 1})
-	})
-	t.Run("other port passes", func(t *testing.T) {
-		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.echo.EchoStore, udpTo(53), 0) })
-		wantRet(t, ret, bpftest.TCActUnspec)
-		wantDelta(t, d, bpftest.Counters{})
-	})
-	t.Run("truncated UDP header passes, counted", func(t *testing.T) {
-		var ret uint32
-		d := f.delta(func() { ret, _ = f.run(f.echo.EchoStore, udpTo(fixturePort)[:38], 0) })
-		wantRet(t, ret, bpftest.TCActUnspec)
-		wantDelta(t, d, bpftest.Counters{"EchoMalformed": 1})
+	deadline := now0 + uint64(5*time.Millisecond) // the echo's 5 ms delay
+	f.consumer(f.echo.EchoStore).Run(t, []bpftest.Case{
+		{Name: "datagram to the echo port is stored and a tick requested at its deadline", In: udpTo(fixturePort),
+			Setup: f.setArmed(0), WantRet: bpftest.TCActShot,
+			WantCounters: bpftest.Counters{"EchoStored": 1, "TicksRequested": 1, "TicksArmed": 1}, Check: f.armedIs(deadline)},
+		{Name: "a second datagram coalesces with the armed tick", In: udpTo(fixturePort), WantRet: bpftest.TCActShot,
+			WantCounters: bpftest.Counters{"EchoStored": 1, "TicksRequested": 1, "TicksCoalesced": 1}, Check: f.armedIs(deadline)},
+		{Name: "an armed tick overdue by lost_ns (1 s) is re-armed by the next request", In: udpTo(fixturePort),
+			Setup: f.setArmed(now0 - uint64(time.Second)), WantRet: bpftest.TCActShot,
+			WantCounters: bpftest.Counters{"EchoStored": 1, "TicksRequested": 1, "TicksArmed": 1, "TicksLost": 1}, Check: f.armedIs(deadline)},
+		{Name: "an armed tick overdue by less than lost_ns still coalesces", In: udpTo(fixturePort),
+			Setup: f.setArmed(now0 - uint64(time.Second) + 1), WantRet: bpftest.TCActShot,
+			WantCounters: bpftest.Counters{"EchoStored": 1, "TicksRequested": 1, "TicksCoalesced": 1}, Check: f.armedIs(now0 - uint64(time.Second) + 1)},
+		{Name: "other port passes", In: udpTo(53), WantRet: bpftest.TCActUnspec, WantSame: true, WantCounters: bpftest.Counters{}},
+		{Name: "truncated UDP header passes, counted", In: udpTo(fixturePort)[:38], WantRet: bpftest.TCActUnspec, WantSame: true,
+			WantCounters: bpftest.Counters{"EchoMalformed": 1}},
 	})
 }

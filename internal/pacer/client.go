@@ -1,6 +1,7 @@
 package pacer
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -19,6 +20,8 @@ type (
 	RawStats = pacerPacerStats
 	// Ctl is struct pacer_ctl (conveyor filler control, the pacer's own).
 	Ctl = pacerPacerCtl
+	// Tick is struct pacer_tick, a tick frame's payload.
+	Tick = pacerPacerTick
 )
 
 // TickMagic is PACER_TICK_MAGIC, the first word of a tick frame's payload.
@@ -77,4 +80,52 @@ func (c Client) Bind(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions) er
 		opts.MapReplacements[name] = m
 	}
 	return nil
+}
+
+// Tick frames' fixed parts (bpf/pacer/frame.h): an Ethernet header, an IPv4 header without
+// options, then struct pacer_tick.
+const (
+	ethHeaderLen  = 14
+	ipv4HeaderLen = 20
+	ethPIPv4      = 0x0800
+)
+
+// tickMAC is both addresses of a tick frame (pacer_write_tick): locally administered,
+// "kpace".
+var tickMAC = [6]byte{0x02, 'k', 'p', 'a', 'c', 'e'}
+
+// TickFrame returns the frame pacer_enter makes of a tick request for t (bpf/pacer/frame.h,
+// pacer_write_tick), n bytes long (at least the headers and t; the rest zero): Ethernet,
+// IPv4 with protocol PACER_IPPROTO, no addresses and its header checksum, then t. It is
+// what a consumer's tick program receives, for the consumer's BPF_PROG_TEST_RUN fixtures;
+// TestTickFrameMatchesEnter pins it to pacer_enter's output.
+func TickFrame(t Tick, n int) []byte {
+	payload, err := binary.Append(nil, binary.NativeEndian, t)
+	if err != nil {
+		panic(fmt.Sprintf("encode struct pacer_tick: %v", err)) // a fixed-size struct of integers
+	}
+	n = max(n, ethHeaderLen+ipv4HeaderLen+len(payload))
+	b := make([]byte, n)
+	copy(b[0:6], tickMAC[:])
+	copy(b[6:12], tickMAC[:])
+	binary.BigEndian.PutUint16(b[12:], ethPIPv4)
+	ip := b[ethHeaderLen : ethHeaderLen+ipv4HeaderLen]
+	ip[0] = 0x45 // version 4, 5 words
+	binary.BigEndian.PutUint16(ip[2:], uint16(n-ethHeaderLen))
+	ip[9] = byte(pacerPacerConstsPACER_IPPROTO)
+	binary.BigEndian.PutUint16(ip[10:], ipv4Checksum(ip))
+	copy(b[ethHeaderLen+ipv4HeaderLen:], payload)
+	return b
+}
+
+// ipv4Checksum is the header checksum of an IPv4 header whose check field is zero.
+func ipv4Checksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -23,11 +24,7 @@ func (p *Pacer) addFillers(n int) error {
 		defer unix.Close(fd)
 		// Fillers circulate forever and stay charged to this socket's send buffer.
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 256<<20)
-		frame := make([]byte, p.opts.FillerBytes)
-		copy(frame[0:6], p.devEndMAC)
-		copy(frame[6:12], []byte{0x02, 'k', 'e', 'd', 'g', 'e'})
-		binary.BigEndian.PutUint16(frame[12:14], fillerEthP)
-		binary.NativeEndian.PutUint64(frame[14:22], fillerMagic)
+		frame := fillerFrame(p.opts.FillerBytes, p.devEndMAC)
 		sa := &unix.SockaddrLinklayer{Ifindex: p.devIfx, Protocol: htons(fillerEthP), Halen: 6}
 		copy(sa.Addr[:], p.devEndMAC)
 		for i := 0; i < n; i++ {
@@ -41,6 +38,22 @@ func (p *Pacer) addFillers(n int) error {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// fillerFrame is a conveyor filler frame of n bytes to dst (pacer_filler_of in
+// bpf/pacer/frame.h): Ethernet with PACER_FILLER_ETH_P, then struct pacer_filler with its
+// magic and no stamp yet (pacer_pass stamps it at its first pass).
+func fillerFrame(n int, dst net.HardwareAddr) []byte {
+	f, err := binary.Append(nil, binary.NativeEndian, pacerPacerFiller{Magic: fillerMagic})
+	if err != nil {
+		panic(fmt.Sprintf("encode struct pacer_filler: %v", err)) // a fixed-size struct of integers
+	}
+	b := make([]byte, max(n, ethHeaderLen+len(f)))
+	copy(b[0:6], dst)
+	copy(b[6:12], []byte{0x02, 'k', 'e', 'd', 'g', 'e'})
+	binary.BigEndian.PutUint16(b[12:14], fillerEthP)
+	copy(b[ethHeaderLen:], f)
+	return b
+}
 
 // fillersFor returns how many fillers make a queue of one period at the conveyor's rate.
 func (p *Pacer) fillersFor(period time.Duration) int {

@@ -62,17 +62,19 @@ type echoEchoStats struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	echoMapEchoCarried   = "echo_carried"
-	echoMapEchoCounters  = "echo_counters"
-	echoMapEchoHead      = "echo_head"
-	echoMapEchoSlots     = "echo_slots"
-	echoMapPacerArming   = "pacer_arming"
-	echoMapPacerCounters = "pacer_counters"
-	echoProgEchoStore    = "echo_store"
-	echoProgEchoTick     = "echo_tick"
-	echoVarEchoBtfLimits = "echo_btf_limits"
-	echoVarEchoCfg       = "echo_cfg"
-	echoVarPacerCfg      = "pacer_cfg"
+	echoMapEchoCarried     = "echo_carried"
+	echoMapEchoCounters    = "echo_counters"
+	echoMapEchoHead        = "echo_head"
+	echoMapEchoSlots       = "echo_slots"
+	echoMapPacerArming     = "pacer_arming"
+	echoMapPacerCounters   = "pacer_counters"
+	echoProgEchoStore      = "echo_store"
+	echoProgEchoTick       = "echo_tick"
+	echoVarEchoBtfLimits   = "echo_btf_limits"
+	echoVarEchoCfg         = "echo_cfg"
+	echoVarKedgeClockFixed = "kedge_clock_fixed"
+	echoVarKedgeClockNs    = "kedge_clock_ns"
+	echoVarPacerCfg        = "pacer_cfg"
 )
 
 // loadEcho returns the embedded CollectionSpec for echo.
@@ -137,9 +139,11 @@ type echoMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type echoVariableSpecs struct {
-	EchoBtfLimits *ebpf.VariableSpec `ebpf:"echo_btf_limits"`
-	EchoCfg       *ebpf.VariableSpec `ebpf:"echo_cfg"`
-	PacerCfg      *ebpf.VariableSpec `ebpf:"pacer_cfg"`
+	EchoBtfLimits   *ebpf.VariableSpec `ebpf:"echo_btf_limits"`
+	EchoCfg         *ebpf.VariableSpec `ebpf:"echo_cfg"`
+	KedgeClockFixed *ebpf.VariableSpec `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs    *ebpf.VariableSpec `ebpf:"kedge_clock_ns"`
+	PacerCfg        *ebpf.VariableSpec `ebpf:"pacer_cfg"`
 }
 
 // echoObjects contains all objects after they have been loaded into the kernel.
@@ -185,9 +189,11 @@ func (m *echoMaps) Close() error {
 //
 // It can be passed to loadEchoObjects or ebpf.CollectionSpec.LoadAndAssign.
 type echoVariables struct {
-	EchoBtfLimits *ebpf.Variable `ebpf:"echo_btf_limits"`
-	EchoCfg       *ebpf.Variable `ebpf:"echo_cfg"`
-	PacerCfg      *ebpf.Variable `ebpf:"pacer_cfg"`
+	EchoBtfLimits   *ebpf.Variable `ebpf:"echo_btf_limits"`
+	EchoCfg         *ebpf.Variable `ebpf:"echo_cfg"`
+	KedgeClockFixed *ebpf.Variable `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs    *ebpf.Variable `ebpf:"kedge_clock_ns"`
+	PacerCfg        *ebpf.Variable `ebpf:"pacer_cfg"`
 }
 
 // echoPrograms contains all programs after they have been loaded into the kernel.

@@ -46,7 +46,7 @@ func TestLoadVerifies(t *testing.T) {
 	}
 	for _, b := range []pacerPacerBackend{pacerPacerBackendPACER_CONVEYOR, pacerPacerBackendPACER_NETEM, pacerPacerBackendPACER_EDT} {
 		t.Run(fmt.Sprint(b), func(t *testing.T) {
-			loadWithEcho(t, Config{Backend: uint32(b), TickBytes: 128}, echoEchoConfig{})
+			loadWithEcho(t, Config{Backend: uint32(b), TickBytes: 128}, echoEchoConfig{}, false)
 		})
 	}
 }

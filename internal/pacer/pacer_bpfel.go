@@ -145,6 +145,8 @@ const (
 	pacerMapPacerCounters   = "pacer_counters"
 	pacerProgPacerEnter     = "pacer_enter"
 	pacerProgPacerPass      = "pacer_pass"
+	pacerVarKedgeClockFixed = "kedge_clock_fixed"
+	pacerVarKedgeClockNs    = "kedge_clock_ns"
 	pacerVarPacerBtfBackend = "pacer_btf_backend"
 	pacerVarPacerBtfConsts  = "pacer_btf_consts"
 	pacerVarPacerBtfFiller  = "pacer_btf_filler"
@@ -214,6 +216,8 @@ type pacerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type pacerVariableSpecs struct {
+	KedgeClockFixed *ebpf.VariableSpec `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs    *ebpf.VariableSpec `ebpf:"kedge_clock_ns"`
 	PacerBtfBackend *ebpf.VariableSpec `ebpf:"pacer_btf_backend"`
 	PacerBtfConsts  *ebpf.VariableSpec `ebpf:"pacer_btf_consts"`
 	PacerBtfFiller  *ebpf.VariableSpec `ebpf:"pacer_btf_filler"`
@@ -261,6 +265,8 @@ func (m *pacerMaps) Close() error {
 //
 // It can be passed to loadPacerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type pacerVariables struct {
+	KedgeClockFixed *ebpf.Variable `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs    *ebpf.Variable `ebpf:"kedge_clock_ns"`
 	PacerBtfBackend *ebpf.Variable `ebpf:"pacer_btf_backend"`
 	PacerBtfConsts  *ebpf.Variable `ebpf:"pacer_btf_consts"`
 	PacerBtfFiller  *ebpf.Variable `ebpf:"pacer_btf_filler"`

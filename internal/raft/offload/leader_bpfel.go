@@ -90,6 +90,8 @@ const (
 	leaderMapRaftPeers           = "raft_peers"
 	leaderMapRaftTxSeq           = "raft_tx_seq"
 	leaderProgLeaderTick         = "leader_tick"
+	leaderVarKedgeClockFixed     = "kedge_clock_fixed"
+	leaderVarKedgeClockNs        = "kedge_clock_ns"
 	leaderVarPacerCfg            = "pacer_cfg"
 	leaderVarRaftLeaderBtfConsts = "raft_leader_btf_consts"
 )
@@ -157,6 +159,8 @@ type leaderMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type leaderVariableSpecs struct {
+	KedgeClockFixed     *ebpf.VariableSpec `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs        *ebpf.VariableSpec `ebpf:"kedge_clock_ns"`
 	PacerCfg            *ebpf.VariableSpec `ebpf:"pacer_cfg"`
 	RaftLeaderBtfConsts *ebpf.VariableSpec `ebpf:"raft_leader_btf_consts"`
 }
@@ -208,6 +212,8 @@ func (m *leaderMaps) Close() error {
 //
 // It can be passed to loadLeaderObjects or ebpf.CollectionSpec.LoadAndAssign.
 type leaderVariables struct {
+	KedgeClockFixed     *ebpf.Variable `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs        *ebpf.Variable `ebpf:"kedge_clock_ns"`
 	PacerCfg            *ebpf.Variable `ebpf:"pacer_cfg"`
 	RaftLeaderBtfConsts *ebpf.Variable `ebpf:"raft_leader_btf_consts"`
 }

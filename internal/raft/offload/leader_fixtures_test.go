@@ -164,20 +164,10 @@ func newKeyedLeaderFixture(t *testing.T, mmap bool, key *wire.Key) *leaderFixtur
 	return f
 }
 
-// tickFrame is a pacer tick frame for deadline (bpf/include/pacer.h): Ethernet, IPv4 with
-// protocol 253 and addresses 0, struct pacer_tick; padded to 128 bytes.
+// tickFrame is a pacer tick frame for deadline with magic, as the pacer delivers it (128
+// bytes).
 func tickFrame(deadline uint64, magic uint64) []byte {
-	b := make([]byte, 128)
-	binary.BigEndian.PutUint16(b[12:], 0x0800)
-	ip := b[14:]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], uint16(len(b)-14))
-	ip[8], ip[9] = 0, 253
-	p := ip[20:]
-	binary.NativeEndian.PutUint64(p[0:], magic)
-	binary.NativeEndian.PutUint64(p[8:], deadline)
-	binary.NativeEndian.PutUint64(p[16:], deadline)
-	return b
+	return pacer.TickFrame(pacer.Tick{Magic: magic, DeadlineNs: deadline, SentNs: deadline}, 128)
 }
 
 const tickMagic = pacer.TickMagic
