@@ -27,6 +27,9 @@
 #include "hedge.h"
 #include "maps.h"
 
+/* A hedge's cost in the bucket's milli-tokens (tokens_milli, budget_ratio_milli). */
+#define HEDGE_MILLI 1000
+
 /* A window slot's length when user space set none (the fixtures' objects). */
 #define BUDGET_SLOT_DEFAULT_NS 1000000000ULL
 
@@ -86,9 +89,9 @@ static __always_inline int budget_reserve(struct svc_cfg *sc, struct svc_state *
 {
 	if (sc->budget_mode != BUDGET_BUCKET)
 		return 1;
-	if (__sync_fetch_and_add(&st->tokens_milli, -1000) >= 1000)
+	if (__sync_fetch_and_add(&st->tokens_milli, -HEDGE_MILLI) >= HEDGE_MILLI)
 		return 1;
-	__sync_fetch_and_add(&st->tokens_milli, 1000);
+	__sync_fetch_and_add(&st->tokens_milli, HEDGE_MILLI);
 	return 0;
 }
 
@@ -97,7 +100,7 @@ static __always_inline int budget_reserve(struct svc_cfg *sc, struct svc_state *
 static __always_inline void budget_release(struct svc_cfg *sc, struct svc_state *st)
 {
 	if (sc->budget_mode == BUDGET_BUCKET)
-		__sync_fetch_and_add(&st->tokens_milli, 1000);
+		__sync_fetch_and_add(&st->tokens_milli, HEDGE_MILLI);
 }
 
 /* budget_charge: a due clone is about to become a hedge. The bucket's token pays (1); the
@@ -114,7 +117,7 @@ static __always_inline int budget_charge(struct svc_cfg *sc, struct svc_state *s
 	i = win_slot(sc, st, now, &epoch);
 	__sync_fetch_and_add(&st->win_hedges[i], 1);
 	win_sums(st, epoch, &req, &hedges);
-	if (hedges * 1000 <= req * sc->budget_ratio_milli + sc->budget_cap_milli)
+	if (hedges * HEDGE_MILLI <= req * sc->budget_ratio_milli + sc->budget_cap_milli)
 		return 1;
 	__sync_fetch_and_add(&st->win_hedges[i], -1);
 	return 0;
@@ -128,7 +131,7 @@ static __always_inline void budget_refund(struct svc_cfg *sc, struct svc_state *
 	__u32 i;
 
 	if (sc->budget_mode == BUDGET_BUCKET) {
-		__sync_fetch_and_add(&st->tokens_milli, 1000);
+		__sync_fetch_and_add(&st->tokens_milli, HEDGE_MILLI);
 		return;
 	}
 	i = win_slot(sc, st, now, &epoch);

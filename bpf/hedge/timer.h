@@ -16,6 +16,9 @@
 #include "budget.h"
 #include "replica.h"
 
+#define NS_PER_US 1000ULL
+#define PER_MILLE 1000
+
 static __always_inline void hist_add(void *map, __u32 idx, __u64 us)
 {
 	struct khist *h = bpf_map_lookup_elem(map, &idx);
@@ -35,8 +38,8 @@ static __always_inline void record_latency(__u32 svc, struct svc_state *st, __u6
 
 	if (slot >= HIST_SLOTS)
 		slot = 0;
-	hist_add(&lat_hist, base + slot, ns / 1000);
-	hist_add(&lat_hist, base + HIST_SLOTS, ns / 1000);
+	hist_add(&lat_hist, base + slot, ns / NS_PER_US);
+	hist_add(&lat_hist, base + HIST_SLOTS, ns / NS_PER_US);
 	__sync_fetch_and_add(&st->window_count, 1);
 }
 
@@ -44,9 +47,9 @@ static __always_inline void record_latency(__u32 svc, struct svc_state *st, __u6
 static __always_inline void record_precision(__u32 svc, __u64 now, __u64 deadline)
 {
 	if (now >= deadline)
-		hist_add(&dl_precision, svc * 2, (now - deadline) / 1000);
+		hist_add(&dl_precision, svc * 2, (now - deadline) / NS_PER_US);
 	else
-		hist_add(&dl_precision, svc * 2 + 1, (deadline - now) / 1000);
+		hist_add(&dl_precision, svc * 2 + 1, (deadline - now) / NS_PER_US);
 }
 
 /* Bucket index -> upper edge in microseconds (the last bucket's is finite: 2^28 us). */
@@ -118,7 +121,8 @@ static long tick_service(__u32 svc, void *unused)
 	count = hist_count(total);
 	st->window_count = count;
 	if (count > 0 && count >= sc->min_samples) {
-		d = bucket_upper_us(hist_quantile_bucket(total, (count * sc->quantile_pm + 999) / 1000)) * 1000;
+		/* quantile_pm per mille of the samples, rounded up; the bucket's upper edge in ns */
+		d = bucket_upper_us(hist_quantile_bucket(total, (count * sc->quantile_pm + PER_MILLE - 1) / PER_MILLE)) * NS_PER_US;
 		if (d < sc->min_ns)
 			d = sc->min_ns;
 		if (d > sc->max_ns)
