@@ -25,6 +25,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 // podman runs podman with the test's own containers.conf: runc (crun refuses this VM's
@@ -299,8 +300,8 @@ hedge:
 	if owner1 == "" {
 		t.Fatal("after SIGKILL: no kedge-dl1 veth with an owner in the client namespace - nothing left to clean?")
 	}
-	dl1 := lab.Prefix + "-" + owner1 + "-hedge-dl1"
-	if _, err := os.Stat(filepath.Join(lab.NetnsDir, dl1)); err != nil {
+	dl1 := netnsx.Prefix + "-" + owner1 + "-hedge-dl1"
+	if _, err := os.Stat(filepath.Join(netnsx.Dir, dl1)); err != nil {
 		t.Fatalf("after SIGKILL: the delay line's namespace %s: %v", dl1, err)
 	}
 	if _, err := os.Stat(filepath.Join(runDir, "owners", owner1+".lock")); err != nil {
@@ -311,7 +312,7 @@ hedge:
 	// takes over.
 	c2 := "kedge-test-agent2-" + hex.EncodeToString(rnd[:])
 	start(c2, false)
-	if _, err := os.Stat(filepath.Join(lab.NetnsDir, dl1)); err == nil {
+	if _, err := os.Stat(filepath.Join(netnsx.Dir, dl1)); err == nil {
 		t.Errorf("the killed agent's namespace %s is still there", dl1)
 	}
 	if _, err := os.Stat(filepath.Join(runDir, "owners", owner1+".lock")); err == nil {
@@ -332,7 +333,7 @@ hedge:
 	if o := ownerOf(t, "kedge-dl1", client); o != "" {
 		t.Errorf("kedge-dl1 (owner %s) still in the client namespace after SIGTERM", o)
 	}
-	entries, _ := os.ReadDir(lab.NetnsDir)
+	entries, _ := os.ReadDir(netnsx.Dir)
 	for _, e := range entries {
 		if strings.Contains(e.Name(), owner2) {
 			t.Errorf("namespace %s left after SIGTERM", e.Name())
@@ -358,7 +359,7 @@ hedge:
 		t.Fatalf("owner records after SIGKILL: %v, want the killed agent's", records)
 	}
 	owner3 := strings.TrimSuffix(filepath.Base(records[0]), ".lock")
-	dl3 := filepath.Join(lab.NetnsDir, lab.Prefix+"-"+owner3+"-hedge-dl1")
+	dl3 := filepath.Join(netnsx.Dir, netnsx.Prefix+"-"+owner3+"-hedge-dl1")
 	if _, err := os.Stat(dl3); err != nil {
 		t.Errorf("after SIGKILL the mount point %s: %v", dl3, err)
 	}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bench"
-	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/sgbench"
 	"github.com/spf13/cobra"
 )
@@ -138,7 +138,7 @@ func newBenchSgClientCmd() *cobra.Command {
 			}
 			var res *sgbench.ClientResult
 			// Sockets and the group are created in the namespace; the client then stays there.
-			err = bpfx.InNetns(ns, func() error {
+			err = netnsx.In(ns, func() error {
 				res, err = sgbench.RunClient(cmd.Context(), o, os.Stdin, cmd.OutOrStdout())
 				return err
 			})

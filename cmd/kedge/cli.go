@@ -16,8 +16,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -29,7 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 // ---- -o/--output ----
@@ -107,14 +105,7 @@ func addNetnsFlag(cmd *cobra.Command, p *string, what string) {
 // namespace (netns.None(), which kedge's packages take as "here"). The caller closes a
 // handle >= 0.
 func openNetns(arg string) (netns.NsHandle, error) {
-	if arg == "" {
-		return netns.None(), nil
-	}
-	path := arg
-	if !strings.Contains(arg, "/") {
-		path = filepath.Join(lab.NetnsDir, arg)
-	}
-	h, err := netns.GetFromPath(path)
+	h, err := netnsx.Open(arg)
 	if err != nil {
 		return netns.None(), usagef("--netns %s: %w (list namespaces with 'ip netns list' or 'kedge lab list')", arg, err)
 	}
@@ -181,17 +172,12 @@ func (t *runTarget) Close() error {
 // currentNetnsName names the namespace this process runs in: its /run/netns name when it
 // has one (a lab host started with 'kedge lab exec'), else net:[inode].
 func currentNetnsName() string {
+	if name, _ := netnsx.NameOf("/proc/self/ns/net"); name != "" {
+		return name
+	}
 	var self unix.Stat_t
 	if err := unix.Stat("/proc/self/ns/net", &self); err != nil {
 		return ""
-	}
-	if entries, err := os.ReadDir(lab.NetnsDir); err == nil {
-		for _, e := range entries {
-			var st unix.Stat_t
-			if unix.Stat(filepath.Join(lab.NetnsDir, e.Name()), &st) == nil && st.Ino == self.Ino && st.Dev == self.Dev {
-				return e.Name()
-			}
-		}
 	}
 	return fmt.Sprintf("net:[%d]", self.Ino)
 }

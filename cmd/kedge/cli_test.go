@@ -14,14 +14,14 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 // TestNetnsResolver: --netns takes a name under /run/netns or a path, and both name the
 // same namespace; an interface is looked up in it.
 func TestNetnsResolver(t *testing.T) {
 	requireRoot(t)
-	ns, err := lab.NewNetns(lab.OwnedName("clins"))
+	ns, err := netnsx.New(netnsx.OwnedName("clins"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func TestNetnsResolver(t *testing.T) {
 		return st.Ino
 	}
 	want := inode(ns.Handle)
-	for _, arg := range []string{ns.Name, filepath.Join(lab.NetnsDir, ns.Name)} {
+	for _, arg := range []string{ns.Name, filepath.Join(netnsx.Dir, ns.Name)} {
 		h, err := openNetns(arg)
 		if err != nil {
 			t.Fatalf("openNetns(%q): %v", arg, err)

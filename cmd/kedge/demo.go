@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 func init() { register(newDemoCmd) }
@@ -183,18 +184,12 @@ func summarize(rtts []time.Duration, lost int) string {
 
 // ownNamespaces lists the namespaces this process still owns.
 func ownNamespaces() ([]string, error) {
-	entries, err := os.ReadDir(lab.NetnsDir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", lab.NetnsDir, err)
-	}
+	names, err := netnsx.List()
 	var own []string
-	for _, e := range entries {
-		if pid, ok := lab.OwnerPID(e.Name()); ok && pid == os.Getpid() {
-			own = append(own, e.Name())
+	for _, n := range names {
+		if pid, ok := netnsx.OwnerPID(n); ok && pid == os.Getpid() {
+			own = append(own, n)
 		}
 	}
-	return own, nil
+	return own, err
 }

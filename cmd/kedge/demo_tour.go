@@ -27,6 +27,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pping"
 	"github.com/kedge-dev/kedge/internal/runstate"
 )
@@ -454,10 +455,10 @@ func tourRaft(ctx context.Context, o tourOptions) tourRow {
 
 // tourLeftovers lists the namespaces this process owns (none must remain after the tour).
 func tourLeftovers() []string {
-	names, _ := lab.Namespaces()
+	names, _ := netnsx.List()
 	var out []string
 	for _, n := range names {
-		if id, ok := lab.OwnerID(n); ok && id == runstate.SelfID() {
+		if id, ok := netnsx.OwnerID(n); ok && id == runstate.SelfID() {
 			out = append(out, n)
 		}
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 // TestDemoTourShort runs make demo's new parts as the test suite's short form: 'kedge demo
@@ -22,7 +22,7 @@ func TestDemoTourShort(t *testing.T) {
 		t.Skip("needs root: creates a lab and loads BPF programs")
 	}
 	out := t.TempDir()
-	before, _ := lab.Namespaces()
+	before, _ := netnsx.List()
 	cmd := exec.Command(bpftest.KedgeBinary(t), "demo", "tour", "--short", "--out", out,
 		"--hedge-result", "../../docs/results/hedge/thesis/result.json")
 	b, err := cmd.CombinedOutput()
@@ -57,7 +57,7 @@ func TestDemoTourShort(t *testing.T) {
 			t.Errorf("%v", err)
 		}
 	}
-	after, _ := lab.Namespaces()
+	after, _ := netnsx.List()
 	for _, n := range after {
 		if !slices.Contains(before, n) && strings.Contains(n, "-tour-") {
 			t.Errorf("namespace %s left behind", n)

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/hedge"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 func fakeHedgeStatus(pid int) hedge.Status {
@@ -122,7 +122,7 @@ func TestHedgeHelpHasExamples(t *testing.T) {
 // namespace of its own, so the tc filter sweep looks at nothing but that namespace.
 func TestCleanupRemovesDeadHedgersStatusFiles(t *testing.T) {
 	requireRoot(t)
-	ns, err := lab.NewNetns(lab.OwnedName("hclean"))
+	ns, err := netnsx.New(netnsx.OwnedName("hclean"))
 	if err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 func init() { register(newLabCmd) }
@@ -206,7 +207,7 @@ type labProc struct {
 // the lab's.
 func labProcesses(l *lab.Lab) ([]labProc, error) {
 	inodes := map[uint64]string{}
-	nss := []*lab.Netns{l.Fabric}
+	nss := []*netnsx.Netns{l.Fabric}
 	for _, h := range l.Hosts {
 		nss = append(nss, h.Netns)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/runstate/runstatetest"
 )
 
@@ -170,12 +171,12 @@ func TestCleanupCLI(t *testing.T) {
 		return
 	}
 	dead := "kedge-99999999-clitest"
-	ns, err := lab.NewNetns(dead)
+	ns, err := netnsx.New(dead)
 	if err != nil {
 		t.Fatalf("create %s: %v", dead, err)
 	}
 	ns.Handle.Close()
-	deadPath := filepath.Join(lab.NetnsDir, dead)
+	deadPath := filepath.Join(netnsx.Dir, dead)
 
 	code, stdout, stderr := runCLI(t, "", "cleanup", "--dry-run")
 	if code != exitOK || !strings.Contains(stdout, "would remove netns "+dead+" (legacy name: no pid 99999999") {
@@ -250,7 +251,7 @@ func netnsDirMounts(t *testing.T) []string {
 		switch {
 		case len(f) > 4 && f[4] == "/run":
 			out = nil
-		case len(f) > 4 && f[4] == lab.NetnsDir:
+		case len(f) > 4 && f[4] == netnsx.Dir:
 			out = append(out, line)
 		}
 	}
@@ -265,8 +266,8 @@ func testNetnsInterop(t *testing.T, ipFirst bool) {
 	if runstatetest.Private(t) {
 		return
 	}
-	if _, err := os.Stat(lab.NetnsDir); !os.IsNotExist(err) {
-		t.Fatalf("%s exists in a fresh /run (stat: %v)", lab.NetnsDir, err)
+	if _, err := os.Stat(netnsx.Dir); !os.IsNotExist(err) {
+		t.Fatalf("%s exists in a fresh /run (stat: %v)", netnsx.Dir, err)
 	}
 	ip := func(args ...string) {
 		t.Helper()
@@ -292,16 +293,16 @@ func testNetnsInterop(t *testing.T, ipFirst bool) {
 	// Prepared as iproute2 prepares it, whoever came first: one shared mount of /run/netns
 	// over itself, never two stacked (the second would hide the first one's namespaces).
 	if mounts := netnsDirMounts(t); len(mounts) != 1 || !strings.Contains(mounts[0], " shared:") {
-		t.Errorf("mounts at %s: %q; want one, shared", lab.NetnsDir, mounts)
+		t.Errorf("mounts at %s: %q; want one, shared", netnsx.Dir, mounts)
 	}
 	kedge("lab", "down", "x")
 	kedge("cleanup")
 	kedge("cleanup", "--quiet")
 	ip("netns", "exec", "y", "ip", "link", "show", "lo")
 	ip("netns", "del", "y")
-	entries, err := os.ReadDir(lab.NetnsDir)
+	entries, err := os.ReadDir(netnsx.Dir)
 	if err != nil || len(entries) != 0 {
-		t.Errorf("%s after both tools removed theirs: %v, %v", lab.NetnsDir, entries, err)
+		t.Errorf("%s after both tools removed theirs: %v, %v", netnsx.Dir, entries, err)
 	}
 }
 
@@ -364,7 +365,7 @@ func TestLabPrefixAndSubnets(t *testing.T) {
 	if code, _, stderr := runCLI(t, "", "lab", "--prefix", "t1-", "down", "x"); code != exitOK {
 		t.Fatalf("lab down: exit %d: %s", code, stderr)
 	}
-	if entries, _ := os.ReadDir(lab.NetnsDir); len(entries) != 0 {
+	if entries, _ := os.ReadDir(netnsx.Dir); len(entries) != 0 {
 		t.Errorf("namespaces left after lab down: %v", entries)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/raftlab"
+	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
 func init() { registerRaft(newRaftLabCmd) }
@@ -271,7 +272,7 @@ func newRaftLabDownCmd() *cobra.Command {
 			}
 			pid := resp.Info.Supervisor
 			deadline := time.Now().Add(30 * time.Second)
-			for lab.ProcessAlive(pid) {
+			for runstate.ProcessAlive(pid) {
 				if time.Now().After(deadline) {
 					return fmt.Errorf("supervisor pid %d still running 30s after 'down': see %s", pid, filepath.Join(dir, raftlab.SupervisorLog))
 				}

@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/runstate"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 	"github.com/kedge-dev/kedge/pkg/sg"
@@ -177,7 +177,7 @@ payload within BYTES (the coordinator must take them: kedge sg scatter --multi-p
 				<-ready
 				fmt.Fprintf(cmd.ErrOrStderr(), "kedge sg worker: %d workers ready (%v ... %v)\n", len(addrs), addrs[0], addrs[len(addrs)-1])
 			}()
-			if err := bpfx.InNetns(ns, func() error { return isg.RunWorkers(ctx, cfg, &st, ready) }); err != nil {
+			if err := netnsx.In(ns, func() error { return isg.RunWorkers(ctx, cfg, &st, ready) }); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "kedge sg worker: requests=%d replies=%d lost=%d duplicated=%d malformed=%d\n",

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
@@ -152,7 +153,7 @@ func collectStatus() (*statusView, error) {
 	}
 	scopes := map[string]netns.NsHandle{"": netns.None()}
 	for _, n := range nsNames {
-		if h, err := bpfx.OpenNamedNetns(n); err == nil {
+		if h, err := netnsx.OpenNamed(n); err == nil {
 			scopes[n] = h
 			defer h.Close()
 		}
@@ -210,10 +211,10 @@ func collectStatus() (*statusView, error) {
 
 // kedgeNamespaces lists the namespaces under /run/netns that kedge made: runs' and labs'.
 func kedgeNamespaces() ([]string, error) {
-	names, err := lab.Namespaces()
+	names, err := netnsx.List()
 	var out []string
 	for _, n := range names {
-		if _, owned := lab.OwnerID(n); owned || strings.HasPrefix(n, lab.PersistentPrefix) {
+		if _, owned := netnsx.OwnerID(n); owned || strings.HasPrefix(n, lab.PersistentPrefix) {
 			out = append(out, n)
 		}
 	}
@@ -346,7 +347,7 @@ func describeLink(id link.ID, scopes map[string]netns.NsHandle) linkView {
 	}
 	for _, name := range sortedKeys(scopes) {
 		var iface string
-		_ = bpfx.InNetns(scopes[name], func() error {
+		_ = netnsx.In(scopes[name], func() error {
 			res, err := link.QueryPrograms(link.QueryOptions{Target: int(v.IfIndex), Attach: attach})
 			if err != nil {
 				return err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/hedge"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pping"
 )
 
@@ -70,21 +71,14 @@ func (u *unit) label() string { return u.kind + " " + key(u.nsArg, u.iface) }
 
 // openNetns opens a unit's namespace: "" the agent's own, a path, or a name under /run/netns.
 func openNetns(arg string) (netns.NsHandle, error) {
+	h, err := netnsx.Open(arg)
 	switch {
-	case arg == "":
-		return netns.None(), nil
-	case strings.Contains(arg, "/"):
-		h, err := netns.GetFromPath(arg)
-		if err != nil {
-			return h, fmt.Errorf("open netns %s: %w", arg, err)
-		}
+	case err == nil:
 		return h, nil
+	case strings.Contains(arg, "/"):
+		return h, fmt.Errorf("open netns %s: %w", arg, err)
 	}
-	h, err := bpfx.OpenNamedNetns(arg)
-	if err != nil {
-		return h, fmt.Errorf("open netns %s: %w (see 'ip netns list')", arg, err)
-	}
-	return h, nil
+	return h, fmt.Errorf("open netns %s: %w (see 'ip netns list')", arg, err)
 }
 
 func (u *unit) closeNetns() {

@@ -13,23 +13,28 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/kedge-dev/kedge/internal/lab"
 )
 
 // The process harness every benchmark drives its lab with: servers and clients are real
 // processes started inside lab hosts, CPU pressure is real busy loops, and CPU cost is read
 // from /proc/stat around a run.
 
+// Place is where a benchmark's process runs: a network namespace that makes commands and
+// starts them inside itself (a lab host, a netnsx.Netns).
+type Place interface {
+	Command(name string, args ...string) *exec.Cmd
+	Start(cmd *exec.Cmd) error
+}
+
 // StartProcess starts name with args inside h, its stdout discarded and its stderr on
 // kedge's, and returns a function that stops it: SIGTERM, then SIGKILL after 5 s.
-func StartProcess(h *lab.Host, name string, args ...string) (stop func(), err error) {
+func StartProcess(h Place, name string, args ...string) (stop func(), err error) {
 	_, stop, err = StartProcessPID(h, name, args...)
 	return stop, err
 }
 
 // StartProcessPID is StartProcess that also returns the process's PID (for ProcCPU).
-func StartProcessPID(h *lab.Host, name string, args ...string) (pid int, stop func(), err error) {
+func StartProcessPID(h Place, name string, args ...string) (pid int, stop func(), err error) {
 	cmd := h.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	if err := h.Start(cmd); err != nil {
@@ -50,14 +55,14 @@ func StartProcessPID(h *lab.Host, name string, args ...string) (pid int, stop fu
 
 // RunProcess runs name with args inside h and waits for it; a failure carries its stderr.
 // When ctx ends first the process is killed.
-func RunProcess(ctx context.Context, h *lab.Host, stdout io.Writer, name string, args ...string) error {
+func RunProcess(ctx context.Context, h Place, stdout io.Writer, name string, args ...string) error {
 	_, err := RunProcessCPU(ctx, h, stdout, name, args...)
 	return err
 }
 
 // RunProcessCPU is RunProcess that also returns the CPU time (user + system, rusage) the
 // process used.
-func RunProcessCPU(ctx context.Context, h *lab.Host, stdout io.Writer, name string, args ...string) (time.Duration, error) {
+func RunProcessCPU(ctx context.Context, h Place, stdout io.Writer, name string, args ...string) (time.Duration, error) {
 	cmd := h.Command(name, args...)
 	var stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = stdout, &stderr

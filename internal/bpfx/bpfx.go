@@ -7,11 +7,9 @@ package bpfx
 import (
 	"errors"
 	"fmt"
-	"runtime"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/pkg/kedge"
@@ -59,30 +57,6 @@ func LoadAndAssign(what string, spec *ebpf.CollectionSpec, to any, opts *ebpf.Co
 	return nil
 }
 
-// ThreadNetns returns a handle to the calling thread's network namespace. Unlike
-// netns.Get (/proc/<getpid()>/task/<gettid()>), it works in a PID namespace of its own,
-// where /proc may be the parent namespace's and the pid names another process.
-func ThreadNetns() (netns.NsHandle, error) {
-	return netns.GetFromPath("/proc/thread-self/ns/net")
-}
-
-// OpenNamedNetns opens the network namespace name under /run/netns. An entry there whose
-// namespace mount is gone is an error: a process in a mount namespace of its own (one run
-// under `ip netns exec`) that named a namespace left, when it ended, only the empty file
-// in this mount namespace's view.
-func OpenNamedNetns(name string) (netns.NsHandle, error) {
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		return h, err
-	}
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(int(h), &st); err != nil || st.Type != unix.NSFS_MAGIC {
-		h.Close()
-		return -1, fmt.Errorf("open netns %s: not a namespace (a mount made in another mount namespace, gone)", name)
-	}
-	return h, nil
-}
-
 // NotSupported turns err into a *kedge.FeatureError for feature when it says the kernel
 // lacks something: cilium/ebpf's ErrNotSupported, or EOPNOTSUPP. Other errors are
 // returned as they are. The FeatureError wraps err, so errors.Is(err, ebpf.ErrNotSupported)
@@ -107,34 +81,4 @@ func QdiscError(kind string, err error) error {
 			Hint: "install its module " + module + " or build the kernel with it"}
 	}
 	return err
-}
-
-// InNetns runs fn on a thread inside ns (ns < 0: the caller's namespace). Interface indexes
-// are per namespace, so attaching must happen inside the target namespace.
-func InNetns(ns netns.NsHandle, fn func() error) error {
-	if ns < 0 {
-		return fn()
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := ThreadNetns()
-		if err != nil {
-			errc <- fmt.Errorf("get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- fmt.Errorf("enter netns: %w", err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("return to original netns: %w", err))
-			return // thread stays locked; Go retires it
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
 }

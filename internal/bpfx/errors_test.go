@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/pkg/kedge"
 )
 
@@ -22,7 +22,7 @@ func TestQdiscErrorFromKernel(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates a network namespace and adds a qdisc there")
 	}
-	ns, err := lab.NewNetns(lab.OwnedName("qderr"))
+	ns, err := netnsx.New(netnsx.OwnedName("qderr"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
@@ -89,7 +90,7 @@ func attachTCX(prog *ebpf.Program, t TCTarget) (Attachment, error) {
 		at = ebpf.AttachTCXEgress
 	}
 	var l link.Link
-	err := InNetns(t.Netns, func() (err error) {
+	err := netnsx.In(t.Netns, func() (err error) {
 		l, err = link.AttachTCX(link.TCXOptions{Interface: t.IfIndex, Program: prog, Attach: at})
 		return err
 	})
@@ -407,7 +408,7 @@ func ScopeNetns(s runstate.Scope, fn func(label string, ns netns.NsHandle) error
 	call("", s.Netns)
 	primary := s.Netns
 	if primary < 0 {
-		if h, err := ThreadNetns(); err == nil {
+		if h, err := netnsx.Thread(); err == nil {
 			primary = h
 			defer h.Close()
 		}

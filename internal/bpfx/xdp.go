@@ -8,6 +8,8 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netns"
+
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 // XDPMode selects native (driver) or generic (skb) XDP.
@@ -38,7 +40,7 @@ func (a *xdpAttachment) Close() error {
 func AttachXDP(prog *ebpf.Program, ns netns.NsHandle, ifindex int, mode XDPMode) (Attachment, error) {
 	try := func(flags link.XDPAttachFlags, name string) (Attachment, error) {
 		var l link.Link
-		err := InNetns(ns, func() (err error) {
+		err := netnsx.In(ns, func() (err error) {
 			l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: flags})
 			return err
 		})

@@ -5,7 +5,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 // BeforeRun removes what killed runs left behind before a long-running command starts:
@@ -13,7 +13,7 @@ import (
 // process), pins, pacer veths and status files in statusDir ("" = runstate.Dir). What it
 // removes is logged, what stays is logged as a warning; nothing is fatal.
 func BeforeRun(log *slog.Logger, ns netns.NsHandle, statusDir string) {
-	res, err := Run(Options{FilterNetns: &lab.Netns{Handle: ns}, StatusDir: statusDir})
+	res, err := Run(Options{FilterNetns: &netnsx.Netns{Handle: ns}, StatusDir: statusDir})
 	if err != nil {
 		log.Warn("look for leftovers of killed runs", "err", err)
 	}

@@ -2,7 +2,8 @@
 // registered with runstate (namespaces, tc filters, pin directories, status files, and
 // whatever a capability registers) for the leftovers it sees, judges each owner with
 // runstate.Judge and removes only what belongs to owners that have certainly ended. With
-// All it also removes persistent labs (`kedge lab up`), which have no owner.
+// All it also removes what registered as runstate.Persistent: persistent labs (`kedge lab
+// up`), which have no owner, when the binary links internal/lab.
 //
 // It never touches anything of a live run, of an owner it cannot judge, nor anything
 // without kedge's name on it. It imports no capability: capabilities register cleaners.
@@ -17,8 +18,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	// The shared packages register the cleaners of what they create.
-	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
@@ -29,7 +29,7 @@ type Options struct {
 	// DryRun removes nothing: the Result lists what would be removed, and why.
 	DryRun bool
 	// FilterNetns is where stale cls_bpf filters are looked for; nil: the caller's namespace.
-	FilterNetns *lab.Netns
+	FilterNetns *netnsx.Netns
 	// StatusDir holds the status files; "": runstate.Dir.
 	StatusDir string
 }
@@ -64,7 +64,7 @@ type Result struct {
 	PinDirs     []string `json:"pin_dirs"`
 	StatusFiles []string `json:"status_files"`
 	Veths       []string `json:"veths"`  // pacer veths: "[netns <name>: ]<link>"
-	Labs        []string `json:"labs"`   // persistent labs (with All)
+	Labs        []string `json:"labs"`   // persistent labs and other runstate.Persistent kinds (with All)
 	Owners      []string `json:"owners"` // records of ended owners with nothing left
 	Items       []Item   `json:"items"`
 }
@@ -106,11 +106,11 @@ func Run(opts Options) (*Result, error) {
 	// or in a user's namespace outlive it, and its record must not go while they stay. An
 	// entry that is no namespace (any more) holds nothing to look for; the netns cleaner
 	// removes it when a dead run's name is on it.
-	names, err := lab.Namespaces()
+	names, err := netnsx.List()
 	var errs []error
 	errs = append(errs, err)
 	for _, n := range names {
-		if h, err := bpfx.OpenNamedNetns(n); err == nil {
+		if h, err := netnsx.OpenNamed(n); err == nil {
 			scope.Named[n] = h
 			defer h.Close()
 		}
@@ -157,14 +157,14 @@ func Run(opts Options) (*Result, error) {
 	res.Owners = removeRecords(opts.DryRun, keep)
 
 	if opts.All {
-		names, err := lab.ListPersistent()
-		errs = append(errs, err)
-		if opts.DryRun {
-			res.Labs = append(res.Labs, names...)
-		} else {
-			labs, err := removeLabs(names)
-			res.Labs = append(res.Labs, labs...)
+		for _, p := range runstate.PersistentKinds() {
+			names, err := p.List()
 			errs = append(errs, err)
+			if !opts.DryRun {
+				names, err = removePersistent(p, names)
+				errs = append(errs, err)
+			}
+			res.Labs = append(res.Labs, names...)
 		}
 	}
 	return res, errors.Join(errs...)
@@ -209,13 +209,13 @@ func removeRecords(dry bool, keep map[string]bool) []string {
 	return out
 }
 
-// removeLabs takes down the named persistent labs.
-func removeLabs(names []string) ([]string, error) {
+// removePersistent removes the named things of kind p and returns the names it removed.
+func removePersistent(p runstate.Persistent, names []string) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, n := range names {
-		_, err := lab.Down(n)
-		if errors.Is(err, lab.ErrNotFound) {
+		err := p.Remove(n)
+		if errors.Is(err, os.ErrNotExist) {
 			continue // removed concurrently
 		}
 		if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	_ "github.com/kedge-dev/kedge/internal/pacer" // registers the pacer veth cleaner
 	"github.com/kedge-dev/kedge/internal/runstate"
 	"github.com/kedge-dev/kedge/internal/runstate/runstatetest"
@@ -61,9 +62,9 @@ func exists(p string) bool {
 
 // filterNamespace makes a namespace with a veth whose ingress hook carries one kedge filter
 // per owner pid, named kedge:<pid>:<name> as bpfx names them.
-func filterNamespace(t *testing.T, name string, pids ...int) *lab.Netns {
+func filterNamespace(t *testing.T, name string, pids ...int) *netnsx.Netns {
 	t.Helper()
-	ns, err := lab.NewNetns(lab.OwnedName(name))
+	ns, err := netnsx.New(netnsx.OwnedName(name))
 	if err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}
@@ -110,7 +111,7 @@ func filterNamespace(t *testing.T, name string, pids ...int) *lab.Netns {
 	return ns
 }
 
-func filterNames(t *testing.T, ns *lab.Netns) []string {
+func filterNames(t *testing.T, ns *netnsx.Netns) []string {
 	t.Helper()
 	h, err := netlink.NewHandleAt(ns.Handle)
 	if err != nil {
@@ -136,7 +137,7 @@ func filterNames(t *testing.T, ns *lab.Netns) []string {
 
 // ownedVeth adds the veth name (peer name+"p", both in ns) whose alias names its owner, as
 // internal/pacer marks its veths in a consumer namespace.
-func ownedVeth(t *testing.T, ns *lab.Netns, name, alias string) {
+func ownedVeth(t *testing.T, ns *netnsx.Netns, name, alias string) {
 	t.Helper()
 	h, err := netlink.NewHandleAt(ns.Handle)
 	if err != nil {
@@ -156,7 +157,7 @@ func ownedVeth(t *testing.T, ns *lab.Netns, name, alias string) {
 }
 
 // linkNames lists ns's links, sorted.
-func linkNames(t *testing.T, ns *lab.Netns) []string {
+func linkNames(t *testing.T, ns *netnsx.Netns) []string {
 	t.Helper()
 	var names []string
 	if err := bpfx.EachLink(ns.Handle, func(_ *netlink.Handle, l netlink.Link) { names = append(names, l.Attrs().Name) }); err != nil {
@@ -176,14 +177,14 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 	livePin := filepath.Join(pinRoot, fmt.Sprintf("y-%d", os.Getpid()))
 	mkdirs(t, deadPin, livePin)
 
-	deadNS := fmt.Sprintf("%s-%d-cleanup%d", lab.Prefix, deadPID, os.Getpid())
-	ns, err := lab.NewNetns(deadNS)
+	deadNS := fmt.Sprintf("%s-%d-cleanup%d", netnsx.Prefix, deadPID, os.Getpid())
+	ns, err := netnsx.New(deadNS)
 	if err != nil {
 		t.Fatalf("create %s: %v", deadNS, err)
 	}
 	ns.Handle.Close()
-	t.Cleanup(func() { _ = os.Remove(filepath.Join(lab.NetnsDir, deadNS)) })
-	live, err := lab.NewNetns(lab.OwnedName("cleanuplive"))
+	t.Cleanup(func() { _ = os.Remove(filepath.Join(netnsx.Dir, deadNS)) })
+	live, err := netnsx.New(netnsx.OwnedName("cleanuplive"))
 	if err != nil {
 		t.Fatalf("create live namespace: %v", err)
 	}
@@ -243,10 +244,10 @@ func TestRunRemovesDeadRunsOnly(t *testing.T) {
 			t.Errorf("removed %s = %v, want it to contain %s", tc.what, tc.got, tc.removed)
 		}
 	}
-	if exists(filepath.Join(lab.NetnsDir, deadNS)) || exists(deadPin) || exists(deadStatus) {
+	if exists(filepath.Join(netnsx.Dir, deadNS)) || exists(deadPin) || exists(deadStatus) {
 		t.Errorf("dead run's namespace, pin dir or status file still present")
 	}
-	if !exists(filepath.Join(lab.NetnsDir, live.Name)) || !exists(livePin) || !exists(liveStatus) {
+	if !exists(filepath.Join(netnsx.Dir, live.Name)) || !exists(livePin) || !exists(liveStatus) {
 		t.Errorf("live run's namespace %s, pin dir %s or status file %s was removed", live.Name, livePin, liveStatus)
 	}
 	if got := linkNames(t, other); !slices.Equal(got, []string{"c0", "c1", "lo", "pv-live", "pv-livep"}) {
@@ -280,7 +281,7 @@ func TestRemoveLabs(t *testing.T) {
 	}
 	l.Release()
 	t.Cleanup(func() { _, _ = lab.Down(name) })
-	removed, err := removeLabs([]string{name, "absent_" + name})
+	removed, err := removePersistent(labKind(t), []string{name, "absent_" + name})
 	if err != nil {
 		t.Fatalf("remove labs: %v", err)
 	}
@@ -290,7 +291,7 @@ func TestRemoveLabs(t *testing.T) {
 	if _, err := lab.Open(name); !errors.Is(err, lab.ErrNotFound) {
 		t.Errorf("Open after removal: %v, want ErrNotFound", err)
 	}
-	entries, _ := os.ReadDir(lab.NetnsDir)
+	entries, _ := os.ReadDir(netnsx.Dir)
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), lab.PersistentPrefix+name+"-") {
 			t.Errorf("namespace %s left", e.Name())
@@ -309,23 +310,35 @@ func TestStaleNetnsEntry(t *testing.T) {
 		return
 	}
 	usePinRoot(t)
-	ns, err := lab.NewNetns(lab.OwnedName("cleanupstaledir")) // /run/netns as kedge prepares it
+	ns, err := netnsx.New(netnsx.OwnedName("cleanupstaledir")) // /run/netns as kedge prepares it
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Close() })
-	stale := fmt.Sprintf("%s-%d-raft-hb", lab.Prefix, deadPID)
-	if err := os.WriteFile(filepath.Join(lab.NetnsDir, stale), nil, 0o444); err != nil {
+	stale := fmt.Sprintf("%s-%d-raft-hb", netnsx.Prefix, deadPID)
+	if err := os.WriteFile(filepath.Join(netnsx.Dir, stale), nil, 0o444); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bpfx.OpenNamedNetns(stale); err == nil {
+	if _, err := netnsx.OpenNamed(stale); err == nil {
 		t.Errorf("OpenNamedNetns(%s): no error for a plain file", stale)
 	}
 	res, err := Run(Options{StatusDir: t.TempDir()})
 	if err != nil {
 		t.Errorf("cleanup: %v", err)
 	}
-	if !slices.Contains(res.Namespaces, stale) || exists(filepath.Join(lab.NetnsDir, stale)) {
+	if !slices.Contains(res.Namespaces, stale) || exists(filepath.Join(netnsx.Dir, stale)) {
 		t.Errorf("removed namespaces %v; want the stale entry %s removed", res.Namespaces, stale)
 	}
+}
+
+// labKind is the persistent kind internal/lab registers.
+func labKind(t *testing.T) runstate.Persistent {
+	t.Helper()
+	for _, p := range runstate.PersistentKinds() {
+		if p.Kind == "lab" {
+			return p
+		}
+	}
+	t.Fatal("internal/lab registered no persistent kind \"lab\"")
+	return runstate.Persistent{}
 }

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/runstate"
 	"github.com/kedge-dev/kedge/internal/runstate/runstatetest"
 )
@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 }
 
 func fakeRun() error {
-	ns, err := lab.NewNetns(lab.OwnedName("pidns"))
+	ns, err := netnsx.New(netnsx.OwnedName("pidns"))
 	if err != nil {
 		return err
 	}
@@ -93,7 +93,7 @@ func TestOwnershipAcrossPIDNamespaces(t *testing.T) {
 	if pid, _, _ := runstate.ParseID(id); pid != 1 {
 		t.Fatalf("owner %s: the run is not pid 1 of a PID namespace of its own", id)
 	}
-	things := []string{filepath.Join(lab.NetnsDir, nsName), pin, status}
+	things := []string{filepath.Join(netnsx.Dir, nsName), pin, status}
 
 	res, err := Run(Options{})
 	if err != nil {

@@ -22,7 +22,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 	"github.com/vishvananda/netlink"
@@ -142,7 +142,7 @@ func testConfig(tb testing.TB, scoreboard uint32) *Config {
 type fixture struct {
 	h    *Hedger
 	objs *hedgeObjects
-	ns   *lab.Netns
+	ns   *netnsx.Netns
 	// ifindexes the programs were loaded with
 	dlIfx, outIfx, peerIfx, devIfx int
 	// now is the time the programs read (kedge_now) in runs outside a table (f.run); a
@@ -177,7 +177,7 @@ func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 		o.backend = BackendConveyor
 	}
 	f := &fixture{outIfx: fakeOutIfx, peerIfx: fakePeerIfx, devIfx: fakeDevIfx, now: now0}
-	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("hbpf%d", fixtureSeq.Add(1))))
+	ns, err := netnsx.New(netnsx.OwnedName(fmt.Sprintf("hbpf%d", fixtureSeq.Add(1))))
 	if err != nil {
 		tb.Fatalf("create test namespace: %v", err)
 	}
@@ -222,7 +222,7 @@ func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 }
 
 // vethIn creates the veth pair bt0/bt1 in ns, both up, and returns bt0's ifindex.
-func vethIn(ns *lab.Netns) (int, error) {
+func vethIn(ns *netnsx.Netns) (int, error) {
 	nh, err := netlink.NewHandleAt(ns.Handle)
 	if err != nil {
 		return 0, fmt.Errorf("open netlink in %s: %w", ns.Name, err)
@@ -266,7 +266,7 @@ func (f *fixture) dlTxPackets(tb testing.TB) uint64 {
 	return l.Attrs().Statistics.TxPackets
 }
 
-func absentIn(ns *lab.Netns, ifxs ...int) error {
+func absentIn(ns *netnsx.Netns, ifxs ...int) error {
 	nh, err := netlink.NewHandleAt(ns.Handle)
 	if err != nil {
 		return fmt.Errorf("open netlink in %s: %w", ns.Name, err)

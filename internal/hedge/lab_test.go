@@ -13,6 +13,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pacer"
 )
 
@@ -229,7 +230,7 @@ func requireBackend(t *testing.T, backend string) {
 // qdiscWorks builds a throw-away pacer with the backend (bpf_skb_set_tstamp checked for
 // edt), its client side in a throw-away namespace too (never the caller's).
 func qdiscWorks(backend string) error {
-	ns, err := lab.NewNetns(lab.OwnedName("qprobe"))
+	ns, err := netnsx.New(netnsx.OwnedName("qprobe"))
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 // ProgramTimes is the kernel's own run time of the hedger's data-plane programs for one
@@ -32,7 +32,7 @@ func (h *Hedger) MeasurePrograms(ns netns.NsHandle, requests, responses [][]byte
 		return ProgramTimes{}, fmt.Errorf("measure programs: %d requests and %d responses: want as many of each, at least one", n, len(responses))
 	}
 	var split, resp time.Duration
-	err := bpfx.InNetns(ns, func() error {
+	err := netnsx.In(ns, func() error {
 		for i := range n {
 			_, ds, err := h.objs.HedgeSplit.Benchmark(requests[i], 1, nil)
 			if err != nil {

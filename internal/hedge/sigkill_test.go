@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/kedge-dev/kedge/internal/runstate"
 )
@@ -73,10 +74,10 @@ func exists(path string) bool {
 // no kedge-dl0 of its own.
 func assertHedgerGone(t *testing.T, h *lab.Host, pid int, dlNetns string) {
 	t.Helper()
-	if exists(filepath.Join(lab.NetnsDir, dlNetns)) {
+	if exists(filepath.Join(netnsx.Dir, dlNetns)) {
 		t.Errorf("delay-line namespace %s left behind", dlNetns)
 	}
-	if left, _ := filepath.Glob(filepath.Join(lab.NetnsDir, lab.Prefix+"-"+strconv.Itoa(pid)+"[-_]*")); len(left) > 0 {
+	if left, _ := filepath.Glob(filepath.Join(netnsx.Dir, netnsx.Prefix+"-"+strconv.Itoa(pid)+"[-_]*")); len(left) > 0 {
 		t.Errorf("namespaces of pid %d left behind: %v", pid, left)
 	}
 	if exists(StatusPath(StatusDir, pid)) {
@@ -120,7 +121,7 @@ func TestSigkillThenRestartLeavesCleanSystem(t *testing.T) {
 	killed := startKedge(t, client, args...)
 	st1 := waitHedgerUp(t, killed, 15*time.Second)
 	killed.stop(t, syscall.SIGKILL, 5*time.Second)
-	if !exists(filepath.Join(lab.NetnsDir, st1.DelayLineNetns)) {
+	if !exists(filepath.Join(netnsx.Dir, st1.DelayLineNetns)) {
 		t.Errorf("after SIGKILL: delay-line namespace %s is gone already; this test expects a leftover", st1.DelayLineNetns)
 	}
 	if owner, ok := dl0Owner(t, client); !ok || owner != killed.pid() {
@@ -147,7 +148,7 @@ func TestSigkillThenRestartLeavesCleanSystem(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "belongs to kedge run "+strconv.Itoa(next.pid())+"_") || !strings.Contains(err.Error(), "(alive: ") {
 		t.Errorf("second hedger in the namespace: %v; want a refusal naming the live run of pid %d", err, next.pid())
 	}
-	if exists(filepath.Join(lab.NetnsDir, lab.OwnedName("hedge-dl"))) {
+	if exists(filepath.Join(netnsx.Dir, netnsx.OwnedName("hedge-dl"))) {
 		t.Errorf("the refused start left its delay-line namespace")
 	}
 	if owner, _ := dl0Owner(t, client); owner != next.pid() {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 )
 
@@ -19,7 +20,7 @@ import (
 // namespace's loopback (ifindex 1), so a duplicate cloned back "into the port" lands there.
 func fixtureNS(t *testing.T, fn func() error) {
 	t.Helper()
-	ns, err := NewNetns(OwnedName("fabfix"))
+	ns, err := netnsx.New(netnsx.OwnedName("fabfix"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 // Fabric selects how hosts are joined.
@@ -119,7 +121,7 @@ func (s Spec) namePrefix() string {
 
 // Host is one namespace with its interface eth0.
 type Host struct {
-	*Netns
+	*netnsx.Netns
 	HostName string
 	Index    int // 1-based position in Spec.Hosts
 	Iface    string
@@ -134,7 +136,7 @@ type Host struct {
 // Lab is a running topology. Close removes it.
 type Lab struct {
 	Spec   Spec
-	Fabric *Netns
+	Fabric *netnsx.Netns
 	Hosts  []*Host
 	byName map[string]*Host
 }
@@ -246,12 +248,12 @@ func waitLocalRoutes(h *netlink.Handle, deadline time.Time, addrs ...netip.Addr)
 }
 
 // newNetns creates the namespace for part (a host name or the fabric).
-func (l *Lab) newNetns(part string) (*Netns, error) {
-	name := OwnedName(l.Spec.Name + "-" + part)
+func (l *Lab) newNetns(part string) (*netnsx.Netns, error) {
+	name := netnsx.OwnedName(l.Spec.Name + "-" + part)
 	if l.Spec.Persistent {
 		name = persistentName(l.Spec.namePrefix(), l.Spec.Name, part)
 	}
-	ns, err := NewNetns(name)
+	ns, err := netnsx.New(name)
 	if l.Spec.Persistent && errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("lab %s already exists (namespace %s): %w - remove it with 'kedge lab down %s' or pick another name",
 			l.Spec.Name, name, ErrExist, l.Spec.Name)

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -14,9 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/kedge-dev/kedge/internal/runstate/runstatetest"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 func requireRoot(t *testing.T) {
@@ -93,112 +90,11 @@ func TestLabFabrics(t *testing.T) {
 				t.Fatalf("lab close: %v", err)
 			}
 			for _, n := range names {
-				if _, err := os.Stat(filepath.Join(NetnsDir, n)); !os.IsNotExist(err) {
+				if _, err := os.Stat(filepath.Join(netnsx.Dir, n)); !os.IsNotExist(err) {
 					t.Errorf("namespace %s still present after Close (stat: %v)", n, err)
 				}
 			}
 		})
-	}
-}
-
-func TestOwnerPID(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		pid  int
-		want bool
-	}{
-		{"kedge-123-lab-a", 123, true},
-		{"kedge-123", 123, true},
-		{"kedge-x-lab", 0, false},
-		{"other-123-lab", 0, false},
-		{"kedge-0-lab", 0, false},
-	} {
-		pid, ok := OwnerPID(tc.in)
-		if ok != tc.want || (ok && pid != tc.pid) {
-			t.Errorf("OwnerPID(%q) = %d, %v; want %d, %v", tc.in, pid, ok, tc.pid, tc.want)
-		}
-	}
-}
-
-func TestCleanupStaleRemovesDeadOwners(t *testing.T) {
-	requireRoot(t)
-	if runstatetest.Private(t) {
-		return
-	}
-	// A pid far above pid_max cannot be alive.
-	dead := "kedge-99999999-stale"
-	ns, err := NewNetns(dead)
-	if err != nil {
-		t.Fatalf("create: %v", err)
-	}
-	ns.Handle.Close()
-	live, err := NewNetns(OwnedName("live"))
-	if err != nil {
-		t.Fatalf("create: %v", err)
-	}
-	defer live.Close()
-	removed, err := CleanupStale()
-	if err != nil {
-		t.Fatalf("cleanup: %v", err)
-	}
-	for _, r := range removed {
-		if r == live.Name {
-			t.Errorf("cleanup removed the live namespace %s", r)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(NetnsDir, dead)); !os.IsNotExist(err) {
-		t.Errorf("cleanup did not remove %s (removed %v, stat: %v)", dead, removed, err)
-	}
-}
-
-// TestRemoveHiddenEntry: a namespace mounted while /run/netns was a plain directory (as
-// kedge did before it prepared the directory as iproute2 does), then `ip netns add`, which
-// bind-mounts /run/netns over itself and hides that mount. Removing the entry must
-// uncover and remove it, and leave ip's namespace working. In private namespaces.
-func TestRemoveHiddenEntry(t *testing.T) {
-	requireRoot(t)
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip")
-	}
-	if runstatetest.Private(t) {
-		return
-	}
-	old := "kedge-99999999-hidden"
-	p := filepath.Join(NetnsDir, old)
-	if err := os.MkdirAll(NetnsDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, nil, 0o444); err != nil {
-		t.Fatal(err)
-	}
-	for _, args := range [][]string{
-		{"unshare", "--net", "mount", "--bind", "/proc/self/ns/net", p},
-		{"ip", "netns", "add", "y"},
-		{"ip", "netns", "exec", "y", "ip", "link", "set", "lo", "up"},
-	} {
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	// What kedge met before: the entry can be neither unmounted nor removed through the path.
-	if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
-		t.Fatalf("unmount the visible copy: %v", err)
-	}
-	if err := os.Remove(p); !errors.Is(err, unix.EBUSY) {
-		t.Fatalf("remove %s: %v, want EBUSY (a hidden mount below)", p, err)
-	}
-	removed, err := CleanupStale()
-	if err != nil || !slices.Contains(removed, old) {
-		t.Fatalf("CleanupStale = %v, %v; want it to remove %s", removed, err, old)
-	}
-	if _, err := os.Stat(p); !os.IsNotExist(err) {
-		t.Errorf("%s still there: %v", p, err)
-	}
-	if out, err := exec.Command("ip", "netns", "exec", "y", "ip", "-br", "link", "show", "lo").CombinedOutput(); err != nil || !strings.Contains(string(out), "UP") {
-		t.Errorf("ip's namespace y after the removal: %v: %s", err, out)
-	}
-	if out, err := exec.Command("ip", "netns", "del", "y").CombinedOutput(); err != nil {
-		t.Errorf("ip netns del y: %v: %s", err, out)
 	}
 }
 
@@ -222,7 +118,7 @@ func TestPersistentLabOpenExecDown(t *testing.T) {
 			if _, err := Up(spec); !errors.Is(err, ErrExist) {
 				t.Errorf("second Up of %s: got %v, want ErrExist", name, err)
 			}
-			if _, err := CleanupStale(); err != nil {
+			if _, err := netnsx.CleanupStale(); err != nil {
 				t.Fatalf("cleanup stale: %v", err)
 			}
 			names, err := ListPersistent()
@@ -257,7 +153,7 @@ func TestPersistentLabOpenExecDown(t *testing.T) {
 				t.Fatalf("Down(%s) = %v, %v; want 4 namespaces", name, removed, err)
 			}
 			for _, n := range removed {
-				if _, err := os.Stat(filepath.Join(NetnsDir, n)); !os.IsNotExist(err) {
+				if _, err := os.Stat(filepath.Join(netnsx.Dir, n)); !os.IsNotExist(err) {
 					t.Errorf("namespace %s still present after Down (stat: %v)", n, err)
 				}
 			}

@@ -12,14 +12,16 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/netnsx"
+	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
 // PersistentPrefix starts the namespace names of persistent labs by default:
 // kedge-lab-<name>-<host> and kedge-lab-<name>-fabric (Spec.NamePrefix picks another).
 // OwnerID does not parse them, so cleanup keeps them.
-const PersistentPrefix = Prefix + "-lab-"
+const PersistentPrefix = netnsx.Prefix + "-lab-"
 
 const (
 	fabricPart = "fabric"
@@ -47,8 +49,8 @@ func ValidPrefix(prefix string) error {
 	if !prefixRE.MatchString(prefix) {
 		return fmt.Errorf("name prefix %q is not valid: use 1-32 letters, digits, '_', '.' or '-'", prefix)
 	}
-	if _, owned := OwnerID(prefix + "x-h"); owned {
-		return fmt.Errorf("name prefix %q would make names of the form %s-<owner>-..., which cleanup removes: pick another", prefix, Prefix)
+	if _, owned := netnsx.OwnerID(prefix + "x-h"); owned {
+		return fmt.Errorf("name prefix %q would make names of the form %s-<owner>-..., which cleanup removes: pick another", prefix, netnsx.Prefix)
 	}
 	return nil
 }
@@ -95,16 +97,20 @@ func (s Spec) Validate() error {
 // to let go of a persistent lab that should outlive this process. Close removes it instead.
 func (l *Lab) Release() {
 	for _, h := range l.Hosts {
-		h.release()
+		h.Release()
 	}
-	l.Fabric.release()
+	l.Fabric.Release()
 }
 
-func (n *Netns) release() {
-	if n != nil && n.Handle != -1 {
-		n.Handle.Close()
-		n.Handle = -1
-	}
+// Persistent labs go with `kedge cleanup --all` (internal/cleanup imports no lab).
+func init() {
+	runstate.RegisterPersistent(runstate.Persistent{Kind: "lab", List: ListPersistent, Remove: func(name string) error {
+		_, err := Down(name)
+		if errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("%w: %w", err, os.ErrNotExist)
+		}
+		return err
+	}})
 }
 
 // ListPersistent returns the names of the persistent labs present (sorted), including
@@ -113,7 +119,7 @@ func ListPersistent() ([]string, error) { return ListPersistentIn(PersistentPref
 
 // ListPersistentIn is ListPersistent for labs whose namespaces start with prefix.
 func ListPersistentIn(prefix string) ([]string, error) {
-	entries, err := namedNetns()
+	entries, err := netnsx.List()
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +140,7 @@ func ListPersistentIn(prefix string) ([]string, error) {
 
 // namespacesOf returns the namespace names of persistent lab name, hosts first, fabric last.
 func namespacesOf(prefix, name string) ([]string, error) {
-	entries, err := namedNetns()
+	entries, err := netnsx.List()
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +185,7 @@ func DownIn(prefix, name string) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, n := range nss {
-		if err := deleteNamed(n); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := netnsx.Delete(n); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("delete netns %s: %w", n, err))
 			continue
 		}
@@ -267,12 +273,12 @@ func OpenIn(prefix, name string) (_ *Lab, err error) {
 	return l, nil
 }
 
-func openNetns(name string) (*Netns, error) {
-	h, err := netns.GetFromName(name)
+func openNetns(name string) (*netnsx.Netns, error) {
+	h, err := netnsx.OpenNamed(name)
 	if err != nil {
-		return nil, fmt.Errorf("open netns %s: %w", name, err)
+		return nil, err
 	}
-	return &Netns{Name: name, Handle: h}, nil
+	return &netnsx.Netns{Name: name, Handle: h}, nil
 }
 
 // readHost fills h from its eth0 and returns the MTU; the index comes from the fabric-side

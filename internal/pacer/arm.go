@@ -7,14 +7,14 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"golang.org/x/sys/unix"
 )
 
 // openArmSocket opens the packet socket Arm sends tick requests through (the tick veth,
 // so pacer_enter makes a tick of what it sends).
 func (p *Pacer) openArmSocket() error {
-	return bpfx.InNetns(p.consumerNS, func() error {
+	return netnsx.In(p.consumerNS, func() error {
 		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return fmt.Errorf("open packet socket: %w", err)

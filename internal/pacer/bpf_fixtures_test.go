@@ -13,7 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 	"github.com/vishvananda/netlink"
 )
@@ -32,7 +32,7 @@ const now0 = bpftest.ClockStart
 
 type fixture struct {
 	t      *testing.T
-	ns     *lab.Netns
+	ns     *netnsx.Netns
 	objs   pacerObjects // the pacer's own
 	echo   echoObjects  // the consumer's, sharing the pacer's maps
 	ifx    int          // pt0: the "pacer veth" (carried clones go here; also stands for the peer)
@@ -48,7 +48,7 @@ func newFixture(t *testing.T, backend pacerPacerBackend) *fixture {
 func newFixtureWith(t *testing.T, backend pacerPacerBackend, set func(*pacerPacerConfig)) *fixture {
 	requireEcho(t)
 	f := &fixture{t: t}
-	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("pacer-fx-%d", backend)))
+	ns, err := netnsx.New(netnsx.OwnedName(fmt.Sprintf("pacer-fx-%d", backend)))
 	if err != nil {
 		t.Fatalf("create test namespace: %v", err)
 	}

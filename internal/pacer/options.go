@@ -40,7 +40,7 @@ type Options struct {
 	// Netns is the consumer's namespace (its tick program runs there); -1 means the
 	// caller's namespace.
 	Netns netns.NsHandle
-	// Name names the pacer namespace: lab.OwnedName(Name) (default "pacer").
+	// Name names the pacer namespace: netnsx.OwnedName(Name) (default "pacer").
 	Name string
 	// IfName is the pacer's veth in the consumer namespace (default "kedge-pc0"); tick
 	// requests go through its twin IfName+"t".

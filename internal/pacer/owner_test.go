@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
@@ -134,9 +134,9 @@ func TestConsumerVethOwner(t *testing.T) {
 	}
 }
 
-func testNetns(t *testing.T, name string) *lab.Netns {
+func testNetns(t *testing.T, name string) *netnsx.Netns {
 	t.Helper()
-	ns, err := lab.NewNetns(lab.OwnedName(name))
+	ns, err := netnsx.New(netnsx.OwnedName(name))
 	if err != nil {
 		t.Fatalf("create test namespace: %v", err)
 	}

@@ -21,7 +21,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -38,7 +38,7 @@ type Pacer struct {
 	backend    string
 	rateBytes  uint64
 	tickBytes  int
-	ns         *lab.Netns
+	ns         *netnsx.Netns
 	consumerNS netns.NsHandle
 	nh         *netlink.Handle // consumer namespace
 	ownsIf     bool
@@ -80,7 +80,7 @@ func New(o Options) (_ *Pacer, err error) {
 			err = errors.Join(err, p.Close())
 		}
 	}()
-	if p.ns, err = lab.NewNetns(lab.OwnedName(o.Name)); err != nil {
+	if p.ns, err = netnsx.New(netnsx.OwnedName(o.Name)); err != nil {
 		return nil, err
 	}
 	if err := p.makeDevices(); err != nil {

@@ -568,6 +568,18 @@ func OptTimestamp(tsval, tsecr uint32) []byte {
 	return binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32([]byte{8, 10}, tsval), tsecr)
 }
 
+// Datagram is a UDP datagram from -> to in an Ethernet frame: IPv4 or IPv6 as the addresses
+// are, every other field the usual, checksums correct.
+func Datagram(from, to netip.AddrPort, payload []byte) []byte {
+	b := New()
+	if from.Addr().Is4() {
+		b = b.IPv4(IPv4{Src: from.Addr(), Dst: to.Addr()})
+	} else {
+		b = b.IPv6(IPv6{Src: from.Addr(), Dst: to.Addr()})
+	}
+	return b.UDP(UDP{Src: from.Port(), Dst: to.Port()}).Payload(payload).Build()
+}
+
 // Truncate returns a copy of the first n bytes of frame (all of it if shorter) without
 // touching any length field, as a packet cut short on the wire or in a non-linear skb.
 func Truncate(frame []byte, n int) []byte {

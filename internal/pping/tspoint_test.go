@@ -17,6 +17,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 // capture is an AF_PACKET socket on one interface that records, with the kernel's receive
@@ -32,7 +33,7 @@ type capture struct {
 	packets int
 }
 
-func startCapture(t *testing.T, ns *lab.Netns, ifindex int) *capture {
+func startCapture(t *testing.T, ns *netnsx.Netns, ifindex int) *capture {
 	t.Helper()
 	c := &capture{dataIn: map[uint32]int64{}, ackOut: map[uint32]int64{}}
 	proto := int(htons(unix.ETH_P_ALL))

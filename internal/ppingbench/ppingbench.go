@@ -27,6 +27,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pping"
 )
 
@@ -238,7 +239,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 // offloadsOff turns TSO/GSO/GRO off on every interface of the lab (all in its namespaces).
 func (s *setup) offloadsOff() error {
 	type dev struct {
-		ns    *lab.Netns
+		ns    *netnsx.Netns
 		iface string
 	}
 	devs := []dev{{s.sender.Netns, s.sender.Iface}, {s.receiver.Netns, s.receiver.Iface}}

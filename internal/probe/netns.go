@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 // The probe's veth pair, inside its own namespace.
@@ -36,7 +36,7 @@ func probeNetns(ctx context.Context, found map[string]result) {
 			}
 		}
 	}
-	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("probe%d", nsSeq.Add(1))))
+	ns, err := netnsx.New(netnsx.OwnedName(fmt.Sprintf("probe%d", nsSeq.Add(1))))
 	if err != nil {
 		msg := "not probed: " + errText(err)
 		if !isRoot() {
@@ -126,7 +126,7 @@ func probeQdisc(h *netlink.Handle, kind string, q netlink.Qdisc) result {
 	return yes("")
 }
 
-func probeTC(ns *lab.Netns, ifindex int) (tcx, clsact result) {
+func probeTC(ns *netnsx.Netns, ifindex int) (tcx, clsact result) {
 	prog, err := loadTrivial(ebpf.SchedCLS, -1) // TCX_NEXT
 	if err != nil {
 		r := fromErr(fmt.Errorf("load tc program: %w", err), "")
@@ -146,7 +146,7 @@ func probeTC(ns *lab.Netns, ifindex int) (tcx, clsact result) {
 	return try(bpfx.TCX, "TCX links not supported (needs Linux 6.6)"), try(bpfx.TCClsact, "")
 }
 
-func probeXDP(ns *lab.Netns, ifindex int) (native, generic result) {
+func probeXDP(ns *netnsx.Netns, ifindex int) (native, generic result) {
 	prog, err := loadTrivial(ebpf.XDP, xdpPass)
 	if err != nil {
 		r := fromErr(fmt.Errorf("load xdp program: %w", err), "")

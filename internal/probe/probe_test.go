@@ -15,7 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/pkg/kedge"
 )
 
@@ -205,7 +205,7 @@ func runProbe(t *testing.T) *Report {
 // cross-check the probe independently of its code path.
 func qdiscWorks(t *testing.T, kind string) (bool, error) {
 	t.Helper()
-	ns, err := lab.NewNetns(lab.OwnedName("probecheck"))
+	ns, err := netnsx.New(netnsx.OwnedName("probecheck"))
 	if err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}
@@ -329,8 +329,8 @@ func TestProbeLeavesNothing(t *testing.T) {
 	if after := openFDs(t); after != before {
 		t.Errorf("open fds: %d before the probe, %d after", before, after)
 	}
-	entries, _ := os.ReadDir(lab.NetnsDir)
-	prefix := lab.OwnedName("")
+	entries, _ := os.ReadDir(netnsx.Dir)
+	prefix := netnsx.OwnedName("")
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), prefix) {
 			t.Errorf("namespace %s left behind", e.Name())

@@ -57,8 +57,7 @@ func (p Probe) Run() (rtts []float64, lost int, err error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		frame := pktbuild.New().IPv4(pktbuild.IPv4{Src: p.From.Addr(), Dst: p.To.Addr()}).
-			UDP(pktbuild.UDP{Src: p.From.Port(), Dst: p.To.Port()}).Payload(pkt).Build()
+		frame := pktbuild.Datagram(p.From, p.To, pkt)
 		sent := time.Now()
 		if err := syscall.Sendto(tx, frame[14:], 0, dst); err != nil {
 			return nil, 0, fmt.Errorf("heartbeat probe: send: %w", err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/raft/client"
 )
 
@@ -249,7 +250,7 @@ func (c *Cluster) Kill(id int) error {
 	pid := n.cmd.Process.Pid
 	n.cmd = nil
 	// A killed node cannot remove what it made (its pacer's namespace with --kernel-heartbeats).
-	if _, err := lab.CleanupStaleOf(pid); err != nil {
+	if _, err := netnsx.CleanupStaleOf(pid); err != nil {
 		return fmt.Errorf("kill node %d: %w", id, err)
 	}
 	return nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
@@ -67,7 +68,7 @@ func ForceDown(name, dir string) (int, error) {
 			for deadline := time.Now().Add(5 * time.Second); alive(pid) && time.Now().Before(deadline); {
 				time.Sleep(5 * time.Millisecond) // polling the process's end
 			}
-			if _, err := lab.CleanupStaleOf(pid); err != nil {
+			if _, err := netnsx.CleanupStaleOf(pid); err != nil {
 				errs = append(errs, err)
 			}
 		}

@@ -306,11 +306,16 @@ func judgePID(pid int) Verdict {
 	if pid == os.Getpid() {
 		return Verdict{Alive, "owned by this process"}
 	}
-	err := syscall.Kill(pid, 0)
-	if err == nil || errors.Is(err, syscall.EPERM) {
+	if ProcessAlive(pid) {
 		return Verdict{Alive, fmt.Sprintf("legacy name: pid %d runs in this PID namespace", pid)}
 	}
 	return Verdict{Dead, fmt.Sprintf("legacy name: no pid %d in this PID namespace (old pid rule)", pid)}
+}
+
+// ProcessAlive reports whether pid names a process in this PID namespace (kill(pid, 0)).
+func ProcessAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }
 
 // Records lists the owner records in Dir (IDs, sorted by name).

@@ -11,8 +11,9 @@ import (
 // The cleanup registry: every kind of thing a run can leave behind has a Cleaner that lists
 // them with their owners. `kedge cleanup` (internal/cleanup) judges each owner and removes
 // only what belongs to dead ones; it imports no capability. A capability registers a
-// Cleaner for its own kinds in init(); namespaces (lab), tc filters and pin directories
-// (bpfx) and status files (here) are registered by the packages that make them.
+// Cleaner for its own kinds in init(); namespaces (netnsx), tc filters and pin directories
+// (bpfx) and status files (here) are registered by the packages that make them, and
+// persistent labs (lab) as a Persistent kind.
 
 // Kinds registered by kedge's shared packages.
 const (
@@ -20,7 +21,7 @@ const (
 	KindFilter = "tc filter"
 	KindPinDir = "pin dir"
 	KindStatus = "status file"
-	KindVeth   = "pacer veth" // internal/pacer's veths in a consumer namespace
+	KindVeth   = "veth" // veths a run adds to a namespace it does not own (an owner alias marks them)
 )
 
 // Scope tells cleaners where to look.
@@ -73,6 +74,41 @@ func Register(c Cleaner) {
 	}
 	registry = append(registry, c)
 	slices.SortStableFunc(registry, func(a, b Cleaner) int { return a.Order - b.Order })
+}
+
+// Persistent is a kind of thing made to outlive the runs that made it, with no owner to
+// judge (persistent labs, `kedge lab up`): cleanup removes it only when asked for everything
+// (`kedge cleanup --all`).
+type Persistent struct {
+	Kind string
+	// List returns the names present, including half-built or half-removed ones.
+	List func() ([]string, error)
+	// Remove removes one; an error wrapping os.ErrNotExist means it went meanwhile.
+	Remove func(name string) error
+}
+
+var persistent []Persistent
+
+// RegisterPersistent adds a persistent kind. It panics when the kind is registered twice.
+func RegisterPersistent(p Persistent) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	if p.Kind == "" || p.List == nil || p.Remove == nil {
+		panic("runstate: RegisterPersistent needs a kind, List and Remove")
+	}
+	for _, r := range persistent {
+		if r.Kind == p.Kind {
+			panic(fmt.Sprintf("runstate: persistent kind %q registered twice", p.Kind))
+		}
+	}
+	persistent = append(persistent, p)
+}
+
+// PersistentKinds returns the registered persistent kinds in registration order.
+func PersistentKinds() []Persistent {
+	regMu.Lock()
+	defer regMu.Unlock()
+	return slices.Clone(persistent)
 }
 
 // Cleaners returns the registered cleaners in order.

@@ -10,27 +10,27 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
-// nsSeq numbers this process's test namespaces: names are lab.OwnedName's (kedge-<owner>-...),
+// nsSeq numbers this process's test namespaces: names are netnsx.OwnedName's (kedge-<owner>-...),
 // unique per run, and `kedge cleanup` removes them once their owner is dead (SIGKILL).
 var nsSeq atomic.Uint64
 
 // scatterNS is a namespace with a veth pair: the scatter's copies leave through sa0 and
 // are captured on sa1 with a packet socket.
 type scatterNS struct {
-	ns   *lab.Netns
+	ns   *netnsx.Netns
 	out  int // sa0's ifindex
 	sock int // AF_PACKET socket on sa1
 }
 
 func newScatterNS(t *testing.T) *scatterNS {
 	t.Helper()
-	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("sgscat%d", nsSeq.Add(1))))
+	ns, err := netnsx.New(netnsx.OwnedName(fmt.Sprintf("sgscat%d", nsSeq.Add(1))))
 	if err != nil {
 		t.Fatal(err)
 	}

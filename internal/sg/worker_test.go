@@ -10,16 +10,16 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/vishvananda/netlink"
 )
 
 // workerNetns runs RunWorkers(cfg) in a fresh namespace with lo up and returns it; the
 // workers stop when the test ends.
-func workerNetns(t *testing.T, cfg WorkerConfig, st *WorkerStats) *lab.Netns {
+func workerNetns(t *testing.T, cfg WorkerConfig, st *WorkerStats) *netnsx.Netns {
 	t.Helper()
 	bpftest.RequireRoot(t)
-	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("sgwrk%d", nsSeq.Add(1))))
+	ns, err := netnsx.New(netnsx.OwnedName(fmt.Sprintf("sgwrk%d", nsSeq.Add(1))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func workerNetns(t *testing.T, cfg WorkerConfig, st *WorkerStats) *lab.Netns {
 
 // exchange sends the datagrams in reqs to dst from one socket in ns and collects what
 // comes back until want datagrams arrived or quiet passed without one.
-func exchange(t *testing.T, ns *lab.Netns, dst netip.AddrPort, reqs [][]byte, want int, quiet time.Duration) [][]byte {
+func exchange(t *testing.T, ns *netnsx.Netns, dst netip.AddrPort, reqs [][]byte, want int, quiet time.Duration) [][]byte {
 	t.Helper()
 	var got [][]byte
 	err := ns.Do(func() error {

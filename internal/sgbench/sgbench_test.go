@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 	"github.com/vishvananda/netlink"
 )
@@ -52,7 +52,7 @@ func TestBaselines(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (a private network namespace)")
 	}
-	ns, err := lab.NewNetns(lab.OwnedName("sgbase"))
+	ns, err := netnsx.New(netnsx.OwnedName("sgbase"))
 	if err != nil {
 		t.Fatal(err)
 	}

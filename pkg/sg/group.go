@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"reflect"
 	"runtime"
 	"sync"
@@ -20,11 +19,10 @@ import (
 	"unsafe"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/runstate"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 )
 
 // Group is an open scatter-gather group. Its methods are safe for concurrent use.
@@ -119,21 +117,6 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-func openNetns(name string) (netns.NsHandle, error) {
-	if name == "" {
-		return -1, nil
-	}
-	p := name
-	if !filepath.IsAbs(p) {
-		p = filepath.Join(lab.NetnsDir, name)
-	}
-	h, err := netns.GetFromPath(p)
-	if err != nil {
-		return -1, fmt.Errorf("open netns %s: %w", p, err)
-	}
-	return h, nil
-}
-
 // Open loads the data plane, attaches it to cfg.Interface and opens the coordinator
 // socket. Close releases everything; a killed process leaves nothing but, with Pin, a pin
 // directory that the next Open or `kedge cleanup` removes.
@@ -141,9 +124,9 @@ func Open(cfg Config) (_ *Group, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	ns, err := openNetns(cfg.Netns)
+	ns, err := netnsx.Open(cfg.Netns)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open netns %s: %w", cfg.Netns, err)
 	}
 	if ns >= 0 {
 		defer ns.Close()
@@ -161,7 +144,7 @@ func Open(cfg Config) (_ *Group, err error) {
 	var ifindex int
 	var loopback bool
 	var workers []isg.WorkerCfg
-	err = bpfx.InNetns(ns, func() (err error) {
+	err = netnsx.In(ns, func() (err error) {
 		ifindex, loopback, workers, err = resolve(&cfg)
 		if err != nil {
 			return err

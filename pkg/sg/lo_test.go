@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 )
 
-// nsSeq numbers this process's test namespaces: names are lab.OwnedName's (kedge-<owner>-...),
+// nsSeq numbers this process's test namespaces: names are netnsx.OwnedName's (kedge-<owner>-...),
 // unique per run, and `kedge cleanup` removes them once their owner is dead (SIGKILL).
 var nsSeq atomic.Uint64
 
@@ -24,7 +24,7 @@ var nsSeq atomic.Uint64
 func loopbackGroup(t *testing.T, n, dead int, cfg Config, wcfg isg.WorkerConfig) *Group {
 	t.Helper()
 	bpftest.RequireRoot(t)
-	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("sglo%d", nsSeq.Add(1))))
+	ns, err := netnsx.New(netnsx.OwnedName(fmt.Sprintf("sglo%d", nsSeq.Add(1))))
 	if err != nil {
 		t.Fatal(err)
 	}

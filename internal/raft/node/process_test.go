@@ -19,6 +19,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/raft/api"
 	"github.com/kedge-dev/kedge/internal/raft/client"
 	"github.com/kedge-dev/kedge/internal/raft/config"
@@ -121,7 +122,7 @@ func (c *pcluster) kill(id uint64) {
 	<-p.done
 	delete(c.procs, id)
 	// A killed node cannot remove what it made (its kernel heartbeats' pacer namespace).
-	if _, err := lab.CleanupStaleOf(p.cmd.Process.Pid); err != nil {
+	if _, err := netnsx.CleanupStaleOf(p.cmd.Process.Pid); err != nil {
 		c.t.Errorf("clean up after node %d: %v", id, err)
 	}
 }

@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/raft/wire"
 )
 
@@ -249,7 +250,7 @@ func raftInterface(ns netns.NsHandle, addr netip.Addr) (int, string, bool, error
 	var idx int
 	var name string
 	var veth bool
-	err := bpfx.InNetns(ns, func() error {
+	err := netnsx.In(ns, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return fmt.Errorf("list interfaces: %w", err)

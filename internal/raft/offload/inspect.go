@@ -9,7 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 )
 
 // Inspection is the kernel's side of a running follower, read from outside its process (a
@@ -27,7 +27,7 @@ type Inspection struct {
 // and reads its maps.
 func Inspect(ns netns.NsHandle, ifname string) (*Inspection, error) {
 	var id uint32
-	err := bpfx.InNetns(ns, func() error {
+	err := netnsx.In(ns, func() error {
 		l, err := netlink.LinkByName(ifname)
 		if err != nil {
 			return fmt.Errorf("find %s: %w", ifname, err)

@@ -11,7 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 	"github.com/kedge-dev/kedge/internal/raft/wire"
@@ -46,7 +46,7 @@ var (
 
 type leaderFixture struct {
 	t       *testing.T
-	ns      *lab.Netns
+	ns      *netnsx.Netns
 	l       *Leader
 	outIfx  int // hb1: heartbeats leave here
 	capIfx  int // hb0: captured here
@@ -72,7 +72,7 @@ func newKeyedLeaderFixture(t *testing.T, mmap bool, key *wire.Key) *leaderFixtur
 		t.Skip("kernel without BPF_F_MMAPABLE arrays")
 	}
 	f := &leaderFixture{t: t}
-	ns, err := lab.NewNetns(lab.OwnedName(fmt.Sprintf("raftl-fx-%v", mmap)))
+	ns, err := netnsx.New(netnsx.OwnedName(fmt.Sprintf("raftl-fx-%v", mmap)))
 	if err != nil {
 		t.Fatalf("create test namespace: %v", err)
 	}

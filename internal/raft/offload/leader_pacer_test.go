@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/kedge-dev/kedge/pkg/kedge"
 	"github.com/vishvananda/netlink"
@@ -27,12 +27,12 @@ func TestLeaderPacerBackends(t *testing.T) {
 }
 
 func testLeaderBackend(t *testing.T, backend string) {
-	leaderNS, err := lab.NewNetns(lab.OwnedName("rl-" + backend[:3] + "-l"))
+	leaderNS, err := netnsx.New(netnsx.OwnedName("rl-" + backend[:3] + "-l"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { leaderNS.Close() })
-	followerNS, err := lab.NewNetns(lab.OwnedName("rl-" + backend[:3] + "-f"))
+	followerNS, err := netnsx.New(netnsx.OwnedName("rl-" + backend[:3] + "-f"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
+	"structs"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -245,10 +246,31 @@ type AuthMaps struct {
 	Config, Peers, TxSeq *ebpf.Map
 }
 
+// authConfig mirrors struct raft_auth_config and authPeer struct raft_peer
+// (bpf/raft/auth.h); TestAuthMirrors pins them to the compiled structs.
+type authConfig struct {
+	_         structs.HostLayout
+	ClusterID uint64
+	K0, K1    uint64
+	KeySet    uint32
+	_         uint32
+}
+
+type authPeer struct {
+	_    structs.HostLayout
+	Addr [16]byte // IPv4 v4-mapped
+	Port uint16   // network order
+	_    [2]byte
+	_    uint32
+	Lock uint32 // struct bpf_spin_lock: the kernel keeps its own
+	_    uint32
+	Win  [2]struct{ Top, Seen uint64 }
+}
+
 // Fill writes the cluster id, the key (nil: none), the allowlist and the kernel senders'
 // first auth_seq into the maps. It resets the replay windows of the peers it writes.
 func (m AuthMaps) Fill(cluster uint64, key *Key, peers []AuthPeer) error {
-	cfg := authtestRaftAuthConfig{ClusterId: cluster}
+	cfg := authConfig{ClusterID: cluster}
 	if !key.zero() {
 		cfg.K0, cfg.K1 = key.halves()
 		cfg.KeySet = 1
@@ -257,8 +279,8 @@ func (m AuthMaps) Fill(cluster uint64, key *Key, peers []AuthPeer) error {
 		return fmt.Errorf("write raft auth config: %w", err)
 	}
 	for _, p := range peers {
-		var v authtestRaftPeer
-		v.Addr.In6U.U6Addr8 = p.Addr.Addr().As16() // IPv4 comes out v4-mapped, as parse.h stores it
+		var v authPeer
+		v.Addr = p.Addr.Addr().As16() // IPv4 comes out v4-mapped, as parse.h stores it
 		v.Port = htons(p.Addr.Port())
 		if err := m.Peers.Update(p.ID, &v, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("write raft peer %d: %w", p.ID, err)

@@ -5,11 +5,13 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
+	"github.com/kedge-dev/kedge/internal/raft/wire/wiretest"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 )
@@ -22,17 +24,17 @@ var (
 	testPeers = map[uint64]netip.AddrPort{1: peer1Addr, 3: peer3Addr}
 )
 
-func loadAuthObjs(t testing.TB, self uint64) *authtestObjects {
+func loadAuthObjs(t testing.TB, self uint64) *wiretest.AuthtestObjects {
 	t.Helper()
 	requireKernelPaths(t)
-	spec, err := loadAuthtest()
+	spec, err := wiretest.LoadAuthtest()
 	if err != nil {
 		t.Fatalf("load spec: %v", err)
 	}
-	if err := spec.Variables[authtestVarAuthtestCfg].Set(authtestAuthtestConfig{Self: self}); err != nil {
+	if err := spec.Variables[wiretest.AuthtestVarAuthtestCfg].Set(wiretest.AuthtestAuthtestConfig{Self: self}); err != nil {
 		t.Fatalf("set self: %v", err)
 	}
-	var objs authtestObjects
+	var objs wiretest.AuthtestObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		t.Fatalf("load objects: %v", err)
 	}
@@ -52,17 +54,17 @@ func requireKernelPaths(t testing.TB) {
 	}
 }
 
-func (o *authtestObjects) authMaps() AuthMaps {
+func authMaps(o *wiretest.AuthtestObjects) AuthMaps {
 	return AuthMaps{Config: o.RaftAuthCfg, Peers: o.RaftPeers, TxSeq: o.RaftTxSeq}
 }
 
-func fillAuth(t testing.TB, o *authtestObjects, key *Key) {
+func fillAuth(t testing.TB, o *wiretest.AuthtestObjects, key *Key) {
 	t.Helper()
 	var peers []AuthPeer
 	for id, a := range testPeers {
 		peers = append(peers, AuthPeer{ID: id, Addr: a})
 	}
-	if err := o.authMaps().Fill(testCluster, key, peers); err != nil {
+	if err := authMaps(o).Fill(testCluster, key, peers); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -208,7 +210,7 @@ func TestAuthKernel(t *testing.T) {
 			for _, c := range tc.cases {
 				bc := bpftest.Case{Name: c.name, In: frame(c.p, c.src), WantRet: bpftest.XDPPass, WantCounters: bpftest.Counters{},
 					Check: func(tb testing.TB, _ bpftest.Result) {
-						var v authtestAuthtestVerdict
+						var v wiretest.AuthtestAuthtestVerdict
 						if err := o.Verdict.Lookup(uint32(0), &v); err != nil {
 							tb.Fatal(err)
 						}
@@ -277,7 +279,7 @@ func TestKernelSignGoVerifies(t *testing.T) {
 		s.Sign(p)
 		res, err := bpftest.Run(o.AuthXdp, frame(p, peer1Addr))
 		if err != nil || res.Ret != 2 {
-			var v authtestAuthtestVerdict
+			var v wiretest.AuthtestAuthtestVerdict
 			o.Verdict.Lookup(uint32(0), &v)
 			t.Errorf("kernel refuses Go signature %d: action %d verdict %+v err %v", i, res.Ret, v, err)
 		}
@@ -356,5 +358,31 @@ func TestVerifierPassMark(t *testing.T) {
 	plain.SetPassMark(mark)
 	if r := plain.Verify(marked(encode(t, heartbeat()))); r != DropFlags {
 		t.Errorf("no key, marked packet: %v, want %v", r, DropFlags)
+	}
+}
+
+// TestAuthMirrors: authConfig and authPeer have the layout of the compiled raft_auth_config
+// and raft_peer (bpf2go's types of the test object): same size, and each field this package
+// writes at the compiled field's offset.
+func TestAuthMirrors(t *testing.T) {
+	for _, tc := range []struct {
+		mirror, compiled reflect.Type
+		fields           map[string]string // mirror field -> compiled field path
+	}{
+		{reflect.TypeFor[authConfig](), reflect.TypeFor[wiretest.AuthtestRaftAuthConfig](),
+			map[string]string{"ClusterID": "ClusterId", "K0": "K0", "K1": "K1", "KeySet": "KeySet"}},
+		{reflect.TypeFor[authPeer](), reflect.TypeFor[wiretest.AuthtestRaftPeer](),
+			map[string]string{"Addr": "Addr", "Port": "Port", "Lock": "Lock", "Win": "Win"}},
+	} {
+		if tc.mirror.Size() != tc.compiled.Size() {
+			t.Errorf("%v has %d bytes, the compiled %v %d", tc.mirror, tc.mirror.Size(), tc.compiled, tc.compiled.Size())
+		}
+		for mf, cf := range tc.fields {
+			m, _ := tc.mirror.FieldByName(mf)
+			c, ok := tc.compiled.FieldByName(cf)
+			if !ok || m.Offset != c.Offset || m.Type.Size() != c.Type.Size() {
+				t.Errorf("%v.%s at %d (%d bytes), the compiled %s at %d (%d bytes)", tc.mirror, mf, m.Offset, m.Type.Size(), cf, c.Offset, c.Type.Size())
+			}
+		}
 	}
 }

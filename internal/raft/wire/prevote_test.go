@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/raft/wire/wiretest"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -26,16 +27,16 @@ const (
 
 type pvCase struct {
 	name   string
-	view   authtestRaftPvView
+	view   wiretest.AuthtestRaftPvView
 	msg    *pb.Message
-	action uint32            // XDP action
-	why    authtestRaftPvWhy // RAFT_PV_WHY_MAX when auth refused it
+	action uint32                     // XDP action
+	why    wiretest.AuthtestRaftPvWhy // RAFT_PV_WHY_MAX when auth refused it
 	// oracle: compare with etcd-raft (only for cases etcd-raft and the kernel both answer)
 	oracle bool
 }
 
-func baseView() authtestRaftPvView {
-	return authtestRaftPvView{Self: testSelf, Term: 5, LastIndex: 10, LastTerm: 5, ElectionNs: uint64(electionNS),
+func baseView() wiretest.AuthtestRaftPvView {
+	return wiretest.AuthtestRaftPvView{Self: testSelf, Term: 5, LastIndex: 10, LastTerm: 5, ElectionNs: uint64(electionNS),
 		AliveUntilNs: pvNow + uint64(time.Second), NowNs: pvNow, Valid: 1}
 }
 
@@ -52,9 +53,9 @@ const (
 
 func pvCases() []pvCase {
 	v := baseView
-	with := func(f func(v *authtestRaftPvView)) authtestRaftPvView { x := v(); f(&x); return x }
-	heardAgo := func(d time.Duration) authtestRaftPvView {
-		return with(func(x *authtestRaftPvView) { x.Leader = 1; x.HeardNs = pvNow - uint64(d) })
+	with := func(f func(v *wiretest.AuthtestRaftPvView)) wiretest.AuthtestRaftPvView { x := v(); f(&x); return x }
+	heardAgo := func(d time.Duration) wiretest.AuthtestRaftPvView {
+		return with(func(x *wiretest.AuthtestRaftPvView) { x.Leader = 1; x.HeardNs = pvNow - uint64(d) })
 	}
 	vote := preVote(6, 5, 10)
 	vote.Type = pb.MsgVote.Enum()
@@ -63,45 +64,45 @@ func pvCases() []pvCase {
 	stranger := preVote(6, 5, 10)
 	stranger.From = proto.Uint64(9)
 	return []pvCase{
-		{"grant: same log", v(), preVote(6, 5, 10), xdpTX, authtestRaftPvWhyRAFT_PV_GRANT, true},
-		{"grant: longer log", v(), preVote(6, 5, 12), xdpTX, authtestRaftPvWhyRAFT_PV_GRANT, true},
-		{"grant: newer last term, shorter log", v(), preVote(7, 6, 3), xdpTX, authtestRaftPvWhyRAFT_PV_GRANT, true},
-		{"grant: leader silent past the election timeout", heardAgo(2 * electionNS), preVote(6, 5, 10), xdpTX, authtestRaftPvWhyRAFT_PV_GRANT, true},
-		{"reject: stale term", v(), preVote(4, 4, 10), xdpTX, authtestRaftPvWhyRAFT_PV_REJECT_TERM, true},
-		{"reject: log behind by index", v(), preVote(6, 5, 9), xdpTX, authtestRaftPvWhyRAFT_PV_REJECT_LOG, true},
-		{"reject: log behind by term", v(), preVote(6, 4, 100), xdpTX, authtestRaftPvWhyRAFT_PV_REJECT_LOG, true},
-		{"refuse: leader recently heard (ignored, as etcd-raft does)", heardAgo(electionNS / 10), preVote(6, 5, 10), xdpDrop, authtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
-		{"refuse: leader recently heard, candidate's log ahead", heardAgo(electionNS - 1), preVote(9, 8, 50), xdpDrop, authtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
+		{"grant: same log", v(), preVote(6, 5, 10), xdpTX, wiretest.AuthtestRaftPvWhyRAFT_PV_GRANT, true},
+		{"grant: longer log", v(), preVote(6, 5, 12), xdpTX, wiretest.AuthtestRaftPvWhyRAFT_PV_GRANT, true},
+		{"grant: newer last term, shorter log", v(), preVote(7, 6, 3), xdpTX, wiretest.AuthtestRaftPvWhyRAFT_PV_GRANT, true},
+		{"grant: leader silent past the election timeout", heardAgo(2 * electionNS), preVote(6, 5, 10), xdpTX, wiretest.AuthtestRaftPvWhyRAFT_PV_GRANT, true},
+		{"reject: stale term", v(), preVote(4, 4, 10), xdpTX, wiretest.AuthtestRaftPvWhyRAFT_PV_REJECT_TERM, true},
+		{"reject: log behind by index", v(), preVote(6, 5, 9), xdpTX, wiretest.AuthtestRaftPvWhyRAFT_PV_REJECT_LOG, true},
+		{"reject: log behind by term", v(), preVote(6, 4, 100), xdpTX, wiretest.AuthtestRaftPvWhyRAFT_PV_REJECT_LOG, true},
+		{"refuse: leader recently heard (ignored, as etcd-raft does)", heardAgo(electionNS / 10), preVote(6, 5, 10), xdpDrop, wiretest.AuthtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
+		{"refuse: leader recently heard, candidate's log ahead", heardAgo(electionNS - 1), preVote(9, 8, 50), xdpDrop, wiretest.AuthtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
 		// The leader's last word (follower_word): user space stepped an append or a heartbeat
 		// the program did not see (TCP; passed up), and etcd-raft restarted its lease on it.
-		{"refuse: heartbeat record stale, user space's last word fresh", with(func(x *authtestRaftPvView) {
+		{"refuse: heartbeat record stale, user space's last word fresh", with(func(x *wiretest.AuthtestRaftPvView) {
 			x.Leader, x.HeardNs, x.WordNs = 1, pvNow-uint64(2*electionNS), pvNow-uint64(electionNS/10)
-		}), preVote(6, 5, 10), xdpDrop, authtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
-		{"grant: heartbeat record and last word both stale", with(func(x *authtestRaftPvView) {
+		}), preVote(6, 5, 10), xdpDrop, wiretest.AuthtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
+		{"grant: heartbeat record and last word both stale", with(func(x *wiretest.AuthtestRaftPvView) {
 			x.Leader, x.HeardNs, x.WordNs = 1, pvNow-uint64(3*electionNS), pvNow-uint64(electionNS)
-		}), preVote(6, 5, 10), xdpTX, authtestRaftPvWhyRAFT_PV_GRANT, true},
-		{"refuse: no heartbeat seen in XDP, last word fresh", with(func(x *authtestRaftPvView) {
+		}), preVote(6, 5, 10), xdpTX, wiretest.AuthtestRaftPvWhyRAFT_PV_GRANT, true},
+		{"refuse: no heartbeat seen in XDP, last word fresh", with(func(x *wiretest.AuthtestRaftPvView) {
 			x.Leader, x.WordNs = 1, pvNow-uint64(electionNS-1)
-		}), preVote(6, 5, 10), xdpDrop, authtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
-		{"refuse: last word stored after the program read its clock", with(func(x *authtestRaftPvView) {
+		}), preVote(6, 5, 10), xdpDrop, wiretest.AuthtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
+		{"refuse: last word stored after the program read its clock", with(func(x *wiretest.AuthtestRaftPvView) {
 			x.Leader, x.HeardNs, x.WordNs = 1, pvNow-uint64(2*electionNS), pvNow+uint64(time.Millisecond)
-		}), preVote(6, 5, 10), xdpDrop, authtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
-		{"refuse: heartbeat recorded on another CPU after the program read its clock", with(func(x *authtestRaftPvView) {
+		}), preVote(6, 5, 10), xdpDrop, wiretest.AuthtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
+		{"refuse: heartbeat recorded on another CPU after the program read its clock", with(func(x *wiretest.AuthtestRaftPvView) {
 			x.Leader, x.HeardNs = 1, pvNow+1
-		}), preVote(6, 5, 10), xdpDrop, authtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
-		{"grant: no leader known, a last word does not matter", with(func(x *authtestRaftPvView) {
+		}), preVote(6, 5, 10), xdpDrop, wiretest.AuthtestRaftPvWhyRAFT_PV_IGNORE_LEASE, true},
+		{"grant: no leader known, a last word does not matter", with(func(x *wiretest.AuthtestRaftPvView) {
 			x.WordNs = pvNow - uint64(electionNS/10)
-		}), preVote(6, 5, 10), xdpTX, authtestRaftPvWhyRAFT_PV_GRANT, true},
-		{"pass: leader known, never heard in XDP", with(func(x *authtestRaftPvView) { x.Leader = 1 }), preVote(6, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_UNHEARD, false},
-		{"pass: no mirrored state", with(func(x *authtestRaftPvView) { x.Valid = 0 }), preVote(6, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_NO_STATE, false},
-		{"pass: alive_until passed", with(func(x *authtestRaftPvView) { x.AliveUntilNs = pvNow }), preVote(6, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_NOT_ALIVE, false},
-		{"pass: this node leads", with(func(x *authtestRaftPvView) { x.Leader = testSelf; x.HeardNs = 0 }), preVote(6, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_LEADER, false},
-		{"pass: same term", v(), preVote(5, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_SAME_TERM, false},
-		{"pass: the term the node is fsyncing", with(func(x *authtestRaftPvView) { x.PendingTerm = 6 }), preVote(6, 5, 10), xdpPass, authtestRaftPvWhyRAFT_PV_PASS_PENDING, false},
-		{"grant: beyond the pending term", with(func(x *authtestRaftPvView) { x.PendingTerm = 6 }), preVote(7, 5, 10), xdpTX, authtestRaftPvWhyRAFT_PV_GRANT, true},
-		{"pass: context", v(), withCtx, xdpPass, authtestRaftPvWhyRAFT_PV_PASS_CONTEXT, false},
-		{"pass: a real vote", v(), vote, xdpPass, authtestRaftPvWhyRAFT_PV_PASS_TYPE, false},
-		{"refuse: unknown peer (auth)", v(), stranger, xdpDrop, authtestRaftPvWhyRAFT_PV_WHY_MAX, false},
+		}), preVote(6, 5, 10), xdpTX, wiretest.AuthtestRaftPvWhyRAFT_PV_GRANT, true},
+		{"pass: leader known, never heard in XDP", with(func(x *wiretest.AuthtestRaftPvView) { x.Leader = 1 }), preVote(6, 5, 10), xdpPass, wiretest.AuthtestRaftPvWhyRAFT_PV_PASS_UNHEARD, false},
+		{"pass: no mirrored state", with(func(x *wiretest.AuthtestRaftPvView) { x.Valid = 0 }), preVote(6, 5, 10), xdpPass, wiretest.AuthtestRaftPvWhyRAFT_PV_PASS_NO_STATE, false},
+		{"pass: alive_until passed", with(func(x *wiretest.AuthtestRaftPvView) { x.AliveUntilNs = pvNow }), preVote(6, 5, 10), xdpPass, wiretest.AuthtestRaftPvWhyRAFT_PV_PASS_NOT_ALIVE, false},
+		{"pass: this node leads", with(func(x *wiretest.AuthtestRaftPvView) { x.Leader = testSelf; x.HeardNs = 0 }), preVote(6, 5, 10), xdpPass, wiretest.AuthtestRaftPvWhyRAFT_PV_PASS_LEADER, false},
+		{"pass: same term", v(), preVote(5, 5, 10), xdpPass, wiretest.AuthtestRaftPvWhyRAFT_PV_PASS_SAME_TERM, false},
+		{"pass: the term the node is fsyncing", with(func(x *wiretest.AuthtestRaftPvView) { x.PendingTerm = 6 }), preVote(6, 5, 10), xdpPass, wiretest.AuthtestRaftPvWhyRAFT_PV_PASS_PENDING, false},
+		{"grant: beyond the pending term", with(func(x *wiretest.AuthtestRaftPvView) { x.PendingTerm = 6 }), preVote(7, 5, 10), xdpTX, wiretest.AuthtestRaftPvWhyRAFT_PV_GRANT, true},
+		{"pass: context", v(), withCtx, xdpPass, wiretest.AuthtestRaftPvWhyRAFT_PV_PASS_CONTEXT, false},
+		{"pass: a real vote", v(), vote, xdpPass, wiretest.AuthtestRaftPvWhyRAFT_PV_PASS_TYPE, false},
+		{"refuse: unknown peer (auth)", v(), stranger, xdpDrop, wiretest.AuthtestRaftPvWhyRAFT_PV_WHY_MAX, false},
 	}
 }
 
@@ -134,9 +135,9 @@ func TestKernelPreVote(t *testing.T) {
 
 // checkPreVote checks what prevote_xdp did with c beyond its action: the reason, the
 // answer's fields and its MAC, and etcd-raft's answer in the same state (c.oracle).
-func checkPreVote(tb testing.TB, o *authtestObjects, c pvCase, res bpftest.Result) {
+func checkPreVote(tb testing.TB, o *wiretest.AuthtestObjects, c pvCase, res bpftest.Result) {
 	tb.Helper()
-	var why authtestRaftPvWhy
+	var why wiretest.AuthtestRaftPvWhy
 	if err := o.PvWhy.Lookup(uint32(0), &why); err != nil {
 		tb.Fatal(err)
 	}
@@ -182,7 +183,7 @@ func checkPreVote(tb testing.TB, o *authtestObjects, c pvCase, res bpftest.Resul
 // followed by as many ticks as the time since it was last heard (heartbeat record or last
 // word) - steps m and returns the
 // MsgPreVoteResp it sends (nil: it ignored m).
-func etcdAnswer(t testing.TB, v authtestRaftPvView, m *pb.Message) *pb.Message {
+func etcdAnswer(t testing.TB, v wiretest.AuthtestRaftPvView, m *pb.Message) *pb.Message {
 	t.Helper()
 	ms := raft.NewMemoryStorage()
 	if err := ms.ApplySnapshot(&pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(v.LastIndex),

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/raft/wire/wiretest"
 )
 
 // Reference vectors of the SipHash authors (github.com/veorq/SipHash, vectors.h): key =
@@ -78,7 +79,7 @@ func TestKernelSipHash(t *testing.T) {
 	objs := loadAuthObjs(t, 0)
 	k0, k1 := vecKey()
 	run := func(n int, out128 bool) string {
-		v := authtestSiphashVec{K0: k0, K1: k1, Len: uint32(n)}
+		v := wiretest.AuthtestSiphashVec{K0: k0, K1: k1, Len: uint32(n)}
 		if out128 {
 			v.Out128 = 1
 		}

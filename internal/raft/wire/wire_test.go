@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
+	"github.com/kedge-dev/kedge/internal/raft/wire/wiretest"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 )
@@ -41,7 +42,7 @@ func encode(t testing.TB, m *pb.Message) []byte {
 // TestLayoutMatchesHeader compares the codec's offsets and constants with the BTF of
 // bpf/include/raft.h as clang compiled it.
 func TestLayoutMatchesHeader(t *testing.T) {
-	spec, err := loadRaftwire()
+	spec, err := wiretest.LoadRaftwire()
 	if err != nil {
 		t.Fatalf("load spec: %v", err)
 	}
@@ -207,14 +208,14 @@ func TestDecodeRefusals(t *testing.T) {
 // fields must equal the Go codec's. This is also the proof that the format parses in XDP.
 func TestKernelCheckAgrees(t *testing.T) {
 	bpftest.RequireRoot(t)
-	spec, err := loadRaftwire()
+	spec, err := wiretest.LoadRaftwire()
 	if err != nil {
 		t.Fatalf("load spec: %v", err)
 	}
-	if err := spec.Variables[raftwireVarRaftwireCfg].Set(raftwireRaftwireConfig{ClusterId: testCluster, Self: testSelf}); err != nil {
+	if err := spec.Variables[wiretest.RaftwireVarRaftwireCfg].Set(wiretest.RaftwireRaftwireConfig{ClusterId: testCluster, Self: testSelf}); err != nil {
 		t.Fatalf("set config: %v", err)
 	}
-	var objs raftwireObjects
+	var objs wiretest.RaftwireObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		t.Fatalf("load objects: %v", err)
 	}
@@ -231,7 +232,7 @@ func TestKernelCheckAgrees(t *testing.T) {
 			if _, err := bpftest.Run(objs.RaftwireXdp, frame); err != nil {
 				t.Fatalf("%s: %v", name, err)
 			}
-			var res raftwireRaftwireResult
+			var res wiretest.RaftwireRaftwireResult
 			if err := objs.Result.Lookup(uint32(0), &res); err != nil {
 				t.Fatalf("read result: %v", err)
 			}
@@ -255,7 +256,7 @@ func TestKernelCheckAgrees(t *testing.T) {
 	}
 }
 
-func raw(h raftwireRaftHdr) []byte {
+func raw(h wiretest.RaftwireRaftHdr) []byte {
 	b := make([]byte, 0, PktLen)
 	b = binary.LittleEndian.AppendUint32(b, h.Magic) // host order of the raw network bytes
 	b = append(b, h.Version, h.Type, h.Flags, h.CtxLen)

@@ -1,4 +1,10 @@
-package lab
+// Package netnsx is kedge's network-namespace plumbing, used by production code and labs
+// alike: entering a namespace (In, Thread), opening one by name or path (OpenNamed, Open),
+// creating and deleting named ones under /run/netns the way iproute2 does (New, Delete,
+// List; dir.go), and the owner names that let cleanup tell a live run's namespaces from an
+// ended one's (OwnedName, OwnerID, CleanupStale). It knows no topology (internal/lab builds
+// those on top of it) and no capability.
+package netnsx
 
 import (
 	"errors"
@@ -11,8 +17,8 @@ import (
 	"syscall"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
-	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/runstate"
 )
 
@@ -21,8 +27,8 @@ import (
 // being runstate's (<pid>_<hex>; a bare pid in names made before runstate).
 const Prefix = "kedge"
 
-// NetnsDir is where named network namespaces are bind-mounted (as `ip netns` does).
-const NetnsDir = "/run/netns"
+// Dir is where named network namespaces are bind-mounted (as `ip netns` does).
+const Dir = "/run/netns"
 
 // Netns is a named network namespace owned by this process.
 type Netns struct {
@@ -36,11 +42,11 @@ func OwnedName(name string) string {
 	return fmt.Sprintf("%s-%s-%s", Prefix, runstate.SelfID(), name)
 }
 
-// NewNetns creates the named namespace (bind-mounted under NetnsDir) without moving the
+// New creates the named namespace (bind-mounted under Dir) without moving the
 // calling goroutine into it. The work happens on a dedicated, locked thread: should that
 // thread fail to return to the original namespace, Go retires it with its goroutine
 // instead of leaving the caller stranded in the new namespace.
-func NewNetns(name string) (*Netns, error) {
+func New(name string) (*Netns, error) {
 	type result struct {
 		h   netns.NsHandle
 		err error
@@ -48,7 +54,7 @@ func NewNetns(name string) (*Netns, error) {
 	c := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
-		orig, err := bpfx.ThreadNetns()
+		orig, err := Thread()
 		if err != nil {
 			runtime.UnlockOSThread()
 			c <- result{-1, fmt.Errorf("get current netns: %w", err)}
@@ -60,7 +66,7 @@ func NewNetns(name string) (*Netns, error) {
 			// The thread stays locked and is retired when this goroutine exits.
 			if err == nil {
 				h.Close()
-				_ = deleteNamed(name)
+				_ = Delete(name)
 			}
 			c <- result{-1, errors.Join(err, fmt.Errorf("return to original netns: %w", serr))}
 			return
@@ -80,7 +86,7 @@ func NewNetns(name string) (*Netns, error) {
 }
 
 // Path is the namespace's bind-mount path (usable with nsenter --net=PATH).
-func (n *Netns) Path() string { return filepath.Join(NetnsDir, n.Name) }
+func (n *Netns) Path() string { return filepath.Join(Dir, n.Name) }
 
 // Close deletes the namespace; the kernel destroys its interfaces (and the peers of its
 // veths), qdiscs and attached programs once no process or fd holds it.
@@ -90,19 +96,24 @@ func (n *Netns) Close() error {
 	}
 	n.Handle.Close()
 	n.Handle = -1
-	if err := deleteNamed(n.Name); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := Delete(n.Name); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("delete netns %s: %w", n.Name, err)
 	}
 	return nil
 }
 
-// Do runs fn on an OS thread that is inside the namespace. fn must not start goroutines
-// that expect to be in the namespace; sockets it opens stay in the namespace afterwards.
-func (n *Netns) Do(fn func() error) error {
-	return doIn(n.Handle, fn)
+// Release closes the namespace's handle but leaves the namespace in place (a persistent
+// lab's, which outlives this process). Close deletes it instead.
+func (n *Netns) Release() {
+	if n != nil && n.Handle != -1 {
+		n.Handle.Close()
+		n.Handle = -1
+	}
 }
 
-func doIn(h netns.NsHandle, fn func() error) error { return bpfx.InNetns(h, fn) }
+// Do runs fn on an OS thread that is inside the namespace. fn must not start goroutines
+// that expect to be in the namespace; sockets it opens stay in the namespace afterwards.
+func (n *Netns) Do(fn func() error) error { return In(n.Handle, fn) }
 
 // Start starts cmd with its network namespace set to n (the child inherits the namespace
 // of the thread that forks it).
@@ -162,15 +173,9 @@ func OwnerPID(name string) (pid int, ok bool) {
 	return pid, true
 }
 
-// ProcessAlive reports whether pid names a running process (in this PID namespace).
-func ProcessAlive(pid int) bool {
-	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
-}
-
 // CleanupStale deletes the kedge namespaces whose owner is certainly dead (runstate.Judge)
 // and returns the names it removed. Persistent labs (kedge-lab-...) have no owner and are
-// never removed here (see Down). `kedge cleanup` does this and more (tc filters, pins,
+// never removed here (see lab.Down). `kedge cleanup` does this and more (tc filters, pins,
 // status files), with reasons.
 func CleanupStale() ([]string, error) { return cleanupStale(0) }
 
@@ -185,7 +190,7 @@ func CleanupStaleOf(pid int) ([]string, error) {
 
 // cleanupStale removes dead owners' namespaces; pid > 0 limits it to that owner's pid.
 func cleanupStale(pid int) ([]string, error) {
-	entries, err := namedNetns()
+	entries, err := List()
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +204,7 @@ func cleanupStale(pid int) ([]string, error) {
 		if p, _, _ := runstate.ParseID(id); pid > 0 && p != pid {
 			continue
 		}
-		if err := deleteNamed(name); err != nil {
+		if err := Delete(name); err != nil {
 			if !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, fmt.Errorf("delete netns %s: %w", name, err))
 			}
@@ -212,33 +217,130 @@ func cleanupStale(pid int) ([]string, error) {
 
 func init() {
 	runstate.Register(runstate.Cleaner{Kind: runstate.KindNetns, Order: 30, List: func(runstate.Scope) ([]runstate.Leftover, error) {
-		names, err := namedNetns()
+		names, err := List()
 		var out []runstate.Leftover
 		for _, n := range names {
 			if id, ok := OwnerID(n); ok {
 				out = append(out, runstate.Leftover{Kind: runstate.KindNetns, Name: n, Owner: id,
-					Remove: func() error { return deleteNamed(n) }})
+					Remove: func() error { return Delete(n) }})
 			}
 		}
 		return out, err
 	}})
 }
 
-// Namespaces lists the names under NetnsDir, any tool's (none when it does not exist).
-func Namespaces() ([]string, error) { return namedNetns() }
-
-// namedNetns lists the names under NetnsDir (none when it does not exist).
-func namedNetns() ([]string, error) {
-	entries, err := os.ReadDir(NetnsDir)
+// List returns the names under Dir, any tool's (none when it does not exist).
+func List() ([]string, error) {
+	entries, err := os.ReadDir(Dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", NetnsDir, err)
+		return nil, fmt.Errorf("list %s: %w", Dir, err)
 	}
 	names := make([]string, 0, len(entries))
 	for _, e := range entries {
 		names = append(names, e.Name())
 	}
 	return names, nil
+}
+
+// NameOf returns the name under Dir of the namespace at path (such as /proc/self/ns/net),
+// "" when it has none.
+func NameOf(path string) (string, error) {
+	var want unix.Stat_t
+	if err := unix.Stat(path, &want); err != nil {
+		return "", fmt.Errorf("stat %s: %w", path, err)
+	}
+	names, err := List()
+	for _, n := range names {
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(Dir, n), &st) == nil && st.Ino == want.Ino && st.Dev == want.Dev {
+			return n, nil
+		}
+	}
+	return "", err
+}
+
+// ---- entering and opening namespaces ----
+
+// Thread returns a handle to the calling thread's network namespace. Unlike netns.Get
+// (/proc/<getpid()>/task/<gettid()>), it works in a PID namespace of its own, where /proc
+// may be the parent namespace's and the pid names another process.
+func Thread() (netns.NsHandle, error) {
+	return netns.GetFromPath("/proc/thread-self/ns/net")
+}
+
+// In runs fn on a thread inside ns (ns < 0: the caller's namespace). Interface indexes are
+// per namespace, so attaching must happen inside the target namespace.
+func In(ns netns.NsHandle, fn func() error) error {
+	if ns < 0 {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := Thread()
+		if err != nil {
+			errc <- fmt.Errorf("get current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			errc <- fmt.Errorf("enter netns: %w", err)
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("return to original netns: %w", err))
+			return // thread stays locked; Go retires it
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// OpenNamed opens the network namespace name under Dir. An entry there whose namespace
+// mount is gone is an error: a process in a mount namespace of its own (one run under `ip
+// netns exec`) that named a namespace left, when it ended, only the empty file in this
+// mount namespace's view.
+func OpenNamed(name string) (netns.NsHandle, error) {
+	h, err := openNamed(name)
+	if err != nil {
+		return -1, fmt.Errorf("open netns %s: %w", name, err)
+	}
+	return h, nil
+}
+
+func openNamed(name string) (netns.NsHandle, error) {
+	h, err := netns.GetFromPath(filepath.Join(Dir, name))
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(h), &st); err != nil || st.Type != unix.NSFS_MAGIC {
+		h.Close()
+		return -1, errors.New("not a namespace (a mount made in another mount namespace, gone)")
+	}
+	return h, nil
+}
+
+// Open resolves a namespace argument as users give it (--netns, a config's netns): "" is
+// the caller's namespace (netns.None(), which kedge's packages take as "here"), an argument
+// with a '/' a path (/proc/PID/ns/net), anything else a name under Dir (checked as
+// OpenNamed does). Its errors do not repeat arg: the caller wraps them with the argument as
+// the user gave it. The caller closes a handle >= 0.
+func Open(arg string) (netns.NsHandle, error) {
+	switch {
+	case arg == "":
+		return netns.None(), nil
+	case strings.Contains(arg, "/"):
+		h, err := netns.GetFromPath(arg)
+		if err != nil {
+			return netns.None(), err
+		}
+		return h, nil
+	}
+	return openNamed(arg)
 }
