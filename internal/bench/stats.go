@@ -132,23 +132,26 @@ func MedianSummaries(runs [][]Summary) ([]Summary, map[string][2]Spread, error) 
 			mx, load = append(mx, s.Max), append(load, s.ExtraLoad)
 		}
 		out[i] = first
-		out[i].P50, out[i].P95, out[i].P99 = medianOf(p50), medianOf(p95), medianOf(p99)
-		out[i].P999, out[i].Max, out[i].ExtraLoad = medianOf(p999), medianOf(mx), medianOf(load)
+		out[i].P50, out[i].P95, out[i].P99 = Median(p50), Median(p95), Median(p99)
+		out[i].P999, out[i].Max, out[i].ExtraLoad = Median(p999), Median(mx), Median(load)
 		spread[first.Name] = [2]Spread{spreadOf(p999), spreadOf(mx)}
 	}
 	return out, spread, nil
 }
 
-// medianOf is the nearest-rank median of v (NaN when v is empty or holds a NaN).
-func medianOf(v []float64) float64 {
-	s := slices.Clone(v)
-	for _, x := range s {
-		if math.IsNaN(x) {
-			return math.NaN()
-		}
+// Median is the median of v: its middle value, or the mean of the two middle values for
+// an even count; NaN when v is empty or holds a NaN (a run without a figure makes the
+// median unknown rather than wrong). v is not changed.
+func Median(v []float64) float64 {
+	if len(v) == 0 || slices.ContainsFunc(v, math.IsNaN) {
+		return math.NaN()
 	}
+	s := slices.Clone(v)
 	slices.Sort(s)
-	return Percentile(s, 50)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func spreadOf(v []float64) Spread {
@@ -157,5 +160,5 @@ func spreadOf(v []float64) Spread {
 	if len(s) == 0 {
 		return Spread{math.NaN(), math.NaN(), math.NaN()}
 	}
-	return Spread{Percentile(s, 50), s[0], s[len(s)-1]}
+	return Spread{Median(s), s[0], s[len(s)-1]}
 }

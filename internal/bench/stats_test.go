@@ -193,3 +193,26 @@ func TestMedianSummaries(t *testing.T) {
 		t.Error("no runs: no error")
 	}
 }
+
+func TestMedian(t *testing.T) {
+	for _, tc := range []struct {
+		v    []float64
+		want float64
+	}{
+		{[]float64{3}, 3},
+		{[]float64{3, 1, 2}, 2},
+		{[]float64{0.9, 1.1, 0.8, 1.0}, 0.95}, // mean of the middle two
+		{[]float64{1, 1, 1, 5, 5, 5}, 3},
+	} {
+		if got := Median(tc.v); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("Median(%v) = %v, want %v", tc.v, got, tc.want)
+		}
+	}
+	if !math.IsNaN(Median(nil)) || !math.IsNaN(Median([]float64{1, math.NaN()})) {
+		t.Error("median of nothing, or of a NaN, is not NaN")
+	}
+	v := []float64{3, 1, 2}
+	if Median(v); v[0] != 3 {
+		t.Errorf("Median sorted its argument: %v", v)
+	}
+}

@@ -7,6 +7,7 @@ package bpfx
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
@@ -82,3 +83,8 @@ func QdiscError(kind string, err error) error {
 	}
 	return err
 }
+
+// Htons returns the value whose in-memory bytes are v in network order: what a __be16 field
+// of a bpf2go struct holds (a port, an ethertype), or a socket address's protocol. It is its
+// own inverse (ntohs). kedge's objects are bpfel: the host is little-endian.
+func Htons(v uint16) uint16 { return bits.ReverseBytes16(v) }

@@ -859,10 +859,12 @@ func medians(acc map[string][]float64) map[string]float64 {
 	return out
 }
 
+// median is bench.Median, 0 for no values (JSON has no NaN).
 func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return pct(s, 50)
+	if len(v) == 0 {
+		return 0
+	}
+	return bench.Median(v)
 }
 
 // pct is bench.Percentile with 0 for no values (JSON has no NaN).

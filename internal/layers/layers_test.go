@@ -43,6 +43,7 @@ var packages = map[string]layer{
 	"pkg/kedge":           base,
 	"internal/bpfx":       shared,
 	"internal/netnsx":     shared,
+	"internal/nexthop":    shared,
 	"internal/runstate":   shared,
 	"internal/hist":       shared,
 	"internal/version":    shared,

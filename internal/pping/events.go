@@ -10,6 +10,8 @@ import (
 
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
 )
 
 // IDType says which identifier a flow is measured with (enum pp_id_type).
@@ -171,8 +173,8 @@ func (t *ppingPpTuple) flow() Flow {
 		return a
 	}
 	return Flow{
-		Src:    netip.AddrPortFrom(addr(t.Saddr.In6U.U6Addr8), htons(t.Sport)),
-		Dst:    netip.AddrPortFrom(addr(t.Daddr.In6U.U6Addr8), htons(t.Dport)),
+		Src:    netip.AddrPortFrom(addr(t.Saddr.In6U.U6Addr8), bpfx.Htons(t.Sport)),
+		Dst:    netip.AddrPortFrom(addr(t.Daddr.In6U.U6Addr8), bpfx.Htons(t.Dport)),
 		Proto:  t.Proto,
 		IDType: IDType(t.IdType),
 	}

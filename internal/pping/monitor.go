@@ -109,7 +109,7 @@ func load(cfg Config, prepare func(*ebpf.CollectionSpec) error) (*Monitor, error
 func (m *Monitor) init() error {
 	for _, s := range m.cfg.Services {
 		spec := ppingReqidSpec{Offset: s.Offset, Len: s.Len, Order: b2u(s.LittleEndian)}
-		if err := m.objs.Services.Put(htons(s.Port), spec); err != nil {
+		if err := m.objs.Services.Put(bpfx.Htons(s.Port), spec); err != nil {
 			return fmt.Errorf("add UDP service %d: %w", s.Port, err)
 		}
 	}
@@ -219,5 +219,3 @@ func (m *Monitor) Close() error {
 	errs = append(errs, m.objs.Close())
 	return errors.Join(errs...)
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -36,14 +36,14 @@ type capture struct {
 func startCapture(t *testing.T, ns *netnsx.Netns, ifindex int) *capture {
 	t.Helper()
 	c := &capture{dataIn: map[uint32]int64{}, ackOut: map[uint32]int64{}}
-	proto := int(htons(unix.ETH_P_ALL))
+	proto := int(bpfx.Htons(unix.ETH_P_ALL))
 	if err := ns.Do(func() (err error) {
 		c.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
 		return err
 	}); err != nil {
 		t.Fatalf("packet socket: %v", err)
 	}
-	if err := unix.Bind(c.fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifindex}); err != nil {
+	if err := unix.Bind(c.fd, &unix.SockaddrLinklayer{Protocol: bpfx.Htons(unix.ETH_P_ALL), Ifindex: ifindex}); err != nil {
 		unix.Close(c.fd)
 		t.Fatalf("bind packet socket: %v", err)
 	}

@@ -184,20 +184,6 @@ func baselineMode(modes []string) string {
 	return modes[len(modes)-1]
 }
 
-// median of v (the mean of the middle two for an even count; NaN when empty or when a value
-// is NaN: a round without a figure makes the median unknown rather than wrong).
-func median(v []float64) float64 {
-	if len(v) == 0 || slices.ContainsFunc(v, math.IsNaN) {
-		return math.NaN()
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 // signTestP is the two-sided exact sign test's p-value for below and above out of the
 // untied rounds: P(a count as extreme as min(below, above) under Binomial(n, 1/2)), doubled.
 func signTestP(below, above int) float64 {
@@ -219,7 +205,7 @@ func signTestP(below, above int) float64 {
 
 // newRatio summarizes per-round ratios.
 func newRatio(per []float64) Ratio {
-	r := Ratio{PerRound: per, Median: median(per), Min: math.NaN(), Max: math.NaN()}
+	r := Ratio{PerRound: per, Median: bench.Median(per), Min: math.NaN(), Max: math.NaN()}
 	for _, v := range per {
 		if math.IsNaN(v) {
 			continue

@@ -48,25 +48,6 @@ func TestBaselineMode(t *testing.T) {
 	}
 }
 
-func TestMedian(t *testing.T) {
-	for _, tc := range []struct {
-		v    []float64
-		want float64
-	}{
-		{[]float64{3}, 3},
-		{[]float64{3, 1, 2}, 2},
-		{[]float64{0.9, 1.1, 0.8, 1.0}, 0.95}, // mean of the middle two
-		{[]float64{1, 1, 1, 5, 5, 5}, 3},
-	} {
-		if got := median(tc.v); math.Abs(got-tc.want) > 1e-12 {
-			t.Errorf("median(%v) = %v, want %v", tc.v, got, tc.want)
-		}
-	}
-	if !math.IsNaN(median(nil)) {
-		t.Error("median of nothing is not NaN")
-	}
-}
-
 func TestSignTestP(t *testing.T) {
 	for _, tc := range []struct {
 		below, above int

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/netnsx"
+	"github.com/kedge-dev/kedge/internal/nexthop"
 	"github.com/kedge-dev/kedge/internal/runstate"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 	"github.com/vishvananda/netlink"
@@ -242,37 +243,25 @@ func resolve(cfg *Config) (int, bool, []isg.WorkerCfg, error) {
 	out := make([]isg.WorkerCfg, len(cfg.Workers))
 	for i, w := range cfg.Workers {
 		addr := w.Addr().Unmap()
-		routes, err := netlink.RouteGet(addr.AsSlice())
-		if err != nil || len(routes) == 0 {
-			return 0, false, nil, fmt.Errorf("route to worker %d (%v): %w", i, w, err)
+		hop, err := resolveWorker(addr, w, loopback)
+		if err != nil {
+			return 0, false, nil, fmt.Errorf("resolve worker %d (%v): %w", i, w, err)
 		}
-		r := routes[0]
-		if r.LinkIndex != attrs.Index {
-			return 0, false, nil, fmt.Errorf("worker %d (%v) is routed through ifindex %d, not %s (%d): every worker must be reached through the group's interface", i, w, r.LinkIndex, cfg.Interface, attrs.Index)
+		if hop.Ifindex != attrs.Index {
+			return 0, false, nil, fmt.Errorf("worker %d (%v) is routed through ifindex %d, not %s (%d): every worker must be reached through the group's interface", i, w, hop.Ifindex, cfg.Interface, attrs.Index)
 		}
 		if i == 0 && !cfg.Local.Addr().IsValid() {
-			src, _ := netip.AddrFromSlice(r.Src)
-			if !src.IsValid() {
+			if !hop.Src.IsValid() {
 				return 0, false, nil, fmt.Errorf("no source address towards worker 0 (%v): set Config.Local", w)
 			}
-			cfg.Local = netip.AddrPortFrom(src.Unmap(), cfg.Local.Port())
+			cfg.Local = netip.AddrPortFrom(hop.Src, cfg.Local.Port())
 		}
-		wc := isg.WorkerCfg{Port: htons(w.Port())}
+		wc := isg.WorkerCfg{Port: bpfx.Htons(w.Port())}
 		wc.Addr.In6U.U6Addr8 = netip.AddrFrom16(addr.As16()).As16()
 		if addr.Is4() {
 			wc.Addr.In6U.U6Addr8 = netip.AddrFrom16(v4mapped(addr)).As16()
 		}
-		if !loopback {
-			hop := addr
-			if gw, ok := netip.AddrFromSlice(r.Gw); ok && gw.IsValid() {
-				hop = gw.Unmap()
-			}
-			mac, err := neighbour(attrs.Index, hop, w)
-			if err != nil {
-				return 0, false, nil, fmt.Errorf("resolve worker %d (%v): %w", i, w, err)
-			}
-			copy(wc.Mac[:], mac)
-		}
+		copy(wc.Mac[:], hop.DstMAC) // none on a loopback interface
 		out[i] = wc
 	}
 	return attrs.Index, loopback, out, nil
@@ -286,40 +275,27 @@ func v4mapped(a netip.Addr) [16]byte {
 	return b
 }
 
-func htons(v uint16) uint16 { return v>>8 | v<<8 }
-
-// neighbour returns hop's MAC, asking the kernel to resolve it (a datagram to the worker)
-// when it is not known yet.
-func neighbour(ifindex int, hop netip.Addr, w netip.AddrPort) (net.HardwareAddr, error) {
-	family := netlink.FAMILY_V4
-	if hop.Is6() {
-		family = netlink.FAMILY_V6
-	}
+// resolveWorker finds the route to worker w (at addr) and, unless the group runs on a
+// loopback interface, its next hop's MAC, asking the kernel to resolve it (a datagram to
+// the worker) when it is not known yet.
+func resolveWorker(addr netip.Addr, w netip.AddrPort, loopback bool) (nexthop.Hop, error) {
 	deadline := time.Now().Add(3 * time.Second)
 	for probed := false; ; {
-		neighs, err := netlink.NeighList(ifindex, family)
-		if err != nil {
-			return nil, fmt.Errorf("list neighbours: %w", err)
+		hop, err := nexthop.Resolve(nil, addr)
+		if err == nil || loopback && hop.Ifindex != 0 {
+			return hop, nil
 		}
-		for _, n := range neighs {
-			ip, _ := netip.AddrFromSlice(n.IP)
-			if ip.Unmap() == hop && len(n.HardwareAddr) == 6 &&
-				n.State&(netlink.NUD_INCOMPLETE|netlink.NUD_FAILED) == 0 {
-				return n.HardwareAddr, nil
-			}
+		if !errors.Is(err, nexthop.ErrNoNeighbour) {
+			return hop, err
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("next hop %v has no MAC address (unreachable?)", hop)
+			return hop, fmt.Errorf("next hop %v has no MAC address (unreachable?): %w", hop.Via, err)
 		}
 		if !probed {
-			// An empty datagram makes the kernel resolve the next hop; the worker ignores it.
-			if c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(w)); err == nil {
-				_, _ = c.Write(nil)
-				c.Close()
-			}
+			nexthop.Probe(w) // the worker ignores an empty datagram
 			probed = true
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polling the neighbour table with a deadline
 	}
 }
 
@@ -336,7 +312,7 @@ func (g *Group) fillMaps(ifindex int, loopback bool, workers []isg.WorkerCfg) er
 		Ifindex:   uint32(ifindex),
 		GatherK:   uint32(g.cfg.GatherK),
 		TimeoutNs: uint64(g.cfg.Timeout),
-		CoordPort: htons(g.cfg.Local.Port()),
+		CoordPort: bpfx.Htons(g.cfg.Local.Port()),
 	}
 	if loopback {
 		gc.Flags |= isg.GroupFlagLoopback

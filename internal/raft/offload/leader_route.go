@@ -1,13 +1,12 @@
 package offload
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"time"
 
-	"github.com/vishvananda/netlink"
+	"github.com/kedge-dev/kedge/internal/nexthop"
 )
 
 // A heartbeat leaves as a clone of the tick's skb (bpf_clone_redirect), and a clone gets no
@@ -18,8 +17,6 @@ import (
 // resolve the neighbour, and the next refresh hands the follower to the kernel.
 // bpf_fib_lookup could do this in the kernel, but it refuses on a device without IP
 // forwarding (BPF_FIB_LKUP_RET_FWD_DISABLED), which is every node that is not a router.
-
-var errNoNeigh = errors.New("no resolved neighbour")
 
 // nextHop is where one follower's heartbeats leave.
 type nextHop struct {
@@ -33,39 +30,14 @@ func (l *Leader) resolve(dst netip.Addr) (nextHop, error) {
 	if !dst.Is4() {
 		return h, fmt.Errorf("%v: kernel heartbeats are IPv4 only", dst)
 	}
-	routes, err := l.nh.RouteGet(dst.AsSlice())
-	if err != nil || len(routes) == 0 {
-		return h, fmt.Errorf("route to %v: %w", dst, err)
-	}
-	r := routes[0]
-	link, err := l.nh.LinkByIndex(r.LinkIndex)
+	hop, err := nexthop.Resolve(l.nh, dst)
 	if err != nil {
-		return h, fmt.Errorf("route to %v: device %d: %w", dst, r.LinkIndex, err)
+		return h, err
 	}
-	h.ifindex = r.LinkIndex
-	if link.Attrs().Flags&net.FlagLoopback != 0 {
-		return h, nil // a local address: no link layer to fill in
-	}
-	if len(link.Attrs().HardwareAddr) != 6 {
-		return h, fmt.Errorf("route to %v: device %s is not Ethernet", dst, link.Attrs().Name)
-	}
-	copy(h.smac[:], link.Attrs().HardwareAddr)
-	hop := r.Gw
-	if hop == nil {
-		hop = dst.AsSlice()
-	}
-	neighs, err := l.nh.NeighList(r.LinkIndex, netlink.FAMILY_V4)
-	if err != nil {
-		return h, fmt.Errorf("neighbours of %s: %w", link.Attrs().Name, err)
-	}
-	const valid = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | netlink.NUD_PROBE | netlink.NUD_PERMANENT
-	for _, n := range neighs {
-		if n.IP.Equal(hop) && n.State&valid != 0 && len(n.HardwareAddr) == 6 {
-			copy(h.dmac[:], n.HardwareAddr)
-			return h, nil
-		}
-	}
-	return h, fmt.Errorf("%v via %v on %s: %w", dst, net.IP(hop), link.Attrs().Name, errNoNeigh)
+	h.ifindex = hop.Ifindex
+	copy(h.smac[:], hop.SrcMAC)
+	copy(h.dmac[:], hop.DstMAC) // both nil for a local address: no link layer to fill in
+	return h, nil
 }
 
 // resolveAll (re)resolves every follower and writes the slots that changed.

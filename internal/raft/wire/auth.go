@@ -16,6 +16,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
 )
 
 // Authentication of the UDP packets: the Go side of bpf/raft/auth.h (docs/raft.md, "Kernel
@@ -281,7 +283,7 @@ func (m AuthMaps) Fill(cluster uint64, key *Key, peers []AuthPeer) error {
 	for _, p := range peers {
 		var v authPeer
 		v.Addr = p.Addr.Addr().As16() // IPv4 comes out v4-mapped, as parse.h stores it
-		v.Port = htons(p.Addr.Port())
+		v.Port = bpfx.Htons(p.Addr.Port())
 		if err := m.Peers.Update(p.ID, &v, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("write raft peer %d: %w", p.ID, err)
 		}
@@ -291,9 +293,6 @@ func (m AuthMaps) Fill(cluster uint64, key *Key, peers []AuthPeer) error {
 	}
 	return nil
 }
-
-// htons returns the value whose in-memory (little-endian) bytes are port in network order.
-func htons(port uint16) uint16 { return port<<8 | port>>8 }
 
 // Receiver is a node's whole user-space check of a received UDP packet, in the order of the
 // kernel's raft_hdr_check() + raft_auth(): the header (Decode), the allowlist (from is a
