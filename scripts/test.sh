@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite behind `make test`: Go unit tests, BPF_PROG_TEST_RUN fixtures, netns
-# integration tests with real processes, a short fuzz run of the parser, and the kernel
+# integration tests with real processes, every benchmark once, a short fuzz run of the parser, and the kernel
 # matrix on one guest kernel that has netem and fq (Debian's 6.12 under qemu), where the
 # hedger's edt and netem delay lines run the scenario the host runs with the conveyor.
 # `make test-kernels` runs the whole matrix (5.10, 6.1, 6.12).
@@ -8,6 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CGO_ENABLED=0
 go test -count=1 -timeout 20m ./...
+# Every Go benchmark once (-benchtime=1x): they compile and run, their figures mean nothing
+# here (figures come from quiet-machine runs, see docs/benchmarks.md).
+go test -count=1 -timeout 20m -run '^$' -bench . -benchtime=1x ./...
 # The Helm chart, rendered with Helm's library and decoded into the Kubernetes API types: a
 # module of its own (deploy/helm/chartcheck), so Helm is no dependency of kedge.
 (cd deploy/helm/chartcheck && go test -count=1 -timeout 20m ./...)

@@ -25,76 +25,75 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// TestBenchAppendSend measures what Electrode's broadcast would save kedge's leader: the
+// BenchmarkAppendSend measures what Electrode's broadcast would save kedge's leader: the
 // user-space CPU of sending one append to N followers (etcd-raft's bcastAppend: one MsgApp
 // per follower, each marshalled and written to that follower's TCP connection by the
-// transport), for N = 1, 2, 4, alternating, several rounds. Followers are sinks in a child
-// process (loopback TCP, bytes discarded), so the figure is the leader process's own CPU
-// (getrusage), which on loopback includes the kernel's TCP work of both ends' send path.
-// docs/raft.md "Electrode: broadcast and quorum wait". Figures only. Run it alone:
+// transport), for N = 1, 2, 4. Each iteration is one round of appendsPerRound appends to
+// each N in turn (alternating, so the figures are side by side); the metrics are the
+// medians over the rounds. Followers are sinks in a child process (loopback TCP, bytes
+// discarded), so the figure is the leader process's own CPU (getrusage), which on loopback
+// includes the kernel's TCP work of both ends' send path. docs/raft.md "Electrode:
+// broadcast and quorum wait". Figures only; make test runs one round. For figures, five
+// rounds on a quiet machine:
 //
-//	KEDGE_RAFT_ELECTRODE_BENCH=1 flock /work/bench.lock go test -count=1 -run TestBenchAppendSend -v ./internal/raft/offload
-func TestBenchAppendSend(t *testing.T) {
-	if os.Getenv("KEDGE_RAFT_ELECTRODE_BENCH") == "" {
-		t.Skip("benchmark: set KEDGE_RAFT_ELECTRODE_BENCH=1 (and hold /work/bench.lock)")
-	}
+//	flock -x /tmp/kedge-quiet.lock go test -count=1 -run '^$' -bench AppendSend -benchtime=5x -v ./internal/raft/offload
+func BenchmarkAppendSend(b *testing.B) {
 	const (
-		appends = 5000
-		rounds  = 5
-		entry   = 128 // bytes of one entry: a kv put's JSON is about this
+		appendsPerRound = 5000
+		entry           = 128 // bytes of one entry: a kv put's JSON is about this
 	)
-	t.Logf("load average at start %v", bench.LoadAvg())
+	b.Logf("load average at start %v", bench.LoadAvg())
 	followers := []int{1, 2, 4}
 	var addrs []string
 	for range 4 {
-		addrs = append(addrs, rafttest.FreeAddr(t).String())
+		addrs = append(addrs, rafttest.FreeAddr(b).String())
 	}
 	sink := exec.Command(os.Args[0], "-test.run=^TestElectrodeSink$")
 	sink.Env = append(os.Environ(), "KEDGE_ELECTRODE_SINK="+strings.Join(addrs, ","))
 	stdin, err := sink.StdinPipe()
 	if err != nil {
-		t.Fatal(err)
+		b.Fatal(err)
 	}
 	out, err := sink.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		b.Fatal(err)
 	}
 	if err := sink.Start(); err != nil {
-		t.Fatal(err)
+		b.Fatal(err)
 	}
 	defer func() { stdin.Close(); sink.Wait() }()
 	if line, _ := bufio.NewReader(out).ReadString('\n'); !strings.HasPrefix(line, "listening") {
-		t.Fatalf("sink: %q", line)
+		b.Fatalf("sink: %q", line)
 	}
 	// Two regimes: saturated (appends as fast as the transport takes them: its sender
 	// batches frames into one write per connection) and paced (one append per 200 us,
 	// each written and flushed on its own: a write system call per follower per append).
 	for _, pace := range []time.Duration{0, 200 * time.Microsecond} {
-		cpu := map[int][]time.Duration{}
-		for range rounds {
-			for _, n := range followers {
-				d, err := sendAppends(addrs[:n], appends, entry, pace)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cpu[n] = append(cpu[n], d/appends)
-			}
-		}
-		med := func(n int) time.Duration {
-			s := slices.Clone(cpu[n])
-			slices.Sort(s)
-			return s[len(s)/2]
-		}
 		regime := "saturated"
 		if pace > 0 {
-			regime = "paced " + pace.String()
+			regime = fmt.Sprintf("paced-%dus", pace.Microseconds())
 		}
-		for _, n := range followers {
-			t.Logf("%s, followers %d: leader CPU per append, median of %d rounds of %d: %v (min %v, max %v); over one follower: +%v",
-				regime, n, rounds, appends, med(n), slices.Min(cpu[n]), slices.Max(cpu[n]), med(n)-med(1))
-		}
+		b.Run(regime, func(b *testing.B) {
+			cpu := map[int][]float64{}
+			for range b.N {
+				for _, n := range followers {
+					d, err := sendAppends(addrs[:n], appendsPerRound, entry, pace)
+					if err != nil {
+						b.Fatal(err)
+					}
+					cpu[n] = append(cpu[n], float64(d.Nanoseconds())/appendsPerRound)
+				}
+			}
+			b.ReportMetric(0, "ns/op") // an iteration is a round of every N: its wall time means nothing
+			for _, n := range followers {
+				med := bench.Median(cpu[n])
+				b.ReportMetric(med, fmt.Sprintf("cpu-ns/append-%d-followers", n))
+				b.Logf("%s, followers %d: leader CPU per append, median of %d rounds of %d: %.0f ns (min %.0f, max %.0f); over one follower: %+.0f ns",
+					regime, n, b.N, appendsPerRound, med, slices.Min(cpu[n]), slices.Max(cpu[n]), med-bench.Median(cpu[1]))
+			}
+		})
 	}
-	t.Logf("load average at end %v", bench.LoadAvg())
+	b.Logf("load average at end %v", bench.LoadAvg())
 }
 
 // sendAppends sends count appends (one MsgApp per follower each, pace apart; 0: as fast as
@@ -201,7 +200,7 @@ func (nopRaft) Step(context.Context, *pb.Message) error    { return nil }
 func (nopRaft) ReportUnreachable(uint64)                   {}
 func (nopRaft) ReportSnapshot(uint64, raft.SnapshotStatus) {}
 
-// TestElectrodeSink is the benchmark's follower side (a child process): it accepts TCP on
+// TestElectrodeSink is BenchmarkAppendSend's follower side (a child process): it accepts TCP on
 // every address of KEDGE_ELECTRODE_SINK and discards what arrives, until stdin closes.
 func TestElectrodeSink(t *testing.T) {
 	addrs := os.Getenv("KEDGE_ELECTRODE_SINK")

@@ -54,7 +54,7 @@ type leaderFixture struct {
 	armed   []time.Duration
 }
 
-func requireLeader(t *testing.T) {
+func requireLeader(t testing.TB) {
 	t.Helper()
 	bpftest.RequireRoot(t)
 	if err := pacer.CheckKernel(); err != nil {
