@@ -148,8 +148,9 @@ func TestRateLevelsPairsRounds(t *testing.T) {
 		t.Fatalf("levels %+v", lv)
 	}
 	un, cl := lv[0].Arms[0], lv[0].Arms[1]
-	// Paired differences: rounds 1 and 2 only: (103-100, 150-140) -> nearest-rank median 3.
-	if cl.DeltaP50US != (Paired{Median: 3, Min: 3, Max: 10, N: 2}) || cl.DeltaP99US.Max != 40 {
+	// Paired differences: rounds 1 and 2 only: (103-100, 150-140) -> median 6.5 (the mean of
+	// the middle two, bench.Median).
+	if cl.DeltaP50US != (Paired{Median: 6.5, Min: 3, Max: 10, N: 2}) || cl.DeltaP99US.Max != 40 {
 		t.Errorf("clone deltas P50 %+v P99 %+v", cl.DeltaP50US, cl.DeltaP99US)
 	}
 	if r := cl.RPSRatio; r.N != 2 || r.Min != 0.9 || r.Max != 950.0/990 {
@@ -162,7 +163,7 @@ func TestRateLevelsPairsRounds(t *testing.T) {
 	if cl.P50US != 150 || cl.LostClones != 1 || cl.Counters["clones"] != 12 {
 		t.Errorf("clone level %+v", cl)
 	}
-	if un.RPSRatio.N != 0 || un.P50US != 100 || un.RPS != 990 {
+	if un.RPSRatio.N != 0 || un.P50US != 120 || un.RPS != 995 {
 		t.Errorf("unhedged level %+v: no pairs with itself", un)
 	}
 	cc := chaosChecks(runs, []string{ArmUnhedged, ArmClone})

@@ -1,0 +1,195 @@
+package node
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/raft/config"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
+	"github.com/kedge-dev/kedge/internal/raft/wire"
+	"github.com/prometheus/client_golang/prometheus"
+	pb "go.etcd.io/raft/v3/raftpb"
+)
+
+// Offload says whether the node answers heartbeats and detects leader failure in the kernel
+// (docs/raft.md "Kernel paths: follower").
+type Offload int
+
+const (
+	// OffloadOff: everything in user space (part 1).
+	OffloadOff Offload = iota
+	// OffloadAuto: on where the kernel and the raft address allow it, else off with a log line.
+	OffloadAuto
+	// OffloadOn: on, or New fails (a *kedge.FeatureError where the kernel lacks something).
+	OffloadOn
+)
+
+// follower is the node's side of the follower kernel path.
+type follower struct {
+	k        *offload.Follower
+	peers    map[uint64]netip.AddrPort
+	detect   time.Duration
+	aliveFor time.Duration
+
+	feed     hbFeeder
+	mirror   offload.Durable // last mirrored (term, lead as etcd-raft has it)
+	mirrored bool
+	// end is the durable log's end as the Ready loop last saved it (known: read from the
+	// storage at the last tick or snapshot, moved by each Ready's entries since), so a
+	// Ready's mirror reads no storage; detLead and detAfter memoize detectAfter.
+	end       logEnd
+	endKnown  bool
+	detLead   uint64
+	detAfter  time.Duration
+	lastAlive time.Duration // CLOCK_MONOTONIC of the last Alive refresh
+
+	wakeups   *prometheus.CounterVec
+	leaseOver prometheus.Counter // vote requests let past etcd-raft's lease (judgeLease)
+
+	// As leader (offloadAcks): the kernel's heartbeat-response counts stepped, per
+	// follower; ackAfter is the silence of the transport after which the record is read.
+	acked    map[uint64]uint64
+	ackAfter time.Duration
+	ackFed   prometheus.Counter
+
+	// recheck: a wake-up the leader's appends made stale is looked at again when the
+	// silence after them reaches the node's slot (Ready loop only).
+	recheck   *time.Timer
+	recheckEv offload.Event
+
+	// since: the last message since the last tick that restarted etcd-raft's lease
+	// (transportIn.Step); commit: the commit of the last saved HardState (Ready loop only).
+	// With them offloadTick leaves out a synthesized heartbeat that would change nothing
+	// (skipSynth); stepped and skipped count them (offload_synth_heartbeats_total{result}).
+	since            stepSince
+	commit           uint64
+	stepped, skipped prometheus.Counter
+
+	// The quorum wait (offloadQuorum): the configuration whose voters the program has (a
+	// new ConfState is a new pointer: setConfState, restore), those voters (none: off, or
+	// quorumOff, the node's option), and per voter the absorbed count stepped at appTerm.
+	cs        *pb.ConfState
+	voters    []uint64
+	quorumOff bool
+	appTerm   uint64
+	appFed    map[uint64]uint64
+	appFedC   prometheus.Counter
+}
+
+// startOffload loads and attaches the follower program for the node's raft address.
+func (n *Node) startOffload(mode Offload) error {
+	if mode == OffloadOff {
+		return nil
+	}
+	self, err := config.ResolveAddr(n.cfg.RaftBind())
+	if err != nil {
+		return fmt.Errorf("resolve raft address: %w", err)
+	}
+	et := time.Duration(n.cfg.ElectionTicks) * n.cfg.Tick
+	alive := offload.DefaultBound(et)
+	if n.opts.OffloadAlive > 0 {
+		alive = n.opts.OffloadAlive
+	}
+	f := &follower{peers: map[uint64]netip.AddrPort{}, detect: et, aliveFor: alive, acked: map[uint64]uint64{},
+		ackAfter: 2 * time.Duration(n.cfg.HeartbeatTicks) * n.cfg.Tick, appFed: map[uint64]uint64{},
+		quorumOff: n.opts.NoQuorumWait}
+	var allow []wire.AuthPeer
+	for _, p := range n.cfg.Peers {
+		a, err := config.ResolveAddr(p.Raft)
+		if err != nil {
+			return fmt.Errorf("resolve peer %d: %w", p.ID, err)
+		}
+		f.peers[p.ID] = a
+		if p.ID != n.cfg.ID {
+			allow = append(allow, wire.AuthPeer{ID: p.ID, Addr: a})
+		}
+	}
+	// With a key, the program marks the packets whose MAC it verified and the transport
+	// skips its own SipHash of them (docs/raft.md, "Kernel paths: pre-vote and
+	// authentication"). The transport knows the mark before the program can write it.
+	var mark wire.Mark
+	if n.cfg.ClusterKey != nil && *n.cfg.ClusterKey != (wire.Key{}) {
+		if mark, err = wire.NewMark(); err != nil {
+			return err
+		}
+		n.tr.SetPassMark(mark)
+	}
+	f.k, err = offload.NewFollower(offload.FollowerOptions{ClusterID: n.cfg.ClusterID, Self: n.cfg.ID, RaftAddr: self,
+		Key: n.cfg.ClusterKey, PassMark: mark, Peers: allow, Netns: -1, Detect: et, AliveFor: alive, Log: n.log})
+	if err != nil {
+		if mode == OffloadAuto {
+			n.log.Warn("raft offload: off, the follower kernel path is not available here", "err", err)
+			return nil
+		}
+		return fmt.Errorf("start follower offload: %w", err)
+	}
+	f.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
+		Name: "offload_wakeups_total", Help: "Leader-silent wake-ups from the kernel's failure detector by outcome (campaign, stale), and early campaigns of etcd-raft's own timer held until the detector's slot (held)."},
+		[]string{"result"})
+	f.leaseOver = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
+		Name: "offload_lease_over_total", Help: "Vote requests that found the leader's lease over in real time while etcd-raft's tick count still held it (passed on with the lease check skipped)."})
+	f.ackFed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
+		Name: "offload_acks_fed_total", Help: "As leader: followers' heartbeat responses the kernel recorded and the node stepped into etcd-raft because its transport had not delivered them."})
+	synth := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
+		Name: "offload_synth_heartbeats_total", Help: "Heartbeats synthesized from the kernel's record, by result: stepped into etcd-raft, or skipped because an append of the same leader and term had restarted etcd-raft's timer since the last tick and the commit was no higher (stepping them would change nothing)."},
+		[]string{"result"})
+	f.stepped, f.skipped = synth.WithLabelValues("stepped"), synth.WithLabelValues("skipped")
+	f.appFedC = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
+		Name: "offload_quorum_fed_total", Help: "As leader: MsgAppResp the node stepped from the quorum wait's record of a follower whose responses the kernel absorbed (one per follower and tick at most)."})
+	n.reg.MustRegister(f.wakeups, f.leaseOver, f.ackFed, synth, f.appFedC, &offloadCollector{k: f.k})
+	f.recheck = time.NewTimer(time.Hour)
+	f.recheck.Stop()
+	n.fol = f
+	return nil
+}
+
+// events is the failure detector's channel (nil without offload: never ready).
+func (f *follower) events() <-chan offload.Event {
+	if f == nil {
+		return nil
+	}
+	return f.k.Events()
+}
+
+// rechecks is the channel of the delayed second look (nil without offload: never ready).
+func (f *follower) rechecks() <-chan time.Time {
+	if f == nil {
+		return nil
+	}
+	return f.recheck.C
+}
+
+func (n *Node) closeOffload() error {
+	if n.fol == nil {
+		return nil
+	}
+	return n.fol.k.Close()
+}
+
+// OffloadMode describes the follower kernel path ("" when off).
+func (n *Node) OffloadMode() string {
+	if n.fol == nil {
+		return ""
+	}
+	return n.fol.k.Mode() + " on " + n.fol.k.Interface()
+}
+
+// offloadCollector exports the program's counters as kedge_raft_offload_packets_total{counter}.
+type offloadCollector struct{ k *offload.Follower }
+
+var offloadDesc = prometheus.NewDesc("kedge_raft_offload_packets_total",
+	"Follower XDP program counters (docs/raft.md \"Kernel paths: follower\").", []string{"counter"}, nil)
+
+func (c *offloadCollector) Describe(ch chan<- *prometheus.Desc) { ch <- offloadDesc }
+
+func (c *offloadCollector) Collect(ch chan<- prometheus.Metric) {
+	cs, err := c.k.Stats()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(offloadDesc, err)
+		return
+	}
+	for _, s := range cs {
+		ch <- prometheus.MustNewConstMetric(offloadDesc, prometheus.CounterValue, float64(s.Value), s.Name)
+	}
+}

@@ -1,0 +1,152 @@
+package raftbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/raftlab"
+)
+
+// The clusters a benchmark runs on: brought up per mode, a stable leader found, nodes restarted.
+
+func (o *Options) cluster(ctx context.Context, name string, nodes, electionTicks int, mode string) (*raftlab.Cluster, error) {
+	name += mode
+	dir := filepath.Join(o.Dir, name)
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	uctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	spec := raftlab.Spec{Name: name, Nodes: nodes, Binary: o.Binary, Dir: dir,
+		Tick: o.Tick, ElectionTicks: electionTicks, HeartbeatTicks: o.HeartbeatTicks, Args: o.modeArgs(mode), ClusterKey: o.ClusterKey}
+	c, err := raftlab.Up(uctx, spec)
+	for try := 2; err != nil && try <= startTries && uctx.Err() == nil; try++ {
+		// A node that cannot start its kernel paths exits (mode on asks for them explicitly);
+		// the pacer's calibration fails now and then on a loaded machine: try again.
+		o.logf("cluster %s (offload %s) did not come up (%v); attempt %d of %d", name, mode, err, try, startTries)
+		if err = os.RemoveAll(dir); err == nil {
+			c, err = raftlab.Up(uctx, spec)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s (offload %s): %w", name, mode, err)
+	}
+	for _, n := range c.Nodes {
+		st, err := c.Status(uctx, n.ID)
+		if err == nil && (st.Offload != "") != kernelPaths(mode) {
+			err = fmt.Errorf("node %d reports offload %q", n.ID, st.Offload)
+		}
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("cluster %s (offload %s): %w", name, mode, err), c.Close())
+		}
+	}
+	if mode == ModeXDPPass {
+		if err := attachPass(c); err != nil {
+			return nil, errors.Join(fmt.Errorf("cluster %s (offload %s): %w", name, mode, err), c.Close())
+		}
+	}
+	return c, nil
+}
+
+// attachPass attaches an XDP_PASS program to every node's interface of c, generic (skb)
+// mode as the follower program takes on a veth (internal/raft/offload); detached when c
+// closes (or when this process dies: the bench holds the links).
+func attachPass(c *raftlab.Cluster) error {
+	for _, n := range c.Nodes {
+		ifindex, err := bpfx.IfIndex(n.Host.Handle, n.Host.Iface)
+		if err != nil {
+			return err
+		}
+		a, err := bpfx.AttachXDPPassMode(n.Host.Handle, ifindex, bpfx.XDPGeneric)
+		if err != nil {
+			return fmt.Errorf("node %d: %w", n.ID, err)
+		}
+		c.OnClose(a.Close)
+	}
+	return nil
+}
+
+// clusters starts one cluster per mode; on error the ones already up are closed.
+func (o *Options) clusters(ctx context.Context, name string, nodes, electionTicks int) (map[string]*raftlab.Cluster, func() error, error) {
+	cs := map[string]*raftlab.Cluster{}
+	closeAll := func() error {
+		var errs []error
+		for _, c := range cs {
+			errs = append(errs, c.Close())
+		}
+		return errors.Join(errs...)
+	}
+	for _, mode := range o.Modes {
+		c, err := o.cluster(ctx, name, nodes, electionTicks, mode)
+		if err != nil {
+			return nil, nil, errors.Join(err, closeAll())
+		}
+		cs[mode] = c
+	}
+	return cs, closeAll, nil
+}
+
+// stableLeader waits until every running node names the same leader and has applied
+// what the leader committed.
+func stableLeader(ctx context.Context, c *raftlab.Cluster) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for {
+		var leader int
+		var commit uint64
+		ok := true
+		for _, n := range c.Nodes {
+			st, err := c.Status(ctx, n.ID)
+			if err != nil {
+				ok = false
+				break
+			}
+			if st.State == "leader" {
+				leader, commit = int(st.ID), st.Commit
+			}
+		}
+		if ok && leader != 0 {
+			for _, n := range c.Nodes {
+				st, err := c.Status(ctx, n.ID)
+				if err != nil || int(st.Leader) != leader || st.Applied < commit {
+					ok = false
+				}
+			}
+			if ok {
+				return leader, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("cluster not stable: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond): // polling the cluster's state
+		}
+	}
+}
+
+// startTries bounds the attempts to start a cluster or restart a node.
+const startTries = 3
+
+// restart starts node id again and waits until it answers; a node that exits at start (its
+// kernel paths could not start) is started again, up to startTries times in all.
+func (o *Options) restart(ctx context.Context, c *raftlab.Cluster, id int) error {
+	var err error
+	for try := 1; try <= startTries; try++ {
+		if err = c.Start(id); err != nil {
+			return err
+		}
+		if err = c.WaitReady(ctx, id); err == nil || ctx.Err() != nil || c.Running(id) {
+			return err
+		}
+		o.logf("node %d exited at start (%v); attempt %d of %d", id, err, try+1, startTries)
+		if kerr := c.Kill(id); kerr != nil { // forget the exited process, remove what it left
+			return errors.Join(err, kerr)
+		}
+	}
+	return err
+}

@@ -1,0 +1,235 @@
+package raftbench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/raftlab"
+)
+
+// False elections: leader changes while nothing failed, counted over a quiet window.
+
+// FalseElections is one run without any crash: leader changes seen while it lasted.
+type FalseElections struct {
+	Offload           string  `json:"offload"`
+	Scenario          string  `json:"scenario"` // idle, spinners (2 per CPU), starved-follower, stress
+	Nodes             int     `json:"nodes"`
+	ElectionTicks     int     `json:"election_ticks"`
+	ElectionTimeoutMs float64 `json:"election_timeout_ms"`
+	DurationS         float64 `json:"duration_s"`
+	LeaderChanges     int     `json:"leader_changes"` // new (term, leader) pairs after the first
+	TermIncrease      uint64  `json:"term_increase"`
+	PerMinute         float64 `json:"per_minute"`
+}
+
+// falseElections watches leader changes with no crash, in each phase of o.FalsePhases,
+// with the clusters of both modes running at the same time under the same pressure.
+func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []FalseElections, err error) {
+	if len(o.FalseModes) > 0 {
+		fo := *o
+		fo.Modes, fo.FalseModes = o.FalseModes, nil
+		return fo.falseElections(ctx, electionTicks)
+	}
+	cs, closeAll, err := o.clusters(ctx, fmt.Sprintf("rbe%d", electionTicks), o.Nodes, electionTicks)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, closeAll()) }()
+	for _, sc := range o.FalsePhases {
+		var stops []func() error
+		stopAll := func() error {
+			var errs []error
+			for _, s := range stops {
+				errs = append(errs, s())
+			}
+			stops = nil
+			return errors.Join(errs...)
+		}
+		for _, mode := range o.Modes {
+			leader, err := stableLeader(ctx, cs[mode])
+			if err != nil {
+				return out, errors.Join(err, stopAll())
+			}
+			if sc != "starved-follower" && sc != "stress" {
+				continue
+			}
+			follower := 1
+			if leader == 1 {
+				follower = 2
+			}
+			s, err := lab.Starve(cs[mode].PID(follower), runtime.NumCPU()-1, 3)
+			if err != nil {
+				return out, errors.Join(err, stopAll())
+			}
+			stops = append(stops, s.Stop)
+		}
+		switch sc {
+		case "spinners", "stress":
+			n := 2 * runtime.NumCPU()
+			if sc == "stress" {
+				n = runtime.NumCPU()
+			}
+			s, err := bench.Spin(n)
+			if err != nil {
+				return out, errors.Join(err, stopAll())
+			}
+			stops = append(stops, func() error { s(); return nil })
+		}
+		res := make([]FalseElections, len(o.Modes))
+		errs := make([]error, len(o.Modes))
+		var wg sync.WaitGroup
+		for i, mode := range o.Modes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res[i], errs[i] = watchLeaders(ctx, cs[mode], o.FalseElectionDuration)
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(append(errs, stopAll())...); err != nil {
+			return out, err
+		}
+		for _, mode := range o.Modes {
+			keepRecords(ctx, cs[mode], sc)
+		}
+		for i, mode := range o.Modes {
+			fe := res[i]
+			fe.Offload, fe.Scenario, fe.Nodes, fe.ElectionTicks = mode, sc, o.Nodes, electionTicks
+			fe.ElectionTimeoutMs = ms(o.Tick) * float64(electionTicks)
+			o.logf("false elections, %s, offload %s, election %d ticks: %d leader changes (term +%d) in %.0fs",
+				sc, mode, electionTicks, fe.LeaderChanges, fe.TermIncrease, fe.DurationS)
+			out = append(out, fe)
+		}
+	}
+	return out, nil
+}
+
+// keepRecords writes each node's election record (GET /v1/events) and its kedge_raft
+// metrics into the cluster's directory as node<id>-<phase>.{events.json,metrics}: what
+// explains a leader change (which node campaigned, its detector or etcd-raft's timer, the
+// kernel paths' counters). Kept with KEDGE_BENCH_KEEP=1; best effort.
+func keepRecords(ctx context.Context, c *raftlab.Cluster, phase string) {
+	cl := raftlab.NewClient(c.Client, 2*time.Second)
+	defer cl.Close()
+	for _, n := range c.Nodes {
+		base := filepath.Join(c.Spec.Dir, fmt.Sprintf("node%d-%s", n.ID, phase))
+		if ev, err := cl.Events(ctx, n.ClientAddr.String(), 0); err == nil {
+			if b, err := json.MarshalIndent(ev, "", " "); err == nil {
+				os.WriteFile(base+".events.json", b, 0o644)
+			}
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.ClientAddr.String()+"/metrics", nil)
+		if err != nil {
+			continue
+		}
+		resp, err := cl.HTTP.Do(req)
+		if err != nil {
+			continue
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			continue
+		}
+		var keep []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "kedge_raft") {
+				keep = append(keep, l)
+			}
+		}
+		os.WriteFile(base+".metrics", []byte(strings.Join(keep, "\n")+"\n"), 0o644)
+	}
+}
+
+// QuietTimeout answers the issue's question for one mode and false-election phase: the
+// shortest election timeout whose run saw no leader change and no term change (0: none of
+// those run), and the failover measured at that timeout in the same result (nil: not run).
+type QuietTimeout struct {
+	Offload           string    `json:"offload"`
+	Scenario          string    `json:"scenario"`
+	DurationS         float64   `json:"duration_s"` // the shortest run at that timeout
+	ElectionTimeoutMs float64   `json:"election_timeout_ms"`
+	Failover          *Failover `json:"-"`
+	Tried             string    `json:"tried"` // every timeout run: "20 ms: 2 changes, 30 ms: 0, ..."
+}
+
+// Quiet finds, per mode and phase of r's false-election runs, the shortest quiet timeout.
+func Quiet(r *Result) []QuietTimeout {
+	var out []QuietTimeout
+	idx := map[[2]string]int{}
+	for _, fe := range r.FalseElections {
+		k := [2]string{fe.Offload, fe.Scenario}
+		i, ok := idx[k]
+		if !ok {
+			i = len(out)
+			idx[k] = i
+			out = append(out, QuietTimeout{Offload: fe.Offload, Scenario: fe.Scenario})
+		}
+		q := &out[i]
+		if q.Tried != "" {
+			q.Tried += ", "
+		}
+		q.Tried += fmt.Sprintf("%.0f ms: %d (term +%d)", fe.ElectionTimeoutMs, fe.LeaderChanges, fe.TermIncrease)
+		if fe.LeaderChanges == 0 && fe.TermIncrease == 0 && (q.ElectionTimeoutMs == 0 || fe.ElectionTimeoutMs < q.ElectionTimeoutMs) {
+			q.ElectionTimeoutMs, q.DurationS = fe.ElectionTimeoutMs, fe.DurationS
+		}
+	}
+	for i := range out {
+		q := &out[i]
+		for j := range r.Failover {
+			if f := &r.Failover[j]; f.Offload == q.Offload && f.ElectionTimeoutMs == q.ElectionTimeoutMs && q.ElectionTimeoutMs > 0 {
+				q.Failover = f
+			}
+		}
+	}
+	return out
+}
+
+// watchLeaders polls every node's status every 20 ms for d and counts new (term, leader)
+// pairs. A change shorter than the polling interval can be missed; the term increase
+// (elections started, with pre-vote: elections that got a pre-vote quorum) is exact.
+func watchLeaders(ctx context.Context, c *raftlab.Cluster, d time.Duration) (FalseElections, error) {
+	var fe FalseElections
+	type lt struct {
+		term   uint64
+		leader uint64
+	}
+	seen := map[lt]bool{}
+	var firstTerm, lastTerm uint64
+	start := time.Now()
+	for time.Since(start) < d && ctx.Err() == nil {
+		for _, n := range c.Nodes {
+			sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			st, err := c.Status(sctx, n.ID)
+			cancel()
+			if err != nil {
+				continue // a starved node may answer late: its view comes with the next poll
+			}
+			if firstTerm == 0 {
+				firstTerm = st.Term
+			}
+			lastTerm = max(lastTerm, st.Term)
+			if st.Leader != 0 {
+				seen[lt{st.Term, st.Leader}] = true
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // the polling interval
+	}
+	fe.DurationS = time.Since(start).Seconds()
+	fe.LeaderChanges = max(len(seen)-1, 0)
+	fe.TermIncrease = lastTerm - firstTerm
+	fe.PerMinute = float64(fe.LeaderChanges) / fe.DurationS * 60
+	return fe, ctx.Err()
+}

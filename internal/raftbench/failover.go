@@ -1,0 +1,330 @@
+package raftbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/raft/api"
+	"github.com/kedge-dev/kedge/internal/raft/client"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
+	"github.com/kedge-dev/kedge/internal/raftlab"
+)
+
+// Failover: kill the leader under writes, time the first write a new leader takes, by phase.
+
+// Failover is one election-timeout setting's trials: kill -9 of the leader until the first
+// write acknowledged through a surviving node.
+type Failover struct {
+	Offload           string    `json:"offload"` // one of Modes
+	Nodes             int       `json:"nodes"`
+	TickMs            float64   `json:"tick_ms"`
+	ElectionTicks     int       `json:"election_ticks"`
+	ElectionTimeoutMs float64   `json:"election_timeout_ms"` // etcd-raft randomises in [1x, 2x)
+	Trials            int       `json:"trials"`
+	FailoverMs        []float64 `json:"failover_ms"` // per trial, in order
+	Failed            int       `json:"failed"`      // trials with no successful write within 10 s
+	P50Ms             float64   `json:"p50_ms"`
+	P99Ms             float64   `json:"p99_ms"`
+	MaxMs             float64   `json:"max_ms"`
+	Client            string    `json:"client"` // ClientLeader or ClientRetry
+	// Phases per acknowledged trial, in order, and their medians/p99 (PhaseNames).
+	Phases     []Phase      `json:"phases,omitempty"`
+	PhaseStats []PhaseStats `json:"phase_stats,omitempty"`
+}
+
+// failover runs o.Trials kill -9 trials with one election timeout in each mode: the
+// clusters of all modes are up together and the trials alternate between them.
+func (o *Options) failover(ctx context.Context, electionTicks int) (out []Failover, err error) {
+	cs, closeAll, err := o.clusters(ctx, fmt.Sprintf("rbf%d", electionTicks), o.Nodes, electionTicks)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, closeAll()) }()
+	fs := map[string]*Failover{}
+	for _, mode := range o.Modes {
+		fs[mode] = &Failover{Offload: mode, Nodes: o.Nodes, TickMs: ms(o.Tick), ElectionTicks: electionTicks,
+			ElectionTimeoutMs: ms(o.Tick) * float64(electionTicks), Trials: o.Trials, Client: o.failoverClient()}
+	}
+	for trial := 0; trial < o.Trials; trial++ {
+		for _, mode := range o.Modes {
+			if err = o.failoverTrial(ctx, cs[mode], fs[mode], trial); err != nil {
+				return collect(fs, o.Modes), fmt.Errorf("offload %s: %w", mode, err)
+			}
+		}
+		if trial%10 == 9 {
+			o.logf("failover, election %d ticks: %d/%d trials per mode", electionTicks, trial+1, o.Trials)
+		}
+	}
+	return collect(fs, o.Modes), nil
+}
+
+func (o *Options) failoverClient() string {
+	if o.FailoverClient == "" {
+		return ClientLeader
+	}
+	return o.FailoverClient
+}
+
+func collect(fs map[string]*Failover, modes []string) []Failover {
+	var out []Failover
+	for _, mode := range modes {
+		f := fs[mode]
+		s := slices.Clone(f.FailoverMs)
+		slices.Sort(s)
+		if len(s) > 0 {
+			f.P50Ms, f.P99Ms, f.MaxMs = bench.Percentile(s, 50), bench.Percentile(s, 99), s[len(s)-1]
+		}
+		f.PhaseStats = phaseStats(f.Phases)
+		out = append(out, *f)
+	}
+	return out
+}
+
+// failoverTrial kills c's leader and times the first write acknowledged by a survivor, then
+// splits that time into phases from the survivors' election records (GET /v1/events: the
+// nodes and this process share CLOCK_MONOTONIC).
+func (o *Options) failoverTrial(ctx context.Context, c *raftlab.Cluster, f *Failover, trial int) error {
+	cl := raftlab.NewClient(c.Client, 5*time.Second)
+	defer cl.Close()
+	leader, err := stableLeader(ctx, c)
+	if err != nil {
+		return err
+	}
+	st, err := c.Status(ctx, leader)
+	if err != nil {
+		return err
+	}
+	var survivors []int
+	for _, n := range c.Nodes {
+		if n.ID != leader {
+			survivors = append(survivors, n.ID)
+		}
+	}
+	// One write through a survivor before the kill: the path works (and the connections
+	// from the client host are open, as a running client's would be).
+	if w := firstWriteRetry(ctx, c, cl, survivors, fmt.Sprintf("pre%d", trial), 5*time.Second); w.ackNs == 0 {
+		return errors.New("no write succeeded before the kill")
+	}
+	// The client starts with the SIGKILL: Kill also waits for the exit and removes what
+	// the dead node left (its pacer's namespace, tens of ms), which no client waits for.
+	killed := make(chan error, 1)
+	killNs := int64(offload.Monotonic())
+	go func() { killed <- c.Kill(leader) }()
+	key := fmt.Sprintf("post%d", trial)
+	var w written
+	if o.failoverClient() == ClientRetry {
+		w = firstWriteRetry(ctx, c, cl, survivors, key, 10*time.Second)
+	} else {
+		w = firstWriteLeader(ctx, c, cl, survivors, st.Term, key, 10*time.Second)
+	}
+	if err := <-killed; err != nil {
+		return err
+	}
+	if w.ackNs == 0 {
+		f.Failed++
+	} else {
+		f.FailoverMs = append(f.FailoverMs, float64(w.ackNs-killNs)/1e6)
+		ph, err := phases(ctx, c, cl, survivors, st.Term, killNs, w)
+		if err != nil {
+			return err
+		}
+		f.Phases = append(f.Phases, ph)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	return o.restart(rctx, c, leader)
+}
+
+// written is what the failover client saw (CLOCK_MONOTONIC ns; ackNs 0: no write acknowledged).
+type written struct {
+	foundNs, ackNs int64
+	attempts       int
+}
+
+// firstWriteLeader asks every survivor at once for a leader of a term above oldTerm (each
+// answers as soon as it knows one) and puts key to it; a failed put asks again.
+func firstWriteLeader(ctx context.Context, c *raftlab.Cluster, cl *client.Client, via []int, oldTerm uint64, key string, limit time.Duration) written {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	all := &client.Client{HTTP: cl.HTTP}
+	for _, id := range via {
+		all.Endpoints = append(all.Endpoints, c.Node(id).ClientAddr.String())
+	}
+	var w written
+	for i := 0; ctx.Err() == nil; i++ {
+		l, err := all.LeaderAfter(ctx, oldTerm)
+		if err != nil {
+			return written{}
+		}
+		if w.foundNs == 0 {
+			w.foundNs = int64(offload.Monotonic())
+		}
+		w.attempts++
+		actx, acancel := context.WithTimeout(ctx, time.Second)
+		_, err = cl.At(l.Client).Put(actx, "bench/"+key, fmt.Sprint(i))
+		acancel()
+		if err == nil {
+			w.ackNs = int64(offload.Monotonic())
+			return w
+		}
+	}
+	return written{}
+}
+
+// firstWriteRetry puts key through the survivors in turn (50 ms per attempt) until one is
+// acknowledged (part 1's client).
+func firstWriteRetry(ctx context.Context, c *raftlab.Cluster, cl *client.Client, via []int, key string, limit time.Duration) written {
+	start := time.Now()
+	var w written
+	for i := 0; time.Since(start) < limit && ctx.Err() == nil; i++ {
+		op := raftlab.Op{Kind: raftlab.Put, Key: "bench/" + key, Value: fmt.Sprint(i)}
+		actx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		raftlab.Do(actx, cl, c.Node(via[i%len(via)]).ClientAddr, &op)
+		cancel()
+		w.attempts++
+		if op.Out.Err == "" && !op.Out.Unknown {
+			w.ackNs = int64(offload.Monotonic())
+			return w
+		}
+		if !op.Out.Unknown { // refused at once (no leader yet): do not spin on it
+			time.Sleep(time.Millisecond) // pacing retries against a refusing node
+		}
+	}
+	return written{}
+}
+
+// Phase is one failover trial split at the events of the survivors' election records, in
+// ms after the kill (-1: not seen). Detect is the first survivor that noticed the silence:
+// the kernel's detector waking it (Source "kernel") or etcd-raft's own timer starting a
+// pre-vote ("etcd-raft").
+type Phase struct {
+	TotalMs    float64 `json:"total_ms"`
+	HeardAgeMs float64 `json:"heard_age_ms"` // how old the first detector's last message from the leader was at the kill
+	DetectMs   float64 `json:"detect_ms"`
+	Source     string  `json:"source"`
+	// PreCandidateMs: the first detector's node started its pre-vote (its user space woke
+	// on the kernel's event and ran Campaign; = DetectMs when etcd-raft's timer fired).
+	PreCandidateMs float64 `json:"pre_candidate_ms"`
+	CandidateMs    float64 `json:"candidate_ms"` // the winner's pre-vote quorum (its new term durable)
+	TermSaveMs     float64 `json:"term_save_ms"` // of which saving its new term and own vote (fsync)
+	LeaderMs       float64 `json:"leader_ms"`    // the winner's vote quorum
+	CommitMs       float64 `json:"commit_ms"`    // the winner's first entry committed
+	FoundMs        float64 `json:"found_ms"`     // the client knew the new leader (leader client)
+	AckMs          float64 `json:"ack_ms"`       // the client's write acknowledged
+	Terms          uint64  `json:"terms"`        // term increase (> 1: more than one election)
+	Attempts       int     `json:"attempts"`     // client writes sent
+}
+
+// phases reads the survivors' election records since the kill and places the trial's events.
+func phases(ctx context.Context, c *raftlab.Cluster, cl *client.Client, survivors []int, oldTerm uint64, killNs int64, w written) (Phase, error) {
+	at := func(ns int64) float64 {
+		if ns == 0 {
+			return -1
+		}
+		return float64(ns-killNs) / 1e6
+	}
+	var detect, heard, cand, lead, commit, precand, save int64
+	var source string
+	var detector int
+	var term uint64
+	var winner uint64
+	evs := map[int][]api.Event{}
+	for _, id := range survivors {
+		r, err := cl.Events(ctx, c.Node(id).ClientAddr.String(), killNs)
+		if err != nil {
+			return Phase{}, fmt.Errorf("events of node %d: %w", id, err)
+		}
+		evs[id] = r.Events
+		for _, e := range r.Events {
+			if (e.Kind == api.EventDetector && e.Detail == "campaign") || e.Kind == api.EventPreCandidate {
+				if detect == 0 || e.AtNs < detect {
+					detect, source, heard, detector = e.AtNs, "etcd-raft", e.HeardNs, id
+					if e.Kind == api.EventDetector {
+						source = "kernel"
+					}
+				}
+			}
+			if e.Kind == api.EventLeader && e.Term > term {
+				term, winner = e.Term, uint64(id)
+			}
+		}
+	}
+	for _, e := range evs[detector] {
+		if e.Kind == api.EventPreCandidate && e.AtNs >= detect {
+			precand = e.AtNs
+			break
+		}
+	}
+	for _, e := range evs[int(winner)] {
+		switch {
+		case e.Kind == api.EventCandidate && e.Term == term:
+			cand, save = e.AtNs, e.SaveNs
+		case e.Kind == api.EventLeader && e.Term == term:
+			lead = e.AtNs
+		case e.Kind == api.EventCommitted && e.Term == term:
+			commit = e.AtNs
+		}
+	}
+	p := Phase{TotalMs: at(w.ackNs), DetectMs: at(detect), Source: source, PreCandidateMs: at(precand),
+		CandidateMs: at(cand), TermSaveMs: float64(save) / 1e6, LeaderMs: at(lead),
+		CommitMs: at(commit), FoundMs: at(w.foundNs), AckMs: at(w.ackNs), Attempts: w.attempts, HeardAgeMs: -1}
+	if heard != 0 {
+		p.HeardAgeMs = float64(killNs-heard) / 1e6
+	}
+	if term > oldTerm {
+		p.Terms = term - oldTerm
+	}
+	return p, nil
+}
+
+// PhaseStats are the medians and 99th percentiles of a setting's phases, each as the time
+// from the previous event (the last heartbeat's age at the kill stands apart).
+type PhaseStats struct {
+	Name  string  `json:"name"`
+	P50Ms float64 `json:"p50_ms"`
+	P99Ms float64 `json:"p99_ms"`
+	N     int     `json:"n"`
+}
+
+// PhaseNames in order: kill -> detect -> wake (the detecting node's pre-vote started) ->
+// pre-vote (the winner's pre-vote quorum, before its term fsync) -> term-fsync (its new term
+// and own vote saved: a candidate) -> vote (its vote quorum: a leader) -> commit (the leader's
+// first entry) -> client (the client's write acknowledged).
+var PhaseNames = []string{"heard-age", "detect", "wake", "pre-vote", "term-fsync", "vote", "commit", "client"}
+
+func phaseStats(ps []Phase) []PhaseStats {
+	vals := make([][]float64, len(PhaseNames))
+	for _, p := range ps {
+		// Records without the wake split (pre_candidate_ms -1, or older records: 0) put the
+		// whole of detect -> candidate under pre-vote.
+		pre := p.PreCandidateMs
+		if pre < p.DetectMs || pre > p.CandidateMs {
+			pre = p.DetectMs
+		}
+		quorum := p.CandidateMs - p.TermSaveMs
+		steps := []float64{p.HeardAgeMs, p.DetectMs, pre - p.DetectMs, quorum - pre, p.TermSaveMs, p.LeaderMs - p.CandidateMs,
+			p.CommitMs - p.LeaderMs, p.AckMs - p.CommitMs}
+		ok := []bool{p.HeardAgeMs >= 0, p.DetectMs >= 0, p.CandidateMs >= 0 && p.DetectMs >= 0, p.CandidateMs >= 0 && p.DetectMs >= 0,
+			p.CandidateMs >= 0, p.LeaderMs >= 0 && p.CandidateMs >= 0, p.CommitMs >= 0 && p.LeaderMs >= 0, p.AckMs >= 0 && p.CommitMs >= 0}
+		for i := range steps {
+			if ok[i] {
+				vals[i] = append(vals[i], steps[i])
+			}
+		}
+	}
+	var out []PhaseStats
+	for i, name := range PhaseNames {
+		s := slices.Clone(vals[i])
+		slices.Sort(s)
+		st := PhaseStats{Name: name, N: len(s)}
+		if len(s) > 0 {
+			st.P50Ms, st.P99Ms = bench.Percentile(s, 50), bench.Percentile(s, 99)
+		}
+		out = append(out, st)
+	}
+	return out
+}

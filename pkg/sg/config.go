@@ -1,0 +1,64 @@
+package sg
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"time"
+
+	isg "github.com/kedge-dev/kedge/internal/sg"
+)
+
+// Validate checks c and fills its defaults (Open calls it).
+func (c *Config) Validate() error {
+	switch {
+	case c.Interface == "":
+		return errors.New("sg config: no interface (set Config.Interface)")
+	case len(c.Workers) == 0 || len(c.Workers) > MaxWorkers:
+		return fmt.Errorf("sg config: %d workers, want 1..%d", len(c.Workers), MaxWorkers)
+	case c.Reduction < Sum || c.Reduction > Gather:
+		return fmt.Errorf("sg config: unknown reduction %d", c.Reduction)
+	case c.Type != Int32 && c.Type != Int64:
+		return fmt.Errorf("sg config: unknown element type %d", c.Type)
+	case c.Need < 0 || c.Need > len(c.Workers):
+		return fmt.Errorf("sg config: need %d of %d workers", c.Need, len(c.Workers))
+	case c.InFlight < 0 || c.InFlight > MaxInFlight:
+		return fmt.Errorf("sg config: in-flight limit %d, want 1..%d", c.InFlight, MaxInFlight)
+	case c.ScatterBatch < 0 || c.ScatterBatch > MaxScatterBatch:
+		return fmt.Errorf("sg config: scatter batch %d, want 1..%d", c.ScatterBatch, MaxScatterBatch)
+	case c.ScatterFirstBatch < 0 || c.ScatterFirstBatch > cmp.Or(c.ScatterBatch, isg.DefaultBatch):
+		return fmt.Errorf("sg config: first scatter batch %d, want 1..%d (the scatter batch)", c.ScatterFirstBatch, cmp.Or(c.ScatterBatch, isg.DefaultBatch))
+	}
+	if c.Reduction != Count && (c.Elems < 1 || c.Elems > MaxElems) {
+		return fmt.Errorf("sg config: %d elements, want 1..%d", c.Elems, MaxElems)
+	}
+	if c.MultiPacket && c.Reduction == Gather {
+		return errors.New("sg config: gather takes single-packet replies only (unset MultiPacket)")
+	}
+	v4 := c.Workers[0].Addr().Unmap().Is4()
+	for i, w := range c.Workers {
+		if !w.IsValid() || w.Port() == 0 {
+			return fmt.Errorf("sg config: worker %d (%v) has no address or port", i, w)
+		}
+		if w.Addr().Unmap().Is4() != v4 {
+			return fmt.Errorf("sg config: worker %d (%v) is not of worker 0's family: a group is all IPv4 or all IPv6", i, w)
+		}
+	}
+	if c.Reduction == Gather {
+		per := c.Elems * c.Type.Size()
+		fit := min(AggBytes/per, MaxGatherK)
+		if c.GatherK == 0 {
+			c.GatherK = fit
+		}
+		if c.GatherK < 1 || c.GatherK > fit {
+			return fmt.Errorf("sg config: gather %d payloads of %d bytes; at most %d fit", c.GatherK, per, fit)
+		}
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 100 * time.Millisecond
+	}
+	if c.InFlight == 0 {
+		c.InFlight = 256
+	}
+	return nil
+}

@@ -1,0 +1,96 @@
+package sg
+
+import (
+	"encoding/binary"
+	"time"
+
+	isg "github.com/kedge-dev/kedge/internal/sg"
+)
+
+func (g *Group) decode(rec *isg.ResultRec, w *waiter, by int) Result {
+	r := Result{
+		Reader:    readerNames[by],
+		ID:        rec.ReqId,
+		Status:    Status(rec.Status),
+		Count:     int(rec.Count),
+		Need:      int(rec.Need),
+		Overflow:  rec.Flags&isg.FlagOverflow != 0,
+		Kernel:    time.Duration(rec.DoneNs - rec.StartNs),
+		RoundTrip: time.Since(w.sent),
+	}
+	r.Answered = make([]int, 0, r.Count)
+	for i, word := range rec.Bitmap {
+		for b := 0; b < 64 && word != 0; b++ {
+			if word&(1<<b) != 0 {
+				r.Answered = append(r.Answered, i*64+b)
+				word &^= 1 << b
+			}
+		}
+	}
+	if rec.Partial > 0 {
+		r.Partial = g.partials(rec)
+	}
+	switch g.cfg.Reduction {
+	case Sum, Min, Max:
+		if g.cfg.Reduction == Sum || r.Count > 0 || len(r.Partial) > 0 {
+			r.Values = append([]int64(nil), rec.Agg[:g.cfg.Elems]...)
+		}
+		if g.cfg.Reduction != Sum && r.Count == 0 && len(r.Partial) > 0 {
+			uncovered(r.Values, r.Partial)
+		}
+	case Gather:
+		per := g.cfg.Elems * g.cfg.Type.Size()
+		raw := make([]byte, isg.AggBytes)
+		for i, v := range rec.Agg {
+			binary.NativeEndian.PutUint64(raw[i*8:], uint64(v))
+		}
+		for k := 0; k < int(rec.Gathered) && k < g.cfg.GatherK && (k+1)*per <= len(raw); k++ {
+			r.Gathered = append(r.Gathered, GatherItem{Worker: int(rec.Order[k]), Payload: append([]byte(nil), raw[k*per:(k+1)*per]...)})
+		}
+	}
+	return r
+}
+
+// partials reads the parts map entries of rec's request for the workers not in its
+// bitmap (rec.Partial of them hold some parts). The slot is not yet freed, so no later
+// request has taken the entries over.
+func (g *Group) partials(rec *isg.ResultRec) []PartialReply {
+	var out []PartialReply
+	n := len(g.cfg.Workers)
+	for w := 0; w < n && len(out) < int(rec.Partial); w++ {
+		if rec.Bitmap[w/64]&(1<<(w%64)) != 0 {
+			continue
+		}
+		var e isg.PartsRec
+		if err := g.objs.Parts.Lookup(uint32(int(rec.Slot)*n+w), &e); err != nil || e.ReqId != rec.ReqId || e.Bits == 0 {
+			continue
+		}
+		p := PartialReply{Worker: w, NParts: int(e.Nparts)}
+		for b := range isg.PartsMax {
+			if e.Bits&(1<<b) != 0 {
+				p.Parts = append(p.Parts, b)
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// uncovered zeroes the elements of a Min/Max aggregate that no part in ps covered (the
+// kernel started them at the identity: SG_F_PARTS), when no worker answered in full.
+func uncovered(v []int64, ps []PartialReply) {
+	covered := make([]bool, len(v))
+	for _, p := range ps {
+		for _, part := range p.Parts {
+			off, n, _ := isg.PartSlice(len(v), p.NParts, part)
+			for i := off; i < off+n; i++ {
+				covered[i] = true
+			}
+		}
+	}
+	for i := range v {
+		if !covered[i] {
+			v[i] = 0
+		}
+	}
+}
