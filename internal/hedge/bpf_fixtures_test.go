@@ -493,14 +493,14 @@ func key(svc int, client netip.AddrPort, id uint64) hedgeHreqKey {
 	var k hedgeHreqKey
 	k.Caddr.In6U.U6Addr8 = client.Addr().As16() // IPv4 v4-mapped, as parse.h stores it
 	k.Id = id
-	k.Cport = htons(client.Port())
+	k.Cport = bpfx.Htons(client.Port())
 	k.Svc = uint16(svc)
 	return k
 }
 
 func (k hedgeHreqKey) String() string {
 	a := netip.AddrFrom16(k.Caddr.In6U.U6Addr8).Unmap()
-	return fmt.Sprintf("{svc %d, client %s, id %#x}", k.Svc, netip.AddrPortFrom(a, htons(k.Cport)), k.Id)
+	return fmt.Sprintf("{svc %d, client %s, id %#x}", k.Svc, netip.AddrPortFrom(a, bpfx.Htons(k.Cport)), k.Id)
 }
 
 // pending is a scoreboard entry as the splitter writes it, sent at sent, due at deadline.

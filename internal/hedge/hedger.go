@@ -210,7 +210,7 @@ func svcAddr(ap netip.AddrPort) hedgeSvcAddr {
 	if ap.Addr().Is4() {
 		a.Addr.In6U.U6Addr8 = netip.AddrFrom16(netip.AddrFrom4(ap.Addr().As4()).As16()).As16()
 	}
-	a.Port = htons(ap.Port())
+	a.Port = bpfx.Htons(ap.Port())
 	return a
 }
 
@@ -327,5 +327,3 @@ func (h *Hedger) Close() error {
 	errs = append(errs, h.objs.Close())
 	return errors.Join(errs...)
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }

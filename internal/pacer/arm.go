@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/netnsx"
 	"golang.org/x/sys/unix"
 )
@@ -48,7 +49,7 @@ func (p *Pacer) Arm(deadline time.Duration) error {
 	copy(frame[0:6], []byte{0x02, 'k', 'p', 'a', 'c', 'e'})
 	copy(frame[6:12], []byte{0x02, 'k', 'p', 'a', 'c', 'e'})
 	binary.BigEndian.PutUint16(frame[12:14], ethPPacer)
-	sa := &unix.SockaddrLinklayer{Ifindex: p.tickIfx, Protocol: htons(ethPPacer), Halen: 6}
+	sa := &unix.SockaddrLinklayer{Ifindex: p.tickIfx, Protocol: bpfx.Htons(ethPPacer), Halen: 6}
 	if err := unix.Sendto(p.armFD, frame, 0, sa); err != nil {
 		return fmt.Errorf("arm pacer: send tick request: %w", err)
 	}

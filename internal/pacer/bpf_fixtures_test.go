@@ -91,8 +91,8 @@ func newFixtureWith(t *testing.T, backend pacerPacerBackend, set func(*pacerPace
 	if set != nil {
 		set(&f.cfg)
 	}
-	f.objs, f.echo = loadWithEcho(t, f.cfg, echoEchoConfig{OutIfindex: uint32(f.outIfx), Port: htons(fixturePort),
-		CarryPort: htons(fixtureCarryPort), DelayNs: uint64(5 * time.Millisecond)}, true)
+	f.objs, f.echo = loadWithEcho(t, f.cfg, echoEchoConfig{OutIfindex: uint32(f.outIfx), Port: bpfx.Htons(fixturePort),
+		CarryPort: bpfx.Htons(fixtureCarryPort), DelayNs: uint64(5 * time.Millisecond)}, true)
 	return f
 }
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
 )
 
 // addFillers injects n filler frames into the conveyor's queue from a packet socket.
@@ -25,7 +27,7 @@ func (p *Pacer) addFillers(n int) error {
 		// Fillers circulate forever and stay charged to this socket's send buffer.
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 256<<20)
 		frame := fillerFrame(p.opts.FillerBytes, p.devEndMAC)
-		sa := &unix.SockaddrLinklayer{Ifindex: p.devIfx, Protocol: htons(fillerEthP), Halen: 6}
+		sa := &unix.SockaddrLinklayer{Ifindex: p.devIfx, Protocol: bpfx.Htons(fillerEthP), Halen: 6}
 		copy(sa.Addr[:], p.devEndMAC)
 		for i := 0; i < n; i++ {
 			if err := unix.Sendto(fd, frame, 0, sa); err != nil {
@@ -36,8 +38,6 @@ func (p *Pacer) addFillers(n int) error {
 		return nil
 	})
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // fillerFrame is a conveyor filler frame of n bytes to dst (pacer_filler_of in
 // bpf/pacer/frame.h): Ethernet with PACER_FILLER_ETH_P, then struct pacer_filler with its

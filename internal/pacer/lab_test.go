@@ -69,8 +69,8 @@ func newEchoRig(t *testing.T, o Options, delay time.Duration) *echoRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := spec.Variables["echo_cfg"].Set(echoEchoConfig{OutIfindex: uint32(b.IfIndex), Port: htons(echoPort),
-		CarryPort: htons(echoCarryPort), DelayNs: uint64(delay)}); err != nil {
+	if err := spec.Variables["echo_cfg"].Set(echoEchoConfig{OutIfindex: uint32(b.IfIndex), Port: bpfx.Htons(echoPort),
+		CarryPort: bpfx.Htons(echoCarryPort), DelayNs: uint64(delay)}); err != nil {
 		t.Fatal(err)
 	}
 	var opts ebpf.CollectionOptions

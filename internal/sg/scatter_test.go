@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 	"github.com/vishvananda/netlink"
@@ -53,12 +54,12 @@ func newScatterNS(t *testing.T) *scatterNS {
 				s.out = l.Attrs().Index
 				continue
 			}
-			fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+			fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(bpfx.Htons(unix.ETH_P_ALL)))
 			if err != nil {
 				return err
 			}
 			s.sock = fd
-			if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: l.Attrs().Index}); err != nil {
+			if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: bpfx.Htons(unix.ETH_P_ALL), Ifindex: l.Attrs().Index}); err != nil {
 				return err
 			}
 			tv := unix.Timeval{Usec: 200_000}
@@ -88,8 +89,6 @@ func newScatterNS(t *testing.T) *scatterNS {
 	t.Cleanup(func() { unix.Close(s.sock) })
 	return s
 }
-
-func htons(v uint16) uint16 { return v>>8 | v<<8 }
 
 // capture returns the sg datagrams sa1 received (IPv6 neighbour/router chatter skipped).
 func (s *scatterNS) capture(t *testing.T, want int) [][]byte {

@@ -316,7 +316,7 @@ func (f *Follower) Mirror(d Durable) error {
 			a = netip.AddrFrom16(a.As16()) // v4-mapped, as parse_pkt stores it
 		}
 		f.st.LeaderAddr.In6U.U6Addr8 = a.As16()
-		f.st.LeaderPort = htons(leaderAddr.Port())
+		f.st.LeaderPort = bpfx.Htons(leaderAddr.Port())
 	}
 	return f.write()
 }
@@ -562,8 +562,6 @@ func readStats(m *ebpf.Map) ([]bpfx.Counter, error) {
 	}
 	return bpfx.Fields(s, "", bpfx.Naming{C: true, Elems: map[string][]string{"drop": dropNames()}})
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // LoadDetached loads the program without attaching it, for BPF_PROG_TEST_RUN: the fixtures
 // here and the offload-on/off equivalence test of internal/raft/node run packets through it

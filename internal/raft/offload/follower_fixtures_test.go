@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 	"github.com/kedge-dev/kedge/internal/raft/wire"
 	"github.com/kedge-dev/kedge/pkg/kedge"
@@ -581,7 +582,7 @@ func TestFollowerDetector(t *testing.T) {
 // stored in network order.
 func TestMirrorLayout(t *testing.T) {
 	var st raftxdpRaftxState
-	st.LeaderPort = htons(7000)
+	st.LeaderPort = bpfx.Htons(7000)
 	b, err := binary.Append(nil, binary.NativeEndian, st)
 	if err != nil {
 		t.Fatal(err)

@@ -240,7 +240,7 @@ func (l *Leader) initLease() {
 	o := l.opts
 	src := o.Source.Addr().Unmap().As4()
 	l.cur = leaderRaftLease{IntervalNs: uint64(o.Interval), Leader: o.Self, ClusterId: o.ClusterID,
-		Saddr: *(*uint32)(unsafe.Pointer(&src[0])), Sport: htons(o.Source.Port()), Nfollowers: uint16(len(o.Followers)),
+		Saddr: *(*uint32)(unsafe.Pointer(&src[0])), Sport: bpfx.Htons(o.Source.Port()), Nfollowers: uint16(len(o.Followers)),
 		OwnerTgid: ownerTgid()}
 	for i, f := range o.Followers {
 		l.slots[f.ID] = i
@@ -250,7 +250,7 @@ func (l *Leader) initLease() {
 			b := a.As4()
 			l.cur.F[i].Daddr = *(*uint32)(unsafe.Pointer(&b[0]))
 		}
-		l.cur.F[i].Dport = htons(f.Addr.Port())
+		l.cur.F[i].Dport = bpfx.Htons(f.Addr.Port())
 	}
 }
 

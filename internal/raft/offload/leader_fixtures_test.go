@@ -232,11 +232,11 @@ func (f *leaderFixture) capture() int {
 	var fd int
 	err := f.ns.Do(func() error {
 		var err error
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(bpfx.Htons(unix.ETH_P_ALL)))
 		if err != nil {
 			return err
 		}
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: f.capIfx})
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: bpfx.Htons(unix.ETH_P_ALL), Ifindex: f.capIfx})
 	})
 	if err != nil {
 		f.t.Fatalf("capture socket: %v", err)

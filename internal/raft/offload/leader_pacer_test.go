@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/kedge-dev/kedge/pkg/kedge"
@@ -74,10 +75,10 @@ func testLeaderBackend(t *testing.T, backend string) {
 	var fd int
 	if err := followerNS.Do(func() error {
 		var err error
-		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL))); err != nil {
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(bpfx.Htons(unix.ETH_P_ALL))); err != nil {
 			return err
 		}
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: l1.Attrs().Index})
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: bpfx.Htons(unix.ETH_P_ALL), Ifindex: l1.Attrs().Index})
 	}); err != nil {
 		t.Fatal(err)
 	}
