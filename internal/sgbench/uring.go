@@ -19,6 +19,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kedge-dev/kedge/pkg/kedge"
 )
 
 // From include/uapi/linux/io_uring.h.
@@ -141,6 +143,11 @@ func newUring(entries uint32) (*uring, error) {
 	// (liburing's advice for a ring with one user): the caller locked its OS thread.
 	p := iouParams{Flags: iouSetupSubmitAll | iouSetupSingleIssuer | iouSetupDeferTaskrun}
 	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
+	if errno == unix.EINVAL {
+		// Flags the kernel does not know: DEFER_TASKRUN is the newest (6.1).
+		return nil, &kedge.FeatureError{Feature: "io_uring with SUBMIT_ALL, SINGLE_ISSUER and DEFER_TASKRUN", MinKernel: "6.1",
+			Hint: "run the other methods (--methods)", Err: fmt.Errorf("io_uring_setup: %w", errno)}
+	}
 	if errno != 0 {
 		return nil, fmt.Errorf("io_uring_setup: %w (io_uring disabled? sysctl kernel.io_uring_disabled)", errno)
 	}
