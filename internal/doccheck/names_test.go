@@ -40,9 +40,10 @@ type sources struct {
 var testFuncRE = regexp.MustCompile(`(?m)^func ((?:Test|Benchmark|Fuzz)[A-Z]\w*)\(`)
 var pkgClauseRE = regexp.MustCompile(`(?m)^package (\w+)`)
 
-func readSources(t *testing.T) *sources {
+// walkSources calls fn with every source file of the repository whose extension is one of
+// exts (docs, testdata and hidden directories left out, the pinned vmlinux.h too).
+func walkSources(t *testing.T, exts []string, fn func(path string, b []byte)) {
 	t.Helper()
-	s := &sources{tests: map[string]bool{}, pkgs: map[string][]string{}, pkgText: map[string]*strings.Builder{}}
 	err := filepath.WalkDir(repoRoot, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -53,21 +54,29 @@ func readSources(t *testing.T) *sources {
 			}
 			return nil
 		}
-		ext := filepath.Ext(p)
-		if ext != ".go" && ext != ".c" && ext != ".h" {
-			return nil
-		}
-		if strings.HasSuffix(p, "vmlinux.h") {
+		if !slices.Contains(exts, filepath.Ext(p)) || strings.HasSuffix(p, "vmlinux.h") {
 			return nil
 		}
 		b, err := os.ReadFile(p)
 		if err != nil {
 			return err
 		}
+		fn(p, b)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readSources(t *testing.T) *sources {
+	t.Helper()
+	s := &sources{tests: map[string]bool{}, pkgs: map[string][]string{}, pkgText: map[string]*strings.Builder{}}
+	walkSources(t, []string{".go", ".c", ".h"}, func(p string, b []byte) {
 		s.all.Write(b)
 		s.all.WriteByte('\n')
-		if ext != ".go" {
-			return nil
+		if filepath.Ext(p) != ".go" {
+			return
 		}
 		for _, m := range testFuncRE.FindAllSubmatch(b, -1) {
 			s.tests[string(m[1])] = true
@@ -83,11 +92,7 @@ func readSources(t *testing.T) *sources {
 			s.pkgText[dir] = new(strings.Builder)
 		}
 		s.pkgText[dir].Write(b)
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	return s
 }
 

@@ -13,7 +13,7 @@
 // The kedge command maps such errors to exit code 3 (see ExitCode).
 //
 // Packages under pkg/ export only standard-library types and types declared under pkg/;
-// they may use kedge's internal packages (docs/architecture.md, "Public API boundary").
+// they may use kedge's internal packages (docs/development.md, "Public API boundary").
 package kedge
 
 import (

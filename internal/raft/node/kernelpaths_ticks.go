@@ -158,7 +158,7 @@ func (n *Node) offloadAcks(ctx context.Context) {
 // MsgAppResp carrying the highest index it acknowledged: what stepping each absorbed response
 // leaves (Progress.MaybeUpdate only moves forward; RecentActive is set), a tick later. The
 // program absorbs only responses that move neither the commit index nor, at once, anything
-// else etcd-raft needs (docs/raft.md "Electrode: broadcast and quorum wait"); called before
+// else etcd-raft needs (docs/raft.md section 16); called before
 // each Tick, so CheckQuorum sees a follower active whose responses were all absorbed.
 func (n *Node) offloadQuorum(ctx context.Context) {
 	f := n.fol
