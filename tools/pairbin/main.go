@@ -38,6 +38,9 @@ type Bench struct {
 	Name    string   `json:"name"`
 	Args    []string `json:"args"`
 	Metrics []Metric `json:"metrics"`
+	// Result is where the run writes result.json, relative to its directory
+	// (default "result.json"; the hedge benchmark writes <scenario>/result.json).
+	Result string `json:"result"`
 }
 
 // Metric is one figure read from a run's result.json.
@@ -209,7 +212,11 @@ func runOnce(bin string, bench Bench, dir string) (Run, error) {
 	}
 	run := Run{Bench: bench.Name, Dir: dir, Seconds: time.Since(start).Seconds(), Values: map[string]float64{}}
 	var doc any
-	if err := readJSON(filepath.Join(dir, "result.json"), &doc); err != nil {
+	result := bench.Result
+	if result == "" {
+		result = "result.json"
+	}
+	if err := readJSON(filepath.Join(dir, result), &doc); err != nil {
 		return Run{}, err
 	}
 	for _, m := range bench.Metrics {
