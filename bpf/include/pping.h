@@ -10,8 +10,8 @@
  *     'events' ring buffer (per-sample mode) or into the per-subnet histograms (-a mode).
  *   flows      : per-flow state for both directions under one canonical key (rate limit,
  *                last identifier, min/smoothed RTT, open/close state).
- *   iter/bpf_map_elem (pping_gc_ts, pping_gc_flow): garbage collection, run by user space
- *                every cleanup interval through a map iterator.
+ *   garbage collection: user space reads and deletes expired entries every cleanup
+ *                interval (internal/pping/gc.go); no program runs for it.
  *
  * Identifiers (request -> reply):
  *   TCP     TSval of a segment that carries data (or a SYN)  ->  TSecr of an ACK
@@ -293,7 +293,8 @@ struct pp_counters {
 	/* output */
 	__u64 event_dropped;   /* ring buffer full */
 	__u64 agg_map_full;    /* subnet folded into "other" */
-	/* garbage collection (slot PP_HOOK_GC) */
+	/* garbage collection: user space's collector (internal/pping/gc.go) reports these in
+	 * slot PP_HOOK_GC, which no program writes */
 	__u64 gc_ts_expired;
 	__u64 gc_flow_expired;
 };

@@ -22,6 +22,21 @@
 /* An unmatched identifier expires after this many smoothed RTTs (clamped, see config). */
 #define PP_TS_RTT_MULT 8
 
+/* How long a direction's identifiers live: clamp(8 x srtt, ts_min_lifetime, ts_max_lifetime),
+ * so a short-RTT flow's lost replies are forgotten quickly and a long-RTT flow keeps its
+ * identifiers long enough to be matched. User space's collector (internal/pping/gc.go)
+ * deletes expired identifiers by the same rule. */
+static __always_inline __u64 pp_ts_lifetime(const struct pp_dir_state *d)
+{
+	__u64 life = pp_cfg.ts_max_lifetime_ns;
+
+	if (d->srtt && d->srtt * PP_TS_RTT_MULT < life)
+		life = d->srtt * PP_TS_RTT_MULT;
+	if (life < pp_cfg.ts_min_lifetime_ns)
+		life = pp_cfg.ts_min_lifetime_ns;
+	return life;
+}
+
 static __always_inline int pp_active(const struct pp_dir_state *d)
 {
 	return d->conn == PP_CONN_WAITOPEN || d->conn == PP_CONN_OPEN;
@@ -290,6 +305,11 @@ static __always_inline void pp_match(struct pp_dir_state *d, struct pp_pkt *pp,
 	}
 	stored = bpf_map_lookup_elem(&pkt_ts, &pp->reply);
 	if (!stored) {
+		/* The collector deletes expired identifiers but cannot decrement the count (it is
+		 * not atomic from user space): once the newest identifier of the direction is past
+		 * its lifetime, every one of them is, so nothing is outstanding any more. */
+		if (pp->now > d->last_ts && pp->now - d->last_ts > pp_ts_lifetime(d))
+			d->outstanding = 0;
 		COUNT(cnt, match_miss);
 		return;
 	}
@@ -399,21 +419,6 @@ static __always_inline void pp_process(void *ctx, struct pp_pkt *pp, struct pp_c
 	pp_match(rev, pp, cnt);
 
 	pp_close(fs, fwd, rev, pp, cnt);
-}
-
-/* Garbage collection: whether a direction has been idle too long. */
-static __always_inline int pp_dir_expired(const struct pp_dir_state *d, __u8 proto, __u64 now)
-{
-	__u64 age;
-
-	if (!pp_active(d) || now < d->last_seen)
-		return 0;
-	age = now - d->last_seen;
-	if (d->conn == PP_CONN_WAITOPEN && age > pp_cfg.unopened_lifetime_ns)
-		return 1;
-	if (proto != IPPROTO_TCP && age > pp_cfg.dgram_lifetime_ns)
-		return 1;
-	return age > pp_cfg.flow_lifetime_ns;
 }
 
 #endif /* KEDGE_PPING_FLOW_H */

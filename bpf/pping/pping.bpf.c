@@ -5,9 +5,8 @@
  * (XDP, --ingress-hook xdp), run the same pipeline:
  *   parse (parse.h) -> identify (ident.h) -> timestamp the request / match the reply
  *   (flow.h) -> count (every packet lands in exactly one counter of maps.h's pp_counters).
- * Two map iterators, pping_gc_ts and pping_gc_flow, expire stale state when user space runs
- * them (every second by default): process context, preemptible, no softirq time taken from
- * the packets being measured, and the natural place to report timed-out flows.
+ * Stale state is expired by user space (internal/pping/gc.go), which reads and deletes map
+ * entries in batches every cleanup interval: no program runs for it.
  * The contract with user space is bpf/include/pping.h. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -146,87 +145,6 @@ int pping_xdp(struct xdp_md *ctx)
 
 	pp_handle(ctx, 1, len, ctx->ingress_ifindex, PP_HOOK_INGRESS);
 	return XDP_PASS;
-}
-
-/* Expires unmatched identifiers after clamp(8 x srtt, ts_min_lifetime, ts_max_lifetime):
- * a short-RTT flow's lost replies are forgotten quickly, a long-RTT flow keeps its
- * identifiers long enough to be matched. */
-SEC("iter/bpf_map_elem")
-int pping_gc_ts(struct bpf_iter__bpf_map_elem *ctx)
-{
-	struct pp_pkt_id *id = ctx->key;
-	__u64 *stored = ctx->value;
-	struct pp_dir_state *d = NULL;
-	struct pp_flow_state *fs;
-	struct pp_tuple key;
-	struct pp_pkt_id del;
-	__u64 now, life;
-	int first;
-
-	if (!id || !stored)
-		return 0;
-	now = kedge_now();
-	if (now <= *stored)
-		return 0;
-	first = pp_src_sorts_first(&id->flow);
-	if (first)
-		key = id->flow;
-	else
-		pp_reverse(&key, &id->flow);
-	fs = bpf_map_lookup_elem(&flows, &key);
-	if (fs)
-		d = first ? &fs->dir[0] : &fs->dir[1];
-	life = pp_cfg.ts_max_lifetime_ns;
-	if (d && d->srtt && d->srtt * PP_TS_RTT_MULT < life)
-		life = d->srtt * PP_TS_RTT_MULT;
-	if (life < pp_cfg.ts_min_lifetime_ns)
-		life = pp_cfg.ts_min_lifetime_ns;
-	if (now - *stored <= life)
-		return 0;
-	del = *id;
-	if (bpf_map_delete_elem(&pkt_ts, &del) != 0)
-		return 0;
-	if (d && d->outstanding)
-		__sync_fetch_and_add(&d->outstanding, -1);
-	COUNT(pp_counters_get(PP_HOOK_GC), gc_ts_expired);
-	return 0;
-}
-
-/* Deletes flows whose directions are all closed or idle, reporting the open ones that timed
- * out (reply-side first, like every flow event). */
-SEC("iter/bpf_map_elem")
-int pping_gc_flow(struct bpf_iter__bpf_map_elem *ctx)
-{
-	struct pp_tuple *key = ctx->key, k, rev;
-	struct pp_flow_state *fs = ctx->value;
-	struct pp_counters *cnt;
-	int exp0, exp1, notify0, notify1;
-	__u64 now;
-
-	if (!key || !fs)
-		return 0;
-	now = kedge_now();
-	exp0 = pp_dir_expired(&fs->dir[0], key->proto, now);
-	exp1 = pp_dir_expired(&fs->dir[1], key->proto, now);
-	if ((pp_active(&fs->dir[0]) && !exp0) || (pp_active(&fs->dir[1]) && !exp1))
-		return 0;
-	notify0 = exp0 && fs->dir[0].conn == PP_CONN_OPEN;
-	notify1 = exp1 && fs->dir[1].conn == PP_CONN_OPEN;
-	k = *key;
-	if (bpf_map_delete_elem(&flows, &k) != 0)
-		return 0;
-	cnt = pp_counters_get(PP_HOOK_GC);
-	if (!cnt)
-		return 0;
-	COUNT(cnt, gc_flow_expired);
-	if (!pp_cfg.push_events)
-		return 0;
-	pp_reverse(&rev, &k);
-	if (notify0) /* dir[0] runs k.saddr -> k.daddr; its replies come from k.daddr */
-		pp_send_flow(cnt, &rev, now, PP_FLOW_CLOSING, PP_REASON_TIMEOUT, PP_SOURCE_GC);
-	if (notify1)
-		pp_send_flow(cnt, &k, now, PP_FLOW_CLOSING, PP_REASON_TIMEOUT, PP_SOURCE_GC);
-	return 0;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,7 +1,7 @@
 // Package pping is the control plane of kedge's passive RTT monitor (kedge pping): it
 // loads bpf/pping, attaches it to an interface (TC ingress and egress) in a network
 // namespace, reads RTT and flow events from the ring buffer, runs garbage collection
-// through map iterators, collects the double-buffered per-subnet histograms, and formats
+// in user space, collects the double-buffered per-subnet histograms, and formats
 // all of it as ePPing does (standard, json, jsonl, ppviz). docs/pping.md describes the
 // data flow.
 package pping

@@ -266,8 +266,17 @@ func loadFixture(t *testing.T, mod func(*Config)) *Monitor {
 	return m
 }
 
+// readCounters reads the programs' counters and the collector's (slot 2, HookGC).
 func readCounters(m *Monitor) func() (bpftest.Counters, error) {
-	return func() (bpftest.Counters, error) { return bpftest.SumPerCPU[ppingPpCounters](m.objs.Counters) }
+	return func() (bpftest.Counters, error) {
+		c, err := bpftest.SumPerCPU[ppingPpCounters](m.objs.Counters)
+		if err != nil {
+			return nil, err
+		}
+		c["2.GcTsExpired"] += int64(m.gc.tsExpired.Load())
+		c["2.GcFlowExpired"] += int64(m.gc.flowExpired.Load())
+		return c, nil
+	}
 }
 
 // stepGap is the time between two steps on the fixtures' fixed clock (bpftest.FixClock):
@@ -945,9 +954,13 @@ func TestGC(t *testing.T) {
 		c.DgramLifetime, c.UnopenedLifetime, c.FlowLifetime = 1, 1, 1
 	}
 	fromB := v4.flowStr(true, 7, 7)
-	gc := func(t *testing.T, m *Monitor, _ time.Duration) {
+	gc := func(t *testing.T, m *Monitor) []*FlowEvent {
 		advance(t, m, time.Second) // past every lifetime
-		d, err := bpftest.Delta(readCounters(m), m.RunGC)
+		var evs []*FlowEvent
+		d, err := bpftest.Delta(readCounters(m), func() (err error) {
+			evs, err = m.RunGC()
+			return err
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -957,30 +970,37 @@ func TestGC(t *testing.T) {
 		if n, f := countEntries(t, m), countFlows(t, m); n != 0 || f != 0 {
 			t.Errorf("after GC: %d identifiers, %d flows; want none", n, f)
 		}
+		if evs := drain(t, m); len(evs) != 0 {
+			t.Errorf("GC wrote %d events to the ring buffer, want none (it returns them): %v", len(evs), evs)
+		}
+		return evs
 	}
 	t.Run("unanswered request", fixture{cfg: expireAll, steps: []step{
 		eg(v4.echo(true, 7, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
-	}, check: gc}.runEachIngress)
+	}, check: func(t *testing.T, m *Monitor, _ time.Duration) {
+		if evs := gc(t, m); len(evs) != 0 {
+			t.Errorf("GC events %v, want none (the flow never opened)", evs)
+		}
+	}}.runEachIngress)
 	t.Run("open flow times out", fixture{cfg: expireAll, steps: []step{
 		eg(v4.echo(true, 7, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
 		in(v4.echo(false, 7, 1, -1), c{"FlowOpened": 1, "MatchRtt": 1}),
 		eg(v4.echo(true, 7, 2, -1), c{"TsStored": 1}),
 	}, rtts: []wantRTT{{flow: fromB, proto: "ICMP", id: 1}},
 		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
-		check: func(t *testing.T, m *Monitor, el time.Duration) {
-			gc(t, m, el)
-			evs := drain(t, m)
+		check: func(t *testing.T, m *Monitor, _ time.Duration) {
+			evs := gc(t, m)
 			if len(evs) != 1 {
-				t.Fatalf("%d events after GC, want 1 flow closing: %v", len(evs), evs)
+				t.Fatalf("%d events from GC, want 1 flow closing: %v", len(evs), evs)
 			}
-			if e, ok := evs[0].(*FlowEvent); !ok || e.Flow.String() != fromB || e.Type != FlowClosing || e.Reason != ReasonTimeout || e.Source != SourceGC {
-				t.Errorf("GC event %+v, want %s closing due to flow timeout from garbage collection", evs[0], fromB)
+			if e := evs[0]; e.Flow.String() != fromB || e.Type != FlowClosing || e.Reason != ReasonTimeout || e.Source != SourceGC {
+				t.Errorf("GC event %+v, want %s closing due to flow timeout from garbage collection", e, fromB)
 			}
 		}}.runEachIngress)
 	t.Run("nothing stale", fixture{cfg: func(c *Config) { c.CleanupInterval = time.Second }, steps: []step{
 		eg(v4.echo(true, 7, 1, -1), c{"FlowCreated": 1, "TsStored": 1}),
 	}, check: func(t *testing.T, m *Monitor, _ time.Duration) {
-		d, err := bpftest.Delta(readCounters(m), m.RunGC)
+		d, err := bpftest.Delta(readCounters(m), func() error { _, err := m.RunGC(); return err })
 		if err != nil {
 			t.Fatal(err)
 		}

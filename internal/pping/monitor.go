@@ -3,44 +3,34 @@ package pping
 import (
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netns"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 )
 
-// Monitor is a loaded pping object: programs, maps and GC iterators. Attach puts it on an
-// interface; Close detaches and frees everything.
+// Monitor is a loaded pping object: programs and maps. Attach puts it on an interface;
+// Close detaches and frees everything.
 type Monitor struct {
-	cfg     Config
-	objs    monitorObjects
-	gcTS    *link.Iter
-	gcFlow  *link.Iter
-	attach  []bpfx.Attachment
-	clock   monoClock
-	aggMu   sync.Mutex
-	aggPrev int // buffer the kernel wrote before the last flip (under aggMu)
+	cfg        Config
+	objs       monitorObjects
+	attach     []bpfx.Attachment
+	clock      monoClock
+	clockFixed bool // the programs read bpf/include/clock.h's fixed clock (fixtures)
+	gc         gcCounters
+	aggMu      sync.Mutex
+	aggPrev    int // buffer the kernel wrote before the last flip (under aggMu)
 }
 
-// monitorObjects is what Load loads: bpf2go's maps and variables, egress, the GC iterators,
-// and the ingress program of the configured hook only (pping_ingress or pping_xdp, loaded
-// under the first's name), so a kernel that refuses one ingress program still runs the
-// other and a load verifies nothing it does not use.
+// monitorObjects is what Load loads: bpf2go's maps and variables, egress, and the ingress
+// program of the configured hook only (pping_ingress or pping_xdp, loaded under the
+// first's name), so a kernel that refuses one ingress program still runs the other and a
+// load verifies nothing it does not use.
 type monitorObjects struct {
-	monitorCore
-	PpingGcTs   *ebpf.Program `ebpf:"pping_gc_ts"`
-	PpingGcFlow *ebpf.Program `ebpf:"pping_gc_flow"`
-}
-
-// monitorCore is monitorObjects without the GC iterators: what Load loads when the cleanup
-// interval is 0 (the iterators are tracing programs, which some sandboxes refuse).
-type monitorCore struct {
 	ppingMaps
 	ppingVariables
 	PpingEgress  *ebpf.Program `ebpf:"pping_egress"`
@@ -48,8 +38,7 @@ type monitorCore struct {
 }
 
 func (o *monitorObjects) Close() error {
-	return errors.Join(o.PpingEgress.Close(), o.PpingIngress.Close(), o.PpingGcTs.Close(),
-		o.PpingGcFlow.Close(), o.ppingMaps.Close())
+	return errors.Join(o.PpingEgress.Close(), o.PpingIngress.Close(), o.ppingMaps.Close())
 }
 
 // Load validates cfg and loads the BPF object with it.
@@ -89,11 +78,7 @@ func load(cfg Config, prepare func(*ebpf.CollectionSpec) error) (*Monitor, error
 	}
 	delete(spec.Programs, ppingProgPpingXdp)
 	m := &Monitor{cfg: cfg}
-	var into any = &m.objs
-	if cfg.CleanupInterval == 0 {
-		into = &m.objs.monitorCore // no GC: its iterators are not loaded at all
-	}
-	if err := bpfx.LoadAndAssign("pping", spec, into, nil); err != nil {
+	if err := bpfx.LoadAndAssign("pping", spec, &m.objs, nil); err != nil {
 		if ve := (*ebpf.VerifierError)(nil); cfg.IngressHook == IngressXDP && errors.As(err, &ve) {
 			return nil, fmt.Errorf("%w - if it is pping_xdp, try --ingress-hook tc", err)
 		}
@@ -113,18 +98,12 @@ func (m *Monitor) init() error {
 			return fmt.Errorf("add UDP service %d: %w", s.Port, err)
 		}
 	}
+	if err := m.objs.KedgeClockFixed.Get(&m.clockFixed); err != nil {
+		return fmt.Errorf("read the clock setting: %w", err)
+	}
 	if m.cfg.Aggregate > 0 {
 		if err := m.initAggregation(); err != nil {
 			return err
-		}
-	}
-	if m.cfg.CleanupInterval > 0 {
-		var err error
-		if m.gcTS, err = link.AttachIter(link.IterOptions{Program: m.objs.PpingGcTs, Map: m.objs.PktTs}); err != nil {
-			return fmt.Errorf("attach timestamp GC iterator: %w (map iterators need kernel 5.9+)", err)
-		}
-		if m.gcFlow, err = link.AttachIter(link.IterOptions{Program: m.objs.PpingGcFlow, Map: m.objs.Flows}); err != nil {
-			return fmt.Errorf("attach flow GC iterator: %w", err)
 		}
 	}
 	return nil
@@ -178,31 +157,6 @@ func (m *Monitor) Programs() (ingress, egress *ebpf.Program) {
 	return m.objs.PpingIngress, m.objs.PpingEgress
 }
 
-// RunGC runs the timestamp and the flow garbage collectors once (a no-op when the cleanup
-// interval is 0). Identifiers go first so flows deleted now do not leave them behind.
-func (m *Monitor) RunGC() error {
-	for _, it := range []struct {
-		name string
-		l    *link.Iter
-	}{{"timestamp", m.gcTS}, {"flow", m.gcFlow}} {
-		if it.l == nil {
-			continue
-		}
-		r, err := it.l.Open()
-		if err != nil {
-			return fmt.Errorf("run %s GC: %w", it.name, err)
-		}
-		_, err = io.Copy(io.Discard, r)
-		if cerr := r.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("run %s GC: %w", it.name, err)
-		}
-	}
-	return nil
-}
-
 // Close detaches the programs and frees the maps.
 func (m *Monitor) Close() error {
 	var errs []error
@@ -210,12 +164,6 @@ func (m *Monitor) Close() error {
 		errs = append(errs, m.attach[i].Close())
 	}
 	m.attach = nil
-	for _, l := range []*link.Iter{m.gcTS, m.gcFlow} {
-		if l != nil {
-			errs = append(errs, l.Close())
-		}
-	}
-	m.gcTS, m.gcFlow = nil, nil
 	errs = append(errs, m.objs.Close())
 	return errors.Join(errs...)
 }

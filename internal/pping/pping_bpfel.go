@@ -285,8 +285,6 @@ const (
 	ppingMapScratch            = "scratch"
 	ppingMapServices           = "services"
 	ppingProgPpingEgress       = "pping_egress"
-	ppingProgPpingGcFlow       = "pping_gc_flow"
-	ppingProgPpingGcTs         = "pping_gc_ts"
 	ppingProgPpingIngress      = "pping_ingress"
 	ppingProgPpingXdp          = "pping_xdp"
 	ppingVarKedgeClockFixed    = "kedge_clock_fixed"
@@ -352,8 +350,6 @@ type ppingSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ppingProgramSpecs struct {
 	PpingEgress  *ebpf.ProgramSpec `ebpf:"pping_egress"`
-	PpingGcFlow  *ebpf.ProgramSpec `ebpf:"pping_gc_flow"`
-	PpingGcTs    *ebpf.ProgramSpec `ebpf:"pping_gc_ts"`
 	PpingIngress *ebpf.ProgramSpec `ebpf:"pping_ingress"`
 	PpingXdp     *ebpf.ProgramSpec `ebpf:"pping_xdp"`
 }
@@ -477,8 +473,6 @@ type ppingVariables struct {
 // It can be passed to loadPpingObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ppingPrograms struct {
 	PpingEgress  *ebpf.Program `ebpf:"pping_egress"`
-	PpingGcFlow  *ebpf.Program `ebpf:"pping_gc_flow"`
-	PpingGcTs    *ebpf.Program `ebpf:"pping_gc_ts"`
 	PpingIngress *ebpf.Program `ebpf:"pping_ingress"`
 	PpingXdp     *ebpf.Program `ebpf:"pping_xdp"`
 }
@@ -486,8 +480,6 @@ type ppingPrograms struct {
 func (p *ppingPrograms) Close() error {
 	return _PpingClose(
 		p.PpingEgress,
-		p.PpingGcFlow,
-		p.PpingGcTs,
 		p.PpingIngress,
 		p.PpingXdp,
 	)

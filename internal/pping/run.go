@@ -43,7 +43,7 @@ loop:
 		case err := <-readErr:
 			return err
 		case <-gcC:
-			if err := m.RunGC(); err != nil {
+			if err := m.collectGarbage(sink); err != nil {
 				errs = append(errs, err)
 				break loop
 			}
@@ -63,6 +63,17 @@ loop:
 		errs = append(errs, f.Flush())
 	}
 	return errors.Join(errs...)
+}
+
+// collectGarbage runs the collector and reports the flows that timed out.
+func (m *Monitor) collectGarbage(sink Sink) error {
+	evs, err := m.RunGC()
+	for _, ev := range evs {
+		if serr := sink.Event(ev); serr != nil {
+			return errors.Join(err, fmt.Errorf("deliver event: %w", serr))
+		}
+	}
+	return err
 }
 
 func (m *Monitor) reportAggregate(sink Sink) error {

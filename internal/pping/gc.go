@@ -1,0 +1,241 @@
+package pping
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Garbage collection runs in user space, every cleanup interval: it reads the flow and
+// identifier tables in batches, deletes what expired and reports the flows that timed out.
+// No BPF program is involved, so it runs on kernels that refuse tracing programs (map
+// iterators are BPF_PROG_TYPE_TRACING, which a locked-down kernel may refuse) and costs the
+// packet path nothing. docs/pping.md ("Garbage collection") has the rules.
+//
+// The kernel counts each direction's outstanding identifiers so that an echo finds nothing
+// to look up in the common case; user space cannot decrement that count atomically, so the
+// programs reset it themselves once the newest identifier of the direction is older than
+// the lifetime the collector applies (pp_match), and the collector only deletes.
+
+// gcCounters are the collector's counters, reported under the hook "gc".
+type gcCounters struct {
+	tsExpired, flowExpired atomic.Uint64
+}
+
+// gcBatch is how many entries one batch lookup returns.
+const gcBatch = 256
+
+// now is the programs' clock: CLOCK_MONOTONIC (bpf_ktime_get_ns), or the fixtures' fixed
+// clock (bpf/include/clock.h) when the object was loaded with one.
+func (m *Monitor) now() (uint64, error) {
+	if m.clockFixed {
+		var ns uint64
+		if err := m.objs.KedgeClockNs.Get(&ns); err != nil {
+			return 0, fmt.Errorf("read the fixed clock: %w", err)
+		}
+		return ns, nil
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0, fmt.Errorf("read CLOCK_MONOTONIC: %w", err)
+	}
+	return uint64(ts.Nano()), nil
+}
+
+// RunGC removes the identifiers and flows that expired and returns a closing event
+// (reason "flow timeout", source "garbage collection") for every open direction of a
+// removed flow. A no-op when the cleanup interval is 0.
+func (m *Monitor) RunGC() ([]*FlowEvent, error) {
+	if m.cfg.CleanupInterval <= 0 {
+		return nil, nil
+	}
+	now, err := m.now()
+	if err != nil {
+		return nil, err
+	}
+	flows := map[ppingPpTuple]ppingPpFlowState{}
+	if err := batchRead(m.objs.Flows, func(k ppingPpTuple, v ppingPpFlowState) { flows[k] = v }); err != nil {
+		return nil, fmt.Errorf("run flow GC: %w", err)
+	}
+	// Identifiers first: their lifetime depends on their flow's smoothed RTT.
+	var stale []ppingPpPktId
+	err = batchRead(m.objs.PktTs, func(id ppingPpPktId, stored uint64) {
+		if m.tsExpired(&id, stored, now, flows) {
+			stale = append(stale, id)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("run timestamp GC: %w", err)
+	}
+	for i := range stale {
+		// Gone already: matched since the batch was read.
+		if err := m.objs.PktTs.Delete(&stale[i]); err == nil {
+			m.gc.tsExpired.Add(1)
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, fmt.Errorf("run timestamp GC: %w", err)
+		}
+	}
+	var evs []*FlowEvent
+	for key, fs := range flows {
+		if _, _, ok := m.flowExpired(&key, &fs, now); !ok {
+			continue
+		}
+		// Look again right before deleting: a packet may have revived the flow since the
+		// batch was read.
+		if err := m.objs.Flows.Lookup(&key, &fs); err != nil {
+			continue
+		}
+		notify0, notify1, ok := m.flowExpired(&key, &fs, now)
+		if !ok {
+			continue
+		}
+		if err := m.objs.Flows.Delete(&key); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			return evs, fmt.Errorf("run flow GC: %w", err)
+		}
+		m.gc.flowExpired.Add(1)
+		if m.cfg.Aggregate > 0 {
+			continue // events are per-sample mode's
+		}
+		at := m.clock.wall(now)
+		rev := key.reverse()
+		// dir[0] runs key.saddr -> key.daddr; its replies come from key.daddr.
+		if notify0 {
+			evs = append(evs, &FlowEvent{Time: at, Flow: rev.flow(), Type: FlowClosing, Reason: ReasonTimeout, Source: SourceGC})
+		}
+		if notify1 {
+			evs = append(evs, &FlowEvent{Time: at, Flow: key.flow(), Type: FlowClosing, Reason: ReasonTimeout, Source: SourceGC})
+		}
+	}
+	return evs, nil
+}
+
+// tsExpired applies the identifier lifetime: clamp(8 x the direction's smoothed RTT,
+// min, max), so a short-RTT flow's lost replies are forgotten quickly and a long-RTT flow
+// keeps its identifiers long enough to be matched (pp_ts_lifetime in flow.h is the same rule).
+func (m *Monitor) tsExpired(id *ppingPpPktId, stored, now uint64, flows map[ppingPpTuple]ppingPpFlowState) bool {
+	stored &^= tsPureACK
+	if now <= stored {
+		return false
+	}
+	var srtt uint64
+	key, dir := id.Flow.canonical()
+	if fs, ok := flows[key]; ok {
+		srtt = fs.Dir[dir].Srtt
+	}
+	return now-stored > m.cfg.tsLifetime(srtt)
+}
+
+// tsLifetime is pp_ts_lifetime() (flow.h).
+func (c Config) tsLifetime(srtt uint64) uint64 {
+	life := uint64(c.TSMaxLifetime)
+	if srtt > 0 && srtt*tsRTTMult < life {
+		life = srtt * tsRTTMult
+	}
+	return max(life, uint64(c.TSMinLifetime))
+}
+
+// PP_TS_RTT_MULT and PP_TS_PURE_ACK (flow.h, pping.h).
+const (
+	tsRTTMult = 8
+	tsPureACK = 1
+)
+
+// flowExpired says whether a flow may be deleted (every direction closed, never opened or
+// idle too long) and which of its directions were open and timed out.
+func (m *Monitor) flowExpired(key *ppingPpTuple, fs *ppingPpFlowState, now uint64) (notify0, notify1, ok bool) {
+	exp0 := m.cfg.dirExpired(&fs.Dir[0], key.Proto, now)
+	exp1 := m.cfg.dirExpired(&fs.Dir[1], key.Proto, now)
+	if (dirActive(&fs.Dir[0]) && !exp0) || (dirActive(&fs.Dir[1]) && !exp1) {
+		return false, false, false
+	}
+	return exp0 && fs.Dir[0].Conn == connOpen, exp1 && fs.Dir[1].Conn == connOpen, true
+}
+
+// enum pp_conn_state
+const (
+	connEmpty    = 0
+	connWaitOpen = 1
+	connOpen     = 2
+	connClosed   = 3
+)
+
+func dirActive(d *ppingPpDirState) bool { return d.Conn == connWaitOpen || d.Conn == connOpen }
+
+// dirExpired: an unanswered direction after the unopened lifetime, an idle ICMP/UDP one
+// after the datagram lifetime, any idle one after the flow lifetime.
+func (c Config) dirExpired(d *ppingPpDirState, proto uint8, now uint64) bool {
+	if !dirActive(d) || now < d.LastSeen {
+		return false
+	}
+	age := time.Duration(now - d.LastSeen)
+	switch {
+	case d.Conn == connWaitOpen && age > c.UnopenedLifetime:
+		return true
+	case proto != unix.IPPROTO_TCP && age > c.DgramLifetime:
+		return true
+	}
+	return age > c.FlowLifetime
+}
+
+// canonical returns the flows map's key of t's flow and the index of t's direction in it
+// (pp_src_sorts_first in ident.h: the endpoint whose address words, then port, compare
+// lower as the kernel loads them, little-endian, comes first).
+func (t ppingPpTuple) canonical() (ppingPpTuple, int) {
+	if t.srcSortsFirst() {
+		return t, 0
+	}
+	return t.reverse(), 1
+}
+
+func (t *ppingPpTuple) srcSortsFirst() bool {
+	s, d := t.Saddr.In6U.U6Addr8, t.Daddr.In6U.U6Addr8
+	for i := 0; i < 16; i += 4 {
+		a, b := binary.LittleEndian.Uint32(s[i:]), binary.LittleEndian.Uint32(d[i:])
+		if a != b {
+			return a < b
+		}
+	}
+	return t.Sport <= t.Dport
+}
+
+func (t ppingPpTuple) reverse() ppingPpTuple {
+	r := t
+	r.Saddr, r.Daddr = t.Daddr, t.Saddr
+	r.Sport, r.Dport = t.Dport, t.Sport
+	return r
+}
+
+// batchRead calls fn for every entry of a hash map, reading it in batches
+// (BPF_MAP_LOOKUP_BATCH, 5.6) or, where the kernel lacks those, one key at a time.
+func batchRead[K comparable, V any](mp *ebpf.Map, fn func(K, V)) error {
+	keys, vals := make([]K, gcBatch), make([]V, gcBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := mp.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			fn(keys[i], vals[i])
+		}
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return nil
+		case errors.Is(err, ebpf.ErrNotSupported):
+			var k K
+			var v V
+			it := mp.Iterate()
+			for it.Next(&k, &v) {
+				fn(k, v)
+			}
+			return it.Err()
+		case err != nil:
+			return err
+		}
+	}
+}
