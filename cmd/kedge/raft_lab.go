@@ -135,7 +135,7 @@ func newRaftLabUpCmd() *cobra.Command {
 lab cluster %[1]s is up (supervisor pid %[2]d, fault delay line: %[3]s). Next:
   kedge lab exec %[1]s client -- kedge raft status --config %[4]s
   kedge lab exec %[1]s client -- kedge raft kv --config %[4]s put greeting hello
-  kedge raft lab fault %[1]s kill leader        (then: fault %[1]s start N)
+  kedge raft lab fault %[1]s kill leader        (then: fault %[1]s start killed)
   kedge raft lab down %[1]s
 `, info.Name, info.Supervisor, info.DelayBackend, info.Config)
 				return nil
@@ -374,15 +374,16 @@ func newRaftLabFaultCmd() *cobra.Command {
   net                       per-link faults on the links --from -> --to (default: all nodes):
                             --loss, --dup (probabilities), --delay, --jitter, --share (reordering)
   heal                      remove every link fault
-  kill N|leader             kill -9 the node (restart it with 'start N')
-  start N                   start a killed node again (from its data directory)
+  kill N|leader             kill -9 the node (restart it with 'start N' or 'start killed')
+  start N|killed            start a killed node again (from its data directory); 'killed'
+                            names the one node that is down
   pause N|leader, resume N  SIGSTOP / SIGCONT
   starve N|leader, unstarve N   pin the node to one CPU with --spinners busy threads there`,
 		Example: `  sudo kedge raft lab fault demo partition 1 2,3
   sudo kedge raft lab fault demo oneway 2,3 1
   sudo kedge raft lab fault demo net --loss 0.1 --dup 0.05 --delay 5ms --jitter 10ms --share 0.3
   sudo kedge raft lab fault demo kill leader
-  sudo kedge raft lab fault demo start 2
+  sudo kedge raft lab fault demo start killed
   sudo kedge raft lab fault demo heal`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 2 {
@@ -437,11 +438,18 @@ func newRaftLabFaultCmd() *cobra.Command {
 			case "heal":
 			case "kill", "start", "pause", "resume", "starve", "unstarve":
 				if len(rest) != 1 {
-					return usagef("%s needs a node id (or 'leader')", kind)
+					return usagef("%s needs a node id (or 'leader' to kill, pause or starve; 'killed' to start)", kind)
 				}
-				if rest[0] != "leader" || kind == "start" || kind == "resume" || kind == "unstarve" {
+				byName := map[string]bool{"leader": kind == "kill" || kind == "pause" || kind == "starve", "killed": kind == "start"}
+				if !byName[rest[0]] {
 					if req.Node, err = strconv.Atoi(rest[0]); err != nil || req.Node < 1 {
-						return usagef("node %q: use a node id from 1%s", rest[0], map[bool]string{true: " or 'leader'"}[kind == "kill" || kind == "pause" || kind == "starve"])
+						alt := ""
+						for name, ok := range byName {
+							if ok {
+								alt = " or '" + name + "'"
+							}
+						}
+						return usagef("node %q: use a node id from 1%s", rest[0], alt)
 					}
 				}
 			default:

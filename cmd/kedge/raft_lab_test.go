@@ -112,12 +112,18 @@ func TestRaftLabCLI(t *testing.T) {
 	if out := kv("get", "greeting"); strings.TrimSpace(out) != "again" {
 		t.Errorf("get after failover: %q", out)
 	}
-	must("raft", "lab", "fault", name, "start", fmt.Sprint(killed))
+	if out := must("raft", "lab", "fault", name, "start", "killed"); !strings.Contains(out, fmt.Sprintf("started node %d", killed)) {
+		t.Errorf("start killed after killing node %d: %s", killed, out)
+	}
+	if out, code := kedge("raft", "lab", "fault", name, "start", "killed"); code != 1 || !strings.Contains(out, "every node is running") {
+		t.Errorf("start killed with every node up: exit %d, %s", code, out)
+	}
 	must("raft", "lab", "fault", name, "partition", "1", "2,3")
 	must("raft", "lab", "fault", name, "heal")
 	for _, bad := range [][]string{
 		{"raft", "lab", "fault", name, "partition", "1"},
 		{"raft", "lab", "fault", name, "kill", "x"},
+		{"raft", "lab", "fault", name, "start", "leader"},
 		{"raft", "lab", "fault", name, "net"},
 		{"raft", "lab", "fault", name, "net", "--loss", "2"},
 		{"raft", "lab", "up", "--nodes", "4"},

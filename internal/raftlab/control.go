@@ -171,6 +171,23 @@ func (s *Supervisor) node(ctx context.Context, id int) (int, error) {
 	return id, nil
 }
 
+// stopped is the one node that is not running (the one "start killed" means).
+func (s *Supervisor) stopped() (int, error) {
+	var down []int
+	for id := 1; id <= len(s.C.Nodes); id++ {
+		if s.C.PID(id) == 0 {
+			down = append(down, id)
+		}
+	}
+	switch len(down) {
+	case 0:
+		return 0, errors.New("every node is running: nothing to start")
+	case 1:
+		return down[0], nil
+	}
+	return 0, fmt.Errorf("nodes %v are down: name the one to start", down)
+}
+
 func (s *Supervisor) do(ctx context.Context, req Request) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -202,7 +219,13 @@ func (s *Supervisor) do(ctx context.Context, req Request) (string, error) {
 		}
 		return fmt.Sprintf("%v -> %v: %s", from, to, req.Fault), c.Faults.Set(req.Fault, lab.OneWay(c.nodeNames(from), c.nodeNames(to))...)
 	}
-	id, err := s.node(ctx, req.Node)
+	var id int
+	var err error
+	if req.Op == "start" && req.Node == 0 {
+		id, err = s.stopped()
+	} else {
+		id, err = s.node(ctx, req.Node)
+	}
 	if err != nil {
 		return "", err
 	}
