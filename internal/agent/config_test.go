@@ -6,11 +6,16 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
 )
 
 // TestPackagedConfig: the default config shipped by the package and the image validates and
 // declares nothing, and so do its commented examples once uncommented.
 func TestPackagedConfig(t *testing.T) {
+	if bpftest.InGuest() {
+		t.Skip("reads the repository's deploy/kedge.yaml, which matrix guests do not have (runs on the host)")
+	}
 	b, err := os.ReadFile("../../deploy/kedge.yaml")
 	if err != nil {
 		t.Fatal(err)
