@@ -10,7 +10,7 @@ import (
 
 // BeforeRun removes what killed runs left behind before a long-running command starts:
 // namespaces, tc filters in ns (the namespace it attaches in; TCX links die with their
-// process), pins, pacer veths and status files in statusDir ("" = runstate.Dir). What it
+// process), pins, veths and status files in statusDir ("" = runstate.Dir). What it
 // removes is logged, what stays is logged as a warning; nothing is fatal.
 func BeforeRun(log *slog.Logger, ns netns.NsHandle, statusDir string) {
 	res, err := Run(Options{FilterNetns: &netnsx.Netns{Handle: ns}, StatusDir: statusDir})

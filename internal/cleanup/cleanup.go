@@ -63,7 +63,7 @@ type Result struct {
 	Filters     []string `json:"filters"` // "<iface> <hook> filter <name>"
 	PinDirs     []string `json:"pin_dirs"`
 	StatusFiles []string `json:"status_files"`
-	Veths       []string `json:"veths"`  // pacer veths: "[netns <name>: ]<link>"
+	Veths       []string `json:"veths"`  // veths added to namespaces a run does not own: "[netns <name>: ]<link>"
 	Labs        []string `json:"labs"`   // persistent labs and other runstate.Persistent kinds (with All)
 	Owners      []string `json:"owners"` // records of ended owners with nothing left
 	Items       []Item   `json:"items"`
