@@ -293,8 +293,13 @@ func TestReplicaChoiceLab(t *testing.T) {
 					t.Errorf("p50 sent %d of %.0f hedges to the 10 ms replica: want it avoided (<= 5%%)", ns, total)
 				}
 				// Relative, not absolute: in an emulated guest every latency is milliseconds more.
-				if len(r) != 3 || r[2].P50 >= r[1].P50/2 || r[2].P50 >= r[0].P50/2 {
-					t.Errorf("estimates %+v: want the fast replica's well below the 10 ms replica's and the service's own (30 ms)", r)
+				// The fast replica ranked below half the 10 ms one when the warm-up ended; since
+				// then the 10 ms replica got (nearly) no samples, so its estimate halved at every
+				// tick, by design (replica_age): after a run of several ticks (an emulated
+				// guest's) it says nothing about the choice, which the split above checks. The
+				// service's own estimate is sampled throughout.
+				if len(r) != 3 || r[2].P50 >= r[0].P50/2 {
+					t.Errorf("estimates %+v: want the fast replica's well below the service's own (30 ms)", r)
 				}
 			}
 		})
