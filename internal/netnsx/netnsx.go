@@ -16,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -146,6 +147,20 @@ func (n *Netns) Run(name string, args ...string) (string, error) {
 func (n *Netns) SetSysctl(key, value string) error {
 	return n.Do(func() error {
 		return os.WriteFile(filepath.Join("/proc/sys", key), []byte(value), 0o644)
+	})
+}
+
+// LoopbackUp sets n's loopback interface up (a new namespace's lo is down).
+func (n *Netns) LoopbackUp() error {
+	return n.Do(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err == nil {
+			err = netlink.LinkSetUp(lo)
+		}
+		if err != nil {
+			return fmt.Errorf("set lo up in %s: %w", n.Name, err)
+		}
+		return nil
 	})
 }
 

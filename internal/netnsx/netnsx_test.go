@@ -2,6 +2,7 @@ package netnsx
 
 import (
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -119,5 +120,40 @@ func TestRemoveHiddenEntry(t *testing.T) {
 	}
 	if out, err := exec.Command("ip", "netns", "del", "y").CombinedOutput(); err != nil {
 		t.Errorf("ip netns del y: %v: %s", err, out)
+	}
+}
+
+// TestLoopbackUp: a new namespace's lo is down; LoopbackUp brings it up there, and only there.
+func TestLoopbackUp(t *testing.T) {
+	requireRoot(t)
+	if runstatetest.Private(t) {
+		return
+	}
+	ns, err := New(OwnedName("lo"))
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	defer ns.Close()
+	up := func() bool {
+		var flags net.Flags
+		if err := ns.Do(func() error {
+			lo, err := net.InterfaceByName("lo")
+			if err == nil {
+				flags = lo.Flags
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return flags&net.FlagUp != 0
+	}
+	if up() {
+		t.Fatal("lo is up in a new namespace before LoopbackUp")
+	}
+	if err := ns.LoopbackUp(); err != nil {
+		t.Fatal(err)
+	}
+	if !up() {
+		t.Fatal("lo is still down after LoopbackUp")
 	}
 }

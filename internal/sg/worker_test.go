@@ -11,7 +11,6 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/netnsx"
-	"github.com/vishvananda/netlink"
 )
 
 // workerNetns runs RunWorkers(cfg) in a fresh namespace with lo up and returns it; the
@@ -24,13 +23,7 @@ func workerNetns(t *testing.T, cfg WorkerConfig, st *WorkerStats) *netnsx.Netns 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Close() })
-	if err := ns.Do(func() error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetUp(lo)
-	}); err != nil {
+	if err := ns.LoopbackUp(); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

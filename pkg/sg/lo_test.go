@@ -29,7 +29,7 @@ func loopbackGroup(t *testing.T, n, dead int, cfg Config, wcfg isg.WorkerConfig)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Close() })
-	if _, err := ns.Run("ip", "link", "set", "lo", "up"); err != nil {
+	if err := ns.LoopbackUp(); err != nil {
 		t.Fatal(err)
 	}
 	var workers []netip.AddrPort
