@@ -19,6 +19,10 @@ import (
 // fault program redirects a delayed packet to it (its egress, that is: to this process's
 // reader), the reader holds it for the link's delay plus jitter and writes it back; it
 // re-enters the fabric on fdelay and the router forwards it to its destination as usual.
+// A link without jitter keeps its packets in order, as a wire does: one queue per link,
+// released by one goroutine in arrival order (a timer per packet fired them out of order
+// by milliseconds when the CPUs were busy); with jitter each packet has its own timer and
+// may overtake others.
 // No sch_netem is needed (this kernel has none); the cost is one copy to user space and
 // back per delayed packet, and Go timer precision (tens of microseconds when idle, more
 // under load: the delays are for fault injection, not for measuring).
@@ -34,6 +38,7 @@ type tunDelay struct {
 	ifindex int
 	linkOf  func(src, dst netip.Addr) (Link, bool)
 	delayOf func(Link) (time.Duration, time.Duration)
+	fifo    map[Link]chan heldPacket // the in-order queues of jitter-free links (reader only)
 
 	held, released, overflow, writeErr atomic.Uint64
 	done                               chan struct{}
@@ -93,8 +98,47 @@ func newTunDelay(l *Lab, fh *netlink.Handle, linkOf func(src, dst netip.Addr) (L
 	return d, nil
 }
 
+// heldPacket is a packet in a link's queue and when it is due.
+type heldPacket struct {
+	pkt []byte
+	due time.Time
+}
+
+// release writes a held packet back into the fabric.
+func (d *tunDelay) release(pkt []byte) {
+	d.held.Add(^uint64(0))
+	if _, err := d.file.Write(pkt); err != nil {
+		d.writeErr.Add(1)
+		return
+	}
+	d.released.Add(1)
+}
+
+// queue returns ln's in-order queue, starting its goroutine on first use; it ends with the
+// delay line.
+func (d *tunDelay) queue(ln Link) chan heldPacket {
+	q, ok := d.fifo[ln]
+	if !ok {
+		q = make(chan heldPacket, maxHeld)
+		d.fifo[ln] = q
+		go func() {
+			for {
+				select {
+				case <-d.done:
+					return
+				case p := <-q:
+					time.Sleep(time.Until(p.due)) // the link's delay
+					d.release(p.pkt)
+				}
+			}
+		}()
+	}
+	return q
+}
+
 func (d *tunDelay) run() {
 	buf := make([]byte, 65536)
+	d.fifo = map[Link]chan heldPacket{}
 	for {
 		n, err := d.file.Read(buf)
 		if err != nil {
@@ -110,27 +154,26 @@ func (d *tunDelay) run() {
 		}
 		pkt := append([]byte(nil), buf[:n]...)
 		var delay, jitter time.Duration
+		var ln Link
+		var known bool
 		if src, dst, ok := ipAddrs(pkt); ok {
-			if ln, ok := d.linkOf(src, dst); ok {
+			if ln, known = d.linkOf(src, dst); known {
 				delay, jitter = d.delayOf(ln)
 			}
-		}
-		if jitter > 0 {
-			delay += rand.N(jitter)
 		}
 		if d.held.Add(1) > maxHeld {
 			d.held.Add(^uint64(0))
 			d.overflow.Add(1)
 			continue
 		}
-		time.AfterFunc(delay, func() {
-			d.held.Add(^uint64(0))
-			if _, err := d.file.Write(pkt); err != nil {
-				d.writeErr.Add(1)
-				return
-			}
-			d.released.Add(1)
-		})
+		if jitter == 0 && known {
+			d.queue(ln) <- heldPacket{pkt: pkt, due: time.Now().Add(delay)}
+			continue
+		}
+		if jitter > 0 {
+			delay += rand.N(jitter)
+		}
+		time.AfterFunc(delay, func() { d.release(pkt) })
 	}
 }
 
