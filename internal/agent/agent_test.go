@@ -26,8 +26,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/hedge"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/pping"
+	"github.com/kedge-dev/kedge/internal/probe"
 )
 
 func requireRoot(t *testing.T) {
@@ -198,6 +200,21 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// requireHedger skips where the hedger cannot run (before Linux 5.17: the 5.10 matrix guest);
+// there the agent reports its units unattached with the kernel it needs.
+func requireHedger(t *testing.T) {
+	t.Helper()
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	if ok, parsed := probe.KernelAtLeast(rel, hedge.MinKernelMajor, hedge.MinKernelMinor); parsed && !ok {
+		t.Skipf("the hedger needs Linux %d.%d or later (BPF atomics, bpf_timer, bpf_loop); this kernel is %s",
+			hedge.MinKernelMajor, hedge.MinKernelMinor, rel)
+	}
+}
+
 // TestAgentReload runs the agent on a lab's client host and changes its config under
 // traffic: a service added, changed and removed in place (the untouched service's traffic
 // is hedged throughout and its counters only grow), a config with a typo rejected (counted,
@@ -205,6 +222,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // hedger whose interface comes, goes and comes back.
 func TestAgentReload(t *testing.T) {
 	requireRoot(t)
+	requireHedger(t)
 	l, err := lab.Up(lab.Spec{Name: "agent", Fabric: lab.Bridge, Hosts: []string{"client", "srv1", "srv2"}})
 	if err != nil {
 		t.Fatalf("lab up: %v", err)
