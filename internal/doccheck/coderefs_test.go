@@ -42,3 +42,30 @@ func TestCodeDocRefs(t *testing.T) {
 		t.Error(e)
 	}
 }
+
+// commentRE finds a line's comment: Go's and C's // and /* (or a line inside a block
+// comment, starting with *), a shell script's #. #include lines are code.
+var commentRE = regexp.MustCompile(`(?://|/\*|^\s*\*[ /]|^\s*\*$|^\s*#[^!i]|^\s*#$)(.*)`)
+
+// TestCodePaths: every repository path a comment in a Go, C or shell file names exists
+// (docs/..., bpf/..., internal/..., as TestDocNames checks the documents' paths), so a file
+// moved or renamed cannot leave a comment pointing nowhere.
+func TestCodePaths(t *testing.T) {
+	documents(t) // skips in kernel-matrix guests: they have no source tree
+	var errs []string
+	walkSources(t, []string{".go", ".c", ".h", ".sh"}, func(p string, b []byte) {
+		rel, _ := filepath.Rel(repoRoot, p)
+		for i, line := range strings.Split(string(b), "\n") {
+			m := commentRE.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			for _, miss := range missingPaths(m[1]) {
+				errs = append(errs, fmt.Sprintf("%s:%d: %s does not exist", rel, i+1, miss))
+			}
+		}
+	})
+	for _, e := range errs {
+		t.Error(e)
+	}
+}

@@ -5,7 +5,7 @@
 // not: both binaries see the same machine in the same minutes.
 //
 //	go run ./tools/pairbin -a /tmp/kedge-before -b bin/kedge -rounds 3 \
-//	    -out docs/results/paired/<name> -spec tools/pairbin/restructure.json
+//	    -out /tmp/paired -spec tools/pairbin/restructure.json
 //
 // The spec names the benchmarks (arguments after the binary; "{out}" is replaced by the
 // run's own directory) and the metrics read from their result.json. A metric's path is a
