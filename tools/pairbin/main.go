@@ -10,8 +10,10 @@
 // The spec names the benchmarks (arguments after the binary; "{out}" is replaced by the
 // run's own directory) and the metrics read from their result.json. A metric's path is a
 // dot-separated walk through the JSON: a field name, or name[key=value,...] to select the
-// elements of a list whose fields match (numbers compare by value); a path that selects
-// several values takes their mean.
+// elements of a list whose fields match (numbers compare by value). A path must select one
+// value, unless the metric says "mean": true (then their mean): a filter that also matched
+// another run (the hedge benchmark's stall check at the same level, raft's second routing)
+// would otherwise blend two measurements into one figure without a word.
 package main
 
 import (
@@ -50,6 +52,8 @@ type Metric struct {
 	// Better is "higher" or "lower": printed beside the ratio so a reader knows which
 	// way is a regression.
 	Better string `json:"better"`
+	// Mean allows a path that selects several values and takes their mean.
+	Mean bool `json:"mean,omitempty"`
 }
 
 // Run is one benchmark run of one binary in one round.
@@ -220,7 +224,7 @@ func runOnce(bin string, bench Bench, dir string) (Run, error) {
 		return Run{}, err
 	}
 	for _, m := range bench.Metrics {
-		v, err := lookup(doc, m.Path)
+		v, err := m.value(doc)
 		if err != nil {
 			return Run{}, fmt.Errorf("metric %s: %w", m.Name, err)
 		}
@@ -240,13 +244,30 @@ func readJSON(path string, v any) error {
 	return nil
 }
 
-// lookup walks path through doc and returns the mean of the numbers it selects.
-func lookup(doc any, path string) (float64, error) {
+// value is the metric's figure in doc: the one number its path selects, or with Mean the
+// mean of those it selects.
+func (m Metric) value(doc any) (float64, error) {
+	vs, err := lookup(doc, m.Path)
+	if err != nil {
+		return 0, err
+	}
+	if len(vs) > 1 && !m.Mean {
+		return 0, fmt.Errorf("%q selects %d values: add a key=value that tells them apart, or \"mean\": true", m.Path, len(vs))
+	}
+	sum := 0.0
+	for _, v := range vs {
+		sum += v
+	}
+	return sum / float64(len(vs)), nil
+}
+
+// lookup walks path through doc and returns the numbers it selects.
+func lookup(doc any, path string) ([]float64, error) {
 	cur := []any{doc}
 	for _, seg := range strings.Split(path, ".") {
 		name, filter, err := parseSegment(seg)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		var next []any
 		for _, v := range cur {
@@ -270,19 +291,19 @@ func lookup(doc any, path string) (float64, error) {
 			}
 		}
 		if len(next) == 0 {
-			return 0, fmt.Errorf("%q selects nothing at %q", path, seg)
+			return nil, fmt.Errorf("%q selects nothing at %q", path, seg)
 		}
 		cur = next
 	}
-	sum := 0.0
+	out := make([]float64, 0, len(cur))
 	for _, v := range cur {
 		f, ok := v.(float64)
 		if !ok {
-			return 0, fmt.Errorf("%q selects a %T, not a number", path, v)
+			return nil, fmt.Errorf("%q selects a %T, not a number", path, v)
 		}
-		sum += f
+		out = append(out, f)
 	}
-	return sum / float64(len(cur)), nil
+	return out, nil
 }
 
 func parseSegment(seg string) (string, map[string]string, error) {

@@ -19,12 +19,14 @@ func TestLookup(t *testing.T) {
 	}
 	for _, c := range []struct {
 		path string
+		mean bool
 		want float64
 		err  bool
 	}{
 		{path: "top.n", want: 3},
 		{path: "rows[method=kedge,fanout=64].rps", want: 40},
-		{path: "rows[method=kedge,fanout=16].rps", want: 110}, // two match: their mean
+		{path: "rows[method=kedge,fanout=16].rps", mean: true, want: 110}, // two match: their mean
+		{path: "rows[method=kedge,fanout=16].rps", err: true},             // two match, no mean asked for
 		{path: "rows[method=epoll].rps", want: 80},
 		{path: "rows[method=none].rps", err: true},
 		{path: "top.flag", err: true}, // not a number
@@ -32,7 +34,7 @@ func TestLookup(t *testing.T) {
 		{path: "rows[method].rps", err: true},
 		{path: "missing", err: true},
 	} {
-		got, err := lookup(d, c.path)
+		got, err := Metric{Path: c.path, Mean: c.mean}.value(d)
 		if c.err {
 			if err == nil {
 				t.Errorf("%s: got %v, want an error", c.path, got)
