@@ -3,8 +3,10 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bench"
@@ -20,8 +22,9 @@ func init() {
 
 func newBenchSgCmd() *cobra.Command {
 	o := sgbench.DefaultOptions()
+	lo := sgbench.DefaultLoopOptions()
 	var fanouts []int
-	var from string
+	var from, scenario string
 	cmd := &cobra.Command{
 		Use:   "sg",
 		Short: "Scatter-gather: kedge against naive, sendmmsg/recvmmsg, epoll, busy-poll and io_uring baselines",
@@ -32,21 +35,21 @@ and fan-out: unloaded p50/p99, throughput under load, CPU and system calls per r
 and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 		Example: `  kedge bench sg
   kedge bench sg --fanouts 16,64 --duration 1s --out /tmp/sg
+  # the setup kedge and sgbpf were compared in (loopback, 256 x int32, 1 and 32 outstanding),
+  # alternating with an earlier build of kedge, 3 rounds
+  kedge bench sg --scenario loopback --before /tmp/kedge-old --out results/sg-loopback
   # the tables of docs/benchmarks.md from a result (nothing is run)
   kedge bench sg --from docs/results/sg/result.json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if from != "" {
-				b, err := os.ReadFile(from)
-				if err != nil {
-					return fmt.Errorf("read result: %w", err)
-				}
-				var res sgbench.Result
-				if err := json.Unmarshal(b, &res); err != nil || res.Schema != sgbench.Schema {
-					return usagef("--from %s: not a %s result (%v)", from, sgbench.Schema, err)
-				}
-				sgbench.WriteMarkdown(cmd.OutOrStdout(), &res)
-				return nil
+				return writeSgFrom(cmd.OutOrStdout(), from)
+			}
+			if scenario == "loopback" {
+				return runBenchSgLoopback(cmd, lo, fanouts, o)
+			}
+			if scenario != "fanout" {
+				return usagef("--scenario %q: want fanout or loopback", scenario)
 			}
 			if len(fanouts) == 0 {
 				return usagef("--fanouts: at least one")
@@ -84,9 +87,6 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 			if err != nil {
 				return err
 			}
-			if err := os.MkdirAll(o.Out, 0o755); err != nil {
-				return err
-			}
 			if err := bench.WriteJSON(filepath.Join(o.Out, "result.json"), res); err != nil {
 				return err
 			}
@@ -102,10 +102,15 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 		},
 	}
 	f := cmd.Flags()
-	f.IntSliceVar(&fanouts, "fanouts", o.Fanouts, "fan-outs (workers per request)")
+	f.StringVar(&scenario, "scenario", "fanout", "fanout (kedge against user-space baselines in a two-host lab) or loopback (the sgbpf comparison's setup)")
+	f.IntSliceVar(&fanouts, "fanouts", o.Fanouts, "fan-outs (workers per request; loopback: 4,16,64)")
+	f.StringVar(&lo.Before, "before", "", "loopback: another kedge `BINARY` (one whose bench sg-client has --type) run as method kedge-before, alternating with this one")
+	f.IntVar(&lo.Rounds, "rounds", lo.Rounds, "loopback: rounds (methods alternate within each)")
+	f.StringVar(&o.Type, "type", "int64", "element type of the workers' vectors (loopback: int32)")
+	f.IntVar(&o.Elems, "elems", o.Elems, "elements per reply vector (loopback: 256)")
 	f.StringSliceVar(&o.Methods, "methods", o.Methods, "methods to run")
 	f.IntVar(&o.LatRequests, "lat-requests", o.LatRequests, "unloaded requests per method and fan-out (a third at 1024)")
-	f.IntVar(&o.Outstanding, "outstanding", o.Outstanding, "requests in flight in the loaded phase (every method)")
+	f.IntVar(&o.Outstanding, "outstanding", o.Outstanding, "requests in flight in the loaded phase (every method; loopback: 1 and 32 unless given)")
 	f.DurationVar(&o.Duration, "duration", o.Duration, "loaded phase per method and fan-out")
 	f.DurationVar(&o.Timeout, "timeout", o.Timeout, "request timeout")
 	f.StringVar(&o.WorkerCPUs, "worker-cpus", o.WorkerCPUs, "CPUs of the worker process (taskset -c list); the coordinator runs on CPU 0")
@@ -114,6 +119,111 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 	f.StringVar(&from, "from", "", "print the markdown tables of an earlier run's result.json (`FILE`) instead of running")
 	addBenchOutFlag(cmd, &o.Out, "sg")
 	return cmd
+}
+
+// writeSgFrom prints the tables of docs/benchmarks.md from a result.json of either scenario.
+func writeSgFrom(w io.Writer, from string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return fmt.Errorf("read result: %w", err)
+	}
+	var env bench.Envelope
+	if err := json.Unmarshal(b, &env); err != nil {
+		return usagef("--from %s: not a result.json: %v", from, err)
+	}
+	switch env.Schema {
+	case sgbench.Schema:
+		var res sgbench.Result
+		if err := json.Unmarshal(b, &res); err != nil {
+			return usagef("--from %s: %v", from, err)
+		}
+		sgbench.WriteMarkdown(w, &res)
+	case sgbench.LoopSchema:
+		var res sgbench.LoopResult
+		if err := json.Unmarshal(b, &res); err != nil {
+			return usagef("--from %s: %v", from, err)
+		}
+		sgbench.WriteLoopMarkdown(w, &res)
+	default:
+		return usagef("--from %s: schema %q is neither %s nor %s", from, env.Schema, sgbench.Schema, sgbench.LoopSchema)
+	}
+	return nil
+}
+
+// runBenchSgLoopback is kedge bench sg --scenario loopback: the flags given override its
+// defaults (fan-outs, methods, outstanding, type, elements, duration, timeout).
+func runBenchSgLoopback(cmd *cobra.Command, lo sgbench.LoopOptions, fanouts []int, o sgbench.Options) error {
+	fl := cmd.Flags()
+	if fl.Changed("fanouts") {
+		lo.Fanouts = fanouts
+	}
+	if fl.Changed("methods") {
+		lo.Methods = o.Methods
+	} else if lo.Before != "" {
+		lo.Methods = []string{"kedge", "kedge-before"}
+	}
+	if fl.Changed("outstanding") {
+		lo.Outstanding = []int{o.Outstanding}
+	}
+	if fl.Changed("type") {
+		lo.Type = o.Type
+	}
+	if fl.Changed("elems") {
+		lo.Elems = o.Elems
+	}
+	if fl.Changed("duration") {
+		lo.Duration = o.Duration
+	}
+	if fl.Changed("timeout") {
+		lo.Timeout = o.Timeout
+	}
+	if fl.Changed("lat-requests") {
+		lo.Warmup = o.LatRequests
+	}
+	if !fl.Changed("out") {
+		o.Out = lo.Out
+	}
+	lo.Out = o.Out
+	for _, f := range lo.Fanouts {
+		if f < 1 || f > 1024 {
+			return usagef("--fanouts: %d is not in 1..1024", f)
+		}
+	}
+	for _, m := range lo.Methods {
+		if m == "kedge-before" && lo.Before == "" {
+			return usagef("--methods: kedge-before needs --before BINARY")
+		}
+		if m != "kedge-before" && !slices.Contains(sgbench.AllMethods, m) {
+			return usagef("--methods: unknown method %q (want kedge-before or one of %v)", m, sgbench.AllMethods)
+		}
+	}
+	if lo.Type != "int32" && lo.Type != "int64" {
+		return usagef("--type %q: want int32 or int64", lo.Type)
+	}
+	if lo.Rounds < 1 || lo.Duration <= 0 || lo.Outstanding[0] < 1 {
+		return usagef("--rounds, --duration and --outstanding must be positive")
+	}
+	if err := requireBenchRoot(cmd); err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find the kedge binary: %w", err)
+	}
+	lo.Kedge = exe
+	res, err := sgbench.RunLoopback(cmd.Context(), lo, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	if err := bench.WriteJSON(filepath.Join(lo.Out, "result.json"), res); err != nil {
+		return err
+	}
+	w := cmd.OutOrStdout()
+	writeEnvelope(w, "kedge bench sg --scenario loopback", res.Envelope)
+	fmt.Fprintln(w, res.Placement)
+	sgbench.WriteLoopTable(w, res)
+	fmt.Fprintf(w, "results in %s (result.json)\n", lo.Out)
+	return nil
 }
 
 // newBenchSgClientCmd is the client process of kedge bench sg (hidden): one method, one
@@ -153,6 +263,7 @@ func newBenchSgClientCmd() *cobra.Command {
 	f.StringVarP(&o.Interface, "interface", "i", "eth0", "interface")
 	f.StringSliceVar(&workers, "workers", nil, "workers")
 	f.IntVar(&o.Elems, "elems", 4, "vector length")
+	f.StringVar(&o.Type, "type", "int64", "element type of the workers' vectors: int32 or int64")
 	f.IntVar(&o.LatRequests, "lat-requests", 300, "unloaded requests")
 	f.IntVar(&o.Outstanding, "outstanding", 8, "loaded requests in flight")
 	f.DurationVar(&o.Duration, "duration", 2*time.Second, "loaded phase")

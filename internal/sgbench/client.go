@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/bench"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 	"github.com/kedge-dev/kedge/pkg/sg"
 	"golang.org/x/sys/unix"
@@ -40,10 +41,12 @@ func IsKedge(method string) bool {
 
 // ClientOptions configure one client run (one method, one fan-out).
 type ClientOptions struct {
-	Method      string
-	Interface   string
-	Workers     []netip.AddrPort
-	Elems       int
+	Method    string
+	Interface string
+	Workers   []netip.AddrPort
+	Elems     int
+	// Type is the workers' element type, "int64" (default) or "int32".
+	Type        string
 	LatRequests int           // unloaded phase: one request at a time
 	Outstanding int           // loaded phase: requests in flight
 	Duration    time.Duration // loaded phase length
@@ -62,6 +65,9 @@ type ClientResult struct {
 	CPUUserSec  float64   `json:"cpu_user_s"`
 	CPUSysSec   float64   `json:"cpu_sys_s"`
 	Mismatches  int64     `json:"mismatches"` // aggregates that differ from the workers' values
+	// Latencies of the loaded phase's requests (every requester's), percentiles in us.
+	LoadedP50US float64 `json:"loaded_p50_us"`
+	LoadedP99US float64 `json:"loaded_p99_us"`
 }
 
 // requester sends one request and returns its aggregate (sum of element 0) or an error.
@@ -130,11 +136,18 @@ func RunClient(ctx context.Context, o ClientOptions, in io.Reader, out io.Writer
 	var completed, timeouts, mism atomic.Int64
 	var wg sync.WaitGroup
 	errc := make(chan error, len(reqs))
-	for _, r := range reqs {
+	lats := make([][]float64, len(reqs))
+	for i, r := range reqs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for time.Now().Before(deadline) && ctx.Err() == nil {
+			lat := make([]float64, 0, 1<<16)
+			defer func() { lats[i] = lat }()
+			for {
+				t0 := time.Now()
+				if !t0.Before(deadline) || ctx.Err() != nil {
+					return
+				}
 				id := seq.Add(1 << 10)
 				sum, id, ok, err := r.do(id)
 				if err != nil {
@@ -145,6 +158,7 @@ func RunClient(ctx context.Context, o ClientOptions, in io.Reader, out io.Writer
 					timeouts.Add(1)
 					continue
 				}
+				lat = append(lat, float64(time.Since(t0).Nanoseconds())/1e3)
 				completed.Add(1)
 				if sum != want(o.Workers, id) {
 					mism.Add(1)
@@ -161,6 +175,12 @@ func RunClient(ctx context.Context, o ClientOptions, in io.Reader, out io.Writer
 	}
 	for _, r := range reqs {
 		r.close()
+	}
+	all := slices.Concat(lats...)
+	if len(all) > 0 {
+		slices.Sort(all)
+		res.LoadedP50US = bench.Percentile(all, 50)
+		res.LoadedP99US = bench.Percentile(all, 99)
 	}
 	res.Completed, res.Timeouts, res.Mismatches = completed.Load(), timeouts.Load(), res.Mismatches+mism.Load()
 	res.CPUUserSec = tv(ru1.Utime) - tv(ru0.Utime)
@@ -184,7 +204,7 @@ func want(ws []netip.AddrPort, id uint64) int64 {
 
 func setup(o ClientOptions) (func() (requester, error), func(), error) {
 	if IsKedge(o.Method) {
-		cfg := sg.Config{Interface: o.Interface, Workers: o.Workers, Reduction: sg.Sum, Type: sg.Int64,
+		cfg := sg.Config{Interface: o.Interface, Workers: o.Workers, Reduction: sg.Sum, Type: o.elemType(),
 			Elems: o.Elems, Timeout: o.Timeout, InFlight: max(o.Outstanding, 1), BusyPoll: o.Method == "kedge-bp", WakeSocket: o.Method == "kedge-sock"}
 		if o.Method == "kedge-flat" {
 			cfg.ScatterFirstBatch = isg.DefaultBatch
@@ -202,6 +222,14 @@ func setup(o ClientOptions) (func() (requester, error), func(), error) {
 		return func() (requester, error) { return newUringReq(o) }, func() {}, nil
 	}
 	return func() (requester, error) { return newSockReq(o) }, func() {}, nil
+}
+
+// elemType is the workers' element type (Type; default int64).
+func (o ClientOptions) elemType() sg.ElemType {
+	if o.Type == "int32" {
+		return sg.Int32
+	}
+	return sg.Int64
 }
 
 type kedgeReq struct{ g *sg.Group }
@@ -232,12 +260,14 @@ type sockReq struct {
 	rbufs [][]byte
 	reqs  [][]byte // per worker: the request with its worker index (as kedge's scatter writes it)
 	seen  []bool
+	acc   []int64 // the aggregate of the replies so far
+	size  int     // element size
 	v6    bool
 }
 
 func newSockReq(o ClientOptions) (*sockReq, error) {
 	v6 := !o.Workers[0].Addr().Unmap().Is4()
-	s := &sockReq{o: o, epfd: -1, v6: v6}
+	s := &sockReq{o: o, epfd: -1, v6: v6, acc: make([]int64, o.Elems), size: o.elemType().Size()}
 	fam := unix.AF_INET
 	if v6 {
 		fam = unix.AF_INET6
@@ -309,13 +339,28 @@ func (s *sockReq) request(id uint64) {
 }
 
 // take checks one datagram: a reply to id from a worker not seen yet adds to sum.
+// The whole vector is reduced (element-wise sum into s.acc), as kedge's gather does; sum is
+// element 0 of the aggregate, what the client checks.
 func (s *sockReq) take(d []byte, id uint64, sum *int64, got *int) {
 	h, p, err := isg.ParseHeader(d)
-	if err != nil || h.Op != isg.OpReply || h.ReqID != id || int(h.Worker) >= len(s.seen) || s.seen[h.Worker] || len(p) < 8 {
+	if err != nil || h.Op != isg.OpReply || h.ReqID != id || int(h.Worker) >= len(s.seen) || s.seen[h.Worker] ||
+		len(p) != s.o.Elems*s.size {
 		return // another request's reply (an earlier timeout), or not ours
 	}
 	s.seen[h.Worker] = true
-	*sum += int64(binary.BigEndian.Uint64(p))
+	if *got == 0 {
+		clear(s.acc)
+	}
+	if s.size == 8 {
+		for i := range s.acc {
+			s.acc[i] += int64(binary.BigEndian.Uint64(p[i*8:]))
+		}
+	} else {
+		for i := range s.acc {
+			s.acc[i] += int64(int32(binary.BigEndian.Uint32(p[i*4:])))
+		}
+	}
+	*sum = s.acc[0]
 	*got++
 }
 

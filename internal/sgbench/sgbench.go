@@ -2,6 +2,7 @@ package sgbench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,6 +36,7 @@ type Options struct {
 	Fanouts     []int
 	Methods     []string
 	Elems       int
+	Type        string // the workers' element type: int64 (default) or int32
 	LatRequests int
 	Outstanding int
 	Duration    time.Duration
@@ -133,26 +135,15 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Result, error) {
 	}
 	coord, w1 := l.Host("coord"), l.Host("w1")
 	base := netip.AddrPortFrom(w1.IPv4, 20000)
-	wcmd := exec.Command("taskset", "-c", o.WorkerCPUs, o.Kedge, "sg", "worker", "--netns", w1.Path(),
-		"--listen", fmt.Sprintf("%s+%d", base, maxF), "--type", "int64", "--elems", strconv.Itoa(o.Elems),
-		"--threads", strconv.Itoa(o.WorkerThreads))
-	wcmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	werr, _ := wcmd.StderrPipe()
-	if err := wcmd.Start(); err != nil {
-		return nil, fmt.Errorf("start workers: %w", err)
+	wpid, stop, err := startWorkers(o.Kedge, o.WorkerCPUs, w1.Path(), "--listen", fmt.Sprintf("%s+%d", base, maxF),
+		"--type", cmp.Or(o.Type, "int64"), "--elems", strconv.Itoa(o.Elems), "--threads", strconv.Itoa(o.WorkerThreads))
+	if err != nil {
+		return nil, err
 	}
-	defer func() { _ = wcmd.Process.Signal(syscall.SIGTERM); _ = wcmd.Wait() }()
-	sc := bufio.NewScanner(werr)
-	if !sc.Scan() || !strings.Contains(sc.Text(), "ready") {
-		return nil, fmt.Errorf("workers did not start: %s", sc.Text())
-	}
-	go func() {
-		for sc.Scan() {
-		}
-	}()
+	defer stop()
 	for _, f := range o.Fanouts {
 		for _, m := range o.Methods {
-			row, err := runClient(ctx, o, coord, base, f, m, wcmd.Process.Pid)
+			row, err := runClient(ctx, o, coord, base, f, m, wpid)
 			if err != nil {
 				return nil, fmt.Errorf("fan-out %d, %s: %w", f, m, err)
 			}
@@ -171,10 +162,92 @@ func runClient(ctx context.Context, o Options, coord *lab.Host, base netip.AddrP
 	if f >= 1024 {
 		lat = max(lat/3, 50)
 	}
-	cmd := exec.CommandContext(ctx, "taskset", "-c", "0", o.Kedge, "bench", "sg-client", "--netns", coord.Path(),
-		"--method", m, "-i", coord.Iface, "--workers", fmt.Sprintf("%s+%d", base, f), "--elems", strconv.Itoa(o.Elems),
-		"--lat-requests", strconv.Itoa(lat), "--outstanding", strconv.Itoa(o.Outstanding),
-		"--duration", o.Duration.String(), "--timeout", o.Timeout.String())
+	w, err := runClientProc(ctx, clientProc{bin: o.Kedge, cpu: "0", netns: coord.Path(), iface: coord.Iface, method: m,
+		workers: fmt.Sprintf("%s+%d", base, f), typ: o.Type, elems: o.Elems, lat: lat, outstanding: o.Outstanding,
+		duration: o.Duration, timeout: o.Timeout, workerPID: workerPID, syscalls: true})
+	if err != nil {
+		return nil, err
+	}
+	cr := &w.cr
+	row := &Row{Method: m, Fanout: f, LatRequests: len(cr.LatenciesUS), LatTimeouts: cr.LatTimeouts,
+		Completed: cr.Completed, Timeouts: cr.Timeouts, Mismatches: cr.Mismatches, SyscallsPerReq: -1}
+	sort.Float64s(cr.LatenciesUS)
+	if len(cr.LatenciesUS) > 0 {
+		row.P50US = bench.Percentile(cr.LatenciesUS, 50)
+		row.P99US = bench.Percentile(cr.LatenciesUS, 99)
+	}
+	if cr.LoadedSec > 0 {
+		row.Throughput = float64(cr.Completed) / cr.LoadedSec
+	}
+	if w.wall > 0 {
+		row.WorkerCPU = w.worker.Seconds() / w.wall.Seconds()
+		row.CPUBusy, row.CPUSoftirq = w.busy, w.softirq
+	}
+	if cr.Completed > 0 {
+		row.WorkerCPUUSRep = w.worker.Seconds() * 1e6 / float64(cr.Completed*int64(f))
+		row.ClientCPUUS = (cr.CPUUserSec + cr.CPUSysSec) * 1e6 / float64(cr.Completed)
+		row.MachineCPUUS = w.machine.Seconds() * 1e6 / float64(cr.Completed)
+		if w.syscalls >= 0 {
+			row.SyscallsPerReq = w.syscalls / float64(cr.Completed)
+		}
+	}
+	return row, nil
+}
+
+// startWorkers starts `kedge sg worker` (bin) pinned to cpus in the namespace at netns, with
+// args, and waits until it says its sockets are ready. stop ends it (SIGTERM, then waits).
+func startWorkers(bin, cpus, netns string, args ...string) (pid int, stop func(), err error) {
+	wcmd := exec.Command("taskset", append([]string{"-c", cpus, bin, "sg", "worker", "--netns", netns}, args...)...)
+	wcmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	werr, _ := wcmd.StderrPipe()
+	if err := wcmd.Start(); err != nil {
+		return 0, nil, fmt.Errorf("start workers: %w", err)
+	}
+	stop = func() { _ = wcmd.Process.Signal(syscall.SIGTERM); _ = wcmd.Wait() }
+	sc := bufio.NewScanner(werr)
+	if !sc.Scan() || !strings.Contains(sc.Text(), "ready") {
+		stop()
+		return 0, nil, fmt.Errorf("workers did not start: %s", sc.Text())
+	}
+	go func() {
+		for sc.Scan() {
+		}
+	}()
+	return wcmd.Process.Pid, stop, nil
+}
+
+// clientProc is one run of the client process (kedge bench sg-client): one method, one
+// fan-out, pinned to cpu, in the namespace at netns.
+type clientProc struct {
+	bin, cpu, netns, iface, method, workers, typ string
+	elems, lat, outstanding                      int
+	duration, timeout                            time.Duration
+	workerPID                                    int  // the worker process, whose CPU time is measured
+	syscalls                                     bool // count the client's system calls in the loaded phase (perf)
+}
+
+// clientWindow is what one client run measured: the client's own result and, over its
+// loaded phase (the window), the machine's and the worker process's CPU time.
+type clientWindow struct {
+	cr       ClientResult
+	wall     time.Duration
+	machine  time.Duration // busy time of every CPU (/proc/stat)
+	busy     [2]float64    // CPU 0 and 1 busy, fractions of the window
+	softirq  [2]float64
+	worker   time.Duration // the worker process's user+sys
+	syscalls float64       // -1: not counted
+}
+
+// runClientProc starts the client process, drives its phases over stdin/stdout (ready,
+// unloaded latencies, loaded, done) and measures the loaded phase.
+func runClientProc(ctx context.Context, c clientProc) (*clientWindow, error) {
+	cmd := exec.CommandContext(ctx, "taskset", "-c", c.cpu, c.bin, "bench", "sg-client", "--netns", c.netns,
+		"--method", c.method, "-i", c.iface, "--workers", c.workers, "--elems", strconv.Itoa(c.elems),
+		"--lat-requests", strconv.Itoa(c.lat), "--outstanding", strconv.Itoa(c.outstanding),
+		"--duration", c.duration.String(), "--timeout", c.timeout.String())
+	if c.typ != "" && c.typ != "int64" {
+		cmd.Args = append(cmd.Args, "--type", c.typ)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	in, _ := cmd.StdinPipe()
 	outp, _ := cmd.StdoutPipe()
@@ -199,65 +272,49 @@ func runClient(ctx context.Context, o Options, coord *lab.Host, base netip.AddrP
 	if err := expect("loaded"); err != nil {
 		return nil, err
 	}
+	w := &clientWindow{syscalls: -1}
+	var perf *exec.Cmd
 	perfOut := filepath.Join(os.TempDir(), fmt.Sprintf("kedge-sgbench-perf-%d", cmd.Process.Pid))
 	defer os.Remove(perfOut)
-	perf := exec.Command("perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p", strconv.Itoa(cmd.Process.Pid), "-o", perfOut)
-	perfOK := perf.Start() == nil
-	if perfOK {
-		time.Sleep(300 * time.Millisecond) // perf attaches asynchronously; nothing to poll
+	if c.syscalls {
+		perf = exec.Command("perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p", strconv.Itoa(cmd.Process.Pid), "-o", perfOut)
+		if perf.Start() != nil {
+			perf = nil
+		} else {
+			time.Sleep(300 * time.Millisecond) // perf attaches asynchronously; nothing to poll
+		}
 	}
 	cpu0, _ := bench.ReadCPU()
 	per0, _ := bench.ReadPerCPU()
-	w0, _ := bench.ProcCPU(workerPID)
+	wk0, _ := bench.ProcCPU(c.workerPID)
 	t0 := time.Now()
 	fmt.Fprintln(in)
 	if err := expect("done"); err != nil {
 		return nil, err
 	}
-	wall := time.Since(t0)
+	w.wall = time.Since(t0)
 	cpu1, _ := bench.ReadCPU()
 	per1, _ := bench.ReadPerCPU()
-	w1, _ := bench.ProcCPU(workerPID)
-	syscalls := -1.0
-	if perfOK {
+	wk1, _ := bench.ProcCPU(c.workerPID)
+	if perf != nil {
 		_ = perf.Process.Signal(syscall.SIGINT)
 		_ = perf.Wait()
-		syscalls = readPerf(perfOut)
+		w.syscalls = readPerf(perfOut)
 	}
 	fmt.Fprintln(in)
-	var cr ClientResult
-	if err := json.NewDecoder(rd).Decode(&cr); err != nil {
+	if err := json.NewDecoder(rd).Decode(&w.cr); err != nil {
 		return nil, fmt.Errorf("read client result: %w: %s", err, stderr.String())
 	}
-	row := &Row{Method: m, Fanout: f, LatRequests: len(cr.LatenciesUS), LatTimeouts: cr.LatTimeouts,
-		Completed: cr.Completed, Timeouts: cr.Timeouts, Mismatches: cr.Mismatches, SyscallsPerReq: -1}
-	sort.Float64s(cr.LatenciesUS)
-	if len(cr.LatenciesUS) > 0 {
-		row.P50US = bench.Percentile(cr.LatenciesUS, 50)
-		row.P99US = bench.Percentile(cr.LatenciesUS, 99)
-	}
-	if cr.LoadedSec > 0 {
-		row.Throughput = float64(cr.Completed) / cr.LoadedSec
-	}
-	if wall > 0 {
-		row.WorkerCPU = (w1 - w0).Seconds() / wall.Seconds()
-		for c := range row.CPUBusy {
-			if c < len(per0) && c < len(per1) {
-				d := per1[c].Sub(per0[c])
-				row.CPUBusy[c] = d.Busy.Seconds() / wall.Seconds()
-				row.CPUSoftirq[c] = d.Softirq.Seconds() / wall.Seconds()
-			}
+	w.machine = cpu1.Sub(cpu0).Busy
+	w.worker = wk1 - wk0
+	for i := range w.busy {
+		if i < len(per0) && i < len(per1) && w.wall > 0 {
+			d := per1[i].Sub(per0[i])
+			w.busy[i] = d.Busy.Seconds() / w.wall.Seconds()
+			w.softirq[i] = d.Softirq.Seconds() / w.wall.Seconds()
 		}
 	}
-	if cr.Completed > 0 {
-		row.WorkerCPUUSRep = (w1 - w0).Seconds() * 1e6 / float64(cr.Completed*int64(f))
-		row.ClientCPUUS = (cr.CPUUserSec + cr.CPUSysSec) * 1e6 / float64(cr.Completed)
-		row.MachineCPUUS = cpu1.Sub(cpu0).Busy.Seconds() * 1e6 / float64(cr.Completed)
-		if syscalls >= 0 {
-			row.SyscallsPerReq = syscalls / float64(cr.Completed)
-		}
-	}
-	return row, nil
+	return w, nil
 }
 
 // readPerf reads the count from perf stat -x, output ("12345,,raw_syscalls:sys_enter,...").

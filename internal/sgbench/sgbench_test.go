@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -17,7 +18,6 @@ import (
 	"github.com/kedge-dev/kedge/internal/netnsx"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 	"github.com/kedge-dev/kedge/pkg/kedge"
-	"github.com/vishvananda/netlink"
 )
 
 func TestRatios(t *testing.T) {
@@ -50,8 +50,14 @@ func TestReadPerf(t *testing.T) {
 
 // TestBaselines runs every user-space baseline against in-process reference workers on
 // loopback (a private network namespace) and checks each aggregate against the values the
-// workers sent; a dead worker address makes a request time out rather than complete.
+// workers sent (int64 and int32 vectors: the whole vector is reduced, as kedge's gather
+// does); a dead worker address makes a request time out rather than complete.
 func TestBaselines(t *testing.T) {
+	t.Run("int64", func(t *testing.T) { testBaselines(t, isg.TypeI64, "int64") })
+	t.Run("int32", func(t *testing.T) { testBaselines(t, isg.TypeI32, "int32") })
+}
+
+func testBaselines(t *testing.T, typ uint8, name string) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (a private network namespace)")
 	}
@@ -61,14 +67,10 @@ func TestBaselines(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ns.Close()
+	if err := ns.LoopbackUp(); err != nil {
+		t.Fatal(err)
+	}
 	err = ns.Do(func() error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return err
-		}
 		var ws []netip.AddrPort
 		for i := range 64 {
 			ws = append(ws, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(21000+i)))
@@ -81,7 +83,7 @@ func TestBaselines(t *testing.T) {
 		// The workers' sockets are opened on a thread inside the namespace.
 		go func() {
 			errc <- ns.Do(func() error {
-				return isg.RunWorkers(ctx, isg.WorkerConfig{Listen: ws, Type: isg.TypeI64, Elems: 2}, &st, ready)
+				return isg.RunWorkers(ctx, isg.WorkerConfig{Listen: ws, Type: typ, Elems: 2}, &st, ready)
 			})
 		}()
 		select {
@@ -93,7 +95,7 @@ func TestBaselines(t *testing.T) {
 			if IsKedge(m) {
 				continue // pkg/sg's own tests
 			}
-			o := ClientOptions{Method: m, Workers: ws, Elems: 2, Timeout: 2 * time.Second}
+			o := ClientOptions{Method: m, Workers: ws, Elems: 2, Type: name, Timeout: 2 * time.Second}
 			newReq, cleanup, err := setup(o)
 			if err != nil {
 				return fmt.Errorf("%s: %w", m, err)
@@ -194,5 +196,41 @@ func TestWriteMarkdown(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("markdown lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// TestLoopSummary checks the loopback scenario's medians and its two comparisons with sgbpf:
+// raw (this machine's figures over the reference's) and calibrated (the rounds' after/before
+// ratios times the reference's kedge/sgbpf).
+func TestLoopSummary(t *testing.T) {
+	rows := []LoopRow{
+		{Round: 1, Method: "kedge", Fanout: 4, Outstanding: 32, ReqPerSec: 120, CPUUSPerReq: 10},
+		{Round: 1, Method: "kedge-before", Fanout: 4, Outstanding: 32, ReqPerSec: 60, CPUUSPerReq: 20},
+		{Round: 2, Method: "kedge-before", Fanout: 4, Outstanding: 32, ReqPerSec: 50, CPUUSPerReq: 20},
+		{Round: 2, Method: "kedge", Fanout: 4, Outstanding: 32, ReqPerSec: 110, CPUUSPerReq: 11},
+		{Round: 3, Method: "kedge", Fanout: 4, Outstanding: 32, ReqPerSec: 130, CPUUSPerReq: 9},
+		{Round: 3, Method: "kedge-before", Fanout: 4, Outstanding: 32, ReqPerSec: 65, CPUUSPerReq: 18},
+	}
+	s := summarize(rows, LoopOptions{Methods: []string{"kedge", "kedge-before"}, Fanouts: []int{4}, Outstanding: []int{32}})
+	if len(s) != 2 {
+		t.Fatalf("summary %+v", s)
+	}
+	k := s[0]
+	ref, _ := reference(4, 32)
+	// Round ratios 2.0, 2.2, 2.0 (req/s) and 0.5, 0.55, 0.5 (CPU): medians 2.0 and 0.5.
+	if k.ReqPerSec != 120 || k.ReqPerSecLo != 110 || k.ReqPerSecHi != 130 || k.CPUUSPerReq != 10 || k.VsBeforeRPS != 2 || k.VsBeforeCPU != 0.5 {
+		t.Fatalf("kedge %+v", k)
+	}
+	wantRPS := 2 * ref.KedgeRPS / ref.SgbpfRPS
+	wantCPU := 0.5 * mid(ref.KedgeCPUUS) / mid(ref.SgbpfCPUUS)
+	if math.Abs(k.CalibratedRPS-wantRPS) > 1e-9 || math.Abs(k.CalibratedCPU-wantCPU) > 1e-9 || k.Met == nil ||
+		*k.Met != (wantRPS >= TargetRPSRatio && wantCPU <= TargetCPURatio) {
+		t.Fatalf("calibrated %+v, want %.3f %.3f", k, wantRPS, wantCPU)
+	}
+	if k.RawRPS != 120/ref.SgbpfRPS {
+		t.Fatalf("raw %v", k.RawRPS)
+	}
+	if b := s[1]; b.Method != "kedge-before" || b.VsBeforeRPS != 0 || b.Met != nil {
+		t.Fatalf("before %+v", b)
 	}
 }
