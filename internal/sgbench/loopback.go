@@ -16,7 +16,7 @@ import (
 const LoopSchema = "kedge.bench.sg-loopback/v1"
 
 // LoopOptions configure `kedge bench sg --scenario loopback`: the setup in which kedge was
-// measured against sgbpf (docs/sg.md, "Fast path"): one private namespace's loopback, one
+// measured against sgbpf: one private namespace's loopback, one
 // `kedge sg worker` process with a socket per worker pinned to CPU 0, the coordinator (the
 // client process) pinned to CPU 1, replies of 256 x int32, 1 and 32 requests outstanding.
 type LoopOptions struct {
