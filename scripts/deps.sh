@@ -6,8 +6,12 @@ set -euo pipefail
 # podman + runc: the image and its test (make image); dnsmasq-base: real DNS replicas in the
 # agent's container test (the binary only, no service on the host); systemd: systemd-analyze
 # verify of the unit (with man-db for its Documentation=); make deb needs only dpkg-deb.
+# etcd-server: the peer of `kedge bench raft --peer etcd` and its lab test (the lab runs its
+# own etcd processes in namespaces; on a host booted with systemd the package also enables
+# an etcd service on localhost, which kedge neither needs nor touches).
 pkgs=(clang-19 llvm-19 libbpf-dev bpftool iproute2 ethtool python3 busybox-static cpio
-      qemu-system-x86 dnsutils iperf3 ca-certificates podman runc dnsmasq-base systemd man-db)
+      qemu-system-x86 dnsutils iperf3 ca-certificates podman runc dnsmasq-base systemd man-db
+      etcd-server)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

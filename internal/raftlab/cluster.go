@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/raft/client"
@@ -47,7 +49,14 @@ type Spec struct {
 	Args []string
 	// ClusterKey (32 hex digits) goes into the config: every UDP packet is authenticated.
 	ClusterKey string
+	// Server is what the nodes run: ServerKedge ("" too: kedge raft serve) or ServerEtcd
+	// (Debian's etcd, the peer of `kedge bench raft --peer etcd`: Binary, UnsafeLocalReads
+	// and ClusterKey do not apply, Args are etcd's flags; etcd.go).
+	Server string
 }
+
+// Etcd reports whether the nodes run etcd.
+func (s Spec) Etcd() bool { return s.Server == ServerEtcd }
 
 // Node is one node process.
 type Node struct {
@@ -71,6 +80,7 @@ type Cluster struct {
 	Config string // the shared node config file
 
 	status  *client.Client
+	etcd    *etcdClients // Spec.Etcd(): the harness's etcd clients
 	onClose []func() error
 }
 
@@ -91,7 +101,17 @@ func Up(ctx context.Context, spec Spec) (_ *Cluster, err error) {
 	default:
 		return nil, fmt.Errorf("lab cluster of %d nodes: use 3, 5 or 7", spec.Nodes)
 	}
-	if spec.Binary == "" || spec.Dir == "" {
+	switch {
+	case spec.Etcd():
+		if err := checkEtcd(); err != nil {
+			return nil, err
+		}
+		if spec.Dir == "" {
+			return nil, errors.New("lab cluster needs a directory")
+		}
+	case spec.Server != "" && spec.Server != ServerKedge:
+		return nil, fmt.Errorf("lab cluster server %q: use %s or %s", spec.Server, ServerKedge, ServerEtcd)
+	case spec.Binary == "" || spec.Dir == "":
 		return nil, errors.New("lab cluster needs the kedge binary and a directory")
 	}
 	hosts := make([]string, 0, spec.Nodes+1)
@@ -113,6 +133,9 @@ func Up(ctx context.Context, spec Spec) (_ *Cluster, err error) {
 	}
 	c.Client = c.Lab.Host(ClientHost)
 	c.status = NewClient(c.Client, time.Second)
+	if spec.Etcd() {
+		c.etcd = &etcdClients{status: map[int]*clientv3.Client{}, members: map[uint64]int{}}
+	}
 	for i := 1; i <= spec.Nodes; i++ {
 		h := c.Lab.Host(NodeName(i))
 		c.Nodes = append(c.Nodes, &Node{ID: i, Host: h,
@@ -194,12 +217,17 @@ func (c *Cluster) Start(id int) error {
 		return fmt.Errorf("open node log: %w", err)
 	}
 	defer logf.Close() // the child has its own copy
-	args := []string{"raft", "serve", "--config", c.Config, "--id", strconv.Itoa(id)}
-	if c.Spec.UnsafeLocalReads {
-		args = append(args, "--unsafe-local-reads")
+	var cmd *exec.Cmd
+	if c.Spec.Etcd() {
+		cmd = c.etcdCommand(n)
+	} else {
+		args := []string{"raft", "serve", "--config", c.Config, "--id", strconv.Itoa(id)}
+		if c.Spec.UnsafeLocalReads {
+			args = append(args, "--unsafe-local-reads")
+		}
+		args = append(args, c.Spec.Args...)
+		cmd = n.Host.Command(c.Spec.Binary, args...)
 	}
-	args = append(args, c.Spec.Args...)
-	cmd := n.Host.Command(c.Spec.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if !c.Spec.Persistent {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -274,6 +302,9 @@ func (c *Cluster) Running(id int) bool {
 
 // Status asks node id.
 func (c *Cluster) Status(ctx context.Context, id int) (Status, error) {
+	if c.Spec.Etcd() {
+		return c.etcdStatus(ctx, id)
+	}
 	return c.status.Status(ctx, c.Node(id).ClientAddr.String())
 }
 
@@ -339,6 +370,7 @@ func (c *Cluster) Close() error {
 	if c.status != nil {
 		c.status.Close()
 	}
+	errs = append(errs, c.etcd.close())
 	if c.Faults != nil {
 		errs = append(errs, c.Faults.Close())
 	}

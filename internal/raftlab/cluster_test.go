@@ -26,10 +26,17 @@ func nodeBinary(t *testing.T) string {
 func upCluster(t *testing.T, name string, nodes int, unsafe bool) *Cluster {
 	t.Helper()
 	bpftest.RequireRoot(t)
+	return upSpec(t, Spec{Name: name, Nodes: nodes, Binary: nodeBinary(t), UnsafeLocalReads: unsafe})
+}
+
+// upSpec brings spec's cluster up in a temporary directory; the test's end closes it (with
+// the nodes' logs when the test failed).
+func upSpec(t *testing.T, spec Spec) *Cluster {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dir := t.TempDir()
-	c, err := Up(ctx, Spec{Name: name, Nodes: nodes, Binary: nodeBinary(t), Dir: dir, UnsafeLocalReads: unsafe})
+	spec.Dir = t.TempDir()
+	c, err := Up(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,87 @@
+package raftlab
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+)
+
+// TestEtcdPeer runs the benchmark's peer: an etcd cluster in the same lab as kedge's, its
+// status read in kedge's form, written to by etcd's Go client to the leader and spread over
+// every node, and a new leader of a higher term taking writes after kill -9 of the old one.
+func TestEtcdPeer(t *testing.T) {
+	bpftest.RequireRoot(t)
+	if err := checkEtcd(); err != nil {
+		t.Fatal(err) // scripts/deps.sh installs it
+	}
+	c := upSpec(t, Spec{Name: "rletcd", Nodes: 3, Server: ServerEtcd})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	leader, term := c.Leader(ctx, nil)
+	if leader == 0 || term == 0 {
+		t.Fatalf("no leader after Up: %d, term %d", leader, term)
+	}
+	for _, n := range c.Nodes {
+		st, err := c.Status(ctx, n.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Leader != uint64(leader) || (st.State == "leader") != (n.ID == leader) {
+			t.Fatalf("node %d: state %s, leader %d; want leader %d", n.ID, st.State, st.Leader, leader)
+		}
+	}
+	var all, survivors []int
+	for _, n := range c.Nodes {
+		all = append(all, n.ID)
+		if n.ID != leader {
+			survivors = append(survivors, n.ID)
+		}
+	}
+	put := func(w Writer, key string) error {
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer pcancel()
+		_, err := w.Put(pctx, key, "v")
+		return err
+	}
+	for _, ids := range [][]int{{leader}, all} {
+		w, err := c.NewWriter(ids, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 6 { // twice round the nodes when spread
+			if err := put(w, fmt.Sprintf("k%d", i)); err != nil {
+				t.Fatalf("put through %v: %v", ids, err)
+			}
+		}
+		w.Close()
+	}
+	st, err := c.Status(ctx, leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Commit < 12 {
+		t.Fatalf("leader's commit index %d after 12 writes", st.Commit)
+	}
+	if err := c.Kill(leader); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.NewWriter(survivors, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for err = put(w, "after"); err != nil; err = put(w, "after") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no write acknowledged by the survivors %v: %v", survivors, err)
+		}
+		time.Sleep(10 * time.Millisecond) // pacing the retries while the survivors elect
+	}
+	nl, nterm := c.Leader(ctx, survivors)
+	if nl == 0 || nl == leader || nterm <= term {
+		t.Fatalf("after the kill: leader %d of term %d (before: %d of term %d)", nl, nterm, leader, term)
+	}
+}
