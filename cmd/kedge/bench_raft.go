@@ -75,47 +75,57 @@ func newBenchRaftCmd() *cobra.Command {
 		modes         string
 		phases        string
 		feModes       string
+		peer          string
+		routings      string
+		clients       string
 		auth          bool
 		out           string
 	)
 	cmd := &cobra.Command{
 		Use:   "raft",
-		Short: "Failover time, false elections, write throughput and CPU per heartbeat of kedge raft, kernel paths on vs off",
-		Long: `Runs kedge raft clusters in a lab (node processes in namespaces behind the fault fabric),
-once per --offload mode: "on" (the kernel paths: heartbeats and pre-votes answered in XDP,
-leader failure detected in the kernel; asked for explicitly, so a kernel that cannot run
-them fails the run) and "off" (--offload=false, user space only). The clusters of both modes
-run at the same time and the trials alternate, so both sides see the same machine.
+		Short: "Failover time, false elections, write throughput and CPU per heartbeat of kedge raft (kernel paths on vs off) and of etcd",
+		Long: `Runs kedge raft clusters in a lab (node processes in namespaces behind the fault fabric, data
+on the same disk with fsync), one cluster per --offload mode: "on" (the kernel paths:
+heartbeats and pre-votes answered in XDP, leader failure detected in the kernel; asked for
+explicitly, so a kernel that cannot run them fails the run) and "off" (--offload=false, user
+space only). With --peer etcd an etcd cluster (Debian's etcd-server, apt-get install
+etcd-server) runs in the same kind of lab beside them, written to by etcd's own Go client,
+and is the baseline of every ratio. The clusters run at the same time and the trials and
+rounds alternate, so every system sees the same machine.
   failover         kill -9 of the leader, time until the first write acknowledged through a
-                   surviving node (writes retried every 50 ms per attempt); --trials per
-                   election timeout and mode, alternating; p50/p99/max.
+                   surviving node, per --failover-client: told which node died (leader,
+                   retry) or not told (uninformed: it writes to the leader it knew and finds
+                   out as an application's client does); --trials per election timeout,
+                   mode and client, alternating; p50/p99/max.
   false-elections  leader changes with no crash, for --fe-duration per phase (--fe-phases):
                    idle; spinners (two busy loops per CPU); starved-follower (one follower
                    pinned to a CPU shared with three spinners); stress (one spinner per CPU
-                   AND a starved follower). Both modes' clusters under the same pressure at
-                   once. The default --fe-duration is short (30s); the issue's figure is
-                   --fe-duration 10m.
-  throughput       --clients closed-loop writers putting to the leader, per cluster size in
-                   --tp-nodes: one cluster per mode, built once; --tp-rounds rounds, each
-                   running every mode for --tp-duration in turn (the order reversed every
-                   other round: on,off / off,on ...) while the other clusters idle; with
-                   --tp-concurrent every mode's writers run at the same time in each round
-                   (each cluster its own --clients), so both share the same seconds of the
-                   machine. Per run writes/s, latency p50/p99, CPU per write; per round each
-                   mode's ratio to off; the median ratio, its min-max and a sign test over
-                   the rounds.
-  heartbeat        both modes idle for --hb-duration: the CPU time of one follower's process
-                   per heartbeat that reached it (with offload on, most are answered in XDP);
-                   then --hb-probes heartbeats sent in the leader's name from its namespace
-                   time the follower's round trip (these clusters have no key: the probe
-                   cannot sign).
-With --auth (default) every cluster gets a random key: all UDP packets carry a MAC.
+                   AND a starved follower). Every mode's cluster under the same pressure at
+                   once. The shortest quiet timeout per mode is the shortest of
+                   --election-ticks with no leader change (a search wants --fe-duration 10m).
+  throughput       --clients closed-loop writers of 64-byte values over 1000 keys, per
+                   cluster size in --tp-nodes and routing in --tp-routing (every request to
+                   the leader, or spread over all nodes as etcd's client balances): one
+                   cluster per mode, built once; --tp-rounds rounds, each running every mode
+                   for --tp-duration in turn (the order reversed every other round) while
+                   the other clusters idle; with --tp-concurrent every mode's writers run at
+                   the same time. Per run writes/s, latency p50/p99, CPU per write; per
+                   round each mode's ratio to the baseline (etcd, else off); the median
+                   ratio, its min-max and a sign test over the rounds.
+  heartbeat        kedge's modes idle for --hb-duration: the CPU time of one follower's
+                   process per heartbeat that reached it (with offload on, most are answered
+                   in XDP); then --hb-probes heartbeats sent in the leader's name from its
+                   namespace time the follower's round trip (these clusters have no key: the
+                   probe cannot sign).
+With --auth (default) every kedge cluster gets a random key: all UDP packets carry a MAC.
 result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 		Example: `  sudo kedge bench raft --out docs/results/raft
   sudo kedge bench raft --scenarios failover --trials 50 --election-ticks 3,10
   sudo kedge bench raft --scenarios false-elections --election-ticks 3 --fe-duration 10m
   sudo kedge bench raft --scenarios throughput --tp-nodes 3 --clients 16 --tp-rounds 6 --tp-duration 20s --offload on,off
-  sudo kedge bench raft --scenarios throughput --tp-concurrent --tp-rounds 6 --tp-duration 20s --offload on,off`,
+  sudo kedge bench raft --scenarios throughput --tp-concurrent --tp-rounds 6 --tp-duration 20s --offload on,off
+  sudo kedge bench raft --peer etcd --scenarios throughput --offload on --tp-routing leader,spread --tp-rounds 4 --tp-duration 20s
+  sudo kedge bench raft --peer etcd --scenarios failover --offload on --tick 1ms --election-ticks 10,50 --failover-client leader,uninformed --trials 20`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -125,8 +135,20 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 			if o.Modes, err = splitList("--offload mode", modes, raftbench.Modes); err != nil {
 				return err
 			}
-			if o.FailoverClient != raftbench.ClientLeader && o.FailoverClient != raftbench.ClientRetry {
-				return usagef("--failover-client %q: use %s or %s", o.FailoverClient, raftbench.ClientLeader, raftbench.ClientRetry)
+			switch peer {
+			case "":
+			case raftbench.ModeEtcd:
+				if !contains(o.Modes, raftbench.ModeEtcd) {
+					o.Modes = append(o.Modes, raftbench.ModeEtcd)
+				}
+			default:
+				return usagef("--peer %q: use etcd (or leave it out)", peer)
+			}
+			if o.FailoverClients, err = splitList("--failover-client", clients, raftbench.FailoverClients); err != nil {
+				return err
+			}
+			if o.ThroughputRoutings, err = splitList("--tp-routing", routings, []string{raftbench.RouteLeader, raftbench.RouteSpread}); err != nil {
+				return err
 			}
 			if o.HeartbeatTicks < 0 {
 				return usagef("--heartbeat-ticks %d: use a positive number of ticks (0: the node's default)", o.HeartbeatTicks)
@@ -134,6 +156,9 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 			if feModes != "" {
 				if o.FalseModes, err = splitList("--fe-offload mode", feModes, raftbench.Modes); err != nil {
 					return err
+				}
+				if peer != "" && !contains(o.FalseModes, peer) {
+					o.FalseModes = append(o.FalseModes, peer)
 				}
 			}
 			if o.FalsePhases, err = splitList("--fe-phases phase", phases, []string{"idle", "spinners", "starved-follower", "stress"}); err != nil {
@@ -204,8 +229,11 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&scenarios, "scenarios", "failover,false-elections,throughput,heartbeat", "which runs (comma-separated)")
-	f.StringVar(&modes, "offload", "on,off", "kernel-path modes to compare (comma-separated: on = every kernel path, on-nowait = on without the quorum wait, follower = the follower path without kernel heartbeats, off; xdp-pass = off with an XDP program that passes everything on each node's interface, a control)")
-	f.StringVar(&o.FailoverClient, "failover-client", raftbench.ClientLeader, "failover writer: leader (asks every survivor for the new leader at once, writes to it) or retry (part 1's: survivors in turn, 50 ms per attempt)")
+	f.StringVar(&modes, "offload", "on,off", "kernel-path modes to compare (comma-separated: on = every kernel path, on-nowait = on without the quorum wait, follower = the follower path without kernel heartbeats, off; xdp-pass = off with an XDP program that passes everything on each node's interface, a control; etcd = the peer, as --peer etcd)")
+	f.StringVar(&clients, "failover-client", raftbench.ClientLeader, "failover writers, comma-separated, the trials alternating: leader (told which node died: asks every survivor for the new leader at once, writes to it), retry (told: tries the survivors in turn, 50 ms per attempt), uninformed (not told: writes to the leader it knew, finds out by a refused or reset connection or no answer within --failover-attempt, then asks every node for a newer leader); etcd's client has the survivors (told) or every node (uninformed) as endpoints")
+	f.DurationVar(&o.FailoverAttempt, "failover-attempt", 0, "each write attempt of the uninformed failover client and of etcd's (0: the election timeout, at least 10ms)")
+	f.StringVar(&peer, "peer", "", "run a peer system side by side in the same lab, as the baseline of every ratio: etcd (Debian's etcd-server 3.4, written to by its Go client; heartbeat a tenth of the election timeout, pre-vote on)")
+	f.StringVar(&routings, "tp-routing", raftbench.RouteLeader, "throughput writers' routing, comma-separated: leader (every request to the leader) or spread (over every node in turn, as etcd's client balances; followers forward)")
 	f.IntVar(&o.HeartbeatTicks, "heartbeat-ticks", 0, "leader heartbeat interval in ticks (0: the node's default, 1)")
 	f.DurationVar(&o.HeartbeatLease, "heartbeat-lease", 0, "mode on: the kernel heartbeats' lease (0: the node's default)")
 	f.DurationVar(&o.OffloadAlive, "offload-alive", 0, "modes on and follower: the follower program's alive bound (0: the node's default)")
@@ -217,7 +245,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	f.StringVar(&electionTicks, "election-ticks", "3,10", "election timeouts to measure, in ticks")
 	f.IntVar(&o.Nodes, "nodes", 3, "cluster size for failover and false elections")
 	f.IntVar(&o.Trials, "trials", 50, "failover trials per election timeout")
-	f.DurationVar(&o.FalseElectionDuration, "fe-duration", 30*time.Second, "length of each false-election phase (short default; the issue's figure is 10m)")
+	f.DurationVar(&o.FalseElectionDuration, "fe-duration", 30*time.Second, "length of each false-election phase (short default; a shortest-safe-timeout search wants 10m)")
 	f.StringVar(&feModes, "fe-offload", "", "modes of the false-election runs (default: --offload)")
 	f.StringVar(&tpNodes, "tp-nodes", "3", "cluster sizes for the throughput run")
 	f.DurationVar(&o.ThroughputDuration, "tp-duration", 10*time.Second, "length of each mode's throughput run in each round")
@@ -263,13 +291,17 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 		fmt.Fprintln(tw)
 		// The phases: each from the event before (p50 / p99 ms); heard-age is how old the
 		// survivors' last word from the leader was at the kill.
-		fmt.Fprint(tw, "FAILOVER PHASES (p50 / p99 ms)\tOFFLOAD\tELECTION TIMEOUT")
+		// etcd keeps no election record: its rows have no phases.
+		fmt.Fprint(tw, "FAILOVER PHASES (p50 / p99 ms)\tOFFLOAD\tELECTION TIMEOUT\tCLIENT")
 		for _, n := range raftbench.PhaseNames {
 			fmt.Fprintf(tw, "\t%s", strings.ToUpper(n))
 		}
 		fmt.Fprintln(tw, "\tDETECTED BY KERNEL\tMORE THAN ONE ELECTION")
 		for _, f := range r.Failover {
-			fmt.Fprintf(tw, "%d nodes\t%s\t%.0f ms", f.Nodes, f.Offload, f.ElectionTimeoutMs)
+			if len(f.Phases) == 0 {
+				continue
+			}
+			fmt.Fprintf(tw, "%d nodes\t%s\t%.0f ms\t%s", f.Nodes, f.Offload, f.ElectionTimeoutMs, f.Client)
 			for _, p := range f.PhaseStats {
 				fmt.Fprintf(tw, "\t%.1f / %.1f", p.P50Ms, p.P99Ms)
 			}
@@ -292,8 +324,8 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 			fmt.Fprintf(tw, "%s\t%s\t%.0f ms\t%.0f s\t%d\t%.2f\t%d\n", f.Scenario, f.Offload, f.ElectionTimeoutMs, f.DurationS, f.LeaderChanges, f.PerMinute, f.TermIncrease)
 		}
 		fmt.Fprintln(tw)
-		// The issue's question, per mode and phase: the shortest timeout run with no leader
-		// change (and no term change), and the failover at that timeout if it was measured.
+		// Per mode and phase: the shortest timeout run with no leader change (and no term
+		// change), and the failover at that timeout if it was measured.
 		fmt.Fprintln(tw, "SHORTEST QUIET TIMEOUT\tOFFLOAD\tDURATION\tELECTION TIMEOUT\tFAILOVER P50\tFAILOVER P99\tTIMEOUTS RUN")
 		for _, q := range raftbench.Quiet(r) {
 			to, p50, p99 := "none", "-", "-"
@@ -326,6 +358,18 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 	return tw.Flush()
 }
 
+// routed names a throughput group's routing (", to the leader" / ", spread"); "" for
+// results of before the routings.
+func routed(r string) string {
+	switch r {
+	case "":
+		return ""
+	case raftbench.RouteLeader:
+		return ", to the leader"
+	}
+	return ", " + r
+}
+
 // times prints a ratio, or "-" for none (NaN).
 func times(x float64) string {
 	if math.IsNaN(x) {
@@ -351,13 +395,13 @@ func throughputTables(tw io.Writer, r *raftbench.Result) {
 		if t.Concurrent { // the machine's figures are shared by the clusters that wrote at once
 			machine, softirq = "-", "-"
 		}
-		fmt.Fprintf(tw, "%d nodes\t%d\t%s\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\t%.0f us\t%s\t%s\t%s\t%s\t%.0f ms\t%.1f\t%d\n", t.Nodes, t.Round+1, t.Offload, t.Clients,
+		fmt.Fprintf(tw, "%d nodes%s\t%d\t%s\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\t%.0f us\t%s\t%s\t%s\t%s\t%.0f ms\t%.1f\t%d\n", t.Nodes, routed(t.Routing), t.Round+1, t.Offload, t.Clients,
 			t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors, t.NodeCPUUs, machine, softirq, xdp, khb, t.OtherCPUMs, t.Load1, t.TermChange)
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "THROUGHPUT, POOLED\tOFFLOAD\tROUNDS\tWRITES\tWRITES/S\tP50\tP99\tMAX\tERRORS")
 	for _, t := range r.Throughput {
-		fmt.Fprintf(tw, "%d nodes\t%s\t%d\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\n", t.Nodes, t.Offload, t.Rounds, t.Writes, t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors)
+		fmt.Fprintf(tw, "%d nodes%s\t%s\t%d\t%d\t%.0f\t%.2f ms\t%.2f ms\t%.1f ms\t%d\n", t.Nodes, routed(t.Routing), t.Offload, t.Rounds, t.Writes, t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors)
 	}
 	fmt.Fprintln(tw)
 	if len(r.ThroughputCompare) == 0 {
@@ -372,7 +416,7 @@ func throughputTables(tw io.Writer, r *raftbench.Result) {
 			return times(c.MachineCPU.PerRound[i])
 		}
 		for i := range c.PerSecond.PerRound {
-			fmt.Fprintf(tw, "%d nodes\t%d\t%s / %s\t%s\t%s\t%s\t%s\t%s\n", c.Nodes, i+1, c.Offload, c.Baseline,
+			fmt.Fprintf(tw, "%d nodes%s\t%d\t%s / %s\t%s\t%s\t%s\t%s\t%s\n", c.Nodes, routed(c.Routing), i+1, c.Offload, c.Baseline,
 				times(c.PerSecond.PerRound[i]), times(c.P50.PerRound[i]), times(c.P99.PerRound[i]), times(c.NodeCPU.PerRound[i]), machine(i))
 		}
 	}
@@ -387,7 +431,7 @@ func throughputTables(tw io.Writer, r *raftbench.Result) {
 		return fmt.Sprintf("%.3fx [%.3f-%.3f] %d below 1, p=%.2f", x.Median, x.Min, x.Max, x.Below, x.SignP)
 	}
 	for _, c := range r.ThroughputCompare {
-		fmt.Fprintf(tw, "%d nodes\t%s / %s\t%d\t%s\t%s\t%s\t%s\t%s\n", c.Nodes, c.Offload, c.Baseline, c.Rounds,
+		fmt.Fprintf(tw, "%d nodes%s\t%s / %s\t%d\t%s\t%s\t%s\t%s\t%s\n", c.Nodes, routed(c.Routing), c.Offload, c.Baseline, c.Rounds,
 			cell(&c.PerSecond), cell(&c.P50), cell(&c.P99), cell(&c.NodeCPU), cell(c.MachineCPU))
 	}
 	fmt.Fprintln(tw)

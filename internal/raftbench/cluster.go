@@ -24,6 +24,9 @@ func (o *Options) cluster(ctx context.Context, name string, nodes, electionTicks
 	defer cancel()
 	spec := raftlab.Spec{Name: name, Nodes: nodes, Binary: o.Binary, Dir: dir,
 		Tick: o.Tick, ElectionTicks: electionTicks, HeartbeatTicks: o.HeartbeatTicks, Args: o.modeArgs(mode), ClusterKey: o.ClusterKey}
+	if mode == ModeEtcd {
+		spec.Server, spec.ClusterKey, spec.HeartbeatTicks = raftlab.ServerEtcd, "", 0
+	}
 	c, err := raftlab.Up(uctx, spec)
 	for try := 2; err != nil && try <= startTries && uctx.Err() == nil; try++ {
 		// A node that cannot start its kernel paths exits (mode on asks for them explicitly);

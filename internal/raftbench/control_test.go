@@ -65,7 +65,7 @@ func TestXDPPassConcurrent(t *testing.T) {
 			}
 		}
 	}
-	runs, err := o.writeRuns(ctx, cs, 3, o.Modes, o.ThroughputDuration)
+	runs, err := o.writeRuns(ctx, cs, 3, o.Modes, RouteLeader, o.ThroughputDuration)
 	if err != nil {
 		t.Fatal(err)
 	}

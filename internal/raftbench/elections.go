@@ -107,7 +107,7 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 		for i, mode := range o.Modes {
 			fe := res[i]
 			fe.Offload, fe.Scenario, fe.Nodes, fe.ElectionTicks = mode, sc, o.Nodes, electionTicks
-			fe.ElectionTimeoutMs = ms(o.Tick) * float64(electionTicks)
+			fe.ElectionTimeoutMs = o.electionMs(mode, electionTicks)
 			o.logf("false elections, %s, offload %s, election %d ticks: %d leader changes (term +%d) in %.0fs",
 				sc, mode, electionTicks, fe.LeaderChanges, fe.TermIncrease, fe.DurationS)
 			out = append(out, fe)
@@ -121,6 +121,9 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 // explains a leader change (which node campaigned, its detector or etcd-raft's timer, the
 // kernel paths' counters). Kept with KEDGE_BENCH_KEEP=1; best effort.
 func keepRecords(ctx context.Context, c *raftlab.Cluster, phase string) {
+	if c.Spec.Etcd() {
+		return // etcd keeps no election record
+	}
 	cl := raftlab.NewClient(c.Client, 2*time.Second)
 	defer cl.Close()
 	for _, n := range c.Nodes {
@@ -153,9 +156,10 @@ func keepRecords(ctx context.Context, c *raftlab.Cluster, phase string) {
 	}
 }
 
-// QuietTimeout answers the issue's question for one mode and false-election phase: the
-// shortest election timeout whose run saw no leader change and no term change (0: none of
-// those run), and the failover measured at that timeout in the same result (nil: not run).
+// QuietTimeout is, for one mode and false-election phase, the shortest safe election timeout
+// found: the shortest election timeout whose run saw no leader change and no term change (0:
+// none of those run), and the failover measured at that timeout in the same result (nil: not
+// run).
 type QuietTimeout struct {
 	Offload           string    `json:"offload"`
 	Scenario          string    `json:"scenario"`

@@ -36,43 +36,58 @@ type Failover struct {
 	PhaseStats []PhaseStats `json:"phase_stats,omitempty"`
 }
 
-// failover runs o.Trials kill -9 trials with one election timeout in each mode: the
-// clusters of all modes are up together and the trials alternate between them.
+// failover runs o.Trials kill -9 trials with one election timeout in each mode and for each
+// failover client: the clusters of all modes are up together and the trials alternate
+// between them.
 func (o *Options) failover(ctx context.Context, electionTicks int) (out []Failover, err error) {
 	cs, closeAll, err := o.clusters(ctx, fmt.Sprintf("rbf%d", electionTicks), o.Nodes, electionTicks)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, closeAll()) }()
-	fs := map[string]*Failover{}
-	for _, mode := range o.Modes {
-		fs[mode] = &Failover{Offload: mode, Nodes: o.Nodes, TickMs: ms(o.Tick), ElectionTicks: electionTicks,
-			ElectionTimeoutMs: ms(o.Tick) * float64(electionTicks), Trials: o.Trials, Client: o.failoverClient()}
+	type key struct{ mode, client string }
+	fs := map[key]*Failover{}
+	var order []*Failover
+	for _, cli := range o.failoverClients() {
+		for _, mode := range o.Modes {
+			f := &Failover{Offload: mode, Nodes: o.Nodes, TickMs: ms(o.Tick), ElectionTicks: electionTicks,
+				ElectionTimeoutMs: o.electionMs(mode, electionTicks), Trials: o.Trials, Client: cli}
+			fs[key{mode, cli}], order = f, append(order, f)
+		}
 	}
 	for trial := 0; trial < o.Trials; trial++ {
-		for _, mode := range o.Modes {
-			if err = o.failoverTrial(ctx, cs[mode], fs[mode], trial); err != nil {
-				return collect(fs, o.Modes), fmt.Errorf("offload %s: %w", mode, err)
+		for _, cli := range o.failoverClients() {
+			for _, mode := range o.Modes {
+				if err = o.failoverTrial(ctx, cs[mode], fs[key{mode, cli}], trial); err != nil {
+					return collect(order), fmt.Errorf("offload %s, client %s: %w", mode, cli, err)
+				}
 			}
 		}
 		if trial%10 == 9 {
 			o.logf("failover, election %d ticks: %d/%d trials per mode", electionTicks, trial+1, o.Trials)
 		}
 	}
-	return collect(fs, o.Modes), nil
+	return collect(order), nil
 }
 
-func (o *Options) failoverClient() string {
-	if o.FailoverClient == "" {
-		return ClientLeader
+func (o *Options) failoverClients() []string {
+	if len(o.FailoverClients) == 0 {
+		return []string{ClientLeader}
 	}
-	return o.FailoverClient
+	return o.FailoverClients
 }
 
-func collect(fs map[string]*Failover, modes []string) []Failover {
+// attempt is the uninformed client's bound on one write (and etcd's informed client's).
+func (o *Options) attempt(electionTicks int) time.Duration {
+	if o.FailoverAttempt > 0 {
+		return o.FailoverAttempt
+	}
+	return max(time.Duration(electionTicks)*o.Tick, 10*time.Millisecond)
+}
+
+func collect(fs []*Failover) []Failover {
 	var out []Failover
-	for _, mode := range modes {
-		f := fs[mode]
+	for _, f := range fs {
 		s := slices.Clone(f.FailoverMs)
 		slices.Sort(s)
 		if len(s) > 0 {
@@ -85,8 +100,8 @@ func collect(fs map[string]*Failover, modes []string) []Failover {
 }
 
 // failoverTrial kills c's leader and times the first write acknowledged by a survivor, then
-// splits that time into phases from the survivors' election records (GET /v1/events: the
-// nodes and this process share CLOCK_MONOTONIC).
+// (kedge) splits that time into phases from the survivors' election records (GET /v1/events:
+// the nodes and this process share CLOCK_MONOTONIC).
 func (o *Options) failoverTrial(ctx context.Context, c *raftlab.Cluster, f *Failover, trial int) error {
 	cl := raftlab.NewClient(c.Client, 5*time.Second)
 	defer cl.Close()
@@ -98,29 +113,59 @@ func (o *Options) failoverTrial(ctx context.Context, c *raftlab.Cluster, f *Fail
 	if err != nil {
 		return err
 	}
-	var survivors []int
+	var survivors, all []int
 	for _, n := range c.Nodes {
+		all = append(all, n.ID)
 		if n.ID != leader {
 			survivors = append(survivors, n.ID)
 		}
 	}
-	// One write through a survivor before the kill: the path works (and the connections
-	// from the client host are open, as a running client's would be).
-	if w := firstWriteRetry(ctx, c, cl, survivors, fmt.Sprintf("pre%d", trial), 5*time.Second); w.ackNs == 0 {
-		return errors.New("no write succeeded before the kill")
+	attempt := o.attempt(f.ElectionTicks)
+	// The client, and one write through it before the kill: the path works, and its
+	// connections are open as a running client's would be.
+	var write func(limit time.Duration) written
+	pre := fmt.Sprintf("pre%d", trial)
+	key := fmt.Sprintf("post%d", trial)
+	switch {
+	case c.Spec.Etcd():
+		// etcd's client: the survivors (told), or every node (not told), as endpoints.
+		eps := survivors
+		if f.Client == ClientUninformed {
+			eps = all
+		}
+		w, err := c.NewWriter(eps, time.Second)
+		if err != nil {
+			return err
+		}
+		defer w.Close()
+		if wr := putUntil(ctx, w, pre, 5*time.Second, time.Second); wr.ackNs == 0 {
+			return errors.New("no write succeeded before the kill")
+		}
+		write = func(limit time.Duration) written { return putUntil(ctx, w, key, limit, attempt) }
+	case f.Client == ClientUninformed:
+		if w := firstWriteUninformed(ctx, c, cl, all, leader, st.Term, pre, 5*time.Second, time.Second); w.ackNs == 0 {
+			return errors.New("no write succeeded before the kill")
+		}
+		write = func(limit time.Duration) written {
+			return firstWriteUninformed(ctx, c, cl, all, leader, st.Term, key, limit, attempt)
+		}
+	default:
+		if w := firstWriteRetry(ctx, c, cl, survivors, pre, 5*time.Second); w.ackNs == 0 {
+			return errors.New("no write succeeded before the kill")
+		}
+		write = func(limit time.Duration) written {
+			if f.Client == ClientRetry {
+				return firstWriteRetry(ctx, c, cl, survivors, key, limit)
+			}
+			return firstWriteLeader(ctx, c, cl, survivors, st.Term, key, limit)
+		}
 	}
 	// The client starts with the SIGKILL: Kill also waits for the exit and removes what
 	// the dead node left (its pacer's namespace, tens of ms), which no client waits for.
 	killed := make(chan error, 1)
 	killNs := int64(offload.Monotonic())
 	go func() { killed <- c.Kill(leader) }()
-	key := fmt.Sprintf("post%d", trial)
-	var w written
-	if o.failoverClient() == ClientRetry {
-		w = firstWriteRetry(ctx, c, cl, survivors, key, 10*time.Second)
-	} else {
-		w = firstWriteLeader(ctx, c, cl, survivors, st.Term, key, 10*time.Second)
-	}
+	w := write(10 * time.Second)
 	if err := <-killed; err != nil {
 		return err
 	}
@@ -128,11 +173,13 @@ func (o *Options) failoverTrial(ctx context.Context, c *raftlab.Cluster, f *Fail
 		f.Failed++
 	} else {
 		f.FailoverMs = append(f.FailoverMs, float64(w.ackNs-killNs)/1e6)
-		ph, err := phases(ctx, c, cl, survivors, st.Term, killNs, w)
-		if err != nil {
-			return err
+		if !c.Spec.Etcd() { // etcd keeps no election record
+			ph, err := phases(ctx, c, cl, survivors, st.Term, killNs, w)
+			if err != nil {
+				return err
+			}
+			f.Phases = append(f.Phases, ph)
 		}
-		f.Phases = append(f.Phases, ph)
 	}
 	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -143,6 +190,62 @@ func (o *Options) failoverTrial(ctx context.Context, c *raftlab.Cluster, f *Fail
 type written struct {
 	foundNs, ackNs int64
 	attempts       int
+}
+
+// putUntil puts key through w until a put is acknowledged (each attempt at most attempt
+// long) or limit passes: etcd's client, retried as an application retries it.
+func putUntil(ctx context.Context, w raftlab.Writer, key string, limit, attempt time.Duration) written {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var wr written
+	for i := 0; ctx.Err() == nil; i++ {
+		actx, acancel := context.WithTimeout(ctx, attempt)
+		_, err := w.Put(actx, "bench/"+key, fmt.Sprint(i))
+		acancel()
+		wr.attempts++
+		if err == nil {
+			wr.ackNs = int64(offload.Monotonic())
+			return wr
+		}
+		if actx.Err() == nil { // refused at once: do not spin on it
+			time.Sleep(time.Millisecond) // pacing retries against a refusing cluster
+		}
+	}
+	return written{}
+}
+
+// firstWriteUninformed is kedge's client that was not told which node died: it writes to
+// the leader it knew (leader, of term) and, when that write fails - refused, reset, or not
+// answered within attempt -, asks every node at once for a leader of a newer term than the
+// one it knew (GET /v1/leader, kedge's leader hint) and writes there.
+func firstWriteUninformed(ctx context.Context, c *raftlab.Cluster, cl *client.Client, all []int, leader int, term uint64, key string, limit, attempt time.Duration) written {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	everyone := &client.Client{HTTP: cl.HTTP}
+	for _, id := range all {
+		everyone.Endpoints = append(everyone.Endpoints, c.Node(id).ClientAddr.String())
+	}
+	to := c.Node(leader).ClientAddr.String()
+	var w written
+	for i := 0; ctx.Err() == nil; i++ {
+		actx, acancel := context.WithTimeout(ctx, attempt)
+		_, err := cl.At(to).Put(actx, "bench/"+key, fmt.Sprint(i))
+		acancel()
+		w.attempts++
+		if err == nil {
+			w.ackNs = int64(offload.Monotonic())
+			return w
+		}
+		l, err := everyone.LeaderAfter(ctx, term)
+		if err != nil {
+			return written{}
+		}
+		if w.foundNs == 0 {
+			w.foundNs = int64(offload.Monotonic())
+		}
+		to, term = l.Client, l.Term-1 // a failed write there asks for a leader after it
+	}
+	return written{}
 }
 
 // firstWriteLeader asks every survivor at once for a leader of a term above oldTerm (each
@@ -176,7 +279,7 @@ func firstWriteLeader(ctx context.Context, c *raftlab.Cluster, cl *client.Client
 }
 
 // firstWriteRetry puts key through the survivors in turn (50 ms per attempt) until one is
-// acknowledged (part 1's client).
+// acknowledged (ClientRetry).
 func firstWriteRetry(ctx context.Context, c *raftlab.Cluster, cl *client.Client, via []int, key string, limit time.Duration) written {
 	start := time.Now()
 	var w written

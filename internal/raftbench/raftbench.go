@@ -11,14 +11,17 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/raftlab"
 )
 
-// Schema of result.json. Part 2 added fields (offload, heartbeats); a part 1 file (no offload
-// field) reads into Result with every run's Offload empty: user space only.
+// Schema of result.json. Fields added since v1 are optional: an older file (no offload field)
+// reads into Result with every run's Offload empty (user space only), no routing (to the
+// leader) and no peer.
 const Schema = "kedge.bench.raft/v1"
 
 // Modes: every kernel path on (asked for explicitly, so that a kernel that cannot run them
@@ -35,11 +38,21 @@ const (
 	ModeFollower = "follower"
 	ModeOff      = "off"
 	ModeXDPPass  = "xdp-pass"
+	// ModeEtcd is the peer: the same lab running etcd (raftlab.ServerEtcd) instead of kedge,
+	// written to by etcd's own Go client. When it runs it is the baseline of every ratio.
+	ModeEtcd = "etcd"
 )
 
 // Modes lists every mode, in the order of the help text. ModeOnNoWait is on without the
 // quorum wait (raft serve --quorum-wait=false): what the wait changes.
-var Modes = []string{ModeOn, ModeOnNoWait, ModeFollower, ModeOff, ModeXDPPass}
+var Modes = []string{ModeOn, ModeOnNoWait, ModeFollower, ModeOff, ModeXDPPass, ModeEtcd}
+
+// Routings of the throughput writers: every request to the leader, or spread over every
+// node in turn (as etcd's client balances; a follower forwards the write to the leader).
+const (
+	RouteLeader = "leader"
+	RouteSpread = "spread"
+)
 
 // kernelPaths says whether mode's nodes run the kernel paths.
 func kernelPaths(mode string) bool { return kernelHeartbeats(mode) || mode == ModeFollower }
@@ -48,12 +61,34 @@ func kernelPaths(mode string) bool { return kernelHeartbeats(mode) || mode == Mo
 func kernelHeartbeats(mode string) bool { return mode == ModeOn || mode == ModeOnNoWait }
 
 // Failover clients: the one that asks every survivor for the new leader at once (the nodes
-// answer as soon as they know one: GET /v1/leader) and writes to it, and part 1's, which
-// puts through the survivors in turn with a 50 ms limit per attempt.
+// answer as soon as they know one: GET /v1/leader) and writes to it, and the one that
+// puts through the survivors in turn with a 50 ms limit per attempt. Both are told which
+// node died.
+//
+// ClientUninformed is not told which node died: it knows every node and the leader (and
+// its term) it last wrote to, writes there and finds out as an application's client would
+// - a refused or reset connection, or no answer within FailoverAttempt -, then asks every
+// node for the leader of a newer term (kedge: GET /v1/leader) and writes to it. etcd's
+// client in that case has all the nodes as endpoints and retries its put; its balancer
+// leaves a node whose connection failed, a follower forwards the write to the leader.
 const (
-	ClientLeader = "leader"
-	ClientRetry  = "retry"
+	ClientLeader     = "leader"
+	ClientRetry      = "retry"
+	ClientUninformed = "uninformed"
 )
+
+// FailoverClients lists the failover clients.
+var FailoverClients = []string{ClientLeader, ClientRetry, ClientUninformed}
+
+// electionMs is mode's election timeout in ms with electionTicks of o.Tick: etcd's is
+// whole milliseconds, at least 5 (raftlab.EtcdTiming).
+func (o *Options) electionMs(mode string, electionTicks int) float64 {
+	if mode == ModeEtcd {
+		_, el := raftlab.EtcdTiming(o.Tick, electionTicks)
+		return float64(el)
+	}
+	return ms(o.Tick) * float64(electionTicks)
+}
 
 // modeArgs are the `raft serve` flags of a mode.
 func (o *Options) modeArgs(mode string) []string {
@@ -66,6 +101,8 @@ func (o *Options) modeArgs(mode string) []string {
 		}
 	case ModeFollower:
 		args = []string{"--offload", "--kernel-heartbeats=false"}
+	case ModeEtcd:
+		return nil // etcd's flags: raftlab's etcd.go
 	default:
 		return []string{"--offload=false", "--kernel-heartbeats=false"}
 	}
@@ -92,8 +129,12 @@ type Options struct {
 	Nodes          int           // failover and false elections: cluster size (3)
 
 	Trials int // failover trials per setting (>= 50 for the committed figures)
-	// FailoverClient: ClientLeader (default) or ClientRetry.
-	FailoverClient string
+	// FailoverClients: of FailoverClients (nil: ClientLeader); the trials alternate
+	// between them.
+	FailoverClients []string
+	// FailoverAttempt bounds each write attempt of the uninformed failover client, and
+	// each attempt of etcd's informed one (0: the election timeout, at least 10 ms).
+	FailoverAttempt time.Duration
 	// FalseElectionDuration is each false-election run's length (per phase and setting).
 	FalseElectionDuration time.Duration
 	// FalsePhases: idle, spinners (2 per CPU), starved-follower, stress (one spinner per
@@ -107,7 +148,9 @@ type Options struct {
 	// rounds, alternating between the modes).
 	HeartbeatProbes int
 
-	ThroughputNodes    []int         // (3, 5)
+	ThroughputNodes []int // (3, 5)
+	// ThroughputRoutings: RouteLeader, RouteSpread (nil: RouteLeader).
+	ThroughputRoutings []string
 	ThroughputDuration time.Duration // each mode's run in each round
 	// ThroughputRounds: rounds of one run per mode, the order alternating (throughput.go).
 	ThroughputRounds int
@@ -147,7 +190,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		"tick_ms": ms(o.Tick), "election_ticks": o.ElectionTicks, "nodes": o.Nodes, "trials": o.Trials,
 		"false_election_s": o.FalseElectionDuration.Seconds(), "throughput_nodes": o.ThroughputNodes,
 		"throughput_s": o.ThroughputDuration.Seconds(), "throughput_rounds": o.ThroughputRounds, "throughput_concurrent": o.Concurrent, "bpf_stats": o.BPFStats, "clients": o.Clients, "scenarios": o.Scenarios,
-		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "failover_client": o.failoverClient(),
+		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "failover_clients": o.failoverClients(), "failover_attempt_ms": ms(o.FailoverAttempt), "throughput_routings": o.routings(), "throughput_keys": throughputKeys, "throughput_value_bytes": throughputValueBytes,
 		"heartbeat_ticks": o.HeartbeatTicks, "heartbeat_lease_ms": ms(o.HeartbeatLease), "offload_alive_ms": ms(o.OffloadAlive), "heartbeat_s": o.HeartbeatDuration.Seconds(),
 		"authenticated": o.ClusterKey != "",
 	})}
@@ -184,8 +227,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			res.Throughput = poolThroughput(res.ThroughputRuns, o.Modes)
 			res.ThroughputCompare = CompareThroughput(res.ThroughputRuns, o.Modes)
 		case "heartbeat":
+			// kedge's heartbeat paths only: the peer is left out.
+			ho := o
+			ho.Modes = slices.DeleteFunc(slices.Clone(o.Modes), func(m string) bool { return m == ModeEtcd })
 			var hb []Heartbeats
-			hb, err = o.heartbeats(ctx)
+			if len(ho.Modes) > 0 {
+				hb, err = ho.heartbeats(ctx)
+			}
 			res.Heartbeats = append(res.Heartbeats, hb...)
 		default:
 			err = fmt.Errorf("unknown scenario %q: use failover, false-elections, throughput or heartbeat", sc)

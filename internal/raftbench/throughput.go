@@ -72,6 +72,7 @@ type Throughput struct {
 	Offload    string `json:"offload"`
 	Nodes      int    `json:"nodes"`
 	Clients    int    `json:"clients"`
+	Routing    string `json:"routing,omitempty"`
 	Rounds     int    `json:"rounds,omitempty"`
 	WriteStats        // DurationS summed over the rounds
 	// LatenciesUS of the acknowledged writes (for the chart), sorted and, over 5000,
@@ -89,7 +90,9 @@ type ThroughputRun struct {
 	Offload    string `json:"offload"`
 	Nodes      int    `json:"nodes"`
 	Clients    int    `json:"clients"`
-	Leader     int    `json:"leader"`
+	// Routing: RouteLeader or RouteSpread ("" in results of before it: the leader).
+	Routing string `json:"routing,omitempty"`
+	Leader  int    `json:"leader"`
 	// TermChange is how far the leader's term moved over the run, LeaderAfter the leader
 	// after it: a fault-free run has 0 and Leader (an election during a run stalls writes).
 	TermChange  uint64 `json:"term_change"`
@@ -156,6 +159,7 @@ type ThroughputCompare struct {
 	Offload   string `json:"offload"`
 	Baseline  string `json:"baseline"`
 	Nodes     int    `json:"nodes"`
+	Routing   string `json:"routing,omitempty"`
 	Rounds    int    `json:"rounds"`
 	PerSecond Ratio  `json:"writes_per_s"`
 	P50       Ratio  `json:"p50"`
@@ -176,8 +180,12 @@ func roundOrder(modes []string, r int) []string {
 	return out
 }
 
-// baselineMode is what the other modes are divided by: off when it runs, else the last mode.
+// baselineMode is what the other modes are divided by: the peer (etcd) when it runs, else
+// off when it runs, else the last mode.
 func baselineMode(modes []string) string {
+	if slices.Contains(modes, ModeEtcd) {
+		return ModeEtcd
+	}
 	if slices.Contains(modes, ModeOff) {
 		return ModeOff
 	}
@@ -243,19 +251,21 @@ func CompareThroughput(runs []ThroughputRun, modes []string) []ThroughputCompare
 	base := baselineMode(modes)
 	type key struct {
 		nodes, round int
+		routing      string
 		mode         string
 	}
 	byKey := map[key]*ThroughputRun{}
-	var sizes []int
+	var groups []group
 	for i := range runs {
 		r := &runs[i]
-		byKey[key{r.Nodes, r.Round, r.Offload}] = r
-		if !slices.Contains(sizes, r.Nodes) {
-			sizes = append(sizes, r.Nodes)
+		byKey[key{r.Nodes, r.Round, r.Routing, r.Offload}] = r
+		if g := (group{r.Nodes, r.Routing}); !slices.Contains(groups, g) {
+			groups = append(groups, g)
 		}
 	}
 	var out []ThroughputCompare
-	for _, n := range sizes {
+	for _, g := range groups {
+		n := g.nodes
 		for _, mode := range modes {
 			if mode == base {
 				continue
@@ -263,10 +273,10 @@ func CompareThroughput(runs []ThroughputRun, modes []string) []ThroughputCompare
 			var ws, p50, p99, cpu, mcpu []float64
 			for i := range runs {
 				m := &runs[i]
-				if m.Nodes != n || m.Offload != mode {
+				if m.Nodes != n || m.Routing != g.routing || m.Offload != mode {
 					continue
 				}
-				b := byKey[key{n, m.Round, base}]
+				b := byKey[key{n, m.Round, g.routing, base}]
 				if b == nil {
 					continue // the round was cut short before the baseline ran
 				}
@@ -281,7 +291,7 @@ func CompareThroughput(runs []ThroughputRun, modes []string) []ThroughputCompare
 			if len(ws) == 0 {
 				continue
 			}
-			tc := ThroughputCompare{Offload: mode, Baseline: base, Nodes: n, Rounds: len(ws),
+			tc := ThroughputCompare{Offload: mode, Baseline: base, Nodes: n, Routing: g.routing, Rounds: len(ws),
 				PerSecond: newRatio(ws), P50: newRatio(p50), P99: newRatio(p99), NodeCPU: newRatio(cpu)}
 			if len(mcpu) > 0 {
 				r := newRatio(mcpu)
@@ -293,24 +303,31 @@ func CompareThroughput(runs []ThroughputRun, modes []string) []ThroughputCompare
 	return out
 }
 
+// group is a cluster size and a routing: the runs compared and pooled together.
+type group struct {
+	nodes   int
+	routing string
+}
+
 // poolThroughput is each mode's summary over all its rounds: writes and errors summed,
 // writes/s over the summed duration, percentiles over the pooled latencies (kept thinned).
 func poolThroughput(runs []ThroughputRun, modes []string) []Throughput {
 	var out []Throughput
-	var sizes []int
+	var groups []group
 	for _, r := range runs {
-		if !slices.Contains(sizes, r.Nodes) {
-			sizes = append(sizes, r.Nodes)
+		if g := (group{r.Nodes, r.Routing}); !slices.Contains(groups, g) {
+			groups = append(groups, g)
 		}
 	}
-	for _, n := range sizes {
+	for _, g := range groups {
+		n := g.nodes
 		for _, mode := range modes {
-			t := Throughput{Offload: mode, Nodes: n}
+			t := Throughput{Offload: mode, Nodes: n, Routing: g.routing}
 			var lat []float64
 			var errs int
 			var d float64
 			for _, r := range runs {
-				if r.Nodes != n || r.Offload != mode {
+				if r.Nodes != n || r.Routing != g.routing || r.Offload != mode {
 					continue
 				}
 				t.Clients = r.Clients
@@ -356,7 +373,7 @@ func (o *Options) throughput(ctx context.Context, nodes int) (runs []ThroughputR
 	// first mode only.
 	warm := min(2*time.Second, o.ThroughputDuration/5)
 	for _, mode := range o.Modes {
-		if _, err := o.writeRuns(ctx, cs, nodes, []string{mode}, warm); err != nil {
+		if _, err := o.writeRuns(ctx, cs, nodes, []string{mode}, o.routings()[0], warm); err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -371,29 +388,45 @@ func (o *Options) throughput(ctx context.Context, nodes int) (runs []ThroughputR
 	}
 	rounds := max(o.ThroughputRounds, 1)
 	for r := range rounds {
-		// A round: every mode in turn (the order alternating), or all at once.
-		batches := [][]string{}
-		if o.Concurrent {
-			batches = append(batches, o.Modes)
-		} else {
-			for _, mode := range roundOrder(o.Modes, r) {
-				batches = append(batches, []string{mode})
+		for _, routing := range roundOrder(o.routings(), r) {
+			// A round: every mode in turn (the order alternating), or all at once.
+			batches := [][]string{}
+			if o.Concurrent {
+				batches = append(batches, o.Modes)
+			} else {
+				for _, mode := range roundOrder(o.Modes, r) {
+					batches = append(batches, []string{mode})
+				}
 			}
-		}
-		for slot, modes := range batches {
-			rs, err := o.writeRuns(ctx, cs, nodes, modes, o.ThroughputDuration)
-			if err != nil {
-				return runs, fmt.Errorf("round %d: %w", r, err)
-			}
-			for _, run := range rs {
-				run.Round, run.Slot = r, slot
-				o.logf("throughput, %d nodes, round %d/%d, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write (softirq %.1f), XDP %.0f ns and %.1f runs (%.1f raft)/write, kernel heartbeats %.0f/s (pacer %.0f passes/s, overdue %.1f/s), synthesized heartbeats %.0f/s stepped, %.0f/s skipped, other clusters %.0f ms CPU, load %.1f, term +%d, leader %d -> %d, errors %v",
-					nodes, r+1, rounds, run.Offload, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.SoftirqUs, run.XDPNsPerWrite, run.XDPRunsPerWrite, run.XDPRaftPerWrite, run.KernelHeartbeatsPerS, run.PacerPassesPerS, run.OverduePerS, run.SynthSteppedPerS, run.SynthSkippedPerS, run.OtherCPUMs, run.Load1, run.TermChange, run.Leader, run.LeaderAfter, run.ErrorKinds)
-				runs = append(runs, run)
+			for slot, modes := range batches {
+				rs, err := o.writeRuns(ctx, cs, nodes, modes, routing, o.ThroughputDuration)
+				if err != nil {
+					return runs, fmt.Errorf("round %d: %w", r, err)
+				}
+				for _, run := range rs {
+					run.Round, run.Slot = r, slot
+					o.logf("throughput, %d nodes, round %d/%d, routing %s, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write (softirq %.1f), XDP %.0f ns and %.1f runs (%.1f raft)/write, kernel heartbeats %.0f/s (pacer %.0f passes/s, overdue %.1f/s), synthesized heartbeats %.0f/s stepped, %.0f/s skipped, other clusters %.0f ms CPU, load %.1f, term +%d, leader %d -> %d, errors %v",
+						nodes, r+1, rounds, routing, run.Offload, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.SoftirqUs, run.XDPNsPerWrite, run.XDPRunsPerWrite, run.XDPRaftPerWrite, run.KernelHeartbeatsPerS, run.PacerPassesPerS, run.OverduePerS, run.SynthSteppedPerS, run.SynthSkippedPerS, run.OtherCPUMs, run.Load1, run.TermChange, run.Leader, run.LeaderAfter, run.ErrorKinds)
+					runs = append(runs, run)
+				}
 			}
 		}
 	}
 	return runs, nil
+}
+
+// The throughput workload: each writer puts 64-byte values to keys drawn from 1000.
+const (
+	throughputKeys       = 1000
+	throughputValueBytes = 64
+)
+
+// routings are the throughput runs' routings (RouteLeader when none is given).
+func (o *Options) routings() []string {
+	if len(o.ThroughputRoutings) == 0 {
+		return []string{RouteLeader}
+	}
+	return o.ThroughputRoutings
 }
 
 // clusterCPU is the user + system time of every running node process of c.
@@ -512,8 +545,8 @@ func otherCPU(cs map[string]*raftlab.Cluster, mode string) time.Duration {
 }
 
 // begin waits for mode's cluster to settle and reads its counters.
-func (o *Options) begin(ctx context.Context, cs map[string]*raftlab.Cluster, nodes int, mode string) (*meter, error) {
-	m := &meter{c: cs[mode], t: ThroughputRun{Offload: mode, Nodes: nodes, Clients: o.Clients}}
+func (o *Options) begin(ctx context.Context, cs map[string]*raftlab.Cluster, nodes int, mode, routing string) (*meter, error) {
+	m := &meter{c: cs[mode], t: ThroughputRun{Offload: mode, Nodes: nodes, Clients: o.Clients, Routing: routing}}
 	// The previous run's writes applied everywhere and one leader: the same start each time.
 	leader, err := stableLeader(ctx, m.c)
 	if err != nil {
@@ -547,22 +580,43 @@ func (o *Options) begin(ctx context.Context, cs map[string]*raftlab.Cluster, nod
 	return m, nil
 }
 
-// write runs one closed-loop writer against m's leader until runCtx ends.
+// write runs closed-loop writer i against m's cluster until runCtx ends: to the leader, or
+// spread over every node (RouteSpread; writer i starts at node i+1).
 func (m *meter) write(ctx, runCtx context.Context, i int) {
-	cl := raftlab.NewClient(m.c.Client, 5*time.Second)
-	defer cl.Close()
+	ids := []int{m.t.Leader}
+	if m.t.Routing == RouteSpread {
+		ids = nil
+		for k := range m.c.Nodes {
+			ids = append(ids, m.c.Nodes[(i+k)%len(m.c.Nodes)].ID)
+		}
+	}
+	w, err := m.c.NewWriter(ids, 5*time.Second)
+	if err != nil {
+		m.mu.Lock()
+		m.errs++
+		m.t.ErrorKinds = map[string]int{"writer: " + err.Error(): 1}
+		m.mu.Unlock()
+		return
+	}
+	defer w.Close()
 	var lat []float64
 	e := 0
 	kinds := map[string]int{}
-	addr := m.c.Node(m.t.Leader).ClientAddr
+	value := make([]byte, throughputValueBytes)
 	for n := 0; runCtx.Err() == nil; n++ {
-		op := raftlab.Op{Kind: raftlab.Put, Key: fmt.Sprintf("tp/%d", n%64), Value: fmt.Sprintf("%d.%d", i, n)}
+		// Keys in a stride over the 1000 (every writer its own start), values of 64 bytes
+		// naming the writer and the write.
+		key := fmt.Sprintf("tp/%03d", (i*37+n*7)%throughputKeys)
+		tag := fmt.Appendf(value[:0], "%d.%d.", i, n)
+		for k := len(tag); k < throughputValueBytes; k++ {
+			value[k] = 'v'
+		}
 		t0 := time.Now()
-		raftlab.Do(ctx, cl, addr, &op)
-		if op.Out.Err != "" || op.Out.Unknown {
+		unknown, err := w.Put(ctx, key, string(value))
+		if err != nil {
 			e++
-			k := op.Out.Err
-			if op.Out.Unknown {
+			k := err.Error()
+			if unknown {
 				k = "unknown: " + k
 			}
 			kinds[k]++
@@ -642,10 +696,10 @@ func (o *Options) end(ctx context.Context, cs map[string]*raftlab.Cluster, m *me
 // clusters, all at once, for d while the other clusters stay idle, and measures what each
 // mode's run cost. With one mode it is a run on its own; with several (--tp-concurrent)
 // every mode's writers share the same seconds of the machine.
-func (o *Options) writeRuns(ctx context.Context, cs map[string]*raftlab.Cluster, nodes int, modes []string, d time.Duration) ([]ThroughputRun, error) {
+func (o *Options) writeRuns(ctx context.Context, cs map[string]*raftlab.Cluster, nodes int, modes []string, routing string, d time.Duration) ([]ThroughputRun, error) {
 	meters := make([]*meter, len(modes))
 	for i, mode := range modes {
-		m, err := o.begin(ctx, cs, nodes, mode)
+		m, err := o.begin(ctx, cs, nodes, mode, routing)
 		if err != nil {
 			return nil, fmt.Errorf("offload %s: %w", mode, err)
 		}

@@ -41,6 +41,8 @@ func TestBaselineMode(t *testing.T) {
 		{[]string{ModeOff, ModeOn}, ModeOff},
 		{[]string{ModeOn, ModeFollower}, ModeFollower},
 		{[]string{ModeOn}, ModeOn},
+		{[]string{ModeOn, ModeOff, ModeEtcd}, ModeEtcd},
+		{[]string{ModeEtcd, ModeOn}, ModeEtcd},
 	} {
 		if got := baselineMode(tc.modes); got != tc.want {
 			t.Errorf("baselineMode(%v) = %s, want %s", tc.modes, got, tc.want)
@@ -155,6 +157,21 @@ func TestCompareThroughputPairsByRound(t *testing.T) {
 	}
 	if _, err := json.Marshal(got); err != nil {
 		t.Errorf("concurrent comparison does not encode: %v", err)
+	}
+	// Two routings in the same rounds: each run is paired with the baseline's run of its
+	// own routing, never the other's.
+	routed := func(r ThroughputRun, routing string) ThroughputRun { r.Routing = routing; return r }
+	two := []ThroughputRun{
+		routed(run(0, ModeOn, 3, 900, 5, 10, 300), RouteLeader), routed(run(0, ModeEtcd, 3, 1000, 4, 8, 330), RouteLeader),
+		routed(run(0, ModeOn, 3, 600, 5, 10, 300), RouteSpread), routed(run(0, ModeEtcd, 3, 500, 4, 8, 330), RouteSpread),
+	}
+	got = CompareThroughput(two, []string{ModeOn, ModeEtcd})
+	if len(got) != 2 || got[0].Routing != RouteLeader || got[0].Baseline != ModeEtcd || got[0].PerSecond.PerRound[0] != 0.9 ||
+		got[1].Routing != RouteSpread || got[1].PerSecond.PerRound[0] != 1.2 {
+		t.Errorf("two routings: %+v, want to the leader 0.9x and spread 1.2x against etcd", got)
+	}
+	if pooled := poolThroughput(two, []string{ModeOn, ModeEtcd}); len(pooled) != 4 || pooled[2].Routing != RouteSpread || pooled[2].Writes != two[2].Writes {
+		t.Errorf("two routings pooled: %+v, want 4 groups, the third on spread", pooled)
 	}
 }
 
