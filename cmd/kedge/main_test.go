@@ -172,6 +172,9 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--trials", "0"}},
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--offload", "on,maybe"}},
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--tp-rounds", "0"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--peer", "zookeeper"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--failover-client", "leader,psychic"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--tp-routing", "random"}},
 	},
 	"raft-errors.golden": {
 		{exitUsage, []string{"raft"}},

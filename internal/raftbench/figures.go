@@ -68,7 +68,7 @@ func figures(dir string, throughput bool) (string, error) {
 	}
 	fmt.Fprintf(&b, "%s, %s. %s.\n", r.Timestamp.Format(time.DateOnly), r.Describe(), configuration(r))
 	if len(r.Failover) > 0 {
-		b.WriteString("\n| Mode | Election timeout | Trials | Failover p50 / p99 / max (ms) | More than one election | Detected by the kernel |\n|---|---:|---:|---:|---:|---:|\n")
+		b.WriteString("\n| Mode | Election timeout | Client | Trials | Failover p50 / p99 / max (ms) | More than one election | Detected by the kernel |\n|---|---:|---|---:|---:|---:|---:|\n")
 		for _, f := range r.Failover {
 			kernel, multi := 0, 0
 			for _, p := range f.Phases {
@@ -79,20 +79,26 @@ func figures(dir string, throughput bool) (string, error) {
 					multi++
 				}
 			}
-			detected := fmt.Sprintf("%d of %d", kernel, len(f.Phases))
+			detected, elections := fmt.Sprintf("%d of %d", kernel, len(f.Phases)), fmt.Sprintf("%d of %d", multi, len(f.Phases))
 			if !kernelPaths(f.Offload) {
 				detected = "-"
 			}
-			fmt.Fprintf(&b, "| %s | %.0f ms | %d | %.1f / %.1f / %.1f | %d of %d | %s |\n", f.Offload, f.ElectionTimeoutMs, len(f.FailoverMs)-f.Failed,
-				f.P50Ms, f.P99Ms, f.MaxMs, multi, len(f.Phases), detected)
+			if f.Offload == ModeEtcd { // etcd keeps no election record
+				elections = "-"
+			}
+			fmt.Fprintf(&b, "| %s | %.0f ms | %s | %d | %.1f / %.1f / %.1f | %s | %s |\n", f.Offload, f.ElectionTimeoutMs, clientName(f.Client), len(f.FailoverMs)-f.Failed,
+				f.P50Ms, f.P99Ms, f.MaxMs, elections, detected)
 		}
-		b.WriteString("\nFailover phases, p50 / p99 ms (each from the event before; `heard-age`: how old the detecting node's last word from the leader was at the kill):\n\n| Mode | Election timeout |")
+		b.WriteString("\nFailover phases of kedge's nodes, p50 / p99 ms (each from the event before; `heard-age`: how old the detecting node's last word from the leader was at the kill):\n\n| Mode | Election timeout | Client |")
 		for _, n := range PhaseNames {
 			fmt.Fprintf(&b, " %s |", n)
 		}
-		b.WriteString("\n|---|---:|" + strings.Repeat("---:|", len(PhaseNames)) + "\n")
+		b.WriteString("\n|---|---:|---|" + strings.Repeat("---:|", len(PhaseNames)) + "\n")
 		for _, f := range r.Failover {
-			fmt.Fprintf(&b, "| %s | %.0f ms |", f.Offload, f.ElectionTimeoutMs)
+			if len(f.PhaseStats) == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %.0f ms | %s |", f.Offload, f.ElectionTimeoutMs, clientName(f.Client))
 			for _, p := range f.PhaseStats {
 				fmt.Fprintf(&b, " %.1f / %.1f |", p.P50Ms, p.P99Ms)
 			}
@@ -106,27 +112,28 @@ func figures(dir string, throughput bool) (string, error) {
 		}
 	}
 	if len(r.Throughput) > 0 {
-		elections := map[string][2]int{} // mode: runs with an election, terms gained
+		type key struct{ mode, routing string }
+		elections := map[key][2]int{} // runs with an election, terms gained
 		for _, t := range r.ThroughputRuns {
-			e := elections[t.Offload]
+			e := elections[key{t.Offload, t.Routing}]
 			if t.TermChange > 0 {
 				e[0]++
 			}
 			e[1] += int(t.TermChange)
-			elections[t.Offload] = e
+			elections[key{t.Offload, t.Routing}] = e
 		}
-		b.WriteString("\n| Mode | Nodes | Writers | Rounds | Writes/s | p50 (ms) | p99 (ms) | Max (ms) | Failed writes | Rounds with an election (terms gained) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("\n| Mode | Nodes | Requests to | Writers | Rounds | Writes/s | p50 (ms) | p99 (ms) | Max (ms) | Failed writes | Rounds with an election (terms gained) |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, t := range r.Throughput {
-			e := elections[t.Offload]
-			fmt.Fprintf(&b, "| %s | %d | %d | %d | %.0f | %.2f | %.2f | %.1f | %d | %d (%d) |\n", t.Offload, t.Nodes, t.Clients, t.Rounds,
+			e := elections[key{t.Offload, t.Routing}]
+			fmt.Fprintf(&b, "| %s | %d | %s | %d | %d | %.0f | %.2f | %.2f | %.1f | %d | %d (%d) |\n", t.Offload, t.Nodes, routingName(t.Routing), t.Clients, t.Rounds,
 				t.PerSecond, t.P50Ms, t.P99Ms, t.MaxMs, t.Errors, e[0], e[1])
 		}
 	}
 	if len(r.ThroughputCompare) > 0 {
 		b.WriteString("\nPer-round ratios to the baseline, median [min-max] over the rounds, the rounds below 1, and the two-sided sign test of \"below and above 1 equally likely\":\n\n")
-		b.WriteString("| Mode / baseline | Writes/s | p50 | p99 | Node CPU per write |\n|---|---|---|---|---|\n")
+		b.WriteString("| Mode / baseline | Requests to | Writes/s | p50 | p99 | Node CPU per write |\n|---|---|---|---|---|---|\n")
 		for _, c := range r.ThroughputCompare {
-			fmt.Fprintf(&b, "| %s / %s | %s | %s | %s | %s |\n", c.Offload, c.Baseline, ratioCell(c.PerSecond), ratioCell(c.P50), ratioCell(c.P99), ratioCell(c.NodeCPU))
+			fmt.Fprintf(&b, "| %s / %s | %s | %s | %s | %s | %s |\n", c.Offload, c.Baseline, routingName(c.Routing), ratioCell(c.PerSecond), ratioCell(c.P50), ratioCell(c.P99), ratioCell(c.NodeCPU))
 		}
 	}
 	if len(r.Heartbeats) > 0 {
@@ -137,6 +144,23 @@ func figures(dir string, throughput bool) (string, error) {
 		}
 	}
 	return b.String(), nil
+}
+
+// clientName is a failover client's name in the tables ("" in results of before the
+// clients: the leader client).
+func clientName(c string) string {
+	if c == "" {
+		return ClientLeader
+	}
+	return c
+}
+
+// routingName says where a throughput run's requests went.
+func routingName(r string) string {
+	if r == RouteSpread {
+		return "every node in turn"
+	}
+	return "the leader"
 }
 
 // configuration says how the run's clusters were set up, from its parameters.
@@ -165,6 +189,9 @@ func configuration(r *Result) string {
 			how = "every mode's writers at once"
 		}
 		parts = append(parts, fmt.Sprintf("throughput at election timeout %g ms, %g rounds of %g s, %s", 10*tick, num("throughput_rounds"), num("throughput_s"), how))
+	}
+	if v, ok := p["peer"].(string); ok && v != "" {
+		parts = append(parts, "peer "+v)
 	}
 	if auth, ok := p["authenticated"].(bool); ok {
 		parts = append(parts, map[bool]string{true: "cluster key on", false: "no cluster key"}[auth])

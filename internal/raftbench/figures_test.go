@@ -14,11 +14,13 @@ func TestFigures(t *testing.T) {
 	r := Result{Envelope: bench.NewEnvelope(context.Background(), Schema, "", map[string]any{
 		"tick_ms": 1, "heartbeat_ticks": 3, "election_ticks": []int{7}, "authenticated": true,
 		"scenarios": []string{"failover", "false-elections", "throughput"}, "false_phases": []string{"stress"}, "false_election_s": 600,
-		"throughput_rounds": 2, "throughput_s": 20,
+		"throughput_rounds": 2, "throughput_s": 20, "peer": "etcd 3.4.23",
 	})}
 	r.Failover = []Failover{{Offload: ModeOn, ElectionTimeoutMs: 7, FailoverMs: []float64{10, 12}, P50Ms: 11, P99Ms: 12, MaxMs: 12,
 		Phases:     []Phase{{Source: "kernel", Terms: 1}, {Source: "raft", Terms: 2}},
-		PhaseStats: []PhaseStats{{Name: "detect", P50Ms: 8, P99Ms: 9}}}}
+		PhaseStats: []PhaseStats{{Name: "detect", P50Ms: 8, P99Ms: 9}}},
+		// etcd keeps no election record: no phases, no elections counted
+		{Offload: ModeEtcd, ElectionTimeoutMs: 7, Client: ClientUninformed, FailoverMs: []float64{20}, P50Ms: 20, P99Ms: 20, MaxMs: 20}}
 	r.FalseElections = []FalseElections{{Offload: ModeOff, Scenario: "stress", ElectionTimeoutMs: 7, DurationS: 600, LeaderChanges: 3, TermIncrease: 4}}
 	r.ThroughputRuns = []ThroughputRun{{Concurrent: true, Offload: ModeOff, TermChange: 1}, {Concurrent: true, Offload: ModeOff, Round: 1}}
 	r.Throughput = []Throughput{{Offload: ModeOff, Nodes: 3, Clients: 16, Rounds: 2, WriteStats: WriteStats{PerSecond: 1700, P50Ms: 8.3, P99Ms: 25.7, MaxMs: 71.4, Errors: 150}}}
@@ -31,16 +33,20 @@ func TestFigures(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"tick 1 ms, heartbeat every 3 ms; election timeout 7 ms; throughput at election timeout 10 ms, 2 rounds of 20 s, every mode's writers at once; cluster key on; false elections under stress for 600 s.",
-		"| on | 7 ms | 2 | 11.0 / 12.0 / 12.0 | 1 of 2 | 1 of 2 |",
-		"| on | 7 ms | 8.0 / 9.0 |",
+		"tick 1 ms, heartbeat every 3 ms; election timeout 7 ms; throughput at election timeout 10 ms, 2 rounds of 20 s, every mode's writers at once; peer etcd 3.4.23; cluster key on; false elections under stress for 600 s.",
+		"| on | 7 ms | leader | 2 | 11.0 / 12.0 / 12.0 | 1 of 2 | 1 of 2 |",
+		"| etcd | 7 ms | uninformed | 1 | 20.0 / 20.0 / 20.0 | - | - |",
+		"| on | 7 ms | leader | 8.0 / 9.0 |",
 		"| off | 7 ms | stress | 600 s | 3 | 4 |",
-		"| off | 3 | 16 | 2 | 1700 | 8.30 | 25.70 | 71.4 | 150 | 1 (1) |",
-		"| on / off | 1.020x [1.010-1.030], 0 of 2 below 1, p = 0.5 |",
+		"| off | 3 | the leader | 16 | 2 | 1700 | 8.30 | 25.70 | 71.4 | 150 | 1 (1) |",
+		"| on / off | the leader | 1.020x [1.010-1.030], 0 of 2 below 1, p = 0.5 |",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("figures lack %q:\n%s", want, got)
 		}
+	}
+	if strings.Contains(got, "| etcd | 7 ms | uninformed |  |") || strings.Count(got, "| etcd |") != 1 {
+		t.Errorf("etcd has a phase row:\n%s", got)
 	}
 	quiet, err := figures(dir, false)
 	if err != nil || strings.Contains(quiet, "1700") || strings.Contains(quiet, "rounds of 20 s") {

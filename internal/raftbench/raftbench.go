@@ -186,13 +186,21 @@ func (o *Options) logf(format string, args ...any) {
 
 // Run runs the selected scenarios and returns the result.
 func Run(ctx context.Context, o Options) (*Result, error) {
+	peer := ""
+	if slices.Contains(o.Modes, ModeEtcd) || slices.Contains(o.FalseModes, ModeEtcd) {
+		v, err := raftlab.EtcdVersion(ctx)
+		if err != nil {
+			return nil, err
+		}
+		peer = v + " (heartbeat a tenth of the election timeout, pre-vote on)"
+	}
 	res := &Result{Envelope: bench.NewEnvelope(ctx, Schema, "", map[string]any{
 		"tick_ms": ms(o.Tick), "election_ticks": o.ElectionTicks, "nodes": o.Nodes, "trials": o.Trials,
 		"false_election_s": o.FalseElectionDuration.Seconds(), "throughput_nodes": o.ThroughputNodes,
 		"throughput_s": o.ThroughputDuration.Seconds(), "throughput_rounds": o.ThroughputRounds, "throughput_concurrent": o.Concurrent, "bpf_stats": o.BPFStats, "clients": o.Clients, "scenarios": o.Scenarios,
 		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "failover_clients": o.failoverClients(), "failover_attempt_ms": ms(o.FailoverAttempt), "throughput_routings": o.routings(), "throughput_keys": throughputKeys, "throughput_value_bytes": throughputValueBytes,
 		"heartbeat_ticks": o.HeartbeatTicks, "heartbeat_lease_ms": ms(o.HeartbeatLease), "offload_alive_ms": ms(o.OffloadAlive), "heartbeat_s": o.HeartbeatDuration.Seconds(),
-		"authenticated": o.ClusterKey != "",
+		"authenticated": o.ClusterKey != "", "peer": peer,
 	})}
 	for _, sc := range o.Scenarios {
 		var err error

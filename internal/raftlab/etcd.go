@@ -200,6 +200,23 @@ func (e *etcdClients) close() error {
 	return errors.Join(errs...)
 }
 
+// EtcdVersion is the etcd server's version ("etcd 3.4.23"), from its --version.
+func EtcdVersion(ctx context.Context) (string, error) {
+	if err := checkEtcd(); err != nil {
+		return "", err
+	}
+	out, err := exec.CommandContext(ctx, EtcdBinary, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("etcd --version: %w", err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(l, "etcd Version: "); ok {
+			return "etcd " + strings.TrimSpace(v), nil
+		}
+	}
+	return "", fmt.Errorf("etcd --version: no version in %q", out)
+}
+
 // checkEtcd says what to do when the etcd server is missing.
 func checkEtcd() error {
 	if _, err := exec.LookPath(EtcdBinary); err != nil {
