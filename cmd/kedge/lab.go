@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -291,7 +292,8 @@ func newLabExecCmd() *cobra.Command {
 		Long: `Exec runs a command in the network namespace of a lab host, with this terminal's
 stdin, stdout and stderr. The command is forked from a thread inside the namespace
 (not via 'ip netns exec'), so /sys, and with it /sys/fs/bpf, stays as it is.
-kedge exits with the command's exit status.`,
+kedge exits with the command's exit status. SIGTERM, SIGHUP and SIGQUIT sent to kedge
+are passed on to the command (SIGINT reaches it from the terminal).`,
 		Example: `  sudo kedge lab exec demo client -- ip -br addr
   sudo kedge lab exec demo srv1 -- /bin/sh -c 'cat /proc/net/dev'`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -430,15 +432,31 @@ func openHost(labName, host string) (*lab.Host, func(), error) {
 }
 
 // runAttached runs c in h with the command's stdio and returns its exit status as the
-// error's exit code. kedge ignores SIGINT meanwhile: the child (same process group) gets it.
+// error's exit code. kedge ignores SIGINT meanwhile: the child (same process group) gets it
+// from the terminal. SIGTERM, SIGHUP and SIGQUIT sent to kedge are passed on to the child,
+// so a supervisor that stops kedge stops the command too instead of orphaning it.
 func runAttached(cmd *cobra.Command, h *lab.Host, c *exec.Cmd) error {
 	c.Stdin, c.Stdout, c.Stderr = cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr()
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt) // caught (not ignored), so the child keeps the default
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT) // caught (not ignored), so the child keeps the defaults
 	defer signal.Stop(sig)
 	if err := h.Start(c); err != nil {
 		return fmt.Errorf("start %s in %s: %w", c.Path, h.HostName, err)
 	}
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case s := <-sig:
+				if s != os.Interrupt {
+					_ = c.Process.Signal(s)
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
 	err := c.Wait()
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {

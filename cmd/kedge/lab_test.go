@@ -8,13 +8,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/netnsx"
@@ -118,6 +121,44 @@ func TestLabCLI(t *testing.T) {
 			}
 		})
 	}
+
+	// SIGTERM to 'kedge lab exec' reaches the command: kedge waits for it and exits with it,
+	// leaving nothing running in the lab.
+	t.Run("exec passes SIGTERM on", func(t *testing.T) {
+		pidFile := filepath.Join(t.TempDir(), "pid")
+		c := exec.Command(bpftest.KedgeBinary(t), "lab", "exec", name, "b", "--", "/bin/sh", "-c", "echo $$ > "+pidFile+"; exec sleep 60")
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		child := 0
+		for deadline := time.Now().Add(10 * time.Second); child == 0; time.Sleep(20 * time.Millisecond) { // the command has started
+			b, _ := os.ReadFile(pidFile)
+			child, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+			if time.Now().After(deadline) {
+				_ = c.Process.Kill()
+				t.Fatal("the command in the lab did not start")
+			}
+		}
+		if err := c.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		waited := make(chan error, 1)
+		go func() { waited <- c.Wait() }()
+		select {
+		case err := <-waited:
+			if c.ProcessState.ExitCode() != exitError {
+				t.Errorf("kedge lab exec after SIGTERM: %v, want exit %d (its command killed by the signal)", err, exitError)
+			}
+		case <-time.After(10 * time.Second):
+			_ = c.Process.Kill()
+			_ = syscall.Kill(child, syscall.SIGKILL)
+			t.Fatal("kedge lab exec still runs 10 s after SIGTERM")
+		}
+		if err := syscall.Kill(child, 0); err == nil {
+			_ = syscall.Kill(child, syscall.SIGKILL)
+			t.Errorf("the command (pid %d) outlived kedge lab exec's SIGTERM", child)
+		}
+	})
 
 	// A process still running in the lab: down names it and removes nothing; --kill stops it.
 	l, err := lab.Open(name)
