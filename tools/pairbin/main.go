@@ -1,7 +1,8 @@
 // Command pairbin compares two kedge binaries side by side in one sitting: it runs the same
 // benchmarks with each, alternating which goes first in every round (A B, B A, A B, ...),
 // reads each run's result.json and prints, per metric, every round's B/A ratio and their
-// median. It is how a change that should not move speed (a restructure) shows that it did
+// median; -out gets every run's files, pairbin.json (all values) and summary.md (the table,
+// with the machine, kernel and both commits). It is how a change that should not move speed (a restructure) shows that it did
 // not: both binaries see the same machine in the same minutes.
 //
 //	go run ./tools/pairbin -a /tmp/kedge-before -b bin/kedge -rounds 3 \
@@ -28,6 +29,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
 )
 
 // Spec is the -spec file.
@@ -82,14 +85,15 @@ type Summary struct {
 
 // Result is what pairbin writes to <out>/pairbin.json.
 type Result struct {
-	Schema    string    `json:"schema"`
-	Timestamp string    `json:"timestamp"`
-	A         Binary    `json:"a"`
-	B         Binary    `json:"b"`
-	Rounds    int       `json:"rounds"`
-	Kernel    string    `json:"kernel"`
-	Runs      []Run     `json:"runs"`
-	Summary   []Summary `json:"summary"`
+	Schema    string        `json:"schema"`
+	Timestamp string        `json:"timestamp"`
+	A         Binary        `json:"a"`
+	B         Binary        `json:"b"`
+	Rounds    int           `json:"rounds"`
+	Kernel    string        `json:"kernel"`
+	Machine   bench.Machine `json:"machine"`
+	Runs      []Run         `json:"runs"`
+	Summary   []Summary     `json:"summary"`
 }
 
 // Binary names a compared binary by its path and the commit it reports.
@@ -145,6 +149,7 @@ func run(a, b string, rounds int, out, specPath, from string) error {
 	if k, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		res.Kernel = strings.TrimSpace(string(k))
 	}
+	res.Machine = bench.LocalMachine()
 	bins := map[string]string{"a": a, "b": b}
 	for r := 1; r <= rounds; r++ {
 		for _, bench := range spec.Benches {
@@ -178,7 +183,12 @@ func run(a, b string, rounds int, out, specPath, from string) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	printSummary(os.Stdout, &res)
+	var md strings.Builder
+	printSummary(&md, &res)
+	if err := os.WriteFile(filepath.Join(out, "summary.md"), []byte(md.String()), 0o644); err != nil {
+		return err
+	}
+	fmt.Print(md.String())
 	return nil
 }
 
@@ -399,7 +409,11 @@ func summarise(spec *Spec, runs []Run) []Summary {
 }
 
 func printSummary(w io.Writer, res *Result) {
-	fmt.Fprintf(w, "A: %s\nB: %s\nkernel %s, %d rounds, order alternating (A first in odd rounds)\n\n", res.A.Version, res.B.Version, res.Kernel, res.Rounds)
+	fmt.Fprintf(w, "A: %s\nB: %s\n", res.A.Version, res.B.Version)
+	if m := res.Machine; m.NProc > 0 {
+		fmt.Fprintf(w, "machine %s (%s, %d CPUs), ", m.Hostname, m.CPUModel, m.NProc)
+	}
+	fmt.Fprintf(w, "kernel %s, %s, %d rounds, order alternating (A first in odd rounds)\n\n", res.Kernel, res.Timestamp, res.Rounds)
 	fmt.Fprintf(w, "| benchmark | metric | better | A per round | B per round | B/A median [min-max] |\n|---|---|---|---|---|---|\n")
 	for _, s := range res.Summary {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %.3f [%.3f-%.3f] |\n", s.Bench, s.Metric, s.Better, nums(s.A), nums(s.B), s.Median, s.Min, s.Max)
