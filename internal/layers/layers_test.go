@@ -42,6 +42,7 @@ const (
 var packages = map[string]layer{
 	"pkg/kedge":           base,
 	"internal/bpfx":       shared,
+	"internal/fastexit":   shared, // a killed process's slow files held by a helper
 	"internal/netnsx":     shared,
 	"internal/nexthop":    shared,
 	"internal/runstate":   shared,
