@@ -62,6 +62,25 @@ type Attachment interface {
 	Mode() string
 }
 
+// LinkFD returns the file descriptor of an attachment made through a bpf_link (TCX, XDP),
+// -1 for one that holds none (a clsact filter, which stays until it is deleted). Closing the
+// link's last descriptor detaches it and waits for an RCU grace period (tcx_link_release,
+// bpf_xdp_link_release): internal/fastexit holds duplicates so that a killed process's exit
+// does not wait for them.
+func LinkFD(a Attachment) int {
+	var l link.Link
+	switch a := a.(type) {
+	case *tcxAttachment:
+		l = a.l
+	case *xdpAttachment:
+		l = a.l
+	}
+	if f, ok := l.(interface{ FD() int }); ok {
+		return f.FD()
+	}
+	return -1
+}
+
 type tcxAttachment struct{ l link.Link }
 
 func (a *tcxAttachment) Close() error { return a.l.Close() }
