@@ -3,10 +3,12 @@ package pacer
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/runstate"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -124,16 +126,25 @@ func (p *Pacer) tickIfName() string { return p.opts.IfName + "t" }
 // namespace, up and without addresses, and returns its ifindex. Its alias names the owner
 // (kedge:<runstate owner ID>). One left by an ended run would block it and is removed; one
 // whose owner is alive, or cannot be proven dead (another PID namespace, another
-// /run/kedge), is refused (check only for the main veth: the tick veth goes with it).
+// /run/kedge), is refused (check only for the main veth: the tick veth goes with it). The
+// ended run's pacer namespace of the same name goes with its veth, so a restart reclaims
+// what a killed run left (its namespace kept its qdisc and fillers alive until then).
 func (p *Pacer) consumerVeth(name, peer string, check bool) (int, error) {
 	if l, err := p.nh.LinkByName(name); err == nil {
-		if id, ok := Owner(l.Attrs().Alias); check && ok {
+		id, owned := Owner(l.Attrs().Alias)
+		if check && owned {
 			if v := runstate.Judge(id); v.State != runstate.Dead {
 				return 0, fmt.Errorf("%s in this namespace belongs to kedge run %s (%s: %s): stop it first, one runs per namespace (see 'kedge status')", name, id, v.State, v.Reason)
 			}
 		}
 		if err := p.nh.LinkDel(l); err != nil {
 			return 0, fmt.Errorf("remove the leftover %s: %w", name, err)
+		}
+		if check && owned {
+			left := fmt.Sprintf("%s-%s-%s", netnsx.Prefix, id, p.opts.Name)
+			if err := netnsx.Delete(left); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return 0, fmt.Errorf("remove the ended run's pacer namespace %s: %w", left, err)
+			}
 		}
 	}
 	veth := &netlink.Veth{

@@ -2,6 +2,7 @@ package pacer
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,7 +51,7 @@ func TestConsumerVethOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nh.Close()
-	p := &Pacer{ns: pacerNS, nh: nh}
+	p := &Pacer{ns: pacerNS, nh: nh, opts: Options{Name: "own-test"}}
 
 	const foreign = "4194303_c0ffee" // pid above any pid_max: kill(pid, 0) fails here
 	lockFile := writeRecord(t, dir, foreign)
@@ -75,6 +76,14 @@ func TestConsumerVethOwner(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// The ended run's pacer namespace, which a killed run leaves behind.
+		var left *netnsx.Netns
+		if id, ok := Owner(tc.alias); ok {
+			if left, err = netnsx.New(netnsx.Prefix + "-" + id + "-own-test"); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { left.Close() }) // on a failure below; closed after each case
+		}
 		old := leftoverVeth(t, nh, name, tc.alias)
 		ifx, err := p.consumerVeth(name, "kedge-own0p", true)
 		l, lerr := nh.LinkByName(name)
@@ -95,8 +104,21 @@ func TestConsumerVethOwner(t *testing.T) {
 			if l.Attrs().Index == old || l.Attrs().Index != ifx || l.Attrs().Alias != "kedge:"+self {
 				t.Errorf("%s: leftover not replaced: ifindex %d (old %d, returned %d), alias %q; want alias kedge:%s", tc.alias, l.Attrs().Index, old, ifx, l.Attrs().Alias, self)
 			}
+			if left != nil {
+				if _, err := os.Stat(left.Path()); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s: the ended run's pacer namespace %s left in place (%v)", tc.alias, left.Name, err)
+				}
+			}
+		}
+		if tc.keep && left != nil {
+			if _, err := os.Stat(left.Path()); err != nil {
+				t.Errorf("%s: the live run's pacer namespace %s removed (%v)", tc.alias, left.Name, err)
+			}
 		}
 		if err := nh.LinkDel(l); err != nil {
+			t.Fatal(err)
+		}
+		if err := left.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}

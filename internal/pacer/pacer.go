@@ -147,6 +147,25 @@ func (p *Pacer) Namespace() string {
 	return p.ns.Name
 }
 
+// SlowFiles returns the descriptors whose last close waits for an RCU grace period: the
+// bpf_links of its programs (tcx_link_release) and Arm's packet socket (packet_release). A
+// process that must die at once when killed hands duplicates of them to internal/fastexit
+// (the raft leader's kernel heartbeats do), and releases those before Close.
+func (p *Pacer) SlowFiles() []int {
+	var fds []int
+	for _, a := range p.attached {
+		if fd := bpfx.LinkFD(a); fd >= 0 {
+			fds = append(fds, fd)
+		}
+	}
+	p.mu.Lock()
+	if p.armFD >= 0 {
+		fds = append(fds, p.armFD)
+	}
+	p.mu.Unlock()
+	return fds
+}
+
 // pass is how long a tick (or a carried packet) not yet due waits before it is looked at
 // again (0 on edt: one pass, at the deadline).
 func (p *Pacer) pass(carried bool) time.Duration {
