@@ -15,7 +15,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
@@ -271,15 +270,7 @@ func owner(keep bool) error {
 	if err != nil {
 		return err
 	}
-	nh, err := netlink.NewHandleAt(ns.Handle)
-	if err != nil {
-		return err
-	}
-	lo, err := nh.LinkByName("lo")
-	if err != nil {
-		return err
-	}
-	if err := nh.LinkSetUp(lo); err != nil {
+	if err := ns.LoopbackUp(); err != nil {
 		return err
 	}
 	l, err := attachLo(ns, tcxNext(nil))
