@@ -102,14 +102,18 @@ func newSgWorkerCmd() *cobra.Command {
 		threads           int
 		parts, maxDgram   int
 		partLoss          float64
+		straggle          float64
+		strMin, strMax    time.Duration
+		seed              uint64
 	)
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run sg workers (the reference implementation of the wire format)",
 		Long: `Each --listen address is one worker with its own UDP socket. A worker answers every
 request with a vector: --values if given, else element j = 1000*worker + j + id%997
-(worker is the index the scatter wrote into the request). Delay, loss and duplicates
-make it a lab worker. The sockets are served by --threads event loops, each an OS
+(worker is the index the scatter wrote into the request). Delay, loss, duplicates and
+stragglers (--straggle: a request's reply is late, 20-50 ms by default, with this
+probability) make it a lab worker; --seed makes their draws repeatable. The sockets are served by --threads event loops, each an OS
 thread with its own epoll instance, answering in batches (recvmmsg/sendmmsg).
 A reply larger than one datagram is sent as a multi-packet reply: --parts N splits
 every reply into N parts, --max-datagram BYTES into as few as keep each datagram's UDP
@@ -117,7 +121,9 @@ payload within BYTES (the coordinator must take them: kedge sg scatter --multi-p
 		Example: `  kedge sg worker --listen 127.0.0.1:9000+16 --type int64 --elems 4
   # 256 x int64 (2 KiB) per reply, in datagrams that fit an MTU of 1500; 1% of parts lost
   kedge sg worker --listen 10.77.0.2:9000+8 --elems 256 --max-datagram 1452 --part-loss 0.01
-  kedge sg worker --netns w1 --listen 10.77.0.2:9000 --delay 1ms --jitter 2ms --dist exp --loss 0.01 --dup 0.05`,
+  kedge sg worker --netns w1 --listen 10.77.0.2:9000 --delay 1ms --jitter 2ms --dist exp --loss 0.01 --dup 0.05
+  # 1% of replies 20-50 ms late, the same requests every run
+  kedge sg worker --listen 127.0.0.1:9000+16 --straggle 0.01 --straggle-min 20ms --straggle-max 50ms --seed 1`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			addrs, err := parseWorkers(listen)
@@ -155,6 +161,15 @@ payload within BYTES (the coordinator must take them: kedge sg scatter --multi-p
 			if partLoss < 0 || partLoss > 1 {
 				return usagef("--part-loss is a probability (0..1)")
 			}
+			if straggle < 0 || straggle > 1 {
+				return usagef("--straggle is a probability (0..1)")
+			}
+			if straggle > 0 && (strMin <= 0 || strMax < strMin) {
+				return usagef("--straggle-min %v, --straggle-max %v: want 0 < min <= max", strMin, strMax)
+			}
+			if seed == 0 {
+				seed = uint64(time.Now().UnixNano())
+			}
 			ns, err := openNetns(nsArg)
 			if err != nil {
 				return err
@@ -166,7 +181,7 @@ payload within BYTES (the coordinator must take them: kedge sg scatter --multi-p
 			defer cancel()
 			cfg := isg.WorkerConfig{Listen: addrs, Type: uint8(t), Elems: elems, Values: vals,
 				Delay: delay, Jitter: jitter, Dist: dist, Loss: loss, Dup: dup, Status: status,
-				Seed: uint64(time.Now().UnixNano()), Threads: threads, Parts: parts, MaxDatagram: maxDgram, PartLoss: partLoss}
+				Straggle: straggle, StraggleMin: strMin, StraggleMax: strMax, Seed: seed, Threads: threads, Parts: parts, MaxDatagram: maxDgram, PartLoss: partLoss}
 			if n := cfg.NParts(); parts < 0 || maxDgram < 0 || n > sg.MaxParts || n > 1 && elems > 0 && !isg.ValidParts(elems, n) {
 				return usagef("--parts %d / --max-datagram %d: a reply of %d elements in %d parts (want 1..%d parts, none empty: fewer parts or a larger --max-datagram)",
 					parts, maxDgram, elems, n, sg.MaxParts)
@@ -180,8 +195,8 @@ payload within BYTES (the coordinator must take them: kedge sg scatter --multi-p
 			if err := netnsx.In(ns, func() error { return isg.RunWorkers(ctx, cfg, &st, ready) }); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "kedge sg worker: requests=%d replies=%d lost=%d duplicated=%d malformed=%d\n",
-				st.Requests.Load(), st.Replies.Load(), st.Dropped.Load(), st.Dups.Load(), st.Malformed.Load())
+			fmt.Fprintf(cmd.ErrOrStderr(), "kedge sg worker: requests=%d replies=%d lost=%d duplicated=%d straggled=%d malformed=%d\n",
+				st.Requests.Load(), st.Replies.Load(), st.Dropped.Load(), st.Dups.Load(), st.Straggled.Load(), st.Malformed.Load())
 			return nil
 		},
 	}
@@ -200,6 +215,10 @@ payload within BYTES (the coordinator must take them: kedge sg scatter --multi-p
 	f.IntVar(&parts, "parts", 0, "split every reply into N datagrams (a multi-packet reply; 0 or 1: one, unless --max-datagram)")
 	f.IntVar(&maxDgram, "max-datagram", 0, "split replies into as few parts as keep each datagram's UDP payload within `BYTES` (1452 fits an MTU of 1500); 0: no split")
 	f.Float64Var(&partLoss, "part-loss", 0, "probability of not sending one part of a multi-packet reply")
+	f.Float64Var(&straggle, "straggle", 0, "probability that a reply is late by --straggle-min..--straggle-max (a straggler)")
+	f.DurationVar(&strMin, "straggle-min", 20*time.Millisecond, "shortest extra delay of a straggling reply")
+	f.DurationVar(&strMax, "straggle-max", 50*time.Millisecond, "longest extra delay of a straggling reply (uniform between)")
+	f.Uint64Var(&seed, "seed", 0, "seed of the delay, loss, duplicate and straggler draws (each event loop adds its index); 0: from the clock")
 	addNetnsFlag(cmd, &nsArg, "run the workers")
 	addDurationFlag(cmd, &duration, "stop")
 	return cmd

@@ -30,6 +30,11 @@ type WorkerConfig struct {
 	Delay  time.Duration
 	Jitter time.Duration
 	Dist   string // "fixed", "uniform" or "exp"
+	// Straggle makes a request's reply late with this probability (a straggler, "The Tail
+	// at Scale"): it waits StraggleMin + U[0, StraggleMax-StraggleMin) on top of Delay.
+	Straggle    float64
+	StraggleMin time.Duration
+	StraggleMax time.Duration
 	// Loss drops a request with this probability; Dup sends the reply twice.
 	Loss float64
 	Dup  float64
@@ -73,6 +78,7 @@ type WorkerStats struct {
 	Requests  atomic.Uint64
 	Replies   atomic.Uint64
 	Dropped   atomic.Uint64 // lost on purpose (Loss)
+	Straggled atomic.Uint64 // answered late on purpose (Straggle)
 	Dups      atomic.Uint64
 	Malformed atomic.Uint64
 }
@@ -99,6 +105,10 @@ func RunWorkers(ctx context.Context, cfg WorkerConfig, st *WorkerStats, ready ch
 	case "", "fixed", "uniform", "exp":
 	default:
 		return fmt.Errorf("sg worker: unknown delay distribution %q (want fixed, uniform or exp)", cfg.Dist)
+	}
+	if cfg.Straggle < 0 || cfg.Straggle > 1 || cfg.Straggle > 0 && (cfg.StraggleMin <= 0 || cfg.StraggleMax < cfg.StraggleMin) {
+		return fmt.Errorf("sg worker: straggle probability %v, delay %v..%v (want a probability, and 0 < min <= max)",
+			cfg.Straggle, cfg.StraggleMin, cfg.StraggleMax)
 	}
 	if cfg.Threads < 0 {
 		return fmt.Errorf("sg worker: %d threads (want 0 = GOMAXPROCS, or more)", cfg.Threads)
@@ -208,15 +218,22 @@ func listenUDP(a netip.AddrPort) (int, error) {
 	return fd, nil
 }
 
-func delay(cfg WorkerConfig, rng *rand.Rand) time.Duration {
-	d := cfg.Delay
+// delay draws how long one reply waits; straggled says the Straggle draw made it late.
+// Without Straggle it draws exactly what it did before the straggler mode existed, so a
+// seed gives the same delays.
+func delay(cfg WorkerConfig, rng *rand.Rand) (d time.Duration, straggled bool) {
+	d = cfg.Delay
 	switch cfg.Dist {
 	case "uniform":
 		d += time.Duration(rng.Float64() * float64(cfg.Jitter))
 	case "exp":
 		d += time.Duration(rng.ExpFloat64() * float64(cfg.Jitter))
 	}
-	return d
+	if cfg.Straggle > 0 && rng.Float64() < cfg.Straggle {
+		d += cfg.StraggleMin + time.Duration(rng.Float64()*float64(cfg.StraggleMax-cfg.StraggleMin))
+		straggled = true
+	}
+	return d, straggled
 }
 
 // BuildReply is the reference worker's reply to request h: one datagram per part.

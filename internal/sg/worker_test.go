@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,7 +143,9 @@ func TestWorkerReplies(t *testing.T) {
 }
 
 // TestWorkerFaults: loss 1 answers nothing; dup 1 answers every request twice; a fixed
-// delay holds every reply at least that long, exponential jitter delivers them all.
+// delay holds every reply at least that long, exponential jitter delivers them all; a
+// straggler's reply waits at least StraggleMin, a seeded fraction of replies straggle, and
+// a straggle setting out of range is refused.
 func TestWorkerFaults(t *testing.T) {
 	a := netip.MustParseAddrPort("127.0.0.1:18200")
 	reqs := [][]byte{workerRequest(0, 1), workerRequest(0, 2), workerRequest(0, 3)}
@@ -176,6 +179,48 @@ func TestWorkerFaults(t *testing.T) {
 		}
 		if el := time.Since(start); el < d {
 			t.Errorf("replies after %v, delay %v", el, d)
+		}
+	})
+	t.Run("straggle", func(t *testing.T) {
+		// Every reply a straggler: none before StraggleMin.
+		const lo = 40 * time.Millisecond
+		var st WorkerStats
+		ns := workerNetns(t, WorkerConfig{Listen: []netip.AddrPort{a}, Type: TypeI64, Elems: 1, Straggle: 1,
+			StraggleMin: lo, StraggleMax: lo + 10*time.Millisecond}, &st)
+		start := time.Now()
+		if got := exchange(t, ns, a, reqs, 3, 2*time.Second); len(got) != 3 {
+			t.Fatalf("%d straggling replies, want 3", len(got))
+		}
+		if el := time.Since(start); el < lo || st.Straggled.Load() != 3 {
+			t.Errorf("replies after %v (straggle delay at least %v), straggled %d of 3", el, lo, st.Straggled.Load())
+		}
+	})
+	t.Run("straggle-some", func(t *testing.T) {
+		// A quarter of 200 (seeded: the same ones every run), every request answered.
+		var st WorkerStats
+		ns := workerNetns(t, WorkerConfig{Listen: []netip.AddrPort{a}, Type: TypeI64, Elems: 1, Straggle: 0.25,
+			StraggleMin: time.Millisecond, StraggleMax: 5 * time.Millisecond, Seed: 3, Threads: 1}, &st)
+		var many [][]byte
+		for k := range 200 {
+			many = append(many, workerRequest(0, uint64(k)))
+		}
+		if got := exchange(t, ns, a, many, 200, 2*time.Second); len(got) != 200 {
+			t.Errorf("%d of 200 replies", len(got))
+		}
+		if n := st.Straggled.Load(); n < 25 || n > 75 {
+			t.Errorf("%d of 200 replies straggled with probability 0.25", n)
+		}
+	})
+	t.Run("straggle-config", func(t *testing.T) {
+		for _, c := range []WorkerConfig{
+			{Straggle: 1.5, StraggleMin: time.Millisecond, StraggleMax: time.Millisecond},
+			{Straggle: 0.1},
+			{Straggle: 0.1, StraggleMin: 2 * time.Millisecond, StraggleMax: time.Millisecond},
+		} {
+			c.Listen, c.Type, c.Elems = []netip.AddrPort{a}, TypeI64, 1
+			if err := RunWorkers(context.Background(), c, nil, make(chan struct{})); err == nil || !strings.Contains(err.Error(), "straggle") {
+				t.Errorf("%+v: %v, want a straggle error", c, err)
+			}
 		}
 	})
 	t.Run("exp", func(t *testing.T) {

@@ -155,7 +155,7 @@ func (l *workerLoop) serve(fd int) {
 	if err != nil || n == 0 {
 		return // EAGAIN (another loop's wake-up cannot happen: one loop per socket) or an error queued on the socket
 	}
-	var requests, malformed, dropped, replies, dups uint64
+	var requests, malformed, dropped, replies, dups, straggles uint64
 	k := 0
 	for i := range n {
 		h, _, err := ParseHeader(l.rbufs[i][:l.rhdrs[i].Len])
@@ -169,7 +169,11 @@ func (l *workerLoop) serve(fd int) {
 			continue
 		}
 		dup := l.cfg.Dup > 0 && l.rng.Float64() < l.cfg.Dup
-		if d := delay(l.cfg, l.rng); d > 0 {
+		d, straggled := delay(l.cfg, l.rng)
+		if straggled {
+			straggles++
+		}
+		if d > 0 {
 			lr := &lateReply{due: monotonicNow() + int64(d), fd: fd, name: l.names[i], namelen: l.rhdrs[i].Hdr.Namelen,
 				reply: BuildReply(h, l.cfg), dup: dup}
 			heap.Push(&l.late, lr)
@@ -201,6 +205,7 @@ func (l *workerLoop) serve(fd int) {
 	l.st.Dropped.Add(dropped)
 	l.st.Replies.Add(replies)
 	l.st.Dups.Add(dups)
+	l.st.Straggled.Add(straggles)
 }
 
 // losePart draws whether one part of a multi-packet reply is lost (PartLoss).
