@@ -9,7 +9,8 @@ set -euo pipefail
 # etcd-server: the peer of `kedge bench raft --peer etcd` and its lab test (the lab runs its
 # own etcd processes in namespaces; on a host booted with systemd the package also enables
 # an etcd service on localhost, which kedge neither needs nor touches).
-pkgs=(clang-19 llvm-19 libbpf-dev bpftool iproute2 ethtool python3 busybox-static cpio
+# python3-venv: pping's QUIC test runs aioquic from a virtual environment (below).
+pkgs=(clang-19 llvm-19 libbpf-dev bpftool iproute2 ethtool python3 python3-venv busybox-static cpio
       qemu-system-x86 dnsutils iperf3 ca-certificates podman runc dnsmasq-base systemd man-db
       etcd-server)
 missing=()
@@ -34,3 +35,11 @@ go mod download
 # The Helm chart's tests (and make helm) are a module of their own: Helm and the Kubernetes
 # API types come from the module proxy.
 (cd "$(dirname "$0")/../deploy/helm/chartcheck" && go mod download)
+# A real QUIC client and server for pping's QUIC test (internal/pping/quic_test.go): aioquic
+# from PyPI, pinned, in a virtual environment of its own (never the system's Python).
+quic_venv="${XDG_CACHE_HOME:-$HOME/.cache}/kedge/quic-venv"
+if ! "$quic_venv/bin/python3" -c 'import sys, aioquic; sys.exit(aioquic.__version__ != "1.7.2")' 2>/dev/null; then
+	echo "deps: installing aioquic 1.7.2 into $quic_venv"
+	python3 -m venv "$quic_venv"
+	"$quic_venv/bin/pip" install -q aioquic==1.7.2
+fi

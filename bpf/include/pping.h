@@ -9,16 +9,20 @@
  *     looked up under the reverse direction). A match gives an RTT, which goes to the
  *     'events' ring buffer (per-sample mode) or into the per-subnet histograms (-a mode).
  *   flows      : per-flow state for both directions under one canonical key (rate limit,
- *                last identifier, min/smoothed RTT, open/close state).
+ *                last identifier, min/smoothed RTT, open/close state, spin state).
  *   garbage collection: user space reads and deletes expired entries every cleanup
  *                interval (internal/pping/gc.go); no program runs for it.
  *
- * Identifiers (request -> reply):
- *   TCP     TSval of a segment that carries data (or a SYN)  ->  TSecr of an ACK
- *   ICMP    echo request sequence (flow port = echo id)      ->  echo reply sequence
- *   ICMPv6  the same with types 128/129
- *   DNS     query (QR=0) to UDP port 53: transaction id      ->  response (QR=1) from port 53
- *   UDP     request to a configured service port: reqid.h id ->  response from that port
+ * RTT sources (request -> reply; the source names the kind of sample in the output):
+ *   tsval   TCP: TSval of a segment that carries data (or a SYN) ->  TSecr of an ACK
+ *   icmp    echo request sequence (flow port = echo id)           ->  echo reply sequence
+ *           (ICMPv6 the same with types 128/129)
+ *   dns     query (QR=0) to UDP port 53: transaction id           ->  response (QR=1) from 53
+ *   udp     request to a configured service port: reqid.h id      ->  response from that port
+ *   quic    QUIC short header to/from a configured port: a spin-bit edge in one direction
+ *           -> the edge it causes in the other (RFC 9000 section 17.4)
+ *   kernel  the RTT the kernel's TCP stack measures for a socket of this host (sock_ops
+ *           program pping_sockops, BPF_SOCK_OPS_RTT_CB, on the configured cgroup)
  *
  * Go mirrors these structs through bpf2go (-type); every struct has explicit padding so its
  * layout is the same on both sides and no uninitialised byte reaches a map key or user space.
@@ -61,6 +65,12 @@ enum pp_consts {
 	/* Fixed point for rtt_rate: value << 16 (so 0.5 RTT is 32768). */
 	PP_FIXPOINT_SHIFT = 16,
 
+	/* QUIC: UDP ports whose traffic is QUIC (a packet to or from one of them), and the
+	 * connection id bytes kept (RFC 9000 allows 20; the first 8 name the flow). */
+	PP_MAX_QUIC_PORTS = 8,
+	PP_QUIC_CID_MAX = 20,
+	PP_QUIC_ID_BYTES = 8,
+
 	/* RTT histogram (aggregation mode): hist.h's log-linear layout over the RTT in
 	 * nanoseconds, PP_HIST_SUB (8) buckets per power of two: below 2^PP_HIST_MIN_SHIFT ns
 	 * (256 ns) 8 linear buckets of 32 ns, then 8 per octave up to 2^PP_HIST_MAX_SHIFT ns
@@ -95,6 +105,16 @@ enum pp_id_type {
 	PP_ID_ICMP_ECHO = 2,
 	PP_ID_DNS = 3,
 	PP_ID_UDP_REQID = 4,
+	PP_ID_QUIC_SPIN = 5, /* QUIC spin bit; id = the server's connection id (first 8 bytes) */
+	PP_ID_KERNEL = 6,    /* the kernel's RTT of a local TCP socket (events only) */
+};
+
+/* Which side of the monitored interface an aggregation entry's subnet is on, seen from the
+ * packet: a packet arriving (ingress) comes from the remote side and goes to the local one,
+ * a packet leaving (egress) the other way round. */
+enum pp_agg_side {
+	PP_SIDE_REMOTE = 0,
+	PP_SIDE_LOCAL = 1,
 };
 
 enum pp_conn_state {
@@ -133,12 +153,15 @@ enum pp_map_id {
 };
 
 /* Counter slots in the per-CPU 'counters' array. The XDP ingress program (pping_xdp, the
- * alternative to pping_ingress) counts in the ingress slot. */
+ * alternative to pping_ingress) counts in the ingress slot; the sock_ops program in its own;
+ * the garbage collector (user space) keeps its counts itself and reports them as slot
+ * PP_HOOK_GC, which no program writes. */
 enum pp_hook {
 	PP_HOOK_INGRESS = 0,
 	PP_HOOK_EGRESS = 1,
-	PP_HOOK_GC = 2,
-	PP_HOOK_NR = 3,
+	PP_HOOK_SOCKOPS = 2,
+	PP_HOOK_GC = 3,
+	PP_HOOK_NR = 4,
 };
 
 /* One direction of a flow. Addresses as in parse.h (IPv4 v4-mapped), ports in network
@@ -160,33 +183,68 @@ struct pp_pkt_id {
 	__u64 id; /* TSval, echo sequence, DNS id or request id (host order) */
 };
 
-/* State of one direction (packets from one endpoint to the other). */
-struct pp_dir_state {
+/* State of one direction (the packets from one endpoint to the other), in two parts kept on
+ * separate cache lines: ingress and egress usually run on different CPUs, and each packet
+ * writes its own direction's bookkeeping but only reads the reverse direction's state
+ * (whether it is open, whether it has identifiers outstanding). With both parts on one line,
+ * every ACK at egress pulled the line that the last data packet at ingress had written
+ * (about 100 ns per packet on the development VM).
+ *
+ * pp_dir_shared: read by the packets of both directions, written rarely: when the direction
+ * opens or closes, when it stores an identifier or a spin edge, when a sample is taken. */
+struct pp_dir_shared {
 	__u64 min_rtt;   /* ns; 0 until the first sample */
 	__u64 srtt;      /* ns; 7/8 old + 1/8 new, as TCP */
-	__u64 last_ts;   /* time of the last timestamp attempt (rate limit) */
-	__u64 last_seen; /* time of the last packet in this direction (expiry) */
-	__u64 sent_pkts; /* packets / payload bytes in this direction */
-	__u64 sent_bytes;
-	__u64 rec_pkts;  /* packets / payload bytes coming back (the reverse direction) */
-	__u64 rec_bytes;
-	__u64 last_id;   /* last identifier seen (new-identifier check) */
-	__u64 last_id_time; /* when a packet last carried last_id */
+	__u64 last_ts;   /* ns of the last timestamp attempt (rate limit, identifier lifetime) */
+	__u64 last_ts_j; /* the same in jiffies: the rate limit's cheap first test */
+	__u64 edge_time; /* QUIC: ns of the spin edge waiting for its echo (edge_pending) */
+	__u64 last_edge; /* QUIC: ns of the last edge accepted in this direction */
 	__u32 outstanding; /* stored, not yet matched or expired, identifiers */
 	__u8 conn;         /* enum pp_conn_state */
 	__u8 open_reason;  /* enum pp_flow_reason */
 	__u8 has_ts;       /* a timestamp was attempted at least once */
 	__u8 local;        /* destination is this host and local flows are excluded */
+	__u8 ns_seen;      /* keep own.last_seen_ns: the reverse direction times pure ACKs */
+	__u8 spin;         /* QUIC: the spin value of this direction's last accepted packet */
+	__u8 spin_state;   /* QUIC: enum pp_spin_state */
+	__u8 edge_pending; /* QUIC: edge_time holds an edge waiting for its echo */
+	__u8 cid_len;      /* QUIC: length of this direction's destination connection id */
+	__u8 cid_known;    /* QUIC: cid_len was learnt from a long header of the reverse direction */
+	__u8 _pad[2];
+};
+
+enum pp_spin_state {
+	PP_SPIN_UNKNOWN = 0, /* no short header seen yet */
+	PP_SPIN_SEEN = 1,    /* seen, not flipped yet (a disabled spin bit stays here) */
+	PP_SPIN_FLIPPED = 2, /* flipped at least once */
+};
+
+/* pp_dir_own: written by every packet of the direction, read by the other direction's
+ * packets only when they produce a sample. */
+struct pp_dir_own {
+	__u64 last_seen;    /* jiffies of the last packet (idle expiry) */
+	__u64 last_seen_ns; /* ns of the last packet, kept only while shared.ns_seen */
+	__u64 pkts;         /* packets / payload bytes in this direction */
+	__u64 bytes;
+	__u64 last_id;      /* TCP: last TSval seen (new-identifier check); QUIC: destination
+			     * connection id (first 8 bytes, big-endian) */
+	__u64 last_id_time; /* ns: when a pure ACK this host sent last carried last_id */
 };
 
 /* pkt_ts value: the time the identifier was stored (ns), bit 0 replaced by PP_TS_PURE_ACK
  * when it came from a pure ACK (1 ns of resolution for one bit of provenance). */
 #define PP_TS_PURE_ACK 1ULL
 
-/* flows value. dir[0] holds the direction whose source is the canonical key's saddr:sport
- * (the lower endpoint, see pp_src_sorts_first()), dir[1] the other one. */
+/* flows value. Index 0 is the direction whose source is the canonical key's saddr:sport
+ * (the lower endpoint, see pp_src_sorts_first()), index 1 the other one. The gaps keep
+ * each own part 64 bytes away from everything another CPU touches per packet (map values
+ * are only 8-byte aligned, so distance is what can be guaranteed, not alignment). */
 struct pp_flow_state {
-	struct pp_dir_state dir[2];
+	struct pp_dir_shared shared[2];
+	__u8 _gap0[64];
+	struct pp_dir_own own0;
+	__u8 _gap1[80];
+	struct pp_dir_own own1;
 };
 
 /* An RTT sample. flow is the reply's direction (src = the far end whose RTT this is), as
@@ -205,7 +263,8 @@ struct pp_rtt_event {
 	__u64 rec_bytes;
 	__u64 id;
 	__u8 match_on_egress; /* the reply left through egress (a local flow, -l) */
-	__u8 _pad[7];
+	__u8 id_len;          /* QUIC: connection id bytes in id (0-8); 0 otherwise */
+	__u8 _pad[6];
 };
 
 /* A flow opening or closing. flow is given reply-side first, like RTT events. */
@@ -238,7 +297,10 @@ struct pp_config {
 	__u64 dgram_lifetime_ns;    /* idle ICMP/UDP direction */
 	__u64 unopened_lifetime_ns; /* direction never answered */
 	__u64 v6_prefix_mask;       /* aggregation: first 64 bits, network order */
+	__u64 jiffy_ns;             /* the kernel's tick (user space measures it); 0: unknown,
+				     * every rate-limit test reads the ns clock */
 	__u32 v4_prefix_mask;       /* aggregation: network order */
+	__u16 quic_ports[PP_MAX_QUIC_PORTS]; /* network order; 0 ends the list */
 	__u8 track_tcp;
 	__u8 track_icmp;
 	__u8 track_dns;
@@ -251,7 +313,9 @@ struct pp_config {
 	__u8 agg_by_dst;     /* aggregate by the reply's destination instead of its source */
 	__u8 debug;          /* bpf_printk traces */
 	__u8 host_acks;      /* pure ACKs this host sends are requests too (an endpoint's own flows) */
-	__u8 _pad[4];
+	__u8 track_quic;     /* QUIC spin bit on quic_ports */
+	__u8 track_kernel;   /* sock_ops: the kernel's RTTs of this namespace's TCP sockets */
+	__u8 _pad[2];
 };
 
 /* Per-CPU counters, one slot per enum pp_hook. Every packet is counted once in pkts and,
@@ -290,11 +354,27 @@ struct pp_counters {
 	__u64 match_clock;     /* stored time after now (clock went backwards) */
 	__u64 match_ack_idle;  /* echo of a pure ACK, but nothing came from the far end in between:
 				* it may have been idle, so the sample is discarded */
+	/* QUIC (spin bit) */
+	__u64 quic_long;          /* long header: connection ids learnt, no spin bit */
+	__u64 quic_short;         /* short header */
+	__u64 quic_spin_idle;     /* short header of a direction whose spin bit has not flipped
+				   * yet (every one, when the endpoints disable the spin bit) */
+	__u64 quic_edge;          /* spin edge accepted */
+	__u64 quic_edge_rejected; /* spin flip that the reverse direction does not explain, or
+				   * that came sooner after the last edge than half the flow's
+				   * min RTT (a reordered packet): ignored */
+	__u64 quic_cid_changed;   /* new destination connection id: spin state restarted */
+	/* sock_ops (slot PP_HOOK_SOCKOPS); samples count as match_rtt, rate-limited ones as
+	 * ts_rate_limited */
+	__u64 sk_tracked;       /* established TCP socket of the monitored namespace: RTT
+				 * callbacks switched on */
+	__u64 sk_other_netns;   /* established TCP socket of another namespace: left alone */
+	__u64 sk_storage_fail;  /* no socket storage for its rate limit: sample dropped */
 	/* output */
 	__u64 event_dropped;   /* ring buffer full */
 	__u64 agg_map_full;    /* subnet folded into "other" */
 	/* garbage collection: user space's collector (internal/pping/gc.go) reports these in
-	 * slot PP_HOOK_GC, which no program writes */
+	 * slot PP_HOOK_GC */
 	__u64 gc_ts_expired;
 	__u64 gc_flow_expired;
 };
@@ -311,9 +391,26 @@ struct pp_traffic {
 	__u64 other_bytes;
 };
 
-/* Per-subnet aggregation value (per-CPU hash; user space sums the CPUs). rx counts the
- * packets whose source is in the subnet (received from it), tx those whose destination is
- * (sent to it), at every hook, as ePPing's rx_stats and tx_stats do. */
+/* Aggregation keys: a subnet (the address masked to the configured prefix, network order)
+ * and the side of the interface it is on (enum pp_agg_side). */
+struct pp_agg_key4 {
+	__u32 prefix;
+	__u8 side;
+	__u8 _pad[3];
+};
+
+struct pp_agg_key6 {
+	__u64 prefix; /* the first 64 bits */
+	__u8 side;
+	__u8 _pad[7];
+};
+
+/* Per-subnet aggregation value (per-CPU hash; user space sums the CPUs). Every IP packet is
+ * counted twice: under its remote endpoint's subnet (side remote) and under its local one's
+ * (side local); rx if it arrived on the interface (ingress), tx if it left (egress). So the
+ * two directions of a flow stay apart even when both ends are in one subnet. RTT samples go
+ * to the subnet of the reply's source (--aggregate-reverse: destination), on the side the
+ * reply came from. */
 struct pp_agg_stats {
 	struct pp_traffic rx;
 	struct pp_traffic tx;

@@ -1,16 +1,24 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* flow.h - per-flow state, timestamping requests, matching replies, aggregation.
+/* flow.h - per-flow state, timestamping requests, matching replies, the QUIC spin bit,
+ * aggregation.
  *
- * Concurrency: ingress and egress of one flow may run on two CPUs at once and both write
- * the flow's state. Counters that must stay consistent (outstanding) are atomic; the
- * statistics (packet counts, min/smoothed RTT, rate-limit time) may lose an update under
- * such a race, which costs at most one sample or one count, as in ePPing. */
+ * Concurrency: ingress and egress of one flow may run on two CPUs at once. Each packet
+ * writes its own direction's bookkeeping (struct pp_dir_own, on cache lines of its own) and
+ * only reads the reverse direction's shared state, except when it opens or closes a
+ * direction, stores an identifier or takes a sample. Counters that must stay consistent
+ * (outstanding) are atomic; the statistics (min/smoothed RTT, the rate-limit time) may lose
+ * an update under such a race, which costs at most one sample or one count, as in ePPing.
+ *
+ * Clocks: every measured packet reads jiffies (kedge_jiffies(), a memory read); the ns clock
+ * only when the packet stores an identifier, takes a sample, closes in on a rate-limit
+ * interval's end, or belongs to a direction whose reverse times pure ACKs (pp_now()). */
 #ifndef KEDGE_PPING_FLOW_H
 #define KEDGE_PPING_FLOW_H
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "clock.h"
 #include "counters.h"
 #include "hist.h"
 #include "parse.h"
@@ -26,7 +34,7 @@
  * so a short-RTT flow's lost replies are forgotten quickly and a long-RTT flow keeps its
  * identifiers long enough to be matched. User space's collector (internal/pping/gc.go)
  * deletes expired identifiers by the same rule. */
-static __always_inline __u64 pp_ts_lifetime(const struct pp_dir_state *d)
+static __always_inline __u64 pp_ts_lifetime(const struct pp_dir_shared *d)
 {
 	__u64 life = pp_cfg.ts_max_lifetime_ns;
 
@@ -37,7 +45,7 @@ static __always_inline __u64 pp_ts_lifetime(const struct pp_dir_state *d)
 	return life;
 }
 
-static __always_inline int pp_active(const struct pp_dir_state *d)
+static __always_inline int pp_active(const struct pp_dir_shared *d)
 {
 	return d->conn == PP_CONN_WAITOPEN || d->conn == PP_CONN_OPEN;
 }
@@ -69,16 +77,17 @@ static __always_inline int pp_dst_is_local(void *ctx, const struct pp_pkt *pp)
 	return ret == BPF_FIB_LKUP_RET_NOT_FWDED || ret == BPF_FIB_LKUP_RET_FWD_DISABLED;
 }
 
-static __always_inline void pp_dir_open(struct pp_dir_state *d, const struct pp_pkt *pp,
-					__u8 local)
+static __always_inline void pp_dir_open(struct pp_dir_shared *d, struct pp_dir_own *o,
+					struct pp_pkt *pp, __u8 local)
 {
 	d->conn = PP_CONN_WAITOPEN;
-	d->open_reason = pp->event == PP_FLOW_OPENING ? pp->reason : PP_REASON_FIRST_PKT;
-	d->last_id = pp->pid.id;
-	d->last_id_time = pp->now;
-	d->last_seen = pp->now;
+	d->open_reason = pp->f.event == PP_FLOW_OPENING ? pp->f.reason : PP_REASON_FIRST_PKT;
 	d->has_ts = 0;
 	d->local = local;
+	/* A flow seen mid-stream waits for its identifier to change (wait_edge). */
+	o->last_id = pp->pid.id;
+	if (pp->f.pure_ack)
+		o->last_id_time = pp_now(pp);
 }
 
 /* Returns the flow's state, creating it for a packet that may start a flow. */
@@ -94,7 +103,7 @@ static __always_inline struct pp_flow_state *pp_flow_get(const struct pp_pkt *pp
 		return fs;
 	/* Only a request opens a flow: replies and closing packets of unknown flows (started
 	 * before the monitor, or already closed) would only create state nobody matches. */
-	if (!pp->pid_valid || pp->event == PP_FLOW_CLOSING) {
+	if (!pp->f.pid_valid || pp->f.event == PP_FLOW_CLOSING) {
 		COUNT(cnt, skip_no_flow);
 		return NULL;
 	}
@@ -103,54 +112,70 @@ static __always_inline struct pp_flow_state *pp_flow_get(const struct pp_pkt *pp
 		COUNT(cnt, flow_created);
 	} else if (err != -EEXIST) {
 		COUNT(cnt, flow_map_full);
-		pp_warn_full(cnt, &pp->pid.flow, pp->now, PP_MAP_FLOWS);
+		pp_warn_full(cnt, &pp->pid.flow, kedge_now(), PP_MAP_FLOWS);
 		return NULL;
 	}
 	return bpf_map_lookup_elem(&flows, key);
 }
 
-static __always_inline int pp_rate_limited(const struct pp_dir_state *d, __u64 now)
+/* Whether the rate limit keeps the direction from storing another identifier now. Most
+ * packets of a busy flow are rate-limited, so the test starts with jiffies: while fewer
+ * ticks have passed than the interval holds (with one to spare for the tick in progress), the
+ * packet is limited without reading the ns clock. */
+static __always_inline int pp_rate_limited(const struct pp_dir_shared *d, struct pp_pkt *pp)
 {
 	__u64 rtt = pp_cfg.use_srtt ? d->srtt : d->min_rtt;
-	__u64 gap = pp_cfg.rate_limit_ns;
+	__u64 gap = pp_cfg.rate_limit_ns, now;
 
-	if (now < d->last_ts)
-		return 1;
 	if (pp_cfg.rtt_rate && rtt)
 		gap = (pp_cfg.rtt_rate * rtt) >> PP_FIXPOINT_SHIFT;
-	return now - d->last_ts < gap;
+	if (!gap)
+		return 0;
+	if (pp_cfg.jiffy_ns && pp->jiff >= d->last_ts_j &&
+	    (pp->jiff - d->last_ts_j + 1) * pp_cfg.jiffy_ns < gap)
+		return 1;
+	now = pp_now(pp);
+	return now < d->last_ts || now - d->last_ts < gap;
 }
 
 /* TCP timestamps only grow (modulo 2^32, RFC 7323 section 5.2): a TSval is new when it is
  * ahead of the last one by less than 2^31. Other identifiers are new when they differ. */
-static __always_inline int pp_id_is_new(const struct pp_pkt *pp, const struct pp_dir_state *d)
+static __always_inline int pp_id_is_new(const struct pp_pkt *pp, const struct pp_dir_own *o)
 {
 	if (pp->pid.flow.proto == IPPROTO_TCP) {
-		__u32 delta = (__u32)pp->pid.id - (__u32)d->last_id;
+		__u32 delta = (__u32)pp->pid.id - (__u32)o->last_id;
 
 		return delta != 0 && delta < (1U << 31);
 	}
-	return pp->pid.id != d->last_id;
+	return pp->pid.id != o->last_id;
 }
 
-/* Stores the packet's identifier with the current time, if the direction is measured, the
- * identifier is new and the rate limit allows it. */
-static __always_inline void pp_timestamp(struct pp_dir_state *d, struct pp_pkt *pp,
-					 struct pp_counters *cnt)
+/* Whether the direction's requests are timed: it is open and not local (-l). Counts why not. */
+static __always_inline int pp_timed(const struct pp_dir_shared *d, struct pp_counters *cnt)
 {
-	__u64 stamp;
-	long err;
-
-	if (!pp->pid_valid)
-		return;
 	if (!pp_active(d)) {
 		COUNT(cnt, ts_inactive);
-		return;
+		return 0;
 	}
 	if (d->local) {
 		COUNT(cnt, ts_local);
-		return;
+		return 0;
 	}
+	return 1;
+}
+
+/* Stores the packet's identifier with the current time, if the direction is measured, the
+ * identifier is new and the rate limit allows it. rev is the reverse direction's shared
+ * state (told to time its packets precisely once a pure ACK is stored). */
+static __always_inline void pp_timestamp(struct pp_dir_shared *d, struct pp_dir_own *o,
+					 struct pp_dir_shared *rev, struct pp_pkt *pp,
+					 struct pp_counters *cnt)
+{
+	__u64 stamp, now;
+	long err;
+
+	if (!pp->f.pid_valid || !pp_timed(d, cnt))
+		return;
 	/* A datagram identifier sent again while outstanding is a retransmission: its reply
 	 * cannot tell which copy it answers (Karn), so the sample is discarded. */
 	if (pp->pid.flow.proto != IPPROTO_TCP && bpf_map_delete_elem(&pkt_ts, &pp->pid) == 0) {
@@ -159,33 +184,39 @@ static __always_inline void pp_timestamp(struct pp_dir_state *d, struct pp_pkt *
 		COUNT(cnt, ts_retrans);
 		return;
 	}
-	if ((d->has_ts || pp->wait_edge) && !pp_id_is_new(pp, d)) {
-		if (pp->pid.id == d->last_id)
-			d->last_id_time = pp->now;
+	if ((d->has_ts || pp->f.wait_edge) && !pp_id_is_new(pp, o)) {
+		if (pp->f.pure_ack && pp->pid.id == o->last_id)
+			o->last_id_time = pp_now(pp);
 		COUNT(cnt, ts_not_new);
 		return;
 	}
-	d->last_id = pp->pid.id;
-	d->last_id_time = pp->now;
-	if (d->has_ts && pp_rate_limited(d, pp->now)) {
+	o->last_id = pp->pid.id;
+	if (pp->f.pure_ack)
+		o->last_id_time = pp_now(pp);
+	if (d->has_ts && pp_rate_limited(d, pp)) {
 		COUNT(cnt, ts_rate_limited);
 		return;
 	}
 	/* Count the attempt even if the map is full, so a full map does not turn every packet
 	 * of a busy flow into another failed insert. */
+	now = pp_now(pp);
 	d->has_ts = 1;
-	d->last_ts = pp->now;
-	stamp = (pp->now & ~PP_TS_PURE_ACK) | (pp->pure_ack ? PP_TS_PURE_ACK : 0);
+	d->last_ts = now;
+	d->last_ts_j = pp->jiff;
+	stamp = (now & ~PP_TS_PURE_ACK) | (pp->f.pure_ack ? PP_TS_PURE_ACK : 0);
 	err = bpf_map_update_elem(&pkt_ts, &pp->pid, &stamp, BPF_NOEXIST);
 	if (err == 0) {
 		__sync_fetch_and_add(&d->outstanding, 1);
+		/* The echo of a pure ACK is judged by when the far end last sent (pp_match). */
+		if (pp->f.pure_ack && !rev->ns_seen)
+			rev->ns_seen = 1;
 		COUNT(cnt, ts_stored);
 		pp_debug("stored id %llu", pp->pid.id);
 	} else if (err == -EEXIST) {
 		COUNT(cnt, ts_exists);
 	} else {
 		COUNT(cnt, ts_map_full);
-		pp_warn_full(cnt, &pp->pid.flow, pp->now, PP_MAP_PKT_TS);
+		pp_warn_full(cnt, &pp->pid.flow, now, PP_MAP_PKT_TS);
 	}
 }
 
@@ -195,33 +226,43 @@ static __always_inline __u32 pp_hist_bin(__u64 rtt)
 	return hist_bucket(rtt, PP_HIST_SUB_BITS, PP_HIST_MIN_SHIFT, PP_HIST_BINS);
 }
 
-/* The active buffer's entry for the subnet of ip. A missing subnet is created when create is
- * set (a packet the monitor measures), else, and when the map is full (agg_map_full), the
- * "other" entry stands in: unmeasurable traffic, a spoofed-source flood for instance, cannot
- * fill the map with subnets of its own (ePPing's rule). */
+/* The active buffer's entry for the subnet of ip on one side of the interface. A missing
+ * subnet is created when create is set (a packet the monitor measures), else, and when the
+ * map is full (agg_map_full), the side's "other" entry stands in: unmeasurable traffic, a
+ * spoofed-source flood for instance, cannot fill the map with subnets of its own (ePPing's
+ * rule). */
 static __always_inline struct pp_agg_stats *pp_agg_get(const struct in6_addr *ip, __u8 ipv,
-							int create, struct pp_counters *cnt)
+							__u8 side, int create,
+							struct pp_counters *cnt)
 {
 	struct pp_agg_stats *st;
-	__u32 zero = 0, *active, key4, other4 = PP_AGG_OTHER_V4;
-	__u64 key6, other6 = PP_AGG_OTHER_V6;
+	struct pp_agg_key4 k4 = {}, o4 = {};
+	struct pp_agg_key6 k6 = {}, o6 = {};
+	__u32 zero = 0, *active;
 	void *map, *key, *other;
+	__u64 a6;
 	long err;
 
 	active = bpf_map_lookup_elem(&agg_active, &zero);
 	if (!active)
 		return NULL;
 	if (ipv == 4) {
-		key4 = ip->in6_u.u6_addr32[3] & pp_cfg.v4_prefix_mask;
+		k4.prefix = ip->in6_u.u6_addr32[3] & pp_cfg.v4_prefix_mask;
+		k4.side = side;
+		o4.prefix = PP_AGG_OTHER_V4;
+		o4.side = side;
 		map = *active ? (void *)&agg4_1 : (void *)&agg4_0;
-		key = &key4;
-		other = &other4;
+		key = &k4;
+		other = &o4;
 	} else {
-		__builtin_memcpy(&key6, ip, sizeof(key6));
-		key6 &= pp_cfg.v6_prefix_mask;
+		__builtin_memcpy(&a6, ip, sizeof(a6));
+		k6.prefix = a6 & pp_cfg.v6_prefix_mask;
+		k6.side = side;
+		o6.prefix = PP_AGG_OTHER_V6;
+		o6.side = side;
 		map = *active ? (void *)&agg6_1 : (void *)&agg6_0;
-		key = &key6;
-		other = &other6;
+		key = &k6;
+		other = &o6;
 	}
 	st = bpf_map_lookup_elem(map, key);
 	if (st)
@@ -236,12 +277,11 @@ static __always_inline struct pp_agg_stats *pp_agg_get(const struct in6_addr *ip
 	return bpf_map_lookup_elem(map, key);
 }
 
-/* Adds an RTT to the histogram of the subnet of the reply's source (or destination). */
-static __always_inline void pp_aggregate(const struct pp_pkt *pp, __u64 rtt,
-					 struct pp_counters *cnt)
+/* Adds an RTT to the histogram of a subnet. */
+static __always_inline void pp_agg_rtt(const struct in6_addr *ip, __u8 ipv, __u8 side,
+				       __u64 rtt, struct pp_counters *cnt)
 {
-	const struct in6_addr *ip = pp_cfg.agg_by_dst ? &pp->pid.flow.daddr : &pp->pid.flow.saddr;
-	struct pp_agg_stats *st = pp_agg_get(ip, pp->pid.flow.ipv, 1, cnt);
+	struct pp_agg_stats *st = pp_agg_get(ip, ipv, side, 1, cnt);
 	__u32 bin;
 
 	if (!st)
@@ -255,6 +295,20 @@ static __always_inline void pp_aggregate(const struct pp_pkt *pp, __u64 rtt,
 	bin = pp_hist_bin(rtt);
 	if (bin < PP_HIST_BINS)
 		st->bins[bin]++;
+}
+
+/* Adds a sample whose reply is the packet pp carries: to the subnet of the reply's source
+ * (or destination), on the side it is on. */
+static __always_inline void pp_aggregate(const struct pp_pkt *pp, __u64 rtt,
+					 struct pp_counters *cnt)
+{
+	/* The reply's source is remote when it arrived, local when it left. */
+	__u8 side = pp->is_ingress ? PP_SIDE_REMOTE : PP_SIDE_LOCAL;
+
+	if (pp_cfg.agg_by_dst)
+		pp_agg_rtt(&pp->pid.flow.daddr, pp->pid.flow.ipv, side ^ 1, rtt, cnt);
+	else
+		pp_agg_rtt(&pp->pid.flow.saddr, pp->pid.flow.ipv, side, rtt, cnt);
 }
 
 static __always_inline void pp_traffic_add(struct pp_traffic *t, const struct pkt *p,
@@ -272,32 +326,62 @@ static __always_inline void pp_traffic_add(struct pp_traffic *t, const struct pk
 	}
 }
 
-/* Counts an IP packet of len bytes as received from its source's subnet and sent to its
- * destination's (aggregation mode). measured: the packet carries an identifier or an echo,
+/* Counts an IP packet of len bytes under the subnets of both its endpoints (aggregation
+ * mode): the one on the far side of the interface as remote, the other as local; rx when it
+ * arrived (ingress), tx when it left. measured: the packet carries an identifier or an echo,
  * which for TCP means the timestamp option (ePPing's TCP_TS). */
-static __always_inline void pp_count_traffic(const struct pp_pkt *pp, int measured, __u32 len,
-					     struct pp_counters *cnt)
+static __always_inline void pp_count_traffic(const struct pp_pkt *pp, int ingress, int measured,
+					     __u32 len, struct pp_counters *cnt)
 {
 	const struct pkt *p = &pp->p;
+	const struct in6_addr *remote = ingress ? &p->saddr : &p->daddr;
+	const struct in6_addr *local = ingress ? &p->daddr : &p->saddr;
 	__u8 ipv = p->l3_proto == ETH_P_IP ? 4 : 6;
 	struct pp_agg_stats *st;
 
-	st = pp_agg_get(&p->saddr, ipv, measured, cnt);
+	st = pp_agg_get(remote, ipv, PP_SIDE_REMOTE, measured, cnt);
 	if (st)
-		pp_traffic_add(&st->rx, p, measured, len);
-	st = pp_agg_get(&p->daddr, ipv, measured, cnt);
+		pp_traffic_add(ingress ? &st->rx : &st->tx, p, measured, len);
+	st = pp_agg_get(local, ipv, PP_SIDE_LOCAL, measured, cnt);
 	if (st)
-		pp_traffic_add(&st->tx, p, measured, len);
+		pp_traffic_add(ingress ? &st->rx : &st->tx, p, measured, len);
 }
 
-/* Matches the packet's echo against the identifiers stored for the reverse direction. */
-static __always_inline void pp_match(struct pp_dir_state *d, struct pp_pkt *pp,
+/* Updates the flow's RTT statistics with a sample and reports it. flow: the reply's direction;
+ * d, req: the request direction's shared state and bookkeeping; rep: the reply direction's. */
+static __always_inline void pp_sample(struct pp_dir_shared *d, const struct pp_dir_own *req,
+				      const struct pp_dir_own *rep, const struct pp_pkt *pp,
+				      __u64 rtt, __u64 id, __u8 id_len, struct pp_counters *cnt)
+{
+	if (!d->min_rtt || rtt < d->min_rtt)
+		d->min_rtt = rtt;
+	d->srtt = d->srtt ? d->srtt - (d->srtt >> 3) + (rtt >> 3) : rtt;
+	COUNT(cnt, match_rtt);
+	pp_debug("rtt %llu ns id %llu", rtt, id);
+	if (pp_cfg.push_events) {
+		struct pp_sample_out o = {
+			.rtt = rtt, .min_rtt = d->min_rtt, .srtt = d->srtt,
+			.sent_pkts = req->pkts, .sent_bytes = req->bytes,
+			.rec_pkts = rep->pkts, .rec_bytes = rep->bytes,
+			.id = id, .id_len = id_len, .on_egress = !pp->is_ingress,
+		};
+
+		pp_send_rtt(cnt, &pp->pid.flow, pp->now, &o);
+	}
+	if (pp_cfg.aggregate)
+		pp_aggregate(pp, rtt, cnt);
+}
+
+/* Matches the packet's echo against the identifiers stored for the reverse direction (d,
+ * o: its shared state and bookkeeping; own: the packet's direction's). */
+static __always_inline void pp_match(struct pp_dir_shared *d, struct pp_dir_own *o,
+				     const struct pp_dir_own *own, struct pp_pkt *pp,
 				     struct pp_counters *cnt)
 {
-	__u64 *stored, t0, rtt, last_sent;
+	__u64 *stored, t0, rtt, last_sent, now;
 	int pure_ack;
 
-	if (!pp->reply_valid)
+	if (!pp->f.reply_valid)
 		return;
 	if (!pp_active(d) || d->outstanding == 0) {
 		COUNT(cnt, match_none);
@@ -307,15 +391,22 @@ static __always_inline void pp_match(struct pp_dir_state *d, struct pp_pkt *pp,
 	if (!stored) {
 		/* The collector deletes expired identifiers but cannot decrement the count (it is
 		 * not atomic from user space): once the newest identifier of the direction is past
-		 * its lifetime, every one of them is, so nothing is outstanding any more. */
-		if (pp->now > d->last_ts && pp->now - d->last_ts > pp_ts_lifetime(d))
+		 * its lifetime, every one of them is, so nothing is outstanding any more. The
+		 * lifetime is at least a second, so jiffies decide it when they are known. */
+		if (pp_cfg.jiffy_ns) {
+			if (pp->jiff > d->last_ts_j &&
+			    (pp->jiff - d->last_ts_j - 1) * pp_cfg.jiffy_ns > pp_ts_lifetime(d))
+				d->outstanding = 0;
+		} else if (pp_now(pp) > d->last_ts && pp_now(pp) - d->last_ts > pp_ts_lifetime(d)) {
 			d->outstanding = 0;
+		}
 		COUNT(cnt, match_miss);
 		return;
 	}
 	t0 = *stored & ~PP_TS_PURE_ACK;
 	pure_ack = *stored & PP_TS_PURE_ACK;
-	if (pp->now < t0) {
+	now = pp_now(pp);
+	if (now < t0) {
 		COUNT(cnt, match_clock);
 		return;
 	}
@@ -333,45 +424,37 @@ static __always_inline void pp_match(struct pp_dir_state *d, struct pp_pkt *pp,
 	 * last packet that carried the identifier (several ACKs within one tick of the TSval
 	 * clock carry the same one), so it was still sending when that ACK left, or if it was
 	 * silent for less than the flow's min RTT (back-to-back segments of a busy sender on a
-	 * path shorter than the tick). Otherwise the sample would contain the pause. */
-	last_sent = pp->reply.id == d->last_id ? d->last_id_time : t0;
+	 * path shorter than the tick). Otherwise the sample would contain the pause. The far
+	 * end's packets are timed in ns since the first pure ACK was stored (ns_seen). */
+	last_sent = pp->reply.id == o->last_id ? o->last_id_time : t0;
 	if (pure_ack && pp->prev_seen <= last_sent &&
-	    !(d->min_rtt && pp->now - pp->prev_seen < d->min_rtt)) {
+	    !(d->min_rtt && now - pp->prev_seen < d->min_rtt)) {
 		COUNT(cnt, match_ack_idle);
 		return;
 	}
-	rtt = pp->now - t0;
-	if (!d->min_rtt || rtt < d->min_rtt)
-		d->min_rtt = rtt;
-	d->srtt = d->srtt ? d->srtt - (d->srtt >> 3) + (rtt >> 3) : rtt;
-	COUNT(cnt, match_rtt);
-	pp_debug("rtt %llu ns id %llu", rtt, pp->reply.id);
-	if (pp_cfg.push_events)
-		pp_send_rtt(cnt, &pp->pid.flow, d, pp->now, rtt, pp->reply.id, !pp->is_ingress);
-	if (pp_cfg.aggregate)
-		pp_aggregate(pp, rtt, cnt);
+	rtt = now - t0;
+	pp_sample(d, o, own, pp, rtt, pp->reply.id, 0, cnt);
 }
 
 /* Applies FIN/RST: closes the packet's direction (and for RST the reverse one too), reports
  * directions that were open, and deletes the flow once neither direction is active. Flow
  * events name the flow reply-side first, like RTT events; "source" is relative to that. */
-static __always_inline void pp_close(struct pp_flow_state *fs, struct pp_dir_state *fwd,
-				     struct pp_dir_state *rev, const struct pp_pkt *pp,
-				     struct pp_counters *cnt)
+static __always_inline void pp_close(struct pp_dir_shared *fwd, struct pp_dir_shared *rev,
+				     struct pp_pkt *pp, struct pp_counters *cnt)
 {
 	const struct pp_tuple *key = pp->fwd == 0 ? &pp->pid.flow : &pp->reply.flow;
 
-	if (pp->event != PP_FLOW_CLOSING)
+	if (pp->f.event != PP_FLOW_CLOSING)
 		return;
 	if (fwd->conn == PP_CONN_OPEN && pp_cfg.push_events)
-		pp_send_flow(cnt, &pp->reply.flow, pp->now, PP_FLOW_CLOSING, pp->reason,
+		pp_send_flow(cnt, &pp->reply.flow, pp_now(pp), PP_FLOW_CLOSING, pp->f.reason,
 			     PP_SOURCE_PKT_DEST);
 	if (pp_active(fwd))
 		COUNT(cnt, flow_closed);
 	fwd->conn = PP_CONN_CLOSED;
-	if (pp->close_both) {
+	if (pp->f.close_both) {
 		if (rev->conn == PP_CONN_OPEN && pp_cfg.push_events)
-			pp_send_flow(cnt, &pp->pid.flow, pp->now, PP_FLOW_CLOSING, pp->reason,
+			pp_send_flow(cnt, &pp->pid.flow, pp_now(pp), PP_FLOW_CLOSING, pp->f.reason,
 				     PP_SOURCE_PKT_SRC);
 		if (pp_active(rev))
 			COUNT(cnt, flow_closed);
@@ -381,44 +464,164 @@ static __always_inline void pp_close(struct pp_flow_state *fs, struct pp_dir_sta
 		COUNT(cnt, flow_deleted);
 }
 
-/* The per-packet pipeline after identification: flow state, request side, reply side,
- * closing. */
+/* QUIC's spin bit (RFC 9000 section 17.4, RFC 9312 section 3.8). The client (the endpoint
+ * that sends to the QUIC port) sends the inverse of the last spin value it received, the
+ * server the value it received, so each value travels one round: an edge (a changed value)
+ * in one direction causes an edge in the other one round-trip of the observer later. The
+ * time from an edge to the edge it causes is a sample: the RTT from this interface to the
+ * endpoint that reflected it, as a TCP echo measures it.
+ *
+ * A flip is an edge only if the reverse direction explains it: the client flips to v after
+ * seeing the server send !v, the server to v after seeing the client send v; and if it
+ * comes at least half the flow's min RTT after the direction's last edge (edges are a spin
+ * period apart, and a period is longer than the RTT of either side of the monitor): a
+ * reordered packet that brings an old value back fails one test or the other (RFC 9312
+ * section 3.8.2's heuristics) and is rejected (quic_edge_rejected), changing nothing. A
+ * packet delayed by more than half the min RTT and arriving after the reverse direction
+ * flipped passes both: reordering that deep yields a short sample, a limit of the method.
+ * (A stricter spacing rejects real edges whose predecessor was delayed by jitter, and then
+ * every packet until the spacing is reached, inflating the next sample: half is the
+ * compromise.)
+ * An endpoint that disables the spin bit sends a fixed or random value (RFC 9000); a fixed
+ * one never flips (quic_spin_idle counts its packets), a random one seldom passes the
+ * check. A new destination connection id restarts both directions (endpoints reset the
+ * value when they change ids). Edges are rate-limited like identifiers and a local
+ * direction's edges are not stored (the host's own reaction time, -l). */
+static __always_inline void pp_quic(struct pp_dir_shared *fwd, struct pp_dir_own *fo,
+				    struct pp_dir_shared *rev, struct pp_dir_own *ro,
+				    struct pp_pkt *pp, struct pp_counters *cnt)
+{
+	__u8 s = pp->quic.spin, want;
+	__u64 cid, now, rtt, period;
+
+	if (pp->quic.form == PP_QUIC_FORM_LONG) {
+		/* The sender's source id is what the reverse direction's short headers carry. */
+		if (!rev->cid_known || rev->cid_len != pp->quic.cid_len) {
+			rev->cid_len = pp->quic.cid_len;
+			rev->cid_known = 1;
+		}
+		return;
+	}
+	if (fwd->cid_known) {
+		/* The destination id's first bytes: the bytes read, cut to its length. */
+		cid = pp->quic.cid;
+		if (fwd->cid_len < PP_QUIC_ID_BYTES)
+			cid = fwd->cid_len ? cid & ~(~0ULL >> (8 * fwd->cid_len)) : 0;
+		if (fwd->spin_state != PP_SPIN_UNKNOWN && cid != fo->last_id) {
+			COUNT(cnt, quic_cid_changed);
+			fwd->spin_state = PP_SPIN_UNKNOWN;
+			fwd->edge_pending = 0;
+			fwd->last_edge = 0;
+			rev->edge_pending = 0;
+		}
+		fo->last_id = cid;
+	}
+	if (fwd->spin_state == PP_SPIN_UNKNOWN) {
+		fwd->spin = s;
+		fwd->spin_state = PP_SPIN_SEEN;
+		COUNT(cnt, quic_spin_idle);
+		return;
+	}
+	if (s == fwd->spin) {
+		if (fwd->spin_state == PP_SPIN_SEEN)
+			COUNT(cnt, quic_spin_idle);
+		return;
+	}
+	want = pp->quic.to_server ? !s : s;
+	if (rev->spin_state == PP_SPIN_UNKNOWN || rev->spin != want) {
+		COUNT(cnt, quic_edge_rejected);
+		return;
+	}
+	now = pp_now(pp);
+	period = fwd->min_rtt > rev->min_rtt ? fwd->min_rtt : rev->min_rtt;
+	if (fwd->last_edge && now >= fwd->last_edge && now - fwd->last_edge < period / 2) {
+		COUNT(cnt, quic_edge_rejected);
+		return;
+	}
+	fwd->spin = s;
+	fwd->spin_state = PP_SPIN_FLIPPED;
+	fwd->last_edge = now;
+	COUNT(cnt, quic_edge);
+	/* The edge answers the reverse direction's stored edge: a sample. */
+	if (rev->edge_pending) {
+		rev->edge_pending = 0;
+		if (now >= rev->edge_time) {
+			rtt = now - rev->edge_time;
+			__u8 len = pp->quic.to_server ? fwd->cid_len : rev->cid_len;
+
+			pp_sample(rev, ro, fo, pp, rtt, pp->quic.to_server ? fo->last_id : ro->last_id,
+				  len < PP_QUIC_ID_BYTES ? len : PP_QUIC_ID_BYTES, cnt);
+		} else {
+			COUNT(cnt, match_clock);
+		}
+	}
+	/* And is a request itself. */
+	if (!pp_timed(fwd, cnt))
+		return;
+	if (fwd->has_ts && pp_rate_limited(fwd, pp)) {
+		COUNT(cnt, ts_rate_limited);
+		return;
+	}
+	fwd->has_ts = 1;
+	fwd->last_ts = now;
+	fwd->last_ts_j = pp->jiff;
+	fwd->edge_time = now;
+	fwd->edge_pending = 1;
+	COUNT(cnt, ts_stored);
+}
+
+/* The per-packet pipeline after identification: flow state, the packet's own bookkeeping,
+ * request side, reply side, closing. */
 static __always_inline void pp_process(void *ctx, struct pp_pkt *pp, struct pp_counters *cnt)
 {
 	struct pp_flow_state *fs = pp_flow_get(pp, cnt);
-	struct pp_dir_state *fwd, *rev;
+	struct pp_dir_shared *fwd, *rev;
+	struct pp_dir_own *fo, *ro;
 
 	if (!fs)
 		return;
-	fwd = pp->fwd ? &fs->dir[1] : &fs->dir[0];
-	rev = pp->fwd ? &fs->dir[0] : &fs->dir[1];
-
-	/* Request side: this packet's direction. */
-	if (fwd->conn == PP_CONN_EMPTY && pp->pid_valid)
-		pp_dir_open(fwd, pp, pp->is_ingress && pp_cfg.localfilt && pp_dst_is_local(ctx, pp));
-	pp->prev_seen = fwd->last_seen;
-	if (pp_active(fwd)) {
-		fwd->sent_pkts++;
-		fwd->sent_bytes += pp->payload_len;
-		fwd->last_seen = pp->now;
+	if (pp->fwd) {
+		fwd = &fs->shared[1];
+		rev = &fs->shared[0];
+		fo = &fs->own1;
+		ro = &fs->own0;
+	} else {
+		fwd = &fs->shared[0];
+		rev = &fs->shared[1];
+		fo = &fs->own0;
+		ro = &fs->own1;
 	}
-	pp_timestamp(fwd, pp, cnt);
 
-	/* Reply side: the reverse direction's requests. */
-	if (pp_active(rev)) {
-		if (rev->conn == PP_CONN_WAITOPEN && !pp->close_both) {
-			rev->conn = PP_CONN_OPEN;
-			COUNT(cnt, flow_opened);
-			if (pp_cfg.push_events)
-				pp_send_flow(cnt, &pp->pid.flow, rev->last_seen, PP_FLOW_OPENING,
-					     rev->open_reason, PP_SOURCE_PKT_DEST);
-		}
-		rev->rec_pkts++;
-		rev->rec_bytes += pp->payload_len;
+	/* The packet's own direction: open it on its first request, count the packet. */
+	if (fwd->conn == PP_CONN_EMPTY && pp->f.pid_valid)
+		pp_dir_open(fwd, fo, pp,
+			    pp->is_ingress && pp_cfg.localfilt && pp_dst_is_local(ctx, pp));
+	fo->pkts++;
+	fo->bytes += pp->payload_len;
+	fo->last_seen = pp->jiff;
+	if (fwd->ns_seen) {
+		pp->prev_seen = fo->last_seen_ns;
+		fo->last_seen_ns = pp_now(pp);
+	} else {
+		pp->prev_seen = 0;
 	}
-	pp_match(rev, pp, cnt);
 
-	pp_close(fs, fwd, rev, pp, cnt);
+	/* The reverse direction answers: it is open from its first reply on. */
+	if (rev->conn == PP_CONN_WAITOPEN && !pp->f.close_both) {
+		rev->conn = PP_CONN_OPEN;
+		COUNT(cnt, flow_opened);
+		if (pp_cfg.push_events)
+			pp_send_flow(cnt, &pp->pid.flow, pp_now(pp), PP_FLOW_OPENING,
+				     rev->open_reason, PP_SOURCE_PKT_DEST);
+	}
+
+	if (pp->quic.form) {
+		pp_quic(fwd, fo, rev, ro, pp, cnt);
+		return;
+	}
+	pp_timestamp(fwd, fo, rev, pp, cnt); /* request side */
+	pp_match(rev, ro, fo, pp, cnt);      /* reply side */
+	pp_close(fwd, rev, pp, cnt);
 }
 
 #endif /* KEDGE_PPING_FLOW_H */

@@ -4,8 +4,9 @@
  * pp_identify() turns a parsed packet into a struct pp_pkt: the packet's own direction with
  * the identifier it carries (pid, valid when the packet is a request), and the reverse
  * direction with the identifier it echoes (reply, valid when it is a reply). A packet can
- * be both (a TCP data segment that also ACKs). Everything that cannot be measured is
- * counted under one skip_* reason. */
+ * be both (a TCP data segment that also ACKs). A QUIC packet carries no identifier: what it
+ * carries (its spin bit, its connection ids) goes to pp->quic and flow.h's pp_quic() keeps
+ * the state. Everything that cannot be measured is counted under one skip_* reason. */
 #ifndef KEDGE_PPING_IDENT_H
 #define KEDGE_PPING_IDENT_H
 
@@ -22,28 +23,73 @@
 #define PP_DNS_HDR_LEN 12
 #define PP_DNS_QR 0x8000
 
-/* A packet on its way through the monitor. */
-struct pp_pkt {
-	struct pkt p;           /* what parse_pkt() found */
-	struct pp_pkt_id pid;   /* this packet's direction and identifier */
-	struct pp_pkt_id reply; /* the reverse direction and the echoed identifier */
-	__u64 now;
-	__u32 payload_len;
-	__u32 ifindex;          /* the interface the packet arrived on (ingress only) */
+/* QUIC's first byte (RFC 9000 section 17): header form, fixed bit, and in short headers the
+ * spin bit. A long header continues with a 4-byte version, the destination connection id's
+ * length and bytes, then the source connection id's. */
+#define PP_QUIC_LONG 0x80
+#define PP_QUIC_FIXED 0x40
+#define PP_QUIC_SPIN 0x20
+#define PP_QUIC_LONG_DCIL_OFF 5 /* flags, version */
+
+/* What a QUIC packet carries. */
+struct pp_quic {
+	__u64 cid;      /* the 8 bytes where a connection id starts, big-endian: short header:
+			 * the destination id; long: the source id (flow.h masks to the length) */
+	__u8 form;      /* enum pp_quic_form */
+	__u8 spin;      /* short header: the spin bit */
+	__u8 cid_len;   /* long header: the source connection id's length */
+	__u8 to_server; /* the packet goes to a QUIC port (the client's direction) */
+	__u8 _pad[4];
+};
+
+enum pp_quic_form {
+	PP_QUIC_NONE = 0,
+	PP_QUIC_FORM_SHORT = 1,
+	PP_QUIC_FORM_LONG = 2,
+};
+
+/* Per-packet flags, zeroed with one store per packet (the rest of struct pp_pkt is written
+ * before it is read). */
+struct pp_pkt_flags {
 	__u8 pid_valid;
 	__u8 reply_valid;
 	__u8 event;      /* enum pp_flow_event_type the packet triggers, or 0 */
 	__u8 reason;     /* enum pp_flow_reason */
 	__u8 close_both; /* RST: both directions close */
 	__u8 wait_edge;  /* mid-flow TCP: wait until the identifier changes before timestamping */
-	__u8 is_ingress;
-	__u8 fwd;        /* index of this packet's direction in pp_flow_state.dir */
 	__u8 pure_ack;   /* the request is a pure ACK this host sent (host_acks) */
-	__u64 prev_seen; /* the packet's direction: time of the packet before this one */
+	__u8 from_host;  /* sent by a socket of this host (egress, skb->sk set) */
 };
 
+/* A packet on its way through the monitor. */
+struct pp_pkt {
+	struct pkt p;           /* what parse_pkt() found */
+	struct pp_pkt_id pid;   /* this packet's direction and identifier */
+	struct pp_pkt_id reply; /* the reverse direction and the echoed identifier */
+	struct pp_quic quic;
+	struct pp_pkt_flags f;
+	__u64 now;       /* ns (kedge_now()), 0 until pp_now() reads it */
+	__u64 jiff;      /* jiffies (kedge_jiffies()), read for every measured packet */
+	__u64 prev_seen; /* the packet's direction: ns of the packet before this one (ns_seen) */
+	__u32 payload_len;
+	__u32 ifindex;   /* the interface the packet arrived on (ingress only) */
+	__u8 is_ingress;
+	__u8 fwd;        /* index of this packet's direction in pp_flow_state */
+	__u8 _pad[6];
+};
+
+/* The time in ns, read at most once per packet and only by the packets that need it (a
+ * stored identifier, a sample, a rate limit about to expire): bpf_ktime_get_ns() costs tens
+ * of ns on a virtualised clocksource, a third of a forwarded packet's budget. */
+static __always_inline __u64 pp_now(struct pp_pkt *pp)
+{
+	if (!pp->now)
+		pp->now = kedge_now();
+	return pp->now;
+}
+
 static __always_inline int pp_ident_tcp(void *data, void *data_end, const struct pkt *p,
-					int from_host, struct pp_pkt *pp, struct pp_counters *cnt)
+					struct pp_pkt *pp, struct pp_counters *cnt)
 {
 	struct tcphdr *tcph = pkt_hdr(data, data_end, p->l4_off, sizeof(*tcph));
 	__u32 tsval, tsecr;
@@ -70,28 +116,28 @@ static __always_inline int pp_ident_tcp(void *data, void *data_end, const struct
 	 * is). So with host_acks, pure ACKs sent by a local socket are requests too; their
 	 * echo is accepted only while the far end keeps sending (pp_match). TSecr means
 	 * something only with ACK set (RFC 7323 section 3.2). */
-	pp->pid_valid = p->payload_len > 0 || tcph->syn;
-	if (!pp->pid_valid && from_host && pp_cfg.host_acks && tcph->ack && !tcph->fin &&
+	pp->f.pid_valid = p->payload_len > 0 || tcph->syn;
+	if (!pp->f.pid_valid && pp->f.from_host && pp_cfg.host_acks && tcph->ack && !tcph->fin &&
 	    !tcph->rst) {
-		pp->pid_valid = 1;
-		pp->pure_ack = 1;
+		pp->f.pid_valid = 1;
+		pp->f.pure_ack = 1;
 	}
-	pp->reply_valid = tcph->ack;
+	pp->f.reply_valid = tcph->ack;
 	pp->pid.flow.id_type = PP_ID_TCP_TS;
 	if (tcph->rst) {
-		pp->event = PP_FLOW_CLOSING;
-		pp->reason = PP_REASON_RST;
-		pp->close_both = 1;
+		pp->f.event = PP_FLOW_CLOSING;
+		pp->f.reason = PP_REASON_RST;
+		pp->f.close_both = 1;
 	} else if (tcph->fin) {
-		pp->event = PP_FLOW_CLOSING;
-		pp->reason = PP_REASON_FIN;
+		pp->f.event = PP_FLOW_CLOSING;
+		pp->f.reason = PP_REASON_FIN;
 	} else if (tcph->syn) {
-		pp->event = PP_FLOW_OPENING;
-		pp->reason = tcph->ack ? PP_REASON_SYN_ACK : PP_REASON_SYN;
+		pp->f.event = PP_FLOW_OPENING;
+		pp->f.reason = tcph->ack ? PP_REASON_SYN_ACK : PP_REASON_SYN;
 	} else {
 		/* Seen mid-flow: earlier segments may have carried this TSval already, and the
 		 * echo refers to the first of them. */
-		pp->wait_edge = 1;
+		pp->f.wait_edge = 1;
 	}
 	return 0;
 }
@@ -123,10 +169,10 @@ static __always_inline int pp_ident_icmp(void *data, void *data_end, const struc
 	}
 	if (ih->type == req) {
 		pp->pid.id = bpf_ntohs(ih->seq);
-		pp->pid_valid = 1;
+		pp->f.pid_valid = 1;
 	} else {
 		pp->reply.id = bpf_ntohs(ih->seq);
-		pp->reply_valid = 1;
+		pp->f.reply_valid = 1;
 	}
 	/* The echo identifier names the flow (one per ping process); parse.h put the
 	 * sequence into dport. */
@@ -206,10 +252,10 @@ static __always_inline int pp_ident_dns(const struct pp_ctx *c, const struct pkt
 	flags = bpf_ntohs(hdr[1]);
 	if (!(flags & PP_DNS_QR) && p->dport == bpf_htons(PP_DNS_PORT)) {
 		pp->pid.id = bpf_ntohs(hdr[0]);
-		pp->pid_valid = 1;
+		pp->f.pid_valid = 1;
 	} else if ((flags & PP_DNS_QR) && p->sport == bpf_htons(PP_DNS_PORT)) {
 		pp->reply.id = bpf_ntohs(hdr[0]);
-		pp->reply_valid = 1;
+		pp->f.reply_valid = 1;
 	} else {
 		COUNT(cnt, skip_proto);
 		return -1;
@@ -218,8 +264,109 @@ static __always_inline int pp_ident_dns(const struct pp_ctx *c, const struct pkt
 	return 0;
 }
 
-/* A configured UDP service: a datagram to its port is a request, one from its port a
- * response, both carrying the request id described by reqid.h. */
+/* Reads the 8 bytes at off as a big-endian number. A connection id shorter than 8 bytes is
+ * followed by more of the packet (a valid QUIC packet always is: at least a packet number
+ * and an AEAD tag), so reading 8 bytes and masking to the id's length works for every
+ * length; fewer than 8 bytes left is a truncated packet. */
+static __always_inline int pp_quic_cid(const struct pp_ctx *c, __u32 off, __u32 avail, __u64 *cid)
+{
+	__be64 v;
+
+	if (avail < PP_QUIC_ID_BYTES || pp_load(c, off, &v, sizeof(v)) < 0)
+		return -1;
+	*cid = bpf_be64_to_cpu(v);
+	return 0;
+}
+
+/* QUIC on a configured port. A short header (form bit clear, fixed bit set) carries the spin
+ * bit and the destination connection id, whose length the packet does not say (flow.h knows
+ * it from the handshake); a long header (form bit set) carries no spin bit but both ids with
+ * their lengths: the source id's length is the one the reverse direction's short headers
+ * will carry. Version negotiation (version 0) and a clear fixed bit are not QUIC v1/v2
+ * packets the monitor reads (RFC 9287 lets endpoints grease the fixed bit): skip_proto. */
+static __always_inline int pp_ident_quic(const struct pp_ctx *c, const struct pkt *p,
+					 struct pp_pkt *pp, __u8 to_server,
+					 struct pp_counters *cnt)
+{
+	__u32 off = p->payload_off, len = p->payload_len;
+	__u8 hdr[PP_QUIC_LONG_DCIL_OFF + 1];
+	__u8 first, dcil, scil;
+
+	if (len < 1 || pp_load(c, off, &first, 1) < 0) {
+		COUNT(cnt, skip_udp_short);
+		return -1;
+	}
+	if (!(first & PP_QUIC_FIXED)) {
+		COUNT(cnt, skip_proto);
+		return -1;
+	}
+	pp->quic.to_server = to_server;
+	pp->pid.flow.id_type = PP_ID_QUIC_SPIN;
+	/* Every QUIC packet may open the flow (the spin state needs it); none carries an
+	 * identifier or an echo in pkt_ts's sense. */
+	pp->f.pid_valid = 1;
+	if (!(first & PP_QUIC_LONG)) {
+		pp->quic.form = PP_QUIC_FORM_SHORT;
+		pp->quic.spin = !!(first & PP_QUIC_SPIN);
+		if (pp_quic_cid(c, off + 1, len - 1, &pp->quic.cid) < 0) {
+			COUNT(cnt, skip_udp_short);
+			return -1;
+		}
+		COUNT(cnt, quic_short);
+		return 0;
+	}
+	if (len < sizeof(hdr) + 1 || pp_load(c, off, hdr, sizeof(hdr)) < 0) {
+		COUNT(cnt, skip_udp_short);
+		return -1;
+	}
+	if (!hdr[1] && !hdr[2] && !hdr[3] && !hdr[4]) {
+		COUNT(cnt, skip_proto); /* version negotiation */
+		return -1;
+	}
+	dcil = hdr[PP_QUIC_LONG_DCIL_OFF];
+	if (dcil > PP_QUIC_CID_MAX) {
+		COUNT(cnt, skip_proto);
+		return -1;
+	}
+	/* scil's offset: the header, dcil bytes of destination id. */
+	off += sizeof(hdr) + dcil;
+	if (len < sizeof(hdr) + dcil + 1 || pp_load(c, off, &scil, 1) < 0) {
+		COUNT(cnt, skip_udp_short);
+		return -1;
+	}
+	if (scil > PP_QUIC_CID_MAX) {
+		COUNT(cnt, skip_proto);
+		return -1;
+	}
+	if (len < sizeof(hdr) + dcil + 1 + scil) {
+		COUNT(cnt, skip_udp_short);
+		return -1;
+	}
+	if (pp_quic_cid(c, off + 1, len - (sizeof(hdr) + dcil + 1), &pp->quic.cid) < 0) {
+		COUNT(cnt, skip_udp_short);
+		return -1;
+	}
+	pp->quic.cid_len = scil; /* the length the reverse direction's short headers carry */
+	pp->quic.form = PP_QUIC_FORM_LONG;
+	COUNT(cnt, quic_long);
+	return 0;
+}
+
+/* Whether port (network order) is one of the configured QUIC ports. */
+static __always_inline int pp_quic_port(__u16 port)
+{
+#pragma unroll
+	for (int i = 0; i < PP_MAX_QUIC_PORTS; i++) {
+		if (!pp_cfg.quic_ports[i])
+			return 0;
+		if (pp_cfg.quic_ports[i] == port)
+			return 1;
+	}
+	return 0;
+}
+
+/* UDP: a configured service, QUIC, then DNS. A service datagram to its port is a request,
+ * one from its port a response, both carrying the request id described by reqid.h. */
 static __always_inline int pp_ident_udp(const struct pp_ctx *c, const struct pkt *p,
 					struct pp_pkt *pp, struct pp_counters *cnt)
 {
@@ -236,18 +383,24 @@ static __always_inline int pp_ident_udp(const struct pp_ctx *c, const struct pkt
 	if (req) {
 		pp->pid.flow.id_type = PP_ID_UDP_REQID;
 		if (pp_reqid(c, p, req, &pp->pid.id) == 0)
-			pp->pid_valid = 1;
+			pp->f.pid_valid = 1;
 	}
 	if (rep) {
 		pp->pid.flow.id_type = PP_ID_UDP_REQID;
 		if (pp_reqid(c, p, rep, &pp->reply.id) == 0)
-			pp->reply_valid = 1;
+			pp->f.reply_valid = 1;
 	}
 	if (pp->pid.flow.id_type == PP_ID_UDP_REQID) {
-		if (pp->pid_valid || pp->reply_valid)
+		if (pp->f.pid_valid || pp->f.reply_valid)
 			return 0;
 		COUNT(cnt, skip_udp_short);
 		return -1;
+	}
+	if (pp_cfg.track_quic) {
+		if (pp_quic_port(p->dport))
+			return pp_ident_quic(c, p, pp, 1, cnt);
+		if (pp_quic_port(p->sport))
+			return pp_ident_quic(c, p, pp, 0, cnt);
 	}
 	if (pp_cfg.track_dns &&
 	    (p->dport == bpf_htons(PP_DNS_PORT) || p->sport == bpf_htons(PP_DNS_PORT)))
@@ -257,7 +410,8 @@ static __always_inline int pp_ident_udp(const struct pp_ctx *c, const struct pkt
 }
 
 /* pp_src_sorts_first: whether the packet's own direction is the canonical flow key, i.e.
- * its source endpoint sorts first. Any total order works; this one compares the raw words. */
+ * its source endpoint sorts first. Any total order works; this one compares the raw words.
+ * internal/pping/gc.go has the same order. */
 static __always_inline int pp_src_sorts_first(const struct pp_tuple *t)
 {
 #pragma unroll
@@ -282,8 +436,8 @@ static __always_inline void pp_reverse(struct pp_tuple *dst, const struct pp_tup
 	dst->_pad = 0;
 }
 
-/* Fills pp from a parsed packet (pp->p; the rest zeroed). Returns 0 when the packet carries an identifier or an
- * echo, -1 (counted) when it cannot be measured. */
+/* Fills pp from a parsed packet (pp->p; pp->f zeroed). Returns 0 when the packet carries an
+ * identifier, an echo or QUIC's spin bit, -1 (counted) when it cannot be measured. */
 static __always_inline int pp_identify(const struct pp_ctx *c, struct pp_pkt *pp,
 				       struct pp_counters *cnt)
 {
@@ -296,13 +450,19 @@ static __always_inline int pp_identify(const struct pp_ctx *c, struct pp_pkt *pp
 	pp->pid.flow.dport = p->dport;
 	pp->pid.flow.proto = p->l4_proto;
 	pp->pid.flow.ipv = p->l3_proto == ETH_P_IP ? 4 : 6;
+	pp->pid.flow.id_type = PP_ID_NONE;
+	pp->pid.flow._pad = 0;
+	pp->pid.id = 0;
+	pp->reply.id = 0;
+	pp->quic.form = PP_QUIC_NONE;
 	pp->payload_len = p->payload_len;
+	pp->f.from_host = c->from_host;
 
 	switch (p->l4_proto) {
 	case IPPROTO_TCP:
 		if (!pp_cfg.track_tcp)
 			goto skip;
-		ret = pp_ident_tcp(c->data, c->data_end, p, c->from_host, pp, cnt);
+		ret = pp_ident_tcp(c->data, c->data_end, p, pp, cnt);
 		break;
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6:

@@ -5,6 +5,7 @@
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include "clock.h"
 #include "counters.h"
 #include "pping.h"
 
@@ -20,6 +21,9 @@ const enum pp_flow_event_type *pp_btf_flow_event_type __attribute__((unused));
 const enum pp_flow_reason *pp_btf_flow_reason __attribute__((unused));
 const enum pp_flow_source *pp_btf_flow_source __attribute__((unused));
 const enum pp_map_id *pp_btf_map_id __attribute__((unused));
+const enum pp_agg_side *pp_btf_agg_side __attribute__((unused));
+const enum pp_spin_state *pp_btf_spin_state __attribute__((unused));
+const enum kedge_clock_consts *pp_btf_clock_consts __attribute__((unused));
 const enum pp_hook *pp_btf_hook __attribute__((unused));
 const enum parse_err *pp_btf_parse_err __attribute__((unused));
 
@@ -78,19 +82,19 @@ struct {
 #define PP_AGG_MAP(name, keytype)                          \
 	struct {                                           \
 		__uint(type, BPF_MAP_TYPE_PERCPU_HASH);    \
-		__uint(max_entries, PP_MAX_SUBNETS + 1);   \
+		__uint(max_entries, 2 * (PP_MAX_SUBNETS + 1)); \
 		__uint(map_flags, BPF_F_NO_PREALLOC);      \
 		__type(key, keytype);                      \
 		__type(value, struct pp_agg_stats);        \
 	} name SEC(".maps")
 
-PP_AGG_MAP(agg4_0, __u32);
-PP_AGG_MAP(agg4_1, __u32);
-PP_AGG_MAP(agg6_0, __u64);
-PP_AGG_MAP(agg6_1, __u64);
+PP_AGG_MAP(agg4_0, struct pp_agg_key4);
+PP_AGG_MAP(agg4_1, struct pp_agg_key4);
+PP_AGG_MAP(agg6_0, struct pp_agg_key6);
+PP_AGG_MAP(agg6_1, struct pp_agg_key6);
 
 /* Zeroed templates for new entries (a map value may be the source of an update, and a
- * 160-byte or 900-byte struct does not belong on the 512-byte stack). */
+ * 370-byte or 900-byte struct does not belong on the 512-byte stack). */
 struct pp_flow_state pp_zero_flow = {};
 struct pp_agg_stats pp_zero_agg = {};
 
@@ -112,9 +116,18 @@ static __always_inline void pp_count_parse_err(struct pp_counters *cnt, int err)
 		COUNT(cnt, parse_err[i]);
 }
 
+/* An RTT sample: flow is the reply's direction; sent/rec the request direction's packets
+ * and payload bytes and the reverse direction's. */
+struct pp_sample_out {
+	__u64 rtt, min_rtt, srtt;
+	__u64 sent_pkts, sent_bytes, rec_pkts, rec_bytes;
+	__u64 id;
+	__u8 id_len;
+	__u8 on_egress;
+};
+
 static __always_inline void pp_send_rtt(struct pp_counters *cnt, const struct pp_tuple *flow,
-					const struct pp_dir_state *d, __u64 now, __u64 rtt,
-					__u64 id, __u8 on_egress)
+					__u64 now, const struct pp_sample_out *o)
 {
 	struct pp_rtt_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
@@ -125,15 +138,16 @@ static __always_inline void pp_send_rtt(struct pp_counters *cnt, const struct pp
 	e->type = PP_EVENT_RTT;
 	e->timestamp = now;
 	e->flow = *flow;
-	e->rtt = rtt;
-	e->min_rtt = d->min_rtt;
-	e->srtt = d->srtt;
-	e->sent_pkts = d->sent_pkts;
-	e->sent_bytes = d->sent_bytes;
-	e->rec_pkts = d->rec_pkts;
-	e->rec_bytes = d->rec_bytes;
-	e->id = id;
-	e->match_on_egress = on_egress;
+	e->rtt = o->rtt;
+	e->min_rtt = o->min_rtt;
+	e->srtt = o->srtt;
+	e->sent_pkts = o->sent_pkts;
+	e->sent_bytes = o->sent_bytes;
+	e->rec_pkts = o->rec_pkts;
+	e->rec_bytes = o->rec_bytes;
+	e->id = o->id;
+	e->match_on_egress = o->on_egress;
+	e->id_len = o->id_len;
 	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
 	bpf_ringbuf_submit(e, 0);
 }

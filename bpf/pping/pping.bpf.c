@@ -5,6 +5,8 @@
  * (XDP, --ingress-hook xdp), run the same pipeline:
  *   parse (parse.h) -> identify (ident.h) -> timestamp the request / match the reply
  *   (flow.h) -> count (every packet lands in exactly one counter of maps.h's pp_counters).
+ * A third program, pping_sockops (sock_ops, on a cgroup), reports the RTTs the kernel's TCP
+ * stack measures for the host's own sockets (sockops.h).
  * Stale state is expired by user space (internal/pping/gc.go), which reads and deletes map
  * entries in batches every cleanup interval: no program runs for it.
  * The contract with user space is bpf/include/pping.h. */
@@ -16,6 +18,7 @@
 #include "pping.h"
 #include "maps.h"
 #include "flow.h"
+#include "sockops.h"
 
 /* Ring-buffer records user space decodes: referenced here so their BTF reaches bpf2go. */
 const struct pp_rtt_event *pp_btf_rtt __attribute__((unused));
@@ -49,7 +52,9 @@ static __always_inline int pp_parse_into(const struct pp_ctx *c, __u32 hook)
 
 	if (!cnt || !pp)
 		return PP_PARSED_BAD;
-	__builtin_memset(pp, 0, sizeof(*pp));
+	/* Only the flags need zeroing: parse_pkt() and pp_identify() write the rest before
+	 * anything reads it. */
+	__builtin_memset(&pp->f, 0, sizeof(pp->f));
 	err = parse_pkt(c->data, c->data_end, &pp->p);
 	if (err < 0) {
 		pp_count_parse_err(cnt, err);
@@ -111,12 +116,13 @@ static __always_inline void pp_handle(void *ctx, int xdp, __u32 len, __u32 ifind
 	if (!pp)
 		return;
 	if (pp_cfg.aggregate)
-		pp_count_traffic(pp, parsed == PP_PARSED_ID, len, cnt);
+		pp_count_traffic(pp, hook == PP_HOOK_INGRESS, parsed == PP_PARSED_ID, len, cnt);
 	if (parsed != PP_PARSED_ID)
 		return;
 	pp->is_ingress = hook == PP_HOOK_INGRESS;
 	pp->ifindex = ifindex;
-	pp->now = kedge_now();
+	pp->now = 0; /* read when needed: pp_now() */
+	pp->jiff = kedge_jiffies();
 	pp_process(ctx, pp, cnt); /* act, count */
 }
 
@@ -145,6 +151,24 @@ int pping_xdp(struct xdp_md *ctx)
 
 	pp_handle(ctx, 1, len, ctx->ingress_ifindex, PP_HOOK_INGRESS);
 	return XDP_PASS;
+}
+
+/* The kernel RTT source (sockops.h): attached to a cgroup, not to the interface. */
+SEC("sockops")
+int pping_sockops(struct bpf_sock_ops *skops)
+{
+	struct pp_counters *cnt = pp_counters_get(PP_HOOK_SOCKOPS);
+
+	switch (skops->op) {
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		pp_sk_established(skops, cnt);
+		break;
+	case BPF_SOCK_OPS_RTT_CB:
+		pp_sk_rtt(skops, cnt);
+		break;
+	}
+	return 1;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

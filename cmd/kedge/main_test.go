@@ -21,11 +21,15 @@ import (
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/hedge"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/pping"
 	"github.com/kedge-dev/kedge/internal/probe"
 	"github.com/kedge-dev/kedge/pkg/kedge"
 )
 
 func TestMain(m *testing.M) {
+	// pping's kernel RTT source attaches to the cgroup2 root by default: the CLI's tests must
+	// never do that (pping then runs without it, saying why).
+	os.Setenv(pping.ForbidRootCgroupEnv, "1")
 	code := m.Run()
 	bpftest.RemoveKedgeBinary()
 	os.Exit(code)

@@ -26,12 +26,14 @@ func init() { register(newPpingCmd) }
 // ppingFlags are the command line of kedge pping (ePPing's options, kedge's additions).
 type ppingFlags struct {
 	iface, netnsName, format, rttType, write, metricsAddr, tcMode string
-	ingressHook, xdpMode, formatF                                 string
+	ingressHook, xdpMode, formatF, cgroup                         string
 	rateLimitMS, rttRate, cleanupS                                float64
 	aggregateS, prefixV4, prefixV6, maxFlows, aggTimeoutS         int
-	includeLocal, includeSYN, aggReverse, tcp, icmp, dns          bool
-	debug, counters, hostACKs                                     bool
+	includeLocal, includeSYN, aggReverse, tcp, icmp, dns, quic    bool
+	debug, counters, hostACKs, kernelRTT                          bool
+	kernelRTTSet                                                  bool // --kernel-rtt given explicitly
 	services                                                      []string
+	quicPorts                                                     []uint
 	duration                                                      time.Duration
 }
 
@@ -41,20 +43,24 @@ func newPpingCmd() *cobra.Command { return ppingCommand(new(ppingFlags)) }
 func ppingCommand(f *ppingFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "pping -i IFACE",
-		Short: "Passive RTT monitor: TCP timestamps, ICMP echo, DNS and UDP request ids, measured in the kernel",
+		Short: "Passive RTT monitor: TCP timestamps and the kernel's TCP RTTs, ICMP echo, DNS, QUIC's spin bit and UDP request ids, measured in the kernel",
 		Long: `kedge pping measures round-trip times of the traffic that crosses an interface, without
 sending anything: programs on the interface's egress (TC) and ingress (TC, or XDP with
 --ingress-hook xdp) timestamp an identifier when a packet leaves and match its echo when
-the reply comes back (ePPing's method):
+the reply comes back (ePPing's method). Each sample names its source:
 
-  TCP     TSval -> TSecr              ICMP/ICMPv6  echo request -> reply (id, sequence)
-  DNS     query -> response (id)      UDP          request -> response of a --udp-service
+  tsval   TCP TSval -> TSecr            icmp  ICMP/ICMPv6 echo request -> reply
+  dns     query -> response (id)        udp   request -> response of a --udp-service
+  quic    a spin-bit edge -> the edge it causes (QUIC on --quic-port, 443 by default)
+  kernel  the RTT the TCP stack measures for this host's sockets in the interface's
+          namespace (a sock_ops program on --cgroup, the cgroup2 root by default; sockets
+          opened after the start)
 
 Each flow direction is sampled at most once per --rate-limit (or per --rtt-rate x its RTT).
 Output is one line per RTT sample and per flow opening/closing (formats standard, json,
-jsonl, ppviz), or with -a a per-subnet summary every interval (packets and bytes from and
-to the subnet, RTT histogram) kept in the kernel. Without --netns the interface is looked
-up in the current network namespace.
+jsonl, ppviz), or with -a a per-subnet summary every interval (packets and bytes arriving
+and leaving, per subnet and side of the interface, RTT histogram) kept in the kernel.
+Without --netns the interface is looked up in the current network namespace.
 
 Exit codes: 0 done (signal or --duration), 1 runtime error, 2 bad usage (also an interface
 or --netns that does not exist), 3 this kernel lacks what the monitor needs (e.g. TCX with
@@ -75,7 +81,11 @@ or --netns that does not exist), 3 this kernel lacks what the monitor needs (e.g
   sudo kedge pping -i eth0 --netns kedge-lab-demo-router -F json -a 5 -4 16 -I xdp -x native
 
   # a UDP service whose 4-byte request id starts the payload (as kedge hedge describes it)
-  sudo kedge pping -i eth0 --netns kedge-lab-demo-client --udp-service 9999:0:4`,
+  sudo kedge pping -i eth0 --netns kedge-lab-demo-client --udp-service 9999:0:4
+
+  # QUIC on 443 and 8443 only (its spin bit); the kernel's RTTs of the sockets of one cgroup
+  sudo kedge pping -i eth0 --quic --quic-port 443 --quic-port 8443
+  sudo kedge pping -i eth0 --cgroup /sys/fs/cgroup/system.slice/nginx.service`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if err := f.checkFormatF(); err != nil { // ePPing's -f took the next flag as its value
 				return err
@@ -83,6 +93,7 @@ or --netns that does not exist), 3 this kernel lacks what the monitor needs (e.g
 			return noArgs(cmd, args)
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.kernelRTTSet = cmd.Flags().Changed("kernel-rtt")
 			cfg, format, err := f.config()
 			if err != nil {
 				return err
@@ -106,9 +117,13 @@ or --netns that does not exist), 3 this kernel lacks what the monitor needs (e.g
 	fl.BoolVar(&f.includeSYN, "include-SYN", false, "--include-syn (ePPing's spelling)")
 	_ = fl.MarkHidden("include-SYN")
 	fl.BoolVar(&f.hostACKs, "host-acks", true, "time the pure ACKs this host's sockets send, so a host receiving data (a download) sees its flows' RTTs (ePPing: never)")
-	fl.BoolVarP(&f.tcp, "tcp", "T", false, "track TCP (timestamps option)")
+	fl.BoolVarP(&f.tcp, "tcp", "T", false, "track TCP (timestamps option; with --kernel-rtt, the kernel's RTTs)")
 	fl.BoolVarP(&f.icmp, "icmp", "C", false, "track ICMP and ICMPv6 echo")
-	fl.BoolVar(&f.dns, "dns", false, "track DNS over UDP port 53 (no -T/-C/--dns: all three)")
+	fl.BoolVar(&f.dns, "dns", false, "track DNS over UDP port 53")
+	fl.BoolVar(&f.quic, "quic", false, "track QUIC's spin bit on the --quic-port ports (no -T/-C/--dns/--quic: all four)")
+	fl.UintSliceVar(&f.quicPorts, "quic-port", []uint{pping.DefaultQUICPort}, "UDP `PORT` whose traffic is QUIC (repeatable, up to 8)")
+	fl.BoolVar(&f.kernelRTT, "kernel-rtt", true, "with TCP: also report the RTTs the kernel measures for this host's sockets in the interface's namespace (a sock_ops program on --cgroup)")
+	fl.StringVar(&f.cgroup, "cgroup", "", "cgroup2 `DIR` whose processes' sockets --kernel-rtt sees (default: the cgroup2 root, every process)")
 	fl.StringArrayVar(&f.services, "udp-service", nil, "track a UDP service: `PORT:OFFSET:LEN[:le|be]` of its request id (repeatable)")
 	fl.IntVarP(&f.aggregateS, "aggregate", "a", 0, "report per-subnet RTT histograms every `SECONDS` instead of every sample")
 	fl.IntVarP(&f.prefixV4, "aggregate-subnets-v4", "4", 24, "IPv4 prefix length of aggregation subnets (0-32)")
@@ -163,8 +178,20 @@ func (f ppingFlags) config() (pping.Config, pping.Format, error) {
 	default:
 		return cfg, 0, usagef("--xdp-mode must be unspecified, native or generic, not %q", f.xdpMode)
 	}
-	if f.tcp || f.icmp || f.dns {
-		cfg.TCP, cfg.ICMP, cfg.DNS = f.tcp, f.icmp, f.dns
+	if f.tcp || f.icmp || f.dns || f.quic {
+		cfg.TCP, cfg.ICMP, cfg.DNS, cfg.QUIC = f.tcp, f.icmp, f.dns, f.quic
+	}
+	cfg.QUICPorts = nil
+	for _, p := range f.quicPorts {
+		if p == 0 || p > 65535 {
+			return cfg, 0, usagef("--quic-port %d: use a port from 1 to 65535", p)
+		}
+		cfg.QUICPorts = append(cfg.QUICPorts, uint16(p))
+	}
+	cfg.KernelRTT = cfg.TCP && f.kernelRTT
+	cfg.Cgroup = f.cgroup
+	if f.kernelRTTSet && f.kernelRTT && !cfg.TCP {
+		return cfg, 0, usagef("--kernel-rtt measures TCP sockets: track TCP too (-T) or leave --kernel-rtt out")
 	}
 	for _, s := range f.services {
 		svc, err := pping.ParseService(s)
@@ -236,6 +263,18 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 		return err
 	}
 	defer target.Close()
+	var kernelNote string
+	if cfg.KernelRTT {
+		// On by default: where it cannot run (an old kernel, no cgroup2 hierarchy), the
+		// monitor runs without it and says why; asked for explicitly, that is an error.
+		if _, err := pping.KernelRTTPreflight(cfg.Cgroup); err != nil {
+			if f.kernelRTTSet {
+				return err
+			}
+			cfg.KernelRTT = false
+			kernelNote = fmt.Sprintf("not the kernel's RTTs (%v)", err)
+		}
+	}
 	m, err := pping.Load(cfg)
 	if err != nil {
 		return rootHint(err)
@@ -245,7 +284,7 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 		return rootHint(err)
 	}
 	slog.Debug("pping attached", "interface", f.iface, "netns", f.netnsName, "mode", m.AttachMode())
-	fmt.Fprintln(stderr, startNotice(f.iface, m.AttachMode(), cfg))
+	fmt.Fprintln(stderr, startNotice(f.iface, m.AttachMode(), cfg, m.KernelRTTCgroupPath(), kernelNote))
 
 	ctx, stop := untilDone(ctx, f.duration)
 	defer stop()
@@ -283,17 +322,26 @@ func runPping(ctx context.Context, stdout, stderr io.Writer, f ppingFlags, cfg p
 // startNotice says on stderr, when the monitor starts, what it measures and what it leaves
 // out by default, with the flag that changes it: a user on an endpoint should not have to
 // read the counters to learn why a flow has no samples.
-func startNotice(iface, mode string, cfg pping.Config) string {
+func startNotice(iface, mode string, cfg pping.Config, cgroup, kernelNote string) string {
 	var what []string
+	quic := "QUIC's spin bit on UDP " + strings.Trim(strings.Join(strings.Fields(fmt.Sprint(cfg.QUICPorts)), ","), "[]")
 	for _, p := range []struct {
 		on   bool
 		name string
-	}{{cfg.TCP, "TCP"}, {cfg.ICMP, "ICMP"}, {cfg.DNS, "DNS"}, {len(cfg.Services) > 0, "UDP services"}} {
+	}{{cfg.TCP, "TCP"}, {cfg.ICMP, "ICMP"}, {cfg.DNS, "DNS"}, {cfg.QUIC, quic}, {len(cfg.Services) > 0, "UDP services"}} {
 		if p.on {
 			what = append(what, p.name)
 		}
 	}
 	var notes []string
+	switch {
+	case cfg.KernelRTT:
+		notes = append(notes, fmt.Sprintf("the kernel's RTTs of the TCP sockets opened from now on in this namespace by the processes of cgroup %s (--kernel-rtt=false: not)", cgroup))
+	case kernelNote != "":
+		notes = append(notes, kernelNote)
+	case cfg.TCP:
+		notes = append(notes, "not the kernel's RTTs (--kernel-rtt: include them)")
+	}
 	if cfg.HostACKs {
 		notes = append(notes, "this host's own TCP flows through its pure ACKs too (--host-acks=false: not)")
 	} else {

@@ -145,19 +145,19 @@ func TestPpingCLI(t *testing.T) {
 				ping()
 			}
 		}
-		// ePPing's line: traffic from and to the subnet, then the RTTs (all of this lab's
-		// hosts are in 198.18.0.0/24).
-		line := regexp.MustCompile(`: 198\.18\.0\.0/24 -> rxpkts=(\d+), rxbytes=\d+, txpkts=(\d+), txbytes=\d+, rtt-count=(\d+), min=`)
+		// ePPing's line with the side of the interface: packets arriving and leaving, then
+		// the RTTs (all of this lab's hosts are in 198.18.0.0/24): the client's requests
+		// leave (tx) for the remote side, the server's replies arrive (rx) with the RTTs, and
+		// either side's multicast (IGMP) may add a few.
+		line := regexp.MustCompile(`: 198\.18\.0\.0/24 remote -> rxpkts=(\d+), rxbytes=\d+, txpkts=(\d+), txbytes=\d+, rtt-count=(\d+), min=`)
 		m := line.FindStringSubmatch(out)
 		if m == nil {
 			t.Fatalf("aggregated output has no %q line:\n%s", line, out)
 		}
-		// Each ping is a request and a reply, both from and to the subnet; the hosts' own
-		// multicast (IGMP) is from the subnet only.
 		rx, _ := strconv.Atoi(m[1])
 		tx, _ := strconv.Atoi(m[2])
-		if tx < 2 || rx < tx || m[3] == "0" {
-			t.Errorf("aggregated line %q: want rxpkts >= txpkts >= 2 and RTTs", m[0])
+		if rx < 2 || tx < 2 || m[3] == "0" {
+			t.Errorf("aggregated line %q: want rxpkts and txpkts >= 2 and RTTs", m[0])
 		}
 	})
 }

@@ -282,6 +282,18 @@ func (a *Agent) startPping(u *ppingUnit) error {
 		u.closeNetns()
 		return a.fail(&u.unit, fmt.Errorf("interface %s: %w", u.iface, err))
 	}
+	if cfg.KernelRTT {
+		// On by default: where it cannot run, the monitor runs without it; asked for
+		// explicitly (kernel_rtt: true), that is the unit's error.
+		if _, err := pping.KernelRTTPreflight(cfg.Cgroup); err != nil {
+			if u.cfg.KernelRTT != nil {
+				u.closeNetns()
+				return a.fail(&u.unit, err)
+			}
+			a.log.Warn("pping without the kernel's RTTs", "unit", u.label(), "reason", err)
+			cfg.KernelRTT = false
+		}
+	}
 	m, err := pping.Load(cfg)
 	if err != nil {
 		u.closeNetns()

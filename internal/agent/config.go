@@ -44,7 +44,10 @@ const DefaultPath = "/etc/kedge/kedge.yaml"
 //	pping:                          # latency monitors: one per interface (and namespace)
 //	  - interface: eth0
 //	    netns: ""
-//	    tcp: true                   # tcp, icmp, dns: the identifiers tracked (default all)
+//	    tcp: true                   # tcp, icmp, dns, quic: the identifiers tracked (default all)
+//	    quic_ports: [443]           # UDP ports whose traffic is QUIC (spin bit)
+//	    kernel_rtt: true            # the kernel's RTTs of the namespace's TCP sockets (default on)
+//	    cgroup: ""                  # whose sockets: a cgroup2 directory ("": the root, every process)
 //	    udp_services: ["9999:0:4"]  # PORT:OFFSET:LEN[:le|be]
 //	    aggregate: 10s              # per-subnet histograms every 10 s
 //	    prefix_v4: 24
@@ -78,6 +81,10 @@ type PpingConfig struct {
 	TCP         *bool    `yaml:"tcp"`
 	ICMP        *bool    `yaml:"icmp"`
 	DNS         *bool    `yaml:"dns"`
+	QUIC        *bool    `yaml:"quic"`
+	QUICPorts   []uint16 `yaml:"quic_ports"`
+	KernelRTT   *bool    `yaml:"kernel_rtt"`
+	Cgroup      string   `yaml:"cgroup"`
 	UDPServices []string `yaml:"udp_services"`
 	RateLimit   Duration `yaml:"rate_limit"`
 	Aggregate   Duration `yaml:"aggregate"`
@@ -273,6 +280,15 @@ func (p *PpingConfig) monitorConfig() (pping.Config, error) {
 		return *b
 	}
 	cfg.TCP, cfg.ICMP, cfg.DNS = flag(p.TCP, true), flag(p.ICMP, true), flag(p.DNS, true)
+	cfg.QUIC = flag(p.QUIC, true)
+	if len(p.QUICPorts) > 0 {
+		cfg.QUICPorts = p.QUICPorts
+	}
+	if p.KernelRTT != nil && *p.KernelRTT && !cfg.TCP {
+		return cfg, errors.New("kernel_rtt measures TCP sockets: set tcp too, or leave kernel_rtt out")
+	}
+	cfg.KernelRTT = cfg.TCP && flag(p.KernelRTT, true)
+	cfg.Cgroup = p.Cgroup
 	for _, s := range p.UDPServices {
 		svc, err := pping.ParseService(s)
 		if err != nil {

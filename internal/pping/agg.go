@@ -1,6 +1,7 @@
 package pping
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -85,12 +86,34 @@ func (t *Traffic) Bytes() uint64 { return t.TcpTsBytes + t.TcpNotsBytes + t.Othe
 
 func (t *Traffic) add(o *Traffic) { bpfx.AddCounters(t, o) }
 
-// SubnetStats is one subnet's traffic and RTT histogram for one interval. Rx counts the
-// packets that came from the subnet (source address in it), Tx those that went to it, at
-// every hook. Other marks the catch-all entry for subnets that did not fit the map and for
-// unmeasurable traffic of subnets without an entry.
+// Side is which side of the monitored interface a subnet is on (enum pp_agg_side): a packet
+// arriving on the interface comes from the remote side and goes to the local one; a packet
+// leaving goes the other way.
+type Side uint8
+
+const (
+	SideRemote Side = iota
+	SideLocal
+)
+
+func (s Side) String() string {
+	if s == SideLocal {
+		return "local"
+	}
+	return "remote"
+}
+
+// SubnetStats is one subnet's traffic and RTT histogram on one side of the interface for
+// one interval. Rx counts the packets with an endpoint in the subnet that arrived on the
+// interface, Tx those that left through it: every packet is counted under its remote
+// endpoint's subnet (Side remote) and its local endpoint's (Side local), so the two
+// directions of a flow stay apart even when both ends are in one subnet. The RTT histogram
+// holds the samples whose reply came from the subnet (--aggregate-reverse: went to it), on
+// the side it came from. Other marks the catch-all entry for subnets that did not fit the
+// map and for unmeasurable traffic of subnets without an entry.
 type SubnetStats struct {
 	Prefix netip.Prefix
+	Side   Side
 	Other  bool
 	Rx, Tx Traffic
 	Histogram
@@ -120,17 +143,19 @@ func (m *Monitor) aggMaps(buf int) (v4, v6 *ebpf.Map) {
 	return m.objs.Agg41, m.objs.Agg61
 }
 
-// initAggregation creates the "other" entries in both buffers (the kernel folds subnets
-// into them when a map is full, and cannot create them itself then).
+// initAggregation creates the "other" entries of both sides in both buffers (the kernel
+// folds subnets into them when a map is full, and cannot create them itself then).
 func (m *Monitor) initAggregation() error {
 	zero := make([]ppingPpAggStats, ebpf.MustPossibleCPU())
 	for buf := range 2 {
 		v4, v6 := m.aggMaps(buf)
-		if err := v4.Put(uint32(otherV4), zero); err != nil {
-			return fmt.Errorf("create IPv4 'other' aggregation entry: %w", err)
-		}
-		if err := v6.Put(uint64(otherV6), zero); err != nil {
-			return fmt.Errorf("create IPv6 'other' aggregation entry: %w", err)
+		for _, side := range []Side{SideRemote, SideLocal} {
+			if err := v4.Put(ppingPpAggKey4{Prefix: otherV4, Side: uint8(side)}, zero); err != nil {
+				return fmt.Errorf("create IPv4 'other' aggregation entry: %w", err)
+			}
+			if err := v6.Put(ppingPpAggKey6{Prefix: otherV6, Side: uint8(side)}, zero); err != nil {
+				return fmt.Errorf("create IPv6 'other' aggregation entry: %w", err)
+			}
 		}
 	}
 	return m.objs.AggActive.Put(uint32(0), uint32(0))
@@ -170,10 +195,19 @@ func (m *Monitor) CollectAggregate() (*AggReport, error) {
 	waitForPrograms()
 	rep := &AggReport{Time: time.Now()}
 	v4, v6 := m.aggMaps(prev)
-	if err := drainAgg(v4, 4, m.cfg.AggPrefixV4, rep); err != nil {
+	err := drainAgg(v4, func(k ppingPpAggKey4) (netip.Prefix, Side, bool) {
+		a := binary.LittleEndian.AppendUint32(nil, k.Prefix) // the key holds network order
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte(a)), m.cfg.AggPrefixV4), Side(k.Side), k.Prefix == otherV4
+	}, rep)
+	if err != nil {
 		return nil, err
 	}
-	if err := drainAgg(v6, 8, m.cfg.AggPrefixV6, rep); err != nil {
+	err = drainAgg(v6, func(k ppingPpAggKey6) (netip.Prefix, Side, bool) {
+		var a [16]byte
+		binary.LittleEndian.PutUint64(a[:], k.Prefix)
+		return netip.PrefixFrom(netip.AddrFrom16(a), m.cfg.AggPrefixV6), Side(k.Side), k.Prefix == otherV6
+	}, rep)
+	if err != nil {
 		return nil, err
 	}
 	slices.SortFunc(rep.Subnets, func(a, b SubnetStats) int {
@@ -183,25 +217,31 @@ func (m *Monitor) CollectAggregate() (*AggReport, error) {
 			}
 			return -1
 		}
-		return a.Prefix.Addr().Compare(b.Prefix.Addr())
+		if c := a.Prefix.Addr().Compare(b.Prefix.Addr()); c != 0 {
+			return c
+		}
+		return int(a.Side) - int(b.Side)
 	})
 	return rep, nil
 }
 
-// drainAgg reads every subnet with traffic or RTTs of one buffer map (keys of keyLen bytes: 4 for IPv4, 8 for
-// the first half of IPv6), deletes them and zeroes the "other" entry.
-func drainAgg(m *ebpf.Map, keyLen, bits int, rep *AggReport) error {
-	key := make([]byte, keyLen)
+// drainAgg reads every subnet with traffic or RTTs of one buffer map, deletes them and zeroes
+// the "other" entries. decode turns a key into its prefix, side and whether it is "other".
+func drainAgg[K comparable](m *ebpf.Map, decode func(K) (netip.Prefix, Side, bool), rep *AggReport) error {
+	var key K
 	var percpu []ppingPpAggStats
-	var stale [][]byte
+	var stale, others []K
 	it := m.Iterate()
 	for it.Next(&key, &percpu) {
-		s := SubnetStats{Prefix: keyPrefix(key, bits), Other: allOnes(key)}
+		prefix, side, other := decode(key)
+		s := SubnetStats{Prefix: prefix, Side: side, Other: other}
 		for i := range percpu {
 			s.add(&percpu[i])
 		}
-		if !s.Other {
-			stale = append(stale, slices.Clone(key))
+		if other {
+			others = append(others, key)
+		} else {
+			stale = append(stale, key)
 		}
 		if !s.empty() {
 			rep.Subnets = append(rep.Subnets, s)
@@ -211,35 +251,14 @@ func drainAgg(m *ebpf.Map, keyLen, bits int, rep *AggReport) error {
 		return fmt.Errorf("read aggregation map %s: %w", m, err)
 	}
 	for _, k := range stale {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("clear aggregation entry: %w", err)
 		}
 	}
-	other := make([]byte, keyLen)
-	for i := range other {
-		other[i] = 0xff
-	}
-	if err := m.Put(other, make([]ppingPpAggStats, ebpf.MustPossibleCPU())); err != nil {
-		return fmt.Errorf("reset aggregation 'other' entry: %w", err)
-	}
-	return nil
-}
-
-func allOnes(b []byte) bool {
-	for _, c := range b {
-		if c != 0xff {
-			return false
+	for _, k := range others {
+		if err := m.Put(&k, make([]ppingPpAggStats, ebpf.MustPossibleCPU())); err != nil {
+			return fmt.Errorf("reset aggregation 'other' entry: %w", err)
 		}
 	}
-	return true
-}
-
-// keyPrefix turns a masked key (network order) into a prefix.
-func keyPrefix(key []byte, bits int) netip.Prefix {
-	if len(key) == 4 {
-		return netip.PrefixFrom(netip.AddrFrom4([4]byte(key)), bits)
-	}
-	var a [16]byte
-	copy(a[:], key)
-	return netip.PrefixFrom(netip.AddrFrom16(a), bits)
+	return nil
 }

@@ -103,9 +103,19 @@ type Config struct {
 	// (XDPAuto, the default), or only one of them (ePPing's -x).
 	XDPMode bpfx.XDPMode
 
-	// Identifiers to track. UDP services are tracked when Services is not empty.
+	// Identifiers to track. UDP services are tracked when Services is not empty, QUIC's
+	// spin bit on QUICPorts when QUIC is set.
 	TCP, ICMP, DNS bool
 	Services       []Service
+	QUIC           bool
+	QUICPorts      []uint16
+
+	// KernelRTT reports the RTTs the kernel's TCP stack measures for the sockets of the
+	// monitored interface's namespace (source "kernel"), through a sock_ops program on
+	// Cgroup: the cgroup2 directory whose processes' sockets are seen ("": the cgroup2
+	// hierarchy's root, every process of the host). See docs/pping.md.
+	KernelRTT bool
+	Cgroup    string
 
 	// Sampling: at most one stored identifier per flow direction every RateLimit, or, when
 	// RTTRate > 0, every RTTRate x the flow's RTT (min RTT, or smoothed with UseSRTT).
@@ -143,11 +153,14 @@ type Config struct {
 }
 
 // DefaultConfig returns ePPing's defaults - TCP, ICMP and DNS, 100 ms rate limit, local
-// flows and SYNs excluded, per-sample events, cleanup every second - and, unlike ePPing,
-// pure ACKs of this host's own sockets timed (HostACKs).
+// flows and SYNs excluded, per-sample events, cleanup every second - and, beyond ePPing,
+// QUIC's spin bit on UDP port 443 and pure ACKs of this host's own sockets timed
+// (HostACKs). The kernel RTT source is off here: it attaches to a cgroup, which a caller
+// chooses (kedge pping and the agent switch it on, on the cgroup2 root by default).
 func DefaultConfig() Config {
 	return Config{
-		TCP: true, ICMP: true, DNS: true,
+		TCP: true, ICMP: true, DNS: true, QUIC: true,
+		QUICPorts:        []uint16{DefaultQUICPort},
 		HostACKs:         true,
 		RateLimit:        100 * time.Millisecond,
 		AggPrefixV4:      24,
@@ -162,6 +175,12 @@ func DefaultConfig() Config {
 	}
 }
 
+// DefaultQUICPort is the UDP port QUIC traffic is recognised on unless configured.
+const DefaultQUICPort = 443
+
+// MaxQUICPorts is PP_MAX_QUIC_PORTS in bpf/include/pping.h.
+const MaxQUICPorts = int(ppingPpConstsPP_MAX_QUIC_PORTS)
+
 // DefaultMaxFlows is PP_MAX_FLOWS in bpf/include/pping.h.
 const DefaultMaxFlows = int(ppingPpConstsPP_MAX_FLOWS)
 
@@ -171,8 +190,21 @@ func (c Config) Validate() error {
 	if c.IngressHook != IngressTC && c.IngressHook != IngressXDP {
 		errs = append(errs, fmt.Errorf("ingress hook %v: want tc or xdp", c.IngressHook))
 	}
-	if !c.TCP && !c.ICMP && !c.DNS && len(c.Services) == 0 {
-		errs = append(errs, errors.New("nothing to track: enable TCP, ICMP, DNS or a UDP service"))
+	if !c.TCP && !c.ICMP && !c.DNS && len(c.Services) == 0 && !c.QUIC && !c.KernelRTT {
+		errs = append(errs, errors.New("nothing to track: enable TCP, ICMP, DNS, QUIC, the kernel's RTTs or a UDP service"))
+	}
+	if c.QUIC && (len(c.QUICPorts) == 0 || len(c.QUICPorts) > MaxQUICPorts) {
+		errs = append(errs, fmt.Errorf("QUIC needs 1 to %d ports, not %d", MaxQUICPorts, len(c.QUICPorts)))
+	}
+	quicSeen := map[uint16]bool{}
+	for _, p := range c.QUICPorts {
+		if p == 0 {
+			errs = append(errs, errors.New("QUIC port 0: use a port from 1 to 65535"))
+		}
+		if quicSeen[p] {
+			errs = append(errs, fmt.Errorf("QUIC port %d given twice", p))
+		}
+		quicSeen[p] = true
 	}
 	if c.RateLimit < 0 || c.RateLimit > 7*24*time.Hour {
 		errs = append(errs, fmt.Errorf("rate limit %v out of range [0, 7 days]", c.RateLimit))
@@ -218,6 +250,9 @@ func (c Config) Validate() error {
 		if seen[s.Port] {
 			errs = append(errs, fmt.Errorf("UDP service port %d given twice", s.Port))
 		}
+		if c.QUIC && quicSeen[s.Port] {
+			errs = append(errs, fmt.Errorf("UDP port %d is both a service and a QUIC port", s.Port))
+		}
 		seen[s.Port] = true
 	}
 	return errors.Join(errs...)
@@ -235,8 +270,9 @@ func b2u(b bool) uint8 {
 	return 0
 }
 
-// bpfConfig converts c to the kernel's struct pp_config.
-func (c Config) bpfConfig() ppingPpConfig {
+// bpfConfig converts c to the kernel's struct pp_config; tick is the kernel's jiffy (0:
+// unknown, the programs then read the ns clock for every rate-limit test).
+func (c Config) bpfConfig(tick time.Duration) ppingPpConfig {
 	v4mask := uint32(0)
 	if c.AggPrefixV4 > 0 {
 		v4mask = ^uint32(0) << (32 - c.AggPrefixV4)
@@ -245,7 +281,17 @@ func (c Config) bpfConfig() ppingPpConfig {
 	if c.AggPrefixV6 > 0 {
 		v6mask = ^uint64(0) << (64 - c.AggPrefixV6)
 	}
+	var quic [MaxQUICPorts]uint16
+	if c.QUIC {
+		for i, p := range c.QUICPorts {
+			quic[i] = bpfx.Htons(p)
+		}
+	}
 	return ppingPpConfig{
+		JiffyNs:            uint64(tick),
+		QuicPorts:          quic,
+		TrackQuic:          b2u(c.QUIC),
+		TrackKernel:        b2u(c.KernelRTT),
 		RateLimitNs:        uint64(c.RateLimit),
 		RttRate:            uint64(c.RTTRate * (1 << fixpointShift)),
 		TsMinLifetimeNs:    uint64(c.TSMinLifetime),

@@ -12,16 +12,17 @@ type Hook int
 const (
 	HookIngress Hook = iota
 	HookEgress
-	HookGC
+	HookSockops // the kernel RTT source (sock_ops program)
+	HookGC      // user space's garbage collector
 	hookCount
 )
 
 func (h Hook) String() string {
-	return [...]string{"ingress", "egress", "gc"}[h]
+	return [...]string{"ingress", "egress", "sockops", "gc"}[h]
 }
 
 // Hooks lists the counter slots in order.
-var Hooks = []Hook{HookIngress, HookEgress, HookGC}
+var Hooks = []Hook{HookIngress, HookEgress, HookSockops, HookGC}
 
 // Counters is struct pp_counters summed over CPUs.
 type Counters = ppingPpCounters

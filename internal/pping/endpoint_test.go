@@ -177,7 +177,8 @@ func waitAllRead(t *testing.T, m *Monitor, col *collector) [hookCount]Counters {
 	waitFor(t, "every sample read", func() bool {
 		var err error
 		all, err = m.Counters()
-		return err == nil && uint64(len(col.rtts(func(*RTTEvent) bool { return true }))) == all[HookIngress].MatchRtt+all[HookEgress].MatchRtt
+		return err == nil && uint64(len(col.rtts(func(*RTTEvent) bool { return true }))) ==
+			all[HookIngress].MatchRtt+all[HookEgress].MatchRtt+all[HookSockops].MatchRtt
 	})
 	return all
 }

@@ -1,6 +1,7 @@
 package pping
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -23,6 +24,8 @@ const (
 	IDICMPEcho
 	IDDNS
 	IDUDPRequest
+	IDQUICSpin // QUIC's spin bit; the flow is named by the server's connection id too
+	IDKernel   // the kernel's RTT of a TCP socket of this host (events only)
 )
 
 func (t IDType) String() string {
@@ -35,9 +38,37 @@ func (t IDType) String() string {
 		return "dns_id"
 	case IDUDPRequest:
 		return "udp_reqid"
+	case IDQUICSpin:
+		return "quic_spin"
+	case IDKernel:
+		return "kernel"
 	}
 	return "none"
 }
+
+// Source names the kind of RTT sample an identifier gives, as the output reports it:
+// tsval (TCP timestamps), icmp, dns, udp (a --udp-service), quic (spin bit), kernel (the
+// TCP stack's own RTT of a local socket).
+func (t IDType) Source() string {
+	switch t {
+	case IDTCPTimestamp:
+		return "tsval"
+	case IDICMPEcho:
+		return "icmp"
+	case IDDNS:
+		return "dns"
+	case IDUDPRequest:
+		return "udp"
+	case IDQUICSpin:
+		return "quic"
+	case IDKernel:
+		return "kernel"
+	}
+	return "none"
+}
+
+// Sources lists every Source name.
+var Sources = []string{"tsval", "icmp", "dns", "udp", "quic", "kernel"}
 
 // Flow is one direction of a flow. For ICMP echo both ports hold the echo identifier.
 type Flow struct {
@@ -46,7 +77,8 @@ type Flow struct {
 	IDType   IDType
 }
 
-// Protocol names the protocol as ePPing does ("TCP", "ICMP", "ICMPv6"), plus "UDP".
+// Protocol names the protocol as ePPing does ("TCP", "ICMP", "ICMPv6"), plus "UDP" (DNS,
+// services and QUIC).
 func (f Flow) Protocol() string {
 	switch f.Proto {
 	case unix.IPPROTO_TCP:
@@ -79,8 +111,11 @@ type RTTEvent struct {
 	SentBytes     uint64
 	RecPackets    uint64 // ... and received back
 	RecBytes      uint64
-	ID            uint64 // the matched identifier
+	ID            uint64 // the matched identifier (QUIC: ConnID's bytes, big-endian)
 	MatchOnEgress bool
+	// ConnID is a QUIC flow's server connection id (the client's destination id), its
+	// first 8 bytes at most; nil for other sources or when the handshake was not seen.
+	ConnID []byte
 }
 
 // FlowEventType is opening or closing.
@@ -204,12 +239,16 @@ func decodeEvent(raw []byte, clock *monoClock) (Event, error) {
 	switch typ {
 	case eventRTT:
 		e := (*ppingPpRttEvent)(p)
-		return &RTTEvent{
+		ev := &RTTEvent{
 			Time: clock.wall(e.Timestamp), Flow: e.Flow.flow(),
 			RTT: time.Duration(e.Rtt), MinRTT: time.Duration(e.MinRtt), SRTT: time.Duration(e.Srtt),
 			SentPackets: e.SentPkts, SentBytes: e.SentBytes, RecPackets: e.RecPkts, RecBytes: e.RecBytes,
 			ID: e.Id, MatchOnEgress: e.MatchOnEgress != 0,
-		}, nil
+		}
+		if n := int(e.IdLen); n > 0 && n <= 8 {
+			ev.ConnID = binary.BigEndian.AppendUint64(nil, e.Id)[:n]
+		}
+		return ev, nil
 	case eventFlow:
 		e := (*ppingPpFlowEvent)(p)
 		return &FlowEvent{Time: clock.wall(e.Timestamp), Flow: e.Flow.flow(),

@@ -1,6 +1,7 @@
 package pping
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -17,7 +18,13 @@ import (
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 )
 
-func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(peerEnv) != "" { // this binary as a lab test's TCP peer (peer_test.go)
+		os.Exit(runPeer(os.Args[1:]))
+	}
+	os.Setenv(ForbidRootCgroupEnv, "1") // no test attaches a sock_ops program to the cgroup2 root
+	os.Exit(bpftest.CheckFDLeaks(m))
+}
 
 // The monitored host is A (the "local" side, whose egress carries requests); B is remote.
 var (
@@ -155,6 +162,7 @@ type wantRTT struct {
 	id     uint64
 	egress bool
 	idType IDType
+	connID []byte // QUIC: the server's connection id (nil: none known)
 }
 
 type wantFlow struct {
@@ -392,6 +400,9 @@ func (fx fixture) run(t *testing.T) {
 				got.Flow.Protocol(), got.Flow, got.ID, got.MatchOnEgress, got.Flow.IDType,
 				want.proto, want.flow, want.id, want.egress, want.idType)
 		}
+		if got.Flow.IDType == IDQUICSpin && !bytes.Equal(got.ConnID, want.connID) {
+			t.Errorf("RTT event %d: connection id %x, want %x", i, got.ConnID, want.connID)
+		}
 		// The RTT is the time between the request's and the reply's steps on the fixed
 		// clock: a whole number of step gaps, within the case.
 		if got.RTT <= 0 || got.RTT > span || got.RTT%stepGap != 0 || got.MinRTT <= 0 || got.MinRTT > got.RTT {
@@ -484,14 +495,12 @@ func tcpFixtures(f fam) []fixture {
 		flows: []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}},
 		check: func(t *testing.T, m *Monitor, _ time.Duration) {
 			fs := onlyFlow(t, m)
-			var d ppingPpDirState
-			for _, dir := range fs.Dir {
-				if dir.SentPkts > 0 {
-					d = dir
-				}
+			d, o, r := fs.Shared[0], fs.Own0, fs.Own1
+			if fs.Own1.Bytes > 0 {
+				d, o, r = fs.Shared[1], fs.Own1, fs.Own0
 			}
-			if d.Conn != 2 || d.Outstanding != 0 || d.SentPkts != 2 || d.SentBytes != 20 || d.RecPkts != 1 || d.MinRtt == 0 || d.LastId != 101 {
-				t.Errorf("request direction state %+v, want open, nothing outstanding, 2 sent (20 B), 1 received, min RTT, last id 101", d)
+			if d.Conn != 2 || d.Outstanding != 0 || o.Pkts != 2 || o.Bytes != 20 || r.Pkts != 1 || d.MinRtt == 0 || o.LastId != 101 {
+				t.Errorf("request direction state %+v %+v (reverse %+v), want open, nothing outstanding, 2 sent (20 B), 1 received, min RTT, last id 101", d, o, r)
 			}
 			if n := countEntries(t, m); n != 0 {
 				t.Errorf("%d identifiers left in pkt_ts, want 0", n)
@@ -715,7 +724,7 @@ func TestFixtures(t *testing.T) {
 	groups := []struct {
 		name string
 		fxs  func(fam) []fixture
-	}{{"tcp", tcpFixtures}, {"icmp", icmpFixtures}, {"dns", dnsFixtures}, {"udp", udpFixtures}}
+	}{{"tcp", tcpFixtures}, {"icmp", icmpFixtures}, {"dns", dnsFixtures}, {"udp", udpFixtures}, {"quic", quicFixtures}}
 	cache := newMonitorCache(t)
 	for _, g := range groups {
 		for _, f := range []fam{v4, v6} {
@@ -820,8 +829,10 @@ func TestAggregation(t *testing.T) {
 }
 
 // subnetWant is one subnet's expected report: its traffic and how many RTTs.
+// subnetWant is one subnet's expected traffic and RTT count; key is its prefix and side as
+// the standard output names them ("192.0.2.0/24 local").
 type subnetWant struct {
-	prefix string
+	key    string
 	rx, tx Traffic
 	rtts   uint64
 }
@@ -834,9 +845,13 @@ func other(pkts ...[]byte) Traffic {
 	return t
 }
 
+// testAggregation: every packet is counted under its remote endpoint's subnet and its local
+// one's, rx when it arrived and tx when it left, so A's requests and B's replies stay apart;
+// a sample goes to the reply source's subnet on the side it came from.
 func testAggregation(t *testing.T, hook IngressHook) {
-	// Room for three IPv4 and three IPv6 subnets per buffer, plus "other".
-	m := loadFixture(t, func(c *Config) { c.Aggregate = time.Hour; c.MaxSubnets = 3; c.IngressHook = hook })
+	// Room for one subnet per family and buffer, plus "other" on each side: A's on the
+	// local side and B's on the remote one fill it.
+	m := loadFixture(t, func(c *Config) { c.Aggregate = time.Hour; c.MaxSubnets = 1; c.IngressHook = hook })
 	addrC := netip.MustParseAddr("203.0.113.9")
 	echo := func(src, dst netip.Addr, typ uint8, id uint16) []byte {
 		return pktbuild.New().IPv4(pktbuild.IPv4{Src: src, Dst: dst}).ICMP(pktbuild.ICMP{Type: typ, ID: id, Seq: 1}).Build()
@@ -854,7 +869,8 @@ func testAggregation(t *testing.T, hook IngressHook) {
 		// TCP with and without the timestamp option.
 		eg(tcpTS, c{"FlowCreated": 1, "TsNotNew": 1, "MatchNone": 1}),
 		eg(tcpNoTS, c{"SkipNoTcpTs": 1}),
-		// Unmeasurable traffic creates no subnet, even with room: C's share goes to "other".
+		// Unmeasurable traffic creates no subnet: C's share goes to the remote "other"
+		// (A's to its existing entry).
 		eg(udpToC, c{"SkipProto": 1}),
 		// Not IP: no subnet at all.
 		in(arp, c{"ParseErr[4]": 1}),
@@ -865,24 +881,23 @@ func testAggregation(t *testing.T, hook IngressHook) {
 		t.Fatal(err)
 	}
 	tcp := Traffic{TcpTsPkts: 1, TcpTsBytes: uint64(len(tcpTS)), TcpNotsPkts: 1, TcpNotsBytes: uint64(len(tcpNoTS))}
-	a4rx := other(req4, udpToC)
-	a4rx.add(&tcp)
-	b4tx := other(req4)
-	b4tx.add(&tcp)
+	aTx, bTx := other(req4, udpToC), other(req4)
+	aTx.add(&tcp)
+	bTx.add(&tcp)
 	checkReport(t, rep, []subnetWant{
-		{"192.0.2.0/24", a4rx, other(rep4), 0},
-		{"198.51.100.0/24", other(rep4), b4tx, 1},
-		{"2001:db8::/48", other(req6), other(rep6), 0},
-		{"2001:db8:1::/48", other(rep6), other(req6), 1},
-		{"0.0.0.0/0", Traffic{}, other(udpToC), 0},
+		{"192.0.2.0/24 local", other(rep4), aTx, 0},
+		{"198.51.100.0/24 remote", other(rep4), bTx, 1},
+		{"2001:db8::/48 local", other(rep6), other(req6), 0},
+		{"2001:db8:1::/48 remote", other(rep6), other(req6), 1},
+		{"0.0.0.0/0 remote", Traffic{}, other(udpToC), 0},
 	})
 
 	// The kernel wrote the other buffer meanwhile (nothing); the first is cleared.
 	if rep, err = m.CollectAggregate(); err != nil || len(rep.Subnets) != 0 {
 		t.Fatalf("second report %+v, %v; want empty", rep, err)
 	}
-	// Measured traffic creates its subnets; a fourth IPv4 subnet does not fit: its packets
-	// and its RTT land in "other", each failed creation counted.
+	// Measured traffic creates its subnets; C's and D's do not fit: their packets and
+	// their RTTs land in the remote "other", each failed creation counted.
 	addrD := netip.MustParseAddr("100.64.0.1")
 	reqC, repC := echo(addrA4, addrC, 8, 3), echo(addrC, addrA4, 0, 3)
 	reqD, repD := echo(addrA4, addrD, 8, 4), echo(addrD, addrA4, 0, 4)
@@ -890,24 +905,59 @@ func testAggregation(t *testing.T, hook IngressHook) {
 	runSteps(t, m, []step{
 		eg(req4, c{"FlowCreated": 1, "TsStored": 1}),
 		in(rep4, c{"FlowOpened": 1, "MatchRtt": 1}),
-		eg(reqC, c{"FlowCreated": 1, "TsStored": 1}),
-		in(repC, c{"FlowOpened": 1, "MatchRtt": 1}),
+		eg(reqC, c{"FlowCreated": 1, "TsStored": 1, "AggMapFull": 1}),
+		in(repC, c{"FlowOpened": 1, "MatchRtt": 1, "AggMapFull": 2}), // its source, then its RTT
 		eg(reqD, c{"FlowCreated": 1, "TsStored": 1, "AggMapFull": 1}),
-		in(repD, c{"FlowOpened": 1, "MatchRtt": 1, "AggMapFull": 2}), // its source, then its RTT
+		in(repD, c{"FlowOpened": 1, "MatchRtt": 1, "AggMapFull": 2}),
 	})
 	if rep, err = m.CollectAggregate(); err != nil {
 		t.Fatal(err)
 	}
 	checkReport(t, rep, []subnetWant{
-		{"100.64.0.0/24", Traffic{}, Traffic{}, 0}, // absent: listed to say so
-		{"192.0.2.0/24", other(req4, reqC, reqD), other(rep4, repC, repD), 0},
-		{"198.51.100.0/24", other(rep4), other(req4), 1},
-		{"203.0.113.0/24", other(repC), other(reqC), 1},
-		{"0.0.0.0/0", other(repD), other(reqD), 1},
+		{"100.64.0.0/24 remote", Traffic{}, Traffic{}, 0}, // absent: listed to say so
+		{"203.0.113.0/24 remote", Traffic{}, Traffic{}, 0},
+		{"192.0.2.0/24 local", other(rep4, repC, repD), other(req4, reqC, reqD), 0},
+		{"198.51.100.0/24 remote", other(rep4), other(req4), 1},
+		{"0.0.0.0/0 remote", other(repC, repD), other(reqC, reqD), 2},
 	})
 	if evs := drain(t, m); len(evs) != 0 {
 		t.Errorf("aggregation mode sent %d events, want none: %v", len(evs), evs)
 	}
+}
+
+// TestAggregationOneSubnet: a download between two hosts of one subnet, seen on the
+// client's interface. The data arriving and the ACKs leaving are counted apart, under the
+// server's subnet as remote and the client's (the same /24) as local: nothing folds the two
+// directions into one figure.
+func TestAggregationOneSubnet(t *testing.T) {
+	m := loadFixture(t, func(c *Config) { c.Aggregate = time.Hour; c.AggPrefixV4 = 24 })
+	client, server := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
+	seg := func(fromServer bool, tsval, tsecr uint32, payload int) []byte {
+		src, dst, h := client, server, pktbuild.TCP{Src: 40000, Dst: 80, Flags: pktbuild.ACK}
+		if fromServer {
+			src, dst, h.Src, h.Dst = server, client, 80, 40000
+		}
+		h.Options = slices.Concat(pktbuild.OptNOP(), pktbuild.OptNOP(), pktbuild.OptTimestamp(tsval, tsecr))
+		return pktbuild.New().IPv4(pktbuild.IPv4{Src: src, Dst: dst}).TCP(h).Payload(make([]byte, payload)).Build()
+	}
+	data1, data2 := seg(true, 1000, 50, 1400), seg(true, 1001, 50, 1400)
+	ack := seg(false, 51, 1001, 0)
+	runSteps(t, m, []step{
+		in(data1, c{"FlowCreated": 1, "TsNotNew": 1, "MatchNone": 1}),
+		in(data2, c{"TsStored": 1, "MatchNone": 1}),
+		eg(ack, c{"FlowOpened": 1, "MatchRtt": 1}),
+	})
+	rep, err := m.CollectAggregate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := Traffic{TcpTsPkts: 2, TcpTsBytes: uint64(len(data1) + len(data2))}
+	acks := Traffic{TcpTsPkts: 1, TcpTsBytes: uint64(len(ack))}
+	checkReport(t, rep, []subnetWant{
+		// The sample's reply (the ACK) left through egress from the client: local side.
+		{"192.0.2.0/24 remote", data, acks, 0},
+		{"192.0.2.0/24 local", data, acks, 1},
+	})
 }
 
 // checkReport checks every subnet's traffic exactly and its RTTs: the count, and a single
@@ -917,29 +967,29 @@ func checkReport(t *testing.T, rep *AggReport, want []subnetWant) {
 	t.Helper()
 	got := map[string]SubnetStats{}
 	for _, s := range rep.Subnets {
-		got[s.name()] = s
+		got[s.name()+" "+s.Side.String()] = s
 	}
 	for _, w := range want {
-		s, ok := got[w.prefix]
-		delete(got, w.prefix)
+		s, ok := got[w.key]
+		delete(got, w.key)
 		if w.rx.Packets() == 0 && w.tx.Packets() == 0 && w.rtts == 0 {
 			if ok {
-				t.Errorf("%s reported (%+v), want absent", w.prefix, s)
+				t.Errorf("%s reported (%+v), want absent", w.key, s)
 			}
 			continue
 		}
 		if !ok {
-			t.Errorf("%s missing from the report", w.prefix)
+			t.Errorf("%s missing from the report", w.key)
 			continue
 		}
 		if s.Rx != w.rx || s.Tx != w.tx {
-			t.Errorf("%s: rx %+v tx %+v, want rx %+v tx %+v", w.prefix, s.Rx, s.Tx, w.rx, w.tx)
+			t.Errorf("%s: rx %+v tx %+v, want rx %+v tx %+v", w.key, s.Rx, s.Tx, w.rx, w.tx)
 		}
 		if s.Count != w.rtts {
-			t.Errorf("%s: %d RTTs, want %d", w.prefix, s.Count, w.rtts)
+			t.Errorf("%s: %d RTTs, want %d", w.key, s.Count, w.rtts)
 		} else if s.Count == 1 && (s.Min != s.Max || s.Sum != s.Min || s.Bins[HistLayout.Bucket(s.Min)] != 1) {
 			t.Errorf("%s: min %d max %d sum %d, bucket %d holds %d; want one sample in its bucket",
-				w.prefix, s.Min, s.Max, s.Sum, HistLayout.Bucket(s.Min), s.Bins[HistLayout.Bucket(s.Min)])
+				w.key, s.Min, s.Max, s.Sum, HistLayout.Bucket(s.Min), s.Bins[HistLayout.Bucket(s.Min)])
 		}
 	}
 	for name := range got {

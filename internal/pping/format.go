@@ -2,6 +2,7 @@ package pping
 
 import (
 	"bufio"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -172,7 +173,7 @@ func (wr *Writer) Aggregate(rep *AggReport) error {
 		s := &rep.Subnets[i]
 		var err error
 		if wr.format == Standard || wr.format == PPViz {
-			fmt.Fprintf(wr.w, "%s: %s -> rxpkts=%d, rxbytes=%d, txpkts=%d, txbytes=%d", clockTime(rep.Time), s.name(),
+			fmt.Fprintf(wr.w, "%s: %s %s -> rxpkts=%d, rxbytes=%d, txpkts=%d, txbytes=%d", clockTime(rep.Time), s.name(), s.Side,
 				s.Rx.Packets(), s.Rx.Bytes(), s.Tx.Packets(), s.Tx.Bytes())
 			if s.Count > 0 {
 				fmt.Fprintf(wr.w, ", rtt-count=%d, min=%s ms, mean=%s ms, median=%s ms, p95=%s ms, p99=%s ms, max=%s ms",
@@ -235,7 +236,7 @@ func writeStandard(w io.Writer, ev Event) error {
 	var err error
 	switch e := ev.(type) {
 	case *RTTEvent:
-		_, err = fmt.Fprintf(w, "%s %s ms %s ms %s %s\n", clockTime(e.Time), ms(e.RTT), ms(e.MinRTT), e.Flow.Protocol(), e.Flow)
+		_, err = fmt.Fprintf(w, "%s %s ms %s ms %s %s %s\n", clockTime(e.Time), ms(e.RTT), ms(e.MinRTT), e.Flow.Protocol(), e.Flow, e.Flow.IDType.Source())
 	case *FlowEvent:
 		_, err = fmt.Fprintf(w, "%s %s %s %s due to %s from %s\n", clockTime(e.Time), e.Flow.Protocol(), e.Flow, e.Type, e.Reason, e.Source)
 	case *MapFullEvent:
@@ -244,7 +245,8 @@ func writeStandard(w io.Writer, ev Event) error {
 	return err
 }
 
-// jsonEvent holds ePPing's JSON field names; kedge's additions are id_type, srtt and id.
+// jsonEvent holds ePPing's JSON field names; kedge's additions are id_type, source, srtt,
+// id and conn_id.
 type jsonEvent struct {
 	Timestamp int64  `json:"timestamp"` // ns since the epoch
 	SrcIP     string `json:"src_ip"`
@@ -253,6 +255,7 @@ type jsonEvent struct {
 	DestPort  uint16 `json:"dest_port"`
 	Protocol  string `json:"protocol"`
 	IDType    string `json:"id_type"`
+	Source    string `json:"source,omitempty"` // RTT events: tsval, icmp, dns, udp, quic, kernel
 	// RTT events
 	RTT           *int64  `json:"rtt,omitempty"`
 	MinRTT        *int64  `json:"min_rtt,omitempty"`
@@ -263,6 +266,7 @@ type jsonEvent struct {
 	RecBytes      *uint64 `json:"rec_bytes,omitempty"`
 	MatchOnEgress *bool   `json:"match_on_egress,omitempty"`
 	ID            *uint64 `json:"id,omitempty"`
+	ConnID        string  `json:"conn_id,omitempty"` // QUIC: the server's connection id, hex
 	// flow events
 	FlowEvent   string `json:"flow_event,omitempty"`
 	Reason      string `json:"reason,omitempty"`
@@ -288,6 +292,8 @@ func eventJSON(ev Event) jsonEvent {
 		j.RTT, j.MinRTT, j.SRTT = &rtt, &minRTT, &srtt
 		j.SentPackets, j.SentBytes, j.RecPackets, j.RecBytes = &e.SentPackets, &e.SentBytes, &e.RecPackets, &e.RecBytes
 		j.MatchOnEgress, j.ID = &e.MatchOnEgress, &e.ID
+		j.Source = e.Flow.IDType.Source()
+		j.ConnID = hex.EncodeToString(e.ConnID)
 		return j
 	case *FlowEvent:
 		j := flowJSON(e.Time, e.Flow)
@@ -308,6 +314,7 @@ func eventJSON(ev Event) jsonEvent {
 type jsonAgg struct {
 	Timestamp int64       `json:"timestamp"`
 	IPPrefix  string      `json:"ip_prefix"`
+	Side      string      `json:"side"` // remote or local (kedge's addition)
 	RxStats   jsonTraffic `json:"rx_stats"`
 	TxStats   jsonTraffic `json:"tx_stats"`
 	*jsonAggRTT
@@ -353,7 +360,7 @@ func trafficJSON(t *Traffic) jsonTraffic {
 }
 
 func aggJSON(t time.Time, s *SubnetStats) jsonAgg {
-	j := jsonAgg{Timestamp: t.UnixNano(), IPPrefix: s.name(), RxStats: trafficJSON(&s.Rx), TxStats: trafficJSON(&s.Tx)}
+	j := jsonAgg{Timestamp: t.UnixNano(), IPPrefix: s.name(), Side: s.Side.String(), RxStats: trafficJSON(&s.Rx), TxStats: trafficJSON(&s.Tx)}
 	if s.Count == 0 {
 		return j
 	}

@@ -31,20 +31,16 @@ type gcCounters struct {
 const gcBatch = 256
 
 // now is the programs' clock: CLOCK_MONOTONIC (bpf_ktime_get_ns), or the fixtures' fixed
-// clock (bpf/include/clock.h) when the object was loaded with one.
-func (m *Monitor) now() (uint64, error) {
+// clock (bpf/include/clock.h) when the object was loaded with one; and the jiffies at it.
+func (m *Monitor) now() (ns, jiffies uint64, err error) {
 	if m.clockFixed {
-		var ns uint64
 		if err := m.objs.KedgeClockNs.Get(&ns); err != nil {
-			return 0, fmt.Errorf("read the fixed clock: %w", err)
+			return 0, 0, fmt.Errorf("read the fixed clock: %w", err)
 		}
-		return ns, nil
+		return ns, ns / uint64(m.jiffies.tick), nil
 	}
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return 0, fmt.Errorf("read CLOCK_MONOTONIC: %w", err)
-	}
-	return uint64(ts.Nano()), nil
+	ns = monoNs()
+	return ns, m.jiffies.jiffies(ns), nil
 }
 
 // RunGC removes the identifiers and flows that expired and returns a closing event
@@ -54,7 +50,7 @@ func (m *Monitor) RunGC() ([]*FlowEvent, error) {
 	if m.cfg.CleanupInterval <= 0 {
 		return nil, nil
 	}
-	now, err := m.now()
+	now, nowJ, err := m.now()
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +78,7 @@ func (m *Monitor) RunGC() ([]*FlowEvent, error) {
 	}
 	var evs []*FlowEvent
 	for key, fs := range flows {
-		if _, _, ok := m.flowExpired(&key, &fs, now); !ok {
+		if _, _, ok := m.flowExpired(&key, &fs, nowJ); !ok {
 			continue
 		}
 		// Look again right before deleting: a packet may have revived the flow since the
@@ -90,7 +86,7 @@ func (m *Monitor) RunGC() ([]*FlowEvent, error) {
 		if err := m.objs.Flows.Lookup(&key, &fs); err != nil {
 			continue
 		}
-		notify0, notify1, ok := m.flowExpired(&key, &fs, now)
+		notify0, notify1, ok := m.flowExpired(&key, &fs, nowJ)
 		if !ok {
 			continue
 		}
@@ -128,7 +124,7 @@ func (m *Monitor) tsExpired(id *ppingPpPktId, stored, now uint64, flows map[ppin
 	var srtt uint64
 	key, dir := id.Flow.canonical()
 	if fs, ok := flows[key]; ok {
-		srtt = fs.Dir[dir].Srtt
+		srtt = fs.Shared[dir].Srtt
 	}
 	return now-stored > m.cfg.tsLifetime(srtt)
 }
@@ -149,14 +145,14 @@ const (
 )
 
 // flowExpired says whether a flow may be deleted (every direction closed, never opened or
-// idle too long) and which of its directions were open and timed out.
+// idle too long) and which of its directions were open and timed out. now is in jiffies.
 func (m *Monitor) flowExpired(key *ppingPpTuple, fs *ppingPpFlowState, now uint64) (notify0, notify1, ok bool) {
-	exp0 := m.cfg.dirExpired(&fs.Dir[0], key.Proto, now)
-	exp1 := m.cfg.dirExpired(&fs.Dir[1], key.Proto, now)
-	if (dirActive(&fs.Dir[0]) && !exp0) || (dirActive(&fs.Dir[1]) && !exp1) {
+	exp0 := m.dirExpired(&fs.Shared[0], &fs.Own0, key.Proto, now)
+	exp1 := m.dirExpired(&fs.Shared[1], &fs.Own1, key.Proto, now)
+	if (dirActive(&fs.Shared[0]) && !exp0) || (dirActive(&fs.Shared[1]) && !exp1) {
 		return false, false, false
 	}
-	return exp0 && fs.Dir[0].Conn == connOpen, exp1 && fs.Dir[1].Conn == connOpen, true
+	return exp0 && fs.Shared[0].Conn == connOpen, exp1 && fs.Shared[1].Conn == connOpen, true
 }
 
 // enum pp_conn_state
@@ -167,15 +163,17 @@ const (
 	connClosed   = 3
 )
 
-func dirActive(d *ppingPpDirState) bool { return d.Conn == connWaitOpen || d.Conn == connOpen }
+func dirActive(d *ppingPpDirShared) bool { return d.Conn == connWaitOpen || d.Conn == connOpen }
 
 // dirExpired: an unanswered direction after the unopened lifetime, an idle ICMP/UDP one
-// after the datagram lifetime, any idle one after the flow lifetime.
-func (c Config) dirExpired(d *ppingPpDirState, proto uint8, now uint64) bool {
-	if !dirActive(d) || now < d.LastSeen {
+// after the datagram lifetime, any idle one after the flow lifetime. The programs keep the
+// last packet's time in jiffies; now is in jiffies too.
+func (m *Monitor) dirExpired(d *ppingPpDirShared, o *ppingPpDirOwn, proto uint8, now uint64) bool {
+	if !dirActive(d) || now < o.LastSeen {
 		return false
 	}
-	age := time.Duration(now - d.LastSeen)
+	age := time.Duration(now-o.LastSeen) * m.jiffies.tick
+	c := &m.cfg
 	switch {
 	case d.Conn == connWaitOpen && age > c.UnopenedLifetime:
 		return true

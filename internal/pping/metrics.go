@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"sync"
@@ -14,15 +15,24 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// promBuckets are the octave edges of the kernel histogram (2^8 ns .. 2^36 ns) in
-// seconds, so per-subnet histograms convert exactly.
+// promBuckets are every second edge of the kernel histogram from 2^promMinShift ns
+// (1.024 us) to 2^histMaxShift ns (68.7 s): four per power of two (1, 1.25, 1.5, 1.75 x 2^e),
+// so a per-subnet histogram converts exactly and histogram_quantile() interpolates within
+// buckets at most 25 % of their lower edge wide (p50 and p99 per subnet from PromQL).
 var promBuckets = func() []float64 {
 	var b []float64
-	for e := histMinShift; e <= histMaxShift; e++ {
-		b = append(b, float64(uint64(1)<<e)/1e9)
+	for e := promMinShift; e < histMaxShift; e++ {
+		for q := range uint64(promPerOctave) {
+			b = append(b, float64(uint64(1)<<e+q<<(e-2))/1e9)
+		}
 	}
-	return b
+	return append(b, float64(uint64(1)<<histMaxShift)/1e9)
 }()
+
+const (
+	promMinShift  = 10 // 1.024 us: below it the samples land in the first bucket
+	promPerOctave = 4
+)
 
 // Metrics is a Sink that records RTT samples and aggregation reports as Prometheus
 // histograms and forwards everything to the next sink. It also exports the monitor's
@@ -35,8 +45,13 @@ type Metrics struct {
 	timeout time.Duration // drop a subnet after this long without traffic (0: never)
 
 	mu       sync.Mutex
-	subnets  map[string]*SubnetStats // cumulative per prefix (aggregation mode)
-	lastSeen map[string]time.Time    // report time of each prefix's last traffic
+	subnets  map[subnetKey]*SubnetStats // cumulative per prefix and side (aggregation mode)
+	lastSeen map[subnetKey]time.Time    // report time of each one's last traffic
+}
+
+type subnetKey struct {
+	prefix string
+	side   Side
 }
 
 // NewMetrics registers the monitor's metrics; next receives everything (may be nil).
@@ -46,12 +61,12 @@ func NewMetrics(m *Monitor, next Sink) *Metrics {
 		reg:  prometheus.NewRegistry(),
 		rtt: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kedge_pping_rtt_seconds",
-			Help:    "RTT samples measured passively, by protocol and identifier.",
+			Help:    "RTT samples measured passively, by protocol, identifier and source (tsval, icmp, dns, udp, quic, kernel).",
 			Buckets: promBuckets,
-		}, []string{"protocol", "id_type"}),
+		}, []string{"protocol", "id_type", "source"}),
 		timeout:  m.cfg.AggTimeout,
-		subnets:  map[string]*SubnetStats{},
-		lastSeen: map[string]time.Time{},
+		subnets:  map[subnetKey]*SubnetStats{},
+		lastSeen: map[subnetKey]time.Time{},
 	}
 	mt.reg.MustRegister(mt.rtt, &counterCollector{m: m}, &subnetCollector{mt: mt})
 	return mt
@@ -60,7 +75,7 @@ func NewMetrics(m *Monitor, next Sink) *Metrics {
 // Event records an RTT sample.
 func (mt *Metrics) Event(ev Event) error {
 	if e, ok := ev.(*RTTEvent); ok {
-		mt.rtt.WithLabelValues(e.Flow.Protocol(), e.Flow.IDType.String()).Observe(e.RTT.Seconds())
+		mt.rtt.WithLabelValues(e.Flow.Protocol(), e.Flow.IDType.String(), e.Flow.IDType.Source()).Observe(e.RTT.Seconds())
 	}
 	if mt.next == nil {
 		return nil
@@ -75,14 +90,15 @@ func (mt *Metrics) Aggregate(rep *AggReport) error {
 	mt.mu.Lock()
 	for i := range rep.Subnets {
 		s := &rep.Subnets[i]
-		sum := mt.subnets[s.name()]
+		k := subnetKey{s.name(), s.Side}
+		sum := mt.subnets[k]
 		if sum == nil {
 			sum = &SubnetStats{}
-			mt.subnets[s.name()] = sum
+			mt.subnets[k] = sum
 		}
 		sum.Merge(s)
 		if s.Rx.Packets()+s.Tx.Packets()+s.Count > 0 {
-			mt.lastSeen[s.name()] = rep.Time
+			mt.lastSeen[k] = rep.Time
 		}
 	}
 	if mt.timeout > 0 {
@@ -167,14 +183,15 @@ type subnetCollector struct{ mt *Metrics }
 
 var (
 	subnetDesc = prometheus.NewDesc("kedge_pping_subnet_rtt_seconds",
-		"RTTs aggregated in the kernel per subnet (aggregation mode), since start.",
-		[]string{"prefix"}, nil)
-	subnetPktsDesc  = prometheus.NewDesc("kedge_pping_subnet_packets_total", subnetPktsHelp, []string{"prefix", "direction", "traffic"}, nil)
-	subnetBytesDesc = prometheus.NewDesc("kedge_pping_subnet_bytes_total", subnetBytesHelp, []string{"prefix", "direction", "traffic"}, nil)
+		"RTTs aggregated in the kernel per subnet and side of the interface (aggregation mode), since start.",
+		[]string{"prefix", "side"}, nil)
+	subnetPktsDesc  = prometheus.NewDesc("kedge_pping_subnet_packets_total", subnetPktsHelp, []string{"prefix", "side", "direction", "traffic"}, nil)
+	subnetBytesDesc = prometheus.NewDesc("kedge_pping_subnet_bytes_total", subnetBytesHelp, []string{"prefix", "side", "direction", "traffic"}, nil)
 )
 
 const (
-	subnetPktsHelp = "IP packets per subnet (aggregation mode), since start: direction rx from the subnet, tx to it; " +
+	subnetPktsHelp = "IP packets per subnet (aggregation mode), since start: side remote (the endpoint beyond the interface) or local, " +
+		"direction rx (arrived on the interface) or tx (left through it); " +
 		"traffic tcp_ts (TCP with timestamps, measured), tcp_nots (other TCP) or other."
 	subnetBytesHelp = "Bytes (whole frames) of the packets in kedge_pping_subnet_packets_total."
 )
@@ -188,7 +205,8 @@ func (c *subnetCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *subnetCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mt.mu.Lock()
 	defer c.mt.mu.Unlock()
-	for prefix, s := range c.mt.subnets {
+	for key, s := range c.mt.subnets {
+		prefix, side := key.prefix, key.side.String()
 		for _, d := range []struct {
 			name string
 			t    *Traffic
@@ -197,26 +215,29 @@ func (c *subnetCollector) Collect(ch chan<- prometheus.Metric) {
 				name        string
 				pkts, bytes uint64
 			}{{"tcp_ts", d.t.TcpTsPkts, d.t.TcpTsBytes}, {"tcp_nots", d.t.TcpNotsPkts, d.t.TcpNotsBytes}, {"other", d.t.OtherPkts, d.t.OtherBytes}} {
-				ch <- prometheus.MustNewConstMetric(subnetPktsDesc, prometheus.CounterValue, float64(k.pkts), prefix, d.name, k.name)
-				ch <- prometheus.MustNewConstMetric(subnetBytesDesc, prometheus.CounterValue, float64(k.bytes), prefix, d.name, k.name)
+				ch <- prometheus.MustNewConstMetric(subnetPktsDesc, prometheus.CounterValue, float64(k.pkts), prefix, side, d.name, k.name)
+				ch <- prometheus.MustNewConstMetric(subnetBytesDesc, prometheus.CounterValue, float64(k.bytes), prefix, side, d.name, k.name)
 			}
 		}
 		if s.Count == 0 {
 			continue
 		}
-		buckets := make(map[float64]uint64, len(promBuckets))
-		var cum uint64
-		b := 0
-		for i, edge := range promBuckets {
-			limit := uint64(1) << (histMinShift + i)
-			for ; b < HistBins; b++ {
-				if HistLayout.Lower(b) >= limit {
-					break
-				}
-				cum += s.Bins[b]
-			}
-			buckets[edge] = cum
-		}
-		ch <- prometheus.MustNewConstHistogram(subnetDesc, s.Count, float64(s.Sum)/1e9, buckets, prefix)
+		ch <- prometheus.MustNewConstHistogram(subnetDesc, s.Count, float64(s.Sum)/1e9, promCumulative(&s.Histogram), prefix, side)
 	}
+}
+
+// promCumulative converts a kernel histogram into Prometheus's cumulative buckets: every
+// promBuckets edge is a kernel bucket edge, so each count is exact.
+func promCumulative(h *Histogram) map[float64]uint64 {
+	buckets := make(map[float64]uint64, len(promBuckets))
+	var cum uint64
+	b := 0
+	for _, edge := range promBuckets {
+		limit := uint64(math.Round(edge * 1e9))
+		for ; b < HistBins && HistLayout.Lower(b) < limit; b++ {
+			cum += h.Bins[b]
+		}
+		buckets[edge] = cum
+	}
+	return buckets
 }

@@ -30,13 +30,15 @@ func TestMirrorMatchesBTF(t *testing.T) {
 	}
 	bpftest.CheckEnums(t, spec, map[string]map[string]int64{
 		"pp_id_type": {"PP_ID_NONE": int64(IDNone), "PP_ID_TCP_TS": int64(IDTCPTimestamp), "PP_ID_ICMP_ECHO": int64(IDICMPEcho),
-			"PP_ID_DNS": int64(IDDNS), "PP_ID_UDP_REQID": int64(IDUDPRequest)},
+			"PP_ID_DNS": int64(IDDNS), "PP_ID_UDP_REQID": int64(IDUDPRequest), "PP_ID_QUIC_SPIN": int64(IDQUICSpin),
+			"PP_ID_KERNEL": int64(IDKernel)},
+		"pp_agg_side":        {"PP_SIDE_REMOTE": int64(SideRemote), "PP_SIDE_LOCAL": int64(SideLocal)},
 		"pp_flow_event_type": {"PP_FLOW_OPENING": int64(FlowOpening), "PP_FLOW_CLOSING": int64(FlowClosing)},
 		"pp_flow_reason": {"PP_REASON_NONE": int64(ReasonNone), "PP_REASON_SYN": int64(ReasonSYN),
 			"PP_REASON_SYN_ACK": int64(ReasonSYNACK), "PP_REASON_FIRST_PKT": int64(ReasonFirstPacket),
 			"PP_REASON_FIN": int64(ReasonFIN), "PP_REASON_RST": int64(ReasonRST), "PP_REASON_TIMEOUT": int64(ReasonTimeout)},
 		"pp_flow_source": {"PP_SOURCE_PKT_SRC": int64(SourceSrc), "PP_SOURCE_PKT_DEST": int64(SourceDest), "PP_SOURCE_GC": int64(SourceGC)},
-		"pp_hook": {"PP_HOOK_INGRESS": int64(HookIngress), "PP_HOOK_EGRESS": int64(HookEgress), "PP_HOOK_GC": int64(HookGC),
+		"pp_hook": {"PP_HOOK_INGRESS": int64(HookIngress), "PP_HOOK_EGRESS": int64(HookEgress), "PP_HOOK_SOCKOPS": int64(HookSockops), "PP_HOOK_GC": int64(HookGC),
 			"PP_HOOK_NR": int64(hookCount)},
 		"pp_map_id": mapIDs,
 		"parse_err": parseErrs,

@@ -6,8 +6,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netns"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
@@ -18,8 +20,12 @@ import (
 type Monitor struct {
 	cfg        Config
 	objs       monitorObjects
+	sockops    *ebpf.Program // the kernel RTT source (KernelRTT), else nil
 	attach     []bpfx.Attachment
+	cgroupLink link.Link // the sock_ops program on its cgroup
+	cgroupPath string
 	clock      monoClock
+	jiffies    jiffyClock
 	clockFixed bool // the programs read bpf/include/clock.h's fixed clock (fixtures)
 	gc         gcCounters
 	aggMu      sync.Mutex
@@ -39,6 +45,13 @@ type monitorObjects struct {
 
 func (o *monitorObjects) Close() error {
 	return errors.Join(o.PpingEgress.Close(), o.PpingIngress.Close(), o.ppingMaps.Close())
+}
+
+// kernelObjects adds the kernel RTT source's program, loaded only when it is configured (a
+// kernel that cannot run it still runs the packet programs).
+type kernelObjects struct {
+	monitorObjects
+	PpingSockops *ebpf.Program `ebpf:"pping_sockops"`
 }
 
 // Load validates cfg and loads the BPF object with it.
@@ -61,7 +74,22 @@ func load(cfg Config, prepare func(*ebpf.CollectionSpec) error) (*Monitor, error
 			return nil, err
 		}
 	}
-	if err := spec.Variables[ppingVarPpCfg].Set(cfg.bpfConfig()); err != nil {
+	if cfg.KernelRTT {
+		if err := KernelRTTSupported(); err != nil {
+			return nil, err
+		}
+	}
+	m := &Monitor{cfg: cfg}
+	if err := spec.Variables[ppingVarKedgeClockFixed].Get(&m.clockFixed); err != nil {
+		return nil, fmt.Errorf("read the clock setting: %w", err)
+	}
+	if m.clockFixed {
+		tick := time.Duration(ppingKedgeClockConstsKEDGE_CLOCK_FIXED_JIFFY_NS)
+		m.jiffies = jiffyClock{tick: tick, refNs: 0, refJ: 0}
+	} else if m.jiffies, err = kernelJiffyClock(); err != nil {
+		return nil, err
+	}
+	if err := spec.Variables[ppingVarPpCfg].Set(cfg.bpfConfig(m.jiffies.tick)); err != nil {
 		return nil, fmt.Errorf("set pping config: %w", err)
 	}
 	if cfg.MaxFlows > 0 {
@@ -70,19 +98,28 @@ func load(cfg Config, prepare func(*ebpf.CollectionSpec) error) (*Monitor, error
 	}
 	if cfg.MaxSubnets > 0 {
 		for _, name := range []string{ppingMapAgg40, ppingMapAgg41, ppingMapAgg60, ppingMapAgg61} {
-			spec.Maps[name].MaxEntries = uint32(cfg.MaxSubnets + 1) // + the "other" entry
+			spec.Maps[name].MaxEntries = uint32(2 * (cfg.MaxSubnets + 1)) // two sides, + the "other" entries
 		}
 	}
 	if cfg.IngressHook == IngressXDP {
 		spec.Programs[ppingProgPpingIngress] = spec.Programs[ppingProgPpingXdp]
 	}
 	delete(spec.Programs, ppingProgPpingXdp)
-	m := &Monitor{cfg: cfg}
-	if err := bpfx.LoadAndAssign("pping", spec, &m.objs, nil); err != nil {
+	var to any = &m.objs
+	var k kernelObjects
+	if cfg.KernelRTT {
+		to = &k
+	} else {
+		delete(spec.Programs, ppingProgPpingSockops)
+	}
+	if err := bpfx.LoadAndAssign("pping", spec, to, nil); err != nil {
 		if ve := (*ebpf.VerifierError)(nil); cfg.IngressHook == IngressXDP && errors.As(err, &ve) {
 			return nil, fmt.Errorf("%w - if it is pping_xdp, try --ingress-hook tc", err)
 		}
 		return nil, err
+	}
+	if cfg.KernelRTT {
+		m.objs, m.sockops = k.monitorObjects, k.PpingSockops
 	}
 	if err := m.init(); err != nil {
 		m.Close()
@@ -98,9 +135,6 @@ func (m *Monitor) init() error {
 			return fmt.Errorf("add UDP service %d: %w", s.Port, err)
 		}
 	}
-	if err := m.objs.KedgeClockFixed.Get(&m.clockFixed); err != nil {
-		return fmt.Errorf("read the clock setting: %w", err)
-	}
 	if m.cfg.Aggregate > 0 {
 		if err := m.initAggregation(); err != nil {
 			return err
@@ -114,8 +148,14 @@ func (m *Monitor) Config() Config { return m.cfg }
 
 // Attach attaches the ingress and egress programs to ifindex in ns (-1: the caller's
 // namespace): egress with TC in mode, ingress with TC too or, with the XDP ingress hook,
-// with XDP (native, falling back to generic). The attachments live until Close.
+// with XDP (native, falling back to generic); and with KernelRTT the sock_ops program to
+// the configured cgroup, for the sockets of ns. The attachments live until Close.
 func (m *Monitor) Attach(ns netns.NsHandle, ifindex int, mode bpfx.TCMode) error {
+	if m.sockops != nil {
+		if err := m.attachKernelRTT(ns); err != nil {
+			return err
+		}
+	}
 	if m.cfg.IngressHook == IngressXDP {
 		a, err := bpfx.AttachXDP(m.objs.PpingIngress, ns, ifindex, m.cfg.XDPMode)
 		if err != nil {
@@ -164,6 +204,14 @@ func (m *Monitor) Close() error {
 		errs = append(errs, m.attach[i].Close())
 	}
 	m.attach = nil
+	if m.cgroupLink != nil {
+		errs = append(errs, m.cgroupLink.Close())
+		m.cgroupLink, m.cgroupPath = nil, ""
+	}
+	if m.sockops != nil {
+		errs = append(errs, m.sockops.Close())
+		m.sockops = nil
+	}
 	errs = append(errs, m.objs.Close())
 	return errors.Join(errs...)
 }

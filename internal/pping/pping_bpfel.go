@@ -13,6 +13,26 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type ppingKedgeClockConsts uint32
+
+const (
+	ppingKedgeClockConstsKEDGE_CLOCK_FIXED_JIFFY_NS ppingKedgeClockConsts = 4000000
+)
+
+type ppingPpAggKey4 struct {
+	_      structs.HostLayout
+	Prefix uint32
+	Side   uint8
+	Pad    [3]uint8
+}
+
+type ppingPpAggKey6 struct {
+	_      structs.HostLayout
+	Prefix uint64
+	Side   uint8
+	Pad    [7]uint8
+}
+
 type ppingPpAggStats struct {
 	_     structs.HostLayout
 	Rx    ppingPpTraffic
@@ -35,7 +55,9 @@ type ppingPpConfig struct {
 	DgramLifetimeNs    uint64
 	UnopenedLifetimeNs uint64
 	V6PrefixMask       uint64
+	JiffyNs            uint64
 	V4PrefixMask       uint32
+	QuicPorts          [8]uint16
 	TrackTcp           uint8
 	TrackIcmp          uint8
 	TrackDns           uint8
@@ -48,7 +70,9 @@ type ppingPpConfig struct {
 	AggByDst           uint8
 	Debug              uint8
 	HostAcks           uint8
-	Pad                [4]uint8
+	TrackQuic          uint8
+	TrackKernel        uint8
+	Pad                [2]uint8
 	_                  [4]byte
 }
 
@@ -61,6 +85,9 @@ const (
 	ppingPpConstsPP_MAX_SUBNETS    ppingPpConsts = 4096
 	ppingPpConstsPP_RINGBUF_BYTES  ppingPpConsts = 1048576
 	ppingPpConstsPP_FIXPOINT_SHIFT ppingPpConsts = 16
+	ppingPpConstsPP_MAX_QUIC_PORTS ppingPpConsts = 8
+	ppingPpConstsPP_QUIC_CID_MAX   ppingPpConsts = 20
+	ppingPpConstsPP_QUIC_ID_BYTES  ppingPpConsts = 8
 	ppingPpConstsPP_HIST_SUB_BITS  ppingPpConsts = 3
 	ppingPpConstsPP_HIST_SUB       ppingPpConsts = 8
 	ppingPpConstsPP_HIST_MIN_SHIFT ppingPpConsts = 8
@@ -69,57 +96,79 @@ const (
 )
 
 type ppingPpCounters struct {
-	_             structs.HostLayout
-	Pkts          uint64
-	Bytes         uint64
-	ParseErr      [16]uint64
-	SkipProto     uint64
-	SkipNoTcpTs   uint64
-	SkipSyn       uint64
-	SkipIcmpType  uint64
-	SkipUdpShort  uint64
-	SkipNoFlow    uint64
-	FlowCreated   uint64
-	FlowMapFull   uint64
-	FlowOpened    uint64
-	FlowClosed    uint64
-	FlowDeleted   uint64
-	TsStored      uint64
-	TsInactive    uint64
-	TsLocal       uint64
-	TsNotNew      uint64
-	TsRateLimited uint64
-	TsExists      uint64
-	TsMapFull     uint64
-	TsRetrans     uint64
-	MatchRtt      uint64
-	MatchNone     uint64
-	MatchMiss     uint64
-	MatchClock    uint64
-	MatchAckIdle  uint64
-	EventDropped  uint64
-	AggMapFull    uint64
-	GcTsExpired   uint64
-	GcFlowExpired uint64
+	_                structs.HostLayout
+	Pkts             uint64
+	Bytes            uint64
+	ParseErr         [16]uint64
+	SkipProto        uint64
+	SkipNoTcpTs      uint64
+	SkipSyn          uint64
+	SkipIcmpType     uint64
+	SkipUdpShort     uint64
+	SkipNoFlow       uint64
+	FlowCreated      uint64
+	FlowMapFull      uint64
+	FlowOpened       uint64
+	FlowClosed       uint64
+	FlowDeleted      uint64
+	TsStored         uint64
+	TsInactive       uint64
+	TsLocal          uint64
+	TsNotNew         uint64
+	TsRateLimited    uint64
+	TsExists         uint64
+	TsMapFull        uint64
+	TsRetrans        uint64
+	MatchRtt         uint64
+	MatchNone        uint64
+	MatchMiss        uint64
+	MatchClock       uint64
+	MatchAckIdle     uint64
+	QuicLong         uint64
+	QuicShort        uint64
+	QuicSpinIdle     uint64
+	QuicEdge         uint64
+	QuicEdgeRejected uint64
+	QuicCidChanged   uint64
+	SkTracked        uint64
+	SkOtherNetns     uint64
+	SkStorageFail    uint64
+	EventDropped     uint64
+	AggMapFull       uint64
+	GcTsExpired      uint64
+	GcFlowExpired    uint64
 }
 
-type ppingPpDirState struct {
+type ppingPpDirOwn struct {
+	_          structs.HostLayout
+	LastSeen   uint64
+	LastSeenNs uint64
+	Pkts       uint64
+	Bytes      uint64
+	LastId     uint64
+	LastIdTime uint64
+}
+
+type ppingPpDirShared struct {
 	_           structs.HostLayout
 	MinRtt      uint64
 	Srtt        uint64
 	LastTs      uint64
-	LastSeen    uint64
-	SentPkts    uint64
-	SentBytes   uint64
-	RecPkts     uint64
-	RecBytes    uint64
-	LastId      uint64
-	LastIdTime  uint64
+	LastTsJ     uint64
+	EdgeTime    uint64
+	LastEdge    uint64
 	Outstanding uint32
 	Conn        uint8
 	OpenReason  uint8
 	HasTs       uint8
 	Local       uint8
+	NsSeen      uint8
+	Spin        uint8
+	SpinState   uint8
+	EdgePending uint8
+	CidLen      uint8
+	CidKnown    uint8
+	Pad         [2]uint8
 }
 
 type ppingPpEventType uint32
@@ -142,8 +191,12 @@ type ppingPpFlowEvent struct {
 }
 
 type ppingPpFlowState struct {
-	_   structs.HostLayout
-	Dir [2]ppingPpDirState
+	_      structs.HostLayout
+	Shared [2]ppingPpDirShared
+	Gap0   [64]uint8
+	Own0   ppingPpDirOwn
+	Gap1   [80]uint8
+	Own1   ppingPpDirOwn
 }
 
 type ppingPpMapFullEvent struct {
@@ -186,23 +239,37 @@ type ppingPpPkt struct {
 		Tos        uint8
 		Pad        uint16
 	}
-	_          [4]byte
-	Pid        ppingPpPktId
-	Reply      ppingPpPktId
+	_     [4]byte
+	Pid   ppingPpPktId
+	Reply ppingPpPktId
+	Quic  struct {
+		_        structs.HostLayout
+		Cid      uint64
+		Form     uint8
+		Spin     uint8
+		CidLen   uint8
+		ToServer uint8
+		Pad      [4]uint8
+	}
+	F struct {
+		_          structs.HostLayout
+		PidValid   uint8
+		ReplyValid uint8
+		Event      uint8
+		Reason     uint8
+		CloseBoth  uint8
+		WaitEdge   uint8
+		PureAck    uint8
+		FromHost   uint8
+	}
 	Now        uint64
+	Jiff       uint64
+	PrevSeen   uint64
 	PayloadLen uint32
 	Ifindex    uint32
-	PidValid   uint8
-	ReplyValid uint8
-	Event      uint8
-	Reason     uint8
-	CloseBoth  uint8
-	WaitEdge   uint8
 	IsIngress  uint8
 	Fwd        uint8
-	PureAck    uint8
-	_          [7]byte
-	PrevSeen   uint64
+	Pad        [6]uint8
 }
 
 type ppingPpPktId struct {
@@ -225,7 +292,14 @@ type ppingPpRttEvent struct {
 	RecBytes      uint64
 	Id            uint64
 	MatchOnEgress uint8
-	Pad           [7]uint8
+	IdLen         uint8
+	Pad           [6]uint8
+}
+
+type ppingPpSkState struct {
+	_       structs.HostLayout
+	LastTs  uint64
+	LastTsJ uint64
 }
 
 type ppingPpTraffic struct {
@@ -284,11 +358,15 @@ const (
 	ppingMapPktTs              = "pkt_ts"
 	ppingMapScratch            = "scratch"
 	ppingMapServices           = "services"
+	ppingMapSkState            = "sk_state"
 	ppingProgPpingEgress       = "pping_egress"
 	ppingProgPpingIngress      = "pping_ingress"
+	ppingProgPpingSockops      = "pping_sockops"
 	ppingProgPpingXdp          = "pping_xdp"
 	ppingVarKedgeClockFixed    = "kedge_clock_fixed"
 	ppingVarKedgeClockNs       = "kedge_clock_ns"
+	ppingVarPpBtfAggSide       = "pp_btf_agg_side"
+	ppingVarPpBtfClockConsts   = "pp_btf_clock_consts"
 	ppingVarPpBtfConsts        = "pp_btf_consts"
 	ppingVarPpBtfEventType     = "pp_btf_event_type"
 	ppingVarPpBtfFlow          = "pp_btf_flow"
@@ -301,8 +379,10 @@ const (
 	ppingVarPpBtfMapId         = "pp_btf_map_id"
 	ppingVarPpBtfParseErr      = "pp_btf_parse_err"
 	ppingVarPpBtfRtt           = "pp_btf_rtt"
+	ppingVarPpBtfSpinState     = "pp_btf_spin_state"
 	ppingVarPpCfg              = "pp_cfg"
 	ppingVarPpLastWarn         = "pp_last_warn"
+	ppingVarPpNetnsCookie      = "pp_netns_cookie"
 	ppingVarPpZeroAgg          = "pp_zero_agg"
 	ppingVarPpZeroFlow         = "pp_zero_flow"
 )
@@ -351,6 +431,7 @@ type ppingSpecs struct {
 type ppingProgramSpecs struct {
 	PpingEgress  *ebpf.ProgramSpec `ebpf:"pping_egress"`
 	PpingIngress *ebpf.ProgramSpec `ebpf:"pping_ingress"`
+	PpingSockops *ebpf.ProgramSpec `ebpf:"pping_sockops"`
 	PpingXdp     *ebpf.ProgramSpec `ebpf:"pping_xdp"`
 }
 
@@ -369,6 +450,7 @@ type ppingMapSpecs struct {
 	PktTs     *ebpf.MapSpec `ebpf:"pkt_ts"`
 	Scratch   *ebpf.MapSpec `ebpf:"scratch"`
 	Services  *ebpf.MapSpec `ebpf:"services"`
+	SkState   *ebpf.MapSpec `ebpf:"sk_state"`
 }
 
 // ppingVariableSpecs contains global variables before they are loaded into the kernel.
@@ -377,6 +459,8 @@ type ppingMapSpecs struct {
 type ppingVariableSpecs struct {
 	KedgeClockFixed    *ebpf.VariableSpec `ebpf:"kedge_clock_fixed"`
 	KedgeClockNs       *ebpf.VariableSpec `ebpf:"kedge_clock_ns"`
+	PpBtfAggSide       *ebpf.VariableSpec `ebpf:"pp_btf_agg_side"`
+	PpBtfClockConsts   *ebpf.VariableSpec `ebpf:"pp_btf_clock_consts"`
 	PpBtfConsts        *ebpf.VariableSpec `ebpf:"pp_btf_consts"`
 	PpBtfEventType     *ebpf.VariableSpec `ebpf:"pp_btf_event_type"`
 	PpBtfFlow          *ebpf.VariableSpec `ebpf:"pp_btf_flow"`
@@ -389,8 +473,10 @@ type ppingVariableSpecs struct {
 	PpBtfMapId         *ebpf.VariableSpec `ebpf:"pp_btf_map_id"`
 	PpBtfParseErr      *ebpf.VariableSpec `ebpf:"pp_btf_parse_err"`
 	PpBtfRtt           *ebpf.VariableSpec `ebpf:"pp_btf_rtt"`
+	PpBtfSpinState     *ebpf.VariableSpec `ebpf:"pp_btf_spin_state"`
 	PpCfg              *ebpf.VariableSpec `ebpf:"pp_cfg"`
 	PpLastWarn         *ebpf.VariableSpec `ebpf:"pp_last_warn"`
+	PpNetnsCookie      *ebpf.VariableSpec `ebpf:"pp_netns_cookie"`
 	PpZeroAgg          *ebpf.VariableSpec `ebpf:"pp_zero_agg"`
 	PpZeroFlow         *ebpf.VariableSpec `ebpf:"pp_zero_flow"`
 }
@@ -426,6 +512,7 @@ type ppingMaps struct {
 	PktTs     *ebpf.Map `ebpf:"pkt_ts"`
 	Scratch   *ebpf.Map `ebpf:"scratch"`
 	Services  *ebpf.Map `ebpf:"services"`
+	SkState   *ebpf.Map `ebpf:"sk_state"`
 }
 
 func (m *ppingMaps) Close() error {
@@ -441,6 +528,7 @@ func (m *ppingMaps) Close() error {
 		m.PktTs,
 		m.Scratch,
 		m.Services,
+		m.SkState,
 	)
 }
 
@@ -450,6 +538,8 @@ func (m *ppingMaps) Close() error {
 type ppingVariables struct {
 	KedgeClockFixed    *ebpf.Variable `ebpf:"kedge_clock_fixed"`
 	KedgeClockNs       *ebpf.Variable `ebpf:"kedge_clock_ns"`
+	PpBtfAggSide       *ebpf.Variable `ebpf:"pp_btf_agg_side"`
+	PpBtfClockConsts   *ebpf.Variable `ebpf:"pp_btf_clock_consts"`
 	PpBtfConsts        *ebpf.Variable `ebpf:"pp_btf_consts"`
 	PpBtfEventType     *ebpf.Variable `ebpf:"pp_btf_event_type"`
 	PpBtfFlow          *ebpf.Variable `ebpf:"pp_btf_flow"`
@@ -462,8 +552,10 @@ type ppingVariables struct {
 	PpBtfMapId         *ebpf.Variable `ebpf:"pp_btf_map_id"`
 	PpBtfParseErr      *ebpf.Variable `ebpf:"pp_btf_parse_err"`
 	PpBtfRtt           *ebpf.Variable `ebpf:"pp_btf_rtt"`
+	PpBtfSpinState     *ebpf.Variable `ebpf:"pp_btf_spin_state"`
 	PpCfg              *ebpf.Variable `ebpf:"pp_cfg"`
 	PpLastWarn         *ebpf.Variable `ebpf:"pp_last_warn"`
+	PpNetnsCookie      *ebpf.Variable `ebpf:"pp_netns_cookie"`
 	PpZeroAgg          *ebpf.Variable `ebpf:"pp_zero_agg"`
 	PpZeroFlow         *ebpf.Variable `ebpf:"pp_zero_flow"`
 }
@@ -474,6 +566,7 @@ type ppingVariables struct {
 type ppingPrograms struct {
 	PpingEgress  *ebpf.Program `ebpf:"pping_egress"`
 	PpingIngress *ebpf.Program `ebpf:"pping_ingress"`
+	PpingSockops *ebpf.Program `ebpf:"pping_sockops"`
 	PpingXdp     *ebpf.Program `ebpf:"pping_xdp"`
 }
 
@@ -481,6 +574,7 @@ func (p *ppingPrograms) Close() error {
 	return _PpingClose(
 		p.PpingEgress,
 		p.PpingIngress,
+		p.PpingSockops,
 		p.PpingXdp,
 	)
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"math"
 	"net/netip"
 	"os"
@@ -15,6 +14,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kedge-dev/kedge/internal/bpfx"
 )
 
 // TestHistogramLayout pins the layout pping.h gives hist.h (internal/hist tests the
@@ -104,8 +105,18 @@ func TestConfigValidate(t *testing.T) {
 		err  string
 	}{
 		{"default", func(*Config) {}, ""},
-		{"nothing tracked", func(c *Config) { c.TCP, c.ICMP, c.DNS = false, false, false }, "nothing to track"},
-		{"service only", func(c *Config) { c.TCP, c.ICMP, c.DNS = false, false, false; c.Services = []Service{{Port: 1, Len: 1}} }, ""},
+		{"nothing tracked", func(c *Config) { c.TCP, c.ICMP, c.DNS, c.QUIC, c.KernelRTT = false, false, false, false, false }, "nothing to track"},
+		{"service only", func(c *Config) {
+			c.TCP, c.ICMP, c.DNS, c.QUIC, c.KernelRTT = false, false, false, false, false
+			c.Services = []Service{{Port: 1, Len: 1}}
+		}, ""},
+		{"QUIC only", func(c *Config) { c.TCP, c.ICMP, c.DNS, c.KernelRTT = false, false, false, false }, ""},
+		{"QUIC without ports", func(c *Config) { c.QUICPorts = nil }, "QUIC needs 1 to 8 ports"},
+		{"QUIC ports", func(c *Config) { c.QUICPorts = []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9} }, "QUIC needs 1 to 8 ports"},
+		{"QUIC port 0", func(c *Config) { c.QUICPorts = []uint16{0} }, "QUIC port 0"},
+		{"QUIC port twice", func(c *Config) { c.QUICPorts = []uint16{443, 443} }, "given twice"},
+		{"QUIC port is a service", func(c *Config) { c.Services = []Service{{Port: 443, Len: 1}} }, "both a service and a QUIC port"},
+		{"QUIC off, its port a service", func(c *Config) { c.QUIC = false; c.Services = []Service{{Port: 443, Len: 1}} }, ""},
 		{"v6 prefix", func(c *Config) { c.AggPrefixV6 = 65 }, "first 64 bits"},
 		{"v4 prefix", func(c *Config) { c.AggPrefixV4 = 33 }, "[0, 32]"},
 		{"rtt rate", func(c *Config) { c.RTTRate = -1 }, "rtt rate"},
@@ -126,7 +137,7 @@ func TestConfigValidate(t *testing.T) {
 func TestBPFConfigMasks(t *testing.T) {
 	c := DefaultConfig()
 	c.AggPrefixV4, c.AggPrefixV6 = 24, 48
-	bc := c.bpfConfig()
+	bc := c.bpfConfig(4 * time.Millisecond)
 	// The kernel reads the masks as little-endian words of network-order bytes.
 	if bc.V4PrefixMask != 0x00ffffff || bc.V6PrefixMask != 0x0000ffffffffffff {
 		t.Errorf("masks %#x %#x, want 0xffffff and 0xffffffffffff", bc.V4PrefixMask, bc.V6PrefixMask)
@@ -134,8 +145,11 @@ func TestBPFConfigMasks(t *testing.T) {
 	if bc.Localfilt != 1 || bc.SkipSyn != 1 || bc.PushEvents != 1 || bc.Aggregate != 0 || bc.RateLimitNs != uint64(100*time.Millisecond) {
 		t.Errorf("defaults not ePPing's: %+v", bc)
 	}
+	if bc.JiffyNs != 4e6 || bc.TrackQuic != 1 || bc.QuicPorts != [8]uint16{bpfx.Htons(443)} || bc.TrackKernel != 0 {
+		t.Errorf("tick, QUIC or kernel source: %+v", bc)
+	}
 	c.RTTRate = 0.5
-	if got := c.bpfConfig().RttRate; got != 1<<15 {
+	if got := c.bpfConfig(0).RttRate; got != 1<<15 {
 		t.Errorf("rtt rate 0.5 -> %d, want %d", got, 1<<15)
 	}
 }
@@ -172,10 +186,10 @@ func TestFormats(t *testing.T) {
 		f    Format
 		want string
 	}{
-		{Standard, "10:04:05.123456789 1.23457 ms 1 ms TCP 198.51.100.1:80+192.0.2.1:40000\n" +
+		{Standard, "10:04:05.123456789 1.23457 ms 1 ms TCP 198.51.100.1:80+192.0.2.1:40000 tsval\n" +
 			"10:04:05.123456789 TCP 198.51.100.1:80+192.0.2.1:40000 opening due to SYN from dest\n"},
 		{PPViz, itoa(when.Unix()) + ".123456789 0.001234567 0.001000000 198.51.100.1:80+192.0.2.1:40000\n"},
-		{JSONL, `{"timestamp":` + itoa(when.UnixNano()) + `,"src_ip":"198.51.100.1","src_port":80,"dest_ip":"192.0.2.1","dest_port":40000,"protocol":"TCP","id_type":"tcp_ts","rtt":1234567,"min_rtt":1000000,"srtt":1200000,"sent_packets":10,"sent_bytes":1000,"rec_packets":5,"rec_bytes":50,"match_on_egress":false,"id":101}` + "\n" +
+		{JSONL, `{"timestamp":` + itoa(when.UnixNano()) + `,"src_ip":"198.51.100.1","src_port":80,"dest_ip":"192.0.2.1","dest_port":40000,"protocol":"TCP","id_type":"tcp_ts","source":"tsval","rtt":1234567,"min_rtt":1000000,"srtt":1200000,"sent_packets":10,"sent_bytes":1000,"rec_packets":5,"rec_bytes":50,"match_on_egress":false,"id":101}` + "\n" +
 			`{"timestamp":` + itoa(when.UnixNano()) + `,"src_ip":"198.51.100.1","src_port":80,"dest_ip":"192.0.2.1","dest_port":40000,"protocol":"TCP","id_type":"tcp_ts","flow_event":"opening","reason":"SYN","triggered_by":"dest"}` + "\n"},
 	} {
 		var buf bytes.Buffer
@@ -255,7 +269,7 @@ func TestAggregateFormats(t *testing.T) {
 	tx := Traffic{TcpNotsPkts: 1, TcpNotsBytes: 66}
 	rep := &AggReport{Time: when, Subnets: []SubnetStats{
 		{Prefix: netip.MustParsePrefix("198.51.100.0/24"), Rx: rx, Tx: tx, Histogram: h},
-		{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Tx: rx},
+		{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Side: SideLocal, Tx: rx},
 		{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{255, 255, 255, 255}), 24), Other: true, Histogram: h},
 	}}
 	var buf bytes.Buffer
@@ -264,9 +278,9 @@ func TestAggregateFormats(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"10:04:05.123456789: 198.51.100.0/24 -> rxpkts=5, rxbytes=496, txpkts=1, txbytes=66, rtt-count=3, min=0.02 ms, mean=0.024 ms, ",
-		"10:04:05.123456789: 192.0.2.0/24 -> rxpkts=0, rxbytes=0, txpkts=5, txbytes=496\n",
-		"10:04:05.123456789: 0.0.0.0/0 -> rxpkts=0, rxbytes=0, txpkts=0, txbytes=0, rtt-count=3,",
+		"10:04:05.123456789: 198.51.100.0/24 remote -> rxpkts=5, rxbytes=496, txpkts=1, txbytes=66, rtt-count=3, min=0.02 ms, mean=0.024 ms, ",
+		"10:04:05.123456789: 192.0.2.0/24 local -> rxpkts=0, rxbytes=0, txpkts=5, txbytes=496\n",
+		"10:04:05.123456789: 0.0.0.0/0 remote -> rxpkts=0, rxbytes=0, txpkts=0, txbytes=0, rtt-count=3,",
 	}
 	lines := strings.SplitAfter(strings.TrimSpace(buf.String())+"\n", "\n")
 	if len(lines) != 4 || lines[3] != "" {
@@ -292,8 +306,8 @@ func TestAggregateFormats(t *testing.T) {
 	}
 	// ePPing's layout: rx_stats/tx_stats with a {packets, bytes} object per non-empty kind.
 	wantJSON := []string{
-		`"ip_prefix":"198.51.100.0/24","rx_stats":{"TCP_TS":{"packets":3,"bytes":300},"other":{"packets":2,"bytes":196}},"tx_stats":{"TCP_noTS":{"packets":1,"bytes":66}},"count_rtt":3,"min_rtt":20000,`,
-		`"ip_prefix":"192.0.2.0/24","rx_stats":{},"tx_stats":{"TCP_TS":{"packets":3,"bytes":300},"other":{"packets":2,"bytes":196}}}`,
+		`"ip_prefix":"198.51.100.0/24","side":"remote","rx_stats":{"TCP_TS":{"packets":3,"bytes":300},"other":{"packets":2,"bytes":196}},"tx_stats":{"TCP_noTS":{"packets":1,"bytes":66}},"count_rtt":3,"min_rtt":20000,`,
+		`"ip_prefix":"192.0.2.0/24","side":"local","rx_stats":{},"tx_stats":{"TCP_TS":{"packets":3,"bytes":300},"other":{"packets":2,"bytes":196}}}`,
 	}
 	for i, w := range wantJSON {
 		if line := strings.Split(buf.String(), "\n")[i]; !strings.Contains(line, w) {
@@ -306,7 +320,7 @@ func TestAggregateFormats(t *testing.T) {
 }
 
 func TestSubnetMetrics(t *testing.T) {
-	mt := &Metrics{subnets: map[string]*SubnetStats{}, lastSeen: map[string]time.Time{}}
+	mt := &Metrics{subnets: map[subnetKey]*SubnetStats{}, lastSeen: map[subnetKey]time.Time{}}
 	s := SubnetStats{Prefix: netip.MustParsePrefix("198.51.100.0/24"),
 		Rx: Traffic{TcpTsPkts: 3, TcpTsBytes: 300}, Tx: Traffic{OtherPkts: 1, OtherBytes: 98}}
 	for range 2 { // cumulative over reports
@@ -325,7 +339,7 @@ func TestSubnetMetrics(t *testing.T) {
 			case "tx/other":
 				pkts, bytes = 2, 196
 			}
-			labels := fmt.Sprintf(`{direction=%q,prefix="198.51.100.0/24",traffic=%q}`, dir, kind)
+			labels := fmt.Sprintf(`{direction=%q,prefix="198.51.100.0/24",side="remote",traffic=%q}`, dir, kind)
 			bytesLines = append(bytesLines, fmt.Sprintf("kedge_pping_subnet_bytes_total%s %d\n", labels, bytes))
 			pktLines = append(pktLines, fmt.Sprintf("kedge_pping_subnet_packets_total%s %d\n", labels, pkts))
 		}
@@ -342,7 +356,7 @@ func TestSubnetMetrics(t *testing.T) {
 // TestSubnetMetricsTimeout: a subnet without traffic for longer than the aggregation timeout
 // (--aggregate-timeout) leaves the cumulative series; one with traffic stays.
 func TestSubnetMetricsTimeout(t *testing.T) {
-	mt := &Metrics{timeout: 30 * time.Second, subnets: map[string]*SubnetStats{}, lastSeen: map[string]time.Time{}}
+	mt := &Metrics{timeout: 30 * time.Second, subnets: map[subnetKey]*SubnetStats{}, lastSeen: map[subnetKey]time.Time{}}
 	a := SubnetStats{Prefix: netip.MustParsePrefix("198.51.100.0/24"), Rx: Traffic{OtherPkts: 1, OtherBytes: 98}}
 	b := SubnetStats{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Rx: Traffic{OtherPkts: 1, OtherBytes: 98}}
 	for _, step := range []struct {
@@ -358,7 +372,11 @@ func TestSubnetMetricsTimeout(t *testing.T) {
 		if err := mt.Aggregate(&AggReport{Time: when.Add(step.after), Subnets: step.subnets}); err != nil {
 			t.Fatal(err)
 		}
-		got := slices.Sorted(maps.Keys(mt.subnets))
+		var got []string
+		for k := range mt.subnets {
+			got = append(got, k.prefix)
+		}
+		slices.Sort(got)
 		if !slices.Equal(got, step.want) {
 			t.Errorf("after %v: subnets %v, want %v", step.after, got, step.want)
 		}

@@ -1,0 +1,137 @@
+package pping
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/lab"
+)
+
+// The lab of the RTT-source tests: client and server on a router fabric whose links hold
+// every packet shapedDelay in each direction (the fabric's delay line), so every RTT on the
+// path is shapedRTT plus microseconds of veths and stacks.
+const (
+	shapedDelay = 5 * time.Millisecond
+	shapedRTT   = 2 * shapedDelay
+	// shapedSlack: a sample may exceed shapedRTT by the delay line's lateness (a Go timer
+	// in a user-space reader, late by up to milliseconds when both CPUs are busy) and by an
+	// ACK the receiver delays; the median must stay within it.
+	shapedSlack = 5 * time.Millisecond
+	// clockEarly: a sample may fall short of shapedRTT by the hooks' clock reads and the
+	// kernel's microsecond rounding, never by more.
+	clockEarly = 100 * time.Microsecond
+)
+
+func newShapedLab(t *testing.T) *testLab {
+	t.Helper()
+	l := labOf(t, "pps", lab.Router)
+	f, err := l.Faults()
+	if err != nil {
+		t.Fatalf("fault fabric: %v", err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := f.Set(lab.LinkFault{Delay: shapedDelay}, f.AllLinks()...); err != nil {
+		t.Fatalf("shape the links: %v", err)
+	}
+	return l
+}
+
+// TestNetnsSources: a download, an upload and a request/response exchange between real
+// processes on two hosts of the shaped lab, a monitor on each host's interface with the
+// kernel RTT source on a cgroup the test made for the peers. Every exchange gives samples
+// on both ends from both TCP sources - tsval (the timestamps crossing the interface) and
+// kernel (the stack's own RTT of the socket) - and their medians are the shaped RTT.
+func TestNetnsSources(t *testing.T) {
+	l := newShapedLab(t)
+	cg := bpftest.NewCgroup(t)
+	mods := func(c *Config) {
+		c.KernelRTT, c.Cgroup = true, cg.Path
+		c.RateLimit = 20 * time.Millisecond
+	}
+	ends := []struct {
+		name string
+		h    *lab.Host
+		m    *Monitor
+		col  *collector
+	}{{"client", l.client, nil, nil}, {"server", l.server, nil, nil}}
+	for i := range ends {
+		ends[i].m, ends[i].col = monitorOn(t, ends[i].h, mods)
+		if got := ends[i].m.KernelRTTCgroupPath(); got != cg.Path {
+			t.Fatalf("kernel RTT source on %q, want the test's cgroup %s", got, cg.Path)
+		}
+	}
+	exchanges := []struct {
+		name string
+		port uint16
+		args []string
+	}{
+		{"download", 7001, []string{"get", strconv.Itoa(2 << 20), strconv.Itoa(4 << 20)}},
+		{"upload", 7002, []string{"put", strconv.Itoa(2 << 20), strconv.Itoa(4 << 20)}},
+		{"request-response", 7003, []string{"rr", "200", "100"}},
+	}
+	for _, x := range exchanges {
+		srv := netip.AddrPortFrom(l.server.IPv4, x.port)
+		startPeerServer(t, l.server, cg, srv.String())
+		out := runPeerClient(t, l.client, cg, srv.String(), x.args...)
+		t.Logf("%s: %s", x.name, out)
+	}
+	for _, end := range ends {
+		all := waitAllRead(t, end.m, end.col)
+		t.Logf("%s: sockets tracked %d (other namespaces %d), kernel samples %d (rate-limited %d)", end.name,
+			all[HookSockops].SkTracked, all[HookSockops].SkOtherNetns, all[HookSockops].MatchRtt, all[HookSockops].TsRateLimited)
+	}
+	for _, x := range exchanges {
+		for _, end := range ends {
+			for _, src := range []IDType{IDTCPTimestamp, IDKernel} {
+				name := fmt.Sprintf("%s/%s/%s", x.name, end.name, src.Source())
+				got := end.col.rtts(func(e *RTTEvent) bool {
+					return e.Flow.IDType == src && (e.Flow.Src.Port() == x.port || e.Flow.Dst.Port() == x.port)
+				})
+				slack := shapedSlack
+				if src == IDTCPTimestamp && (x.name == "download" && end.name == "client" || x.name == "upload" && end.name == "server") {
+					// The receiving end's tsval samples time its own pure ACKs, whose echo
+					// is the sender's next chunk: up to a pacingTick later (a pure-ACK
+					// sample includes the sender's own delay: docs/pping.md, Limits).
+					slack += pacingTick
+				}
+				checkShaped(t, name, got, 0, slack)
+			}
+		}
+	}
+}
+
+// checkShaped: at least one sample, at most short of them below the shaped RTT (less the
+// clocks' slack), the (lower) median within slack of it. The lower median: an exchange
+// with two kernel samples has its request's and its closing FIN's, which the peer may ACK
+// late. A lone sample has no median to speak of: the upload's server sends one reply
+// ("ok"), and the kernel's RTT of it includes however long the client takes to ACK it
+// (delayed until it closes, tens of ms on a busy machine), so it is only checked not to be
+// below the shaped RTT.
+func checkShaped(t *testing.T, name string, evs []*RTTEvent, short int, slack time.Duration) {
+	t.Helper()
+	if len(evs) == 0 {
+		t.Errorf("%s: no samples", name)
+		return
+	}
+	var rtts []time.Duration
+	below := 0
+	for _, e := range evs {
+		rtts = append(rtts, e.RTT)
+		if e.RTT < shapedRTT-clockEarly {
+			if below++; below > short {
+				t.Errorf("%s: sample %v below the shaped RTT %v (%s), more than %d such", name, e.RTT, shapedRTT, e.Flow, short)
+			}
+		}
+	}
+	slices.Sort(rtts)
+	md := rtts[(len(rtts)-1)/2]
+	if len(rtts) > 1 && md > shapedRTT+slack && !emulated {
+		t.Errorf("%s: median %v more than %v above the shaped RTT %v", name, md, slack, shapedRTT)
+	}
+	t.Logf("%s: %d samples, min %v median %v max %v (shaped %v)", name, len(rtts), slices.Min(rtts), md, slices.Max(rtts), shapedRTT)
+}
