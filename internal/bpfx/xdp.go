@@ -36,7 +36,8 @@ func (a *xdpAttachment) Close() error {
 	return err
 }
 
-// AttachXDP attaches prog to an interface in ns (-1: the caller's namespace).
+// AttachXDP attaches prog to an interface in ns (-1: the caller's namespace). An interface
+// that already has an XDP program gives an *XDPBusyError naming it and its holders.
 func AttachXDP(prog *ebpf.Program, ns netns.NsHandle, ifindex int, mode XDPMode) (Attachment, error) {
 	try := func(flags link.XDPAttachFlags, name string) (Attachment, error) {
 		var l link.Link
@@ -44,6 +45,9 @@ func AttachXDP(prog *ebpf.Program, ns netns.NsHandle, ifindex int, mode XDPMode)
 			l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: flags})
 			return err
 		})
+		if isBusy(err) {
+			return nil, xdpBusy(ns, ifindex, err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("attach xdp (%s) on ifindex %d: %w", name, ifindex, err)
 		}
@@ -58,6 +62,9 @@ func AttachXDP(prog *ebpf.Program, ns netns.NsHandle, ifindex int, mode XDPMode)
 	a, err := try(link.XDPDriverMode, "native")
 	if err == nil {
 		return a, nil
+	}
+	if busy := (*XDPBusyError)(nil); errors.As(err, &busy) {
+		return nil, err // generic mode would meet the same program
 	}
 	a, gerr := try(link.XDPGenericMode, "generic")
 	if gerr != nil {

@@ -158,6 +158,13 @@ func (m *Monitor) Attach(ns netns.NsHandle, ifindex int, mode bpfx.TCMode) error
 	}
 	if m.cfg.IngressHook == IngressXDP {
 		a, err := bpfx.AttachXDP(m.objs.PpingIngress, ns, ifindex, m.cfg.XDPMode)
+		if busy := (*bpfx.XDPBusyError)(nil); errors.As(err, &busy) {
+			detach := "end its holder"
+			if len(busy.Holders) == 0 {
+				detach = fmt.Sprintf("ip link set dev %s xdp off", busy.Iface)
+			}
+			return fmt.Errorf("attach pping ingress: %w - use --ingress-hook tc (pping's TC ingress program runs beside it), or detach it (%s)", err, detach)
+		}
 		if err != nil {
 			return fmt.Errorf("attach pping ingress: %w - try --ingress-hook tc", err)
 		}

@@ -3,6 +3,7 @@ package pping
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -590,4 +591,42 @@ func TestNetnsMetrics(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+}
+
+// TestNetnsXDPBusy: an interface that already has an XDP program (here kedge's own XDP_PASS
+// helper, held by this process) refuses pping's XDP ingress program; the error names the
+// program, its mode and its holder, and says what to do - not "the driver may not support
+// XDP".
+func TestNetnsXDPBusy(t *testing.T) {
+	l := newTestLab(t)
+	pass, err := bpfx.AttachXDPPass(l.client.Handle, l.client.IfIndex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pass.Close()
+	cfg := DefaultConfig()
+	cfg.IngressHook = IngressXDP
+	m, err := Load(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	err = m.Attach(l.client.Handle, l.client.IfIndex, bpfx.TCAuto)
+	if err == nil {
+		t.Fatal("attached beside another XDP program")
+	}
+	busy := (*bpfx.XDPBusyError)(nil)
+	if !errors.As(err, &busy) {
+		t.Fatalf("error %v is not an XDPBusyError", err)
+	}
+	for _, want := range []string{`"kedge_xdp_pass"`, "native mode", fmt.Sprintf("held by pid %d", os.Getpid()),
+		"--ingress-hook tc", "end its holder", "eth0"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "may not support XDP") {
+		t.Errorf("error %q blames the driver", err)
+	}
+	t.Log(err)
 }
