@@ -124,7 +124,8 @@ func TestResultStatus(t *testing.T) {
 }
 
 func TestSummaryCountsAndReasons(t *testing.T) {
-	r := transcript(t, "VMTEST-BOOTED uptime=1\nVMTEST-BEGIN internal/x\n"+goTestOutput+"\nVMTEST-END internal/x rc=1\nVMTEST-DONE")
+	r := transcript(t, "VMTEST-BOOTED uptime=1\nVMTEST-BEGIN internal/x\n"+goTestOutput+"\nVMTEST-END internal/x rc=1\n"+
+		"VMTEST-MODPROBE -q -- bpf_preload\nVMTEST-MODPROBE -q -- sch_foo\nVMTEST-MODPROBE -q -- bpf_preload\nVMTEST-DONE")
 	r.finish(time.Unix(2, 0), false, nil)
 	var b strings.Builder
 	printSummary(&b, []*kernelResult{r})
@@ -134,6 +135,8 @@ func TestSummaryCountsAndReasons(t *testing.T) {
 		"internal/x: failed: TestB, TestB/sub3",
 		"    1  reason A\n         [6.1] internal/x TestA",
 		noReason,
+		"Problems:\n  [6.1] kernel asked for a module the guest lacks (modprobe -q -- sch_foo)",
+		"not problems):\n  [6.1] modprobe -q -- bpf_preload (2 times): mounting",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("summary lacks %q:\n%s", want, out)

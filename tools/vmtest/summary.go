@@ -69,7 +69,7 @@ func printProblems(w io.Writer, results []*kernelResult) {
 		for _, b := range r.KernelBugs {
 			add("kernel: %s", b)
 		}
-		for _, m := range r.Modprobe {
+		for _, m := range countModprobes(r.Modprobe, false) {
 			add("kernel asked for a module the guest lacks (modprobe %s): add it to guestModules in tools/vmtest/kernels.go if a test needs it", m)
 		}
 		for _, b := range r.KernelWarns {
@@ -91,6 +91,59 @@ func printProblems(w io.Writer, results []*kernelResult) {
 		fmt.Fprintln(w, "\nProblems:")
 		fmt.Fprintln(w, strings.Join(lines, "\n"))
 	}
+	var notes []string
+	for _, r := range results {
+		for _, m := range countModprobes(r.Modprobe, true) {
+			notes = append(notes, fmt.Sprintf("  [%s] modprobe %s", r.Kernel, m))
+		}
+	}
+	if len(notes) > 0 {
+		fmt.Fprintln(w, "\nModule requests the tests do not need (not problems):")
+		fmt.Fprintln(w, strings.Join(notes, "\n"))
+	}
+}
+
+// unneededModules are modules the guests' kernels ask for that no test needs, by a
+// substring of the request, with the reason.
+var unneededModules = []struct{ match, why string }{
+	{"net-pf-2-proto-262", "IPPROTO_MPTCP: Go's TCP listeners try MPTCP first and fall back to TCP"},
+	{"net-pf-10-proto-262", "IPPROTO_MPTCP: Go's TCP listeners try MPTCP first and fall back to TCP"},
+	{"bpf_preload", "mounting a BPF filesystem tries the preload module (pinned iterators; not used)"},
+	{"kedgenosuch", "internal/bpfx asks for a qdisc kind that does not exist, on purpose"},
+}
+
+// countModprobes returns the module requests, each once with its count ("args (N times)"),
+// in the order first seen: the unneeded ones (with their reason) or the others.
+func countModprobes(reqs []string, unneeded bool) []string {
+	count := map[string]int{}
+	var order []string
+	for _, m := range reqs {
+		if count[m] == 0 {
+			order = append(order, m)
+		}
+		count[m]++
+	}
+	var out []string
+	for _, m := range order {
+		why := ""
+		for _, u := range unneededModules {
+			if strings.Contains(m, u.match) {
+				why = u.why
+			}
+		}
+		if (why != "") != unneeded {
+			continue
+		}
+		line := m
+		if count[m] > 1 {
+			line += fmt.Sprintf(" (%d times)", count[m])
+		}
+		if why != "" {
+			line += ": " + why
+		}
+		out = append(out, line)
+	}
+	return out
 }
 
 // runningPkg names the package whose binary was running when the guest stopped.
