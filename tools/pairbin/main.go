@@ -8,6 +8,10 @@
 //	go run ./tools/pairbin -a /tmp/kedge-before -b bin/kedge -rounds 3 \
 //	    -out /tmp/paired -spec tools/pairbin/restructure.json
 //
+// restructure.json is the restructure's set (hedge rate, sg at fan-out 16, raft throughput);
+// hedge-stored.json a short look at the hedger's stored path alone: the stored arm beside
+// idle-nocarry (the hedger attached, its traffic not hedged) and unhedged, at 1 and 64 loops.
+//
 // The spec names the benchmarks (arguments after the binary; "{out}" is replaced by the
 // run's own directory) and the metrics read from their result.json. A metric's path is a
 // dot-separated walk through the JSON: a field name, or name[key=value,...] to select the
