@@ -173,6 +173,23 @@ func TestDeadWorkerTimesOut(t *testing.T) {
 	}
 }
 
+// TestGroupNeed: Config.Need is the group's policy for every request that does not set
+// its own: 4 of 5 workers alive and Need 4 completes without waiting for the deadline;
+// a request's own Need overrides it.
+func TestGroupNeed(t *testing.T) {
+	const n = 5
+	g := loopbackGroup(t, n, 1, Config{Reduction: Sum, Type: Int64, Elems: 1, Need: n - 1, Timeout: 5 * time.Second},
+		isg.WorkerConfig{Type: isg.TypeI64, Elems: 1})
+	res, err := g.Scatter(context.Background(), nil)
+	if err != nil || res.Status != OK || res.Count != n-1 || res.Need != n-1 {
+		t.Fatalf("group need %d: %+v %v", n-1, res, err)
+	}
+	res, err = g.ScatterWith(context.Background(), nil, RequestOptions{Need: n, Timeout: 50 * time.Millisecond})
+	if err != nil || res.Status != Timeout || res.Need != n {
+		t.Fatalf("request need %d: %+v %v", n, res, err)
+	}
+}
+
 // TestLossyDuplicatingWorkers: duplicates are dropped in the kernel, lost requests time out.
 func TestLossyDuplicatingWorkers(t *testing.T) {
 	const n = 8

@@ -45,6 +45,9 @@ func (g *Group) ScatterWith(ctx context.Context, payload []byte, o RequestOption
 	if o.Timeout > 0 {
 		timeout = o.Timeout
 	}
+	if o.Need == 0 {
+		o.Need = g.cfg.Need // the group's policy (0: all)
+	}
 	id := g.seq.Add(1)<<10 | uint64(slot)
 	w := &waiter{id: id, sent: time.Now(), ch: make(chan Result, 1)}
 	g.mu.Lock()
