@@ -4,9 +4,11 @@
 // node is alive, records them in a map the node feeds into etcd-raft, and a bpf_timer wakes
 // the node through a ring buffer when the leader falls silent.
 //
-// Nothing the kernel does is durable, and nothing outlives the process: the XDP attachment is
-// a bpf_link and the maps are held by file descriptors, none pinned, so a killed node leaves
-// nothing behind (the lab test checks that the interface has no XDP program after kill -9).
+// Nothing the kernel does is durable, and nothing outlives the process for long: the XDP
+// attachment is a bpf_link and the maps are held by file descriptors, none pinned. The link's
+// release waits for an RCU grace period, so a duplicate is kept by internal/fastexit's helper:
+// a killed node's exit closes its sockets at once, and the helper detaches the program right
+// after (the lab test checks that the interface has no XDP program soon after kill -9).
 package offload
 
 import (
@@ -31,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/fastexit"
 	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/raft/wire"
 )
@@ -95,6 +98,7 @@ type Follower struct {
 	opts    FollowerOptions
 	objs    raftxdpObjects
 	link    bpfx.Attachment
+	hold    *fastexit.Hold // the helper's duplicate of the link (nil: none)
 	ifname  string
 	rd      *ringbuf.Reader
 	events  chan Event
@@ -188,6 +192,7 @@ func NewFollower(opts FollowerOptions) (_ *Follower, err error) {
 		}
 		return nil, fmt.Errorf("attach raft follower program to %s: %w", ifname, err)
 	}
+	f.hold = keepForExit("raft follower", f.opts.Log, []int{bpfx.LinkFD(f.link)})
 	f.opts.Log.Info("raft offload: follower program attached", "iface", ifname, "mode", f.link.Mode(),
 		"detect", opts.Detect, "detect_jitter", opts.DetectJitter, "alive_for", opts.AliveFor, "last_word", f.WordMode())
 	return f, nil
@@ -525,6 +530,7 @@ func (f *Follower) readEvents() {
 func (f *Follower) Close() error {
 	var err error
 	f.closeMu.Do(func() {
+		err = f.hold.Release() // first: the link's close below is then its last
 		if f.link != nil {
 			err = errors.Join(err, f.link.Close())
 		}
@@ -577,4 +583,18 @@ func (f *Follower) Run(frame []byte) (uint32, []byte, error) {
 		return 0, nil, fmt.Errorf("run follower program: %w", err)
 	}
 	return ret, opts.DataOut, nil
+}
+
+// keepForExit hands duplicates of a kernel path's slow files (links, packet sockets: their
+// release waits for an RCU grace period) and its namespaces to internal/fastexit's helper, so
+// that a killed node's exit closes its sockets at once instead of after 55-99 ms of grace
+// periods (docs/raft.md section 1). Without the helper (it could not start) the node runs
+// as before and exits slowly: a warning, not an error.
+func keepForExit(what string, log *slog.Logger, fds []int, namespaces ...string) *fastexit.Hold {
+	h, err := fastexit.Keep(what, fds, namespaces...)
+	if err != nil {
+		log.Warn("raft offload: a killed node will close its sockets only after its kernel paths are torn down", "err", err)
+		return nil
+	}
+	return h
 }

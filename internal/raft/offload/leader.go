@@ -20,6 +20,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/fastexit"
 	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/kedge-dev/kedge/internal/raft/wire"
 	"github.com/vishvananda/netlink"
@@ -122,6 +123,7 @@ type Leader struct {
 	opts  LeaderOptions
 	objs  leaderObjects
 	p     *pacer.Pacer
+	hold  *fastexit.Hold // the helper's duplicates of the pacer's slow files (nil: none)
 	nh    *netlink.Handle
 	mmap  bool   // lease renewed by memory stores
 	lmem  []byte // leader_lease, mapped (mmap mode)
@@ -227,6 +229,7 @@ func NewLeader(o LeaderOptions) (_ *Leader, err error) {
 	if err := l.p.Start(l.objs.LeaderTick); err != nil {
 		return nil, fmt.Errorf("start heartbeat pacer: %w", err)
 	}
+	l.hold = keepForExit("raft kernel heartbeats", o.Log, l.p.SlowFiles(), l.p.Namespace())
 	l.stop = make(chan struct{})
 	l.wg.Add(1)
 	go l.refresher()
@@ -532,6 +535,8 @@ func (l *Leader) Close() error {
 	}
 	l.lmem, l.smem = nil, nil
 	l.mu.Unlock()
+	errs = append(errs, l.hold.Release()) // first: the pacer's closes below are then the last
+	l.hold = nil
 	if l.p != nil {
 		errs = append(errs, l.p.Close())
 		l.p = nil
