@@ -315,7 +315,8 @@ struct pp_config {
 	__u8 host_acks;      /* pure ACKs this host sends are requests too (an endpoint's own flows) */
 	__u8 track_quic;     /* QUIC spin bit on quic_ports */
 	__u8 track_kernel;   /* sock_ops: the kernel's RTTs of this namespace's TCP sockets */
-	__u8 _pad[2];
+	__u8 no_fast_path;   /* tests: every packet through parse_pkt() (ident.h's pp_fast_tcp) */
+	__u8 _pad[1];
 };
 
 /* Per-CPU counters, one slot per enum pp_hook. Every packet is counted once in pkts and,

@@ -55,6 +55,11 @@ static __always_inline int pp_parse_into(const struct pp_ctx *c, __u32 hook)
 	/* Only the flags need zeroing: parse_pkt() and pp_identify() write the rest before
 	 * anything reads it. */
 	__builtin_memset(&pp->f, 0, sizeof(pp->f));
+	if (!pp_cfg.no_fast_path) {
+		err = pp_fast_tcp(c, pp, cnt);
+		if (err != PP_FAST_NO)
+			return err < 0 ? PP_PARSED_IP : PP_PARSED_ID;
+	}
 	err = parse_pkt(c->data, c->data_end, &pp->p);
 	if (err < 0) {
 		pp_count_parse_err(cnt, err);

@@ -150,6 +150,10 @@ type Config struct {
 	MaxFlows   int  // flow table size (pkt_ts holds twice as many identifiers); 0: default
 	MaxSubnets int  // subnets per aggregation buffer and family; 0: default
 	Debug      bool // bpf_printk traces (read them from /sys/kernel/tracing/trace_pipe)
+
+	// noFastPath sends every packet through the general parser (tests: the fast path must
+	// give the same results).
+	noFastPath bool
 }
 
 // DefaultConfig returns ePPing's defaults - TCP, ICMP and DNS, 100 ms rate limit, local
@@ -292,6 +296,7 @@ func (c Config) bpfConfig(tick time.Duration) ppingPpConfig {
 		QuicPorts:          quic,
 		TrackQuic:          b2u(c.QUIC),
 		TrackKernel:        b2u(c.KernelRTT),
+		NoFastPath:         b2u(c.noFastPath),
 		RateLimitNs:        uint64(c.RateLimit),
 		RttRate:            uint64(c.RTTRate * (1 << fixpointShift)),
 		TsMinLifetimeNs:    uint64(c.TSMinLifetime),

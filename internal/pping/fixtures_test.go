@@ -720,7 +720,16 @@ func udpFixtures(f fam) []fixture {
 	}}
 }
 
-func TestFixtures(t *testing.T) {
+func TestFixtures(t *testing.T) { runFixtureGroups(t, nil) }
+
+// TestFixturesGeneralPath runs every fixture with the fast path off (ident.h's
+// pp_fast_tcp): each TCP packet it would take goes through parse_pkt() and pp_identify(),
+// and every counter, sample and event must come out the same.
+func TestFixturesGeneralPath(t *testing.T) {
+	runFixtureGroups(t, func(c *Config) { c.noFastPath = true })
+}
+
+func runFixtureGroups(t *testing.T, mod func(*Config)) {
 	groups := []struct {
 		name string
 		fxs  func(fam) []fixture
@@ -730,6 +739,15 @@ func TestFixtures(t *testing.T) {
 		for _, f := range []fam{v4, v6} {
 			for _, fx := range g.fxs(f) {
 				fx.cache = cache
+				if mod != nil {
+					cfg := fx.cfg
+					fx.cfg = func(c *Config) {
+						if cfg != nil {
+							cfg(c)
+						}
+						mod(c)
+					}
+				}
 				t.Run(g.name+"/"+f.String()+"/"+fx.name, fx.runAllHooks)
 			}
 		}

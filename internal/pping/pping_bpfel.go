@@ -72,7 +72,8 @@ type ppingPpConfig struct {
 	HostAcks           uint8
 	TrackQuic          uint8
 	TrackKernel        uint8
-	Pad                [2]uint8
+	NoFastPath         uint8
+	Pad                [1]uint8
 	_                  [4]byte
 }
 
