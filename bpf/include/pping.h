@@ -10,8 +10,11 @@
  *     'events' ring buffer (per-sample mode) or into the per-subnet histograms (-a mode).
  *   flows      : per-flow state for both directions under one canonical key (rate limit,
  *                last identifier, min/smoothed RTT, open/close state, spin state).
- *   garbage collection: user space reads and deletes expired entries every cleanup
- *                interval (internal/pping/gc.go); no program runs for it.
+ *   garbage collection: user space reads the maps every cleanup interval
+ *                (internal/pping/gc.go) and hands what expired to pping_gc_expire
+ *                (identifiers) and pping_gc_flows (flows), which it runs with
+ *                BPF_PROG_TEST_RUN: they delete in the kernel and keep the outstanding
+ *                counts and the hint slots right.
  *
  * RTT sources (request -> reply; the source names the kind of sample in the output):
  *   tsval   TCP: TSval of a segment that carries data (or a SYN) ->  TSecr of an ACK
@@ -64,6 +67,19 @@ enum pp_consts {
 
 	/* Fixed point for rtt_rate: value << 16 (so 0.5 RTT is 32768). */
 	PP_FIXPOINT_SHIFT = 16,
+
+	/* Hints: per hash slot of request directions (maps.h's pp_hint), the count of their
+	 * outstanding identifiers and of those still waiting to be opened by a reply, so that
+	 * a pure reply (an ACK, a DNS response...) whose request direction has nothing of
+	 * either is recognised without a flow lookup. 4096 x 4 bytes stay in cache; a
+	 * collision only sends a reply the slow way. */
+	PP_HINT_BITS = 12,
+	PP_HINT_SLOTS = 1 << PP_HINT_BITS,
+	/* Identifiers the garbage collector expires per BPF_PROG_TEST_RUN of pping_gc_expire
+	 * (their pkt_ts keys make the run's packet: 64 x 48 bytes fit a page), and flows per
+	 * run of pping_gc_flows (its return value is a bit per flow). */
+	PP_GC_BATCH = 64,
+	PP_GC_FLOW_BATCH = 32,
 
 	/* QUIC: UDP ports whose traffic is QUIC (a packet to or from one of them), and the
 	 * connection id bytes kept (RFC 9000 allows 20; the first 8 name the flow). */
@@ -154,8 +170,7 @@ enum pp_map_id {
 
 /* Counter slots in the per-CPU 'counters' array. The XDP ingress program (pping_xdp, the
  * alternative to pping_ingress) counts in the ingress slot; the sock_ops program in its own;
- * the garbage collector (user space) keeps its counts itself and reports them as slot
- * PP_HOOK_GC, which no program writes. */
+ * the garbage collector's programs (pping_gc_expire, pping_gc_flows) in PP_HOOK_GC. */
 enum pp_hook {
 	PP_HOOK_INGRESS = 0,
 	PP_HOOK_EGRESS = 1,
@@ -323,8 +338,17 @@ struct pp_config {
  * if it is not measured, under exactly one skip reason; the ts_* and match_* groups count
  * what happened to its identifier and its echo. */
 struct pp_counters {
+	/* What nearly every packet of a busy flow touches, first: these share the value's
+	 * first cache line, so a packet that produces nothing updates one line. */
 	__u64 pkts;
 	__u64 bytes;
+	__u64 ts_not_new;      /* same or older identifier (TCP: TSval not advanced) */
+	__u64 ts_rate_limited;
+	__u64 match_none;      /* nothing outstanding in the reverse direction (or a reply of a
+				* flow the monitor does not know) */
+	__u64 match_miss;      /* outstanding identifiers, but not this one */
+	__u64 ts_stored;
+	__u64 match_rtt;       /* RTT sample taken */
 	__u64 parse_err[PARSE_ERR_MAX]; /* index: -enum parse_err */
 	/* not measurable */
 	__u64 skip_proto;     /* no identifier for this protocol/port (or tracking it is off) */
@@ -332,26 +356,21 @@ struct pp_counters {
 	__u64 skip_syn;       /* SYN while SYNs are skipped */
 	__u64 skip_icmp_type; /* ICMP other than echo request/reply */
 	__u64 skip_udp_short; /* DNS header or request id beyond the datagram */
-	__u64 skip_no_flow;   /* no flow state and the packet cannot start one */
+	__u64 skip_no_flow;   /* no flow state, and a closing packet cannot start one */
 	/* flow table */
 	__u64 flow_created;
 	__u64 flow_map_full;
 	__u64 flow_opened;
 	__u64 flow_closed;
 	__u64 flow_deleted;
-	/* identifiers of this packet (request side) */
-	__u64 ts_stored;
+	/* identifiers of this packet (request side; ts_stored, ts_not_new, ts_rate_limited
+	 * above) */
 	__u64 ts_inactive;     /* the direction is closed */
 	__u64 ts_local;        /* flow to this host, local flows excluded */
-	__u64 ts_not_new;      /* same or older identifier (TCP: TSval not advanced) */
-	__u64 ts_rate_limited;
 	__u64 ts_exists;       /* an identical identifier is still outstanding */
 	__u64 ts_map_full;
 	__u64 ts_retrans;      /* UDP/ICMP identifier sent again: sample discarded (Karn) */
-	/* echoes in this packet (reply side) */
-	__u64 match_rtt;       /* RTT sample taken */
-	__u64 match_none;      /* nothing outstanding in the reverse direction */
-	__u64 match_miss;      /* outstanding identifiers, but not this one */
+	/* echoes in this packet (reply side; match_rtt, match_none, match_miss above) */
 	__u64 match_clock;     /* stored time after now (clock went backwards) */
 	__u64 match_ack_idle;  /* echo of a pure ACK, but nothing came from the far end in between:
 				* it may have been idle, so the sample is discarded */
@@ -374,8 +393,8 @@ struct pp_counters {
 	/* output */
 	__u64 event_dropped;   /* ring buffer full */
 	__u64 agg_map_full;    /* subnet folded into "other" */
-	/* garbage collection: user space's collector (internal/pping/gc.go) reports these in
-	 * slot PP_HOOK_GC */
+	/* garbage collection (slot PP_HOOK_GC): what pping_gc_expire and pping_gc_flows, run
+	 * by the collector (internal/pping/gc.go), deleted */
 	__u64 gc_ts_expired;
 	__u64 gc_flow_expired;
 };

@@ -27,24 +27,6 @@
 #include "maps.h"
 #include "ident.h"
 
-/* An unmatched identifier expires after this many smoothed RTTs (clamped, see config). */
-#define PP_TS_RTT_MULT 8
-
-/* How long a direction's identifiers live: clamp(8 x srtt, ts_min_lifetime, ts_max_lifetime),
- * so a short-RTT flow's lost replies are forgotten quickly and a long-RTT flow keeps its
- * identifiers long enough to be matched. User space's collector (internal/pping/gc.go)
- * deletes expired identifiers by the same rule. */
-static __always_inline __u64 pp_ts_lifetime(const struct pp_dir_shared *d)
-{
-	__u64 life = pp_cfg.ts_max_lifetime_ns;
-
-	if (d->srtt && d->srtt * PP_TS_RTT_MULT < life)
-		life = d->srtt * PP_TS_RTT_MULT;
-	if (life < pp_cfg.ts_min_lifetime_ns)
-		life = pp_cfg.ts_min_lifetime_ns;
-	return life;
-}
-
 static __always_inline int pp_active(const struct pp_dir_shared *d)
 {
 	return d->conn == PP_CONN_WAITOPEN || d->conn == PP_CONN_OPEN;
@@ -81,6 +63,7 @@ static __always_inline void pp_dir_open(struct pp_dir_shared *d, struct pp_dir_o
 					struct pp_pkt *pp, __u8 local)
 {
 	d->conn = PP_CONN_WAITOPEN;
+	pp_hint_add(&pp->pid.flow, 1); /* replies must come the slow way until it opens */
 	d->open_reason = pp->f.event == PP_FLOW_OPENING ? pp->f.reason : PP_REASON_FIRST_PKT;
 	d->has_ts = 0;
 	d->local = local;
@@ -102,9 +85,13 @@ static __always_inline struct pp_flow_state *pp_flow_get(const struct pp_pkt *pp
 	if (fs)
 		return fs;
 	/* Only a request opens a flow: replies and closing packets of unknown flows (started
-	 * before the monitor, or already closed) would only create state nobody matches. */
+	 * before the monitor, or already closed) would only create state nobody matches. A pure
+	 * reply has nothing to match, as the fast path in pp_handle() counts it too. */
 	if (!pp->f.pid_valid || pp->f.event == PP_FLOW_CLOSING) {
-		COUNT(cnt, skip_no_flow);
+		if (!pp->f.pid_valid && !pp->f.event)
+			COUNT(cnt, match_none);
+		else
+			COUNT(cnt, skip_no_flow);
 		return NULL;
 	}
 	err = bpf_map_update_elem(&flows, key, &pp_zero_flow, BPF_NOEXIST);
@@ -181,6 +168,7 @@ static __always_inline void pp_timestamp(struct pp_dir_shared *d, struct pp_dir_
 	if (pp->pid.flow.proto != IPPROTO_TCP && bpf_map_delete_elem(&pkt_ts, &pp->pid) == 0) {
 		if (d->outstanding)
 			__sync_fetch_and_add(&d->outstanding, -1);
+		pp_hint_add(&pp->pid.flow, -1);
 		COUNT(cnt, ts_retrans);
 		return;
 	}
@@ -207,6 +195,7 @@ static __always_inline void pp_timestamp(struct pp_dir_shared *d, struct pp_dir_
 	err = bpf_map_update_elem(&pkt_ts, &pp->pid, &stamp, BPF_NOEXIST);
 	if (err == 0) {
 		__sync_fetch_and_add(&d->outstanding, 1);
+		pp_hint_add(&pp->pid.flow, 1);
 		/* The echo of a pure ACK is judged by when the far end last sent (pp_match). */
 		if (pp->f.pure_ack && !rev->ns_seen)
 			rev->ns_seen = 1;
@@ -389,17 +378,6 @@ static __always_inline void pp_match(struct pp_dir_shared *d, struct pp_dir_own 
 	}
 	stored = bpf_map_lookup_elem(&pkt_ts, &pp->reply);
 	if (!stored) {
-		/* The collector deletes expired identifiers but cannot decrement the count (it is
-		 * not atomic from user space): once the newest identifier of the direction is past
-		 * its lifetime, every one of them is, so nothing is outstanding any more. The
-		 * lifetime is at least a second, so jiffies decide it when they are known. */
-		if (pp_cfg.jiffy_ns) {
-			if (pp->jiff > d->last_ts_j &&
-			    (pp->jiff - d->last_ts_j - 1) * pp_cfg.jiffy_ns > pp_ts_lifetime(d))
-				d->outstanding = 0;
-		} else if (pp_now(pp) > d->last_ts && pp_now(pp) - d->last_ts > pp_ts_lifetime(d)) {
-			d->outstanding = 0;
-		}
 		COUNT(cnt, match_miss);
 		return;
 	}
@@ -418,6 +396,7 @@ static __always_inline void pp_match(struct pp_dir_shared *d, struct pp_dir_own 
 	}
 	if (d->outstanding)
 		__sync_fetch_and_add(&d->outstanding, -1);
+	pp_hint_add(&pp->reply.flow, -1);
 	/* A pure ACK is echoed by the far end's next segment whenever that is sent: at once
 	 * by a sender with data waiting for the window, or after any pause of an application
 	 * that had nothing to send. Accept the echo if the far end sent something after the
@@ -451,6 +430,8 @@ static __always_inline void pp_close(struct pp_dir_shared *fwd, struct pp_dir_sh
 			     PP_SOURCE_PKT_DEST);
 	if (pp_active(fwd))
 		COUNT(cnt, flow_closed);
+	if (fwd->conn == PP_CONN_WAITOPEN)
+		pp_hint_add(&pp->pid.flow, -1);
 	fwd->conn = PP_CONN_CLOSED;
 	if (pp->f.close_both) {
 		if (rev->conn == PP_CONN_OPEN && pp_cfg.push_events)
@@ -458,6 +439,8 @@ static __always_inline void pp_close(struct pp_dir_shared *fwd, struct pp_dir_sh
 				     PP_SOURCE_PKT_SRC);
 		if (pp_active(rev))
 			COUNT(cnt, flow_closed);
+		if (rev->conn == PP_CONN_WAITOPEN)
+			pp_hint_add(&pp->reply.flow, -1);
 		rev->conn = PP_CONN_CLOSED;
 	}
 	if (!pp_active(fwd) && !pp_active(rev) && bpf_map_delete_elem(&flows, key) == 0)
@@ -609,6 +592,7 @@ static __always_inline void pp_process(void *ctx, struct pp_pkt *pp, struct pp_c
 	/* The reverse direction answers: it is open from its first reply on. */
 	if (rev->conn == PP_CONN_WAITOPEN && !pp->f.close_both) {
 		rev->conn = PP_CONN_OPEN;
+		pp_hint_add(&pp->reply.flow, -1);
 		COUNT(cnt, flow_opened);
 		if (pp_cfg.push_events)
 			pp_send_flow(cnt, &pp->pid.flow, pp_now(pp), PP_FLOW_OPENING,

@@ -93,6 +93,30 @@ PP_AGG_MAP(agg4_1, struct pp_agg_key4);
 PP_AGG_MAP(agg6_0, struct pp_agg_key6);
 PP_AGG_MAP(agg6_1, struct pp_agg_key6);
 
+/* Per hash slot of request directions (see PP_HINT_BITS): their outstanding identifiers
+ * (incremented when one is stored, decremented when it is matched, sent again or expired,
+ * always together with the direction's outstanding count) and their directions waiting to
+ * be opened (incremented when one becomes WAITOPEN, decremented when it opens, closes or
+ * expires). */
+__u32 pp_hint[PP_HINT_SLOTS] = {};
+
+/* The hint slot of a request direction: the addresses' last words, the ports, mixed. */
+static __always_inline __u32 pp_hint_slot(const struct pp_tuple *t)
+{
+	__u32 h = t->saddr.in6_u.u6_addr32[3] * 0x9e3779b1U;
+
+	h ^= t->daddr.in6_u.u6_addr32[3] * 0x85ebca77U;
+	h ^= (t->saddr.in6_u.u6_addr32[2] ^ t->daddr.in6_u.u6_addr32[2]) * 0xc2b2ae3dU;
+	h ^= ((__u32)t->sport << 16 | t->dport) * 0x27d4eb2fU;
+	h ^= t->proto;
+	return (h ^ (h >> 15)) & (PP_HINT_SLOTS - 1);
+}
+
+static __always_inline void pp_hint_add(const struct pp_tuple *t, int delta)
+{
+	__sync_fetch_and_add(&pp_hint[pp_hint_slot(t)], delta);
+}
+
 /* Zeroed templates for new entries (a map value may be the source of an update, and a
  * 370-byte or 900-byte struct does not belong on the 512-byte stack). */
 struct pp_flow_state pp_zero_flow = {};

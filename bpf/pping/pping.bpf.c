@@ -124,6 +124,15 @@ static __always_inline void pp_handle(void *ctx, int xdp, __u32 len, __u32 ifind
 		pp_count_traffic(pp, hook == PP_HOOK_INGRESS, parsed == PP_PARSED_ID, len, cnt);
 	if (parsed != PP_PARSED_ID)
 		return;
+	/* A pure reply (an ACK without data, an echo reply, a response) whose request direction
+	 * has nothing outstanding cannot give a sample: most ACKs of a rate-limited flow. The
+	 * hint says so without a flow lookup; counted like the slow path's "nothing to match",
+	 * its flow's bookkeeping is not touched. */
+	if (pp->f.reply_valid && !pp->f.pid_valid && !pp->f.event && !pp_cfg.no_fast_path &&
+	    !pp_hint[pp_hint_slot(&pp->reply.flow)]) {
+		COUNT(cnt, match_none);
+		return;
+	}
 	pp->is_ingress = hook == PP_HOOK_INGRESS;
 	pp->ifindex = ifindex;
 	pp->now = 0; /* read when needed: pp_now() */
@@ -156,6 +165,103 @@ int pping_xdp(struct xdp_md *ctx)
 
 	pp_handle(ctx, 1, len, ctx->ingress_ifindex, PP_HOOK_INGRESS);
 	return XDP_PASS;
+}
+
+/* Garbage collection of identifiers, run by user space through BPF_PROG_TEST_RUN with the
+ * expired pkt_ts keys as the "packet" (up to PP_GC_BATCH of them): each one still there is
+ * deleted, and its direction's outstanding count and hint slot go down with it - in the
+ * kernel, atomically with the packet programs, which user space could not do. Returns the
+ * number deleted. */
+SEC("tc")
+int pping_gc_expire(struct __sk_buff *skb)
+{
+	struct pp_counters *cnt = pp_counters_get(PP_HOOK_GC);
+	struct pp_flow_state *fs;
+	struct pp_pkt_id id;
+	struct pp_tuple key;
+	int first, done = 0;
+	__u32 n = skb->len / sizeof(id);
+
+	for (__u32 i = 0; i < PP_GC_BATCH && i < n; i++) {
+		if (bpf_skb_load_bytes(skb, i * sizeof(id), &id, sizeof(id)) < 0)
+			break;
+		if (bpf_map_delete_elem(&pkt_ts, &id) != 0)
+			continue; /* matched since user space read it */
+		first = pp_src_sorts_first(&id.flow);
+		if (first)
+			key = id.flow;
+		else
+			pp_reverse(&key, &id.flow);
+		fs = bpf_map_lookup_elem(&flows, &key);
+		if (fs) {
+			struct pp_dir_shared *d = first ? &fs->shared[0] : &fs->shared[1];
+
+			if (d->outstanding)
+				__sync_fetch_and_add(&d->outstanding, -1);
+		}
+		pp_hint_add(&id.flow, -1);
+		COUNT(cnt, gc_ts_expired);
+		done++;
+	}
+	return done;
+}
+
+/* Whether a direction has been idle too long (now in jiffies): unanswered after the unopened
+ * lifetime, an idle ICMP/UDP one after the datagram lifetime, any after the flow lifetime.
+ * internal/pping/gc.go applies the same rule to pick the candidates it hands over. */
+static __always_inline int pp_dir_expired(const struct pp_dir_shared *d, const struct pp_dir_own *o,
+					  __u8 proto, __u64 now)
+{
+	__u64 age;
+
+	if (!pp_active(d) || now < o->last_seen)
+		return 0;
+	age = (now - o->last_seen) * pp_cfg.jiffy_ns;
+	if (d->conn == PP_CONN_WAITOPEN && age > pp_cfg.unopened_lifetime_ns)
+		return 1;
+	if (proto != IPPROTO_TCP && age > pp_cfg.dgram_lifetime_ns)
+		return 1;
+	return age > pp_cfg.flow_lifetime_ns;
+}
+
+/* Garbage collection of flows, run like pping_gc_expire with up to PP_GC_FLOW_BATCH flow
+ * keys: a flow whose directions are all closed or idle is deleted (checked again here: a
+ * packet may have revived it since user space read it), its directions still waiting to
+ * open taken off their hint slots. Returns a bit per key: deleted. */
+SEC("tc")
+int pping_gc_flows(struct __sk_buff *skb)
+{
+	struct pp_counters *cnt = pp_counters_get(PP_HOOK_GC);
+	__u32 n = skb->len / sizeof(struct pp_tuple), deleted = 0;
+	__u64 now = kedge_jiffies();
+	struct pp_flow_state *fs;
+	struct pp_tuple key, rev;
+	int wait0, wait1;
+
+	for (__u32 i = 0; i < PP_GC_FLOW_BATCH && i < n; i++) {
+		if (bpf_skb_load_bytes(skb, i * sizeof(key), &key, sizeof(key)) < 0)
+			break;
+		fs = bpf_map_lookup_elem(&flows, &key);
+		if (!fs)
+			continue;
+		if ((pp_active(&fs->shared[0]) && !pp_dir_expired(&fs->shared[0], &fs->own0, key.proto, now)) ||
+		    (pp_active(&fs->shared[1]) && !pp_dir_expired(&fs->shared[1], &fs->own1, key.proto, now)))
+			continue;
+		wait0 = fs->shared[0].conn == PP_CONN_WAITOPEN;
+		wait1 = fs->shared[1].conn == PP_CONN_WAITOPEN;
+		if (bpf_map_delete_elem(&flows, &key) != 0)
+			continue;
+		/* Direction 0 runs key.saddr -> key.daddr, direction 1 the reverse. */
+		if (wait0)
+			pp_hint_add(&key, -1);
+		if (wait1) {
+			pp_reverse(&rev, &key);
+			pp_hint_add(&rev, -1);
+		}
+		COUNT(cnt, gc_flow_expired);
+		deleted |= 1U << i;
+	}
+	return deleted;
 }
 
 /* The kernel RTT source (sockops.h): attached to a cgroup, not to the interface. */

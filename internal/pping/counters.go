@@ -54,7 +54,5 @@ func (m *Monitor) Counters() ([hookCount]Counters, error) {
 		}
 		out[h] = c
 	}
-	out[HookGC].GcTsExpired = m.gc.tsExpired.Load()
-	out[HookGC].GcFlowExpired = m.gc.flowExpired.Load()
 	return out, nil
 }

@@ -218,6 +218,9 @@ func (mc monitorCache) get(t *testing.T, mod func(*Config)) *Monitor {
 	}
 	clearMap(t, m.objs.Flows, new(ppingPpFlowState))
 	clearMap(t, m.objs.PktTs, new(uint64))
+	if err := m.objs.PpHint.Set(make([]uint32, hintSlots)); err != nil {
+		t.Fatal(err)
+	}
 	drain(t, m)
 	return m
 }
@@ -274,17 +277,8 @@ func loadFixture(t *testing.T, mod func(*Config)) *Monitor {
 	return m
 }
 
-// readCounters reads the programs' counters and the collector's (slot 2, HookGC).
 func readCounters(m *Monitor) func() (bpftest.Counters, error) {
-	return func() (bpftest.Counters, error) {
-		c, err := bpftest.SumPerCPU[ppingPpCounters](m.objs.Counters)
-		if err != nil {
-			return nil, err
-		}
-		c["2.GcTsExpired"] += int64(m.gc.tsExpired.Load())
-		c["2.GcFlowExpired"] += int64(m.gc.flowExpired.Load())
-		return c, nil
-	}
+	return func() (bpftest.Counters, error) { return bpftest.SumPerCPU[ppingPpCounters](m.objs.Counters) }
 }
 
 // stepGap is the time between two steps on the fixtures' fixed clock (bpftest.FixClock):
@@ -422,8 +416,65 @@ func (fx fixture) run(t *testing.T) {
 	if !slices.Equal(full, fx.full) {
 		t.Errorf("map-full warnings %v, want %v", full, fx.full)
 	}
+	checkHints(t, m)
 	if fx.check != nil {
 		fx.check(t, m, span)
+	}
+}
+
+const hintSlots = int(ppingPpConstsPP_HINT_SLOTS)
+
+// hintSlot is pp_hint_slot() (maps.h).
+func hintSlot(t *ppingPpTuple) int {
+	w := func(a [16]uint8, i int) uint32 { return binary.LittleEndian.Uint32(a[4*i:]) }
+	s, d := t.Saddr.In6U.U6Addr8, t.Daddr.In6U.U6Addr8
+	h := w(s, 3) * 0x9e3779b1
+	h ^= w(d, 3) * 0x85ebca77
+	h ^= (w(s, 2) ^ w(d, 2)) * 0xc2b2ae3d
+	h ^= (uint32(t.Sport)<<16 | uint32(t.Dport)) * 0x27d4eb2f
+	h ^= uint32(t.Proto)
+	return int((h ^ (h >> 15)) & uint32(hintSlots-1))
+}
+
+// checkHints checks the invariants behind the fast path for pure replies: each direction's
+// outstanding count is its identifiers in pkt_ts, and each hint slot is the identifiers
+// plus the directions waiting to open that hash to it (so a zero slot really means that
+// no reply of its directions can be a sample or open anything).
+func checkHints(t *testing.T, m *Monitor) {
+	t.Helper()
+	want := make([]uint32, hintSlots)
+	perDir := map[ppingPpTuple]uint32{}
+	var id ppingPpPktId
+	var stored uint64
+	it := m.objs.PktTs.Iterate()
+	for it.Next(&id, &stored) {
+		want[hintSlot(&id.Flow)]++
+		perDir[id.Flow]++
+	}
+	var key ppingPpTuple
+	var fs ppingPpFlowState
+	it2 := m.objs.Flows.Iterate()
+	for it2.Next(&key, &fs) {
+		for i, dir := range []ppingPpTuple{key, key.reverse()} {
+			if fs.Shared[i].Conn == connWaitOpen {
+				want[hintSlot(&dir)]++
+			}
+			if fs.Shared[i].Outstanding != perDir[dir] {
+				t.Errorf("direction %s: outstanding %d, %d identifiers stored", dir.flow(), fs.Shared[i].Outstanding, perDir[dir])
+			}
+		}
+	}
+	if err := errors.Join(it.Err(), it2.Err()); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]uint32, hintSlots)
+	if err := m.objs.PpHint.Get(got); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Errorf("hint slot %d: %d, want %d (identifiers and unopened directions hashing to it)", i, got[i], want[i])
+		}
 	}
 }
 
@@ -527,7 +578,7 @@ func tcpFixtures(f fam) []fixture {
 		steps: []step{eg(f.tcp(true, flagData, -1, 0, 10), c{"SkipNoTcpTs": 1})},
 	}, {
 		name:  "pure ACK of an unknown flow",
-		steps: []step{eg(f.tcp(true, pktbuild.ACK, 5, 6, 0), c{"SkipNoFlow": 1})},
+		steps: []step{eg(f.tcp(true, pktbuild.ACK, 5, 6, 0), c{"MatchNone": 1})},
 	}, {
 		name:  "echo of an identifier never stored",
 		steps: append(open, in(f.tcp(false, pktbuild.ACK, 7000, 99, 0), c{"FlowOpened": 1, "MatchMiss": 1})),
@@ -787,7 +838,7 @@ func TestFixturesHostACKs(t *testing.T) {
 		}, {
 			name:  "pure ACK at ingress: not timed",
 			cfg:   hostACKs,
-			steps: []step{in(f.tcp(false, ack, 5, 0, 0), c{"SkipNoFlow": 1})},
+			steps: []step{in(f.tcp(false, ack, 5, 0, 0), c{"MatchNone": 1})},
 		}, {
 			name: "host ACKs off: pure ACKs not timed",
 			steps: []step{
@@ -1032,7 +1083,7 @@ func TestGC(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d := d.Diff(c{"2.GcTsExpired": 1, "2.GcFlowExpired": 1}); d != "" {
+		if d := d.Diff(c{"3.GcTsExpired": 1, "3.GcFlowExpired": 1}); d != "" {
 			t.Errorf("GC counter changes (got, want):\n%s", d)
 		}
 		if n, f := countEntries(t, m), countFlows(t, m); n != 0 || f != 0 {

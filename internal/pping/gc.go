@@ -4,31 +4,33 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
-// Garbage collection runs in user space, every cleanup interval: it reads the flow and
-// identifier tables in batches, deletes what expired and reports the flows that timed out.
-// No BPF program is involved, so it runs on kernels that refuse tracing programs (map
-// iterators are BPF_PROG_TYPE_TRACING, which a locked-down kernel may refuse) and costs the
-// packet path nothing. docs/pping.md ("Garbage collection") has the rules.
-//
-// The kernel counts each direction's outstanding identifiers so that an echo finds nothing
-// to look up in the common case; user space cannot decrement that count atomically, so the
-// programs reset it themselves once the newest identifier of the direction is older than
-// the lifetime the collector applies (pp_match), and the collector only deletes.
-
-// gcCounters are the collector's counters, reported under the hook "gc".
-type gcCounters struct {
-	tsExpired, flowExpired atomic.Uint64
-}
+// Garbage collection is driven by user space, every cleanup interval: it reads the flow and
+// identifier tables in batches and picks what expired. Two programs, run through
+// BPF_PROG_TEST_RUN with the keys as the test packet, delete: pping_gc_expire the
+// identifiers (and decrements their direction's outstanding count and hint slot),
+// pping_gc_flows the flows it finds still expired (and takes their unopened directions off
+// the hint slots): in the kernel, where those counts change atomically beside the packet
+// programs' (user space could only delete, and the counts would drift).
+// Timed-out flows are reported as closing events.
+// No tracing program is involved (map iterators are BPF_PROG_TYPE_TRACING, which a
+// locked-down kernel may refuse), and the packet path pays nothing. docs/pping.md
+// ("Garbage collection") has the rules.
 
 // gcBatch is how many entries one batch lookup returns.
 const gcBatch = 256
+
+// PP_GC_BATCH and PP_GC_FLOW_BATCH: identifiers per run of pping_gc_expire, flows per run
+// of pping_gc_flows.
+const (
+	gcExpireBatch = int(ppingPpConstsPP_GC_BATCH)
+	gcFlowBatch   = int(ppingPpConstsPP_GC_FLOW_BATCH)
+)
 
 // now is the programs' clock: CLOCK_MONOTONIC (bpf_ktime_get_ns), or the fixtures' fixed
 // clock (bpf/include/clock.h) when the object was loaded with one; and the jiffies at it.
@@ -68,46 +70,46 @@ func (m *Monitor) RunGC() ([]*FlowEvent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("run timestamp GC: %w", err)
 	}
-	for i := range stale {
-		// Gone already: matched since the batch was read.
-		if err := m.objs.PktTs.Delete(&stale[i]); err == nil {
-			m.gc.tsExpired.Add(1)
-		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil, fmt.Errorf("run timestamp GC: %w", err)
+	if err := m.expire(stale); err != nil {
+		return nil, fmt.Errorf("run timestamp GC: %w", err)
+	}
+	// Flows: the candidates by this snapshot; pping_gc_flows checks each again and deletes.
+	var cands []ppingPpTuple
+	for key, fs := range flows {
+		if _, _, ok := m.flowExpired(&key, &fs, nowJ); ok {
+			cands = append(cands, key)
 		}
 	}
 	var evs []*FlowEvent
-	for key, fs := range flows {
-		if _, _, ok := m.flowExpired(&key, &fs, nowJ); !ok {
-			continue
+	at := m.clock.wall(now)
+	for len(cands) > 0 {
+		batch := cands[:min(len(cands), gcFlowBatch)]
+		cands = cands[len(batch):]
+		buf, err := binary.Append(nil, binary.LittleEndian, batch)
+		if err != nil {
+			return evs, err
 		}
-		// Look again right before deleting: a packet may have revived the flow since the
-		// batch was read.
-		if err := m.objs.Flows.Lookup(&key, &fs); err != nil {
-			continue
+		deleted, err := m.objs.PpingGcFlows.Run(&ebpf.RunOptions{Data: buf})
+		if err != nil {
+			return evs, fmt.Errorf("run flow GC: pping_gc_flows: %w", err)
 		}
-		notify0, notify1, ok := m.flowExpired(&key, &fs, nowJ)
-		if !ok {
-			continue
-		}
-		if err := m.objs.Flows.Delete(&key); err != nil {
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
+		for i, key := range batch {
+			if deleted&(1<<i) == 0 {
 				continue
 			}
-			return evs, fmt.Errorf("run flow GC: %w", err)
-		}
-		m.gc.flowExpired.Add(1)
-		if m.cfg.Aggregate > 0 {
-			continue // events are per-sample mode's
-		}
-		at := m.clock.wall(now)
-		rev := key.reverse()
-		// dir[0] runs key.saddr -> key.daddr; its replies come from key.daddr.
-		if notify0 {
-			evs = append(evs, &FlowEvent{Time: at, Flow: rev.flow(), Type: FlowClosing, Reason: ReasonTimeout, Source: SourceGC})
-		}
-		if notify1 {
-			evs = append(evs, &FlowEvent{Time: at, Flow: key.flow(), Type: FlowClosing, Reason: ReasonTimeout, Source: SourceGC})
+			fs := flows[key]
+			notify0, notify1, _ := m.flowExpired(&key, &fs, nowJ)
+			if m.cfg.Aggregate > 0 {
+				continue // events are per-sample mode's
+			}
+			// dir[0] runs key.saddr -> key.daddr; its replies come from key.daddr.
+			if notify0 {
+				rev := key.reverse()
+				evs = append(evs, &FlowEvent{Time: at, Flow: rev.flow(), Type: FlowClosing, Reason: ReasonTimeout, Source: SourceGC})
+			}
+			if notify1 {
+				evs = append(evs, &FlowEvent{Time: at, Flow: key.flow(), Type: FlowClosing, Reason: ReasonTimeout, Source: SourceGC})
+			}
 		}
 	}
 	return evs, nil
@@ -115,7 +117,7 @@ func (m *Monitor) RunGC() ([]*FlowEvent, error) {
 
 // tsExpired applies the identifier lifetime: clamp(8 x the direction's smoothed RTT,
 // min, max), so a short-RTT flow's lost replies are forgotten quickly and a long-RTT flow
-// keeps its identifiers long enough to be matched (pp_ts_lifetime in flow.h is the same rule).
+// keeps its identifiers long enough to be matched. Only the collector applies it.
 func (m *Monitor) tsExpired(id *ppingPpPktId, stored, now uint64, flows map[ppingPpTuple]ppingPpFlowState) bool {
 	stored &^= tsPureACK
 	if now <= stored {
@@ -129,7 +131,7 @@ func (m *Monitor) tsExpired(id *ppingPpPktId, stored, now uint64, flows map[ppin
 	return now-stored > m.cfg.tsLifetime(srtt)
 }
 
-// tsLifetime is pp_ts_lifetime() (flow.h).
+// tsLifetime is clamp(tsRTTMult x srtt, TSMinLifetime, TSMaxLifetime) in ns.
 func (c Config) tsLifetime(srtt uint64) uint64 {
 	life := uint64(c.TSMaxLifetime)
 	if srtt > 0 && srtt*tsRTTMult < life {
@@ -138,7 +140,8 @@ func (c Config) tsLifetime(srtt uint64) uint64 {
 	return max(life, uint64(c.TSMinLifetime))
 }
 
-// PP_TS_RTT_MULT and PP_TS_PURE_ACK (flow.h, pping.h).
+// tsRTTMult: an unmatched identifier lives this many smoothed RTTs (clamped);
+// tsPureACK is PP_TS_PURE_ACK (pping.h), bit 0 of a stored time.
 const (
 	tsRTTMult = 8
 	tsPureACK = 1
@@ -167,7 +170,8 @@ func dirActive(d *ppingPpDirShared) bool { return d.Conn == connWaitOpen || d.Co
 
 // dirExpired: an unanswered direction after the unopened lifetime, an idle ICMP/UDP one
 // after the datagram lifetime, any idle one after the flow lifetime. The programs keep the
-// last packet's time in jiffies; now is in jiffies too.
+// last packet's time in jiffies; now is in jiffies too. pping_gc_flows (pp_dir_expired in
+// pping.bpf.c) checks the same rule again before it deletes.
 func (m *Monitor) dirExpired(d *ppingPpDirShared, o *ppingPpDirOwn, proto uint8, now uint64) bool {
 	if !dirActive(d) || now < o.LastSeen {
 		return false
@@ -236,4 +240,20 @@ func batchRead[K comparable, V any](mp *ebpf.Map, fn func(K, V)) error {
 			return err
 		}
 	}
+}
+
+// expire hands ids to pping_gc_expire, PP_GC_BATCH at a time.
+func (m *Monitor) expire(ids []ppingPpPktId) error {
+	for len(ids) > 0 {
+		n := min(len(ids), gcExpireBatch)
+		buf, err := binary.Append(nil, binary.LittleEndian, ids[:n])
+		if err != nil {
+			return err
+		}
+		if _, err := m.objs.PpingGcExpire.Run(&ebpf.RunOptions{Data: buf}); err != nil {
+			return fmt.Errorf("run pping_gc_expire: %w", err)
+		}
+		ids = ids[n:]
+	}
+	return nil
 }

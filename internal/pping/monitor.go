@@ -27,7 +27,6 @@ type Monitor struct {
 	clock      monoClock
 	jiffies    jiffyClock
 	clockFixed bool // the programs read bpf/include/clock.h's fixed clock (fixtures)
-	gc         gcCounters
 	aggMu      sync.Mutex
 	aggPrev    int // buffer the kernel wrote before the last flip (under aggMu)
 }
@@ -39,12 +38,15 @@ type Monitor struct {
 type monitorObjects struct {
 	ppingMaps
 	ppingVariables
-	PpingEgress  *ebpf.Program `ebpf:"pping_egress"`
-	PpingIngress *ebpf.Program `ebpf:"pping_ingress"`
+	PpingEgress   *ebpf.Program `ebpf:"pping_egress"`
+	PpingIngress  *ebpf.Program `ebpf:"pping_ingress"`
+	PpingGcExpire *ebpf.Program `ebpf:"pping_gc_expire"`
+	PpingGcFlows  *ebpf.Program `ebpf:"pping_gc_flows"`
 }
 
 func (o *monitorObjects) Close() error {
-	return errors.Join(o.PpingEgress.Close(), o.PpingIngress.Close(), o.ppingMaps.Close())
+	return errors.Join(o.PpingEgress.Close(), o.PpingIngress.Close(), o.PpingGcExpire.Close(),
+		o.PpingGcFlows.Close(), o.ppingMaps.Close())
 }
 
 // kernelObjects adds the kernel RTT source's program, loaded only when it is configured (a

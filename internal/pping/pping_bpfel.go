@@ -86,6 +86,10 @@ const (
 	ppingPpConstsPP_MAX_SUBNETS    ppingPpConsts = 4096
 	ppingPpConstsPP_RINGBUF_BYTES  ppingPpConsts = 1048576
 	ppingPpConstsPP_FIXPOINT_SHIFT ppingPpConsts = 16
+	ppingPpConstsPP_HINT_BITS      ppingPpConsts = 12
+	ppingPpConstsPP_HINT_SLOTS     ppingPpConsts = 4096
+	ppingPpConstsPP_GC_BATCH       ppingPpConsts = 64
+	ppingPpConstsPP_GC_FLOW_BATCH  ppingPpConsts = 32
 	ppingPpConstsPP_MAX_QUIC_PORTS ppingPpConsts = 8
 	ppingPpConstsPP_QUIC_CID_MAX   ppingPpConsts = 20
 	ppingPpConstsPP_QUIC_ID_BYTES  ppingPpConsts = 8
@@ -100,6 +104,12 @@ type ppingPpCounters struct {
 	_                structs.HostLayout
 	Pkts             uint64
 	Bytes            uint64
+	TsNotNew         uint64
+	TsRateLimited    uint64
+	MatchNone        uint64
+	MatchMiss        uint64
+	TsStored         uint64
+	MatchRtt         uint64
 	ParseErr         [16]uint64
 	SkipProto        uint64
 	SkipNoTcpTs      uint64
@@ -112,17 +122,11 @@ type ppingPpCounters struct {
 	FlowOpened       uint64
 	FlowClosed       uint64
 	FlowDeleted      uint64
-	TsStored         uint64
 	TsInactive       uint64
 	TsLocal          uint64
-	TsNotNew         uint64
-	TsRateLimited    uint64
 	TsExists         uint64
 	TsMapFull        uint64
 	TsRetrans        uint64
-	MatchRtt         uint64
-	MatchNone        uint64
-	MatchMiss        uint64
 	MatchClock       uint64
 	MatchAckIdle     uint64
 	QuicLong         uint64
@@ -361,6 +365,8 @@ const (
 	ppingMapServices           = "services"
 	ppingMapSkState            = "sk_state"
 	ppingProgPpingEgress       = "pping_egress"
+	ppingProgPpingGcExpire     = "pping_gc_expire"
+	ppingProgPpingGcFlows      = "pping_gc_flows"
 	ppingProgPpingIngress      = "pping_ingress"
 	ppingProgPpingSockops      = "pping_sockops"
 	ppingProgPpingXdp          = "pping_xdp"
@@ -382,6 +388,7 @@ const (
 	ppingVarPpBtfRtt           = "pp_btf_rtt"
 	ppingVarPpBtfSpinState     = "pp_btf_spin_state"
 	ppingVarPpCfg              = "pp_cfg"
+	ppingVarPpHint             = "pp_hint"
 	ppingVarPpLastWarn         = "pp_last_warn"
 	ppingVarPpNetnsCookie      = "pp_netns_cookie"
 	ppingVarPpZeroAgg          = "pp_zero_agg"
@@ -430,10 +437,12 @@ type ppingSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ppingProgramSpecs struct {
-	PpingEgress  *ebpf.ProgramSpec `ebpf:"pping_egress"`
-	PpingIngress *ebpf.ProgramSpec `ebpf:"pping_ingress"`
-	PpingSockops *ebpf.ProgramSpec `ebpf:"pping_sockops"`
-	PpingXdp     *ebpf.ProgramSpec `ebpf:"pping_xdp"`
+	PpingEgress   *ebpf.ProgramSpec `ebpf:"pping_egress"`
+	PpingGcExpire *ebpf.ProgramSpec `ebpf:"pping_gc_expire"`
+	PpingGcFlows  *ebpf.ProgramSpec `ebpf:"pping_gc_flows"`
+	PpingIngress  *ebpf.ProgramSpec `ebpf:"pping_ingress"`
+	PpingSockops  *ebpf.ProgramSpec `ebpf:"pping_sockops"`
+	PpingXdp      *ebpf.ProgramSpec `ebpf:"pping_xdp"`
 }
 
 // ppingMapSpecs contains maps before they are loaded into the kernel.
@@ -476,6 +485,7 @@ type ppingVariableSpecs struct {
 	PpBtfRtt           *ebpf.VariableSpec `ebpf:"pp_btf_rtt"`
 	PpBtfSpinState     *ebpf.VariableSpec `ebpf:"pp_btf_spin_state"`
 	PpCfg              *ebpf.VariableSpec `ebpf:"pp_cfg"`
+	PpHint             *ebpf.VariableSpec `ebpf:"pp_hint"`
 	PpLastWarn         *ebpf.VariableSpec `ebpf:"pp_last_warn"`
 	PpNetnsCookie      *ebpf.VariableSpec `ebpf:"pp_netns_cookie"`
 	PpZeroAgg          *ebpf.VariableSpec `ebpf:"pp_zero_agg"`
@@ -555,6 +565,7 @@ type ppingVariables struct {
 	PpBtfRtt           *ebpf.Variable `ebpf:"pp_btf_rtt"`
 	PpBtfSpinState     *ebpf.Variable `ebpf:"pp_btf_spin_state"`
 	PpCfg              *ebpf.Variable `ebpf:"pp_cfg"`
+	PpHint             *ebpf.Variable `ebpf:"pp_hint"`
 	PpLastWarn         *ebpf.Variable `ebpf:"pp_last_warn"`
 	PpNetnsCookie      *ebpf.Variable `ebpf:"pp_netns_cookie"`
 	PpZeroAgg          *ebpf.Variable `ebpf:"pp_zero_agg"`
@@ -565,15 +576,19 @@ type ppingVariables struct {
 //
 // It can be passed to loadPpingObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ppingPrograms struct {
-	PpingEgress  *ebpf.Program `ebpf:"pping_egress"`
-	PpingIngress *ebpf.Program `ebpf:"pping_ingress"`
-	PpingSockops *ebpf.Program `ebpf:"pping_sockops"`
-	PpingXdp     *ebpf.Program `ebpf:"pping_xdp"`
+	PpingEgress   *ebpf.Program `ebpf:"pping_egress"`
+	PpingGcExpire *ebpf.Program `ebpf:"pping_gc_expire"`
+	PpingGcFlows  *ebpf.Program `ebpf:"pping_gc_flows"`
+	PpingIngress  *ebpf.Program `ebpf:"pping_ingress"`
+	PpingSockops  *ebpf.Program `ebpf:"pping_sockops"`
+	PpingXdp      *ebpf.Program `ebpf:"pping_xdp"`
 }
 
 func (p *ppingPrograms) Close() error {
 	return _PpingClose(
 		p.PpingEgress,
+		p.PpingGcExpire,
+		p.PpingGcFlows,
 		p.PpingIngress,
 		p.PpingSockops,
 		p.PpingXdp,
