@@ -72,6 +72,139 @@ static __always_inline void reduce_i64(struct sg_slot *s, __u32 op, __u32 off, _
 	}
 }
 
+/* dtype_size is the bytes of one element of type t (enum sg_dtype). */
+static __always_inline __u32 dtype_size(__u8 t)
+{
+	return t == SG_T_I64 || t == SG_T_F64 ? 8 : 4;
+}
+
+/* Floats (enum sg_dtype). The raw bits load as unsigned; sg_float_fixed rounds one
+ * element to the nearest multiple of 2^-fx (half away from zero) and sets *over when it
+ * does not fit 62 - fx integer bits; F32_KEY and F64_KEY map it to an int64 whose order is the
+ * floats' order (-0 just below +0). NaN and infinities never get here (float_finite). */
+#define LOAD_U32(src, i) ((__s64)bpf_ntohl(((__be32 *)(src))[i]))
+#define LOAD_U64(src, i) ((__s64)bpf_be64_to_cpu(((__be64 *)(src))[i]))
+#define F32_EXP(b) (((b) >> 23) & 0xff)
+#define F64_EXP(b) (((b) >> 52) & 0x7ff)
+
+/* fixed_of returns +-(m * 2^sh) rounded to an integer (sh < 0: a right shift). */
+static __always_inline __s64 fixed_of(__u64 m, int sh, int neg, __u32 *over)
+{
+	__u64 v;
+
+	if (sh >= 0) {
+		if (sh > 62 || (m >> (62 - sh)) != 0) {
+			*over = 1;
+			return 0;
+		}
+		v = m << sh;
+	} else if (sh < -62) {
+		v = 0; /* m < 2^53: rounds to zero */
+	} else {
+		v = (m + (1ULL << (-sh - 1))) >> -sh;
+	}
+	return neg ? -(__s64)v : (__s64)v;
+}
+
+static __always_inline __s64 f32_fixed(__u64 b, __u32 fx, __u32 *over)
+{
+	__u64 e = F32_EXP(b), m = b & ((1ULL << 23) - 1);
+
+	if (e)
+		m |= 1ULL << 23;
+	else
+		e = 1; /* subnormal */
+	return fixed_of(m, (int)e - 150 + (int)fx, (b >> 31) & 1, over);
+}
+
+static __always_inline __s64 f64_fixed(__u64 b, __u32 fx, __u32 *over)
+{
+	__u64 e = F64_EXP(b), m = b & ((1ULL << 52) - 1);
+
+	if (e)
+		m |= 1ULL << 52;
+	else
+		e = 1;
+	return fixed_of(m, (int)e - 1075 + (int)fx, (b >> 63) & 1, over);
+}
+
+#define F32_KEY(b) ((__s64)((__s32)(b) < 0 ? (__s32)(b) ^ 0x7fffffff : (__s32)(b)))
+#define F64_KEY(b) ((__s64)(b) < 0 ? (__s64)(b) ^ 0x7fffffffffffffffLL : (__s64)(b))
+
+static __always_inline void reduce_f32(struct sg_slot *s, __u32 op, __u32 off, __u32 n, void *v,
+				       void *data_end, __u32 fx)
+{
+	__s64 *acc = s->res.agg;
+	__u32 over = 0, range = 0;
+
+	switch (op) {
+	case SG_RED_SUM:
+		ELEM_LOOP(n, v, data_end, __be32, LOAD_U32,
+			  x = f32_fixed(x, fx, &range); over |= __builtin_add_overflow(*a, x, a));
+		if (over | range)
+			s->res.flags |= SG_F_OVERFLOW;
+		break;
+	case SG_RED_MIN:
+		ELEM_LOOP(n, v, data_end, __be32, LOAD_U32, if (F32_KEY(x) < *a) *a = F32_KEY(x));
+		break;
+	case SG_RED_MAX:
+		ELEM_LOOP(n, v, data_end, __be32, LOAD_U32, if (F32_KEY(x) > *a) *a = F32_KEY(x));
+		break;
+	default:
+		ELEM_LOOP(n, v, data_end, __be32, LOAD_U32, *a = F32_KEY(x));
+	}
+}
+
+static __always_inline void reduce_f64(struct sg_slot *s, __u32 op, __u32 off, __u32 n, void *v,
+				       void *data_end, __u32 fx)
+{
+	__s64 *acc = s->res.agg;
+	__u32 over = 0, range = 0;
+
+	switch (op) {
+	case SG_RED_SUM:
+		ELEM_LOOP(n, v, data_end, __be64, LOAD_U64,
+			  x = f64_fixed(x, fx, &range); over |= __builtin_add_overflow(*a, x, a));
+		if (over | range)
+			s->res.flags |= SG_F_OVERFLOW;
+		break;
+	case SG_RED_MIN:
+		ELEM_LOOP(n, v, data_end, __be64, LOAD_U64, if (F64_KEY(x) < *a) *a = F64_KEY(x));
+		break;
+	case SG_RED_MAX:
+		ELEM_LOOP(n, v, data_end, __be64, LOAD_U64, if (F64_KEY(x) > *a) *a = F64_KEY(x));
+		break;
+	default:
+		ELEM_LOOP(n, v, data_end, __be64, LOAD_U64, *a = F64_KEY(x));
+	}
+}
+
+/* float_finite is 1 when none of the n elements at v is a NaN or an infinity (checked
+ * before the slot's lock: a rejected reply must not be half reduced). */
+static __always_inline int float_finite(const struct sg_group *g, __u32 n, void *v, void *data_end)
+{
+	for (__u32 i = 0; i < SG_AGG_ELEMS; i++) {
+		__u64 b;
+
+		if (i >= n)
+			break;
+		if (g->dtype == SG_T_F32) {
+			if ((void *)((__be32 *)v + i + 1) > data_end)
+				break;
+			b = bpf_ntohl(((__be32 *)v)[i]);
+			if (F32_EXP(b) == 0xff)
+				return 0;
+		} else {
+			if ((void *)((__be64 *)v + i + 1) > data_end)
+				break;
+			b = bpf_be64_to_cpu(((__be64 *)v)[i]);
+			if (F64_EXP(b) == 0x7ff)
+				return 0;
+		}
+	}
+	return 1;
+}
+
 enum gather_outcome {
 	G_REDUCED = 0,
 	G_COMPLETED,

@@ -79,7 +79,8 @@ type sgSgGroup struct {
 		}
 	}
 	CoordPort uint16
-	Pad1      uint16
+	FxBits    uint8
+	Pad1      uint8
 	PartBase  uint32
 }
 
@@ -143,6 +144,7 @@ type sgSgStats struct {
 	Unregistered uint64
 	BadLength    uint64
 	WorkerErrors uint64
+	BadValue     uint64
 	Multipart    uint64
 	Overflow     uint64
 	RingbufFull  uint64

@@ -2,7 +2,6 @@ package sg
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -21,7 +20,7 @@ import (
 // is one worker (its own socket); Values decides what it answers.
 type WorkerConfig struct {
 	Listen []netip.AddrPort
-	Type   uint8 // TypeI32 or TypeI64
+	Type   uint8 // TypeI32, TypeI64, TypeF32 or TypeF64 (floats: each value as that float)
 	Elems  int
 	// Values, if set, is the constant vector every worker answers. Otherwise element j of
 	// worker w's answer to request id is ValueFor(w, id, j).
@@ -262,11 +261,7 @@ func AppendPart(b []byte, h Header, cfg WorkerConfig, p, nparts int) []byte {
 		if cfg.Values != nil {
 			x = cfg.Values[j]
 		}
-		if cfg.Type == TypeI64 {
-			b = binary.BigEndian.AppendUint64(b, uint64(x))
-		} else {
-			b = binary.BigEndian.AppendUint32(b, uint32(int32(x)))
-		}
+		b = appendElem(b, cfg.Type, x)
 	}
 	return b
 }
