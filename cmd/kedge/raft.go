@@ -206,7 +206,9 @@ func newRaftKVCmd() *cobra.Command {
 		Short: "Read and write keys (linearizable)",
 		Long: `Reads and writes keys through any node: writes are forwarded to the leader by raft and
 answered once applied; reads go through ReadIndex. The endpoints are tried in order; the
-next one is asked when a node refuses the connection or has no leader (503).
+next one is asked when a node refuses the connection or has no leader (503). When every one
+did, all are asked again (after 50 ms, doubling up to 1 s) until --timeout: a command
+started while the cluster comes up or elects a leader waits for it, as an etcd client does.
 
 A write that timed out (504) or lost its connection is reported as "outcome unknown" and
 not retried: it may still commit. Exit codes: 0 done (for cas: also when it did not swap,
@@ -241,7 +243,7 @@ see "ok"), 1 error or unknown outcome, 2 bad usage.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), t.timeout)
 			defer cancel()
-			c := &client.Client{Endpoints: eps}
+			c := &client.Client{Endpoints: eps, Retry: true}
 			var res any
 			var text string
 			switch op {

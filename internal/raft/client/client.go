@@ -1,8 +1,8 @@
 // Package client is the Go client of kedge raft's HTTP/JSON API (docs/raft.md section 2),
 // used by `kedge raft kv|status`, by the lab's checker and by `kedge bench raft` (the one
 // HTTP client of kedge raft). A Client with one endpoint talks to that node only; with
-// several it moves to the next on a refused connection or a 503. LeaderAfter finds a new
-// leader by asking every endpoint at once.
+// several it moves to the next on a refused connection or a 503, and with Retry it starts
+// over until its context ends. LeaderAfter finds a new leader by asking every endpoint at once.
 package client
 
 import (
@@ -27,7 +27,18 @@ import (
 type Client struct {
 	Endpoints []string
 	HTTP      *http.Client // nil: a client with a 10 s timeout
+	// Retry: when every endpoint refused the connection or answered 503 (no leader known:
+	// nothing was applied), ask them all again after a pause (RetryMin, doubling up to 1 s)
+	// until the request's context ends, as an etcd client does during an election. Off, the
+	// last endpoint's answer is returned at once.
+	Retry bool
 }
+
+// RetryMin is the first pause of a Client with Retry between two rounds over its endpoints.
+const RetryMin = 50 * time.Millisecond
+
+// retryMax caps the pause between rounds.
+const retryMax = time.Second
 
 // Error is a failed request. Outcome says what a failed write did: api.OutcomeNone (not
 // applied) or api.OutcomeUnknown (may still commit: a timeout or a broken connection).
@@ -80,16 +91,27 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any, wri
 			return fmt.Errorf("encode request: %w", err)
 		}
 	}
-	var last error
-	for _, ep := range c.Endpoints {
-		err := c.once(ctx, ep, method, path, b, out, write)
-		var e *Error
-		if err == nil || !errors.As(err, &e) || !(e.Status == http.StatusServiceUnavailable || e.Status == 0 && e.Outcome == api.OutcomeNone) {
-			return err
+	pause := RetryMin
+	for rounds := 1; ; rounds++ {
+		var last error
+		for _, ep := range c.Endpoints {
+			err := c.once(ctx, ep, method, path, b, out, write)
+			var e *Error
+			if err == nil || !errors.As(err, &e) || !(e.Status == http.StatusServiceUnavailable || e.Status == 0 && e.Outcome == api.OutcomeNone) {
+				return err
+			}
+			last = err
 		}
-		last = err
+		if !c.Retry {
+			return last
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (asked every endpoint %d times, until %w)", last, rounds, ctx.Err())
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, retryMax)
 	}
-	return last
 }
 
 func (c *Client) once(ctx context.Context, ep, method, path string, body []byte, out any, write bool) error {
