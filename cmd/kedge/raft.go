@@ -321,7 +321,8 @@ func newRaftStatusCmd() *cobra.Command {
 		Use:   "status",
 		Short: "Show every node: state, leader, term, commit and applied index, last heartbeat",
 		Long: `Asks every node for its status. LAST-HB is, on a follower, the time since it last heard
-from the leader and, on the leader, the oldest time since a follower answered.
+from the leader and, on the leader, the oldest time since a follower answered (with the
+kernel paths on, the kernel's record where it answers for the node).
 Exit codes: 0 every node answered, 1 some did not, 2 bad usage.`,
 		Example: `  kedge raft status --config cluster.yaml
   kedge raft status --endpoints 10.77.0.1:8000,10.77.0.2:8000 -o json`,

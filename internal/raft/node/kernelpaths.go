@@ -175,6 +175,53 @@ func (n *Node) OffloadMode() string {
 	return n.fol.k.Mode() + " on " + n.fol.k.Interface()
 }
 
+// heardMs is how many milliseconds ago this node last heard peer (nil: never), for
+// Status: the later of what its transport delivered and, with the follower path, the
+// kernel's record - as follower (peer is the leader), the leader's heartbeats the program
+// answered without waking the node (user space sees none while it answers); as leader
+// (leading), peer's heartbeat responses the program recorded (maps.h leader_acks).
+func (n *Node) heardMs(peer uint64, now time.Time, leading bool) *float64 {
+	var age time.Duration
+	known := false
+	if t := n.tr.LastHeard(peer); !t.IsZero() {
+		age, known = now.Sub(t), true
+	}
+	if k, ok := n.fol.kernelHeard(peer, leading); ok && (!known || k < age) {
+		age, known = k, true
+	}
+	if !known {
+		return nil
+	}
+	v := float64(age.Microseconds()) / 1000
+	return &v
+}
+
+// kernelHeard is how long ago the follower program last recorded peer (see heardMs); ok is
+// false without the follower path or a record of peer.
+func (f *follower) kernelHeard(peer uint64, leading bool) (age time.Duration, ok bool) {
+	if f == nil {
+		return 0, false
+	}
+	var at time.Duration
+	if leading {
+		a, found, err := f.k.Ack(peer)
+		if err != nil || !found {
+			return 0, false
+		}
+		at = a.Arrival
+	} else {
+		hb, err := f.k.Heartbeat()
+		if err != nil || hb.Leader != peer {
+			return 0, false
+		}
+		at = hb.Arrival
+	}
+	if at == 0 {
+		return 0, false
+	}
+	return max(offload.Monotonic()-at, 0), true
+}
+
 // offloadCollector exports the program's counters as kedge_raft_offload_packets_total{counter}.
 type offloadCollector struct{ k *offload.Follower }
 

@@ -118,6 +118,28 @@ func TestLabOffload(t *testing.T) {
 	}
 	t.Logf("follower %d: %d heartbeats answered in XDP, %d passed up, user space saw %v", fol, in2.Counters["hb_answered"], passes(in2), seen)
 
+	// LAST-HB is the kernel's record where the kernel answers: with no writes for 3 s, user
+	// space hears the leader only now and then (its own record grew to 5-10 s), while
+	// heartbeats come every few tens of milliseconds; a second is far from either.
+	time.Sleep(3 * time.Second)
+	for range 10 {
+		fs, err := c.status(fol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fs.LastHeartbeatMs == nil || *fs.LastHeartbeatMs > 1000 {
+			t.Fatalf("follower %d: last_heartbeat_ms %v while its kernel answers the leader's heartbeats (want under 1000)", fol, ptrString(fs.LastHeartbeatMs))
+		}
+		ls, err := c.status(lead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ls.LastHeartbeatMs == nil || *ls.LastHeartbeatMs > 1000 {
+			t.Fatalf("leader %d: last_heartbeat_ms %v (the oldest follower's; want under 1000), peers %+v", lead, ptrString(ls.LastHeartbeatMs), ls.Peers)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
 	// kill -STOP: the loop cannot refresh alive-until any more.
 	p := c.procs[fol]
 	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -251,4 +273,11 @@ func allStopped(pid int) bool {
 		}
 	}
 	return true
+}
+
+func ptrString(v *float64) string {
+	if v == nil {
+		return "null"
+	}
+	return strconv.FormatFloat(*v, 'f', 3, 64)
 }

@@ -619,20 +619,13 @@ func (n *Node) Status() api.Status {
 		Term: s.GetTerm(), Commit: s.GetCommit(), Applied: n.applied.Load(), LastIndex: last,
 		SnapshotIndex: n.snapIndex.Load(), UnsafeLocalReads: n.opts.UnsafeLocalReads, Offload: n.OffloadMode()}
 	now := time.Now()
-	ms := func(t time.Time) *float64 {
-		if t.IsZero() {
-			return nil
-		}
-		v := float64(now.Sub(t).Microseconds()) / 1000
-		return &v
-	}
 	if s.RaftState == raft.StateLeader {
 		var oldest *float64
 		for id, pr := range s.Progress {
 			if id == n.cfg.ID {
 				continue
 			}
-			h := ms(n.tr.LastHeard(id))
+			h := n.heardMs(id, now, true)
 			st.Peers = append(st.Peers, api.PeerStatus{ID: id, Match: pr.Match, Next: pr.Next, State: strings.ToLower(strings.TrimPrefix(pr.State.String(), "State")), LastHeardMs: h})
 			if h != nil && (oldest == nil || *h > *oldest) {
 				oldest = h
@@ -640,7 +633,7 @@ func (n *Node) Status() api.Status {
 		}
 		st.LastHeartbeatMs = oldest
 	} else if s.Lead != raft.None {
-		st.LastHeartbeatMs = ms(n.tr.LastHeard(s.Lead))
+		st.LastHeartbeatMs = n.heardMs(s.Lead, now, false)
 	}
 	return st
 }
