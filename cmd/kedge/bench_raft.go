@@ -19,6 +19,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/raftbench"
+	"github.com/kedge-dev/kedge/internal/raftlab"
 )
 
 func init() {
@@ -100,8 +101,10 @@ rounds alternate, so every system sees the same machine.
   false-elections  leader changes with no crash, for --fe-duration per phase (--fe-phases):
                    idle; spinners (two busy loops per CPU); starved-follower (one follower
                    pinned to a CPU shared with three spinners); stress (one spinner per CPU
-                   AND a starved follower). Every mode's cluster under the same pressure at
-                   once. The shortest quiet timeout per mode is the shortest of
+                   AND a starved follower); stress-disk (stress, AND the other follower's
+                   disk stalled: its writes limited to --fe-stall-iops a second, so each
+                   fsync takes hundreds of ms, while 4 writers put to the leader). Every
+                   mode's cluster under the same pressure at once. The shortest quiet timeout per mode is the shortest of
                    --election-ticks with no leader change (a search wants --fe-duration 10m).
   throughput       --clients closed-loop writers of 64-byte values over 1000 keys, per
                    cluster size in --tp-nodes and routing in --tp-routing (every request to
@@ -161,7 +164,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 					o.FalseModes = append(o.FalseModes, peer)
 				}
 			}
-			if o.FalsePhases, err = splitList("--fe-phases phase", phases, []string{"idle", "spinners", "starved-follower", "stress"}); err != nil {
+			if o.FalsePhases, err = splitList("--fe-phases phase", phases, []string{"idle", "spinners", "starved-follower", "stress", "stress-disk"}); err != nil {
 				return err
 			}
 			if auth {
@@ -238,7 +241,8 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	f.DurationVar(&o.HeartbeatLease, "heartbeat-lease", 0, "mode on: the kernel heartbeats' lease (0: the node's default)")
 	f.DurationVar(&o.OffloadAlive, "offload-alive", 0, "modes on and follower: the follower program's alive bound (0: the node's default)")
 	f.BoolVar(&auth, "auth", true, "give the clusters a random cluster key (every UDP packet authenticated)")
-	f.StringVar(&phases, "fe-phases", "stress", "false-election phases (comma-separated: idle, spinners, starved-follower, stress)")
+	f.StringVar(&phases, "fe-phases", "stress", "false-election phases (comma-separated: idle, spinners, starved-follower, stress, stress-disk)")
+	f.IntVar(&o.StallIOPS, "fe-stall-iops", raftlab.StallIOPS, "stress-disk: the stalled node's disk writes per second")
 	f.DurationVar(&o.HeartbeatDuration, "hb-duration", 10*time.Second, "idle window of the heartbeat CPU measurement")
 	f.IntVar(&o.HeartbeatProbes, "hb-probes", 200, "heartbeat round-trip probes per mode")
 	f.DurationVar(&o.Tick, "tick", 10*time.Millisecond, "raft tick of the nodes")
@@ -321,7 +325,7 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 	if len(r.FalseElections) > 0 {
 		fmt.Fprintln(tw, "FALSE ELECTIONS\tOFFLOAD\tELECTION TIMEOUT\tDURATION\tLEADER CHANGES\tPER MINUTE\tTERM +")
 		for _, f := range r.FalseElections {
-			fmt.Fprintf(tw, "%s\t%s\t%.0f ms\t%.0f s\t%d\t%.2f\t%d\n", f.Scenario, f.Offload, f.ElectionTimeoutMs, f.DurationS, f.LeaderChanges, f.PerMinute, f.TermIncrease)
+			fmt.Fprintf(tw, "%s\t%s\t%.0f ms\t%.0f s\t%d\t%.2f\t%d\n", raftbench.PhaseName(f), f.Offload, f.ElectionTimeoutMs, f.DurationS, f.LeaderChanges, f.PerMinute, f.TermIncrease)
 		}
 		fmt.Fprintln(tw)
 		// Per mode and phase: the shortest timeout run with no leader change (and no term

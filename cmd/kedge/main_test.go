@@ -182,6 +182,8 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--peer", "zookeeper"}},
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--failover-client", "leader,psychic"}},
 		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--tp-routing", "random"}},
+		{exitUsage, []string{"raft", "lab", "fault", "kedgetestnosuchlab", "stall", "2", "--write-iops", "0"}},
+		{exitUsage, []string{"bench", "raft", "--out", "$TMP", "--fe-phases", "stress-disk,quake"}},
 	},
 	"raft-errors.golden": {
 		{exitUsage, []string{"raft"}},

@@ -344,6 +344,9 @@ func raftLabTable(w io.Writer, in *raftlab.Info) error {
 		if n.Starved {
 			note = strings.TrimSpace(note + " starved")
 		}
+		if n.Stalled {
+			note = strings.TrimSpace(note + " disk-stalled")
+		}
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.PID, n.Client, state, leader, term, commit, note)
 	}
 	if err := tw.Flush(); err != nil {
@@ -360,14 +363,15 @@ func raftLabTable(w io.Writer, in *raftlab.Info) error {
 
 func newRaftLabFaultCmd() *cobra.Command {
 	var (
-		from, to string
-		fault    lab.LinkFault
-		spinners int
-		output   string
+		from, to  string
+		fault     lab.LinkFault
+		spinners  int
+		writeIOPS int
+		output    string
 	)
 	cmd := &cobra.Command{
 		Use:   "fault NAME KIND [ARGS]",
-		Short: "Inject or heal a fault: partition, oneway, net, heal, kill, start, pause, resume, starve, unstarve",
+		Short: "Inject or heal a fault: partition, oneway, net, heal, kill, start, pause, resume, starve, unstarve, stall, unstall",
 		Long: `Kinds:
   partition G1 G2 [G3...]   split the nodes into groups (comma-separated ids), both directions
   oneway FROM TO            drop packets from the nodes FROM to the nodes TO (comma lists)
@@ -378,12 +382,16 @@ func newRaftLabFaultCmd() *cobra.Command {
   start N|killed            start a killed node again (from its data directory); 'killed'
                             names the one node that is down
   pause N|leader, resume N  SIGSTOP / SIGCONT
-  starve N|leader, unstarve N   pin the node to one CPU with --spinners busy threads there`,
+  starve N|leader, unstarve N   pin the node to one CPU with --spinners busy threads there
+  stall N|leader, unstall N     stall the node's disk: its writes limited to --write-iops
+                            a second (a blkio cgroup of its own), so each fsync takes
+                            hundreds of ms`,
 		Example: `  sudo kedge raft lab fault demo partition 1 2,3
   sudo kedge raft lab fault demo oneway 2,3 1
   sudo kedge raft lab fault demo net --loss 0.1 --dup 0.05 --delay 5ms --jitter 10ms --share 0.3
   sudo kedge raft lab fault demo kill leader
   sudo kedge raft lab fault demo start killed
+  sudo kedge raft lab fault demo stall 2 --write-iops 10
   sudo kedge raft lab fault demo heal`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 2 {
@@ -393,7 +401,7 @@ func newRaftLabFaultCmd() *cobra.Command {
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name, kind, rest := args[0], args[1], args[2:]
-			req := raftlab.Request{Op: kind, Spinners: spinners}
+			req := raftlab.Request{Op: kind, Spinners: spinners, WriteIOPS: writeIOPS}
 			var err error
 			switch kind {
 			case "partition":
@@ -436,11 +444,14 @@ func newRaftLabFaultCmd() *cobra.Command {
 					}
 				}
 			case "heal":
-			case "kill", "start", "pause", "resume", "starve", "unstarve":
+			case "kill", "start", "pause", "resume", "starve", "unstarve", "stall", "unstall":
 				if len(rest) != 1 {
-					return usagef("%s needs a node id (or 'leader' to kill, pause or starve; 'killed' to start)", kind)
+					return usagef("%s needs a node id (or 'leader' to kill, pause, starve or stall; 'killed' to start)", kind)
 				}
-				byName := map[string]bool{"leader": kind == "kill" || kind == "pause" || kind == "starve", "killed": kind == "start"}
+				if writeIOPS < 1 {
+					return usagef("--write-iops %d: use at least 1", writeIOPS)
+				}
+				byName := map[string]bool{"leader": kind == "kill" || kind == "pause" || kind == "starve" || kind == "stall", "killed": kind == "start"}
 				if !byName[rest[0]] {
 					if req.Node, err = strconv.Atoi(rest[0]); err != nil || req.Node < 1 {
 						alt := ""
@@ -453,7 +464,7 @@ func newRaftLabFaultCmd() *cobra.Command {
 					}
 				}
 			default:
-				return usagef("unknown fault kind %q: use partition, oneway, net, heal, kill, start, pause, resume, starve or unstarve", kind)
+				return usagef("unknown fault kind %q: use partition, oneway, net, heal, kill, start, pause, resume, starve, unstarve, stall or unstall", kind)
 			}
 			resp, err := raftLabControl(name, req)
 			if err != nil {
@@ -473,6 +484,7 @@ func newRaftLabFaultCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&fault.Jitter, "jitter", 0, "net: plus a uniform 0..jitter")
 	cmd.Flags().Float64Var(&fault.DelayShare, "share", 0, "net: fraction of packets delayed (the rest overtake them: reordering); 0 = all")
 	cmd.Flags().IntVar(&spinners, "spinners", 3, "starve: busy threads on the node's CPU")
+	cmd.Flags().IntVar(&writeIOPS, "write-iops", raftlab.StallIOPS, "stall: the node's disk writes per second")
 	addOutputFlag(cmd, &output)
 	return cmd
 }

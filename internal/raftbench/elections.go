@@ -24,7 +24,7 @@ import (
 // FalseElections is one run without any crash: leader changes seen while it lasted.
 type FalseElections struct {
 	Offload           string  `json:"offload"`
-	Scenario          string  `json:"scenario"` // idle, spinners (2 per CPU), starved-follower, stress
+	Scenario          string  `json:"scenario"` // idle, spinners (2 per CPU), starved-follower, stress, stress-disk
 	Nodes             int     `json:"nodes"`
 	ElectionTicks     int     `json:"election_ticks"`
 	ElectionTimeoutMs float64 `json:"election_timeout_ms"`
@@ -32,6 +32,20 @@ type FalseElections struct {
 	LeaderChanges     int     `json:"leader_changes"` // new (term, leader) pairs after the first
 	TermIncrease      uint64  `json:"term_increase"`
 	PerMinute         float64 `json:"per_minute"`
+	// stress-disk: the writes acknowledged and failed during the run (StallWriters
+	// closed-loop writers to the leader), and the stalled node.
+	Writes      int `json:"writes,omitempty"`
+	WriteErrors int `json:"write_errors,omitempty"`
+	Stalled     int `json:"stalled_node,omitempty"`
+}
+
+// StallWriters write during a stress-disk phase, so that the stalled node has appends to
+// fsync.
+const StallWriters = 4
+
+// stressed says whether phase starves a follower.
+func stressed(phase string) bool {
+	return phase == "starved-follower" || phase == "stress" || phase == "stress-disk"
 }
 
 // falseElections watches leader changes with no crash, in each phase of o.FalsePhases,
@@ -57,12 +71,14 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 			stops = nil
 			return errors.Join(errs...)
 		}
-		for _, mode := range o.Modes {
+		leaders, stalled := make([]int, len(o.Modes)), make([]int, len(o.Modes))
+		for i, mode := range o.Modes {
 			leader, err := stableLeader(ctx, cs[mode])
 			if err != nil {
 				return out, errors.Join(err, stopAll())
 			}
-			if sc != "starved-follower" && sc != "stress" {
+			leaders[i] = leader
+			if !stressed(sc) {
 				continue
 			}
 			follower := 1
@@ -74,11 +90,26 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 				return out, errors.Join(err, stopAll())
 			}
 			stops = append(stops, s.Stop)
+			if sc != "stress-disk" {
+				continue
+			}
+			// The other follower's disk stalls.
+			for _, n := range cs[mode].Nodes {
+				if n.ID != leader && n.ID != follower {
+					stalled[i] = n.ID
+					break
+				}
+			}
+			d, err := cs[mode].StallDisk(stalled[i], o.StallIOPS)
+			if err != nil {
+				return out, errors.Join(err, stopAll())
+			}
+			stops = append(stops, d.Stop)
 		}
 		switch sc {
-		case "spinners", "stress":
+		case "spinners", "stress", "stress-disk":
 			n := 2 * runtime.NumCPU()
-			if sc == "stress" {
+			if sc != "spinners" {
 				n = runtime.NumCPU()
 			}
 			s, err := bench.Spin(n)
@@ -94,7 +125,15 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				var ws *stallWriters
+				if sc == "stress-disk" {
+					ws = startWriters(ctx, cs[mode], leaders[i], StallWriters)
+				}
 				res[i], errs[i] = watchLeaders(ctx, cs[mode], o.FalseElectionDuration)
+				if ws != nil {
+					res[i].Writes, res[i].WriteErrors = ws.stop()
+					res[i].Stalled = stalled[i]
+				}
 			}()
 		}
 		wg.Wait()
@@ -114,6 +153,58 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 		}
 	}
 	return out, nil
+}
+
+// stallWriters are closed-loop writers to one node, counting what they put.
+type stallWriters struct {
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	mu          sync.Mutex
+	writes, bad int
+}
+
+// startWriters starts n writers putting 64-byte values to node to of c.
+func startWriters(ctx context.Context, c *raftlab.Cluster, to, n int) *stallWriters {
+	ctx, cancel := context.WithCancel(ctx)
+	ws := &stallWriters{cancel: cancel}
+	value := strings.Repeat("v", throughputValueBytes)
+	for i := range n {
+		ws.wg.Add(1)
+		go func() {
+			defer ws.wg.Done()
+			w, err := c.NewWriter([]int{to}, 5*time.Second)
+			if err != nil {
+				ws.mu.Lock()
+				ws.bad++
+				ws.mu.Unlock()
+				return
+			}
+			defer w.Close()
+			for k := 0; ctx.Err() == nil; k++ {
+				wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := w.Put(wctx, fmt.Sprintf("fe/%03d", (i*37+k*7)%throughputKeys), value)
+				wcancel()
+				ws.mu.Lock()
+				if err == nil {
+					ws.writes++
+				} else if ctx.Err() == nil {
+					ws.bad++
+				}
+				ws.mu.Unlock()
+				if err != nil && ctx.Err() == nil {
+					time.Sleep(10 * time.Millisecond) // pacing a writer whose writes fail
+				}
+			}
+		}()
+	}
+	return ws
+}
+
+// stop ends the writers and returns the writes acknowledged and failed.
+func (ws *stallWriters) stop() (writes, failed int) {
+	ws.cancel()
+	ws.wg.Wait()
+	return ws.writes, ws.bad
 }
 
 // keepRecords writes each node's election record (GET /v1/events) and its kedge_raft

@@ -108,7 +108,7 @@ func figures(dir string, throughput bool) (string, error) {
 	if len(r.FalseElections) > 0 {
 		b.WriteString("\n| Mode | Election timeout | Phase | Duration | Leader changes | Term increase |\n|---|---:|---|---:|---:|---:|\n")
 		for _, f := range r.FalseElections {
-			fmt.Fprintf(&b, "| %s | %.0f ms | %s | %.0f s | %d | %d |\n", f.Offload, f.ElectionTimeoutMs, f.Scenario, f.DurationS, f.LeaderChanges, f.TermIncrease)
+			fmt.Fprintf(&b, "| %s | %.0f ms | %s | %.0f s | %d | %d |\n", f.Offload, f.ElectionTimeoutMs, PhaseName(f), f.DurationS, f.LeaderChanges, f.TermIncrease)
 		}
 	}
 	if len(r.Throughput) > 0 {
@@ -144,6 +144,14 @@ func figures(dir string, throughput bool) (string, error) {
 		}
 	}
 	return b.String(), nil
+}
+
+// PhaseName is a false-election phase, with the writes of a stress-disk run.
+func PhaseName(f FalseElections) string {
+	if f.Scenario != "stress-disk" {
+		return f.Scenario
+	}
+	return fmt.Sprintf("%s (node %d's disk stalled; %d writes acknowledged, %d failed)", f.Scenario, f.Stalled, f.Writes, f.WriteErrors)
 }
 
 // clientName is a failover client's name in the tables ("" in results of before the

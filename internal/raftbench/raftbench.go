@@ -135,10 +135,14 @@ type Options struct {
 	// FailoverAttempt bounds each write attempt of the uninformed failover client, and
 	// each attempt of etcd's informed one (0: the election timeout, at least 10 ms).
 	FailoverAttempt time.Duration
+	// StallIOPS: the stress-disk phase's limit on the stalled node's disk writes per
+	// second (0: raftlab.StallIOPS).
+	StallIOPS int
 	// FalseElectionDuration is each false-election run's length (per phase and setting).
 	FalseElectionDuration time.Duration
 	// FalsePhases: idle, spinners (2 per CPU), starved-follower, stress (one spinner per
-	// CPU and one follower of each cluster pinned to a CPU shared with three spinners).
+	// CPU and one follower of each cluster pinned to a CPU shared with three spinners),
+	// stress-disk (stress, and the other follower's disk stalled while StallWriters write).
 	FalsePhases []string
 	// FalseModes are the modes of the false-election runs (nil: Modes).
 	FalseModes []string

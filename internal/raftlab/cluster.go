@@ -284,6 +284,33 @@ func (c *Cluster) Kill(id int) error {
 	return nil
 }
 
+// dataDir is node id's data directory (the config's data_dir; etcd's --data-dir).
+func (c *Cluster) dataDir(id int) string {
+	return filepath.Join(c.Spec.Dir, "data", strconv.Itoa(id))
+}
+
+// StallIOPS is the disk-stall fault's default: 10 write requests a second, so that a
+// node's fsync of an append (data and metadata) takes a few hundred milliseconds.
+const StallIOPS = 10
+
+// StallDisk stalls node id's disk: its process's writes to the disk holding its data are
+// limited to writeIOPS (0: StallIOPS) requests a second until the returned stall's Stop (a
+// node that is killed and started again runs unthrottled).
+func (c *Cluster) StallDisk(id, writeIOPS int) (*lab.DiskStall, error) {
+	pid := c.PID(id)
+	if pid == 0 {
+		return nil, fmt.Errorf("stall disk of node %d: it does not run", id)
+	}
+	if writeIOPS == 0 {
+		writeIOPS = StallIOPS
+	}
+	dir := c.dataDir(id)
+	if _, err := os.Stat(dir); err != nil {
+		dir = c.Spec.Dir
+	}
+	return lab.StallDisk(pid, dir, writeIOPS)
+}
+
 // Running reports whether node id's process runs (it may have exited on its own).
 func (c *Cluster) Running(id int) bool {
 	n := c.Node(id)

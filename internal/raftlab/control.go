@@ -31,13 +31,15 @@ const (
 
 // Request is one control command.
 type Request struct {
-	Op       string        `json:"op"` // status, partition, oneway, net, heal, kill, start, pause, resume, starve, unstarve, down
+	Op       string        `json:"op"` // status, partition, oneway, net, heal, kill, start, pause, resume, starve, unstarve, stall, unstall, down
 	Groups   [][]int       `json:"groups,omitempty"`
 	From     []int         `json:"from,omitempty"`
 	To       []int         `json:"to,omitempty"`
-	Node     int           `json:"node,omitempty"` // 0 with kill/pause/starve: the current leader
+	Node     int           `json:"node,omitempty"` // 0 with kill/pause/starve/stall: the current leader
 	Fault    lab.LinkFault `json:"fault,omitempty"`
 	Spinners int           `json:"spinners,omitempty"`
+	// WriteIOPS: stall's limit on the node's disk writes per second (0: StallIOPS).
+	WriteIOPS int `json:"write_iops,omitempty"`
 }
 
 // NodeInfo describes one node for status output.
@@ -50,6 +52,7 @@ type NodeInfo struct {
 	Client     string  `json:"client"`
 	Paused     bool    `json:"paused,omitempty"`
 	Starved    bool    `json:"starved,omitempty"`
+	Stalled    bool    `json:"stalled,omitempty"`
 	Status     *Status `json:"status,omitempty"`
 	Unanswered string  `json:"unanswered,omitempty"`
 }
@@ -83,13 +86,14 @@ type Supervisor struct {
 	mu      sync.Mutex
 	paused  map[int]bool
 	starved map[int]*lab.Starver
+	stalled map[int]*lab.DiskStall
 	down    chan struct{}
 	once    sync.Once
 }
 
 // NewSupervisor wraps an Up cluster.
 func NewSupervisor(c *Cluster) *Supervisor {
-	return &Supervisor{C: c, paused: map[int]bool{}, starved: map[int]*lab.Starver{}, down: make(chan struct{})}
+	return &Supervisor{C: c, paused: map[int]bool{}, starved: map[int]*lab.Starver{}, stalled: map[int]*lab.DiskStall{}, down: make(chan struct{})}
 }
 
 // Down is closed when a "down" request arrived.
@@ -236,6 +240,13 @@ func (s *Supervisor) do(ctx context.Context, req Request) (string, error) {
 			_ = st.Stop()
 			delete(s.starved, id)
 		}
+		if st := s.stalled[id]; st != nil {
+			delete(s.stalled, id)
+			if err := c.Kill(id); err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("killed node %d (kill -9)", id), st.Stop()
+		}
 		return fmt.Sprintf("killed node %d (kill -9)", id), c.Kill(id)
 	case "start":
 		if err := c.Start(id); err != nil {
@@ -271,6 +282,23 @@ func (s *Supervisor) do(ctx context.Context, req Request) (string, error) {
 		}
 		delete(s.starved, id)
 		return fmt.Sprintf("node %d no longer starved", id), st.Stop()
+	case "stall":
+		if s.stalled[id] != nil {
+			return "", fmt.Errorf("node %d's disk is stalled already", id)
+		}
+		st, err := c.StallDisk(id, req.WriteIOPS)
+		if err != nil {
+			return "", err
+		}
+		s.stalled[id] = st
+		return fmt.Sprintf("stalled node %d's disk: %d writes/s to %s", id, st.WriteIOPS, st.Device), nil
+	case "unstall":
+		st := s.stalled[id]
+		if st == nil {
+			return "", fmt.Errorf("node %d's disk is not stalled", id)
+		}
+		delete(s.stalled, id)
+		return fmt.Sprintf("node %d's disk no longer stalled", id), st.Stop()
 	}
 	return "", fmt.Errorf("unknown control op %q", req.Op)
 }
@@ -283,6 +311,10 @@ func (s *Supervisor) Stop() {
 		_ = st.Stop()
 		delete(s.starved, id)
 	}
+	for id, st := range s.stalled {
+		_ = st.Stop()
+		delete(s.stalled, id)
+	}
 }
 
 func (s *Supervisor) info(ctx context.Context, live bool) *Info {
@@ -294,7 +326,7 @@ func (s *Supervisor) info(ctx context.Context, live bool) *Info {
 	}
 	for _, n := range c.Nodes {
 		ni := NodeInfo{ID: n.ID, Host: n.Host.HostName, Netns: n.Host.Name, PID: c.PID(n.ID),
-			Raft: n.RaftAddr.String(), Client: n.ClientAddr.String(), Paused: s.paused[n.ID], Starved: s.starved[n.ID] != nil}
+			Raft: n.RaftAddr.String(), Client: n.ClientAddr.String(), Paused: s.paused[n.ID], Starved: s.starved[n.ID] != nil, Stalled: s.stalled[n.ID] != nil}
 		if live && ni.PID != 0 && !ni.Paused {
 			sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 			st, err := c.Status(sctx, n.ID)

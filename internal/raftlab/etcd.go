@@ -76,11 +76,6 @@ func (c *Cluster) etcdCommand(n *Node) *exec.Cmd {
 	return n.Host.Command(EtcdBinary, args...)
 }
 
-// dataDir is node id's data directory.
-func (c *Cluster) dataDir(id int) string {
-	return strings.ReplaceAll(c.Spec.Dir+"/data/{id}", "{id}", strconv.Itoa(id))
-}
-
 // etcdClients are the harness's etcd clients: one per node for its status (the node's
 // own view, as kedge's GET /v1/status gives it) and the member ids of the nodes.
 type etcdClients struct {

@@ -3,6 +3,7 @@ package raftlab
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -58,6 +59,43 @@ func TestEtcdPeer(t *testing.T) {
 		}
 		w.Close()
 	}
+	// The disk-stall fault on a follower (the lab's TestStallDisk times its effect): the
+	// node is in its stall cgroup until unstall, and a kill ends the stall too.
+	sup := NewSupervisor(c)
+	for _, req := range []Request{{Op: "stall", Node: survivors[0]}, {Op: "unstall", Node: survivors[0]}, {Op: "stall", Node: survivors[1], WriteIOPS: 50}} {
+		msg, err := sup.do(ctx, req)
+		if err != nil {
+			t.Fatalf("%s: %v", req.Op, err)
+		}
+		t.Log(msg)
+		if got, want := sup.info(ctx, false).Nodes[req.Node-1].Stalled, req.Op == "stall"; got != want {
+			t.Fatalf("after %s node %d: stalled %v", req.Op, req.Node, got)
+		}
+	}
+	if _, err := sup.do(ctx, Request{Op: "unstall", Node: survivors[0]}); err == nil {
+		t.Fatal("unstall of a node that is not stalled: no error")
+	}
+	cg := sup.stalled[survivors[1]].Cgroup
+	w, err := c.NewWriter([]int{leader}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := put(w, "stalled"); err != nil {
+		t.Fatalf("put with a follower's disk stalled: %v", err)
+	}
+	w.Close()
+	if _, err := sup.do(ctx, Request{Op: "kill", Node: survivors[1]}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(cg); !os.IsNotExist(err) {
+		t.Fatalf("stall cgroup %s left after the node was killed (%v)", cg, err)
+	}
+	if err := c.Start(survivors[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitReady(ctx, survivors[1]); err != nil {
+		t.Fatal(err)
+	}
 	st, err := c.Status(ctx, leader)
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +106,7 @@ func TestEtcdPeer(t *testing.T) {
 	if err := c.Kill(leader); err != nil {
 		t.Fatal(err)
 	}
-	w, err := c.NewWriter(survivors, time.Second)
+	w, err = c.NewWriter(survivors, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
