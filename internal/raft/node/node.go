@@ -101,13 +101,15 @@ type Node struct {
 	reads     map[uint64]*readWaiter
 	confState *pb.ConfState
 
-	// beforeSend, when set (tests), sees every Ready's messages just before they are sent.
-	beforeSend func([]*pb.Message)
+	// beforeSend, when set (tests), sees every Ready's messages just before they are sent,
+	// with the entries of the Ready being saved meanwhile (nil once the save returned).
+	beforeSend func(msgs []*pb.Message, saving []*pb.Entry)
 
-	// fol is the follower kernel path (nil: off); termDurable the last saved HardState.Term
-	// (Ready loop only).
+	// fol is the follower kernel path (nil: off); termDurable and voteDurable the last saved
+	// HardState's Term and Vote (Ready loop only).
 	fol         *follower
 	termDurable uint64
+	voteDurable uint64
 
 	// The election record (events.go): GET /v1/events and GET /v1/leader. lastState,
 	// leaderTermStart and committedTerm are the Ready loop's.
@@ -169,7 +171,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		st.Close()
 		return nil, fmt.Errorf("listen client api %s: %w (is another node using the port?)", cfg.ClientBind(), err)
 	}
-	n.termDurable = rec.HardState.GetTerm()
+	n.termDurable, n.voteDurable = rec.HardState.GetTerm(), rec.HardState.GetVote()
 	if err := n.startOffload(opts.Offload); err != nil {
 		n.clientLn.Close()
 		n.tr.Close()
@@ -340,6 +342,14 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	if rd.HardState != nil && rd.HardState.GetTerm() > n.termDurable {
 		n.offloadPending(rd.HardState.GetTerm())
 	}
+	// A leader's appends and heartbeats go out before its own fsync (section 5): the
+	// followers write an entry while the leader does.
+	if n.leadsDurably(&rd) {
+		var later []*pb.Message
+		rd.Messages, later = splitLeaderSends(rd.Messages)
+		n.send(rd.Messages, rd.Entries)
+		rd.Messages = later
+	}
 	saveStart := time.Now()
 	if err := n.st.Save(rd.HardState, rd.Entries, rd.MustSync); err != nil {
 		return fmt.Errorf("save ready: %w", err)
@@ -352,7 +362,7 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		if n.fol != nil {
 			n.fol.commit = rd.HardState.GetCommit()
 		}
-		n.termDurable = rd.HardState.GetTerm()
+		n.termDurable, n.voteDurable = rd.HardState.GetTerm(), rd.HardState.GetVote()
 	}
 	// The kernel answers heartbeats of the durable term only, now that it is durable.
 	n.offloadMirror(n.termDurable, n.leader.Load(), false)
@@ -369,10 +379,7 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	if rd.SoftState != nil || rd.HardState != nil {
 		n.leaderWatch.changed()
 	}
-	if n.beforeSend != nil {
-		n.beforeSend(rd.Messages)
-	}
-	n.tr.Send(n.kernelHeartbeats(rd.Messages))
+	n.send(rd.Messages, nil)
 	// 4. Apply in order, then release reads.
 	if err := n.apply(rd.CommittedEntries); err != nil {
 		return err
@@ -385,6 +392,46 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		}
 	}
 	return nil
+}
+
+// leadsDurably says whether rd is a leader's whose term and vote are durable already: it
+// was leader before rd and still is, rd changes no term or vote (a commit index only, which
+// need not be durable before anything is sent) and holds no snapshot.
+func (n *Node) leadsDurably(rd *raft.Ready) bool {
+	if n.lastState != raft.StateLeader || (rd.SoftState != nil && rd.SoftState.RaftState != raft.StateLeader) || !raft.IsEmptySnap(rd.Snapshot) {
+		return false
+	}
+	hs := rd.HardState
+	return hs == nil || (hs.GetTerm() == n.termDurable && hs.GetVote() == n.voteDurable)
+}
+
+// splitLeaderSends splits a leader's messages into those that may go before its save
+// (appends and heartbeats: etcd-raft's contract lets "Messages be sent while entries from
+// the same batch are being persisted", and a leader's own copy counts towards the commit
+// only when it steps its self-acknowledgement at Advance, after the save) and the rest,
+// which go after it as every other node's do.
+func splitLeaderSends(msgs []*pb.Message) (early, later []*pb.Message) {
+	for _, m := range msgs {
+		switch m.GetType() {
+		case pb.MsgApp, pb.MsgHeartbeat:
+			early = append(early, m)
+		default:
+			later = append(later, m)
+		}
+	}
+	return early, later
+}
+
+// send hands msgs to the transport (the kernel takes the heartbeats it sends itself);
+// saving are the entries being saved meanwhile (the test hook's).
+func (n *Node) send(msgs []*pb.Message, saving []*pb.Entry) {
+	if len(msgs) == 0 {
+		return
+	}
+	if n.beforeSend != nil {
+		n.beforeSend(msgs, saving)
+	}
+	n.tr.Send(n.kernelHeartbeats(msgs))
 }
 
 func (n *Node) apply(ents []*pb.Entry) error {

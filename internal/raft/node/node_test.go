@@ -29,7 +29,7 @@ type cluster struct {
 	nodes  map[uint64]*Node
 	cancel map[uint64]context.CancelFunc
 	errs   map[uint64]chan error
-	hooks  map[uint64]func([]*pb.Message) // beforeSend per node, set before Run
+	hooks  map[uint64]func(msgs []*pb.Message, saving []*pb.Entry) // beforeSend per node, set before Run
 }
 
 func newCluster(t *testing.T, size int, tweak func(*config.Config)) *cluster {
