@@ -434,6 +434,7 @@ With offloads off (the default) every packet is MTU-sized.`,
 	f.DurationVar(&o.RateLimit, "rate-limit", o.RateLimit, "the monitor's per-flow sampling interval (0: every identifier)")
 	f.BoolVar(&o.Offloads, "offloads", o.Offloads, "keep TSO/GSO/GRO on (per-packet figures then count super-packets)")
 	f.IntVar(&o.Streams, "streams", o.Streams, "parallel TCP streams")
+	f.BoolVar(&o.TCPOnly, "tcp-only", o.TCPOnly, "track TCP timestamps only (ePPing's default): ICMP, DNS and QUIC off, to see what they cost TCP packets")
 	addBenchOutFlag(cmd, &out, "pping")
 	return cmd
 }
