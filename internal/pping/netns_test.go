@@ -544,6 +544,55 @@ func TestNetnsAggregate(t *testing.T) {
 	})
 }
 
+// TestNetnsAggregateOneSubnet: the same pings aggregated per /24, which holds both the
+// client and the server. The subnet appears once per side, and each side keeps the two
+// directions apart - remote: tx the 5 requests, rx the 5 replies (plus the server's
+// multicast), with the 5 RTTs; local: rx the replies, tx the requests (plus the client's
+// multicast) - where keys by source and destination alone would count every packet in both
+// rx and tx of the one subnet.
+func TestNetnsAggregateOneSubnet(t *testing.T) {
+	l := newTestLab(t)
+	const n, payload = 5, 56
+	subnet := netip.PrefixFrom(l.client.IPv4, 24).Masked()
+	if !subnet.Contains(l.server.IPv4) {
+		t.Fatalf("client %s and server %s are not in one /24", l.client.IPv4, l.server.IPv4)
+	}
+	m, _ := monitorOn(t, l.client, func(c *Config) { c.Aggregate = time.Hour; c.AggPrefixV4 = 24 })
+	if _, err := l.client.Run("busybox", "ping", "-c", strconv.Itoa(n), "-s", strconv.Itoa(payload), "-i", "0.1", l.server.IPv4.String()); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := m.CollectAggregate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const frame = 14 + 20 + 8 + payload
+	pings := Traffic{OtherPkts: n, OtherBytes: n * frame}
+	plusMulticast := func(tr Traffic) bool {
+		return tr.TcpTsPkts+tr.TcpNotsPkts == 0 && tr.OtherPkts >= n && tr.OtherPkts < 2*n && tr.OtherBytes-pings.OtherBytes < n*frame
+	}
+	var remote, local *SubnetStats
+	for i := range rep.Subnets {
+		s := &rep.Subnets[i]
+		if s.Prefix != subnet {
+			continue
+		}
+		if s.Side == SideRemote {
+			remote = s
+		} else {
+			local = s
+		}
+	}
+	if remote == nil || local == nil {
+		t.Fatalf("report %+v: want %s on both sides", rep.Subnets, subnet)
+	}
+	if remote.Tx != pings || !plusMulticast(remote.Rx) || remote.Count != n {
+		t.Errorf("%s remote: rx %+v tx %+v, %d RTTs; want tx %+v, rx that plus multicast, %d RTTs", subnet, remote.Rx, remote.Tx, remote.Count, pings, n)
+	}
+	if local.Rx != pings || !plusMulticast(local.Tx) || local.Count != 0 {
+		t.Errorf("%s local: rx %+v tx %+v, %d RTTs; want rx %+v, tx that plus multicast, no RTTs", subnet, local.Rx, local.Tx, local.Count, pings)
+	}
+}
+
 func TestNetnsMetrics(t *testing.T) {
 	l := newTestLab(t)
 	m, err := Load(DefaultConfig())
