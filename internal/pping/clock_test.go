@@ -14,7 +14,9 @@ import (
 
 // TestKernelJiffyClock: the tick measured is the kernel's (CONFIG_HZ, where the kernel
 // exports its config), and converting CLOCK_MONOTONIC to jiffies lands within a tick or two
-// of the jiffies the kernel reports a moment later.
+// of the jiffies the kernel reports a moment later. Not in an emulated matrix guest: its
+// timer interrupts come late and in bursts, so jiffies against the clock mean nothing there
+// (a 6.1 guest measured a 3.3 ms tick for its HZ=250).
 func TestKernelJiffyClock(t *testing.T) {
 	bpftest.RequireRoot(t)
 	c, err := measureJiffies()
@@ -28,8 +30,10 @@ func TestKernelJiffyClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := int64(c.jiffies(d.refNs)) - int64(d.refJ); diff < -2 || diff > 2 {
+	if diff := int64(c.jiffies(d.refNs)) - int64(d.refJ); (diff < -2 || diff > 2) && !emulated {
 		t.Errorf("jiffies from the first reference at the second's time: off by %d ticks", diff)
+	} else if diff != 0 {
+		t.Logf("jiffies from the first reference at the second's time: off by %d ticks", diff)
 	}
 	t.Logf("tick %v; reference %d jiffies at %v", c.tick, c.refJ, time.Duration(c.refNs))
 }
