@@ -16,6 +16,7 @@ var figureRuns = []struct{ dir, flags string }{
 	{"ratelimit-100ms", "--rounds 3"},
 	{"ratelimit-0", "--rate-limit 0 --rounds 3"},
 	{"offloads-on", "--offloads --rounds 2"},
+	{"tcp-only", "--tcp-only --rounds 3"},
 }
 
 // FigureBlocks are the pping figure blocks of the documents (docs/pping.md,
@@ -49,12 +50,17 @@ func figures(dir string) (string, error) {
 		rl, _ := r.Parameters["rate_limit_ms"].(float64)
 		rounds, _ := r.Parameters["rounds"].(float64)
 		offloads, _ := r.Parameters["offloads"].(bool)
+		// Older results name no sources: they tracked TCP, ICMP and DNS.
+		sources, _ := r.Parameters["sources"].(string)
+		if sources == "" {
+			sources = "tsval,icmp,dns"
+		}
 		xdp := "-"
 		if s.XDPIngressPackets > 0 {
 			xdp = fmt.Sprintf("%.0f", s.XDPIngressNs)
 		}
-		fmt.Fprintf(&b, "| `-r %g`, offloads %s, %g rounds | %.1fk -> %.1fk (%+.1f %%) | %.0f | %s | %.0f | %.1f | [%s](results/pping/%s/result.json): %s, commit %.12s, load %.1f |\n",
-			rl, map[bool]string{true: "on", false: "off"}[offloads], rounds, s.PPSOff/1000, s.PPSOn/1000, -s.ForwardingLossPct,
+		fmt.Fprintf(&b, "| `-r %g`, offloads %s, sources %s, %g rounds | %.1fk -> %.1fk (%+.1f %%) | %.0f | %s | %.0f | %.1f | [%s](results/pping/%s/result.json): %s, commit %.12s, load %.1f |\n",
+			rl, map[bool]string{true: "on", false: "off"}[offloads], sources, rounds, s.PPSOff/1000, s.PPSOn/1000, -s.ForwardingLossPct,
 			s.IngressNs, xdp, s.EgressNs, s.SamplesPerSec, fr.dir, fr.dir, r.Timestamp.Format(time.DateOnly), r.Commit, load1(r.Envelope))
 	}
 	return b.String(), nil
