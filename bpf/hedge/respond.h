@@ -74,8 +74,12 @@ static __always_inline int respond(struct __sk_buff *skb)
 	if (!match(skb, &m, MATCH_RESPONSE))
 		return TC_ACT_UNSPEC;
 	e = bpf_map_lookup_elem(&scoreboard, &m.key);
-	if (!e)
-		return TC_ACT_UNSPEC; /* not tracked (expired, evicted, or not a hedged service's request) */
+	if (!e) {
+		/* Not tracked: not hedgeable, expired, evicted, answered and gone, or an id spec
+		 * that does not fit the service (user space warns when that is all it sees). */
+		COUNT(m.cnt, unmatched_responses);
+		return TC_ACT_UNSPEC;
+	}
 
 	now = kedge_now();
 	s = claim_response(e);

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* split.h - the splitter (hedge_split, TC egress of the client interface), the first stage:
- * every request to a hedged service is recorded in the scoreboard; when the budget allows,
- * its hedge is prepared - stored for a pacer tick (store.h) when its payload fits the
- * service's store_limit, else carried through the delay line with its deadline (a clone,
- * pacer_carry). The request itself always passes. */
+ * every hedgeable request (hedgeable.h) to a hedged service is recorded in the scoreboard;
+ * when the budget allows, its hedge is prepared - stored for a pacer tick (store.h) when its
+ * payload fits the service's store_limit, else carried through the delay line with its
+ * deadline (a clone, pacer_carry). The request itself always passes. */
 #ifndef KEDGE_HEDGE_SPLIT_H
 #define KEDGE_HEDGE_SPLIT_H
 
@@ -15,6 +15,7 @@
 #include "maps.h"
 #include "budget.h"
 #include "match.h"
+#include "hedgeable.h"
 #include "store.h"
 #include "pacer_client.h"
 
@@ -33,6 +34,10 @@ static __always_inline int split(struct __sk_buff *skb)
 	if (!match(skb, &m, MATCH_REQUEST))
 		return TC_ACT_UNSPEC;
 	COUNT(m.cnt, requests);
+	if (!hedgeable(skb, &m.p, m.cfg)) {
+		COUNT(m.cnt, not_hedgeable); /* not safe to send twice: not recorded, never hedged */
+		return TC_ACT_UNSPEC;
+	}
 	now = kedge_now();
 	budget_request(m.cfg, m.st, now);
 

@@ -56,6 +56,22 @@ enum hedge_limits {
 	STORE_RING = 1024,
 	/* Hedges one pacer tick sends at most; more due ones wait for the next tick (at once). */
 	TICK_HEDGES_MAX = 64,
+	/* The hedgeable rule (bpf/hedge/hedgeable.h): alternatives per service, and the bytes
+	 * one alternative compares (memcached's preset needs six: get, gets and four binary
+	 * get opcodes). */
+	HEDGE_RULES_MAX = 8,
+	HEDGE_RULE_BYTES = 8,
+};
+
+/* One alternative of a service's hedgeable rule: a request is hedgeable when the len bytes
+ * at offset (from the first byte of the UDP payload), ANDed with mask, equal value (masked
+ * already). Bytes past len are 0 in both. */
+struct hedge_rule {
+	__u16 offset;
+	__u8 len;          /* 1..HEDGE_RULE_BYTES */
+	__u8 _pad[5];
+	__u8 mask[HEDGE_RULE_BYTES];
+	__u8 value[HEDGE_RULE_BYTES];
 };
 
 /* How a service's hedges are budgeted (docs/hedging.md, Budget). */
@@ -135,7 +151,8 @@ struct svc_cfg {
 	__u16 _pad;
 	struct svc_addr replicas[REPLICA_MAX];
 	__u32 store_limit;        /* largest UDP payload the stored path takes (0: clone path only) */
-	__u32 _pad2;
+	__u32 nrules;             /* alternatives in rules; 0: every request is hedgeable */
+	struct hedge_rule rules[HEDGE_RULES_MAX];
 };
 
 /* svc_state: kernel-owned running state per service. */
@@ -269,6 +286,11 @@ struct hedge_stats {
 				  * veth to leave by bpf_redirect_neigh (global slot) */
 	__u64 tick_send_errors;  /* a tick's hedge could not be cloned back in or redirected:
 				  * lost (global slot) */
+	__u64 not_hedgeable;     /* requests the service's hedgeable rule does not match:
+				  * passed unrecorded, never hedged (their responses pass too) */
+	__u64 unmatched_responses; /* responses from a service or replica address matching no
+				    * recorded request (not hedgeable, expired, answered and gone,
+				    * or a wrong request-id spec): passed untouched */
 };
 
 

@@ -285,7 +285,7 @@ func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
 	}()
 	go func() {
 		defer close(watched)
-		h.WatchBudget(ctx, 2*time.Second)
+		h.Watch(ctx, 2*time.Second)
 	}()
 	slog.Info("hedging; Ctrl-C or SIGTERM detaches", "status", hedge.StatusPath(runDir, st.PID))
 	<-ctx.Done()

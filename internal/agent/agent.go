@@ -235,7 +235,7 @@ func (a *Agent) startHedge(u *hedgeUnit) error {
 	u.stop, u.done = cancel, make(chan struct{})
 	go func() {
 		defer close(u.done)
-		h.WatchBudget(ctx, 10*time.Second)
+		h.Watch(ctx, 10*time.Second)
 	}()
 	a.attached(&u.unit)
 	return nil

@@ -262,6 +262,7 @@ func cloneHedge(c *hedge.Config) *hedge.Config {
 	for i := range out.Services {
 		s := &out.Services[i]
 		s.Replicas = slices.Clone(s.Replicas)
+		s.Hedgeable = slices.Clone(s.Hedgeable)
 		if s.StoreLimit != nil {
 			v := *s.StoreLimit
 			s.StoreLimit = &v

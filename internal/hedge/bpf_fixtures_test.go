@@ -67,6 +67,12 @@ var (
 	repSt2 = netip.MustParseAddrPort("198.51.100.62:8001")
 	svcSt6 = netip.MustParseAddrPort("[2001:db8::60]:8000")
 	repSt6 = netip.MustParseAddrPort("[2001:db8::61]:8000")
+	// The hedgeable rule (hedgeable_test.go): the presets and a generic service's own rule.
+	svcDNS  = netip.MustParseAddrPort("198.51.100.70:53")
+	repDNS  = netip.MustParseAddrPort("198.51.100.71:53")
+	svcMC   = netip.MustParseAddrPort("198.51.100.80:11211")
+	repMC   = netip.MustParseAddrPort("198.51.100.81:11211")
+	svcRule = netip.MustParseAddrPort("198.51.100.90:9000")
 )
 
 // Service indices in testConfig (the stats/svc_cfgs slot).
@@ -79,6 +85,9 @@ const (
 	sWin
 	sSt4
 	sSt6
+	sDNS
+	sMC
+	sRule
 )
 
 const (
@@ -123,6 +132,15 @@ func testConfig(tb testing.TB, scoreboard uint32) *Config {
 				Delay: DelaySpec{Fixed: storeDelay}, Budget: BudgetSpec{Mode: BudgetWindow, Ratio: 1, Burst: 10}},
 			{Name: "st6", Address: svcSt6.String(), Replicas: []string{repSt6.String()},
 				Delay: DelaySpec{Fixed: storeDelay}, Budget: BudgetSpec{Mode: BudgetWindow, Ratio: 1, Burst: 10}},
+			// The presets, with their default ports, and a rule's edges: byte 3's low
+			// nibble 5, or 8 bytes at 4 (the longest a rule compares).
+			{Name: "dns", StoreLimit: ptr(0), Protocol: ProtocolDNS, Address: svcDNS.Addr().String(), Replicas: []string{repDNS.Addr().String()},
+				Delay: DelaySpec{Fixed: testDelay}},
+			{Name: "mc", StoreLimit: ptr(0), Protocol: ProtocolMemcachedUDP, Address: svcMC.Addr().String(), Replicas: []string{repMC.Addr().String()},
+				Delay: DelaySpec{Fixed: testDelay}},
+			{Name: "rule", StoreLimit: ptr(0), Address: svcRule.String(), Delay: DelaySpec{Fixed: testDelay},
+				RequestID: RequestIDSpec{Offset: 1, Length: 2},
+				Hedgeable: []HedgeRule{{Offset: 3, Value: []byte{0x05}, Mask: []byte{0x0f}}, {Offset: 4, Value: []byte("ABCDEFGH")}}},
 		},
 	}
 	if err := cfg.Validate(); err != nil {

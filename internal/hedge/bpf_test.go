@@ -556,11 +556,11 @@ func TestResp(t *testing.T) {
 		{Name: "response of a NOHEDGE request: completes it, entry removed", In: datagram(svc4, client4, p),
 			Setup: f.at(sent(k4, reqNoHedge, replicaNone)), WantRet: unspec, WantCounters: first,
 			Check: f.leaves(nil, latency(sV4))},
-		{Name: "response for an unknown request: untouched", In: datagram(svc4, client4, p), WantRet: unspec,
-			Check: f.leaves(nil, noLatency)},
-		{Name: "response to another client port: untouched",
+		{Name: "response for an unknown request: untouched, counted as unmatched", In: datagram(svc4, client4, p), WantRet: unspec,
+			WantCounters: bpftest.Counters{"v4.UnmatchedResponses": 1}, Check: f.leaves(nil, noLatency)},
+		{Name: "response to another client port: untouched, counted as unmatched",
 			In: datagram(svc4, netip.AddrPortFrom(client4.Addr(), 40001), p), Setup: f.at(sent(k4, reqPending, replicaNone)),
-			WantRet: unspec, Check: f.leaves(map[hedgeHreqKey]uint32{k4: reqPending}, noLatency)},
+			WantRet: unspec, WantCounters: bpftest.Counters{"v4.UnmatchedResponses": 1}, Check: f.leaves(map[hedgeHreqKey]uint32{k4: reqPending}, noLatency)},
 
 		// Short and malformed responses pass untouched (the application may understand what
 		// kedge cannot match) and leave the request open; short ones count per service,

@@ -98,12 +98,49 @@ func (w *budgetWatch) check(cur *Snapshot) []string {
 	return out
 }
 
-// WatchBudget logs a warning when the budget keeps hedging from working (see budgetWatch),
-// checking every interval until ctx ends.
-func (h *Hedger) WatchBudget(ctx context.Context, interval time.Duration) {
+// idMismatch returns a warning when a service's requests were seen but its responses matched
+// none of them (judged false: they match; an empty warning judged true: no verdict either way), in the stretch between two snapshots: at least minSeen hedgeable requests, fewer
+// than one in ten with a first response, and at least half as many responses from its
+// addresses that matched no request (unmatched_responses). That is a request-id spec that
+// does not fit the protocol (DNS's id is 2 bytes: a 4-byte spec takes in the flags, which
+// differ in the response), not a slow service (its responses would match, late).
+func idMismatch(cur, prev ServiceStats) (string, bool) {
+	delta := func(name string) uint64 {
+		c, p := cur.Counters[name], prev.Counters[name]
+		if c < p {
+			return 0
+		}
+		return c - p
+	}
+	req := delta(counterRequests) - min(delta(counterNotHedgeable), delta(counterRequests))
+	resp, unmatched := delta(counterResponses), delta(counterUnmatched)
+	switch {
+	case req < minSeen:
+		return "", true // no verdict: too few requests
+	case resp*10 >= req:
+		return "", false // responses match
+	case unmatched*2 < req:
+		return "", true // no verdict: too few responses came back at all
+	}
+	return fmt.Sprintf("service %q: %d requests, %d matched responses, %d responses from its addresses matched no request: "+
+		"the request id (%s) is probably not where this protocol keeps it, and every request is hedged for nothing; "+
+		"use protocol: dns or memcached-udp (--protocol), or fix request_id (--id-offset, --id-length)",
+		cur.Name, req, resp, unmatched, cur.RequestID), true
+}
+
+// minSeen is the number of hedgeable requests between two snapshots below which idMismatch
+// says nothing.
+const minSeen = 10
+
+// Watch checks every interval, until ctx ends, what keeps hedging from working and logs it
+// with what to change: the budget (budgetWatch), and a request-id spec that matches no
+// response (idMismatch; also shown by Stats as the service's warning, and by the metric
+// kedge_hedge_id_mismatch).
+func (h *Hedger) Watch(ctx context.Context, interval time.Duration) {
 	w := newBudgetWatch(nil)
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	var prev *Snapshot
 	for {
 		h.mu.RLock()
 		w.services = h.Config.Services // Update may have changed them
@@ -112,6 +149,8 @@ func (h *Hedger) WatchBudget(ctx context.Context, interval time.Duration) {
 			for _, msg := range w.check(snap) {
 				h.log.Warn("budget refuses hedges", "advice", msg)
 			}
+			h.watchServices(prev, snap)
+			prev = snap
 		}
 		select {
 		case <-ctx.Done():
@@ -119,4 +158,46 @@ func (h *Hedger) WatchBudget(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 	}
+}
+
+// watchServices compares two snapshots per service: the id-spec warning (set and cleared),
+// and what it says.
+func (h *Hedger) watchServices(prev, cur *Snapshot) {
+	if prev == nil {
+		return
+	}
+	before := map[string]ServiceStats{}
+	for _, s := range prev.Services {
+		before[s.Name] = s
+	}
+	for _, s := range cur.Services {
+		p, ok := before[s.Name]
+		if !ok {
+			continue
+		}
+		if msg, judged := idMismatch(s, p); msg != "" {
+			if h.setWarning(s.Name, msg) {
+				h.log.Warn("responses match no request", "advice", msg)
+			}
+		} else if !judged && h.setWarning(s.Name, "") {
+			h.log.Info("responses match requests again", "service", s.Name)
+		}
+	}
+}
+
+// setWarning records (or with "" clears) a service's warning; true when it changed.
+func (h *Hedger) setWarning(name, msg string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.warnings[name] == msg {
+		return false
+	}
+	if h.warnings == nil {
+		h.warnings = map[string]string{}
+	}
+	h.warnings[name] = msg
+	if msg == "" {
+		delete(h.warnings, name)
+	}
+	return true
 }

@@ -50,12 +50,19 @@ type DelayLineConfig struct {
 
 // ServiceConfig declares one hedged service.
 type ServiceConfig struct {
-	Name      string        `yaml:"name"`
+	Name string `yaml:"name"`
+	// Protocol is a preset (ProtocolDNS, ProtocolMemcachedUDP) that sets RequestID, the
+	// hedgeable rule and the default port; ProtocolGeneric (the default) takes RequestID as
+	// given and hedges every request unless Hedgeable says otherwise.
+	Protocol  string        `yaml:"protocol"`
 	Address   string        `yaml:"address"`
 	Replicas  []string      `yaml:"replicas"`
 	RequestID RequestIDSpec `yaml:"request_id"`
-	Delay     DelaySpec     `yaml:"delay"`
-	Budget    BudgetSpec    `yaml:"budget"`
+	// Hedgeable: the requests that may be hedged, any of these alternatives (nil: the
+	// protocol's rule; none: every request).
+	Hedgeable []HedgeRule `yaml:"hedgeable"`
+	Delay     DelaySpec   `yaml:"delay"`
+	Budget    BudgetSpec  `yaml:"budget"`
 	// ReplicaChoice is how a hedge's replica is chosen among those the request has not been
 	// sent to: ReplicaRR (default) or ReplicaP50 (docs/hedging.md, Replica choice).
 	ReplicaChoice string `yaml:"replica_choice"`
@@ -334,6 +341,9 @@ func (s *ServiceConfig) validate(i int) error {
 		s.Name = fmt.Sprintf("svc%d", i)
 	}
 	where := fmt.Sprintf("service %q", s.Name)
+	if err := s.validateProtocol(where); err != nil {
+		return err
+	}
 	var err error
 	if s.addr, err = netip.ParseAddrPort(s.Address); err != nil {
 		return fmt.Errorf("%s: address %q: want ip:port (e.g. 198.18.0.12:9999 or [2001:db8::12]:9999)", where, s.Address)
@@ -366,8 +376,8 @@ func (s *ServiceConfig) validate(i int) error {
 	if r.Length < 1 || r.Length > 8 {
 		return fmt.Errorf("%s: request_id.length %d: use 1..8 bytes", where, r.Length)
 	}
-	if r.Offset < 0 || r.Offset > 1400 {
-		return fmt.Errorf("%s: request_id.offset %d: use 0..1400", where, r.Offset)
+	if r.Offset < 0 || r.Offset > maxRuleOffset {
+		return fmt.Errorf("%s: request_id.offset %d: use 0..%d", where, r.Offset, maxRuleOffset)
 	}
 	switch r.Order {
 	case "":

@@ -54,7 +54,18 @@ const (
 	hedgeHedgeLimitsSTORE_PAYLOAD_MAX hedgeHedgeLimits = 2000
 	hedgeHedgeLimitsSTORE_RING        hedgeHedgeLimits = 1024
 	hedgeHedgeLimitsTICK_HEDGES_MAX   hedgeHedgeLimits = 64
+	hedgeHedgeLimitsHEDGE_RULES_MAX   hedgeHedgeLimits = 8
+	hedgeHedgeLimitsHEDGE_RULE_BYTES  hedgeHedgeLimits = 8
 )
+
+type hedgeHedgeRule struct {
+	_      structs.HostLayout
+	Offset uint16
+	Len    uint8
+	Pad    [5]uint8
+	Mask   [8]uint8
+	Value  [8]uint8
+}
 
 type hedgeHedgeStats struct {
 	_                     structs.HostLayout
@@ -98,6 +109,8 @@ type hedgeHedgeStats struct {
 	TickMore              uint64
 	HedgesReinjected      uint64
 	TickSendErrors        uint64
+	NotHedgeable          uint64
+	UnmatchedResponses    uint64
 }
 
 type hedgeHreq struct {
@@ -235,7 +248,8 @@ type hedgeSvcCfg struct {
 	Pad              uint16
 	Replicas         [8]hedgeSvcAddr
 	StoreLimit       uint32
-	Pad2             uint32
+	Nrules           uint32
+	Rules            [8]hedgeHedgeRule
 }
 
 type hedgeSvcKey struct {

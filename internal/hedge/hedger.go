@@ -63,6 +63,8 @@ type Hedger struct {
 	slots    []uint32
 	freed    map[uint32]time.Time
 	mu       sync.RWMutex
+	// warnings holds what Watch found wrong with a service, by name (shown by Stats).
+	warnings map[string]string
 }
 
 // Calibration is the delay line's (the pacer's) calibration, measured by the pacer at start.
@@ -252,6 +254,12 @@ func (h *Hedger) writeService(idx uint32, s *ServiceConfig, newState bool) error
 		cfg.ReplicaChoice = uint8(hedgeReplicaChoiceREPLICA_P50)
 	}
 	cfg.StoreLimit = uint32(s.storeLimit())
+	cfg.Nrules = uint32(len(s.Hedgeable))
+	for i, r := range s.Hedgeable {
+		cfg.Rules[i] = hedgeHedgeRule{Offset: uint16(r.Offset), Len: uint8(len(r.Value))}
+		copy(cfg.Rules[i].Mask[:], r.Mask)
+		copy(cfg.Rules[i].Value[:], r.Value)
+	}
 	cfg.BudgetRatioMilli = uint64(math.Round(s.Budget.Ratio * 1000))
 	cfg.BudgetCapMilli = uint64(s.Budget.Burst) * 1000
 	cfg.BudgetMode = uint32(hedgeBudgetModeBUDGET_WINDOW)

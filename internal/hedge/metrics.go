@@ -37,7 +37,7 @@ type Collector struct {
 	counters   map[string]*prometheus.Desc // per-service counters by C name
 	dlCounters map[string]*prometheus.Desc
 	gauges     []*prometheus.Desc // everything else, for Describe
-	delay, tokens, window, replicaP50, lat50, lat95, lat99, prec50, prec99,
+	delay, tokens, window, replicaP50, idMismatch, lat50, lat95, lat99, prec50, prec99,
 	period, periodMin, periodMax, target, spread, fillers, info *prometheus.Desc
 }
 
@@ -93,6 +93,8 @@ var counterHelp = map[string]string{
 	"tick_more":               "Ticks that ended with due requests left (hedges per tick at most TICK_HEDGES_MAX): the next tick comes at once.",
 	"hedges_reinjected":       "Hedges of a tick but its last, cloned back into the pacer veth to leave by bpf_redirect_neigh.",
 	"tick_send_errors":        "Hedges of a tick that could not be cloned back in or redirected: lost.",
+	"not_hedgeable":           "Requests the service's hedgeable rule does not match (not safe to send twice): passed unrecorded, never hedged.",
+	"unmatched_responses":     "Responses from a service or replica address matching no recorded request (not hedgeable, expired, or a wrong request-id spec): passed untouched.",
 }
 
 // NewCollector returns a Collector for h; register it with a prometheus.Registry.
@@ -123,6 +125,7 @@ func newCollector(stats func() (*Snapshot, error)) *Collector {
 	c.delay = g("kedge_hedge_delay_seconds", "Current hedge delay.", "service")
 	c.tokens = g("kedge_hedge_budget_tokens", "Free budget tokens: clones the splitter may send now (clones in the delay line hold theirs).", "service")
 	c.replicaP50 = g("kedge_hedge_replica_p50_seconds", "A replica's recent median latency (the kernel's stochastic median estimate; 0: no response yet), which replica_choice p50 picks by.", "service", "replica")
+	c.idMismatch = g("kedge_hedge_id_mismatch", "1 while the service's requests are seen but its responses match none of them (a wrong request-id spec).", "service")
 	c.window = g("kedge_hedge_window_samples", "Latency samples in the adaptive-delay window.", "service")
 	// Quantiles as gauges of their own: a "quantile" label belongs to summaries only.
 	lat := func(p string) *prometheus.Desc {
@@ -184,6 +187,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, r := range s.Replicas {
 			gauge(c.replicaP50, r.P50.Seconds(), s.Name, r.Address)
 		}
+		gauge(c.idMismatch, b2f(s.Warning != ""), s.Name)
 		gauge(c.lat50, s.LatencyP50.Seconds(), s.Name)
 		gauge(c.lat95, s.LatencyP95.Seconds(), s.Name)
 		gauge(c.lat99, s.LatencyP99.Seconds(), s.Name)
@@ -201,4 +205,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.spread, snap.Calibration.Spread.Seconds())
 	gauge(c.fillers, float64(snap.Calibration.Fillers))
 	gauge(c.info, 1, snap.Backend)
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

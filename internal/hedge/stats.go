@@ -31,6 +31,11 @@ type ServiceStats struct {
 	ReplicaChoice string         `json:"replica_choice"`
 	MaxHedges     int            `json:"max_hedges"`
 	Replicas      []ReplicaStats `json:"replicas"`
+	// Protocol is the service's preset, Hedgeable its rule ("every request" without one).
+	Protocol  string `json:"protocol"`
+	Hedgeable string `json:"hedgeable"`
+	// Warning says what looks wrong (Watch): requests seen whose responses match none.
+	Warning string `json:"warning,omitempty"`
 }
 
 // ReplicaStats is one replica's recent median latency: the kernel's stochastic median
@@ -68,10 +73,14 @@ const (
 	counterHedgesSent      = "hedges_sent"
 	counterUnhedgedLate    = "unhedged_late"
 	counterBudgetExhausted = "budget_exhausted"
+	counterNotHedgeable    = "not_hedgeable"
+	counterResponses       = "responses"
+	counterUnmatched       = "unmatched_responses"
 )
 
 // countersByName lists the names above, for the test.
-var countersByName = []string{counterRequests, counterHedgesSent, counterUnhedgedLate, counterBudgetExhausted}
+var countersByName = []string{counterRequests, counterHedgesSent, counterUnhedgedLate, counterBudgetExhausted,
+	counterNotHedgeable, counterResponses, counterUnmatched}
 
 // counterMap turns a counters struct into name -> value using the C field names.
 func counterMap(v any) map[string]uint64 {
@@ -135,6 +144,8 @@ func (h *Hedger) Stats() (*Snapshot, error) {
 			Window: st.WindowCount, Counters: pick(counterMap(counters), false),
 			RequestID: s.RequestID.String(), ReplicaChoice: s.ReplicaChoice, MaxHedges: s.MaxHedges,
 		}
+		ss.Protocol, ss.Hedgeable = s.Protocol, RulesString(s.Hedgeable)
+		ss.Warning = h.warnings[s.Name]
 		for r, ap := range s.replicas {
 			ss.Replicas = append(ss.Replicas, ReplicaStats{Address: ap.String(), P50: time.Duration(st.RepP50Ns[r])})
 		}
