@@ -88,7 +88,7 @@ static __always_inline int respond(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	case REQ_ANSWERED_HEDGED:
 		/* The loser's latency: what shows a replica slow (replica.h). */
-		replica_observe(m.cfg, m.st, m.ref.index, now - replied_to(e, m.ref.index));
+		replica_observe(m.svc, m.cfg, m.st, m.ref.index, now - replied_to(e, m.ref.index));
 		if (__sync_fetch_and_add(&e->late_responses, 1) + 1 >= e->hedges_sent)
 			bpf_map_delete_elem(&scoreboard, &m.key);
 		COUNT(m.cnt, duplicates_dropped);
@@ -98,7 +98,7 @@ static __always_inline int respond(struct __sk_buff *skb)
 	}
 
 	record_latency(m.svc, m.st, now - e->sent_ns);
-	replica_observe(m.cfg, m.st, m.ref.index, now - replied_to(e, m.ref.index));
+	replica_observe(m.svc, m.cfg, m.st, m.ref.index, now - replied_to(e, m.ref.index));
 	if (s == REQ_HEDGED) {
 		/* The other copies are still out: a lower bound of their replicas' latency (every
 		 * hedge's counted from the last hedge's time: errs low, harmless). */

@@ -8,7 +8,7 @@
  *                  (then the source's own due check: a clone not due goes round again; a cell
  *                  is popped only when due)
  *   hedge_decide   far overdue?                 not hedged that late
- *                  a replica without a copy?    none left: not hedged
+ *                  a replica without a copy?    none left, or every one ejected: not hedged
  *                  the budget's charge          refused: not hedged (REFUSED)
  *                  claim: state -> HEDGED       a response came first: nothing sent
  *                  a further hedge queued       (max_hedges) the clone carried again, or the
@@ -187,10 +187,13 @@ static __always_inline int hedge_decide(struct __sk_buff *skb, struct hedge_ctx 
 	}
 	/* A replica that does not have it yet (replica.h) ... */
 	tried = tried_of(e);
-	rep = pick_replica(h->cfg, h->st, tried);
+	rep = pick_for(h->svc, tried, h->now);
 	if (rep >= REPLICA_MAX) {
 		hedge_give_up(h, REQ_NOHEDGE);
-		COUNT(h->cnt, no_replica);
+		if (rep == REPLICA_OUT)
+			COUNT(h->cnt, replicas_out); /* every candidate ejected: hedging paused */
+		else
+			COUNT(h->cnt, no_replica);
 		return HEDGE_DROPPED;
 	}
 	/* ... the budget pays for it (bucket: the token the splitter took) ... */
@@ -221,6 +224,7 @@ static __always_inline int hedge_decide(struct __sk_buff *skb, struct hedge_ctx 
 	e->hedge_replica = rep;
 	e->hedges_sent++;
 	e->tried = tried | (1U << rep);
+	replica_sent(h->cfg, h->st, rep, h->now);
 	skb->mark = cfg.hedge_mark;
 	record_precision(h->svc, h->now, h->deadline);
 	COUNT(h->cnt, hedges_sent);

@@ -32,6 +32,9 @@ enum hedge_limits {
 	REPLICA_MAX = 8,
 	/* Replica index meaning "not a replica" (a service address that is only a VIP). */
 	REPLICA_NONE = 0xff,
+	/* pick_replica's answer when replicas without a copy remain but every one is ejected
+	 * (replica judgement): hedging to them pauses. */
+	REPLICA_OUT = 0xfe,
 	/* Latency histograms: hist.h's log-linear buckets in microseconds, 16 per power of two
 	 * (6% wide), one per microsecond below 16 us, up to 2^28 us (268 s; the last bucket also
 	 * holds every larger value). The layout is (HIST_SUB_BITS, HIST_MIN_SHIFT, HIST_BUCKETS). */
@@ -61,6 +64,8 @@ enum hedge_limits {
 	 * get opcodes). */
 	HEDGE_RULES_MAX = 8,
 	HEDGE_RULE_BYTES = 8,
+	/* Replica judgement: the longest back-off is the base doubled this many times. */
+	EJECT_LEVEL_MAX = 16,
 };
 
 /* One alternative of a service's hedgeable rule: a request is hedgeable when the len bytes
@@ -153,6 +158,15 @@ struct svc_cfg {
 	__u32 store_limit;        /* largest UDP payload the stored path takes (0: clone path only) */
 	__u32 nrules;             /* alternatives in rules; 0: every request is hedgeable */
 	struct hedge_rule rules[HEDGE_RULES_MAX];
+	/* Replica judgement (bpf/hedge/replica.h): a replica that has not answered its last
+	 * eject_after hedges, the last of them sent over judge_ns ago, or whose median latency is
+	 * above the delay and slow_factor times the best other replica's (0: off), gets no
+	 * hedges for eject_base_ns, doubled with each ejection in a row up to eject_max_ns. */
+	__u32 eject_after;        /* 0: replicas are never ejected */
+	__u32 slow_factor;
+	__u64 judge_ns;
+	__u64 eject_base_ns;
+	__u64 eject_max_ns;
 };
 
 /* svc_state: kernel-owned running state per service. */
@@ -171,6 +185,14 @@ struct svc_state {
 	 * 0: none yet) and the responses it gave since the last timer tick. */
 	__u64 rep_p50_ns[REPLICA_MAX];
 	__u32 rep_samples[REPLICA_MAX];
+	/* Replica judgement, per replica: hedges sent since its last response (and when the
+	 * eject_after-th of them left), ejected until (0: in), ejections in a row (the back-off's
+	 * doubling; 0 again at its next response) and in all. */
+	__u32 rep_unanswered[REPLICA_MAX];
+	__u64 rep_judge_from_ns[REPLICA_MAX]; /* when the eject_after-th of them left */
+	__u64 rep_out_until_ns[REPLICA_MAX];
+	__u32 rep_level[REPLICA_MAX];
+	__u64 rep_ejections[REPLICA_MAX];
 };
 
 /* Scoreboard key: (client addr, client port, service, request id). */
@@ -291,6 +313,8 @@ struct hedge_stats {
 	__u64 unmatched_responses; /* responses from a service or replica address matching no
 				    * recorded request (not hedgeable, expired, answered and gone,
 				    * or a wrong request-id spec): passed untouched */
+	__u64 replicas_out;      /* hedges due but not sent: every replica without a copy of
+				  * the request is ejected (hedging to them paused) */
 };
 
 

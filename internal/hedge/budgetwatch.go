@@ -135,7 +135,7 @@ const minSeen = 10
 // Watch checks every interval, until ctx ends, what keeps hedging from working and logs it
 // with what to change: the budget (budgetWatch), and a request-id spec that matches no
 // response (idMismatch; also shown by Stats as the service's warning, and by the metric
-// kedge_hedge_id_mismatch).
+// kedge_hedge_id_mismatch). It logs replicas being ejected and hedging pausing, too.
 func (h *Hedger) Watch(ctx context.Context, interval time.Duration) {
 	w := newBudgetWatch(nil)
 	t := time.NewTicker(interval)
@@ -161,7 +161,7 @@ func (h *Hedger) Watch(ctx context.Context, interval time.Duration) {
 }
 
 // watchServices compares two snapshots per service: the id-spec warning (set and cleared),
-// and what it says.
+// ejections and pauses.
 func (h *Hedger) watchServices(prev, cur *Snapshot) {
 	if prev == nil {
 		return
@@ -181,6 +181,18 @@ func (h *Hedger) watchServices(prev, cur *Snapshot) {
 			}
 		} else if !judged && h.setWarning(s.Name, "") {
 			h.log.Info("responses match requests again", "service", s.Name)
+		}
+		for i, r := range s.Replicas {
+			if i < len(p.Replicas) && r.Ejections > p.Replicas[i].Ejections {
+				h.log.Warn("replica ejected from hedging", "service", s.Name, "replica", r.Address,
+					"for", r.OutFor.Round(time.Millisecond), "ejections", r.Ejections)
+			}
+		}
+		switch {
+		case s.Paused && !p.Paused:
+			h.log.Warn("hedging paused: every replica is ejected", "service", s.Name)
+		case !s.Paused && p.Paused:
+			h.log.Info("hedging resumed: a replica is back", "service", s.Name)
 		}
 	}
 }

@@ -61,8 +61,10 @@ type ServiceConfig struct {
 	// Hedgeable: the requests that may be hedged, any of these alternatives (nil: the
 	// protocol's rule; none: every request).
 	Hedgeable []HedgeRule `yaml:"hedgeable"`
-	Delay     DelaySpec   `yaml:"delay"`
-	Budget    BudgetSpec  `yaml:"budget"`
+	// Ejection is the replica judgement (default on: EjectionSpec).
+	Ejection EjectionSpec `yaml:"ejection"`
+	Delay    DelaySpec    `yaml:"delay"`
+	Budget   BudgetSpec   `yaml:"budget"`
 	// ReplicaChoice is how a hedge's replica is chosen among those the request has not been
 	// sent to: ReplicaRR (default) or ReplicaP50 (docs/hedging.md, Replica choice).
 	ReplicaChoice string `yaml:"replica_choice"`
@@ -419,6 +421,9 @@ func (s *ServiceConfig) validate(i int) error {
 	if n := len(s.replicas); n > 1 && s.MaxHedges > n-1 {
 		return fmt.Errorf("%s: max_hedges %d but %d other replica(s): each hedge goes to a different one; "+
 			"lower max_hedges to %d or add replicas", where, s.MaxHedges, n-1, n-1)
+	}
+	if err := s.Ejection.validate(); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
 	}
 	b := &s.Budget
 	if b.Ratio == 0 && b.Burst == 0 {

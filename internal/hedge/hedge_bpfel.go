@@ -43,6 +43,7 @@ const (
 	hedgeHedgeLimitsSVC_MAX           hedgeHedgeLimits = 64
 	hedgeHedgeLimitsREPLICA_MAX       hedgeHedgeLimits = 8
 	hedgeHedgeLimitsREPLICA_NONE      hedgeHedgeLimits = 255
+	hedgeHedgeLimitsREPLICA_OUT       hedgeHedgeLimits = 254
 	hedgeHedgeLimitsHIST_SUB_BITS     hedgeHedgeLimits = 4
 	hedgeHedgeLimitsHIST_SUB          hedgeHedgeLimits = 16
 	hedgeHedgeLimitsHIST_MIN_SHIFT    hedgeHedgeLimits = 4
@@ -56,6 +57,7 @@ const (
 	hedgeHedgeLimitsTICK_HEDGES_MAX   hedgeHedgeLimits = 64
 	hedgeHedgeLimitsHEDGE_RULES_MAX   hedgeHedgeLimits = 8
 	hedgeHedgeLimitsHEDGE_RULE_BYTES  hedgeHedgeLimits = 8
+	hedgeHedgeLimitsEJECT_LEVEL_MAX   hedgeHedgeLimits = 16
 )
 
 type hedgeHedgeRule struct {
@@ -111,6 +113,7 @@ type hedgeHedgeStats struct {
 	TickSendErrors        uint64
 	NotHedgeable          uint64
 	UnmatchedResponses    uint64
+	ReplicasOut           uint64
 }
 
 type hedgeHreq struct {
@@ -250,6 +253,11 @@ type hedgeSvcCfg struct {
 	StoreLimit       uint32
 	Nrules           uint32
 	Rules            [8]hedgeHedgeRule
+	EjectAfter       uint32
+	SlowFactor       uint32
+	JudgeNs          uint64
+	EjectBaseNs      uint64
+	EjectMaxNs       uint64
 }
 
 type hedgeSvcKey struct {
@@ -258,17 +266,22 @@ type hedgeSvcKey struct {
 }
 
 type hedgeSvcState struct {
-	_           structs.HostLayout
-	TokensMilli int64
-	Rr          uint32
-	Slot        uint32
-	WindowCount uint64
-	LastDelayNs uint64
-	WinEpoch    [10]uint64
-	WinRequests [10]uint64
-	WinHedges   [10]uint64
-	RepP50Ns    [8]uint64
-	RepSamples  [8]uint32
+	_              structs.HostLayout
+	TokensMilli    int64
+	Rr             uint32
+	Slot           uint32
+	WindowCount    uint64
+	LastDelayNs    uint64
+	WinEpoch       [10]uint64
+	WinRequests    [10]uint64
+	WinHedges      [10]uint64
+	RepP50Ns       [8]uint64
+	RepSamples     [8]uint32
+	RepUnanswered  [8]uint32
+	RepJudgeFromNs [8]uint64
+	RepOutUntilNs  [8]uint64
+	RepLevel       [8]uint32
+	RepEjections   [8]uint64
 }
 
 // Names of all BPF objects in the ELF.

@@ -260,6 +260,13 @@ func (h *Hedger) writeService(idx uint32, s *ServiceConfig, newState bool) error
 		copy(cfg.Rules[i].Mask[:], r.Mask)
 		copy(cfg.Rules[i].Value[:], r.Value)
 	}
+	if !s.Ejection.Off {
+		cfg.EjectAfter = uint32(s.Ejection.After)
+		cfg.SlowFactor = uint32(s.Ejection.SlowFactor)
+		cfg.JudgeNs = uint64(s.judgeWait())
+		cfg.EjectBaseNs = uint64(s.Ejection.Backoff)
+		cfg.EjectMaxNs = uint64(s.Ejection.MaxBackoff)
+	}
 	cfg.BudgetRatioMilli = uint64(math.Round(s.Budget.Ratio * 1000))
 	cfg.BudgetCapMilli = uint64(s.Budget.Burst) * 1000
 	cfg.BudgetMode = uint32(hedgeBudgetModeBUDGET_WINDOW)

@@ -129,6 +129,9 @@ func testMaxHedges(t *testing.T, path string) {
 		Services: []ServiceConfig{{Name: "mh", Address: at("srv1").String(),
 			Replicas: []string{at("srv2").String(), at("srv3").String()},
 			Delay:    DelaySpec{Fixed: delay}, MaxHedges: 2, ReplicaChoice: ReplicaRR,
+			// Judgement off: srv2 stalls its hedges on purpose, and ejecting it would send
+			// first hedges to srv3 instead of the second hedges this test counts.
+			Ejection:   EjectionSpec{Off: true},
 			Budget:     BudgetSpec{Ratio: 1, Burst: 100},
 			StoreLimit: storeLimit(path)}},
 	}, budgetTestBackend())

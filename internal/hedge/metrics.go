@@ -37,7 +37,7 @@ type Collector struct {
 	counters   map[string]*prometheus.Desc // per-service counters by C name
 	dlCounters map[string]*prometheus.Desc
 	gauges     []*prometheus.Desc // everything else, for Describe
-	delay, tokens, window, replicaP50, idMismatch, lat50, lat95, lat99, prec50, prec99,
+	delay, tokens, window, replicaP50, replicaOut, replicaEjections, paused, idMismatch, lat50, lat95, lat99, prec50, prec99,
 	period, periodMin, periodMax, target, spread, fillers, info *prometheus.Desc
 }
 
@@ -94,6 +94,7 @@ var counterHelp = map[string]string{
 	"hedges_reinjected":       "Hedges of a tick but its last, cloned back into the pacer veth to leave by bpf_redirect_neigh.",
 	"tick_send_errors":        "Hedges of a tick that could not be cloned back in or redirected: lost.",
 	"not_hedgeable":           "Requests the service's hedgeable rule does not match (not safe to send twice): passed unrecorded, never hedged.",
+	"replicas_out":            "Hedges due but not sent because every replica without a copy of the request is ejected (hedging to them paused).",
 	"unmatched_responses":     "Responses from a service or replica address matching no recorded request (not hedgeable, expired, or a wrong request-id spec): passed untouched.",
 }
 
@@ -125,6 +126,9 @@ func newCollector(stats func() (*Snapshot, error)) *Collector {
 	c.delay = g("kedge_hedge_delay_seconds", "Current hedge delay.", "service")
 	c.tokens = g("kedge_hedge_budget_tokens", "Free budget tokens: clones the splitter may send now (clones in the delay line hold theirs).", "service")
 	c.replicaP50 = g("kedge_hedge_replica_p50_seconds", "A replica's recent median latency (the kernel's stochastic median estimate; 0: no response yet), which replica_choice p50 picks by.", "service", "replica")
+	c.replicaOut = g("kedge_hedge_replica_ejected", "1 while the replica is ejected from hedging (replica judgement), else 0.", "service", "replica")
+	c.replicaEjections = prometheus.NewDesc("kedge_hedge_replica_ejections_total", "Times the replica was ejected from hedging (replica judgement).", []string{"service", "replica"}, nil)
+	c.paused = g("kedge_hedge_paused", "1 while every replica a hedge could go to is ejected: the service's hedging is paused.", "service")
 	c.idMismatch = g("kedge_hedge_id_mismatch", "1 while the service's requests are seen but its responses match none of them (a wrong request-id spec).", "service")
 	c.window = g("kedge_hedge_window_samples", "Latency samples in the adaptive-delay window.", "service")
 	// Quantiles as gauges of their own: a "quantile" label belongs to summaries only.
@@ -153,6 +157,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.dlCounters {
 		ch <- d
 	}
+	ch <- c.replicaEjections
 	for _, d := range c.gauges {
 		ch <- d
 	}
@@ -186,7 +191,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.window, float64(s.Window), s.Name)
 		for _, r := range s.Replicas {
 			gauge(c.replicaP50, r.P50.Seconds(), s.Name, r.Address)
+			gauge(c.replicaOut, b2f(r.Ejected), s.Name, r.Address)
+			counter(c.replicaEjections, r.Ejections, s.Name, r.Address)
 		}
+		gauge(c.paused, b2f(s.Paused), s.Name)
 		gauge(c.idMismatch, b2f(s.Warning != ""), s.Name)
 		gauge(c.lat50, s.LatencyP50.Seconds(), s.Name)
 		gauge(c.lat95, s.LatencyP95.Seconds(), s.Name)

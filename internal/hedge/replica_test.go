@@ -228,7 +228,10 @@ func TestReplicaChoiceLab(t *testing.T) {
 				Interface: "eth0", Tick: Duration(2 * time.Second),
 				Services: []ServiceConfig{{Name: "choice", Address: svc.String(), Replicas: []string{slowAt.String(), fastAt.String()},
 					Delay: DelaySpec{Fixed: 5 * time.Millisecond}, ReplicaChoice: choice,
-					Budget: BudgetSpec{Mode: BudgetWindow, Ratio: 1, Burst: 100}}},
+					// Judgement off: the slow replica (100x the fast one) would be ejected,
+					// and this test is about what each choice does with both in.
+					Ejection: EjectionSpec{Off: true},
+					Budget:   BudgetSpec{Mode: BudgetWindow, Ratio: 1, Burst: 100}}},
 			}, budgetTestBackend())
 			const workers = 4
 			settled := func(sent uint64) map[string]uint64 {
@@ -336,7 +339,10 @@ func TestReplicaEstimatesAge(t *testing.T) {
 	h := startHedger(t, l, &Config{
 		Interface: "eth0", Tick: Duration(400 * time.Millisecond),
 		Services: []ServiceConfig{{Name: "age", Address: svc.String(), Replicas: []string{alt.String(), answering.String()},
-			Delay: DelaySpec{Fixed: 5 * time.Millisecond}, ReplicaChoice: ReplicaP50}},
+			Delay: DelaySpec{Fixed: 5 * time.Millisecond}, ReplicaChoice: ReplicaP50,
+			// Judgement off: alt never answers, and this test is about the estimates' ageing
+			// bringing it back, not about ejecting it.
+			Ejection: EjectionSpec{Off: true}}},
 	}, budgetTestBackend())
 	const (
 		clockBits = 40

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/hist"
+	"github.com/kedge-dev/kedge/internal/pacer"
 )
 
 // ServiceStats is one service's counters (names as in bpf/include/hedge.h) plus its
@@ -31,9 +32,13 @@ type ServiceStats struct {
 	ReplicaChoice string         `json:"replica_choice"`
 	MaxHedges     int            `json:"max_hedges"`
 	Replicas      []ReplicaStats `json:"replicas"`
-	// Protocol is the service's preset, Hedgeable its rule ("every request" without one).
+	// Protocol is the service's preset, Hedgeable its rule ("every request" without one),
+	// Ejection its replica judgement.
 	Protocol  string `json:"protocol"`
 	Hedgeable string `json:"hedgeable"`
+	Ejection  string `json:"ejection"`
+	// Paused: every replica a hedge could go to is ejected, so no hedge is sent.
+	Paused bool `json:"paused"`
 	// Warning says what looks wrong (Watch): requests seen whose responses match none.
 	Warning string `json:"warning,omitempty"`
 }
@@ -43,6 +48,12 @@ type ServiceStats struct {
 type ReplicaStats struct {
 	Address string        `json:"address"`
 	P50     time.Duration `json:"p50_ns"`
+	// Replica judgement: ejected now (OutFor left of its back-off), ejections in all, and
+	// hedges it has not answered since its last response.
+	Ejected    bool          `json:"ejected"`
+	OutFor     time.Duration `json:"out_for_ns"`
+	Ejections  uint64        `json:"ejections"`
+	Unanswered uint32        `json:"unanswered"`
 }
 
 // Precision summarises hedge send time - intended send time.
@@ -76,6 +87,9 @@ const (
 	counterNotHedgeable    = "not_hedgeable"
 	counterResponses       = "responses"
 	counterUnmatched       = "unmatched_responses"
+	// counterReplicaEjections is no kernel counter: the sum of the replicas' ejections
+	// (svc_state.rep_ejections), shown with the counters.
+	counterReplicaEjections = "replica_ejections"
 )
 
 // countersByName lists the names above, for the test.
@@ -144,11 +158,26 @@ func (h *Hedger) Stats() (*Snapshot, error) {
 			Window: st.WindowCount, Counters: pick(counterMap(counters), false),
 			RequestID: s.RequestID.String(), ReplicaChoice: s.ReplicaChoice, MaxHedges: s.MaxHedges,
 		}
-		ss.Protocol, ss.Hedgeable = s.Protocol, RulesString(s.Hedgeable)
+		ss.Protocol, ss.Hedgeable, ss.Ejection = s.Protocol, RulesString(s.Hedgeable), s.Ejection.String()
 		ss.Warning = h.warnings[s.Name]
+		now := uint64(pacer.Now())
+		candidates, out := 0, 0
 		for r, ap := range s.replicas {
-			ss.Replicas = append(ss.Replicas, ReplicaStats{Address: ap.String(), P50: time.Duration(st.RepP50Ns[r])})
+			rs := ReplicaStats{Address: ap.String(), P50: time.Duration(st.RepP50Ns[r]),
+				Ejections: st.RepEjections[r], Unanswered: st.RepUnanswered[r]}
+			if until := st.RepOutUntilNs[r]; until > now {
+				rs.Ejected, rs.OutFor = true, time.Duration(until-now)
+			}
+			if r > 0 { // replica 0 is the address the client used: never a hedge's
+				candidates++
+				if rs.Ejected {
+					out++
+				}
+			}
+			ss.Counters[counterReplicaEjections] += rs.Ejections
+			ss.Replicas = append(ss.Replicas, rs)
 		}
+		ss.Paused = candidates > 0 && out == candidates
 		var total hedgeKhist
 		if err := h.objs.LatHist.Lookup(idx*uint32(histSlots+1)+uint32(histSlots), &total); err != nil {
 			return nil, fmt.Errorf("read latency histogram of %s: %w", s.Name, err)
