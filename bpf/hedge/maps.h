@@ -31,6 +31,9 @@ const enum req_state *hedge_btf_req_state __attribute__((unused));
 const enum reqid_order *hedge_btf_reqid_order __attribute__((unused));
 const enum budget_mode *hedge_btf_budget_mode __attribute__((unused));
 const enum kedge_mark *hedge_btf_mark __attribute__((unused));
+const enum hedge_event_type *hedge_btf_event_type __attribute__((unused));
+const enum hedge_refusal *hedge_btf_refusal __attribute__((unused));
+const struct hedge_event *hedge_btf_event __attribute__((unused));
 
 #ifndef READ_ONCE
 #define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
@@ -144,6 +147,12 @@ struct {
 	__type(key, __u32);
 	__type(value, struct hedge_stats);
 } stats SEC(".maps");
+
+/* The event stream (hedge_config.events; events.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, EVENTS_BYTES);
+} hedge_events SEC(".maps");
 
 struct hedge_tick {
 	struct bpf_timer timer;

@@ -17,6 +17,7 @@
 #include "match.h"
 #include "rewrite.h"
 #include "store.h"
+#include "events.h"
 
 /* claim_response moves a request's state on for a response with compare-and-exchange, so
  * that two responses on two CPUs cannot both pass as the first. Returns the state it moved
@@ -109,8 +110,11 @@ static __always_inline int respond(struct __sk_buff *skb)
 	}
 	COUNT(m.cnt, responses);
 	if (s == REQ_HEDGED) {
-		if (hedge_won(e, &m.ref))
+		int won = hedge_won(e, &m.ref);
+
+		if (won)
 			COUNT(m.cnt, hedges_won);
+		hedge_event(won ? HEDGE_EV_WON : HEDGE_EV_LOST, &m.key, e, m.ref.index, 0, now);
 	} else if (s != REQ_PENDING) {
 		/* NOCLONE / NOHEDGE / REFUSED: nothing follows. A NOCLONE or REFUSED request
 		 * answered after its deadline is one the budget kept from being hedged (user space

@@ -32,6 +32,7 @@
 #include "match.h"
 #include "rewrite.h"
 #include "store.h"
+#include "events.h"
 #include "pacer_client.h"
 
 /* Far-overdue cutoff: a hedge is not sent later than deadline + max(its delay, four pacer
@@ -183,6 +184,7 @@ static __always_inline int hedge_decide(struct __sk_buff *skb, struct hedge_ctx 
 	if (far_overdue(h->deadline, h->delay, h->now)) {
 		hedge_give_up(h, REQ_NOHEDGE);
 		COUNT(h->cnt, overdue_dropped);
+		hedge_event(HEDGE_EV_REFUSED, h->key, e, REPLICA_NONE, HEDGE_REFUSED_OVERDUE, h->now);
 		return HEDGE_DROPPED;
 	}
 	/* A replica that does not have it yet (replica.h) ... */
@@ -190,16 +192,19 @@ static __always_inline int hedge_decide(struct __sk_buff *skb, struct hedge_ctx 
 	rep = pick_for(h->svc, tried, h->now);
 	if (rep >= REPLICA_MAX) {
 		hedge_give_up(h, REQ_NOHEDGE);
-		if (rep == REPLICA_OUT)
+		if (rep == REPLICA_OUT) {
 			COUNT(h->cnt, replicas_out); /* every candidate ejected: hedging paused */
-		else
+			hedge_event(HEDGE_EV_REFUSED, h->key, e, REPLICA_NONE, HEDGE_REFUSED_EJECTED, h->now);
+		} else {
 			COUNT(h->cnt, no_replica);
+		}
 		return HEDGE_DROPPED;
 	}
 	/* ... the budget pays for it (bucket: the token the splitter took) ... */
 	if (!budget_charge(h->cfg, h->st, h->now)) {
 		hedge_give_up(h, REQ_REFUSED);
 		COUNT(h->cnt, budget_exhausted);
+		hedge_event(HEDGE_EV_REFUSED, h->key, e, rep, HEDGE_REFUSED_BUDGET, h->now);
 		return HEDGE_DROPPED;
 	}
 	/* ... and it is claimed before it is built and leaves: a response from now on finds
@@ -228,6 +233,7 @@ static __always_inline int hedge_decide(struct __sk_buff *skb, struct hedge_ctx 
 	skb->mark = cfg.hedge_mark;
 	record_precision(h->svc, h->now, h->deadline);
 	COUNT(h->cnt, hedges_sent);
+	hedge_event(HEDGE_EV_SENT, h->key, e, rep, 0, h->now);
 	if (h->c)
 		COUNT(h->cnt, tick_hedges);
 	return HEDGE_BUILT;

@@ -66,6 +66,41 @@ enum hedge_limits {
 	HEDGE_RULE_BYTES = 8,
 	/* Replica judgement: the longest back-off is the base doubled this many times. */
 	EJECT_LEVEL_MAX = 16,
+	/* The event stream's ring buffer (hedge_config.events): 256 KiB holds about 4000
+	 * events of 64 bytes (56 and the ring's header), more than a budget lets hedges burst
+	 * between two wake-ups of the user-space reader. Without events user space shrinks it
+	 * to a page. */
+	EVENTS_BYTES = 256 * 1024,
+};
+
+/* What an event (hedge_config.events) reports. */
+enum hedge_event_type {
+	HEDGE_EV_SENT = 1,    /* a hedge left for replica */
+	HEDGE_EV_WON = 2,     /* the first response of a hedged request came from a hedge's replica */
+	HEDGE_EV_LOST = 3,    /* ... from the replica the client addressed: the hedge was for nothing */
+	HEDGE_EV_REFUSED = 4, /* a due hedge not sent: reason says why */
+};
+
+/* Why a due hedge was refused (HEDGE_EV_REFUSED). */
+enum hedge_refusal {
+	HEDGE_REFUSED_BUDGET = 1,   /* the budget (budget_exhausted) */
+	HEDGE_REFUSED_EJECTED = 2,  /* every replica without a copy is ejected (replicas_out) */
+	HEDGE_REFUSED_OVERDUE = 3,  /* far overdue (overdue_dropped) */
+};
+
+/* One event of the stream (ring buffer hedge_events). */
+struct hedge_event {
+	__u64 time_ns;        /* CLOCK_MONOTONIC */
+	__u64 latency_ns;     /* WON/LOST: request to first response; SENT: request to hedge */
+	struct in6_addr caddr; /* the client */
+	__u64 id;             /* the request id */
+	__be16 cport;
+	__u16 svc;
+	__u8 type;            /* enum hedge_event_type */
+	__u8 replica;         /* SENT: where it went; WON/LOST: who answered first */
+	__u8 hedges;          /* hedges of the request so far */
+	__u8 reason;          /* REFUSED: enum hedge_refusal */
+	__u32 _pad[2];
 };
 
 /* One alternative of a service's hedgeable rule: a request is hedgeable when the len bytes
@@ -108,7 +143,7 @@ struct hedge_config {
 	__u32 no_carry;        /* 1: the pacer carries nothing (every service's store_limit
 				* covers the interface's MTU): a request the store cannot
 				* take is not hedged instead of cloned */
-	__u32 _pad;
+	__u32 events;          /* 1: hedges sent, won, lost and refused go to hedge_events */
 };
 
 enum delay_mode {

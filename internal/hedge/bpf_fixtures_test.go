@@ -173,6 +173,7 @@ type fixtureOpts struct {
 	backend     string // delay-line backend the constants are set for; "": conveyor
 	missingDLIf bool   // point cfg_dl_ifindex at an ifindex that does not exist
 	noCarry     bool   // the hedger without a clone path (hedge_config.no_carry)
+	events      bool   // the event stream on (hedge_config.events)
 }
 
 // Fake ifindexes: far above anything a fresh namespace allocates; checked to be absent.
@@ -223,6 +224,7 @@ func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 		IfIndex:  f.outIfx,
 		pacerCli: pacer.Client{Config: fixturePacerConfig(o.backend, f)},
 		noCarry:  o.noCarry,
+		events:   o.events,
 		prepare:  bpftest.FixClock,
 	}
 
@@ -519,6 +521,16 @@ func key(svc int, client netip.AddrPort, id uint64) hedgeHreqKey {
 func (k hedgeHreqKey) String() string {
 	a := netip.AddrFrom16(k.Caddr.In6U.U6Addr8).Unmap()
 	return fmt.Sprintf("{svc %d, client %s, id %#x}", k.Svc, netip.AddrPortFrom(a, bpfx.Htons(k.Cport)), k.Id)
+}
+
+// hedgedBy writes request k as hedged once, to replica rep, a delay after it was sent two
+// delays ago (for f.at).
+func hedgedBy(k hedgeHreqKey, rep uint8) func(*fixture, uint64) error {
+	return func(f *fixture, now uint64) error {
+		e := pending(now-uint64(2*testDelay), now-uint64(testDelay))
+		e.State, e.HedgeReplica, e.HedgesSent, e.Tried, e.HedgedNs = reqHedged, rep, 1, 1|1<<rep, now-1000
+		return f.objs.Scoreboard.Put(k, e)
+	}
 }
 
 // pending is a scoreboard entry as the splitter writes it, sent at sent, due at deadline.

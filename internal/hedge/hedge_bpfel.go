@@ -34,8 +34,38 @@ type hedgeHedgeConfig struct {
 	TtlNs      uint64
 	TickNs     uint64
 	NoCarry    uint32
-	Pad        uint32
+	Events     uint32
 }
+
+type hedgeHedgeEvent struct {
+	_         structs.HostLayout
+	TimeNs    uint64
+	LatencyNs uint64
+	Caddr     struct {
+		_    structs.HostLayout
+		In6U struct {
+			_       structs.HostLayout
+			U6Addr8 [16]uint8
+		}
+	}
+	Id      uint64
+	Cport   uint16
+	Svc     uint16
+	Type    uint8
+	Replica uint8
+	Hedges  uint8
+	Reason  uint8
+	Pad     [2]uint32
+}
+
+type hedgeHedgeEventType uint32
+
+const (
+	hedgeHedgeEventTypeHEDGE_EV_SENT    hedgeHedgeEventType = 1
+	hedgeHedgeEventTypeHEDGE_EV_WON     hedgeHedgeEventType = 2
+	hedgeHedgeEventTypeHEDGE_EV_LOST    hedgeHedgeEventType = 3
+	hedgeHedgeEventTypeHEDGE_EV_REFUSED hedgeHedgeEventType = 4
+)
 
 type hedgeHedgeLimits uint32
 
@@ -58,6 +88,15 @@ const (
 	hedgeHedgeLimitsHEDGE_RULES_MAX   hedgeHedgeLimits = 8
 	hedgeHedgeLimitsHEDGE_RULE_BYTES  hedgeHedgeLimits = 8
 	hedgeHedgeLimitsEJECT_LEVEL_MAX   hedgeHedgeLimits = 16
+	hedgeHedgeLimitsEVENTS_BYTES      hedgeHedgeLimits = 262144
+)
+
+type hedgeHedgeRefusal uint32
+
+const (
+	hedgeHedgeRefusalHEDGE_REFUSED_BUDGET  hedgeHedgeRefusal = 1
+	hedgeHedgeRefusalHEDGE_REFUSED_EJECTED hedgeHedgeRefusal = 2
+	hedgeHedgeRefusalHEDGE_REFUSED_OVERDUE hedgeHedgeRefusal = 3
 )
 
 type hedgeHedgeRule struct {
@@ -289,6 +328,7 @@ type hedgeSvcState struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	hedgeMapDlPrecision           = "dl_precision"
+	hedgeMapHedgeEvents           = "hedge_events"
 	hedgeMapLatHist               = "lat_hist"
 	hedgeMapPacerArming           = "pacer_arming"
 	hedgeMapPacerCounters         = "pacer_counters"
@@ -309,8 +349,11 @@ const (
 	hedgeVarCfg                   = "cfg"
 	hedgeVarHedgeBtfBudgetMode    = "hedge_btf_budget_mode"
 	hedgeVarHedgeBtfDelayMode     = "hedge_btf_delay_mode"
+	hedgeVarHedgeBtfEvent         = "hedge_btf_event"
+	hedgeVarHedgeBtfEventType     = "hedge_btf_event_type"
 	hedgeVarHedgeBtfLimits        = "hedge_btf_limits"
 	hedgeVarHedgeBtfMark          = "hedge_btf_mark"
+	hedgeVarHedgeBtfRefusal       = "hedge_btf_refusal"
 	hedgeVarHedgeBtfReplicaChoice = "hedge_btf_replica_choice"
 	hedgeVarHedgeBtfReqState      = "hedge_btf_req_state"
 	hedgeVarHedgeBtfReqidOrder    = "hedge_btf_reqid_order"
@@ -372,6 +415,7 @@ type hedgeProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type hedgeMapSpecs struct {
 	DlPrecision   *ebpf.MapSpec `ebpf:"dl_precision"`
+	HedgeEvents   *ebpf.MapSpec `ebpf:"hedge_events"`
 	LatHist       *ebpf.MapSpec `ebpf:"lat_hist"`
 	PacerArming   *ebpf.MapSpec `ebpf:"pacer_arming"`
 	PacerCounters *ebpf.MapSpec `ebpf:"pacer_counters"`
@@ -394,8 +438,11 @@ type hedgeVariableSpecs struct {
 	Cfg                   *ebpf.VariableSpec `ebpf:"cfg"`
 	HedgeBtfBudgetMode    *ebpf.VariableSpec `ebpf:"hedge_btf_budget_mode"`
 	HedgeBtfDelayMode     *ebpf.VariableSpec `ebpf:"hedge_btf_delay_mode"`
+	HedgeBtfEvent         *ebpf.VariableSpec `ebpf:"hedge_btf_event"`
+	HedgeBtfEventType     *ebpf.VariableSpec `ebpf:"hedge_btf_event_type"`
 	HedgeBtfLimits        *ebpf.VariableSpec `ebpf:"hedge_btf_limits"`
 	HedgeBtfMark          *ebpf.VariableSpec `ebpf:"hedge_btf_mark"`
+	HedgeBtfRefusal       *ebpf.VariableSpec `ebpf:"hedge_btf_refusal"`
 	HedgeBtfReplicaChoice *ebpf.VariableSpec `ebpf:"hedge_btf_replica_choice"`
 	HedgeBtfReqState      *ebpf.VariableSpec `ebpf:"hedge_btf_req_state"`
 	HedgeBtfReqidOrder    *ebpf.VariableSpec `ebpf:"hedge_btf_reqid_order"`
@@ -425,6 +472,7 @@ func (o *hedgeObjects) Close() error {
 // It can be passed to loadHedgeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hedgeMaps struct {
 	DlPrecision   *ebpf.Map `ebpf:"dl_precision"`
+	HedgeEvents   *ebpf.Map `ebpf:"hedge_events"`
 	LatHist       *ebpf.Map `ebpf:"lat_hist"`
 	PacerArming   *ebpf.Map `ebpf:"pacer_arming"`
 	PacerCounters *ebpf.Map `ebpf:"pacer_counters"`
@@ -443,6 +491,7 @@ type hedgeMaps struct {
 func (m *hedgeMaps) Close() error {
 	return _HedgeClose(
 		m.DlPrecision,
+		m.HedgeEvents,
 		m.LatHist,
 		m.PacerArming,
 		m.PacerCounters,
@@ -466,8 +515,11 @@ type hedgeVariables struct {
 	Cfg                   *ebpf.Variable `ebpf:"cfg"`
 	HedgeBtfBudgetMode    *ebpf.Variable `ebpf:"hedge_btf_budget_mode"`
 	HedgeBtfDelayMode     *ebpf.Variable `ebpf:"hedge_btf_delay_mode"`
+	HedgeBtfEvent         *ebpf.Variable `ebpf:"hedge_btf_event"`
+	HedgeBtfEventType     *ebpf.Variable `ebpf:"hedge_btf_event_type"`
 	HedgeBtfLimits        *ebpf.Variable `ebpf:"hedge_btf_limits"`
 	HedgeBtfMark          *ebpf.Variable `ebpf:"hedge_btf_mark"`
+	HedgeBtfRefusal       *ebpf.Variable `ebpf:"hedge_btf_refusal"`
 	HedgeBtfReplicaChoice *ebpf.Variable `ebpf:"hedge_btf_replica_choice"`
 	HedgeBtfReqState      *ebpf.Variable `ebpf:"hedge_btf_req_state"`
 	HedgeBtfReqidOrder    *ebpf.Variable `ebpf:"hedge_btf_reqid_order"`

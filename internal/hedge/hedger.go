@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -32,6 +33,9 @@ type Options struct {
 	// Instance tells the delay lines of several hedgers in one process apart: 0 names them
 	// hedge-dl (namespace) and kedge-dl0 (veth), n > 0 hedge-dl<n> and kedge-dl<n>.
 	Instance int
+	// Events turns the event stream on (Hedger.Events): every hedge sent, won, lost or
+	// refused. Off, the programs reserve nothing.
+	Events bool
 	// ServiceSlots is how many services the hedger is sized for (each slot holds a store
 	// ring of about 2 MiB): Update adds services into free slots without restarting
 	// (default: the config's services; at most 64).
@@ -47,6 +51,7 @@ type Hedger struct {
 
 	objs     hedgeObjects
 	noCarry  bool // every service's store limit covers the interface MTU's payload: no clone path
+	events   bool // Options.Events
 	pacer    *pacer.Pacer
 	pacerCli pacer.Client // what load binds the collection to (fixtures: a Config without a pacer)
 	// prepare, if set, adjusts the spec right before load: the BPF_PROG_TEST_RUN fixtures
@@ -81,7 +86,7 @@ func Start(cfg *Config, opts Options) (_ *Hedger, err error) {
 	if err := checkKernel(); err != nil {
 		return nil, err
 	}
-	h := &Hedger{Config: cfg, log: opts.Log, netns: opts.Netns, capacity: max(opts.ServiceSlots, len(cfg.Services))}
+	h := &Hedger{Config: cfg, log: opts.Log, netns: opts.Netns, capacity: max(opts.ServiceSlots, len(cfg.Services)), events: opts.Events}
 	if h.capacity > svcMax {
 		return nil, fmt.Errorf("%d service slots, at most %d", h.capacity, svcMax)
 	}
@@ -190,6 +195,11 @@ func (h *Hedger) load() error {
 	}
 	if h.noCarry {
 		cfg.NoCarry = 1
+	}
+	spec.Maps[hedgeMapHedgeEvents].MaxEntries = uint32(os.Getpagesize()) // the smallest ring: unused
+	if h.events {
+		cfg.Events = 1
+		spec.Maps[hedgeMapHedgeEvents].MaxEntries = eventsBytes
 	}
 	if err := spec.Variables[hedgeVarCfg].Set(cfg); err != nil {
 		return fmt.Errorf("set run configuration: %w", err)

@@ -105,30 +105,23 @@ func TestReplicaJudgement(t *testing.T) {
 
 	// The response path: a response makes a replica good again; a median far above the
 	// others' (and the delay) ejects it.
-	hedgedBy := func(rep uint8) func(*fixture, uint64) error {
-		return func(f *fixture, now uint64) error {
-			e := pending(now-uint64(2*testDelay), now-uint64(testDelay))
-			e.State, e.HedgeReplica, e.HedgesSent, e.Tried, e.HedgedNs = reqHedged, rep, 1, 1|1<<rep, now-1000
-			return f.objs.Scoreboard.Put(k, e)
-		}
-	}
 	runCases(t, f, f.objs.HedgeResp, []bpftest.Case{
 		{Name: "replica 1 answers its hedge: unanswered and the back-off's doubling reset", In: datagram(repRR1, client4, p),
-			Setup:   bpftest.Seq(state(func(st *hedgeSvcState) { st.RepUnanswered[1], st.RepLevel[1], st.RepEjections[1] = 2, 3, 3 }), f.at(hedgedBy(1))),
+			Setup:   bpftest.Seq(state(func(st *hedgeSvcState) { st.RepUnanswered[1], st.RepLevel[1], st.RepEjections[1] = 2, 3, 3 }), f.at(hedgedBy(k, 1))),
 			WantRet: unspec, WantOut: datagram(svcRR, client4, p),
 			WantCounters: bpftest.Counters{"rr.Responses": 1, "rr.HedgesWon": 1, "rr.ResponsesRewritten": 1},
 			Check:        f.leaves(map[hedgeHreqKey]uint32{k: reqAnsweredHedge}, judged(1, 0, 0, 3, 0))},
 		{Name: "replica 2's median 100x replica 1's and above the delay: ejected by its response", In: datagram(repRR2, client4, p),
 			Setup: bpftest.Seq(state(func(st *hedgeSvcState) {
 				st.RepP50Ns[1], st.RepP50Ns[2] = uint64(100*time.Microsecond), uint64(time.Second)
-			}), f.at(hedgedBy(2))),
+			}), f.at(hedgedBy(k, 2))),
 			WantRet: unspec, WantOut: datagram(svcRR, client4, p),
 			WantCounters: bpftest.Counters{"rr.Responses": 1, "rr.HedgesWon": 1, "rr.ResponsesRewritten": 1},
 			Check:        f.leaves(map[hedgeHreqKey]uint32{k: reqAnsweredHedge}, judged(2, now0+uint64(time.Second), 1, 1, DefaultEjectAfter-1))},
 		{Name: "replica 2's median 5x replica 1's: in (the factor is 10)", In: datagram(repRR2, client4, p),
 			Setup: bpftest.Seq(state(func(st *hedgeSvcState) {
 				st.RepP50Ns[1], st.RepP50Ns[2] = uint64(20*time.Millisecond), uint64(100*time.Millisecond)
-			}), f.at(hedgedBy(2))),
+			}), f.at(hedgedBy(k, 2))),
 			WantRet: unspec, WantOut: datagram(svcRR, client4, p),
 			WantCounters: bpftest.Counters{"rr.Responses": 1, "rr.HedgesWon": 1, "rr.ResponsesRewritten": 1},
 			Check:        f.leaves(map[hedgeHreqKey]uint32{k: reqAnsweredHedge}, judged(2, 0, 0, 0, 0))},
