@@ -53,7 +53,12 @@ On exit the per-replica counters are logged (or printed as JSON with -o json).`,
   kedge chaos serve --listen 127.0.0.1:9999 --duration 1m
 
   # two replicas, the second in full outage (scenario c)
-  kedge chaos serve --listen 127.0.0.1:9999,127.0.0.1:9998 --outage-replica 1`,
+  kedge chaos serve --listen 127.0.0.1:9999,127.0.0.1:9998 --outage-replica 1
+
+  # two hosts: replica 0 on one, replica 1 (other ids stall) on the other, so a hedge
+  # of a request stalled at one is answered fast by the other
+  kedge chaos serve --listen 198.18.0.12:9999                   # on host 1
+  kedge chaos serve --listen 198.18.0.13:9999 --replica-index 1 # on host 2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			srv, err := chaos.Listen(cfg, listen)
@@ -96,7 +101,8 @@ On exit the per-replica counters are logged (or printed as JSON with -o json).`,
 	f.DurationVar(&cfg.Stall, "stall", cfg.Stall, "service time of a stalled request")
 	f.DurationVar(&cfg.Fast, "fast", cfg.Fast, "service time of every other request")
 	f.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "replay memory: an id seen this recently is served fast")
-	f.IntSliceVar(&outage, "outage-replica", nil, "replica index(es) in full outage: every request dropped")
+	f.IntSliceVar(&outage, "outage-replica", nil, "replica index(es) in full outage: every request dropped (counted from 0 for the first --listen address)")
+	f.IntVar(&cfg.FirstIndex, "replica-index", 0, "replica index of the first --listen address (its stall window): give each host's server its own")
 	addDurationFlag(cmd, &duration, "stop")
 	addOutputFlag(cmd, &output) // the counters on exit: text (logged) or json (stdout)
 	return cmd

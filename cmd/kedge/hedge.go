@@ -49,6 +49,7 @@ response. 'kedge hedge run' attaches it; 'status' and 'stats' show running hedge
 // hedgeFlags are the flags of `kedge hedge run`.
 type hedgeFlags struct {
 	config, netnsArg, backend, metricsAddr string
+	format                                 string // event stream: "", json, jsonl
 	duration                               time.Duration
 
 	// One service without a file.
@@ -62,12 +63,19 @@ type hedgeFlags struct {
 	storeLimit                    int
 	budgetWindow                  time.Duration
 	idOffset, idLength, burst     int
+	protocol                      string
+	hedgeable                     []string
+	ejectAfter                    int
+	ejectBackoff, ejectMaxBackoff time.Duration
 }
 
 // serviceFlags are the flags that declare a service instead of --config.
 var serviceFlags = []string{"interface", "service", "replica", "name", "delay", "delay-quantile", "delay-min",
 	"delay-max", "id-offset", "id-length", "id-order", "budget-ratio", "budget-burst", "budget-mode", "budget-window",
-	"replica-choice", "max-hedges", "store-limit"}
+	"replica-choice", "max-hedges", "store-limit", "protocol", "hedgeable", "eject-after", "eject-backoff", "eject-max-backoff"}
+
+// idFlags locate the request id: a protocol preset sets it instead.
+var idFlags = []string{"id-offset", "id-length", "id-order"}
 
 func newHedgeRunCmd(runDir *string) *cobra.Command {
 	var f hedgeFlags
@@ -81,10 +89,16 @@ from a YAML file (several services; docs/hedging.md has every key):
   interface: eth0
   delay_line: {backend: auto}          # auto | conveyor | netem | edt
   services:
+    - name: dns
+      protocol: dns                     # dns | memcached-udp | generic: id, hedgeable rule, port
+      address: 198.18.0.12              # where clients send (port 53 from the protocol)
+      replicas: [198.18.0.13]           # where hedges may go instead
     - name: kv
-      address: 198.18.0.12:9999         # where clients send
-      replicas: [198.18.0.13:9999]      # where hedges may go instead
+      address: 198.18.0.22:9999
+      replicas: [198.18.0.23:9999]
       request_id: {offset: 0, length: 4, order: big}
+      hedgeable: [{offset: 4, text: "R"}]   # only requests with "R" at 4 (default: all)
+      ejection: {after: 3, backoff: 1s} # unanswered hedges that eject a replica (or: off)
       delay: 10ms                       # or {quantile: 0.95, min: 1ms, max: 50ms}
       budget: {ratio: 0.05, burst: 10}  # hedges <= 5% of requests over 10 s + 10 (mode: window | bucket)
       replica_choice: rr                # rr | p50 (lowest recent median latency)
@@ -92,6 +106,15 @@ from a YAML file (several services; docs/hedging.md has every key):
       store_limit: 512                  # payload bytes kept in the kernel (0: clone every request)
 
 or, for one service, from flags (--service, --replica, --delay, ...).
+
+A protocol preset (--protocol dns | memcached-udp) says where the request id is, which
+requests may be repeated (DNS: standard queries, not UPDATE or NOTIFY; memcached: get and
+gets, never a set) and the default port. Requests the hedgeable rule does not match pass
+unrecorded and unhedged (not_hedgeable). A replica that leaves its last hedges unanswered,
+or is far slower than the others, gets no hedges for a back-off that grows while it stays
+bad; with every replica out, hedging pauses and says so. The address the client used is
+never changed. It warns when a service's responses match none of its requests (a wrong
+request-id spec).
 
 At start it removes what killed runs left behind (their kedge-<pid>-* namespaces, which
 hold their delay lines, and a stale kedge-dl0). While running it writes its status and
@@ -109,12 +132,21 @@ qdisc of the chosen --backend).`,
 		Example: `  # one service, fixed 10 ms delay, hedges to a second replica
   sudo kedge hedge run --interface eth0 --service 198.18.0.12:9999 --replica 198.18.0.13:9999 --delay 10ms
 
+  # DNS: 2-byte id, only standard queries hedged, port 53
+  sudo kedge hedge run --interface eth0 --protocol dns --service 198.18.0.12 --replica 198.18.0.13
+
+  # memcached over UDP: gets hedged, sets never
+  sudo kedge hedge run --interface eth0 --protocol memcached-udp --service 198.18.0.12 --replica 198.18.0.13
+
   # adaptive delay: the p95 of recent latencies, kept within 1-50 ms
   sudo kedge hedge run --interface eth0 --service 198.18.0.12:9999 --replica 198.18.0.13:9999 \
       --delay-quantile 0.95 --delay-min 1ms --delay-max 50ms
 
   # every request cloned into the delay line (no stored path: for requests larger than a store cell)
   sudo kedge hedge run --interface eth0 --service 198.18.0.12:9999 --replica 198.18.0.13:9999 --store-limit 0
+
+  # print each hedge (sent, won, lost, refused) as a JSON line
+  sudo kedge hedge run --interface eth0 --protocol dns --service 198.18.0.12 --replica 198.18.0.13 -F jsonl
 
   # several services from a file, with a Prometheus endpoint
   sudo kedge hedge run --config hedge.yaml --metrics-addr 127.0.0.1:9464
@@ -132,6 +164,7 @@ qdisc of the chosen --backend).`,
 	fl.StringVar(&f.backend, "backend", "", "delay-line backend: auto, conveyor, netem or edt (overrides the config)")
 	addDurationFlag(cmd, &f.duration, "detach")
 	addMetricsFlag(cmd, &f.metricsAddr)
+	fl.StringVarP(&f.format, "format", "F", "", "print an event per hedge sent, won, lost or refused on stdout: json (one array) or jsonl (one object a line); default none")
 	fl.StringVarP(&f.iface, "interface", "i", "", "client-side interface requests leave through (e.g. eth0)")
 	fl.StringVar(&f.service, "service", "", "service address clients send to, ADDR:PORT")
 	fl.StringArrayVar(&f.replicas, "replica", nil, "replica ADDR:PORT hedges may go to (repeatable; none: the service address itself)")
@@ -140,6 +173,11 @@ qdisc of the chosen --backend).`,
 	fl.Float64Var(&f.quantile, "delay-quantile", 0, "adaptive delay: this quantile of recent latencies, e.g. 0.95 (excludes --delay)")
 	fl.DurationVar(&f.delayMin, "delay-min", time.Millisecond, "adaptive delay: lower clamp")
 	fl.DurationVar(&f.delayMax, "delay-max", 50*time.Millisecond, "adaptive delay: upper clamp")
+	fl.StringVar(&f.protocol, "protocol", hedge.ProtocolGeneric, "protocol preset: dns, memcached-udp or generic (sets the request id, which requests are hedged and the default port; generic: the --id-* flags)")
+	fl.StringArrayVar(&f.hedgeable, "hedgeable", nil, "only requests with these bytes are hedged: OFFSET:HEX[/MASK] (e.g. 2:00/f8) or OFFSET:text:TEXT (e.g. '8:text:get '); repeatable, any matches (default: the protocol's rule; generic: every request)")
+	fl.IntVar(&f.ejectAfter, "eject-after", hedge.DefaultEjectAfter, "replica judgement: unanswered hedges that eject a replica from hedging for a while (0: never)")
+	fl.DurationVar(&f.ejectBackoff, "eject-backoff", hedge.DefaultEjectBackoff, "replica judgement: the first ejection's length, doubled with each one in a row")
+	fl.DurationVar(&f.ejectMaxBackoff, "eject-max-backoff", hedge.DefaultEjectMaxBackoff, "replica judgement: the longest ejection")
 	fl.IntVar(&f.idOffset, "id-offset", 0, "request id: byte offset in the UDP payload (the response has it at the same place)")
 	fl.IntVar(&f.idLength, "id-length", hedge.DefaultIDLength, "request id: length in bytes, 1-8")
 	fl.StringVar(&f.idOrder, "id-order", "big", "request id: byte order, big or little")
@@ -189,11 +227,34 @@ func hedgeConfig(cmd *cobra.Command, f *hedgeFlags) (*hedge.Config, error) {
 		return nil, usagef("--delay %v out of range: use 200us..10s", f.delay)
 	}
 	svc := hedge.ServiceConfig{
-		Name: f.name, Address: f.service, Replicas: f.replicas,
+		Name: f.name, Address: f.service, Replicas: f.replicas, Protocol: f.protocol,
 		RequestID:     hedge.RequestIDSpec{Offset: f.idOffset, Length: f.idLength, Order: f.idOrder},
 		Delay:         hedge.DelaySpec{Fixed: f.delay},
 		Budget:        hedge.BudgetSpec{Mode: f.budgetMode, Ratio: f.budgetRatio, Burst: f.burst},
 		ReplicaChoice: f.replicaChoice, MaxHedges: f.maxHedges,
+	}
+	if f.protocol != hedge.ProtocolGeneric {
+		for _, n := range idFlags {
+			if cmd.Flags().Changed(n) {
+				return nil, usagef("--protocol %s sets the request id: drop --%s, or use --protocol generic", f.protocol, n)
+			}
+		}
+		svc.RequestID = hedge.RequestIDSpec{}
+	}
+	for _, h := range f.hedgeable {
+		r, err := hedge.ParseHedgeRule(h)
+		if err != nil {
+			return nil, usagef("--hedgeable %w", err)
+		}
+		svc.Hedgeable = append(svc.Hedgeable, r)
+	}
+	switch {
+	case f.ejectAfter < 0:
+		return nil, usagef("--eject-after %d: use 0 (never) or 1..1000", f.ejectAfter)
+	case f.ejectAfter == 0:
+		svc.Ejection = hedge.EjectionSpec{Off: true}
+	default:
+		svc.Ejection = hedge.EjectionSpec{After: f.ejectAfter, Backoff: f.ejectBackoff, MaxBackoff: f.ejectMaxBackoff}
 	}
 	if cmd.Flags().Changed("store-limit") { // else derived from the interface's MTU at start
 		svc.StoreLimit = &f.storeLimit
@@ -225,6 +286,8 @@ var flagNames = strings.NewReplacer(
 	"request_id.offset", "--id-offset", "request_id.length", "--id-length", "request_id.order", "--id-order",
 	"store_limit", "--store-limit", "delay.quantile", "--delay-quantile", "budget.ratio", "--budget-ratio", "budget.burst", "--budget-burst", "budget.mode", "--budget-mode", "budget.window", "--budget-window",
 	"replica_choice", "--replica-choice", "max_hedges", "--max-hedges",
+	"ejection.after", "--eject-after", "ejection.max_backoff", "--eject-max-backoff", "ejection.backoff", "--eject-backoff",
+	"hedgeable[", "--hedgeable[", "remove request_id, or use protocol: generic", "drop the --id-* flags, or use --protocol generic",
 	": address ", ": --service ", ": replica ", ": --replica ", " and address ", " and --service ",
 	": delay needs", ": --delay-min and --delay-max need", ": delay ", ": --delay ",
 )
@@ -239,6 +302,13 @@ func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
 	default:
 		return usagef("--backend %q unknown: use auto, conveyor, netem or edt", f.backend)
 	}
+	var events *hedge.EventWriter
+	if f.format != "" {
+		if events, err = hedge.NewEventWriter(cmd.OutOrStdout(), f.format); err != nil {
+			return usagef("-F %q: use json or jsonl", f.format)
+		}
+		defer events.Close()
+	}
 	target, err := openRunTarget(f.metricsAddr, f.netnsArg, cfg.Interface)
 	if err != nil {
 		return err
@@ -250,7 +320,7 @@ func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
 	defer stop()
 
 	cleanStale(ns, runDir)
-	h, err := hedge.Start(cfg, hedge.Options{Netns: ns, Backend: f.backend, Log: slog.Default()})
+	h, err := hedge.Start(cfg, hedge.Options{Netns: ns, Backend: f.backend, Log: slog.Default(), Events: events != nil})
 	if err != nil {
 		var le *bpfx.LoadError
 		if verbose && errors.As(err, &le) {
@@ -278,7 +348,16 @@ func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
 	if st.Netns == "" {
 		st.Netns = currentNetnsName()
 	}
-	published, watched := make(chan struct{}), make(chan struct{})
+	published, watched, streamed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(streamed)
+		if events == nil {
+			return
+		}
+		if err := h.Events(ctx, func(ev hedge.Event) { _ = events.Write(ev) }); err != nil {
+			slog.Warn("event stream ended", "err", err)
+		}
+	}()
 	go func() {
 		defer close(published)
 		h.PublishStatus(ctx, runDir, st, time.Second)
@@ -291,6 +370,7 @@ func runHedge(cmd *cobra.Command, f *hedgeFlags, runDir string) (err error) {
 	<-ctx.Done()
 	<-published // no Stats() after Close
 	<-watched
+	<-streamed
 	if snap, serr := h.Stats(); serr == nil {
 		for _, s := range snap.Services {
 			c := s.Counters
@@ -357,17 +437,65 @@ func writeHedgeStatus(w io.Writer, sts []hedge.Status, runDir string) error {
 			s.Time.Sub(st.Started).Round(time.Second))
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "PID\tSERVICE\tADDRESS\tREQUEST ID\tDELAY\tDELAY NOW\tREQUESTS\tHEDGES")
+	fmt.Fprintln(tw, "PID\tSERVICE\tADDRESS\tPROTOCOL\tREQUEST ID\tHEDGEABLE\tDELAY\tDELAY NOW\tREQUESTS\tHEDGES\tSTATE")
+	var notes []string
 	for _, st := range sts {
 		if st.Snapshot == nil {
 			continue
 		}
 		for _, s := range st.Snapshot.Services {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", st.PID, s.Name, s.Address, s.RequestID, s.Delay, dur(s.DelayNow),
-				s.Counters["requests"], s.Counters["hedges_sent"])
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", st.PID, s.Name, s.Address, orDash(s.Protocol), s.RequestID,
+				orDash(s.Hedgeable), s.Delay, dur(s.DelayNow), s.Counters["requests"], s.Counters["hedges_sent"], serviceState(s))
+			if s.Warning != "" {
+				notes = append(notes, "warning: "+s.Warning)
+			}
 		}
 	}
-	return tw.Flush()
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "PID\tSERVICE\tREPLICA\tP50\tJUDGEMENT\tUNANSWERED\tEJECTIONS")
+	for _, st := range sts {
+		if st.Snapshot == nil {
+			continue
+		}
+		for _, s := range st.Snapshot.Services {
+			for i, r := range s.Replicas {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\n", st.PID, s.Name, r.Address, dur(r.P50), replicaState(i, r), r.Unanswered, r.Ejections)
+			}
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, n := range notes {
+		if _, err := fmt.Fprintln(w, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// serviceState is a service's line in `kedge hedge status`: hedging, paused (every replica
+// ejected) or a warning.
+func serviceState(s hedge.ServiceStats) string {
+	switch {
+	case s.Paused:
+		return "paused: every replica ejected"
+	case s.Warning != "":
+		return "warning: responses match no request (below)"
+	}
+	return "hedging"
+}
+
+// replicaState: replica 0 is the address the client used (never a hedge's); the others are
+// in, or ejected for what is left of their back-off.
+func replicaState(i int, r hedge.ReplicaStats) string {
+	switch {
+	case i == 0:
+		return "service address"
+	case r.Ejected:
+		return "ejected, back in " + dur(r.OutFor)
+	}
+	return "in"
 }
 
 // noHedger says that no 'kedge hedge run' runs, and where a running agent's hedgers are.
@@ -404,12 +532,6 @@ func dur(d time.Duration) string {
 		return d.Round(10 * time.Microsecond).String()
 	}
 }
-
-// statsCounters are the counters `kedge hedge stats` shows, in order.
-var statsCounters = []string{"requests", "responses", "clones", "clones_answered", "hedges_sent", "hedges_won",
-	"duplicates_dropped", "budget_exhausted", "recirculations", "clones_orphaned", "responses_rewritten",
-	"short_requests", "short_responses", "clone_errors", "scoreboard_errors", "hedge_rewrite_errors",
-	"response_rewrite_errors", "redirect_errors"}
 
 func newHedgeStatsCmd(runDir *string) *cobra.Command {
 	var (
@@ -496,7 +618,10 @@ func writeHedgeStats(w io.Writer, st *hedge.Status) error {
 	row("delay", func(v hedge.ServiceStats) string { return v.Delay })
 	row("delay now", func(v hedge.ServiceStats) string { return dur(v.DelayNow) })
 	row("budget tokens", func(v hedge.ServiceStats) string { return fmt.Sprintf("%.1f", v.Tokens) })
-	for _, c := range statsCounters {
+	row("protocol", func(v hedge.ServiceStats) string { return orDash(v.Protocol) })
+	row("hedgeable", func(v hedge.ServiceStats) string { return orDash(v.Hedgeable) })
+	row("state", serviceState)
+	for _, c := range hedge.ServiceCounterNames() {
 		row(c, func(v hedge.ServiceStats) string { return fmt.Sprint(v.Counters[c]) })
 	}
 	row("latency p50", func(v hedge.ServiceStats) string { return dur(v.LatencyP50) })
@@ -522,9 +647,20 @@ func writeHedgeStats(w io.Writer, st *hedge.Status) error {
 			}
 			return dur(v.Replicas[i].P50)
 		})
+		row(fmt.Sprintf("replica %d", i), func(v hedge.ServiceStats) string {
+			if i >= len(v.Replicas) {
+				return ""
+			}
+			return replicaState(i, v.Replicas[i])
+		})
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, svc := range s.Services {
+		if svc.Warning != "" {
+			fmt.Fprintln(w, "\nwarning:", svc.Warning)
+		}
 	}
 
 	fmt.Fprintln(w, "\ndelay line")
@@ -545,15 +681,9 @@ func writeHedgeStats(w io.Writer, st *hedge.Status) error {
 		fmt.Fprintf(tw, "period min\t%s\t\n", dur(time.Duration(dl["period_min_ns"])))
 		fmt.Fprintf(tw, "period max\t%s\t\n", dur(time.Duration(dl["period_max_ns"])))
 	}
-	global := make([]string, 0, len(s.Global))
-	for k, v := range s.Global {
-		if v > 0 {
-			global = append(global, k)
-		}
-	}
-	slices.Sort(global)
-	for _, k := range global {
-		fmt.Fprintf(tw, "unmatched %s\t%d\t\n", k, s.Global[k])
+	fmt.Fprintln(tw, "\t\t")
+	for _, k := range hedge.GlobalCounterNames() {
+		fmt.Fprintf(tw, "%s (no service)\t%d\t\n", k, s.Global[k])
 	}
 	return tw.Flush()
 }

@@ -19,8 +19,9 @@ import (
 func fakeHedgeStatus(pid int) hedge.Status {
 	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	counters := map[string]uint64{}
-	for i, c := range statsCounters {
-		counters[c] = uint64(100 * (len(statsCounters) - i))
+	names := hedge.ServiceCounterNames()
+	for i, c := range names {
+		counters[c] = uint64(100 * (len(names) - i))
 	}
 	return hedge.Status{
 		PID: pid, Started: start, ConfigPath: "/etc/kedge/hedge.yaml", Interface: "eth0",
@@ -30,15 +31,18 @@ func fakeHedgeStatus(pid int) hedge.Status {
 			Calibration: hedge.Calibration{Target: 10 * time.Millisecond, Mean: 10052851 * time.Nanosecond,
 				Min: 9937604 * time.Nanosecond, Max: 10174077 * time.Nanosecond, Fillers: 83, Spread: 121120 * time.Nanosecond},
 			Services: []hedge.ServiceStats{
-				{Name: "kv", Address: "198.18.0.12:9999", RequestID: "offset 0, 4 bytes, big-endian", Delay: "10ms", DelayNow: 10 * time.Millisecond, Tokens: 9.5,
+				{Name: "kv", Address: "198.18.0.12:9999", Protocol: "memcached-udp", Hedgeable: `8:"get " | 8:"gets "`, Ejection: "after 3 unanswered or 10x slower, back-off 1s..30s",
+					RequestID: "offset 0, 2 bytes, big-endian", Delay: "10ms", DelayNow: 10 * time.Millisecond, Tokens: 9.5,
 					Counters: counters, LatencyP50: 1152 * time.Microsecond, LatencyP95: 1344 * time.Microsecond,
 					LatencyP99:    9728 * time.Microsecond,
 					Precision:     hedge.Precision{Samples: 6, P50: 54 * time.Microsecond, P99: 92 * time.Microsecond},
 					ReplicaChoice: "p50", MaxHedges: 2, Replicas: []hedge.ReplicaStats{
 						{Address: "198.18.0.12:9999", P50: 1100 * time.Microsecond},
-						{Address: "198.18.0.13:9999", P50: 950 * time.Microsecond}, {Address: "198.18.0.14:9999"}}},
+						{Address: "198.18.0.13:9999", P50: 950 * time.Microsecond, Ejections: 1},
+						{Address: "198.18.0.14:9999", Ejected: true, OutFor: 1500 * time.Millisecond, Ejections: 3, Unanswered: 2}}},
 				{Name: "dns", Address: "[2001:db8::c]:53", RequestID: "offset 0, 2 bytes, big-endian", Delay: "p95 [1ms, 50ms]", DelayNow: 1984 * time.Microsecond,
-					Tokens: 10, Counters: map[string]uint64{"requests": 7}, ReplicaChoice: "rr", MaxHedges: 1,
+					Tokens: 10, Counters: map[string]uint64{"requests": 7}, ReplicaChoice: "rr", MaxHedges: 1, Protocol: "generic", Hedgeable: "every request",
+					Warning:  `service "dns": 40 requests, 0 matched responses, 40 responses from its addresses matched no request: ...`,
 					Replicas: []hedge.ReplicaStats{{Address: "[2001:db8::c]:53"}}},
 			},
 			Global:    map[string]uint64{"malformed": 3, "malformed_responses": 2, "fragments": 0},

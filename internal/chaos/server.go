@@ -48,6 +48,9 @@ type Config struct {
 	// generation fills up it is rotated early, so memory stays bounded under any load, at the
 	// cost of forgetting ids sooner than TTL (counted in Stats.EarlyRotations).
 	MaxEntries int
+	// FirstIndex is the replica index of the first address (Stalls): a replica served by
+	// another process or host takes its own index, so its stall window is not replica 0's.
+	FirstIndex int
 }
 
 // DefaultMaxEntries is the replay-memory cap per replica and generation: 2^20 ids is 50 s of
@@ -61,14 +64,20 @@ func DefaultConfig() Config {
 }
 
 // Validate checks cfg for n replicas. Stall windows of the replicas must not overlap (see
-// Stalls), so n*StallPct must not exceed 100.
+// Stalls), so (FirstIndex+n)*StallPct must not exceed 100.
 func (c Config) Validate(replicas int) error {
 	switch {
 	case c.StallPct < 0 || c.StallPct > 100:
 		return fmt.Errorf("stall percentage %d out of range 0-100", c.StallPct)
 	case replicas < 1:
 		return errors.New("no replica address given")
-	case replicas*c.StallPct > 100:
+	case c.FirstIndex < 0:
+		return fmt.Errorf("replica index %d: use 0 or more", c.FirstIndex)
+	case (c.FirstIndex+replicas)*c.StallPct > 100:
+		if c.FirstIndex > 0 {
+			return fmt.Errorf("replicas %d..%d x %d%% stalls exceeds 100%%: a request id would stall on two replicas",
+				c.FirstIndex, c.FirstIndex+replicas-1, c.StallPct)
+		}
 		return fmt.Errorf("%d replicas x %d%% stalls exceeds 100%%: a request id would stall on two replicas", replicas, c.StallPct)
 	case c.Stall < 0 || c.Fast < 0:
 		return errors.New("negative stall or fast-path delay")
@@ -162,7 +171,7 @@ func Listen(cfg Config, addrs []string) (*Server, error) {
 		if err := enableRxTimestamps(c); err != nil {
 			slog.Debug("no kernel receive timestamps: service time counts from the read", "addr", a, "err", err)
 		}
-		s.replicas = append(s.replicas, &replica{index: i, conn: c, cfg: cfg, mem: newReplayMemory(cfg.TTL, cfg.MaxEntries)})
+		s.replicas = append(s.replicas, &replica{index: cfg.FirstIndex + i, conn: c, cfg: cfg, mem: newReplayMemory(cfg.TTL, cfg.MaxEntries)})
 	}
 	return s, nil
 }

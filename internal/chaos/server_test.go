@@ -80,6 +80,9 @@ func TestConfigValidate(t *testing.T) {
 		{"zero ttl", func(c *Config) { c.TTL = 0 }, 1, true},
 		{"negative stall", func(c *Config) { c.Stall = -time.Second }, 1, true},
 		{"negative cap", func(c *Config) { c.MaxEntries = -1 }, 1, true},
+		{"replica 49 of 50 at 2%", func(c *Config) { c.FirstIndex = 49 }, 1, false},
+		{"replica 50 at 2%: its window is replica 0's", func(c *Config) { c.FirstIndex = 50 }, 1, true},
+		{"negative replica index", func(c *Config) { c.FirstIndex = -1 }, 1, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -525,5 +528,28 @@ func skipInEmulatedGuest(t *testing.T) {
 	t.Helper()
 	if os.Getenv("VMTEST_KERNEL") != "" {
 		t.Skip("timing-bound; meaningless in an emulated (TCG) matrix guest - runs on the host")
+	}
+}
+
+// TestReplicaIndex: a server whose first address is replica 1 (--replica-index 1, the
+// second host of a two-host setup) stalls replica 1's ids, not replica 0's: a request that
+// stalls at replica 0 is answered fast here.
+func TestReplicaIndex(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Stall, cfg.FirstIndex = 300*time.Millisecond, 1
+	srv := startServer(t, cfg, 1)
+	c := dial(t, srv, 0)
+	for _, tc := range []struct {
+		id    uint32
+		stall bool
+	}{{1000, false}, {1001, false}, {1098, true}} { // replica 0 stalls ids ending in 00 and 01
+		start := time.Now()
+		sendID(t, c, tc.id)
+		if _, _, ok := recvID(t, c, 2*time.Second); !ok {
+			t.Fatalf("id %d: no response", tc.id)
+		}
+		if slow := time.Since(start) >= cfg.Stall; slow != tc.stall {
+			t.Errorf("id %d answered after %v: stalled %v, want %v", tc.id, time.Since(start), slow, tc.stall)
+		}
 	}
 }

@@ -259,3 +259,31 @@ func precision(late, early []uint32) Precision {
 	p.P50, p.P99 = q(0.5), q(0.99)
 	return p
 }
+
+// ServiceCounterNames are the per-service counters in struct hedge_stats order (the order
+// `kedge hedge stats` prints them), then replica_ejections; GlobalCounterNames the counters
+// of no service.
+func ServiceCounterNames() []string {
+	var out []string
+	for _, name := range counterNames() {
+		if !slices.Contains(globalCounters, name) {
+			out = append(out, name)
+		}
+	}
+	return append(out, counterReplicaEjections)
+}
+
+// GlobalCounterNames: see ServiceCounterNames.
+func GlobalCounterNames() []string { return slices.Clone(globalCounters) }
+
+func counterNames() []string {
+	fields, err := bpfx.Fields(hedgeHedgeStats{}, "", bpfx.Naming{C: true})
+	if err != nil {
+		panic(err) // checked by TestCounterNames
+	}
+	out := make([]string, len(fields))
+	for i, f := range fields {
+		out[i] = f.Name
+	}
+	return out
+}
