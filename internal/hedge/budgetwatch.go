@@ -98,12 +98,14 @@ func (w *budgetWatch) check(cur *Snapshot) []string {
 	return out
 }
 
-// idMismatch returns a warning when a service's requests were seen but its responses matched
-// none of them (judged false: they match; an empty warning judged true: no verdict either way), in the stretch between two snapshots: at least minSeen hedgeable requests, fewer
-// than one in ten with a first response, and at least half as many responses from its
-// addresses that matched no request (unmatched_responses). That is a request-id spec that
-// does not fit the protocol (DNS's id is 2 bytes: a 4-byte spec takes in the flags, which
-// differ in the response), not a slow service (its responses would match, late).
+// idMismatch judges the stretch between two snapshots of a service. It returns a warning
+// when the service's requests were seen but its responses matched none of them: at least
+// minSeen hedgeable requests, fewer than one in ten with a first response, and at least half
+// as many responses from its addresses that matched no request (unmatched_responses). That
+// is a request-id spec that does not fit the protocol (DNS's id is 2 bytes: a 4-byte spec
+// takes in the flags, which differ in the response), not a slow service (its responses
+// would match, late). The bool is false when responses do match (a warning can be cleared),
+// true with a warning or with no verdict either way (too few requests or responses).
 func idMismatch(cur, prev ServiceStats) (string, bool) {
 	delta := func(name string) uint64 {
 		c, p := cur.Counters[name], prev.Counters[name]

@@ -88,3 +88,36 @@ func TestBudgetWatch(t *testing.T) {
 		})
 	}
 }
+
+// TestIDMismatch: the verdict on a stretch between two snapshots - silence with too few
+// requests or too few responses at all, cleared when responses match, a warning naming the
+// id spec when hedgeable requests get no matched response but their service's addresses
+// send unmatched ones.
+func TestIDMismatch(t *testing.T) {
+	prev := ServiceStats{Name: "dns", Counters: map[string]uint64{"requests": 100, "responses": 90, "unmatched_responses": 5, "not_hedgeable": 3}}
+	for _, tc := range []struct {
+		name                                    string
+		requests, notHedgeable, resp, unmatched uint64
+		warn, judged                            bool
+	}{
+		{"too few requests", 9, 0, 0, 20, false, true},
+		{"too few once the not hedgeable are taken out", 30, 21, 0, 40, false, true},
+		{"responses match", 40, 0, 4, 80, false, false},
+		{"wrong id: no match, unmatched responses", 40, 0, 3, 40, true, true},
+		{"exactly half as many unmatched", 40, 0, 0, 20, true, true},
+		{"silence: too few responses at all (a dead service)", 40, 0, 0, 19, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cur := ServiceStats{Name: "dns", RequestID: "offset 0, 4 bytes, big-endian", Counters: map[string]uint64{
+				"requests": 100 + tc.requests, "not_hedgeable": 3 + tc.notHedgeable,
+				"responses": 90 + tc.resp, "unmatched_responses": 5 + tc.unmatched}}
+			msg, judged := idMismatch(cur, prev)
+			if (msg != "") != tc.warn || judged != tc.judged {
+				t.Fatalf("warning %q, judged %v; want warning %v, judged %v", msg, judged, tc.warn, tc.judged)
+			}
+			if tc.warn && (!strings.Contains(msg, "offset 0, 4 bytes") || !strings.Contains(msg, "protocol: dns")) {
+				t.Errorf("warning %q names neither the id spec nor the presets", msg)
+			}
+		})
+	}
+}
