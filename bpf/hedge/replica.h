@@ -41,7 +41,7 @@ static __always_inline __u32 rep_bound(__u32 i)
 
 /* Replica judgement (docs/hedging.md, Replica judgement): a replica that has not answered its
  * last eject_after hedges, though the last of them left judge_ns ago, or whose median is
- * above the delay and slow_factor times the best other replica's, is ejected: it gets no
+ * above the delay and slow_factor times the best other hedge target's, is ejected: it gets no
  * hedges for a back-off of eject_base_ns, doubled with each ejection in a row (up to
  * eject_max_ns). Back from it, one more unanswered hedge ejects it again, for longer; its
  * next response makes it good again. Only hedges are steered: the address the client used
@@ -180,9 +180,12 @@ __attribute__((noinline)) int pick_for(__u32 svc, __u32 tried, __u64 now)
 }
 
 /* judge_slow: replica idx of service svc has median m (above the delay): ejected when that is
- * above slow_factor times the best other replica's (now: the response's time is close enough;
- * the back-off is what matters). Runs only for a median above the delay, so rarely: a global
- * function, so its loop is not inlined into each response path that observes a replica. */
+ * above slow_factor times the best other hedge target's (now: the response's time is close
+ * enough; the back-off is what matters). The service's own address is no yardstick: every
+ * request samples it, while a hedge target is sampled only when hedges are due - at the
+ * moments something is slow - so its median reads high beside it even when it is as fast.
+ * Runs only for a median above the delay, so rarely: a global function, so its loop is not
+ * inlined into each response path that observes a replica. */
 __attribute__((noinline)) int judge_slow(__u32 svc, __u32 idx, __u64 m)
 {
 	struct svc_cfg *sc = bpf_map_lookup_elem(&svc_cfgs, &svc);
@@ -195,7 +198,7 @@ __attribute__((noinline)) int judge_slow(__u32 svc, __u32 idx, __u64 m)
 		if (i >= sc->nreplicas)
 			break;
 		v = st->rep_p50_ns[i];
-		if (i != idx && v && (!best || v < best))
+		if (i != idx && i != sc->orig_index && v && (!best || v < best))
 			best = v;
 	}
 	if (best && m > best * sc->slow_factor)

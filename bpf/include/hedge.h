@@ -195,7 +195,7 @@ struct svc_cfg {
 	struct hedge_rule rules[HEDGE_RULES_MAX];
 	/* Replica judgement (bpf/hedge/replica.h): a replica that has not answered its last
 	 * eject_after hedges, the last of them sent over judge_ns ago, or whose median latency is
-	 * above the delay and slow_factor times the best other replica's (0: off), gets no
+	 * above the delay and slow_factor times the best other hedge target's (0: off), gets no
 	 * hedges for eject_base_ns, doubled with each ejection in a row up to eject_max_ns. */
 	__u32 eject_after;        /* 0: replicas are never ejected */
 	__u32 slow_factor;

@@ -10,8 +10,8 @@ import (
 // EjectionSpec is a service's replica judgement (docs/hedging.md, Replica judgement): a
 // replica that has not answered its last After hedges (the last of them sent over twice the
 // delay ago, at least 10 ms), or whose median latency is above the delay and SlowFactor times
-// the best other replica's, gets no hedges for Backoff, doubled with each ejection in a row
-// up to MaxBackoff. `ejection: off` turns it off.
+// the best other hedge target's (not the service's own address), gets no hedges for Backoff,
+// doubled with each ejection in a row up to MaxBackoff. `ejection: off` turns it off.
 type EjectionSpec struct {
 	Off        bool
 	After      int

@@ -118,6 +118,14 @@ func TestReplicaJudgement(t *testing.T) {
 			WantRet: unspec, WantOut: datagram(svcRR, client4, p),
 			WantCounters: bpftest.Counters{"rr.Responses": 1, "rr.HedgesWon": 1, "rr.ResponsesRewritten": 1},
 			Check:        f.leaves(map[hedgeHreqKey]uint32{k: reqAnsweredHedge}, judged(2, now0+uint64(time.Second), 1, 1, DefaultEjectAfter-1))},
+		{Name: "replica 2's median 10000x the service address's, replica 1 without one: in (the service address is no yardstick)",
+			In: datagram(repRR2, client4, p),
+			Setup: bpftest.Seq(state(func(st *hedgeSvcState) {
+				st.RepP50Ns[0], st.RepP50Ns[1], st.RepP50Ns[2] = uint64(40*time.Microsecond), 0, uint64(time.Second)
+			}), f.at(hedgedBy(k, 2))),
+			WantRet: unspec, WantOut: datagram(svcRR, client4, p),
+			WantCounters: bpftest.Counters{"rr.Responses": 1, "rr.HedgesWon": 1, "rr.ResponsesRewritten": 1},
+			Check:        f.leaves(map[hedgeHreqKey]uint32{k: reqAnsweredHedge}, judged(2, 0, 0, 0, 0))},
 		{Name: "replica 2's median 5x replica 1's: in (the factor is 10)", In: datagram(repRR2, client4, p),
 			Setup: bpftest.Seq(state(func(st *hedgeSvcState) {
 				st.RepP50Ns[1], st.RepP50Ns[2] = uint64(20*time.Millisecond), uint64(100*time.Millisecond)
