@@ -108,23 +108,10 @@ enum sg_reduce {
 	SG_RED_GATHER = 4,
 };
 
-/* Element types. Floats are IEEE 754 binary32/binary64, big-endian like the integers.
- * SUM of floats is exact integer arithmetic on fixed-point values: each element is
- * rounded to the nearest multiple of 2^-fx_bits (struct sg_group) and summed in int64;
- * an element beyond +-2^(62 - fx_bits), or a sum that wraps, flags the result
- * SG_F_OVERFLOW. MIN/MAX are exact (compared as order-preserving integer keys: F32_KEY
- * and F64_KEY in bpf/sg/reply.h). A reply carrying a NaN or an infinity is rejected:
- * dropped and counted bad_value. Multi-packet replies take integers only. */
 enum sg_dtype {
 	SG_T_I32 = 0,
 	SG_T_I64 = 1,
-	SG_T_F32 = 2,
-	SG_T_F64 = 3,
 };
-
-/* Fixed-point fraction bits of a float SUM: at most this many (the int64 accumulator
- * keeps 62 - fx_bits integer bits and a sign). */
-#define SG_FX_BITS_MAX 62
 
 enum sg_status {
 	SG_ST_OK = 0,      /* completed by its policy */
@@ -151,7 +138,7 @@ enum sg_group_flags {
 
 /* Result flags (struct sg_result.flags). */
 enum sg_result_flags {
-	SG_F_OVERFLOW = 0x1, /* an int64 sum wrapped (float SUM: beyond the fixed-point range) */
+	SG_F_OVERFLOW = 0x1, /* an int64 sum wrapped */
 	/* Parts of multi-packet replies were reduced; for MIN/MAX the accumulators then start
 	 * at the identity (INT64_MAX / INT64_MIN), so an element no part covered holds it
 	 * (docs/sg.md). */
@@ -181,8 +168,7 @@ struct sg_group {
 	__u64 timeout_ns;   /* default deadline */
 	struct in6_addr coord_addr; /* the coordinator socket (IPv4 as ::ffff:a.b.c.d) */
 	__be16 coord_port;
-	__u8 fx_bits;       /* float SUM: fixed-point fraction bits, 0..SG_FX_BITS_MAX */
-	__u8 _pad1;
+	__u16 _pad1;
 	__u32 part_base;    /* SG_GF_PARTS: this group's entries in the parts map start here,
 			     * (slot - slot_base) * nworkers + worker after it */
 };
@@ -257,7 +243,6 @@ struct sg_stats {
 	__u64 unregistered;    /* source address/port is not that worker's: passed */
 	__u64 bad_length;      /* payload length wrong for the group's reduction: passed */
 	__u64 worker_errors;   /* reply with status != 0: dropped, not aggregated */
-	__u64 bad_value;       /* float reply with a NaN or an infinity: dropped, not aggregated */
 	__u64 multipart;       /* nparts > 1 for a group without SG_GF_PARTS or GATHER: passed */
 	__u64 overflow;        /* an int64 sum wrapped (result flagged) */
 	__u64 ringbuf_full;    /* result not emitted (user space reads the slot instead) */

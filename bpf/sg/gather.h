@@ -12,7 +12,6 @@
  *   status 0, payload length right for the reduction
  *                                           else passed (bad_length) or dropped
  *                                           (worker_errors)
- *   floats: no NaN, no infinity ........... else dropped (bad_value)
  *   slot holds this full request id ....... else dropped (stale: a recycled slot)
  *   slot still pending .................... else dropped (late)
  *   worker's bit not yet set .............. else dropped (duplicates)
@@ -46,7 +45,7 @@ static __always_inline void reduce_reply(struct sg_slot *s, const struct sg_grou
 	if (op == SG_RED_COUNT)
 		return;
 	if (op == SG_RED_GATHER) {
-		__u32 words = n * (dtype_size(g->dtype) / 4);
+		__u32 words = n * (g->dtype == SG_T_I64 ? 2 : 1);
 		__u32 at = s->res.gathered * words;
 		__u32 *dst = (__u32 *)s->res.agg;
 		__be32 *src = v;
@@ -68,19 +67,10 @@ static __always_inline void reduce_reply(struct sg_slot *s, const struct sg_grou
 	 * multi-packet replies came first: they started them at the identity (parts.h). */
 	if (op != SG_RED_SUM && s->res.count == 0 && !(s->res.flags & SG_F_PARTS))
 		op = OP_FIRST;
-	switch (g->dtype) {
-	case SG_T_I64:
+	if (g->dtype == SG_T_I64)
 		reduce_i64(s, op, 0, n, v, data_end);
-		break;
-	case SG_T_F32:
-		reduce_f32(s, op, 0, n, v, data_end, g->fx_bits);
-		break;
-	case SG_T_F64:
-		reduce_f64(s, op, 0, n, v, data_end, g->fx_bits);
-		break;
-	default:
+	else
 		reduce_i32(s, op, 0, n, v, data_end);
-	}
 }
 
 static __always_inline int gather(struct xdp_md *ctx)
@@ -142,7 +132,7 @@ static __always_inline int gather(struct xdp_md *ctx)
 	}
 	if (bpf_ntohs(h->nparts) > 1)
 		return gather_part(h, data_end, g, cnt, gid, widx, plen);
-	want = g->reduce == SG_RED_COUNT ? plen : (__u32)g->elems * dtype_size(g->dtype);
+	want = g->reduce == SG_RED_COUNT ? plen : (__u32)g->elems * (g->dtype == SG_T_I64 ? 8 : 4);
 	if (plen != want) {
 		COUNT(cnt, bad_length);
 		return XDP_PASS;
@@ -161,11 +151,6 @@ static __always_inline int gather(struct xdp_md *ctx)
 			COUNT(gcnt, malformed); /* truncated: the IP/UDP lengths claim more */
 			return XDP_PASS;
 		}
-	}
-	/* Floats: a NaN or an infinity rejects the reply before anything is reduced (sg.h). */
-	if (g->dtype >= SG_T_F32 && g->reduce <= SG_RED_MAX && !float_finite(g, g->elems, h + 1, data_end)) {
-		COUNT(cnt, bad_value);
-		return XDP_DROP;
 	}
 	s = reply_slot(h, g, cnt, &id, &slot);
 	if (!s)

@@ -74,9 +74,7 @@ static __always_inline int gather_part(struct sg_hdr *h, void *data_end, const s
 	__u16 flags_before;
 	int outcome;
 
-	/* Multi-packet replies of floats are not taken (sg.h): user space never sets
-	 * SG_GF_PARTS on a float group; this keeps the kernel safe if one did. */
-	if (!(g->flags & SG_GF_PARTS) || g->reduce == SG_RED_GATHER || g->dtype >= SG_T_F32) {
+	if (!(g->flags & SG_GF_PARTS) || g->reduce == SG_RED_GATHER) {
 		COUNT(cnt, multipart);
 		return XDP_PASS;
 	}
@@ -85,7 +83,7 @@ static __always_inline int gather_part(struct sg_hdr *h, void *data_end, const s
 		return XDP_PASS;
 	}
 	if (g->reduce != SG_RED_COUNT) {
-		__u32 size = dtype_size(g->dtype);
+		__u32 size = g->dtype == SG_T_I64 ? 8 : 4;
 		__u64 len;
 
 		k = (g->elems + nparts - 1) / nparts;

@@ -202,7 +202,7 @@ payload within BYTES (the coordinator must take them: kedge sg scatter --multi-p
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&listen, "listen", nil, "worker address `ADDR:PORT[+N]` (+N: N workers on consecutive ports); repeatable")
-	f.StringVar(&typ, "type", "int64", "element type: int32, int64, float32 or float64 (floats: the values as floats)")
+	f.StringVar(&typ, "type", "int64", "element type: int32 or int64")
 	f.IntVar(&elems, "elems", 4, "vector length")
 	f.StringVar(&values, "values", "", "constant vector to answer (comma-separated); default: per worker and request")
 	f.DurationVar(&delay, "delay", 0, "delay before each reply")
@@ -241,7 +241,6 @@ func newSgScatterCmd() *cobra.Command {
 		runDir                                         string
 		workers                                        []string
 		elems, need, count, gatherK, batch, firstBatch int
-		fxBits                                         int
 		timeout                                        time.Duration
 		busyPoll, wakeSocket, multiPacket              bool
 		metricsAddr                                    string
@@ -252,8 +251,6 @@ func newSgScatterCmd() *cobra.Command {
 		Example: `  kedge sg scatter -i lo --workers 127.0.0.1:9000+16 --reduction sum --type int64 --elems 4
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000,10.77.0.3:9000 --reduction max --need 1 -o json
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --reduction gather --elems 2 --count 10
-  # the mean of float64 vectors (kedge sg worker --type float64), summed in the kernel in fixed point
-  kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --type float64 --reduction mean
   # workers answering 256 x int64 in parts (kedge sg worker --max-datagram 1452)
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+8 --elems 256 --multi-packet
   # the completing reply wakes the reader through the socket (each result's "reader": socket)
@@ -289,7 +286,7 @@ func newSgScatterCmd() *cobra.Command {
 			if busyPoll && wakeSocket {
 				return usagef("--wake-socket and --busy-poll: pick one (the busy-polling reader needs no wake-up)")
 			}
-			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Reduction: r, Type: t, FixedPointBits: fxBits,
+			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Reduction: r, Type: t,
 				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, MultiPacket: multiPacket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir}
 			if local != "" {
 				if cfg.Local, err = netip.ParseAddrPort(local); err != nil {
@@ -339,12 +336,6 @@ func newSgScatterCmd() *cobra.Command {
 					if res.Values != nil {
 						fmt.Fprintf(w, "  %s: %v\n", r, res.Values)
 					}
-					if res.Floats != nil {
-						fmt.Fprintf(w, "  %s: %v\n", r, res.Floats)
-					}
-					if res.Overflow {
-						fmt.Fprintf(w, "  overflow: a sum left its range (int64, or the fixed-point range of --fixed-bits)\n")
-					}
 					for _, gi := range res.Gathered {
 						fmt.Fprintf(w, "  worker %d: %x\n", gi.Worker, gi.Payload)
 					}
@@ -363,9 +354,8 @@ func newSgScatterCmd() *cobra.Command {
 	f.StringVarP(&iface, "interface", "i", "", "interface the workers are reached through")
 	f.StringSliceVar(&workers, "workers", nil, "workers in index order: `ADDR:PORT[+N]`, comma-separated or repeated")
 	f.StringVar(&local, "local", "", "coordinator socket ADDR:PORT (default: the route's source address, any port)")
-	f.StringVar(&red, "reduction", "sum", "sum, min, max, count, gather or mean (float types)")
-	f.StringVar(&typ, "type", "int64", "element type: int32, int64, float32 or float64")
-	f.IntVar(&fxBits, "fixed-bits", sg.DefaultFixedPointBits, "float sum and mean: fraction bits of the kernel's fixed-point sum (1..62; docs/sg.md, \"Float reductions\")")
+	f.StringVar(&red, "reduction", "sum", "sum, min, max, count or gather")
+	f.StringVar(&typ, "type", "int64", "element type: int32 or int64")
 	f.IntVar(&elems, "elems", 4, "vector length (gather: payload bytes = elems * type size)")
 	f.IntVar(&gatherK, "gather-k", 0, "gather: keep the first K payloads (default: as many as fit)")
 	f.IntVar(&need, "need", 0, "replies that complete a request: 0 = all, 1 = any, N = N of M")

@@ -79,8 +79,7 @@ type sgSgGroup struct {
 		}
 	}
 	CoordPort uint16
-	FxBits    uint8
-	Pad1      uint8
+	Pad1      uint16
 	PartBase  uint32
 }
 
@@ -144,7 +143,6 @@ type sgSgStats struct {
 	Unregistered uint64
 	BadLength    uint64
 	WorkerErrors uint64
-	BadValue     uint64
 	Multipart    uint64
 	Overflow     uint64
 	RingbufFull  uint64

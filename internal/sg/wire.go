@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 )
 
 // Wire format constants (bpf/include/sg.h).
@@ -43,11 +42,6 @@ const (
 
 	TypeI32 = 0
 	TypeI64 = 1
-	TypeF32 = 2
-	TypeF64 = 3
-
-	// FxBitsMax is the most fixed-point fraction bits of a float sum (SG_FX_BITS_MAX).
-	FxBitsMax = 62
 )
 
 // Result statuses (enum sg_status) and flags.
@@ -147,67 +141,23 @@ func ParseHeader(d []byte) (Header, []byte, error) {
 
 // ElemSize is the byte size of one element of type t.
 func ElemSize(t uint8) int {
-	if t == TypeI64 || t == TypeF64 {
+	if t == TypeI64 {
 		return 8
 	}
 	return 4
 }
 
-// IsFloat says whether t is a float type.
-func IsFloat(t uint8) bool { return t == TypeF32 || t == TypeF64 }
-
-// AppendVector appends v as big-endian elements of type t (a float type: each integer
-// as that float).
+// AppendVector appends v as big-endian elements of type t.
 func AppendVector(b []byte, t uint8, v []int64) []byte {
 	for _, x := range v {
-		b = appendElem(b, t, x)
-	}
-	return b
-}
-
-func appendElem(b []byte, t uint8, x int64) []byte {
-	switch t {
-	case TypeI64:
-		return binary.BigEndian.AppendUint64(b, uint64(x))
-	case TypeF32:
-		return binary.BigEndian.AppendUint32(b, math.Float32bits(float32(x)))
-	case TypeF64:
-		return binary.BigEndian.AppendUint64(b, math.Float64bits(float64(x)))
-	}
-	return binary.BigEndian.AppendUint32(b, uint32(int32(x)))
-}
-
-// AppendFloats appends v as big-endian floats of type t (TypeF32 rounds each to float32).
-func AppendFloats(b []byte, t uint8, v []float64) []byte {
-	for _, x := range v {
-		if t == TypeF32 {
-			b = binary.BigEndian.AppendUint32(b, math.Float32bits(float32(x)))
+		if t == TypeI64 {
+			b = binary.BigEndian.AppendUint64(b, uint64(x))
 		} else {
-			b = binary.BigEndian.AppendUint64(b, math.Float64bits(x))
+			b = binary.BigEndian.AppendUint32(b, uint32(int32(x)))
 		}
 	}
 	return b
 }
-
-// FloatFromKey inverts the kernel's order-preserving key of a float min or max
-// (F32_KEY and F64_KEY in bpf/sg/reply.h): the float it was made from, as float64.
-func FloatFromKey(t uint8, k int64) float64 {
-	if t == TypeF32 {
-		b := int32(k)
-		if b < 0 {
-			b ^= 0x7fffffff
-		}
-		return float64(math.Float32frombits(uint32(b)))
-	}
-	if k < 0 {
-		k ^= 0x7fffffffffffffff
-	}
-	return math.Float64frombits(uint64(k))
-}
-
-// FloatFromFixed is a float sum's value: the kernel's fixed-point accumulator v with fx
-// fraction bits (rounded to the nearest float64 when |v| exceeds 2^53).
-func FloatFromFixed(v int64, fx int) float64 { return math.Ldexp(float64(v), -fx) }
 
 // DecodeVector decodes big-endian elements of type t.
 func DecodeVector(b []byte, t uint8) []int64 {

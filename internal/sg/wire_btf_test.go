@@ -26,7 +26,7 @@ func TestWireMatchesBTF(t *testing.T) {
 			"SG_RED_SUM": RedSum, "SG_RED_MIN": RedMin, "SG_RED_MAX": RedMax, "SG_RED_COUNT": RedCount,
 			"SG_RED_GATHER": RedGather,
 		},
-		"sg_dtype":      {"SG_T_I32": TypeI32, "SG_T_I64": TypeI64, "SG_T_F32": TypeF32, "SG_T_F64": TypeF64},
+		"sg_dtype":      {"SG_T_I32": TypeI32, "SG_T_I64": TypeI64},
 		"sg_status":     {"SG_ST_OK": StatusOK, "SG_ST_TIMEOUT": StatusTimeout},
 		"sg_slot_state": {"SG_SLOT_FREE": SlotFree, "SG_SLOT_PENDING": SlotPending, "SG_SLOT_DONE": SlotDone},
 		"sg_group_flags": {

@@ -2,6 +2,7 @@ package sg
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -20,7 +21,7 @@ import (
 // is one worker (its own socket); Values decides what it answers.
 type WorkerConfig struct {
 	Listen []netip.AddrPort
-	Type   uint8 // TypeI32, TypeI64, TypeF32 or TypeF64 (floats: each value as that float)
+	Type   uint8 // TypeI32 or TypeI64
 	Elems  int
 	// Values, if set, is the constant vector every worker answers. Otherwise element j of
 	// worker w's answer to request id is ValueFor(w, id, j).
@@ -261,7 +262,11 @@ func AppendPart(b []byte, h Header, cfg WorkerConfig, p, nparts int) []byte {
 		if cfg.Values != nil {
 			x = cfg.Values[j]
 		}
-		b = appendElem(b, cfg.Type, x)
+		if cfg.Type == TypeI64 {
+			b = binary.BigEndian.AppendUint64(b, uint64(x))
+		} else {
+			b = binary.BigEndian.AppendUint32(b, uint32(int32(x)))
+		}
 	}
 	return b
 }

@@ -16,16 +16,10 @@ func (c *Config) Validate() error {
 		return errors.New("sg config: no interface (set Config.Interface)")
 	case len(c.Workers) == 0 || len(c.Workers) > MaxWorkers:
 		return fmt.Errorf("sg config: %d workers, want 1..%d", len(c.Workers), MaxWorkers)
-	case c.Reduction < Sum || c.Reduction > Mean:
+	case c.Reduction < Sum || c.Reduction > Gather:
 		return fmt.Errorf("sg config: unknown reduction %d", c.Reduction)
-	case c.Type < Int32 || c.Type > Float64:
+	case c.Type != Int32 && c.Type != Int64:
 		return fmt.Errorf("sg config: unknown element type %d", c.Type)
-	case c.Reduction == Mean && !c.Type.IsFloat():
-		return fmt.Errorf("sg config: mean needs a float type (float32 or float64), not %v", c.Type)
-	case c.FixedPointBits < 0 || c.FixedPointBits > isg.FxBitsMax:
-		return fmt.Errorf("sg config: %d fixed-point bits, want 1..%d (0: %d)", c.FixedPointBits, isg.FxBitsMax, DefaultFixedPointBits)
-	case c.MultiPacket && c.Type.IsFloat():
-		return errors.New("sg config: float replies are single-packet only (unset MultiPacket)")
 	case c.Need < 0 || c.Need > len(c.Workers):
 		return fmt.Errorf("sg config: need %d of %d workers", c.Need, len(c.Workers))
 	case c.InFlight < 0 || c.InFlight > MaxInFlight:
@@ -62,9 +56,6 @@ func (c *Config) Validate() error {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = 100 * time.Millisecond
-	}
-	if c.FixedPointBits == 0 {
-		c.FixedPointBits = DefaultFixedPointBits
 	}
 	if c.InFlight == 0 {
 		c.InFlight = 256

@@ -30,10 +30,6 @@ func (g *Group) decode(rec *isg.ResultRec, w *waiter, by int) Result {
 	if rec.Partial > 0 {
 		r.Partial = g.partials(rec)
 	}
-	if g.cfg.Type.IsFloat() && g.cfg.Reduction != Count && g.cfg.Reduction != Gather {
-		r.Floats = g.floats(rec, r.Count)
-		return r
-	}
 	switch g.cfg.Reduction {
 	case Sum, Min, Max:
 		if g.cfg.Reduction == Sum || r.Count > 0 || len(r.Partial) > 0 {
@@ -97,26 +93,4 @@ func uncovered(v []int64, ps []PartialReply) {
 			v[i] = 0
 		}
 	}
-}
-
-// floats decodes a float group's aggregate (no multi-packet replies: Config refuses them):
-// Sum and Mean from the fixed-point accumulators, Min and Max from their order keys; nil
-// for Min, Max and Mean when nobody answered.
-func (g *Group) floats(rec *isg.ResultRec, count int) []float64 {
-	t, fx := uint8(g.cfg.Type), g.cfg.FixedPointBits
-	if g.cfg.Reduction != Sum && count == 0 {
-		return nil
-	}
-	out := make([]float64, g.cfg.Elems)
-	for i := range out {
-		switch g.cfg.Reduction {
-		case Min, Max:
-			out[i] = isg.FloatFromKey(t, rec.Agg[i])
-		case Mean:
-			out[i] = isg.FloatFromFixed(rec.Agg[i], fx) / float64(count)
-		default:
-			out[i] = isg.FloatFromFixed(rec.Agg[i], fx)
-		}
-	}
-	return out
 }

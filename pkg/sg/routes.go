@@ -87,7 +87,7 @@ func (g *Group) fillMaps(ifindex int, loopback bool, workers []isg.WorkerCfg) er
 	gc := isg.GroupCfg{
 		Enabled:   1,
 		Family:    4,
-		Reduce:    g.cfg.Reduction.kernel(),
+		Reduce:    uint8(g.cfg.Reduction),
 		Dtype:     uint8(g.cfg.Type),
 		Nworkers:  uint16(len(workers)),
 		Elems:     uint16(g.cfg.Elems),
@@ -97,7 +97,6 @@ func (g *Group) fillMaps(ifindex int, loopback bool, workers []isg.WorkerCfg) er
 		GatherK:   uint32(g.cfg.GatherK),
 		TimeoutNs: uint64(g.cfg.Timeout),
 		CoordPort: bpfx.Htons(g.cfg.Local.Port()),
-		FxBits:    uint8(g.cfg.FixedPointBits),
 	}
 	if loopback {
 		gc.Flags |= isg.GroupFlagLoopback

@@ -41,7 +41,6 @@ const (
 	Max                     // element-wise maximum
 	Count                   // number of replies; payloads are not read
 	Gather                  // the first GatherK payloads, concatenated in arrival order
-	Mean                    // float types: the element-wise sum over the replies that counted, divided by their number
 )
 
 func (r Reduction) String() string {
@@ -56,80 +55,53 @@ func (r Reduction) String() string {
 		return "count"
 	case Gather:
 		return "gather"
-	case Mean:
-		return "mean"
 	}
 	return fmt.Sprintf("Reduction(%d)", int(r))
 }
 
-// ParseReduction parses "sum", "min", "max", "count", "gather" or "mean".
+// ParseReduction parses "sum", "min", "max", "count" or "gather".
 func ParseReduction(s string) (Reduction, error) {
-	for r := Sum; r <= Mean; r++ {
+	for r := Sum; r <= Gather; r++ {
 		if r.String() == s {
 			return r, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown reduction %q (want sum, min, max, count, gather or mean)", s)
-}
-
-// kernel is the data plane's reduction (enum sg_reduce): Mean is a Sum divided in user space.
-func (r Reduction) kernel() uint8 {
-	if r == Mean {
-		return uint8(Sum)
-	}
-	return uint8(r)
+	return 0, fmt.Errorf("unknown reduction %q (want sum, min, max, count or gather)", s)
 }
 
 // ElemType is the type of the elements of a reply vector.
 type ElemType int
 
-// Float32 and Float64 are IEEE 754, big-endian on the wire. Their Sum (and Mean) is
-// exact integer arithmetic on fixed-point values with Config.FixedPointBits fraction bits
-// (docs/sg.md, "Float reductions": the error bound); Min and Max are exact; a reply with a
-// NaN or an infinity is rejected (Stats.BadValue).
 const (
 	Int32 ElemType = iota
 	Int64
-	Float32
-	Float64
 )
 
 func (t ElemType) String() string {
-	switch t {
-	case Int64:
+	if t == Int64 {
 		return "int64"
-	case Float32:
-		return "float32"
-	case Float64:
-		return "float64"
 	}
 	return "int32"
 }
 
-// ParseElemType parses "int32", "int64", "float32" or "float64".
+// ParseElemType parses "int32" or "int64".
 func ParseElemType(s string) (ElemType, error) {
 	switch s {
 	case "int32", "i32":
 		return Int32, nil
 	case "int64", "i64":
 		return Int64, nil
-	case "float32", "f32":
-		return Float32, nil
-	case "float64", "f64":
-		return Float64, nil
 	}
-	return 0, fmt.Errorf("unknown element type %q (want int32, int64, float32 or float64)", s)
+	return 0, fmt.Errorf("unknown element type %q (want int32 or int64)", s)
 }
 
 // Size is the byte size of one element.
-func (t ElemType) Size() int { return isg.ElemSize(uint8(t)) }
-
-// IsFloat says whether t is Float32 or Float64.
-func (t ElemType) IsFloat() bool { return isg.IsFloat(uint8(t)) }
-
-// DefaultFixedPointBits is Config.FixedPointBits' default: float sums resolve 2^-32
-// (about 2.3e-10) and hold magnitudes below 2^30 (about 1.07e9).
-const DefaultFixedPointBits = 32
+func (t ElemType) Size() int {
+	if t == Int64 {
+		return 8
+	}
+	return 4
+}
 
 // OnFull says what Scatter does when every request slot is in flight.
 type OnFull int
@@ -169,11 +141,6 @@ type Config struct {
 
 	Reduction Reduction
 	Type      ElemType
-	// FixedPointBits is how many fraction bits a float Sum or Mean keeps (1..62; 0: the
-	// default, DefaultFixedPointBits): each element is rounded to a multiple of
-	// 2^-FixedPointBits, and a sum whose magnitude reaches 2^(62-FixedPointBits) is
-	// flagged (Result.Overflow). Integer types ignore it.
-	FixedPointBits int
 	// Elems is the vector length (Sum, Min, Max; Gather: payload = Elems * Type.Size()).
 	Elems int
 	// GatherK: Gather keeps the first GatherK payloads (default: as many as fit).
@@ -271,12 +238,9 @@ type Result struct {
 	Need     int   `json:"need"`
 	// Values is the element-wise aggregate (Sum, Min, Max); nil for Count and Gather, and
 	// for Min/Max when nobody answered.
-	Values []int64 `json:"values,omitempty"`
-	// Floats is the element-wise aggregate of a float group (Sum, Min, Max, Mean); nil
-	// when Values is (and for Mean when nobody answered).
-	Floats   []float64    `json:"floats,omitempty"`
+	Values   []int64      `json:"values,omitempty"`
 	Gathered []GatherItem `json:"gathered,omitempty"`
-	// Overflow: an int64 sum wrapped, or a float sum left the fixed-point range.
+	// Overflow: an int64 sum wrapped.
 	Overflow bool `json:"overflow,omitempty"`
 	// Partial lists the workers (MultiPacket) some but not all of whose parts arrived
 	// before the request completed or expired: they are not in Answered, and the parts
@@ -333,7 +297,6 @@ type Stats struct {
 	Unregistered uint64 `json:"unregistered"`
 	BadLength    uint64 `json:"bad_length"`
 	WorkerErrors uint64 `json:"worker_errors"`
-	BadValue     uint64 `json:"bad_value"`
 	Multipart    uint64 `json:"multipart"`
 	Overflow     uint64 `json:"overflow"`
 	RingbufFull  uint64 `json:"ringbuf_full"`
