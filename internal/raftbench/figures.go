@@ -24,6 +24,8 @@ var figureRuns = map[string]string{
 	"raft-tp-concurrent-5n-12r": "kedge bench raft --scenarios throughput --tp-concurrent --tp-nodes 5 --offload on,off --tp-rounds 12 --tp-duration 20s --out docs/results/raft-tp-concurrent-5n-12r",
 	"raft-tp-fast":              "kedge bench raft --scenarios throughput --tp-concurrent --tick 1ms --heartbeat-ticks 3 --offload on,follower,xdp-pass,off --tp-rounds 6 --tp-duration 20s --out docs/results/raft-tp-fast",
 	"raft-tp-fast-onoff":        "kedge bench raft --scenarios throughput --tp-concurrent --tick 1ms --heartbeat-ticks 3 --offload on,off --tp-rounds 6 --tp-duration 20s --out docs/results/raft-tp-fast-onoff",
+	// against etcd, side by side in the same lab
+	"raft-etcd-tp": "kedge bench raft --peer etcd --scenarios throughput --offload on --tp-routing leader,spread --tp-rounds 4 --tp-duration 20s --out docs/results/raft-etcd-tp",
 }
 
 // figureNoThroughput are the blocks whose throughput rows stay out: raft-default's are
