@@ -202,7 +202,7 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"raft", "kv", "get", "a", "--endpoints", "127.0.0.1:1", "--config", "testdata/raft-cluster.yaml"}},
 		{exitUsage, []string{"raft", "kv", "put", "a", "b", "--expect-absent", "--endpoints", "127.0.0.1:1"}},
 		{exitUsage, []string{"raft", "kv", "get", "a", "--endpoints", "127.0.0.1:1", "-o", "yaml"}},
-		{exitError, []string{"raft", "kv", "get", "a", "--endpoints", "127.0.0.1:1"}},
+		{exitError, []string{"raft", "kv", "get", "a", "--endpoints", "127.0.0.1:1", "--timeout", "30ms"}}, // refused, retried until the timeout: within 30 ms, once (the first pause is 50 ms)
 		{exitUsage, []string{"raft", "status", "extra"}},
 		{exitError, []string{"raft", "status", "--endpoints", "127.0.0.1:1"}},
 	},

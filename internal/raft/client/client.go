@@ -107,7 +107,11 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any, wri
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w (asked every endpoint %d times, until %w)", last, rounds, ctx.Err())
+			times := fmt.Sprintf("%d times", rounds)
+			if rounds == 1 {
+				times = "once"
+			}
+			return fmt.Errorf("%w (asked every endpoint %s, until %w)", last, times, ctx.Err())
 		case <-time.After(pause):
 		}
 		pause = min(2*pause, retryMax)
