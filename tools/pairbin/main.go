@@ -2,8 +2,9 @@
 // benchmarks with each, alternating which goes first in every round (A B, B A, A B, ...),
 // reads each run's result.json and prints, per metric, every round's B/A ratio and their
 // median; -out gets every run's files, pairbin.json (all values) and summary.md (the table,
-// with the machine, kernel and both commits). It is how a change that should not move speed (a restructure) shows that it did
-// not: both binaries see the same machine in the same minutes.
+// with the machine, kernel and both commits). It is how a change that should not move speed
+// (a restructure) shows that it did not: both binaries see the same machine in the same
+// minutes.
 //
 //	go run ./tools/pairbin -a /tmp/kedge-before -b bin/kedge -rounds 3 \
 //	    -out /tmp/paired -spec tools/pairbin/restructure.json
