@@ -451,16 +451,15 @@ func newRaftLabFaultCmd() *cobra.Command {
 				if writeIOPS < 1 {
 					return usagef("--write-iops %d: use at least 1", writeIOPS)
 				}
-				byName := map[string]bool{"leader": kind == "kill" || kind == "pause" || kind == "starve" || kind == "stall", "killed": kind == "start"}
-				if !byName[rest[0]] {
+				// The node a kind may name instead of an id: the leader to kill, pause, starve or stall,
+				// the one node that is down to start.
+				alias := map[string]string{"kill": "leader", "pause": "leader", "starve": "leader", "stall": "leader", "start": "killed"}[kind]
+				if alias == "" || rest[0] != alias {
 					if req.Node, err = strconv.Atoi(rest[0]); err != nil || req.Node < 1 {
-						alt := ""
-						for name, ok := range byName {
-							if ok {
-								alt = " or '" + name + "'"
-							}
+						if alias != "" {
+							alias = " or '" + alias + "'"
 						}
-						return usagef("node %q: use a node id from 1%s", rest[0], alt)
+						return usagef("node %q: use a node id from 1%s", rest[0], alias)
 					}
 				}
 			default:

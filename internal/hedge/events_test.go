@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
-	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpftest"
 )
@@ -66,9 +65,7 @@ func emits(f *fixture, want ...Event) func(testing.TB, bpftest.Result) {
 			// The fixture's fixed clock stands at now0 (plus the case's seconds): the event's
 			// time is that monotonic instant on the wall clock (in a guest booted seconds ago,
 			// it lies in the future).
-			var ts unix.Timespec
-			_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-			fixed := time.Now().Add(time.Duration(int64(now0) - ts.Nano()))
+			fixed := monoToWall()(now0)
 			if d := g.Time.Sub(fixed); d < -time.Minute || d > time.Hour {
 				tb.Errorf("event %d at %v: not the wall-clock time of the fixture's clock (%v)", i, g.Time, fixed)
 			}
