@@ -90,6 +90,11 @@ const (
 	EventVote         = "vote"          // this node granted its (durable) vote to Peer
 	EventCommitted    = "committed"     // as leader: the first entry of its term committed (Detail: index)
 	EventLease        = "lease"         // a vote request from Peer found the leader's lease over in real time (HeardNs: the leader last heard)
+	// EventSlowSave: saving a Ready (write and fsync) held the node's persist/apply loop
+	// longer than its alive bound (AtNs: when the save started, SaveNs: how long it took,
+	// Detail: its entries); with the follower kernel path the program stopped answering for
+	// the node at most the alive bound after AtNs.
+	EventSlowSave = "slow-save"
 )
 
 // Event is one entry of a node's election record. Times are CLOCK_MONOTONIC ns: every

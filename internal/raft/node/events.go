@@ -92,6 +92,27 @@ func (n *Node) heardNs(leader uint64) int64 {
 	return 0
 }
 
+// aliveBound is how long one pass of the persist/apply loop vouches for the node: its
+// follower program answers for it that long after the loop's last refresh (Options.OffloadAlive,
+// else offload.DefaultBound of the election timeout).
+func (n *Node) aliveBound() time.Duration {
+	if n.opts.OffloadAlive > 0 {
+		return n.opts.OffloadAlive
+	}
+	return offload.DefaultBound(time.Duration(n.cfg.ElectionTicks) * n.cfg.Tick)
+}
+
+// slowSave records a save that held the loop longer than the alive bound (a stalled disk:
+// the kernel stopped answering for the node meanwhile) and says so in the log, as etcd
+// warns of a slow fdatasync.
+func (n *Node) slowSave(took time.Duration, entries int) {
+	now := offload.Monotonic()
+	n.events.add(api.Event{AtNs: int64(now - took), Kind: api.EventSlowSave, Term: n.termDurable,
+		SaveNs: int64(took), Detail: strconv.Itoa(entries)})
+	n.log.Warn("raft: saving a ready held the persist/apply loop longer than the alive bound (a slow disk): "+
+		"the node stopped answering heartbeats for itself meanwhile", "took", took, "alive_bound", n.aliveBound(), "entries", entries)
+}
+
 // recordReady adds what a Ready says about the election to the record; called by the Ready
 // loop after the Ready was persisted, before its messages go out (a vote is then durable).
 // saved is how long saving it took.

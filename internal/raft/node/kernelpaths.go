@@ -87,10 +87,7 @@ func (n *Node) startOffload(mode Offload) error {
 		return fmt.Errorf("resolve raft address: %w", err)
 	}
 	et := time.Duration(n.cfg.ElectionTicks) * n.cfg.Tick
-	alive := offload.DefaultBound(et)
-	if n.opts.OffloadAlive > 0 {
-		alive = n.opts.OffloadAlive
-	}
+	alive := n.aliveBound()
 	f := &follower{peers: map[uint64]netip.AddrPort{}, detect: et, aliveFor: alive, acked: map[uint64]uint64{},
 		ackAfter: 2 * time.Duration(n.cfg.HeartbeatTicks) * n.cfg.Tick, appFed: map[uint64]uint64{},
 		quorumOff: n.opts.NoQuorumWait}

@@ -355,6 +355,9 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		return fmt.Errorf("save ready: %w", err)
 	}
 	saved := time.Since(saveStart)
+	if saved > n.aliveBound() {
+		n.slowSave(saved, len(rd.Entries))
+	}
 	n.fol.saved(&rd)
 	if rd.HardState != nil {
 		n.m.term.Set(float64(rd.HardState.GetTerm()))
