@@ -29,8 +29,7 @@ const (
 )
 
 const (
-	guestMemory = "1G"
-	guestCPUs   = 2
+	guestCPUs = 2
 	// guestcheckPkg checks the guest itself (kernel, modules, BTF, netns, netem, BPF);
 	// it runs first on every kernel unless -guestcheck=false.
 	guestcheckPkg = "./tools/vmtest/guestcheck"
@@ -296,6 +295,10 @@ func runKernel(ctx context.Context, o options, img *kernelImage, tests []guestTe
 	if err := writeInitramfs(initrd, guestImage{Kernel: img, Modules: mods, Tests: tests, Shell: o.shell}); err != nil {
 		return nil, fmt.Errorf("kernel %s: %w", img.Kernel.Name, err)
 	}
+	st, err := os.Stat(initrd)
+	if err != nil {
+		return nil, fmt.Errorf("kernel %s: %w", img.Kernel.Name, err)
+	}
 	logf, err := os.Create(filepath.Join(work, "console-"+img.Kernel.Name+".log"))
 	if err != nil {
 		return nil, fmt.Errorf("create console log: %w", err)
@@ -307,11 +310,22 @@ func runKernel(ctx context.Context, o options, img *kernelImage, tests []guestTe
 	}
 	slog.Info("booting", "kernel", img.Kernel.Name, "package", img.Package.String(), "modules", len(mods), "timeout", timeout)
 	r := runGuest(ctx, img, initrd, qemuConfig{
-		Timeout: timeout, Memory: guestMemory, CPUs: guestCPUs, Shell: o.shell,
+		Timeout: timeout, Memory: guestMemory(st.Size()), CPUs: guestCPUs, Shell: o.shell,
 		Out: os.Stdout, Log: logf,
 	})
 	slog.Info("guest finished", "kernel", img.Kernel.Name, "status", r.Status(), "boot", seconds(r.BootTime), "total", seconds(r.Duration))
 	return r, nil
+}
+
+// guestMemory sizes the guest for an initramfs of initrdBytes: the kernel keeps the archive
+// in memory while it unpacks it into rootfs (a tmpfs that may fill half the memory), and the
+// tests need room beside both. At least 1 GiB; larger in steps of 256 MiB as the test
+// binaries grow (with too little, the kernel logs "Initramfs unpacking failed" and the
+// packages past the cut are missing).
+func guestMemory(initrdBytes int64) string {
+	const mib = 1 << 20
+	need := (2*initrdBytes + 512*mib + 256*mib - 1) / (256 * mib) * 256
+	return fmt.Sprintf("%dM", max(need, 1024))
 }
 
 func splitList(s string) []string {

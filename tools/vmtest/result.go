@@ -81,7 +81,11 @@ func (r *kernelResult) feed(line string, now time.Time) {
 		// Firmware or kernel output may precede a marker on its line.
 		r.marker(line[markerRe.FindStringIndex(line)[0]:], now)
 	case kmsgRe.MatchString(line):
-		if bugRe.MatchString(line) {
+		if strings.Contains(line, "Initramfs unpacking failed") {
+			// The archive did not fit: the binaries past the cut are missing from the guest.
+			r.SetupFailed = append(r.SetupFailed, "initramfs: "+strings.TrimSpace(line[kmsgRe.FindStringIndex(line)[1]:])+
+				" (the guest's memory is too small for the test binaries; see guestMemory)")
+		} else if bugRe.MatchString(line) {
 			r.KernelBugs = append(r.KernelBugs, strings.TrimSpace(line))
 		} else if warnRe.MatchString(line) {
 			r.KernelWarns = append(r.KernelWarns, strings.TrimSpace(line))

@@ -104,6 +104,7 @@ func TestResultStatus(t *testing.T) {
 		{"guest died in a binary", "VMTEST-BOOTED uptime=1\nVMTEST-BEGIN p\n=== RUN   TestX", nil, "CRASH"},
 		{"never booted", "SeaBIOS", nil, "CRASH"},
 		{"setup failed", "VMTEST-SETUP-FAILED insmod /lib/modules/veth.ko\nVMTEST-BOOTED uptime=1\nVMTEST-DONE", nil, "SETUP-FAILED"},
+		{"initramfs cut short", "[    7.929430] Initramfs unpacking failed: write error\nVMTEST-BOOTED uptime=13\nVMTEST-BEGIN p\n/init: cd: line 41: can't cd to /src/p: No such file or directory\nVMTEST-END p rc=2\nVMTEST-DONE", nil, "SETUP-FAILED"},
 		{"kernel bug", "VMTEST-BOOTED uptime=1\n[    3.141592] BUG: kernel NULL pointer dereference\nVMTEST-DONE", nil, "KERNEL-BUG"},
 		{"kernel warning is no failure", "VMTEST-BOOTED uptime=1\n[    3.1] WARNING: CPU: 0 PID: 1 at x.c:1\nVMTEST-DONE", nil, "ok"},
 		{"test log mentioning BUG is no kernel bug", "VMTEST-BOOTED uptime=1\nVMTEST-BEGIN p\n    x_test.go:1: BUG: none\n--- PASS: TestX (0.00s)\nVMTEST-END p rc=0\nVMTEST-DONE", nil, "ok"},
@@ -140,6 +141,26 @@ func TestSummaryCountsAndReasons(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestGuestMemory: the guest holds the archive and its unpacked copy (rootfs may fill half
+// the memory) with room left for the tests; the 5.10 matrix lost its last packages with
+// 1 GiB for about 450 MB of test binaries.
+func TestGuestMemory(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		initrd int64
+		want   string
+	}{
+		{0, "1024M"},
+		{200 * mib, "1024M"},
+		{450 * mib, "1536M"},
+		{600 * mib, "1792M"},
+	} {
+		if got := guestMemory(tc.initrd); got != tc.want {
+			t.Errorf("guestMemory(%d MiB) = %s, want %s", tc.initrd/mib, got, tc.want)
 		}
 	}
 }
