@@ -343,12 +343,19 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		n.offloadPending(rd.HardState.GetTerm())
 	}
 	// A leader's appends and heartbeats go out before its own fsync (section 5): the
-	// followers write an entry while the leader does.
-	if n.leadsDurably(&rd) {
-		var later []*pb.Message
-		rd.Messages, later = splitLeaderSends(rd.Messages)
-		n.send(rd.Messages, rd.Entries)
-		rd.Messages = later
+	// followers write an entry while the leader does. So do the proposals and read requests
+	// a follower forwards to its leader: they claim nothing about its durable state.
+	var early []*pb.Message
+	early, rd.Messages = splitEarlySends(rd.Messages, n.leadsDurably(&rd))
+	n.send(early, rd.Entries)
+	// Committed entries are durable on a quorum already: applied now, their writers are
+	// answered while this node saves what it appends (etcd's server applies in parallel with
+	// its save too); a conf change or a snapshot waits for the save.
+	applyEarly := raft.IsEmptySnap(rd.Snapshot) && !hasConfChange(rd.CommittedEntries)
+	if applyEarly {
+		if err := n.apply(rd.CommittedEntries); err != nil {
+			return err
+		}
 	}
 	saveStart := time.Now()
 	if err := n.st.Save(rd.HardState, rd.Entries, rd.MustSync); err != nil {
@@ -383,9 +390,11 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		n.leaderWatch.changed()
 	}
 	n.send(rd.Messages, nil)
-	// 4. Apply in order, then release reads.
-	if err := n.apply(rd.CommittedEntries); err != nil {
-		return err
+	// 4. Apply in order (unless done before the save), then release reads.
+	if !applyEarly {
+		if err := n.apply(rd.CommittedEntries); err != nil {
+			return err
+		}
 	}
 	n.readStates(rd.ReadStates)
 	// 5. Snapshot and compaction.
@@ -408,21 +417,40 @@ func (n *Node) leadsDurably(rd *raft.Ready) bool {
 	return hs == nil || (hs.GetTerm() == n.termDurable && hs.GetVote() == n.voteDurable)
 }
 
-// splitLeaderSends splits a leader's messages into those that may go before its save
-// (appends and heartbeats: etcd-raft's contract lets "Messages be sent while entries from
-// the same batch are being persisted", and a leader's own copy counts towards the commit
-// only when it steps its self-acknowledgement at Advance, after the save) and the rest,
-// which go after it as every other node's do.
-func splitLeaderSends(msgs []*pb.Message) (early, later []*pb.Message) {
+// splitEarlySends splits a Ready's messages into those that may go before its save and the
+// rest, which go after it. Early: a durable leader's appends and heartbeats (leading:
+// etcd-raft's contract lets "Messages be sent while entries from the same batch are being
+// persisted", and a leader's own copy counts towards the commit only when it steps its
+// self-acknowledgement at Advance, after the save), and any node's forwarded proposals and
+// read requests (MsgProp, MsgReadIndex: requests to the leader that carry no term and
+// vouch for nothing this node stores).
+func splitEarlySends(msgs []*pb.Message, leading bool) (early, later []*pb.Message) {
 	for _, m := range msgs {
 		switch m.GetType() {
-		case pb.MsgApp, pb.MsgHeartbeat:
+		case pb.MsgProp, pb.MsgReadIndex:
 			early = append(early, m)
+		case pb.MsgApp, pb.MsgHeartbeat:
+			if leading {
+				early = append(early, m)
+			} else {
+				later = append(later, m)
+			}
 		default:
 			later = append(later, m)
 		}
 	}
 	return early, later
+}
+
+// hasConfChange reports whether ents hold a configuration change (applied only after the
+// save of the Ready that carries it, as etcd's server waits for its save before one).
+func hasConfChange(ents []*pb.Entry) bool {
+	for _, e := range ents {
+		if t := e.GetType(); t == pb.EntryConfChange || t == pb.EntryConfChangeV2 {
+			return true
+		}
+	}
+	return false
 }
 
 // send hands msgs to the transport (the kernel takes the heartbeats it sends itself);
