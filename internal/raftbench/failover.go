@@ -93,7 +93,9 @@ func collect(fs []*Failover) []Failover {
 		if len(s) > 0 {
 			f.P50Ms, f.P99Ms, f.MaxMs = bench.Percentile(s, 50), bench.Percentile(s, 99), s[len(s)-1]
 		}
-		f.PhaseStats = phaseStats(f.Phases)
+		if len(f.Phases) > 0 {
+			f.PhaseStats = phaseStats(f.Phases)
+		}
 		out = append(out, *f)
 	}
 	return out

@@ -25,7 +25,8 @@ var figureRuns = map[string]string{
 	"raft-tp-fast":              "kedge bench raft --scenarios throughput --tp-concurrent --tick 1ms --heartbeat-ticks 3 --offload on,follower,xdp-pass,off --tp-rounds 6 --tp-duration 20s --out docs/results/raft-tp-fast",
 	"raft-tp-fast-onoff":        "kedge bench raft --scenarios throughput --tp-concurrent --tick 1ms --heartbeat-ticks 3 --offload on,off --tp-rounds 6 --tp-duration 20s --out docs/results/raft-tp-fast-onoff",
 	// against etcd, side by side in the same lab
-	"raft-etcd-tp": "kedge bench raft --peer etcd --scenarios throughput --offload on --tp-routing leader,spread --tp-rounds 4 --tp-duration 20s --out docs/results/raft-etcd-tp",
+	"raft-etcd-tp":          "kedge bench raft --peer etcd --scenarios throughput --offload on --tp-routing leader,spread --tp-rounds 4 --tp-duration 20s --out docs/results/raft-etcd-tp",
+	"raft-etcd-failover-10": "kedge bench raft --peer etcd --scenarios failover --offload on --tick 1ms --election-ticks 10 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-10",
 }
 
 // figureNoThroughput are the blocks whose throughput rows stay out: raft-default's are
@@ -91,13 +92,16 @@ func figures(dir string, throughput bool) (string, error) {
 			fmt.Fprintf(&b, "| %s | %.0f ms | %s | %d | %.1f / %.1f / %.1f | %s | %s |\n", f.Offload, f.ElectionTimeoutMs, clientName(f.Client), len(f.FailoverMs)-f.Failed,
 				f.P50Ms, f.P99Ms, f.MaxMs, elections, detected)
 		}
+		if ratios := failoverRatios(r.Failover); ratios != "" {
+			b.WriteString(ratios)
+		}
 		b.WriteString("\nFailover phases of kedge's nodes, p50 / p99 ms (each from the event before; `heard-age`: how old the detecting node's last word from the leader was at the kill):\n\n| Mode | Election timeout | Client |")
 		for _, n := range PhaseNames {
 			fmt.Fprintf(&b, " %s |", n)
 		}
 		b.WriteString("\n|---|---:|---|" + strings.Repeat("---:|", len(PhaseNames)) + "\n")
 		for _, f := range r.Failover {
-			if len(f.PhaseStats) == 0 {
+			if len(f.Phases) == 0 { // etcd keeps no election record
 				continue
 			}
 			fmt.Fprintf(&b, "| %s | %.0f ms | %s |", f.Offload, f.ElectionTimeoutMs, clientName(f.Client))
@@ -146,6 +150,33 @@ func figures(dir string, throughput bool) (string, error) {
 		}
 	}
 	return b.String(), nil
+}
+
+// failoverRatios is a table of each kedge mode's failover p50 and p99 over etcd's at the
+// same election timeout and client ("" without etcd in the run).
+func failoverRatios(fs []Failover) string {
+	type key struct {
+		et     float64
+		client string
+	}
+	peer := map[key]Failover{}
+	for _, f := range fs {
+		if f.Offload == ModeEtcd {
+			peer[key{f.ElectionTimeoutMs, clientName(f.Client)}] = f
+		}
+	}
+	var b strings.Builder
+	for _, f := range fs {
+		e, ok := peer[key{f.ElectionTimeoutMs, clientName(f.Client)}]
+		if f.Offload == ModeEtcd || !ok || e.P50Ms == 0 || e.P99Ms == 0 {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("\n| Mode / etcd | Election timeout | Client | Failover p50 | Failover p99 |\n|---|---:|---|---:|---:|\n")
+		}
+		fmt.Fprintf(&b, "| %s / etcd | %.0f ms | %s | %.2fx | %.2fx |\n", f.Offload, f.ElectionTimeoutMs, clientName(f.Client), f.P50Ms/e.P50Ms, f.P99Ms/e.P99Ms)
+	}
+	return b.String()
 }
 
 // PhaseName is a false-election phase, with the writes of a stress-disk run.

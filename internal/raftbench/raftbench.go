@@ -259,14 +259,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// WriteCharts draws the failover CDF (one line per election timeout) and the write latency
-// CDF (one per cluster size) next to result.json.
+// WriteCharts draws the failover CDF (one line per mode, election timeout and client) and
+// the write latency CDF (one per mode, cluster size and routing) next to result.json.
 func WriteCharts(dir string, r *Result) error {
 	var errs []error
 	if len(r.Failover) > 0 {
 		var ss []bench.Series
 		for _, f := range r.Failover {
-			ss = append(ss, series(fmt.Sprintf("offload %s, election timeout %.0f ms", f.Offload, f.ElectionTimeoutMs), f.FailoverMs, 1000))
+			ss = append(ss, series(fmt.Sprintf("offload %s, election timeout %.0f ms, client %s", f.Offload, f.ElectionTimeoutMs, clientName(f.Client)), f.FailoverMs, 1000))
 		}
 		errs = append(errs, bench.WriteCDF(filepath.Join(dir, "failover"), ss, bench.ChartOptions{
 			Title: "failover: kill -9 of the leader -> first acknowledged write"}))
@@ -274,9 +274,9 @@ func WriteCharts(dir string, r *Result) error {
 	if len(r.Throughput) > 0 {
 		var ss []bench.Series
 		for _, t := range r.Throughput {
-			ss = append(ss, series(fmt.Sprintf("offload %s, %d nodes, %d clients", t.Offload, t.Nodes, t.Clients), t.LatenciesUS, 1))
+			ss = append(ss, series(fmt.Sprintf("offload %s, %d nodes, %d clients, to %s", t.Offload, t.Nodes, t.Clients, routingName(t.Routing)), t.LatenciesUS, 1))
 		}
-		errs = append(errs, bench.WriteCDF(filepath.Join(dir, "write-latency"), ss, bench.ChartOptions{Title: "write latency (put to the leader)"}))
+		errs = append(errs, bench.WriteCDF(filepath.Join(dir, "write-latency"), ss, bench.ChartOptions{Title: "write latency"}))
 	}
 	return errors.Join(errs...)
 }
