@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 )
 
@@ -146,7 +147,7 @@ func TestMeasureGatherAB(t *testing.T) {
 	fmt.Fprintf(&out, "%-22s %10s %10s %10s %10s %8s\n", "case", "old mean", "new mean", "old p50", "new p50", "new/old")
 	for ci, c := range cases {
 		o, n := per[ci][0], per[ci][1]
-		fmt.Fprintf(&out, "%-22s %10.1f %10.1f %10.0f %10.0f %8.3f\n", c.name, mean(o), mean(n), median(o), median(n), mean(n)/mean(o))
+		fmt.Fprintf(&out, "%-22s %10.1f %10.1f %10.0f %10.0f %8.3f\n", c.name, mean(o), mean(n), bench.Median(o), bench.Median(n), mean(n)/mean(o))
 	}
 	t.Log("\n" + out.String())
 }
@@ -171,10 +172,4 @@ func mean(v []float64) float64 {
 		s += x
 	}
 	return s / float64(len(v))
-}
-
-func median(v []float64) float64 {
-	c := slices.Clone(v)
-	slices.Sort(c)
-	return c[len(c)/2]
 }
