@@ -98,6 +98,11 @@ enum sg_limits {
 	/* Parts of a multi-packet reply (one bit each in struct sg_parts). The vector they
 	 * carry together is still at most SG_AGG_ELEMS elements. */
 	SG_PARTS_MAX = 32,
+	/* Replicas of one shard (a worker slot of a group with SG_GF_REPLICAS): the processes
+	 * that can answer for it. A power of two, so an index is bounded with a mask. */
+	SG_REPLICAS_MAX = 4,
+	/* A replica's back-off doubles with each ejection in a row up to this many times. */
+	SG_EJECT_LEVEL_MAX = 16,
 };
 
 enum sg_reduce {
@@ -134,6 +139,10 @@ enum sg_group_flags {
 	/* Multi-packet replies are reduced per part (the parts map holds this group's entries
 	 * at part_base); without it they are passed. */
 	SG_GF_PARTS = 0x4,
+	/* Worker slots are shards with replicas (the replicas map holds this group's entries
+	 * at replica_base): each copy goes to one replica of its shard, round robin over the
+	 * replicas not ejected, and a reply from any of them answers for the shard. */
+	SG_GF_REPLICAS = 0x8,
 };
 
 /* Result flags (struct sg_result.flags). */
@@ -171,6 +180,14 @@ struct sg_group {
 	__u16 _pad1;
 	__u32 part_base;    /* SG_GF_PARTS: this group's entries in the parts map start here,
 			     * (slot - slot_base) * nworkers + worker after it */
+	__u32 replica_base; /* SG_GF_REPLICAS: shard i's entry in the replicas map */
+	__u32 _pad2;
+	/* Replica judgement (SG_GF_REPLICAS, struct sg_shard): a replica that has left a copy
+	 * unanswered for judge_ns, with no reply from it since, is ejected for eject_base_ns,
+	 * doubled with each ejection in a row up to eject_max_ns. judge_ns 0: never. */
+	__u64 judge_ns;
+	__u64 eject_base_ns;
+	__u64 eject_max_ns;
 };
 
 /* workers map value (index worker_base + i). */
@@ -178,6 +195,26 @@ struct sg_worker {
 	struct in6_addr addr; /* IPv4 as ::ffff:a.b.c.d */
 	__be16 port;
 	__u8 mac[6];          /* next hop's MAC (zero on loopback) */
+};
+
+/* replicas map value (key replica_base + worker index), groups with SG_GF_REPLICAS: the
+ * replicas of one shard. User space writes nreplicas and key[] (replica r's address is the
+ * workers map's entry key[r]; key[0] = worker_base + i, the others in the map's extra
+ * range past SG_GROUPS_MAX * SG_WORKERS_MAX) and zeroes the rest; the data plane keeps the
+ * judgement state, unlocked (racing updates from two CPUs lose a step, never a replica):
+ *   scatter: the copy of a request for shard i goes to replica (req_id / SG_SLOTS + i) mod
+ *            nreplicas, or the next one after it that is not ejected (all ejected: that one
+ *            anyway, counted shard_out); sets unanswered_ns when it is 0. A candidate whose
+ *            unanswered_ns is judge_ns old is ejected first (ejections).
+ *   gather:  a reply from any replica answers for the shard (worker index i); it clears the
+ *            replica's unanswered_ns and level (written only when set). */
+struct sg_shard {
+	__u32 nreplicas;    /* 1..SG_REPLICAS_MAX */
+	__u32 key[SG_REPLICAS_MAX];           /* replica r: its entry in the workers map */
+	__u32 level[SG_REPLICAS_MAX];         /* ejections in a row */
+	__u32 _pad;
+	__u64 unanswered_ns[SG_REPLICAS_MAX]; /* first copy sent since its last reply (0: none) */
+	__u64 out_until_ns[SG_REPLICAS_MAX];  /* ejected until then */
 };
 
 /* Ring-buffer record: one per completed request (ok or timeout). It lives inside the
@@ -233,6 +270,9 @@ struct sg_stats {
 	__u64 not_owner;       /* request from another socket than the group's: passed */
 	__u64 continued;       /* batches handed on to the interface's ingress (fan-out > batch) */
 	__u64 cont_stopped;    /* handed-on request whose slot completed or was reused: rest dropped */
+	/* replicas (SG_GF_REPLICAS) */
+	__u64 ejections;       /* a replica ejected: a copy unanswered for judge_ns */
+	__u64 shard_out;       /* every replica of a shard ejected: the copy went to one anyway */
 	/* gather (XDP ingress) */
 	__u64 replies;         /* replies aggregated */
 	__u64 completed;       /* requests completed by their policy */

@@ -6,7 +6,9 @@
  *   sg magic + version + op REPLY ........ else passed (malformed / bad_version counted)
  *   configured group ...................... else passed (unknown_group)
  *   to the group's coordinator socket, from the registered address and port of the worker
- *   index it names ........................ else passed (unregistered): it may be someone
+ *   index it names (SG_GF_REPLICAS: of one of its shard's replicas, which
+ *   clears that replica's judgement: replica.h)
+ *                                           else passed (unregistered): it may be someone
  *                                           else's traffic, and it is never aggregated
  *   single packet ......................... else the part path (parts.h)
  *   status 0, payload length right for the reduction
@@ -31,6 +33,7 @@
 #include "maps.h"
 #include "reply.h"
 #include "parts.h"
+#include "replica.h"
 
 #define OP_FIRST 0xff
 
@@ -124,11 +127,22 @@ static __always_inline int gather(struct xdp_md *ctx)
 		COUNT(cnt, unregistered);
 		return XDP_PASS;
 	}
-	key = g->worker_base + widx;
-	w = bpf_map_lookup_elem(&workers, &key);
-	if (!w || w->port != p.sport || !in6_addr_eq(&w->addr, &p.saddr)) {
-		COUNT(cnt, unregistered);
-		return XDP_PASS;
+	if (g->flags & SG_GF_REPLICAS) {
+		struct sg_shard *sh;
+
+		key = g->replica_base + widx;
+		sh = bpf_map_lookup_elem(&replicas, &key);
+		if (!sh || !shard_answered(sh, &p.saddr, p.sport)) {
+			COUNT(cnt, unregistered);
+			return XDP_PASS;
+		}
+	} else {
+		key = g->worker_base + widx;
+		w = bpf_map_lookup_elem(&workers, &key);
+		if (!w || w->port != p.sport || !in6_addr_eq(&w->addr, &p.saddr)) {
+			COUNT(cnt, unregistered);
+			return XDP_PASS;
+		}
 	}
 	if (bpf_ntohs(h->nparts) > 1)
 		return gather_part(h, data_end, g, cnt, gid, widx, plen);

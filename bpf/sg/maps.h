@@ -39,7 +39,8 @@ struct {
 } groups SEC(".maps");
 
 /* Every group's workers, group g's at [worker_base, worker_base + nworkers). Sized for one
- * full group per group id. */
+ * full group per group id; user space adds room past that for the further replicas of
+ * shards (struct sg_shard.key). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, SG_GROUPS_MAX * SG_WORKERS_MAX);
@@ -65,6 +66,16 @@ struct {
 	__type(key, __u32);
 	__type(value, struct sg_parts);
 } parts SEC(".maps");
+
+/* Shards with replicas (struct sg_shard; key replica_base + worker index of a group with
+ * SG_GF_REPLICAS). User space sizes it (the workers of the groups with replicas; 1 when
+ * there are none) before load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sg_shard);
+} replicas SEC(".maps");
 
 /* Completed requests. 4 MiB hold ~1800 results (2.4 KiB each), more than the SG_SLOTS
  * that can complete before user space frees a slot only when it is read... so a full

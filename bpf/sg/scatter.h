@@ -23,6 +23,7 @@
 #include "sg.h"
 #include "maps.h"
 #include "expire.h"
+#include "replica.h"
 
 /* What the per-worker loop needs. Plain scalars: the bounded-loop tier keeps it in a
  * per-CPU map between tail calls, where pointers cannot be stored. */
@@ -47,6 +48,13 @@ struct scatter_ctx {
 	__u64 timeout_ns;
 	__u32 copies;
 	__u32 errors;
+	/* SG_GF_REPLICAS: the shards' entries, the round robin's position (req_id /
+	 * SG_SLOTS) and the time replicas are judged at (replica.h). */
+	__u32 replicas;
+	__u32 replica_base;
+	__u32 rr;
+	__u32 _pad;
+	__u64 now;
 };
 
 struct loop_ctx {
@@ -106,6 +114,8 @@ static __always_inline long scatter_one(struct __sk_buff *skb, __u32 i, struct s
 	if (i >= c->end)
 		return 1;
 	key = c->worker_base + i;
+	if (c->replicas) /* the replica's entry (replica.h); -1: none, the lookup fails */
+		key = shard_pick(c->replica_base + i, c->rr + i, c->now, c->gid);
 	w = bpf_map_lookup_elem(&workers, &key);
 	if (!w || rewrite_to(skb, c, w, i) < 0 ||
 	    bpf_clone_redirect(skb, c->ifindex, 0) < 0) {
@@ -196,6 +206,13 @@ static __always_inline int parse_request(struct __sk_buff *skb, struct scatter_c
 	c->cur_worker = h->worker;
 	c->copies = 0;
 	c->errors = 0;
+	/* Every field, replicas or not: the bounded tier keeps c in a map, the other on the
+	 * stack, where 5.10's verifier refuses reads of bytes never written. */
+	c->replicas = !!(g->flags & SG_GF_REPLICAS);
+	c->replica_base = g->replica_base;
+	c->rr = (__u32)(bpf_be64_to_cpu(h->req_id) / SG_SLOTS);
+	c->_pad = 0;
+	c->now = c->replicas ? kedge_now() : 0;
 	return 1;
 }
 

@@ -74,6 +74,28 @@ func parseWorkers(specs []string) ([]netip.AddrPort, error) {
 	return out, nil
 }
 
+// parseReplicas turns --replicas lists (each a further replica of every one of n workers,
+// in index order) into Config.Replicas (per shard).
+func parseReplicas(sets []string, n int) ([][]netip.AddrPort, error) {
+	if len(sets) == 0 {
+		return nil, nil
+	}
+	out := make([][]netip.AddrPort, n)
+	for _, set := range sets {
+		rs, err := parseWorkers([]string{set})
+		if err != nil {
+			return nil, err
+		}
+		if len(rs) != n {
+			return nil, usagef("--replicas %q: %d addresses for %d workers (one further replica per worker, in index order)", set, len(rs), n)
+		}
+		for i, r := range rs {
+			out[i] = append(out[i], r)
+		}
+	}
+	return out, nil
+}
+
 func parseValues(s string) ([]int64, error) {
 	if s == "" {
 		return nil, nil
@@ -244,6 +266,8 @@ func newSgScatterCmd() *cobra.Command {
 		timeout                                        time.Duration
 		busyPoll, wakeSocket, multiPacket              bool
 		metricsAddr                                    string
+		replicaSets                                    []string
+		ejectBackoff, ejectMax                         time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "scatter",
@@ -255,6 +279,8 @@ func newSgScatterCmd() *cobra.Command {
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+8 --elems 256 --multi-packet
   # the completing reply wakes the reader through the socket (each result's "reader": socket)
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --count 100 --wake-socket -o json
+  # 4 shards of 2 replicas each (a copy per shard, round robin; a dead replica is ejected)
+  kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+4 --replicas 10.77.0.3:9000+4 --count 100
   # a long run with its counters served to Prometheus (kedge_sg_*_total)
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --count 1000000 --metrics-addr 127.0.0.1:9464`,
 		Args: noArgs,
@@ -286,7 +312,11 @@ func newSgScatterCmd() *cobra.Command {
 			if busyPoll && wakeSocket {
 				return usagef("--wake-socket and --busy-poll: pick one (the busy-polling reader needs no wake-up)")
 			}
-			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Reduction: r, Type: t,
+			reps, err := parseReplicas(replicaSets, len(ws))
+			if err != nil {
+				return err
+			}
+			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Replicas: reps, EjectBackoff: ejectBackoff, EjectMaxBackoff: ejectMax, Reduction: r, Type: t,
 				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, MultiPacket: multiPacket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir}
 			if local != "" {
 				if cfg.Local, err = netip.ParseAddrPort(local); err != nil {
@@ -353,6 +383,9 @@ func newSgScatterCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVarP(&iface, "interface", "i", "", "interface the workers are reached through")
 	f.StringSliceVar(&workers, "workers", nil, "workers in index order: `ADDR:PORT[+N]`, comma-separated or repeated")
+	f.StringArrayVar(&replicaSets, "replicas", nil, "a further replica of every worker (shard), in index order: `ADDR:PORT[+N],...` as many as --workers; repeat for a third and fourth")
+	f.DurationVar(&ejectBackoff, "eject-backoff", time.Second, "replicas: a replica that leaves a copy unanswered for --timeout gets no copies for this long, doubled per ejection in a row; negative: never eject")
+	f.DurationVar(&ejectMax, "eject-max-backoff", 30*time.Second, "replicas: the longest back-off")
 	f.StringVar(&local, "local", "", "coordinator socket ADDR:PORT (default: the route's source address, any port)")
 	f.StringVar(&red, "reduction", "sum", "sum, min, max, count or gather")
 	f.StringVar(&typ, "type", "int64", "element type: int32 or int64")

@@ -19,6 +19,7 @@ type (
 	SlotRec   = sgSgSlot
 	Stats     = sgSgStats
 	PartsRec  = sgSgParts
+	ShardRec  = sgSgShard
 )
 
 // Tier is the set of kernel features the data plane is built from.
@@ -57,8 +58,11 @@ type Objects struct {
 	Stats   *ebpf.Map
 	// Parts holds which parts of a multi-packet reply arrived, per (slot, worker) of the
 	// groups with GroupFlagParts (LoadOptions.PartEntries).
-	Parts   *ebpf.Map
-	Scatter *ebpf.Program
+	Parts *ebpf.Map
+	// Replicas holds the shards of the groups with GroupFlagReplicas
+	// (LoadOptions.ReplicaEntries): each shard's replicas and their judgement.
+	Replicas *ebpf.Map
+	Scatter  *ebpf.Program
 	// Cont goes on the group interface's TC ingress: it sends the next batch of a
 	// fan-out larger than the batch (LoadOptions.Batch).
 	Cont   *ebpf.Program
@@ -67,12 +71,16 @@ type Objects struct {
 	// TimersInit is nil in TierBounded.
 	TimersInit *ebpf.Program
 
+	// Clock is kedge_clock_ns: the time the programs read after LoadOptions.FixClock.
+	Clock *ebpf.Variable
+
 	chunk *ebpf.Program // TierBounded: sg_scatter_chunk
 	other []*ebpf.Map   // maps only the programs use
 }
 
 type loopObjects struct {
 	sgMaps
+	sgVariables
 	Scatter    *ebpf.Program `ebpf:"sg_scatter"`
 	Cont       *ebpf.Program `ebpf:"sg_scatter_cont"`
 	Gather     *ebpf.Program `ebpf:"sg_gather"`
@@ -82,6 +90,7 @@ type loopObjects struct {
 
 type boundedObjects struct {
 	sgMaps
+	sgVariables
 	Scatter *ebpf.Program `ebpf:"sg_scatter_bl"`
 	Cont    *ebpf.Program `ebpf:"sg_scatter_cont_bl"`
 	Chunk   *ebpf.Program `ebpf:"sg_scatter_chunk"`
@@ -109,6 +118,14 @@ type LoadOptions struct {
 	// multi-packet replies (GroupFlagParts; its PartBase indexes into it). 0: none does
 	// (a map of one entry, never used).
 	PartEntries uint32
+	// ReplicaEntries sizes the replicas map: the workers (shards) of every group with
+	// replicas (GroupFlagReplicas; its ReplicaBase indexes into it). 0: none has (a map of
+	// one entry, never used). The workers map gets room for their further replicas
+	// (ReplicaKey).
+	ReplicaEntries uint32
+	// FixClock makes the programs read the time from the object's kedge_clock_ns
+	// (bpf/include/clock.h; fixtures only), which Objects.Clock sets.
+	FixClock bool
 }
 
 // DefaultBatch and DefaultFirstBatch are the scatter's default batches
@@ -133,6 +150,13 @@ func BatchRuns(n, first, batch int) int {
 		next += max(first, min(next, batch), 1)
 	}
 	return runs
+}
+
+// ReplicaKey is the workers-map key of replica r (1..ReplicasMax-1) of the shard whose
+// replicas-map entry is entry (struct sg_shard.key; replica 0 is the group's own worker
+// entry): the range past every group's workers.
+func ReplicaKey(entry uint32, r int) uint32 {
+	return GroupsMax*WorkersMax + entry*(ReplicasMax-1) + uint32(r-1)
 }
 
 // Load loads the programs of opts.Tier and creates the maps.
@@ -170,6 +194,16 @@ func Load(opts LoadOptions) (*Objects, error) {
 		return nil, fmt.Errorf("sg parts map of %d entries: at most %d (slots x workers)", opts.PartEntries, PartEntriesMax)
 	}
 	spec.Maps["parts"].MaxEntries = max(opts.PartEntries, 1)
+	if opts.ReplicaEntries > GroupsMax*WorkersMax {
+		return nil, fmt.Errorf("sg replicas map of %d entries: at most %d (workers of the groups with replicas)", opts.ReplicaEntries, GroupsMax*WorkersMax)
+	}
+	spec.Maps["replicas"].MaxEntries = max(opts.ReplicaEntries, 1)
+	spec.Maps["workers"].MaxEntries = ReplicaKey(opts.ReplicaEntries, 1)
+	if opts.FixClock {
+		if err := spec.Variables[sgVarKedgeClockFixed].Set(true); err != nil {
+			return nil, fmt.Errorf("fix the sg clock: %w", err)
+		}
+	}
 	o := &Objects{Tier: opts.Tier}
 	if opts.Tier == TierLoop {
 		var lo loopObjects
@@ -177,6 +211,7 @@ func Load(opts LoadOptions) (*Objects, error) {
 			return nil, err
 		}
 		o.fromMaps(lo.sgMaps)
+		o.Clock = lo.KedgeClockNs
 		o.Scatter, o.Cont, o.Gather, o.Sweep, o.TimersInit = lo.Scatter, lo.Cont, lo.Gather, lo.Sweep, lo.TimersInit
 	} else {
 		var bo boundedObjects
@@ -184,6 +219,7 @@ func Load(opts LoadOptions) (*Objects, error) {
 			return nil, err
 		}
 		o.fromMaps(bo.sgMaps)
+		o.Clock = bo.KedgeClockNs
 		o.Scatter, o.Cont, o.chunk, o.Gather, o.Sweep = bo.Scatter, bo.Cont, bo.Chunk, bo.Gather, bo.Sweep
 		if err := bo.ScatterChain.Put(uint32(0), bo.Chunk); err != nil {
 			o.Close()
@@ -194,7 +230,7 @@ func Load(opts LoadOptions) (*Objects, error) {
 }
 
 func (o *Objects) fromMaps(m sgMaps) {
-	o.Groups, o.Workers, o.Slots, o.Results, o.Stats, o.Parts = m.Groups, m.Workers, m.Slots, m.Results, m.Stats, m.Parts
+	o.Groups, o.Workers, o.Slots, o.Results, o.Stats, o.Parts, o.Replicas = m.Groups, m.Workers, m.Slots, m.Results, m.Stats, m.Parts, m.Replicas
 	o.other = []*ebpf.Map{m.ScatterChain, m.ScatterState}
 }
 
@@ -237,7 +273,7 @@ func (o *Objects) SumStats(group uint32) (Stats, error) {
 // Close releases every object.
 func (o *Objects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Scatter, o.Cont, o.Gather, o.Sweep, o.Groups, o.Workers, o.Slots, o.Results, o.Stats, o.Parts} {
+	for _, c := range []interface{ Close() error }{o.Scatter, o.Cont, o.Gather, o.Sweep, o.Groups, o.Workers, o.Slots, o.Results, o.Stats, o.Parts, o.Replicas} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}

@@ -23,28 +23,33 @@ const (
 )
 
 type sgScatterCtx struct {
-	_          structs.HostLayout
-	Gid        uint32
-	Nworkers   uint32
-	WorkerBase uint32
-	Ifindex    uint32
-	L3Off      uint32
-	L4Off      uint32
-	HdrOff     uint32
-	V6         uint32
-	CurAddr    [4]uint32
-	CurPort    uint16
-	CurWorker  uint16
-	Next       uint32
-	End        uint32
-	SlotBase   uint32
-	Nslots     uint32
-	Elems      uint32
-	Loopback   uint32
-	_          [4]byte
-	TimeoutNs  uint64
-	Copies     uint32
-	Errors     uint32
+	_           structs.HostLayout
+	Gid         uint32
+	Nworkers    uint32
+	WorkerBase  uint32
+	Ifindex     uint32
+	L3Off       uint32
+	L4Off       uint32
+	HdrOff      uint32
+	V6          uint32
+	CurAddr     [4]uint32
+	CurPort     uint16
+	CurWorker   uint16
+	Next        uint32
+	End         uint32
+	SlotBase    uint32
+	Nslots      uint32
+	Elems       uint32
+	Loopback    uint32
+	_           [4]byte
+	TimeoutNs   uint64
+	Copies      uint32
+	Errors      uint32
+	Replicas    uint32
+	ReplicaBase uint32
+	Rr          uint32
+	Pad         uint32
+	Now         uint64
 }
 
 type sgSgConfig struct {
@@ -78,9 +83,14 @@ type sgSgGroup struct {
 			U6Addr8 [16]uint8
 		}
 	}
-	CoordPort uint16
-	Pad1      uint16
-	PartBase  uint32
+	CoordPort   uint16
+	Pad1        uint16
+	PartBase    uint32
+	ReplicaBase uint32
+	Pad2        uint32
+	JudgeNs     uint64
+	EjectBaseNs uint64
+	EjectMaxNs  uint64
 }
 
 type sgSgParts struct {
@@ -109,6 +119,16 @@ type sgSgResult struct {
 	Agg      [256]int64
 }
 
+type sgSgShard struct {
+	_            structs.HostLayout
+	Nreplicas    uint32
+	Key          [4]uint32
+	Level        [4]uint32
+	Pad          uint32
+	UnansweredNs [4]uint64
+	OutUntilNs   [4]uint64
+}
+
 type sgSgSlot struct {
 	_    structs.HostLayout
 	Lock struct {
@@ -134,6 +154,8 @@ type sgSgStats struct {
 	NotOwner     uint64
 	Continued    uint64
 	ContStopped  uint64
+	Ejections    uint64
+	ShardOut     uint64
 	Replies      uint64
 	Completed    uint64
 	Timeouts     uint64
@@ -176,6 +198,7 @@ type sgSgWorker struct {
 const (
 	sgMapGroups           = "groups"
 	sgMapParts            = "parts"
+	sgMapReplicas         = "replicas"
 	sgMapResults          = "results"
 	sgMapScatterChain     = "scatter_chain"
 	sgMapScatterState     = "scatter_state"
@@ -190,6 +213,8 @@ const (
 	sgProgSgScatterContBl = "sg_scatter_cont_bl"
 	sgProgSgSweep         = "sg_sweep"
 	sgProgSgTimersInit    = "sg_timers_init"
+	sgVarKedgeClockFixed  = "kedge_clock_fixed"
+	sgVarKedgeClockNs     = "kedge_clock_ns"
 	sgVarSgBtfDtype       = "sg_btf_dtype"
 	sgVarSgBtfGroupFlags  = "sg_btf_group_flags"
 	sgVarSgBtfHdr         = "sg_btf_hdr"
@@ -262,6 +287,7 @@ type sgProgramSpecs struct {
 type sgMapSpecs struct {
 	Groups       *ebpf.MapSpec `ebpf:"groups"`
 	Parts        *ebpf.MapSpec `ebpf:"parts"`
+	Replicas     *ebpf.MapSpec `ebpf:"replicas"`
 	Results      *ebpf.MapSpec `ebpf:"results"`
 	ScatterChain *ebpf.MapSpec `ebpf:"scatter_chain"`
 	ScatterState *ebpf.MapSpec `ebpf:"scatter_state"`
@@ -274,6 +300,8 @@ type sgMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sgVariableSpecs struct {
+	KedgeClockFixed  *ebpf.VariableSpec `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs     *ebpf.VariableSpec `ebpf:"kedge_clock_ns"`
 	SgBtfDtype       *ebpf.VariableSpec `ebpf:"sg_btf_dtype"`
 	SgBtfGroupFlags  *ebpf.VariableSpec `ebpf:"sg_btf_group_flags"`
 	SgBtfHdr         *ebpf.VariableSpec `ebpf:"sg_btf_hdr"`
@@ -310,6 +338,7 @@ func (o *sgObjects) Close() error {
 type sgMaps struct {
 	Groups       *ebpf.Map `ebpf:"groups"`
 	Parts        *ebpf.Map `ebpf:"parts"`
+	Replicas     *ebpf.Map `ebpf:"replicas"`
 	Results      *ebpf.Map `ebpf:"results"`
 	ScatterChain *ebpf.Map `ebpf:"scatter_chain"`
 	ScatterState *ebpf.Map `ebpf:"scatter_state"`
@@ -322,6 +351,7 @@ func (m *sgMaps) Close() error {
 	return _SgClose(
 		m.Groups,
 		m.Parts,
+		m.Replicas,
 		m.Results,
 		m.ScatterChain,
 		m.ScatterState,
@@ -335,6 +365,8 @@ func (m *sgMaps) Close() error {
 //
 // It can be passed to loadSgObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sgVariables struct {
+	KedgeClockFixed  *ebpf.Variable `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs     *ebpf.Variable `ebpf:"kedge_clock_ns"`
 	SgBtfDtype       *ebpf.Variable `ebpf:"sg_btf_dtype"`
 	SgBtfGroupFlags  *ebpf.Variable `ebpf:"sg_btf_group_flags"`
 	SgBtfHdr         *ebpf.Variable `ebpf:"sg_btf_hdr"`

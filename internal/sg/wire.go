@@ -30,6 +30,10 @@ const (
 	PartsMax = 32
 	// PartEntriesMax is the largest parts map: every slot x every worker of a group.
 	PartEntriesMax = Slots * WorkersMax
+	// ReplicasMax is the most replicas of one shard (SG_REPLICAS_MAX).
+	ReplicasMax = 4
+	// EjectLevelMax: a replica's back-off doubles at most this many times (SG_EJECT_LEVEL_MAX).
+	EjectLevelMax = 16
 )
 
 // Reductions and element types (enum sg_reduce, enum sg_dtype).
@@ -64,6 +68,9 @@ const (
 	// GroupFlagParts (SG_GF_PARTS): multi-packet replies are reduced per part; the
 	// group's entries in the parts map start at its PartBase.
 	GroupFlagParts = 0x4
+	// GroupFlagReplicas (SG_GF_REPLICAS): worker slots are shards with replicas; the
+	// group's entries in the replicas map start at its ReplicaBase.
+	GroupFlagReplicas = 0x8
 )
 
 // Slot states (enum sg_slot_state).

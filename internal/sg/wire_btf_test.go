@@ -21,6 +21,7 @@ func TestWireMatchesBTF(t *testing.T) {
 			"SG_GROUPS_MAX": GroupsMax, "SG_WORKERS_MAX": WorkersMax, "SG_BITMAP_WORDS": BitmapWords,
 			"SG_SLOTS": Slots, "SG_SLOT_MASK": SlotMask, "SG_AGG_BYTES": AggBytes, "SG_AGG_ELEMS": AggElems,
 			"SG_AGG_WORDS": AggBytes / 4, "SG_GATHER_MAX": GatherMax, "SG_PARTS_MAX": PartsMax,
+			"SG_REPLICAS_MAX": ReplicasMax, "SG_EJECT_LEVEL_MAX": EjectLevelMax,
 		},
 		"sg_reduce": {
 			"SG_RED_SUM": RedSum, "SG_RED_MIN": RedMin, "SG_RED_MAX": RedMax, "SG_RED_COUNT": RedCount,
@@ -31,6 +32,7 @@ func TestWireMatchesBTF(t *testing.T) {
 		"sg_slot_state": {"SG_SLOT_FREE": SlotFree, "SG_SLOT_PENDING": SlotPending, "SG_SLOT_DONE": SlotDone},
 		"sg_group_flags": {
 			"SG_GF_LOOPBACK": GroupFlagLoopback, "SG_GF_WAKE_SOCKET": GroupFlagWakeSocket, "SG_GF_PARTS": GroupFlagParts,
+			"SG_GF_REPLICAS": GroupFlagReplicas,
 		},
 		"sg_result_flags": {"SG_F_OVERFLOW": FlagOverflow, "SG_F_PARTS": FlagParts},
 	})

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	isg "github.com/kedge-dev/kedge/internal/sg"
@@ -44,6 +45,9 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("sg config: worker %d (%v) is not of worker 0's family: a group is all IPv4 or all IPv6", i, w)
 		}
 	}
+	if err := c.validateReplicas(v4); err != nil {
+		return err
+	}
 	if c.Reduction == Gather {
 		per := c.Elems * c.Type.Size()
 		fit := min(AggBytes/per, MaxGatherK)
@@ -61,4 +65,48 @@ func (c *Config) Validate() error {
 		c.InFlight = 256
 	}
 	return nil
+}
+
+// validateReplicas checks Replicas and fills the back-off defaults.
+func (c *Config) validateReplicas(v4 bool) error {
+	if len(c.Replicas) > len(c.Workers) {
+		return fmt.Errorf("sg config: replicas for %d shards, but %d workers (Replicas[i] are further replicas of Workers[i])", len(c.Replicas), len(c.Workers))
+	}
+	for i, reps := range c.Replicas {
+		if len(reps)+1 > MaxReplicas {
+			return fmt.Errorf("sg config: shard %d has %d replicas, at most %d", i, len(reps)+1, MaxReplicas)
+		}
+		seen := map[netip.AddrPort]bool{c.Workers[i]: true}
+		for _, r := range reps {
+			switch {
+			case !r.IsValid() || r.Port() == 0:
+				return fmt.Errorf("sg config: replica %v of shard %d has no address or port", r, i)
+			case r.Addr().Unmap().Is4() != v4:
+				return fmt.Errorf("sg config: replica %v of shard %d is not of worker 0's family: a group is all IPv4 or all IPv6", r, i)
+			case seen[r]:
+				return fmt.Errorf("sg config: shard %d names %v twice", i, r)
+			}
+			seen[r] = true
+		}
+	}
+	if c.EjectBackoff == 0 {
+		c.EjectBackoff = time.Second
+	}
+	if c.EjectMaxBackoff == 0 {
+		c.EjectMaxBackoff = max(30*time.Second, c.EjectBackoff)
+	}
+	if c.EjectBackoff > 0 && c.EjectMaxBackoff < c.EjectBackoff {
+		return fmt.Errorf("sg config: eject max back-off %v below the back-off %v", c.EjectMaxBackoff, c.EjectBackoff)
+	}
+	return nil
+}
+
+// hasReplicas: some shard has more than one replica.
+func (c *Config) hasReplicas() bool {
+	for _, r := range c.Replicas {
+		if len(r) > 0 {
+			return true
+		}
+	}
+	return false
 }

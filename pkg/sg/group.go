@@ -81,11 +81,9 @@ func Open(cfg Config) (_ *Group, err error) {
 		}
 	}()
 	g.target = cfg.Workers[0]
-	var ifindex int
-	var loopback bool
-	var workers []isg.WorkerCfg
+	var routes resolved
 	err = netnsx.In(ns, func() (err error) {
-		ifindex, loopback, workers, err = resolve(&cfg)
+		routes, err = resolve(&cfg)
 		if err != nil {
 			return err
 		}
@@ -112,8 +110,12 @@ func Open(cfg Config) (_ *Group, err error) {
 	if cfg.MultiPacket {
 		partEntries = uint32(cfg.InFlight * len(cfg.Workers))
 	}
+	var replicaEntries uint32
+	if cfg.hasReplicas() {
+		replicaEntries = uint32(len(cfg.Workers))
+	}
 	g.objs, err = isg.Load(isg.LoadOptions{Tier: isg.DetectTier(), ExpireSlack: 20_000, Batch: uint32(cfg.ScatterBatch),
-		FirstBatch: uint32(cfg.ScatterFirstBatch), PartEntries: partEntries})
+		FirstBatch: uint32(cfg.ScatterFirstBatch), PartEntries: partEntries, ReplicaEntries: replicaEntries})
 	if err != nil {
 		return nil, fmt.Errorf("load sg data plane: %w", err)
 	}
@@ -121,24 +123,24 @@ func Open(cfg Config) (_ *Group, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := g.fillMaps(ifindex, loopback, workers); err != nil {
+	if err := g.fillMaps(routes); err != nil {
 		return nil, err
 	}
 	if g.ring, err = isg.OpenRing(g.objs.Results); err != nil {
 		return nil, fmt.Errorf("open result ring buffer: %w", err)
 	}
-	tc, err := bpfx.AttachTC(g.objs.Scatter, bpfx.TCTarget{Netns: ns, IfIndex: ifindex, Dir: bpfx.Egress, Name: "sg-scatter"})
+	tc, err := bpfx.AttachTC(g.objs.Scatter, bpfx.TCTarget{Netns: ns, IfIndex: routes.ifindex, Dir: bpfx.Egress, Name: "sg-scatter"})
 	if err != nil {
 		return nil, fmt.Errorf("attach sg scatter to %s egress: %w", cfg.Interface, err)
 	}
 	g.attach = append(g.attach, tc)
 	// Fan-outs larger than a batch continue from the interface's ingress.
-	cont, err := bpfx.AttachTC(g.objs.Cont, bpfx.TCTarget{Netns: ns, IfIndex: ifindex, Dir: bpfx.Ingress, Name: "sg-scatter-cont"})
+	cont, err := bpfx.AttachTC(g.objs.Cont, bpfx.TCTarget{Netns: ns, IfIndex: routes.ifindex, Dir: bpfx.Ingress, Name: "sg-scatter-cont"})
 	if err != nil {
 		return nil, fmt.Errorf("attach sg scatter continuation to %s ingress: %w", cfg.Interface, err)
 	}
 	g.attach = append(g.attach, cont)
-	xdp, err := bpfx.AttachXDP(g.objs.Gather, ns, ifindex, bpfx.XDPAuto)
+	xdp, err := bpfx.AttachXDP(g.objs.Gather, ns, routes.ifindex, bpfx.XDPAuto)
 	if err != nil {
 		return nil, fmt.Errorf("attach sg gather (xdp) to %s: %w - another XDP program may own the interface", cfg.Interface, err)
 	}

@@ -15,28 +15,37 @@ import (
 
 // Routes: the interface, each worker's next hop, and the maps that hold them.
 
-// resolve finds the interface and each worker's next-hop MAC, and the default local
-// address. Runs inside the group's namespace.
-func resolve(cfg *Config) (int, bool, []isg.WorkerCfg, error) {
+// resolved is what resolve found: the interface, each worker's map entry and each further
+// replica's (replicas[i]: shard i's, after Workers[i]).
+type resolved struct {
+	ifindex  int
+	loopback bool
+	workers  []isg.WorkerCfg
+	replicas [][]isg.WorkerCfg
+}
+
+// resolve finds the interface and each worker's (and replica's) next-hop MAC, and the
+// default local address. Runs inside the group's namespace.
+func resolve(cfg *Config) (resolved, error) {
+	var out resolved
 	link, err := netlink.LinkByName(cfg.Interface)
 	if err != nil {
-		return 0, false, nil, fmt.Errorf("find interface %s: %w (list them with 'ip link')", cfg.Interface, err)
+		return out, fmt.Errorf("find interface %s: %w (list them with 'ip link')", cfg.Interface, err)
 	}
 	attrs := link.Attrs()
-	loopback := attrs.Flags&net.FlagLoopback != 0
-	out := make([]isg.WorkerCfg, len(cfg.Workers))
-	for i, w := range cfg.Workers {
+	out.ifindex, out.loopback = attrs.Index, attrs.Flags&net.FlagLoopback != 0
+	entry := func(what string, w netip.AddrPort) (isg.WorkerCfg, error) {
 		addr := w.Addr().Unmap()
-		hop, err := resolveWorker(addr, w, loopback)
+		hop, err := resolveWorker(addr, w, out.loopback)
 		if err != nil {
-			return 0, false, nil, fmt.Errorf("resolve worker %d (%v): %w", i, w, err)
+			return isg.WorkerCfg{}, fmt.Errorf("resolve %s (%v): %w", what, w, err)
 		}
 		if hop.Ifindex != attrs.Index {
-			return 0, false, nil, fmt.Errorf("worker %d (%v) is routed through ifindex %d, not %s (%d): every worker must be reached through the group's interface", i, w, hop.Ifindex, cfg.Interface, attrs.Index)
+			return isg.WorkerCfg{}, fmt.Errorf("%s (%v) is routed through ifindex %d, not %s (%d): every worker must be reached through the group's interface", what, w, hop.Ifindex, cfg.Interface, attrs.Index)
 		}
-		if i == 0 && !cfg.Local.Addr().IsValid() {
+		if what == "worker 0" && !cfg.Local.Addr().IsValid() {
 			if !hop.Src.IsValid() {
-				return 0, false, nil, fmt.Errorf("no source address towards worker 0 (%v): set Config.Local", w)
+				return isg.WorkerCfg{}, fmt.Errorf("no source address towards worker 0 (%v): set Config.Local", w)
 			}
 			cfg.Local = netip.AddrPortFrom(hop.Src, cfg.Local.Port())
 		}
@@ -46,9 +55,25 @@ func resolve(cfg *Config) (int, bool, []isg.WorkerCfg, error) {
 			wc.Addr.In6U.U6Addr8 = netip.AddrFrom16(v4mapped(addr)).As16()
 		}
 		copy(wc.Mac[:], hop.DstMAC) // none on a loopback interface
-		out[i] = wc
+		return wc, nil
 	}
-	return attrs.Index, loopback, out, nil
+	out.workers = make([]isg.WorkerCfg, len(cfg.Workers))
+	for i, w := range cfg.Workers {
+		if out.workers[i], err = entry(fmt.Sprintf("worker %d", i), w); err != nil {
+			return out, err
+		}
+	}
+	out.replicas = make([][]isg.WorkerCfg, len(cfg.Replicas))
+	for i, reps := range cfg.Replicas {
+		for _, r := range reps {
+			wc, err := entry(fmt.Sprintf("replica of shard %d", i), r)
+			if err != nil {
+				return out, err
+			}
+			out.replicas[i] = append(out.replicas[i], wc)
+		}
+	}
+	return out, nil
 }
 
 func v4mapped(a netip.Addr) [16]byte {
@@ -83,22 +108,22 @@ func resolveWorker(addr netip.Addr, w netip.AddrPort, loopback bool) (nexthop.Ho
 	}
 }
 
-func (g *Group) fillMaps(ifindex int, loopback bool, workers []isg.WorkerCfg) error {
+func (g *Group) fillMaps(r resolved) error {
 	gc := isg.GroupCfg{
 		Enabled:   1,
 		Family:    4,
 		Reduce:    uint8(g.cfg.Reduction),
 		Dtype:     uint8(g.cfg.Type),
-		Nworkers:  uint16(len(workers)),
+		Nworkers:  uint16(len(r.workers)),
 		Elems:     uint16(g.cfg.Elems),
 		SlotBase:  0,
 		Nslots:    uint16(g.cfg.InFlight),
-		Ifindex:   uint32(ifindex),
+		Ifindex:   uint32(r.ifindex),
 		GatherK:   uint32(g.cfg.GatherK),
 		TimeoutNs: uint64(g.cfg.Timeout),
 		CoordPort: bpfx.Htons(g.cfg.Local.Port()),
 	}
-	if loopback {
+	if r.loopback {
 		gc.Flags |= isg.GroupFlagLoopback
 	}
 	if g.cfg.WakeSocket && !g.cfg.BusyPoll {
@@ -117,9 +142,8 @@ func (g *Group) fillMaps(ifindex int, loopback bool, workers []isg.WorkerCfg) er
 	if g.cfg.Group >= isg.GroupsMax {
 		return fmt.Errorf("sg config: group id %d, want < %d", g.cfg.Group, isg.GroupsMax)
 	}
-	gc.WorkerBase = uint16(uint32(g.cfg.Group) * isg.WorkersMax % 65536)
 	base := uint32(g.cfg.Group) * isg.WorkersMax
-	for i, w := range workers {
+	for i, w := range r.workers {
 		if err := g.objs.Workers.Put(base+uint32(i), &w); err != nil {
 			return fmt.Errorf("write worker %d: %w", i, err)
 		}
@@ -128,6 +152,30 @@ func (g *Group) fillMaps(ifindex int, loopback bool, workers []isg.WorkerCfg) er
 		return fmt.Errorf("sg config: group id %d too large", g.cfg.Group)
 	}
 	gc.WorkerBase = uint16(base)
+	if g.cfg.hasReplicas() {
+		// ReplicaBase 0: the replicas map holds this group's shards only.
+		gc.Flags |= isg.GroupFlagReplicas
+		if g.cfg.EjectBackoff > 0 {
+			gc.JudgeNs, gc.EjectBaseNs, gc.EjectMaxNs = uint64(g.cfg.Timeout), uint64(g.cfg.EjectBackoff), uint64(g.cfg.EjectMaxBackoff)
+		}
+		for i := range r.workers {
+			sh := isg.ShardRec{Nreplicas: 1}
+			sh.Key[0] = base + uint32(i)
+			if i < len(r.replicas) {
+				for k, w := range r.replicas[i] {
+					key := isg.ReplicaKey(uint32(i), k+1)
+					if err := g.objs.Workers.Put(key, &w); err != nil {
+						return fmt.Errorf("write replica %d of shard %d: %w", k+1, i, err)
+					}
+					sh.Key[k+1] = key
+					sh.Nreplicas++
+				}
+			}
+			if err := g.objs.Replicas.Put(uint32(i), &sh); err != nil {
+				return fmt.Errorf("write shard %d: %w", i, err)
+			}
+		}
+	}
 	if err := g.objs.Groups.Put(uint32(g.cfg.Group), &gc); err != nil {
 		return fmt.Errorf("write group: %w", err)
 	}

@@ -121,6 +121,7 @@ const (
 	MaxElems        = 256  // vector elements (Sum, Min, Max) of either type
 	MaxGatherK      = 64   // Gather: replies kept
 	MaxParts        = 32   // datagrams of one multi-packet reply (Config.MultiPacket)
+	MaxReplicas     = 4    // replicas of one shard (Config.Replicas)
 	AggBytes        = 2048 // Gather: GatherK * Elems * Type.Size() must fit
 )
 
@@ -138,6 +139,19 @@ type Config struct {
 	Local netip.AddrPort
 	// Group is the group id on the wire (workers echo it).
 	Group uint16
+	// Replicas makes the workers shards with replicas: Replicas[i], if set, are further
+	// processes that answer for shard i as Workers[i] does (at most MaxReplicas in all,
+	// same family and interface; shard i may have none). Each request's copy for shard i
+	// goes to one of them, round robin by request over the replicas not ejected; a reply
+	// from any of them answers for the shard (Result.Answered names shards). A replica
+	// that leaves a copy unanswered for Timeout (with no reply from it since) is ejected
+	// for EjectBackoff, doubled with each ejection in a row up to EjectMaxBackoff; its next
+	// reply makes it good again (docs/sg.md, "Replicas").
+	Replicas [][]netip.AddrPort
+	// EjectBackoff is a replica's first back-off (default 1 s; negative: never eject);
+	// EjectMaxBackoff the longest (default 30 s, at least EjectBackoff).
+	EjectBackoff    time.Duration
+	EjectMaxBackoff time.Duration
 
 	Reduction Reduction
 	Type      ElemType
@@ -288,6 +302,8 @@ type Stats struct {
 	NotOwner     uint64 `json:"not_owner"`
 	Continued    uint64 `json:"continued"`
 	ContStopped  uint64 `json:"cont_stopped"`
+	Ejections    uint64 `json:"ejections"`
+	ShardOut     uint64 `json:"shard_out"`
 	Replies      uint64 `json:"replies"`
 	Completed    uint64 `json:"completed"`
 	Timeouts     uint64 `json:"timeouts"`

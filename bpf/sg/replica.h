@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* replica.h - shards with replicas (groups with SG_GF_REPLICAS, struct sg_shard): which
+ * replica a copy goes to, and the judgement that takes a replica out of the rotation.
+ *
+ *   shard_pick      the scatter, per copy: the replica of shard i for this request
+ *   shard_answered  the gather, per reply: is the source one of shard i's replicas (and
+ *                   that replica is alive)
+ *
+ * Choice: round robin by request, (req_id / SG_SLOTS + i) mod nreplicas, so consecutive
+ * requests go to consecutive replicas and one request's copies are spread over them; a
+ * replica that is ejected is skipped for the next one after it. Nothing is written per
+ * choice but the replica's unanswered_ns, and that only when it is 0.
+ * Judgement (as the hedger's, docs/hedging.md, with no counter to keep): a replica whose
+ * first copy since its last reply is judge_ns old (the group's timeout: that request has
+ * expired) is ejected for eject_base_ns << level (at most eject_max_ns), judged when it is
+ * next a candidate. Back from its back-off it is a candidate again, and one more copy left
+ * unanswered for judge_ns ejects it for twice as long; any reply from it resets it.
+ * Times are kedge_now()'s, so a fixture fixes them. */
+#ifndef KEDGE_SG_REPLICA_H
+#define KEDGE_SG_REPLICA_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "clock.h"
+#include "counters.h"
+#include "parse.h"
+#include "sg.h"
+#include "maps.h"
+
+#ifndef READ_ONCE
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+#endif
+
+/* rep_bound bounds a replica index for the verifier. */
+static __always_inline __u32 rep_bound(__u32 r)
+{
+	barrier_var(r);
+	return r & (SG_REPLICAS_MAX - 1);
+}
+
+/* shard_eject takes replica r out for its back-off (the group's eject_base_ns << its level,
+ * at most eject_max_ns). */
+static __always_inline void shard_eject(struct sg_shard *sh, __u32 r, __u64 now, const struct sg_group *g)
+{
+	__u32 lvl = sh->level[r];
+	__u64 backoff;
+
+	if (lvl > SG_EJECT_LEVEL_MAX)
+		lvl = SG_EJECT_LEVEL_MAX;
+	backoff = g->eject_base_ns << lvl;
+	if (backoff > g->eject_max_ns || backoff < g->eject_base_ns)
+		backoff = g->eject_max_ns;
+	sh->out_until_ns[r] = now + backoff;
+	sh->level[r] = lvl + 1;
+	sh->unanswered_ns[r] = 0; /* judged anew from its next copy */
+}
+
+/* shard_pick returns the workers-map key of the replica of shard key (group gid) that gets
+ * the copy of request rr (rr = req_id / SG_SLOTS + worker index) and notes the copy; -1
+ * when the shard or the group is missing. Ejections and shards with every replica out are
+ * counted here. A global function: the verifier checks its loop once, on its own, and the
+ * scatter's rewrite after it sees one state (a key), not one per path through the
+ * judgement. */
+__attribute__((noinline)) int shard_pick(__u32 key, __u32 rr, __u64 now, __u32 gid)
+{
+	struct sg_shard *sh = bpf_map_lookup_elem(&replicas, &key);
+	struct sg_group *g = bpf_map_lookup_elem(&groups, &gid);
+	__u32 n, start, pick, found = 0;
+	__u64 since;
+
+	if (!sh || !g)
+		return -1;
+	n = sh->nreplicas;
+	if (n <= 1)
+		return sh->key[0];
+	if (n > SG_REPLICAS_MAX)
+		n = SG_REPLICAS_MAX;
+	start = rr % n;
+	pick = start;
+	for (__u32 k = 0; k < SG_REPLICAS_MAX; k++) {
+		__u32 r = start + k;
+
+		if (k >= n)
+			break;
+		if (r >= n)
+			r -= n;
+		r = rep_bound(r);
+		since = READ_ONCE(sh->unanswered_ns[r]);
+		if (g->judge_ns && since && now - since >= g->judge_ns &&
+		    READ_ONCE(sh->out_until_ns[r]) <= now) {
+			shard_eject(sh, r, now, g);
+			COUNT(stats_for(gid < SG_GROUPS_MAX ? gid : NO_GROUP), ejections);
+		}
+		if (READ_ONCE(sh->out_until_ns[r]) <= now) {
+			pick = r;
+			found = 1;
+			break;
+		}
+	}
+	if (!found)
+		COUNT(stats_for(gid < SG_GROUPS_MAX ? gid : NO_GROUP), shard_out);
+	pick = rep_bound(pick);
+	if (!READ_ONCE(sh->unanswered_ns[pick]))
+		sh->unanswered_ns[pick] = now;
+	return sh->key[pick];
+}
+
+/* shard_answered: a reply from saddr:sport claims to answer for shard sh. Returns 1 when
+ * that is one of its replicas (and clears the replica's judgement state), else 0. */
+static __always_inline int shard_answered(struct sg_shard *sh, const struct in6_addr *saddr, __be16 sport)
+{
+	__u32 n = sh->nreplicas;
+
+	for (__u32 r = 0; r < SG_REPLICAS_MAX; r++) {
+		struct sg_worker *w;
+		__u32 key;
+
+		if (r >= n)
+			break;
+		key = sh->key[r];
+		w = bpf_map_lookup_elem(&workers, &key);
+		if (!w || w->port != sport || !in6_addr_eq(&w->addr, saddr))
+			continue;
+		/* Written only when set: every reply reads, few write. */
+		if (READ_ONCE(sh->unanswered_ns[r]))
+			sh->unanswered_ns[r] = 0;
+		if (READ_ONCE(sh->level[r]))
+			sh->level[r] = 0;
+		return 1;
+	}
+	return 0;
+}
+
+#endif /* KEDGE_SG_REPLICA_H */

@@ -1,0 +1,94 @@
+package sg
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/lab"
+	isg "github.com/kedge-dev/kedge/internal/sg"
+)
+
+// TestLabReplicas: four shards, each with a replica on w1 and one on w2, served by real
+// `kedge sg worker` processes; shard 2's replica on w2 has no process (dead). Requests
+// alternate between the replicas of each shard (round robin); the first copy that goes to
+// the dead replica expires its request, the next pick that finds it unanswered for the
+// timeout ejects it, and from then on every request completes with all four shards
+// answered and the sum each shard's worker index gives.
+func TestLabReplicas(t *testing.T) {
+	bpftest.RequireRoot(t)
+	bin := bpftest.KedgeBinary(t)
+	l, err := lab.Up(lab.Spec{Name: "sgr", Fabric: lab.Bridge, Hosts: []string{"coord", "w1", "w2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	w1, w2 := l.Host("w1"), l.Host("w2")
+	const port, shards, dead = 9300, 4, 2
+	startWorkers(t, bin, w1, w1.IPv4, port, shards)
+	startWorkers(t, bin, w2, w2.IPv4, port, dead)                 // shards 0 and 1
+	startWorkers(t, bin, w2, w2.IPv4, port+dead+1, shards-dead-1) // shard 3
+	var workers []netip.AddrPort
+	var replicas [][]netip.AddrPort
+	for i := range shards {
+		workers = append(workers, netip.AddrPortFrom(w1.IPv4, uint16(port+i)))
+		replicas = append(replicas, []netip.AddrPort{netip.AddrPortFrom(w2.IPv4, uint16(port+i))})
+	}
+	coord := l.Host("coord")
+	// The timeout is generous for a loaded machine; the back-off outlasts the test.
+	g, err := Open(Config{Interface: coord.Iface, Netns: coord.Path(), Workers: workers, Replicas: replicas,
+		Reduction: Sum, Type: Int64, Elems: 3, Timeout: 300 * time.Millisecond, EjectBackoff: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	const n = 40
+	timeouts, firstOK := 0, -1
+	for k := range n {
+		res, err := g.Scatter(context.Background(), []byte("replicas"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status == Timeout {
+			timeouts++
+			if firstOK >= 0 {
+				t.Fatalf("request %d (%#x) timed out after request %d completed: %+v", k, res.ID, firstOK, res)
+			}
+			if res.Count != shards-1 || len(res.Answered) != shards-1 || res.Answered[dead] == dead {
+				t.Fatalf("request %d: timeout with %v answered; want every shard but %d", k, res.Answered, dead)
+			}
+			continue
+		}
+		if firstOK < 0 && timeouts > 0 {
+			firstOK = k
+		}
+		if res.Count != shards || len(res.Answered) != shards {
+			t.Fatalf("request %d: %+v", k, res)
+		}
+		for j := range 3 {
+			var want int64
+			for w := range shards {
+				want += isg.ValueFor(uint16(w), res.ID, j)
+			}
+			if res.Values[j] != want {
+				t.Fatalf("request %d (%#x) element %d: %d, want %d", k, res.ID, j, res.Values[j], want)
+			}
+		}
+	}
+	st, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d requests: %d timed out; stats: ejections %d shard_out %d copies %d replies %d", n, timeouts, st.Ejections, st.ShardOut, st.Copies, st.Replies)
+	// The dead replica gets a copy from the first or second request (round robin), and at
+	// most one more before it is judged: the request after the expired one goes to the
+	// live replica, and the one after that finds the dead one unanswered for the timeout.
+	if timeouts < 1 || timeouts > 2 {
+		t.Errorf("%d requests timed out, want 1 or 2 (until the dead replica is ejected)", timeouts)
+	}
+	if st.Ejections != 1 || st.ShardOut != 0 || st.Timeouts != uint64(timeouts) || st.Copies != n*shards || st.Unregistered != 0 {
+		t.Errorf("stats %+v: want 1 ejection, %d timeouts, %d copies", st, timeouts, n*shards)
+	}
+}
