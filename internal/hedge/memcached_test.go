@@ -5,7 +5,6 @@ package hedge
 // are hedged to srv2 and answered from there, sets wait for srv1 - no set ever reaches srv2.
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -13,8 +12,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -22,72 +19,26 @@ import (
 	"github.com/kedge-dev/kedge/internal/lab"
 )
 
-// startMemcached runs memcached on h (UDP and TCP on port 11211 of h's address) until the
-// test ends, and returns its process.
+// startMemcached runs memcached on h (lab.StartMemcached) until the test ends, and returns
+// its process.
 func startMemcached(t *testing.T, bin string, h *lab.Host) *os.Process {
 	t.Helper()
-	cmd := h.Command(bin, "-U", "11211", "-p", "11211", "-l", h.IPv4.String(), "-u", "root", "-m", "16", "-t", "1")
-	if err := h.Start(cmd); err != nil {
-		t.Fatalf("start memcached on %s: %v", h.HostName, err)
+	cmd, err := lab.StartMemcached(h, bin)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	addr := netip.AddrPortFrom(h.IPv4, 11211).String()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := h.Do(func() error {
-			c, err := net.DialTimeout("tcp", addr, time.Second)
-			if err == nil {
-				c.Close()
-			}
-			return err
-		})
-		if err == nil {
-			return cmd.Process
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("memcached on %s does not listen: %v", h.HostName, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	t.Cleanup(func() { lab.StopProcess(cmd) })
+	return cmd.Process
 }
 
-// memcachedStats reads memcached's counters on h over TCP (in h's namespace: not through
-// the hedger).
+// memcachedStats reads memcached's counters on h (not through the hedger).
 func memcachedStats(t *testing.T, h *lab.Host) map[string]uint64 {
 	t.Helper()
-	out := map[string]uint64{}
-	err := h.Do(func() error {
-		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(h.IPv4, 11211).String(), time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-		if _, err := c.Write([]byte("stats\r\n")); err != nil {
-			return err
-		}
-		sc := bufio.NewScanner(c)
-		for sc.Scan() {
-			f := strings.Fields(sc.Text())
-			if len(f) == 1 && f[0] == "END" {
-				return nil
-			}
-			if len(f) == 3 && f[0] == "STAT" {
-				if v, err := strconv.ParseUint(f[2], 10, 64); err == nil {
-					out[f[1]] = v
-				}
-			}
-		}
-		return fmt.Errorf("stats: no END (%v)", sc.Err())
-	})
+	s, err := lab.MemcachedStats(h)
 	if err != nil {
-		t.Fatalf("memcached stats on %s: %v", h.HostName, err)
+		t.Fatal(err)
 	}
-	return out
+	return s
 }
 
 func TestMemcachedPresetLab(t *testing.T) {
