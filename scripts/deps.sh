@@ -10,11 +10,13 @@ set -euo pipefail
 # own etcd processes in namespaces; on a host booted with systemd the package also enables
 # an etcd service on localhost, which kedge neither needs nor touches).
 # python3-venv: pping's QUIC test runs aioquic from a virtual environment (below).
-# memcached: real memcached replicas in the hedger's memcached-udp lab test (the lab runs its
-# own processes in namespaces; the package's host service is not used).
+# memcached: real memcached replicas in the hedger's memcached-udp lab test and in
+# `kedge bench hedge --scenario memcached` (the lab runs its own processes in namespaces; the
+# package's host service is not used); php-cli + php-memcache and libmemcached-tools: that
+# scenario's real clients (PHP's pecl memcache gets over UDP; memcslap's UDP sets).
 pkgs=(clang-19 llvm-19 libbpf-dev bpftool iproute2 ethtool python3 python3-venv busybox-static cpio
       qemu-system-x86 dnsutils iperf3 ca-certificates podman runc dnsmasq-base systemd man-db
-      etcd-server memcached)
+      etcd-server memcached php-cli php-memcache libmemcached-tools)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

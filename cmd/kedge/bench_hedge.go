@@ -20,6 +20,7 @@ func newBenchHedgeCmd() *cobra.Command {
 	var (
 		flagOpts  hedgebench.Options // flag values; only the flags given override a scenario's defaults
 		rateOpts  hedgebench.RateOptions
+		mcOpts    hedgebench.MemcachedOptions
 		scenarios string
 		out       string
 		repeat    int
@@ -55,6 +56,14 @@ Scenarios:
             the targets (docs/hedging.md) beside them, the programs' run time per request
             (BPF_PROG_TEST_RUN) and a 2%-stall service at saturation (missed hedges, lost
             clones). Own schema (kedge.bench.rate/v2) and charts.
+  memcached real memcached replicas (srv1, the address the clients use, and srv2) with
+            real clients: PHP's pecl memcache (gets over UDP, sets over TCP, 10% sets;
+            clients/mcload.php) and memcslap's UDP sets; srv1 stopped on a seeded schedule
+            (20-60 ms, 2% of the time); with and without kedge, --repeats rounds in a
+            rotated order. Prints ops/s, get latency percentiles and the sets each replica
+            counted (memcached's cmd_set: srv2 must count none). Own schema
+            (kedge.bench.memcached/v1) and charts. Needs php-cli, php-memcache,
+            libmemcached-tools and memcached (scripts/deps.sh installs them).
 Flags given explicitly override the scenario's defaults.`,
 		Example: `  # the thesis's Table 4.2 (about 2 minutes)
   kedge bench hedge
@@ -64,6 +73,9 @@ Flags given explicitly override the scenario's defaults.`,
 
   # fast-path cost and throughput: 1 loop and saturation (64 loops), 5 paired rounds
   kedge bench hedge --scenario rate --levels 1,64 --repeats 5
+
+  # real memcached replicas, one stopped 2% of the time, gets hedged by kedge
+  kedge bench hedge --scenario memcached --repeats 3
 
   # clients that stop the world, then CPU pressure five times (ranges of P99.9 and MAX)
   kedge bench hedge --scenario gc
@@ -116,6 +128,25 @@ Flags given explicitly override the scenario's defaults.`,
 					fmt.Fprintf(w, "results and charts: %s\n", run.OutDir)
 					continue
 				}
+				if s == hedgebench.Memcached {
+					run := mcOpts
+					run.Backend, run.OutDir = flagOpts.Backend, filepath.Join(out, s)
+					overlay(changed, map[string]func(){
+						"requests": func() { run.Ops = flagOpts.N }, "warmup": func() { run.Warmup = flagOpts.Warmup },
+						"delay": func() { run.Delay = flagOpts.Delay }, "repeats": func() { run.Rounds = rateOpts.Repeats },
+						"concurrency": func() { run.Clients = flagOpts.Concurrency },
+					})
+					res, err := hedgebench.RunMemcached(cmd.Context(), run)
+					if err != nil {
+						return benchErr(s, err)
+					}
+					fmt.Fprintf(w, "\n== scenario memcached (%s) ==\n", time.Since(start).Round(time.Second))
+					if err := hedgebench.WriteMemcachedReport(w, res); err != nil {
+						return err
+					}
+					fmt.Fprintf(w, "results and charts: %s\n", run.OutDir)
+					continue
+				}
 				run := hedgebench.Defaults(s)
 				run.Backend, run.PyClient, run.OutDir = flagOpts.Backend, flagOpts.PyClient, filepath.Join(out, s)
 				overlay(changed, map[string]func(){
@@ -140,11 +171,11 @@ Flags given explicitly override the scenario's defaults.`,
 	f := cmd.Flags()
 	f.StringVar(&scenarios, "scenario", hedgebench.Thesis, "comma-separated: "+strings.Join(hedgebench.Scenarios, ", ")+", or all")
 	addBenchOutFlag(cmd, &out, "hedge") // one subdirectory per scenario
-	f.IntVarP(&flagOpts.N, "requests", "n", d.N, "measured requests per client (outage: 1000, rate: 30000 per run)")
-	f.IntVar(&flagOpts.Warmup, "warmup", d.Warmup, "warm-up requests per client, discarded (outage: 20, rate: 500)")
-	f.DurationVar(&flagOpts.Delay, "delay", d.Delay, "hedge threshold (app and kernel)")
+	f.IntVarP(&flagOpts.N, "requests", "n", d.N, "measured requests per client (outage: 1000, rate: 30000 per run, memcached: 30000 operations)")
+	f.IntVar(&flagOpts.Warmup, "warmup", d.Warmup, "warm-up requests per client, discarded (outage: 20, rate: 500, memcached: 200)")
+	f.DurationVar(&flagOpts.Delay, "delay", d.Delay, "hedge threshold (app and kernel; memcached: 2ms)")
 	f.DurationVar(&flagOpts.Timeout, "timeout", d.Timeout, "client timeout (outage: 100ms)")
-	f.IntVar(&flagOpts.Concurrency, "concurrency", d.Concurrency, "sequential loops per client (outage: 4; rate: see --levels)")
+	f.IntVar(&flagOpts.Concurrency, "concurrency", d.Concurrency, "sequential loops per client (outage: 4; rate: see --levels; memcached: client processes, 4)")
 	f.IntVar(&flagOpts.Server.StallPct, "stall-pct", d.Server.StallPct, "percentage of ids that stall (outage: 0)")
 	f.DurationVar(&flagOpts.Server.Stall, "stall", d.Server.Stall, "stall duration (rate: 50ms)")
 	f.DurationVar(&flagOpts.Server.Fast, "fast", d.Server.Fast, "normal service time (rate: 0, answered at once)")
@@ -153,7 +184,7 @@ Flags given explicitly override the scenario's defaults.`,
 	f.IntSliceVar(&rateOpts.Levels, "levels", []int{1, 64}, "rate: concurrent loops per level: the first is the low load, the last saturation")
 	f.StringSliceVar(&rateOpts.Arms, "arms", hedgebench.DefaultArms, "rate: arms to run (unhedged always runs); attribution arms: "+strings.Join(hedgebench.AttributionArms, ", "))
 	f.IntVar(&rateOpts.SaturationN, "saturation-requests", 0, "rate: measured requests per run at the last level (default: 5 x --requests, 150000)")
-	f.IntVar(&rateOpts.Repeats, "repeats", 5, "rate: rounds, each running every arm at every level (order rotated per round)")
+	f.IntVar(&rateOpts.Repeats, "repeats", 5, "rate, memcached: rounds, each running every arm (at every level) in an order rotated per round (memcached: 3)")
 	f.Uint64Var(&pauses.Seed, "pause-seed", pauses.Seed, "gc: seed of the client pause schedule")
 	f.Float64Var(&pauses.Coverage, "pause-coverage", pauses.Coverage, "gc: fraction of the time each client is stopped")
 	f.DurationVar(&pauses.Min, "pause-min", pauses.Min, "gc: shortest client pause")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -132,60 +133,63 @@ func runPaused(ctx context.Context, h *lab.Host, sched []Pause, name string, arg
 		return rec, fmt.Errorf("start %s: %w", filepath.Base(name), err)
 	}
 	start := time.Now()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	exited := make(chan struct{})
 	var waitErr error
-	exited := false
-	wait := func(d time.Duration) bool { // false once the process exited or ctx ended
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	rec.Applied = applyPauses(ctx, cmd.Process, start, sched, exited)
+	select {
+	case <-exited:
+	default:
+		select {
+		case <-exited:
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			<-exited
+			rec.Elapsed = time.Since(start)
+			return rec, ctx.Err()
+		}
+	}
+	rec.Elapsed = time.Since(start)
+	if waitErr != nil {
+		return rec, fmt.Errorf("%s: %w: %s", filepath.Base(name), waitErr, strings.TrimSpace(stderr.String()))
+	}
+	return rec, nil
+}
+
+// applyPauses stops (SIGSTOP) and continues (SIGCONT) p per sched, times from start, until
+// the schedule ends, exited is closed or ctx ends, and returns the pauses applied. A stopped
+// process is always continued.
+func applyPauses(ctx context.Context, p *os.Process, start time.Time, sched []Pause, exited <-chan struct{}) []Applied {
+	var out []Applied
+	wait := func(d time.Duration) bool { // false once exited is closed or ctx ended
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
 		case <-t.C:
 			return true
-		case waitErr = <-done:
-			exited = true
+		case <-exited:
 			return false
 		case <-ctx.Done():
 			return false
 		}
 	}
-	signal := func(sig syscall.Signal) bool {
-		err := cmd.Process.Signal(sig)
-		return err == nil
-	}
-	for _, p := range sched {
-		if !wait(time.Until(start.Add(p.At))) {
+	for _, pz := range sched {
+		if !wait(time.Until(start.Add(pz.At))) {
 			break
 		}
-		if !signal(syscall.SIGSTOP) {
-			break // exited between the timer and the signal: Wait reports it
+		if p.Signal(syscall.SIGSTOP) != nil {
+			break // exited between the timer and the signal
 		}
-		a := Applied{Planned: p, Stopped: time.Since(start)}
-		ok := wait(time.Until(start.Add(a.Stopped + p.Len)))
-		signal(syscall.SIGCONT)
+		a := Applied{Planned: pz, Stopped: time.Since(start)}
+		ok := wait(time.Until(start.Add(a.Stopped + pz.Len)))
+		_ = p.Signal(syscall.SIGCONT)
 		a.Resumed = time.Since(start)
-		rec.Applied = append(rec.Applied, a)
+		out = append(out, a)
 		if !ok {
 			break
 		}
 	}
-	if !exited {
-		select {
-		case waitErr = <-done:
-		case <-ctx.Done():
-			_ = cmd.Process.Kill()
-			<-done
-			return rec, ctx.Err()
-		}
-	}
-	rec.Elapsed = time.Since(start)
-	if ctx.Err() != nil && !exited {
-		return rec, ctx.Err()
-	}
-	if waitErr != nil {
-		return rec, fmt.Errorf("%s: %w: %s", filepath.Base(name), waitErr, strings.TrimSpace(stderr.String()))
-	}
-	return rec, nil
+	return out
 }
 
 // scheduleHorizon bounds the schedule generated for one client run: longer than any run

@@ -37,7 +37,7 @@ const (
 )
 
 // Scenarios lists every scenario in the order `--scenario all` runs them.
-var Scenarios = []string{Thesis, Pressure, GC, Adaptive, Outage, Rate}
+var Scenarios = []string{Thesis, Pressure, GC, Adaptive, Outage, Rate, Memcached}
 
 // Options configure a run. Zero values take the thesis's Table 4.1 parameters.
 type Options struct {
@@ -101,8 +101,8 @@ func (o *Options) defaults() error {
 	if err := CheckScenario(o.Scenario); err != nil {
 		return err
 	}
-	if o.Scenario == Rate {
-		return errors.New("scenario rate has its own driver: use RunRate")
+	if o.Scenario == Rate || o.Scenario == Memcached {
+		return fmt.Errorf("scenario %s has its own driver: use RunRate or RunMemcached", o.Scenario)
 	}
 	d := Defaults(o.Scenario)
 	if o.N == 0 {
@@ -169,8 +169,16 @@ func (o *Options) defaults() error {
 }
 
 // findPyClient looks for clients/apphedge.py in the working directory and next to the binary.
-func findPyClient(exe string) string {
-	for _, c := range []string{"clients/apphedge.py", filepath.Join(filepath.Dir(exe), "..", "clients", "apphedge.py")} {
+func findPyClient(exe string) string { return findClient("apphedge.py", exe) }
+
+// findClient looks for clients/name in the working directory and next to the binary exe
+// (this executable when exe is empty).
+func findClient(name string, exe ...string) string {
+	if len(exe) == 0 {
+		self, _ := os.Executable()
+		exe = []string{self}
+	}
+	for _, c := range []string{filepath.Join("clients", name), filepath.Join(filepath.Dir(exe[0]), "..", "clients", name)} {
 		if _, err := os.Stat(c); err == nil {
 			return c
 		}
