@@ -25,14 +25,47 @@ func FigureBlocks() map[string]docfigures.Block {
 			Render: func(dir string) (string, error) { return tableFigures(dir, scenario) }}
 	}
 	return map[string]docfigures.Block{
-		"hedge-rate":     {Results: "hedge", Command: rate, Render: rateFigures},
-		"hedge-targets":  {Results: "hedge", Command: rate, Render: targetFigures},
-		"hedge-gc":       table(GC),
-		"hedge-pressure": {Results: "hedge", Command: "kedge bench hedge --scenario pressure --repeat 5 -n 2000 --warmup 100 " + out, Render: pressureFigures},
-		"hedge-thesis":   table(Thesis),
-		"hedge-adaptive": table(Adaptive),
-		"hedge-outage":   table(Outage),
+		"hedge-rate":      {Results: "hedge", Command: rate, Render: rateFigures},
+		"hedge-targets":   {Results: "hedge", Command: rate, Render: targetFigures},
+		"hedge-gc":        table(GC),
+		"hedge-pressure":  {Results: "hedge", Command: "kedge bench hedge --scenario pressure --repeat 5 -n 2000 --warmup 100 " + out, Render: pressureFigures},
+		"hedge-thesis":    table(Thesis),
+		"hedge-adaptive":  table(Adaptive),
+		"hedge-outage":    table(Outage),
+		"hedge-memcached": {Results: "hedge", Command: "kedge bench hedge --scenario memcached " + out, Render: memcachedFigures},
 	}
+}
+
+// memcachedFigures renders dir/memcached/result.json: the report's table and what the
+// replicas counted.
+func memcachedFigures(dir string) (string, error) {
+	var r MemcachedResult
+	if err := docfigures.ReadResult(filepath.Join(dir, Memcached, "result.json"), MemcachedSchema, &r); err != nil {
+		return "", err
+	}
+	p := r.Parameters
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, %s; %v client processes x %v operations (%v%% sets) per run, %v rounds, hedge delay %v ms, budget %v + burst %v; clients: %v.\n\n",
+		r.Timestamp.Format(time.DateOnly), r.Describe(), p["clients"], p["ops_per_client"], p["set_pct"], p["rounds"],
+		p["hedge_delay_ms"], p["budget_ratio"], p["budget_burst"], p["clients_used"])
+	fmt.Fprintf(&b, "| Arm | ops/s (median) | ratio to unhedged | get P50 (ms) | P95 | P99 | P99.9 | MAX | gets without value | sets sent | srv1 cmd_set | srv2 cmd_set | srv2 cmd_get | hedges sent |\n")
+	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, a := range r.Arms {
+		fmt.Fprintf(&b, "| %s | %.0f | %.2fx | %.3f | %.3f | %.3f | %.3f | %.3f | %d | %d | %d | %d | %d | %d |\n",
+			a.Arm, a.OpsPerSec, a.RatioToUnhedged, a.P50US/1e3, a.P95US/1e3, a.P99US/1e3, a.P999US/1e3, a.MaxUS/1e3,
+			a.GetMisses, a.SetsSent, a.Srv1Sets, a.Srv2Sets, a.Srv2Gets, a.HedgesSent)
+	}
+	var stops, runs int
+	var stopped float64
+	for _, run := range r.Runs {
+		runs++
+		stops += run.Pauses.Pauses
+		stopped += run.Pauses.Coverage
+	}
+	if runs > 0 {
+		fmt.Fprintf(&b, "\nsrv1 stopped %d times over %d runs (%.1f%% of the time on average).\n", stops, runs, stopped/float64(runs)*100)
+	}
+	return b.String(), nil
 }
 
 // readRate reads dir/rate/result.json.
@@ -116,7 +149,7 @@ func targetFigures(dir string) (string, error) {
 	low, sat := r.Levels[0], r.Levels[len(r.Levels)-1]
 	var b strings.Builder
 	fmt.Fprintf(&b, "From [results/hedge/rate](results/hedge/rate) (%s, commit %.12s, load average %v at start):\n\n", r.Timestamp.Format(time.DateOnly), r.Commit, r.LoadAvg)
-	fmt.Fprintf(&b, "| Path | req/s at %d loops / unhedged (>= %.1fx) | CPU/req added, processes (<= %.0f µs) | CPU/req added, machine | P50 added at %d loop(s) (<= %.0f µs) |\n",
+	fmt.Fprintf(&b, "| Path | req/s at %d loops / unhedged (>= %gx) | CPU/req added, processes (<= %.0f µs) | CPU/req added, machine | P50 added at %d loop(s) (<= %.0f µs) |\n",
 		sat.Concurrency, Targets.RPSRatio, Targets.CPUAddedUS, low.Concurrency, Targets.P50AddedUS)
 	b.WriteString("|---|---:|---:|---:|---:|\n")
 	for _, arm := range []string{ArmStored, ArmClone} {

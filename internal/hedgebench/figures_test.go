@@ -55,7 +55,7 @@ func TestUpdateFiguresFromResults(t *testing.T) {
 		t.Fatalf("blocks %v, document:\n%s", names, got)
 	}
 	for _, want := range []string{
-		"| clone | 0.60x (0.55x..0.70x) (missed by 0.30x) | +18.0 (+16.0..+20.0) (missed by 15.0 µs) | - | +17.0 (+15.0..+20.0) (missed by 9.0 µs) |",
+		"| clone | 0.60x (0.55x..0.70x) (missed by 0.35x) | +18.0 (+16.0..+20.0) (missed by 15.0 µs) | - | +17.0 (+15.0..+20.0) (missed by 9.0 µs) |",
 		"| stored | - | - | - | - |",
 		"| 64 | clone | 35000 | 0.60x (0.55x..0.70x) |",
 		"hedge_split 1500 ns, hedge_resp 330 ns (clones 2000)",

@@ -191,7 +191,7 @@ func TestRateReportTargets(t *testing.T) {
 	}
 	for _, want := range []string{
 		"stored path: not run: test",
-		"clone path: req/s at 64 loops 0.60x (0.55x..0.70x) of unhedged (target >= 0.9x: missed, short by 0.30x)",
+		"clone path: req/s at 64 loops 0.60x (0.55x..0.70x) of unhedged (target >= 0.95x: missed, short by 0.35x)",
 		"processes +2.0 (+1.0..+3.0) µs, machine +20.0 (+18.0..+30.0) µs (target <= 3 µs: met)",
 		"P50 added at 1 loop(s): +17.0 (+15.0..+20.0) µs (target <= 8 µs: missed, over by 9.0 µs)",
 	} {

@@ -38,7 +38,7 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 
 	if len(r.Levels) > 0 {
 		low, sat := r.Levels[0], r.Levels[len(r.Levels)-1]
-		fmt.Fprintf(&b, "\nTargets (issue 14), paired per round:\n")
+		fmt.Fprintf(&b, "\nTargets (docs/hedging.md), paired per round:\n")
 		for _, arm := range []string{ArmStored, ArmClone} {
 			s, ok := armAt(sat, arm)
 			lo, _ := armAt(low, arm)
@@ -46,7 +46,7 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 				fmt.Fprintf(&b, "  %s path: %s\n", arm, r.StoredArm)
 				continue
 			}
-			fmt.Fprintf(&b, "  %s path: req/s at %d loops %s of unhedged (target >= %.1fx: %s)\n", arm, sat.Concurrency,
+			fmt.Fprintf(&b, "  %s path: req/s at %d loops %s of unhedged (target >= %gx: %s)\n", arm, sat.Concurrency,
 				pairedStr(s.RPSRatio, "%.2fx"), Targets.RPSRatio, verdict(s.RPSRatio.Median >= Targets.RPSRatio, s.RPSRatio.N,
 					fmt.Sprintf("short by %.2fx", Targets.RPSRatio-s.RPSRatio.Median)))
 			fmt.Fprintf(&b, "    CPU per request added at %d loops: processes %s µs, machine %s µs (target <= %.0f µs: %s)\n", sat.Concurrency,
