@@ -8,11 +8,8 @@ package hedge
 import (
 	"context"
 	"encoding/binary"
-	"errors"
-	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -47,55 +44,12 @@ func dnsQuery(id uint16) []byte {
 }
 
 func TestDNSPresetLab(t *testing.T) {
-	requireRoot(t)
-	bin, err := exec.LookPath("dnsmasq")
-	if err != nil {
-		t.Skip("dnsmasq is not installed (scripts/deps.sh installs dnsmasq-base)")
-	}
-	l := hedgeLab(t, "hdns")
+	l, bin := presetLab(t, "hdns", "dnsmasq", "dnsmasq-base")
 	client, srv1, srv2 := l.Host("client"), l.Host("srv1"), l.Host("srv2")
 	primary := startDNSMasq(t, bin, srv1)
 	startDNSMasq(t, bin, srv2)
-
-	var conn *net.UDPConn
-	if err := client.Do(func() error {
-		var err error
-		conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(srv1.IPv4, 53)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	id := uint16(0)
-	send := func(msg func(uint16) []byte) uint16 {
-		id++
-		if _, err := conn.Write(msg(id)); err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
-	// recv reads responses until n arrived or d passed: the answer count by response id.
-	recv := func(n int, d time.Duration) map[uint16]int {
-		got := map[uint16]int{}
-		buf := make([]byte, 2048)
-		_ = conn.SetReadDeadline(time.Now().Add(d))
-		for len(got) < n {
-			k, err := conn.Read(buf)
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				break
-			}
-			if errors.Is(err, syscall.ECONNREFUSED) {
-				continue // dnsmasq not bound yet: the port-unreachable of an earlier query
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if k >= 12 {
-				got[binary.BigEndian.Uint16(buf)] = int(binary.BigEndian.Uint16(buf[6:]))
-			}
-		}
-		return got
-	}
+	// The answer count by response id.
+	send, recv := presetConn(t, client, netip.AddrPortFrom(srv1.IPv4, 53), 12, func(b []byte) int { return int(binary.BigEndian.Uint16(b[6:])) })
 	// dnsmasq takes a moment to bind (and the connected socket takes srv1's answers only).
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		send(dnsQuery)

@@ -5,13 +5,9 @@ package hedge
 // are hedged to srv2 and answered from there, sets wait for srv1 - no set ever reaches srv2.
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -42,12 +38,7 @@ func memcachedStats(t *testing.T, h *lab.Host) map[string]uint64 {
 }
 
 func TestMemcachedPresetLab(t *testing.T) {
-	requireRoot(t)
-	bin, err := exec.LookPath("memcached")
-	if err != nil {
-		t.Skip("memcached is not installed (scripts/deps.sh installs it: apt-get install memcached)")
-	}
-	l := hedgeLab(t, "hmc")
+	l, bin := presetLab(t, "hmc", "memcached", "memcached")
 	client, srv1, srv2 := l.Host("client"), l.Host("srv1"), l.Host("srv2")
 	primary := startMemcached(t, bin, srv1)
 	startMemcached(t, bin, srv2)
@@ -57,42 +48,9 @@ func TestMemcachedPresetLab(t *testing.T) {
 	}, budgetTestBackend())
 
 	const keys = 10
-	var conn *net.UDPConn
-	if err := client.Do(func() error {
-		var err error
-		conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(srv1.IPv4, 11211)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	id := uint16(0)
-	send := func(cmd string) uint16 {
-		id++
-		if _, err := conn.Write(mcMsg(id, []byte(cmd))); err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
-	// recv reads responses until n arrived or d passed: body by request id.
-	recv := func(n int, d time.Duration) map[uint16]string {
-		got := map[uint16]string{}
-		buf := make([]byte, 2048)
-		_ = conn.SetReadDeadline(time.Now().Add(d))
-		for len(got) < n {
-			k, err := conn.Read(buf)
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if k >= 8 {
-				got[binary.BigEndian.Uint16(buf)] = string(buf[8:k])
-			}
-		}
-		return got
-	}
+	// The body (after the frame header) by request id.
+	sendMsg, recv := presetConn(t, client, netip.AddrPortFrom(srv1.IPv4, 11211), 8, func(b []byte) string { return string(b[8:]) })
+	send := func(cmd string) uint16 { return sendMsg(func(id uint16) []byte { return mcMsg(id, []byte(cmd)) }) }
 	set := func(i int) string { return fmt.Sprintf("set k%d 0 0 2\r\nv%d\r\n", i%10, i%10) }
 	get := func(i int) string { return fmt.Sprintf("get k%d\r\n", i) }
 
