@@ -25,29 +25,55 @@ func FigureBlocks() map[string]docfigures.Block {
 			Render: func(dir string) (string, error) { return tableFigures(dir, scenario) }}
 	}
 	return map[string]docfigures.Block{
-		"hedge-rate":      {Results: "hedge", Command: rate, Render: rateFigures},
-		"hedge-targets":   {Results: "hedge", Command: rate, Render: targetFigures},
-		"hedge-gc":        table(GC),
-		"hedge-pressure":  {Results: "hedge", Command: "kedge bench hedge --scenario pressure --repeat 5 -n 2000 --warmup 100 " + out, Render: pressureFigures},
-		"hedge-thesis":    table(Thesis),
-		"hedge-adaptive":  table(Adaptive),
-		"hedge-outage":    table(Outage),
-		"hedge-memcached": {Results: "hedge", Command: "kedge bench hedge --scenario memcached " + out, Render: memcachedFigures},
+		"hedge-rate":            {Results: "hedge", Command: rate, Render: rateFigures},
+		"hedge-targets":         {Results: "hedge", Command: rate, Render: targetFigures},
+		"hedge-gc":              table(GC),
+		"hedge-pressure":        {Results: "hedge", Command: "kedge bench hedge --scenario pressure --repeat 5 -n 2000 --warmup 100 " + out, Render: pressureFigures},
+		"hedge-thesis":          table(Thesis),
+		"hedge-adaptive":        table(Adaptive),
+		"hedge-outage":          table(Outage),
+		"hedge-memcached":       {Results: "hedge", Command: "kedge bench hedge --scenario memcached " + out, Render: memcachedFigures},
+		"hedge-memcached-brief": {Results: "hedge", Command: "kedge bench hedge --scenario memcached " + out, Render: memcachedBrief},
 	}
+}
+
+func readMemcached(dir string) (MemcachedResult, error) {
+	var r MemcachedResult
+	err := docfigures.ReadResult(filepath.Join(dir, Memcached, "result.json"), MemcachedSchema, &r)
+	return r, err
+}
+
+// memcachedBrief renders dir/memcached/result.json in a few lines: throughput and the get
+// tail of both arms, and the sets on srv2.
+func memcachedBrief(dir string) (string, error) {
+	r, err := readMemcached(dir)
+	if err != nil || len(r.Arms) != 2 {
+		return "", errors.Join(err, errors.New("memcached result: want two arms"))
+	}
+	u, k := r.Arms[0], r.Arms[1]
+	return fmt.Sprintf("From [results/hedge/memcached](results/hedge/memcached) (%s, commit %.12s, load average %v at start): "+
+		"%.2fx the unhedged operations per second (median of %d paired rounds); gets P99 %.2f -> %.2f ms, "+
+		"P99.9 %.2f -> %.2f ms, MAX %.2f -> %.2f ms, %d hedges for %d gets; "+
+		"sets counted by srv2's memcached: %d and %d of %d and %d sent.\n",
+		r.Timestamp.Format(time.DateOnly), r.Commit, r.LoadAvg, k.RatioToUnhedged, k.Runs,
+		u.P99US/1e3, k.P99US/1e3, u.P999US/1e3, k.P999US/1e3, u.MaxUS/1e3, k.MaxUS/1e3, k.HedgesSent, k.Gets,
+		u.Srv2Sets, k.Srv2Sets, u.SetsSent, k.SetsSent), nil
 }
 
 // memcachedFigures renders dir/memcached/result.json: the report's table and what the
 // replicas counted.
 func memcachedFigures(dir string) (string, error) {
-	var r MemcachedResult
-	if err := docfigures.ReadResult(filepath.Join(dir, Memcached, "result.json"), MemcachedSchema, &r); err != nil {
+	r, err := readMemcached(dir)
+	if err != nil {
 		return "", err
 	}
 	p := r.Parameters
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s, %s; %v client processes x %v operations (%v%% sets) per run, %v rounds, hedge delay %v ms, budget %v + burst %v; clients: %v.\n\n",
+	ratio, _ := p["budget_ratio"].(float64)
+	clients, _ := p["clients_used"].([]any)
+	fmt.Fprintf(&b, "%s, %s; %v client processes x %v operations (%v%% sets) per run, %v rounds, hedge delay %v ms, budget %g%% + burst %v; clients: %s.\n\n",
 		r.Timestamp.Format(time.DateOnly), r.Describe(), p["clients"], p["ops_per_client"], p["set_pct"], p["rounds"],
-		p["hedge_delay_ms"], p["budget_ratio"], p["budget_burst"], p["clients_used"])
+		p["hedge_delay_ms"], ratio*100, p["budget_burst"], joinAny(clients, "; "))
 	fmt.Fprintf(&b, "| Arm | ops/s (median) | ratio to unhedged | get P50 (ms) | P95 | P99 | P99.9 | MAX | gets without value | sets sent | srv1 cmd_set | srv2 cmd_set | srv2 cmd_get | hedges sent |\n")
 	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, a := range r.Arms {
@@ -63,7 +89,17 @@ func memcachedFigures(dir string) (string, error) {
 		stopped += run.Pauses.Coverage
 	}
 	if runs > 0 {
-		fmt.Fprintf(&b, "\nsrv1 stopped %d times over %d runs (%.1f%% of the time on average).\n", stops, runs, stopped/float64(runs)*100)
+		fmt.Fprintf(&b, "\nsrv1 stopped %d times over %d runs (%.1f%% of the time on average). Get MAX per round (ms):", stops, runs, stopped/float64(runs)*100)
+		for _, a := range r.Arms {
+			var maxes []string
+			for _, run := range r.Runs {
+				if run.Arm == a.Arm {
+					maxes = append(maxes, fmt.Sprintf("%.1f", run.MaxUS/1e3))
+				}
+			}
+			fmt.Fprintf(&b, " %s %s;", a.Arm, strings.Join(maxes, ", "))
+		}
+		b.WriteString("\n")
 	}
 	return b.String(), nil
 }
@@ -258,4 +294,13 @@ func pressureFigures(dir string) (string, error) {
 		return "", err
 	}
 	return b.String(), nil
+}
+
+// joinAny joins the values of a JSON array with sep.
+func joinAny(v []any, sep string) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = fmt.Sprint(x)
+	}
+	return strings.Join(parts, sep)
 }
