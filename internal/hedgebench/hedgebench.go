@@ -171,8 +171,8 @@ func (o *Options) defaults() error {
 // findPyClient looks for clients/apphedge.py in the working directory and next to the binary.
 func findPyClient(exe string) string { return findClient("apphedge.py", exe) }
 
-// findClient looks for clients/name in the working directory and next to the binary exe
-// (this executable when exe is empty).
+// findClient looks for the file name under clients/ in the working directory and next to
+// the binary exe (this executable when exe is empty).
 func findClient(name string, exe ...string) string {
 	if len(exe) == 0 {
 		self, _ := os.Executable()
