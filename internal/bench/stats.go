@@ -154,6 +154,19 @@ func Median(v []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
+// MedianDuration is Median over durations (the mean of the two middle ones for an even
+// count, to the nanosecond); 0 when d is empty. d is not changed.
+func MedianDuration(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	v := make([]float64, len(d))
+	for i, x := range d {
+		v[i] = float64(x)
+	}
+	return time.Duration(Median(v))
+}
+
 func spreadOf(v []float64) Spread {
 	s := slices.Clone(v)
 	slices.Sort(s)

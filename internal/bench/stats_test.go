@@ -194,6 +194,23 @@ func TestMedianSummaries(t *testing.T) {
 	}
 }
 
+func TestMedianDuration(t *testing.T) {
+	for _, tc := range []struct {
+		d    []time.Duration
+		want time.Duration
+	}{
+		{nil, 0},
+		{[]time.Duration{3 * time.Millisecond}, 3 * time.Millisecond},
+		{[]time.Duration{5, 1, 3}, 3},
+		{[]time.Duration{4, 1, 2, 3}, 2}, // mean of the middle two, truncated to the ns
+		{[]time.Duration{10 * time.Millisecond, 12 * time.Millisecond}, 11 * time.Millisecond},
+	} {
+		if got := MedianDuration(tc.d); got != tc.want {
+			t.Errorf("MedianDuration(%v) = %v, want %v", tc.d, got, tc.want)
+		}
+	}
+}
+
 func TestMedian(t *testing.T) {
 	for _, tc := range []struct {
 		v    []float64
