@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/lab"
 )
 
@@ -123,11 +124,11 @@ func TestNetnsDownload(t *testing.T) {
 				}
 				// The path's RTT is the tbf queue (at most its limit and burst at its rate)
 				// plus tens of microseconds of veth and stacks.
-				if md := median(p); md > tbfMaxDelay+time.Millisecond && !emulated {
+				if md := bench.MedianDuration(p); md > tbfMaxDelay+time.Millisecond && !emulated {
 					t.Errorf("median sample %v above the tbf queue's %v + 1 ms", md, tbfMaxDelay)
 				}
 				t.Logf("%s: %d MB in %v, %d samples, median %v (min %v max %v); sender srtt %v min_rtt %v; counters: egress ts_stored %d, ingress match_rtt %d match_ack_idle %d",
-					srv, n>>20, took, len(p), median(p), slices.Min(p), slices.Max(p), srtt, time.Duration(ti.Min_rtt)*time.Microsecond,
+					srv, n>>20, took, len(p), bench.MedianDuration(p), slices.Min(p), slices.Max(p), srtt, time.Duration(ti.Min_rtt)*time.Microsecond,
 					all[HookEgress].TsStored, all[HookIngress].MatchRtt, all[HookIngress].MatchAckIdle)
 			})
 		}

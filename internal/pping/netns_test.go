@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
@@ -150,12 +151,6 @@ func monitorOn(t *testing.T, h *lab.Host, mod func(*Config)) (*Monitor, *collect
 	return m, col
 }
 
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
 // compare checks pping's samples against the application's RTTs of the same requests.
 func compare(t *testing.T, what string, app, pp []time.Duration) {
 	t.Helper()
@@ -166,10 +161,10 @@ func compare(t *testing.T, what string, app, pp []time.Duration) {
 		}
 		diffs = append(diffs, app[i]-pp[i])
 	}
-	if m := median(diffs); m > maxAppOverhead && !emulated {
+	if m := bench.MedianDuration(diffs); m > maxAppOverhead && !emulated {
 		t.Errorf("%s: median app - pping = %v, want < %v", what, m, maxAppOverhead)
 	}
-	t.Logf("%s: %d requests, median RTT app %v, pping %v", what, len(app), median(app), median(pp))
+	t.Logf("%s: %d requests, median RTT app %v, pping %v", what, len(app), bench.MedianDuration(app), bench.MedianDuration(pp))
 }
 
 // eachIngress runs test once with the TC and once with the XDP ingress program; hook sets
@@ -453,10 +448,10 @@ func testNetnsTCP(t *testing.T, l *testLab, hook func(*Config)) {
 			}
 			// TCP samples cannot be paired with requests (the TSval is not visible to the
 			// application), so compare medians.
-			if d := median(app) - median(p); d < -clockSlack || (d > maxAppOverhead && !emulated) {
-				t.Errorf("median app %v - median pping %v = %v, want in [%v, %v]", median(app), median(p), d, -clockSlack, maxAppOverhead)
+			if d := bench.MedianDuration(app) - bench.MedianDuration(p); d < -clockSlack || (d > maxAppOverhead && !emulated) {
+				t.Errorf("median app %v - median pping %v = %v, want in [%v, %v]", bench.MedianDuration(app), bench.MedianDuration(p), d, -clockSlack, maxAppOverhead)
 			}
-			t.Logf("TCP %s: %d requests, %d samples, median RTT app %v, pping %v", srv, len(app), len(p), median(app), median(p))
+			t.Logf("TCP %s: %d requests, %d samples, median RTT app %v, pping %v", srv, len(app), len(p), bench.MedianDuration(app), bench.MedianDuration(p))
 		})
 	}
 }

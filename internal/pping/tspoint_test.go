@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/netnsx"
@@ -247,5 +248,5 @@ func testTimestampPoint(t *testing.T, hook IngressHook) {
 	}
 	slices.Sort(diffs)
 	t.Logf("%s ingress: %d pairs; kedge median %v; capture - kedge: min %v median %v p90 %v max %v", hook, len(diffs),
-		median(kedge), diffs[0], diffs[len(diffs)/2], diffs[len(diffs)*9/10], diffs[len(diffs)-1])
+		bench.MedianDuration(kedge), diffs[0], diffs[len(diffs)/2], diffs[len(diffs)*9/10], diffs[len(diffs)-1])
 }
