@@ -17,7 +17,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/raft/client"
 	"github.com/kedge-dev/kedge/internal/raft/config"
 	"github.com/kedge-dev/kedge/internal/raft/node"
-	"github.com/kedge-dev/kedge/internal/raft/offload"
+	"github.com/kedge-dev/kedge/pkg/raft/kernelpaths"
 )
 
 func init() { register(newRaftCmd) }
@@ -94,23 +94,23 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 			if err != nil {
 				return usagef("%w (docs/raft.md section 1 shows the format)", err)
 			}
-			mode := node.OffloadOff
+			mode := kernelpaths.Off
 			switch {
 			case offloadOn && cmd.Flags().Changed("offload"):
-				mode = node.OffloadOn
+				mode = kernelpaths.On
 				// What can be known before anything is opened: the address, the kernel.
 				a, err := config.ResolveAddr(cfg.RaftBind())
 				if err != nil {
 					return usagef("raft address: %w", err)
 				}
-				if err := offload.CheckAddr(a.Addr()); err != nil {
+				if err := kernelpaths.CheckAddr(a.Addr()); err != nil {
 					return usagef("--offload: %w", err)
 				}
-				if err := offload.Probe(); err != nil {
+				if err := kernelpaths.Probe(); err != nil {
 					return err // a *kedge.FeatureError: exit 3
 				}
 			case offloadOn:
-				mode = node.OffloadAuto
+				mode = kernelpaths.Auto
 			}
 			if offloadAlive < 0 {
 				return usagef("--offload-alive %v: use a positive duration (0: the election timeout, at least 100ms)", offloadAlive)
@@ -118,12 +118,12 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 			if hbLease < 0 {
 				return usagef("--heartbeat-lease %v: use a positive duration (0: the election timeout, at least 100ms)", hbLease)
 			}
-			hbMode := node.OffloadOff
+			hbMode := kernelpaths.Off
 			switch {
 			case kernelHB && cmd.Flags().Changed("kernel-heartbeats"):
-				hbMode = node.OffloadOn
+				hbMode = kernelpaths.On
 			case kernelHB:
-				hbMode = node.OffloadAuto
+				hbMode = kernelpaths.Auto
 			}
 			n, err := node.New(cfg, node.Options{UnsafeLocalReads: unsafeReads, Offload: mode, OffloadAlive: offloadAlive, Log: slog.Default(),
 				KernelHeartbeats: hbMode, HeartbeatLease: hbLease, NoQuorumWait: !quorumWait})

@@ -35,6 +35,7 @@ const (
 	testonly   layer = "test"       // test harnesses and test-only BPF objects, imported by _test.go files only
 	command    layer = "command"    // the kedge binary
 	tool       layer = "tool"       // repository tools (kernel matrix, figures)
+	example    layer = "example"    // example applications of the public API
 )
 
 // packages maps every package of the module to its layer: a path names the package and,
@@ -59,6 +60,9 @@ var packages = map[string]layer{
 	"internal/raft":  capability,
 
 	"pkg": public,
+	// kedge raft's node is an application of the public pkg/raft/kernelpaths, as any
+	// etcd-raft application would be (docs/raft.md section 18).
+	"internal/raft/node": public,
 
 	"internal/agent": agent,
 
@@ -88,6 +92,8 @@ var packages = map[string]layer{
 
 	"cmd/kedge": command,
 	"tools":     tool,
+
+	"examples": example,
 }
 
 // rules lists, per layer, the layers its packages may import (their own included where
@@ -109,11 +115,12 @@ var rules = []struct {
 	{testonly, []layer{base, shared, capability, builder, testonly}, "harnesses test production code"},
 	{command, []layer{base, shared, capability, public, agent, lab, bench, command}, "the binary: its demo and benchmarks run labs"},
 	{tool, []layer{base, shared, capability, public, lab, bench, tool}, "tools run outside the binary"},
+	{example, []layer{base, public}, "an example application uses the public API only, as one outside the module would"},
 }
 
 // production are the layers whose packages must not link lab, benchmark or test code,
 // directly or indirectly, nor the standard library's testing package.
-var production = []layer{base, shared, capability, public, agent}
+var production = []layer{base, shared, capability, public, agent, example}
 
 // forbiddenInProduction are the layers no production package may depend on.
 var forbiddenInProduction = []layer{lab, builder, bench, testonly}

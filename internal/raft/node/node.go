@@ -1,6 +1,7 @@
 // Package node is one kedge raft node: etcd-raft's Node driven through its Ready contract
-// over internal/raft/storage and internal/raft/transport, a key-value state machine, and the
-// HTTP/JSON client API. docs/raft.md sections 1, 2 and 5.
+// over internal/raft/storage, with its transport and kernel paths from the public package
+// pkg/raft/kernelpaths (the node is an application of it like any other), a key-value state
+// machine, and the HTTP/JSON client API. docs/raft.md sections 1, 2 and 5.
 package node
 
 import (
@@ -20,9 +21,8 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/raft/api"
 	"github.com/kedge-dev/kedge/internal/raft/config"
-	"github.com/kedge-dev/kedge/internal/raft/offload"
 	"github.com/kedge-dev/kedge/internal/raft/storage"
-	"github.com/kedge-dev/kedge/internal/raft/transport"
+	"github.com/kedge-dev/kedge/pkg/raft/kernelpaths"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -36,9 +36,9 @@ type Options struct {
 	UnsafeLocalReads bool
 	// Offload: the follower's kernel path (heartbeats answered in XDP, leader failure detected
 	// by a bpf_timer). Zero: off.
-	Offload Offload
+	Offload kernelpaths.Mode
 	// OffloadAlive is how long one refresh of the persist/apply loop keeps the follower
-	// program answering for the node (0: offload.DefaultBound of the election timeout).
+	// program answering for the node (0: the election timeout, at least 100 ms).
 	OffloadAlive time.Duration
 	// NoQuorumWait, with Offload: the program passes every follower's MsgAppResp up instead of
 	// absorbing the ones that move neither its match nor the commit (docs/raft.md "Electrode:
@@ -46,14 +46,11 @@ type Options struct {
 	NoQuorumWait bool
 	Log          *slog.Logger
 	// KernelHeartbeats: as leader, the kernel sends the heartbeats while a lease holds
-	// (heartbeats.go; docs/raft.md "Kernel paths: leader heartbeats"): off, auto (where the
-	// kernel allows, else a log line) or on (else New fails). HeartbeatLease is how long one
-	// renewal keeps it sending (0: offload.DefaultBound of the election timeout).
-	KernelHeartbeats Offload
+	// (docs/raft.md "Kernel paths: leader heartbeats"): off, auto (where the kernel allows,
+	// else a log line) or on (else New fails). HeartbeatLease is how long one renewal keeps it
+	// sending (0: the election timeout, at least 100 ms).
+	KernelHeartbeats kernelpaths.Mode
 	HeartbeatLease   time.Duration
-	// Heartbeats, when set, is used instead of the kernel sender KernelHeartbeats starts
-	// (tests: a recorder).
-	Heartbeats HeartbeatOffload
 }
 
 // command is a log entry's payload.
@@ -83,13 +80,9 @@ type Node struct {
 
 	st  *storage.Storage
 	rn  raft.Node
-	tr  *transport.Transport
+	off *kernelpaths.Offload // the transport and the kernel paths
 	reg *prometheus.Registry
 	m   *metrics
-
-	hbKernel prometheus.Counter // heartbeats.go
-	hb       HeartbeatOffload
-	hbLeader interface{ Close() error } // the kernel sender startHeartbeats started
 
 	clientLn net.Listener
 	http     *http.Server
@@ -105,19 +98,10 @@ type Node struct {
 	// with the entries of the Ready being saved meanwhile (nil once the save returned).
 	beforeSend func(msgs []*pb.Message, saving []*pb.Entry)
 
-	// fol is the follower kernel path (nil: off); termDurable and voteDurable the last saved
-	// HardState's Term and Vote (Ready loop only).
-	fol         *follower
-	termDurable uint64
-	voteDurable uint64
-
-	// The election record (events.go): GET /v1/events and GET /v1/leader. lastState,
-	// leaderTermStart and committedTerm are the Ready loop's.
-	events          eventRing
-	leaderWatch     leaderWatch
-	lastState       raft.StateType
-	leaderTermStart uint64
-	committedTerm   uint64
+	// The election record (events.go, written by the offload): GET /v1/events and GET
+	// /v1/leader.
+	events      eventRing
+	leaderWatch leaderWatch
 
 	applied   atomic.Uint64
 	snapIndex atomic.Uint64
@@ -135,7 +119,6 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		kv: map[string]string{}, waiters: map[uint64]chan api.WriteResponse{}, reads: map[uint64]*readWaiter{},
 		confState: &pb.ConfState{}, done: make(chan struct{})}
 	n.m = newMetrics(n.reg)
-	n.hbKernel = newHeartbeatCounter(n.reg, opts.Heartbeats != nil || opts.KernelHeartbeats != OffloadOff)
 	st, rec, err := storage.Open(cfg.DataDir, n.log)
 	if err != nil {
 		return nil, err
@@ -148,48 +131,28 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 			return nil, err
 		}
 	}
-	var peers []transport.Peer
+	var peers []kernelpaths.Peer
 	for _, p := range cfg.Peers {
-		if p.ID == cfg.ID {
-			continue
-		}
 		a, err := config.ResolveAddr(p.Raft)
 		if err != nil {
 			st.Close()
 			return nil, fmt.Errorf("resolve peer %d: %w", p.ID, err)
 		}
-		peers = append(peers, transport.Peer{ID: p.ID, Addr: a})
+		peers = append(peers, kernelpaths.Peer{ID: p.ID, Addr: a})
 	}
-	n.tr, err = transport.New(transport.Options{ClusterID: cfg.ClusterID, Self: cfg.ID, Bind: cfg.RaftBind(),
-		Peers: peers, Key: cfg.ClusterKey, Log: n.log, Registry: n.reg})
+	n.off, err = kernelpaths.Open(kernelpaths.Config{ClusterID: cfg.ClusterID, ID: cfg.ID, Peers: peers,
+		Bind: cfg.RaftBind(), Key: (*[16]byte)(cfg.ClusterKey), Tick: cfg.Tick, ElectionTicks: cfg.ElectionTicks,
+		HeartbeatTicks: cfg.HeartbeatTicks, Follower: opts.Offload, AliveBound: opts.OffloadAlive,
+		NoQuorumWait: opts.NoQuorumWait, LeaderHeartbeats: opts.KernelHeartbeats, HeartbeatLease: opts.HeartbeatLease,
+		Log: n.log, Registry: n.reg, OnEvent: func(e kernelpaths.Event) { n.events.add(api.Event(e)) }})
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
 	if n.clientLn, err = net.Listen("tcp", cfg.ClientBind()); err != nil {
-		n.tr.Close()
+		n.off.Close()
 		st.Close()
 		return nil, fmt.Errorf("listen client api %s: %w (is another node using the port?)", cfg.ClientBind(), err)
-	}
-	n.termDurable, n.voteDurable = rec.HardState.GetTerm(), rec.HardState.GetVote()
-	if err := n.startOffload(opts.Offload); err != nil {
-		n.clientLn.Close()
-		n.tr.Close()
-		st.Close()
-		return nil, err
-	}
-	if err := n.startHeartbeats(); err != nil {
-		n.closeOffload()
-		n.clientLn.Close()
-		n.tr.Close()
-		st.Close()
-		return nil, err
-	}
-	if et := time.Duration(cfg.ElectionTicks) * cfg.Tick; followerOnlyShort(n.fol != nil, n.hb != nil, et) {
-		n.log.Warn("raft: the kernel's failure detector runs without kernel heartbeats at a short election timeout: "+
-			"it judges this cluster's leader by its user-space heartbeats in real time, so a leader whose process waits "+
-			"longer than the timeout for a CPU is replaced (docs/raft.md, Kernel paths: leader heartbeats); "+
-			"keep --kernel-heartbeats on, or use an election timeout of at least 100ms", "election_timeout", et)
 	}
 	rc := &raft.Config{
 		ID:              cfg.ID,
@@ -219,9 +182,18 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	if opts.UnsafeLocalReads {
 		n.log.Warn("raft: --unsafe-local-reads: reads are served from local state WITHOUT ReadIndex and are NOT linearizable (checker self-test only)")
 	}
-	n.tr.Start(transportIn{n})
+	if err := n.off.Start(n.rn, st); err != nil {
+		n.rn.Stop()
+		n.clientLn.Close()
+		n.off.Close()
+		st.Close()
+		return nil, err
+	}
 	return n, nil
 }
+
+// OffloadMode describes the follower kernel path ("xdp-native on eth0"; "" when off).
+func (n *Node) OffloadMode() string { return n.off.Mode() }
 
 // ClientAddr is the bound client API address.
 func (n *Node) ClientAddr() string { return n.clientLn.Addr().String() }
@@ -245,16 +217,12 @@ func (n *Node) Run(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	n.http.Shutdown(sctx)
-	n.tr.Close()
 	stopLoop()
 	<-n.done
-	// The loop no longer reads the kernel's record: detach (the program stops answering).
-	if cerr := n.closeOffload(); err == nil && cerr != nil {
-		err = fmt.Errorf("close offload: %w", cerr)
-	}
-	// Nor renews the lease: the kernel sender goes too.
-	if cerr := n.closeHeartbeats(); err == nil && cerr != nil {
-		err = fmt.Errorf("close kernel heartbeats: %w", cerr)
+	// The loop no longer reads the kernel's record nor renews its lease: the transport
+	// stops, the program stops answering, the kernel sender goes.
+	if cerr := n.off.Close(); err == nil && cerr != nil {
+		err = cerr
 	}
 	n.rn.Stop()
 	if cerr := n.st.Close(); err == nil && cerr != nil {
@@ -275,33 +243,14 @@ func (n *Node) loop(ctx context.Context) {
 		n.loopErr = err
 		n.log.Error("raft: ready loop stopped", "err", err)
 	}
-	n.offloadMirror(n.termDurable, n.leader.Load(), true)
-	n.offloadAlive()
-	events := n.fol.events()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			n.offloadMirror(n.termDurable, n.leader.Load(), true)
-			n.offloadTick(ctx)
-			n.offloadAcks(ctx)
-			n.offloadQuorum(ctx)
-			n.rn.Tick()
-			n.offloadAlive()
-			n.renewHeartbeats()
-		case ev, ok := <-events:
-			if !ok {
-				events = nil
-				continue
-			}
-			n.onLeaderSilent(ctx, ev)
-		case <-n.fol.rechecks():
-			// The second look happens now: its record (and the bench's detect phase) says
-			// when the node decided, not when the kernel's timer first fired.
-			ev := n.fol.recheckEv
-			ev.Fired = offload.Monotonic()
-			n.onLeaderSilent(ctx, ev)
+			n.off.Tick(ctx)
+		case w := <-n.off.Wakeups():
+			n.off.Wake(ctx, w)
 		case rd, ok := <-n.rn.Ready():
 			if !ok {
 				return
@@ -311,14 +260,14 @@ func (n *Node) loop(ctx context.Context) {
 				return
 			}
 			n.rn.Advance()
-			n.offloadAlive()
+			n.off.Advanced()
 		}
 	}
 }
 
-// handleReady follows etcd-raft's contract (docs/raft.md section 5).
+// handleReady follows etcd-raft's contract (docs/raft.md section 5) and the kernel paths'
+// (pkg/raft/kernelpaths): BeforeSave, persist, AfterSave, send, apply.
 func (n *Node) handleReady(rd raft.Ready) error {
-	prevLead := n.leader.Load()
 	if rd.SoftState != nil {
 		old := n.leader.Swap(rd.SoftState.Lead)
 		if old != rd.SoftState.Lead {
@@ -327,6 +276,10 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		}
 		n.m.isLeader.Set(b2f(rd.SoftState.RaftState == raft.StateLeader))
 	}
+	// A leader's appends and heartbeats go out before its own fsync (section 5): the
+	// followers write an entry while the leader does. So do the proposals and read requests
+	// a follower forwards to its leader: they claim nothing about its durable state.
+	n.send(n.off.BeforeSave(&rd), rd.Entries)
 	// 1. A snapshot from the leader: durable, then the state machine takes it.
 	if !raft.IsEmptySnap(rd.Snapshot) {
 		if err := n.st.ApplySnapshot(rd.Snapshot, rd.HardState); err != nil {
@@ -337,58 +290,30 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		}
 		n.log.Info("raft: installed snapshot from leader", "index", rd.Snapshot.GetMetadata().GetIndex())
 	}
-	// 2. Entries and HardState durable. A new term is announced to the kernel first: its
-	// pre-votes up to that term go to user space while the fsync runs.
-	if rd.HardState != nil && rd.HardState.GetTerm() > n.termDurable {
-		n.offloadPending(rd.HardState.GetTerm())
-	}
-	// A leader's appends and heartbeats go out before its own fsync (section 5): the
-	// followers write an entry while the leader does. So do the proposals and read requests
-	// a follower forwards to its leader: they claim nothing about its durable state.
-	var early []*pb.Message
-	early, rd.Messages = splitEarlySends(rd.Messages, n.leadsDurably(&rd))
-	n.send(early, rd.Entries)
-	// Committed entries are durable on a quorum already: applied now, their writers are
-	// answered while this node saves what it appends (etcd's server applies in parallel with
-	// its save too); a conf change or a snapshot waits for the save.
+	// 2. Entries and HardState durable. Committed entries are durable on a quorum already:
+	// applied now, their writers are answered while this node saves what it appends (etcd's
+	// server applies in parallel with its save too); a conf change or a snapshot waits for
+	// the save.
 	applyEarly := raft.IsEmptySnap(rd.Snapshot) && !hasConfChange(rd.CommittedEntries)
 	if applyEarly {
 		if err := n.apply(rd.CommittedEntries); err != nil {
 			return err
 		}
 	}
-	saveStart := time.Now()
 	if err := n.st.Save(rd.HardState, rd.Entries, rd.MustSync); err != nil {
 		return fmt.Errorf("save ready: %w", err)
 	}
-	saved := time.Since(saveStart)
-	if saved > n.aliveBound() {
-		n.slowSave(saved, len(rd.Entries))
-	}
-	n.fol.saved(&rd)
 	if rd.HardState != nil {
 		n.m.term.Set(float64(rd.HardState.GetTerm()))
 		n.m.commit.Set(float64(rd.HardState.GetCommit()))
-		if n.fol != nil {
-			n.fol.commit = rd.HardState.GetCommit()
-		}
-		n.termDurable, n.voteDurable = rd.HardState.GetTerm(), rd.HardState.GetVote()
 	}
-	// The kernel answers heartbeats of the durable term only, now that it is durable.
-	n.offloadMirror(n.termDurable, n.leader.Load(), false)
-	// 3. Only now the messages (the kernel already answered the heartbeats the node
-	// synthesized from its record).
-	if n.fol != nil {
-		rd.Messages = dropSynthResps(rd.Messages)
-	}
-	if rd.SoftState != nil {
-		n.renewHeartbeats() // a lost leadership drops the kernel's lease before anything else goes out
-	}
-	n.recordReady(&rd, prevLead, saved)
-	rd.Messages = n.holdEarlyPreVotes(rd.Messages, prevLead)
+	// The kernel answers heartbeats of the durable term only, now that it is durable; the
+	// answers it sent and early pre-votes leave rd.Messages.
+	n.off.AfterSave(&rd)
 	if rd.SoftState != nil || rd.HardState != nil {
 		n.leaderWatch.changed()
 	}
+	// 3. Only now the messages.
 	n.send(rd.Messages, nil)
 	// 4. Apply in order (unless done before the save), then release reads.
 	if !applyEarly {
@@ -404,42 +329,6 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		}
 	}
 	return nil
-}
-
-// leadsDurably says whether rd is a leader's whose term and vote are durable already: it
-// was leader before rd and still is, rd changes no term or vote (a commit index only, which
-// need not be durable before anything is sent) and holds no snapshot.
-func (n *Node) leadsDurably(rd *raft.Ready) bool {
-	if n.lastState != raft.StateLeader || (rd.SoftState != nil && rd.SoftState.RaftState != raft.StateLeader) || !raft.IsEmptySnap(rd.Snapshot) {
-		return false
-	}
-	hs := rd.HardState
-	return hs == nil || (hs.GetTerm() == n.termDurable && hs.GetVote() == n.voteDurable)
-}
-
-// splitEarlySends splits a Ready's messages into those that may go before its save and the
-// rest, which go after it. Early: a durable leader's appends and heartbeats (leading:
-// etcd-raft's contract lets "Messages be sent while entries from the same batch are being
-// persisted", and a leader's own copy counts towards the commit only when it steps its
-// self-acknowledgement at Advance, after the save), and any node's forwarded proposals and
-// read requests (MsgProp, MsgReadIndex: requests to the leader that carry no term and
-// vouch for nothing this node stores).
-func splitEarlySends(msgs []*pb.Message, leading bool) (early, later []*pb.Message) {
-	for _, m := range msgs {
-		switch m.GetType() {
-		case pb.MsgProp, pb.MsgReadIndex:
-			early = append(early, m)
-		case pb.MsgApp, pb.MsgHeartbeat:
-			if leading {
-				early = append(early, m)
-			} else {
-				later = append(later, m)
-			}
-		default:
-			later = append(later, m)
-		}
-	}
-	return early, later
 }
 
 // hasConfChange reports whether ents hold a configuration change (applied only after the
@@ -462,7 +351,7 @@ func (n *Node) send(msgs []*pb.Message, saving []*pb.Entry) {
 	if n.beforeSend != nil {
 		n.beforeSend(msgs, saving)
 	}
-	n.tr.Send(n.kernelHeartbeats(msgs))
+	n.off.Send(msgs)
 }
 
 func (n *Node) apply(ents []*pb.Entry) error {
@@ -504,6 +393,7 @@ func (n *Node) setConfState(cs *pb.ConfState) {
 	n.mu.Lock()
 	n.confState = cs
 	n.mu.Unlock()
+	n.off.SetConfState(cs)
 }
 
 func (n *Node) applyCommand(index uint64, c *command) {
@@ -568,6 +458,9 @@ func (n *Node) restore(snap *pb.Snapshot) error {
 	n.kv = d.KV
 	n.confState = snap.GetMetadata().GetConfState()
 	n.mu.Unlock()
+	if n.off != nil { // nil: New restoring the snapshot on disk, before the offload opens
+		n.off.SetConfState(snap.GetMetadata().GetConfState())
+	}
 	n.applied.Store(snap.GetMetadata().GetIndex())
 	n.snapIndex.Store(snap.GetMetadata().GetIndex())
 	return nil
@@ -696,14 +589,13 @@ func (n *Node) Status() api.Status {
 	st := api.Status{ID: n.cfg.ID, ClusterID: n.cfg.ClusterID, State: stateName(s.RaftState), Leader: s.Lead,
 		Term: s.GetTerm(), Commit: s.GetCommit(), Applied: n.applied.Load(), LastIndex: last,
 		SnapshotIndex: n.snapIndex.Load(), UnsafeLocalReads: n.opts.UnsafeLocalReads, Offload: n.OffloadMode()}
-	now := time.Now()
 	if s.RaftState == raft.StateLeader {
 		var oldest *float64
 		for id, pr := range s.Progress {
 			if id == n.cfg.ID {
 				continue
 			}
-			h := n.heardMs(id, now, true)
+			h := n.heardMs(id, true)
 			st.Peers = append(st.Peers, api.PeerStatus{ID: id, Match: pr.Match, Next: pr.Next, State: strings.ToLower(strings.TrimPrefix(pr.State.String(), "State")), LastHeardMs: h})
 			if h != nil && (oldest == nil || *h > *oldest) {
 				oldest = h
@@ -711,9 +603,21 @@ func (n *Node) Status() api.Status {
 		}
 		st.LastHeartbeatMs = oldest
 	} else if s.Lead != raft.None {
-		st.LastHeartbeatMs = n.heardMs(s.Lead, now, false)
+		st.LastHeartbeatMs = n.heardMs(s.Lead, false)
 	}
 	return st
+}
+
+// heardMs is how many milliseconds ago this node last heard peer (nil: never), for Status:
+// as follower (peer is the leader) its heartbeats, as leader (leading) peer's heartbeat
+// responses, from the transport's and the kernel's record (kernelpaths.Offload.HeardAgo).
+func (n *Node) heardMs(peer uint64, leading bool) *float64 {
+	age, ok := n.off.HeardAgo(peer, leading)
+	if !ok {
+		return nil
+	}
+	v := float64(age.Microseconds()) / 1000
+	return &v
 }
 
 func stateName(s raft.StateType) string {

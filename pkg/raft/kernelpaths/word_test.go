@@ -1,4 +1,4 @@
-package node
+package kernelpaths
 
 import (
 	"context"
@@ -40,7 +40,7 @@ func TestTransportStepRecordsWord(t *testing.T) {
 		t.Fatal(err)
 	}
 	spy := &stepSpy{k: k}
-	n := &Node{fol: &follower{k: k, detect: 10 * time.Millisecond}, rn: spy, log: slog.New(slog.DiscardHandler)}
+	n := &Offload{fol: &follower{k: k, detect: 10 * time.Millisecond}, rn: spy, log: slog.New(slog.DiscardHandler)}
 	in := transportIn{n}
 	for _, c := range []struct {
 		typ    pb.MessageType
@@ -95,7 +95,7 @@ func TestLastWord(t *testing.T) {
 	if err := k.Alive(); err != nil {
 		t.Fatal(err)
 	}
-	n := &Node{fol: &follower{k: k, detect: et}}
+	n := &Offload{fol: &follower{k: k, detect: et}}
 	if got := n.heardNs(eqLeader); got != 0 {
 		t.Fatalf("nothing heard: heardNs %d, want 0", got)
 	}

@@ -1,4 +1,4 @@
-package node
+package kernelpaths
 
 import (
 	"github.com/kedge-dev/kedge/internal/raft/offload"
@@ -10,8 +10,8 @@ import (
 
 // offloadAlive refreshes the alive deadline from the persist/apply loop: at most every quarter
 // of the bound, so a busy loop does not make a system call per Ready.
-func (n *Node) offloadAlive() {
-	f := n.fol
+func (o *Offload) offloadAlive() {
+	f := o.fol
 	if f == nil {
 		return
 	}
@@ -20,7 +20,7 @@ func (n *Node) offloadAlive() {
 		return
 	}
 	if err := f.k.Alive(); err != nil {
-		n.log.Warn("raft offload: refresh alive deadline", "err", err)
+		o.log.Warn("raft offload: refresh alive deadline", "err", err)
 		return
 	}
 	f.lastAlive = now
@@ -30,8 +30,8 @@ func (n *Node) offloadAlive() {
 // called after the Ready's HardState and entries are saved, before its messages are sent
 // (tick false), and on every tick (tick true), which writes what a Ready left behind
 // (mirrorWrite).
-func (n *Node) offloadMirror(term, lead uint64, tick bool) {
-	f := n.fol
+func (o *Offload) offloadMirror(term, lead uint64, tick bool) {
+	f := o.fol
 	if f == nil {
 		return
 	}
@@ -45,31 +45,31 @@ func (n *Node) offloadMirror(term, lead uint64, tick bool) {
 	if lead != 0 {
 		d.LeaderAddr = f.peers[lead]
 	}
-	if lead != 0 && lead != n.cfg.ID {
+	if lead != 0 && lead != o.self {
 		if f.detLead != lead {
-			f.detLead, f.detAfter = lead, detectAfter(f.detect, n.cfg.ID, lead, f.peers)
+			f.detLead, f.detAfter = lead, detectAfter(f.detect, o.self, lead, f.peers)
 		}
 		d.DetectAfter = f.detAfter
 	}
 	if tick || !f.endKnown {
-		last, err := n.st.LastIndex()
+		last, err := o.st.LastIndex()
 		if err == nil {
 			f.end.index = last
-			f.end.term, err = n.st.Term(last)
+			f.end.term, err = o.st.Term(last)
 		}
 		if err != nil {
 			f.endKnown = false
-			n.log.Warn("raft offload: read the durable log's end", "err", err)
+			o.log.Warn("raft offload: read the durable log's end", "err", err)
 			return
 		}
 		f.endKnown = true
 	}
 	d.LastIndex, d.LastTerm = f.end.index, f.end.term
-	if !mirrorWrite(f.mirror, d, f.mirrored, tick, n.cfg.ID) {
+	if !mirrorWrite(f.mirror, d, f.mirrored, tick, o.self) {
 		return
 	}
 	if err := f.k.Mirror(d); err != nil {
-		n.log.Warn("raft offload: mirror durable state", "err", err)
+		o.log.Warn("raft offload: mirror durable state", "err", err)
 		return
 	}
 	f.mirror, f.mirrored = d, true
@@ -132,11 +132,11 @@ func mirrorWrite(cur, d offload.Durable, held, tick bool, self uint64) bool {
 // a candidate whose own vote took 13 ms to fsync granted, from its XDP, the pre-vote of the
 // next follower's detector for the same term: two candidates of one term, a split vote and a
 // second election.
-func (n *Node) offloadPending(term uint64) {
-	if n.fol == nil {
+func (o *Offload) offloadPending(term uint64) {
+	if o.fol == nil {
 		return
 	}
-	if err := n.fol.k.Pending(term); err != nil {
-		n.log.Warn("raft offload: announce pending term", "err", err)
+	if err := o.fol.k.Pending(term); err != nil {
+		o.log.Warn("raft offload: announce pending term", "err", err)
 	}
 }

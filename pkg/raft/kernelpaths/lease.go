@@ -1,11 +1,10 @@
-package node
+package kernelpaths
 
 import (
 	"context"
 	"net/netip"
 	"time"
 
-	"github.com/kedge-dev/kedge/internal/raft/api"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -41,20 +40,20 @@ func detectAfter(et time.Duration, self, leader uint64, peers map[uint64]netip.A
 // that term, nothing newer was answered in the kernel and user space heard nothing from the
 // leader either, it starts a pre-vote now (PreVote is on: Campaign begins with one) instead of
 // waiting for its own election timer.
-func (n *Node) onLeaderSilent(ctx context.Context, ev offload.Event) {
-	f := n.fol
+func (o *Offload) onLeaderSilent(ctx context.Context, ev offload.Event) {
+	f := o.fol
 	stale := func(why string) {
-		n.events.add(api.Event{AtNs: int64(ev.Fired), Kind: api.EventDetector, Term: ev.Term, Leader: ev.Leader,
+		o.event(Event{AtNs: int64(ev.Fired), Kind: EventDetector, Term: ev.Term, Leader: ev.Leader,
 			HeardNs: int64(ev.LastArrival), Detail: "stale: " + why})
 		f.wakeups.WithLabelValues("stale").Inc()
-		n.log.Debug("raft offload: leader-silent event ignored", "why", why, "leader", ev.Leader, "term", ev.Term)
+		o.log.Debug("raft offload: leader-silent event ignored", "why", why, "leader", ev.Leader, "term", ev.Term)
 	}
 	// A pre-candidate of the same term is the node whose own etcd-raft timer fired first:
 	// its ticks count the election timeout to within a tick, so its pre-vote may have gone
 	// out before the voters' leases ran out (XDP's is exact: T after the last heartbeat) and
 	// been ignored. The detector fires after the leases: ask again now rather than after
 	// another randomized timeout.
-	if !silenceCalls(ev, f.mirror.Term, n.leader.Load(), n.lastState) {
+	if !silenceCalls(ev, f.mirror.Term, o.lead.Load(), o.lastState) {
 		stale("leader or term changed")
 		return
 	}
@@ -67,7 +66,7 @@ func (n *Node) onLeaderSilent(ctx context.Context, ev offload.Event) {
 	// the transport stepped meanwhile may have moved it on (it voted for another candidate in
 	// a newer term). Campaigning then, from that newer term, deposed the candidate it had just
 	// elected (a second election after a failover).
-	if s := n.rn.Status(); !silenceCalls(ev, s.GetTerm(), s.Lead, s.RaftState) {
+	if s := o.rn.Status(); !silenceCalls(ev, s.GetTerm(), s.Lead, s.RaftState) {
 		stale("etcd-raft moved on")
 		return
 	}
@@ -75,32 +74,31 @@ func (n *Node) onLeaderSilent(ctx context.Context, ev offload.Event) {
 		// An append (TCP: the program does not see it) came after the last heartbeat:
 		// look again when this node's slot after it has passed, as the kernel would have.
 		since := offload.Monotonic() - time.Duration(w)
-		if wait := slotWait(since, detectAfter(f.detect, n.cfg.ID, ev.Leader, f.peers)); wait > 0 {
+		if wait := slotWait(since, detectAfter(f.detect, o.self, ev.Leader, f.peers)); wait > 0 {
 			stale("leader heard in user space")
-			f.recheck.Reset(wait)
-			f.recheckEv = ev
+			o.recheck(ev, wait)
 			return
 		}
 	}
-	n.events.add(api.Event{AtNs: int64(ev.Fired), Kind: api.EventDetector, Term: ev.Term, Leader: ev.Leader,
+	o.event(Event{AtNs: int64(ev.Fired), Kind: EventDetector, Term: ev.Term, Leader: ev.Leader,
 		HeardNs: int64(ev.LastArrival), Detail: "campaign"})
 	f.wakeups.WithLabelValues("campaign").Inc()
-	n.log.Info("raft offload: leader silent, starting a pre-vote", "leader", ev.Leader, "term", ev.Term,
+	o.log.Info("raft offload: leader silent, starting a pre-vote", "leader", ev.Leader, "term", ev.Term,
 		"silent_for", ev.Fired-ev.LastArrival)
-	if err := n.rn.Campaign(ctx); err != nil && ctx.Err() == nil {
-		n.log.Warn("raft offload: campaign", "err", err)
+	if err := o.rn.Campaign(ctx); err != nil && ctx.Err() == nil {
+		o.log.Warn("raft offload: campaign", "err", err)
 	}
 }
 
 // transportIn is what the transport steps received messages into: etcd-raft, with a vote
 // request first judged against CheckQuorum's lease in real time (judgeLease).
-type transportIn struct{ n *Node }
+type transportIn struct{ o *Offload }
 
 func (t transportIn) Step(ctx context.Context, m *pb.Message) error {
-	t.n.judgeLease(m)
-	f := t.n.fol
+	t.o.judgeLease(m)
+	f := t.o.fol
 	if f == nil || !resetsLease(m, f.k.Term()) {
-		return t.n.rn.Step(ctx, m)
+		return t.o.rn.Step(ctx, m)
 	}
 	// The leader's last word, for the program's pre-vote lease (prevote.h) and the node's
 	// judges (lastWord): stored before etcd-raft takes the message, so the kernel never
@@ -108,9 +106,9 @@ func (t transportIn) Step(ctx context.Context, m *pb.Message) error {
 	// election timeout from when etcd-raft restarted its own (Step may wait for the raft
 	// goroutine). A receiving goroutine that is starved before it gets here makes the word
 	// later than the arrival, never earlier: the kernel then refuses longer, not less.
-	t.n.heard(f)
-	err := t.n.rn.Step(ctx, m)
-	t.n.heard(f)
+	t.o.heard(f)
+	err := t.o.rn.Step(ctx, m)
+	t.o.heard(f)
 	if err == nil {
 		f.since.stepped(m.GetFrom(), m.GetTerm())
 	}
@@ -132,9 +130,9 @@ func resetsLease(m *pb.Message, term uint64) bool {
 }
 
 // heard stores now as the leader's last word.
-func (n *Node) heard(f *follower) {
+func (o *Offload) heard(f *follower) {
 	if err := f.k.Heard(offload.Monotonic()); err != nil {
-		n.log.Warn("raft offload: record the leader's last word", "err", err)
+		o.log.Warn("raft offload: record the leader's last word", "err", err)
 	}
 }
 
@@ -154,28 +152,28 @@ func (f *follower) lastWord(leader uint64) int64 {
 	return w
 }
 
-func (t transportIn) ReportUnreachable(id uint64) { t.n.rn.ReportUnreachable(id) }
+func (t transportIn) ReportUnreachable(id uint64) { t.o.rn.ReportUnreachable(id) }
 
-func (t transportIn) ReportSnapshot(id uint64, s raft.SnapshotStatus) { t.n.rn.ReportSnapshot(id, s) }
+func (t transportIn) ReportSnapshot(id uint64, s raft.SnapshotStatus) { t.o.rn.ReportSnapshot(id, s) }
 
 // judgeLease lets a vote request (MsgVote, or a MsgPreVote the program passed up) past
 // etcd-raft's CheckQuorum lease when the lease is over in real time (forceIfLeaseOver); with
 // the follower path only. Called from the transport's receivers.
-func (n *Node) judgeLease(m *pb.Message) {
-	f := n.fol
+func (o *Offload) judgeLease(m *pb.Message) {
+	f := o.fol
 	if f == nil || (m.GetType() != pb.MsgVote && m.GetType() != pb.MsgPreVote) {
 		return
 	}
-	lead := n.leader.Load()
-	if lead == 0 || lead == n.cfg.ID {
+	lead := o.lead.Load()
+	if lead == 0 || lead == o.self {
 		return
 	}
-	heard, now := n.heardNs(lead), offload.Monotonic()
-	if !forceIfLeaseOver(m, lead, n.cfg.ID, heard, now, f.detect) {
+	heard, now := o.heardNs(lead), offload.Monotonic()
+	if !forceIfLeaseOver(m, lead, o.self, heard, now, f.detect) {
 		return
 	}
 	f.leaseOver.Inc()
-	n.events.add(api.Event{AtNs: int64(now), Kind: api.EventLease, Term: m.GetTerm(), Leader: lead, Peer: m.GetFrom(),
+	o.event(Event{AtNs: int64(now), Kind: EventLease, Term: m.GetTerm(), Leader: lead, Peer: m.GetFrom(),
 		HeardNs: heard, Detail: m.GetType().String()})
 }
 
@@ -230,13 +228,13 @@ func silenceCalls(ev offload.Event, term, lead uint64, state raft.StateType) boo
 // follower ranked before this one and split the vote. Held, the node waits as a
 // pre-candidate (granting others' pre-votes) until its detector fires and onLeaderSilent
 // campaigns again. Dropping a pre-vote is what a lossy network does: liveness only.
-func (n *Node) holdEarlyPreVotes(msgs []*pb.Message, prevLead uint64) []*pb.Message {
-	f := n.fol
-	if f == nil || prevLead == 0 || prevLead == n.cfg.ID || n.lastState != raft.StatePreCandidate {
+func (o *Offload) holdEarlyPreVotes(msgs []*pb.Message, prevLead uint64) []*pb.Message {
+	f := o.fol
+	if f == nil || prevLead == 0 || prevLead == o.self || o.lastState != raft.StatePreCandidate {
 		return msgs
 	}
-	heard := n.heardNs(prevLead)
-	if heard == 0 || slotWait(time.Duration(int64(offload.Monotonic())-heard), detectAfter(f.detect, n.cfg.ID, prevLead, f.peers)) <= 0 {
+	heard := o.heardNs(prevLead)
+	if heard == 0 || slotWait(time.Duration(int64(offload.Monotonic())-heard), detectAfter(f.detect, o.self, prevLead, f.peers)) <= 0 {
 		return msgs
 	}
 	out := msgs[:0]
@@ -250,7 +248,7 @@ func (n *Node) holdEarlyPreVotes(msgs []*pb.Message, prevLead uint64) []*pb.Mess
 	}
 	if held > 0 {
 		f.wakeups.WithLabelValues("held").Inc()
-		n.events.add(api.Event{Kind: api.EventDetector, Term: n.termDurable, Leader: prevLead, HeardNs: heard,
+		o.event(Event{Kind: EventDetector, Term: o.termDurable, Leader: prevLead, HeardNs: heard,
 			Detail: "held: etcd-raft's timer fired before this node's detector slot"})
 	}
 	return out

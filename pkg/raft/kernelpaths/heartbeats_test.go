@@ -1,4 +1,4 @@
-package node
+package kernelpaths
 
 import (
 	"testing"
@@ -31,7 +31,7 @@ func TestKernelHeartbeats(t *testing.T) {
 		msg(pb.MsgAppResp, 3, nil),              //
 	}
 	want := []*pb.Message{in[1], in[2], in[3], in[5]}
-	n := &Node{hb: suppressTo(2), hbKernel: prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})}
+	n := &Offload{hb: suppressTo(2), hbKernel: prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})}
 	buf := make([]*pb.Message, len(in))
 	var out []*pb.Message
 	allocs := testing.AllocsPerRun(100, func() {

@@ -1,21 +1,21 @@
-package node
+package kernelpaths
 
 import (
 	"fmt"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
+	"github.com/kedge-dev/kedge/internal/raft/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 )
 
-// HeartbeatOffload sends the leader's heartbeats from the kernel while a lease holds
+// heartbeatSender sends the leader's heartbeats from the kernel while a lease holds
 // (internal/raft/offload.Leader; docs/raft.md "Kernel paths: leader heartbeats"). The Ready
 // loop renews it on every tick and after every Ready that changed the leadership, and asks it
 // about each heartbeat etcd-raft hands out.
-type HeartbeatOffload interface {
+type heartbeatSender interface {
 	// Update: this node's leadership (lead, term), commit index and, as leader, every
 	// follower's Progress.Match. As leader the lease is renewed; otherwise dropped at once.
 	Update(lead bool, term, committed uint64, match map[uint64]uint64)
@@ -24,7 +24,7 @@ type HeartbeatOffload interface {
 	Suppress(to, term uint64) bool
 }
 
-func newHeartbeatCounter(reg *prometheus.Registry, on bool) prometheus.Counter {
+func newHeartbeatCounter(reg prometheus.Registerer, on bool) prometheus.Counter {
 	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
 		Name: "heartbeats_kernel_total", Help: "Heartbeats etcd-raft produced that the kernel sent instead of user space."})
 	if on {
@@ -33,27 +33,38 @@ func newHeartbeatCounter(reg *prometheus.Registry, on bool) prometheus.Counter {
 	return c
 }
 
-// startHeartbeats starts the kernel sender (Options.KernelHeartbeats) after the follower
-// path, whose kernel-channel auth_seq it shares (one counter per node: auth.h).
-func (n *Node) startHeartbeats() error {
-	n.hb = n.opts.Heartbeats
-	if n.hb != nil || n.opts.KernelHeartbeats == OffloadOff {
+// startHeartbeats starts the kernel sender (Config.LeaderHeartbeats) after the follower
+// path, whose kernel-channel auth_seq it shares (one counter per node: auth.h), in the
+// caller's network namespace: the heartbeat interval is HeartbeatTicks * Tick, the source
+// the node's own raft address, the followers every other peer.
+func (o *Offload) startHeartbeats() error {
+	if o.cfg.LeaderHeartbeats == Off {
 		return nil
 	}
-	var seq *ebpf.Map
-	if n.fol != nil {
-		seq = n.fol.k.TxSeq()
+	lo := offload.LeaderOptions{ClusterID: o.cfg.ClusterID, Self: o.self, Source: o.peers[o.self], Log: o.log,
+		Interval: time.Duration(o.cfg.HeartbeatTicks) * o.cfg.Tick, Lease: o.cfg.HeartbeatLease, Key: (*wire.Key)(o.cfg.Key)}
+	if lo.Lease == 0 {
+		lo.Lease = offload.DefaultBound(o.electionTimeout())
 	}
-	l, err := offload.LeaderFromConfig(n.cfg, n.opts.HeartbeatLease, seq, n.log)
+	lo.Pacer.Netns = -1
+	for _, p := range o.cfg.Peers {
+		if p.ID != o.self {
+			lo.Followers = append(lo.Followers, offload.Target{ID: p.ID, Addr: p.Addr})
+		}
+	}
+	if o.fol != nil {
+		lo.TxSeq = o.fol.k.TxSeq()
+	}
+	l, err := offload.NewLeader(lo)
 	if err != nil {
-		if n.opts.KernelHeartbeats == OffloadAuto {
-			n.log.Warn("raft: kernel heartbeats off, the sender is not available here (user space sends them)", "err", err)
+		if o.cfg.LeaderHeartbeats == Auto {
+			o.log.Warn("raft: kernel heartbeats off, the sender is not available here (user space sends them)", "err", err)
 			return nil
 		}
 		return fmt.Errorf("start kernel heartbeats: %w", err)
 	}
-	n.hbLeader, n.hb = l, l
-	n.reg.MustRegister(&senderCollector{l: l})
+	o.hbLeader, o.hb = l, l
+	o.reg.MustRegister(&senderCollector{l: l})
 	return nil
 }
 
@@ -98,23 +109,23 @@ func (c *senderCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func (n *Node) closeHeartbeats() error {
-	if n.hbLeader == nil {
+func (o *Offload) closeHeartbeats() error {
+	if o.hbLeader == nil {
 		return nil
 	}
-	return n.hbLeader.Close()
+	return o.hbLeader.Close()
 }
 
 // renewHeartbeats hands the offload this node's leadership and progress. Called only after
 // the state it reports is durable (the term of a leader was persisted before it could
 // campaign and win; commit needs no durability, and each follower's Commit is capped by its
 // Match, entries it acknowledged as durable).
-func (n *Node) renewHeartbeats() {
-	hb := n.hb
+func (o *Offload) renewHeartbeats() {
+	hb := o.hb
 	if hb == nil {
 		return
 	}
-	s := n.rn.Status()
+	s := o.rn.Status()
 	lead := s.RaftState == raft.StateLeader
 	var match map[uint64]uint64
 	if lead {
@@ -129,15 +140,15 @@ func (n *Node) renewHeartbeats() {
 // kernelHeartbeats drops the heartbeats the kernel sends, in place (msgs is the Ready's, sent
 // once: no allocation per Ready). A heartbeat with a context (a ReadIndex round: the follower
 // echoes the context) always goes from user space.
-func (n *Node) kernelHeartbeats(msgs []*pb.Message) []*pb.Message {
-	hb := n.hb
+func (o *Offload) kernelHeartbeats(msgs []*pb.Message) []*pb.Message {
+	hb := o.hb
 	if hb == nil {
 		return msgs
 	}
 	out := msgs[:0]
 	for _, m := range msgs {
 		if m.GetType() == pb.MsgHeartbeat && len(m.GetContext()) == 0 && hb.Suppress(m.GetTo(), m.GetTerm()) {
-			n.hbKernel.Inc()
+			o.hbKernel.Inc()
 			continue
 		}
 		out = append(out, m)

@@ -1,4 +1,4 @@
-package node
+package kernelpaths
 
 import (
 	"context"
@@ -82,18 +82,18 @@ func isSynthResp(m *pb.Message) bool {
 }
 
 // tick feeds the kernel's heartbeat record into etcd-raft; called before each Tick.
-func (n *Node) offloadTick(ctx context.Context) {
-	f := n.fol
+func (o *Offload) offloadTick(ctx context.Context) {
+	f := o.fol
 	if f == nil {
 		return
 	}
 	stepped, from, term := f.since.take() // this tick's, whatever happens below
 	hb, err := f.k.Heartbeat()
 	if err != nil {
-		n.log.Warn("raft offload: read heartbeat record", "err", err)
+		o.log.Warn("raft offload: read heartbeat record", "err", err)
 		return
 	}
-	if m := f.feed.next(hb, n.cfg.ID); m != nil && hb.Term >= n.termDurable {
+	if m := f.feed.next(hb, o.self); m != nil && hb.Term >= o.termDurable {
 		// (A record of an older term than the saved one: the node moved on since the
 		// kernel answered; stepping it would only make etcd-raft answer a stale leader.)
 		if skipSynth(m, stepped, from, term, f.commit) {
@@ -101,8 +101,8 @@ func (n *Node) offloadTick(ctx context.Context) {
 			return
 		}
 		f.stepped.Inc()
-		if err := n.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
-			n.log.Debug("raft offload: step synthesized heartbeat", "err", err)
+		if err := o.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
+			o.log.Debug("raft offload: step synthesized heartbeat", "err", err)
 		}
 	}
 }
@@ -117,36 +117,36 @@ func (n *Node) offloadTick(ctx context.Context) {
 // follower answered a heartbeat of this term - without a context (it confirms no ReadIndex);
 // etcd-raft marks the follower active and, if it is behind, sends it an append, as it does
 // for the real response, which still comes later through the transport.
-func (n *Node) offloadAcks(ctx context.Context) {
-	f := n.fol
-	if f == nil || n.lastState != raft.StateLeader {
+func (o *Offload) offloadAcks(ctx context.Context) {
+	f := o.fol
+	if f == nil || o.lastState != raft.StateLeader {
 		return
 	}
 	for id := range f.peers {
-		if id == n.cfg.ID {
+		if id == o.self {
 			continue
 		}
-		t := n.tr.LastHeard(id)
+		t := o.tr.LastHeard(id)
 		if !t.IsZero() && time.Since(t) < f.ackAfter {
 			continue // the transport keeps up with this follower: nothing to read
 		}
 		a, ok, err := f.k.Ack(id)
 		if err != nil {
-			n.log.Debug("raft offload: read follower ack", "peer", id, "err", err)
+			o.log.Debug("raft offload: read follower ack", "peer", id, "err", err)
 			continue
 		}
 		var heard int64
 		if !t.IsZero() {
 			heard = int64(offload.Monotonic() - time.Since(t))
 		}
-		if !ackToStep(a, ok, n.termDurable, f.acked[id], heard) {
+		if !ackToStep(a, ok, o.termDurable, f.acked[id], heard) {
 			continue
 		}
 		f.acked[id] = a.Count
-		m := &pb.Message{Type: pb.MsgHeartbeatResp.Enum(), From: proto.Uint64(id), To: proto.Uint64(n.cfg.ID),
-			Term: proto.Uint64(n.termDurable)}
-		if err := n.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
-			n.log.Debug("raft offload: step recorded ack", "peer", id, "err", err)
+		m := &pb.Message{Type: pb.MsgHeartbeatResp.Enum(), From: proto.Uint64(id), To: proto.Uint64(o.self),
+			Term: proto.Uint64(o.termDurable)}
+		if err := o.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
+			o.log.Debug("raft offload: step recorded ack", "peer", id, "err", err)
 			continue
 		}
 		f.ackFed.Inc()
@@ -160,35 +160,33 @@ func (n *Node) offloadAcks(ctx context.Context) {
 // program absorbs only responses that move neither the commit index nor, at once, anything
 // else etcd-raft needs (docs/raft.md section 16); called before
 // each Tick, so CheckQuorum sees a follower active whose responses were all absorbed.
-func (n *Node) offloadQuorum(ctx context.Context) {
-	f := n.fol
+func (o *Offload) offloadQuorum(ctx context.Context) {
+	f := o.fol
 	if f == nil {
 		return
 	}
-	n.mu.Lock()
-	cs := n.confState
-	n.mu.Unlock()
+	cs := o.cs.Load()
 	if cs != f.cs {
 		var voters []uint64
 		if !f.quorumOff {
-			voters = quorumVoters(cs, n.cfg.ID)
+			voters = quorumVoters(cs, o.self)
 		}
 		if err := f.k.SetVoters(voters); err != nil {
-			n.log.Warn("raft offload: quorum wait voters", "err", err)
+			o.log.Warn("raft offload: quorum wait voters", "err", err)
 			return
 		}
 		f.cs, f.voters = cs, voters
 		f.appTerm = 0 // the program's records start over
 	}
-	if len(f.voters) == 0 || n.lastState != raft.StateLeader {
+	if len(f.voters) == 0 || o.lastState != raft.StateLeader {
 		return
 	}
 	term, vs, err := f.k.Quorum()
 	if err != nil {
-		n.log.Debug("raft offload: read the quorum wait's records", "err", err)
+		o.log.Debug("raft offload: read the quorum wait's records", "err", err)
 		return
 	}
-	if term != n.termDurable {
+	if term != o.termDurable {
 		return // made at another term (or none yet): not this leader's acknowledgements
 	}
 	if term != f.appTerm {
@@ -199,10 +197,10 @@ func (n *Node) offloadQuorum(ctx context.Context) {
 		if v.Absorbed == f.appFed[v.ID] {
 			continue
 		}
-		m := &pb.Message{Type: pb.MsgAppResp.Enum(), From: proto.Uint64(v.ID), To: proto.Uint64(n.cfg.ID),
+		m := &pb.Message{Type: pb.MsgAppResp.Enum(), From: proto.Uint64(v.ID), To: proto.Uint64(o.self),
 			Term: proto.Uint64(term), Index: proto.Uint64(v.Index)}
-		if err := n.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
-			n.log.Debug("raft offload: step the quorum wait's record", "peer", v.ID, "err", err)
+		if err := o.rn.Step(ctx, m); err != nil && ctx.Err() == nil {
+			o.log.Debug("raft offload: step the quorum wait's record", "peer", v.ID, "err", err)
 			continue
 		}
 		f.appFed[v.ID] = v.Absorbed

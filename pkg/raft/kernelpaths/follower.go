@@ -1,28 +1,14 @@
-package node
+package kernelpaths
 
 import (
 	"fmt"
 	"net/netip"
 	"time"
 
-	"github.com/kedge-dev/kedge/internal/raft/config"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
 	"github.com/kedge-dev/kedge/internal/raft/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	pb "go.etcd.io/raft/v3/raftpb"
-)
-
-// Offload says whether the node answers heartbeats and detects leader failure in the kernel
-// (docs/raft.md "Kernel paths: follower").
-type Offload int
-
-const (
-	// OffloadOff: everything in user space (part 1).
-	OffloadOff Offload = iota
-	// OffloadAuto: on where the kernel and the raft address allow it, else off with a log line.
-	OffloadAuto
-	// OffloadOn: on, or New fails (a *kedge.FeatureError where the kernel lacks something).
-	OffloadOn
 )
 
 // follower is the node's side of the follower kernel path.
@@ -53,10 +39,9 @@ type follower struct {
 	ackAfter time.Duration
 	ackFed   prometheus.Counter
 
-	// recheck: a wake-up the leader's appends made stale is looked at again when the
-	// silence after them reaches the node's slot (Ready loop only).
-	recheck   *time.Timer
-	recheckEv offload.Event
+	// recheckTimer: a wake-up the leader's appends made stale is looked at again when the
+	// silence after them reaches the node's slot (Offload.recheck; Ready loop only).
+	recheckTimer *time.Timer
 
 	// since: the last message since the last tick that restarted etcd-raft's lease
 	// (transportIn.Step); commit: the commit of the last saved HardState (Ready loop only).
@@ -78,45 +63,40 @@ type follower struct {
 }
 
 // startOffload loads and attaches the follower program for the node's raft address.
-func (n *Node) startOffload(mode Offload) error {
-	if mode == OffloadOff {
+func (o *Offload) startOffload(mode Mode) error {
+	if mode == Off {
 		return nil
 	}
-	self, err := config.ResolveAddr(n.cfg.RaftBind())
+	self, err := o.resolveBind()
 	if err != nil {
 		return fmt.Errorf("resolve raft address: %w", err)
 	}
-	et := time.Duration(n.cfg.ElectionTicks) * n.cfg.Tick
-	alive := n.aliveBound()
-	f := &follower{peers: map[uint64]netip.AddrPort{}, detect: et, aliveFor: alive, acked: map[uint64]uint64{},
-		ackAfter: 2 * time.Duration(n.cfg.HeartbeatTicks) * n.cfg.Tick, appFed: map[uint64]uint64{},
-		quorumOff: n.opts.NoQuorumWait}
+	et := o.electionTimeout()
+	f := &follower{peers: o.peers, detect: et, aliveFor: o.aliveBound(), acked: map[uint64]uint64{},
+		ackAfter: 2 * time.Duration(o.cfg.HeartbeatTicks) * o.cfg.Tick, appFed: map[uint64]uint64{},
+		quorumOff: o.cfg.NoQuorumWait}
 	var allow []wire.AuthPeer
-	for _, p := range n.cfg.Peers {
-		a, err := config.ResolveAddr(p.Raft)
-		if err != nil {
-			return fmt.Errorf("resolve peer %d: %w", p.ID, err)
-		}
-		f.peers[p.ID] = a
-		if p.ID != n.cfg.ID {
-			allow = append(allow, wire.AuthPeer{ID: p.ID, Addr: a})
+	for _, p := range o.cfg.Peers {
+		if p.ID != o.self {
+			allow = append(allow, wire.AuthPeer{ID: p.ID, Addr: p.Addr})
 		}
 	}
 	// With a key, the program marks the packets whose MAC it verified and the transport
 	// skips its own SipHash of them (docs/raft.md, "Kernel paths: pre-vote and
 	// authentication"). The transport knows the mark before the program can write it.
 	var mark wire.Mark
-	if n.cfg.ClusterKey != nil && *n.cfg.ClusterKey != (wire.Key{}) {
+	key := (*wire.Key)(o.cfg.Key)
+	if key != nil && *key != (wire.Key{}) {
 		if mark, err = wire.NewMark(); err != nil {
 			return err
 		}
-		n.tr.SetPassMark(mark)
+		o.tr.SetPassMark(mark)
 	}
-	f.k, err = offload.NewFollower(offload.FollowerOptions{ClusterID: n.cfg.ClusterID, Self: n.cfg.ID, RaftAddr: self,
-		Key: n.cfg.ClusterKey, PassMark: mark, Peers: allow, Netns: -1, Detect: et, AliveFor: alive, Log: n.log})
+	f.k, err = offload.NewFollower(offload.FollowerOptions{ClusterID: o.cfg.ClusterID, Self: o.self, RaftAddr: self,
+		Key: key, PassMark: mark, Peers: allow, Netns: -1, Detect: et, AliveFor: f.aliveFor, Log: o.log})
 	if err != nil {
-		if mode == OffloadAuto {
-			n.log.Warn("raft offload: off, the follower kernel path is not available here", "err", err)
+		if mode == Auto {
+			o.log.Warn("raft offload: off, the follower kernel path is not available here", "err", err)
 			return nil
 		}
 		return fmt.Errorf("start follower offload: %w", err)
@@ -134,42 +114,39 @@ func (n *Node) startOffload(mode Offload) error {
 	f.stepped, f.skipped = synth.WithLabelValues("stepped"), synth.WithLabelValues("skipped")
 	f.appFedC = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft",
 		Name: "offload_quorum_fed_total", Help: "As leader: MsgAppResp the node stepped from the quorum wait's record of a follower whose responses the kernel absorbed (one per follower and tick at most)."})
-	n.reg.MustRegister(f.wakeups, f.leaseOver, f.ackFed, synth, f.appFedC, &offloadCollector{k: f.k})
-	f.recheck = time.NewTimer(time.Hour)
-	f.recheck.Stop()
-	n.fol = f
+	o.reg.MustRegister(f.wakeups, f.leaseOver, f.ackFed, synth, f.appFedC, &offloadCollector{k: f.k})
+	o.fol = f
 	return nil
 }
 
-// events is the failure detector's channel (nil without offload: never ready).
-func (f *follower) events() <-chan offload.Event {
-	if f == nil {
-		return nil
+// recheck looks at the leader-silent event ev again after wait (Wakeups), replacing a
+// second look still pending.
+func (o *Offload) recheck(ev offload.Event, wait time.Duration) {
+	f := o.fol
+	if f.recheckTimer != nil {
+		f.recheckTimer.Stop()
 	}
-	return f.k.Events()
+	f.recheckTimer = time.AfterFunc(wait, func() {
+		select {
+		case o.wake <- Wakeup{ev: ev, recheck: true}:
+		case <-o.closed:
+		}
+	})
 }
 
-// rechecks is the channel of the delayed second look (nil without offload: never ready).
-func (f *follower) rechecks() <-chan time.Time {
-	if f == nil {
+func (o *Offload) closeOffload() error {
+	if o.fol == nil {
 		return nil
 	}
-	return f.recheck.C
-}
-
-func (n *Node) closeOffload() error {
-	if n.fol == nil {
-		return nil
-	}
-	return n.fol.k.Close()
+	return o.fol.k.Close()
 }
 
 // OffloadMode describes the follower kernel path ("" when off).
-func (n *Node) OffloadMode() string {
-	if n.fol == nil {
+func (o *Offload) OffloadMode() string {
+	if o.fol == nil {
 		return ""
 	}
-	return n.fol.k.Mode() + " on " + n.fol.k.Interface()
+	return o.fol.k.Mode() + " on " + o.fol.k.Interface()
 }
 
 // heardMs is how many milliseconds ago this node last heard peer (nil: never), for
@@ -177,13 +154,13 @@ func (n *Node) OffloadMode() string {
 // kernel's record - as follower (peer is the leader), the leader's heartbeats the program
 // answered without waking the node (user space sees none while it answers); as leader
 // (leading), peer's heartbeat responses the program recorded (maps.h leader_acks).
-func (n *Node) heardMs(peer uint64, now time.Time, leading bool) *float64 {
+func (o *Offload) heardMs(peer uint64, now time.Time, leading bool) *float64 {
 	var age time.Duration
 	known := false
-	if t := n.tr.LastHeard(peer); !t.IsZero() {
+	if t := o.tr.LastHeard(peer); !t.IsZero() {
 		age, known = now.Sub(t), true
 	}
-	if k, ok := n.fol.kernelHeard(peer, leading); ok && (!known || k < age) {
+	if k, ok := o.fol.kernelHeard(peer, leading); ok && (!known || k < age) {
 		age, known = k, true
 	}
 	if !known {

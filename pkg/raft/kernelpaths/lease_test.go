@@ -1,4 +1,4 @@
-package node
+package kernelpaths
 
 import (
 	"net/netip"
