@@ -92,13 +92,18 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any, wri
 		}
 	}
 	pause := RetryMin
+	var last error
 	for rounds := 1; ; rounds++ {
-		var last error
 		for _, ep := range c.Endpoints {
 			err := c.once(ctx, ep, method, path, b, out, write)
 			var e *Error
 			if err == nil || !errors.As(err, &e) || !(e.Status == http.StatusServiceUnavailable || e.Status == 0 && e.Outcome == api.OutcomeNone) {
 				return err
+			}
+			if last != nil && ctx.Err() != nil {
+				// The deadline cut this attempt short: the last answer (a 503) says more
+				// than the cut does, and the deadline is reported beside it below.
+				break
 			}
 			last = err
 		}
