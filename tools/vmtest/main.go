@@ -74,7 +74,7 @@ func parseFlags(args []string) (options, error) {
 	}
 	fs.StringVar(&o.kernels, "kernels", "", "comma-separated kernels from the table, e.g. 6.1,6.12 (default "+defaultKernel+"; -list shows the table)")
 	fs.BoolVar(&o.all, "all", false, "run every kernel in the table")
-	fs.StringVar(&o.pkgs, "pkgs", "./internal/...", "comma-separated package patterns; packages without tests are skipped")
+	fs.StringVar(&o.pkgs, "pkgs", "./internal/...,./pkg/...,./examples/...", "comma-separated package patterns; packages without tests are skipped")
 	fs.StringVar(&o.run, "run", "", "only run tests matching this regexp (go test -run) in the -pkgs packages")
 	fs.DurationVar(&o.timeout, "timeout", 300*time.Second, "per-kernel limit for boot plus tests; qemu is killed after it")
 	fs.BoolVar(&o.keep, "keep", false, "keep the work dir (test binaries, initramfs, console logs) and print its path")
