@@ -17,20 +17,21 @@ import (
 
 // node answers 503 (no leader known) to its first noLeader requests, then 200.
 func node(t *testing.T, noLeader int32) (addr string, asked *atomic.Int32) {
-	return slowNode(t, noLeader, 0)
+	return holdingNode(t, noLeader, 1<<30)
 }
 
-// slowNode is node answering each request after delay.
-func slowNode(t *testing.T, noLeader int32, delay time.Duration) (addr string, asked *atomic.Int32) {
+// holdingNode is node that holds every request after the first answered ones until the
+// client gives up (a node too slow to answer before the deadline).
+func holdingNode(t *testing.T, noLeader, answered int32) (addr string, asked *atomic.Int32) {
 	t.Helper()
 	asked = new(atomic.Int32)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-time.After(delay):
-		case <-r.Context().Done():
+		n := asked.Add(1)
+		if n > answered {
+			<-r.Context().Done()
 			return
 		}
-		if asked.Add(1) <= noLeader {
+		if n <= noLeader {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			json.NewEncoder(w).Encode(api.Error{Error: "no leader known", Outcome: api.OutcomeNone})
 			return
@@ -109,14 +110,16 @@ func TestRetryUntilDeadline(t *testing.T) {
 // still the last answer (the 503) with the deadline beside it, not the cut request's
 // transport error (an emulated matrix guest, slow enough to be cut mid-request, showed it).
 func TestRetryDeadlineMidRequest(t *testing.T) {
-	// Answers take 250 ms: the first 503 comes at 250 ms, the second request (after a 50 ms
-	// pause) is in flight when the 400 ms deadline ends it.
-	a, _ := slowNode(t, 1<<30, 250*time.Millisecond)
+	// The first request gets its 503, the second is held until the deadline ends it.
+	a, asked := holdingNode(t, 1<<30, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
 	defer cancel()
 	_, err := (&Client{Endpoints: []string{a}, Retry: true}).Get(ctx, "k")
 	var e *Error
 	if !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Get: %v; want the 503 and the deadline", err)
+	}
+	if n := asked.Load(); n != 2 {
+		t.Errorf("asked %d times, want 2 (a 503, then one request the deadline cut)", n)
 	}
 }
