@@ -118,6 +118,12 @@ enum sg_dtype {
 	SG_T_I64 = 1,
 };
 
+/* How the scatter picks a shard's replica (struct sg_group.replica_choice). */
+enum sg_replica_choice {
+	SG_RC_ROUND_ROBIN = 0, /* (req_id / SG_SLOTS + shard) mod nreplicas */
+	SG_RC_LATENCY = 1,     /* the lowest estimated median reply time (p50_ns) */
+};
+
 enum sg_status {
 	SG_ST_OK = 0,      /* completed by its policy */
 	SG_ST_TIMEOUT = 1, /* deadline passed: partial aggregate and bitmap */
@@ -181,7 +187,7 @@ struct sg_group {
 	__u32 part_base;    /* SG_GF_PARTS: this group's entries in the parts map start here,
 			     * (slot - slot_base) * nworkers + worker after it */
 	__u32 replica_base; /* SG_GF_REPLICAS: shard i's entry in the replicas map */
-	__u32 _pad2;
+	__u32 replica_choice; /* enum sg_replica_choice */
 	/* Replica judgement (SG_GF_REPLICAS, struct sg_shard): a replica that has left a copy
 	 * unanswered for judge_ns, with no reply from it since, is ejected for eject_base_ns,
 	 * doubled with each ejection in a row up to eject_max_ns. judge_ns 0: never. */
@@ -204,10 +210,12 @@ struct sg_worker {
  * judgement state, unlocked (racing updates from two CPUs lose a step, never a replica):
  *   scatter: the copy of a request for shard i goes to replica (req_id / SG_SLOTS + i) mod
  *            nreplicas, or the next one after it that is not ejected (all ejected: that one
- *            anyway, counted shard_out); sets unanswered_ns when it is 0. A candidate whose
- *            unanswered_ns is judge_ns old is ejected first (ejections).
+ *            anyway, counted shard_out); with SG_RC_LATENCY to the replica not ejected with
+ *            the lowest p50_ns (ties: the first from there). Sets unanswered_ns when it is 0.
+ *            A candidate whose unanswered_ns is judge_ns old is ejected first (ejections).
  *   gather:  a reply from any replica answers for the shard (worker index i); it clears the
- *            replica's unanswered_ns and level (written only when set). */
+ *            replica's unanswered_ns and level (written only when set); with SG_RC_LATENCY
+ *            it steps the replica's p50_ns. */
 struct sg_shard {
 	__u32 nreplicas;    /* 1..SG_REPLICAS_MAX */
 	__u32 key[SG_REPLICAS_MAX];           /* replica r: its entry in the workers map */
@@ -215,6 +223,9 @@ struct sg_shard {
 	__u32 _pad;
 	__u64 unanswered_ns[SG_REPLICAS_MAX]; /* first copy sent since its last reply (0: none) */
 	__u64 out_until_ns[SG_REPLICAS_MAX];  /* ejected until then */
+	/* SG_RC_LATENCY: each replica's estimated median reply time (0: none yet), stepped by
+	 * every single-packet reply from it that finds its request in the slot. */
+	__u64 p50_ns[SG_REPLICAS_MAX];
 };
 
 /* Ring-buffer record: one per completed request (ok or timeout). It lives inside the

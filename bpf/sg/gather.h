@@ -85,10 +85,11 @@ static __always_inline int gather(struct xdp_md *ctx)
 	struct sg_group *g;
 	struct sg_slot *s;
 	struct sg_parts *e = NULL;
+	struct sg_shard *sh = NULL;
 	struct sg_hdr *h;
 	struct pkt p;
-	__u32 gid, widx, key, slot, plen, want, word;
-	__u64 id, now, mask;
+	__u32 gid, widx, key, slot, plen, want, word, rep = 0;
+	__u64 id, now, mask, start = 0;
 	int perr, outcome;
 	__u16 flags_before;
 
@@ -128,14 +129,15 @@ static __always_inline int gather(struct xdp_md *ctx)
 		return XDP_PASS;
 	}
 	if (g->flags & SG_GF_REPLICAS) {
-		struct sg_shard *sh;
-
 		key = g->replica_base + widx;
 		sh = bpf_map_lookup_elem(&replicas, &key);
-		if (!sh || !shard_answered(sh, &p.saddr, p.sport)) {
+		rep = sh ? shard_answered(sh, &p.saddr, p.sport) : 0;
+		if (!rep) {
 			COUNT(cnt, unregistered);
 			return XDP_PASS;
 		}
+		if (g->replica_choice != SG_RC_LATENCY)
+			sh = NULL; /* nothing to observe */
 	} else {
 		key = g->worker_base + widx;
 		w = bpf_map_lookup_elem(&workers, &key);
@@ -175,6 +177,16 @@ static __always_inline int gather(struct xdp_md *ctx)
 		e = parts_entry(g, slot, widx);
 	mask = worker_bit(widx, &word);
 	now = bpf_ktime_get_ns();
+
+	/* SG_RC_LATENCY: this replica's reply time, late or duplicate replies too (the slower
+	 * replica's time is what shows it slow). Read before the lock, unlocked: a racing
+	 * reuse of the slot costs one sample, and nothing the reduction below depends on
+	 * stays live across it (the verifier's states there stay as many as without it). */
+	if (sh) {
+		start = READ_ONCE(s->res.start_ns);
+		if (READ_ONCE(s->res.req_id) == id && start && kedge_now() > start)
+			shard_observe(sh, rep - 1, kedge_now() - start);
+	}
 
 	bpf_spin_lock(&s->lock);
 	if (s->res.req_id != id || s->res.group != gid) {

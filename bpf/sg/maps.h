@@ -28,6 +28,7 @@ const enum sg_op *sg_btf_op __attribute__((unused));
 const enum sg_reduce *sg_btf_reduce __attribute__((unused));
 const enum sg_dtype *sg_btf_dtype __attribute__((unused));
 const enum sg_status *sg_btf_status __attribute__((unused));
+const enum sg_replica_choice *sg_btf_replica_choice __attribute__((unused));
 const enum sg_slot_state *sg_btf_slot_state __attribute__((unused));
 const struct sg_hdr *sg_btf_hdr __attribute__((unused));
 

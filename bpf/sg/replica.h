@@ -8,7 +8,9 @@
  *
  * Choice: round robin by request, (req_id / SG_SLOTS + i) mod nreplicas, so consecutive
  * requests go to consecutive replicas and one request's copies are spread over them; a
- * replica that is ejected is skipped for the next one after it. Nothing is written per
+ * replica that is ejected is skipped for the next one after it. Or (SG_RC_LATENCY, as the
+ * hedger's p50 choice) the replica not ejected with the lowest estimated median reply time,
+ * which every reply from it steps (shard_observe); one without an estimate is lowest. Nothing is written per
  * choice but the replica's unanswered_ns, and that only when it is 0.
  * Judgement (as the hedger's, docs/hedging.md, with no counter to keep): a replica whose
  * first copy since its last reply is judge_ns old (the group's timeout: that request has
@@ -66,7 +68,7 @@ __attribute__((noinline)) int shard_pick(__u32 key, __u32 rr, __u64 now, __u32 g
 	struct sg_shard *sh = bpf_map_lookup_elem(&replicas, &key);
 	struct sg_group *g = bpf_map_lookup_elem(&groups, &gid);
 	__u32 n, start, pick, found = 0;
-	__u64 since;
+	__u64 since, best = 0;
 
 	if (!sh || !g)
 		return -1;
@@ -79,6 +81,7 @@ __attribute__((noinline)) int shard_pick(__u32 key, __u32 rr, __u64 now, __u32 g
 	pick = start;
 	for (__u32 k = 0; k < SG_REPLICAS_MAX; k++) {
 		__u32 r = start + k;
+		__u64 v;
 
 		if (k >= n)
 			break;
@@ -91,10 +94,19 @@ __attribute__((noinline)) int shard_pick(__u32 key, __u32 rr, __u64 now, __u32 g
 			shard_eject(sh, r, now, g);
 			COUNT(stats_for(gid < SG_GROUPS_MAX ? gid : NO_GROUP), ejections);
 		}
-		if (READ_ONCE(sh->out_until_ns[r]) <= now) {
+		if (READ_ONCE(sh->out_until_ns[r]) > now)
+			continue;
+		if (g->replica_choice != SG_RC_LATENCY) {
 			pick = r;
 			found = 1;
 			break;
+		}
+		/* Lowest estimate; none yet (0) is lowest, so every replica is tried. */
+		v = READ_ONCE(sh->p50_ns[r]);
+		if (!found || v < best) {
+			best = v;
+			pick = r;
+			found = 1;
 		}
 	}
 	if (!found)
@@ -105,8 +117,9 @@ __attribute__((noinline)) int shard_pick(__u32 key, __u32 rr, __u64 now, __u32 g
 	return sh->key[pick];
 }
 
-/* shard_answered: a reply from saddr:sport claims to answer for shard sh. Returns 1 when
- * that is one of its replicas (and clears the replica's judgement state), else 0. */
+/* shard_answered: a reply from saddr:sport claims to answer for shard sh. Returns 1 + the
+ * replica's index when that is one of its replicas (and clears the replica's judgement
+ * state), else 0. */
 static __always_inline int shard_answered(struct sg_shard *sh, const struct in6_addr *saddr, __be16 sport)
 {
 	__u32 n = sh->nreplicas;
@@ -126,9 +139,34 @@ static __always_inline int shard_answered(struct sg_shard *sh, const struct in6_
 			sh->unanswered_ns[r] = 0;
 		if (READ_ONCE(sh->level[r]))
 			sh->level[r] = 0;
-		return 1;
+		return 1 + r;
 	}
 	return 0;
+}
+
+/* The estimate moves by 1/2^P50_SHIFT of itself per sample: a stochastic ("frugal") median
+ * in the log domain, as the hedger's (bpf/hedge/replica.h): it settles where half the
+ * samples are above, and follows a change by a factor F within ln(F) x 32 samples. */
+#define P50_SHIFT 5
+
+/* shard_observe: replica r of shard sh answered ns after its request left. Racing updates
+ * lose a step (noise, not error). */
+static __always_inline void shard_observe(struct sg_shard *sh, __u32 r, __u64 ns)
+{
+	__u64 m, step;
+
+	r = rep_bound(r);
+	if (!ns)
+		ns = 1;
+	m = READ_ONCE(sh->p50_ns[r]);
+	step = (m >> P50_SHIFT) + 1;
+	if (!m)
+		m = ns;
+	else if (ns > m)
+		m += step;
+	else if (ns < m)
+		m = m > step ? m - step : 1;
+	sh->p50_ns[r] = m;
 }
 
 #endif /* KEDGE_SG_REPLICA_H */

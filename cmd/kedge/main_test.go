@@ -153,6 +153,7 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"sg", "scatter", "-i", "lo", "--workers", "127.0.0.1:9000", "--elems", "300"}},
 		{exitUsage, []string{"sg", "scatter", "-i", "lo", "--workers", "127.0.0.1:9000", "--wake-socket", "--busy-poll"}},
 		{exitUsage, []string{"sg", "scatter", "-i", "lo", "--workers", "127.0.0.1:9000+2", "--replicas", "127.0.0.1:9100"}},
+		{exitUsage, []string{"sg", "scatter", "-i", "lo", "--workers", "127.0.0.1:9000", "--replicas", "127.0.0.1:9100", "--replica-choice", "fastest"}},
 		{exitUsage, []string{"sg", "scatter", "-i", "lo", "--workers", "127.0.0.1:9000+2", "--replicas", "127.0.0.1:9000+2"}},
 		{exitUsage, []string{"sg", "scatter", "-i", "lo", "--workers", "127.0.0.1:9000", "--replicas", "127.0.0.1:9100", "--replicas", "127.0.0.1:9200",
 			"--replicas", "127.0.0.1:9300", "--replicas", "127.0.0.1:9400"}},

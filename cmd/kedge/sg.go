@@ -267,6 +267,7 @@ func newSgScatterCmd() *cobra.Command {
 		busyPoll, wakeSocket, multiPacket              bool
 		metricsAddr                                    string
 		replicaSets                                    []string
+		replicaChoice                                  string
 		ejectBackoff, ejectMax                         time.Duration
 	)
 	cmd := &cobra.Command{
@@ -316,7 +317,11 @@ func newSgScatterCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Replicas: reps, EjectBackoff: ejectBackoff, EjectMaxBackoff: ejectMax, Reduction: r, Type: t,
+			choice, err := sg.ParseReplicaChoice(replicaChoice)
+			if err != nil {
+				return usagef("--replica-choice: %w", err)
+			}
+			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Replicas: reps, ReplicaChoice: choice, EjectBackoff: ejectBackoff, EjectMaxBackoff: ejectMax, Reduction: r, Type: t,
 				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, MultiPacket: multiPacket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir}
 			if local != "" {
 				if cfg.Local, err = netip.ParseAddrPort(local); err != nil {
@@ -384,6 +389,7 @@ func newSgScatterCmd() *cobra.Command {
 	f.StringVarP(&iface, "interface", "i", "", "interface the workers are reached through")
 	f.StringSliceVar(&workers, "workers", nil, "workers in index order: `ADDR:PORT[+N]`, comma-separated or repeated")
 	f.StringArrayVar(&replicaSets, "replicas", nil, "a further replica of every worker (shard), in index order: `ADDR:PORT[+N],...` as many as --workers; repeat for a third and fourth")
+	f.StringVar(&replicaChoice, "replica-choice", "rr", "replicas: rr (round robin by request) or latency (the lowest estimated median reply time)")
 	f.DurationVar(&ejectBackoff, "eject-backoff", time.Second, "replicas: a replica that leaves a copy unanswered for --timeout gets no copies for this long, doubled per ejection in a row; negative: never eject")
 	f.DurationVar(&ejectMax, "eject-max-backoff", 30*time.Second, "replicas: the longest back-off")
 	f.StringVar(&local, "local", "", "coordinator socket ADDR:PORT (default: the route's source address, any port)")

@@ -7,6 +7,7 @@ package sg
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -242,5 +243,85 @@ func TestGatherReplicas(t *testing.T) {
 	res := f.result(t)
 	if res.Count != 3 || res.Bitmap[0] != 0b111 || res.Agg[0] != 1110 {
 		t.Fatalf("result: count %d bitmap %b sum %d; want 3, 111, 1110", res.Count, res.Bitmap[0], res.Agg[0])
+	}
+}
+
+// TestReplicaLatency: with ChoiceLatency the copy goes to the replica not ejected with the
+// lowest estimated median reply time, one without an estimate first; every reply from a
+// replica, late ones too, steps its estimate (a first sample sets it).
+func TestReplicaLatency(t *testing.T) {
+	a, b, c := w4[0], netip.MustParseAddrPort("198.51.100.21:9101"), netip.MustParseAddrPort("198.51.100.31:9201")
+	f, s, _ := scatterFixtureWith(t, coord4, w4[:1], LoadOptions{ReplicaEntries: 1, FixClock: true})
+	f.setReplicas(t, 1, [][]netip.AddrPort{{a, b, c}}, 0, time.Second, 4*time.Second) // judge 0: never ejects by itself
+	var g GroupCfg
+	if err := f.o.Groups.Lookup(uint32(1), &g); err != nil {
+		t.Fatal(err)
+	}
+	g.ReplicaChoice = ChoiceLatency
+	if err := f.o.Groups.Put(uint32(1), &g); err != nil {
+		t.Fatal(err)
+	}
+	const ms = uint64(time.Millisecond)
+	now := bpftest.ClockStart
+	setShard := func(mod func(*ShardRec)) {
+		t.Helper()
+		sh := f.shard(t, 0)
+		mod(&sh)
+		if err := f.o.Replicas.Put(uint32(0), &sh); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slot := uint64(100)
+	send := func(seq uint64) netip.AddrPort {
+		t.Helper()
+		slot++
+		r := bpftest.Runner{Prog: f.o.Scatter, Counters: f.counters, Clock: f.o.Clock, Within: s.ns.Do}
+		r.RunCase(t, bpftest.Case{Name: fmt.Sprintf("seq %d", seq), In: request(coord4, a, 1, seq<<10|slot, []byte("payload")), Now: now,
+			WantRet: bpftest.TCActShot, WantCounters: bpftest.Counters{"1.Requests": 1, "1.Copies": 1}})
+		got := s.capture(t, 1)
+		if len(got) != 1 {
+			t.Fatalf("seq %d: captured %d copies", seq, len(got))
+		}
+		dst, _, _ := copyDest(t, got[0])
+		return dst
+	}
+	setShard(func(sh *ShardRec) { sh.P50Ns = [4]uint64{5 * ms, 1 * ms, 0, 0} })
+	for seq := range uint64(3) { // the round robin's start does not matter
+		if got := send(seq); got != c {
+			t.Fatalf("seq %d: to %v, want c (no estimate yet)", seq, got)
+		}
+	}
+	setShard(func(sh *ShardRec) { sh.P50Ns[2] = 3 * ms })
+	if got := send(3); got != b {
+		t.Fatalf("to %v, want b (1 ms)", got)
+	}
+	setShard(func(sh *ShardRec) { sh.OutUntilNs[1] = now + ms })
+	if got := send(4); got != c {
+		t.Fatalf("b ejected: to %v, want c (3 ms)", got)
+	}
+
+	// Replies step the estimate of the replica they come from: request sent 2 ms before.
+	id := uint64(9)<<10 | 120
+	f.arm(t, 1, id, 1)
+	sl := f.slot(t, id)
+	sl.Res.StartNs = now - 2*ms
+	if err := f.o.Slots.Put(uint32(id&SlotMask), &sl); err != nil {
+		t.Fatal(err)
+	}
+	setShard(func(sh *ShardRec) { sh.P50Ns = [4]uint64{0, 1 * ms, 3 * ms, 0} })
+	r := bpftest.Runner{Prog: f.o.Gather, Counters: f.counters, Clock: f.o.Clock}
+	r.Run(t, []bpftest.Case{
+		{Name: "b answers after 2 ms", In: reply(b, coord4, 1, 0, id, vec64(1), nil), Now: now,
+			WantRet: bpftest.XDPDrop, WantCounters: bpftest.Counters{"1.Replies": 1, "1.Completed": 1}},
+		{Name: "c answers late, after 2 ms", In: reply(c, coord4, 1, 0, id, vec64(1), nil), Now: now,
+			WantRet: bpftest.XDPDrop, WantCounters: bpftest.Counters{"1.Late": 1}},
+		{Name: "a answers late, its first sample", In: reply(a, coord4, 1, 0, id, vec64(1), nil), Now: now,
+			WantRet: bpftest.XDPDrop, WantCounters: bpftest.Counters{"1.Late": 1}},
+	})
+	f.result(t)
+	step := func(m uint64) uint64 { return m>>5 + 1 }
+	want := [4]uint64{2 * ms, 1*ms + step(1*ms), 3*ms - step(3*ms), 0}
+	if sh := f.shard(t, 0); sh.P50Ns != want {
+		t.Fatalf("estimates %v, want %v (a set, b up a step, c down a step)", sh.P50Ns, want)
 	}
 }

@@ -83,14 +83,14 @@ type sgSgGroup struct {
 			U6Addr8 [16]uint8
 		}
 	}
-	CoordPort   uint16
-	Pad1        uint16
-	PartBase    uint32
-	ReplicaBase uint32
-	Pad2        uint32
-	JudgeNs     uint64
-	EjectBaseNs uint64
-	EjectMaxNs  uint64
+	CoordPort     uint16
+	Pad1          uint16
+	PartBase      uint32
+	ReplicaBase   uint32
+	ReplicaChoice uint32
+	JudgeNs       uint64
+	EjectBaseNs   uint64
+	EjectMaxNs    uint64
 }
 
 type sgSgParts struct {
@@ -127,6 +127,7 @@ type sgSgShard struct {
 	Pad          uint32
 	UnansweredNs [4]uint64
 	OutUntilNs   [4]uint64
+	P50Ns        [4]uint64
 }
 
 type sgSgSlot struct {
@@ -196,37 +197,38 @@ type sgSgWorker struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sgMapGroups           = "groups"
-	sgMapParts            = "parts"
-	sgMapReplicas         = "replicas"
-	sgMapResults          = "results"
-	sgMapScatterChain     = "scatter_chain"
-	sgMapScatterState     = "scatter_state"
-	sgMapSlots            = "slots"
-	sgMapStats            = "stats"
-	sgMapWorkers          = "workers"
-	sgProgSgGather        = "sg_gather"
-	sgProgSgScatter       = "sg_scatter"
-	sgProgSgScatterBl     = "sg_scatter_bl"
-	sgProgSgScatterChunk  = "sg_scatter_chunk"
-	sgProgSgScatterCont   = "sg_scatter_cont"
-	sgProgSgScatterContBl = "sg_scatter_cont_bl"
-	sgProgSgSweep         = "sg_sweep"
-	sgProgSgTimersInit    = "sg_timers_init"
-	sgVarKedgeClockFixed  = "kedge_clock_fixed"
-	sgVarKedgeClockNs     = "kedge_clock_ns"
-	sgVarSgBtfDtype       = "sg_btf_dtype"
-	sgVarSgBtfGroupFlags  = "sg_btf_group_flags"
-	sgVarSgBtfHdr         = "sg_btf_hdr"
-	sgVarSgBtfLimits      = "sg_btf_limits"
-	sgVarSgBtfMark        = "sg_btf_mark"
-	sgVarSgBtfOp          = "sg_btf_op"
-	sgVarSgBtfReduce      = "sg_btf_reduce"
-	sgVarSgBtfResultFlags = "sg_btf_result_flags"
-	sgVarSgBtfSlotState   = "sg_btf_slot_state"
-	sgVarSgBtfStatus      = "sg_btf_status"
-	sgVarSgBtfWire        = "sg_btf_wire"
-	sgVarSgCfg            = "sg_cfg"
+	sgMapGroups             = "groups"
+	sgMapParts              = "parts"
+	sgMapReplicas           = "replicas"
+	sgMapResults            = "results"
+	sgMapScatterChain       = "scatter_chain"
+	sgMapScatterState       = "scatter_state"
+	sgMapSlots              = "slots"
+	sgMapStats              = "stats"
+	sgMapWorkers            = "workers"
+	sgProgSgGather          = "sg_gather"
+	sgProgSgScatter         = "sg_scatter"
+	sgProgSgScatterBl       = "sg_scatter_bl"
+	sgProgSgScatterChunk    = "sg_scatter_chunk"
+	sgProgSgScatterCont     = "sg_scatter_cont"
+	sgProgSgScatterContBl   = "sg_scatter_cont_bl"
+	sgProgSgSweep           = "sg_sweep"
+	sgProgSgTimersInit      = "sg_timers_init"
+	sgVarKedgeClockFixed    = "kedge_clock_fixed"
+	sgVarKedgeClockNs       = "kedge_clock_ns"
+	sgVarSgBtfDtype         = "sg_btf_dtype"
+	sgVarSgBtfGroupFlags    = "sg_btf_group_flags"
+	sgVarSgBtfHdr           = "sg_btf_hdr"
+	sgVarSgBtfLimits        = "sg_btf_limits"
+	sgVarSgBtfMark          = "sg_btf_mark"
+	sgVarSgBtfOp            = "sg_btf_op"
+	sgVarSgBtfReduce        = "sg_btf_reduce"
+	sgVarSgBtfReplicaChoice = "sg_btf_replica_choice"
+	sgVarSgBtfResultFlags   = "sg_btf_result_flags"
+	sgVarSgBtfSlotState     = "sg_btf_slot_state"
+	sgVarSgBtfStatus        = "sg_btf_status"
+	sgVarSgBtfWire          = "sg_btf_wire"
+	sgVarSgCfg              = "sg_cfg"
 )
 
 // loadSg returns the embedded CollectionSpec for sg.
@@ -300,20 +302,21 @@ type sgMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sgVariableSpecs struct {
-	KedgeClockFixed  *ebpf.VariableSpec `ebpf:"kedge_clock_fixed"`
-	KedgeClockNs     *ebpf.VariableSpec `ebpf:"kedge_clock_ns"`
-	SgBtfDtype       *ebpf.VariableSpec `ebpf:"sg_btf_dtype"`
-	SgBtfGroupFlags  *ebpf.VariableSpec `ebpf:"sg_btf_group_flags"`
-	SgBtfHdr         *ebpf.VariableSpec `ebpf:"sg_btf_hdr"`
-	SgBtfLimits      *ebpf.VariableSpec `ebpf:"sg_btf_limits"`
-	SgBtfMark        *ebpf.VariableSpec `ebpf:"sg_btf_mark"`
-	SgBtfOp          *ebpf.VariableSpec `ebpf:"sg_btf_op"`
-	SgBtfReduce      *ebpf.VariableSpec `ebpf:"sg_btf_reduce"`
-	SgBtfResultFlags *ebpf.VariableSpec `ebpf:"sg_btf_result_flags"`
-	SgBtfSlotState   *ebpf.VariableSpec `ebpf:"sg_btf_slot_state"`
-	SgBtfStatus      *ebpf.VariableSpec `ebpf:"sg_btf_status"`
-	SgBtfWire        *ebpf.VariableSpec `ebpf:"sg_btf_wire"`
-	SgCfg            *ebpf.VariableSpec `ebpf:"sg_cfg"`
+	KedgeClockFixed    *ebpf.VariableSpec `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs       *ebpf.VariableSpec `ebpf:"kedge_clock_ns"`
+	SgBtfDtype         *ebpf.VariableSpec `ebpf:"sg_btf_dtype"`
+	SgBtfGroupFlags    *ebpf.VariableSpec `ebpf:"sg_btf_group_flags"`
+	SgBtfHdr           *ebpf.VariableSpec `ebpf:"sg_btf_hdr"`
+	SgBtfLimits        *ebpf.VariableSpec `ebpf:"sg_btf_limits"`
+	SgBtfMark          *ebpf.VariableSpec `ebpf:"sg_btf_mark"`
+	SgBtfOp            *ebpf.VariableSpec `ebpf:"sg_btf_op"`
+	SgBtfReduce        *ebpf.VariableSpec `ebpf:"sg_btf_reduce"`
+	SgBtfReplicaChoice *ebpf.VariableSpec `ebpf:"sg_btf_replica_choice"`
+	SgBtfResultFlags   *ebpf.VariableSpec `ebpf:"sg_btf_result_flags"`
+	SgBtfSlotState     *ebpf.VariableSpec `ebpf:"sg_btf_slot_state"`
+	SgBtfStatus        *ebpf.VariableSpec `ebpf:"sg_btf_status"`
+	SgBtfWire          *ebpf.VariableSpec `ebpf:"sg_btf_wire"`
+	SgCfg              *ebpf.VariableSpec `ebpf:"sg_cfg"`
 }
 
 // sgObjects contains all objects after they have been loaded into the kernel.
@@ -365,20 +368,21 @@ func (m *sgMaps) Close() error {
 //
 // It can be passed to loadSgObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sgVariables struct {
-	KedgeClockFixed  *ebpf.Variable `ebpf:"kedge_clock_fixed"`
-	KedgeClockNs     *ebpf.Variable `ebpf:"kedge_clock_ns"`
-	SgBtfDtype       *ebpf.Variable `ebpf:"sg_btf_dtype"`
-	SgBtfGroupFlags  *ebpf.Variable `ebpf:"sg_btf_group_flags"`
-	SgBtfHdr         *ebpf.Variable `ebpf:"sg_btf_hdr"`
-	SgBtfLimits      *ebpf.Variable `ebpf:"sg_btf_limits"`
-	SgBtfMark        *ebpf.Variable `ebpf:"sg_btf_mark"`
-	SgBtfOp          *ebpf.Variable `ebpf:"sg_btf_op"`
-	SgBtfReduce      *ebpf.Variable `ebpf:"sg_btf_reduce"`
-	SgBtfResultFlags *ebpf.Variable `ebpf:"sg_btf_result_flags"`
-	SgBtfSlotState   *ebpf.Variable `ebpf:"sg_btf_slot_state"`
-	SgBtfStatus      *ebpf.Variable `ebpf:"sg_btf_status"`
-	SgBtfWire        *ebpf.Variable `ebpf:"sg_btf_wire"`
-	SgCfg            *ebpf.Variable `ebpf:"sg_cfg"`
+	KedgeClockFixed    *ebpf.Variable `ebpf:"kedge_clock_fixed"`
+	KedgeClockNs       *ebpf.Variable `ebpf:"kedge_clock_ns"`
+	SgBtfDtype         *ebpf.Variable `ebpf:"sg_btf_dtype"`
+	SgBtfGroupFlags    *ebpf.Variable `ebpf:"sg_btf_group_flags"`
+	SgBtfHdr           *ebpf.Variable `ebpf:"sg_btf_hdr"`
+	SgBtfLimits        *ebpf.Variable `ebpf:"sg_btf_limits"`
+	SgBtfMark          *ebpf.Variable `ebpf:"sg_btf_mark"`
+	SgBtfOp            *ebpf.Variable `ebpf:"sg_btf_op"`
+	SgBtfReduce        *ebpf.Variable `ebpf:"sg_btf_reduce"`
+	SgBtfReplicaChoice *ebpf.Variable `ebpf:"sg_btf_replica_choice"`
+	SgBtfResultFlags   *ebpf.Variable `ebpf:"sg_btf_result_flags"`
+	SgBtfSlotState     *ebpf.Variable `ebpf:"sg_btf_slot_state"`
+	SgBtfStatus        *ebpf.Variable `ebpf:"sg_btf_status"`
+	SgBtfWire          *ebpf.Variable `ebpf:"sg_btf_wire"`
+	SgCfg              *ebpf.Variable `ebpf:"sg_cfg"`
 }
 
 // sgPrograms contains all programs after they have been loaded into the kernel.

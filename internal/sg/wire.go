@@ -48,6 +48,12 @@ const (
 	TypeI64 = 1
 )
 
+// Replica choices (enum sg_replica_choice, GroupCfg.ReplicaChoice).
+const (
+	ChoiceRoundRobin = 0
+	ChoiceLatency    = 1
+)
+
 // Result statuses (enum sg_status) and flags.
 const (
 	StatusOK      = 0

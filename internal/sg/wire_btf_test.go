@@ -34,7 +34,8 @@ func TestWireMatchesBTF(t *testing.T) {
 			"SG_GF_LOOPBACK": GroupFlagLoopback, "SG_GF_WAKE_SOCKET": GroupFlagWakeSocket, "SG_GF_PARTS": GroupFlagParts,
 			"SG_GF_REPLICAS": GroupFlagReplicas,
 		},
-		"sg_result_flags": {"SG_F_OVERFLOW": FlagOverflow, "SG_F_PARTS": FlagParts},
+		"sg_result_flags":   {"SG_F_OVERFLOW": FlagOverflow, "SG_F_PARTS": FlagParts},
+		"sg_replica_choice": {"SG_RC_ROUND_ROBIN": ChoiceRoundRobin, "SG_RC_LATENCY": ChoiceLatency},
 	})
 
 	size, members, err := bpftest.StructLayout(spec, "sg_hdr")

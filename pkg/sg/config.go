@@ -89,6 +89,9 @@ func (c *Config) validateReplicas(v4 bool) error {
 			seen[r] = true
 		}
 	}
+	if c.ReplicaChoice < RoundRobin || c.ReplicaChoice > LowestLatency {
+		return fmt.Errorf("sg config: unknown replica choice %d", c.ReplicaChoice)
+	}
 	if c.EjectBackoff == 0 {
 		c.EjectBackoff = time.Second
 	}

@@ -155,6 +155,9 @@ func (g *Group) fillMaps(r resolved) error {
 	if g.cfg.hasReplicas() {
 		// ReplicaBase 0: the replicas map holds this group's shards only.
 		gc.Flags |= isg.GroupFlagReplicas
+		if g.cfg.ReplicaChoice == LowestLatency {
+			gc.ReplicaChoice = isg.ChoiceLatency
+		}
 		if g.cfg.EjectBackoff > 0 {
 			gc.JudgeNs, gc.EjectBaseNs, gc.EjectMaxNs = uint64(g.cfg.Timeout), uint64(g.cfg.EjectBackoff), uint64(g.cfg.EjectMaxBackoff)
 		}

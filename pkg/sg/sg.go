@@ -103,6 +103,34 @@ func (t ElemType) Size() int {
 	return 4
 }
 
+// ReplicaChoice is how the scatter picks a shard's replica (Config.ReplicaChoice).
+type ReplicaChoice int
+
+const (
+	RoundRobin    ReplicaChoice = iota // (request sequence + shard) mod replicas
+	LowestLatency                      // lowest estimated median reply time
+)
+
+func (c ReplicaChoice) String() string {
+	switch c {
+	case RoundRobin:
+		return "rr"
+	case LowestLatency:
+		return "latency"
+	}
+	return fmt.Sprintf("ReplicaChoice(%d)", int(c))
+}
+
+// ParseReplicaChoice parses "rr" or "latency".
+func ParseReplicaChoice(s string) (ReplicaChoice, error) {
+	for c := RoundRobin; c <= LowestLatency; c++ {
+		if c.String() == s {
+			return c, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown replica choice %q (want rr or latency)", s)
+}
+
 // OnFull says what Scatter does when every request slot is in flight.
 type OnFull int
 
@@ -148,6 +176,11 @@ type Config struct {
 	// for EjectBackoff, doubled with each ejection in a row up to EjectMaxBackoff; its next
 	// reply makes it good again (docs/sg.md, "Replicas").
 	Replicas [][]netip.AddrPort
+	// ReplicaChoice is how a shard's replica is picked for each copy: RoundRobin (by
+	// request) or LowestLatency (the replica with the lowest estimated median reply time,
+	// which every reply from it steps; one with no estimate yet is tried first). Ejected
+	// replicas are skipped either way.
+	ReplicaChoice ReplicaChoice
 	// EjectBackoff is a replica's first back-off (default 1 s; negative: never eject);
 	// EjectMaxBackoff the longest (default 30 s, at least EjectBackoff).
 	EjectBackoff    time.Duration
