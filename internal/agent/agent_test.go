@@ -80,6 +80,10 @@ func echo(t *testing.T, host *lab.Host, addr netip.AddrPort, stall time.Duration
 type traffic struct {
 	answered, extra, lost atomic.Int64
 	done                  chan struct{}
+	// extras names each extra datagram: the id it carried, the request then awaited and
+	// when it came (read after done is closed), for a failure to point at the reload
+	// in the log around it.
+	extras []string
 }
 
 // answerWait is how long sendTraffic waits for a request's answer before counting it lost
@@ -132,6 +136,10 @@ func sendTraffic(t *testing.T, host *lab.Host, addr netip.AddrPort, base uint32,
 					break
 				}
 				tr.extra.Add(1)
+				if m >= 4 {
+					tr.extras = append(tr.extras, fmt.Sprintf("id %d while awaiting %d at %s",
+						binary.BigEndian.Uint32(buf), id, time.Now().UTC().Format("15:04:05.000")))
+				}
 			}
 		}
 	}()
@@ -441,6 +449,9 @@ func TestAgentReload(t *testing.T) {
 	if int64(aTotal) != tr.answered.Load()+tr.lost.Load() || aTotal <= aBefore || tr.lost.Load() != 0 || tr.extra.Load() != 0 {
 		t.Errorf("a: requests %v (first look %v), %d answered, %d lost, %d extra datagrams: want every request counted and answered once across the reloads",
 			aTotal, aBefore, tr.answered.Load(), tr.lost.Load(), tr.extra.Load())
+		for _, e := range tr.extras {
+			t.Logf("extra datagram: %s", e)
+		}
 	}
 	t.Logf("a: %d requests answered across 5 reloads", tr.answered.Load())
 	stop()
