@@ -100,16 +100,29 @@ PP_AGG_MAP(agg6_1, struct pp_agg_key6);
  * expires). */
 __u32 pp_hint[PP_HINT_SLOTS] = {};
 
+/* The hint slot of a request direction from its parts: the last words of its source and
+ * destination addresses (v4-mapped for IPv4), the XOR of their third words (0 for IPv4:
+ * both are the v4-mapped prefix), its source and destination ports (network order), the
+ * protocol. pp_fast_pure_ack() hashes a packet's reverse direction straight from its
+ * headers with it. */
+static __always_inline __u32 pp_hint_hash(__u32 s3, __u32 d3, __u32 x2, __u16 sport, __u16 dport,
+					  __u8 proto)
+{
+	__u32 h = s3 * 0x9e3779b1U;
+
+	h ^= d3 * 0x85ebca77U;
+	h ^= x2 * 0xc2b2ae3dU;
+	h ^= ((__u32)sport << 16 | dport) * 0x27d4eb2fU;
+	h ^= proto;
+	return (h ^ (h >> 15)) & (PP_HINT_SLOTS - 1);
+}
+
 /* The hint slot of a request direction: the addresses' last words, the ports, mixed. */
 static __always_inline __u32 pp_hint_slot(const struct pp_tuple *t)
 {
-	__u32 h = t->saddr.in6_u.u6_addr32[3] * 0x9e3779b1U;
-
-	h ^= t->daddr.in6_u.u6_addr32[3] * 0x85ebca77U;
-	h ^= (t->saddr.in6_u.u6_addr32[2] ^ t->daddr.in6_u.u6_addr32[2]) * 0xc2b2ae3dU;
-	h ^= ((__u32)t->sport << 16 | t->dport) * 0x27d4eb2fU;
-	h ^= t->proto;
-	return (h ^ (h >> 15)) & (PP_HINT_SLOTS - 1);
+	return pp_hint_hash(t->saddr.in6_u.u6_addr32[3], t->daddr.in6_u.u6_addr32[3],
+			    t->saddr.in6_u.u6_addr32[2] ^ t->daddr.in6_u.u6_addr32[2],
+			    t->sport, t->dport, t->proto);
 }
 
 static __always_inline void pp_hint_add(const struct pp_tuple *t, int delta)
