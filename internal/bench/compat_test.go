@@ -23,11 +23,12 @@ func TestCommittedResultsReadable(t *testing.T) {
 		t.Skip("reads the repository's committed results (docs/results), which matrix guests do not have (runs on the host)")
 	}
 	types := map[string]func() any{
-		bench.SchemaVersion:   func() any { return new(bench.Result) },
-		hedgebench.RateSchema: func() any { return new(hedgebench.RateResult) },
-		ppingbench.Schema:     func() any { return new(ppingbench.Result) },
-		raftbench.Schema:      func() any { return new(raftbench.Result) },
-		sgbench.Schema:        func() any { return new(sgbench.Result) },
+		bench.SchemaVersion:        func() any { return new(bench.Result) },
+		hedgebench.RateSchema:      func() any { return new(hedgebench.RateResult) },
+		hedgebench.MemcachedSchema: func() any { return new(hedgebench.MemcachedResult) },
+		ppingbench.Schema:          func() any { return new(ppingbench.Result) },
+		raftbench.Schema:           func() any { return new(raftbench.Result) },
+		sgbench.Schema:             func() any { return new(sgbench.Result) },
 	}
 	var paths []string
 	err := filepath.WalkDir(filepath.Join("..", "..", "docs", "results"), func(p string, d os.DirEntry, err error) error {
