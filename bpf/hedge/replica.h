@@ -24,13 +24,11 @@
 #include <bpf/bpf_helpers.h>
 #include "clock.h"
 #include "hedge.h"
+#include "hist.h"
 #include "maps.h"
 
 /* Referenced so the enum's BTF reaches bpf2go (-type replica_choice). */
 const enum replica_choice *hedge_btf_replica_choice __attribute__((unused));
-
-/* The estimate moves by 1/2^P50_SHIFT of itself per sample. */
-#define P50_SHIFT 5
 
 /* rep_bound bounds a replica index for the verifier. */
 static __always_inline __u32 rep_bound(__u32 i)
@@ -210,21 +208,12 @@ __attribute__((noinline)) int judge_slow(__u32 svc, __u32 idx, __u64 m)
  * it left. The first sample sets the estimate; later ones step it. */
 static __always_inline void replica_observe(__u32 svc, struct svc_cfg *sc, struct svc_state *st, __u32 idx, __u64 ns)
 {
-	__u64 m, step;
+	__u64 m;
 
 	if (idx >= sc->nreplicas || idx >= REPLICA_MAX)
 		return;
 	idx = rep_bound(idx);
-	if (!ns)
-		ns = 1;
-	m = st->rep_p50_ns[idx];
-	step = (m >> P50_SHIFT) + 1;
-	if (!m)
-		m = ns;
-	else if (ns > m)
-		m += step;
-	else if (ns < m)
-		m = m > step ? m - step : 1;
+	m = median_step(st->rep_p50_ns[idx], ns);
 	st->rep_p50_ns[idx] = m;
 	__sync_fetch_and_add(&st->rep_samples[idx], 1);
 	replica_answered(st, idx);
@@ -248,7 +237,7 @@ static __always_inline void replica_overdue(struct svc_cfg *sc, struct svc_state
 	if (!m)
 		st->rep_p50_ns[idx] = ns ? ns : 1;
 	else if (ns > m)
-		st->rep_p50_ns[idx] = m + (m >> P50_SHIFT) + 1;
+		st->rep_p50_ns[idx] = m + (m >> MEDIAN_SHIFT) + 1;
 }
 
 /* replica_age (every timer tick): an estimate that got no sample since the last tick halves

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* hist.h: log-linear histogram buckets (HdrHistogram's layout), shared by every capability
- * that keeps latency histograms in a map. internal/hist is the Go mirror; the fixtures in
- * internal/hist/histtest run these functions through BPF_PROG_TEST_RUN and compare them with
- * the Go code value by value.
+ * that keeps latency histograms in a map, and a running median (median_step, at the end).
+ * internal/hist is the histograms' Go mirror; the fixtures in internal/hist/histtest run
+ * those functions through BPF_PROG_TEST_RUN and compare them with the Go code value by value.
  *
  * A layout has three parameters:
  *   sub_bits   2^sub_bits buckets per power of two (each at most 2^-sub_bits of its lower
@@ -80,6 +80,30 @@ static __always_inline __u64 hist_lower(__u32 b, __u32 sub_bits, __u32 min_shift
 	if (!g)
 		return s << (min_shift - sub_bits);
 	return ((1ULL << sub_bits) + s) << (min_shift + g - 1 - sub_bits);
+}
+
+/* The running median estimates (a replica's reply time in the hedger and in scatter-gather)
+ * move by 1/2^MEDIAN_SHIFT of themselves per sample: a stochastic ("frugal") median in the
+ * log domain. It settles where half the samples are above and follows a change by a factor F
+ * within ln(F) x 2^MEDIAN_SHIFT samples. */
+#define MEDIAN_SHIFT 5
+
+/* median_step: the estimate m after a sample of ns (0 counts as 1); the first sample (m 0)
+ * sets it. Callers store the result without a lock: racing updates lose a step (noise, not
+ * error). */
+static __always_inline __u64 median_step(__u64 m, __u64 ns)
+{
+	__u64 step = (m >> MEDIAN_SHIFT) + 1;
+
+	if (!ns)
+		ns = 1;
+	if (!m)
+		return ns;
+	if (ns > m)
+		return m + step;
+	if (ns < m)
+		return m > step ? m - step : 1;
+	return m;
 }
 
 #endif /* KEDGE_HIST_H */

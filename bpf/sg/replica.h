@@ -25,6 +25,7 @@
 #include <bpf/bpf_helpers.h>
 #include "clock.h"
 #include "counters.h"
+#include "hist.h"
 #include "parse.h"
 #include "sg.h"
 #include "maps.h"
@@ -144,29 +145,12 @@ static __always_inline int shard_answered(struct sg_shard *sh, const struct in6_
 	return 0;
 }
 
-/* The estimate moves by 1/2^P50_SHIFT of itself per sample: a stochastic ("frugal") median
- * in the log domain, as the hedger's (bpf/hedge/replica.h): it settles where half the
- * samples are above, and follows a change by a factor F within ln(F) x 32 samples. */
-#define P50_SHIFT 5
-
-/* shard_observe: replica r of shard sh answered ns after its request left. Racing updates
- * lose a step (noise, not error). */
+/* shard_observe: replica r of shard sh answered ns after its request left (hist.h's
+ * running median, as the hedger's replicas). */
 static __always_inline void shard_observe(struct sg_shard *sh, __u32 r, __u64 ns)
 {
-	__u64 m, step;
-
 	r = rep_bound(r);
-	if (!ns)
-		ns = 1;
-	m = READ_ONCE(sh->p50_ns[r]);
-	step = (m >> P50_SHIFT) + 1;
-	if (!m)
-		m = ns;
-	else if (ns > m)
-		m += step;
-	else if (ns < m)
-		m = m > step ? m - step : 1;
-	sh->p50_ns[r] = m;
+	sh->p50_ns[r] = median_step(READ_ONCE(sh->p50_ns[r]), ns);
 }
 
 #endif /* KEDGE_SG_REPLICA_H */
