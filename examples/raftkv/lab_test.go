@@ -250,7 +250,18 @@ func TestLabFailover(t *testing.T) {
 	newTermStart = h.Now()
 	mu.Unlock()
 	t.Logf("leader %d killed: node %d leads in term %d, seen %v after the kill", lead, newLead, newTerm, time.Since(killedAt).Round(time.Millisecond))
-	time.Sleep(1500 * time.Millisecond)
+	// Traffic goes on until the new term served 10 writes and 10 reads (on a host within
+	// milliseconds; an emulated matrix guest served 5 and 7 in 1.5 s), for at least 1.5 s
+	// and at most 30 s.
+	for until, give := time.Now().Add(1500*time.Millisecond), time.Now().Add(30*time.Second); time.Now().Before(give); {
+		mu.Lock()
+		enough := afterOK[raftlab.Put] >= 10 && afterOK[raftlab.Get] >= 10
+		mu.Unlock()
+		if enough && time.Now().After(until) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	stop()
 	wg.Wait()
 

@@ -106,6 +106,9 @@ func TestPublicAPIBoundary(t *testing.T) {
 		}
 	}
 	if checked < 1 {
+		if os.Getenv("VMTEST_KERNEL") != "" {
+			t.Skip("reads the sources under pkg/, which matrix guests do not have (runs on the host)")
+		}
 		t.Fatal("no package under pkg/ checked")
 	}
 }
