@@ -54,8 +54,10 @@ type labNode struct {
 // writing and reading two keys through every node; it kills the leader with SIGKILL, waits
 // for a new leader among the other two, goes on writing, and checks the clients' history
 // with Porcupine (internal/raftlab's key-value model). It fails when the history is not
-// linearizable, when no new leader is elected within 5 s, or when the new leader's term
-// served fewer than 10 acknowledged writes and 10 reads - so it cannot pass by doing nothing.
+// linearizable, when a node does not start (answer /status) within 2 minutes, when the
+// started nodes elect no leader within 20 s, when no new leader is elected within 5 s of the
+// kill, or when the new leader's term served fewer than 10 acknowledged writes and 10 reads -
+// so it cannot pass by doing nothing.
 func TestLabFailover(t *testing.T) {
 	bpftest.RequireRoot(t)
 	kernel := kernelpaths.Probe() == nil
@@ -128,15 +130,40 @@ func TestLabFailover(t *testing.T) {
 		defer resp.Body.Close()
 		return s, json.NewDecoder(resp.Body).Decode(&s)
 	}
+	// Each node first answers /status: it has loaded its programs and started raft. Under
+	// TCG with a loaded host that alone took over 20 s in a matrix guest (the verifier runs
+	// emulated), so it has its own bound and the election's clock starts after it.
+	up := time.Now()
+	for id := 1; id <= 3; id++ {
+		for {
+			if _, err := getStatus(nodes[id]); err == nil {
+				break
+			} else if time.Since(up) > 2*time.Minute {
+				t.Fatalf("node %d does not answer /status %v after its start: %v", id, time.Since(up).Round(time.Second), err)
+			}
+			select {
+			case <-nodes[id].exited:
+				t.Fatalf("node %d exited before it answered /status", id)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	t.Logf("all nodes answer /status %v after their start", time.Since(up).Round(time.Millisecond))
 	// waitLeader polls the live nodes until they agree on a leader among them in a term
-	// above after.
+	// above after; when they do not, it fails with what each said last.
 	waitLeader := func(live []int, after uint64, within time.Duration) (int, uint64) {
 		deadline := time.Now().Add(within)
+		last := map[int]string{}
 		for time.Now().Before(deadline) {
 			var lead, term uint64
 			agree := true
 			for _, id := range live {
 				s, err := getStatus(nodes[id])
+				if err != nil {
+					last[id] = err.Error()
+				} else {
+					last[id] = fmt.Sprintf("leader %d term %d", s.Leader, s.Term)
+				}
 				if err != nil || s.Leader == 0 || s.Term <= after || (lead != 0 && (s.Leader != lead || s.Term != term)) {
 					agree = false
 					break
@@ -152,7 +179,7 @@ func TestLabFailover(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		t.Fatalf("no leader among %v in a term above %d within %v", live, after, within)
+		t.Fatalf("no leader among %v in a term above %d within %v; last said: %v", live, after, within, last)
 		return 0, 0
 	}
 	lead, term := waitLeader([]int{1, 2, 3}, 0, 20*time.Second)
