@@ -129,7 +129,7 @@ func Probe() error { return offload.Probe() }
 
 // ErrNoDevice: the raft address is not on an interface the follower program can answer
 // from (loopback or an unspecified address); Auto then leaves the follower path off.
-var ErrNoDevice = offload.ErrNoDevice
+var ErrNoDevice error = offload.ErrNoDevice
 
 // CheckAddr says whether the follower program can serve a node whose raft address is addr:
 // not on loopback and not unspecified (it answers on the interface that holds the address).
