@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/kedge-dev/kedge/internal/raft/rafttest"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -125,26 +126,11 @@ func checkState(t *testing.T, what string, s *Storage, m *model) {
 			return
 		}
 		if _, err := raft.NewRawNode(&raft.Config{ID: 1, ElectionTick: 10, HeartbeatTick: 1, Storage: s,
-			MaxSizePerMsg: 1 << 20, MaxInflightMsgs: 16, Logger: discardLogger{}}); err != nil {
+			MaxSizePerMsg: 1 << 20, MaxInflightMsgs: 16, Logger: rafttest.DiscardLogger{}}); err != nil {
 			t.Fatalf("%s: start raft: %v", what, err)
 		}
 	}()
 }
-
-type discardLogger struct{ raft.Logger }
-
-func (discardLogger) Debug(...any)              {}
-func (discardLogger) Debugf(string, ...any)     {}
-func (discardLogger) Info(...any)               {}
-func (discardLogger) Infof(string, ...any)      {}
-func (discardLogger) Warning(...any)            {}
-func (discardLogger) Warningf(string, ...any)   {}
-func (discardLogger) Error(...any)              {}
-func (discardLogger) Errorf(string, ...any)     {}
-func (discardLogger) Panicf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
-func (discardLogger) Panic(a ...any)            { panic(fmt.Sprint(a...)) }
-func (discardLogger) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
-func (discardLogger) Fatal(a ...any)            { panic(fmt.Sprint(a...)) }
 
 // TestTruncateAtEveryBoundary simulates a crash between write and fsync: the live segment
 // is cut at every record boundary and at every byte inside the last records, and the node

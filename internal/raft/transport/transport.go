@@ -207,9 +207,14 @@ func unixTime(ns int64) time.Time {
 }
 
 // Send hands messages to the wire; it never blocks on the network. Call it only after the
-// Ready that produced them was persisted.
+// Ready that produced them was persisted. The appends and acknowledgements of the batch to
+// one peer are coalesced first (coalesce).
 func (t *Transport) Send(msgs []*pb.Message) {
 	var buf [wire.PktLen]byte
+	msgs, folded := coalesce(msgs)
+	if folded > 0 {
+		t.m.coalesced.Add(float64(folded))
+	}
 	for _, m := range msgs {
 		p := t.peers[m.GetTo()]
 		if p == nil {
@@ -618,6 +623,7 @@ func (d *dropLogger) note(reason, transport, src string, size int) {
 
 type metrics struct {
 	sent, received, dropped, sendDropped, sendErrors, peerClosed *prometheus.CounterVec
+	coalesced                                                    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -635,6 +641,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		sendDropped: cv("transport_send_dropped_total", "Bulk messages dropped because the peer's send queue was full.", "peer"),
 		sendErrors:  cv("transport_send_errors_total", "Send failures (unreachable peer, write error), by transport.", "transport"),
 		peerClosed:  cv("transport_bulk_peer_closed_total", "Outbound bulk connections the peer closed or reset (redialled at the next message, none lost into them).", "peer"),
+	}
+	m.coalesced = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft", Name: "transport_coalesced_total",
+		Help: "Appends and append acknowledgements folded into another one to the same peer before sending (docs/raft.md section 3)."})
+	if reg != nil {
+		reg.MustRegister(m.coalesced)
 	}
 	for r := wire.Reason(1); r < wire.ReasonMax; r++ {
 		m.dropped.WithLabelValues(r.String())
