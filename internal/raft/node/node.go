@@ -360,7 +360,7 @@ func (n *Node) apply(ents []*pb.Entry) error {
 		case pb.EntryNormal:
 			if len(e.GetData()) > 0 {
 				var c command
-				if err := json.Unmarshal(e.GetData(), &c); err != nil {
+				if err := decodeCommand(e.GetData(), &c); err != nil {
 					// Entries are only written by kedge: a bad one is a bug; skipping it on
 					// every node keeps them identical.
 					n.log.Error("raft: undecodable entry skipped", "index", e.GetIndex(), "err", err)
@@ -498,7 +498,7 @@ func newID() uint64 {
 // propose commits c and waits until this node applied it.
 func (n *Node) propose(ctx context.Context, c *command) (api.WriteResponse, error) {
 	c.ID = newID()
-	data, err := json.Marshal(c)
+	data, err := encodeCommand(c)
 	if err != nil {
 		return api.WriteResponse{}, err
 	}
