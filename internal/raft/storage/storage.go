@@ -159,7 +159,7 @@ func (s *Storage) Save(hs *pb.HardState, ents []*pb.Entry, sync bool) error {
 			return err
 		}
 	}
-	if hs != nil && !raft.IsEmptyHardState(hs) && !proto.Equal(hs, s.hs) {
+	if hs != nil && !raft.IsEmptyHardState(hs) && !sameHardState(hs, s.hs) {
 		if b, err = appendRecord(b, recHardState, hs); err != nil {
 			return err
 		}
@@ -178,12 +178,28 @@ func (s *Storage) Save(hs *pb.HardState, ents []*pb.Entry, sync bool) error {
 		return fmt.Errorf("append entries: %w", err)
 	}
 	if hs != nil && !raft.IsEmptyHardState(hs) {
-		s.hs = proto.Clone(hs).(*pb.HardState)
+		s.hs = copyHardState(hs)
 		if err := s.MemoryStorage.SetHardState(hs); err != nil {
 			return fmt.Errorf("set hard state: %w", err)
 		}
 	}
 	return nil
+}
+
+// sameHardState and copyHardState are proto.Equal and proto.Clone for the three fields a
+// HardState has, without their reflection (once per Ready).
+func sameHardState(a, b *pb.HardState) bool {
+	return a.GetTerm() == b.GetTerm() && a.GetVote() == b.GetVote() && a.GetCommit() == b.GetCommit()
+}
+
+func copyHardState(hs *pb.HardState) *pb.HardState {
+	field := func(p *uint64) *uint64 { // a field's presence kept, as proto.Clone keeps it
+		if p == nil {
+			return nil
+		}
+		return new(*p)
+	}
+	return &pb.HardState{Term: field(hs.Term), Vote: field(hs.Vote), Commit: field(hs.Commit)}
 }
 
 func (s *Storage) fsync(f *os.File) error {
