@@ -84,14 +84,6 @@ struct {
 	__type(value, struct hstore);
 } store_ring SEC(".maps");
 
-/* The cells' laps and owners, index as store_ring's (struct store_lap); sized with it. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, SVC_MAX * STORE_RING);
-	__type(key, __u32);
-	__type(value, struct store_lap);
-} store_laps SEC(".maps");
-
 /* store_len bounds a length already checked to be 1..STORE_BYTES for the verifier (see
  * echo_len in bpf/pacer/echo.bpf.c). */
 static __always_inline __u32 store_len(__u32 len)
@@ -99,14 +91,9 @@ static __always_inline __u32 store_len(__u32 len)
 	return ((len - 1) & (STORE_BYTES - 1)) + 1;
 }
 
-/* Head and tail 64 bytes apart, on cache lines of their own: the splitter moves the tail on
- * one CPU while the response path moves the head on the other (at saturation, the client's
- * and the server's). */
 struct store_pos {
-	__u64 head; /* next position the rescuer (or a response) pops */
-	__u64 _pad0[7];
+	__u64 head; /* next position the rescuer pops */
 	__u64 tail; /* next position a splitter claims */
-	__u64 _pad1[7];
 };
 
 struct {

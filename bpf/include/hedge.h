@@ -204,42 +204,30 @@ struct svc_cfg {
 	__u64 eject_max_ns;
 };
 
-/* svc_state: kernel-owned running state per service. Grouped by who writes it, because at
- * saturation the splitter runs on the client's CPU and the response path on the server's:
- * the splitter's fields (every request), then fields written at hedges and by the timer (at
- * least 64 bytes: no cache line holds both a splitter's and a response path's field), then
- * the response path's (every response), then 64 bytes so the next service's splitter fields
- * share no line with them either. */
+/* svc_state: kernel-owned running state per service. */
 struct svc_state {
-	/* The splitter's. */
 	__s64 tokens_milli; /* hedging budget; a hedge costs 1000 */
+	__u32 rr;           /* round-robin over alternative replicas */
+	__u32 slot;         /* current histogram slot */
+	__u64 window_count; /* samples in the running total */
+	__u64 last_delay_ns;
 	/* BUDGET_WINDOW: per slot of the window its time index (now / budget_slot_ns + 1;
 	 * 0: unused), requests and hedges. */
 	__u64 win_epoch[BUDGET_SLOTS];
 	__u64 win_requests[BUDGET_SLOTS];
 	__u64 win_hedges[BUDGET_SLOTS];
-	/* At hedges and timer ticks. */
-	__u32 rr;           /* round-robin over alternative replicas */
-	__u32 _pad0;
-	__u64 last_delay_ns;
-	/* Replica judgement, per replica: when the eject_after-th unanswered hedge left,
-	 * ejected until (0: in), ejections in all (rep_unanswered and rep_level below). */
-	__u64 rep_judge_from_ns[REPLICA_MAX];
-	__u64 rep_out_until_ns[REPLICA_MAX];
-	__u64 rep_ejections[REPLICA_MAX];
-	/* The response path's. */
-	__u64 window_count; /* samples in the running total */
-	__u32 slot;         /* current histogram slot (the timer moves it) */
-	__u32 _pad1;
 	/* Per replica: its recent median latency (a stochastic median estimate, replica.h;
 	 * 0: none yet) and the responses it gave since the last timer tick. */
 	__u64 rep_p50_ns[REPLICA_MAX];
 	__u32 rep_samples[REPLICA_MAX];
-	/* Replica judgement, per replica: hedges sent since its last response, ejections in a
-	 * row (the back-off's doubling); a response sets both to 0 (when they are not). */
+	/* Replica judgement, per replica: hedges sent since its last response (and when the
+	 * eject_after-th of them left), ejected until (0: in), ejections in a row (the back-off's
+	 * doubling; 0 again at its next response) and in all. */
 	__u32 rep_unanswered[REPLICA_MAX];
+	__u64 rep_judge_from_ns[REPLICA_MAX]; /* when the eject_after-th of them left */
+	__u64 rep_out_until_ns[REPLICA_MAX];
 	__u32 rep_level[REPLICA_MAX];
-	__u64 _pad_end[8];
+	__u64 rep_ejections[REPLICA_MAX];
 };
 
 /* Scoreboard key: (client addr, client port, service, request id). */
@@ -276,11 +264,11 @@ struct hreq {
 	__u32 _pad;
 };
 
-/* A stored request: one cell of a service's store ring (bpf/hedge/store.h). Its lap is kept
- * apart, in the dense map store_laps (struct store_lap): the splitter reads the lap of the
- * cell it claims before anything else, and 48-byte entries stay in cache where 2 KiB cells,
- * cycled through, do not. */
+/* A stored request: one cell of a service's store ring (bpf/hedge/store.h). lap is the
+ * ring's protocol: 2*lap_of(pos) empty for position pos, +1 filled; the consumer's release
+ * makes it the next lap's empty. */
 struct hstore {
+	__u64 lap;
 	__u64 deadline_ns;
 	__u64 sent_ns;       /* the scoreboard entry's: a later request with the same key is not this one */
 	__u64 delay_ns;      /* this hedge's delay (far-overdue cutoff, re-queue) */
@@ -290,17 +278,6 @@ struct hstore {
 	__u8 ipv6;
 	__u32 _pad;
 	__u8 data[STORE_BYTES + 64]; /* + 64: room for the checksum's 512-byte chunks (store.h) */
-};
-
-/* A cell's lap and whose request it holds (store_laps, the cell's index). lap is the ring's
- * protocol: 2*lap_of(pos) empty for position pos, +1 filled; the consumer's release makes it
- * the next lap's empty. sent_ns and key repeat the cell's, written before the lap is
- * published: a response tells whether the ring's head is its request from this one cache
- * line, without reading the cell (written on the other CPU at saturation). */
-struct store_lap {
-	__u64 lap;
-	__u64 sent_ns;
-	struct hreq_key key;
 };
 
 /* Per-service counters (per-CPU array, SVC_MAX slots; slot SVC_MAX holds the counters

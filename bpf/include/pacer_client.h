@@ -14,7 +14,6 @@
  *   consumer netns               pacer netns (internal/pacer)
  *   any TC program:
  *     pacer_request(skb, t) --clone--> tick veth --> pacer_enter: tick frame held until t
- *       (pacer_request_at(skb, t, now): the same with the caller's clock read)
  *     pacer_carry(skb, t)   --clone--> veth ------> pacer_enter: the packet, one pass
  *   tick program (TC ingress of the pacer's veth, attached by internal/pacer):
  *     pacer_receive(skb, &tick) first: PACER_RX_TICK / PACER_RX_CARRIED / PACER_RX_MALFORMED;
@@ -69,16 +68,14 @@ static __always_inline struct pacer_state *pacer_state_get(void)
 	return bpf_map_lookup_elem(&pacer_arming, &zero);
 }
 
-/* pacer_request_at asks for a tick at deadline_ns (CLOCK_MONOTONIC, bpf_ktime_get_ns()); now is
- * the caller's kedge_now(), read in the same program run (one clock read less per call:
- * ~50 ns on a virtualised TSC). skb is any packet the calling TC program holds; it is cloned
- * (into the tick veth) only when a tick has to be armed, and not changed. Returns enum
- * pacer_req. */
-static __always_inline int pacer_request_at(struct __sk_buff *skb, __u64 deadline_ns, __u64 now)
+/* pacer_request asks for a tick at deadline_ns (CLOCK_MONOTONIC, bpf_ktime_get_ns()). skb is
+ * any packet the calling TC program holds; it is cloned (into the tick veth) only when a
+ * tick has to be armed, and not changed. Returns enum pacer_req. */
+static __always_inline int pacer_request(struct __sk_buff *skb, __u64 deadline_ns)
 {
 	struct pacer_state *st = pacer_state_get();
 	struct pacer_stats *ps = pacer_stats_get();
-	__u64 armed = 0;
+	__u64 now = kedge_now(), armed = 0;
 	int claimed = 0;
 
 	if (!st)
@@ -114,12 +111,6 @@ static __always_inline int pacer_request_at(struct __sk_buff *skb, __u64 deadlin
 	__sync_fetch_and_add(&st->seq, 1);
 	COUNT(ps, ticks_armed);
 	return PACER_ARMED;
-}
-
-/* pacer_request is pacer_request_at at the time it reads itself. */
-static __always_inline int pacer_request(struct __sk_buff *skb, __u64 deadline_ns)
-{
-	return pacer_request_at(skb, deadline_ns, kedge_now());
 }
 
 /* pacer_stamp (edt) gives skb the delivery time deadline_ns. The time is a monotonic

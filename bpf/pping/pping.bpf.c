@@ -101,18 +101,19 @@ __noinline int pp_parse_xdp(struct xdp_md *xdp, __u32 hook)
 	return pp_parse_into(&c, hook);
 }
 
-/* pp_fast_segment() for the program's context. */
-static __always_inline int pp_shortcut(void *ctx, int xdp, __u32 hook, struct pp_counters *cnt)
+/* pp_fast_pure_ack() for the program's context: whether the packet is a pure reply with
+ * nothing to match, decided on its headers alone. */
+static __always_inline int pp_shortcut(void *ctx, int xdp, __u32 hook)
 {
 	if (xdp) {
 		struct xdp_md *x = ctx;
 
-		return pp_fast_segment((void *)(long)x->data, (void *)(long)x->data_end, 0, cnt);
+		return pp_fast_pure_ack((void *)(long)x->data, (void *)(long)x->data_end, 0);
 	}
 	struct __sk_buff *skb = ctx;
 
-	return pp_fast_segment((void *)(long)skb->data, (void *)(long)skb->data_end,
-			       hook == PP_HOOK_EGRESS && pp_cfg.host_acks && skb->sk, cnt);
+	return pp_fast_pure_ack((void *)(long)skb->data, (void *)(long)skb->data_end,
+				hook == PP_HOOK_EGRESS && pp_cfg.host_acks && skb->sk);
 }
 
 /* The pipeline of every packet hook. len is the frame's length, ifindex the interface it
@@ -128,8 +129,10 @@ static __always_inline void pp_handle(void *ctx, int xdp, __u32 len, __u32 ifind
 		return;
 	COUNT(cnt, pkts);
 	COUNT_N(cnt, bytes, len);
-	if (pp_shortcut(ctx, xdp, hook, cnt))
+	if (pp_shortcut(ctx, xdp, hook)) {
+		COUNT(cnt, match_none);
 		return;
+	}
 	parsed = xdp ? pp_parse_xdp(ctx, hook) : pp_parse(ctx, hook); /* parse, decide */
 	if (parsed == PP_PARSED_BAD)
 		return;
@@ -153,10 +156,6 @@ static __always_inline void pp_handle(void *ctx, int xdp, __u32 len, __u32 ifind
 	pp->ifindex = ifindex;
 	pp->now = 0; /* read when needed: pp_now() */
 	pp->jiff = kedge_jiffies();
-	/* A data segment whose TSval its direction already has, with nothing to match: the
-	 * direction cache decides it without the flow table (flow.h). */
-	if (!pp_cfg.no_fast_path && pp_dc_hit(pp, cnt))
-		return;
 	pp_process(ctx, pp, cnt); /* act, count */
 }
 
@@ -229,14 +228,14 @@ int pping_gc_expire(struct __sk_buff *skb)
 /* Whether a direction has been idle too long (now in jiffies): unanswered after the unopened
  * lifetime, an idle ICMP/UDP one after the datagram lifetime, any after the flow lifetime.
  * internal/pping/gc.go applies the same rule to pick the candidates it hands over. */
-static __always_inline int pp_dir_expired(const struct pp_dir_shared *d, __u64 last_seen,
+static __always_inline int pp_dir_expired(const struct pp_dir_shared *d, const struct pp_dir_own *o,
 					  __u8 proto, __u64 now)
 {
 	__u64 age;
 
-	if (!pp_active(d) || now < last_seen)
+	if (!pp_active(d) || now < o->last_seen)
 		return 0;
-	age = (now - last_seen) * pp_cfg.jiffy_ns;
+	age = (now - o->last_seen) * pp_cfg.jiffy_ns;
 	if (d->conn == PP_CONN_WAITOPEN && age > pp_cfg.unopened_lifetime_ns)
 		return 1;
 	if (proto != IPPROTO_TCP && age > pp_cfg.dgram_lifetime_ns)
@@ -264,26 +263,20 @@ int pping_gc_flows(struct __sk_buff *skb)
 		fs = bpf_map_lookup_elem(&flows, &key);
 		if (!fs)
 			continue;
-		/* Direction 0 runs key.saddr -> key.daddr, direction 1 the reverse; their last
-		 * segments may be counted in the direction cache. */
-		pp_reverse(&rev, &key);
-		if ((pp_active(&fs->shared[0]) &&
-		     !pp_dir_expired(&fs->shared[0], pp_dc_seen(&key, fs->own0.last_seen, now),
-				     key.proto, now)) ||
-		    (pp_active(&fs->shared[1]) &&
-		     !pp_dir_expired(&fs->shared[1], pp_dc_seen(&rev, fs->own1.last_seen, now),
-				     key.proto, now)))
+		if ((pp_active(&fs->shared[0]) && !pp_dir_expired(&fs->shared[0], &fs->own0, key.proto, now)) ||
+		    (pp_active(&fs->shared[1]) && !pp_dir_expired(&fs->shared[1], &fs->own1, key.proto, now)))
 			continue;
 		wait0 = fs->shared[0].conn == PP_CONN_WAITOPEN;
 		wait1 = fs->shared[1].conn == PP_CONN_WAITOPEN;
 		if (bpf_map_delete_elem(&flows, &key) != 0)
 			continue;
-		pp_dc_drop(&key);
-		pp_dc_drop(&rev);
+		/* Direction 0 runs key.saddr -> key.daddr, direction 1 the reverse. */
 		if (wait0)
 			pp_hint_add(&key, -1);
-		if (wait1)
+		if (wait1) {
+			pp_reverse(&rev, &key);
 			pp_hint_add(&rev, -1);
+		}
 		COUNT(cnt, gc_flow_expired);
 		deleted |= 1U << i;
 	}

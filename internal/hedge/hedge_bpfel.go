@@ -186,6 +186,7 @@ type hedgeHreqKey struct {
 
 type hedgeHstore struct {
 	_          structs.HostLayout
+	Lap        uint64
 	DeadlineNs uint64
 	SentNs     uint64
 	DelayNs    uint64
@@ -244,19 +245,10 @@ const (
 	hedgeReqidOrderREQID_LITTLE_ENDIAN hedgeReqidOrder = 1
 )
 
-type hedgeStoreLap struct {
-	_      structs.HostLayout
-	Lap    uint64
-	SentNs uint64
-	Key    hedgeHreqKey
-}
-
 type hedgeStorePos struct {
 	_    structs.HostLayout
 	Head uint64
-	Pad0 [7]uint64
 	Tail uint64
-	Pad1 [7]uint64
 }
 
 type hedgeSvcAddr struct {
@@ -315,23 +307,20 @@ type hedgeSvcKey struct {
 type hedgeSvcState struct {
 	_              structs.HostLayout
 	TokensMilli    int64
+	Rr             uint32
+	Slot           uint32
+	WindowCount    uint64
+	LastDelayNs    uint64
 	WinEpoch       [10]uint64
 	WinRequests    [10]uint64
 	WinHedges      [10]uint64
-	Rr             uint32
-	Pad0           uint32
-	LastDelayNs    uint64
-	RepJudgeFromNs [8]uint64
-	RepOutUntilNs  [8]uint64
-	RepEjections   [8]uint64
-	WindowCount    uint64
-	Slot           uint32
-	Pad1           uint32
 	RepP50Ns       [8]uint64
 	RepSamples     [8]uint32
 	RepUnanswered  [8]uint32
+	RepJudgeFromNs [8]uint64
+	RepOutUntilNs  [8]uint64
 	RepLevel       [8]uint32
-	PadEnd         [8]uint64
+	RepEjections   [8]uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -348,7 +337,6 @@ const (
 	hedgeMapServices              = "services"
 	hedgeMapStats                 = "stats"
 	hedgeMapStoreHeads            = "store_heads"
-	hedgeMapStoreLaps             = "store_laps"
 	hedgeMapStoreRing             = "store_ring"
 	hedgeMapSvcCfgs               = "svc_cfgs"
 	hedgeMapSvcStates             = "svc_states"
@@ -436,7 +424,6 @@ type hedgeMapSpecs struct {
 	Services      *ebpf.MapSpec `ebpf:"services"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
 	StoreHeads    *ebpf.MapSpec `ebpf:"store_heads"`
-	StoreLaps     *ebpf.MapSpec `ebpf:"store_laps"`
 	StoreRing     *ebpf.MapSpec `ebpf:"store_ring"`
 	SvcCfgs       *ebpf.MapSpec `ebpf:"svc_cfgs"`
 	SvcStates     *ebpf.MapSpec `ebpf:"svc_states"`
@@ -494,7 +481,6 @@ type hedgeMaps struct {
 	Services      *ebpf.Map `ebpf:"services"`
 	Stats         *ebpf.Map `ebpf:"stats"`
 	StoreHeads    *ebpf.Map `ebpf:"store_heads"`
-	StoreLaps     *ebpf.Map `ebpf:"store_laps"`
 	StoreRing     *ebpf.Map `ebpf:"store_ring"`
 	SvcCfgs       *ebpf.Map `ebpf:"svc_cfgs"`
 	SvcStates     *ebpf.Map `ebpf:"svc_states"`
@@ -514,7 +500,6 @@ func (m *hedgeMaps) Close() error {
 		m.Services,
 		m.Stats,
 		m.StoreHeads,
-		m.StoreLaps,
 		m.StoreRing,
 		m.SvcCfgs,
 		m.SvcStates,

@@ -146,15 +146,11 @@ const (
 	// MaxScatterBatch: copies per scatter run (Config.ScatterBatch), 32 x 33 tail calls on
 	// kernels without bpf_loop.
 	MaxScatterBatch = 32 * 33
-	MaxElems        = 256 // vector elements (Sum, Min, Max) of either type
-	MaxGatherK      = 64  // Gather: replies kept
-	MaxParts        = 32  // datagrams of one multi-packet reply (Config.MultiPacket)
-	MaxReplicas     = 4   // replicas of one shard (Config.Replicas)
-	MaxResendRounds = 16  // rounds of re-sends per request (Config.MaxResends)
-	// MaxResendFrame: a request frame (Ethernet to the payload's end) longer than this is
-	// never re-sent (Stats.ResendUnstored).
-	MaxResendFrame = 1536
-	AggBytes       = 2048 // Gather: GatherK * Elems * Type.Size() must fit
+	MaxElems        = 256  // vector elements (Sum, Min, Max) of either type
+	MaxGatherK      = 64   // Gather: replies kept
+	MaxParts        = 32   // datagrams of one multi-packet reply (Config.MultiPacket)
+	MaxReplicas     = 4    // replicas of one shard (Config.Replicas)
+	AggBytes        = 2048 // Gather: GatherK * Elems * Type.Size() must fit
 )
 
 // Config describes a group.
@@ -236,43 +232,10 @@ type Config struct {
 	// all its parts have. Costs a parts map of InFlight x workers x 16 bytes. Not with
 	// Gather (single-packet replies only). Single-packet replies are taken either way.
 	MultiPacket bool
-	// Resend turns re-sends on: a worker that has not answered a request Resend after it
-	// was scattered gets its copy again, built in the kernel from the stored request at a
-	// tick of the pacer (docs/sg.md, "Re-sends"): to the next replica of its shard (a
-	// hedge) or, with none, to the same worker (a retry). The first reply counts; a later
-	// one is dropped (Stats.LateReplies). Workers must answer a request they see twice as
-	// they answered it once, and replicas of a shard alike. 0: off. Must be below
-	// Timeout; not with MultiPacket. Needs bpf_loop (5.17+) and starts a pacer: its own
-	// network namespace and a veth pair into the group's (internal/pacer).
-	Resend time.Duration
-	// MaxResends is how many rounds of re-sends a request may have, Resend apart
-	// (default 1, at most MaxResendRounds).
-	MaxResends int
-	// ResendQuantile, if set (0 < q < 1), makes the delay adaptive: the group's q-quantile
-	// of reply times, estimated in the kernel from every first reply of a worker that was
-	// not re-sent, clamped to [ResendMin, Resend]; Resend until the first reply.
-	ResendQuantile float64
-	// ResendMin is the adaptive delay's floor (default Resend / 10).
-	ResendMin time.Duration
-	// ResendBudget bounds the copies re-sent (default Ratio 0.1, Burst max(16, 2 x
-	// workers)).
-	ResendBudget ResendBudget
-	// PacerBackend is the pacer's delay line: auto (default), edt, netem or conveyor
-	// (docs/pacer.md).
-	PacerBackend string
 	// StatusDir, if set, is where the group publishes sg.<owner>.json (counters and
 	// configuration, every second; kedge's run-state status files) for `kedge sg stats`,
 	// which reads /run/kedge.
 	StatusDir string
-}
-
-// ResendBudget bounds re-sends like the hedger's token bucket: each request saves Ratio x
-// its copies while fewer than Burst are saved, and each re-sent copy spends one (refused
-// when none is left: Stats.ResendRefused). Over any run, copies re-sent <= Ratio x copies
-// scattered + Burst.
-type ResendBudget struct {
-	Ratio float64
-	Burst int
 }
 
 // Status of a result.
@@ -364,48 +327,37 @@ type RequestOptions struct {
 
 // Stats are the data plane's counters (docs/sg.md lists their meaning).
 type Stats struct {
-	Requests    uint64 `json:"requests"`
-	Copies      uint64 `json:"copies"`
-	CopyErrors  uint64 `json:"copy_errors"`
-	SlotBusy    uint64 `json:"slot_busy"`
-	SlotRange   uint64 `json:"slot_range"`
-	NotOwner    uint64 `json:"not_owner"`
-	Continued   uint64 `json:"continued"`
-	ContStopped uint64 `json:"cont_stopped"`
-	Ejections   uint64 `json:"ejections"`
-	ShardOut    uint64 `json:"shard_out"`
-	// Re-sends (Config.Resend): copies sent again to the same worker (retries) or to
-	// another replica of its shard (hedges), shards a hedge answered first, copies the
-	// budget refused, failures, requests too long to store, second replies of re-sent
-	// workers (dropped).
-	Retries        uint64 `json:"retries"`
-	Hedges         uint64 `json:"hedges"`
-	HedgesWon      uint64 `json:"hedges_won"`
-	ResendRefused  uint64 `json:"resend_refused"`
-	ResendErrors   uint64 `json:"resend_errors"`
-	ResendUnstored uint64 `json:"resend_unstored"`
-	LateReplies    uint64 `json:"late_replies"`
-	Replies        uint64 `json:"replies"`
-	Completed      uint64 `json:"completed"`
-	Timeouts       uint64 `json:"timeouts"`
-	Duplicates     uint64 `json:"duplicates"`
-	Late           uint64 `json:"late"`
-	Stale          uint64 `json:"stale"`
-	Unregistered   uint64 `json:"unregistered"`
-	BadLength      uint64 `json:"bad_length"`
-	WorkerErrors   uint64 `json:"worker_errors"`
-	Multipart      uint64 `json:"multipart"`
-	Overflow       uint64 `json:"overflow"`
-	RingbufFull    uint64 `json:"ringbuf_full"`
-	Parts          uint64 `json:"parts"`
-	PartDups       uint64 `json:"part_dups"`
-	BadParts       uint64 `json:"bad_parts"`
-	PartMismatch   uint64 `json:"part_mismatch"`
-	UnknownGroup   uint64 `json:"unknown_group"`
-	Malformed      uint64 `json:"malformed"`
-	BadVersion     uint64 `json:"bad_version"`
-	Sweeps         uint64 `json:"sweeps"`
-	TimerErrors    uint64 `json:"timer_errors"`
+	Requests     uint64 `json:"requests"`
+	Copies       uint64 `json:"copies"`
+	CopyErrors   uint64 `json:"copy_errors"`
+	SlotBusy     uint64 `json:"slot_busy"`
+	SlotRange    uint64 `json:"slot_range"`
+	NotOwner     uint64 `json:"not_owner"`
+	Continued    uint64 `json:"continued"`
+	ContStopped  uint64 `json:"cont_stopped"`
+	Ejections    uint64 `json:"ejections"`
+	ShardOut     uint64 `json:"shard_out"`
+	Replies      uint64 `json:"replies"`
+	Completed    uint64 `json:"completed"`
+	Timeouts     uint64 `json:"timeouts"`
+	Duplicates   uint64 `json:"duplicates"`
+	Late         uint64 `json:"late"`
+	Stale        uint64 `json:"stale"`
+	Unregistered uint64 `json:"unregistered"`
+	BadLength    uint64 `json:"bad_length"`
+	WorkerErrors uint64 `json:"worker_errors"`
+	Multipart    uint64 `json:"multipart"`
+	Overflow     uint64 `json:"overflow"`
+	RingbufFull  uint64 `json:"ringbuf_full"`
+	Parts        uint64 `json:"parts"`
+	PartDups     uint64 `json:"part_dups"`
+	BadParts     uint64 `json:"bad_parts"`
+	PartMismatch uint64 `json:"part_mismatch"`
+	UnknownGroup uint64 `json:"unknown_group"`
+	Malformed    uint64 `json:"malformed"`
+	BadVersion   uint64 `json:"bad_version"`
+	Sweeps       uint64 `json:"sweeps"`
+	TimerErrors  uint64 `json:"timer_errors"`
 }
 
 // Errors.
