@@ -27,6 +27,7 @@ var figureRuns = map[string]string{
 	// against etcd, side by side in the same lab
 	"raft-etcd-tp":          "kedge bench raft --peer etcd --scenarios throughput --offload on --tp-routing leader,spread --tp-rounds 4 --tp-duration 20s --out docs/results/raft-etcd-tp",
 	"raft-etcd-tp-spread":   "kedge bench raft --peer etcd --scenarios throughput --offload on --tp-routing spread --tp-rounds 6 --tp-duration 12s --out docs/results/raft-etcd-tp-spread",
+	"raft-etcd-tp-leader":   "kedge bench raft --peer etcd --scenarios throughput --offload on --tp-routing leader --tp-rounds 6 --tp-duration 12s --out docs/results/raft-etcd-tp-leader",
 	"raft-etcd-failover-10": "kedge bench raft --peer etcd --scenarios failover --offload on --tick 1ms --election-ticks 10 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-10",
 	"raft-etcd-failover-50": "kedge bench raft --peer etcd --scenarios failover --offload on --tick 1ms --election-ticks 50 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-50",
 }
