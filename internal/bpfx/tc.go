@@ -273,7 +273,7 @@ func findFilter(h *netlink.Handle, ifindex int, parent uint32, name string) (*ne
 	if err != nil {
 		return nil, fmt.Errorf("find ifindex %d: %w", ifindex, err)
 	}
-	fs, err := h.FilterList(link, parent)
+	fs, err := retryDump(func() ([]netlink.Filter, error) { return h.FilterList(link, parent) })
 	if err != nil {
 		return nil, fmt.Errorf("list filters: %w", err)
 	}
@@ -292,7 +292,7 @@ func removeClsactIfUnused(h *netlink.Handle, ifindex int) error {
 		return nil // interface gone, qdisc with it
 	}
 	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
-		fs, err := h.FilterList(link, parent)
+		fs, err := retryDump(func() ([]netlink.Filter, error) { return h.FilterList(link, parent) })
 		if err != nil || len(fs) > 0 {
 			return nil
 		}
@@ -330,7 +330,7 @@ func ListFilters(ns netns.NsHandle) ([]Filter, error) {
 	var out []Filter
 	err := EachLink(ns, func(h *netlink.Handle, l netlink.Link) {
 		for _, dir := range []Direction{Ingress, Egress} {
-			fs, err := h.FilterList(l, hookParent(dir))
+			fs, err := retryDump(func() ([]netlink.Filter, error) { return h.FilterList(l, hookParent(dir)) })
 			if err != nil {
 				continue // no clsact qdisc
 			}
@@ -356,7 +356,7 @@ func EachLink(ns netns.NsHandle, fn func(h *netlink.Handle, l netlink.Link)) err
 		return err
 	}
 	defer h.Close()
-	links, err := h.LinkList()
+	links, err := retryDump(h.LinkList)
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}
@@ -378,7 +378,7 @@ func RemoveFilter(ns netns.NsHandle, f Filter) error {
 	if err != nil {
 		return nil // interface gone, filter with it
 	}
-	fs, err := h.FilterList(l, hookParent(f.Hook))
+	fs, err := retryDump(func() ([]netlink.Filter, error) { return h.FilterList(l, hookParent(f.Hook)) })
 	if err != nil {
 		return nil
 	}
@@ -443,4 +443,18 @@ func ScopeNetns(s runstate.Scope, fn func(label string, ns netns.NsHandle) error
 		call("netns "+n+": ", s.Named[n])
 	}
 	return errors.Join(errs...)
+}
+
+// dumpRetries is how often a netlink dump that the kernel marked interrupted (the table
+// changed during the dump: netlink.ErrDumpInterrupted, with a result that may be incomplete)
+// is asked again before its error is returned. Other runs' labs come and go beside ours.
+const dumpRetries = 5
+
+// retryDump runs dump until it is not interrupted, at most dumpRetries times.
+func retryDump[T any](dump func() (T, error)) (T, error) {
+	v, err := dump()
+	for i := 1; i < dumpRetries && errors.Is(err, netlink.ErrDumpInterrupted); i++ {
+		v, err = dump()
+	}
+	return v, err
 }
