@@ -91,9 +91,14 @@ static __always_inline __u32 store_len(__u32 len)
 	return ((len - 1) & (STORE_BYTES - 1)) + 1;
 }
 
+/* Head and tail 64 bytes apart, on cache lines of their own: the splitter moves the tail on
+ * one CPU while the response path moves the head on the other (at saturation, the client's
+ * and the server's). */
 struct store_pos {
-	__u64 head; /* next position the rescuer pops */
+	__u64 head; /* next position the rescuer (or a response) pops */
+	__u64 _pad0[7];
 	__u64 tail; /* next position a splitter claims */
+	__u64 _pad1[7];
 };
 
 struct {

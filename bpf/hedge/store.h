@@ -150,7 +150,7 @@ static __always_inline int store_request(struct __sk_buff *skb, struct match *m,
 	if (!len)
 		return STORE_UNSUPPORTED;
 	/* Stored (and published) before the request (docs/pacer.md: ordering). */
-	pacer_request(skb, r->deadline_ns);
+	pacer_request_at(skb, r->deadline_ns, r->sent_ns);
 	return STORE_OK;
 }
 

@@ -204,30 +204,42 @@ struct svc_cfg {
 	__u64 eject_max_ns;
 };
 
-/* svc_state: kernel-owned running state per service. */
+/* svc_state: kernel-owned running state per service. Grouped by who writes it, because at
+ * saturation the splitter runs on the client's CPU and the response path on the server's:
+ * the splitter's fields (every request), then fields written at hedges and by the timer (at
+ * least 64 bytes: no cache line holds both a splitter's and a response path's field), then
+ * the response path's (every response), then 64 bytes so the next service's splitter fields
+ * share no line with them either. */
 struct svc_state {
+	/* The splitter's. */
 	__s64 tokens_milli; /* hedging budget; a hedge costs 1000 */
-	__u32 rr;           /* round-robin over alternative replicas */
-	__u32 slot;         /* current histogram slot */
-	__u64 window_count; /* samples in the running total */
-	__u64 last_delay_ns;
 	/* BUDGET_WINDOW: per slot of the window its time index (now / budget_slot_ns + 1;
 	 * 0: unused), requests and hedges. */
 	__u64 win_epoch[BUDGET_SLOTS];
 	__u64 win_requests[BUDGET_SLOTS];
 	__u64 win_hedges[BUDGET_SLOTS];
+	/* At hedges and timer ticks. */
+	__u32 rr;           /* round-robin over alternative replicas */
+	__u32 _pad0;
+	__u64 last_delay_ns;
+	/* Replica judgement, per replica: when the eject_after-th unanswered hedge left,
+	 * ejected until (0: in), ejections in all (rep_unanswered and rep_level below). */
+	__u64 rep_judge_from_ns[REPLICA_MAX];
+	__u64 rep_out_until_ns[REPLICA_MAX];
+	__u64 rep_ejections[REPLICA_MAX];
+	/* The response path's. */
+	__u64 window_count; /* samples in the running total */
+	__u32 slot;         /* current histogram slot (the timer moves it) */
+	__u32 _pad1;
 	/* Per replica: its recent median latency (a stochastic median estimate, replica.h;
 	 * 0: none yet) and the responses it gave since the last timer tick. */
 	__u64 rep_p50_ns[REPLICA_MAX];
 	__u32 rep_samples[REPLICA_MAX];
-	/* Replica judgement, per replica: hedges sent since its last response (and when the
-	 * eject_after-th of them left), ejected until (0: in), ejections in a row (the back-off's
-	 * doubling; 0 again at its next response) and in all. */
+	/* Replica judgement, per replica: hedges sent since its last response, ejections in a
+	 * row (the back-off's doubling); a response sets both to 0 (when they are not). */
 	__u32 rep_unanswered[REPLICA_MAX];
-	__u64 rep_judge_from_ns[REPLICA_MAX]; /* when the eject_after-th of them left */
-	__u64 rep_out_until_ns[REPLICA_MAX];
 	__u32 rep_level[REPLICA_MAX];
-	__u64 rep_ejections[REPLICA_MAX];
+	__u64 _pad_end[8];
 };
 
 /* Scoreboard key: (client addr, client port, service, request id). */

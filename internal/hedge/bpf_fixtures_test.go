@@ -174,6 +174,7 @@ type fixtureOpts struct {
 	missingDLIf bool   // point cfg_dl_ifindex at an ifindex that does not exist
 	noCarry     bool   // the hedger without a clone path (hedge_config.no_carry)
 	events      bool   // the event stream on (hedge_config.events)
+	realClock   bool   // the programs read the kernel's clock, as in production (cost benchmarks)
 }
 
 // Fake ifindexes: far above anything a fresh namespace allocates; checked to be absent.
@@ -226,6 +227,9 @@ func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 		noCarry:  o.noCarry,
 		events:   o.events,
 		prepare:  bpftest.FixClock,
+	}
+	if o.realClock {
+		f.h.prepare = nil
 	}
 
 	if err := f.h.load(); err != nil {

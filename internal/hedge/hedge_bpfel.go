@@ -248,7 +248,9 @@ const (
 type hedgeStorePos struct {
 	_    structs.HostLayout
 	Head uint64
+	Pad0 [7]uint64
 	Tail uint64
+	Pad1 [7]uint64
 }
 
 type hedgeSvcAddr struct {
@@ -307,20 +309,23 @@ type hedgeSvcKey struct {
 type hedgeSvcState struct {
 	_              structs.HostLayout
 	TokensMilli    int64
-	Rr             uint32
-	Slot           uint32
-	WindowCount    uint64
-	LastDelayNs    uint64
 	WinEpoch       [10]uint64
 	WinRequests    [10]uint64
 	WinHedges      [10]uint64
+	Rr             uint32
+	Pad0           uint32
+	LastDelayNs    uint64
+	RepJudgeFromNs [8]uint64
+	RepOutUntilNs  [8]uint64
+	RepEjections   [8]uint64
+	WindowCount    uint64
+	Slot           uint32
+	Pad1           uint32
 	RepP50Ns       [8]uint64
 	RepSamples     [8]uint32
 	RepUnanswered  [8]uint32
-	RepJudgeFromNs [8]uint64
-	RepOutUntilNs  [8]uint64
 	RepLevel       [8]uint32
-	RepEjections   [8]uint64
+	PadEnd         [8]uint64
 }
 
 // Names of all BPF objects in the ELF.
