@@ -84,6 +84,14 @@ struct {
 	__type(value, struct hstore);
 } store_ring SEC(".maps");
 
+/* The cells' laps, index as store_ring's (struct hstore says why apart); sized with it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_MAX * STORE_RING);
+	__type(key, __u32);
+	__type(value, __u64);
+} store_laps SEC(".maps");
+
 /* store_len bounds a length already checked to be 1..STORE_BYTES for the verifier (see
  * echo_len in bpf/pacer/echo.bpf.c). */
 static __always_inline __u32 store_len(__u32 len)

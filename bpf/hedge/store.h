@@ -19,7 +19,8 @@
  * the change (the delay changes at most once per tick_ns). A re-queued request (a further
  * hedge) is clamped the same way. Hedges are never sent early.
  *
- * The ring (one per service, STORE_RING cells): a multi-producer queue with per-cell laps.
+ * The ring (one per service, STORE_RING cells): a multi-producer queue with per-cell laps
+ * (kept in store_laps, apart from the cells: see struct hstore).
  * Position pos maps to cell pos % STORE_RING; the cell is empty for pos while lap ==
  * 2 * (pos / STORE_RING) and filled when lap is one more. A splitter claims the tail by
  * compare-and-exchange when its cell is empty (else the ring is full), fills it and publishes
@@ -54,6 +55,22 @@ static __always_inline struct hstore *ring_cell(__u32 svc, __u64 pos)
 	return bpf_map_lookup_elem(&store_ring, &idx);
 }
 
+/* ring_lap: the lap of svc's cell at pos (an array lookup, inlined by the verifier). */
+static __always_inline __u64 *ring_lap(__u32 svc, __u64 pos)
+{
+	__u32 idx = svc * STORE_RING + (__u32)(pos & (STORE_RING - 1));
+
+	return bpf_map_lookup_elem(&store_laps, &idx);
+}
+
+/* ring_filled: svc's cell at pos holds the request of pos (published, not yet released). */
+static __always_inline int ring_filled(__u32 svc, __u64 pos)
+{
+	__u64 *lap = ring_lap(svc, pos);
+
+	return lap && READ_ONCE(*lap) == pos / STORE_RING * 2 + 1;
+}
+
 static __always_inline __u64 lap_empty(__u64 pos)
 {
 	return pos / STORE_RING * 2;
@@ -65,16 +82,17 @@ static __always_inline struct hstore *ring_claim(__u32 svc, __u64 *pos)
 {
 	struct store_pos *sp = bpf_map_lookup_elem(&store_heads, &svc);
 	struct hstore *c;
-	__u64 t, lap;
+	__u64 t, lap, *lp;
 
 	if (!sp)
 		return NULL;
 	for (int i = 0; i < 4; i++) {
 		t = READ_ONCE(sp->tail);
 		c = ring_cell(svc, t);
-		if (!c)
+		lp = ring_lap(svc, t);
+		if (!c || !lp)
 			return NULL;
-		lap = READ_ONCE(c->lap);
+		lap = READ_ONCE(*lp);
 		if (lap < lap_empty(t))
 			return NULL; /* the rescuer still holds the cell a lap back: full */
 		if (lap == lap_empty(t) && __sync_val_compare_and_swap(&sp->tail, t, t + 1) == t) {
@@ -85,19 +103,25 @@ static __always_inline struct hstore *ring_claim(__u32 svc, __u64 *pos)
 	return NULL;
 }
 
-static __always_inline void ring_publish(struct hstore *c, __u64 pos)
+static __always_inline void ring_publish(__u32 svc, __u64 pos)
 {
-	__sync_lock_test_and_set(&c->lap, lap_empty(pos) + 1);
+	__u64 *lap = ring_lap(svc, pos);
+
+	if (lap)
+		__sync_lock_test_and_set(lap, lap_empty(pos) + 1);
 }
 
-static __always_inline void ring_release(struct hstore *c, __u64 pos)
+static __always_inline void ring_release(__u32 svc, __u64 pos)
 {
-	__sync_lock_test_and_set(&c->lap, lap_empty(pos) + 2);
+	__u64 *lap = ring_lap(svc, pos);
+
+	if (lap)
+		__sync_lock_test_and_set(lap, lap_empty(pos) + 2);
 }
 
 /* store_finish zeroes what follows the bytes (the checksum reads whole 4-byte words) and the
  * UDP checksum field (computed anew for each hedge), and publishes the cell. */
-static __always_inline void store_finish(struct hstore *c, __u64 pos, __u32 len, __u32 l3)
+static __always_inline void store_finish(struct hstore *c, __u32 svc, __u64 pos, __u32 len, __u32 l3)
 {
 	if (len >= l3 + sizeof(struct udphdr) && len <= STORE_BYTES) {
 		barrier_var(len);
@@ -114,7 +138,7 @@ static __always_inline void store_finish(struct hstore *c, __u64 pos, __u32 len,
 		len = 0;
 	}
 	c->len = len;
-	ring_publish(c, pos);
+	ring_publish(svc, pos);
 }
 
 /* store_request (splitter): stores the request m matched (scoreboard entry r written
@@ -146,7 +170,7 @@ static __always_inline int store_request(struct __sk_buff *skb, struct match *m,
 	c->ipv6 = l3 == sizeof(struct ipv6hdr);
 	if (len > STORE_BYTES || bpf_skb_load_bytes(skb, p->l3_off, c->data, store_len(len)) < 0)
 		len = 0; /* published empty: the rescuer drops it, the ring has no hole */
-	store_finish(c, pos, len, l3);
+	store_finish(c, m->svc, pos, len, l3);
 	if (!len)
 		return STORE_UNSUPPORTED;
 	/* Stored (and published) before the request (docs/pacer.md: ordering). */
@@ -180,11 +204,11 @@ static __always_inline int store_answered(struct match *m, const struct hreq *e)
 		return 0;
 	h = READ_ONCE(sp->head);
 	c = ring_cell(m->svc, h);
-	if (!c || READ_ONCE(c->lap) != lap_empty(h) + 1 || c->sent_ns != e->sent_ns || !key_eq(&c->key, &m->key))
+	if (!c || !ring_filled(m->svc, h) || c->sent_ns != e->sent_ns || !key_eq(&c->key, &m->key))
 		return 0;
 	if (__sync_val_compare_and_swap(&sp->head, h, h + 1) != h)
 		return 0; /* a tick took it */
-	ring_release(c, h);
+	ring_release(m->svc, h);
 	bpf_map_delete_elem(&scoreboard, &m->key);
 	budget_release(m->cfg, m->st);
 	COUNT(m->cnt, stored_answered);
@@ -228,7 +252,7 @@ static __always_inline int store_requeue(__u32 svc, struct hstore *c, __u64 now)
 			break;
 		((__u64 *)n->data)[i] = ((__u64 *)c->data)[i];
 	}
-	store_finish(n, pos, len, c->l3_len);
+	store_finish(n, svc, pos, len, c->l3_len);
 	return len ? 0 : -1;
 }
 

@@ -102,7 +102,7 @@ static long tick_one(__u32 i, struct tick_ctx *c0)
 		return 1;
 	h = READ_ONCE(sp->head);
 	c = ring_cell(svc, h);
-	if (!c || READ_ONCE(c->lap) != lap_empty(h) + 1) {
+	if (!c || !ring_filled(svc, h)) {
 		t->svc++; /* empty (or a splitter is still filling the head: it asks for a tick) */
 		return 0;
 	}
@@ -125,7 +125,7 @@ static long tick_one(__u32 i, struct tick_ctx *c0)
 		t->held = 0;
 	}
 	r = store_hedge(c0->skb, svc, svc * STORE_RING + (__u32)(h & (STORE_RING - 1)), c0->now);
-	ring_release(c, h);
+	ring_release(svc, h);
 	if (r == HEDGE_BUILT) {
 		t->held = 1;
 		t->sent++;

@@ -276,11 +276,12 @@ struct hreq {
 	__u32 _pad;
 };
 
-/* A stored request: one cell of a service's store ring (bpf/hedge/store.h). lap is the
+/* A stored request: one cell of a service's store ring (bpf/hedge/store.h). Its lap (the
  * ring's protocol: 2*lap_of(pos) empty for position pos, +1 filled; the consumer's release
- * makes it the next lap's empty. */
+ * makes it the next lap's empty) is kept apart, in the dense map store_laps: the splitter
+ * reads the lap of the cell it claims before anything else, and 8-byte laps stay in cache
+ * where 2 KiB cells, cycled through, do not. */
 struct hstore {
-	__u64 lap;
 	__u64 deadline_ns;
 	__u64 sent_ns;       /* the scoreboard entry's: a later request with the same key is not this one */
 	__u64 delay_ns;      /* this hedge's delay (far-overdue cutoff, re-queue) */

@@ -186,7 +186,6 @@ type hedgeHreqKey struct {
 
 type hedgeHstore struct {
 	_          structs.HostLayout
-	Lap        uint64
 	DeadlineNs uint64
 	SentNs     uint64
 	DelayNs    uint64
@@ -342,6 +341,7 @@ const (
 	hedgeMapServices              = "services"
 	hedgeMapStats                 = "stats"
 	hedgeMapStoreHeads            = "store_heads"
+	hedgeMapStoreLaps             = "store_laps"
 	hedgeMapStoreRing             = "store_ring"
 	hedgeMapSvcCfgs               = "svc_cfgs"
 	hedgeMapSvcStates             = "svc_states"
@@ -429,6 +429,7 @@ type hedgeMapSpecs struct {
 	Services      *ebpf.MapSpec `ebpf:"services"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
 	StoreHeads    *ebpf.MapSpec `ebpf:"store_heads"`
+	StoreLaps     *ebpf.MapSpec `ebpf:"store_laps"`
 	StoreRing     *ebpf.MapSpec `ebpf:"store_ring"`
 	SvcCfgs       *ebpf.MapSpec `ebpf:"svc_cfgs"`
 	SvcStates     *ebpf.MapSpec `ebpf:"svc_states"`
@@ -486,6 +487,7 @@ type hedgeMaps struct {
 	Services      *ebpf.Map `ebpf:"services"`
 	Stats         *ebpf.Map `ebpf:"stats"`
 	StoreHeads    *ebpf.Map `ebpf:"store_heads"`
+	StoreLaps     *ebpf.Map `ebpf:"store_laps"`
 	StoreRing     *ebpf.Map `ebpf:"store_ring"`
 	SvcCfgs       *ebpf.Map `ebpf:"svc_cfgs"`
 	SvcStates     *ebpf.Map `ebpf:"svc_states"`
@@ -505,6 +507,7 @@ func (m *hedgeMaps) Close() error {
 		m.Services,
 		m.Stats,
 		m.StoreHeads,
+		m.StoreLaps,
 		m.StoreRing,
 		m.SvcCfgs,
 		m.SvcStates,

@@ -187,6 +187,7 @@ func (h *Hedger) load() error {
 	spec.Maps[hedgeMapScoreboard].MaxEntries = h.Config.ScoreboardSize
 	// One store ring per service slot (a cell holds a whole request: 2 KiB).
 	spec.Maps[hedgeMapStoreRing].MaxEntries = uint32(max(h.capacity, len(h.Config.Services)) * storeRing)
+	spec.Maps[hedgeMapStoreLaps].MaxEntries = spec.Maps[hedgeMapStoreRing].MaxEntries
 	cfg := hedgeHedgeConfig{
 		OutIfindex: uint32(h.IfIndex),
 		HedgeMark:  h.Config.Mark,

@@ -35,10 +35,11 @@ func (f *fixture) cell(tb testing.TB, svc int, pos uint64) hedgeHstore {
 	return lookup[hedgeHstore](tb, f.objs.StoreRing, cellIndex(svc, pos))
 }
 
-func (f *fixture) putCell(tb testing.TB, svc int, pos uint64, c hedgeHstore) {
+// putLap writes the lap of service svc's cell at pos (store_laps).
+func (f *fixture) putLap(tb testing.TB, svc int, pos uint64, lap uint64) {
 	tb.Helper()
-	if err := f.objs.StoreRing.Put(cellIndex(svc, pos), c); err != nil {
-		tb.Fatalf("write store cell %d/%d: %v", svc, pos, err)
+	if err := f.objs.StoreLaps.Put(cellIndex(svc, pos), lap); err != nil {
+		tb.Fatalf("write store lap %d/%d: %v", svc, pos, err)
 	}
 }
 
@@ -49,9 +50,7 @@ func (f *fixture) resetStore(tb testing.TB) {
 	for svc := range f.h.Config.Services {
 		h := f.heads(tb, svc)
 		for pos := h.Head; pos < h.Tail; pos++ {
-			c := f.cell(tb, svc, pos)
-			c.Lap = lapEmpty(pos) + 2
-			f.putCell(tb, svc, pos, c)
+			f.putLap(tb, svc, pos, lapEmpty(pos)+2)
 		}
 		h.Head = h.Tail
 		if err := f.objs.StoreHeads.Put(uint32(svc), h); err != nil {
@@ -257,9 +256,7 @@ func TestStoreSplit(t *testing.T) {
 			Setup: func(tb testing.TB) {
 				// The cell a lap back is still held (filled, not released).
 				h := f.heads(tb, sSt4)
-				c := f.cell(tb, sSt4, h.Tail)
-				c.Lap = lapEmpty(h.Tail) + 1
-				f.putCell(tb, sSt4, h.Tail, c)
+				f.putLap(tb, sSt4, h.Tail, lapEmpty(h.Tail)+1)
 				h.Tail += uint64(storeRing)
 				if err := f.objs.StoreHeads.Put(uint32(sSt4), h); err != nil {
 					tb.Fatal(err)
@@ -501,9 +498,7 @@ func TestStoreNoCarry(t *testing.T) {
 		{Name: "ring full: not cloned, not hedged (NOCLONE)", In: datagram(client4, svcSt4, idPayload(id, 64)),
 			Setup: func(tb testing.TB) {
 				h := f.heads(tb, sSt4)
-				c := f.cell(tb, sSt4, h.Tail)
-				c.Lap = lapEmpty(h.Tail) + 1
-				f.putCell(tb, sSt4, h.Tail, c)
+				f.putLap(tb, sSt4, h.Tail, lapEmpty(h.Tail)+1)
 				h.Tail += uint64(storeRing)
 				if err := f.objs.StoreHeads.Put(uint32(sSt4), h); err != nil {
 					tb.Fatal(err)
