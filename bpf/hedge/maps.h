@@ -84,12 +84,12 @@ struct {
 	__type(value, struct hstore);
 } store_ring SEC(".maps");
 
-/* The cells' laps, index as store_ring's (struct hstore says why apart); sized with it. */
+/* The cells' laps and owners, index as store_ring's (struct store_lap); sized with it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, SVC_MAX * STORE_RING);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct store_lap);
 } store_laps SEC(".maps");
 
 /* store_len bounds a length already checked to be 1..STORE_BYTES for the verifier (see

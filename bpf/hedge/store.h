@@ -56,7 +56,7 @@ static __always_inline struct hstore *ring_cell(__u32 svc, __u64 pos)
 }
 
 /* ring_lap: the lap of svc's cell at pos (an array lookup, inlined by the verifier). */
-static __always_inline __u64 *ring_lap(__u32 svc, __u64 pos)
+static __always_inline struct store_lap *ring_lap(__u32 svc, __u64 pos)
 {
 	__u32 idx = svc * STORE_RING + (__u32)(pos & (STORE_RING - 1));
 
@@ -66,9 +66,9 @@ static __always_inline __u64 *ring_lap(__u32 svc, __u64 pos)
 /* ring_filled: svc's cell at pos holds the request of pos (published, not yet released). */
 static __always_inline int ring_filled(__u32 svc, __u64 pos)
 {
-	__u64 *lap = ring_lap(svc, pos);
+	struct store_lap *l = ring_lap(svc, pos);
 
-	return lap && READ_ONCE(*lap) == pos / STORE_RING * 2 + 1;
+	return l && READ_ONCE(l->lap) == pos / STORE_RING * 2 + 1;
 }
 
 static __always_inline __u64 lap_empty(__u64 pos)
@@ -82,7 +82,8 @@ static __always_inline struct hstore *ring_claim(__u32 svc, __u64 *pos)
 {
 	struct store_pos *sp = bpf_map_lookup_elem(&store_heads, &svc);
 	struct hstore *c;
-	__u64 t, lap, *lp;
+	struct store_lap *lp;
+	__u64 t, lap;
 
 	if (!sp)
 		return NULL;
@@ -92,7 +93,7 @@ static __always_inline struct hstore *ring_claim(__u32 svc, __u64 *pos)
 		lp = ring_lap(svc, t);
 		if (!c || !lp)
 			return NULL;
-		lap = READ_ONCE(*lp);
+		lap = READ_ONCE(lp->lap);
 		if (lap < lap_empty(t))
 			return NULL; /* the rescuer still holds the cell a lap back: full */
 		if (lap == lap_empty(t) && __sync_val_compare_and_swap(&sp->tail, t, t + 1) == t) {
@@ -103,20 +104,24 @@ static __always_inline struct hstore *ring_claim(__u32 svc, __u64 *pos)
 	return NULL;
 }
 
-static __always_inline void ring_publish(__u32 svc, __u64 pos)
+/* ring_publish publishes cell c at pos: its owner (send time, key) beside its lap first. */
+static __always_inline void ring_publish(__u32 svc, __u64 pos, const struct hstore *c)
 {
-	__u64 *lap = ring_lap(svc, pos);
+	struct store_lap *l = ring_lap(svc, pos);
 
-	if (lap)
-		__sync_lock_test_and_set(lap, lap_empty(pos) + 1);
+	if (!l)
+		return;
+	l->sent_ns = c->sent_ns;
+	l->key = c->key;
+	__sync_lock_test_and_set(&l->lap, lap_empty(pos) + 1);
 }
 
 static __always_inline void ring_release(__u32 svc, __u64 pos)
 {
-	__u64 *lap = ring_lap(svc, pos);
+	struct store_lap *l = ring_lap(svc, pos);
 
-	if (lap)
-		__sync_lock_test_and_set(lap, lap_empty(pos) + 2);
+	if (l)
+		__sync_lock_test_and_set(&l->lap, lap_empty(pos) + 2);
 }
 
 /* store_finish zeroes what follows the bytes (the checksum reads whole 4-byte words) and the
@@ -138,7 +143,7 @@ static __always_inline void store_finish(struct hstore *c, __u32 svc, __u64 pos,
 		len = 0;
 	}
 	c->len = len;
-	ring_publish(svc, pos);
+	ring_publish(svc, pos, c);
 }
 
 /* store_request (splitter): stores the request m matched (scoreboard entry r written
@@ -178,7 +183,7 @@ static __always_inline int store_request(struct __sk_buff *skb, struct match *m,
 	return STORE_OK;
 }
 
-/* key_eq compares two scoreboard keys (40 bytes, 8-byte aligned) word by word. */
+/* key_eq compares two scoreboard keys (32 bytes, 8-byte aligned) word by word. */
 static __always_inline int key_eq(const struct hreq_key *a, const struct hreq_key *b)
 {
 	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
@@ -197,14 +202,16 @@ static __always_inline int key_eq(const struct hreq_key *a, const struct hreq_ke
 static __always_inline int store_answered(struct match *m, const struct hreq *e)
 {
 	struct store_pos *sp = bpf_map_lookup_elem(&store_heads, &m->svc);
-	struct hstore *c;
+	struct store_lap *l;
 	__u64 h;
 
 	if (!sp)
 		return 0;
 	h = READ_ONCE(sp->head);
-	c = ring_cell(m->svc, h);
-	if (!c || !ring_filled(m->svc, h) || c->sent_ns != e->sent_ns || !key_eq(&c->key, &m->key))
+	l = ring_lap(m->svc, h);
+	/* The head's owner from its lap entry (the cell itself is not read): a head popped
+	 * meanwhile fails the exchange below. */
+	if (!l || READ_ONCE(l->lap) != lap_empty(h) + 1 || l->sent_ns != e->sent_ns || !key_eq(&l->key, &m->key))
 		return 0;
 	if (__sync_val_compare_and_swap(&sp->head, h, h + 1) != h)
 		return 0; /* a tick took it */

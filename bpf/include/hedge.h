@@ -276,11 +276,10 @@ struct hreq {
 	__u32 _pad;
 };
 
-/* A stored request: one cell of a service's store ring (bpf/hedge/store.h). Its lap (the
- * ring's protocol: 2*lap_of(pos) empty for position pos, +1 filled; the consumer's release
- * makes it the next lap's empty) is kept apart, in the dense map store_laps: the splitter
- * reads the lap of the cell it claims before anything else, and 8-byte laps stay in cache
- * where 2 KiB cells, cycled through, do not. */
+/* A stored request: one cell of a service's store ring (bpf/hedge/store.h). Its lap is kept
+ * apart, in the dense map store_laps (struct store_lap): the splitter reads the lap of the
+ * cell it claims before anything else, and 48-byte entries stay in cache where 2 KiB cells,
+ * cycled through, do not. */
 struct hstore {
 	__u64 deadline_ns;
 	__u64 sent_ns;       /* the scoreboard entry's: a later request with the same key is not this one */
@@ -291,6 +290,17 @@ struct hstore {
 	__u8 ipv6;
 	__u32 _pad;
 	__u8 data[STORE_BYTES + 64]; /* + 64: room for the checksum's 512-byte chunks (store.h) */
+};
+
+/* A cell's lap and whose request it holds (store_laps, the cell's index). lap is the ring's
+ * protocol: 2*lap_of(pos) empty for position pos, +1 filled; the consumer's release makes it
+ * the next lap's empty. sent_ns and key repeat the cell's, written before the lap is
+ * published: a response tells whether the ring's head is its request from this one cache
+ * line, without reading the cell (written on the other CPU at saturation). */
+struct store_lap {
+	__u64 lap;
+	__u64 sent_ns;
+	struct hreq_key key;
 };
 
 /* Per-service counters (per-CPU array, SVC_MAX slots; slot SVC_MAX holds the counters

@@ -244,6 +244,13 @@ const (
 	hedgeReqidOrderREQID_LITTLE_ENDIAN hedgeReqidOrder = 1
 )
 
+type hedgeStoreLap struct {
+	_      structs.HostLayout
+	Lap    uint64
+	SentNs uint64
+	Key    hedgeHreqKey
+}
+
 type hedgeStorePos struct {
 	_    structs.HostLayout
 	Head uint64

@@ -38,7 +38,7 @@ func (f *fixture) cell(tb testing.TB, svc int, pos uint64) hedgeHstore {
 // putLap writes the lap of service svc's cell at pos (store_laps).
 func (f *fixture) putLap(tb testing.TB, svc int, pos uint64, lap uint64) {
 	tb.Helper()
-	if err := f.objs.StoreLaps.Put(cellIndex(svc, pos), lap); err != nil {
+	if err := f.objs.StoreLaps.Put(cellIndex(svc, pos), hedgeStoreLap{Lap: lap}); err != nil {
 		tb.Fatalf("write store lap %d/%d: %v", svc, pos, err)
 	}
 }

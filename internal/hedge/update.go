@@ -223,7 +223,7 @@ func (h *Hedger) resetSlot(idx uint32) error {
 		if err := h.objs.StoreRing.Put(idx*uint32(storeRing)+k, &cell); err != nil {
 			return fmt.Errorf("reset store ring of slot %d: %w", idx, err)
 		}
-		if err := h.objs.StoreLaps.Put(idx*uint32(storeRing)+k, uint64(0)); err != nil {
+		if err := h.objs.StoreLaps.Put(idx*uint32(storeRing)+k, hedgeStoreLap{}); err != nil {
 			return fmt.Errorf("reset store ring of slot %d: %w", idx, err)
 		}
 	}
