@@ -116,13 +116,18 @@ struct {
 	__type(value, struct store_pos);
 } store_heads SEC(".maps");
 
-/* A pacer tick's loop state (tick.h, store_tick): per CPU, reset at each tick. */
+/* A pacer tick's loop state (tick.h, store_tick): per CPU, reset at each tick. The tick's
+ * time is kept here too, not in the loop's context on hedge_rescue's stack: that frame is
+ * the first of every call chain the verifier adds up (hedge_rescue -> rescue_clone ->
+ * pick_for, hedge_rescue -> tick_one -> store_hedge -> pick_for), and Linux 6.1 refuses a
+ * chain above 512 bytes, each frame rounded up to 32. */
 struct tick_state {
 	__u64 next; /* earliest deadline still waiting (0: none) */
 	__u32 svc;  /* service whose ring is being popped */
 	__u32 sent; /* hedges sent in this tick */
 	__u32 held; /* the skb holds a hedge, sent when the tick ends (or flushed before the next) */
 	__u32 more; /* due cells left when the tick ended */
+	__u64 now;  /* the tick's time (one clock read per tick) */
 };
 
 struct {
@@ -131,6 +136,14 @@ struct {
 	__type(key, __u32);
 	__type(value, struct tick_state);
 } tick_state SEC(".maps");
+
+/* tick_state_get: this CPU's tick state (a per-CPU array lookup, inlined by the verifier). */
+static __always_inline struct tick_state *tick_state_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&tick_state, &zero);
+}
 
 struct khist {
 	__u32 b[HIST_BUCKETS];

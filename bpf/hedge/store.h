@@ -77,11 +77,12 @@ static __always_inline __u64 lap_empty(__u64 pos)
 }
 
 /* ring_claim returns svc's tail cell, claimed for the caller at *pos, or NULL when the ring
- * is full (or other CPUs kept claiming). The caller must ring_publish it. */
+ * is full (or other CPUs kept claiming). The caller must ring_publish it. Only the lap is
+ * read before the claim; the cell is looked up once, after it (store_ring and store_laps
+ * have the same size, so the cell of a lap that exists exists: Hedger.load sizes both). */
 static __always_inline struct hstore *ring_claim(__u32 svc, __u64 *pos)
 {
 	struct store_pos *sp = bpf_map_lookup_elem(&store_heads, &svc);
-	struct hstore *c;
 	struct store_lap *lp;
 	__u64 t, lap;
 
@@ -89,16 +90,15 @@ static __always_inline struct hstore *ring_claim(__u32 svc, __u64 *pos)
 		return NULL;
 	for (int i = 0; i < 4; i++) {
 		t = READ_ONCE(sp->tail);
-		c = ring_cell(svc, t);
 		lp = ring_lap(svc, t);
-		if (!c || !lp)
+		if (!lp)
 			return NULL;
 		lap = READ_ONCE(lp->lap);
 		if (lap < lap_empty(t))
 			return NULL; /* the rescuer still holds the cell a lap back: full */
 		if (lap == lap_empty(t) && __sync_val_compare_and_swap(&sp->tail, t, t + 1) == t) {
 			*pos = t;
-			return c;
+			return ring_cell(svc, t);
 		}
 	}
 	return NULL;

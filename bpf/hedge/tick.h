@@ -30,7 +30,7 @@
  * service's head; more are left to a next tick asked for at once (tick_more). */
 #define TICK_POPS_MAX 256
 
-/* What one tick's loop works with: the skb and the time on the stack, the state it changes
+/* What one tick's loop works with: the skb on the stack, the time and the state it changes
  * in a per-CPU map value (tick_state, maps.h). On the stack, older verifiers (6.1) take the
  * values the callback's one simulated pass leaves there for constants and hard-wire the
  * branches that test them (the flush of a held hedge was dropped as dead code); a map
@@ -38,7 +38,6 @@
 struct tick_ctx {
 	struct __sk_buff *skb;
 	struct tick_state *st;
-	__u64 now;
 };
 
 /* store_hedge hedges cell idx of service svc's ring, popped by the rescuer (send.h): skipped
@@ -106,7 +105,7 @@ static long tick_one(__u32 i, struct tick_ctx *c0)
 		t->svc++; /* empty (or a splitter is still filling the head: it asks for a tick) */
 		return 0;
 	}
-	if (!pacer_due(c->deadline_ns, c0->now, 0) && cell_waits(c)) {
+	if (!pacer_due(c->deadline_ns, t->now, 0) && cell_waits(c)) {
 		if (!t->next || c->deadline_ns < t->next)
 			t->next = c->deadline_ns;
 		t->svc++;
@@ -124,7 +123,7 @@ static long tick_one(__u32 i, struct tick_ctx *c0)
 		hedge_flush(c0->skb);
 		t->held = 0;
 	}
-	r = store_hedge(c0->skb, svc, svc * STORE_RING + (__u32)(h & (STORE_RING - 1)), c0->now);
+	r = store_hedge(c0->skb, svc, svc * STORE_RING + (__u32)(h & (STORE_RING - 1)), t->now);
 	ring_release(svc, h);
 	if (r == HEDGE_BUILT) {
 		t->held = 1;
@@ -133,31 +132,38 @@ static long tick_one(__u32 i, struct tick_ctx *c0)
 	return 0;
 }
 
+/* tick_rearm asks the pacer for the tick at next. Not inlined: pacer_request's compare-and-
+ * exchange loop keeps values across its helper calls, and their spills would sit in
+ * hedge_rescue's own frame, the first of every call chain the verifier adds up (maps.h,
+ * struct tick_state); this frame is a leaf beside them. */
+static __noinline int tick_rearm(struct __sk_buff *skb, __u64 next)
+{
+	return pacer_request(skb, next);
+}
+
 /* store_tick (rescuer, a pacer tick): sends every due stored request's hedge and asks for
  * the next tick. Returns the TC verdict for the tick's skb. */
 static __always_inline int store_tick(struct __sk_buff *skb)
 {
 	struct tick_ctx c = { .skb = skb };
-	struct tick_state *t;
-	__u32 zero = 0;
+	struct tick_state *t = tick_state_get();
 	long ret;
 
 	COUNT(stats_global(), pacer_ticks);
-	t = bpf_map_lookup_elem(&tick_state, &zero);
 	if (!t)
 		return TC_ACT_SHOT;
 	__builtin_memset(t, 0, sizeof(*t));
 	c.st = t;
-	c.now = kedge_now();
+	t->now = kedge_now();
 	bpf_loop(SVC_MAX + TICK_POPS_MAX, tick_one, &c, 0);
 	if (t->svc < SVC_MAX)
 		t->more = 1; /* the loop ran out, or stopped at TICK_HEDGES_MAX */
 	if (t->more) {
 		COUNT(stats_global(), tick_more);
-		t->next = c.now;
+		t->next = t->now;
 	}
 	if (t->next)
-		pacer_request(skb, t->next);
+		tick_rearm(skb, t->next);
 	if (!t->held)
 		return TC_ACT_SHOT;
 	ret = bpf_redirect_neigh(cfg.out_ifindex, NULL, 0, 0);
