@@ -29,6 +29,8 @@ type Storage struct {
 	lock   *os.File
 	seg    *os.File
 	segSeq uint64
+	off    int64         // where the live segment's next record goes
+	alloc  int64         // the live segment's size: preallocated space (zeros) from off to here
 	hs     *pb.HardState // last HardState written
 	log    *slog.Logger
 
@@ -42,7 +44,7 @@ type Recovered struct {
 	HardState *pb.HardState
 	Entries   int    // entries replayed after the snapshot
 	Fresh     bool   // nothing durable: the node must bootstrap
-	TornBytes int64  // bytes cut from the live segment's tail
+	TornBytes int64  // bytes of a torn write cut from the live segment's tail (zeroed again)
 	Segment   string // the live segment's path
 }
 
@@ -54,6 +56,12 @@ const (
 	tmpExt        = ".tmp"
 	keepSnapshots = 2
 )
+
+// SegmentPrealloc is the space a WAL segment is given ahead of its records, and the step by
+// which a full one grows: etcd's segment size. Records are then written into space the file
+// already has (fallocate), so an fdatasync flushes their blocks without a journal
+// transaction for the file's new size on every write. Tests may lower it.
+var SegmentPrealloc int64 = 64 << 20
 
 // Open locks dir, recovers its state (creating the layout when dir is new) and returns the
 // storage with MemoryStorage filled: snapshot, entries, HardState.
@@ -96,34 +104,34 @@ func (s *Storage) recover() (*Recovered, error) {
 	}
 	s.segSeq = segs[len(segs)-1]
 	path := s.segPath(s.segSeq)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read wal segment: %w", err)
-	}
-	r, err := replay(b)
-	if err != nil {
-		return nil, fmt.Errorf("replay %s: %w (the data dir is damaged: restore it or remove it and let the node catch up from its peers)", path, err)
-	}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open wal segment: %w", err)
 	}
+	b, zeros, err := readSegment(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("read wal segment: %w", err)
+	}
+	r, err := replay(b, zeros)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("replay %s: %w (the data dir is damaged: restore it or remove it and let the node catch up from its peers)", path, err)
+	}
 	if r.torn > 0 {
+		// Cut, then preallocated again: the space after the log's end reads as zeros,
+		// which the torn-write rule of the next recovery relies on.
 		s.log.Warn("wal: torn tail cut", "segment", path, "offset", r.size, "bytes", r.torn)
 		if err := f.Truncate(r.size); err != nil {
 			f.Close()
 			return nil, fmt.Errorf("truncate torn wal tail: %w", err)
 		}
-		if err := unix.Fdatasync(int(f.Fd())); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("fsync wal: %w", err)
-		}
 	}
-	if _, err := f.Seek(r.size, 0); err != nil {
+	s.seg, s.off = f, r.size
+	if s.alloc, err = preallocate(f, r.size); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("seek wal: %w", err)
+		return nil, err
 	}
-	s.seg = f
 	rec := &Recovered{HardState: r.hs, Entries: len(r.ents), TornBytes: r.torn, Segment: path}
 	if r.meta.GetIndex() > 0 {
 		snap, err := s.loadSnapshot(r.meta.GetTerm(), r.meta.GetIndex())
@@ -165,9 +173,15 @@ func (s *Storage) Save(hs *pb.HardState, ents []*pb.Entry, sync bool) error {
 		}
 	}
 	if len(b) > 0 {
-		if _, err := s.seg.Write(b); err != nil {
+		if s.off+int64(len(b)) > s.alloc {
+			if s.alloc, err = preallocate(s.seg, s.off+int64(len(b))); err != nil {
+				return err
+			}
+		}
+		if _, err := s.seg.WriteAt(b, s.off); err != nil {
 			return fmt.Errorf("write wal: %w", err)
 		}
+		s.off += int64(len(b))
 	}
 	if sync && len(b) > 0 {
 		if err := s.fsync(s.seg); err != nil {
@@ -295,7 +309,7 @@ func (s *Storage) cut(meta *pb.SnapshotMetadata, ents []*pb.Entry) error {
 	}
 	seq := s.segSeq + 1
 	path := s.segPath(seq)
-	f, err := writeDurable(path, b, true)
+	f, err := writeDurable(path, b, SegmentPrealloc)
 	if err != nil {
 		return err
 	}
@@ -303,12 +317,13 @@ func (s *Storage) cut(meta *pb.SnapshotMetadata, ents []*pb.Entry) error {
 		s.seg.Close()
 	}
 	s.seg, s.segSeq, s.hs = f, seq, hs
+	s.off, s.alloc = int64(len(b)), max(int64(len(b)), SegmentPrealloc)
 	return nil
 }
 
 // writeDurable writes b to path+".tmp", fsyncs, renames to path and fsyncs the directory.
-// With keepOpen the file stays open for appends (positioned at its end).
-func writeDurable(path string, b []byte, keepOpen bool) (*os.File, error) {
+// With prealloc > 0 the file is given that size first (zeros after b) and stays open.
+func writeDurable(path string, b []byte, prealloc int64) (*os.File, error) {
 	tmp := path + tmpExt
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o640)
 	if err != nil {
@@ -317,6 +332,11 @@ func writeDurable(path string, b []byte, keepOpen bool) (*os.File, error) {
 	fail := func(err error) (*os.File, error) { f.Close(); os.Remove(tmp); return nil, err }
 	if _, err := f.Write(b); err != nil {
 		return fail(fmt.Errorf("write %s: %w", tmp, err))
+	}
+	if prealloc > int64(len(b)) {
+		if err := allocate(f, prealloc); err != nil {
+			return fail(err)
+		}
 	}
 	if err := unix.Fsync(int(f.Fd())); err != nil {
 		return fail(fmt.Errorf("fsync %s: %w", tmp, err))
@@ -328,10 +348,103 @@ func writeDurable(path string, b []byte, keepOpen bool) (*os.File, error) {
 		f.Close()
 		return nil, err
 	}
-	if !keepOpen {
+	if prealloc == 0 {
 		return nil, f.Close()
 	}
 	return f, nil
+}
+
+// preallocate gives the live segment f (records up to used) preallocated space after
+// them: SegmentPrealloc at least, growing in whole steps of it; a file that has space past
+// used already keeps its size. The new size is fsynced here, so that the writes'
+// fdatasyncs do not carry it. It returns the file's size.
+func preallocate(f *os.File, used int64) (int64, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("stat wal segment: %w", err)
+	}
+	if fi.Size() > used && fi.Size() >= SegmentPrealloc {
+		return fi.Size(), nil
+	}
+	want := (used/SegmentPrealloc + 1) * SegmentPrealloc
+	if err := allocate(f, want); err != nil {
+		return 0, err
+	}
+	if err := unix.Fsync(int(f.Fd())); err != nil {
+		return 0, fmt.Errorf("fsync %s: %w", f.Name(), err)
+	}
+	return want, nil
+}
+
+// allocate makes f size bytes long with its blocks allocated (fallocate; where the file
+// system has none, a sparse extension, whose zeros read the same).
+func allocate(f *os.File, size int64) error {
+	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+		err = f.Truncate(size)
+	}
+	if err != nil {
+		return fmt.Errorf("preallocate %s: %w", f.Name(), err)
+	}
+	return nil
+}
+
+func lastNonZero(b []byte) int {
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] != 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// dataEnd is where f's last data region ends (size when the file system cannot say).
+func dataEnd(f *os.File, size int64) int64 {
+	end, off := int64(0), int64(0)
+	for {
+		d, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) { // no data after off
+			return end
+		}
+		if err != nil {
+			return size
+		}
+		if off, err = unix.Seek(int(f.Fd()), d, unix.SEEK_HOLE); err != nil {
+			return size
+		}
+		end = off
+	}
+}
+
+// readSegment returns a segment's bytes up to its last non-zero byte and how many zero
+// bytes follow to its end. The preallocated space is skipped where the file system reports
+// it as a hole (SEEK_DATA/SEEK_HOLE: ext4 and xfs do for space never written), else read.
+func readSegment(f *os.File) ([]byte, int64, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	size := fi.Size()
+	end := dataEnd(f, size)
+	// Back from end over zeros, a chunk at a time.
+	buf := make([]byte, 1<<20)
+	for end > 0 {
+		start := max(0, end-int64(len(buf)))
+		chunk := buf[:end-start]
+		if _, err := f.ReadAt(chunk, start); err != nil {
+			return nil, 0, err
+		}
+		if i := lastNonZero(chunk); i >= 0 {
+			end = start + int64(i) + 1
+			break
+		}
+		end = start
+	}
+	b := make([]byte, end)
+	if _, err := f.ReadAt(b, 0); err != nil {
+		return nil, 0, err
+	}
+	return b, size - end, nil
 }
 
 func syncDir(dir string) error {
@@ -353,7 +466,7 @@ func (s *Storage) saveSnapshot(snap *pb.Snapshot) error {
 		return fmt.Errorf("marshal snapshot: %w", err)
 	}
 	b := binary.BigEndian.AppendUint32(nil, crc32.Checksum(data, castagnoli))
-	_, err = writeDurable(s.snapPath(snap.GetMetadata().GetTerm(), snap.GetMetadata().GetIndex()), append(b, data...), false)
+	_, err = writeDurable(s.snapPath(snap.GetMetadata().GetTerm(), snap.GetMetadata().GetIndex()), append(b, data...), 0)
 	return err
 }
 
@@ -451,11 +564,16 @@ func Durable(dir string) (hs *pb.HardState, lastIndex, lastTerm uint64, err erro
 	if err != nil || len(segs) == 0 {
 		return nil, 0, 0, fmt.Errorf("no wal segment in %s: %v", dir, err)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, walDir, fmt.Sprintf("%016d%s", segs[len(segs)-1], walExt)))
+	f, err := os.Open(filepath.Join(dir, walDir, fmt.Sprintf("%016d%s", segs[len(segs)-1], walExt)))
 	if err != nil {
 		return nil, 0, 0, err
 	}
-	r, err := replay(b)
+	defer f.Close()
+	b, zeros, err := readSegment(f)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	r, err := replay(b, zeros)
 	if err != nil {
 		return nil, 0, 0, err
 	}

@@ -163,16 +163,7 @@ func TestTruncateAtEveryBoundary(t *testing.T) {
 			} else {
 				history(w)
 			}
-			seg := s.SegmentPath()
-			s.Close()
-			full, err := os.ReadFile(seg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := replay(full)
-			if err != nil {
-				t.Fatalf("replay full: %v", err)
-			}
+			seg, full, r := closeAndRead(t, s)
 			// Records before the test's own: checkpoint (+ HardState + entries of the cut).
 			pre := len(r.offsets) - len(w.ops)
 			cuts := map[int]int{} // byte offset -> records kept
@@ -197,31 +188,55 @@ func TestTruncateAtEveryBoundary(t *testing.T) {
 					m.apply(o)
 				}
 				s2, rec := open(t, d)
-				if want := int64(len(full[:cut])) - r.offsets[kept-1]; rec.TornBytes != want {
+				// Torn: the bytes after the last whole record up to the last non-zero one
+				// (zeros after it read as preallocated space).
+				if want := max(0, int64(len(bytes.TrimRight(full[:cut], "\x00")))-r.offsets[kept-1]); rec.TornBytes != want {
 					t.Errorf("%s: torn bytes %d, want %d", what, rec.TornBytes, want)
 				}
 				checkState(t, what, s2, m)
-				// The recovered node appends and recovers again.
-				last, _ := s2.LastIndex()
-				next := ent(9, last+1, "after")
-				if err := s2.Save(hard(9, 0, m.hs.GetCommit()), []*pb.Entry{next}, true); err != nil {
-					t.Fatalf("%s: save after recovery: %v", what, err)
-				}
-				s2.Close()
-				s3, rec3 := open(t, d)
-				m.apply(op{e: next})
-				m.apply(op{hs: hard(9, 0, m.hs.GetCommit())})
-				if rec3.TornBytes != 0 {
-					t.Errorf("%s: second recovery cut %d bytes", what, rec3.TornBytes)
-				}
-				checkState(t, what+", reopened", s3, m)
-				s3.Close()
+				writeAndReopen(t, what, d, s2, m)
 			}
 			if len(cuts) < 20 {
 				t.Fatalf("only %d cuts tested", len(cuts))
 			}
 		})
 	}
+}
+
+// closeAndRead closes s and returns its live segment's path, bytes and records.
+func closeAndRead(t *testing.T, s *Storage) (string, []byte, *replayed) {
+	t.Helper()
+	seg := s.SegmentPath()
+	s.Close()
+	full, err := os.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := replay(full, 0)
+	if err != nil {
+		t.Fatalf("replay the whole segment: %v", err)
+	}
+	return seg, full, r
+}
+
+// writeAndReopen: the node recovered in s (data dir dir, state m) appends and recovers
+// again, with nothing torn the second time.
+func writeAndReopen(t *testing.T, what, dir string, s *Storage, m *model) {
+	t.Helper()
+	last, _ := s.LastIndex()
+	next := ent(9, last+1, "after")
+	if err := s.Save(hard(9, 0, m.hs.GetCommit()), []*pb.Entry{next}, true); err != nil {
+		t.Fatalf("%s: save after recovery: %v", what, err)
+	}
+	s.Close()
+	s3, rec3 := open(t, dir)
+	defer s3.Close()
+	m.apply(op{e: next})
+	m.apply(op{hs: hard(9, 0, m.hs.GetCommit())})
+	if rec3.TornBytes != 0 {
+		t.Errorf("%s: second recovery cut %d bytes", what, rec3.TornBytes)
+	}
+	checkState(t, what+", reopened", s3, m)
 }
 
 func copyDir(t *testing.T, src, dst string) {
@@ -253,7 +268,7 @@ func TestCorruptionRefused(t *testing.T) {
 	seg := s.SegmentPath()
 	s.Close()
 	b, _ := os.ReadFile(seg)
-	r, _ := replay(b)
+	r, _ := replay(b, 0)
 	mid := r.offsets[len(r.offsets)/2] + recHeader + 1 // inside a record's data
 	b[mid] ^= 0xff
 	os.WriteFile(seg, b, 0o640)
@@ -262,7 +277,9 @@ func TestCorruptionRefused(t *testing.T) {
 	}
 }
 
-// TestZeroTail: a file extended with zeros (blocks allocated, data never written) is torn.
+// TestZeroTail: zeros after the records (a file extended before its blocks were written,
+// or preallocated space) are free space: nothing is torn, the next record goes right after
+// the last one.
 func TestZeroTail(t *testing.T) {
 	dir := t.TempDir()
 	s, _ := open(t, dir)
@@ -270,19 +287,147 @@ func TestZeroTail(t *testing.T) {
 	history(w)
 	seg := s.SegmentPath()
 	s.Close()
-	f, _ := os.OpenFile(seg, os.O_APPEND|os.O_WRONLY, 0)
-	f.Write(make([]byte, 4096))
-	f.Close()
+	fi, _ := os.Stat(seg)
+	if err := os.Truncate(seg, fi.Size()+3*SegmentPrealloc+100); err != nil {
+		t.Fatal(err)
+	}
 	s2, rec := open(t, dir)
-	defer s2.Close()
-	if rec.TornBytes != 4096 {
-		t.Fatalf("torn %d, want 4096", rec.TornBytes)
+	if rec.TornBytes != 0 {
+		t.Fatalf("torn %d, want 0", rec.TornBytes)
 	}
 	m := &model{first: 1}
 	for _, o := range w.ops {
 		m.apply(o)
 	}
 	checkState(t, "zero tail", s2, m)
+	w.s = s2
+	w.save(hard(3, 0, 7), ent(3, 7, "g"))
+	m.apply(w.ops[len(w.ops)-2])
+	m.apply(w.ops[len(w.ops)-1])
+	s2.Close()
+	s3, rec := open(t, dir)
+	defer s3.Close()
+	if rec.TornBytes != 0 {
+		t.Fatalf("reopened: torn %d, want 0", rec.TornBytes)
+	}
+	checkState(t, "zero tail, written and reopened", s3, m)
+}
+
+// TestPreallocated: a segment is preallocated to SegmentPrealloc when it is made and when an
+// older one without the space is opened, grows by whole steps when its records fill it, and
+// reads back whole through every growth.
+func TestPreallocated(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := open(t, dir)
+	size := func() int64 {
+		t.Helper()
+		fi, err := os.Stat(s.SegmentPath())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	if got := size(); got != SegmentPrealloc {
+		t.Fatalf("new segment: %d bytes, want %d", got, SegmentPrealloc)
+	}
+	w := &saver{t: t, s: s}
+	m := &model{first: 1}
+	val := bytes.Repeat([]byte("v"), 300)
+	for i := uint64(1); i <= 3*uint64(SegmentPrealloc)/300; i++ {
+		w.save(hard(1, 1, i-1), ent(1, i, string(val)))
+	}
+	for _, o := range w.ops {
+		m.apply(o)
+	}
+	if got := size(); got%SegmentPrealloc != 0 || got <= s.off || got < 3*SegmentPrealloc {
+		t.Fatalf("after %d bytes of records: segment of %d bytes, want whole steps of %d past them", s.off, got, SegmentPrealloc)
+	}
+	seg, used := s.SegmentPath(), s.off
+	s.Close()
+	// An older segment, cut to its records: opening it preallocates it again.
+	if err := os.Truncate(seg, used); err != nil {
+		t.Fatal(err)
+	}
+	s, rec := open(t, dir)
+	defer s.Close()
+	if rec.TornBytes != 0 {
+		t.Fatalf("torn %d, want 0", rec.TornBytes)
+	}
+	checkState(t, "reopened", s, m)
+	if got := size(); got <= used || got%SegmentPrealloc != 0 {
+		t.Fatalf("reopened segment of %d bytes holding %d: not preallocated", got, used)
+	}
+}
+
+// TestTornOverwrite simulates a crash during a write into preallocated space, before its
+// fsync: the write's sectors reach the disk in any order, so any subset of them may be
+// missing (zeros). Recovery keeps every record before the write and the write's records
+// before its first missing sector, cuts the rest (TornBytes), and the node writes and
+// recovers again.
+func TestTornOverwrite(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := open(t, dir)
+	w := &saver{t: t, s: s}
+	history(w)
+	before := len(w.ops)
+	start := s.off
+	// The last write: four entries of 300 bytes and a HardState, over several sectors.
+	val := func(c byte) string { return string(bytes.Repeat([]byte{c}, 300)) }
+	w.save(hard(3, 0, 8), ent(3, 7, val('g')), ent(3, 8, val('h')), ent(3, 9, val('i')), ent(3, 10, val('j')))
+	end := s.off
+	seg, full, r := closeAndRead(t, s)
+	ends := r.offsets[len(r.offsets)-(len(w.ops)-before):] // end of each record of the last write
+	var sectors []int64
+	for sec := start &^ (sector - 1); sec < end; sec += sector {
+		sectors = append(sectors, sec)
+	}
+	if len(sectors) < 3 {
+		t.Fatalf("the last write spans %d sectors, want at least 3", len(sectors))
+	}
+	// Every subset of the write's sectors missing, except none.
+	for mask := 1; mask < 1<<len(sectors); mask++ {
+		b := bytes.Clone(full)
+		firstMissing := end
+		for i, sec := range sectors {
+			if mask&(1<<i) == 0 {
+				continue
+			}
+			lo, hi := max(sec, start), min(sec+sector, end)
+			clear(b[lo:hi])
+			firstMissing = min(firstMissing, lo)
+		}
+		kept := 0 // records of the last write that end before its first missing sector
+		for _, e := range ends {
+			if e <= firstMissing {
+				kept++
+			}
+		}
+		what := fmt.Sprintf("sectors missing %b", mask)
+		d := t.TempDir()
+		copyDir(t, dir, d)
+		if err := os.WriteFile(filepath.Join(d, walDir, filepath.Base(seg)), b, 0o640); err != nil {
+			t.Fatal(err)
+		}
+		m := &model{first: 1}
+		for _, o := range w.ops[:before+kept] {
+			m.apply(o)
+		}
+		s2, rec := open(t, d)
+		cutAt := start
+		if kept > 0 {
+			cutAt = ends[kept-1]
+		}
+		if want := max(0, int64(lastNonZero(b)+1)-cutAt); rec.TornBytes != want {
+			t.Errorf("%s: torn bytes %d, want %d", what, rec.TornBytes, want)
+		}
+		checkState(t, what, s2, m)
+		writeAndReopen(t, what, d, s2, m)
+	}
+}
+
+func TestMain(m *testing.M) {
+	SegmentPrealloc = 4096 // small: the tests copy data dirs, and fill segments past it
+	os.Exit(m.Run())
 }
 
 // TestSnapshotRecovery: snapshots survive restart, a crash between the snapshot file and the
@@ -351,7 +496,7 @@ func FuzzReplay(f *testing.F) {
 	f.Add(seed[:len(seed)-3])
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := replay(b)
+		r, err := replay(b, 0)
 		if err != nil {
 			return
 		}

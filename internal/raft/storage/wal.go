@@ -55,20 +55,29 @@ type replayed struct {
 	offsets []int64 // end offset of every valid record (tests cut the file there)
 }
 
-// replay reads the records of one segment. A record that is cut short or fails its CRC at
-// the tail (nothing but zeros or EOF after it) ends the replay: a torn write. The same
-// failure with valid-looking data after it is ErrCorrupt.
-func replay(b []byte) (*replayed, error) {
+// replay reads the records of one segment: b, the file's bytes up to its last non-zero
+// byte, and then zeros zero bytes to the end of the file (a preallocated segment's unused
+// space; a record whose last bytes are zeros reads them from there). A record that is cut
+// short or fails its checks at the tail (see tornTail) ends the replay: a torn write, whose
+// bytes in b are r.torn. The same failure with no sign of a torn write is ErrCorrupt.
+func replay(b []byte, zeros int64) (*replayed, error) {
 	r := &replayed{hs: &pb.HardState{}}
+	data, end := int64(len(b)), int64(len(b))+zeros
 	off := int64(0)
 	for off < int64(len(b)) {
+		// Up to two rounds: the header, then the record it announces.
+		for range 2 {
+			if need := off + recordSpan(b[off:]); need > int64(len(b)) && need <= end {
+				b = append(b, make([]byte, need-int64(len(b)))...)
+			}
+		}
 		rest := b[off:]
 		if why := badRecord(rest); why != "" {
-			if tornTail(rest) {
-				r.size, r.torn = off, int64(len(rest))
+			if tornTail(b, off, end) {
+				r.size, r.torn = off, max(0, data-off)
 				return r, r.check()
 			}
-			return nil, fmt.Errorf("%w: %s at offset %d, with valid-looking data after it", ErrCorrupt, why, off)
+			return nil, fmt.Errorf("%w: %s at offset %d, with no sign of a torn write", ErrCorrupt, why, off)
 		}
 		n := int64(binary.BigEndian.Uint32(rest))
 		if err := r.apply(rest[recHeader], rest[recHeader+1:recHeader+n]); err != nil {
@@ -79,6 +88,19 @@ func replay(b []byte) (*replayed, error) {
 	}
 	r.size = off
 	return r, r.check()
+}
+
+// recordSpan is how many bytes the record at the start of b takes by its header (the
+// header alone when b is shorter or the length is out of range).
+func recordSpan(b []byte) int64 {
+	if len(b) < recHeader {
+		return recHeader
+	}
+	n := int64(binary.BigEndian.Uint32(b))
+	if n < 1 || n > recMax {
+		return recHeader
+	}
+	return recHeader + n
 }
 
 // badRecord says what is wrong with the record at the start of b, or "".
@@ -98,15 +120,42 @@ func badRecord(b []byte) string {
 	return ""
 }
 
-// tornTail reports whether a bad record at the start of b is what an interrupted append
-// leaves: the record reaches or passes EOF, or only zeros are left (a file extended before
-// its data blocks were written).
-func tornTail(b []byte) bool {
-	if len(b) < recHeader || allZero(b) {
+// sector is the unit a disk writes whole: an interrupted write leaves each of its sectors
+// either written or as it was.
+const sector = 512
+
+// tornTail reports whether the bad record at off in b (a file of end bytes, zeros after b)
+// is what an interrupted write leaves, acknowledged by no fsync:
+//   - nothing but zeros from off on: the segment's preallocated space (or a file extended
+//     before its data blocks were written);
+//   - the record reaches or passes the end of the file: an interrupted append;
+//   - the record's part of one of the 512-byte sectors it spans (aligned in the file) is
+//     all zeros: an interrupted write into preallocated space, whose sectors reach the
+//     disk in any order; one not written still holds what it held before - zeros after the
+//     log's end (recovery zeroes a torn tail again). This is etcd's rule for its
+//     preallocated segments (wal.isTornEntry).
+//
+// A bad record with none of these (a flipped bit in a complete record) is damage. The
+// price of the third rule: damage that zeroes a whole sector's part of a record reads as
+// a torn write, and the log is cut there.
+func tornTail(b []byte, off, end int64) bool {
+	rest := b[off:]
+	if allZero(rest) {
 		return true
 	}
-	n := int64(binary.BigEndian.Uint32(b))
-	return n >= 1 && recHeader+n >= int64(len(b))
+	span := recordSpan(rest)
+	if len(rest) >= recHeader {
+		if n := int64(binary.BigEndian.Uint32(rest)); n >= 1 && off+recHeader+n >= end {
+			return true
+		}
+	}
+	stop := min(off+span, int64(len(b)))
+	for s := off &^ (sector - 1); s < stop; s += sector {
+		if allZero(b[max(s, off):min(s+sector, stop)]) {
+			return true
+		}
+	}
+	return off+span > int64(len(b)) // a sector past b: zeros
 }
 
 func allZero(b []byte) bool { return len(bytes.Trim(b, "\x00")) == 0 }
