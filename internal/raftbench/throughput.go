@@ -132,6 +132,11 @@ type ThroughputRun struct {
 	// left out because an append had done what they would (docs/raft.md section 14).
 	SynthSteppedPerS float64 `json:"synth_stepped_per_s,omitempty"`
 	SynthSkippedPerS float64 `json:"synth_skipped_per_s,omitempty"`
+	// FsyncsPerWrite and FsyncMeanUs: the WAL fsyncs of the cluster's nodes over the run
+	// (summed over the nodes) per write, and their mean duration - each system's own
+	// histogram (kedge_raft_wal_fsync_seconds, etcd_disk_wal_fsync_duration_seconds).
+	FsyncsPerWrite float64 `json:"fsyncs_per_write,omitempty"`
+	FsyncMeanUs    float64 `json:"fsync_mean_us,omitempty"`
 	// OtherCPUMs is the user + system time of the other modes' (idle) clusters' node
 	// processes over the run.
 	OtherCPUMs float64 `json:"other_clusters_cpu_ms"`
@@ -405,8 +410,8 @@ func (o *Options) throughput(ctx context.Context, nodes int) (runs []ThroughputR
 				}
 				for _, run := range rs {
 					run.Round, run.Slot = r, slot
-					o.logf("throughput, %d nodes, round %d/%d, routing %s, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write (softirq %.1f), XDP %.0f ns and %.1f runs (%.1f raft)/write, kernel heartbeats %.0f/s (pacer %.0f passes/s, overdue %.1f/s), synthesized heartbeats %.0f/s stepped, %.0f/s skipped, other clusters %.0f ms CPU, load %.1f, term +%d, leader %d -> %d, errors %v",
-						nodes, r+1, rounds, routing, run.Offload, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.SoftirqUs, run.XDPNsPerWrite, run.XDPRunsPerWrite, run.XDPRaftPerWrite, run.KernelHeartbeatsPerS, run.PacerPassesPerS, run.OverduePerS, run.SynthSteppedPerS, run.SynthSkippedPerS, run.OtherCPUMs, run.Load1, run.TermChange, run.Leader, run.LeaderAfter, run.ErrorKinds)
+					o.logf("throughput, %d nodes, round %d/%d, routing %s, offload %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, node CPU %.0f us/write, machine %.0f us/write (softirq %.1f), XDP %.0f ns and %.1f runs (%.1f raft)/write, kernel heartbeats %.0f/s (pacer %.0f passes/s, overdue %.1f/s), synthesized heartbeats %.0f/s stepped, %.0f/s skipped, WAL fsyncs %.2f/write of %.0f us, other clusters %.0f ms CPU, load %.1f, term +%d, leader %d -> %d, errors %v",
+						nodes, r+1, rounds, routing, run.Offload, run.PerSecond, run.P50Ms, run.P99Ms, run.NodeCPUUs, run.MachineCPUUs, run.SoftirqUs, run.XDPNsPerWrite, run.XDPRunsPerWrite, run.XDPRaftPerWrite, run.KernelHeartbeatsPerS, run.PacerPassesPerS, run.OverduePerS, run.SynthSteppedPerS, run.SynthSkippedPerS, run.FsyncsPerWrite, run.FsyncMeanUs, run.OtherCPUMs, run.Load1, run.TermChange, run.Leader, run.LeaderAfter, run.ErrorKinds)
 					runs = append(runs, run)
 				}
 			}
@@ -519,6 +524,28 @@ func synthHeartbeats(ctx context.Context, c *raftlab.Cluster) (synthCounts, erro
 	return sc, errors.Join(errs...)
 }
 
+// fsyncCounts are a cluster's WAL fsyncs and their summed duration (s), over its nodes.
+type fsyncCounts struct{ n, s float64 }
+
+func walFsyncs(ctx context.Context, c *raftlab.Cluster) (fsyncCounts, error) {
+	cl := raftlab.NewClient(c.Client, 2*time.Second)
+	defer cl.Close()
+	name := "kedge_raft_wal_fsync_seconds"
+	if c.Spec.Etcd() {
+		name = "etcd_disk_wal_fsync_duration_seconds"
+	}
+	var fc fsyncCounts
+	var errs []error
+	for _, n := range c.Nodes {
+		addr := n.ClientAddr.String()
+		count, err1 := cl.Metric(ctx, addr, name+"_count")
+		sum, err2 := cl.Metric(ctx, addr, name+"_sum")
+		fc.n, fc.s = fc.n+count, fc.s+sum
+		errs = append(errs, err1, err2)
+	}
+	return fc, errors.Join(errs...)
+}
+
 // meter is one mode's run in the making: the cluster, the run's record and the counters read
 // before its writers started.
 type meter struct {
@@ -529,6 +556,7 @@ type meter struct {
 	xdp0             xdpCounts
 	snd0             senderCounts
 	synth0           synthCounts
+	fsync0           fsyncCounts
 	mu               sync.Mutex
 	errs             int
 }
@@ -576,6 +604,9 @@ func (o *Options) begin(ctx context.Context, cs map[string]*raftlab.Cluster, nod
 		if m.synth0, err = synthHeartbeats(ctx, m.c); err != nil {
 			return nil, fmt.Errorf("read the nodes' synthesized heartbeat counters: %w", err)
 		}
+	}
+	if m.fsync0, err = walFsyncs(ctx, m.c); err != nil {
+		return nil, fmt.Errorf("read the nodes' WAL fsync counters: %w", err)
 	}
 	return m, nil
 }
@@ -656,6 +687,7 @@ func (o *Options) end(ctx context.Context, cs map[string]*raftlab.Cluster, m *me
 			t.SynthSkippedPerS = (sy.skipped - m.synth0.skipped) / el.Seconds()
 		}
 	}
+	fs, fsErr := walFsyncs(ctx, c)
 	// The newest term any node knows after the run, and its leader (the leader may have
 	// changed; a node that lags may still report the old term).
 	for _, n := range c.Nodes {
@@ -688,6 +720,10 @@ func (o *Options) end(ctx context.Context, cs map[string]*raftlab.Cluster, m *me
 		t.XDPNsPerWrite = float64(xdp.runtime.Nanoseconds()) / float64(t.Writes)
 		t.XDPRunsPerWrite = float64(xdp.runs) / float64(t.Writes)
 		t.XDPRaftPerWrite = float64(xdp.raft) / float64(t.Writes)
+		if n := fs.n - m.fsync0.n; fsErr == nil && n > 0 {
+			t.FsyncsPerWrite = n / float64(t.Writes)
+			t.FsyncMeanUs = (fs.s - m.fsync0.s) / n * 1e6
+		}
 	}
 	return t, nil
 }
