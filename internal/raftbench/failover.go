@@ -77,7 +77,9 @@ func (o *Options) failoverClients() []string {
 	return o.FailoverClients
 }
 
-// attempt is the uninformed client's bound on one write (and etcd's informed client's).
+// attempt is the uninformed clients' bound on a write to the leader they knew: how long
+// they wait before taking the silence for a dead leader. A write to a leader they have
+// learned of since is bounded by leaderAttempt instead.
 func (o *Options) attempt(electionTicks int) time.Duration {
 	if o.FailoverAttempt > 0 {
 		return o.FailoverAttempt
@@ -143,7 +145,9 @@ func (o *Options) failoverTrial(ctx context.Context, c *raftlab.Cluster, f *Fail
 		if wr := putUntil(ctx, w, pre, 5*time.Second, time.Second); wr.ackNs == 0 {
 			return errors.New("no write succeeded before the kill")
 		}
-		write = func(limit time.Duration) written { return putUntil(ctx, w, key, limit, attempt) }
+		write = func(limit time.Duration) written {
+			return firstWriteEtcd(ctx, c, w, eps, st.Term, key, limit, attempt, f.Client != ClientUninformed)
+		}
 	case f.Client == ClientUninformed:
 		if w := firstWriteUninformed(ctx, c, cl, all, leader, st.Term, pre, 5*time.Second, time.Second); w.ackNs == 0 {
 			return errors.New("no write succeeded before the kill")
@@ -216,10 +220,17 @@ func putUntil(ctx context.Context, w raftlab.Writer, key string, limit, attempt 
 	return written{}
 }
 
+// leaderAttempt bounds a failover client's write to a leader it has learned of since the
+// kill (every client, both systems): that leader is alive and answers once the write is
+// committed, so the write is waited for, as an application's client waits for an in-flight
+// request, not abandoned and sent again.
+const leaderAttempt = time.Second
+
 // firstWriteUninformed is kedge's client that was not told which node died: it writes to
 // the leader it knew (leader, of term) and, when that write fails - refused, reset, or not
 // answered within attempt -, asks every node at once for a leader of a newer term than the
-// one it knew (GET /v1/leader, kedge's leader hint) and writes there.
+// one it knew (GET /v1/leader, kedge's leader hint) and writes there, that write bounded by
+// leaderAttempt.
 func firstWriteUninformed(ctx context.Context, c *raftlab.Cluster, cl *client.Client, all []int, leader int, term uint64, key string, limit, attempt time.Duration) written {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
@@ -227,16 +238,20 @@ func firstWriteUninformed(ctx context.Context, c *raftlab.Cluster, cl *client.Cl
 	for _, id := range all {
 		everyone.Endpoints = append(everyone.Endpoints, c.Node(id).ClientAddr.String())
 	}
-	to := c.Node(leader).ClientAddr.String()
+	to, bound := c.Node(leader).ClientAddr.String(), attempt
 	var w written
 	for i := 0; ctx.Err() == nil; i++ {
-		actx, acancel := context.WithTimeout(ctx, attempt)
+		actx, acancel := context.WithTimeout(ctx, bound)
 		_, err := cl.At(to).Put(actx, "bench/"+key, fmt.Sprint(i))
+		refused := actx.Err() == nil
 		acancel()
 		w.attempts++
 		if err == nil {
 			w.ackNs = int64(offload.Monotonic())
 			return w
+		}
+		if bound == leaderAttempt && refused { // the new leader refused at once: do not spin on it
+			time.Sleep(time.Millisecond) // pacing retries against a refusing node
 		}
 		l, err := everyone.LeaderAfter(ctx, term)
 		if err != nil {
@@ -245,9 +260,77 @@ func firstWriteUninformed(ctx context.Context, c *raftlab.Cluster, cl *client.Cl
 		if w.foundNs == 0 {
 			w.foundNs = int64(offload.Monotonic())
 		}
-		to, term = l.Client, l.Term-1 // a failed write there asks for a leader after it
+		to, term, bound = l.Client, l.Term-1, leaderAttempt // a failed write there asks for a leader after it
 	}
 	return written{}
+}
+
+// firstWriteEtcd is etcd's client in a failover trial, with the rules of kedge's: told
+// (informed), it first finds a leader of a term above term, as kedge's leader client does;
+// not told, it puts through its balancer with the attempt bound first and looks for a new
+// leader when that fails. Either way the puts after a new leader is known are bounded by
+// leaderAttempt. etcd's client learns of a leader from no answer (and a put through a
+// follower whose leader died is lost until etcd's request timeout, seconds): it asks the
+// endpoints' Maintenance.Status every millisecond until one names a leader of a newer term
+// (etcdLeaderAfter), as kedge's asks GET /v1/leader.
+func firstWriteEtcd(ctx context.Context, c *raftlab.Cluster, w raftlab.Writer, eps []int, term uint64, key string, limit, attempt time.Duration, informed bool) written {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var wr written
+	bound := attempt
+	for i := 0; ctx.Err() == nil; i++ {
+		if bound == attempt && (informed || i > 0) {
+			if err := etcdLeaderAfter(ctx, c, eps, term, attempt); err != nil {
+				return written{}
+			}
+			if wr.foundNs == 0 {
+				wr.foundNs = int64(offload.Monotonic())
+			}
+			bound = leaderAttempt
+		}
+		actx, acancel := context.WithTimeout(ctx, bound)
+		_, err := w.Put(actx, "bench/"+key, fmt.Sprint(i))
+		refused := actx.Err() == nil
+		acancel()
+		wr.attempts++
+		if err == nil {
+			wr.ackNs = int64(offload.Monotonic())
+			return wr
+		}
+		if refused && bound == leaderAttempt { // refused at once: do not spin on it
+			time.Sleep(time.Millisecond) // pacing retries against a refusing cluster
+		}
+	}
+	return written{}
+}
+
+// etcdLeaderAfter returns when one of the etcd nodes eps names a leader of a term above
+// term: each is asked on the harness's connection to it (Maintenance.Status, each call
+// bounded by attempt; a dead node's fails at once) every millisecond, all at once.
+func etcdLeaderAfter(ctx context.Context, c *raftlab.Cluster, eps []int, term uint64, attempt time.Duration) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	found := make(chan struct{}, len(eps))
+	for _, id := range eps {
+		go func() {
+			for ctx.Err() == nil {
+				sctx, scancel := context.WithTimeout(ctx, attempt)
+				st, err := c.Status(sctx, id)
+				scancel()
+				if err == nil && st.Leader != 0 && st.Term > term {
+					found <- struct{}{}
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	select {
+	case <-found:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // firstWriteLeader asks every survivor at once for a leader of a term above oldTerm (each

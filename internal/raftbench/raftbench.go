@@ -69,8 +69,10 @@ func kernelHeartbeats(mode string) bool { return mode == ModeOn || mode == ModeO
 // its term) it last wrote to, writes there and finds out as an application's client would
 // - a refused or reset connection, or no answer within FailoverAttempt -, then asks every
 // node for the leader of a newer term (kedge: GET /v1/leader) and writes to it. etcd's
-// client in that case has all the nodes as endpoints and retries its put; its balancer
-// leaves a node whose connection failed, a follower forwards the write to the leader.
+// client in that case has all the nodes as endpoints and puts through its balancer (it
+// leaves a node whose connection failed, a follower forwards the write to the leader);
+// when that fails it asks the nodes' Maintenance.Status for a newer leader. A write sent
+// once a new leader is known is waited for (at most a second), in both systems.
 const (
 	ClientLeader     = "leader"
 	ClientRetry      = "retry"
@@ -132,8 +134,8 @@ type Options struct {
 	// FailoverClients: of FailoverClients (nil: ClientLeader); the trials alternate
 	// between them.
 	FailoverClients []string
-	// FailoverAttempt bounds each write attempt of the uninformed failover client, and
-	// each attempt of etcd's informed one (0: the election timeout, at least 10 ms).
+	// FailoverAttempt bounds the uninformed failover clients' write to the leader they
+	// knew, before they look for a new one (0: the election timeout, at least 10 ms).
 	FailoverAttempt time.Duration
 	// StallIOPS: the stress-disk phase's limit on the stalled node's disk writes per
 	// second (0: raftlab.StallIOPS).
