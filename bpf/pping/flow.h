@@ -32,6 +32,164 @@ static __always_inline int pp_active(const struct pp_dir_shared *d)
 	return d->conn == PP_CONN_WAITOPEN || d->conn == PP_CONN_OPEN;
 }
 
+/* Whether two directions are the same: struct pp_tuple is five words, its padding zero. */
+static __always_inline int pp_tuple_eq(const struct pp_tuple *a, const struct pp_tuple *b)
+{
+	const __u64 *x = (const void *)a, *y = (const void *)b;
+
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+}
+
+/* The direction cache (maps.h's pp_dc): the slot of a direction. */
+static __always_inline struct pp_dc_slot *pp_dc_of(const struct pp_tuple *t)
+{
+	return &pp_dc[pp_hint_slot(t)];
+}
+
+/* Whether the packet is of the kind the direction cache decides: a TCP segment with data (a
+ * request that is neither a SYN nor a pure ACK this host sent), without FIN or RST. */
+static __always_inline int pp_dc_kind(const struct pp_pkt *pp)
+{
+	return pp->pid.flow.proto == IPPROTO_TCP && pp->f.pid_valid && !pp->f.pure_ack &&
+	       !pp->f.event;
+}
+
+/* The segment's decision without the flow table: its TSval is the one its direction's flow
+ * state already has (the full path would count ts_not_new), and the reverse direction's hint
+ * slot is zero (nothing outstanding to match, not waiting to open: match_none, or no echo).
+ * Counts it as the full path would and keeps its counts in the slot. Returns 1 when the
+ * packet ends here. */
+static __always_inline int pp_dc_hit(const struct pp_pkt *pp, struct pp_counters *cnt)
+{
+	struct pp_dc_slot *s;
+
+	if (!pp_dc_kind(pp) || pp_hint[pp_hint_slot(&pp->reply.flow)])
+		return 0;
+	s = pp_dc_of(&pp->pid.flow);
+	if (s->last_id != (__u32)pp->pid.id || (__u32)pp->jiff - s->filled >= PP_DC_TICKS ||
+	    !pp_tuple_eq(&s->dir, &pp->pid.flow))
+		return 0;
+	s->pkts++;
+	s->bytes += pp->payload_len;
+	s->seen = pp->jiff;
+	COUNT(cnt, ts_not_new);
+	if (pp->f.reply_valid)
+		COUNT(cnt, match_none);
+	return 1;
+}
+
+/* Adds the counts a direction's slot holds for it to *pkts and *bytes. */
+static __always_inline void pp_dc_pending(const struct pp_tuple *t, __u64 *pkts, __u64 *bytes)
+{
+	struct pp_dc_slot *s = pp_dc_of(t);
+
+	if (s->pkts && pp_tuple_eq(&s->dir, t)) {
+		*pkts += s->pkts;
+		*bytes += s->bytes;
+	}
+}
+
+/* The full jiffies of the slot's last segment (it keeps their low 32 bits); now: the current
+ * ones. */
+static __always_inline __u64 pp_dc_seen_at(const struct pp_dc_slot *s, __u64 now)
+{
+	return now - (__u32)((__u32)now - s->seen);
+}
+
+/* A direction's last-seen time in jiffies (now: the current ones): its flow state's, or the
+ * last segment its slot counted if that came later. */
+static __always_inline __u64 pp_dc_seen(const struct pp_tuple *t, __u64 last_seen, __u64 now)
+{
+	struct pp_dc_slot *s = pp_dc_of(t);
+	__u64 seen;
+
+	if (!s->pkts || !pp_tuple_eq(&s->dir, t))
+		return last_seen;
+	seen = pp_dc_seen_at(s, now);
+	return seen > last_seen ? seen : last_seen;
+}
+
+/* Empties a direction's slot, its counts going with it (its flow is being deleted). */
+static __always_inline void pp_dc_drop(const struct pp_tuple *t)
+{
+	struct pp_dc_slot *s = pp_dc_of(t);
+
+	if (pp_tuple_eq(&s->dir, t)) {
+		s->dir.proto = 0;
+		s->pkts = 0;
+		s->bytes = 0;
+	}
+}
+
+/* Folds the counts of the direction a slot holds into its flow state, before the slot takes
+ * another direction. */
+static __always_inline void pp_dc_evict(const struct pp_dc_slot *s, __u64 now)
+{
+	struct pp_flow_state *fs;
+	struct pp_dir_own *o;
+	struct pp_tuple key;
+	__u64 seen;
+	int first;
+
+	if (!s->pkts || !s->dir.proto)
+		return;
+	first = pp_src_sorts_first(&s->dir);
+	if (first)
+		key = s->dir;
+	else
+		pp_reverse(&key, &s->dir);
+	fs = bpf_map_lookup_elem(&flows, &key);
+	if (!fs)
+		return;
+	o = first ? &fs->own0 : &fs->own1;
+	o->pkts += s->pkts;
+	o->bytes += s->bytes;
+	seen = pp_dc_seen_at(s, now);
+	if (seen > o->last_seen)
+		o->last_seen = seen;
+}
+
+/* After the full path of a TCP packet: folds the counts its direction's slot holds into the
+ * flow state, and (re)fills the slot when the direction qualifies (a data segment of a
+ * direction that is active, not local, not timed in ns) or empties it when it does not. */
+static __always_inline void pp_dc_fill(const struct pp_dir_shared *fwd, struct pp_dir_own *fo,
+				       const struct pp_pkt *pp)
+{
+	struct pp_dc_slot *s;
+	int mine;
+
+	if (pp->pid.flow.proto != IPPROTO_TCP)
+		return;
+	s = pp_dc_of(&pp->pid.flow);
+	mine = pp_tuple_eq(&s->dir, &pp->pid.flow);
+	if (mine && s->pkts) {
+		fo->pkts += s->pkts;
+		fo->bytes += s->bytes;
+		s->pkts = 0;
+		s->bytes = 0;
+	}
+	if (!pp_dc_kind(pp) || !pp_active(fwd) || fwd->local || fwd->ns_seen) {
+		if (mine)
+			s->dir.proto = 0;
+		return;
+	}
+	if (!mine) {
+		pp_dc_evict(s, pp->jiff);
+		/* Emptied first, filled, then named: a segment on another CPU never matches
+		 * the new direction with the old one's TSval. */
+		s->dir.proto = 0;
+		s->pkts = 0;
+		s->bytes = 0;
+	}
+	s->last_id = fo->last_id;
+	s->filled = pp->jiff;
+	s->seen = pp->jiff;
+	if (!mine) {
+		barrier();
+		s->dir = pp->pid.flow;
+	}
+}
+
 /* Whether the packet's destination is this host (ePPing's local-flow filter): a FIB lookup
  * from the ingress interface that ends in "not forwarded". Done once per flow direction.
  * ctx is the program's (TC or XDP): bpf_fib_lookup takes either. */
@@ -355,6 +513,9 @@ static __always_inline void pp_sample(struct pp_dir_shared *d, const struct pp_d
 			.id = id, .id_len = id_len, .on_egress = !pp->is_ingress,
 		};
 
+		/* The request direction is the reverse of the packet's. */
+		pp_dc_pending(&pp->reply.flow, &o.sent_pkts, &o.sent_bytes);
+		pp_dc_pending(&pp->pid.flow, &o.rec_pkts, &o.rec_bytes);
 		pp_send_rtt(cnt, &pp->pid.flow, pp->now, &o);
 	}
 	if (pp_cfg.aggregate)
@@ -443,8 +604,11 @@ static __always_inline void pp_close(struct pp_dir_shared *fwd, struct pp_dir_sh
 			pp_hint_add(&pp->reply.flow, -1);
 		rev->conn = PP_CONN_CLOSED;
 	}
-	if (!pp_active(fwd) && !pp_active(rev) && bpf_map_delete_elem(&flows, key) == 0)
+	if (!pp_active(fwd) && !pp_active(rev) && bpf_map_delete_elem(&flows, key) == 0) {
 		COUNT(cnt, flow_deleted);
+		pp_dc_drop(&pp->pid.flow);
+		pp_dc_drop(&pp->reply.flow);
+	}
 }
 
 /* QUIC's spin bit (RFC 9000 section 17.4, RFC 9312 section 3.8). The client (the endpoint
@@ -605,6 +769,8 @@ static __always_inline void pp_process(void *ctx, struct pp_pkt *pp, struct pp_c
 	}
 	pp_timestamp(fwd, fo, rev, pp, cnt); /* request side */
 	pp_match(rev, ro, fo, pp, cnt);      /* reply side */
+	if (!pp_cfg.no_fast_path)
+		pp_dc_fill(fwd, fo, pp);
 	pp_close(fwd, rev, pp, cnt);
 }
 

@@ -130,6 +130,37 @@ static __always_inline void pp_hint_add(const struct pp_tuple *t, int delta)
 	__sync_fetch_and_add(&pp_hint[pp_hint_slot(t)], delta);
 }
 
+/* The direction cache: per hash slot of packet directions (pp_hint_slot(), the slot of the
+ * packet's own direction), the last TCP direction whose data segments may skip the flow table.
+ * Most segments of a bulk flow sampled every 100 ms repeat the TSval of the segment before
+ * (a TSval lasts a tick of the sender's clock, 1 ms on Linux, tens of segments) and find
+ * nothing to match in the reverse direction: all the flow state tells them is "not new", and
+ * all they write is their direction's packet and byte counts and its last-seen time. A slot
+ * remembers that answer for one direction - the TSval its flow state holds, since when - and
+ * takes the counts (pending, folded into the flow state by the direction's next packet that
+ * goes the full way); a data segment with that TSval, whose reverse direction's hint slot is
+ * zero, is decided on the slot alone (flow.h's pp_dc_hit()), without hashing the 40-byte key
+ * and walking the flow table's bucket. Filled only by the full path, for a direction that is
+ * open or waiting to open, not local, and not timing its packets in ns (ns_seen); emptied
+ * when any of that changes (FIN/RST, the flow's deletion), and trusted for PP_DC_TICKS ticks
+ * after it was filled. Readers of the counts (samples, the collector) add the pending ones.
+ * One cache line per slot; 4096 slots (256 KiB) like the hints; a collision costs the
+ * evicted direction one flow lookup (its pending counts are folded) and then the full path. */
+struct pp_dc_slot {
+	struct pp_tuple dir; /* the direction; proto 0: empty */
+	__u32 last_id;       /* the TSval the direction's flow state has as its last one */
+	__u32 filled;        /* jiffies (low 32 bits) when the full path last filled the slot */
+	__u32 seen;          /* jiffies (low 32 bits) of the last segment counted here */
+	__u32 pkts;          /* segments counted here, not yet in the flow state */
+	__u64 bytes;         /* and their payload bytes */
+};
+
+/* How long a slot is trusted after its fill, in ticks of jiffies (128 ms at HZ 250): a bound
+ * on how stale the flow state's counts and last-seen time can get when a TSval does not move. */
+#define PP_DC_TICKS 32
+
+struct pp_dc_slot pp_dc[PP_HINT_SLOTS] = {};
+
 /* Zeroed templates for new entries (a map value may be the source of an update, and a
  * 370-byte or 900-byte struct does not belong on the 512-byte stack). */
 struct pp_flow_state pp_zero_flow = {};

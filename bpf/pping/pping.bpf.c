@@ -156,6 +156,10 @@ static __always_inline void pp_handle(void *ctx, int xdp, __u32 len, __u32 ifind
 	pp->ifindex = ifindex;
 	pp->now = 0; /* read when needed: pp_now() */
 	pp->jiff = kedge_jiffies();
+	/* A data segment whose TSval its direction already has, with nothing to match: the
+	 * direction cache decides it without the flow table (flow.h). */
+	if (!pp_cfg.no_fast_path && pp_dc_hit(pp, cnt))
+		return;
 	pp_process(ctx, pp, cnt); /* act, count */
 }
 
@@ -228,14 +232,14 @@ int pping_gc_expire(struct __sk_buff *skb)
 /* Whether a direction has been idle too long (now in jiffies): unanswered after the unopened
  * lifetime, an idle ICMP/UDP one after the datagram lifetime, any after the flow lifetime.
  * internal/pping/gc.go applies the same rule to pick the candidates it hands over. */
-static __always_inline int pp_dir_expired(const struct pp_dir_shared *d, const struct pp_dir_own *o,
+static __always_inline int pp_dir_expired(const struct pp_dir_shared *d, __u64 last_seen,
 					  __u8 proto, __u64 now)
 {
 	__u64 age;
 
-	if (!pp_active(d) || now < o->last_seen)
+	if (!pp_active(d) || now < last_seen)
 		return 0;
-	age = (now - o->last_seen) * pp_cfg.jiffy_ns;
+	age = (now - last_seen) * pp_cfg.jiffy_ns;
 	if (d->conn == PP_CONN_WAITOPEN && age > pp_cfg.unopened_lifetime_ns)
 		return 1;
 	if (proto != IPPROTO_TCP && age > pp_cfg.dgram_lifetime_ns)
@@ -263,20 +267,26 @@ int pping_gc_flows(struct __sk_buff *skb)
 		fs = bpf_map_lookup_elem(&flows, &key);
 		if (!fs)
 			continue;
-		if ((pp_active(&fs->shared[0]) && !pp_dir_expired(&fs->shared[0], &fs->own0, key.proto, now)) ||
-		    (pp_active(&fs->shared[1]) && !pp_dir_expired(&fs->shared[1], &fs->own1, key.proto, now)))
+		/* Direction 0 runs key.saddr -> key.daddr, direction 1 the reverse; their last
+		 * segments may be counted in the direction cache. */
+		pp_reverse(&rev, &key);
+		if ((pp_active(&fs->shared[0]) &&
+		     !pp_dir_expired(&fs->shared[0], pp_dc_seen(&key, fs->own0.last_seen, now),
+				     key.proto, now)) ||
+		    (pp_active(&fs->shared[1]) &&
+		     !pp_dir_expired(&fs->shared[1], pp_dc_seen(&rev, fs->own1.last_seen, now),
+				     key.proto, now)))
 			continue;
 		wait0 = fs->shared[0].conn == PP_CONN_WAITOPEN;
 		wait1 = fs->shared[1].conn == PP_CONN_WAITOPEN;
 		if (bpf_map_delete_elem(&flows, &key) != 0)
 			continue;
-		/* Direction 0 runs key.saddr -> key.daddr, direction 1 the reverse. */
+		pp_dc_drop(&key);
+		pp_dc_drop(&rev);
 		if (wait0)
 			pp_hint_add(&key, -1);
-		if (wait1) {
-			pp_reverse(&rev, &key);
+		if (wait1)
 			pp_hint_add(&rev, -1);
-		}
 		COUNT(cnt, gc_flow_expired);
 		deleted |= 1U << i;
 	}

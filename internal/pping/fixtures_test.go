@@ -221,6 +221,9 @@ func (mc monitorCache) get(t *testing.T, mod func(*Config)) *Monitor {
 	if err := m.objs.PpHint.Set(make([]uint32, hintSlots)); err != nil {
 		t.Fatal(err)
 	}
+	if err := m.objs.PpDc.Set(make([]byte, m.objs.PpDc.Size())); err != nil {
+		t.Fatal(err)
+	}
 	drain(t, m)
 	return m
 }
@@ -417,6 +420,7 @@ func (fx fixture) run(t *testing.T) {
 		t.Errorf("map-full warnings %v, want %v", full, fx.full)
 	}
 	checkHints(t, m)
+	checkDirCache(t, m)
 	if fx.check != nil {
 		fx.check(t, m, span)
 	}

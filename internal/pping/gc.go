@@ -171,7 +171,9 @@ func dirActive(d *ppingPpDirShared) bool { return d.Conn == connWaitOpen || d.Co
 // dirExpired: an unanswered direction after the unopened lifetime, an idle ICMP/UDP one
 // after the datagram lifetime, any idle one after the flow lifetime. The programs keep the
 // last packet's time in jiffies; now is in jiffies too. pping_gc_flows (pp_dir_expired in
-// pping.bpf.c) checks the same rule again before it deletes.
+// pping.bpf.c) checks the same rule again before it deletes, with the last segment the
+// direction cache counted (maps.h's pp_dc), which this snapshot of the flow state lacks: a
+// candidate from here may still be alive there, never the other way round.
 func (m *Monitor) dirExpired(d *ppingPpDirShared, o *ppingPpDirOwn, proto uint8, now uint64) bool {
 	if !dirActive(d) || now < o.LastSeen {
 		return false

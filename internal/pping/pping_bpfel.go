@@ -144,6 +144,38 @@ type ppingPpCounters struct {
 	GcFlowExpired    uint64
 }
 
+type ppingPpDcSlot struct {
+	_   structs.HostLayout
+	Dir struct {
+		_     structs.HostLayout
+		Saddr struct {
+			_    structs.HostLayout
+			In6U struct {
+				_       structs.HostLayout
+				U6Addr8 [16]uint8
+			}
+		}
+		Daddr struct {
+			_    structs.HostLayout
+			In6U struct {
+				_       structs.HostLayout
+				U6Addr8 [16]uint8
+			}
+		}
+		Sport  uint16
+		Dport  uint16
+		Proto  uint8
+		Ipv    uint8
+		IdType uint8
+		Pad    uint8
+	}
+	LastId uint32
+	Filled uint32
+	Seen   uint32
+	Pkts   uint32
+	Bytes  uint64
+}
+
 type ppingPpDirOwn struct {
 	_          structs.HostLayout
 	LastSeen   uint64
@@ -388,6 +420,7 @@ const (
 	ppingVarPpBtfRtt           = "pp_btf_rtt"
 	ppingVarPpBtfSpinState     = "pp_btf_spin_state"
 	ppingVarPpCfg              = "pp_cfg"
+	ppingVarPpDc               = "pp_dc"
 	ppingVarPpHint             = "pp_hint"
 	ppingVarPpLastWarn         = "pp_last_warn"
 	ppingVarPpNetnsCookie      = "pp_netns_cookie"
@@ -485,6 +518,7 @@ type ppingVariableSpecs struct {
 	PpBtfRtt           *ebpf.VariableSpec `ebpf:"pp_btf_rtt"`
 	PpBtfSpinState     *ebpf.VariableSpec `ebpf:"pp_btf_spin_state"`
 	PpCfg              *ebpf.VariableSpec `ebpf:"pp_cfg"`
+	PpDc               *ebpf.VariableSpec `ebpf:"pp_dc"`
 	PpHint             *ebpf.VariableSpec `ebpf:"pp_hint"`
 	PpLastWarn         *ebpf.VariableSpec `ebpf:"pp_last_warn"`
 	PpNetnsCookie      *ebpf.VariableSpec `ebpf:"pp_netns_cookie"`
@@ -565,6 +599,7 @@ type ppingVariables struct {
 	PpBtfRtt           *ebpf.Variable `ebpf:"pp_btf_rtt"`
 	PpBtfSpinState     *ebpf.Variable `ebpf:"pp_btf_spin_state"`
 	PpCfg              *ebpf.Variable `ebpf:"pp_cfg"`
+	PpDc               *ebpf.Variable `ebpf:"pp_dc"`
 	PpHint             *ebpf.Variable `ebpf:"pp_hint"`
 	PpLastWarn         *ebpf.Variable `ebpf:"pp_last_warn"`
 	PpNetnsCookie      *ebpf.Variable `ebpf:"pp_netns_cookie"`
