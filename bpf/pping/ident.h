@@ -630,45 +630,4 @@ static __always_inline int pp_fast_tcp(const struct pp_ctx *c, struct pp_pkt *pp
 	return 0;
 }
 
-/* The cheapest packet: a pure ACK of the fast path's shape (ACK set; no data, SYN, FIN or
- * RST; not a request of its own, as a pure ACK this host sends is with host_acks) whose
- * request direction's hint slot is zero. pp_fast_tcp() and pp_handle()'s hint test would
- * count it match_none and stop; this tests the same on the headers alone, before the
- * packet is copied into the scratch space, identified and hashed as a tuple: a few loads,
- * the slot's cache line and the program's first lines of code, which matters most where
- * such packets are rare (the ACKs of a forwarded bulk flow, about one per 20 data
- * segments, find little of the program in cache). Returns 1 when the packet ends here (the
- * caller counts it). Off with aggregation (every packet is counted per subnet) and with
- * the fast path off. */
-static __always_inline int pp_fast_pure_ack(void *data, void *end, int from_host)
-{
-	struct tcphdr *tcph;
-	__u32 l3len, s3, d3, x2;
-	void *ip;
-	int v6;
-
-	if (pp_cfg.no_fast_path || pp_cfg.aggregate || !pp_cfg.track_tcp ||
-	    (from_host && pp_cfg.host_acks))
-		return 0;
-	/* A pure ACK's IP payload is its TCP header: data segments leave at the IP header. */
-	tcph = pp_fast_hdrs(data, end, &ip, &v6, &l3len, PP_TCP_HDR_MAX);
-	if (!tcph || l3len != tcph->doff * 4U || !tcph->ack || tcph->syn || tcph->fin || tcph->rst)
-		return 0;
-	/* The request direction is the reverse of the packet's (pp_hint_slot(&pp->reply.flow)). */
-	if (!v6) {
-		struct iphdr *iph = ip;
-
-		s3 = iph->daddr;
-		d3 = iph->saddr;
-		x2 = 0; /* both v4-mapped */
-	} else {
-		struct ipv6hdr *ip6h = ip;
-
-		s3 = ip6h->daddr.in6_u.u6_addr32[3];
-		d3 = ip6h->saddr.in6_u.u6_addr32[3];
-		x2 = ip6h->daddr.in6_u.u6_addr32[2] ^ ip6h->saddr.in6_u.u6_addr32[2];
-	}
-	return !pp_hint[pp_hint_hash(s3, d3, x2, tcph->dest, tcph->source, IPPROTO_TCP)];
-}
-
 #endif /* KEDGE_PPING_IDENT_H */

@@ -103,7 +103,7 @@ __u32 pp_hint[PP_HINT_SLOTS] = {};
 /* The hint slot of a request direction from its parts: the last words of its source and
  * destination addresses (v4-mapped for IPv4), the XOR of their third words (0 for IPv4:
  * both are the v4-mapped prefix), its source and destination ports (network order), the
- * protocol. pp_fast_pure_ack() hashes a packet's reverse direction straight from its
+ * protocol. pp_fast_segment() hashes a packet's directions straight from its
  * headers with it. */
 static __always_inline __u32 pp_hint_hash(__u32 s3, __u32 d3, __u32 x2, __u16 sport, __u16 dport,
 					  __u8 proto)

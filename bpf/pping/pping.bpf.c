@@ -101,19 +101,18 @@ __noinline int pp_parse_xdp(struct xdp_md *xdp, __u32 hook)
 	return pp_parse_into(&c, hook);
 }
 
-/* pp_fast_pure_ack() for the program's context: whether the packet is a pure reply with
- * nothing to match, decided on its headers alone. */
-static __always_inline int pp_shortcut(void *ctx, int xdp, __u32 hook)
+/* pp_fast_segment() for the program's context. */
+static __always_inline int pp_shortcut(void *ctx, int xdp, __u32 hook, struct pp_counters *cnt)
 {
 	if (xdp) {
 		struct xdp_md *x = ctx;
 
-		return pp_fast_pure_ack((void *)(long)x->data, (void *)(long)x->data_end, 0);
+		return pp_fast_segment((void *)(long)x->data, (void *)(long)x->data_end, 0, cnt);
 	}
 	struct __sk_buff *skb = ctx;
 
-	return pp_fast_pure_ack((void *)(long)skb->data, (void *)(long)skb->data_end,
-				hook == PP_HOOK_EGRESS && pp_cfg.host_acks && skb->sk);
+	return pp_fast_segment((void *)(long)skb->data, (void *)(long)skb->data_end,
+			       hook == PP_HOOK_EGRESS && pp_cfg.host_acks && skb->sk, cnt);
 }
 
 /* The pipeline of every packet hook. len is the frame's length, ifindex the interface it
@@ -129,10 +128,8 @@ static __always_inline void pp_handle(void *ctx, int xdp, __u32 len, __u32 ifind
 		return;
 	COUNT(cnt, pkts);
 	COUNT_N(cnt, bytes, len);
-	if (pp_shortcut(ctx, xdp, hook)) {
-		COUNT(cnt, match_none);
+	if (pp_shortcut(ctx, xdp, hook, cnt))
 		return;
-	}
 	parsed = xdp ? pp_parse_xdp(ctx, hook) : pp_parse(ctx, hook); /* parse, decide */
 	if (parsed == PP_PARSED_BAD)
 		return;

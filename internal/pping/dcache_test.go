@@ -55,15 +55,20 @@ func checkDirCache(t *testing.T, m *Monitor) {
 // (general path): the same counters per packet, an RTT sample that reports every packet of
 // the request direction (those counted in the cache too), a FIN that empties the slot, and a
 // colliding direction that evicts the slot and folds its counts into its flow.
+//
+// Modes: "fast" decides on the headers (pp_fast_segment()), "aggregate" after the parse
+// (pp_dc_hit(): aggregation counts every packet per subnet first), "general" never.
 func TestDirectionCache(t *testing.T) {
-	for _, general := range []bool{false, true} {
-		name := "fast"
-		if general {
-			name = "general"
-		}
+	for _, mode := range []string{"fast", "aggregate", "general"} {
+		general, aggregate := mode == "general", mode == "aggregate"
 		for _, f := range []fam{v4, v6} {
-			t.Run(name+"/"+f.String(), func(t *testing.T) {
-				m := loadFixture(t, func(c *Config) { c.noFastPath = general })
+			t.Run(mode+"/"+f.String(), func(t *testing.T) {
+				m := loadFixture(t, func(c *Config) {
+					c.noFastPath = general
+					if aggregate {
+						c.Aggregate = time.Second
+					}
+				})
 				const size = 1400
 				data := func(tsval int64) []byte { return f.tcp(false, flagData, tsval, 50, size) }
 				notNew := c{"TsNotNew": 1, "MatchNone": 1}
@@ -76,19 +81,9 @@ func TestDirectionCache(t *testing.T) {
 					eg(f.tcp(true, pktbuild.ACK, 50, 1001, 0), c{"FlowOpened": 1, "MatchRtt": 1}),
 					in(data(1001), notNew),
 				})
-				evs := drain(t, m)
-				var rtt *RTTEvent
-				for _, ev := range evs {
-					if e, ok := ev.(*RTTEvent); ok {
-						rtt = e
-					}
-				}
-				if rtt == nil {
-					t.Fatalf("no RTT event in %v", evs)
-				}
-				if rtt.SentPackets != 5 || rtt.SentBytes != 5*size || rtt.RecPackets != 1 || rtt.RecBytes != 0 {
-					t.Errorf("RTT event sent %d pkts %d bytes, received %d pkts %d bytes; want 5, %d, 1, 0",
-						rtt.SentPackets, rtt.SentBytes, rtt.RecPackets, rtt.RecBytes, 5*size)
+				// Events are per-sample mode's: with aggregation the sample goes to a histogram.
+				if !aggregate {
+					checkSampleCounts(t, drain(t, m), 5, 5*size, 1, 0)
 				}
 				cached := 0
 				for _, s := range dirCache(t, m) {
@@ -200,5 +195,23 @@ func TestDirectionCacheGC(t *testing.T) {
 				checkDirCache(t, m)
 			}
 		})
+	}
+}
+
+// checkSampleCounts checks the packet and byte counts of the one RTT event in evs.
+func checkSampleCounts(t *testing.T, evs []Event, sentPkts, sentBytes, recPkts, recBytes uint64) {
+	t.Helper()
+	var rtt *RTTEvent
+	for _, ev := range evs {
+		if e, ok := ev.(*RTTEvent); ok {
+			rtt = e
+		}
+	}
+	if rtt == nil {
+		t.Fatalf("no RTT event in %v", evs)
+	}
+	if rtt.SentPackets != sentPkts || rtt.SentBytes != sentBytes || rtt.RecPackets != recPkts || rtt.RecBytes != recBytes {
+		t.Errorf("RTT event sent %d pkts %d bytes, received %d pkts %d bytes; want %d, %d, %d, %d",
+			rtt.SentPackets, rtt.SentBytes, rtt.RecPackets, rtt.RecBytes, sentPkts, sentBytes, recPkts, recBytes)
 	}
 }
