@@ -11,7 +11,7 @@ import (
 
 // TestVerifierCost logs the instructions the verifier processed for each program (the
 // fixture configuration with a UDP service, with and without aggregation, both ingress
-// hooks): the figures docs/pping.md quotes. It checks only that the kernel reports them.
+// hooks; the packet programs and the collector's): the figures docs/pping.md quotes. It checks only that the kernel reports them.
 func TestVerifierCost(t *testing.T) {
 	bpftest.RequireRoot(t)
 	svc := []Service{{Port: 9000, Offset: 0, Len: 4}}
@@ -35,7 +35,10 @@ func TestVerifierCost(t *testing.T) {
 		for _, p := range []struct {
 			name string
 			prog *ebpf.Program
-		}{{"ingress", m.objs.PpingIngress}, {"egress", m.objs.PpingEgress}} {
+		}{
+			{"ingress", m.objs.PpingIngress}, {"egress", m.objs.PpingEgress},
+			{"gc_expire", m.objs.PpingGcExpire}, {"gc_flows", m.objs.PpingGcFlows},
+		} {
 			info, err := p.prog.Info()
 			if err != nil {
 				t.Fatalf("%s %s: program info: %v", c.name, p.name, err)
