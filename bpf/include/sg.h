@@ -103,6 +103,16 @@ enum sg_limits {
 	SG_REPLICAS_MAX = 4,
 	/* A replica's back-off doubles with each ejection in a row up to this many times. */
 	SG_EJECT_LEVEL_MAX = 16,
+	/* Re-sends (SG_GF_RESEND): a request frame (Ethernet to the end of the payload) is
+	 * stored for them when it is at most this long; a longer one is scattered but never
+	 * re-sent (counted resend_unstored). One Ethernet MTU's frame. */
+	SG_STORE_BYTES = 1536,
+	SG_CSUM_CHUNK = 512, /* bpf_csum_diff's largest size */
+	/* struct sg_stored.rep_first/rep_last: 2 bits (a replica index < SG_REPLICAS_MAX) per
+	 * worker. */
+	SG_REP_WORDS = SG_WORKERS_MAX * 2 / 64,
+	/* A re-sent copy's cost in the budget's milli-copies (struct sg_budget). */
+	SG_COPY_MILLI = 1000,
 };
 
 enum sg_reduce {
@@ -149,6 +159,12 @@ enum sg_group_flags {
 	 * at replica_base): each copy goes to one replica of its shard, round robin over the
 	 * replicas not ejected, and a reply from any of them answers for the shard. */
 	SG_GF_REPLICAS = 0x8,
+	/* Re-sends (bpf/sg/resend.h): the request is stored at the scatter (the stored map,
+	 * key slot) and a pacer tick asked for at resend_ns; a worker that has not answered by
+	 * then gets its copy again, to the next replica of its shard after the one its last
+	 * copy went to (a hedge) or, with no other replica, to the same worker (a retry), up
+	 * to resend_max rounds, each copy paid from the group's budget. */
+	SG_GF_RESEND = 0x10,
 };
 
 /* Result flags (struct sg_result.flags). */
@@ -194,6 +210,15 @@ struct sg_group {
 	__u64 judge_ns;
 	__u64 eject_base_ns;
 	__u64 eject_max_ns;
+	/* SG_GF_RESEND: a round of re-sends is due resend_ns after the scatter and after each
+	 * round, up to resend_max rounds per request. The budget (struct sg_budget): each
+	 * request deposits budget_ratio_milli x nworkers milli-copies while fewer than
+	 * budget_cap_milli are saved; a re-sent copy takes SG_COPY_MILLI, refused when there
+	 * are not that many. So re-sent copies <= ratio x copies scattered + cap / 1000. */
+	__u64 resend_ns;
+	__u32 resend_max;
+	__u32 budget_ratio_milli;
+	__u64 budget_cap_milli;
 };
 
 /* workers map value (index worker_base + i). */
@@ -226,6 +251,30 @@ struct sg_shard {
 	/* SG_RC_LATENCY: each replica's estimated median reply time (0: none yet), stepped by
 	 * every single-packet reply from it that finds its request in the slot. */
 	__u64 p50_ns[SG_REPLICAS_MAX];
+};
+
+/* stored map value, key slot (groups with SG_GF_RESEND; user space sizes the map SG_SLOTS
+ * when a group re-sends, 1 otherwise). Written by the scatter for each request it stores,
+ * before it asks the pacer for a tick; a tick claims a due round with a compare-and-
+ * exchange of due_ns, so one tick sends it. An entry whose req_id is not its slot's
+ * current request, or whose slot is no longer pending, is spent. */
+struct sg_stored {
+	__u64 req_id;
+	__u64 due_ns;       /* the next round (kedge_now()); 0: none */
+	__u32 rounds;       /* rounds sent */
+	__u32 len;          /* frame bytes in data; 0: not stored */
+	__u64 resent[SG_BITMAP_WORDS];   /* bit i: worker i was sent a copy again */
+	__u64 rep_first[SG_REP_WORDS];   /* SG_GF_REPLICAS: replica (2 bits) of the first copy */
+	__u64 rep_last[SG_REP_WORDS];    /* and of the last copy */
+	/* The frame as the coordinator sent it, its UDP checksum field 0 and 4 zero bytes
+	 * after it; + SG_CSUM_CHUNK: the checksum sums it in chunks of that many bytes, each
+	 * of which the verifier must see inside the value. */
+	__u8 data[SG_STORE_BYTES + SG_CSUM_CHUNK];
+};
+
+/* budgets map value (key group): the re-send budget's saved milli-copies. */
+struct sg_budget {
+	__s64 tokens_milli;
 };
 
 /* Ring-buffer record: one per completed request (ok or timeout). It lives inside the
@@ -284,6 +333,15 @@ struct sg_stats {
 	/* replicas (SG_GF_REPLICAS) */
 	__u64 ejections;       /* a replica ejected: a copy unanswered for judge_ns */
 	__u64 shard_out;       /* every replica of a shard ejected: the copy went to one anyway */
+	/* re-sends (SG_GF_RESEND) */
+	__u64 retries;         /* copies sent again to the same worker (no other replica) */
+	__u64 hedges;          /* copies sent again to another replica of the worker's shard */
+	__u64 hedges_won;      /* re-sent shards answered first by another replica than the
+				* first copy's */
+	__u64 resend_refused;  /* copies the budget refused */
+	__u64 resend_errors;   /* rebuilding the request or sending a copy failed */
+	__u64 resend_unstored; /* requests too long to store: never re-sent */
+	__u64 late_replies;    /* a re-sent worker's second reply (its other copy's): dropped */
 	/* gather (XDP ingress) */
 	__u64 replies;         /* replies aggregated */
 	__u64 completed;       /* requests completed by their policy */

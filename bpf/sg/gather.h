@@ -16,7 +16,8 @@
  *                                           (worker_errors)
  *   slot holds this full request id ....... else dropped (stale: a recycled slot)
  *   slot still pending .................... else dropped (late)
- *   worker's bit not yet set .............. else dropped (duplicates)
+ *   worker's bit not yet set .............. else dropped (duplicates; late_replies for a
+ *                                           worker a re-send went to: stored.h)
  * Then it is reduced under the slot's lock and dropped; the reply that completes the
  * request (count reaches need) also emits the result into the ring buffer, and with the
  * group flag SG_GF_WAKE_SOCKET it is passed (XDP_PASS, untouched) to the coordinator
@@ -34,6 +35,7 @@
 #include "reply.h"
 #include "parts.h"
 #include "replica.h"
+#include "stored.h"
 
 #define OP_FIRST 0xff
 
@@ -203,6 +205,8 @@ static __always_inline int gather(struct xdp_md *ctx)
 		outcome = answered(s, word, mask, now) | overflowed(s, flags_before);
 	}
 	bpf_spin_unlock(&s->lock);
+	if ((g->flags & SG_GF_RESEND) && stored_reply(slot, id, widx | rep << 16, gid, outcome & 0xff))
+		return XDP_DROP; /* a re-sent worker's second reply: late_replies */
 	return gather_finish(outcome, s, g, cnt);
 }
 

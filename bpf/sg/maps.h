@@ -78,6 +78,24 @@ struct {
 	__type(value, struct sg_shard);
 } replicas SEC(".maps");
 
+/* Re-sends (SG_GF_RESEND, resend.h): the stored request of each slot (struct sg_stored, key
+ * slot). User space sizes it (SG_SLOTS when a group re-sends; 1 when none does) before
+ * load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sg_stored);
+} stored SEC(".maps");
+
+/* Each group's re-send budget (struct sg_budget). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SG_GROUPS_MAX);
+	__type(key, __u32);
+	__type(value, struct sg_budget);
+} budgets SEC(".maps");
+
 /* Completed requests. 4 MiB hold ~1800 results (2.4 KiB each), more than the SG_SLOTS
  * that can complete before user space frees a slot only when it is read... so a full
  * ring means user space stopped reading; the slot then keeps the result (ringbuf_full). */

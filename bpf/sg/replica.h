@@ -58,7 +58,28 @@ static __always_inline void shard_eject(struct sg_shard *sh, __u32 r, __u64 now,
 	sh->unanswered_ns[r] = 0; /* judged anew from its next copy */
 }
 
-/* shard_pick returns the workers-map key of the replica of shard key (group gid) that gets
+/* A replica as shard_pick and shard_next return it: its workers-map key in the low
+ * REP_KEY_BITS bits (the map holds fewer entries), its index in the shard above them. */
+#define REP_KEY_BITS 24
+#define REP_KEY_MASK ((1U << REP_KEY_BITS) - 1)
+
+static __always_inline __u32 rep_key(int picked)
+{
+	return (__u32)picked & REP_KEY_MASK; /* -1: a key no entry has */
+}
+
+static __always_inline __u32 rep_index(int picked)
+{
+	return ((__u32)picked >> REP_KEY_BITS) & (SG_REPLICAS_MAX - 1);
+}
+
+static __always_inline int rep_picked(const struct sg_shard *sh, __u32 r)
+{
+	r = rep_bound(r);
+	return (int)(sh->key[r] & REP_KEY_MASK) | (int)(r << REP_KEY_BITS);
+}
+
+/* shard_pick returns the replica of shard key (group gid: rep_key, rep_index) that gets
  * the copy of request rr (rr = req_id / SG_SLOTS + worker index) and notes the copy; -1
  * when the shard or the group is missing. Ejections and shards with every replica out are
  * counted here. A global function: the verifier checks its loop once, on its own, and the
@@ -75,7 +96,7 @@ __attribute__((noinline)) int shard_pick(__u32 key, __u32 rr, __u64 now, __u32 g
 		return -1;
 	n = sh->nreplicas;
 	if (n <= 1)
-		return sh->key[0];
+		return rep_picked(sh, 0);
 	if (n > SG_REPLICAS_MAX)
 		n = SG_REPLICAS_MAX;
 	start = rr % n;
@@ -115,7 +136,40 @@ __attribute__((noinline)) int shard_pick(__u32 key, __u32 rr, __u64 now, __u32 g
 	pick = rep_bound(pick);
 	if (!READ_ONCE(sh->unanswered_ns[pick]))
 		sh->unanswered_ns[pick] = now;
-	return sh->key[pick];
+	return rep_picked(sh, pick);
+}
+
+/* shard_next returns the replica of shard key that gets a copy sent again
+ * (resend.h) after the last one went to replica last: the next one after it that is not
+ * ejected, or last itself when there is none (a shard of one replica: a retry). It notes
+ * the copy as shard_pick does; -1 when the shard is missing. Global, as shard_pick. */
+__attribute__((noinline)) int shard_next(__u32 key, __u32 last, __u64 now)
+{
+	struct sg_shard *sh = bpf_map_lookup_elem(&replicas, &key);
+	__u32 n, pick;
+
+	if (!sh)
+		return -1;
+	n = sh->nreplicas;
+	if (n > SG_REPLICAS_MAX)
+		n = SG_REPLICAS_MAX;
+	pick = rep_bound(last);
+	for (__u32 k = 1; k < SG_REPLICAS_MAX; k++) {
+		__u32 r = last + k;
+
+		if (k >= n)
+			break;
+		if (r >= n)
+			r -= n;
+		r = rep_bound(r);
+		if (READ_ONCE(sh->out_until_ns[r]) <= now) {
+			pick = r;
+			break;
+		}
+	}
+	if (!READ_ONCE(sh->unanswered_ns[pick]))
+		sh->unanswered_ns[pick] = now;
+	return rep_picked(sh, pick);
 }
 
 /* shard_answered: a reply from saddr:sport claims to answer for shard sh. Returns 1 + the

@@ -24,6 +24,7 @@
 #include "maps.h"
 #include "expire.h"
 #include "replica.h"
+#include "stored.h"
 
 /* What the per-worker loop needs. Plain scalars: the bounded-loop tier keeps it in a
  * per-CPU map between tail calls, where pointers cannot be stored. */
@@ -53,8 +54,13 @@ struct scatter_ctx {
 	__u32 replicas;
 	__u32 replica_base;
 	__u32 rr;
-	__u32 _pad;
+	/* SG_GF_RESEND: the request is stored for re-sends (resend.h), with the replica of
+	 * each first copy when the group has replicas. */
+	__u32 resend;
 	__u64 now;
+	__u64 id;
+	__u32 slot;
+	__u32 _pad;
 };
 
 struct loop_ctx {
@@ -105,17 +111,23 @@ static __always_inline int rewrite_to(struct __sk_buff *skb, struct scatter_ctx 
 	return err;
 }
 
-/* scatter_one sends the copy for worker i. Returns 1 (stop) past the batch's last worker. */
-static __always_inline long scatter_one(struct __sk_buff *skb, __u32 i, struct scatter_ctx *c)
+/* scatter_one sends the copy for worker i. Returns 1 (stop) past the batch's last worker.
+ * resend: the bpf_loop tier, where a group may re-send (the replica of each copy is noted
+ * for it); 0 in the bounded tier, which then verifies what it did without re-sends. */
+static __always_inline long scatter_one(struct __sk_buff *skb, __u32 i, struct scatter_ctx *c,
+					const int resend)
 {
 	struct sg_worker *w;
+	int picked = 0;
 	__u32 key;
 
 	if (i >= c->end)
 		return 1;
 	key = c->worker_base + i;
-	if (c->replicas) /* the replica's entry (replica.h); -1: none, the lookup fails */
-		key = shard_pick(c->replica_base + i, c->rr + i, c->now, c->gid);
+	if (c->replicas) { /* the replica's entry (replica.h); -1: none, the lookup fails */
+		picked = shard_pick(c->replica_base + i, c->rr + i, c->now, c->gid);
+		key = rep_key(picked);
+	}
 	w = bpf_map_lookup_elem(&workers, &key);
 	if (!w || rewrite_to(skb, c, w, i) < 0 ||
 	    bpf_clone_redirect(skb, c->ifindex, 0) < 0) {
@@ -123,6 +135,8 @@ static __always_inline long scatter_one(struct __sk_buff *skb, __u32 i, struct s
 		return 0;
 	}
 	c->copies++;
+	if (resend && c->replicas && c->resend)
+		stored_first_replica(c->slot, i, rep_index(picked));
 	return 0;
 }
 
@@ -130,7 +144,7 @@ static long scatter_cb(__u64 i, void *ctx)
 {
 	struct loop_ctx *l = ctx;
 
-	return scatter_one(l->skb, l->c->next + (__u32)i, l->c);
+	return scatter_one(l->skb, l->c->next + (__u32)i, l->c, 1);
 }
 
 /* parse_request parses a request datagram of a configured group sent by the group's
@@ -211,8 +225,11 @@ static __always_inline int parse_request(struct __sk_buff *skb, struct scatter_c
 	c->replicas = !!(g->flags & SG_GF_REPLICAS);
 	c->replica_base = g->replica_base;
 	c->rr = (__u32)(bpf_be64_to_cpu(h->req_id) / SG_SLOTS);
-	c->_pad = 0;
+	c->resend = !!(g->flags & SG_GF_RESEND);
 	c->now = c->replicas ? kedge_now() : 0;
+	c->id = bpf_be64_to_cpu(h->req_id);
+	c->slot = (__u32)c->id & SG_SLOT_MASK;
+	c->_pad = 0;
 	return 1;
 }
 
@@ -249,6 +266,8 @@ static __always_inline int scatter_prepare(struct __sk_buff *skb, struct scatter
 	ret = parse_request(skb, c, &h);
 	if (ret != 1)
 		return ret;
+	if (!use_timer)
+		c->resend = 0; /* the bounded tier does not re-send (resend.h) */
 	cnt = stats_for(c->gid);
 	COUNT(cnt, requests);
 	id = bpf_be64_to_cpu(h.req_id);

@@ -6,10 +6,13 @@
  *   sg_gather       (XDP, coordinator iface)        replies reduced and consumed
  *   sg_timers_init  (BPF_PROG_TEST_RUN)             one bpf_timer per slot
  *   sg_sweep        (BPF_PROG_TEST_RUN)             expiry on kernels without bpf_timer
+ *   sg_resend       (TC ingress, the pacer's veth)  re-sends: a pacer tick sends the due
+ *                                                   rounds of stored requests (bpf_loop tier)
  * The wire format and the contract with user space are in bpf/include/sg.h. The stages:
  * scatter.h (a request becomes a copy per worker), gather.h (a whole reply is reduced),
  * parts.h (a part of a multi-packet reply is reduced), reply.h (what the two share),
- * expire.h (a request past its deadline completes); maps.h holds the config and maps. */
+ * expire.h (a request past its deadline completes), stored.h and resend.h (a request's
+ * copies sent again to workers that have not answered); maps.h holds the config and maps. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -19,6 +22,7 @@
 #include "expire.h"
 #include "scatter.h"
 #include "gather.h"
+#include "resend.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -31,6 +35,8 @@ int sg_scatter(struct __sk_buff *skb)
 
 	if (ret != 1)
 		return ret;
+	if (c.resend) /* before the first copy rewrites the request */
+		stored_request(skb, c.gid, c.slot, c.id, c.l4_off);
 	bpf_loop(SG_WORKERS_MAX, scatter_cb, &l, 0);
 	return scatter_finish(skb, &c);
 }
@@ -79,7 +85,7 @@ static __always_inline int scatter_chunk(struct __sk_buff *skb, struct scatter_c
 	__u32 start = c->next;
 
 	for (__u32 k = 0; k < SCATTER_CHUNK; k++) {
-		if (scatter_one(skb, start + k, c))
+		if (scatter_one(skb, start + k, c, 0))
 			return scatter_finish(skb, c);
 	}
 	c->next = start + SCATTER_CHUNK;
@@ -133,6 +139,13 @@ SEC("xdp")
 int sg_gather(struct xdp_md *ctx)
 {
 	return gather(ctx);
+}
+
+/* The pacer's tick program of a coordinator whose groups re-send (resend.h). */
+SEC("tc")
+int sg_resend(struct __sk_buff *skb)
+{
+	return resend(skb);
 }
 
 /* Returns the number of slots whose timer could not be set up; run until it is 0. */

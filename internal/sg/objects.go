@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"github.com/kedge-dev/kedge/internal/bpfx"
+	"github.com/kedge-dev/kedge/internal/pacer"
 )
 
 // The map value types, as bpf2go generated them from bpf/include/sg.h.
@@ -20,6 +21,8 @@ type (
 	Stats     = sgSgStats
 	PartsRec  = sgSgParts
 	ShardRec  = sgSgShard
+	StoredRec = sgSgStored
+	BudgetRec = sgSgBudget
 )
 
 // Tier is the set of kernel features the data plane is built from.
@@ -62,7 +65,11 @@ type Objects struct {
 	// Replicas holds the shards of the groups with GroupFlagReplicas
 	// (LoadOptions.ReplicaEntries): each shard's replicas and their judgement.
 	Replicas *ebpf.Map
-	Scatter  *ebpf.Program
+	// Stored holds each slot's stored request (LoadOptions.Resend) and Budgets each
+	// group's re-send budget.
+	Stored  *ebpf.Map
+	Budgets *ebpf.Map
+	Scatter *ebpf.Program
 	// Cont goes on the group interface's TC ingress: it sends the next batch of a
 	// fan-out larger than the batch (LoadOptions.Batch).
 	Cont   *ebpf.Program
@@ -70,6 +77,13 @@ type Objects struct {
 	Sweep  *ebpf.Program
 	// TimersInit is nil in TierBounded.
 	TimersInit *ebpf.Program
+	// Resend is the pacer's tick program of groups that re-send (internal/pacer
+	// Pacer.Start); loaded with LoadOptions.Resend only.
+	Resend *ebpf.Program
+
+	// PacerArming is the pacer's shared state (pacer_arming: the tick deadline asked for);
+	// the object's own copy when no pacer is bound (fixtures).
+	PacerArming *ebpf.Map
 
 	// Clock is kedge_clock_ns: the time the programs read after LoadOptions.FixClock.
 	Clock *ebpf.Variable
@@ -86,6 +100,12 @@ type loopObjects struct {
 	Gather     *ebpf.Program `ebpf:"sg_gather"`
 	Sweep      *ebpf.Program `ebpf:"sg_sweep"`
 	TimersInit *ebpf.Program `ebpf:"sg_timers_init"`
+}
+
+// resendObjects adds the pacer's tick program, loaded only for groups that re-send.
+type resendObjects struct {
+	loopObjects
+	Resend *ebpf.Program `ebpf:"sg_resend"`
 }
 
 type boundedObjects struct {
@@ -123,6 +143,13 @@ type LoadOptions struct {
 	// one entry, never used). The workers map gets room for their further replicas
 	// (ReplicaKey).
 	ReplicaEntries uint32
+	// Resend loads the pacer's tick program (Objects.Resend) and sizes the stored map for
+	// re-sends (a group with GroupFlagResend): one stored request per slot. TierLoop only.
+	Resend bool
+	// Pacer, if set, binds the object to a running pacer (its config and maps), whose
+	// tick program Objects.Resend then is. Unset, the object keeps its own pacer maps
+	// (fixtures: ticks are fed to Resend through BPF_PROG_TEST_RUN).
+	Pacer *pacer.Client
 	// FixClock makes the programs read the time from the object's kedge_clock_ns
 	// (bpf/include/clock.h; fixtures only), which Objects.Clock sets.
 	FixClock bool
@@ -199,6 +226,20 @@ func Load(opts LoadOptions) (*Objects, error) {
 	}
 	spec.Maps["replicas"].MaxEntries = max(opts.ReplicaEntries, 1)
 	spec.Maps["workers"].MaxEntries = ReplicaKey(opts.ReplicaEntries, 1)
+	if opts.Resend {
+		if opts.Tier != TierLoop {
+			return nil, bpfx.NotSupported("re-sends of scatter-gather requests (bpf_loop)", "5.17",
+				"run without re-sends on this kernel", ebpf.ErrNotSupported)
+		}
+		spec.Maps["stored"].MaxEntries = Slots
+	}
+	var copts *ebpf.CollectionOptions
+	if opts.Pacer != nil {
+		copts = &ebpf.CollectionOptions{}
+		if err := opts.Pacer.Bind(spec, copts); err != nil {
+			return nil, err
+		}
+	}
 	if opts.FixClock {
 		if err := spec.Variables[sgVarKedgeClockFixed].Set(true); err != nil {
 			return nil, fmt.Errorf("fix the sg clock: %w", err)
@@ -206,16 +247,22 @@ func Load(opts LoadOptions) (*Objects, error) {
 	}
 	o := &Objects{Tier: opts.Tier}
 	if opts.Tier == TierLoop {
-		var lo loopObjects
-		if err := bpfx.LoadAndAssign("sg", spec, &lo, nil); err != nil {
+		var ro resendObjects
+		var to any = &ro.loopObjects
+		if opts.Resend {
+			to = &ro
+		}
+		if err := bpfx.LoadAndAssign("sg", spec, to, copts); err != nil {
 			return nil, err
 		}
+		lo := ro.loopObjects
 		o.fromMaps(lo.sgMaps)
 		o.Clock = lo.KedgeClockNs
 		o.Scatter, o.Cont, o.Gather, o.Sweep, o.TimersInit = lo.Scatter, lo.Cont, lo.Gather, lo.Sweep, lo.TimersInit
+		o.Resend = ro.Resend
 	} else {
 		var bo boundedObjects
-		if err := bpfx.LoadAndAssign("sg", spec, &bo, nil); err != nil {
+		if err := bpfx.LoadAndAssign("sg", spec, &bo, copts); err != nil {
 			return nil, err
 		}
 		o.fromMaps(bo.sgMaps)
@@ -231,7 +278,8 @@ func Load(opts LoadOptions) (*Objects, error) {
 
 func (o *Objects) fromMaps(m sgMaps) {
 	o.Groups, o.Workers, o.Slots, o.Results, o.Stats, o.Parts, o.Replicas = m.Groups, m.Workers, m.Slots, m.Results, m.Stats, m.Parts, m.Replicas
-	o.other = []*ebpf.Map{m.ScatterChain, m.ScatterState}
+	o.Stored, o.Budgets, o.PacerArming = m.Stored, m.Budgets, m.PacerArming
+	o.other = []*ebpf.Map{m.ScatterChain, m.ScatterState, m.PacerArming, m.PacerCounters, m.ResendState}
 }
 
 // InitTimers gives every slot its bpf_timer (TierLoop), retrying slots whose
@@ -273,12 +321,12 @@ func (o *Objects) SumStats(group uint32) (Stats, error) {
 // Close releases every object.
 func (o *Objects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Scatter, o.Cont, o.Gather, o.Sweep, o.Groups, o.Workers, o.Slots, o.Results, o.Stats, o.Parts, o.Replicas} {
+	for _, c := range []interface{ Close() error }{o.Scatter, o.Cont, o.Gather, o.Sweep, o.Groups, o.Workers, o.Slots, o.Results, o.Stats, o.Parts, o.Replicas, o.Stored, o.Budgets} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}
 	}
-	for _, p := range []*ebpf.Program{o.TimersInit, o.chunk} {
+	for _, p := range []*ebpf.Program{o.TimersInit, o.chunk, o.Resend} {
 		if p != nil {
 			errs = append(errs, p.Close())
 		}

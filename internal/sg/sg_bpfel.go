@@ -22,6 +22,80 @@ const (
 	sgKedgeMarkKEDGE_MARK_HEDGE      sgKedgeMark = 1801781248
 )
 
+type sgPacerConfig struct {
+	_               structs.HostLayout
+	Backend         uint32
+	Ifindex         uint32
+	PeerIfindex     uint32
+	TickIfindex     uint32
+	TickPeerIfindex uint32
+	DevIfindex      uint32
+	TickBytes       uint32
+	TickMaxBytes    uint32
+	RateBytes       uint32
+	_               [4]byte
+	EarlyNs         uint64
+	CarryEarlyNs    uint64
+	LostNs          uint64
+}
+
+type sgPacerState struct {
+	_       structs.HostLayout
+	ArmedNs uint64
+	Seq     uint64
+	FiredNs uint64
+}
+
+type sgPacerStats struct {
+	_                   structs.HostLayout
+	TicksRequested      uint64
+	TicksArmed          uint64
+	TicksCoalesced      uint64
+	TicksLost           uint64
+	ArmErrors           uint64
+	TicksEntered        uint64
+	TickTrimErrors      uint64
+	TickBuildErrors     uint64
+	TickPasses          uint64
+	TicksPiggybacked    uint64
+	TicksSuperseded     uint64
+	TicksDelivered      uint64
+	TicksStale          uint64
+	MalformedTicks      uint64
+	Foreign             uint64
+	CarriedIn           uint64
+	CarriedOut          uint64
+	CarriedRecirculated uint64
+	EdtSet              uint64
+	EdtNoDeadline       uint64
+	RedirectErrors      uint64
+	FillerPasses        uint64
+	FillersDropped      uint64
+	PeriodSumNs         uint64
+	PeriodCount         uint64
+	PeriodMinNs         uint64
+	PeriodMaxNs         uint64
+	LateSumNs           uint64
+	LateCount           uint64
+	LateMaxNs           uint64
+	EarlyCount          uint64
+	EarlyMaxNs          uint64
+	LateHist            [24]uint64
+}
+
+type sgResendState struct {
+	_       structs.HostLayout
+	C       sgScatterCtx
+	Base    uint64
+	Saddr   [4]uint32
+	UdpLen  uint32
+	Retries uint32
+	Hedges  uint32
+	Refused uint32
+	Errors  uint32
+	Pad     uint32
+}
+
 type sgScatterCtx struct {
 	_           structs.HostLayout
 	Gid         uint32
@@ -48,8 +122,16 @@ type sgScatterCtx struct {
 	Replicas    uint32
 	ReplicaBase uint32
 	Rr          uint32
-	Pad         uint32
+	Resend      uint32
 	Now         uint64
+	Id          uint64
+	Slot        uint32
+	Pad         uint32
+}
+
+type sgSgBudget struct {
+	_           structs.HostLayout
+	TokensMilli int64
 }
 
 type sgSgConfig struct {
@@ -83,14 +165,18 @@ type sgSgGroup struct {
 			U6Addr8 [16]uint8
 		}
 	}
-	CoordPort     uint16
-	Pad1          uint16
-	PartBase      uint32
-	ReplicaBase   uint32
-	ReplicaChoice uint32
-	JudgeNs       uint64
-	EjectBaseNs   uint64
-	EjectMaxNs    uint64
+	CoordPort        uint16
+	Pad1             uint16
+	PartBase         uint32
+	ReplicaBase      uint32
+	ReplicaChoice    uint32
+	JudgeNs          uint64
+	EjectBaseNs      uint64
+	EjectMaxNs       uint64
+	ResendNs         uint64
+	ResendMax        uint32
+	BudgetRatioMilli uint32
+	BudgetCapMilli   uint64
 }
 
 type sgSgParts struct {
@@ -146,38 +232,57 @@ type sgSgSlot struct {
 }
 
 type sgSgStats struct {
-	_            structs.HostLayout
-	Requests     uint64
-	Copies       uint64
-	CopyErrors   uint64
-	SlotBusy     uint64
-	SlotRange    uint64
-	NotOwner     uint64
-	Continued    uint64
-	ContStopped  uint64
-	Ejections    uint64
-	ShardOut     uint64
-	Replies      uint64
-	Completed    uint64
-	Timeouts     uint64
-	Duplicates   uint64
-	Late         uint64
-	Stale        uint64
-	Unregistered uint64
-	BadLength    uint64
-	WorkerErrors uint64
-	Multipart    uint64
-	Overflow     uint64
-	RingbufFull  uint64
-	Parts        uint64
-	PartDups     uint64
-	BadParts     uint64
-	PartMismatch uint64
-	UnknownGroup uint64
-	Malformed    uint64
-	BadVersion   uint64
-	Sweeps       uint64
-	TimerErrors  uint64
+	_              structs.HostLayout
+	Requests       uint64
+	Copies         uint64
+	CopyErrors     uint64
+	SlotBusy       uint64
+	SlotRange      uint64
+	NotOwner       uint64
+	Continued      uint64
+	ContStopped    uint64
+	Ejections      uint64
+	ShardOut       uint64
+	Retries        uint64
+	Hedges         uint64
+	HedgesWon      uint64
+	ResendRefused  uint64
+	ResendErrors   uint64
+	ResendUnstored uint64
+	LateReplies    uint64
+	Replies        uint64
+	Completed      uint64
+	Timeouts       uint64
+	Duplicates     uint64
+	Late           uint64
+	Stale          uint64
+	Unregistered   uint64
+	BadLength      uint64
+	WorkerErrors   uint64
+	Multipart      uint64
+	Overflow       uint64
+	RingbufFull    uint64
+	Parts          uint64
+	PartDups       uint64
+	BadParts       uint64
+	PartMismatch   uint64
+	UnknownGroup   uint64
+	Malformed      uint64
+	BadVersion     uint64
+	Sweeps         uint64
+	TimerErrors    uint64
+}
+
+type sgSgStored struct {
+	_        structs.HostLayout
+	ReqId    uint64
+	DueNs    uint64
+	Rounds   uint32
+	Len      uint32
+	Resent   [16]uint64
+	RepFirst [32]uint64
+	RepLast  [32]uint64
+	Data     [2048]uint8
 }
 
 type sgSgWorker struct {
@@ -197,16 +302,22 @@ type sgSgWorker struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	sgMapBudgets            = "budgets"
 	sgMapGroups             = "groups"
+	sgMapPacerArming        = "pacer_arming"
+	sgMapPacerCounters      = "pacer_counters"
 	sgMapParts              = "parts"
 	sgMapReplicas           = "replicas"
+	sgMapResendState        = "resend_state"
 	sgMapResults            = "results"
 	sgMapScatterChain       = "scatter_chain"
 	sgMapScatterState       = "scatter_state"
 	sgMapSlots              = "slots"
 	sgMapStats              = "stats"
+	sgMapStored             = "stored"
 	sgMapWorkers            = "workers"
 	sgProgSgGather          = "sg_gather"
+	sgProgSgResend          = "sg_resend"
 	sgProgSgScatter         = "sg_scatter"
 	sgProgSgScatterBl       = "sg_scatter_bl"
 	sgProgSgScatterChunk    = "sg_scatter_chunk"
@@ -216,6 +327,7 @@ const (
 	sgProgSgTimersInit      = "sg_timers_init"
 	sgVarKedgeClockFixed    = "kedge_clock_fixed"
 	sgVarKedgeClockNs       = "kedge_clock_ns"
+	sgVarPacerCfg           = "pacer_cfg"
 	sgVarSgBtfDtype         = "sg_btf_dtype"
 	sgVarSgBtfGroupFlags    = "sg_btf_group_flags"
 	sgVarSgBtfHdr           = "sg_btf_hdr"
@@ -274,6 +386,7 @@ type sgSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sgProgramSpecs struct {
 	SgGather        *ebpf.ProgramSpec `ebpf:"sg_gather"`
+	SgResend        *ebpf.ProgramSpec `ebpf:"sg_resend"`
 	SgScatter       *ebpf.ProgramSpec `ebpf:"sg_scatter"`
 	SgScatterBl     *ebpf.ProgramSpec `ebpf:"sg_scatter_bl"`
 	SgScatterChunk  *ebpf.ProgramSpec `ebpf:"sg_scatter_chunk"`
@@ -287,15 +400,20 @@ type sgProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sgMapSpecs struct {
-	Groups       *ebpf.MapSpec `ebpf:"groups"`
-	Parts        *ebpf.MapSpec `ebpf:"parts"`
-	Replicas     *ebpf.MapSpec `ebpf:"replicas"`
-	Results      *ebpf.MapSpec `ebpf:"results"`
-	ScatterChain *ebpf.MapSpec `ebpf:"scatter_chain"`
-	ScatterState *ebpf.MapSpec `ebpf:"scatter_state"`
-	Slots        *ebpf.MapSpec `ebpf:"slots"`
-	Stats        *ebpf.MapSpec `ebpf:"stats"`
-	Workers      *ebpf.MapSpec `ebpf:"workers"`
+	Budgets       *ebpf.MapSpec `ebpf:"budgets"`
+	Groups        *ebpf.MapSpec `ebpf:"groups"`
+	PacerArming   *ebpf.MapSpec `ebpf:"pacer_arming"`
+	PacerCounters *ebpf.MapSpec `ebpf:"pacer_counters"`
+	Parts         *ebpf.MapSpec `ebpf:"parts"`
+	Replicas      *ebpf.MapSpec `ebpf:"replicas"`
+	ResendState   *ebpf.MapSpec `ebpf:"resend_state"`
+	Results       *ebpf.MapSpec `ebpf:"results"`
+	ScatterChain  *ebpf.MapSpec `ebpf:"scatter_chain"`
+	ScatterState  *ebpf.MapSpec `ebpf:"scatter_state"`
+	Slots         *ebpf.MapSpec `ebpf:"slots"`
+	Stats         *ebpf.MapSpec `ebpf:"stats"`
+	Stored        *ebpf.MapSpec `ebpf:"stored"`
+	Workers       *ebpf.MapSpec `ebpf:"workers"`
 }
 
 // sgVariableSpecs contains global variables before they are loaded into the kernel.
@@ -304,6 +422,7 @@ type sgMapSpecs struct {
 type sgVariableSpecs struct {
 	KedgeClockFixed    *ebpf.VariableSpec `ebpf:"kedge_clock_fixed"`
 	KedgeClockNs       *ebpf.VariableSpec `ebpf:"kedge_clock_ns"`
+	PacerCfg           *ebpf.VariableSpec `ebpf:"pacer_cfg"`
 	SgBtfDtype         *ebpf.VariableSpec `ebpf:"sg_btf_dtype"`
 	SgBtfGroupFlags    *ebpf.VariableSpec `ebpf:"sg_btf_group_flags"`
 	SgBtfHdr           *ebpf.VariableSpec `ebpf:"sg_btf_hdr"`
@@ -339,27 +458,37 @@ func (o *sgObjects) Close() error {
 //
 // It can be passed to loadSgObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sgMaps struct {
-	Groups       *ebpf.Map `ebpf:"groups"`
-	Parts        *ebpf.Map `ebpf:"parts"`
-	Replicas     *ebpf.Map `ebpf:"replicas"`
-	Results      *ebpf.Map `ebpf:"results"`
-	ScatterChain *ebpf.Map `ebpf:"scatter_chain"`
-	ScatterState *ebpf.Map `ebpf:"scatter_state"`
-	Slots        *ebpf.Map `ebpf:"slots"`
-	Stats        *ebpf.Map `ebpf:"stats"`
-	Workers      *ebpf.Map `ebpf:"workers"`
+	Budgets       *ebpf.Map `ebpf:"budgets"`
+	Groups        *ebpf.Map `ebpf:"groups"`
+	PacerArming   *ebpf.Map `ebpf:"pacer_arming"`
+	PacerCounters *ebpf.Map `ebpf:"pacer_counters"`
+	Parts         *ebpf.Map `ebpf:"parts"`
+	Replicas      *ebpf.Map `ebpf:"replicas"`
+	ResendState   *ebpf.Map `ebpf:"resend_state"`
+	Results       *ebpf.Map `ebpf:"results"`
+	ScatterChain  *ebpf.Map `ebpf:"scatter_chain"`
+	ScatterState  *ebpf.Map `ebpf:"scatter_state"`
+	Slots         *ebpf.Map `ebpf:"slots"`
+	Stats         *ebpf.Map `ebpf:"stats"`
+	Stored        *ebpf.Map `ebpf:"stored"`
+	Workers       *ebpf.Map `ebpf:"workers"`
 }
 
 func (m *sgMaps) Close() error {
 	return _SgClose(
+		m.Budgets,
 		m.Groups,
+		m.PacerArming,
+		m.PacerCounters,
 		m.Parts,
 		m.Replicas,
+		m.ResendState,
 		m.Results,
 		m.ScatterChain,
 		m.ScatterState,
 		m.Slots,
 		m.Stats,
+		m.Stored,
 		m.Workers,
 	)
 }
@@ -370,6 +499,7 @@ func (m *sgMaps) Close() error {
 type sgVariables struct {
 	KedgeClockFixed    *ebpf.Variable `ebpf:"kedge_clock_fixed"`
 	KedgeClockNs       *ebpf.Variable `ebpf:"kedge_clock_ns"`
+	PacerCfg           *ebpf.Variable `ebpf:"pacer_cfg"`
 	SgBtfDtype         *ebpf.Variable `ebpf:"sg_btf_dtype"`
 	SgBtfGroupFlags    *ebpf.Variable `ebpf:"sg_btf_group_flags"`
 	SgBtfHdr           *ebpf.Variable `ebpf:"sg_btf_hdr"`
@@ -390,6 +520,7 @@ type sgVariables struct {
 // It can be passed to loadSgObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sgPrograms struct {
 	SgGather        *ebpf.Program `ebpf:"sg_gather"`
+	SgResend        *ebpf.Program `ebpf:"sg_resend"`
 	SgScatter       *ebpf.Program `ebpf:"sg_scatter"`
 	SgScatterBl     *ebpf.Program `ebpf:"sg_scatter_bl"`
 	SgScatterChunk  *ebpf.Program `ebpf:"sg_scatter_chunk"`
@@ -402,6 +533,7 @@ type sgPrograms struct {
 func (p *sgPrograms) Close() error {
 	return _SgClose(
 		p.SgGather,
+		p.SgResend,
 		p.SgScatter,
 		p.SgScatterBl,
 		p.SgScatterChunk,

@@ -16,14 +16,14 @@ func TestVerifierCost(t *testing.T) {
 		if tier == TierLoop && DetectTier() != TierLoop {
 			continue
 		}
-		o, err := Load(LoadOptions{Tier: tier})
+		o, err := Load(LoadOptions{Tier: tier, Resend: tier == TierLoop})
 		if err != nil {
 			t.Fatalf("%v: load sg: %v", tier, err)
 		}
 		progs := []struct {
 			name string
 			prog *ebpf.Program
-		}{{"scatter", o.Scatter}, {"cont", o.Cont}, {"gather", o.Gather}, {"sweep", o.Sweep}, {"chunk", o.chunk}}
+		}{{"scatter", o.Scatter}, {"cont", o.Cont}, {"gather", o.Gather}, {"sweep", o.Sweep}, {"chunk", o.chunk}, {"resend", o.Resend}}
 		for _, p := range progs {
 			if p.prog == nil {
 				continue

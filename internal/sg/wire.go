@@ -34,6 +34,16 @@ const (
 	ReplicasMax = 4
 	// EjectLevelMax: a replica's back-off doubles at most this many times (SG_EJECT_LEVEL_MAX).
 	EjectLevelMax = 16
+	// StoreBytes is the longest request frame stored for re-sends (SG_STORE_BYTES, from
+	// the Ethernet header to the payload's end); a longer request is never re-sent.
+	StoreBytes = 1536
+	// CsumChunk is the stored frame's checksum chunk (SG_CSUM_CHUNK).
+	CsumChunk = 512
+	// RepWords: words of 2-bit replica indexes per stored request (SG_REP_WORDS).
+	RepWords = WorkersMax * 2 / 64
+	// CopyMilli is a re-sent copy's cost in the re-send budget's milli-copies
+	// (SG_COPY_MILLI).
+	CopyMilli = 1000
 )
 
 // Reductions and element types (enum sg_reduce, enum sg_dtype).
@@ -77,6 +87,10 @@ const (
 	// GroupFlagReplicas (SG_GF_REPLICAS): worker slots are shards with replicas; the
 	// group's entries in the replicas map start at its ReplicaBase.
 	GroupFlagReplicas = 0x8
+	// GroupFlagResend (SG_GF_RESEND): requests are stored and the copies of workers that
+	// have not answered by ResendNs are sent again (bpf/sg/resend.h), paid from the
+	// group's entry in the budgets map.
+	GroupFlagResend = 0x10
 )
 
 // Slot states (enum sg_slot_state).

@@ -22,6 +22,8 @@ func TestWireMatchesBTF(t *testing.T) {
 			"SG_SLOTS": Slots, "SG_SLOT_MASK": SlotMask, "SG_AGG_BYTES": AggBytes, "SG_AGG_ELEMS": AggElems,
 			"SG_AGG_WORDS": AggBytes / 4, "SG_GATHER_MAX": GatherMax, "SG_PARTS_MAX": PartsMax,
 			"SG_REPLICAS_MAX": ReplicasMax, "SG_EJECT_LEVEL_MAX": EjectLevelMax,
+			"SG_STORE_BYTES": StoreBytes, "SG_CSUM_CHUNK": CsumChunk, "SG_REP_WORDS": RepWords,
+			"SG_COPY_MILLI": CopyMilli,
 		},
 		"sg_reduce": {
 			"SG_RED_SUM": RedSum, "SG_RED_MIN": RedMin, "SG_RED_MAX": RedMax, "SG_RED_COUNT": RedCount,
@@ -32,7 +34,7 @@ func TestWireMatchesBTF(t *testing.T) {
 		"sg_slot_state": {"SG_SLOT_FREE": SlotFree, "SG_SLOT_PENDING": SlotPending, "SG_SLOT_DONE": SlotDone},
 		"sg_group_flags": {
 			"SG_GF_LOOPBACK": GroupFlagLoopback, "SG_GF_WAKE_SOCKET": GroupFlagWakeSocket, "SG_GF_PARTS": GroupFlagParts,
-			"SG_GF_REPLICAS": GroupFlagReplicas,
+			"SG_GF_REPLICAS": GroupFlagReplicas, "SG_GF_RESEND": GroupFlagResend,
 		},
 		"sg_result_flags":   {"SG_F_OVERFLOW": FlagOverflow, "SG_F_PARTS": FlagParts},
 		"sg_replica_choice": {"SG_RC_ROUND_ROBIN": ChoiceRoundRobin, "SG_RC_LATENCY": ChoiceLatency},

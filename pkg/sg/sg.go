@@ -327,37 +327,48 @@ type RequestOptions struct {
 
 // Stats are the data plane's counters (docs/sg.md lists their meaning).
 type Stats struct {
-	Requests     uint64 `json:"requests"`
-	Copies       uint64 `json:"copies"`
-	CopyErrors   uint64 `json:"copy_errors"`
-	SlotBusy     uint64 `json:"slot_busy"`
-	SlotRange    uint64 `json:"slot_range"`
-	NotOwner     uint64 `json:"not_owner"`
-	Continued    uint64 `json:"continued"`
-	ContStopped  uint64 `json:"cont_stopped"`
-	Ejections    uint64 `json:"ejections"`
-	ShardOut     uint64 `json:"shard_out"`
-	Replies      uint64 `json:"replies"`
-	Completed    uint64 `json:"completed"`
-	Timeouts     uint64 `json:"timeouts"`
-	Duplicates   uint64 `json:"duplicates"`
-	Late         uint64 `json:"late"`
-	Stale        uint64 `json:"stale"`
-	Unregistered uint64 `json:"unregistered"`
-	BadLength    uint64 `json:"bad_length"`
-	WorkerErrors uint64 `json:"worker_errors"`
-	Multipart    uint64 `json:"multipart"`
-	Overflow     uint64 `json:"overflow"`
-	RingbufFull  uint64 `json:"ringbuf_full"`
-	Parts        uint64 `json:"parts"`
-	PartDups     uint64 `json:"part_dups"`
-	BadParts     uint64 `json:"bad_parts"`
-	PartMismatch uint64 `json:"part_mismatch"`
-	UnknownGroup uint64 `json:"unknown_group"`
-	Malformed    uint64 `json:"malformed"`
-	BadVersion   uint64 `json:"bad_version"`
-	Sweeps       uint64 `json:"sweeps"`
-	TimerErrors  uint64 `json:"timer_errors"`
+	Requests    uint64 `json:"requests"`
+	Copies      uint64 `json:"copies"`
+	CopyErrors  uint64 `json:"copy_errors"`
+	SlotBusy    uint64 `json:"slot_busy"`
+	SlotRange   uint64 `json:"slot_range"`
+	NotOwner    uint64 `json:"not_owner"`
+	Continued   uint64 `json:"continued"`
+	ContStopped uint64 `json:"cont_stopped"`
+	Ejections   uint64 `json:"ejections"`
+	ShardOut    uint64 `json:"shard_out"`
+	// Re-sends (Config.Resend): copies sent again to the same worker (retries) or to
+	// another replica of its shard (hedges), shards a hedge answered first, copies the
+	// budget refused, failures, requests too long to store, second replies of re-sent
+	// workers (dropped).
+	Retries        uint64 `json:"retries"`
+	Hedges         uint64 `json:"hedges"`
+	HedgesWon      uint64 `json:"hedges_won"`
+	ResendRefused  uint64 `json:"resend_refused"`
+	ResendErrors   uint64 `json:"resend_errors"`
+	ResendUnstored uint64 `json:"resend_unstored"`
+	LateReplies    uint64 `json:"late_replies"`
+	Replies        uint64 `json:"replies"`
+	Completed      uint64 `json:"completed"`
+	Timeouts       uint64 `json:"timeouts"`
+	Duplicates     uint64 `json:"duplicates"`
+	Late           uint64 `json:"late"`
+	Stale          uint64 `json:"stale"`
+	Unregistered   uint64 `json:"unregistered"`
+	BadLength      uint64 `json:"bad_length"`
+	WorkerErrors   uint64 `json:"worker_errors"`
+	Multipart      uint64 `json:"multipart"`
+	Overflow       uint64 `json:"overflow"`
+	RingbufFull    uint64 `json:"ringbuf_full"`
+	Parts          uint64 `json:"parts"`
+	PartDups       uint64 `json:"part_dups"`
+	BadParts       uint64 `json:"bad_parts"`
+	PartMismatch   uint64 `json:"part_mismatch"`
+	UnknownGroup   uint64 `json:"unknown_group"`
+	Malformed      uint64 `json:"malformed"`
+	BadVersion     uint64 `json:"bad_version"`
+	Sweeps         uint64 `json:"sweeps"`
+	TimerErrors    uint64 `json:"timer_errors"`
 }
 
 // Errors.

@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* stored.h - the stored request of a group with SG_GF_RESEND (struct sg_stored, key slot):
+ * what the scatter keeps of a request for its re-sends (resend.h) and what replies read of
+ * it.
+ *
+ *   stored_request        the scatter (bpf_loop tier), before the copies: the frame as the
+ *                         coordinator sent it, the budget's deposit, the first round's due
+ *                         time, then a pacer tick asked for it (docs/pacer.md: store before
+ *                         the request)
+ *   stored_first_replica  the scatter, per copy (groups with replicas): its replica
+ *   stored_reply          the gather, per reply to a re-sent worker: a second reply is a
+ *                         late reply (dropped, late_replies), a first one from another
+ *                         replica than the first copy's is a hedge won
+ * The entry belongs to the request whose id it holds; a newer request in the slot takes it
+ * over, and nothing clears it when a request completes. */
+#ifndef KEDGE_SG_STORED_H
+#define KEDGE_SG_STORED_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "clock.h"
+#include "counters.h"
+#include "parse.h"
+#include "sg.h"
+#include "maps.h"
+#include "reply.h"
+#include "pacer_client.h"
+
+#ifndef READ_ONCE
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+#endif
+
+/* rep_word: the word of worker i's 2-bit replica index in rep_first/rep_last; *shift its
+ * place in it. */
+static __always_inline __u32 rep_word(__u32 i, __u32 *shift)
+{
+	__u32 w = i / 32;
+
+	barrier_var(w);
+	*shift = (i % 32) * 2;
+	return w & (SG_REP_WORDS - 1);
+}
+
+static __always_inline __u32 rep_get(const __u64 *words, __u32 i)
+{
+	__u32 shift, w = rep_word(i, &shift);
+
+	return (__u32)(words[w] >> shift) & (SG_REPLICAS_MAX - 1);
+}
+
+static __always_inline void rep_set(__u64 *words, __u32 i, __u32 r)
+{
+	__u32 shift, w = rep_word(i, &shift);
+
+	words[w] = (words[w] & ~((__u64)(SG_REPLICAS_MAX - 1) << shift)) | ((__u64)r << shift);
+}
+
+/* stored_first_replica notes the replica worker i's first copy of the slot's request went
+ * to (its last copy's, too, until a re-send). */
+static __always_inline void stored_first_replica(__u32 slot, __u32 i, __u32 r)
+{
+	struct sg_stored *st = bpf_map_lookup_elem(&stored, &slot);
+
+	if (!st)
+		return;
+	rep_set(st->rep_first, i, r);
+	rep_set(st->rep_last, i, r);
+}
+
+/* budget_deposit: a request of nworkers copies pays into its group's re-send budget. */
+static __always_inline void budget_deposit(const struct sg_group *g, __u32 gid)
+{
+	struct sg_budget *b = bpf_map_lookup_elem(&budgets, &gid);
+
+	if (b && READ_ONCE(b->tokens_milli) < (__s64)g->budget_cap_milli)
+		__sync_fetch_and_add(&b->tokens_milli, (__s64)g->budget_ratio_milli * g->nworkers);
+}
+
+/* budget_take: one re-sent copy, paid (1) or refused (0). Taken first and given back on
+ * refusal, so two CPUs cannot both spend the last copy. */
+static __always_inline int budget_take(struct sg_budget *b)
+{
+	if (__sync_fetch_and_add(&b->tokens_milli, -SG_COPY_MILLI) >= SG_COPY_MILLI)
+		return 1;
+	__sync_fetch_and_add(&b->tokens_milli, SG_COPY_MILLI);
+	return 0;
+}
+
+static __always_inline void budget_refund(struct sg_budget *b)
+{
+	__sync_fetch_and_add(&b->tokens_milli, SG_COPY_MILLI);
+}
+
+/* stored_request (scatter, bpf_loop tier, before the first copy is rewritten) stores the
+ * request id of slot slot: its frame from the Ethernet header, l4_off the UDP header's
+ * offset. A frame longer than SG_STORE_BYTES is not stored (resend_unstored) and never
+ * re-sent. The entry's due time is written last, with an atomic exchange, so that a tick
+ * that sees it finds the rest. Global: verified once, on its own. Returns 0. */
+__attribute__((noinline)) int stored_request(struct __sk_buff *skb, __u32 gid, __u32 slot, __u64 id,
+					     __u32 l4_off)
+{
+	struct sg_stored *st = bpf_map_lookup_elem(&stored, &slot);
+	struct sg_group *g = bpf_map_lookup_elem(&groups, &gid);
+	struct sg_stats *cnt = stats_for(gid < SG_GROUPS_MAX ? gid : NO_GROUP);
+	__u32 len = skb->len, ck = l4_off + offsetof(struct udphdr, check);
+	__u64 due;
+
+	if (!st || !g) {
+		COUNT(cnt, resend_unstored);
+		return 0;
+	}
+	__sync_lock_test_and_set(&st->due_ns, 0);
+	st->req_id = id;
+	st->rounds = 0;
+	__builtin_memset(st->resent, 0, sizeof(st->resent));
+	barrier_var(len);
+	if (len < 1 || len > SG_STORE_BYTES || ck + 2 > len ||
+	    bpf_skb_load_bytes(skb, 0, st->data, len) < 0) {
+		st->len = 0;
+		COUNT(cnt, resend_unstored);
+		return 0;
+	}
+	st->len = len;
+	/* Zeroes for the checksum (resend.h sums whole words from the UDP header on, and
+	 * computes the checksum field anew). */
+	barrier_var(ck);
+	if (ck < SG_STORE_BYTES) {
+		st->data[ck] = 0;
+		st->data[ck + 1] = 0;
+	}
+	if (len <= SG_STORE_BYTES) {
+		st->data[len] = 0;
+		st->data[len + 1] = 0;
+		st->data[len + 2] = 0;
+		st->data[len + 3] = 0;
+	}
+	budget_deposit(g, gid);
+	due = kedge_now() + g->resend_ns;
+	__sync_lock_test_and_set(&st->due_ns, due);
+	pacer_request(skb, due);
+	return 0;
+}
+
+/* stored_reply (gather, a reply of a group with SG_GF_RESEND for worker who & 0xffff of
+ * slot's request id, outcome its enum gather_outcome; who >> 16: 1 + the replica it came
+ * from, 0 without replicas - five arguments at most): 1 when it is a re-sent worker's
+ * second reply (counted late_replies: the caller drops it); a first reply of a re-sent
+ * worker from another replica than its first copy's counts hedges_won. Global: the
+ * gather's verifier states stay as they were. */
+__attribute__((noinline)) int stored_reply(__u32 slot, __u64 id, __u32 who, __u32 gid, int outcome)
+{
+	__u32 widx = who & 0xffff, rep = who >> 16;
+	struct sg_stored *st = bpf_map_lookup_elem(&stored, &slot);
+	struct sg_stats *cnt = stats_for(gid < SG_GROUPS_MAX ? gid : NO_GROUP);
+	__u32 word = (widx / 64) & (SG_BITMAP_WORDS - 1);
+
+	if (!st || READ_ONCE(st->req_id) != id || !(READ_ONCE(st->resent[word]) & (1ULL << (widx & 63))))
+		return 0;
+	if (outcome == G_DUP) {
+		COUNT(cnt, late_replies);
+		return 1;
+	}
+	if ((outcome == G_REDUCED || outcome == G_COMPLETED) && rep &&
+	    rep - 1 != rep_get(st->rep_first, widx))
+		COUNT(cnt, hedges_won);
+	return 0;
+}
+
+#endif /* KEDGE_SG_STORED_H */

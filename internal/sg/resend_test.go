@@ -1,0 +1,464 @@
+package sg
+
+// BPF_PROG_TEST_RUN fixtures for re-sends (GroupFlagResend, bpf/sg/stored.h and resend.h):
+// the scatter stores the request and asks the pacer for a tick; sg_resend, given the tick,
+// sends the workers that have not answered their copy again (the same worker: a retry; the
+// next replica of a shard: a hedge), within the budget and the rounds allowed; replies of
+// re-sent workers count once, a second one is a late reply. The copies are captured on the
+// veth's peer and checked byte by byte (addresses, port, MAC, worker index, checksums).
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bpftest"
+	"github.com/kedge-dev/kedge/internal/pacer"
+	"github.com/kedge-dev/kedge/internal/pktbuild"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+const resendDelay = 5 * time.Millisecond
+
+// resendOpts are what a fixture group re-sends with.
+type resendOpts struct {
+	rounds uint32 // resend_max
+	tokens int64  // the budget's saved milli-copies at the start of each case
+	ratio  uint32 // budget_ratio_milli
+	shards [][]netip.AddrPort
+}
+
+// resendFixture is scatterFixtureWith for a group that re-sends after resendDelay. The
+// pacer's tick requests go to the namespace's lo (up), so that the fixtures can read the
+// deadline asked for (pacer_arming) instead of an arming error.
+func resendFixture(t *testing.T, coord netip.AddrPort, workers []netip.AddrPort, ro resendOpts) (*fixture, *scatterNS) {
+	t.Helper()
+	bpftest.RequireRoot(t)
+	if DetectTier() != TierLoop {
+		t.Skip("re-sends need the bpf_loop tier (5.17+): this kernel has no bpf_loop")
+	}
+	f, s, _ := scatterFixtureWith(t, coord, workers, LoadOptions{Resend: true, FixClock: true,
+		ReplicaEntries: uint32(len(ro.shards)), Pacer: &pacer.Client{Config: pacer.Config{TickIfindex: 1}}})
+	err := s.ns.Do(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ro.shards != nil {
+		f.setReplicas(t, 1, ro.shards, 0, time.Second, 4*time.Second) // judge 0: never ejected
+	}
+	var g GroupCfg
+	if err := f.o.Groups.Lookup(uint32(1), &g); err != nil {
+		t.Fatal(err)
+	}
+	g.Flags |= GroupFlagResend
+	g.ResendNs = uint64(resendDelay)
+	g.ResendMax = ro.rounds
+	g.BudgetRatioMilli = ro.ratio
+	g.BudgetCapMilli = 1 << 40
+	if err := f.o.Groups.Put(uint32(1), &g); err != nil {
+		t.Fatal(err)
+	}
+	return f, s
+}
+
+// resetResend brings the budget to tokens and forgets every stored request of group 1
+// (slots 64..127), so that no case's tick sends an earlier case's rounds. (The slots stay:
+// writing one from user space would free its bpf_timer.)
+func (f *fixture) resetResend(tb testing.TB, tokens int64) {
+	tb.Helper()
+	if err := f.o.Budgets.Put(uint32(1), &BudgetRec{TokensMilli: tokens}); err != nil {
+		tb.Fatal(err)
+	}
+	for slot := uint32(64); slot < 128; slot++ {
+		if err := f.o.Stored.Put(slot, &StoredRec{}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := f.o.PacerArming.Put(uint32(0), &pacer.State{}); err != nil {
+		tb.Fatal(err)
+	}
+	for f.rd.Available() > 0 {
+		f.result(tb)
+	}
+}
+
+func (f *fixture) stored(tb testing.TB, id uint64) StoredRec {
+	tb.Helper()
+	var st StoredRec
+	if err := f.o.Stored.Lookup(uint32(id&SlotMask), &st); err != nil {
+		tb.Fatal(err)
+	}
+	return st
+}
+
+func (f *fixture) armed(tb testing.TB) uint64 {
+	tb.Helper()
+	var st pacer.State
+	if err := f.o.PacerArming.Lookup(uint32(0), &st); err != nil {
+		tb.Fatal(err)
+	}
+	return st.ArmedNs
+}
+
+// tick is the frame the pacer hands the tick program for a tick armed at deadline.
+func tick(deadline uint64) []byte {
+	return pacer.TickFrame(pacer.Tick{Magic: pacer.TickMagic, DeadlineNs: deadline}, 128)
+}
+
+// sent is where a captured copy went (either family), after checking its checksums.
+type sent struct {
+	to     netip.AddrPort
+	mac    [6]byte
+	worker uint16
+}
+
+func sentOf(t testing.TB, frame []byte) sent {
+	t.Helper()
+	if err := pktbuild.VerifyChecksums(frame); err != nil {
+		t.Errorf("copy: %v", err)
+	}
+	var to netip.AddrPort
+	var hdr []byte
+	if binary.BigEndian.Uint16(frame[12:]) == 0x86dd {
+		to = netip.AddrPortFrom(netip.AddrFrom16([16]byte(frame[38:54])), binary.BigEndian.Uint16(frame[56:]))
+		hdr = frame[62:]
+	} else {
+		to = netip.AddrPortFrom(netip.AddrFrom4([4]byte(frame[30:34])), binary.BigEndian.Uint16(frame[36:]))
+		hdr = frame[42:]
+	}
+	h, p, err := ParseHeader(hdr)
+	if err != nil || string(p) != "payload" {
+		t.Errorf("copy to %v: header %+v payload %q: %v", to, h, p, err)
+	}
+	return sent{to: to, mac: [6]byte(frame[:6]), worker: h.Worker}
+}
+
+// wantResent checks that, after the scatter's n copies, exactly the copies want were sent.
+func wantResent(t testing.TB, s *scatterNS, n int, want []sent) {
+	t.Helper()
+	got := s.captureQuiet(t)
+	if len(got) != n+len(want) {
+		t.Fatalf("captured %d copies, want %d scattered and %d re-sent", len(got), n, len(want))
+	}
+	for i, frame := range got[n:] {
+		if g := sentOf(t, frame); g != want[i] {
+			t.Errorf("re-sent copy %d: %+v, want %+v", i, g, want[i])
+		}
+	}
+}
+
+// captureQuiet returns the sg datagrams captured until none came for the socket's
+// timeout (200 ms).
+func (s *scatterNS) captureQuiet(t testing.TB) [][]byte {
+	t.Helper()
+	var out [][]byte
+	buf := make([]byte, 65536)
+	for {
+		n, _, err := unix.Recvfrom(s.sock, buf, 0)
+		if err != nil {
+			return out
+		}
+		if bytes.Contains(buf[:n], []byte{0x6b, 0x53, Version, OpRequest}) {
+			out = append(out, append([]byte(nil), buf[:n]...))
+		}
+	}
+}
+
+func workerMAC(i int) [6]byte { return [6]byte{2, 0, 0, 0, 0, byte(0x10 + i)} }
+
+// TestResendFixtures: retries without replicas (group 1, three IPv4 workers).
+func TestResendFixtures(t *testing.T) {
+	f, s := resendFixture(t, coord4, w4, resendOpts{rounds: 2})
+	const ms = uint64(time.Millisecond)
+	t0 := bpftest.ClockStart
+	due := t0 + uint64(resendDelay)
+	slot := uint64(64)
+	type step = bpftest.Case
+	var id uint64
+	scatter := func() step {
+		return step{Name: "scatter", Prog: f.o.Scatter, Now: t0, In: request(coord4, w4[0], 1, id, []byte("payload")),
+			WantRet: bpftest.TCActShot}
+	}
+	answer := func(w int, at uint64, ret uint32) step {
+		return step{Name: "reply", Prog: f.o.Gather, Now: at, In: reply(w4[w], coord4, 1, uint16(w), id, vec64(1), nil), WantRet: ret}
+	}
+	tickAt := func(at, deadline uint64) step {
+		return step{Name: "tick", Prog: f.o.Resend, Now: at, In: tick(deadline), WantRet: bpftest.TCActShot}
+	}
+	to := func(w int) sent { return sent{to: w4[w], mac: workerMAC(w), worker: uint16(w)} }
+	tokens := int64(1 << 30)
+	cases := []struct {
+		name   string
+		tokens int64
+		steps  func() []step
+		want   bpftest.Counters
+		resent []sent
+		check  func(t testing.TB)
+	}{{
+		name:   "due: the workers that have not answered get their copy again",
+		steps:  func() []step { return []step{scatter(), answer(0, t0+ms, bpftest.XDPDrop), tickAt(due, due)} },
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Replies": 1, "1.Retries": 2},
+		resent: []sent{to(1), to(2)},
+		check: func(t testing.TB) {
+			st := f.stored(t, id)
+			if st.Rounds != 1 || st.DueNs != due+uint64(resendDelay) || st.Resent[0] != 0b110 || st.ReqId != id {
+				t.Errorf("stored: rounds %d due %d resent %b id %#x; want 1, %d, 110, %#x", st.Rounds, st.DueNs, st.Resent[0], st.ReqId, due+uint64(resendDelay), id)
+			}
+			if a := f.armed(t); a != due+uint64(resendDelay) {
+				t.Errorf("next tick asked for %d, want %d (the next round)", a, due+uint64(resendDelay))
+			}
+		},
+	}, {
+		name:  "not due: a tick before the round sends nothing and asks again for the round",
+		steps: func() []step { return []step{scatter(), tickAt(due-ms, due-ms)} },
+		want:  bpftest.Counters{"1.Requests": 1, "1.Copies": 3},
+		check: func(t testing.TB) {
+			if st := f.stored(t, id); st.Rounds != 0 || st.DueNs != due {
+				t.Errorf("stored: rounds %d due %d; want 0, %d", st.Rounds, st.DueNs, due)
+			}
+			if a := f.armed(t); a != due {
+				t.Errorf("next tick asked for %d, want %d", a, due)
+			}
+		},
+	}, {
+		name: "answered before due: nothing sent, the stored request forgotten",
+		steps: func() []step {
+			return []step{scatter(), answer(0, t0+ms, bpftest.XDPDrop), answer(1, t0+ms, bpftest.XDPDrop),
+				answer(2, t0+ms, bpftest.XDPDrop), tickAt(due, due)}
+		},
+		want: bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Replies": 3, "1.Completed": 1},
+		check: func(t testing.TB) {
+			f.result(t)
+			if st := f.stored(t, id); st.DueNs != 0 || st.Rounds != 0 {
+				t.Errorf("stored: due %d rounds %d; want 0, 0", st.DueNs, st.Rounds)
+			}
+			if a := f.armed(t); a != 0 {
+				t.Errorf("a tick asked for %d with nothing to send", a)
+			}
+		},
+	}, {
+		name:   "budget: one copy paid, the other two refused",
+		tokens: CopyMilli,
+		steps:  func() []step { return []step{scatter(), tickAt(due, due)} },
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.ResendRefused": 2},
+		resent: []sent{to(0)},
+	}, {
+		name: "rounds: the last round sets no next one; a later tick sends nothing",
+		steps: func() []step {
+			return []step{scatter(), tickAt(due, due), tickAt(due+uint64(resendDelay), due+uint64(resendDelay)),
+				tickAt(due+2*uint64(resendDelay), due+2*uint64(resendDelay))}
+		},
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 6},
+		resent: []sent{to(0), to(1), to(2), to(0), to(1), to(2)},
+		check: func(t testing.TB) {
+			if st := f.stored(t, id); st.DueNs != 0 || st.Rounds != 2 {
+				t.Errorf("stored: due %d rounds %d; want 0, 2", st.DueNs, st.Rounds)
+			}
+		},
+	}, {
+		name: "late reply: a re-sent worker's second reply is dropped and counted, not aggregated",
+		steps: func() []step {
+			return []step{scatter(), tickAt(due, due), answer(1, due+ms, bpftest.XDPDrop), answer(1, due+2*ms, bpftest.XDPDrop)}
+		},
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 3, "1.Replies": 1, "1.LateReplies": 1},
+		resent: []sent{to(0), to(1), to(2)},
+		check: func(t testing.TB) {
+			if s := f.slot(t, id); s.Res.Count != 1 || s.Res.Agg[0] != 1 {
+				t.Errorf("slot: count %d agg %d; want 1, 1", s.Res.Count, s.Res.Agg[0])
+			}
+		},
+	}, {
+		name: "expired: the request timed out before the round; nothing sent",
+		steps: func() []step {
+			return []step{scatter(), {Name: "sweep", Prog: f.o.Sweep, In: make([]byte, 64), WantRet: 1, Setup: func(tb testing.TB) {
+				s := f.slot(tb, id)
+				s.DeadlineNs = 1 // the sweep reads the kernel's clock: long past
+				if err := f.o.Slots.Put(uint32(id&SlotMask), &s); err != nil {
+					tb.Fatal(err)
+				}
+			}}, tickAt(due, due)}
+		},
+		want:  bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Timeouts": 1, "16.Sweeps": 1},
+		check: func(t testing.TB) { f.result(t) },
+	}}
+	r := bpftest.Runner{Counters: f.counters, Clock: f.o.Clock, Within: s.ns.Do}
+	for k, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			slot++
+			id = uint64(k+1)<<10 | slot
+			f.resetResend(t, cmpOr(c.tokens, tokens))
+			s.captureQuiet(t) // drain
+			r.RunCase(t, bpftest.Case{Name: c.name, Steps: c.steps(), WantCounters: c.want})
+			wantResent(t, s, 3, c.resent)
+			if c.check != nil {
+				c.check(t)
+			}
+		})
+	}
+}
+
+func cmpOr(v, def int64) int64 {
+	if v != 0 {
+		return v
+	}
+	return def
+}
+
+// TestResendHedges: shards with replicas (shards4: one, two and three replicas). Request
+// seq 5's first copies go to replica (5 + i) mod n: 0, 0 and 1; at the round, shard 0 (one
+// replica) gets a retry, shards 1 and 2 a hedge to their next replica (1 and 2); an ejected
+// replica is skipped. The hedged replica's reply wins (hedges_won) and the first replica's,
+// after it, is a late reply; a first reply from the first copy's replica is no win.
+func TestResendHedges(t *testing.T) {
+	f, s := resendFixture(t, coord4, w4, resendOpts{rounds: 2, shards: shards4})
+	const ms = uint64(time.Millisecond)
+	t0 := bpftest.ClockStart
+	due := t0 + uint64(resendDelay)
+	type step = bpftest.Case
+	slot := uint64(64)
+	var id uint64
+	scatter := func() step {
+		return step{Name: "scatter", Prog: f.o.Scatter, Now: t0, In: request(coord4, w4[0], 1, id, []byte("payload")),
+			WantRet: bpftest.TCActShot}
+	}
+	answer := func(shard, r int, ret uint32) step {
+		return step{Name: "reply", Prog: f.o.Gather, Now: due + ms, WantRet: ret,
+			In: reply(shards4[shard][r], coord4, 1, uint16(shard), id, vec64(1), nil)}
+	}
+	rep := func(shard, r int) sent {
+		return sent{to: shards4[shard][r], mac: replicaMAC(shard, r), worker: uint16(shard)}
+	}
+	tickStep := step{Name: "tick", Prog: f.o.Resend, Now: due, In: tick(due), WantRet: bpftest.TCActShot}
+	cases := []struct {
+		name   string
+		setup  func(tb testing.TB)
+		steps  func() []step
+		want   bpftest.Counters
+		resent []sent
+	}{{
+		name:   "retry the shard of one replica, hedge the others to their next replica",
+		steps:  func() []step { return []step{scatter(), tickStep} },
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2},
+		resent: []sent{rep(0, 0), rep(1, 1), rep(2, 2)},
+	}, {
+		name: "the hedge's reply wins; the first copy's reply after it is late",
+		steps: func() []step {
+			return []step{scatter(), tickStep, answer(1, 1, bpftest.XDPDrop), answer(1, 0, bpftest.XDPDrop),
+				answer(2, 1, bpftest.XDPDrop)}
+		},
+		want: bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2, "1.Replies": 2,
+			"1.HedgesWon": 1, "1.LateReplies": 1},
+		resent: []sent{rep(0, 0), rep(1, 1), rep(2, 2)},
+	}, {
+		name: "an ejected replica is skipped: shard 2's hedge goes to replica 0",
+		setup: func(tb testing.TB) {
+			sh := f.shard(tb, 2)
+			sh.OutUntilNs[2] = due + uint64(time.Second)
+			if err := f.o.Replicas.Put(uint32(2), &sh); err != nil {
+				tb.Fatal(err)
+			}
+		},
+		steps:  func() []step { return []step{scatter(), tickStep} },
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2},
+		resent: []sent{rep(0, 0), rep(1, 1), rep(2, 0)},
+	}}
+	r := bpftest.Runner{Counters: f.counters, Clock: f.o.Clock, Within: s.ns.Do}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			slot++
+			id = 5<<10 | slot
+			f.resetResend(t, 1<<30)
+			for i := range shards4 {
+				sh := f.shard(t, uint32(i))
+				sh.OutUntilNs, sh.UnansweredNs = [4]uint64{}, [4]uint64{}
+				if err := f.o.Replicas.Put(uint32(i), &sh); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c.setup != nil {
+				c.setup(t)
+			}
+			s.captureQuiet(t)
+			r.RunCase(t, bpftest.Case{Name: c.name, Steps: c.steps(), WantCounters: c.want})
+			got := s.captureQuiet(t)
+			if len(got) != len(shards4)+len(c.resent) {
+				t.Fatalf("captured %d copies, want %d scattered and %d re-sent", len(got), len(shards4), len(c.resent))
+			}
+			for i, frame := range got[:len(shards4)] {
+				if g, w := sentOf(t, frame), rep(i, int((5+uint64(i))%uint64(len(shards4[i])))); g != w {
+					t.Errorf("scattered copy %d: %+v, want %+v", i, g, w)
+				}
+			}
+			for i, frame := range got[len(shards4):] {
+				if g := sentOf(t, frame); g != c.resent[i] {
+					t.Errorf("re-sent copy %d: %+v, want %+v", i, g, c.resent[i])
+				}
+			}
+		})
+	}
+}
+
+// TestResendIPv6AndEdges: a retry over IPv6 (checksums over the IPv6 pseudo header), a
+// request too long to store (scattered, never re-sent), and what else may reach the tick
+// program: a packet that is no tick passes, a tick frame with a bad magic is dropped.
+func TestResendIPv6AndEdges(t *testing.T) {
+	t0 := bpftest.ClockStart
+	due := t0 + uint64(resendDelay)
+	t.Run("IPv6 retry", func(t *testing.T) {
+		f, s := resendFixture(t, coord6, w6, resendOpts{rounds: 1})
+		f.resetResend(t, 1<<30)
+		id := uint64(3<<10 | 70)
+		r := bpftest.Runner{Counters: f.counters, Clock: f.o.Clock, Within: s.ns.Do}
+		r.RunCase(t, bpftest.Case{Name: "IPv6", Steps: []bpftest.Case{
+			{Name: "scatter", Prog: f.o.Scatter, Now: t0, In: request(coord6, w6[0], 1, id, []byte("payload")), WantRet: bpftest.TCActShot},
+			{Name: "reply", Prog: f.o.Gather, Now: t0, In: reply(w6[1], coord6, 1, 1, id, vec64(1), nil), WantRet: bpftest.XDPDrop},
+			{Name: "tick", Prog: f.o.Resend, Now: due, In: tick(due), WantRet: bpftest.TCActShot},
+		}, WantCounters: bpftest.Counters{"1.Requests": 1, "1.Copies": 2, "1.Replies": 1, "1.Retries": 1}})
+		wantResent(t, s, 2, []sent{{to: w6[0], mac: workerMAC(0), worker: 0}})
+	})
+	t.Run("edges", func(t *testing.T) {
+		f, s := resendFixture(t, coord4, w4, resendOpts{rounds: 1})
+		f.resetResend(t, 1<<30)
+		long := make([]byte, StoreBytes)
+		id := uint64(4<<10 | 71)
+		notTick := pktbuild.New().IPv4(pktbuild.IPv4{Src: coord4.Addr(), Dst: w4[0].Addr()}).
+			UDP(pktbuild.UDP{Src: 1, Dst: 2}).Payload([]byte("not a tick")).Build()
+		bad := tick(due)
+		bad[14+20] ^= 0xff // the magic
+		r := bpftest.Runner{Counters: f.counters, Clock: f.o.Clock, Within: s.ns.Do}
+		r.Run(t, []bpftest.Case{{
+			Name: "a request too long to store is scattered, never re-sent",
+			Steps: []bpftest.Case{
+				{Name: "scatter", Prog: f.o.Scatter, Now: t0, In: request(coord4, w4[0], 1, id, long), WantRet: bpftest.TCActShot},
+				{Name: "tick", Prog: f.o.Resend, Now: due, In: tick(due), WantRet: bpftest.TCActShot},
+			},
+			Check: func(tb testing.TB, _ bpftest.Result) {
+				c, err := f.counters()
+				if err != nil {
+					tb.Fatal(err)
+				}
+				if c["1.ResendUnstored"] != 1 || c["1.Retries"] != 0 {
+					tb.Errorf("resend_unstored %d retries %d; want 1, 0", c["1.ResendUnstored"], c["1.Retries"])
+				}
+				if st := f.stored(tb, id); st.Len != 0 || st.DueNs != 0 {
+					tb.Errorf("stored: len %d due %d; want 0, 0", st.Len, st.DueNs)
+				}
+			},
+		}, {
+			Name: "not a tick: passed", Prog: f.o.Resend, In: notTick, WantRet: bpftest.TCActUnspec,
+			WantCounters: bpftest.Counters{},
+		}, {
+			Name: "a tick frame with a bad magic: dropped", Prog: f.o.Resend, In: bad, WantRet: bpftest.TCActShot,
+			WantCounters: bpftest.Counters{},
+		}})
+	})
+}
