@@ -269,6 +269,10 @@ func newSgScatterCmd() *cobra.Command {
 		replicaSets                                    []string
 		replicaChoice                                  string
 		ejectBackoff, ejectMax                         time.Duration
+		resend                                         time.Duration
+		maxResends, resendBurst                        int
+		resendRatio                                    float64
+		pacerBackend                                   string
 	)
 	cmd := &cobra.Command{
 		Use:   "scatter",
@@ -282,6 +286,10 @@ func newSgScatterCmd() *cobra.Command {
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --count 100 --wake-socket -o json
   # 4 shards of 2 replicas each (a copy per shard, round robin; a dead replica is ejected)
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+4 --replicas 10.77.0.3:9000+4 --count 100
+  # a worker that has not answered after 20 ms gets its copy again (retries), up to 3 times
+  kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+8 --resend 20ms --max-resends 3 --count 100
+  # shards of 2 replicas: a straggler's copy is hedged to the other replica after 10 ms
+  kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+4 --replicas 10.77.0.3:9000+4 --resend 10ms
   # a long run with its counters served to Prometheus (kedge_sg_*_total)
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --count 1000000 --metrics-addr 127.0.0.1:9464`,
 		Args: noArgs,
@@ -322,7 +330,14 @@ func newSgScatterCmd() *cobra.Command {
 				return usagef("--replica-choice: %w", err)
 			}
 			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Replicas: reps, ReplicaChoice: choice, EjectBackoff: ejectBackoff, EjectMaxBackoff: ejectMax, Reduction: r, Type: t,
-				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, MultiPacket: multiPacket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir}
+				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, MultiPacket: multiPacket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir,
+				Resend: resend, MaxResends: maxResends, PacerBackend: pacerBackend}
+			if cmd.Flags().Changed("resend-ratio") || cmd.Flags().Changed("resend-burst") {
+				if !cmd.Flags().Changed("resend-burst") {
+					resendBurst = max(16, 2*len(ws)) // the default burst (sg.Config.ResendBudget)
+				}
+				cfg.ResendBudget = sg.ResendBudget{Ratio: resendRatio, Burst: resendBurst}
+			}
 			if local != "" {
 				if cfg.Local, err = netip.ParseAddrPort(local); err != nil {
 					return usagef("--local %q: %w", local, err)
@@ -392,6 +407,11 @@ func newSgScatterCmd() *cobra.Command {
 	f.StringVar(&replicaChoice, "replica-choice", "rr", "replicas: rr (round robin by request) or latency (the lowest estimated median reply time)")
 	f.DurationVar(&ejectBackoff, "eject-backoff", time.Second, "replicas: a replica that leaves a copy unanswered for --timeout gets no copies for this long, doubled per ejection in a row; negative: never eject")
 	f.DurationVar(&ejectMax, "eject-max-backoff", 30*time.Second, "replicas: the longest back-off")
+	f.DurationVar(&resend, "resend", 0, "send a worker that has not answered after this its copy again, from the kernel: to the next replica of its shard (a hedge) or the same worker (a retry); 0: off (docs/sg.md, \"Re-sends\")")
+	f.IntVar(&maxResends, "max-resends", 0, "rounds of re-sends per request, --resend apart (default 1)")
+	f.Float64Var(&resendRatio, "resend-ratio", 0.1, "re-send budget: copies re-sent per copy scattered")
+	f.IntVar(&resendBurst, "resend-burst", 0, "re-send budget: copies that may be re-sent beyond the ratio (default max(16, 2 x workers))")
+	f.StringVar(&pacerBackend, "pacer-backend", "auto", "re-sends: the pacer's delay line: auto, edt, netem or conveyor (docs/pacer.md)")
 	f.StringVar(&local, "local", "", "coordinator socket ADDR:PORT (default: the route's source address, any port)")
 	f.StringVar(&red, "reduction", "sum", "sum, min, max, count or gather")
 	f.StringVar(&typ, "type", "int64", "element type: int32 or int64")

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"time"
 
@@ -63,6 +64,38 @@ func (c *Config) Validate() error {
 	}
 	if c.InFlight == 0 {
 		c.InFlight = 256
+	}
+	return c.validateResend()
+}
+
+// validateResend checks the re-send settings and fills their defaults.
+func (c *Config) validateResend() error {
+	switch {
+	case c.Resend < 0:
+		return fmt.Errorf("sg config: re-send delay %v is negative (0: no re-sends)", c.Resend)
+	case c.Resend == 0:
+		return nil
+	case c.Resend >= c.Timeout:
+		return fmt.Errorf("sg config: re-send delay %v not below the timeout %v: the round would come after the request expired", c.Resend, c.Timeout)
+	case c.MultiPacket:
+		return errors.New("sg config: re-sends take single-packet replies only (unset MultiPacket or Resend)")
+	case c.MaxResends < 0 || c.MaxResends > MaxResendRounds:
+		return fmt.Errorf("sg config: %d rounds of re-sends, want 1..%d", c.MaxResends, MaxResendRounds)
+	case c.ResendBudget.Ratio < 0 || c.ResendBudget.Ratio > 100 || math.IsNaN(c.ResendBudget.Ratio):
+		return fmt.Errorf("sg config: re-send budget ratio %v, want 0..100 (copies re-sent per copy scattered)", c.ResendBudget.Ratio)
+	case c.ResendBudget.Burst < 0 || c.ResendBudget.Burst > 1<<30:
+		return fmt.Errorf("sg config: re-send budget burst %d, want 0..%d", c.ResendBudget.Burst, 1<<30)
+	}
+	switch c.PacerBackend {
+	case "", "auto", "edt", "netem", "conveyor":
+	default:
+		return fmt.Errorf("sg config: pacer backend %q, want auto, edt, netem or conveyor", c.PacerBackend)
+	}
+	if c.MaxResends == 0 {
+		c.MaxResends = 1
+	}
+	if c.ResendBudget == (ResendBudget{}) {
+		c.ResendBudget = ResendBudget{Ratio: 0.1, Burst: max(16, 2*len(c.Workers))}
 	}
 	return nil
 }

@@ -13,8 +13,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/netnsx"
+	"github.com/kedge-dev/kedge/internal/pacer"
 	"github.com/kedge-dev/kedge/internal/runstate"
 	isg "github.com/kedge-dev/kedge/internal/sg"
 )
@@ -49,6 +51,7 @@ type Group struct {
 	// behind, so the ring fills and results stay in their slots).
 	holdReads atomic.Bool
 	owner     *runstate.Owner // with a StatusDir: this process's run-state owner
+	pacer     *pacer.Pacer    // Config.Resend: the re-sends' ticks
 }
 
 type waiter struct {
@@ -114,8 +117,24 @@ func Open(cfg Config) (_ *Group, err error) {
 	if cfg.hasReplicas() {
 		replicaEntries = uint32(len(cfg.Workers))
 	}
-	g.objs, err = isg.Load(isg.LoadOptions{Tier: isg.DetectTier(), ExpireSlack: 20_000, Batch: uint32(cfg.ScatterBatch),
-		FirstBatch: uint32(cfg.ScatterFirstBatch), PartEntries: partEntries, ReplicaEntries: replicaEntries})
+	lopts := isg.LoadOptions{Tier: isg.DetectTier(), ExpireSlack: 20_000, Batch: uint32(cfg.ScatterBatch),
+		FirstBatch: uint32(cfg.ScatterFirstBatch), PartEntries: partEntries, ReplicaEntries: replicaEntries}
+	if cfg.Resend > 0 {
+		if lopts.Tier != isg.TierLoop {
+			return nil, bpfx.NotSupported("re-sends of scatter-gather requests (bpf_loop)", "5.17",
+				"run without Resend (--resend) on this kernel", ebpf.ErrNotSupported)
+		}
+		// The pacer (one per interface and process): its namespace is owned by this
+		// process (netnsx.OwnedName), its veth pair named after the interface index.
+		g.pacer, err = pacer.New(pacer.Options{Netns: ns, Name: fmt.Sprintf("sg-pc%d", routes.ifindex),
+			IfName: fmt.Sprintf("kedge-sg%d", routes.ifindex), Backend: cfg.PacerBackend})
+		if err != nil {
+			return nil, fmt.Errorf("sg re-sends: start the pacer: %w", err)
+		}
+		cli := g.pacer.Client()
+		lopts.Resend, lopts.Pacer = true, &cli
+	}
+	g.objs, err = isg.Load(lopts)
 	if err != nil {
 		return nil, fmt.Errorf("load sg data plane: %w", err)
 	}
@@ -145,6 +164,11 @@ func Open(cfg Config) (_ *Group, err error) {
 		return nil, fmt.Errorf("attach sg gather (xdp) to %s: %w - another XDP program may own the interface", cfg.Interface, err)
 	}
 	g.attach = append(g.attach, xdp)
+	if g.pacer != nil {
+		if err := g.pacer.Start(g.objs.Resend); err != nil {
+			return nil, fmt.Errorf("sg re-sends: %w", err)
+		}
+	}
 	for i := range cfg.InFlight {
 		g.free <- uint16(i)
 	}
@@ -250,6 +274,9 @@ func (g *Group) release() error {
 	}
 	if g.conn != nil {
 		errs = append(errs, g.conn.Close())
+	}
+	if g.pacer != nil {
+		errs = append(errs, g.pacer.Close())
 	}
 	if g.objs != nil {
 		errs = append(errs, g.objs.Close())

@@ -77,18 +77,7 @@ func TestLabReplicas(t *testing.T) {
 		if firstOK < 0 && timeouts > 0 {
 			firstOK = k
 		}
-		if res.Count != shards || len(res.Answered) != shards {
-			t.Fatalf("request %d: %+v", k, res)
-		}
-		for j := range 3 {
-			var want int64
-			for w := range shards {
-				want += isg.ValueFor(uint16(w), res.ID, j)
-			}
-			if res.Values[j] != want {
-				t.Fatalf("request %d (%#x) element %d: %d, want %d", k, res.ID, j, res.Values[j], want)
-			}
-		}
+		checkSum(t, k, res, shards)
 	}
 	st, err := g.Stats()
 	if err != nil {

@@ -3,6 +3,7 @@ package sg
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"time"
@@ -177,6 +178,17 @@ func (g *Group) fillMaps(r resolved) error {
 			if err := g.objs.Replicas.Put(uint32(i), &sh); err != nil {
 				return fmt.Errorf("write shard %d: %w", i, err)
 			}
+		}
+	}
+	if g.cfg.Resend > 0 {
+		b := g.cfg.ResendBudget
+		gc.Flags |= isg.GroupFlagResend
+		gc.ResendNs, gc.ResendMax = uint64(g.cfg.Resend), uint32(g.cfg.MaxResends)
+		gc.BudgetRatioMilli = uint32(math.Round(b.Ratio * isg.CopyMilli))
+		gc.BudgetCapMilli = uint64(b.Burst) * isg.CopyMilli
+		// The bucket starts full: the first requests' re-sends are paid by the burst.
+		if err := g.objs.Budgets.Put(uint32(g.cfg.Group), &isg.BudgetRec{TokensMilli: int64(gc.BudgetCapMilli)}); err != nil {
+			return fmt.Errorf("write re-send budget: %w", err)
 		}
 	}
 	if err := g.objs.Groups.Put(uint32(g.cfg.Group), &gc); err != nil {

@@ -146,11 +146,15 @@ const (
 	// MaxScatterBatch: copies per scatter run (Config.ScatterBatch), 32 x 33 tail calls on
 	// kernels without bpf_loop.
 	MaxScatterBatch = 32 * 33
-	MaxElems        = 256  // vector elements (Sum, Min, Max) of either type
-	MaxGatherK      = 64   // Gather: replies kept
-	MaxParts        = 32   // datagrams of one multi-packet reply (Config.MultiPacket)
-	MaxReplicas     = 4    // replicas of one shard (Config.Replicas)
-	AggBytes        = 2048 // Gather: GatherK * Elems * Type.Size() must fit
+	MaxElems        = 256 // vector elements (Sum, Min, Max) of either type
+	MaxGatherK      = 64  // Gather: replies kept
+	MaxParts        = 32  // datagrams of one multi-packet reply (Config.MultiPacket)
+	MaxReplicas     = 4   // replicas of one shard (Config.Replicas)
+	MaxResendRounds = 16  // rounds of re-sends per request (Config.MaxResends)
+	// MaxResendFrame: a request frame (Ethernet to the payload's end) longer than this is
+	// never re-sent (Stats.ResendUnstored).
+	MaxResendFrame = 1536
+	AggBytes       = 2048 // Gather: GatherK * Elems * Type.Size() must fit
 )
 
 // Config describes a group.
@@ -232,10 +236,37 @@ type Config struct {
 	// all its parts have. Costs a parts map of InFlight x workers x 16 bytes. Not with
 	// Gather (single-packet replies only). Single-packet replies are taken either way.
 	MultiPacket bool
+	// Resend turns re-sends on: a worker that has not answered a request Resend after it
+	// was scattered gets its copy again, built in the kernel from the stored request at a
+	// tick of the pacer (docs/sg.md, "Re-sends"): to the next replica of its shard (a
+	// hedge) or, with none, to the same worker (a retry). The first reply counts; a later
+	// one is dropped (Stats.LateReplies). Workers must answer a request they see twice as
+	// they answered it once, and replicas of a shard alike. 0: off. Must be below
+	// Timeout; not with MultiPacket. Needs bpf_loop (5.17+) and starts a pacer: its own
+	// network namespace and a veth pair into the group's (internal/pacer).
+	Resend time.Duration
+	// MaxResends is how many rounds of re-sends a request may have, Resend apart
+	// (default 1, at most MaxResendRounds).
+	MaxResends int
+	// ResendBudget bounds the copies re-sent (default Ratio 0.1, Burst max(16, 2 x
+	// workers)).
+	ResendBudget ResendBudget
+	// PacerBackend is the pacer's delay line: auto (default), edt, netem or conveyor
+	// (docs/pacer.md).
+	PacerBackend string
 	// StatusDir, if set, is where the group publishes sg.<owner>.json (counters and
 	// configuration, every second; kedge's run-state status files) for `kedge sg stats`,
 	// which reads /run/kedge.
 	StatusDir string
+}
+
+// ResendBudget bounds re-sends like the hedger's token bucket: each request saves Ratio x
+// its copies while fewer than Burst are saved, and each re-sent copy spends one (refused
+// when none is left: Stats.ResendRefused). Over any run, copies re-sent <= Ratio x copies
+// scattered + Burst.
+type ResendBudget struct {
+	Ratio float64
+	Burst int
 }
 
 // Status of a result.
