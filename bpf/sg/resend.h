@@ -17,7 +17,9 @@
  *                             none: the same one, a retry); others, the same worker (a
  *                             retry)
  *                           addresses, port, worker index, MAC and checksums written,
- *                           bpf_clone_redirect out of the group's interface
+ *                           bpf_clone_redirect out of the group's interface (a loopback
+ *                           group's: round through the pacer veth, then
+ *                           bpf_redirect_neigh, resend_send)
  *                     then the next tick is asked for the earliest round still to come
  * The first reply of a worker counts, whichever copy it answers; a second is dropped and
  * counted late_replies (the gather's bitmap, stored.h). So a worker may see a request twice
@@ -161,6 +163,46 @@ static __always_inline int resend_rewrite(struct __sk_buff *skb, struct resend_s
 	return err;
 }
 
+/* resend_send sends the copy the skb holds out of the group's interface (egress), its own
+ * MAC written. A loopback group's copy goes round through the pacer veth's ingress instead,
+ * where resend_out gives it a route: a packet to 127.0.0.0/8 (or ::1) that
+ * arrives at lo without the route a local sender's has is a martian and dropped, and a
+ * clone made at an ingress hook has none. Returns bpf_clone_redirect's result. */
+static __always_inline long resend_send(struct __sk_buff *skb, struct resend_state *r)
+{
+	if (!r->c.loopback)
+		return bpf_clone_redirect(skb, r->c.ifindex, 0);
+	return bpf_clone_redirect(skb, pacer_cfg.ifindex, BPF_F_INGRESS);
+}
+
+/* skb->pkt_type of a packet to this host (linux/if_packet.h; not in vmlinux.h). */
+#define SG_PACKET_HOST 0
+
+/* A namespace's loopback device, the interface of every loopback group (the kernel's
+ * LOOPBACK_IFINDEX: lo is the only device with IFF_LOOPBACK). Nothing else of the copy
+ * survives the redirect to tell it: the kernel clears skb->priority there. */
+#define SG_LOOPBACK_IFINDEX 1
+
+/* resend_out (sg_resend, a loopback group's copy back from resend_send): out of lo with
+ * bpf_redirect_neigh, which routes it (the local route: what a local sender's packet
+ * carries) and fills in the L2 addresses. */
+static __always_inline int resend_out(struct __sk_buff *skb)
+{
+	long ret;
+
+	/* Received again on the veth, addressed to another MAC than its own: the kernel made it
+	 * PACKET_OTHERHOST, which lo's receive path keeps (it re-marks only a foreign MAC) and
+	 * ip_rcv drops. A veth's peer resets it; lo does not. */
+	bpf_skb_change_type(skb, SG_PACKET_HOST);
+	ret = bpf_redirect_neigh(SG_LOOPBACK_IFINDEX, NULL, 0, 0);
+
+	if (ret != TC_ACT_REDIRECT) {
+		COUNT(stats_for(NO_GROUP), resend_errors);
+		return TC_ACT_SHOT;
+	}
+	return ret;
+}
+
 /* resend_cb (bpf_loop, one worker of a round): a copy again for a worker that has not
  * answered, paid by the budget, to its target. */
 static long resend_cb(__u64 i, void *ctx)
@@ -189,7 +231,7 @@ static long resend_cb(__u64 i, void *ctx)
 		rep = rep_index(picked);
 	}
 	w = bpf_map_lookup_elem(&workers, &key);
-	if (!w || resend_rewrite(x->skb, r, w, widx) < 0 || bpf_clone_redirect(x->skb, r->c.ifindex, 0) < 0) {
+	if (!w || resend_rewrite(x->skb, r, w, widx) < 0 || resend_send(x->skb, r) < 0) {
 		budget_refund(x->b);
 		r->errors++;
 		return 0;
@@ -310,6 +352,10 @@ static __always_inline int resend(struct __sk_buff *skb)
 	struct resend_scan l = { .skb = skb };
 	struct pacer_tick tick;
 
+	/* A loopback group's copy, cloned back in by resend_send: same namespace, so it keeps
+	 * its mark (a tick from the pacer's namespace loses any). */
+	if (skb->mark == sg_cfg.copy_mark)
+		return resend_out(skb);
 	switch (pacer_receive(skb, &tick)) {
 	case PACER_RX_TICK:
 		break;

@@ -454,6 +454,10 @@ func TestResendIPv6AndEdges(t *testing.T) {
 				}
 			},
 		}, {
+			Name: "a loopback group's copy back from the pacer veth (its mark): out of lo by bpf_redirect_neigh",
+			Prog: f.o.Resend, In: request(coord4, w4[0], 1, id, []byte("payload")), Skb: &bpftest.SkBuff{Mark: CopyMark},
+			WantRet: bpftest.TCActRedirect, WantCounters: bpftest.Counters{},
+		}, {
 			Name: "not a tick: passed", Prog: f.o.Resend, In: notTick, WantRet: bpftest.TCActUnspec,
 			WantCounters: bpftest.Counters{},
 		}, {

@@ -56,18 +56,16 @@ func loopbackGroup(t *testing.T, n, dead int, cfg Config, wcfg isg.WorkerConfig)
 	return g
 }
 
-// TestManyGoroutines checks every aggregate against the values each worker sent, with 64
-// requests outstanding from 16 goroutines.
-func TestManyGoroutines(t *testing.T) {
-	const n, elems = 16, 3
-	g := loopbackGroup(t, n, 0, Config{Reduction: Sum, Type: Int32, Elems: elems, Timeout: time.Second, InFlight: 64},
-		isg.WorkerConfig{Type: isg.TypeI32, Elems: elems})
+// scatterConcurrently sends each requests from each of goroutines goroutines and checks
+// every result: complete, with the sum of the values each of the n workers sent.
+func scatterConcurrently(t *testing.T, g *Group, n, elems, goroutines, each int) {
+	t.Helper()
 	var wg sync.WaitGroup
-	for gr := range 16 {
+	for gr := range goroutines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for k := range 40 {
+			for k := range each {
 				res, err := g.Scatter(context.Background(), []byte{byte(gr), byte(k)})
 				if err != nil {
 					t.Errorf("scatter: %v", err)
@@ -90,11 +88,40 @@ func TestManyGoroutines(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// TestManyGoroutines checks every aggregate against the values each worker sent, with 64
+// requests outstanding from 16 goroutines.
+func TestManyGoroutines(t *testing.T) {
+	const n, elems = 16, 3
+	g := loopbackGroup(t, n, 0, Config{Reduction: Sum, Type: Int32, Elems: elems, Timeout: time.Second, InFlight: 64},
+		isg.WorkerConfig{Type: isg.TypeI32, Elems: elems})
+	scatterConcurrently(t, g, n, elems, 16, 40)
 	st, err := g.Stats()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Completed != 640 || st.Replies != 640*n || st.Copies != 640*n || st.Timeouts != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestManyGoroutinesResend: TestManyGoroutines with every worker losing 5% of the
+// requests (seeded) and re-sends on (Resend 5 ms, up to 8 rounds): 64 requests outstanding
+// from 16 goroutines, slots recycled under the stored requests' rounds, and every result
+// complete with the sum of the values each worker sent; the losses are recovered by retries.
+func TestManyGoroutinesResend(t *testing.T) {
+	const n, elems, goroutines, each = 16, 3, 16, 40
+	g := loopbackGroup(t, n, 0, Config{Reduction: Sum, Type: Int32, Elems: elems, Timeout: 2 * time.Second, InFlight: 64,
+		Resend: 5 * time.Millisecond, MaxResends: 8, ResendBudget: ResendBudget{Ratio: 1, Burst: 4 * n}},
+		isg.WorkerConfig{Type: isg.TypeI32, Elems: elems, Loss: 0.05, Seed: 11})
+	scatterConcurrently(t, g, n, elems, goroutines, each)
+	st, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d requests: retries %d late replies %d refused %d errors %d", goroutines*each, st.Retries, st.LateReplies, st.ResendRefused, st.ResendErrors)
+	if st.Completed != goroutines*each || st.Timeouts != 0 || st.Retries == 0 || st.Hedges != 0 || st.ResendErrors != 0 {
 		t.Errorf("stats %+v", st)
 	}
 }
