@@ -219,6 +219,13 @@ struct sg_group {
 	__u32 resend_max;
 	__u32 budget_ratio_milli;
 	__u64 budget_cap_milli;
+	/* resend_quantile_milli > 0: the delay is instead the group's estimated quantile (of
+	 * that many thousandths) of reply times (struct sg_budget.delay_ns, stepped by every
+	 * first reply of a worker that was not re-sent), clamped to [resend_min_ns,
+	 * resend_ns]; resend_ns until there is an estimate. */
+	__u32 resend_quantile_milli;
+	__u32 _pad2;
+	__u64 resend_min_ns;
 };
 
 /* workers map value (index worker_base + i). */
@@ -263,6 +270,7 @@ struct sg_stored {
 	__u64 due_ns;       /* the next round (kedge_now()); 0: none */
 	__u32 rounds;       /* rounds sent */
 	__u32 len;          /* frame bytes in data; 0: not stored */
+	__u64 sent_ns;      /* when it was scattered (kedge_now()): replies' times */
 	__u64 resent[SG_BITMAP_WORDS];   /* bit i: worker i was sent a copy again */
 	__u64 rep_first[SG_REP_WORDS];   /* SG_GF_REPLICAS: replica (2 bits) of the first copy */
 	__u64 rep_last[SG_REP_WORDS];    /* and of the last copy */
@@ -272,9 +280,11 @@ struct sg_stored {
 	__u8 data[SG_STORE_BYTES + SG_CSUM_CHUNK];
 };
 
-/* budgets map value (key group): the re-send budget's saved milli-copies. */
+/* budgets map value (key group): the re-send budget's saved milli-copies, and the delay
+ * estimate of a group with resend_quantile_milli. */
 struct sg_budget {
 	__s64 tokens_milli;
+	__u64 delay_ns; /* the estimated quantile of reply times (0: none yet) */
 };
 
 /* Ring-buffer record: one per completed request (ok or timeout). It lives inside the

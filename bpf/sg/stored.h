@@ -68,11 +68,9 @@ static __always_inline void stored_first_replica(__u32 slot, __u32 i, __u32 r)
 }
 
 /* budget_deposit: a request of nworkers copies pays into its group's re-send budget. */
-static __always_inline void budget_deposit(const struct sg_group *g, __u32 gid)
+static __always_inline void budget_deposit(const struct sg_group *g, struct sg_budget *b)
 {
-	struct sg_budget *b = bpf_map_lookup_elem(&budgets, &gid);
-
-	if (b && READ_ONCE(b->tokens_milli) < (__s64)g->budget_cap_milli)
+	if (READ_ONCE(b->tokens_milli) < (__s64)g->budget_cap_milli)
 		__sync_fetch_and_add(&b->tokens_milli, (__s64)g->budget_ratio_milli * g->nworkers);
 }
 
@@ -91,6 +89,44 @@ static __always_inline void budget_refund(struct sg_budget *b)
 	__sync_fetch_and_add(&b->tokens_milli, SG_COPY_MILLI);
 }
 
+/* The quantile estimate moves by 1/2^QUANTILE_SHIFT of itself per sample (hist.h's
+ * median_step uses the same rate), up by q and down by 1 - q of that, so it settles where
+ * a fraction q of the samples lie below it. */
+#define QUANTILE_SHIFT 5
+
+/* quantile_step: estimate m of the q_milli/1000 quantile after a sample of ns; the first
+ * sample (m 0) sets it. Stored without a lock: a racing update loses a step. */
+static __always_inline __u64 quantile_step(__u64 m, __u64 ns, __u32 q_milli)
+{
+	__u64 step = (m >> QUANTILE_SHIFT) + 1, up, down;
+
+	if (!ns)
+		ns = 1;
+	if (!m)
+		return ns;
+	up = step * q_milli / 1000 + 1;
+	down = step * (1000 - q_milli) / 1000 + 1;
+	if (ns > m)
+		return m + up;
+	if (ns < m)
+		return m > down ? m - down : 1;
+	return m;
+}
+
+/* resend_delay: how long after the scatter (and after a round) the next round is due: the
+ * group's fixed resend_ns, or its quantile estimate clamped to [resend_min_ns,
+ * resend_ns]. */
+static __always_inline __u64 resend_delay(const struct sg_group *g, const struct sg_budget *b)
+{
+	__u64 d = READ_ONCE(b->delay_ns);
+
+	if (!g->resend_quantile_milli || !d)
+		return g->resend_ns;
+	if (d < g->resend_min_ns)
+		d = g->resend_min_ns;
+	return d < g->resend_ns ? d : g->resend_ns;
+}
+
 /* stored_request (scatter, bpf_loop tier, before the first copy is rewritten) stores the
  * request id of slot slot: its frame from the Ethernet header, l4_off the UDP header's
  * offset. A frame longer than SG_STORE_BYTES is not stored (resend_unstored) and never
@@ -101,16 +137,18 @@ __attribute__((noinline)) int stored_request(struct __sk_buff *skb, __u32 gid, _
 {
 	struct sg_stored *st = bpf_map_lookup_elem(&stored, &slot);
 	struct sg_group *g = bpf_map_lookup_elem(&groups, &gid);
+	struct sg_budget *b = bpf_map_lookup_elem(&budgets, &gid);
 	struct sg_stats *cnt = stats_for(gid < SG_GROUPS_MAX ? gid : NO_GROUP);
 	__u32 len = skb->len, ck = l4_off + offsetof(struct udphdr, check);
-	__u64 due;
+	__u64 now = kedge_now(), due;
 
-	if (!st || !g) {
+	if (!st || !g || !b) {
 		COUNT(cnt, resend_unstored);
 		return 0;
 	}
 	__sync_lock_test_and_set(&st->due_ns, 0);
 	st->req_id = id;
+	st->sent_ns = now;
 	st->rounds = 0;
 	__builtin_memset(st->resent, 0, sizeof(st->resent));
 	barrier_var(len);
@@ -134,8 +172,8 @@ __attribute__((noinline)) int stored_request(struct __sk_buff *skb, __u32 gid, _
 		st->data[len + 2] = 0;
 		st->data[len + 3] = 0;
 	}
-	budget_deposit(g, gid);
-	due = kedge_now() + g->resend_ns;
+	budget_deposit(g, b);
+	due = now + resend_delay(g, b);
 	__sync_lock_test_and_set(&st->due_ns, due);
 	pacer_request(skb, due);
 	return 0;
@@ -145,24 +183,40 @@ __attribute__((noinline)) int stored_request(struct __sk_buff *skb, __u32 gid, _
  * slot's request id, outcome its enum gather_outcome; who >> 16: 1 + the replica it came
  * from, 0 without replicas - five arguments at most): 1 when it is a re-sent worker's
  * second reply (counted late_replies: the caller drops it); a first reply of a re-sent
- * worker from another replica than its first copy's counts hedges_won. Global: the
- * gather's verifier states stay as they were. */
+ * worker from another replica than its first copy's counts hedges_won; a first reply of a
+ * worker that was not re-sent steps the group's delay estimate (resend_quantile_milli)
+ * with its time since the scatter. Global: the gather's verifier states stay as they
+ * were. */
 __attribute__((noinline)) int stored_reply(__u32 slot, __u64 id, __u32 who, __u32 gid, int outcome)
 {
 	__u32 widx = who & 0xffff, rep = who >> 16;
 	struct sg_stored *st = bpf_map_lookup_elem(&stored, &slot);
 	struct sg_stats *cnt = stats_for(gid < SG_GROUPS_MAX ? gid : NO_GROUP);
 	__u32 word = (widx / 64) & (SG_BITMAP_WORDS - 1);
+	struct sg_group *g;
+	struct sg_budget *b;
+	__u64 now, sent;
 
-	if (!st || READ_ONCE(st->req_id) != id || !(READ_ONCE(st->resent[word]) & (1ULL << (widx & 63))))
+	if (!st || READ_ONCE(st->req_id) != id)
 		return 0;
-	if (outcome == G_DUP) {
-		COUNT(cnt, late_replies);
-		return 1;
+	if (READ_ONCE(st->resent[word]) & (1ULL << (widx & 63))) {
+		if (outcome == G_DUP) {
+			COUNT(cnt, late_replies);
+			return 1;
+		}
+		if ((outcome == G_REDUCED || outcome == G_COMPLETED) && rep &&
+		    rep - 1 != rep_get(st->rep_first, widx))
+			COUNT(cnt, hedges_won);
+		return 0;
 	}
-	if ((outcome == G_REDUCED || outcome == G_COMPLETED) && rep &&
-	    rep - 1 != rep_get(st->rep_first, widx))
-		COUNT(cnt, hedges_won);
+	if (outcome != G_REDUCED && outcome != G_COMPLETED)
+		return 0;
+	g = bpf_map_lookup_elem(&groups, &gid);
+	b = bpf_map_lookup_elem(&budgets, &gid);
+	sent = READ_ONCE(st->sent_ns);
+	now = kedge_now();
+	if (g && b && g->resend_quantile_milli && sent && now > sent)
+		b->delay_ns = quantile_step(READ_ONCE(b->delay_ns), now - sent, g->resend_quantile_milli);
 	return 0;
 }
 

@@ -271,7 +271,8 @@ func newSgScatterCmd() *cobra.Command {
 		ejectBackoff, ejectMax                         time.Duration
 		resend                                         time.Duration
 		maxResends, resendBurst                        int
-		resendRatio                                    float64
+		resendRatio, resendQuantile                    float64
+		resendMin                                      time.Duration
 		pacerBackend                                   string
 	)
 	cmd := &cobra.Command{
@@ -288,6 +289,8 @@ func newSgScatterCmd() *cobra.Command {
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+4 --replicas 10.77.0.3:9000+4 --count 100
   # a worker that has not answered after 20 ms gets its copy again (retries), up to 3 times
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+8 --resend 20ms --max-resends 3 --count 100
+  # the same with the delay at the 95th percentile of reply times, between 2 and 20 ms
+  kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+8 --resend 20ms --resend-quantile 0.95 --resend-min 2ms
   # shards of 2 replicas: a straggler's copy is hedged to the other replica after 10 ms
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+4 --replicas 10.77.0.3:9000+4 --resend 10ms
   # a long run with its counters served to Prometheus (kedge_sg_*_total)
@@ -331,7 +334,7 @@ func newSgScatterCmd() *cobra.Command {
 			}
 			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Replicas: reps, ReplicaChoice: choice, EjectBackoff: ejectBackoff, EjectMaxBackoff: ejectMax, Reduction: r, Type: t,
 				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, MultiPacket: multiPacket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir,
-				Resend: resend, MaxResends: maxResends, PacerBackend: pacerBackend}
+				Resend: resend, MaxResends: maxResends, ResendQuantile: resendQuantile, ResendMin: resendMin, PacerBackend: pacerBackend}
 			if cmd.Flags().Changed("resend-ratio") || cmd.Flags().Changed("resend-burst") {
 				if !cmd.Flags().Changed("resend-burst") {
 					resendBurst = max(16, 2*len(ws)) // the default burst (sg.Config.ResendBudget)
@@ -409,6 +412,8 @@ func newSgScatterCmd() *cobra.Command {
 	f.DurationVar(&ejectMax, "eject-max-backoff", 30*time.Second, "replicas: the longest back-off")
 	f.DurationVar(&resend, "resend", 0, "send a worker that has not answered after this its copy again, from the kernel: to the next replica of its shard (a hedge) or the same worker (a retry); 0: off (docs/sg.md, \"Re-sends\")")
 	f.IntVar(&maxResends, "max-resends", 0, "rounds of re-sends per request, --resend apart (default 1)")
+	f.Float64Var(&resendQuantile, "resend-quantile", 0, "re-sends: an adaptive delay, this quantile of the group's reply times (e.g. 0.95) estimated in the kernel, between --resend-min and --resend")
+	f.DurationVar(&resendMin, "resend-min", 0, "re-sends: the adaptive delay's floor (default --resend / 10)")
 	f.Float64Var(&resendRatio, "resend-ratio", 0.1, "re-send budget: copies re-sent per copy scattered")
 	f.IntVar(&resendBurst, "resend-burst", 0, "re-send budget: copies that may be re-sent beyond the ratio (default max(16, 2 x workers))")
 	f.StringVar(&pacerBackend, "pacer-backend", "auto", "re-sends: the pacer's delay line: auto, edt, netem or conveyor (docs/pacer.md)")

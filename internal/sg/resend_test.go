@@ -10,6 +10,7 @@ package sg
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -465,4 +466,144 @@ func TestResendIPv6AndEdges(t *testing.T) {
 			WantCounters: bpftest.Counters{},
 		}})
 	})
+}
+
+// quantileStep mirrors bpf/sg/stored.h's quantile_step.
+func quantileStep(m, ns uint64, qMilli uint64) uint64 {
+	step := m>>5 + 1
+	up, down := step*qMilli/1000+1, step*(1000-qMilli)/1000+1
+	switch {
+	case ns == 0:
+		ns = 1
+		fallthrough
+	default:
+		if m == 0 {
+			return ns
+		}
+		if ns > m {
+			return m + up
+		}
+		if ns < m {
+			if m > down {
+				return m - down
+			}
+			return 1
+		}
+		return m
+	}
+}
+
+// TestResendAdaptiveDelay: with resend_q_milli the delay is the group's estimated quantile
+// of reply times, stepped by each first reply of a worker that was not re-sent (the first
+// sample sets it; then up by q, down by 1 - q of 1/32 of itself), clamped to [resend_min_ns,
+// resend_ns]; a re-sent worker's reply does not step it; no estimate: resend_ns.
+func TestResendAdaptiveDelay(t *testing.T) {
+	f, s := resendFixture(t, coord4, w4, resendOpts{rounds: 2})
+	const ms = uint64(time.Millisecond)
+	var g GroupCfg
+	if err := f.o.Groups.Lookup(uint32(1), &g); err != nil {
+		t.Fatal(err)
+	}
+	g.ResendNs, g.ResendMinNs, g.ResendQuantileMilli = 20*ms, 1*ms, 900
+	if err := f.o.Groups.Put(uint32(1), &g); err != nil {
+		t.Fatal(err)
+	}
+	estimate := func(tb testing.TB) uint64 {
+		var b BudgetRec
+		if err := f.o.Budgets.Lookup(uint32(1), &b); err != nil {
+			tb.Fatal(err)
+		}
+		return b.DelayNs
+	}
+	setEstimate := func(v uint64) func(testing.TB) {
+		return func(tb testing.TB) {
+			if err := f.o.Budgets.Put(uint32(1), &BudgetRec{TokensMilli: 1 << 30, DelayNs: v}); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+	t0 := bpftest.ClockStart
+	slot := uint64(64)
+	r := bpftest.Runner{Counters: f.counters, Clock: f.o.Clock, Within: s.ns.Do}
+	type step = bpftest.Case
+	cases := []struct {
+		name     string
+		estimate uint64 // before the case (0: none)
+		steps    func(id uint64) []step
+		wantDue  uint64 // the stored request's due time after the steps (from t0)
+		wantEst  uint64
+	}{{
+		name:    "no estimate: resend_ns",
+		steps:   func(id uint64) []step { return []step{scatterStep(f, id, t0)} },
+		wantDue: 20 * ms,
+		wantEst: 0,
+	}, {
+		name: "the first reply sets the estimate, the next equal ones keep it",
+		steps: func(id uint64) []step {
+			return []step{scatterStep(f, id, t0), replyStep(f, id, 0, t0+2*ms), replyStep(f, id, 1, t0+2*ms)}
+		},
+		wantDue: 20 * ms,
+		wantEst: 2 * ms,
+	}, {
+		name:     "a request after: due at the estimate",
+		estimate: 2 * ms,
+		steps:    func(id uint64) []step { return []step{scatterStep(f, id, t0)} },
+		wantDue:  2 * ms,
+		wantEst:  2 * ms,
+	}, {
+		name:     "clamped up to resend_min_ns",
+		estimate: ms / 10,
+		steps:    func(id uint64) []step { return []step{scatterStep(f, id, t0)} },
+		wantDue:  1 * ms,
+		wantEst:  ms / 10,
+	}, {
+		name:     "clamped down to resend_ns",
+		estimate: 50 * ms,
+		steps:    func(id uint64) []step { return []step{scatterStep(f, id, t0)} },
+		wantDue:  20 * ms,
+		wantEst:  50 * ms,
+	}, {
+		name:     "a slower reply steps it up by q, a faster one down by 1 - q",
+		estimate: 10 * ms,
+		steps: func(id uint64) []step {
+			return []step{scatterStep(f, id, t0), replyStep(f, id, 0, t0+20*ms), replyStep(f, id, 1, t0+5*ms)}
+		},
+		wantDue: 10 * ms,
+		wantEst: quantileStep(quantileStep(10*ms, 20*ms, 900), 5*ms, 900),
+	}, {
+		name:     "a re-sent worker's reply does not step it; the next round is due at the estimate",
+		estimate: 3 * ms,
+		steps: func(id uint64) []step {
+			return []step{scatterStep(f, id, t0), {Name: "tick", Prog: f.o.Resend, Now: t0 + 3*ms, In: tick(t0 + 3*ms), WantRet: bpftest.TCActShot},
+				replyStep(f, id, 2, t0+9*ms)}
+		},
+		wantDue: 6 * ms,
+		wantEst: 3 * ms,
+	}}
+	for k, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			slot++
+			id := uint64(k+1)<<10 | slot
+			f.resetResend(t, 1<<30)
+			setEstimate(c.estimate)(t)
+			r.RunCase(t, bpftest.Case{Name: c.name, Steps: c.steps(id)})
+			s.captureQuiet(t)
+			if st := f.stored(t, id); st.DueNs != t0+c.wantDue {
+				t.Errorf("due %d ms after the scatter, want %d", (st.DueNs-t0)/ms, c.wantDue/ms)
+			}
+			if e := estimate(t); e != c.wantEst {
+				t.Errorf("estimate %d ns, want %d", e, c.wantEst)
+			}
+		})
+	}
+}
+
+func scatterStep(f *fixture, id, at uint64) bpftest.Case {
+	return bpftest.Case{Name: "scatter", Prog: f.o.Scatter, Now: at, In: request(coord4, w4[0], 1, id, []byte("payload")),
+		WantRet: bpftest.TCActShot}
+}
+
+func replyStep(f *fixture, id uint64, w int, at uint64) bpftest.Case {
+	return bpftest.Case{Name: fmt.Sprintf("reply %d", w), Prog: f.o.Gather, Now: at,
+		In: reply(w4[w], coord4, 1, uint16(w), id, vec64(1), nil), WantRet: bpftest.XDPDrop}
 }

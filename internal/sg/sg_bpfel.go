@@ -132,6 +132,7 @@ type sgScatterCtx struct {
 type sgSgBudget struct {
 	_           structs.HostLayout
 	TokensMilli int64
+	DelayNs     uint64
 }
 
 type sgSgConfig struct {
@@ -165,18 +166,21 @@ type sgSgGroup struct {
 			U6Addr8 [16]uint8
 		}
 	}
-	CoordPort        uint16
-	Pad1             uint16
-	PartBase         uint32
-	ReplicaBase      uint32
-	ReplicaChoice    uint32
-	JudgeNs          uint64
-	EjectBaseNs      uint64
-	EjectMaxNs       uint64
-	ResendNs         uint64
-	ResendMax        uint32
-	BudgetRatioMilli uint32
-	BudgetCapMilli   uint64
+	CoordPort           uint16
+	Pad1                uint16
+	PartBase            uint32
+	ReplicaBase         uint32
+	ReplicaChoice       uint32
+	JudgeNs             uint64
+	EjectBaseNs         uint64
+	EjectMaxNs          uint64
+	ResendNs            uint64
+	ResendMax           uint32
+	BudgetRatioMilli    uint32
+	BudgetCapMilli      uint64
+	ResendQuantileMilli uint32
+	Pad2                uint32
+	ResendMinNs         uint64
 }
 
 type sgSgParts struct {
@@ -279,6 +283,7 @@ type sgSgStored struct {
 	DueNs    uint64
 	Rounds   uint32
 	Len      uint32
+	SentNs   uint64
 	Resent   [16]uint64
 	RepFirst [32]uint64
 	RepLast  [32]uint64

@@ -85,6 +85,13 @@ func (c *Config) validateResend() error {
 		return fmt.Errorf("sg config: re-send budget ratio %v, want 0..100 (copies re-sent per copy scattered)", c.ResendBudget.Ratio)
 	case c.ResendBudget.Burst < 0 || c.ResendBudget.Burst > 1<<30:
 		return fmt.Errorf("sg config: re-send budget burst %d, want 0..%d", c.ResendBudget.Burst, 1<<30)
+	case c.ResendQuantile < 0 || c.ResendQuantile >= 1 || math.IsNaN(c.ResendQuantile):
+		return fmt.Errorf("sg config: re-send quantile %v, want 0 (a fixed delay) or between 0 and 1, e.g. 0.95", c.ResendQuantile)
+	case c.ResendMin < 0 || c.ResendMin > c.Resend:
+		return fmt.Errorf("sg config: re-send floor %v, want 0..%v (the re-send delay, the adaptive delay's ceiling)", c.ResendMin, c.Resend)
+	}
+	if c.ResendQuantile > 0 && c.ResendMin == 0 {
+		c.ResendMin = c.Resend / 10
 	}
 	switch c.PacerBackend {
 	case "", "auto", "edt", "netem", "conveyor":

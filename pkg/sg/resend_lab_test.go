@@ -158,3 +158,49 @@ func TestLabHedges(t *testing.T) {
 		t.Errorf("stats %+v: want hedges, hedges won, no timeouts or errors", st)
 	}
 }
+
+// TestLabHedgesAdaptive: TestLabHedges' shards (every w2 replica 300 ms late) with the delay
+// at the 0.9 quantile of reply times, estimated in the kernel, between 2 ms and 100 ms:
+// the estimate follows the fast replicas (a straggler's copy is hedged before it answers,
+// and a re-sent worker's reply is not sampled), so after a few requests the hedges go out
+// well before the 100 ms ceiling and the requests complete in a fraction of it.
+func TestLabHedgesAdaptive(t *testing.T) {
+	const port, shards, slow = 9700, 4, 300 * time.Millisecond
+	coord, workers, replicas := replicaLab(t, "sga", port, shards, func(bin string, w2 *lab.Host) {
+		startWorkers(t, bin, w2, w2.IPv4, port, shards, "--delay", slow.String())
+	})
+	g, err := Open(Config{Interface: coord.Iface, Netns: coord.Path(), Workers: workers, Replicas: replicas,
+		Reduction: Sum, Type: Int64, Elems: 3, Timeout: 2 * time.Second, EjectBackoff: -1,
+		Resend: 100 * time.Millisecond, ResendQuantile: 0.9, ResendMin: 2 * time.Millisecond,
+		ResendBudget: ResendBudget{Ratio: 1, Burst: 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	const warm, reqs = 5, 30
+	fast := 0
+	for k := range warm + reqs {
+		res, err := g.Scatter(context.Background(), []byte("adaptive"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkSum(t, k, res, shards)
+		if k >= warm && res.Kernel < 50*time.Millisecond {
+			fast++
+		}
+	}
+	var b isg.BudgetRec
+	if err := g.objs.Budgets.Lookup(uint32(0), &b); err != nil {
+		t.Fatal(err)
+	}
+	st, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d of %d requests after the first %d within 50 ms; estimated 0.9 quantile %v; hedges %d won %d",
+		fast, reqs, warm, time.Duration(b.DelayNs), st.Hedges, st.HedgesWon)
+	if fast < reqs*3/4 || b.DelayNs == 0 || b.DelayNs >= uint64(50*time.Millisecond) {
+		t.Errorf("%d of %d requests within 50 ms (want %d), estimate %v (want below 50 ms): the delay did not adapt",
+			fast, reqs, reqs*3/4, time.Duration(b.DelayNs))
+	}
+}

@@ -184,6 +184,8 @@ func (g *Group) fillMaps(r resolved) error {
 		b := g.cfg.ResendBudget
 		gc.Flags |= isg.GroupFlagResend
 		gc.ResendNs, gc.ResendMax = uint64(g.cfg.Resend), uint32(g.cfg.MaxResends)
+		gc.ResendQuantileMilli = uint32(math.Round(g.cfg.ResendQuantile * 1000))
+		gc.ResendMinNs = uint64(g.cfg.ResendMin)
 		gc.BudgetRatioMilli = uint32(math.Round(b.Ratio * isg.CopyMilli))
 		gc.BudgetCapMilli = uint64(b.Burst) * isg.CopyMilli
 		// The bucket starts full: the first requests' re-sends are paid by the burst.

@@ -248,6 +248,12 @@ type Config struct {
 	// MaxResends is how many rounds of re-sends a request may have, Resend apart
 	// (default 1, at most MaxResendRounds).
 	MaxResends int
+	// ResendQuantile, if set (0 < q < 1), makes the delay adaptive: the group's q-quantile
+	// of reply times, estimated in the kernel from every first reply of a worker that was
+	// not re-sent, clamped to [ResendMin, Resend]; Resend until the first reply.
+	ResendQuantile float64
+	// ResendMin is the adaptive delay's floor (default Resend / 10).
+	ResendMin time.Duration
 	// ResendBudget bounds the copies re-sent (default Ratio 0.1, Burst max(16, 2 x
 	// workers)).
 	ResendBudget ResendBudget
