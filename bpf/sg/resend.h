@@ -366,6 +366,11 @@ static __always_inline int resend(struct __sk_buff *skb)
 	}
 	l.now = kedge_now();
 	bpf_loop(SG_SLOTS, resend_scan_cb, &l, 0);
+	/* The tick for the next round is a clone of this skb: give back the 20 bytes an IPv6
+	 * rebuild pushed, or the offsets it keeps from its first packet drift on by 20 at
+	 * every tick (and bpf_skb_change_tail soon refuses to cut it to a frame). */
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		bpf_skb_change_proto(skb, bpf_htons(ETH_P_IP), 0);
 	if (l.next)
 		pacer_request(skb, l.next);
 	return TC_ACT_SHOT;

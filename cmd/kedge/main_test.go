@@ -163,7 +163,6 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"sg", "scatter", "-i", "lo", "--workers", "127.0.0.1:9000", "--resend", "10ms", "--resend-ratio", "-1"}},
 		{exitUsage, []string{"sg", "scatter", "-i", "lo", "--workers", "127.0.0.1:9000", "--resend", "10ms", "--pacer-backend", "fq"}},
 		{exitUsage, []string{"sg", "scatter", "-i", "lo", "--workers", "127.0.0.1:9000", "--resend", "10ms", "--resend-quantile", "1.5"}},
-		{exitUsage, []string{"sg", "scatter", "-i", "lo", "--workers", "[::1]:9000", "--resend", "10ms"}},
 		{exitUsage, []string{"sg", "worker", "--listen", "127.0.0.1:9000", "--threads", "-1"}},
 		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--worker-threads", "0"}},
 		{exitUsage, []string{"sg", "stats", "-o", "yaml"}},

@@ -422,7 +422,14 @@ func TestResendIPv6AndEdges(t *testing.T) {
 		r.RunCase(t, bpftest.Case{Name: "IPv6", Steps: []bpftest.Case{
 			{Name: "scatter", Prog: f.o.Scatter, Now: t0, In: request(coord6, w6[0], 1, id, []byte("payload")), WantRet: bpftest.TCActShot},
 			{Name: "reply", Prog: f.o.Gather, Now: t0, In: reply(w6[1], coord6, 1, 1, id, vec64(1), nil), WantRet: bpftest.XDPDrop},
-			{Name: "tick", Prog: f.o.Resend, Now: due, In: tick(due), WantRet: bpftest.TCActShot},
+			{Name: "tick", Prog: f.o.Resend, Now: due, In: tick(due), WantRet: bpftest.TCActShot,
+				// The skb the next tick is cloned from is IPv4 again: the IPv6 frame less
+				// the 20 bytes bpf_skb_change_proto pushed (resend.h).
+				Check: func(tb testing.TB, res bpftest.Result) {
+					if frame := request(coord6, w6[0], 1, id, []byte("payload")); len(res.Out) != len(frame)-20 {
+						tb.Errorf("after the round the tick's skb is %d bytes, want the IPv6 frame's %d less 20", len(res.Out), len(frame))
+					}
+				}},
 		}, WantCounters: bpftest.Counters{"1.Requests": 1, "1.Copies": 2, "1.Replies": 1, "1.Retries": 1}})
 		wantResent(t, s, 2, []sent{{to: w6[0], mac: workerMAC(0), worker: 0}})
 	})

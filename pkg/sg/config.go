@@ -79,8 +79,6 @@ func (c *Config) validateResend() error {
 		return fmt.Errorf("sg config: re-send delay %v not below the timeout %v: the round would come after the request expired", c.Resend, c.Timeout)
 	case c.MultiPacket:
 		return errors.New("sg config: re-sends take single-packet replies only (unset MultiPacket or Resend)")
-	case !c.Workers[0].Addr().Unmap().Is4():
-		return errors.New("sg config: re-sends take IPv4 groups only: over IPv6 part of the copies built at a pacer tick do not leave (docs/sg.md, \"Re-sends\"); unset Resend")
 	case c.MaxResends < 0 || c.MaxResends > MaxResendRounds:
 		return fmt.Errorf("sg config: %d rounds of re-sends, want 1..%d", c.MaxResends, MaxResendRounds)
 	case c.ResendBudget.Ratio < 0 || c.ResendBudget.Ratio > 100 || math.IsNaN(c.ResendBudget.Ratio):

@@ -30,11 +30,11 @@ func checkSum(t *testing.T, k int, res Result, n int) {
 }
 
 // TestLabRetries: eight workers on a lab host, two of them (one `kedge sg worker` process)
-// losing each request with probability 0.3 (seeded). Without re-sends about half of the
-// requests time out (the control); with Resend 20 ms and 8 rounds every request completes
-// before its deadline with the right sum, by retries to the same workers (no replicas):
-// the loss is recovered in the kernel, and a request whose reply was lost rather than the
-// request gets a second reply, which is dropped as a late reply.
+// losing each request with probability 0.3 (seeded), over IPv4 and IPv6. Without re-sends
+// about half of the requests time out (the control); with Resend 20 ms and 8 rounds every
+// request completes before its deadline with the right sum, by retries to the same workers
+// (no replicas): the loss is recovered in the kernel, and a request whose reply was lost
+// rather than the request gets a second reply, which is dropped as a late reply.
 func TestLabRetries(t *testing.T) {
 	bpftest.RequireRoot(t)
 	bin := bpftest.KedgeBinary(t)
@@ -43,17 +43,25 @@ func TestLabRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	const port, n, lossy = 9500, 8, 2
-	w1 := l.Host("w1")
-	startWorkers(t, bin, w1, w1.IPv4, port, n-lossy)
-	startWorkers(t, bin, w1, w1.IPv4, port+n-lossy, lossy, "--loss", "0.3", "--seed", "7")
-	var workers []netip.AddrPort
-	for i := range n {
-		workers = append(workers, netip.AddrPortFrom(w1.IPv4, port+uint16(i)))
+	w1, coord := l.Host("w1"), l.Host("coord")
+	for k, addr := range []netip.Addr{w1.IPv4, w1.IPv6} {
+		t.Run(map[bool]string{true: "ipv4", false: "ipv6"}[addr.Is4()], func(t *testing.T) {
+			const n, lossy = 8, 2
+			port := uint16(9500 + 100*k)
+			startWorkers(t, bin, w1, addr, port, n-lossy)
+			startWorkers(t, bin, w1, addr, port+n-lossy, lossy, "--loss", "0.3", "--seed", "7")
+			var workers []netip.AddrPort
+			for i := range n {
+				workers = append(workers, netip.AddrPortFrom(addr, port+uint16(i)))
+			}
+			labRetries(t, Config{Interface: coord.Iface, Netns: coord.Path(), Workers: workers, Reduction: Sum, Type: Int64, Elems: 3})
+		})
 	}
-	coord := l.Host("coord")
-	base := Config{Interface: coord.Iface, Netns: coord.Path(), Workers: workers, Reduction: Sum, Type: Int64, Elems: 3}
+}
 
+// labRetries runs TestLabRetries' control and its requests with re-sends on group base.
+func labRetries(t *testing.T, base Config) {
+	n := len(base.Workers)
 	// The control: no re-sends, a short deadline.
 	ctl := base
 	ctl.Timeout = 100 * time.Millisecond
