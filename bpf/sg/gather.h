@@ -90,7 +90,7 @@ static __always_inline int gather(struct xdp_md *ctx)
 	struct sg_shard *sh = NULL;
 	struct sg_hdr *h;
 	struct pkt p;
-	__u32 gid, widx, key, slot, plen, want, word, rep = 0;
+	__u32 gid, widx, key, slot, plen, want, word, rep = 0, who;
 	__u64 id, now, mask, start = 0;
 	int perr, outcome;
 	__u16 flags_before;
@@ -148,6 +148,13 @@ static __always_inline int gather(struct xdp_md *ctx)
 			return XDP_PASS;
 		}
 	}
+	/* What stored_reply is told of the reply's source, packed here so that rep dies before
+	 * the reductions: kept live to the end (with the precision its uses above give it), it
+	 * split every verifier state of the reductions by replica: 6.1 walked 640,124
+	 * instructions of this program instead of 525,206. The barrier keeps clang from
+	 * moving the packing down to its use. */
+	who = widx | rep << 16;
+	barrier_var(who);
 	if (bpf_ntohs(h->nparts) > 1)
 		return gather_part(h, data_end, g, cnt, gid, widx, plen);
 	want = g->reduce == SG_RED_COUNT ? plen : (__u32)g->elems * (g->dtype == SG_T_I64 ? 8 : 4);
@@ -205,7 +212,7 @@ static __always_inline int gather(struct xdp_md *ctx)
 		outcome = answered(s, word, mask, now) | overflowed(s, flags_before);
 	}
 	bpf_spin_unlock(&s->lock);
-	if ((g->flags & SG_GF_RESEND) && stored_reply(slot, id, widx | rep << 16, gid, outcome & 0xff))
+	if ((g->flags & SG_GF_RESEND) && stored_reply(slot, id, who, gid, outcome & 0xff))
 		return XDP_DROP; /* a re-sent worker's second reply: late_replies */
 	return gather_finish(outcome, s, g, cnt);
 }

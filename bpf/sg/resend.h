@@ -98,15 +98,15 @@ static __always_inline __s64 stored_sum(struct sg_stored *st, __u32 off, __u32 l
 		if (done >= total)
 			break;
 		o = off + done;
-		n = total - done;
+		n = total - done; /* a multiple of 4, at least 4 (done < total) */
 		if (n > SG_CSUM_CHUNK)
 			n = SG_CSUM_CHUNK;
 		barrier_var(o);
-		barrier_var(n);
 		/* o + n <= SG_STORE_BYTES + SG_CSUM_CHUNK: inside the entry's data. */
-		if (o > SG_STORE_BYTES || n > SG_CSUM_CHUNK || n < 4)
+		if (o > SG_STORE_BYTES)
 			return -1;
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)(st->data + o), n, (__wsum)sum);
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)(st->data + o), span_len(n, SG_CSUM_CHUNK),
+				    (__wsum)sum);
 		if (sum < 0)
 			return sum;
 	}
@@ -120,9 +120,9 @@ static __always_inline int resend_build(struct __sk_buff *skb, struct sg_stored 
 	__u32 len = st->len;
 	__be16 proto;
 
-	barrier_var(len);
 	if (len < sizeof(struct ethhdr) || len > SG_STORE_BYTES)
 		return -1;
+	len = stored_len(len);
 	__builtin_memcpy(&proto, st->data + offsetof(struct ethhdr, h_proto), sizeof(proto));
 	if (proto != bpf_htons(ETH_P_IP) && proto != bpf_htons(ETH_P_IPV6))
 		return -1;

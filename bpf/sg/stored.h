@@ -30,6 +30,33 @@
 #define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
 #endif
 
+/* The stored frame's buffer (struct sg_stored.data): a power of two, so a length is bounded
+ * with a mask. */
+#define SG_STORE_SPAN (SG_STORE_BYTES + SG_CSUM_CHUNK)
+_Static_assert((SG_STORE_SPAN & (SG_STORE_SPAN - 1)) == 0, "sg_stored.data: a power of two");
+_Static_assert(sizeof(((struct sg_stored *)0)->data) == SG_STORE_SPAN, "sg_stored.data's size");
+
+/* span_len bounds a length already checked to be 1..span (a power of two) for the
+ * verifier, in the form of the hedger's store_len and the pacer echo's echo_len: the same
+ * number, with a minimum of 1 and a maximum of span that every matrix verifier derives from
+ * the mask. clang folds "len < a || len > b" into one subtract-and-compare on a copy of
+ * len, and a clamp "if (n > b) n = b" into a compare of another copy, so the register
+ * handed to the helper keeps none of the bounds on 6.1 (bpf_skb_load_bytes "R3 min value
+ * is outside of the allowed memory range", bpf_csum_diff "R4 unbounded memory access")
+ * nor its minimum on 6.12 (bpf_skb_store_bytes "R4 invalid zero-sized read"). The barrier
+ * keeps clang from dropping the mask for the range its own compares proved. */
+static __always_inline __u32 span_len(__u32 len, const __u32 span)
+{
+	barrier_var(len);
+	return ((len - 1) & (span - 1)) + 1;
+}
+
+/* stored_len: a frame length checked to be 1..SG_STORE_BYTES, bounded (span_len). */
+static __always_inline __u32 stored_len(__u32 len)
+{
+	return span_len(len, SG_STORE_SPAN);
+}
+
 /* rep_word: the word of worker i's 2-bit replica index in rep_first/rep_last; *shift its
  * place in it. */
 static __always_inline __u32 rep_word(__u32 i, __u32 *shift)
@@ -56,15 +83,18 @@ static __always_inline void rep_set(__u64 *words, __u32 i, __u32 r)
 }
 
 /* stored_first_replica notes the replica worker i's first copy of the slot's request went
- * to (its last copy's, too, until a re-send). */
-static __always_inline void stored_first_replica(__u32 slot, __u32 i, __u32 r)
+ * to (its last copy's, too, until a re-send). Global: the scatter's per-copy callback makes
+ * one call, where inlined its branches took the bpf_loop tier's scatter from 80,573 to
+ * 117,174 instructions verified on 6.18. Returns 0. */
+__attribute__((noinline)) int stored_first_replica(__u32 slot, __u32 i, __u32 r)
 {
 	struct sg_stored *st = bpf_map_lookup_elem(&stored, &slot);
 
 	if (!st)
-		return;
+		return 0;
 	rep_set(st->rep_first, i, r);
 	rep_set(st->rep_last, i, r);
+	return 0;
 }
 
 /* budget_deposit: a request of nworkers copies pays into its group's re-send budget. */
@@ -151,9 +181,8 @@ __attribute__((noinline)) int stored_request(struct __sk_buff *skb, __u32 gid, _
 	st->sent_ns = now;
 	st->rounds = 0;
 	__builtin_memset(st->resent, 0, sizeof(st->resent));
-	barrier_var(len);
 	if (len < 1 || len > SG_STORE_BYTES || ck + 2 > len ||
-	    bpf_skb_load_bytes(skb, 0, st->data, len) < 0) {
+	    bpf_skb_load_bytes(skb, 0, st->data, stored_len(len)) < 0) {
 		st->len = 0;
 		COUNT(cnt, resend_unstored);
 		return 0;
