@@ -44,6 +44,10 @@ type Group struct {
 	// afterClaim, when set (tests), runs in deliver between claiming a waiter and
 	// handing it its result: a reader starved at the worst moment.
 	afterClaim func()
+	// listening is closed by the reader of the ring after its first pass over it, before
+	// it parks: Open returns only then, so each result is read by the reader meant for it
+	// (on a busy machine a late first pass took a result that the socket's reader was for).
+	listening chan struct{}
 	// delivered counts results by the reader that delivered them (wake*): tests check
 	// that each wake-up path does its job.
 	delivered [wakeKinds]atomic.Uint64
@@ -174,12 +178,14 @@ func Open(cfg Config) (_ *Group, err error) {
 	}
 	g.seq.Store(rand.Uint64() >> 12)
 	g.wg.Add(2)
+	g.listening = make(chan struct{})
 	if cfg.BusyPoll {
 		go g.spin()
 	} else {
 		go g.wait()
 	}
 	go g.drain()
+	<-g.listening
 	// Kernels without bpf_timer, and slots whose timer could not be allocated, are
 	// expired by sg_sweep, run from here.
 	if cfg.StatusDir != "" {

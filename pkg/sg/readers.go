@@ -19,19 +19,28 @@ import (
 // holds the coordinator socket (drain), so neither holds a thread while it waits.
 func (g *Group) wait() {
 	defer g.wg.Done()
+	first := true
 	_ = g.ring.Wait(func() bool {
 		if g.closed.Load() {
 			return true
 		}
 		g.pump(byRing)
+		if first {
+			first = false
+			close(g.listening)
+		}
 		return false
 	})
+	if first {
+		close(g.listening) // Wait failed before its first call: New must not hang
+	}
 }
 
 // spin is the BusyPoll reader: it spins on the ring's positions, no system call while
 // waiting.
 func (g *Group) spin() {
 	defer g.wg.Done()
+	close(g.listening)
 	for !g.closed.Load() {
 		if g.ring.Available() == 0 {
 			runtime.Gosched()
