@@ -19,7 +19,11 @@ func TestRunIdleReload(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kedge.yaml")
 	write := func(doc string) {
 		t.Helper()
-		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+		// Written aside and renamed, so the agent's poller never reads a half-written file.
+		if err := os.WriteFile(path+".new", []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".new", path); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -51,13 +55,19 @@ func TestRunIdleReload(t *testing.T) {
 		t.Fatalf("healthz: %d", code)
 	}
 
-	// A bad config by SIGHUP: rejected, the endpoint stays.
-	write("listen: 127.0.0.1:0\nhedge: []\nretyr: 1s\n")
-	hup <- syscall.SIGHUP
-	waitFor(t, 5*time.Second, "the rejected reload", func() bool {
+	// A bad config: the file poller rejects it once; SIGHUP re-reads the same file and rejects it
+	// again (the poller does not, the file is unchanged). The endpoint stays.
+	failures := func() float64 {
 		v, _ := scrape(t, first)["kedge_agent_config_reloads_total"].get("result", "failure")
-		return v == 1
-	})
+		return v
+	}
+	write("listen: 127.0.0.1:0\nhedge: []\nretyr: 1s\n")
+	waitFor(t, 5*time.Second, "the file change to be rejected", func() bool { return failures() == 1 })
+	hup <- syscall.SIGHUP
+	waitFor(t, 5*time.Second, "the SIGHUP to be rejected", func() bool { return failures() == 2 })
+	if code, _ := httpStatus(t, "http://"+first+"/healthz"); code != http.StatusOK {
+		t.Fatalf("healthz after a rejected reload: %d", code)
+	}
 	// A valid change of listen: the endpoint moves.
 	write("listen: localhost:0\nhedge: []\n")
 	var second string
