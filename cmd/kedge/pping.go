@@ -398,7 +398,11 @@ pping on the router's sender-side interface (ingress sees the data, egress the A
 not. Each round is three runs: monitor off, on, and on with BPF run-time statistics
 switched on through the BPF_ENABLE_STATS command for that run only (never the global
 sysctl), giving run_time_ns / run_cnt per hook; forwarding rates compare the first two. A
-fourth run (--xdp, on by default) measures the XDP ingress program the same way.
+fourth run (--xdp, on by default) measures the XDP ingress program the same way. Beside
+each run with statistics, a run of empty reference programs on the same hooks (--floor, on
+by default: TC programs returning TCX_NEXT, an XDP program returning XDP_PASS) measures
+what the hook and the statistics cost a program that does nothing; its turn alternates
+with kedge's from round to round. kedge's figure minus the floor is its code's cost.
 With offloads off (the default) every packet is MTU-sized.`,
 		Example: `  # two rounds of 5 s runs, results in results/pping/result.json
   sudo kedge bench pping
@@ -431,6 +435,7 @@ With offloads off (the default) every packet is MTU-sized.`,
 	f.DurationVar(&o.Duration, "duration", o.Duration, "length of each run")
 	f.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds of three runs: off, on, on with statistics (and the XDP run)")
 	f.BoolVar(&o.XDP, "xdp", o.XDP, "add a run per round with the XDP ingress program (--ingress-hook xdp), statistics on")
+	f.BoolVar(&o.Floor, "floor", o.Floor, "add a run of empty reference programs on the same hooks beside each run with statistics (the floor)")
 	f.DurationVar(&o.RateLimit, "rate-limit", o.RateLimit, "the monitor's per-flow sampling interval (0: every identifier)")
 	f.BoolVar(&o.Offloads, "offloads", o.Offloads, "keep TSO/GSO/GRO on (per-packet figures then count super-packets)")
 	f.IntVar(&o.Streams, "streams", o.Streams, "parallel TCP streams")

@@ -4,7 +4,12 @@
 // or without it, alternating. Per run it records the forwarding rate, the per-packet BPF
 // run time of each hook (run-time statistics switched on with the BPF_ENABLE_STATS command
 // for the run only), and the RTT samples produced. A fourth run per round measures the XDP
-// ingress program (--ingress-hook xdp) the same way.
+// ingress program (--ingress-hook xdp) the same way. Beside each measured run of kedge's
+// programs, a run of empty reference programs on the same hooks (a TC program returning
+// TCX_NEXT at ingress and egress, an XDP program returning XDP_PASS) measures the floor:
+// what run_time_ns / run_cnt reports for a program that does nothing on this path (the
+// hook, the statistics' clock reads, cold caches between packets). Each kedge figure
+// minus its floor is the cost of kedge's code.
 package ppingbench
 
 import (
@@ -21,7 +26,9 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bench"
@@ -51,12 +58,15 @@ type Options struct {
 	// the forwarded TCP packets, which none of them measures. (The kernel source is never
 	// on here: it attaches to a cgroup, i.e. the whole host, and is not on the packet path.)
 	TCPOnly bool
+	// Floor adds, beside each run with statistics, a run of empty reference programs on
+	// the same hooks (alternating which of the two goes first from round to round).
+	Floor bool
 }
 
 // DefaultOptions are 5 s runs, 2 rounds, ePPing's 100 ms rate limit, offloads off, with the
-// XDP ingress run.
+// XDP ingress run and the empty reference programs.
 func DefaultOptions() Options {
-	return Options{Duration: 5 * time.Second, Rounds: 2, RateLimit: 100 * time.Millisecond, Streams: 1, XDP: true}
+	return Options{Duration: 5 * time.Second, Rounds: 2, RateLimit: 100 * time.Millisecond, Streams: 1, XDP: true, Floor: true}
 }
 
 // sources names the packet sources the monitor tracks (the result's parameter).
@@ -76,9 +86,12 @@ type HookCost struct {
 
 // RunResult is one measured run.
 type RunResult struct {
-	Monitor       bool      `json:"monitor"`
-	Stats         bool      `json:"stats"`                  // BPF run-time statistics on
-	IngressHook   string    `json:"ingress_hook,omitempty"` // "xdp" for the XDP ingress run (else TC)
+	Monitor     bool   `json:"monitor"`
+	Stats       bool   `json:"stats"`                  // BPF run-time statistics on
+	IngressHook string `json:"ingress_hook,omitempty"` // "xdp" for the XDP ingress run (else TC)
+	// Program is what ran at the hooks of a run with statistics: "" for kedge's programs,
+	// ProgramEmpty for the reference programs that do nothing (the floor).
+	Program       string    `json:"program,omitempty"`
 	Seconds       float64   `json:"seconds"`
 	Packets       uint64    `json:"packets"` // forwarded by the router, both directions
 	PPS           float64   `json:"pps"`
@@ -89,6 +102,9 @@ type RunResult struct {
 	SamplesPerSec float64   `json:"samples_per_sec,omitempty"`
 	EventsDropped uint64    `json:"events_dropped,omitempty"`
 }
+
+// ProgramEmpty names the reference programs' runs (RunResult.Program).
+const ProgramEmpty = "empty"
 
 // Result is a whole benchmark.
 type Result struct {
@@ -108,15 +124,29 @@ type Summary struct {
 	XDPIngressNs                  float64 // the XDP ingress program, from the XDP runs
 	XDPIngressPackets             uint64
 	SamplesPerSec                 float64 // over all monitored runs
+	// The empty reference programs on the same hooks (0 packets: no such runs).
+	Floor Floor
+}
+
+// Floor is what the empty reference programs cost per packet, weighted by packets.
+type Floor struct {
+	IngressNs, EgressNs, XDPIngressNs                float64
+	IngressPackets, EgressPackets, XDPIngressPackets uint64
 }
 
 // Summarize averages r's runs.
 func (r *Result) Summarize() Summary {
 	var s Summary
 	var nOff, nOn, nStats, nMon float64
-	var inNs, egNs, xdpNs uint64
+	var inNs, egNs, xdpNs, fInNs, fEgNs, fXDPNs uint64
+	f := &s.Floor
 	for _, run := range r.Runs {
 		switch {
+		case run.Program == ProgramEmpty && run.IngressHook == "xdp":
+			fXDPNs, f.XDPIngressPackets = fXDPNs+run.Ingress.RunTimeNs, f.XDPIngressPackets+run.Ingress.Runs
+		case run.Program == ProgramEmpty:
+			fInNs, f.IngressPackets = fInNs+run.Ingress.RunTimeNs, f.IngressPackets+run.Ingress.Runs
+			fEgNs, f.EgressPackets = fEgNs+run.Egress.RunTimeNs, f.EgressPackets+run.Egress.Runs
 		case run.IngressHook == "xdp":
 			xdpNs, s.XDPIngressPackets = xdpNs+run.Ingress.RunTimeNs, s.XDPIngressPackets+run.Ingress.Runs
 		case !run.Monitor:
@@ -143,15 +173,16 @@ func (r *Result) Summarize() Summary {
 	div(&s.GbpsOn, nOn)
 	div(&s.PPSStats, nStats)
 	div(&s.SamplesPerSec, nMon)
-	if s.IngressPackets > 0 {
-		s.IngressNs = float64(inNs) / float64(s.IngressPackets)
+	perPacket := func(ns, pkts uint64) float64 {
+		if pkts == 0 {
+			return 0
+		}
+		return float64(ns) / float64(pkts)
 	}
-	if s.EgressPackets > 0 {
-		s.EgressNs = float64(egNs) / float64(s.EgressPackets)
-	}
-	if s.XDPIngressPackets > 0 {
-		s.XDPIngressNs = float64(xdpNs) / float64(s.XDPIngressPackets)
-	}
+	s.IngressNs, s.EgressNs = perPacket(inNs, s.IngressPackets), perPacket(egNs, s.EgressPackets)
+	s.XDPIngressNs = perPacket(xdpNs, s.XDPIngressPackets)
+	f.IngressNs, f.EgressNs = perPacket(fInNs, f.IngressPackets), perPacket(fEgNs, f.EgressPackets)
+	f.XDPIngressNs = perPacket(fXDPNs, f.XDPIngressPackets)
 	if s.PPSOff > 0 {
 		s.ForwardingLossPct = 100 * (s.PPSOff - s.PPSOn) / s.PPSOff
 	}
@@ -171,6 +202,9 @@ func (r *Result) WriteTable(w io.Writer) {
 			if run.IngressHook == "xdp" {
 				mon = "xdp+stats"
 			}
+			if run.Program == ProgramEmpty {
+				mon = map[bool]string{false: "empty", true: "empty-xdp"}[run.IngressHook == "xdp"]
+			}
 			in = strconv.FormatFloat(run.Ingress.NsPerPacket, 'f', 0, 64)
 			eg = strconv.FormatFloat(run.Egress.NsPerPacket, 'f', 0, 64)
 		}
@@ -183,6 +217,17 @@ func (r *Result) WriteTable(w io.Writer) {
 		s.IngressNs, s.IngressPackets, s.EgressNs, s.EgressPackets, s.SamplesPerSec)
 	if s.XDPIngressPackets > 0 {
 		fmt.Fprintf(w, "XDP ingress (%s): %.0f ns per packet (%d packets)\n", r.XDPMode, s.XDPIngressNs, s.XDPIngressPackets)
+	}
+	if f := s.Floor; f.IngressPackets > 0 {
+		fmt.Fprintf(w, "empty reference programs (the floor): ingress %.0f ns, egress %.0f ns", f.IngressNs, f.EgressNs)
+		if f.XDPIngressPackets > 0 {
+			fmt.Fprintf(w, ", XDP ingress %.0f ns", f.XDPIngressNs)
+		}
+		fmt.Fprintf(w, " per packet; kedge above it: ingress %+.0f ns, egress %+.0f ns", s.IngressNs-f.IngressNs, s.EgressNs-f.EgressNs)
+		if f.XDPIngressPackets > 0 && s.XDPIngressPackets > 0 {
+			fmt.Fprintf(w, ", XDP ingress %+.0f ns", s.XDPIngressNs-f.XDPIngressNs)
+		}
+		fmt.Fprintln(w)
 	}
 }
 
@@ -218,36 +263,66 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			"sources":    o.sources(),
 		}),
 	}
-	// Each round: off, on, on with statistics, and with o.XDP the XDP ingress program with
-	// statistics.
-	type kind struct{ monitor, stats, xdp bool }
-	round := []kind{{false, false, false}, {true, false, false}, {true, true, false}}
-	if o.XDP {
-		round = append(round, kind{true, true, true})
+	if o.Floor {
+		res.Parameters["floor"] = "empty TC programs (TCX_NEXT) at ingress and egress, an empty XDP program (XDP_PASS) in the XDP run"
 	}
-	for i := 0; i < len(round)*o.Rounds; i++ {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+	for i := range o.Rounds {
+		for j, k := range roundRuns(o, i) {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			run, mode, err := s.run(ctx, o, k)
+			if err != nil {
+				return nil, fmt.Errorf("round %d, run %d: %w", i+1, j+1, err)
+			}
+			switch {
+			case k.empty:
+			case k.xdp:
+				res.XDPMode = mode
+			case mode != "":
+				res.AttachMode = mode
+			}
+			res.Runs = append(res.Runs, run)
 		}
-		k := round[i%len(round)]
-		run, mode, err := s.run(ctx, o, k.monitor, k.stats, k.xdp)
-		if err != nil {
-			return nil, fmt.Errorf("run %d: %w", i+1, err)
-		}
-		switch {
-		case k.xdp:
-			res.XDPMode = mode
-		case mode != "":
-			res.AttachMode = mode
-		}
-		res.Runs = append(res.Runs, run)
 	}
 	if o.OutDir != "" {
 		if err := bench.WriteJSON(filepath.Join(o.OutDir, "result.json"), res); err != nil {
 			return nil, err
 		}
+		if o.Floor {
+			if err := res.WriteFloorChart(filepath.Join(o.OutDir, "cost")); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return res, nil
+}
+
+// runKind is one run of a round.
+type runKind struct{ monitor, stats, xdp, empty bool }
+
+// roundRuns is round i's runs: off, on, on with statistics, and with o.XDP the XDP ingress
+// program with statistics; with o.Floor each run with statistics has the empty programs'
+// run beside it on the same hooks, before it in odd rounds and after it in even ones.
+func roundRuns(o Options, i int) []runKind {
+	runs := []runKind{{}, {monitor: true}}
+	pair := func(k runKind) {
+		if !o.Floor {
+			runs = append(runs, k)
+			return
+		}
+		e := runKind{stats: true, xdp: k.xdp, empty: true}
+		if i%2 == 1 {
+			runs = append(runs, e, k)
+		} else {
+			runs = append(runs, k, e)
+		}
+	}
+	pair(runKind{monitor: true, stats: true})
+	if o.XDP {
+		pair(runKind{monitor: true, stats: true, xdp: true})
+	}
+	return runs
 }
 
 // offloadsOff turns TSO/GSO/GRO off on every interface of the lab (all in its namespaces).
@@ -298,7 +373,8 @@ func (c *counter) Event(ev pping.Event) error {
 }
 func (c *counter) Aggregate(*pping.AggReport) error { return nil }
 
-func (s *setup) run(ctx context.Context, o Options, monitor, withStats, xdp bool) (RunResult, string, error) {
+func (s *setup) run(ctx context.Context, o Options, k runKind) (RunResult, string, error) {
+	monitor, withStats, xdp := k.monitor, k.stats, k.xdp
 	run := RunResult{Monitor: monitor, Stats: withStats}
 	if xdp {
 		run.IngressHook = "xdp"
@@ -334,11 +410,25 @@ func (s *setup) run(ctx context.Context, o Options, monitor, withStats, xdp bool
 			return run, "", err
 		}
 		attached = mon.AttachMode()
+		progs[0], progs[1] = mon.Programs()
 		mctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- mon.Run(mctx, &sink) }()
 		stopMon = func() error { cancel(); return <-done }
 		defer func() { _ = stopMon() }() // stopMon is replaced once it has run
+	}
+	if k.empty {
+		run.Program = ProgramEmpty
+		v1, err := s.routerIfIndex("v1")
+		if err != nil {
+			return run, "", err
+		}
+		ref, err := attachEmpty(s.lab.Fabric.Handle, v1, xdp)
+		if err != nil {
+			return run, "", err
+		}
+		defer ref.Close()
+		progs, attached = ref.progs, ref.mode
 	}
 	if withStats {
 		// Run-time statistics for this run only; they stop when the fd closes.
@@ -347,7 +437,6 @@ func (s *setup) run(ctx context.Context, o Options, monitor, withStats, xdp bool
 			return run, "", fmt.Errorf("enable BPF run-time statistics: %w", err)
 		}
 		defer stats.Close()
-		progs[0], progs[1] = mon.Programs()
 		for i, p := range progs {
 			if before[i], err = p.Stats(); err != nil {
 				return run, "", fmt.Errorf("read program statistics: %w", err)
@@ -411,6 +500,74 @@ func (s *setup) run(ctx context.Context, o Options, monitor, withStats, xdp bool
 		run.EventsDropped = cnt[pping.HookIngress].EventDropped + cnt[pping.HookEgress].EventDropped
 	}
 	return run, attached, nil
+}
+
+// emptyRef is the empty reference programs, attached.
+type emptyRef struct {
+	progs  [2]*ebpf.Program // ingress (TC or XDP), egress (TC)
+	attach []bpfx.Attachment
+	mode   string
+}
+
+// attachEmpty loads and attaches programs that do nothing on the monitor's hooks: at TC
+// ingress (or XDP with xdp) and TC egress of ifindex in ns, attached the way the monitor
+// attaches its own (TCX when the kernel has it, XDP native before generic). Each is the
+// two instructions of a program that returns at once, with the verdict kedge's programs
+// return (TCX_NEXT, XDP_PASS).
+func attachEmpty(ns netns.NsHandle, ifindex int, xdp bool) (_ *emptyRef, err error) {
+	r := &emptyRef{}
+	defer func() {
+		if err != nil {
+			r.Close()
+		}
+	}()
+	load := func(name string, typ ebpf.ProgramType, ret int32) (*ebpf.Program, error) {
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+			Name: name, Type: typ, License: "Dual BSD/GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, ret), asm.Return()},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("load empty reference program %s: %w", name, err)
+		}
+		return p, nil
+	}
+	const tcxNext, xdpPass = -1, 2 // TC_ACT_UNSPEC (TCX_NEXT), XDP_PASS
+	var modes []string
+	for i, dir := range []bpfx.Direction{bpfx.Ingress, bpfx.Egress} {
+		var a bpfx.Attachment
+		if i == 0 && xdp {
+			if r.progs[i], err = load("kedge_floor_xdp", ebpf.XDP, xdpPass); err != nil {
+				return r, err
+			}
+			a, err = bpfx.AttachXDP(r.progs[i], ns, ifindex, bpfx.XDPAuto)
+		} else {
+			if r.progs[i], err = load("kedge_floor_tc", ebpf.SchedCLS, tcxNext); err != nil {
+				return r, err
+			}
+			a, err = bpfx.AttachTC(r.progs[i], bpfx.TCTarget{Netns: ns, IfIndex: ifindex, Dir: dir, Mode: bpfx.TCAuto, Name: "ppbench-floor-" + dir.String()})
+		}
+		if err != nil {
+			return r, fmt.Errorf("attach empty reference program (%s): %w", dir, err)
+		}
+		r.attach = append(r.attach, a)
+		modes = append(modes, a.Mode())
+	}
+	r.mode = strings.Join(modes, "+")
+	return r, nil
+}
+
+// Close detaches and unloads the programs.
+func (r *emptyRef) Close() error {
+	var errs []error
+	for i := len(r.attach) - 1; i >= 0; i-- {
+		errs = append(errs, r.attach[i].Close())
+	}
+	for _, p := range r.progs {
+		if p != nil {
+			errs = append(errs, p.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func hookCost(before, after *ebpf.ProgramStats) *HookCost {
