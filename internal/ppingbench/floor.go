@@ -92,12 +92,17 @@ func (r *Result) WriteFloorChart(base string) error {
 		return errors.New("write floor chart: no runs of the empty programs")
 	}
 	p := plot.New()
-	p.Title.Text = "pping: BPF run time per packet, kedge vs an empty program on the same hook"
+	p.Title.Text = "pping: run time per packet, kedge beside an empty program on the same hook"
 	p.Y.Label.Text = "ns per packet (bpf_stats run_time_ns / run_cnt)"
 	p.Y.Min = 0
 	p.NominalX(floorHooks...)
 	p.Add(plotter.NewGrid())
-	p.Legend.Top = true
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.XOffs = vg.Points(50)
+	// Room above the highest point for the legend.
+	for _, q := range pairs {
+		p.Y.Max = max(p.Y.Max, 1.4*q.KedgeNs, 1.4*q.EmptyNs, EPPing.EgressNs[1])
+	}
 	const dx = 0.17
 	series := []struct {
 		name  string
