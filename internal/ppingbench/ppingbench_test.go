@@ -90,7 +90,9 @@ func TestRunShort(t *testing.T) {
 // same round and hook, whichever went first, and the rounds are counted from the runs
 // without the monitor.
 func TestPairs(t *testing.T) {
-	cost := func(ns float64) *HookCost { return &HookCost{Runs: 1000, RunTimeNs: uint64(ns * 1000), NsPerPacket: ns} }
+	cost := func(ns float64) *HookCost {
+		return &HookCost{Runs: 1000, RunTimeNs: uint64(ns * 1000), NsPerPacket: ns}
+	}
 	stats := func(program, hook string, in, eg float64) RunResult {
 		return RunResult{Monitor: program == "", Stats: true, Program: program, IngressHook: hook, Ingress: cost(in), Egress: cost(eg)}
 	}
