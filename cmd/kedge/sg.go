@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -111,11 +112,55 @@ func parseValues(s string) ([]int64, error) {
 	return out, nil
 }
 
+func parseFloatValues(s string) ([]float64, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil {
+			return nil, usagef("--values %q: %w", s, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// workerFloat is a float worker's wire form (--type float32/float64; zero for integers).
+func workerFloat(t sg.ElemType, red string, fracBits int) (isg.FloatFormat, error) {
+	if !t.IsFloat() {
+		if fracBits != 0 {
+			return isg.FloatFormat{}, usagef("--frac-bits is for float types (--type float32 or float64)")
+		}
+		return isg.FloatFormat{}, nil
+	}
+	r, err := sg.ParseReduction(red)
+	if err != nil {
+		return isg.FloatFormat{}, usagef("--reduction: %w", err)
+	}
+	if fracBits != 0 && r != sg.Sum && r != sg.Mean {
+		return isg.FloatFormat{}, usagef("--frac-bits is for float sum and mean (the --reduction is %v)", r)
+	}
+	if _, err := sg.NewFloatEncoding(r, t, fracBits); err != nil {
+		return isg.FloatFormat{}, usagef("--type %v --reduction %v --frac-bits %d: %w", t, r, fracBits, err)
+	}
+	f := isg.FloatFormat{Bits: isg.Float64, Reduce: uint8(r), FracBits: cmp.Or(fracBits, sg.DefaultFracBits)}
+	if t == sg.Float32 {
+		f.Bits = isg.Float32
+	}
+	if r == sg.Mean {
+		f.Reduce = isg.RedSum // a mean is summed in the kernel
+	}
+	return f, nil
+}
+
 func newSgWorkerCmd() *cobra.Command {
 	var (
 		listen            []string
 		typ, values, dist string
-		elems             int
+		red               string
+		elems, fracBits   int
 		delay, jitter     time.Duration
 		loss, dup         float64
 		status            uint16
@@ -133,7 +178,10 @@ func newSgWorkerCmd() *cobra.Command {
 		Short: "Run sg workers (the reference implementation of the wire format)",
 		Long: `Each --listen address is one worker with its own UDP socket. A worker answers every
 request with a vector: --values if given, else element j = 1000*worker + j + id%997
-(worker is the index the scatter wrote into the request). Delay, loss, duplicates and
+(worker is the index the scatter wrote into the request); float vectors (--type
+float32/float64) are --values or that divided by 3, negative for odd j, sent in the wire
+form of the coordinator's --reduction (docs/sg.md, "Float reductions"): a sum's value
+with no fixed-point form is answered with status 0xf1. Delay, loss, duplicates and
 stragglers (--straggle: a request's reply is late, 20-50 ms by default, with this
 probability) make it a lab worker; --seed makes their draws repeatable. The sockets are served by --threads event loops, each an OS
 thread with its own epoll instance, answering in batches (recvmmsg/sendmmsg).
@@ -145,7 +193,11 @@ payload within BYTES (the coordinator must take them: kedge sg scatter --multi-p
   kedge sg worker --listen 10.77.0.2:9000+8 --elems 256 --max-datagram 1452 --part-loss 0.01
   kedge sg worker --netns w1 --listen 10.77.0.2:9000 --delay 1ms --jitter 2ms --dist exp --loss 0.01 --dup 0.05
   # 1% of replies 20-50 ms late, the same requests every run
-  kedge sg worker --listen 127.0.0.1:9000+16 --straggle 0.01 --straggle-min 20ms --straggle-max 50ms --seed 1`,
+  kedge sg worker --listen 127.0.0.1:9000+16 --straggle 0.01 --straggle-min 20ms --straggle-max 50ms --seed 1
+  # float64 vectors for a coordinator's --reduction mean (fixed point, 32 fraction bits)
+  kedge sg worker --listen 127.0.0.1:9000+4 --type float64 --reduction mean --elems 8
+  # float32 maxima; a NaN wins the max
+  kedge sg worker --listen 127.0.0.1:9000 --type float32 --reduction max --values 1.5,-inf,nan`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			addrs, err := parseWorkers(listen)
@@ -159,12 +211,25 @@ payload within BYTES (the coordinator must take them: kedge sg scatter --multi-p
 			if err != nil {
 				return usagef("--type: %w", err)
 			}
-			vals, err := parseValues(values)
+			float, err := workerFloat(t, red, fracBits)
 			if err != nil {
 				return err
 			}
-			if vals != nil && !cmd.Flags().Changed("elems") {
-				elems = len(vals)
+			var vals []int64
+			var fvals []float64
+			if t.IsFloat() {
+				fvals, err = parseFloatValues(values)
+			} else {
+				vals, err = parseValues(values)
+			}
+			if err != nil {
+				return err
+			}
+			if _, err := float.Append(nil, fvals); err != nil {
+				return usagef("--values %q: %w (docs/sg.md, \"Float reductions\")", values, err)
+			}
+			if n := max(len(vals), len(fvals)); n > 0 && !cmd.Flags().Changed("elems") {
+				elems = n
 			}
 			if elems < 0 || elems > sg.MaxElems {
 				return usagef("--elems %d: want 0..%d", elems, sg.MaxElems)
@@ -201,7 +266,11 @@ payload within BYTES (the coordinator must take them: kedge sg scatter --multi-p
 			}
 			ctx, cancel := untilDone(cmd.Context(), duration)
 			defer cancel()
-			cfg := isg.WorkerConfig{Listen: addrs, Type: uint8(t), Elems: elems, Values: vals,
+			wire := uint8(t)
+			if t.IsFloat() {
+				wire = float.WireType()
+			}
+			cfg := isg.WorkerConfig{Listen: addrs, Type: wire, Elems: elems, Values: vals, Float: float, FloatValues: fvals,
 				Delay: delay, Jitter: jitter, Dist: dist, Loss: loss, Dup: dup, Status: status,
 				Straggle: straggle, StraggleMin: strMin, StraggleMax: strMax, Seed: seed, Threads: threads, Parts: parts, MaxDatagram: maxDgram, PartLoss: partLoss}
 			if n := cfg.NParts(); parts < 0 || maxDgram < 0 || n > sg.MaxParts || n > 1 && elems > 0 && !isg.ValidParts(elems, n) {
@@ -224,9 +293,11 @@ payload within BYTES (the coordinator must take them: kedge sg scatter --multi-p
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&listen, "listen", nil, "worker address `ADDR:PORT[+N]` (+N: N workers on consecutive ports); repeatable")
-	f.StringVar(&typ, "type", "int64", "element type: int32 or int64")
+	f.StringVar(&typ, "type", "int64", "element type: int32, int64, float32 or float64")
+	f.StringVar(&red, "reduction", "sum", "float types: the coordinator's reduction (sum, mean, min, max, count or gather), which decides the float's wire form")
+	f.IntVar(&fracBits, "frac-bits", 0, "float sum and mean: fraction bits of the fixed point (default 32; as the coordinator's --frac-bits)")
 	f.IntVar(&elems, "elems", 4, "vector length")
-	f.StringVar(&values, "values", "", "constant vector to answer (comma-separated); default: per worker and request")
+	f.StringVar(&values, "values", "", "constant vector to answer (comma-separated; floats: nan, inf and -inf too); default: per worker and request")
 	f.DurationVar(&delay, "delay", 0, "delay before each reply")
 	f.DurationVar(&jitter, "jitter", 0, "scale of the random part of the delay (see --dist)")
 	f.StringVar(&dist, "dist", "fixed", "delay distribution: fixed, uniform (delay + U[0,jitter]) or exp (delay + Exp(jitter))")
@@ -263,6 +334,7 @@ func newSgScatterCmd() *cobra.Command {
 		runDir                                         string
 		workers                                        []string
 		elems, need, count, gatherK, batch, firstBatch int
+		fracBits                                       int
 		timeout                                        time.Duration
 		busyPoll, wakeSocket, multiPacket              bool
 		metricsAddr                                    string
@@ -281,6 +353,8 @@ func newSgScatterCmd() *cobra.Command {
 		Example: `  kedge sg scatter -i lo --workers 127.0.0.1:9000+16 --reduction sum --type int64 --elems 4
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000,10.77.0.3:9000 --reduction max --need 1 -o json
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --reduction gather --elems 2 --count 10
+  # the mean of float64 vectors (workers: kedge sg worker --type float64 --reduction mean)
+  kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --type float64 --reduction mean --elems 8
   # workers answering 256 x int64 in parts (kedge sg worker --max-datagram 1452)
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+8 --elems 256 --multi-packet
   # the completing reply wakes the reader through the socket (each result's "reader": socket)
@@ -332,7 +406,7 @@ func newSgScatterCmd() *cobra.Command {
 			if err != nil {
 				return usagef("--replica-choice: %w", err)
 			}
-			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Replicas: reps, ReplicaChoice: choice, EjectBackoff: ejectBackoff, EjectMaxBackoff: ejectMax, Reduction: r, Type: t,
+			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Replicas: reps, ReplicaChoice: choice, EjectBackoff: ejectBackoff, EjectMaxBackoff: ejectMax, Reduction: r, Type: t, FracBits: fracBits,
 				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, MultiPacket: multiPacket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir,
 				Resend: resend, MaxResends: maxResends, ResendQuantile: resendQuantile, ResendMin: resendMin, PacerBackend: pacerBackend}
 			if cmd.Flags().Changed("resend-ratio") || cmd.Flags().Changed("resend-burst") {
@@ -386,8 +460,14 @@ func newSgScatterCmd() *cobra.Command {
 				for _, res := range rep.Results {
 					fmt.Fprintf(w, "request %#x: %s, %d/%d answered (need %d), kernel %v, round trip %v (%s)\n",
 						res.ID, res.Status, res.Count, len(ws), res.Need, res.Kernel, res.RoundTrip, res.Reader)
-					if res.Values != nil {
+					if res.Values != nil && res.Floats == nil {
 						fmt.Fprintf(w, "  %s: %v\n", r, res.Values)
+					}
+					if res.Floats != nil {
+						fmt.Fprintf(w, "  %s: %v\n", r, []float64(res.Floats))
+					}
+					if res.Overflow {
+						fmt.Fprintf(w, "  overflow: a sum wrapped (float sums: use fewer --frac-bits)\n")
 					}
 					for _, gi := range res.Gathered {
 						fmt.Fprintf(w, "  worker %d: %x\n", gi.Worker, gi.Payload)
@@ -418,8 +498,9 @@ func newSgScatterCmd() *cobra.Command {
 	f.IntVar(&resendBurst, "resend-burst", 0, "re-send budget: copies that may be re-sent beyond the ratio (default max(16, 2 x workers))")
 	f.StringVar(&pacerBackend, "pacer-backend", "auto", "re-sends: the pacer's delay line: auto, edt, netem or conveyor (docs/pacer.md)")
 	f.StringVar(&local, "local", "", "coordinator socket ADDR:PORT (default: the route's source address, any port)")
-	f.StringVar(&red, "reduction", "sum", "sum, min, max, count or gather")
-	f.StringVar(&typ, "type", "int64", "element type: int32 or int64")
+	f.StringVar(&red, "reduction", "sum", "sum, min, max, count, gather or mean")
+	f.StringVar(&typ, "type", "int64", "element type: int32, int64, float32 or float64 (floats: docs/sg.md, \"Float reductions\")")
+	f.IntVar(&fracBits, "frac-bits", 0, "float sum and mean: fraction bits of the fixed point the workers send (default 32: |x| < 2^31, resolution 2^-32)")
 	f.IntVar(&elems, "elems", 4, "vector length (gather: payload bytes = elems * type size)")
 	f.IntVar(&gatherK, "gather-k", 0, "gather: keep the first K payloads (default: as many as fit)")
 	f.IntVar(&need, "need", 0, "replies that complete a request: 0 = all, 1 = any, N = N of M")

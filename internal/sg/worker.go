@@ -26,6 +26,12 @@ type WorkerConfig struct {
 	// Values, if set, is the constant vector every worker answers. Otherwise element j of
 	// worker w's answer to request id is ValueFor(w, id, j).
 	Values []int64
+	// Float, if its Bits are set, makes the vector floats sent in Float's wire form (Type
+	// must be Float.WireType()): FloatValues if set, else FloatValueFor(w, id, j). A
+	// value the form cannot carry (a sum's NaN or infinity) is answered with status
+	// StatusUnencodable and a zero vector: the gather counts it in worker_errors.
+	Float       FloatFormat
+	FloatValues []float64
 	// Delay before answering: Delay + a draw from Dist scaled by Jitter.
 	Delay  time.Duration
 	Jitter time.Duration
@@ -73,6 +79,20 @@ func ValueFor(worker uint16, id uint64, j int) int64 {
 	return int64(worker)*1000 + int64(j) + int64(id%997)
 }
 
+// FloatValueFor is the reference worker's default float answer: ValueFor / 3 (not a
+// binary fraction, so a fixed-point sum of it rounds), negative for odd j.
+func FloatValueFor(worker uint16, id uint64, j int) float64 {
+	x := float64(ValueFor(worker, id, j)) / 3
+	if j%2 == 1 {
+		x = -x
+	}
+	return x
+}
+
+// StatusUnencodable is the status of a reply whose float vector has no wire form for the
+// group's reduction (FloatFormat.Append refused it).
+const StatusUnencodable = 0xf1
+
 // WorkerStats counts what a worker did.
 type WorkerStats struct {
 	Requests  atomic.Uint64
@@ -100,6 +120,9 @@ func RunWorkers(ctx context.Context, cfg WorkerConfig, st *WorkerStats, ready ch
 	}
 	if cfg.Elems < 0 {
 		return fmt.Errorf("sg worker: %d elements", cfg.Elems)
+	}
+	if err := cfg.checkFloat(); err != nil {
+		return fmt.Errorf("sg worker: %w", err)
 	}
 	switch cfg.Dist {
 	case "", "fixed", "uniform", "exp":
@@ -256,6 +279,9 @@ func AppendPart(b []byte, h Header, cfg WorkerConfig, p, nparts int) []byte {
 	}
 	r := Header{Version: Version, Op: OpReply, Group: h.Group, Worker: h.Worker, ReqID: h.ReqID,
 		Status: cfg.Status, Part: uint16(p), NParts: uint16(nparts), PayloadLen: uint32(n * ElemSize(cfg.Type))}
+	if cfg.Float.Bits != 0 {
+		return appendFloatPart(b, r, h, cfg, off, n)
+	}
 	b = r.Append(b)
 	for j := off; j < off+n; j++ {
 		x := ValueFor(h.Worker, h.ReqID, j)
@@ -267,6 +293,54 @@ func AppendPart(b []byte, h Header, cfg WorkerConfig, p, nparts int) []byte {
 		} else {
 			b = binary.BigEndian.AppendUint32(b, uint32(int32(x)))
 		}
+	}
+	return b
+}
+
+// checkFloat checks a float worker's format and constant values.
+func (cfg WorkerConfig) checkFloat() error {
+	if cfg.Float.Bits == 0 {
+		if cfg.FloatValues != nil {
+			return errors.New("float values for an integer vector")
+		}
+		return nil
+	}
+	if err := cfg.Float.Check(); err != nil {
+		return err
+	}
+	if cfg.Type != cfg.Float.WireType() {
+		return fmt.Errorf("float%d vectors of reduction %d travel as type %d, not %d", cfg.Float.Bits, cfg.Float.Reduce, cfg.Float.WireType(), cfg.Type)
+	}
+	if cfg.Elems > AggElems {
+		return fmt.Errorf("%d float elements, at most %d", cfg.Elems, AggElems)
+	}
+	if cfg.FloatValues != nil && len(cfg.FloatValues) != cfg.Elems {
+		return fmt.Errorf("%d values for %d elements", len(cfg.FloatValues), cfg.Elems)
+	}
+	if _, err := cfg.Float.Append(nil, cfg.FloatValues); err != nil {
+		return fmt.Errorf("values: %w", err)
+	}
+	return nil
+}
+
+// appendFloatPart appends the reply header r and elements [off, off+n) of a float
+// worker's vector; a vector Float cannot carry goes as zeros with StatusUnencodable.
+func appendFloatPart(b []byte, r, h Header, cfg WorkerConfig, off, n int) []byte {
+	var xs [AggElems]float64
+	for j := off; j < off+n; j++ {
+		if cfg.FloatValues != nil {
+			xs[j-off] = cfg.FloatValues[j]
+		} else {
+			xs[j-off] = FloatValueFor(h.Worker, h.ReqID, j)
+		}
+	}
+	start := len(b)
+	b = r.Append(b)
+	b, err := cfg.Float.Append(b, xs[:n])
+	if err != nil {
+		r.Status = StatusUnencodable
+		b = r.Append(b[:start])
+		b = append(b, make([]byte, int(r.PayloadLen))...)
 	}
 	return b
 }

@@ -18,9 +18,9 @@ func (c *Config) Validate() error {
 		return errors.New("sg config: no interface (set Config.Interface)")
 	case len(c.Workers) == 0 || len(c.Workers) > MaxWorkers:
 		return fmt.Errorf("sg config: %d workers, want 1..%d", len(c.Workers), MaxWorkers)
-	case c.Reduction < Sum || c.Reduction > Gather:
+	case c.Reduction < Sum || c.Reduction > Mean:
 		return fmt.Errorf("sg config: unknown reduction %d", c.Reduction)
-	case c.Type != Int32 && c.Type != Int64:
+	case c.Type < Int32 || c.Type > Float64:
 		return fmt.Errorf("sg config: unknown element type %d", c.Type)
 	case c.Need < 0 || c.Need > len(c.Workers):
 		return fmt.Errorf("sg config: need %d of %d workers", c.Need, len(c.Workers))
@@ -36,6 +36,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MultiPacket && c.Reduction == Gather {
 		return errors.New("sg config: gather takes single-packet replies only (unset MultiPacket)")
+	}
+	if c.MultiPacket && c.Reduction == Mean {
+		return errors.New("sg config: mean takes single-packet replies only: a partial reply's parts would be summed but not counted (unset MultiPacket, or use Sum)")
+	}
+	if err := c.validateFloat(); err != nil {
+		return err
 	}
 	v4 := c.Workers[0].Addr().Unmap().Is4()
 	for i, w := range c.Workers {
@@ -66,6 +72,22 @@ func (c *Config) Validate() error {
 		c.InFlight = 256
 	}
 	return c.validateResend()
+}
+
+// validateFloat checks FracBits and fills its default.
+func (c *Config) validateFloat() error {
+	sums := c.Type.IsFloat() && (c.Reduction == Sum || c.Reduction == Mean)
+	switch {
+	case !sums && c.FracBits != 0:
+		return fmt.Errorf("sg config: FracBits %d for a %v %v group: fraction bits are for float32/float64 sum and mean only", c.FracBits, c.Type, c.Reduction)
+	case !sums:
+		return nil
+	case c.FracBits == 0:
+		c.FracBits = DefaultFracBits
+	case c.FracBits < MinFracBits || c.FracBits > MaxFracBits:
+		return fmt.Errorf("sg config: FracBits %d, want %d..%d (fraction bits of the fixed-point sum; docs/sg.md, \"Float reductions\")", c.FracBits, MinFracBits, MaxFracBits)
+	}
+	return nil
 }
 
 // validateResend checks the re-send settings and fills their defaults.

@@ -2,6 +2,7 @@ package sg
 
 import (
 	"encoding/binary"
+	"math"
 	"time"
 
 	isg "github.com/kedge-dev/kedge/internal/sg"
@@ -35,8 +36,27 @@ func (g *Group) decode(rec *isg.ResultRec, w *waiter, by int) Result {
 		if g.cfg.Reduction == Sum || r.Count > 0 || len(r.Partial) > 0 {
 			r.Values = append([]int64(nil), rec.Agg[:g.cfg.Elems]...)
 		}
+		var cover []bool
 		if g.cfg.Reduction != Sum && r.Count == 0 && len(r.Partial) > 0 {
+			cover = covered(len(r.Values), r.Partial)
+		}
+		if g.cfg.Type.IsFloat() && r.Values != nil {
+			r.Floats = g.cfg.floats(r.Values, r.Count)
+			r.Values = nil
+			for i, ok := range cover {
+				if !ok {
+					r.Floats[i] = math.NaN()
+				}
+			}
+		} else if cover != nil {
 			uncovered(r.Values, r.Partial)
+		}
+	case Mean:
+		if r.Count > 0 {
+			if !g.cfg.Type.IsFloat() {
+				r.Values = append([]int64(nil), rec.Agg[:g.cfg.Elems]...)
+			}
+			r.Floats = g.cfg.floats(rec.Agg[:g.cfg.Elems], r.Count)
 		}
 	case Gather:
 		per := g.cfg.Elems * g.cfg.Type.Size()
@@ -76,20 +96,27 @@ func (g *Group) partials(rec *isg.ResultRec) []PartialReply {
 	return out
 }
 
-// uncovered zeroes the elements of a Min/Max aggregate that no part in ps covered (the
-// kernel started them at the identity: SG_F_PARTS), when no worker answered in full.
-func uncovered(v []int64, ps []PartialReply) {
-	covered := make([]bool, len(v))
+// covered says which elements of an n-element Min/Max aggregate a part in ps covered;
+// the others hold the identity the kernel started them at (SG_F_PARTS) and are reported
+// as 0 (floats: NaN), when no worker answered in full.
+func covered(n int, ps []PartialReply) []bool {
+	c := make([]bool, n)
 	for _, p := range ps {
 		for _, part := range p.Parts {
-			off, n, _ := isg.PartSlice(len(v), p.NParts, part)
-			for i := off; i < off+n; i++ {
-				covered[i] = true
+			off, k, _ := isg.PartSlice(n, p.NParts, part)
+			for i := off; i < off+k; i++ {
+				c[i] = true
 			}
 		}
 	}
-	for i := range v {
-		if !covered[i] {
+	return c
+}
+
+// uncovered zeroes the elements of an integer Min/Max aggregate that no part in ps
+// covered.
+func uncovered(v []int64, ps []PartialReply) {
+	for i, ok := range covered(len(v), ps) {
+		if !ok {
 			v[i] = 0
 		}
 	}

@@ -113,8 +113,8 @@ func (g *Group) fillMaps(r resolved) error {
 	gc := isg.GroupCfg{
 		Enabled:   1,
 		Family:    4,
-		Reduce:    uint8(g.cfg.Reduction),
-		Dtype:     uint8(g.cfg.Type),
+		Reduce:    g.cfg.Reduction.kernel(),
+		Dtype:     g.cfg.kernelType(),
 		Nworkers:  uint16(len(r.workers)),
 		Elems:     uint16(g.cfg.Elems),
 		SlotBase:  0,

@@ -41,6 +41,10 @@ const (
 	Max                     // element-wise maximum
 	Count                   // number of replies; payloads are not read
 	Gather                  // the first GatherK payloads, concatenated in arrival order
+	// Mean is the element-wise sum (reduced in the kernel as Sum) divided by the replies
+	// counted, in Result.Floats; not with MultiPacket (a partial reply's parts would be
+	// in the sum but not the count).
+	Mean
 )
 
 func (r Reduction) String() string {
@@ -55,18 +59,28 @@ func (r Reduction) String() string {
 		return "count"
 	case Gather:
 		return "gather"
+	case Mean:
+		return "mean"
 	}
 	return fmt.Sprintf("Reduction(%d)", int(r))
 }
 
-// ParseReduction parses "sum", "min", "max", "count" or "gather".
+// ParseReduction parses "sum", "min", "max", "count", "gather" or "mean".
 func ParseReduction(s string) (Reduction, error) {
-	for r := Sum; r <= Gather; r++ {
+	for r := Sum; r <= Mean; r++ {
 		if r.String() == s {
 			return r, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown reduction %q (want sum, min, max, count or gather)", s)
+	return 0, fmt.Errorf("unknown reduction %q (want sum, min, max, count, gather or mean)", s)
+}
+
+// kernel is the data plane's reduction (enum sg_reduce): Mean is reduced as Sum.
+func (r Reduction) kernel() uint8 {
+	if r == Mean {
+		return isg.RedSum
+	}
+	return uint8(r)
 }
 
 // ElemType is the type of the elements of a reply vector.
@@ -75,33 +89,56 @@ type ElemType int
 const (
 	Int32 ElemType = iota
 	Int64
+	// Float32 and Float64 vectors are reduced by the kernel as integers that their
+	// workers send in place of the floats (FloatEncoding; docs/sg.md, "Float
+	// reductions"): Min and Max exactly, Sum and Mean in fixed point with
+	// Config.FracBits fraction bits (error bound: SumErrorBound). The result is in
+	// Result.Floats.
+	Float32
+	Float64
 )
 
 func (t ElemType) String() string {
-	if t == Int64 {
+	switch t {
+	case Int32:
+		return "int32"
+	case Int64:
 		return "int64"
+	case Float32:
+		return "float32"
+	case Float64:
+		return "float64"
 	}
-	return "int32"
+	return fmt.Sprintf("ElemType(%d)", int(t))
 }
 
-// ParseElemType parses "int32" or "int64".
+// ParseElemType parses "int32", "int64", "float32" or "float64".
 func ParseElemType(s string) (ElemType, error) {
 	switch s {
 	case "int32", "i32":
 		return Int32, nil
 	case "int64", "i64":
 		return Int64, nil
+	case "float32", "f32":
+		return Float32, nil
+	case "float64", "f64":
+		return Float64, nil
 	}
-	return 0, fmt.Errorf("unknown element type %q (want int32 or int64)", s)
+	return 0, fmt.Errorf("unknown element type %q (want int32, int64, float32 or float64)", s)
 }
 
-// Size is the byte size of one element.
+// Size is the byte size of one element as the application holds it (Gather: a
+// payload is Elems * Size bytes). A float vector's wire form may differ
+// (FloatEncoding.ElemSize).
 func (t ElemType) Size() int {
-	if t == Int64 {
+	if t == Int64 || t == Float64 {
 		return 8
 	}
 	return 4
 }
+
+// IsFloat: Float32 or Float64.
+func (t ElemType) IsFloat() bool { return t == Float32 || t == Float64 }
 
 // ReplicaChoice is how the scatter picks a shard's replica (Config.ReplicaChoice).
 type ReplicaChoice int
@@ -146,7 +183,7 @@ const (
 	// MaxScatterBatch: copies per scatter run (Config.ScatterBatch), 32 x 33 tail calls on
 	// kernels without bpf_loop.
 	MaxScatterBatch = 32 * 33
-	MaxElems        = 256 // vector elements (Sum, Min, Max) of either type
+	MaxElems        = 256 // vector elements (Sum, Min, Max, Mean) of any type
 	MaxGatherK      = 64  // Gather: replies kept
 	MaxParts        = 32  // datagrams of one multi-packet reply (Config.MultiPacket)
 	MaxReplicas     = 4   // replicas of one shard (Config.Replicas)
@@ -192,7 +229,13 @@ type Config struct {
 
 	Reduction Reduction
 	Type      ElemType
-	// Elems is the vector length (Sum, Min, Max; Gather: payload = Elems * Type.Size()).
+	// FracBits: Float32/Float64 Sum and Mean travel in fixed point with this many
+	// fraction bits (default DefaultFracBits, 32: values below 2^31 in magnitude,
+	// resolution 2^-32; at most MaxFracBits). Workers must encode with the same
+	// (FloatEncoding).
+	FracBits int
+	// Elems is the vector length (Sum, Min, Max, Mean; Gather: payload = Elems *
+	// Type.Size()).
 	Elems int
 	// GatherK: Gather keeps the first GatherK payloads (default: as many as fit).
 	GatherK int
@@ -320,16 +363,22 @@ type Result struct {
 	Answered []int `json:"answered"`
 	Count    int   `json:"count"`
 	Need     int   `json:"need"`
-	// Values is the element-wise aggregate (Sum, Min, Max); nil for Count and Gather, and
-	// for Min/Max when nobody answered.
-	Values   []int64      `json:"values,omitempty"`
+	// Values is the element-wise aggregate of an integer group (Sum, Min, Max; Mean: the
+	// sums); nil for Count and Gather, for float groups, and for Min/Max when nobody
+	// answered.
+	Values []int64 `json:"values,omitempty"`
+	// Floats is the element-wise aggregate of a float group (Sum, Min, Max, Mean) and the
+	// mean of an integer one; nil when nobody answered (Sum: zeros). JSON writes NaN and
+	// infinities as the strings "NaN", "+Inf" and "-Inf".
+	Floats   Floats       `json:"floats,omitempty"`
 	Gathered []GatherItem `json:"gathered,omitempty"`
-	// Overflow: an int64 sum wrapped.
+	// Overflow: an int64 sum wrapped (a float Sum or Mean: a fixed-point sum; Floats
+	// are then not the sum: use fewer FracBits).
 	Overflow bool `json:"overflow,omitempty"`
 	// Partial lists the workers (MultiPacket) some but not all of whose parts arrived
 	// before the request completed or expired: they are not in Answered, and the parts
 	// they sent ARE in Values (each part's slice: PartSlice). For Min and Max an element
-	// that no arrived reply or part covered is 0.
+	// that no arrived reply or part covered is 0 (floats: NaN).
 	Partial []PartialReply `json:"partial,omitempty"`
 	// Kernel is the time from the scatter to the completing reply (or the expiry),
 	// measured in the kernel; RoundTrip is Scatter's own duration.
