@@ -20,8 +20,8 @@ import (
 // each answering in its float wire form: a float64 mean and a float32 sum checked against
 // the exact mean and sum of what each answered worker sent (within SumErrorBound), a
 // float32 max and a float64 min with NaN and infinities (NaN wins, -0 < +0) through
-// `kedge sg scatter -o json`, and a worker whose value has no fixed-point form (+Inf in a
-// sum): its reply is a worker error, the request expires without it.
+// `kedge sg scatter -o json`, and a worker whose values have no fixed-point form: its
+// replies are worker errors, never in the sum (an all-request expires without it).
 func TestLabFloat(t *testing.T) {
 	bpftest.RequireRoot(t)
 	bin := bpftest.KedgeBinary(t)
@@ -47,7 +47,8 @@ func TestLabFloat(t *testing.T) {
 		return ws
 	}
 	open := func(t *testing.T, cfg Config) *Group {
-		cfg.Interface, cfg.Netns, cfg.Timeout = coord.Iface, coord.Path(), time.Second
+		// Deadlines are generous: a loaded machine delays worker processes (TestLab).
+		cfg.Interface, cfg.Netns, cfg.Timeout = coord.Iface, coord.Path(), 2*time.Second
 		g, err := Open(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -129,7 +130,7 @@ func TestLabFloat(t *testing.T) {
 			list = append(list, w.String())
 		}
 		cmd := exec.Command(bin, append([]string{"sg", "scatter", "--netns", coord.Path(), "-i", coord.Iface,
-			"--workers", strings.Join(list, ","), "--timeout", "1s", "--count", "3", "-o", "json"}, args...)...)
+			"--workers", strings.Join(list, ","), "--timeout", "2s", "--count", "3", "-o", "json"}, args...)...)
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("kedge sg scatter: %v (%s)", err, out)
@@ -195,18 +196,40 @@ func TestLabFloat(t *testing.T) {
 			t.Fatal("worker 4's values fit")
 		}
 		g := open(t, Config{Workers: ws, Reduction: Sum, Type: Float64, FracBits: frac, Elems: 2})
-		for range 5 {
-			res, err := g.ScatterWith(context.Background(), []byte("lab"), RequestOptions{Timeout: 300 * time.Millisecond})
+		// The first request waits for all five: it expires with worker 4's bit clear. The
+		// others complete with the four good workers (need 4), worker 4's reply never in.
+		for i := range 5 {
+			opts, want := RequestOptions{Timeout: 500 * time.Millisecond}, Timeout
+			if i > 0 {
+				opts, want = RequestOptions{Need: 4}, OK
+			}
+			res, err := g.ScatterWith(context.Background(), []byte("lab"), opts)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Status != Timeout || fmt.Sprint(res.Answered) != "[0 1 2 3]" || res.Overflow || fmt.Sprint(res.Floats) != "[6 -8]" {
-				t.Fatalf("request %#x: %v, %v answered, sum %v (overflow %v); want a timeout, [0 1 2 3], [6 -8]",
-					res.ID, res.Status, res.Answered, res.Floats, res.Overflow)
+			if i == 0 && res.Count < 4 {
+				continue // a good worker starved past the deadline: checked by the rest
+			}
+			if res.Status != want || fmt.Sprint(res.Answered) != "[0 1 2 3]" || res.Overflow || fmt.Sprint(res.Floats) != "[6 -8]" {
+				t.Fatalf("request %#x: %v, %v answered, sum %v (overflow %v); want %v, [0 1 2 3], [6 -8]",
+					res.ID, res.Status, res.Answered, res.Floats, res.Overflow, want)
 			}
 		}
-		if st, _ := g.Stats(); st.WorkerErrors < 5 {
-			t.Errorf("%d worker errors, want at least 5 (worker 4's replies)", st.WorkerErrors)
+		// Worker 4 answers every request, with its error status: 5 worker errors once its
+		// replies are in (polled: the last may come after its request completed).
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			st, err := g.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.WorkerErrors >= 5 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d worker errors, want 5 (worker 4's replies)", st.WorkerErrors)
+			}
+			time.Sleep(20 * time.Millisecond) // polling a counter with a deadline
 		}
 	})
 }
