@@ -37,6 +37,10 @@ type Pair struct {
 	EmptyFirst bool    // the empty programs ran before kedge's in this round
 	KedgeNs    float64 // per packet
 	EmptyNs    float64
+	// MissPct is, at egress, the share of kedge's egress packets that went the full way
+	// and found no identifier to match (match_miss), in percent; -1 when the run has no
+	// counters.
+	MissPct float64
 }
 
 // Above is kedge's cost above the floor in this pair.
@@ -72,14 +76,24 @@ func (r *Result) Pairs() []Pair {
 			continue
 		}
 		if k.IngressHook == "xdp" {
-			out = append(out, Pair{round, HookXDPIngress, first, k.Ingress.NsPerPacket, e.Ingress.NsPerPacket})
+			out = append(out, Pair{round, HookXDPIngress, first, k.Ingress.NsPerPacket, e.Ingress.NsPerPacket, -1})
 			continue
 		}
 		out = append(out,
-			Pair{round, HookTCIngress, first, k.Ingress.NsPerPacket, e.Ingress.NsPerPacket},
-			Pair{round, HookTCEgress, first, k.Egress.NsPerPacket, e.Egress.NsPerPacket})
+			Pair{round, HookTCIngress, first, k.Ingress.NsPerPacket, e.Ingress.NsPerPacket, -1},
+			Pair{round, HookTCEgress, first, k.Egress.NsPerPacket, e.Egress.NsPerPacket, missPct(k)})
 	}
 	return out
+}
+
+// missPct is the share of a run's egress packets counted match_miss, in percent (-1: no
+// counters).
+func missPct(run *RunResult) float64 {
+	eg := run.Counters["egress"]
+	if eg["pkts"] == 0 {
+		return -1
+	}
+	return 100 * float64(eg["match_miss"]) / float64(eg["pkts"])
 }
 
 var floorHooks = []string{HookTCIngress, HookXDPIngress, HookTCEgress}
@@ -171,13 +185,17 @@ func floorFigures(dir string) (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run: [%s](results/pping/%s/result.json) (`kedge bench pping %s`): %s, commit %.12s, load %.1f at start; chart: [cost.svg](results/pping/%s/cost.svg).\n\n",
 		floorRun.dir, floorRun.dir, floorRun.flags, r.Timestamp.Format("2006-01-02 15:04 MST"), r.Commit, load1(r.Envelope), floorRun.dir)
-	b.WriteString("| Round (first) | Hook | kedge ns/packet | empty program ns/packet | kedge above the floor |\n|---|---|---:|---:|---:|\n")
+	b.WriteString("| Round (first) | Hook | kedge ns/packet | empty program ns/packet | kedge above the floor | kedge's packets that went the full way and missed (match_miss) |\n|---|---|---:|---:|---:|---:|\n")
 	for _, q := range pairs {
 		first := "kedge"
 		if q.EmptyFirst {
 			first = "empty"
 		}
-		fmt.Fprintf(&b, "| %d (%s) | %s | %.0f | %.0f | %+.0f |\n", q.Round, first, q.Hook, q.KedgeNs, q.EmptyNs, q.Above())
+		miss := "-"
+		if q.MissPct >= 0 {
+			miss = fmt.Sprintf("%.1f %%", q.MissPct)
+		}
+		fmt.Fprintf(&b, "| %d (%s) | %s | %.0f | %.0f | %+.0f | %s |\n", q.Round, first, q.Hook, q.KedgeNs, q.EmptyNs, q.Above(), miss)
 	}
 	s := r.Summarize()
 	f := s.Floor

@@ -101,6 +101,10 @@ type RunResult struct {
 	Samples       uint64    `json:"samples,omitempty"` // RTT events delivered to user space
 	SamplesPerSec float64   `json:"samples_per_sec,omitempty"`
 	EventsDropped uint64    `json:"events_dropped,omitempty"`
+	// The monitor's non-zero counters per hook over the run (pping counter names): what
+	// the packets did, e.g. how many ACKs ended on their headers (match_none) and how many
+	// went the full way and found no identifier (match_miss).
+	Counters map[string]map[string]uint64 `json:"counters,omitempty"`
 }
 
 // ProgramEmpty names the reference programs' runs (RunResult.Program).
@@ -217,6 +221,17 @@ func (r *Result) WriteTable(w io.Writer) {
 		s.IngressNs, s.IngressPackets, s.EgressNs, s.EgressPackets, s.SamplesPerSec)
 	if s.XDPIngressPackets > 0 {
 		fmt.Fprintf(w, "XDP ingress (%s): %.0f ns per packet (%d packets)\n", r.XDPMode, s.XDPIngressNs, s.XDPIngressPackets)
+	}
+	var egPkts, egNone, egMiss uint64
+	for _, run := range r.Runs {
+		if run.Stats && run.Monitor {
+			eg := run.Counters["egress"]
+			egPkts, egNone, egMiss = egPkts+eg["pkts"], egNone+eg["match_none"], egMiss+eg["match_miss"]
+		}
+	}
+	if egPkts > 0 {
+		fmt.Fprintf(w, "egress packets of the runs with statistics: %.1f %% ended on their headers or found nothing outstanding (match_none), %.1f %% went the full way and found no identifier (match_miss)\n",
+			100*float64(egNone)/float64(egPkts), 100*float64(egMiss)/float64(egPkts))
 	}
 	if f := s.Floor; f.IngressPackets > 0 {
 		fmt.Fprintf(w, "empty reference programs (the floor): ingress %.0f ns, egress %.0f ns", f.IngressNs, f.EgressNs)
@@ -498,6 +513,20 @@ func (s *setup) run(ctx context.Context, o Options, k runKind) (RunResult, strin
 		run.Samples = sink.rtts.Load()
 		run.SamplesPerSec = float64(run.Samples) / run.Seconds
 		run.EventsDropped = cnt[pping.HookIngress].EventDropped + cnt[pping.HookEgress].EventDropped
+		run.Counters = map[string]map[string]uint64{}
+		for _, h := range []pping.Hook{pping.HookIngress, pping.HookEgress} {
+			fields, err := pping.CounterFields(&cnt[h])
+			if err != nil {
+				return run, "", err
+			}
+			m := map[string]uint64{}
+			for _, c := range fields {
+				if c.Value != 0 {
+					m[c.Name] = c.Value
+				}
+			}
+			run.Counters[h.String()] = m
+		}
 	}
 	return run, attached, nil
 }

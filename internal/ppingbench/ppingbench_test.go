@@ -66,6 +66,9 @@ func TestRunShort(t *testing.T) {
 	if on.Samples == 0 {
 		t.Errorf("monitored run produced no RTT samples")
 	}
+	if on.Counters["egress"]["pkts"] == 0 || on.Counters["ingress"]["pkts"] == 0 {
+		t.Errorf("monitored run without the monitor's counters: %v", on.Counters)
+	}
 	var back Result
 	b, err := os.ReadFile(filepath.Join(o.OutDir, "result.json"))
 	if err != nil {
@@ -97,13 +100,17 @@ func TestPairs(t *testing.T) {
 		return RunResult{Monitor: program == "", Stats: true, Program: program, IngressHook: hook, Ingress: cost(in), Egress: cost(eg)}
 	}
 	off, on := RunResult{}, RunResult{Monitor: true}
+	withCounters := func(r RunResult) RunResult {
+		r.Counters = map[string]map[string]uint64{"egress": {"pkts": 1000, "match_none": 750, "match_miss": 250}}
+		return r
+	}
 	r := &Result{Runs: []RunResult{
 		off, on, stats("", "", 120, 220), stats(ProgramEmpty, "", 90, 150), stats("", "xdp", 110, 0), stats(ProgramEmpty, "xdp", 80, 0),
-		off, on, stats(ProgramEmpty, "", 100, 160), stats("", "", 130, 240), stats(ProgramEmpty, "xdp", 85, 0), stats("", "xdp", 115, 0),
+		off, on, stats(ProgramEmpty, "", 100, 160), withCounters(stats("", "", 130, 240)), stats(ProgramEmpty, "xdp", 85, 0), stats("", "xdp", 115, 0),
 	}}
 	want := []Pair{
-		{1, HookTCIngress, false, 120, 90}, {1, HookTCEgress, false, 220, 150}, {1, HookXDPIngress, false, 110, 80},
-		{2, HookTCIngress, true, 130, 100}, {2, HookTCEgress, true, 240, 160}, {2, HookXDPIngress, true, 115, 85},
+		{1, HookTCIngress, false, 120, 90, -1}, {1, HookTCEgress, false, 220, 150, -1}, {1, HookXDPIngress, false, 110, 80, -1},
+		{2, HookTCIngress, true, 130, 100, -1}, {2, HookTCEgress, true, 240, 160, 25}, {2, HookXDPIngress, true, 115, 85, -1},
 	}
 	got := r.Pairs()
 	if len(got) != len(want) {
