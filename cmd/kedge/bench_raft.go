@@ -243,6 +243,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	f.BoolVar(&auth, "auth", true, "give the clusters a random cluster key (every UDP packet authenticated)")
 	f.StringVar(&phases, "fe-phases", "stress", "false-election phases (comma-separated: idle, spinners, starved-follower, stress, stress-disk)")
 	f.IntVar(&o.StallIOPS, "fe-stall-iops", raftlab.StallIOPS, "stress-disk: the stalled node's disk writes per second")
+	f.BoolVar(&o.UntilChange, "fe-until-change", false, "end each mode's false-election run at its first leader or term change (a shortest-safe-timeout search: that timeout is unsafe)")
 	f.DurationVar(&o.HeartbeatDuration, "hb-duration", 10*time.Second, "idle window of the heartbeat CPU measurement")
 	f.IntVar(&o.HeartbeatProbes, "hb-probes", 200, "heartbeat round-trip probes per mode")
 	f.DurationVar(&o.Tick, "tick", 10*time.Millisecond, "raft tick of the nodes")
@@ -323,11 +324,14 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 		fmt.Fprintln(tw)
 	}
 	if len(r.FalseElections) > 0 {
-		fmt.Fprintln(tw, "FALSE ELECTIONS\tOFFLOAD\tELECTION TIMEOUT\tDURATION\tLEADER CHANGES\tPER MINUTE\tTERM +")
+		fmt.Fprintln(tw, "FALSE ELECTIONS\tOFFLOAD\tELECTION TIMEOUT\tDURATION\tLEADER CHANGES\tPER MINUTE\tTERM +\tLOAD AT START / END")
 		for _, f := range r.FalseElections {
-			fmt.Fprintf(tw, "%s\t%s\t%.0f ms\t%.0f s\t%d\t%.2f\t%d\n", raftbench.PhaseName(f), f.Offload, f.ElectionTimeoutMs, f.DurationS, f.LeaderChanges, f.PerMinute, f.TermIncrease)
+			fmt.Fprintf(tw, "%s\t%s\t%.0f ms\t%.0f s\t%d\t%.2f\t%d\t%s\n", raftbench.PhaseName(f), f.Offload, f.ElectionTimeoutMs, f.DurationS, f.LeaderChanges, f.PerMinute, f.TermIncrease, raftbench.LoadSpan(f))
 		}
 		fmt.Fprintln(tw)
+		if stallTable(tw, r) {
+			fmt.Fprintln(tw)
+		}
 		// Per mode and phase: the shortest timeout run with no leader change (and no term
 		// change), and the failover at that timeout if it was measured.
 		fmt.Fprintln(tw, "SHORTEST QUIET TIMEOUT\tOFFLOAD\tDURATION\tELECTION TIMEOUT\tFAILOVER P50\tFAILOVER P99\tTIMEOUTS RUN")
@@ -360,6 +364,26 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// stallTable prints the disk of each stress-disk run of kedge (false if there is none): the
+// stalled node's slow saves, the other nodes', and whether the stalled node stopped
+// answering for itself within the alive bound.
+func stallTable(tw io.Writer, r *raftbench.Result) bool {
+	found := false
+	for _, f := range r.FalseElections {
+		s := f.Stall
+		if s == nil {
+			continue
+		}
+		if !found {
+			fmt.Fprintln(tw, "DISK STALL\tOFFLOAD\tELECTION TIMEOUT\tSTALLED NODE'S SLOW SAVES\tP50 / MAX\tOTHERS' SLOW SAVES\tOTHERS' MAX\tALIVE BOUND\tJUDGED\tHEARD LATE\tLAST WORD MAX")
+			found = true
+		}
+		fmt.Fprintf(tw, "node %d\t%s\t%.0f ms\t%d\t%.0f / %.0f ms\t%d\t%.0f ms\t%.0f ms\t%d\t%d\t%.0f ms\n", f.Stalled, f.Offload, f.ElectionTimeoutMs,
+			s.SlowSaves, s.SaveP50Ms, s.SaveMaxMs, s.OtherSlowSaves, s.OtherSaveMaxMs, s.AliveBoundMs, s.Judged, s.Late, s.LastWordMaxMs)
+	}
+	return found
 }
 
 // routed names a throughput group's routing (", to the leader" / ", spread"); "" for

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/lab"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
 	"github.com/kedge-dev/kedge/internal/raftlab"
 )
 
@@ -37,6 +38,15 @@ type FalseElections struct {
 	Writes      int `json:"writes,omitempty"`
 	WriteErrors int `json:"write_errors,omitempty"`
 	Stalled     int `json:"stalled_node,omitempty"`
+	// Stall: a kedge cluster's slow saves in a stress-disk run, and whether the stalled node
+	// stopped answering for itself within the alive bound (nil: etcd, or another phase).
+	Stall *StallRecord `json:"stall,omitempty"`
+	// UntilChange: the run was to end at its first leader or term change (--fe-until-change),
+	// so a run shorter than asked for saw one.
+	UntilChange bool `json:"until_change,omitempty"`
+	// LoadStart, LoadEnd: /proc/loadavg (1, 5, 15 min) when the phase began and ended.
+	LoadStart []float64 `json:"load_start,omitempty"`
+	LoadEnd   []float64 `json:"load_end,omitempty"`
 }
 
 // StallWriters write during a stress-disk phase, so that the stalled node has appends to
@@ -120,23 +130,33 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 		}
 		res := make([]FalseElections, len(o.Modes))
 		errs := make([]error, len(o.Modes))
+		loadStart := bench.LoadAvg()
 		var wg sync.WaitGroup
 		for i, mode := range o.Modes {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				var ws *stallWriters
+				var sw *stallWatch
 				if sc == "stress-disk" {
 					ws = startWriters(ctx, cs[mode], leaders[i], StallWriters)
+					if mode != ModeEtcd {
+						sw = newStallWatch(cs[mode], stalled[i], o.aliveBound(electionTicks))
+					}
 				}
-				res[i], errs[i] = watchLeaders(ctx, cs[mode], o.FalseElectionDuration)
+				res[i], errs[i] = watchLeaders(ctx, cs[mode], o.FalseElectionDuration, o.UntilChange, sw)
 				if ws != nil {
 					res[i].Writes, res[i].WriteErrors = ws.stop()
 					res[i].Stalled = stalled[i]
 				}
+				if sw != nil {
+					sw.readEvents(ctx, true)
+					res[i].Stall = sw.record()
+				}
 			}()
 		}
 		wg.Wait()
+		loadEnd := bench.LoadAvg()
 		if err := errors.Join(append(errs, stopAll())...); err != nil {
 			return out, err
 		}
@@ -147,6 +167,7 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 			fe := res[i]
 			fe.Offload, fe.Scenario, fe.Nodes, fe.ElectionTicks = mode, sc, o.Nodes, electionTicks
 			fe.ElectionTimeoutMs = o.electionMs(mode, electionTicks)
+			fe.UntilChange, fe.LoadStart, fe.LoadEnd = o.UntilChange, loadStart, loadEnd
 			o.logf("false elections, %s, offload %s, election %d ticks: %d leader changes (term +%d) in %.0fs",
 				sc, mode, electionTicks, fe.LeaderChanges, fe.TermIncrease, fe.DurationS)
 			out = append(out, fe)
@@ -294,8 +315,10 @@ func Quiet(r *Result) []QuietTimeout {
 
 // watchLeaders polls every node's status every 20 ms for d and counts new (term, leader)
 // pairs. A change shorter than the polling interval can be missed; the term increase
-// (elections started, with pre-vote: elections that got a pre-vote quorum) is exact.
-func watchLeaders(ctx context.Context, c *raftlab.Cluster, d time.Duration) (FalseElections, error) {
+// (elections started, with pre-vote: elections that got a pre-vote quorum) is exact. With
+// untilChange it returns at the first change of either. sw (nil: none) gets the leader's
+// record of a stalled node from each poll, and reads the nodes' slow saves as it goes.
+func watchLeaders(ctx context.Context, c *raftlab.Cluster, d time.Duration, untilChange bool, sw *stallWatch) (FalseElections, error) {
 	var fe FalseElections
 	type lt struct {
 		term   uint64
@@ -307,10 +330,15 @@ func watchLeaders(ctx context.Context, c *raftlab.Cluster, d time.Duration) (Fal
 	for time.Since(start) < d && ctx.Err() == nil {
 		for _, n := range c.Nodes {
 			sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			req := offload.Monotonic()
 			st, err := c.Status(sctx, n.ID)
+			resp := offload.Monotonic()
 			cancel()
 			if err != nil {
 				continue // a starved node may answer late: its view comes with the next poll
+			}
+			if sw != nil {
+				sw.sample(n.ID, st, req, resp)
 			}
 			if firstTerm == 0 {
 				firstTerm = st.Term
@@ -319,6 +347,12 @@ func watchLeaders(ctx context.Context, c *raftlab.Cluster, d time.Duration) (Fal
 			if st.Leader != 0 {
 				seen[lt{st.Term, st.Leader}] = true
 			}
+		}
+		if untilChange && (len(seen) > 1 || lastTerm > firstTerm) {
+			break
+		}
+		if sw != nil {
+			sw.readEvents(ctx, false)
 		}
 		time.Sleep(20 * time.Millisecond) // the polling interval
 	}

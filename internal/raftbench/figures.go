@@ -47,6 +47,7 @@ func FigureBlocks() map[string]docfigures.Block {
 		}
 		out[name] = docfigures.Block{Results: name, Command: cmd, Render: render}
 	}
+	out[LadderDir] = docfigures.Block{Results: LadderDir, Command: LadderCommand, Render: LadderFigures}
 	return out
 }
 
@@ -68,6 +69,11 @@ func figures(dir string, throughput bool) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return renderResult(r, throughput)
+}
+
+// renderResult renders one result: its configuration, then a table per scenario it ran.
+func renderResult(r *Result, throughput bool) (string, error) {
 	var b strings.Builder
 	if !throughput {
 		r.Throughput, r.ThroughputRuns, r.ThroughputCompare = nil, nil, nil
@@ -188,6 +194,15 @@ func PhaseName(f FalseElections) string {
 		return f.Scenario
 	}
 	return fmt.Sprintf("%s (node %d's disk stalled; %d writes acknowledged, %d failed)", f.Scenario, f.Stalled, f.Writes, f.WriteErrors)
+}
+
+// LoadSpan is a false-election run's load average (1 min) at its start and end ("-" for a
+// result of before they were kept).
+func LoadSpan(f FalseElections) string {
+	if len(f.LoadStart) == 0 || len(f.LoadEnd) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f / %.1f", f.LoadStart[0], f.LoadEnd[0])
 }
 
 // clientName is a failover client's name in the tables ("" in results of before the

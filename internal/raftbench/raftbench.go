@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
 	"github.com/kedge-dev/kedge/internal/raftlab"
 )
 
@@ -92,6 +93,15 @@ func (o *Options) electionMs(mode string, electionTicks int) float64 {
 	return ms(o.Tick) * float64(electionTicks)
 }
 
+// aliveBound is the follower program's alive bound of kedge's nodes at electionTicks:
+// --offload-alive, else the nodes' default (offload.DefaultBound of the election timeout).
+func (o *Options) aliveBound(electionTicks int) time.Duration {
+	if o.OffloadAlive > 0 {
+		return o.OffloadAlive
+	}
+	return offload.DefaultBound(time.Duration(electionTicks) * o.Tick)
+}
+
 // modeArgs are the `raft serve` flags of a mode.
 func (o *Options) modeArgs(mode string) []string {
 	var args []string
@@ -148,6 +158,9 @@ type Options struct {
 	FalsePhases []string
 	// FalseModes are the modes of the false-election runs (nil: Modes).
 	FalseModes []string
+	// UntilChange ends each mode's false-election run at its first leader or term change
+	// (a shortest-safe-timeout search: a run that saw one is unsafe at that timeout).
+	UntilChange bool
 	// HeartbeatDuration is the idle window over which the follower's CPU per heartbeat is taken.
 	HeartbeatDuration time.Duration
 	// HeartbeatProbes is how many round-trip probes go to one follower per mode (in five
@@ -204,7 +217,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		"tick_ms": ms(o.Tick), "election_ticks": o.ElectionTicks, "nodes": o.Nodes, "trials": o.Trials,
 		"false_election_s": o.FalseElectionDuration.Seconds(), "throughput_nodes": o.ThroughputNodes,
 		"throughput_s": o.ThroughputDuration.Seconds(), "throughput_rounds": o.ThroughputRounds, "throughput_concurrent": o.Concurrent, "bpf_stats": o.BPFStats, "clients": o.Clients, "scenarios": o.Scenarios,
-		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "failover_clients": o.failoverClients(), "failover_attempt_ms": ms(o.FailoverAttempt), "throughput_routings": o.routings(), "throughput_keys": throughputKeys, "throughput_value_bytes": throughputValueBytes,
+		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "false_until_change": o.UntilChange, "stall_iops": o.StallIOPS, "failover_clients": o.failoverClients(), "failover_attempt_ms": ms(o.FailoverAttempt), "throughput_routings": o.routings(), "throughput_keys": throughputKeys, "throughput_value_bytes": throughputValueBytes,
 		"heartbeat_ticks": o.HeartbeatTicks, "heartbeat_lease_ms": ms(o.HeartbeatLease), "offload_alive_ms": ms(o.OffloadAlive), "heartbeat_s": o.HeartbeatDuration.Seconds(),
 		"authenticated": o.ClusterKey != "", "peer": peer,
 	})}

@@ -1,0 +1,114 @@
+package raftbench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// The shortest safe election timeout under stress-disk is found by a ladder of runs, one
+// system and timeout each (`--fe-until-change`: a run ends at its first leader change), so
+// that each run has the machine's stress to itself. A ladder directory holds one result
+// directory per run (false elections) and per failover run at the timeouts found.
+
+// LadderDir is the committed ladder's directory under docs/results; LadderCommand makes one
+// of its runs (system, timeout and directory vary from run to run).
+const (
+	LadderDir     = "raft-safe-timeout"
+	LadderCommand = "kedge bench raft --offload etcd --scenarios false-elections --fe-phases stress-disk --tick 1ms --election-ticks 50 --fe-duration 10m --fe-until-change --out docs/results/raft-safe-timeout/etcd-50"
+)
+
+// safeMinS is how long a run at one timeout must stay quiet to call the timeout safe.
+const safeMinS = 600
+
+// LadderFigures renders a ladder directory: every false-election run in the order run, the
+// shortest safe timeout of each system with its ratio to etcd's, and the failover runs.
+func LadderFigures(dir string) (string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", err
+	}
+	var runs, failovers []*Result
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		r, err := ReadResult(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return "", err
+		}
+		if len(r.FalseElections) > 0 {
+			runs = append(runs, r)
+		}
+		if len(r.Failover) > 0 {
+			failovers = append(failovers, r)
+		}
+	}
+	if len(runs) == 0 {
+		return "", fmt.Errorf("%s: no false-election run: %w", dir, os.ErrNotExist)
+	}
+	byTime := func(a, b *Result) int { return a.Timestamp.Compare(b.Timestamp) }
+	slices.SortFunc(runs, byTime)
+	slices.SortFunc(failovers, byTime)
+	var b strings.Builder
+	first, last := runs[0], runs[len(runs)-1]
+	fmt.Fprintf(&b, "%s to %s, %s; each run %s.\n", first.Timestamp.Format("2006-01-02 15:04"), last.Timestamp.Format("15:04 UTC"),
+		strings.Split(first.Describe(), ", load average")[0], configuration(first))
+	b.WriteString("\n| Run | System | Election timeout | Ran | Leader changes (term +) | Load at start / end | Writes acknowledged / failed | Stalled node's slow saves, p50 / max | Other nodes' longest save | Stalled node stopped answering: saves judged, heard late | Commit |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	type key struct{ mode string }
+	safe := map[key]float64{}
+	var order []string
+	for i, r := range runs {
+		for _, f := range r.FalseElections {
+			stall, others, judged := "-", "-", "-"
+			if s := f.Stall; s != nil {
+				stall = fmt.Sprintf("%d, %.0f / %.0f ms", s.SlowSaves, s.SaveP50Ms, s.SaveMaxMs)
+				others = fmt.Sprintf("%.0f ms", s.OtherSaveMaxMs)
+				judged = fmt.Sprintf("%d, %d (bound %.0f ms)", s.Judged, s.Late, s.AliveBoundMs)
+			}
+			fmt.Fprintf(&b, "| %d | %s | %.0f ms | %.0f s | %d (%d) | %s | %d / %d | %s | %s | %s | %.7s |\n", i+1, f.Offload, f.ElectionTimeoutMs, f.DurationS,
+				f.LeaderChanges, f.TermIncrease, LoadSpan(f), f.Writes, f.WriteErrors, stall, others, judged, r.Commit)
+			k := key{f.Offload}
+			if !slices.Contains(order, f.Offload) {
+				order = append(order, f.Offload)
+			}
+			if f.LeaderChanges == 0 && f.TermIncrease == 0 && f.DurationS >= safeMinS && (safe[k] == 0 || f.ElectionTimeoutMs < safe[k]) {
+				safe[k] = f.ElectionTimeoutMs
+			}
+		}
+	}
+	b.WriteString("\n| System | Shortest safe timeout (no leader or term change in 10 minutes) | Timeouts run | / etcd's |\n|---|---:|---|---:|\n")
+	for _, m := range order {
+		var tried []string
+		for _, r := range runs {
+			for _, f := range r.FalseElections {
+				if f.Offload == m {
+					verdict := "quiet"
+					if f.LeaderChanges > 0 || f.TermIncrease > 0 {
+						verdict = fmt.Sprintf("change after %.0f s", f.DurationS)
+					}
+					tried = append(tried, fmt.Sprintf("%.0f ms: %s", f.ElectionTimeoutMs, verdict))
+				}
+			}
+		}
+		s, ratio := "none of those run", "-"
+		if v := safe[key{m}]; v > 0 {
+			s = fmt.Sprintf("%.0f ms", v)
+			if e := safe[key{ModeEtcd}]; e > 0 && m != ModeEtcd {
+				ratio = fmt.Sprintf("%.2fx", v/e)
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", m, s, strings.Join(tried, "; "), ratio)
+	}
+	for _, r := range failovers {
+		r.FalseElections, r.Throughput, r.ThroughputRuns, r.ThroughputCompare, r.Heartbeats = nil, nil, nil, nil, nil
+		body, err := renderResult(r, false)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString("\nFailover, " + body)
+	}
+	return b.String(), nil
+}

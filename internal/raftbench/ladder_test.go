@@ -1,0 +1,53 @@
+package raftbench
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+)
+
+func TestLadderFigures(t *testing.T) {
+	dir := t.TempDir()
+	params := map[string]any{"tick_ms": 1, "election_ticks": []int{5}, "scenarios": []string{"false-elections"},
+		"false_phases": []string{"stress-disk"}, "false_election_s": 600}
+	write := func(name string, at time.Time, fe []FalseElections, fo []Failover) {
+		t.Helper()
+		r := Result{Envelope: bench.NewEnvelope(context.Background(), Schema, "", params), FalseElections: fe, Failover: fo}
+		r.Timestamp, r.Commit = at, "0123456789abcdef"
+		if err := bench.WriteJSON(filepath.Join(dir, name, "result.json"), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC)
+	// Written out of order: the table follows the runs' times.
+	write("on-2", t0.Add(30*time.Minute), []FalseElections{{Offload: ModeOn, Scenario: "stress-disk", ElectionTimeoutMs: 2, DurationS: 41, LeaderChanges: 1, TermIncrease: 2, UntilChange: true}}, nil)
+	write("etcd-50", t0, []FalseElections{{Offload: ModeEtcd, Scenario: "stress-disk", ElectionTimeoutMs: 50, DurationS: 600, Writes: 9000, Stalled: 2,
+		LoadStart: []float64{3, 2, 1}, LoadEnd: []float64{4.5, 3, 2}}}, nil)
+	write("on-5", t0.Add(15*time.Minute), []FalseElections{{Offload: ModeOn, Scenario: "stress-disk", ElectionTimeoutMs: 5, DurationS: 600, Writes: 12000, Stalled: 3,
+		Stall: &StallRecord{AliveBoundMs: 100, SlowSaves: 1500, SaveP50Ms: 340, SaveMaxMs: 480, OtherSlowSaves: 4, OtherSaveMaxMs: 150, Judged: 1400, Late: 0, LastWordMaxMs: 101}}}, nil)
+	write("failover", t0.Add(45*time.Minute), nil, []Failover{{Offload: ModeOn, ElectionTimeoutMs: 5, Client: ClientUninformed, FailoverMs: []float64{9, 11}, P50Ms: 9, P99Ms: 11, MaxMs: 11}})
+	got, err := LadderFigures(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| 1 | etcd | 50 ms | 600 s | 0 (0) | 3.0 / 4.5 | 9000 / 0 | - | - | - | 0123456 |",
+		"| 2 | on | 5 ms | 600 s | 0 (0) | - | 12000 / 0 | 1500, 340 / 480 ms | 150 ms | 1400, 0 (bound 100 ms) | 0123456 |",
+		"| 3 | on | 2 ms | 41 s | 1 (2) |",
+		"| etcd | 50 ms | 50 ms: quiet | - |",
+		"| on | 5 ms | 5 ms: quiet; 2 ms: change after 41 s | 0.10x |",
+		"Failover, 2026-11-29",
+		"| on | 5 ms | uninformed | 2 | 9.0 / 11.0 / 11.0 |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("ladder figures lack %q:\n%s", want, got)
+		}
+	}
+	if _, err := LadderFigures(t.TempDir()); err == nil {
+		t.Error("an empty ladder: no error")
+	}
+}

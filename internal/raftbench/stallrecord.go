@@ -1,0 +1,160 @@
+package raftbench
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kedge-dev/kedge/internal/bench"
+	"github.com/kedge-dev/kedge/internal/raft/api"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
+	"github.com/kedge-dev/kedge/internal/raftlab"
+)
+
+// StallRecord is what a stress-disk run saw of a kedge cluster's disk: the saves that held a
+// node's persist/apply loop longer than its alive bound (the nodes' election records' slow
+// saves), the stalled node's apart from the others' (the nodes share one filesystem, so a
+// stalled node's writes can hold the journal the others' fsyncs wait for), and whether the
+// stalled node stopped answering for itself within the alive bound: for each of its slow
+// saves long enough to judge, the leader's last word from it (GET /v1/status, polled with
+// the leader changes) against the save's start plus the alive bound.
+type StallRecord struct {
+	AliveBoundMs float64 `json:"alive_bound_ms"`
+	SlowSaves    int     `json:"slow_saves"` // the stalled node's
+	SaveP50Ms    float64 `json:"save_p50_ms"`
+	SaveMaxMs    float64 `json:"save_max_ms"`
+	// OtherSlowSaves, OtherSaveMaxMs: the other nodes' slow saves (their disks are not
+	// throttled).
+	OtherSlowSaves int     `json:"other_slow_saves"`
+	OtherSaveMaxMs float64 `json:"other_save_max_ms"`
+	// Judged: the stalled node's slow saves that lasted at least judgeMin past the alive
+	// bound plus stallSlack and had a poll of the leader in that window; Late: those during
+	// which the leader heard from the node after that point; LastWordMaxMs: over the judged
+	// saves, the latest last word the leader had from the node, ms after the save began.
+	Judged        int     `json:"judged"`
+	Late          int     `json:"late"`
+	LastWordMaxMs float64 `json:"last_word_max_ms"`
+}
+
+const (
+	// stallSlack covers the leader's receipt of the node's last answer and the poll's
+	// reading of it (an HTTP round trip through the lab's fabric), as in the lab's test of
+	// the fault (TestStalledFollowerStopsAnswering).
+	stallSlack = 30 * time.Millisecond
+	// judgeMin: a save is judged when it outlasted its start + alive bound + slack by this.
+	judgeMin = 20 * time.Millisecond
+	// eventPoll: the nodes' election records hold their last 256 events; a stalled node adds
+	// about three slow saves a second, so they are read this often.
+	eventPoll = 2 * time.Second
+)
+
+// heardSample is the leader's record of the stalled node, polled: when it last heard from it
+// (CLOCK_MONOTONIC, as late as the poll's answer allows).
+type heardSample struct{ req, resp, heard time.Duration }
+
+// stallWatch collects, during a stress-disk run of a kedge cluster, the leader's record of
+// the stalled node and every node's slow saves.
+type stallWatch struct {
+	c       *raftlab.Cluster
+	stalled int
+	alive   time.Duration
+	since   int64 // CLOCK_MONOTONIC ns: events before are not the run's
+
+	mu      sync.Mutex
+	samples []heardSample
+	saves   map[int]map[int64]api.Event // node -> start -> slow save
+	last    map[int]int64               // node -> newest event read
+	next    time.Time                   // the next read of the records
+}
+
+func newStallWatch(c *raftlab.Cluster, stalled int, alive time.Duration) *stallWatch {
+	now := int64(offload.Monotonic())
+	return &stallWatch{c: c, stalled: stalled, alive: alive, since: now, saves: map[int]map[int64]api.Event{}, last: map[int]int64{}}
+}
+
+// sample records node id's status st, asked at req and answered at resp.
+func (w *stallWatch) sample(id int, st raftlab.Status, req, resp time.Duration) {
+	if st.State != "leader" || id == w.stalled {
+		return
+	}
+	for _, p := range st.Peers {
+		if int(p.ID) == w.stalled && p.LastHeardMs != nil {
+			w.samples = append(w.samples, heardSample{req, resp, resp - time.Duration(*p.LastHeardMs*float64(time.Millisecond))})
+		}
+	}
+}
+
+// readEvents reads every node's slow saves since the last read, at most every eventPoll
+// (force: now); a node that does not answer is read at the next.
+func (w *stallWatch) readEvents(ctx context.Context, force bool) {
+	if !force && time.Now().Before(w.next) {
+		return
+	}
+	w.next = time.Now().Add(eventPoll)
+	cl := raftlab.NewClient(w.c.Client, time.Second)
+	defer cl.Close()
+	for _, n := range w.c.Nodes {
+		since := max(w.last[n.ID], w.since)
+		r, err := cl.Events(ctx, n.ClientAddr.String(), since)
+		if err != nil {
+			continue
+		}
+		w.mu.Lock()
+		for _, e := range r.Events {
+			w.last[n.ID] = max(w.last[n.ID], e.AtNs)
+			if e.Kind != api.EventSlowSave {
+				continue
+			}
+			if w.saves[n.ID] == nil {
+				w.saves[n.ID] = map[int64]api.Event{}
+			}
+			w.saves[n.ID][e.AtNs] = e
+		}
+		w.mu.Unlock()
+	}
+}
+
+// record judges the run.
+func (w *stallWatch) record() *StallRecord {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r := &StallRecord{AliveBoundMs: ms(w.alive)}
+	var took []float64
+	for id, saves := range w.saves {
+		for _, e := range saves {
+			d := float64(e.SaveNs) / 1e6
+			if id != w.stalled {
+				r.OtherSlowSaves++
+				r.OtherSaveMaxMs = max(r.OtherSaveMaxMs, d)
+				continue
+			}
+			took = append(took, d)
+			start, end := time.Duration(e.AtNs), time.Duration(e.AtNs+e.SaveNs)
+			bound := start + w.alive + stallSlack
+			if end-bound < judgeMin {
+				continue
+			}
+			var last time.Duration
+			for _, s := range w.samples {
+				if s.req >= bound && s.resp <= end && s.heard > last {
+					last = s.heard
+				}
+			}
+			if last == 0 {
+				continue // no poll of the leader in the window
+			}
+			r.Judged++
+			r.LastWordMaxMs = max(r.LastWordMaxMs, ms(last-start))
+			if last > bound {
+				r.Late++
+			}
+		}
+	}
+	slices.Sort(took)
+	r.SlowSaves = len(took)
+	if len(took) > 0 {
+		r.SaveP50Ms, r.SaveMaxMs = bench.Percentile(took, 50), took[len(took)-1]
+	}
+	return r
+}
