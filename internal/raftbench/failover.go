@@ -220,6 +220,26 @@ func putUntil(ctx context.Context, w raftlab.Writer, key string, limit, attempt 
 	return written{}
 }
 
+// tryPut is one write attempt of an uninformed or etcd failover client: put, bounded by
+// bound, counted in w; true when it was acknowledged (w.ackNs set). A write to a leader the
+// client has learned of since the kill (bound leaderAttempt) that was refused at once is
+// paced, so that the client does not spin on a node that refuses.
+func (w *written) tryPut(ctx context.Context, bound time.Duration, put func(context.Context) error) bool {
+	actx, cancel := context.WithTimeout(ctx, bound)
+	err := put(actx)
+	refused := actx.Err() == nil
+	cancel()
+	w.attempts++
+	if err == nil {
+		w.ackNs = int64(offload.Monotonic())
+		return true
+	}
+	if bound == leaderAttempt && refused {
+		time.Sleep(time.Millisecond) // pacing retries against a refusing node
+	}
+	return false
+}
+
 // leaderAttempt bounds a failover client's write to a leader it has learned of since the
 // kill (every client, both systems): that leader is alive and answers once the write is
 // committed, so the write is waited for, as an application's client waits for an in-flight
@@ -241,17 +261,11 @@ func firstWriteUninformed(ctx context.Context, c *raftlab.Cluster, cl *client.Cl
 	to, bound := c.Node(leader).ClientAddr.String(), attempt
 	var w written
 	for i := 0; ctx.Err() == nil; i++ {
-		actx, acancel := context.WithTimeout(ctx, bound)
-		_, err := cl.At(to).Put(actx, "bench/"+key, fmt.Sprint(i))
-		refused := actx.Err() == nil
-		acancel()
-		w.attempts++
-		if err == nil {
-			w.ackNs = int64(offload.Monotonic())
+		if w.tryPut(ctx, bound, func(actx context.Context) error {
+			_, err := cl.At(to).Put(actx, "bench/"+key, fmt.Sprint(i))
+			return err
+		}) {
 			return w
-		}
-		if bound == leaderAttempt && refused { // the new leader refused at once: do not spin on it
-			time.Sleep(time.Millisecond) // pacing retries against a refusing node
 		}
 		l, err := everyone.LeaderAfter(ctx, term)
 		if err != nil {
@@ -288,17 +302,11 @@ func firstWriteEtcd(ctx context.Context, c *raftlab.Cluster, w raftlab.Writer, e
 			}
 			bound = leaderAttempt
 		}
-		actx, acancel := context.WithTimeout(ctx, bound)
-		_, err := w.Put(actx, "bench/"+key, fmt.Sprint(i))
-		refused := actx.Err() == nil
-		acancel()
-		wr.attempts++
-		if err == nil {
-			wr.ackNs = int64(offload.Monotonic())
+		if wr.tryPut(ctx, bound, func(actx context.Context) error {
+			_, err := w.Put(actx, "bench/"+key, fmt.Sprint(i))
+			return err
+		}) {
 			return wr
-		}
-		if refused && bound == leaderAttempt { // refused at once: do not spin on it
-			time.Sleep(time.Millisecond) // pacing retries against a refusing cluster
 		}
 	}
 	return written{}
