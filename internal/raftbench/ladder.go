@@ -56,7 +56,7 @@ func LadderFigures(dir string) (string, error) {
 	first, last := runs[0], runs[len(runs)-1]
 	fmt.Fprintf(&b, "%s to %s, %s; each run %s.\n", first.Timestamp.Format("2006-01-02 15:04"), last.Timestamp.Format("15:04 UTC"),
 		strings.Split(first.Describe(), ", load average")[0], configuration(first))
-	b.WriteString("\n| Run | System | Election timeout | Ran | Leader changes (term +) | Load at start / end | Writes acknowledged / failed | Stalled node's slow saves, p50 / max | Other nodes' longest save | Stalled node stopped answering: saves judged, heard late | Commit |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	b.WriteString("\n| Run | System | Election timeout | Ran | Leader changes (term +) | Load at start / end | Writes acknowledged / failed | Stalled node's slow saves, p50 / max | Other nodes' longest save | Stalled node stopped answering: saves judged, heard late at the earliest (latest) reading | Commit |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	type key struct{ mode string }
 	safe := map[key]float64{}
 	var order []string
@@ -66,7 +66,7 @@ func LadderFigures(dir string) (string, error) {
 			if s := f.Stall; s != nil {
 				stall = fmt.Sprintf("%d, %.0f / %.0f ms", s.SlowSaves, s.SaveP50Ms, s.SaveMaxMs)
 				others = fmt.Sprintf("%.0f ms", s.OtherSaveMaxMs)
-				judged = fmt.Sprintf("%d, %d (bound %.0f ms)", s.Judged, s.Late, s.AliveBoundMs)
+				judged = fmt.Sprintf("%d, %d (%d maybe); last word at most %.0f ms (%.0f ms) after a save began; bound %.0f ms", s.Judged, s.Late, s.LateMaybe, s.LastWordMaxMs, s.LastWordMaxLateMs, s.AliveBoundMs)
 			}
 			fmt.Fprintf(&b, "| %d | %s | %.0f ms | %.0f s | %d (%d) | %s | %d / %d | %s | %s | %s | %.7s |\n", i+1, f.Offload, f.ElectionTimeoutMs, f.DurationS,
 				f.LeaderChanges, f.TermIncrease, LoadSpan(f), f.Writes, f.WriteErrors, stall, others, judged, r.Commit)

@@ -29,12 +29,20 @@ type StallRecord struct {
 	OtherSlowSaves int     `json:"other_slow_saves"`
 	OtherSaveMaxMs float64 `json:"other_save_max_ms"`
 	// Judged: the stalled node's slow saves that lasted at least judgeMin past the alive
-	// bound plus stallSlack and had a poll of the leader in that window; Late: those during
-	// which the leader heard from the node after that point; LastWordMaxMs: over the judged
-	// saves, the latest last word the leader had from the node, ms after the save began.
-	Judged        int     `json:"judged"`
-	Late          int     `json:"late"`
-	LastWordMaxMs float64 `json:"last_word_max_ms"`
+	// bound plus stallSlack and had a poll of the leader in that window. The leader's
+	// record is an age taken at some point between the poll's request and its answer, so
+	// the last word is known within that span (tens of ms on a machine under this stress):
+	// Late counts the saves during which the leader had heard from the node after start +
+	// bound + slack even at the earliest reading (the poll's request time), LateMaybe those
+	// at the latest reading (its answer time). LastWordMaxMs, LastWordMaxLateMs: over the
+	// judged saves, the latest last word at the earliest and the latest reading, ms after
+	// the save began. The leader's record is its last word of any kind from the node: the
+	// kernel's answers and also what the node's user space sent before its save began.
+	Judged            int     `json:"judged"`
+	Late              int     `json:"late"`
+	LateMaybe         int     `json:"late_maybe"`
+	LastWordMaxMs     float64 `json:"last_word_max_ms"`
+	LastWordMaxLateMs float64 `json:"last_word_max_late_ms"`
 }
 
 const (
@@ -49,9 +57,9 @@ const (
 	eventPoll = 2 * time.Second
 )
 
-// heardSample is the leader's record of the stalled node, polled: when it last heard from it
-// (CLOCK_MONOTONIC, as late as the poll's answer allows).
-type heardSample struct{ req, resp, heard time.Duration }
+// heardSample is the leader's record of the stalled node, polled: the poll's request and
+// answer (CLOCK_MONOTONIC) and how long before, as the leader said, it last heard from it.
+type heardSample struct{ req, resp, age time.Duration }
 
 // stallWatch collects, during a stress-disk run of a kedge cluster, the leader's record of
 // the stalled node and every node's slow saves.
@@ -80,7 +88,7 @@ func (w *stallWatch) sample(id int, st raftlab.Status, req, resp time.Duration) 
 	}
 	for _, p := range st.Peers {
 		if int(p.ID) == w.stalled && p.LastHeardMs != nil {
-			w.samples = append(w.samples, heardSample{req, resp, resp - time.Duration(*p.LastHeardMs*float64(time.Millisecond))})
+			w.samples = append(w.samples, heardSample{req, resp, time.Duration(*p.LastHeardMs * float64(time.Millisecond))})
 		}
 	}
 }
@@ -135,19 +143,22 @@ func (w *stallWatch) record() *StallRecord {
 			if end-bound < judgeMin {
 				continue
 			}
-			var last time.Duration
+			var early, late time.Duration // the last word, at the earliest and the latest reading
 			for _, s := range w.samples {
-				if s.req >= bound && s.resp <= end && s.heard > last {
-					last = s.heard
+				if s.req >= bound && s.resp <= end {
+					early, late = max(early, s.req-s.age), max(late, s.resp-s.age)
 				}
 			}
-			if last == 0 {
+			if late == 0 {
 				continue // no poll of the leader in the window
 			}
 			r.Judged++
-			r.LastWordMaxMs = max(r.LastWordMaxMs, ms(last-start))
-			if last > bound {
+			r.LastWordMaxMs, r.LastWordMaxLateMs = max(r.LastWordMaxMs, ms(early-start)), max(r.LastWordMaxLateMs, ms(late-start))
+			if early > bound {
 				r.Late++
+			}
+			if late > bound {
+				r.LateMaybe++
 			}
 		}
 	}
