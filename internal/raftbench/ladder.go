@@ -2,6 +2,7 @@ package raftbench
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -54,8 +55,11 @@ func LadderFigures(dir string) (string, error) {
 	slices.SortFunc(failovers, byTime)
 	var b strings.Builder
 	first, last := runs[0], runs[len(runs)-1]
+	head := *first // the runs' common configuration: each run's timeout is in its row
+	head.Parameters = maps.Clone(first.Parameters)
+	delete(head.Parameters, "election_ticks")
 	fmt.Fprintf(&b, "%s to %s, %s; each run %s.\n", first.Timestamp.Format("2006-01-02 15:04"), last.Timestamp.Format("15:04 UTC"),
-		strings.Split(first.Describe(), ", load average")[0], configuration(first))
+		strings.Split(first.Describe(), ", load average")[0], configuration(&head))
 	b.WriteString("\n| Run | System | Election timeout | Ran | Leader changes (term +) | Load at start / end | Writes acknowledged / failed | Stalled node's slow saves, p50 / max | Other nodes' longest save | Stalled node stopped answering: saves judged, heard late at the earliest (latest) reading | Commit |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	type key struct{ mode string }
 	safe := map[key]float64{}
@@ -67,9 +71,16 @@ func LadderFigures(dir string) (string, error) {
 				stall = fmt.Sprintf("%d, %.0f / %.0f ms", s.SlowSaves, s.SaveP50Ms, s.SaveMaxMs)
 				others = fmt.Sprintf("%.0f ms", s.OtherSaveMaxMs)
 				judged = fmt.Sprintf("%d, %d (%d maybe); last word at most %.0f ms (%.0f ms) after a save began; bound %.0f ms", s.Judged, s.Late, s.LateMaybe, s.LastWordMaxMs, s.LastWordMaxLateMs, s.AliveBoundMs)
+				if s.Judged > 0 && s.LastWordMaxLateMs == 0 { // a record of before the two readings: the latest only
+					judged = fmt.Sprintf("%d, - (%d maybe); last word at most - (%.0f ms) after a save began; bound %.0f ms", s.Judged, s.Late, s.LastWordMaxMs, s.AliveBoundMs)
+				}
+			}
+			load := LoadSpan(f)
+			if load == "-" && len(r.LoadAvg) == 3 { // a run of before the per-phase load: the bench's start
+				load = fmt.Sprintf("%.1f / -", r.LoadAvg[0])
 			}
 			fmt.Fprintf(&b, "| %d | %s | %.0f ms | %.0f s | %d (%d) | %s | %d / %d | %s | %s | %s | %.7s |\n", i+1, f.Offload, f.ElectionTimeoutMs, f.DurationS,
-				f.LeaderChanges, f.TermIncrease, LoadSpan(f), f.Writes, f.WriteErrors, stall, others, judged, r.Commit)
+				f.LeaderChanges, f.TermIncrease, load, f.Writes, f.WriteErrors, stall, others, judged, r.Commit)
 			k := key{f.Offload}
 			if !slices.Contains(order, f.Offload) {
 				order = append(order, f.Offload)
@@ -86,8 +97,12 @@ func LadderFigures(dir string) (string, error) {
 			for _, f := range r.FalseElections {
 				if f.Offload == m {
 					verdict := "quiet"
-					if f.LeaderChanges > 0 || f.TermIncrease > 0 {
-						verdict = fmt.Sprintf("change after %.0f s", f.DurationS)
+					switch {
+					case f.LeaderChanges == 0 && f.TermIncrease == 0:
+					case f.UntilChange:
+						verdict = fmt.Sprintf("a change after %.0f s", f.DurationS)
+					default:
+						verdict = fmt.Sprintf("%d changes (term +%d) in %.0f s", f.LeaderChanges, f.TermIncrease, f.DurationS)
 					}
 					tried = append(tried, fmt.Sprintf("%.0f ms: %s", f.ElectionTimeoutMs, verdict))
 				}
