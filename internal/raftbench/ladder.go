@@ -21,6 +21,23 @@ const (
 	LadderCommand = "kedge bench raft --offload etcd --scenarios false-elections --fe-phases stress-disk --tick 1ms --election-ticks 50 --fe-duration 10m --fe-until-change --out docs/results/raft-safe-timeout/etcd-50"
 )
 
+// ladderLabel names a run's system: its mode, with the kernel paths' lease and alive bound
+// when the run set them (a configuration of its own).
+func ladderLabel(r *Result, mode string) string {
+	num := func(k string) float64 { v, _ := r.Parameters[k].(float64); return v }
+	var set []string
+	if v := num("heartbeat_lease_ms"); v > 0 && kernelHeartbeats(mode) {
+		set = append(set, fmt.Sprintf("lease %g ms", v))
+	}
+	if v := num("offload_alive_ms"); v > 0 && kernelPaths(mode) {
+		set = append(set, fmt.Sprintf("alive bound %g ms", v))
+	}
+	if len(set) == 0 {
+		return mode
+	}
+	return mode + " (" + strings.Join(set, ", ") + ")"
+}
+
 // safeMinS is how long a run at one timeout must stay quiet to call the timeout safe.
 const safeMinS = 600
 
@@ -61,8 +78,7 @@ func LadderFigures(dir string) (string, error) {
 	fmt.Fprintf(&b, "%s to %s, %s; each run %s.\n", first.Timestamp.Format("2006-01-02 15:04"), last.Timestamp.Format("15:04 UTC"),
 		strings.Split(first.Describe(), ", load average")[0], configuration(&head))
 	b.WriteString("\n| Run | System | Election timeout | Ran | Leader changes (term +) | Load at start / end | Writes acknowledged / failed | Stalled node's slow saves, p50 / max | Other nodes' longest save | Stalled node stopped answering: saves judged, heard late at the earliest (latest) reading | Commit |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
-	type key struct{ mode string }
-	safe := map[key]float64{}
+	safe := map[string]float64{}
 	var order []string
 	for i, r := range runs {
 		for _, f := range r.FalseElections {
@@ -79,14 +95,14 @@ func LadderFigures(dir string) (string, error) {
 			if load == "-" && len(r.LoadAvg) == 3 { // a run of before the per-phase load: the bench's start
 				load = fmt.Sprintf("%.1f / -", r.LoadAvg[0])
 			}
-			fmt.Fprintf(&b, "| %d | %s | %.0f ms | %.0f s | %d (%d) | %s | %d / %d | %s | %s | %s | %.7s |\n", i+1, f.Offload, f.ElectionTimeoutMs, f.DurationS,
+			label := ladderLabel(r, f.Offload)
+			fmt.Fprintf(&b, "| %d | %s | %.0f ms | %.0f s | %d (%d) | %s | %d / %d | %s | %s | %s | %.7s |\n", i+1, label, f.ElectionTimeoutMs, f.DurationS,
 				f.LeaderChanges, f.TermIncrease, load, f.Writes, f.WriteErrors, stall, others, judged, r.Commit)
-			k := key{f.Offload}
-			if !slices.Contains(order, f.Offload) {
-				order = append(order, f.Offload)
+			if !slices.Contains(order, label) {
+				order = append(order, label)
 			}
-			if f.LeaderChanges == 0 && f.TermIncrease == 0 && f.DurationS >= safeMinS && (safe[k] == 0 || f.ElectionTimeoutMs < safe[k]) {
-				safe[k] = f.ElectionTimeoutMs
+			if f.LeaderChanges == 0 && f.TermIncrease == 0 && f.DurationS >= safeMinS && (safe[label] == 0 || f.ElectionTimeoutMs < safe[label]) {
+				safe[label] = f.ElectionTimeoutMs
 			}
 		}
 	}
@@ -95,7 +111,7 @@ func LadderFigures(dir string) (string, error) {
 		var tried []string
 		for _, r := range runs {
 			for _, f := range r.FalseElections {
-				if f.Offload == m {
+				if ladderLabel(r, f.Offload) == m {
 					verdict := "quiet"
 					switch {
 					case f.LeaderChanges == 0 && f.TermIncrease == 0:
@@ -109,9 +125,9 @@ func LadderFigures(dir string) (string, error) {
 			}
 		}
 		s, ratio := "none of those run", "-"
-		if v := safe[key{m}]; v > 0 {
+		if v := safe[m]; v > 0 {
 			s = fmt.Sprintf("%.0f ms", v)
-			if e := safe[key{ModeEtcd}]; e > 0 && m != ModeEtcd {
+			if e := safe[ModeEtcd]; e > 0 && m != ModeEtcd {
 				ratio = fmt.Sprintf("%.2fx", v/e)
 			}
 		}

@@ -16,7 +16,11 @@ func TestLadderFigures(t *testing.T) {
 		"false_phases": []string{"stress-disk"}, "false_election_s": 600}
 	write := func(name string, at time.Time, fe []FalseElections, fo []Failover) {
 		t.Helper()
-		r := Result{Envelope: bench.NewEnvelope(context.Background(), Schema, "", params), FalseElections: fe, Failover: fo}
+		p := params
+		if name == "on-5-lease" { // a configuration of its own
+			p = map[string]any{"heartbeat_lease_ms": 400, "offload_alive_ms": 400}
+		}
+		r := Result{Envelope: bench.NewEnvelope(context.Background(), Schema, "", p), FalseElections: fe, Failover: fo}
 		r.Timestamp, r.Commit, r.LoadAvg = at, "0123456789abcdef", nil
 		switch name {
 		case "etcd-50":
@@ -35,6 +39,7 @@ func TestLadderFigures(t *testing.T) {
 		LoadStart: []float64{3, 2, 1}, LoadEnd: []float64{4.5, 3, 2}}}, nil)
 	write("on-5", t0.Add(15*time.Minute), []FalseElections{{Offload: ModeOn, Scenario: "stress-disk", ElectionTimeoutMs: 5, DurationS: 600, Writes: 12000, Stalled: 3,
 		Stall: &StallRecord{AliveBoundMs: 100, SlowSaves: 1500, SaveP50Ms: 340, SaveMaxMs: 480, OtherSlowSaves: 4, OtherSaveMaxMs: 150, Judged: 1400, Late: 0, LateMaybe: 3, LastWordMaxMs: 101, LastWordMaxLateMs: 140}}}, nil)
+	write("on-5-lease", t0.Add(40*time.Minute), []FalseElections{{Offload: ModeOn, Scenario: "stress-disk", ElectionTimeoutMs: 5, DurationS: 4, LeaderChanges: 1, UntilChange: true}}, nil)
 	write("failover", t0.Add(45*time.Minute), nil, []Failover{{Offload: ModeOn, ElectionTimeoutMs: 5, Client: ClientUninformed, FailoverMs: []float64{9, 11}, P50Ms: 9, P99Ms: 11, MaxMs: 11}})
 	got, err := LadderFigures(dir)
 	if err != nil {
@@ -47,6 +52,8 @@ func TestLadderFigures(t *testing.T) {
 		"| etcd | 50 ms | 50 ms: quiet | - |",
 		"| on | 5 ms | 5 ms: quiet; 2 ms: a change after 41 s | 0.10x |",
 		"each run tick 1 ms, heartbeat every 1 ms; false elections under stress-disk for 600 s.",
+		"| 4 | on (lease 400 ms, alive bound 400 ms) | 5 ms | 4 s | 1 (0) |",
+		"| on (lease 400 ms, alive bound 400 ms) | none of those run | 5 ms: a change after 4 s | - |",
 		"Failover, 2026-11-29",
 		"| on | 5 ms | uninformed | 2 | 9.0 / 11.0 / 11.0 |",
 	} {
