@@ -155,7 +155,9 @@ static long gc_one(void *map, struct hreq_key *key, struct hreq *r, struct gc_ct
 	struct svc_cfg *sc;
 	struct svc_state *st;
 
-	if (ctx->now - r->sent_ns <= cfg.ttl_ns)
+	/* An entry written after this walk read its clock (a splitter on the other CPU) is
+	 * younger than now: the unsigned difference would wrap and delete a live request. */
+	if (r->sent_ns >= ctx->now || ctx->now - r->sent_ns <= cfg.ttl_ns)
 		return 0;
 	/* PENDING or ANSWERED past the TTL (at least twice the delay): its clone never came
 	 * back out of the delay line (a qdisc dropped it), so its bucket token goes back here. */

@@ -169,12 +169,13 @@ type fixture struct {
 }
 
 type fixtureOpts struct {
-	scoreboard  uint32 // scoreboard max_entries; 0: the default
-	backend     string // delay-line backend the constants are set for; "": conveyor
-	missingDLIf bool   // point cfg_dl_ifindex at an ifindex that does not exist
-	noCarry     bool   // the hedger without a clone path (hedge_config.no_carry)
-	events      bool   // the event stream on (hedge_config.events)
-	realClock   bool   // the programs read the kernel's clock, as in production (cost benchmarks)
+	scoreboard  uint32        // scoreboard max_entries; 0: the default
+	backend     string        // delay-line backend the constants are set for; "": conveyor
+	missingDLIf bool          // point cfg_dl_ifindex at an ifindex that does not exist
+	noCarry     bool          // the hedger without a clone path (hedge_config.no_carry)
+	events      bool          // the event stream on (hedge_config.events)
+	realClock   bool          // the programs read the kernel's clock, as in production (cost benchmarks)
+	tick        time.Duration // the timer's period (adaptive delay, scoreboard expiry); 0: the default
 }
 
 // Fake ifindexes: far above anything a fresh namespace allocates; checked to be absent.
@@ -230,6 +231,9 @@ func newFixture(tb testing.TB, o fixtureOpts) *fixture {
 	}
 	if o.realClock {
 		f.h.prepare = nil
+	}
+	if o.tick != 0 {
+		f.h.Config.Tick = Duration(o.tick)
 	}
 
 	if err := f.h.load(); err != nil {
