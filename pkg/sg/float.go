@@ -2,6 +2,7 @@ package sg
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -9,18 +10,26 @@ import (
 	isg "github.com/kedge-dev/kedge/internal/sg"
 )
 
-// Fixed point of float sums (Config.FracBits).
+// Fixed point of float sums (Config.FracBits). The data plane's values; TestFloatConstants
+// keeps them equal.
 const (
-	DefaultFracBits = isg.DefaultFracBits
-	MinFracBits     = isg.MinFracBits
-	MaxFracBits     = isg.MaxFracBits
+	DefaultFracBits = 32
+	MinFracBits     = 1
+	MaxFracBits     = 1022
 )
 
 // Errors of FloatEncoding.Append: a Sum or Mean cannot carry the value.
 var (
-	ErrNotFinite = isg.ErrNotFinite
-	ErrRange     = isg.ErrRange
+	ErrNotFinite = errors.New("NaN or infinity cannot be summed in fixed point")
+	ErrRange     = errors.New("value too large for the fixed-point sum (fewer fraction bits take larger values)")
 )
+
+// encodeError is an encoder's error that is also one of this package's sentinels: its text
+// is the encoder's, errors.Is finds both.
+type encodeError struct{ sentinel, err error }
+
+func (e encodeError) Error() string   { return e.err.Error() }
+func (e encodeError) Unwrap() []error { return []error{e.sentinel, e.err} }
 
 // FloatEncoding is how the workers of a float group encode their vectors for its
 // reduction (docs/sg.md, "Float reductions"): Min/Max as order keys of the IEEE bits (a
@@ -53,7 +62,16 @@ func NewFloatEncoding(r Reduction, t ElemType, fracBits int) (FloatEncoding, err
 // Append appends xs (float32 groups: each rounded to float32 first), big-endian, as the
 // payload of a reply. It returns b unchanged and ErrNotFinite or ErrRange when a Sum or
 // Mean value has no fixed-point form; such a worker should reply with a non-zero status.
-func (e FloatEncoding) Append(b []byte, xs []float64) ([]byte, error) { return e.f.Append(b, xs) }
+func (e FloatEncoding) Append(b []byte, xs []float64) ([]byte, error) {
+	out, err := e.f.Append(b, xs)
+	switch {
+	case errors.Is(err, isg.ErrNotFinite):
+		err = encodeError{ErrNotFinite, err}
+	case errors.Is(err, isg.ErrRange):
+		err = encodeError{ErrRange, err}
+	}
+	return out, err
+}
 
 // ElemSize is the wire size of one element: 8 for sums (fixed point in int64) and for
 // float64, 4 for float32 Min, Max, Count and Gather.

@@ -126,3 +126,18 @@ func TestFloatsJSON(t *testing.T) {
 		t.Error(`"many" accepted as a float`)
 	}
 }
+
+// TestFloatConstants: the public fixed-point limits and errors are the data plane's.
+func TestFloatConstants(t *testing.T) {
+	if DefaultFracBits != isg.DefaultFracBits || MinFracBits != isg.MinFracBits || MaxFracBits != isg.MaxFracBits {
+		t.Errorf("fraction bits default/min/max %d/%d/%d, the data plane's %d/%d/%d", DefaultFracBits, MinFracBits, MaxFracBits,
+			isg.DefaultFracBits, isg.MinFracBits, isg.MaxFracBits)
+	}
+	if ErrNotFinite.Error() != isg.ErrNotFinite.Error() || ErrRange.Error() != isg.ErrRange.Error() {
+		t.Errorf("errors %q, %q; the encoder's %q, %q", ErrNotFinite, ErrRange, isg.ErrNotFinite, isg.ErrRange)
+	}
+	e, _ := NewFloatEncoding(Sum, Float64, 8)
+	if _, err := e.Append(nil, []float64{math.NaN()}); !errors.Is(err, ErrNotFinite) || !errors.Is(err, isg.ErrNotFinite) || err.Error() != "element 0: "+isg.ErrNotFinite.Error() {
+		t.Errorf("NaN in a sum: %v", err)
+	}
+}
