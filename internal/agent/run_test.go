@@ -77,6 +77,12 @@ func TestRunIdleReload(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("listen changed, but the agent did not move")
 	}
+	// The new listener serves before the reload that opened it is counted: wait for the count.
+	successes := func() float64 {
+		v, _ := scrape(t, second)["kedge_agent_config_reloads_total"].get("result", "success")
+		return v
+	}
+	waitFor(t, 5*time.Second, "the listen change to be counted", func() bool { return successes() >= 2 })
 	m := scrape(t, second)
 	if ok, _ := m["kedge_agent_config_reloads_total"].get("result", "success"); ok != 2 {
 		t.Errorf("reloads success %v, want 2 (start, listen change)", ok)
