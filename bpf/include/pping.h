@@ -81,6 +81,14 @@ enum pp_consts {
 	PP_GC_BATCH = 64,
 	PP_GC_FLOW_BATCH = 32,
 
+	/* TSvals a TCP direction remembers of those it has outstanding, oldest first, so that
+	 * an echo can retire the older ones (flow.h's pp_retire()). One is stored per
+	 * rate-limit interval, so a direction has about RTT / interval + 1 outstanding that
+	 * may still be echoed: 4 cover an RTT of three intervals (300 ms at the default
+	 * 100 ms); a TSval that does not fit is left to the garbage collector. A power of
+	 * two (the index is masked). */
+	PP_TS_QUEUE = 4,
+
 	/* QUIC: UDP ports whose traffic is QUIC (a packet to or from one of them), and the
 	 * connection id bytes kept (RFC 9000 allows 20; the first 8 name the flow). */
 	PP_MAX_QUIC_PORTS = 8,
@@ -225,7 +233,14 @@ struct pp_dir_shared {
 	__u8 edge_pending; /* QUIC: edge_time holds an edge waiting for its echo */
 	__u8 cid_len;      /* QUIC: length of this direction's destination connection id */
 	__u8 cid_known;    /* QUIC: cid_len was learnt from a long header of the reverse direction */
-	__u8 _pad[2];
+	__u8 q_head;       /* TCP: ts_queue's first entry and one past its last, counting */
+	__u8 q_tail;       /* modulo 256 (entry i is ts_queue[i % PP_TS_QUEUE]) */
+	/* TCP: TSvals stored (in pkt_ts) in this direction, in the order stored, which is
+	 * serial order (pp_id_is_new()): an echo of one retires those before it
+	 * (pp_retire()). A hint of which keys to try, never trusted alone: an entry is
+	 * retired only by deleting its pkt_ts key, and a stale one (matched, expired) is
+	 * skipped when an echo passes it. */
+	__u32 ts_queue[PP_TS_QUEUE];
 };
 
 enum pp_spin_state {
@@ -370,6 +385,9 @@ struct pp_counters {
 	__u64 ts_exists;       /* an identical identifier is still outstanding */
 	__u64 ts_map_full;
 	__u64 ts_retrans;      /* UDP/ICMP identifier sent again: sample discarded (Karn) */
+	__u64 ts_retired;      /* TCP identifiers deleted because an echo of a later TSval of
+				* their direction arrived, so none will echo them (RFC 7323:
+				* TS.Recent does not go back); counted at the echo's hook */
 	/* echoes in this packet (reply side; match_rtt, match_none, match_miss above) */
 	__u64 match_clock;     /* stored time after now (clock went backwards) */
 	__u64 match_ack_idle;  /* echo of a pure ACK, but nothing came from the far end in between:

@@ -397,6 +397,66 @@ static __always_inline int pp_timed(const struct pp_dir_shared *d, struct pp_cou
 	return 1;
 }
 
+/* Remembers a TSval just stored in its direction's queue (pp_retire() reads it). With the
+ * queue full it is left to the garbage collector, as every TSval was before the queue. Two
+ * packets of one direction storing at once on two CPUs may both take the same entry: one
+ * TSval is then not remembered (the collector expires it). */
+static __always_inline void pp_queue_push(struct pp_dir_shared *d, __u32 id)
+{
+	__u8 head = d->q_head, tail = d->q_tail;
+
+	if ((__u8)(tail - head) >= PP_TS_QUEUE)
+		return;
+	d->ts_queue[tail & (PP_TS_QUEUE - 1)] = id;
+	barrier(); /* the entry before the tail that exposes it */
+	d->q_tail = tail + 1;
+}
+
+/* TCP: retires the identifiers of the echo's request direction (d) that are serially older
+ * than the echo. The far end echoes TS.Recent, which does not go back (RFC 7323 sections
+ * 4.3 and 5.3: it is updated only by a TSval at least as new), so once an ACK echoes a
+ * TSval no ACK after it echoes an older one: an older TSval still stored was acknowledged
+ * together with later segments (a delayed ACK echoes the first unacknowledged segment's
+ * TSval, so one carried only by segments inside such a stretch is never echoed) and would
+ * otherwise stay outstanding until the collector expired it (its lifetime, at least 1 s),
+ * keeping its direction's hint slot non-zero and sending every ACK of the flow the full way
+ * to a pkt_ts lookup that misses. Walks the queue from its oldest entry while the entries
+ * are not newer than the echo: an older one is deleted from pkt_ts (ts_retired, with the
+ * outstanding count and the hint slot, only if this packet's delete removed it: a stale
+ * entry, already matched or expired, is passed over), one equal to the echo is left to
+ * pp_match()'s lookup. Only an ACK reordered behind a later one loses by it: its sample.
+ * Ingress and egress of one flow may walk and push at once; the queue only says which keys
+ * to try, and a key is deleted only when older than an echo that arrived, so a race can
+ * leave a TSval to the collector but never retire one that an echo could still match. */
+static __always_inline void pp_retire(struct pp_dir_shared *d, struct pp_pkt *pp,
+				      struct pp_counters *cnt)
+{
+	__u64 echo = pp->reply.id;
+	__u8 head = d->q_head, n = d->q_tail - head, i;
+	__u32 id;
+
+	for (i = 0; i < PP_TS_QUEUE; i++) {
+		if (i >= n)
+			break;
+		id = d->ts_queue[(head + i) & (PP_TS_QUEUE - 1)];
+		if ((__u32)echo - id >= (1U << 31))
+			break; /* newer than the echo (serial arithmetic) */
+		if (id == (__u32)echo)
+			continue;
+		/* pp->reply is the key with the echo: the same direction, this id. */
+		pp->reply.id = id;
+		if (bpf_map_delete_elem(&pkt_ts, &pp->reply) == 0) {
+			if (d->outstanding)
+				__sync_fetch_and_add(&d->outstanding, -1);
+			pp_hint_add(&pp->reply.flow, -1);
+			COUNT(cnt, ts_retired);
+		}
+	}
+	pp->reply.id = echo;
+	if (i)
+		d->q_head = head + i;
+}
+
 /* Stores the packet's identifier with the current time, if the direction is measured, the
  * identifier is new and the rate limit allows it. rev is the reverse direction's shared
  * state (told to time its packets precisely once a pure ACK is stored). */
@@ -445,6 +505,8 @@ static __always_inline void pp_timestamp(struct pp_dir_shared *d, struct pp_dir_
 		/* The echo of a pure ACK is judged by when the far end last sent (pp_match). */
 		if (pp->f.pure_ack && !rev->ns_seen)
 			rev->ns_seen = 1;
+		if (pp->pid.flow.proto == IPPROTO_TCP)
+			pp_queue_push(d, pp->pid.id);
 		COUNT(cnt, ts_stored);
 		pp_debug("stored id %llu", pp->pid.id);
 	} else if (err == -EEXIST) {
@@ -625,6 +687,8 @@ static __always_inline void pp_match(struct pp_dir_shared *d, struct pp_dir_own 
 		COUNT(cnt, match_none);
 		return;
 	}
+	if (pp->reply.flow.proto == IPPROTO_TCP)
+		pp_retire(d, pp, cnt);
 	stored = bpf_map_lookup_elem(&pkt_ts, &pp->reply);
 	if (!stored) {
 		COUNT(cnt, match_miss);

@@ -775,6 +775,114 @@ func udpFixtures(f fam) []fixture {
 	}}
 }
 
+// tcpRaw is a segment from B to A (A:40000 <- B:80) with raw option bytes and an optional
+// data offset (nil: the options' length), for malformed timestamp options.
+func (f fam) tcpRaw(flags uint8, opts []byte, doff *int, payload int) []byte {
+	return f.ip(false).TCP(pktbuild.TCP{Src: portB, Dst: portA, Flags: flags, Options: opts, DataOffset: doff}).
+		Payload(make([]byte, payload)).Build()
+}
+
+// retireFixtures: an echo retires the TSvals of its request direction that are serially
+// older than it (flow.h's pp_retire(), RFC 7323: TS.Recent does not go back), counted
+// ts_retired at the echo's hook, without a sample; an equal echo still matches; echoes in
+// malformed or truncated options retire nothing (their packets are counted as before).
+func retireFixtures(f fam) []fixture {
+	fromB := f.flowStr(true, portB, portA)
+	opened := []wantFlow{{fromB, FlowOpening, ReasonFirstPacket, SourceDest}}
+	data := func(tsval uint32, want c) step { return eg(f.tcp(true, flagData, int64(tsval), 50, 10), want) }
+	ack := func(tsval, tsecr uint32, want c) step {
+		return in(f.tcp(false, pktbuild.ACK, int64(tsval), int64(tsecr), 0), want)
+	}
+	// open stores 101 (100 is seen mid-flow and waits for the TSval to change), then 102
+	// and 103.
+	open := []step{
+		data(100, c{"FlowCreated": 1, "TsNotNew": 1, "MatchNone": 1}),
+		data(101, c{"TsStored": 1, "MatchNone": 1}),
+		data(102, c{"TsStored": 1, "MatchNone": 1}),
+		data(103, c{"TsStored": 1, "MatchNone": 1}),
+	}
+	return []fixture{{
+		name: "echo of a newer TSval retires the older ones: one sample, for the echoed TSval",
+		steps: append(slices.Clone(open),
+			ack(7000, 102, c{"FlowOpened": 1, "TsRetired": 1, "MatchRtt": 1}), // 101 retired
+			ack(7001, 101, c{"MatchMiss": 1}),                                 // reordered: 101 is gone
+			ack(7002, 103, c{"MatchRtt": 1})),
+		rtts:  []wantRTT{{flow: fromB, proto: "TCP", id: 102, idType: IDTCPTimestamp}, {flow: fromB, proto: "TCP", id: 103}},
+		flows: opened,
+	}, {
+		name: "equal echoes match in order, nothing retired",
+		steps: append(slices.Clone(open),
+			ack(7000, 101, c{"FlowOpened": 1, "MatchRtt": 1}),
+			ack(7001, 101, c{"MatchMiss": 1}), // duplicate ACK: 102 and 103 stay
+			ack(7002, 102, c{"MatchRtt": 1}),
+			ack(7003, 103, c{"MatchRtt": 1}),
+			ack(7004, 103, c{"MatchNone": 1})),
+		rtts:  []wantRTT{{flow: fromB, proto: "TCP", id: 101}, {flow: fromB, proto: "TCP", id: 102}, {flow: fromB, proto: "TCP", id: 103}},
+		flows: opened,
+	}, {
+		name: "echo newer than every stored TSval: all retired, the next ACK finds nothing outstanding",
+		steps: append(slices.Clone(open),
+			ack(7000, 104, c{"FlowOpened": 1, "TsRetired": 3, "MatchMiss": 1}),
+			ack(7001, 104, c{"MatchNone": 1})),
+		flows: opened,
+		check: func(t *testing.T, m *Monitor, _ time.Duration) {
+			if n := countEntries(t, m); n != 0 {
+				t.Errorf("%d identifiers left in pkt_ts, want 0", n)
+			}
+		},
+	}, {
+		name: "an echo older than every stored TSval retires nothing",
+		steps: append(slices.Clone(open),
+			ack(7000, 100, c{"FlowOpened": 1, "MatchMiss": 1}),
+			ack(7001, 103, c{"TsRetired": 2, "MatchRtt": 1})),
+		rtts:  []wantRTT{{flow: fromB, proto: "TCP", id: 103}},
+		flows: opened,
+	}, {
+		// 0xfffffffe is stored, then 0xffffffff and 1 after the wrap: 1 is newer than both
+		// (serial arithmetic, RFC 7323 section 5.2), 0xfffffff0 older than all three.
+		name: "serial comparison across 2^32",
+		steps: []step{
+			data(0xfffffffd, c{"FlowCreated": 1, "TsNotNew": 1, "MatchNone": 1}),
+			data(0xfffffffe, c{"TsStored": 1, "MatchNone": 1}),
+			data(0xffffffff, c{"TsStored": 1, "MatchNone": 1}),
+			data(1, c{"TsStored": 1, "MatchNone": 1}),
+			ack(7000, 0xfffffff0, c{"FlowOpened": 1, "MatchMiss": 1}),
+			ack(7001, 0xffffffff, c{"TsRetired": 1, "MatchRtt": 1}),
+			ack(7002, 1, c{"MatchRtt": 1}),
+		},
+		rtts:  []wantRTT{{flow: fromB, proto: "TCP", id: 0xffffffff}, {flow: fromB, proto: "TCP", id: 1}},
+		flows: opened,
+	}, {
+		// The queue holds PP_TS_QUEUE (4) TSvals; the fifth is left to the collector, and
+		// an echo can still match it.
+		name: "a TSval beyond the queue is not retired, and still matched",
+		steps: append(slices.Clone(open),
+			data(104, c{"TsStored": 1, "MatchNone": 1}),
+			data(105, c{"TsStored": 1, "MatchNone": 1}),
+			ack(7000, 106, c{"FlowOpened": 1, "TsRetired": 4, "MatchMiss": 1}),
+			ack(7001, 105, c{"MatchRtt": 1})),
+		rtts:  []wantRTT{{flow: fromB, proto: "TCP", id: 105}},
+		flows: opened,
+	}, {
+		// Each of these ACKs would echo 103 if its option parsed: a timestamp option with a
+		// bad length, one cut off by the header length, one cut off by the frame's end.
+		// They count what they counted before the queue, and 101-103 stay matchable.
+		name: "malformed and truncated timestamp options retire nothing",
+		steps: append(slices.Clone(open),
+			in(f.tcpRaw(pktbuild.ACK, []byte{1, 1, 8, 1, 0, 0, 0x1b, 0x58, 0, 0, 0, 103}, nil, 0), c{"SkipNoTcpTs": 1}),
+			in(f.tcpRaw(pktbuild.ACK, slices.Concat(pktbuild.OptNOP(), pktbuild.OptNOP(), pktbuild.OptTimestamp(7000, 103)), new(7), 0), c{"SkipNoTcpTs": 1}),
+			in(pktbuild.Truncate(f.tcp(false, pktbuild.ACK, 7000, 103, 0), len(f.tcp(false, pktbuild.ACK, 7000, 103, 0))-6), c{"ParseErr[14]": 1}),
+			ack(7000, 101, c{"FlowOpened": 1, "MatchRtt": 1})),
+		rtts:  []wantRTT{{flow: fromB, proto: "TCP", id: 101}},
+		flows: opened,
+		check: func(t *testing.T, m *Monitor, _ time.Duration) {
+			if n := countEntries(t, m); n != 2 {
+				t.Errorf("%d identifiers left in pkt_ts, want 2 (102, 103)", n)
+			}
+		},
+	}}
+}
+
 func TestFixtures(t *testing.T) { runFixtureGroups(t, nil) }
 
 // TestFixturesGeneralPath runs every fixture with the fast path off (ident.h's
@@ -788,7 +896,7 @@ func runFixtureGroups(t *testing.T, mod func(*Config)) {
 	groups := []struct {
 		name string
 		fxs  func(fam) []fixture
-	}{{"tcp", tcpFixtures}, {"icmp", icmpFixtures}, {"dns", dnsFixtures}, {"udp", udpFixtures}, {"quic", quicFixtures}}
+	}{{"tcp", tcpFixtures}, {"retire", retireFixtures}, {"icmp", icmpFixtures}, {"dns", dnsFixtures}, {"udp", udpFixtures}, {"quic", quicFixtures}}
 	cache := newMonitorCache(t)
 	for _, g := range groups {
 		for _, f := range []fam{v4, v6} {

@@ -90,6 +90,7 @@ const (
 	ppingPpConstsPP_HINT_SLOTS     ppingPpConsts = 4096
 	ppingPpConstsPP_GC_BATCH       ppingPpConsts = 64
 	ppingPpConstsPP_GC_FLOW_BATCH  ppingPpConsts = 32
+	ppingPpConstsPP_TS_QUEUE       ppingPpConsts = 4
 	ppingPpConstsPP_MAX_QUIC_PORTS ppingPpConsts = 8
 	ppingPpConstsPP_QUIC_CID_MAX   ppingPpConsts = 20
 	ppingPpConstsPP_QUIC_ID_BYTES  ppingPpConsts = 8
@@ -127,6 +128,7 @@ type ppingPpCounters struct {
 	TsExists         uint64
 	TsMapFull        uint64
 	TsRetrans        uint64
+	TsRetired        uint64
 	MatchClock       uint64
 	MatchAckIdle     uint64
 	QuicLong         uint64
@@ -205,7 +207,9 @@ type ppingPpDirShared struct {
 	EdgePending uint8
 	CidLen      uint8
 	CidKnown    uint8
-	Pad         [2]uint8
+	Q_head      uint8
+	Q_tail      uint8
+	TsQueue     [4]uint32
 }
 
 type ppingPpEventType uint32
