@@ -41,6 +41,9 @@ type Pair struct {
 	// and found no identifier to match (match_miss), in percent; -1 when the run has no
 	// counters.
 	MissPct float64
+	// Retired is, at egress, the identifiers kedge's egress program retired (ts_retired:
+	// older than an echo that arrived); -1 when the run has no counters.
+	Retired int64
 }
 
 // Above is kedge's cost above the floor in this pair.
@@ -76,12 +79,12 @@ func (r *Result) Pairs() []Pair {
 			continue
 		}
 		if k.IngressHook == "xdp" {
-			out = append(out, Pair{round, HookXDPIngress, first, k.Ingress.NsPerPacket, e.Ingress.NsPerPacket, -1})
+			out = append(out, Pair{round, HookXDPIngress, first, k.Ingress.NsPerPacket, e.Ingress.NsPerPacket, -1, -1})
 			continue
 		}
 		out = append(out,
-			Pair{round, HookTCIngress, first, k.Ingress.NsPerPacket, e.Ingress.NsPerPacket, -1},
-			Pair{round, HookTCEgress, first, k.Egress.NsPerPacket, e.Egress.NsPerPacket, missPct(k)})
+			Pair{round, HookTCIngress, first, k.Ingress.NsPerPacket, e.Ingress.NsPerPacket, -1, -1},
+			Pair{round, HookTCEgress, first, k.Egress.NsPerPacket, e.Egress.NsPerPacket, missPct(k), retired(k)})
 	}
 	return out
 }
@@ -94,6 +97,16 @@ func missPct(run *RunResult) float64 {
 		return -1
 	}
 	return 100 * float64(eg["match_miss"]) / float64(eg["pkts"])
+}
+
+// retired is a run's egress ts_retired count (-1: no counters; runs record only counters
+// that are not zero, so a run from before the counter reads 0).
+func retired(run *RunResult) int64 {
+	eg := run.Counters["egress"]
+	if eg["pkts"] == 0 {
+		return -1
+	}
+	return int64(eg["ts_retired"])
 }
 
 var floorHooks = []string{HookTCIngress, HookXDPIngress, HookTCEgress}
@@ -185,7 +198,7 @@ func floorFigures(dir string) (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run: [%s](results/pping/%s/result.json) (`kedge bench pping %s`): %s, commit %.12s, load %.1f at start; chart: [cost.svg](results/pping/%s/cost.svg).\n\n",
 		floorRun.dir, floorRun.dir, floorRun.flags, r.Timestamp.Format("2006-01-02 15:04 MST"), r.Commit, load1(r.Envelope), floorRun.dir)
-	b.WriteString("| Round (first) | Hook | kedge ns/packet | empty program ns/packet | kedge above the floor | kedge's packets that went the full way and missed (match_miss) |\n|---|---|---:|---:|---:|---:|\n")
+	b.WriteString("| Round (first) | Hook | kedge ns/packet | empty program ns/packet | kedge above the floor | kedge's packets that went the full way and missed (match_miss) | identifiers retired by a later echo (ts_retired) |\n|---|---|---:|---:|---:|---:|---:|\n")
 	for _, q := range pairs {
 		first := "kedge"
 		if q.EmptyFirst {
@@ -195,7 +208,11 @@ func floorFigures(dir string) (string, error) {
 		if q.MissPct >= 0 {
 			miss = fmt.Sprintf("%.1f %%", q.MissPct)
 		}
-		fmt.Fprintf(&b, "| %d (%s) | %s | %.0f | %.0f | %+.0f | %s |\n", q.Round, first, q.Hook, q.KedgeNs, q.EmptyNs, q.Above(), miss)
+		ret := "-"
+		if q.Retired >= 0 {
+			ret = fmt.Sprint(q.Retired)
+		}
+		fmt.Fprintf(&b, "| %d (%s) | %s | %.0f | %.0f | %+.0f | %s | %s |\n", q.Round, first, q.Hook, q.KedgeNs, q.EmptyNs, q.Above(), miss, ret)
 	}
 	s := r.Summarize()
 	f := s.Floor

@@ -222,16 +222,17 @@ func (r *Result) WriteTable(w io.Writer) {
 	if s.XDPIngressPackets > 0 {
 		fmt.Fprintf(w, "XDP ingress (%s): %.0f ns per packet (%d packets)\n", r.XDPMode, s.XDPIngressNs, s.XDPIngressPackets)
 	}
-	var egPkts, egNone, egMiss uint64
+	var egPkts, egNone, egMiss, egRetired uint64
 	for _, run := range r.Runs {
 		if run.Stats && run.Monitor {
 			eg := run.Counters["egress"]
 			egPkts, egNone, egMiss = egPkts+eg["pkts"], egNone+eg["match_none"], egMiss+eg["match_miss"]
+			egRetired += eg["ts_retired"]
 		}
 	}
 	if egPkts > 0 {
-		fmt.Fprintf(w, "egress packets of the runs with statistics: %.1f %% ended on their headers or found nothing outstanding (match_none), %.1f %% went the full way and found no identifier (match_miss)\n",
-			100*float64(egNone)/float64(egPkts), 100*float64(egMiss)/float64(egPkts))
+		fmt.Fprintf(w, "egress packets of the runs with statistics: %.1f %% ended on their headers or found nothing outstanding (match_none), %.1f %% went the full way and found no identifier (match_miss); %d identifiers retired by a later echo (ts_retired)\n",
+			100*float64(egNone)/float64(egPkts), 100*float64(egMiss)/float64(egPkts), egRetired)
 	}
 	if f := s.Floor; f.IngressPackets > 0 {
 		fmt.Fprintf(w, "empty reference programs (the floor): ingress %.0f ns, egress %.0f ns", f.IngressNs, f.EgressNs)
