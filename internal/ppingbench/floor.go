@@ -44,6 +44,10 @@ type Pair struct {
 	// Retired is, at egress, the identifiers kedge's egress program retired (ts_retired:
 	// older than an echo that arrived); -1 when the run has no counters.
 	Retired int64
+	// KedgePerACK and EmptyPerACK are, at egress, the ingress packets (data segments) per
+	// egress packet (ACK) of each run: the rarer the ACKs, the colder the egress program's
+	// code and data when one comes (0 at ingress).
+	KedgePerACK, EmptyPerACK float64
 }
 
 // Above is kedge's cost above the floor in this pair.
@@ -79,12 +83,12 @@ func (r *Result) Pairs() []Pair {
 			continue
 		}
 		if k.IngressHook == "xdp" {
-			out = append(out, Pair{round, HookXDPIngress, first, k.Ingress.NsPerPacket, e.Ingress.NsPerPacket, -1, -1})
+			out = append(out, Pair{round, HookXDPIngress, first, k.Ingress.NsPerPacket, e.Ingress.NsPerPacket, -1, -1, 0, 0})
 			continue
 		}
 		out = append(out,
-			Pair{round, HookTCIngress, first, k.Ingress.NsPerPacket, e.Ingress.NsPerPacket, -1, -1},
-			Pair{round, HookTCEgress, first, k.Egress.NsPerPacket, e.Egress.NsPerPacket, missPct(k), retired(k)})
+			Pair{round, HookTCIngress, first, k.Ingress.NsPerPacket, e.Ingress.NsPerPacket, -1, -1, 0, 0},
+			Pair{round, HookTCEgress, first, k.Egress.NsPerPacket, e.Egress.NsPerPacket, missPct(k), retired(k), perACK(k), perACK(e)})
 	}
 	return out
 }
@@ -97,6 +101,14 @@ func missPct(run *RunResult) float64 {
 		return -1
 	}
 	return 100 * float64(eg["match_miss"]) / float64(eg["pkts"])
+}
+
+// perACK is a run's ingress packets per egress packet (0 without egress packets).
+func perACK(run *RunResult) float64 {
+	if run.Egress.Runs == 0 {
+		return 0
+	}
+	return float64(run.Ingress.Runs) / float64(run.Egress.Runs)
 }
 
 // retired is a run's egress ts_retired count (-1: no counters; runs record only counters
@@ -198,7 +210,7 @@ func floorFigures(dir string) (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run: [%s](results/pping/%s/result.json) (`kedge bench pping %s`): %s, commit %.12s, load %.1f at start; chart: [cost.svg](results/pping/%s/cost.svg).\n\n",
 		floorRun.dir, floorRun.dir, floorRun.flags, r.Timestamp.Format("2006-01-02 15:04 MST"), r.Commit, load1(r.Envelope), floorRun.dir)
-	b.WriteString("| Round (first) | Hook | kedge ns/packet | empty program ns/packet | kedge above the floor | kedge's packets that went the full way and missed (match_miss) | identifiers retired by a later echo (ts_retired) |\n|---|---|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| Round (first) | Hook | kedge ns/packet | empty program ns/packet | kedge above the floor | kedge's packets that went the full way and missed (match_miss) | identifiers retired by a later echo (ts_retired) | data segments per ACK, kedge / empty |\n|---|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, q := range pairs {
 		first := "kedge"
 		if q.EmptyFirst {
@@ -212,7 +224,11 @@ func floorFigures(dir string) (string, error) {
 		if q.Retired >= 0 {
 			ret = fmt.Sprint(q.Retired)
 		}
-		fmt.Fprintf(&b, "| %d (%s) | %s | %.0f | %.0f | %+.0f | %s | %s |\n", q.Round, first, q.Hook, q.KedgeNs, q.EmptyNs, q.Above(), miss, ret)
+		ratio := "-"
+		if q.KedgePerACK > 0 && q.EmptyPerACK > 0 {
+			ratio = fmt.Sprintf("%.0f / %.0f", q.KedgePerACK, q.EmptyPerACK)
+		}
+		fmt.Fprintf(&b, "| %d (%s) | %s | %.0f | %.0f | %+.0f | %s | %s | %s |\n", q.Round, first, q.Hook, q.KedgeNs, q.EmptyNs, q.Above(), miss, ret, ratio)
 	}
 	s := r.Summarize()
 	f := s.Floor

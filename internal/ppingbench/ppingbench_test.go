@@ -109,8 +109,8 @@ func TestPairs(t *testing.T) {
 		off, on, stats(ProgramEmpty, "", 100, 160), withCounters(stats("", "", 130, 240)), stats(ProgramEmpty, "xdp", 85, 0), stats("", "xdp", 115, 0),
 	}}
 	want := []Pair{
-		{1, HookTCIngress, false, 120, 90, -1, -1}, {1, HookTCEgress, false, 220, 150, -1, -1}, {1, HookXDPIngress, false, 110, 80, -1, -1},
-		{2, HookTCIngress, true, 130, 100, -1, -1}, {2, HookTCEgress, true, 240, 160, 25, 7}, {2, HookXDPIngress, true, 115, 85, -1, -1},
+		{1, HookTCIngress, false, 120, 90, -1, -1, 0, 0}, {1, HookTCEgress, false, 220, 150, -1, -1, 1, 1}, {1, HookXDPIngress, false, 110, 80, -1, -1, 0, 0},
+		{2, HookTCIngress, true, 130, 100, -1, -1, 0, 0}, {2, HookTCEgress, true, 240, 160, 25, 7, 1, 1}, {2, HookXDPIngress, true, 115, 85, -1, -1, 0, 0},
 	}
 	got := r.Pairs()
 	if len(got) != len(want) {
