@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,9 +21,16 @@ type fsyncer struct {
 	out *bufio.Reader
 }
 
-func startFsyncer(t *testing.T, dir string) *fsyncer {
+func startFsyncer(t *testing.T, dir string) *fsyncer { return startFsyncerOn(t, dir, nil) }
+
+// startFsyncerOn starts an fsyncer with its own disk d mounted over dir (nil: none).
+func startFsyncerOn(t *testing.T, dir string, d *Disk) *fsyncer {
 	t.Helper()
 	cmd := exec.Command("sh", "-c", `while read x; do dd if=/dev/zero of="$1/f" bs=4k count=1 conv=fsync status=none || exit 1; echo done; done`, "sh", dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if d != nil {
+		d.Mount(cmd, dir)
+	}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -53,6 +53,12 @@ type Spec struct {
 	// (Debian's etcd, the peer of `kedge bench raft --peer etcd`: Binary, UnsafeLocalReads
 	// and ClusterKey do not apply, Args are etcd's flags; etcd.go).
 	Server string
+	// NodeDisks gives every node a filesystem of its own (lab.Disk: ext4 on a loop device,
+	// mounted over Dir/data in the node's own mount namespace), so that the disk-stall
+	// fault stalls one node's disk and no other's. Without it the nodes' data share the
+	// filesystem of Dir, and with it its journal: a stalled node's writes then hold up the
+	// others' fsyncs.
+	NodeDisks bool
 }
 
 // Etcd reports whether the nodes run etcd.
@@ -81,6 +87,7 @@ type Cluster struct {
 
 	status  *client.Client
 	etcd    *etcdClients // Spec.Etcd(): the harness's etcd clients
+	disks   []*lab.Disk  // Spec.NodeDisks: node id's at id-1
 	onClose []func() error
 }
 
@@ -143,6 +150,11 @@ func Up(ctx context.Context, spec Spec) (_ *Cluster, err error) {
 	}
 	if err := c.writeConfig(); err != nil {
 		return nil, err
+	}
+	if spec.NodeDisks {
+		if err := c.makeDisks(); err != nil {
+			return nil, err
+		}
 	}
 	for _, n := range c.Nodes {
 		if err := c.Start(n.ID); err != nil {
@@ -234,6 +246,9 @@ func (c *Cluster) Start(id int) error {
 	} else {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	}
+	if c.disks != nil {
+		c.disks[id-1].Mount(cmd, c.disksDir())
+	}
 	if err := n.Host.Start(cmd); err != nil {
 		return fmt.Errorf("start node %d: %w", id, err)
 	}
@@ -286,7 +301,35 @@ func (c *Cluster) Kill(id int) error {
 
 // dataDir is node id's data directory (the config's data_dir; etcd's --data-dir).
 func (c *Cluster) dataDir(id int) string {
-	return filepath.Join(c.Spec.Dir, "data", strconv.Itoa(id))
+	return filepath.Join(c.disksDir(), strconv.Itoa(id))
+}
+
+// disksDir is the parent of the nodes' data directories: with Spec.NodeDisks, each node's
+// disk is mounted over it in the node's mount namespace (seen from the harness it is
+// empty), and node id's data directory is on its own disk.
+func (c *Cluster) disksDir() string { return filepath.Join(c.Spec.Dir, "data") }
+
+// makeDisks makes a disk per node (Spec.NodeDisks).
+func (c *Cluster) makeDisks() error {
+	if err := os.MkdirAll(c.disksDir(), 0o755); err != nil {
+		return fmt.Errorf("make data dir: %w", err)
+	}
+	for _, n := range c.Nodes {
+		d, err := lab.NewDisk(c.Spec.Name+"-"+NodeName(n.ID), 0)
+		if err != nil {
+			return err
+		}
+		c.disks = append(c.disks, d)
+	}
+	return nil
+}
+
+// Disk is node id's own disk (nil without Spec.NodeDisks).
+func (c *Cluster) Disk(id int) *lab.Disk {
+	if id < 1 || id > len(c.disks) {
+		return nil
+	}
+	return c.disks[id-1]
 }
 
 // StallIOPS is the disk-stall fault's default: 10 write requests a second, so that a
@@ -304,9 +347,12 @@ func (c *Cluster) StallDisk(id, writeIOPS int) (*lab.DiskStall, error) {
 	if writeIOPS == 0 {
 		writeIOPS = StallIOPS
 	}
-	dir := c.dataDir(id)
+	// The disk that holds the node's data as the node sees it (its own disk is mounted in
+	// its own mount namespace).
+	root := fmt.Sprintf("/proc/%d/root", pid)
+	dir := filepath.Join(root, c.dataDir(id))
 	if _, err := os.Stat(dir); err != nil {
-		dir = c.Spec.Dir
+		dir = filepath.Join(root, c.disksDir())
 	}
 	return lab.StallDisk(pid, dir, writeIOPS)
 }
@@ -404,5 +450,9 @@ func (c *Cluster) Close() error {
 	if c.Lab != nil {
 		errs = append(errs, c.Lab.Close())
 	}
+	for _, d := range c.disks {
+		errs = append(errs, d.Close())
+	}
+	c.disks = nil
 	return errors.Join(errs...)
 }

@@ -21,7 +21,8 @@ func TestEtcdPeer(t *testing.T) {
 		}
 		t.Fatal(err) // scripts/deps.sh installs it
 	}
-	c := upSpec(t, Spec{Name: "rletcd", Nodes: 3, Server: ServerEtcd})
+	// On disks of their own, as the benchmark's stress-disk runs put them (and kedge's).
+	c := upSpec(t, Spec{Name: "rletcd", Nodes: 3, Server: ServerEtcd, NodeDisks: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	leader, term := c.Leader(ctx, nil)
@@ -79,6 +80,9 @@ func TestEtcdPeer(t *testing.T) {
 		t.Fatal("unstall of a node that is not stalled: no error")
 	}
 	cg := sup.stalled[survivors[1]].Cgroup
+	if got, want := sup.stalled[survivors[1]].Device, c.Disk(survivors[1]).Dev; got != want {
+		t.Fatalf("node %d's stall throttles %s, want its own disk %s", survivors[1], got, want)
+	}
 	w, err := c.NewWriter([]int{leader}, time.Second)
 	if err != nil {
 		t.Fatal(err)

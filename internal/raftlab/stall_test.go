@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/raft/api"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
 )
@@ -21,7 +22,9 @@ func TestStalledFollowerStopsAnswering(t *testing.T) {
 	if err := offload.Probe(); err != nil {
 		t.Skipf("the follower kernel path does not run on this kernel: %v", err)
 	}
-	c := upCluster(t, "stall", 3, false)
+	bpftest.RequireRoot(t)
+	// Each node on a disk of its own: the stall is the follower's alone.
+	c := upSpec(t, Spec{Name: "stall", Nodes: 3, Binary: nodeBinary(t), NodeDisks: true})
 	requireOffload(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
