@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
@@ -23,7 +24,8 @@ func (o *Options) cluster(ctx context.Context, name string, nodes, electionTicks
 	uctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	spec := raftlab.Spec{Name: name, Nodes: nodes, Binary: o.Binary, Dir: dir,
-		Tick: o.Tick, ElectionTicks: electionTicks, HeartbeatTicks: o.HeartbeatTicks, Args: o.modeArgs(mode), ClusterKey: o.ClusterKey}
+		Tick: o.Tick, ElectionTicks: electionTicks, HeartbeatTicks: o.HeartbeatTicks, Args: o.modeArgs(mode), ClusterKey: o.ClusterKey,
+		NodeDisks: o.nodeDisks()}
 	if mode == ModeEtcd {
 		spec.Server, spec.ClusterKey, spec.HeartbeatTicks = raftlab.ServerEtcd, "", 0
 	}
@@ -72,6 +74,14 @@ func attachPass(c *raftlab.Cluster) error {
 		c.OnClose(a.Close)
 	}
 	return nil
+}
+
+// nodeDisks reports whether the run's clusters put each node on a disk of its own: when the
+// disk-stall fault is among its phases, so that the stall is the stalled node's alone
+// (on one shared filesystem its throttled writes hold up the others' fsyncs). Both systems
+// get the same disks.
+func (o *Options) nodeDisks() bool {
+	return slices.Contains(o.Scenarios, "false-elections") && slices.Contains(o.FalsePhases, "stress-disk")
 }
 
 // clusters starts one cluster per mode; on error the ones already up are closed.

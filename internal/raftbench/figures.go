@@ -258,6 +258,9 @@ func configuration(r *Result) string {
 	if slices.Contains(toStrings(p["scenarios"]), "false-elections") {
 		parts = append(parts, fmt.Sprintf("false elections under %s for %g s", strings.Join(toStrings(p["false_phases"]), ", "), num("false_election_s")))
 	}
+	if nd, _ := p["node_disks"].(bool); nd {
+		parts = append(parts, "each node on a disk of its own (ext4 on a loop device, direct I/O)")
+	}
 	return strings.Join(parts, "; ")
 }
 

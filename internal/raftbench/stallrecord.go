@@ -14,8 +14,9 @@ import (
 
 // StallRecord is what a stress-disk run saw of a kedge cluster's disk: the saves that held a
 // node's persist/apply loop longer than its alive bound (the nodes' election records' slow
-// saves), the stalled node's apart from the others' (the nodes share one filesystem, so a
-// stalled node's writes can hold the journal the others' fsyncs wait for), and whether the
+// saves), the stalled node's apart from the others' (on one shared filesystem a stalled
+// node's writes hold the journal the others' fsyncs wait for; on disks of their own, as the
+// benchmark puts them since, they should not), and whether the
 // stalled node stopped answering for itself within the alive bound: for each of its slow
 // saves long enough to judge, the leader's last word from it (GET /v1/status, polled with
 // the leader changes) against the save's start plus the alive bound.
@@ -25,7 +26,8 @@ type StallRecord struct {
 	SaveP50Ms    float64 `json:"save_p50_ms"`
 	SaveMaxMs    float64 `json:"save_max_ms"`
 	// OtherSlowSaves, OtherSaveMaxMs: the other nodes' slow saves (their disks are not
-	// throttled).
+	// throttled: what they show is the CPU stress, and the stalled node's hold on a shared
+	// filesystem where there is one).
 	OtherSlowSaves int     `json:"other_slow_saves"`
 	OtherSaveMaxMs float64 `json:"other_save_max_ms"`
 	// Judged: the stalled node's slow saves that lasted at least judgeMin past the alive
