@@ -103,7 +103,9 @@ rounds alternate, so every system sees the same machine.
                    pinned to a CPU shared with three spinners); stress (one spinner per CPU
                    AND a starved follower); stress-disk (stress, AND the other follower's
                    disk stalled: its writes limited to --fe-stall-iops a second, so each
-                   fsync takes hundreds of ms, while 4 writers put to the leader). Every
+                   fsync takes hundreds of ms, while 4 writers put to the leader; with this
+                   phase every node of every system has a disk of its own, ext4 on a loop
+                   device, so the stall is the stalled node's alone). Every
                    mode's cluster under the same pressure at once. The shortest quiet timeout per mode is the shortest of
                    --election-ticks with no leader change (a search wants --fe-duration 10m).
   throughput       --clients closed-loop writers of 64-byte values over 1000 keys, per

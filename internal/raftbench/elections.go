@@ -41,6 +41,9 @@ type FalseElections struct {
 	// Stall: a kedge cluster's slow saves in a stress-disk run, and whether the stalled node
 	// stopped answering for itself within the alive bound (nil: etcd, or another phase).
 	Stall *StallRecord `json:"stall,omitempty"`
+	// WALFsync: the nodes' WAL fsyncs in a stress-disk run, the stalled node's apart (nil:
+	// another phase, or a node whose metrics could not be read).
+	WALFsync *WALFsyncRecord `json:"wal_fsync,omitempty"`
 	// UntilChange: the run was to end at its first leader or term change (--fe-until-change),
 	// so a run shorter than asked for saw one.
 	UntilChange bool `json:"until_change,omitempty"`
@@ -138,11 +141,13 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 				defer wg.Done()
 				var ws *stallWriters
 				var sw *stallWatch
+				var fs0 map[int]fsyncHist
 				if sc == "stress-disk" {
 					ws = startWriters(ctx, cs[mode], leaders[i], StallWriters)
 					if mode != ModeEtcd {
 						sw = newStallWatch(cs[mode], stalled[i], o.aliveBound(electionTicks))
 					}
+					fs0 = walFsyncHists(ctx, cs[mode])
 				}
 				res[i], errs[i] = watchLeaders(ctx, cs[mode], o.FalseElectionDuration, o.UntilChange, sw)
 				if ws != nil {
@@ -152,6 +157,9 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 				if sw != nil {
 					sw.readEvents(ctx, true)
 					res[i].Stall = sw.record()
+				}
+				if fs0 != nil {
+					res[i].WALFsync = walFsyncRecord(fs0, walFsyncHists(ctx, cs[mode]), stalled[i])
 				}
 			}()
 		}

@@ -77,12 +77,15 @@ func LadderFigures(dir string) (string, error) {
 	delete(head.Parameters, "election_ticks")
 	fmt.Fprintf(&b, "%s to %s, %s; each run %s.\n", first.Timestamp.Format("2006-01-02 15:04"), last.Timestamp.Format("15:04 UTC"),
 		strings.Split(first.Describe(), ", load average")[0], configuration(&head))
-	b.WriteString("\n| Run | System | Election timeout | Ran | Leader changes (term +) | Load at start / end | Writes acknowledged / failed | Stalled node's slow saves, p50 / max | Other nodes' longest save | Stalled node stopped answering: saves judged, heard late at the earliest (latest) reading | Commit |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	b.WriteString("\n| Run | System | Election timeout | Ran | Leader changes (term +) | Load at start / end | Writes acknowledged / failed | Stalled node's slow saves, p50 / max | Other nodes' longest save | WAL fsyncs over 100 ms, stalled node / the others (longest, at most) | Stalled node stopped answering: saves judged, heard late at the earliest (latest) reading | Commit |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	safe := map[string]float64{}
 	var order []string
 	for i, r := range runs {
 		for _, f := range r.FalseElections {
-			stall, others, judged := "-", "-", "-"
+			stall, others, judged, fsyncs := "-", "-", "-", "-"
+			if w := f.WALFsync; w != nil {
+				fsyncs = fmt.Sprintf("%d of %d (%.0f ms) / %d of %d (%.0f ms)", w.Slow, w.Fsyncs, w.MaxLeMs, w.OtherSlow, w.OtherFsyncs, w.OtherMaxLeMs)
+			}
 			if s := f.Stall; s != nil {
 				stall = fmt.Sprintf("%d, %.0f / %.0f ms", s.SlowSaves, s.SaveP50Ms, s.SaveMaxMs)
 				others = fmt.Sprintf("%.0f ms", s.OtherSaveMaxMs)
@@ -96,8 +99,8 @@ func LadderFigures(dir string) (string, error) {
 				load = fmt.Sprintf("%.1f / -", r.LoadAvg[0])
 			}
 			label := ladderLabel(r, f.Offload)
-			fmt.Fprintf(&b, "| %d | %s | %.0f ms | %.0f s | %d (%d) | %s | %d / %d | %s | %s | %s | %.7s |\n", i+1, label, f.ElectionTimeoutMs, f.DurationS,
-				f.LeaderChanges, f.TermIncrease, load, f.Writes, f.WriteErrors, stall, others, judged, r.Commit)
+			fmt.Fprintf(&b, "| %d | %s | %.0f ms | %.0f s | %d (%d) | %s | %d / %d | %s | %s | %s | %s | %.7s |\n", i+1, label, f.ElectionTimeoutMs, f.DurationS,
+				f.LeaderChanges, f.TermIncrease, load, f.Writes, f.WriteErrors, stall, others, fsyncs, judged, r.Commit)
 			if !slices.Contains(order, label) {
 				order = append(order, label)
 			}

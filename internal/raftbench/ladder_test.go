@@ -2,6 +2,7 @@ package raftbench
 
 import (
 	"context"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -36,7 +37,8 @@ func TestLadderFigures(t *testing.T) {
 	// Written out of order: the table follows the runs' times.
 	write("on-2", t0.Add(30*time.Minute), []FalseElections{{Offload: ModeOn, Scenario: "stress-disk", ElectionTimeoutMs: 2, DurationS: 41, LeaderChanges: 1, TermIncrease: 2, UntilChange: true}}, nil)
 	write("etcd-50", t0, []FalseElections{{Offload: ModeEtcd, Scenario: "stress-disk", ElectionTimeoutMs: 50, DurationS: 600, Writes: 9000, Stalled: 2,
-		LoadStart: []float64{3, 2, 1}, LoadEnd: []float64{4.5, 3, 2}}}, nil)
+		LoadStart: []float64{3, 2, 1}, LoadEnd: []float64{4.5, 3, 2},
+		WALFsync: &WALFsyncRecord{SlowOverMs: 128, Fsyncs: 300, Slow: 250, MaxLeMs: 1024, OtherFsyncs: 18000, OtherSlow: 0, OtherMaxLeMs: 32}}}, nil)
 	write("on-5", t0.Add(15*time.Minute), []FalseElections{{Offload: ModeOn, Scenario: "stress-disk", ElectionTimeoutMs: 5, DurationS: 600, Writes: 12000, Stalled: 3,
 		Stall: &StallRecord{AliveBoundMs: 100, SlowSaves: 1500, SaveP50Ms: 340, SaveMaxMs: 480, OtherSlowSaves: 4, OtherSaveMaxMs: 150, Judged: 1400, Late: 0, LateMaybe: 3, LastWordMaxMs: 101, LastWordMaxLateMs: 140}}}, nil)
 	write("on-5-lease", t0.Add(40*time.Minute), []FalseElections{{Offload: ModeOn, Scenario: "stress-disk", ElectionTimeoutMs: 5, DurationS: 4, LeaderChanges: 1, UntilChange: true}}, nil)
@@ -46,8 +48,8 @@ func TestLadderFigures(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"| 1 | etcd | 50 ms | 600 s | 0 (0) | 3.0 / 4.5 | 9000 / 0 | - | - | - | 0123456 |",
-		"| 2 | on | 5 ms | 600 s | 0 (0) | - | 12000 / 0 | 1500, 340 / 480 ms | 150 ms | 1400, 0 (3 maybe); last word at most 101 ms (140 ms) after a save began; bound 100 ms | 0123456 |",
+		"| 1 | etcd | 50 ms | 600 s | 0 (0) | 3.0 / 4.5 | 9000 / 0 | - | - | 250 of 300 (1024 ms) / 0 of 18000 (32 ms) | - | 0123456 |",
+		"| 2 | on | 5 ms | 600 s | 0 (0) | - | 12000 / 0 | 1500, 340 / 480 ms | 150 ms | - | 1400, 0 (3 maybe); last word at most 101 ms (140 ms) after a save began; bound 100 ms | 0123456 |",
 		"| 3 | on | 2 ms | 41 s | 1 (2) | 2.0 / - |",
 		"| etcd | 50 ms | 50 ms: quiet | - |",
 		"| on | 5 ms | 5 ms: quiet; 2 ms: a change after 41 s | 0.10x |",
@@ -63,5 +65,31 @@ func TestLadderFigures(t *testing.T) {
 	}
 	if _, err := LadderFigures(t.TempDir()); err == nil {
 		t.Error("an empty ladder: no error")
+	}
+}
+
+// TestWALFsyncRecord: the run's fsyncs are the difference of two cumulative readings; the
+// longest is the upper bound of the highest bucket that gained one, slow is over the first
+// bound of at least 100 ms; the stalled node is apart from the others.
+func TestWALFsyncRecord(t *testing.T) {
+	inf := math.Inf(1)
+	before := map[int]fsyncHist{
+		1: {0.001: 10, 0.128: 10, 0.256: 10, inf: 10},
+		2: {0.001: 5, 0.128: 5, 0.256: 6, inf: 6},
+		3: {0.001: 0, 0.128: 0, 0.256: 0, inf: 0},
+	}
+	after := map[int]fsyncHist{
+		1: {0.001: 20, 0.128: 30, 0.256: 30, inf: 30}, // 20 more, the longest <= 128 ms
+		2: {0.001: 5, 0.128: 6, 0.256: 9, inf: 10},    // 4 more: 1 <= 128, 2 <= 256, 1 beyond
+		3: {0.001: 7, 0.128: 7, 0.256: 7, inf: 7},     // 7, all <= 1 ms
+	}
+	got := walFsyncRecord(before, after, 2)
+	want := WALFsyncRecord{SlowOverMs: 128, Fsyncs: 4, Slow: 3, MaxLeMs: inf, OtherFsyncs: 27, OtherSlow: 0, OtherMaxLeMs: 128}
+	if got == nil || *got != want {
+		t.Errorf("record %+v, want %+v", got, want)
+	}
+	delete(after, 3)
+	if r := walFsyncRecord(before, after, 2); r != nil {
+		t.Errorf("a node missing from one reading: %+v, want nil", r)
 	}
 }

@@ -2,7 +2,14 @@ package raftbench
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -168,6 +175,120 @@ func (w *stallWatch) record() *StallRecord {
 	r.SlowSaves = len(took)
 	if len(took) > 0 {
 		r.SaveP50Ms, r.SaveMaxMs = bench.Percentile(took, 50), took[len(took)-1]
+	}
+	return r
+}
+
+// WALFsyncRecord is what a stress-disk run saw of its nodes' WAL fsyncs, from their
+// histograms (kedge_raft_wal_fsync_seconds, etcd's etcd_disk_wal_fsync_duration_seconds),
+// read before and after the run: the stalled node's apart from the others'. Both systems
+// have one, so it shows whether the stall stayed the stalled node's in each. A fsync's time
+// is known to its bucket: the longest is its bucket's upper bound, "slow" is over the
+// smallest bound of at least 100 ms (kedge's 102.4 ms, etcd's 128 ms).
+type WALFsyncRecord struct {
+	SlowOverMs   float64 `json:"slow_over_ms"`
+	Fsyncs       int     `json:"fsyncs"`          // the stalled node's
+	Slow         int     `json:"slow"`            // of those, over SlowOverMs
+	MaxLeMs      float64 `json:"max_le_ms"`       // the longest, at most
+	OtherFsyncs  int     `json:"other_fsyncs"`    // the other nodes'
+	OtherSlow    int     `json:"other_slow"`      // of those, over SlowOverMs
+	OtherMaxLeMs float64 `json:"other_max_le_ms"` // the longest, at most
+}
+
+// fsyncHist is one node's cumulative WAL fsync histogram: upper bound (s) -> count.
+type fsyncHist map[float64]float64
+
+// walFsyncHists reads every node's WAL fsync histogram (a node that does not answer is
+// left out).
+func walFsyncHists(ctx context.Context, c *raftlab.Cluster) map[int]fsyncHist {
+	name := "kedge_raft_wal_fsync_seconds_bucket{"
+	if c.Spec.Etcd() {
+		name = "etcd_disk_wal_fsync_duration_seconds_bucket{"
+	}
+	cl := raftlab.NewClient(c.Client, 2*time.Second)
+	defer cl.Close()
+	out := map[int]fsyncHist{}
+	for _, n := range c.Nodes {
+		m, err := metricsText(ctx, cl.HTTP, n.ClientAddr.String())
+		if err != nil {
+			continue
+		}
+		h := fsyncHist{}
+		for _, l := range strings.Split(m, "\n") {
+			// ..._bucket{le="0.128"} 42
+			rest, ok := strings.CutPrefix(l, name)
+			_, rest, ok2 := strings.Cut(rest, `le="`)
+			le, val, ok3 := strings.Cut(rest, `"} `)
+			if !ok || !ok2 || !ok3 {
+				continue
+			}
+			b, err1 := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
+			v, err2 := strconv.ParseFloat(strings.TrimSpace(val), 64)
+			if err1 == nil && err2 == nil {
+				h[b] = v
+			}
+		}
+		if len(h) > 0 {
+			out[n.ID] = h
+		}
+	}
+	return out
+}
+
+func metricsText(ctx context.Context, hc *http.Client, addr string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("metrics of %s: %s", addr, resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// walFsyncRecord is the difference of two readings; nil when a node is missing from either.
+func walFsyncRecord(before, after map[int]fsyncHist, stalled int) *WALFsyncRecord {
+	if len(after) == 0 || len(before) != len(after) {
+		return nil
+	}
+	r := &WALFsyncRecord{}
+	for id, a := range after {
+		b, ok := before[id]
+		if !ok {
+			return nil
+		}
+		bounds := slices.Sorted(maps.Keys(a))
+		slowAt := math.Inf(1)
+		for _, le := range bounds {
+			if le >= 0.1 {
+				slowAt = le
+				break
+			}
+		}
+		r.SlowOverMs = slowAt * 1000
+		total := a[math.Inf(1)] - b[math.Inf(1)]
+		slow := total - (a[slowAt] - b[slowAt])
+		var maxLe float64
+		prev := 0.0
+		for _, le := range bounds {
+			if n := a[le] - b[le]; n > prev { // a fsync in (previous bound, le]
+				maxLe = le
+			}
+			prev = a[le] - b[le]
+		}
+		if id == stalled {
+			r.Fsyncs, r.Slow, r.MaxLeMs = int(total), int(slow), maxLe*1000
+		} else {
+			r.OtherFsyncs += int(total)
+			r.OtherSlow += int(slow)
+			r.OtherMaxLeMs = max(r.OtherMaxLeMs, maxLe*1000)
+		}
 	}
 	return r
 }
