@@ -32,6 +32,8 @@ left behind. Everything kedge creates carries its run's owner ID (<pid>_<hex>):
   - pin directories /sys/fs/bpf/kedge/<name>.<owner>
   - status files /run/kedge/<capability>.<owner>.json
   - the pacer's veths (alias kedge:<owner>) here and in every named namespace
+  - lab disks /var/tmp/kedge-disks/kedge-<owner>-....img (and a loop device on one)
+  - disk-stall cgroups kedge-stall-<owner>-<pid> of the blkio (or io) hierarchy
 A run holds a lock on its record /run/kedge/owners/<owner>.lock while it runs, so
 cleanup knows for certain which runs have ended, also across PID namespaces
 (containers): it removes only what belongs to those, and keeps what belongs to a

@@ -60,6 +60,7 @@ type raftLabFlags struct {
 	tick          time.Duration
 	electionTicks int
 	unsafeReads   bool
+	nodeDisks     bool
 }
 
 func (f *raftLabFlags) add(cmd *cobra.Command) {
@@ -67,6 +68,7 @@ func (f *raftLabFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&f.nodes, "nodes", 3, "number of nodes: 3, 5 or 7")
 	cmd.Flags().DurationVar(&f.tick, "tick", 0, "raft tick (0: the node's default, 10ms)")
 	cmd.Flags().IntVar(&f.electionTicks, "election-ticks", 0, "election timeout in ticks (0: the node's default, 10)")
+	cmd.Flags().BoolVar(&f.nodeDisks, "node-disks", false, "give every node a disk of its own (ext4 on a loop device), so that the stall fault stalls that node's disk alone")
 	cmd.Flags().BoolVar(&f.unsafeReads, "unsafe-local-reads", false, "start the nodes in the deliberately broken read mode (for the checker)")
 	_ = cmd.Flags().MarkHidden("unsafe-local-reads")
 }
@@ -75,6 +77,9 @@ func (f *raftLabFlags) args() []string {
 	a := []string{"--name", f.name, "--nodes", strconv.Itoa(f.nodes), "--tick", f.tick.String(), "--election-ticks", strconv.Itoa(f.electionTicks)}
 	if f.unsafeReads {
 		a = append(a, "--unsafe-local-reads")
+	}
+	if f.nodeDisks {
+		a = append(a, "--node-disks")
 	}
 	return a
 }
@@ -226,7 +231,7 @@ func newRaftLabSuperviseCmd() *cobra.Command {
 			defer stop()
 			upCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
 			c, err := raftlab.Up(upCtx, raftlab.Spec{Name: f.name, Nodes: f.nodes, Binary: self, Dir: dir,
-				Tick: f.tick, ElectionTicks: f.electionTicks, UnsafeLocalReads: f.unsafeReads, Persistent: true})
+				Tick: f.tick, ElectionTicks: f.electionTicks, UnsafeLocalReads: f.unsafeReads, Persistent: true, NodeDisks: f.nodeDisks})
 			cancel()
 			if err != nil {
 				return err
