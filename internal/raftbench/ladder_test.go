@@ -63,6 +63,31 @@ func TestLadderFigures(t *testing.T) {
 			t.Errorf("ladder figures lack %q:\n%s", want, got)
 		}
 	}
+	if !strings.Contains(got, "| System | Shortest safe timeout (no leader or term change in a whole run of 10 minutes) |") {
+		t.Errorf("ladder figures do not name the run length:\n%s", got)
+	}
+	// A shorter ladder: a run quiet for all of its 5 minutes makes its timeout safe, one
+	// that ended early does not.
+	short := t.TempDir()
+	for i, fe := range []FalseElections{
+		{Offload: ModeEtcd, Scenario: "stress-disk", ElectionTimeoutMs: 100, DurationS: 300},
+		{Offload: ModeOn, Scenario: "stress-disk", ElectionTimeoutMs: 20, DurationS: 120, LeaderChanges: 1, UntilChange: true},
+	} {
+		r := Result{Envelope: bench.NewEnvelope(context.Background(), Schema, "", map[string]any{"false_election_s": 300}), FalseElections: []FalseElections{fe}}
+		r.Timestamp = t0.Add(time.Duration(i) * time.Minute)
+		if err := bench.WriteJSON(filepath.Join(short, fe.Offload, "result.json"), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err = LadderFigures(short)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"(no leader or term change in a whole run of 5 minutes)", "| etcd | 100 ms | 100 ms: quiet | - |", "| on | none of those run | 20 ms: a change after 120 s | - |"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("short ladder figures lack %q:\n%s", want, got)
+		}
+	}
 	if _, err := LadderFigures(t.TempDir()); err == nil {
 		t.Error("an empty ladder: no error")
 	}
