@@ -60,21 +60,33 @@ type PeerStatus struct {
 	Next        uint64   `json:"next"`
 	State       string   `json:"state"`
 	LastHeardMs *float64 `json:"last_heard_ms"`
+	// TransportHeardMs, KernelHeardMs: LastHeardMs by each record, the leader's transport
+	// (what its user space received from the follower) and, with the kernel paths, its
+	// program's record of the follower's heartbeat responses; absent when that record never
+	// heard it. LastHeardMs is the smaller.
+	TransportHeardMs *float64 `json:"transport_heard_ms,omitempty"`
+	KernelHeardMs    *float64 `json:"kernel_heard_ms,omitempty"`
 }
 
 // Status answers GET /v1/status.
 type Status struct {
-	ID               uint64   `json:"id"`
-	ClusterID        uint64   `json:"cluster_id"`
-	State            string   `json:"state"`
-	Leader           uint64   `json:"leader"`
-	Term             uint64   `json:"term"`
-	Commit           uint64   `json:"commit"`
-	Applied          uint64   `json:"applied"`
-	LastIndex        uint64   `json:"last_index"`
-	SnapshotIndex    uint64   `json:"snapshot_index"`
-	LastHeartbeatMs  *float64 `json:"last_heartbeat_ms"`
-	UnsafeLocalReads bool     `json:"unsafe_local_reads"`
+	ID              uint64   `json:"id"`
+	ClusterID       uint64   `json:"cluster_id"`
+	State           string   `json:"state"`
+	Leader          uint64   `json:"leader"`
+	Term            uint64   `json:"term"`
+	Commit          uint64   `json:"commit"`
+	Applied         uint64   `json:"applied"`
+	LastIndex       uint64   `json:"last_index"`
+	SnapshotIndex   uint64   `json:"snapshot_index"`
+	LastHeartbeatMs *float64 `json:"last_heartbeat_ms"`
+	// TransportHeartbeatMs, KernelHeartbeatMs: a follower's LastHeartbeatMs by each record,
+	// its transport's (what its user space received from the leader) and, with the kernel
+	// paths, its program's (the leader's heartbeats it answered without waking the node);
+	// absent when that record never heard the leader. LastHeartbeatMs is the smaller.
+	TransportHeartbeatMs *float64 `json:"transport_heartbeat_ms,omitempty"`
+	KernelHeartbeatMs    *float64 `json:"kernel_heartbeat_ms,omitempty"`
+	UnsafeLocalReads     bool     `json:"unsafe_local_reads"`
 	// Offload is the follower kernel path ("xdp-native on eth0"); empty when off.
 	Offload string       `json:"offload,omitempty"`
 	Peers   []PeerStatus `json:"peers,omitempty"`

@@ -137,6 +137,16 @@ func TestLabOffload(t *testing.T) {
 		if ls.LastHeartbeatMs == nil || *ls.LastHeartbeatMs > 1000 {
 			t.Fatalf("leader %d: last_heartbeat_ms %v (the oldest follower's; want under 1000), peers %+v", lead, ptrString(ls.LastHeartbeatMs), ls.Peers)
 		}
+		// Each record apart: the kernel's is the one that keeps up.
+		if fs.KernelHeartbeatMs == nil || *fs.KernelHeartbeatMs > 1000 {
+			t.Fatalf("follower %d: kernel_heartbeat_ms %v (transport's %v), want under 1000", fol, ptrString(fs.KernelHeartbeatMs), ptrString(fs.TransportHeartbeatMs))
+		}
+		for _, p := range ls.Peers {
+			if p.KernelHeardMs == nil || *p.KernelHeardMs > 1000 {
+				t.Fatalf("leader %d: kernel_heard_ms of %d %v (transport's %v), want under 1000", lead, p.ID, ptrString(p.KernelHeardMs), ptrString(p.TransportHeardMs))
+			}
+		}
+		t.Logf("follower %d: last heartbeat %s ms ago by its kernel, %s by its transport", fol, ptrString(fs.KernelHeartbeatMs), ptrString(fs.TransportHeartbeatMs))
 		time.Sleep(200 * time.Millisecond)
 	}
 

@@ -596,7 +596,9 @@ func (n *Node) Status() api.Status {
 				continue
 			}
 			h := n.heardMs(id, true)
-			st.Peers = append(st.Peers, api.PeerStatus{ID: id, Match: pr.Match, Next: pr.Next, State: strings.ToLower(strings.TrimPrefix(pr.State.String(), "State")), LastHeardMs: h})
+			tr, k := n.heardByMs(id, true)
+			st.Peers = append(st.Peers, api.PeerStatus{ID: id, Match: pr.Match, Next: pr.Next, State: strings.ToLower(strings.TrimPrefix(pr.State.String(), "State")), LastHeardMs: h,
+				TransportHeardMs: tr, KernelHeardMs: k})
 			if h != nil && (oldest == nil || *h > *oldest) {
 				oldest = h
 			}
@@ -604,6 +606,7 @@ func (n *Node) Status() api.Status {
 		st.LastHeartbeatMs = oldest
 	} else if s.Lead != raft.None {
 		st.LastHeartbeatMs = n.heardMs(s.Lead, false)
+		st.TransportHeartbeatMs, st.KernelHeartbeatMs = n.heardByMs(s.Lead, false)
 	}
 	return st
 }
@@ -617,6 +620,20 @@ func (n *Node) heardMs(peer uint64, leading bool) *float64 {
 		return nil
 	}
 	v := float64(age.Microseconds()) / 1000
+	return &v
+}
+
+// heardByMs is heardMs by each record, the transport's and the kernel's (nil: never heard).
+func (n *Node) heardByMs(peer uint64, leading bool) (transport, kernel *float64) {
+	h := n.off.HeardBy(peer, leading)
+	return durMs(h.Transport), durMs(h.Kernel)
+}
+
+func durMs(d *time.Duration) *float64 {
+	if d == nil {
+		return nil
+	}
+	v := float64(d.Microseconds()) / 1000
 	return &v
 }
 

@@ -377,13 +377,36 @@ func (o *Offload) SetConfState(cs *pb.ConfState) { o.cs.Store(cs) }
 // delivered and what the kernel answered or recorded without waking the node. ok is false
 // when it never heard peer.
 func (o *Offload) HeardAgo(peer uint64, asLeader bool) (ago time.Duration, ok bool) {
-	if t := o.tr.LastHeard(peer); !t.IsZero() {
-		ago, ok = time.Since(t), true
+	h := o.HeardBy(peer, asLeader)
+	if h.Transport != nil {
+		ago, ok = *h.Transport, true
 	}
-	if k, kok := o.fol.kernelHeard(peer, asLeader); kok && (!ok || k < ago) {
-		ago, ok = k, true
+	if h.Kernel != nil && (!ok || *h.Kernel < ago) {
+		ago, ok = *h.Kernel, true
 	}
 	return ago, ok
+}
+
+// Heard is how long ago this node last heard a peer by each of its records (nil: that record
+// never heard it). Transport: any message its transport delivered from the peer (user space
+// saw it). Kernel: the follower program's record - as follower, the leader's heartbeats it
+// answered or recorded without waking the node; as leader, the peer's heartbeat responses it
+// recorded. HeardAgo is the later of the two.
+type Heard struct {
+	Transport, Kernel *time.Duration
+}
+
+// HeardBy returns each record of peer (asLeader: as HeardAgo).
+func (o *Offload) HeardBy(peer uint64, asLeader bool) Heard {
+	var h Heard
+	if t := o.tr.LastHeard(peer); !t.IsZero() {
+		d := time.Since(t)
+		h.Transport = &d
+	}
+	if k, ok := o.fol.kernelHeard(peer, asLeader); ok {
+		h.Kernel = &k
+	}
+	return h
 }
 
 // Mode describes the follower kernel path ("xdp-native on eth0"; "" when off).
