@@ -110,7 +110,7 @@ func TestNetnsQUIC(t *testing.T) {
 			}
 			// A spin-bit sample is the path's RTT plus the time the server takes to send its
 			// next packet, a Python event loop's on a busy machine: up to quicSlack.
-			checkShaped(t, "quic", samples, 0, quicSlack)
+			checkShaped(t, "quic", samples, 0, quicSlack, 0)
 			server := l.server.IPv4
 			for i, e := range samples {
 				if e.Flow.Src.Addr() != server || e.Flow.Src.Port() != 443 || len(e.ConnID) != 8 || e.MatchOnEgress {
