@@ -49,13 +49,29 @@ func (e *LoadError) Full() string {
 func LoadAndAssign(what string, spec *ebpf.CollectionSpec, to any, opts *ebpf.CollectionOptions) error {
 	memlockErr := rlimit.RemoveMemlock()
 	if err := spec.LoadAndAssign(to, opts); err != nil {
-		if memlockErr != nil {
-			err = errors.Join(err, fmt.Errorf("raise RLIMIT_MEMLOCK: %w", memlockErr))
-		}
-		return &LoadError{What: what, err: NotSupported("a BPF feature of the "+what+" programs", "",
-			"see 'kedge probe' for what this kernel offers", err)}
+		return loadError(what, err, memlockErr)
 	}
 	return nil
+}
+
+// loadError is the *LoadError of a failed load of what.
+func loadError(what string, err, memlockErr error) error {
+	if memlockErr != nil {
+		err = errors.Join(err, fmt.Errorf("raise RLIMIT_MEMLOCK: %w", memlockErr))
+	}
+	return &LoadError{What: what, err: NotSupported("a BPF feature of the "+what+" programs", "",
+		"see 'kedge probe' for what this kernel offers", err)}
+}
+
+// NewCollection loads spec like LoadAndAssign, for a collection whose programs and maps
+// are not known at build time (an object the user built): every program and map of spec.
+func NewCollection(what string, spec *ebpf.CollectionSpec, opts ebpf.CollectionOptions) (*ebpf.Collection, error) {
+	memlockErr := rlimit.RemoveMemlock()
+	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
+	if err != nil {
+		return nil, loadError(what, err, memlockErr)
+	}
+	return coll, nil
 }
 
 // NotSupported turns err into a *kedge.FeatureError for feature when it says the kernel
