@@ -121,6 +121,10 @@ enum sg_reduce {
 	SG_RED_MAX = 2,
 	SG_RED_COUNT = 3,
 	SG_RED_GATHER = 4,
+	/* A reduction the user wrote in C (bpf/sg/user.h): the gather checks the reply as for
+	 * SUM (payload_len == elems * size) and tail-calls the group's program in the
+	 * sg_user_progs array, which reduces it under the slot's lock. */
+	SG_RED_USER = 5,
 };
 
 enum sg_dtype {
@@ -378,6 +382,22 @@ struct sg_stats {
 	__u64 bad_version;     /* sg magic with another version: passed */
 	__u64 sweeps;          /* expiry sweeps run (kernels without bpf_timer) */
 	__u64 timer_errors;    /* bpf_timer_start failed: the sweep or user space expires it */
+	/* user reductions (SG_RED_USER) */
+	__u64 user_refused;    /* the user's reduction refused the reply: dropped, not answered */
+	__u64 user_errors;     /* no program for the group (the tail call failed), or a user
+				* reduction run other than by the gather: dropped */
+};
+
+/* sg_user_call map value (per-CPU, one entry): what the gather hands a user reduction it
+ * tail-calls (bpf/sg/user.h). The gather writes it and sets armed; the user program clears
+ * armed when it reads it, so a program not run by the gather finds nothing. */
+struct sg_user_call {
+	__u32 group;
+	__u32 worker;
+	__u32 off;   /* the sg header's offset in the packet */
+	__u32 len;   /* payload bytes after it: elems * size, checked against the packet */
+	__u32 armed;
+	__u32 _pad;
 };
 
 /* The program's configuration, set by user space before load (const volatile sg_cfg,

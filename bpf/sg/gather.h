@@ -18,7 +18,8 @@
  *   slot still pending .................... else dropped (late)
  *   worker's bit not yet set .............. else dropped (duplicates; late_replies for a
  *                                           worker a re-send went to: stored.h)
- * Then it is reduced under the slot's lock and dropped; the reply that completes the
+ * Then it is reduced under the slot's lock and dropped (SG_RED_USER: the group's user
+ * reduction is tail-called to do that, user.h); the reply that completes the
  * request (count reaches need) also emits the result into the ring buffer, and with the
  * group flag SG_GF_WAKE_SOCKET it is passed (XDP_PASS, untouched) to the coordinator
  * socket instead of dropped: its arrival wakes the reader (docs/sg.md, Delivery). */
@@ -76,6 +77,46 @@ static __always_inline void reduce_reply(struct sg_slot *s, const struct sg_grou
 		reduce_i64(s, op, 0, n, v, data_end);
 	else
 		reduce_i32(s, op, 0, n, v, data_end);
+}
+
+/* A reply of a group with SG_RED_USER: gather() has written what the user reduction needs
+ * into sg_user_call and returns this; sg_gather then tail-calls the group's program. */
+#define GATHER_USER 0x100
+
+/* user_handoff writes what a user reduction needs (struct sg_user_call). */
+static __always_inline int user_handoff(struct sg_stats *cnt, __u32 gid, __u32 widx, __u32 off,
+					__u32 len)
+{
+	__u32 zero = 0;
+	struct sg_user_call *c = bpf_map_lookup_elem(&sg_user_call, &zero);
+
+	if (!c) {
+		COUNT(cnt, user_errors);
+		return XDP_DROP;
+	}
+	c->group = gid;
+	c->worker = widx;
+	c->off = off;
+	c->len = len;
+	c->armed = 1;
+	return GATHER_USER;
+}
+
+/* call_user tail-calls the user reduction of the reply's group (sg_user_progs), which
+ * reduces it (user.h); returns only when the group has none. */
+static __always_inline int call_user(struct xdp_md *ctx)
+{
+	__u32 zero = 0;
+	struct sg_user_call *c = bpf_map_lookup_elem(&sg_user_call, &zero);
+	__u32 gid;
+
+	if (!c)
+		return XDP_DROP;
+	gid = c->group;
+	bpf_tail_call(ctx, &sg_user_progs, gid);
+	c->armed = 0;
+	COUNT(stats_for(gid < SG_GROUPS_MAX ? gid : NO_GROUP), user_errors);
+	return XDP_DROP;
 }
 
 static __always_inline int gather(struct xdp_md *ctx)
@@ -177,6 +218,8 @@ static __always_inline int gather(struct xdp_md *ctx)
 			return XDP_PASS;
 		}
 	}
+	if (g->reduce == SG_RED_USER)
+		return user_handoff(cnt, gid, widx, p.payload_off, want);
 	s = reply_slot(h, g, cnt, &id, &slot);
 	if (!s)
 		return XDP_DROP;

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* maps.h - kedge sg's configuration, maps and counter helpers. */
+/* maps.h - kedge sg's configuration and the maps only its own programs use (core_maps.h has
+ * the ones user reductions share). */
 #ifndef KEDGE_SG_MAPS_H
 #define KEDGE_SG_MAPS_H
 
@@ -8,6 +9,7 @@
 #include "counters.h"
 #include "marks.h"
 #include "sg.h"
+#include "core_maps.h"
 
 /* Set by user space before load (internal/sg.Load); the defaults are what it sets when not
  * told otherwise. */
@@ -32,13 +34,6 @@ const enum sg_replica_choice *sg_btf_replica_choice __attribute__((unused));
 const enum sg_slot_state *sg_btf_slot_state __attribute__((unused));
 const struct sg_hdr *sg_btf_hdr __attribute__((unused));
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, SG_GROUPS_MAX);
-	__type(key, __u32);
-	__type(value, struct sg_group);
-} groups SEC(".maps");
-
 /* Every group's workers, group g's at [worker_base, worker_base + nworkers). Sized for one
  * full group per group id; user space adds room past that for the further replicas of
  * shards (struct sg_shard.key). */
@@ -48,13 +43,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct sg_worker);
 } workers SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, SG_SLOTS);
-	__type(key, __u32);
-	__type(value, struct sg_slot);
-} slots SEC(".maps");
 
 /* Multi-packet replies: which parts of each (slot, worker) arrived (struct sg_parts; gather
  * key part_base + (slot - slot_base) * nworkers + worker). An array, so entries are never
@@ -96,38 +84,15 @@ struct {
 	__type(value, struct sg_budget);
 } budgets SEC(".maps");
 
-/* Completed requests. 4 MiB hold ~1800 results (2.4 KiB each), more than the SG_SLOTS
- * that can complete before user space frees a slot only when it is read... so a full
- * ring means user space stopped reading; the slot then keeps the result (ringbuf_full). */
-#define SG_RESULTS_BYTES (4 << 20)
 
+/* User reductions (SG_RED_USER): the program of group g at key g, put there by user space
+ * (internal/sg.Objects.SetUserReduction) before the group is enabled; the gather
+ * tail-calls it (gather.h). */
 struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, SG_RESULTS_BYTES);
-} results SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, SG_GROUPS_MAX + 1);
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, SG_GROUPS_MAX);
 	__type(key, __u32);
-	__type(value, struct sg_stats);
-} stats SEC(".maps");
-
-static __always_inline struct sg_stats *stats_for(__u32 group)
-{
-	return bpf_map_lookup_elem(&stats, &group);
-}
-
-#define NO_GROUP SG_GROUPS_MAX
-
-/* emit_result sends a completed slot's result to user space. The slot is DONE, so no
- * other program writes it until user space has read the result and reuses the slot.
- * flags: 0 (the ring wakes its reader) or BPF_RB_NO_WAKEUP (SG_GF_WAKE_SOCKET: the
- * completing reply, passed to the coordinator socket, wakes it). */
-static __always_inline void emit_result(struct sg_slot *s, struct sg_stats *cnt, __u64 flags)
-{
-	if (bpf_ringbuf_output(&results, &s->res, sizeof(s->res), flags) < 0)
-		COUNT(cnt, ringbuf_full);
-}
+	__type(value, __u32);
+} sg_user_progs SEC(".maps");
 
 #endif /* KEDGE_SG_MAPS_H */

@@ -90,6 +90,12 @@ type Objects struct {
 
 	chunk *ebpf.Program // TierBounded: sg_scatter_chunk
 	other []*ebpf.Map   // maps only the programs use
+
+	// User reductions (LoadUserReduction): the programs the gather tail-calls by group,
+	// what it hands them, and the programs loaded.
+	userProgs *ebpf.Map
+	userCall  *ebpf.Map
+	user      []*ebpf.Program
 }
 
 type loopObjects struct {
@@ -279,7 +285,8 @@ func Load(opts LoadOptions) (*Objects, error) {
 func (o *Objects) fromMaps(m sgMaps) {
 	o.Groups, o.Workers, o.Slots, o.Results, o.Stats, o.Parts, o.Replicas = m.Groups, m.Workers, m.Slots, m.Results, m.Stats, m.Parts, m.Replicas
 	o.Stored, o.Budgets, o.PacerArming = m.Stored, m.Budgets, m.PacerArming
-	o.other = []*ebpf.Map{m.ScatterChain, m.ScatterState, m.PacerArming, m.PacerCounters, m.ResendState}
+	o.userProgs, o.userCall = m.SgUserProgs, m.SgUserCall
+	o.other = []*ebpf.Map{m.ScatterChain, m.ScatterState, m.PacerArming, m.PacerCounters, m.ResendState, m.SgUserProgs, m.SgUserCall}
 }
 
 // InitTimers gives every slot its bpf_timer (TierLoop), retrying slots whose
@@ -326,7 +333,7 @@ func (o *Objects) Close() error {
 			errs = append(errs, c.Close())
 		}
 	}
-	for _, p := range []*ebpf.Program{o.TimersInit, o.chunk, o.Resend} {
+	for _, p := range append([]*ebpf.Program{o.TimersInit, o.chunk, o.Resend}, o.user...) {
 		if p != nil {
 			errs = append(errs, p.Close())
 		}

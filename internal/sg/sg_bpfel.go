@@ -275,6 +275,8 @@ type sgSgStats struct {
 	BadVersion     uint64
 	Sweeps         uint64
 	TimerErrors    uint64
+	UserRefused    uint64
+	UserErrors     uint64
 }
 
 type sgSgStored struct {
@@ -288,6 +290,16 @@ type sgSgStored struct {
 	RepFirst [32]uint64
 	RepLast  [32]uint64
 	Data     [2048]uint8
+}
+
+type sgSgUserCall struct {
+	_      structs.HostLayout
+	Group  uint32
+	Worker uint32
+	Off    uint32
+	Len    uint32
+	Armed  uint32
+	Pad    uint32
 }
 
 type sgSgWorker struct {
@@ -317,6 +329,8 @@ const (
 	sgMapResults            = "results"
 	sgMapScatterChain       = "scatter_chain"
 	sgMapScatterState       = "scatter_state"
+	sgMapSgUserCall         = "sg_user_call"
+	sgMapSgUserProgs        = "sg_user_progs"
 	sgMapSlots              = "slots"
 	sgMapStats              = "stats"
 	sgMapStored             = "stored"
@@ -415,6 +429,8 @@ type sgMapSpecs struct {
 	Results       *ebpf.MapSpec `ebpf:"results"`
 	ScatterChain  *ebpf.MapSpec `ebpf:"scatter_chain"`
 	ScatterState  *ebpf.MapSpec `ebpf:"scatter_state"`
+	SgUserCall    *ebpf.MapSpec `ebpf:"sg_user_call"`
+	SgUserProgs   *ebpf.MapSpec `ebpf:"sg_user_progs"`
 	Slots         *ebpf.MapSpec `ebpf:"slots"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
 	Stored        *ebpf.MapSpec `ebpf:"stored"`
@@ -473,6 +489,8 @@ type sgMaps struct {
 	Results       *ebpf.Map `ebpf:"results"`
 	ScatterChain  *ebpf.Map `ebpf:"scatter_chain"`
 	ScatterState  *ebpf.Map `ebpf:"scatter_state"`
+	SgUserCall    *ebpf.Map `ebpf:"sg_user_call"`
+	SgUserProgs   *ebpf.Map `ebpf:"sg_user_progs"`
 	Slots         *ebpf.Map `ebpf:"slots"`
 	Stats         *ebpf.Map `ebpf:"stats"`
 	Stored        *ebpf.Map `ebpf:"stored"`
@@ -491,6 +509,8 @@ func (m *sgMaps) Close() error {
 		m.Results,
 		m.ScatterChain,
 		m.ScatterState,
+		m.SgUserCall,
+		m.SgUserProgs,
 		m.Slots,
 		m.Stats,
 		m.Stored,

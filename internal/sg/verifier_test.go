@@ -8,7 +8,7 @@ import (
 )
 
 // TestVerifierCost logs the instructions the verifier processed for each program of both
-// tiers (the figures commit messages and docs/sg.md quote when the data path changes; 5.10
+// tiers and the example user reduction (the figures commit messages and docs/sg.md quote when the data path changes; 5.10
 // must still load them: tools/vmtest). It checks only that the kernel reports them.
 func TestVerifierCost(t *testing.T) {
 	bpftest.RequireRoot(t)
@@ -20,10 +20,14 @@ func TestVerifierCost(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: load sg: %v", tier, err)
 		}
+		if err := o.LoadUserReduction(1, UserReduction{Object: topkObject}); err != nil {
+			o.Close()
+			t.Fatalf("%v: load the example user reduction: %v", tier, err)
+		}
 		progs := []struct {
 			name string
 			prog *ebpf.Program
-		}{{"scatter", o.Scatter}, {"cont", o.Cont}, {"gather", o.Gather}, {"sweep", o.Sweep}, {"chunk", o.chunk}, {"resend", o.Resend}}
+		}{{"scatter", o.Scatter}, {"cont", o.Cont}, {"gather", o.Gather}, {"sweep", o.Sweep}, {"chunk", o.chunk}, {"resend", o.Resend}, {"user-topk", o.user[0]}}
 		for _, p := range progs {
 			if p.prog == nil {
 				continue

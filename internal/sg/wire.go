@@ -53,6 +53,7 @@ const (
 	RedMax    = 2
 	RedCount  = 3
 	RedGather = 4
+	RedUser   = 5
 
 	TypeI32 = 0
 	TypeI64 = 1

@@ -27,7 +27,7 @@ func TestWireMatchesBTF(t *testing.T) {
 		},
 		"sg_reduce": {
 			"SG_RED_SUM": RedSum, "SG_RED_MIN": RedMin, "SG_RED_MAX": RedMax, "SG_RED_COUNT": RedCount,
-			"SG_RED_GATHER": RedGather,
+			"SG_RED_GATHER": RedGather, "SG_RED_USER": RedUser,
 		},
 		"sg_dtype":      {"SG_T_I32": TypeI32, "SG_T_I64": TypeI64},
 		"sg_status":     {"SG_ST_OK": StatusOK, "SG_ST_TIMEOUT": StatusTimeout},

@@ -18,7 +18,7 @@ func (c *Config) Validate() error {
 		return errors.New("sg config: no interface (set Config.Interface)")
 	case len(c.Workers) == 0 || len(c.Workers) > MaxWorkers:
 		return fmt.Errorf("sg config: %d workers, want 1..%d", len(c.Workers), MaxWorkers)
-	case c.Reduction < Sum || c.Reduction > Mean:
+	case c.Reduction < Sum || c.Reduction > User:
 		return fmt.Errorf("sg config: unknown reduction %d", c.Reduction)
 	case c.Type < Int32 || c.Type > Float64:
 		return fmt.Errorf("sg config: unknown element type %d", c.Type)
@@ -41,6 +41,9 @@ func (c *Config) Validate() error {
 		return errors.New("sg config: mean takes single-packet replies only: a partial reply's parts would be summed but not counted (unset MultiPacket, or use Sum)")
 	}
 	if err := c.validateFloat(); err != nil {
+		return err
+	}
+	if err := c.validateUser(); err != nil {
 		return err
 	}
 	v4 := c.Workers[0].Addr().Unmap().Is4()
@@ -86,6 +89,26 @@ func (c *Config) validateFloat() error {
 		c.FracBits = DefaultFracBits
 	case c.FracBits < MinFracBits || c.FracBits > MaxFracBits:
 		return fmt.Errorf("sg config: FracBits %d, want %d..%d (fraction bits of the fixed-point sum; docs/sg.md, \"Float reductions\")", c.FracBits, MinFracBits, MaxFracBits)
+	}
+	return nil
+}
+
+// validateUser checks a user reduction's settings.
+func (c *Config) validateUser() error {
+	u := c.UserReduction
+	switch {
+	case c.Reduction != User && u != (UserReduction{}):
+		return fmt.Errorf("sg config: a user reduction object (%s) for a %v group: set Reduction: User", u.Object, c.Reduction)
+	case c.Reduction != User:
+		return nil
+	case u.Object == "":
+		return errors.New("sg config: reduction user needs its object (Config.UserReduction.Object, --user-object); " + isg.UserBuildHint)
+	case c.Type.IsFloat():
+		return fmt.Errorf("sg config: a user reduction takes int32 or int64 vectors, not %v", c.Type)
+	case c.MultiPacket:
+		return errors.New("sg config: a user reduction takes single-packet replies only (unset MultiPacket)")
+	case c.Resend != 0:
+		return errors.New("sg config: a user reduction does not take re-sends (unset Resend)")
 	}
 	return nil
 }

@@ -58,6 +58,10 @@ func (g *Group) decode(rec *isg.ResultRec, w *waiter, by int) Result {
 			}
 			r.Floats = g.cfg.floats(rec.Agg[:g.cfg.Elems], r.Count)
 		}
+	case User:
+		if r.Count > 0 {
+			r.Values = append([]int64(nil), rec.Agg[:g.cfg.Elems]...)
+		}
 	case Gather:
 		per := g.cfg.Elems * g.cfg.Type.Size()
 		raw := make([]byte, isg.AggBytes)

@@ -142,6 +142,12 @@ func Open(cfg Config) (_ *Group, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("load sg data plane: %w", err)
 	}
+	if cfg.Reduction == User {
+		u := isg.UserReduction{Object: cfg.UserReduction.Object, Program: cfg.UserReduction.Program}
+		if err := g.objs.LoadUserReduction(uint32(cfg.Group), u); err != nil {
+			return nil, err
+		}
+	}
 	untimed, err := g.objs.InitTimers()
 	if err != nil {
 		return nil, err

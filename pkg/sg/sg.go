@@ -45,6 +45,11 @@ const (
 	// counted, in Result.Floats; not with MultiPacket (a partial reply's parts would be
 	// in the sum but not the count).
 	Mean
+	// User is a reduction written in C by the user (Config.UserReduction; docs/sg.md,
+	// "User reductions"): the kernel hands it each reply that passed the checks every reply
+	// passes, and Result.Values is its Elems accumulators. Int32 and Int64 only; not with
+	// MultiPacket or Resend.
+	User
 )
 
 func (r Reduction) String() string {
@@ -61,26 +66,39 @@ func (r Reduction) String() string {
 		return "gather"
 	case Mean:
 		return "mean"
+	case User:
+		return "user"
 	}
 	return fmt.Sprintf("Reduction(%d)", int(r))
 }
 
-// ParseReduction parses "sum", "min", "max", "count", "gather" or "mean".
+// ParseReduction parses "sum", "min", "max", "count", "gather", "mean" or "user".
 func ParseReduction(s string) (Reduction, error) {
-	for r := Sum; r <= Mean; r++ {
+	for r := Sum; r <= User; r++ {
 		if r.String() == s {
 			return r, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown reduction %q (want sum, min, max, count, gather or mean)", s)
+	return 0, fmt.Errorf("unknown reduction %q (want sum, min, max, count, gather, mean or user)", s)
 }
 
 // kernel is the data plane's reduction (enum sg_reduce): Mean is reduced as Sum.
 func (r Reduction) kernel() uint8 {
-	if r == Mean {
+	switch r {
+	case Mean:
 		return isg.RedSum
+	case User:
+		return isg.RedUser
 	}
 	return uint8(r)
+}
+
+// UserReduction names a reduction written by the user (Config.UserReduction): the BPF
+// object built from it (bpf/sg/user.h; docs/sg.md, "User reductions") and the program in it
+// that SG_USER_REDUCTION made ("": the object's only XDP program).
+type UserReduction struct {
+	Object  string
+	Program string
 }
 
 // ElemType is the type of the elements of a reply vector.
@@ -228,7 +246,12 @@ type Config struct {
 	EjectMaxBackoff time.Duration
 
 	Reduction Reduction
-	Type      ElemType
+	// UserReduction is the reduction of a group with Reduction User: Open loads it and
+	// refuses an object that is not one, was built against another kedge's headers, or
+	// that the verifier rejects (the error says which; a verifier rejection is a
+	// *bpfx.LoadError with the log's last lines).
+	UserReduction UserReduction
+	Type          ElemType
 	// FracBits: Float32/Float64 Sum and Mean travel in fixed point with this many
 	// fraction bits (default DefaultFracBits, 32: values below 2^31 in magnitude,
 	// resolution 2^-32; at most MaxFracBits). Workers must encode with the same
@@ -455,6 +478,10 @@ type Stats struct {
 	BadVersion     uint64 `json:"bad_version"`
 	Sweeps         uint64 `json:"sweeps"`
 	TimerErrors    uint64 `json:"timer_errors"`
+	// User reductions: replies the user's reduction refused (dropped, not answered), and
+	// replies dropped because the group's program is missing.
+	UserRefused uint64 `json:"user_refused"`
+	UserErrors  uint64 `json:"user_errors"`
 }
 
 // Errors.
