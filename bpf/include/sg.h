@@ -121,8 +121,8 @@ enum sg_reduce {
 	SG_RED_MAX = 2,
 	SG_RED_COUNT = 3,
 	SG_RED_GATHER = 4,
-	/* A reduction the user wrote in C (bpf/sg/user.h): the gather checks the reply as for
-	 * SUM (payload_len == elems * size) and tail-calls the group's program in the
+	/* A reduction the user wrote in C (sg_user.h): the gather checks the reply as for SUM
+	 * (payload_len == elems * size) and tail-calls the group's program in the
 	 * sg_user_progs array, which reduces it under the slot's lock. */
 	SG_RED_USER = 5,
 };
@@ -389,7 +389,7 @@ struct sg_stats {
 };
 
 /* sg_user_call map value (per-CPU, one entry): what the gather hands a user reduction it
- * tail-calls (bpf/sg/user.h). The gather writes it and sets armed; the user program clears
+ * tail-calls (sg_user.h). The gather writes it and sets armed; the user program clears
  * armed when it reads it, so a program not run by the gather finds nothing. */
 struct sg_user_call {
 	__u32 group;

@@ -19,7 +19,7 @@
  *   worker's bit not yet set .............. else dropped (duplicates; late_replies for a
  *                                           worker a re-send went to: stored.h)
  * Then it is reduced under the slot's lock and dropped (SG_RED_USER: the group's user
- * reduction is tail-called to do that, user.h); the reply that completes the
+ * reduction is tail-called to do that, sg_user.h); the reply that completes the
  * request (count reaches need) also emits the result into the ring buffer, and with the
  * group flag SG_GF_WAKE_SOCKET it is passed (XDP_PASS, untouched) to the coordinator
  * socket instead of dropped: its arrival wakes the reader (docs/sg.md, Delivery). */
@@ -103,7 +103,7 @@ static __always_inline int user_handoff(struct sg_stats *cnt, __u32 gid, __u32 w
 }
 
 /* call_user tail-calls the user reduction of the reply's group (sg_user_progs), which
- * reduces it (user.h); returns only when the group has none. */
+ * reduces it (sg_user.h); returns only when the group has none. */
 static __always_inline int call_user(struct xdp_md *ctx)
 {
 	__u32 zero = 0;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* maps.h - kedge sg's configuration and the maps only its own programs use (core_maps.h has
+/* maps.h - kedge sg's configuration and the maps only its own programs use (sg_maps.h has
  * the ones user reductions share). */
 #ifndef KEDGE_SG_MAPS_H
 #define KEDGE_SG_MAPS_H
@@ -9,7 +9,7 @@
 #include "counters.h"
 #include "marks.h"
 #include "sg.h"
-#include "core_maps.h"
+#include "sg_maps.h"
 
 /* Set by user space before load (internal/sg.Load); the defaults are what it sets when not
  * told otherwise. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* reply.h - what whole replies (gather.h) and parts of multi-packet replies (parts.h) share:
- * the reduction loops (finish.h: the slot lookup, a reply's outcome and verdict). */
+ * the reduction loops (sg_finish.h: the slot lookup, a reply's outcome and verdict). */
 #ifndef KEDGE_SG_REPLY_H
 #define KEDGE_SG_REPLY_H
 
@@ -10,7 +10,7 @@
 #include "counters.h"
 #include "sg.h"
 #include "maps.h"
-#include "finish.h"
+#include "sg_finish.h"
 
 /* One loop per (operation, element type): a loop that branched on them per element
  * would multiply the verifier's states (it walks every iteration). Element i of the

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -12,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/bpfx"
 	"github.com/kedge-dev/kedge/internal/netnsx"
 	"github.com/kedge-dev/kedge/internal/runstate"
 	isg "github.com/kedge-dev/kedge/internal/sg"
@@ -346,6 +348,7 @@ func newSgScatterCmd() *cobra.Command {
 		resendRatio, resendQuantile                    float64
 		resendMin                                      time.Duration
 		pacerBackend                                   string
+		userObject, userProg                           string
 	)
 	cmd := &cobra.Command{
 		Use:   "scatter",
@@ -367,6 +370,8 @@ func newSgScatterCmd() *cobra.Command {
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+8 --resend 20ms --resend-quantile 0.95 --resend-min 2ms
   # shards of 2 replicas: a straggler's copy is hedged to the other replica after 10 ms
   kedge sg scatter --netns coord -i eth0 --workers 10.77.0.2:9000+4 --replicas 10.77.0.3:9000+4 --resend 10ms
+  # a reduction of one's own, in C (docs/sg.md, "User reductions"): the 8 largest values
+  kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --reduction user --user-object topk.o --elems 8
   # a long run with its counters served to Prometheus (kedge_sg_*_total)
   kedge sg scatter -i lo --workers 127.0.0.1:9000+4 --count 1000000 --metrics-addr 127.0.0.1:9464`,
 		Args: noArgs,
@@ -408,7 +413,8 @@ func newSgScatterCmd() *cobra.Command {
 			}
 			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Replicas: reps, ReplicaChoice: choice, EjectBackoff: ejectBackoff, EjectMaxBackoff: ejectMax, Reduction: r, Type: t, FracBits: fracBits,
 				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, MultiPacket: multiPacket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir,
-				Resend: resend, MaxResends: maxResends, ResendQuantile: resendQuantile, ResendMin: resendMin, PacerBackend: pacerBackend}
+				Resend: resend, MaxResends: maxResends, ResendQuantile: resendQuantile, ResendMin: resendMin, PacerBackend: pacerBackend,
+				UserReduction: sg.UserReduction{Object: userObject, Program: userProg}}
 			if cmd.Flags().Changed("resend-ratio") || cmd.Flags().Changed("resend-burst") {
 				if !cmd.Flags().Changed("resend-burst") {
 					resendBurst = max(16, 2*len(ws)) // the default burst (sg.Config.ResendBudget)
@@ -441,6 +447,10 @@ func newSgScatterCmd() *cobra.Command {
 			defer metrics.Close()
 			g, err := sg.Open(cfg)
 			if err != nil {
+				var le *bpfx.LoadError
+				if verbose && errors.As(err, &le) {
+					fmt.Fprintln(cmd.ErrOrStderr(), le.Full())
+				}
 				return err
 			}
 			defer g.Close()
@@ -498,7 +508,9 @@ func newSgScatterCmd() *cobra.Command {
 	f.IntVar(&resendBurst, "resend-burst", 0, "re-send budget: copies that may be re-sent beyond the ratio (default max(16, 2 x workers))")
 	f.StringVar(&pacerBackend, "pacer-backend", "auto", "re-sends: the pacer's delay line: auto, edt, netem or conveyor (docs/pacer.md)")
 	f.StringVar(&local, "local", "", "coordinator socket ADDR:PORT (default: the route's source address, any port)")
-	f.StringVar(&red, "reduction", "sum", "sum, min, max, count, gather or mean")
+	f.StringVar(&red, "reduction", "sum", "sum, min, max, count, gather, mean or user (--user-object)")
+	f.StringVar(&userObject, "user-object", "", "reduction user: the BPF object of a reduction written in C against bpf/include/sg_user.h (docs/sg.md, \"User reductions\")")
+	f.StringVar(&userProg, "user-prog", "", "reduction user: its program in --user-object (default: the object's only XDP program)")
 	f.StringVar(&typ, "type", "int64", "element type: int32, int64, float32 or float64 (floats: docs/sg.md, \"Float reductions\")")
 	f.IntVar(&fracBits, "frac-bits", 0, "float sum and mean: fraction bits of the fixed point the workers send (default 32: |x| < 2^31, resolution 2^-32)")
 	f.IntVar(&elems, "elems", 4, "vector length (gather: payload bytes = elems * type size)")

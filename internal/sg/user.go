@@ -9,7 +9,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/bpfx"
 )
 
-// UserReduction names a reduction written by the user (bpf/sg/user.h): the BPF object
+// UserReduction names a reduction written by the user (bpf/include/sg_user.h): the BPF object
 // clang built from it, and the program in it that SG_USER_REDUCTION made ("": the
 // object's only XDP program).
 type UserReduction struct {
@@ -17,14 +17,14 @@ type UserReduction struct {
 	Program string
 }
 
-// UserABI is the version of bpf/sg/user.h (sg_user_abi) this kedge loads.
+// UserABI is the version of bpf/include/sg_user.h (sg_user_abi) this kedge loads.
 const UserABI = 1
 
 // UserBuildHint says how a user reduction is built (docs/sg.md, "User reductions").
 const UserBuildHint = "build it from a kedge checkout with: clang-19 -target bpf -O2 -g -mcpu=v3 -Wall -Werror " +
-	"-I bpf/include -I bpf/sg -c FILE.bpf.c -o FILE.o (docs/sg.md, \"User reductions\")"
+	"-I bpf/include -c FILE.bpf.c -o FILE.o (docs/sg.md, \"User reductions\")"
 
-// userShared are the maps a user reduction shares with the gather (bpf/sg/core_maps.h):
+// userShared are the maps a user reduction shares with the gather (bpf/include/sg_maps.h):
 // the object's own copies are replaced by o's.
 func (o *Objects) userShared() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{"groups": o.Groups, "slots": o.Slots, "results": o.Results,
@@ -55,10 +55,10 @@ func (o *Objects) LoadUserReduction(group uint32, u UserReduction) error {
 	}
 	var abi uint32
 	if v := spec.Variables["sg_user_abi"]; v == nil || v.Get(&abi) != nil {
-		return fmt.Errorf("user reduction %s: no sg_user_abi: not made with bpf/sg/user.h's SG_USER_REDUCTION; %s", u.Object, UserBuildHint)
+		return fmt.Errorf("user reduction %s: no sg_user_abi: not made with bpf/include/sg_user.h's SG_USER_REDUCTION; %s", u.Object, UserBuildHint)
 	}
 	if abi != UserABI {
-		return fmt.Errorf("user reduction %s: built with version %d of bpf/sg/user.h, this kedge takes version %d: rebuild it against this kedge's bpf/include and bpf/sg", u.Object, abi, UserABI)
+		return fmt.Errorf("user reduction %s: built with version %d of bpf/include/sg_user.h, this kedge takes version %d: rebuild it against this kedge's bpf/include", u.Object, abi, UserABI)
 	}
 	repl := map[string]*ebpf.Map{}
 	for n, m := range o.userShared() {
@@ -67,7 +67,7 @@ func (o *Objects) LoadUserReduction(group uint32, u UserReduction) error {
 			continue
 		}
 		if err := ms.Compatible(m); err != nil {
-			return fmt.Errorf("user reduction %s: its map %s differs from this kedge's (%v): rebuild it against this kedge's bpf/include and bpf/sg", u.Object, n, err)
+			return fmt.Errorf("user reduction %s: its map %s differs from this kedge's (%v): rebuild it against this kedge's bpf/include", u.Object, n, err)
 		}
 		repl[n] = m
 	}
@@ -102,7 +102,7 @@ func userProgram(spec *ebpf.CollectionSpec, u UserReduction) (string, error) {
 	case name == "" && len(xdp) == 1:
 		name = xdp[0]
 	case name == "" && len(xdp) == 0:
-		return "", fmt.Errorf("user reduction %s: no XDP program: make one with SG_USER_REDUCTION (bpf/sg/user.h)", u.Object)
+		return "", fmt.Errorf("user reduction %s: no XDP program: make one with SG_USER_REDUCTION (bpf/include/sg_user.h)", u.Object)
 	case name == "":
 		return "", fmt.Errorf("user reduction %s: %d XDP programs (%s): name one", u.Object, len(xdp), strings.Join(xdp, ", "))
 	}
@@ -111,7 +111,7 @@ func userProgram(spec *ebpf.CollectionSpec, u UserReduction) (string, error) {
 	case p == nil:
 		return "", fmt.Errorf("user reduction %s: no program %q (XDP programs: %s)", u.Object, name, strings.Join(xdp, ", "))
 	case p.Type != ebpf.XDP:
-		return "", fmt.Errorf("user reduction %s: program %s is a %v program; a user reduction is the XDP program SG_USER_REDUCTION makes (bpf/sg/user.h)", u.Object, name, p.Type)
+		return "", fmt.Errorf("user reduction %s: program %s is a %v program; a user reduction is the XDP program SG_USER_REDUCTION makes (bpf/include/sg_user.h)", u.Object, name, p.Type)
 	}
 	return name, nil
 }

@@ -1,6 +1,6 @@
 package sg
 
-// BPF_PROG_TEST_RUN fixtures for user reductions (bpf/sg/user.h): the example top-K
+// BPF_PROG_TEST_RUN fixtures for user reductions (bpf/include/sg_user.h): the example top-K
 // (bpf/sg/user/topk.bpf.c, built by make generate) loaded into the gather path and run
 // through sg_gather, with the policy for malformed, truncated, duplicate, stale and late
 // replies; objects that must be refused.
@@ -169,6 +169,7 @@ func TestUserReductionRejected(t *testing.T) {
 			if err == nil {
 				t.Fatal("loaded")
 			}
+			t.Log(err)
 			for _, w := range c.want {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not say %q", err, w)

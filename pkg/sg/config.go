@@ -98,7 +98,7 @@ func (c *Config) validateUser() error {
 	u := c.UserReduction
 	switch {
 	case c.Reduction != User && u != (UserReduction{}):
-		return fmt.Errorf("sg config: a user reduction object (%s) for a %v group: set Reduction: User", u.Object, c.Reduction)
+		return fmt.Errorf("sg config: a user reduction object (%s) for a %v group: set Reduction: User (--reduction user)", u.Object, c.Reduction)
 	case c.Reduction != User:
 		return nil
 	case u.Object == "":

@@ -36,7 +36,7 @@ func TestFloatConfig(t *testing.T) {
 		{"negative fraction bits", func(c *Config) { c.Type, c.FracBits = Float64, -3 }, "FracBits -3", 0, 0, 0},
 		{"mean of multi-packet replies", func(c *Config) { c.Type, c.Reduction, c.MultiPacket = Float64, Mean, true }, "mean takes single-packet replies only", 0, 0, 0},
 		{"unknown type", func(c *Config) { c.Type = Float64 + 1 }, "unknown element type", 0, 0, 0},
-		{"unknown reduction", func(c *Config) { c.Reduction = Mean + 1 }, "unknown reduction", 0, 0, 0},
+		{"unknown reduction", func(c *Config) { c.Reduction = User + 1 }, "unknown reduction", 0, 0, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := base()

@@ -94,7 +94,7 @@ func (r Reduction) kernel() uint8 {
 }
 
 // UserReduction names a reduction written by the user (Config.UserReduction): the BPF
-// object built from it (bpf/sg/user.h; docs/sg.md, "User reductions") and the program in it
+// object built from it (bpf/include/sg_user.h; docs/sg.md, "User reductions") and the program in it
 // that SG_USER_REDUCTION made ("": the object's only XDP program).
 type UserReduction struct {
 	Object  string

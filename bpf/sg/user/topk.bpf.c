@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* topk.bpf.c - a user reduction (bpf/sg/user.h; docs/sg.md, "User reductions"): the K
- * largest values any worker sent, in descending order.
+/* topk.bpf.c - a user reduction (bpf/include/sg_user.h; docs/sg.md, "User reductions"):
+ * the K largest values any worker sent, in descending order.
  *
  * Each worker answers a vector of K values (the group's elems, int32 or int64: its own
  * candidates, in any order); the result's K accumulators are the K largest of all the
@@ -13,7 +13,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
-#include "user.h"
+#include "sg_user.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 

@@ -4,7 +4,7 @@
  * and a program of the wrong type. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
-#include "user.h"
+#include "sg_user.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 

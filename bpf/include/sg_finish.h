@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* finish.h - the end of a reply's path, shared by the gather (gather.h, parts.h) and user
- * reductions (user.h): the request's slot, the worker's bit, the outcome of a reply under
+/* sg_finish.h - the end of a reply's path, shared by the gather (gather.h, parts.h) and user
+ * reductions (sg_user.h): the request's slot, the worker's bit, the outcome of a reply under
  * the slot's lock, and its counters and verdict. */
 #ifndef KEDGE_SG_FINISH_H
 #define KEDGE_SG_FINISH_H
@@ -10,7 +10,7 @@
 #include <bpf/bpf_endian.h>
 #include "counters.h"
 #include "sg.h"
-#include "core_maps.h"
+#include "sg_maps.h"
 
 enum gather_outcome {
 	G_REDUCED = 0,

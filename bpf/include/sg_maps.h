@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* core_maps.h - the maps of kedge sg that user reductions (user.h) share with its own
+/* sg_maps.h - the maps of kedge sg that user reductions (sg_user.h) share with its own
  * programs: internal/sg loads a user reduction with these maps replaced by the gather's,
  * so their definitions here are the one copy both objects are built from. */
-#ifndef KEDGE_SG_CORE_MAPS_H
-#define KEDGE_SG_CORE_MAPS_H
+#ifndef KEDGE_SG_MAPS_SHARED_H
+#define KEDGE_SG_MAPS_SHARED_H
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -66,4 +66,4 @@ static __always_inline void emit_result(struct sg_slot *s, struct sg_stats *cnt,
 		COUNT(cnt, ringbuf_full);
 }
 
-#endif /* KEDGE_SG_CORE_MAPS_H */
+#endif /* KEDGE_SG_MAPS_SHARED_H */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* user.h - the kit for reductions written by the user (SG_RED_USER; docs/sg.md, "User
+/* sg_user.h - the kit for reductions written by the user (SG_RED_USER; docs/sg.md, "User
  * reductions"; an example: bpf/sg/user/topk.bpf.c).
  *
  * A user reduction is an XDP program that the gather tail-calls (sg_user_progs) for every
@@ -7,10 +7,11 @@
  * every reply passes first (gather.h: sg header, configured group, registered worker,
  * single packet, payload_len == elems * size and inside the packet). This header does the
  * rest as the built-in reductions do: it drops a reply with a status (worker_errors) or
- * whose slot is not one of the group's (stale), and under the slot's lock it checks the full request id (else stale), that the request is pending
- * (else late) and that the worker has not answered yet (else duplicates); then it calls the
- * user's function, marks the worker answered, completes the request when enough workers
- * have, emits the result and counts. The user writes one function,
+ * whose slot is not one of the group's (stale), and under the slot's lock it checks the
+ * full request id (else stale), that the request is pending (else late) and that the
+ * worker has not answered yet (else duplicates); then it calls the user's function, marks
+ * the worker answered, completes the request when enough workers have, emits the result
+ * and counts. The user writes one function,
  *
  *	static __always_inline int my_reduce(struct sg_result *res, const struct sg_group *g,
  *					     const void *v, const void *end)
@@ -26,10 +27,10 @@
  * functions that are not inlined; the verifier checks each access like any program's.
  *
  * Build (the project's flags; from a kedge checkout, with clang 19):
- *	clang-19 -target bpf -O2 -g -mcpu=v3 -Wall -Werror -I bpf/include -I bpf/sg \
+ *	clang-19 -target bpf -O2 -g -mcpu=v3 -Wall -Werror -I bpf/include \
  *		-c my_reduce.bpf.c -o my_reduce.o
  * internal/sg.LoadUserReduction loads the object with its maps groups, slots, results,
- * stats and sg_user_call replaced by the running gather's (core_maps.h: an object built
+ * stats and sg_user_call replaced by the running gather's (sg_maps.h: an object built
  * against another version of sg.h is refused with the map that differs). */
 #ifndef KEDGE_SG_USER_H
 #define KEDGE_SG_USER_H
@@ -39,14 +40,14 @@
 #include <bpf/bpf_endian.h>
 #include "counters.h"
 #include "sg.h"
-#include "core_maps.h"
-#include "finish.h"
+#include "sg_maps.h"
+#include "sg_finish.h"
 
 /* The version of this kit (and of the maps it shares): internal/sg.LoadUserReduction
  * refuses an object without it or with another (internal/sg.UserABI). */
 const volatile __u32 sg_user_abi = 1;
 
-/* The user's function refused the reply (an outcome of finish.h's kind). */
+/* The user's function refused the reply (an outcome of sg_finish.h's kind). */
 #define G_USER_REFUSED 0x80
 
 /* The sg header's offset in the packet the kit accepts: far past any stack of headers the
