@@ -152,6 +152,10 @@ func TestUserReductionRejected(t *testing.T) {
 	if err := os.WriteFile(truncated, whole[:len(whole)/3], 0o644); err != nil {
 		t.Fatal(err)
 	}
+	own := filepath.Join(dir, "sg.o") // kedge's own data plane (embedded: guests have no sg_bpfel.o)
+	if err := os.WriteFile(own, _SgBytes, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name string
 		u    UserReduction
@@ -159,7 +163,7 @@ func TestUserReductionRejected(t *testing.T) {
 	}{
 		{"no such file", UserReduction{Object: filepath.Join(dir, "missing.o")}, []string{"read user reduction", "no such file", "clang-19 -target bpf"}},
 		{"truncated object", UserReduction{Object: truncated}, []string{"read user reduction", "clang-19 -target bpf"}},
-		{"kedge's own object", UserReduction{Object: "sg_bpfel.o"}, []string{"no sg_user_abi", "SG_USER_REDUCTION"}},
+		{"kedge's own object", UserReduction{Object: own}, []string{"no sg_user_abi", "SG_USER_REDUCTION"}},
 		{"no such program", UserReduction{Object: topkObject, Program: "nope"}, []string{`no program "nope"`, "sg_topk"}},
 		{"wrong program type", UserReduction{Object: "testdata/user_bad_bpfel.o", Program: "sg_not_xdp"}, []string{"is a SchedCLS program", "SG_USER_REDUCTION"}},
 		{"verifier rejects it", UserReduction{Object: "testdata/user_bad_bpfel.o"}, []string{"load user reduction sg_unchecked: verifier rejected the program", "invalid access to packet", "-v for the full verifier log"}},
