@@ -23,6 +23,7 @@ func init() {
 func newBenchSgCmd() *cobra.Command {
 	o := sgbench.DefaultOptions()
 	lo := sgbench.DefaultLoopOptions()
+	to := sgbench.DefaultTailOptions()
 	var fanouts []int
 	var from, scenario string
 	cmd := &cobra.Command{
@@ -38,6 +39,10 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
   # the setup kedge and sgbpf were compared in (loopback, 256 x int32, 1 and 32 outstanding),
   # alternating with an earlier build of kedge, 3 rounds
   kedge bench sg --scenario loopback --before /tmp/kedge-old --out results/sg-loopback
+  # fan-out with stragglers (1%, 20-50 ms) and with 1% loss: kedge unhedged, hedged in the
+  # kernel, and the user-space baseline with the same hedging, shards of 2 replicas
+  kedge bench sg --scenario tail --out results/sg-tail
+  kedge bench sg --scenario tail --modes loss --fanouts 64 --rounds 5
   # the tables of docs/benchmarks.md from a result (nothing is run)
   kedge bench sg --from docs/results/sg/result.json`,
 		Args: noArgs,
@@ -48,8 +53,11 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 			if scenario == "loopback" {
 				return runBenchSgLoopback(cmd, lo, fanouts, o)
 			}
+			if scenario == "tail" {
+				return runBenchSgTail(cmd, to, lo.Rounds, fanouts, o)
+			}
 			if scenario != "fanout" {
-				return usagef("--scenario %q: want fanout or loopback", scenario)
+				return usagef("--scenario %q: want fanout, loopback or tail", scenario)
 			}
 			if len(fanouts) == 0 {
 				return usagef("--fanouts: at least one")
@@ -74,15 +82,11 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 			if o.Outstanding < 1 || o.Duration <= 0 || o.LatRequests < 1 {
 				return usagef("--outstanding, --duration and --lat-requests must be positive")
 			}
-			if err := requireBenchRoot(cmd); err != nil {
+			o.Fanouts = fanouts
+			var err error
+			if o.Kedge, err = sgBenchBinary(cmd); err != nil {
 				return err
 			}
-			o.Fanouts = fanouts
-			exe, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("find the kedge binary: %w", err)
-			}
-			o.Kedge = exe
 			res, err := sgbench.Run(cmd.Context(), o, cmd.ErrOrStderr())
 			if err != nil {
 				return err
@@ -102,10 +106,24 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&scenario, "scenario", "fanout", "fanout (kedge against user-space baselines in a two-host lab) or loopback (the sgbpf comparison's setup)")
+	f.StringVar(&scenario, "scenario", "fanout", "fanout (kedge against user-space baselines in a two-host lab), loopback (the sgbpf comparison's setup) or tail (stragglers and loss: hedges and retries)")
 	f.IntSliceVar(&fanouts, "fanouts", o.Fanouts, "fan-outs (workers per request; loopback: 4,16,64)")
 	f.StringVar(&lo.Before, "before", "", "loopback: another kedge `BINARY` (one whose bench sg-client has --type) run as method kedge-before, alternating with this one")
-	f.IntVar(&lo.Rounds, "rounds", lo.Rounds, "loopback: rounds (methods alternate within each)")
+	f.IntVar(&lo.Rounds, "rounds", lo.Rounds, "loopback, tail: rounds (methods alternate within each)")
+	f.StringSliceVar(&to.Modes, "modes", to.Modes, "tail: straggle (1% of replies late) and/or loss (1% of requests lost)")
+	f.Float64Var(&to.Straggle, "straggle", to.Straggle, "tail: probability that a worker's reply straggles")
+	f.DurationVar(&to.StraggleMin, "straggle-min", to.StraggleMin, "tail: shortest straggler delay")
+	f.DurationVar(&to.StraggleMax, "straggle-max", to.StraggleMax, "tail: longest straggler delay")
+	f.Float64Var(&to.Loss, "loss", to.Loss, "tail: probability that a worker loses a request copy (loss mode)")
+	f.Uint64Var(&to.Seed, "seed", to.Seed, "tail: seed of the workers' straggler and loss draws")
+	f.DurationVar(&to.LossTimeout, "loss-timeout", to.LossTimeout, "tail: request timeout in loss mode (--timeout: straggle mode, default 200ms there)")
+	f.DurationVar(&to.Resend, "resend", to.Resend, "tail: re-send delay, the adaptive delay's ceiling (kedge and user space alike)")
+	f.Float64Var(&to.ResendQuantile, "resend-quantile", to.ResendQuantile, "tail: re-send at this quantile of reply times (0: at --resend)")
+	f.DurationVar(&to.ResendMin, "resend-min", to.ResendMin, "tail: the adaptive delay's floor")
+	f.IntVar(&to.MaxHedges, "max-hedges", to.MaxHedges, "tail: rounds of hedges per request (straggle mode)")
+	f.IntVar(&to.MaxRetries, "max-retries", to.MaxRetries, "tail: rounds of retries per request (loss mode)")
+	f.Float64Var(&to.BudgetRatio, "budget-ratio", to.BudgetRatio, "tail: re-sent copies <= ratio x copies + burst")
+	f.IntVar(&to.BudgetBurst, "budget-burst", to.BudgetBurst, "tail: the budget's burst (0: max(16, 2 x fan-out))")
 	f.StringVar(&o.Type, "type", "int64", "element type of the workers' vectors (loopback: int32)")
 	f.IntVar(&o.Elems, "elems", o.Elems, "elements per reply vector (loopback: 256)")
 	f.StringSliceVar(&o.Methods, "methods", o.Methods, "methods to run")
@@ -144,8 +162,14 @@ func writeSgFrom(w io.Writer, from string) error {
 			return usagef("--from %s: %v", from, err)
 		}
 		sgbench.WriteLoopMarkdown(w, &res)
+	case sgbench.TailSchema:
+		var res sgbench.TailResult
+		if err := json.Unmarshal(b, &res); err != nil {
+			return usagef("--from %s: %v", from, err)
+		}
+		sgbench.WriteTailMarkdown(w, &res)
 	default:
-		return usagef("--from %s: schema %q is neither %s nor %s", from, env.Schema, sgbench.Schema, sgbench.LoopSchema)
+		return usagef("--from %s: schema %q is not %s, %s or %s", from, env.Schema, sgbench.Schema, sgbench.LoopSchema, sgbench.TailSchema)
 	}
 	return nil
 }
@@ -203,14 +227,10 @@ func runBenchSgLoopback(cmd *cobra.Command, lo sgbench.LoopOptions, fanouts []in
 	if lo.Rounds < 1 || lo.Duration <= 0 || lo.Outstanding[0] < 1 {
 		return usagef("--rounds, --duration and --outstanding must be positive")
 	}
-	if err := requireBenchRoot(cmd); err != nil {
+	var err error
+	if lo.Kedge, err = sgBenchBinary(cmd); err != nil {
 		return err
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("find the kedge binary: %w", err)
-	}
-	lo.Kedge = exe
 	res, err := sgbench.RunLoopback(cmd.Context(), lo, cmd.ErrOrStderr())
 	if err != nil {
 		return err
@@ -226,11 +246,117 @@ func runBenchSgLoopback(cmd *cobra.Command, lo sgbench.LoopOptions, fanouts []in
 	return nil
 }
 
+// sgBenchBinary refuses to run without root and returns this kedge binary, which the
+// benchmark runs as its client and worker processes.
+func sgBenchBinary(cmd *cobra.Command) (string, error) {
+	if err := requireBenchRoot(cmd); err != nil {
+		return "", err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find the kedge binary: %w", err)
+	}
+	return exe, nil
+}
+
+// runBenchSgTail is kedge bench sg --scenario tail: the flags given override its defaults
+// (fan-outs, rounds, duration, outstanding, elements, warm-up, timeout, worker CPUs).
+func runBenchSgTail(cmd *cobra.Command, to sgbench.TailOptions, rounds int, fanouts []int, o sgbench.Options) error {
+	fl := cmd.Flags()
+	if fl.Changed("fanouts") {
+		to.Fanouts = fanouts
+	}
+	if fl.Changed("rounds") {
+		to.Rounds = rounds
+	}
+	if fl.Changed("duration") {
+		to.Duration = o.Duration
+	}
+	if fl.Changed("outstanding") {
+		to.Outstanding = o.Outstanding
+	}
+	if fl.Changed("elems") {
+		to.Elems = o.Elems
+	}
+	if fl.Changed("lat-requests") {
+		to.Warmup = o.LatRequests
+	}
+	if fl.Changed("timeout") {
+		to.Timeout = o.Timeout
+	}
+	if fl.Changed("worker-cpus") {
+		to.WorkerCPUs = o.WorkerCPUs
+	}
+	if fl.Changed("out") {
+		to.Out = o.Out
+	}
+	if err := checkTailOptions(to); err != nil {
+		return err
+	}
+	var err error
+	if to.Kedge, err = sgBenchBinary(cmd); err != nil {
+		return err
+	}
+	res, err := sgbench.RunTail(cmd.Context(), to, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	if err := bench.WriteJSON(filepath.Join(to.Out, "result.json"), res); err != nil {
+		return err
+	}
+	if err := sgbench.WriteTailCharts(to.Out, res); err != nil {
+		return err
+	}
+	w := cmd.OutOrStdout()
+	writeEnvelope(w, "kedge bench sg --scenario tail", res.Envelope)
+	fmt.Fprintln(w, res.Placement)
+	sgbench.WriteTailTable(w, res)
+	fmt.Fprintf(w, "results in %s (result.json, tail-<mode>.png/svg)\n", to.Out)
+	return nil
+}
+
+// checkTailOptions rejects tail options that cannot run, saying which flag to change.
+func checkTailOptions(to sgbench.TailOptions) error {
+	if len(to.Fanouts) == 0 {
+		return usagef("--fanouts: at least one")
+	}
+	for _, f := range to.Fanouts {
+		if f < 1 || f > 1024 {
+			return usagef("--fanouts: %d is not in 1..1024", f)
+		}
+	}
+	if len(to.Modes) == 0 {
+		return usagef("--modes: at least one of straggle, loss")
+	}
+	for _, m := range to.Modes {
+		if m != sgbench.ModeStraggle && m != sgbench.ModeLoss {
+			return usagef("--modes: unknown mode %q (want straggle or loss)", m)
+		}
+	}
+	switch {
+	case to.Rounds < 1 || to.Duration <= 0 || to.Outstanding < 1 || to.Warmup < 0:
+		return usagef("--rounds, --duration and --outstanding must be positive, --lat-requests (the warm-up) not negative")
+	case to.Straggle < 0 || to.Straggle > 1 || to.Loss < 0 || to.Loss > 1:
+		return usagef("--straggle and --loss are probabilities (0..1)")
+	case to.StraggleMin <= 0 || to.StraggleMax < to.StraggleMin:
+		return usagef("--straggle-min %v, --straggle-max %v: want 0 < min <= max", to.StraggleMin, to.StraggleMax)
+	case to.Resend <= 0 || to.Resend >= min(to.Timeout, to.LossTimeout):
+		return usagef("--resend %v: want above 0 and below --timeout (%v) and --loss-timeout (%v)", to.Resend, to.Timeout, to.LossTimeout)
+	case to.ResendQuantile < 0 || to.ResendQuantile >= 1 || to.ResendMin < 0 || to.ResendMin > to.Resend:
+		return usagef("--resend-quantile %v, --resend-min %v: want a quantile in [0, 1) and a floor in [0, --resend]", to.ResendQuantile, to.ResendMin)
+	case to.MaxHedges < 1 || to.MaxHedges > 16 || to.MaxRetries < 1 || to.MaxRetries > 16:
+		return usagef("--max-hedges and --max-retries: want 1..16")
+	case to.BudgetRatio < 0 || to.BudgetRatio > 100 || to.BudgetBurst < 0:
+		return usagef("--budget-ratio %v, --budget-burst %d: want 0..100 and not negative", to.BudgetRatio, to.BudgetBurst)
+	}
+	return nil
+}
+
 // newBenchSgClientCmd is the client process of kedge bench sg (hidden): one method, one
 // fan-out, driven over stdin/stdout by the benchmark.
 func newBenchSgClientCmd() *cobra.Command {
 	var o sgbench.ClientOptions
-	var workers []string
+	var workers, replicas []string
 	var nsArg string
 	cmd := &cobra.Command{
 		Use:    "sg-client",
@@ -242,6 +368,12 @@ func newBenchSgClientCmd() *cobra.Command {
 				return err
 			}
 			o.Workers = ws
+			if o.Replicas, err = parseWorkers(replicas); err != nil {
+				return err
+			}
+			if len(o.Replicas) > 0 && len(o.Replicas) != len(ws) {
+				return usagef("--replicas: %d addresses for %d workers (one second replica per shard)", len(o.Replicas), len(ws))
+			}
 			ns, err := openNetns(nsArg)
 			if err != nil {
 				return err
@@ -268,6 +400,14 @@ func newBenchSgClientCmd() *cobra.Command {
 	f.IntVar(&o.Outstanding, "outstanding", 8, "loaded requests in flight")
 	f.DurationVar(&o.Duration, "duration", 2*time.Second, "loaded phase")
 	f.DurationVar(&o.Timeout, "timeout", 200*time.Millisecond, "request timeout")
+	f.StringSliceVar(&replicas, "replicas", nil, "tail methods: every shard's second replica, in worker order")
+	f.DurationVar(&o.Resend, "resend", 0, "tail methods: re-send delay (0: off)")
+	f.IntVar(&o.MaxResends, "max-resends", 1, "tail methods: rounds of re-sends")
+	f.Float64Var(&o.ResendQuantile, "resend-quantile", 0, "tail methods: adaptive delay's quantile (0: fixed)")
+	f.DurationVar(&o.ResendMin, "resend-min", 0, "tail methods: adaptive delay's floor")
+	f.Float64Var(&o.ResendRatio, "resend-ratio", 0.1, "tail methods: budget ratio")
+	f.IntVar(&o.ResendBurst, "resend-burst", 16, "tail methods: budget burst")
+	f.BoolVar(&o.KeepLatencies, "keep-latencies", false, "return every loaded request's latency")
 	addNetnsFlag(cmd, &nsArg, "run")
 	return cmd
 }

@@ -184,6 +184,11 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--methods", "kedge,dpdk"}},
 		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--outstanding", "0"}},
 		{exitUsage, []string{"bench", "sg", "extra"}},
+		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--scenario", "tails"}},
+		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--scenario", "tail", "--modes", "straggle,jitter"}},
+		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--scenario", "tail", "--resend", "300ms"}},
+		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--scenario", "tail", "--straggle-min", "0s"}},
+		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--scenario", "tail", "--max-hedges", "0"}},
 	},
 	"raftlab-errors.golden": {
 		{exitUsage, []string{"raft", "lab"}},

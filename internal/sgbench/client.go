@@ -51,6 +51,18 @@ type ClientOptions struct {
 	Outstanding int           // loaded phase: requests in flight
 	Duration    time.Duration // loaded phase length
 	Timeout     time.Duration
+	// The tail scenario (tail.go): Replicas[i], if set, is shard i's second replica
+	// (Workers[i] its first); Resend and the rest are pkg/sg's re-send settings, for kedge
+	// and for the user-space re-send baseline alike (Resend 0: off). KeepLatencies returns
+	// every loaded request's latency.
+	Replicas       []netip.AddrPort
+	Resend         time.Duration
+	MaxResends     int
+	ResendQuantile float64
+	ResendMin      time.Duration
+	ResendRatio    float64
+	ResendBurst    int
+	KeepLatencies  bool
 }
 
 // ClientResult is what a client measured.
@@ -68,6 +80,27 @@ type ClientResult struct {
 	// Latencies of the loaded phase's requests (every requester's), percentiles in us.
 	LoadedP50US float64 `json:"loaded_p50_us"`
 	LoadedP99US float64 `json:"loaded_p99_us"`
+	// Every loaded request's latency (us, sorted; KeepLatencies) and the re-send counters
+	// over the loaded phase (kedge: the group's Stats; the user-space baseline: its own).
+	LoadedLatenciesUS []float64     `json:"loaded_latencies_us,omitempty"`
+	Resends           *ResendCounts `json:"resends,omitempty"`
+}
+
+// ResendCounts are a client's re-send counters over its loaded phase: copies scattered,
+// copies re-sent to the same worker (retries) or to another replica (hedges), shards a
+// hedge answered first, copies the budget refused, second replies of re-sent shards.
+type ResendCounts struct {
+	Copies      int64 `json:"copies"`
+	Retries     int64 `json:"retries"`
+	Hedges      int64 `json:"hedges"`
+	HedgesWon   int64 `json:"hedges_won"`
+	Refused     int64 `json:"refused"`
+	LateReplies int64 `json:"late_replies"`
+}
+
+func (a ResendCounts) sub(b ResendCounts) ResendCounts {
+	return ResendCounts{Copies: a.Copies - b.Copies, Retries: a.Retries - b.Retries, Hedges: a.Hedges - b.Hedges,
+		HedgesWon: a.HedgesWon - b.HedgesWon, Refused: a.Refused - b.Refused, LateReplies: a.LateReplies - b.LateReplies}
 }
 
 // requester sends one request and returns its aggregate (sum of element 0) or an error.
@@ -83,11 +116,12 @@ type requester interface {
 // counter to the loaded phase only.
 func RunClient(ctx context.Context, o ClientOptions, in io.Reader, out io.Writer) (*ClientResult, error) {
 	res := &ClientResult{Method: o.Method, Fanout: len(o.Workers)}
-	newReq, cleanup, err := setup(o)
+	c, err := setupClient(o)
 	if err != nil {
 		return nil, err
 	}
-	defer cleanup()
+	defer c.cleanup()
+	newReq := c.newReq
 	rd := bufio.NewReader(in)
 	wait := func(say string) error {
 		fmt.Fprintln(out, say)
@@ -126,6 +160,12 @@ func RunClient(ctx context.Context, o ClientOptions, in io.Reader, out io.Writer
 	reqs := make([]requester, o.Outstanding)
 	for i := range reqs {
 		if reqs[i], err = newReq(); err != nil {
+			return nil, err
+		}
+	}
+	var rc0 ResendCounts
+	if c.counts != nil {
+		if rc0, err = c.counts(); err != nil {
 			return nil, err
 		}
 	}
@@ -173,6 +213,14 @@ func RunClient(ctx context.Context, o ClientOptions, in io.Reader, out io.Writer
 	if err := <-errc; err != nil {
 		return nil, err
 	}
+	if c.counts != nil {
+		rc1, err := c.counts()
+		if err != nil {
+			return nil, err
+		}
+		d := rc1.sub(rc0)
+		res.Resends = &d
+	}
 	for _, r := range reqs {
 		r.close()
 	}
@@ -181,6 +229,9 @@ func RunClient(ctx context.Context, o ClientOptions, in io.Reader, out io.Writer
 		slices.Sort(all)
 		res.LoadedP50US = bench.Percentile(all, 50)
 		res.LoadedP99US = bench.Percentile(all, 99)
+	}
+	if o.KeepLatencies {
+		res.LoadedLatenciesUS = all
 	}
 	res.Completed, res.Timeouts, res.Mismatches = completed.Load(), timeouts.Load(), res.Mismatches+mism.Load()
 	res.CPUUserSec = tv(ru1.Utime) - tv(ru0.Utime)
@@ -203,25 +254,55 @@ func want(ws []netip.AddrPort, id uint64) int64 {
 }
 
 func setup(o ClientOptions) (func() (requester, error), func(), error) {
-	if IsKedge(o.Method) {
+	c, err := setupClient(o)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.newReq, c.cleanup, nil
+}
+
+// client is what a method needs: its requesters, its cleanup and, for the tail
+// scenario's methods, its re-send counters.
+type client struct {
+	newReq  func() (requester, error)
+	cleanup func()
+	counts  func() (ResendCounts, error) // nil: not counted
+}
+
+func setupClient(o ClientOptions) (*client, error) {
+	if IsKedge(o.Method) || IsTailKedge(o.Method) {
 		cfg := sg.Config{Interface: o.Interface, Workers: o.Workers, Reduction: sg.Sum, Type: o.elemType(),
 			Elems: o.Elems, Timeout: o.Timeout, InFlight: max(o.Outstanding, 1), BusyPoll: o.Method == "kedge-bp", WakeSocket: o.Method == "kedge-sock"}
 		if o.Method == "kedge-flat" {
 			cfg.ScatterFirstBatch = isg.DefaultBatch
 		}
+		o.tailConfig(&cfg)
 		g, err := sg.Open(cfg)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		return func() (requester, error) { return &kedgeReq{g: g}, nil }, func() { g.Close() }, nil
+		c := &client{newReq: func() (requester, error) { return &kedgeReq{g: g}, nil }, cleanup: func() { g.Close() }}
+		if IsTailKedge(o.Method) {
+			c.counts = func() (ResendCounts, error) {
+				st, err := g.Stats()
+				return ResendCounts{Copies: int64(st.Copies), Retries: int64(st.Retries), Hedges: int64(st.Hedges), HedgesWon: int64(st.HedgesWon),
+					Refused: int64(st.ResendRefused), LateReplies: int64(st.LateReplies)}, err
+			}
+		}
+		return c, nil
+	}
+	if IsTailUser(o.Method) {
+		p := newResendPolicy(o)
+		return &client{newReq: func() (requester, error) { return newHedgeReq(o, p) }, cleanup: func() {},
+			counts: func() (ResendCounts, error) { return p.c.load(), nil }}, nil
 	}
 	if !slices.Contains(AllMethods, o.Method) {
-		return nil, nil, fmt.Errorf("unknown method %q (want one of %v)", o.Method, AllMethods)
+		return nil, fmt.Errorf("unknown method %q (want one of %v or %v)", o.Method, AllMethods, TailMethods)
 	}
 	if o.Method == "iouring" {
-		return func() (requester, error) { return newUringReq(o) }, func() {}, nil
+		return &client{newReq: func() (requester, error) { return newUringReq(o) }, cleanup: func() {}}, nil
 	}
-	return func() (requester, error) { return newSockReq(o) }, func() {}, nil
+	return &client{newReq: func() (requester, error) { return newSockReq(o) }, cleanup: func() {}}, nil
 }
 
 // elemType is the workers' element type (Type; default int64).

@@ -16,7 +16,23 @@ func FigureBlocks() map[string]docfigures.Block {
 	return map[string]docfigures.Block{
 		"sg":        {Results: "sg", Command: cmd, Render: figures},
 		"sg-ratios": {Results: "sg", Command: cmd, Render: ratioFigures},
+		"sg-tail": {Results: "sg-tail", Command: "kedge bench sg --scenario tail --modes straggle --out docs/results/sg-tail",
+			Render: tailFigures},
+		"sg-tail-loss": {Results: "sg-tail-loss", Command: "kedge bench sg --scenario tail --modes loss --out docs/results/sg-tail-loss",
+			Render: tailFigures},
 	}
+}
+
+// tailFigures is WriteTailMarkdown of a tail scenario's result.
+func tailFigures(dir string) (string, error) {
+	var r TailResult
+	if err := docfigures.ReadResult(filepath.Join(dir, "result.json"), TailSchema, &r); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s. ", r.Timestamp.Format(time.DateOnly))
+	WriteTailMarkdown(&b, &r)
+	return b.String(), nil
 }
 
 // ReadResult reads dir/result.json.

@@ -126,11 +126,8 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Result, error) {
 	}
 	defer l.Close()
 	if !o.BridgeNF {
-		// Only in the lab's own bridge namespace; absent without br_netfilter.
-		for _, k := range []string{"iptables", "ip6tables", "arptables"} {
-			if err := l.Fabric.SetSysctl("net/bridge/bridge-nf-call-"+k, "0"); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return nil, fmt.Errorf("turn bridge netfilter off in the lab: %w", err)
-			}
+		if err := bridgeNFOff(l); err != nil {
+			return nil, err
 		}
 	}
 	coord, w1 := l.Host("coord"), l.Host("w1")
@@ -155,6 +152,17 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Result, error) {
 	}
 	res.Ratios = ratios(res.Rows)
 	return res, nil
+}
+
+// bridgeNFOff turns bridge netfilter off in the lab's own bridge namespace (absent without
+// br_netfilter): a switch between two hosts does not run iptables.
+func bridgeNFOff(l *lab.Lab) error {
+	for _, k := range []string{"iptables", "ip6tables", "arptables"} {
+		if err := l.Fabric.SetSysctl("net/bridge/bridge-nf-call-"+k, "0"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("turn bridge netfilter off in the lab: %w", err)
+		}
+	}
+	return nil
 }
 
 func runClient(ctx context.Context, o Options, coord *lab.Host, base netip.AddrPort, f int, m string, workerPID int) (*Row, error) {
@@ -222,8 +230,9 @@ type clientProc struct {
 	bin, cpu, netns, iface, method, workers, typ string
 	elems, lat, outstanding                      int
 	duration, timeout                            time.Duration
-	workerPID                                    int  // the worker process, whose CPU time is measured
-	syscalls                                     bool // count the client's system calls in the loaded phase (perf)
+	workerPID                                    int      // the worker process, whose CPU time is measured
+	syscalls                                     bool     // count the client's system calls in the loaded phase (perf)
+	extra                                        []string // further flags of the client
 }
 
 // clientWindow is what one client run measured: the client's own result and, over its
@@ -248,6 +257,7 @@ func runClientProc(ctx context.Context, c clientProc) (*clientWindow, error) {
 	if c.typ != "" && c.typ != "int64" {
 		cmd.Args = append(cmd.Args, "--type", c.typ)
 	}
+	cmd.Args = append(cmd.Args, c.extra...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	in, _ := cmd.StdinPipe()
 	outp, _ := cmd.StdoutPipe()
