@@ -285,13 +285,19 @@ func (h *hedgeReq) do(id uint64) (int64, uint64, bool, error) {
 			}
 			return 0, id, false, fmt.Errorf("epoll_wait: %w", err)
 		}
+		// Replies first: a shard whose reply is already queued when the timer fires is
+		// not re-sent.
+		timer := false
 		for _, e := range ev[:k] {
-			if int(e.Fd) == h.fd {
-				if err := h.receive(id, t0, &got); err != nil {
-					return 0, id, false, err
-				}
+			if int(e.Fd) != h.fd {
+				timer = true
 				continue
 			}
+			if err := h.receive(id, t0, &got); err != nil {
+				return 0, id, false, err
+			}
+		}
+		if timer && got < n {
 			var b [8]byte
 			_, _ = unix.Read(h.tfd, b[:])
 			now := time.Now()
@@ -305,10 +311,8 @@ func (h *hedgeReq) do(id uint64) (int64, uint64, bool, error) {
 				rounds++
 				due = now.Add(h.p.next())
 			}
-			if got < n {
-				if err := h.arm(next()); err != nil {
-					return 0, id, false, err
-				}
+			if err := h.arm(next()); err != nil {
+				return 0, id, false, err
 			}
 		}
 	}

@@ -405,7 +405,7 @@ func (r *TailResult) summary(mode string, f int, method string) *TailSummary {
 
 // tailTargets checks the scenario's targets against the result: at fan-out 64 with
 // stragglers, kedge-hedged's p99 at most 1.5x kedge-clean's and below user-hedged's in
-// every round, and its extra load within the budget; with loss and retries, fewer than
+// every round, and its extra load within the budget ratio; with loss and retries, fewer than
 // 0.01% of kedge-retry's requests end by timeout at every fan-out.
 func tailTargets(r *TailResult, o TailOptions) []TailTarget {
 	var out []TailTarget
@@ -432,15 +432,17 @@ func tailTargets(r *TailResult, o TailOptions) []TailTarget {
 			Measured: fmt.Sprintf("kedge-hedged/user-hedged p99 us per round %v; over the rounds %.0f/%.0f (%.2fx)", rs, hedged.P99US, user.P99US, hedged.P99US/user.P99US), Met: met})
 	}
 	if hedged != nil {
-		met := hedged.Refused == 0 && hedged.ExtraLoad <= hedged.Budget
+		// The bucket never lets the extra load past ratio x copies + burst; the target is
+		// the ratio alone, in every round (the burst is for short runs of slow requests).
+		met := hedged.ExtraLoad <= o.BudgetRatio
 		for _, x := range r.Rows {
 			if x.Mode == ModeStraggle && x.Fanout == f && x.Method == "kedge-hedged" {
-				met = met && x.ExtraLoad <= x.Budget
+				met = met && x.ExtraLoad <= o.BudgetRatio
 			}
 		}
-		out = append(out, TailTarget{Target: fmt.Sprintf("fan-out %d, 1%% stragglers: kedge-hedged extra load within the budget (ratio %g + burst)", f, o.BudgetRatio),
-			Measured: fmt.Sprintf("%.2f%% extra copies (%d hedges of %d copies, %d won, %d refused); budget %.2f%%", 100*hedged.ExtraLoad,
-				hedged.Hedges, hedged.Copies, hedged.HedgesWon, hedged.Refused, 100*hedged.Budget), Met: met})
+		out = append(out, TailTarget{Target: fmt.Sprintf("fan-out %d, 1%% stragglers: kedge-hedged extra load within the budget (%g x copies, in every round)", f, o.BudgetRatio),
+			Measured: fmt.Sprintf("%.2f%% extra copies over the rounds (%d hedges of %d copies, %d won, %d refused by the budget); user-hedged %.2f%%", 100*hedged.ExtraLoad,
+				hedged.Hedges, hedged.Copies, hedged.HedgesWon, hedged.Refused, 100*userExtra(user)), Met: met})
 	}
 	for _, s := range r.Summary {
 		if s.Mode != ModeLoss || s.Method != "kedge-retry" || s.Requests == 0 {
@@ -452,6 +454,13 @@ func tailTargets(r *TailResult, o TailOptions) []TailTarget {
 			Met:      frac < 1e-4})
 	}
 	return out
+}
+
+func userExtra(s *TailSummary) float64 {
+	if s == nil {
+		return 0
+	}
+	return s.ExtraLoad
 }
 
 // WriteTailTable prints the summary and the targets.
