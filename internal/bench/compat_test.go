@@ -29,6 +29,7 @@ func TestCommittedResultsReadable(t *testing.T) {
 		ppingbench.Schema:          func() any { return new(ppingbench.Result) },
 		raftbench.Schema:           func() any { return new(raftbench.Result) },
 		sgbench.Schema:             func() any { return new(sgbench.Result) },
+		sgbench.TailSchema:         func() any { return new(sgbench.TailResult) },
 	}
 	var paths []string
 	err := filepath.WalkDir(filepath.Join("..", "..", "docs", "results"), func(p string, d os.DirEntry, err error) error {
