@@ -100,7 +100,13 @@ func LadderFigures(dir string) (string, error) {
 		for _, f := range r.FalseElections {
 			stall, others, judged, fsyncs := "-", "-", "-", "-"
 			if w := f.WALFsync; w != nil {
-				fsyncs = fmt.Sprintf("%d of %d (%.0f ms) / %d of %d (%.0f ms)", w.Slow, w.Fsyncs, w.MaxLeMs, w.OtherSlow, w.OtherFsyncs, w.OtherMaxLeMs)
+				longest := func(ms float64, beyond bool) string {
+					if beyond {
+						return fmt.Sprintf("> %.0f ms", ms)
+					}
+					return fmt.Sprintf("%.0f ms", ms)
+				}
+				fsyncs = fmt.Sprintf("%d of %d (%s) / %d of %d (%s)", w.Slow, w.Fsyncs, longest(w.MaxLeMs, w.MaxBeyond), w.OtherSlow, w.OtherFsyncs, longest(w.OtherMaxLeMs, w.OtherMaxBeyond))
 			}
 			if s := f.Stall; s != nil {
 				stall = fmt.Sprintf("%d, %.0f / %.0f ms", s.SlowSaves, s.SaveP50Ms, s.SaveMaxMs)

@@ -2,6 +2,7 @@ package raftbench
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"path/filepath"
 	"strings"
@@ -109,9 +110,13 @@ func TestWALFsyncRecord(t *testing.T) {
 		3: {0.001: 7, 0.128: 7, 0.256: 7, inf: 7},     // 7, all <= 1 ms
 	}
 	got := walFsyncRecord(before, after, 2)
-	want := WALFsyncRecord{SlowOverMs: 128, Fsyncs: 4, Slow: 3, MaxLeMs: inf, OtherFsyncs: 27, OtherSlow: 0, OtherMaxLeMs: 128}
+	want := WALFsyncRecord{SlowOverMs: 128, Fsyncs: 4, Slow: 3, MaxLeMs: 256, MaxBeyond: true, OtherFsyncs: 27, OtherSlow: 0, OtherMaxLeMs: 128}
 	if got == nil || *got != want {
 		t.Errorf("record %+v, want %+v", got, want)
+	}
+	// The record encodes (JSON has no infinity: a fsync beyond the last bound is flagged).
+	if _, err := json.Marshal(got); err != nil {
+		t.Errorf("encode the record: %v", err)
 	}
 	delete(after, 3)
 	if r := walFsyncRecord(before, after, 2); r != nil {

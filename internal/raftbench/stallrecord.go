@@ -189,10 +189,14 @@ type WALFsyncRecord struct {
 	SlowOverMs   float64 `json:"slow_over_ms"`
 	Fsyncs       int     `json:"fsyncs"`          // the stalled node's
 	Slow         int     `json:"slow"`            // of those, over SlowOverMs
-	MaxLeMs      float64 `json:"max_le_ms"`       // the longest, at most
+	MaxLeMs      float64 `json:"max_le_ms"`       // the longest, at most (or beyond, with MaxBeyond)
 	OtherFsyncs  int     `json:"other_fsyncs"`    // the other nodes'
 	OtherSlow    int     `json:"other_slow"`      // of those, over SlowOverMs
-	OtherMaxLeMs float64 `json:"other_max_le_ms"` // the longest, at most
+	OtherMaxLeMs float64 `json:"other_max_le_ms"` // the longest, at most (or beyond, with OtherMaxBeyond)
+	// MaxBeyond, OtherMaxBeyond: the longest was beyond the histogram's last finite bound,
+	// which MaxLeMs (OtherMaxLeMs) then holds (JSON has no infinity).
+	MaxBeyond      bool `json:"max_beyond,omitempty"`
+	OtherMaxBeyond bool `json:"other_max_beyond,omitempty"`
 }
 
 // fsyncHist is one node's cumulative WAL fsync histogram: upper bound (s) -> count.
@@ -274,20 +278,29 @@ func walFsyncRecord(before, after map[int]fsyncHist, stalled int) *WALFsyncRecor
 		r.SlowOverMs = slowAt * 1000
 		total := a[math.Inf(1)] - b[math.Inf(1)]
 		slow := total - (a[slowAt] - b[slowAt])
-		var maxLe float64
+		var maxLe, lastFinite float64
 		prev := 0.0
 		for _, le := range bounds {
 			if n := a[le] - b[le]; n > prev { // a fsync in (previous bound, le]
 				maxLe = le
 			}
 			prev = a[le] - b[le]
+			if !math.IsInf(le, 1) {
+				lastFinite = le
+			}
+		}
+		beyond := math.IsInf(maxLe, 1)
+		if beyond {
+			maxLe = lastFinite
 		}
 		if id == stalled {
-			r.Fsyncs, r.Slow, r.MaxLeMs = int(total), int(slow), maxLe*1000
+			r.Fsyncs, r.Slow, r.MaxLeMs, r.MaxBeyond = int(total), int(slow), maxLe*1000, beyond
 		} else {
 			r.OtherFsyncs += int(total)
 			r.OtherSlow += int(slow)
-			r.OtherMaxLeMs = max(r.OtherMaxLeMs, maxLe*1000)
+			if beyond && !r.OtherMaxBeyond || beyond == r.OtherMaxBeyond && maxLe*1000 > r.OtherMaxLeMs {
+				r.OtherMaxLeMs, r.OtherMaxBeyond = maxLe*1000, beyond
+			}
 		}
 	}
 	return r
