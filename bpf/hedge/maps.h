@@ -33,6 +33,7 @@ const enum budget_mode *hedge_btf_budget_mode __attribute__((unused));
 const enum kedge_mark *hedge_btf_mark __attribute__((unused));
 const enum hedge_event_type *hedge_btf_event_type __attribute__((unused));
 const enum hedge_refusal *hedge_btf_refusal __attribute__((unused));
+const enum lap_state *hedge_btf_lap_state __attribute__((unused));
 const struct hedge_event *hedge_btf_event __attribute__((unused));
 
 #ifndef READ_ONCE
@@ -103,10 +104,12 @@ static __always_inline __u32 store_len(__u32 len)
  * one CPU while the response path moves the head on the other (at saturation, the client's
  * and the server's). */
 struct store_pos {
-	__u64 head; /* next position the rescuer (or a response) pops */
-	__u64 _pad0[7];
+	__u64 head;    /* next position the rescuer (or a response) pops */
+	__u32 ticking; /* a tick is at this ring (tick.h, tick_one): one at a time */
+	__u32 _pad0;
+	__u64 _pad1[6];
 	__u64 tail; /* next position a splitter claims */
-	__u64 _pad1[7];
+	__u64 _pad2[7];
 };
 
 struct {

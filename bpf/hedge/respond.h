@@ -62,6 +62,27 @@ static __always_inline __u64 replied_to(struct hreq *e, __u32 idx)
 	return idx == e->hedge_replica && idx != e->orig_replica ? e->hedged_ns : e->sent_ns;
 }
 
+/* respond_rewrite: a first response from another replica than the one the client addressed
+ * is rewritten so the client (a connected socket included) accepts it. */
+static __always_inline int respond_rewrite(struct __sk_buff *skb, struct match *m)
+{
+	__u32 orig = m->cfg->orig_index;
+
+	if (m->ref.is_svc || orig >= REPLICA_MAX || m->ref.index >= REPLICA_MAX)
+		return TC_ACT_UNSPEC;
+	{
+		struct svc_addr from = *replica_at(m->cfg, m->ref.index);
+		struct svc_addr to = *replica_at(m->cfg, orig);
+
+		if (rewrite_addr(skb, &m->p, 0, &from, &to) < 0) {
+			COUNT(m->cnt, response_rewrite_errors);
+			return TC_ACT_UNSPEC;
+		}
+		COUNT(m->cnt, responses_rewritten);
+	}
+	return TC_ACT_UNSPEC;
+}
+
 /* respond (client ingress): the first response completes the request (and is rewritten to
  * the address the client used); the later ones of a hedged request are dropped, and the
  * entry goes once every copy (the request and its hedges) was answered. */
@@ -69,11 +90,23 @@ static __always_inline int respond(struct __sk_buff *skb)
 {
 	struct match m;
 	struct hreq *e;
-	__u64 now;
-	__u32 orig, s;
+	__u64 now, sent = 0;
+	__u32 s;
 
 	if (!match(skb, &m, MATCH_RESPONSE))
 		return TC_ACT_UNSPEC;
+	/* A stored request still pending lives in its ring cell only (store.h). */
+	switch (store_claim(&m, &sent)) {
+	case CELL_ANSWERED:
+		return TC_ACT_UNSPEC; /* as REQ_ANSWERED below */
+	case CELL_CLAIMED:
+		now = kedge_now();
+		record_latency(m.svc, m.st, now - sent);
+		replica_observe(m.svc, m.cfg, m.st, m.ref.index, now - sent);
+		COUNT(m.cnt, responses);
+		store_pop_answered(&m);
+		return respond_rewrite(skb, &m);
+	}
 	e = bpf_map_lookup_elem(&scoreboard, &m.key);
 	if (!e) {
 		/* Not tracked: not hedgeable, expired, evicted, answered and gone, or an id spec
@@ -119,33 +152,14 @@ static __always_inline int respond(struct __sk_buff *skb)
 		/* NOCLONE / NOHEDGE / REFUSED: nothing follows. A NOCLONE or REFUSED request
 		 * answered after its deadline is one the budget kept from being hedged (user space
 		 * warns when they pile up). A PENDING one stays ANSWERED until its clone comes
-		 * out or its stored cell is popped (below, or at a tick). */
+		 * out or its stored cell is popped at a tick. */
 		if ((s == REQ_NOCLONE || s == REQ_REFUSED) && now > e->deadline_ns)
 			COUNT(m.cnt, unhedged_late);
 		bpf_map_delete_elem(&scoreboard, &m.key);
 		return TC_ACT_UNSPEC;
 	}
 
-	/* A stored request's cell leaves the ring now when it is the head (no tick needed). */
-	if (s == REQ_PENDING)
-		store_answered(&m, e);
-
-	/* A response from another replica than the one the client addressed is rewritten so
-	 * the client (a connected socket included) accepts it. */
-	orig = m.cfg->orig_index;
-	if (m.ref.is_svc || orig >= REPLICA_MAX || m.ref.index >= REPLICA_MAX)
-		return TC_ACT_UNSPEC;
-	{
-		struct svc_addr from = *replica_at(m.cfg, m.ref.index);
-		struct svc_addr to = *replica_at(m.cfg, orig);
-
-		if (rewrite_addr(skb, &m.p, 0, &from, &to) < 0) {
-			COUNT(m.cnt, response_rewrite_errors);
-			return TC_ACT_UNSPEC;
-		}
-		COUNT(m.cnt, responses_rewritten);
-	}
-	return TC_ACT_UNSPEC;
+	return respond_rewrite(skb, &m);
 }
 
 #endif /* KEDGE_HEDGE_RESPOND_H */

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* split.h - the splitter (hedge_split, TC egress of the client interface), the first stage:
- * every hedgeable request (hedgeable.h) to a hedged service is recorded in the scoreboard;
- * when the budget allows, its hedge is prepared - stored for a pacer tick (store.h) when its
- * payload fits the service's store_limit, else carried through the delay line with its
- * deadline (a clone, pacer_carry). The request itself always passes. */
+ * every hedgeable request (hedgeable.h) to a hedged service is recorded; when the budget
+ * allows, its hedge is prepared - stored for a pacer tick (store.h) when its payload fits the
+ * service's store_limit (recorded in its ring cell: no scoreboard entry until it is due),
+ * else recorded in the scoreboard and carried through the delay line with its deadline (a
+ * clone, pacer_carry). The request itself always passes. */
 #ifndef KEDGE_HEDGE_SPLIT_H
 #define KEDGE_HEDGE_SPLIT_H
 
@@ -54,16 +55,9 @@ static __always_inline int split(struct __sk_buff *skb)
 	if (!token) {
 		COUNT(m.cnt, budget_exhausted);
 		r.state = REQ_NOCLONE;
-	}
-	if (bpf_map_update_elem(&scoreboard, &m.key, &r, BPF_ANY) < 0) {
-		if (token)
-			budget_release(m.cfg, m.st);
-		COUNT(m.cnt, scoreboard_errors);
-		return TC_ACT_UNSPEC;
-	}
-	if (!token)
-		return TC_ACT_UNSPEC;
-	if (m.cfg->store_limit) {
+	} else if (m.cfg->store_limit) {
+		/* Stored: the request lives in its ring cell, not in the scoreboard, until it is
+		 * answered or due (store.h). */
 		switch (store_request(skb, &m, &r)) {
 		case STORE_OK:
 			COUNT(m.cnt, stored);
@@ -79,14 +73,19 @@ static __always_inline int split(struct __sk_buff *skb)
 		}
 		if (cfg.no_carry) {
 			/* No clone path: the pacer carries nothing (no conveyor fillers). */
-			struct hreq *e = bpf_map_lookup_elem(&scoreboard, &m.key);
-
 			budget_release(m.cfg, m.st);
-			if (e)
-				__sync_val_compare_and_swap(&e->state, REQ_PENDING, REQ_NOCLONE);
-			return TC_ACT_UNSPEC;
+			token = 0;
+			r.state = REQ_NOCLONE;
 		}
 	}
+	if (bpf_map_update_elem(&scoreboard, &m.key, &r, BPF_ANY) < 0) {
+		if (token)
+			budget_release(m.cfg, m.st);
+		COUNT(m.cnt, scoreboard_errors);
+		return TC_ACT_UNSPEC;
+	}
+	if (!token)
+		return TC_ACT_UNSPEC;
 	if (pacer_carry(skb, r.deadline_ns) < 0) {
 		struct hreq *e = bpf_map_lookup_elem(&scoreboard, &m.key);
 

@@ -41,19 +41,33 @@ struct tick_ctx {
 };
 
 /* store_hedge hedges cell idx of service svc's ring, popped by the rescuer (send.h): skipped
- * (orphaned, answered, overdue, refused) or built into the skb for the caller to send.
+ * (answered in its cell or in the scoreboard, orphaned, overdue, refused) or built into the
+ * skb for the caller to send. A pending request was moved into the scoreboard before the pop
+ * (store_move), so its entry decides.
  * Returns enum hedge_verdict. A global function: the verifier checks it once, on its own,
  * not once per state of the tick's loop. */
 __attribute__((noinline)) int store_hedge(struct __sk_buff *skb, __u32 svc, __u32 idx, __u64 now)
 {
 	struct hstore *c = bpf_map_lookup_elem(&store_ring, &idx);
+	struct store_lap *l = bpf_map_lookup_elem(&store_laps, &idx);
 	struct hedge_ctx h = { .svc = svc, .now = now };
 
 	h.cfg = bpf_map_lookup_elem(&svc_cfgs, &svc);
 	h.st = bpf_map_lookup_elem(&svc_states, &svc);
 	h.cnt = stats_for(svc);
-	if (!c || !h.cfg || !h.st || !c->len)
+	if (!c || !l || !h.cfg || !h.st || !c->len)
 		return HEDGE_DROPPED;
+	switch (READ_ONCE(l->lap) & LAP_STATE_MASK) {
+	case LAP_ANSWERED: /* answered in its cell: it never entered the scoreboard */
+		budget_release(h.cfg, h.st);
+		COUNT(h.cnt, stored_answered);
+		return HEDGE_DROPPED;
+	case LAP_MOVED:
+		break;
+	default: /* not moved: its scoreboard entry could not be written (store_move) */
+		budget_release(h.cfg, h.st);
+		return HEDGE_DROPPED;
+	}
 	h.e = bpf_map_lookup_elem(&scoreboard, &c->key);
 	if (!h.e || h.e->sent_ns != c->sent_ns) {
 		budget_release(h.cfg, h.st);
@@ -80,32 +94,24 @@ static __always_inline void hedge_flush(struct __sk_buff *skb)
 		COUNT(stats_global(), hedges_reinjected);
 }
 
-/* tick_one (bpf_loop callback): pops one due cell of service t->svc and handles it, or moves
- * on to the next service when its head is empty or not due. */
-static long tick_one(__u32 i, struct tick_ctx *c0)
+/* tick_cell: tick_one's work on service svc's ring, whose tick flag the caller holds. */
+static __always_inline long tick_cell(struct tick_ctx *c0, struct tick_state *t, struct store_pos *sp, __u32 svc)
 {
-	struct tick_state *t = c0->st;
-	struct store_pos *sp;
+	struct store_lap *l;
 	struct hstore *c;
-	__u32 svc;
+	__u32 s;
 	__u64 h;
 	int r;
 
-	if (!t)
-		return 1;
-	svc = t->svc;
-	if (svc >= SVC_MAX)
-		return 1;
-	sp = bpf_map_lookup_elem(&store_heads, &svc);
-	if (!sp)
-		return 1;
 	h = READ_ONCE(sp->head);
 	c = ring_cell(svc, h);
-	if (!c || !ring_filled(svc, h)) {
+	l = ring_lap(svc, h);
+	s = l ? lap_state(READ_ONCE(l->lap), h) : LAP_EMPTY;
+	if (!c || s == LAP_EMPTY) {
 		t->svc++; /* empty (or a splitter is still filling the head: it asks for a tick) */
 		return 0;
 	}
-	if (!pacer_due(c->deadline_ns, t->now, 0) && cell_waits(c)) {
+	if (!pacer_due(c->deadline_ns, t->now, 0) && cell_waits(c, s)) {
 		if (!t->next || c->deadline_ns < t->next)
 			t->next = c->deadline_ns;
 		t->svc++;
@@ -117,8 +123,12 @@ static long tick_one(__u32 i, struct tick_ctx *c0)
 		t->more = 1; /* this tick sent its share: the next one at once */
 		return 1;
 	}
+	/* A pending request enters the scoreboard while its cell is still the head, where a
+	 * response looks for it (store.h). */
+	if (s == LAP_PENDING)
+		store_move(svc, h);
 	if (__sync_val_compare_and_swap(&sp->head, h, h + 1) != h)
-		return 0; /* another tick took it: look again */
+		return 0; /* a response popped it: look again */
 	if (t->held) {
 		hedge_flush(c0->skb);
 		t->held = 0;
@@ -130,6 +140,33 @@ static long tick_one(__u32 i, struct tick_ctx *c0)
 		t->sent++;
 	}
 	return 0;
+}
+
+/* tick_one (bpf_loop callback): pops one due cell of service t->svc and handles it, or moves
+ * on to the next service when its head is empty or not due. One tick at a time works on a
+ * ring (store_pos.ticking): a tick that finds another at it leaves the ring to that one. */
+static long tick_one(__u32 i, struct tick_ctx *c0)
+{
+	struct tick_state *t = c0->st;
+	struct store_pos *sp;
+	__u32 svc;
+	long ret;
+
+	if (!t)
+		return 1;
+	svc = t->svc;
+	if (svc >= SVC_MAX)
+		return 1;
+	sp = bpf_map_lookup_elem(&store_heads, &svc);
+	if (!sp)
+		return 1;
+	if (__sync_val_compare_and_swap(&sp->ticking, 0, 1) != 0) {
+		t->svc++;
+		return 0;
+	}
+	ret = tick_cell(c0, t, sp, svc);
+	__sync_lock_test_and_set(&sp->ticking, 0);
+	return ret;
 }
 
 /* tick_rearm asks the pacer for the tick at next. Not inlined: pacer_request's compare-and-

@@ -282,21 +282,36 @@ struct hreq {
  * cycled through, do not. */
 struct hstore {
 	__u64 deadline_ns;
-	__u64 sent_ns;       /* the scoreboard entry's: a later request with the same key is not this one */
+	__u64 sent_ns;       /* the request's send time (a request moved to the scoreboard keeps it) */
 	__u64 delay_ns;      /* this hedge's delay (far-overdue cutoff, re-queue) */
 	struct hreq_key key;
 	__u16 len;           /* bytes in data: IP header, UDP header, payload */
 	__u8 l3_len;         /* 20 (IPv4) or 40 (IPv6) */
 	__u8 ipv6;
-	__u32 _pad;
+	__u8 orig_replica;   /* replica the client addressed (the scoreboard entry's, when moved) */
+	__u8 _pad[3];
 	__u8 data[STORE_BYTES + 64]; /* + 64: room for the checksum's 512-byte chunks (store.h) */
 };
 
-/* A cell's lap and whose request it holds (store_laps, the cell's index). lap is the ring's
- * protocol: 2*lap_of(pos) empty for position pos, +1 filled; the consumer's release makes it
- * the next lap's empty. sent_ns and key repeat the cell's, written before the lap is
- * published: a response tells whether the ring's head is its request from this one cache
- * line, without reading the cell (written on the other CPU at saturation). */
+/* What a store cell's request is, in the low LAP_STATE_BITS of its lap word (struct
+ * store_lap): the word is (position / STORE_RING) << LAP_STATE_BITS | state, so that one
+ * compare-and-exchange on it changes the state only for the lap it was read at. */
+enum lap_state {
+	LAP_EMPTY = 0,    /* free for a splitter at this lap (a release makes the next lap's) */
+	LAP_PENDING = 1,  /* stored, no response yet: the request lives in the cell only, not in
+			   * the scoreboard */
+	LAP_ANSWERED = 2, /* its first response came while it lived in the cell: nothing to send */
+	LAP_MOVED = 3,    /* its scoreboard entry decides (the tick moved it there when it came
+			   * due, or it is a re-queued further hedge) */
+	LAP_STATE_BITS = 2,
+	LAP_STATE_MASK = 3,
+};
+
+/* A cell's lap word and whose request it holds (store_laps, the cell's index). lap is the
+ * ring's protocol and the request's state (enum lap_state): the consumer's release makes it
+ * the next lap's LAP_EMPTY. sent_ns and key repeat the cell's, written before the lap is
+ * published: a response finds its request among the ring's cells from these lines alone,
+ * without reading the cells (written on the other CPU at saturation). */
 struct store_lap {
 	__u64 lap;
 	__u64 sent_ns;

@@ -546,15 +546,50 @@ func pending(sent, deadline uint64) hedgeHreq {
 	return hedgeHreq{SentNs: sent, DeadlineNs: deadline, State: reqPending, OrigReplica: 0, HedgeReplica: replicaNone, Tried: 1}
 }
 
+// put writes request k's state as e. A stored request that lives in its ring cell (f.held,
+// the same send time) keeps living there when e is pending or answered (the cell's lap word
+// says which); in any other state it is written to the scoreboard and its cell marked moved,
+// as the tick does when it comes due. Anything else is written to the scoreboard.
 func (f *fixture) put(tb testing.TB, k hedgeHreqKey, e hedgeHreq) {
 	tb.Helper()
+	if pos, he, ok := f.held(tb, k); ok && he.SentNs == e.SentNs {
+		state := hedgeLapStateLAP_MOVED
+		switch e.State {
+		case reqPending:
+			state = hedgeLapStateLAP_PENDING
+		case reqAnswered:
+			state = hedgeLapStateLAP_ANSWERED
+		}
+		var l hedgeStoreLap
+		idx := cellIndex(int(k.Svc), pos)
+		if err := f.objs.StoreLaps.Lookup(idx, &l); err != nil {
+			tb.Fatal(err)
+		}
+		l.Lap = lapWord(pos, state)
+		if state != hedgeLapStateLAP_MOVED {
+			if err := f.objs.StoreLaps.Put(idx, l); err != nil {
+				tb.Fatal(err)
+			}
+			return
+		}
+		defer func() {
+			if err := f.objs.StoreLaps.Put(idx, l); err != nil {
+				tb.Fatal(err)
+			}
+		}()
+	}
 	if err := f.objs.Scoreboard.Put(k, e); err != nil {
 		tb.Fatalf("write scoreboard entry %v: %v", k, err)
 	}
 }
 
+// entry returns request k's state: a stored request's from its cell while it lives there
+// (f.held), else its scoreboard entry.
 func (f *fixture) entry(tb testing.TB, k hedgeHreqKey) (hedgeHreq, bool) {
 	tb.Helper()
+	if _, e, ok := f.held(tb, k); ok {
+		return e, true
+	}
 	var e hedgeHreq
 	err := f.objs.Scoreboard.Lookup(k, &e)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -566,7 +601,8 @@ func (f *fixture) entry(tb testing.TB, k hedgeHreqKey) (hedgeHreq, bool) {
 	return e, true
 }
 
-// board returns every scoreboard entry's state.
+// board returns every request's state: the scoreboard's entries, and the stored requests that
+// live in their ring cells (pending or answered there: f.held).
 func (f *fixture) board(tb testing.TB) map[hedgeHreqKey]uint32 {
 	tb.Helper()
 	out := map[hedgeHreqKey]uint32{}
@@ -578,6 +614,24 @@ func (f *fixture) board(tb testing.TB) map[hedgeHreqKey]uint32 {
 	}
 	if err := it.Err(); err != nil {
 		tb.Fatalf("iterate scoreboard: %v", err)
+	}
+	for svc := range f.h.Config.Services {
+		var h hedgeStorePos
+		if err := f.objs.StoreHeads.Lookup(uint32(svc), &h); err != nil {
+			tb.Fatalf("read store_heads[%d]: %v", svc, err)
+		}
+		for pos := h.Head; pos < h.Tail; pos++ {
+			var l hedgeStoreLap
+			if err := f.objs.StoreLaps.Lookup(cellIndex(svc, pos), &l); err != nil {
+				tb.Fatalf("read store lap %d/%d: %v", svc, pos, err)
+			}
+			switch l.Lap {
+			case lapWord(pos, hedgeLapStateLAP_PENDING):
+				out[l.Key] = reqPending
+			case lapWord(pos, hedgeLapStateLAP_ANSWERED):
+				out[l.Key] = reqAnswered
+			}
+		}
 	}
 	return out
 }

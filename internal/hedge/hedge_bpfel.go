@@ -185,16 +185,17 @@ type hedgeHreqKey struct {
 }
 
 type hedgeHstore struct {
-	_          structs.HostLayout
-	DeadlineNs uint64
-	SentNs     uint64
-	DelayNs    uint64
-	Key        hedgeHreqKey
-	Len        uint16
-	L3Len      uint8
-	Ipv6       uint8
-	Pad        uint32
-	Data       [2112]uint8
+	_           structs.HostLayout
+	DeadlineNs  uint64
+	SentNs      uint64
+	DelayNs     uint64
+	Key         hedgeHreqKey
+	Len         uint16
+	L3Len       uint8
+	Ipv6        uint8
+	OrigReplica uint8
+	Pad         [3]uint8
+	Data        [2112]uint8
 }
 
 type hedgeKedgeMark uint32
@@ -210,6 +211,17 @@ type hedgeKhist struct {
 	_ structs.HostLayout
 	B [400]uint32
 }
+
+type hedgeLapState uint32
+
+const (
+	hedgeLapStateLAP_EMPTY      hedgeLapState = 0
+	hedgeLapStateLAP_PENDING    hedgeLapState = 1
+	hedgeLapStateLAP_ANSWERED   hedgeLapState = 2
+	hedgeLapStateLAP_MOVED      hedgeLapState = 3
+	hedgeLapStateLAP_STATE_BITS hedgeLapState = 2
+	hedgeLapStateLAP_STATE_MASK hedgeLapState = 3
+)
 
 type hedgeReplicaChoice uint32
 
@@ -252,11 +264,13 @@ type hedgeStoreLap struct {
 }
 
 type hedgeStorePos struct {
-	_    structs.HostLayout
-	Head uint64
-	Pad0 [7]uint64
-	Tail uint64
-	Pad1 [7]uint64
+	_       structs.HostLayout
+	Head    uint64
+	Ticking uint32
+	Pad0    uint32
+	Pad1    [6]uint64
+	Tail    uint64
+	Pad2    [7]uint64
 }
 
 type hedgeSvcAddr struct {
@@ -363,6 +377,7 @@ const (
 	hedgeVarHedgeBtfDelayMode     = "hedge_btf_delay_mode"
 	hedgeVarHedgeBtfEvent         = "hedge_btf_event"
 	hedgeVarHedgeBtfEventType     = "hedge_btf_event_type"
+	hedgeVarHedgeBtfLapState      = "hedge_btf_lap_state"
 	hedgeVarHedgeBtfLimits        = "hedge_btf_limits"
 	hedgeVarHedgeBtfMark          = "hedge_btf_mark"
 	hedgeVarHedgeBtfRefusal       = "hedge_btf_refusal"
@@ -453,6 +468,7 @@ type hedgeVariableSpecs struct {
 	HedgeBtfDelayMode     *ebpf.VariableSpec `ebpf:"hedge_btf_delay_mode"`
 	HedgeBtfEvent         *ebpf.VariableSpec `ebpf:"hedge_btf_event"`
 	HedgeBtfEventType     *ebpf.VariableSpec `ebpf:"hedge_btf_event_type"`
+	HedgeBtfLapState      *ebpf.VariableSpec `ebpf:"hedge_btf_lap_state"`
 	HedgeBtfLimits        *ebpf.VariableSpec `ebpf:"hedge_btf_limits"`
 	HedgeBtfMark          *ebpf.VariableSpec `ebpf:"hedge_btf_mark"`
 	HedgeBtfRefusal       *ebpf.VariableSpec `ebpf:"hedge_btf_refusal"`
@@ -532,6 +548,7 @@ type hedgeVariables struct {
 	HedgeBtfDelayMode     *ebpf.Variable `ebpf:"hedge_btf_delay_mode"`
 	HedgeBtfEvent         *ebpf.Variable `ebpf:"hedge_btf_event"`
 	HedgeBtfEventType     *ebpf.Variable `ebpf:"hedge_btf_event_type"`
+	HedgeBtfLapState      *ebpf.Variable `ebpf:"hedge_btf_lap_state"`
 	HedgeBtfLimits        *ebpf.Variable `ebpf:"hedge_btf_limits"`
 	HedgeBtfMark          *ebpf.Variable `ebpf:"hedge_btf_mark"`
 	HedgeBtfRefusal       *ebpf.Variable `ebpf:"hedge_btf_refusal"`

@@ -1,9 +1,9 @@
 package hedge
 
-// The stored path without per-request ticks: the first response to a stored request whose
-// cell is its ring's head pops the cell at once (store_answered, store.h), and a tick pops
-// cells whose request no longer waits even before their deadline (tick_one, store.h), then
-// asks the pacer for the first request that still waits. Fixtures: bpf_fixtures_test.go.
+// The stored path without per-request ticks: the first response to a stored request claims it
+// in its ring cell (store_claim, store.h) and pops the answered cells at the head
+// (store_pop_answered), and a tick pops cells whose request no longer waits even before their
+// deadline (tick_one, tick.h), then asks the pacer for the first request that still waits. Fixtures: bpf_fixtures_test.go.
 
 import (
 	"testing"
@@ -74,18 +74,38 @@ func TestStorePops(t *testing.T) {
 		}
 	})
 
-	t.Run("out-of-order response leaves its cell to the tick", func(t *testing.T) {
+	t.Run("out-of-order response stays until the head's pops it", func(t *testing.T) {
 		f.reset(t)
 		f.store(t, req(a))
 		f.store(t, req(b))
 		f.store(t, req(c))
-		respond(t, b) // not the head: stays
+		respond(t, b) // not the head: stays, answered in its cell
 		wantQueued(t, a, b, c)
-		respond(t, a) // the head: popped; b is next and answered, but a response pops only its own
-		wantQueued(t, b, c)
+		if e, ok := f.entry(t, key(sSt4, client4, b)); !ok || e.State != reqAnswered {
+			t.Errorf("b: %v (%v), want answered in its cell", stateNames[e.State], ok)
+		}
+		// The head's response pops its own cell and the answered one behind it.
+		d := delta(t, func() { respond(t, a) })
+		wantQueued(t, c)
+		if d["st4.StoredAnswered"] != 2 || d["st4.Responses"] != 1 {
+			t.Errorf("counters %v: want two stored_answered, one response", nonZeroCounts(d))
+		}
+		if b := f.board(t); len(b) != 1 || b[key(sSt4, client4, c)] != reqPending {
+			t.Errorf("board %v: want c pending only", b)
+		}
+	})
+
+	t.Run("answered head left to the tick", func(t *testing.T) {
+		f.reset(t)
+		f.store(t, req(a))
+		f.store(t, req(b))
+		// a answered in its cell, not popped (its response lost the head to a tick).
+		e, _ := f.entry(t, key(sSt4, client4, a))
+		e.State = reqAnswered
+		f.put(t, key(sSt4, client4, a), e)
 		// Nothing is due (the stored services wait a second, counted here from right before
-		// the tick's run): the tick pops b, answered, sends nothing, and asks for a tick at
-		// c's deadline, the first that still waits.
+		// the tick's run): the tick pops a, answered, sends nothing, and asks for a tick at
+		// b's deadline, the first that still waits.
 		var r bpftest.Result
 		d := delta(t, func() {
 			r = f.tickAt(t, func(now uint64) error { return f.dueAt(sSt4, now, -storeDelay) })
@@ -93,15 +113,40 @@ func TestStorePops(t *testing.T) {
 		if r.Ret != bpftest.TCActShot {
 			t.Errorf("tick verdict %s, want TC_ACT_SHOT (nothing sent)", verdict(r.Ret))
 		}
-		wantQueued(t, c)
+		wantQueued(t, b)
 		if d["st4.StoredAnswered"] != 1 || d["st4.TickHedges"] != 0 || d["dl.TicksArmed"] != 1 {
 			t.Errorf("counters %v: want one stored_answered, no hedge, one tick armed", nonZeroCounts(d))
 		}
 		if cell, got := f.queued(t, sSt4)[0], armed(t); got != cell.DeadlineNs {
-			t.Errorf("tick armed at %d, want c's deadline %d", got, cell.DeadlineNs)
+			t.Errorf("tick armed at %d, want b's deadline %d", got, cell.DeadlineNs)
 		}
-		if _, ok := f.entry(t, key(sSt4, client4, b)); ok {
-			t.Error("scoreboard entry of the answered request left")
+		if _, ok := f.entry(t, key(sSt4, client4, a)); ok {
+			t.Error("the answered request left behind")
+		}
+	})
+
+	t.Run("a response deep in the ring finds its cell", func(t *testing.T) {
+		f.reset(t)
+		// More waiting requests than the response path looks at in its plain loop
+		// (CLAIM_NEAR, 16): the rest of the ring is searched too.
+		const n, deep = 40, 37
+		var ids []uint64
+		for i := uint32(0); i < n; i++ {
+			f.store(t, req(0x5200+i))
+			ids = append(ids, uint64(0x5200+i))
+		}
+		d := delta(t, func() { respond(t, 0x5200+deep) })
+		wantQueued(t, ids...)
+		if e, ok := f.entry(t, key(sSt4, client4, 0x5200+deep)); !ok || e.State != reqAnswered {
+			t.Errorf("request %d of %d: %v (%v), want answered in its cell", deep, n, stateNames[e.State], ok)
+		}
+		if d["st4.Responses"] != 1 || d["st4.UnmatchedResponses"] != 0 {
+			t.Errorf("counters %v: want one response", nonZeroCounts(d))
+		}
+		// A second response of it is the application's own duplicate: passed, not counted.
+		d = delta(t, func() { respond(t, 0x5200+deep) })
+		if len(nonZeroCounts(d)) != 0 {
+			t.Errorf("counters %v: want none for a later response of an unhedged request", nonZeroCounts(d))
 		}
 	})
 
@@ -110,9 +155,7 @@ func TestStorePops(t *testing.T) {
 		f.store(t, req(a))
 		f.store(t, req(b))
 		respond(t, b)
-		if err := f.objs.Scoreboard.Delete(key(sSt4, client4, a)); err != nil { // evicted
-			t.Fatal(err)
-		}
+		f.evict(t, key(sSt4, client4, a))
 		var r bpftest.Result
 		d := delta(t, func() { r = f.tick(t) })
 		if r.Ret != bpftest.TCActShot {

@@ -18,7 +18,12 @@ import (
 	"github.com/kedge-dev/kedge/internal/pktbuild"
 )
 
-func lapEmpty(pos uint64) uint64 { return pos / uint64(storeRing) * 2 }
+// lapWord is the lap word of position pos in state (enum lap_state, bpf/hedge/store.h).
+func lapWord(pos uint64, state hedgeLapState) uint64 {
+	return pos/uint64(storeRing)<<uint64(hedgeLapStateLAP_STATE_BITS) | uint64(state)
+}
+
+func lapEmpty(pos uint64) uint64 { return lapWord(pos, hedgeLapStateLAP_EMPTY) }
 
 func cellIndex(svc int, pos uint64) uint32 {
 	return uint32(svc*storeRing) + uint32(pos%uint64(storeRing))
@@ -43,6 +48,64 @@ func (f *fixture) putLap(tb testing.TB, svc int, pos uint64, lap uint64) {
 	}
 }
 
+// held finds the stored request with key k that lives in its ring cell (pending or answered
+// there, not moved to the scoreboard): its position and the scoreboard entry it stands for.
+func (f *fixture) held(tb testing.TB, k hedgeHreqKey) (pos uint64, e hedgeHreq, ok bool) {
+	tb.Helper()
+	svc := int(k.Svc)
+	var h hedgeStorePos
+	if err := f.objs.StoreHeads.Lookup(uint32(svc), &h); err != nil {
+		return 0, e, false
+	}
+	for pos := h.Head; pos < h.Tail; pos++ {
+		var l hedgeStoreLap
+		if err := f.objs.StoreLaps.Lookup(cellIndex(svc, pos), &l); err != nil {
+			tb.Fatalf("read store lap %d/%d: %v", svc, pos, err)
+		}
+		if l.Key != k {
+			continue
+		}
+		switch l.Lap {
+		case lapWord(pos, hedgeLapStateLAP_PENDING):
+			e.State = reqPending
+		case lapWord(pos, hedgeLapStateLAP_ANSWERED):
+			e.State = reqAnswered
+		default:
+			continue
+		}
+		c := f.cell(tb, svc, pos)
+		e.SentNs, e.DeadlineNs, e.OrigReplica, e.HedgeReplica = c.SentNs, c.DeadlineNs, c.OrigReplica, replicaNone
+		if c.OrigReplica < 8 {
+			e.Tried = 1 << c.OrigReplica
+		}
+		return pos, e, true
+	}
+	return 0, e, false
+}
+
+// evict removes request k's scoreboard entry, as the LRU map's eviction does. A stored request
+// that lives in its cell is never evicted (it has no entry): it is marked moved to the
+// scoreboard first (a request past its deadline whose hedge was queued again, say), then its
+// entry goes.
+func (f *fixture) evict(tb testing.TB, k hedgeHreqKey) {
+	tb.Helper()
+	if pos, _, ok := f.held(tb, k); ok {
+		idx := cellIndex(int(k.Svc), pos)
+		var l hedgeStoreLap
+		if err := f.objs.StoreLaps.Lookup(idx, &l); err != nil {
+			tb.Fatal(err)
+		}
+		l.Lap = lapWord(pos, hedgeLapStateLAP_MOVED)
+		if err := f.objs.StoreLaps.Put(idx, l); err != nil {
+			tb.Fatal(err)
+		}
+		return
+	}
+	if err := f.objs.Scoreboard.Delete(k); err != nil {
+		tb.Fatalf("evict %v: %v", k, err)
+	}
+}
+
 // resetStore empties every service's ring (releases the cells between head and tail) and
 // clears the pacer's armed deadline.
 func (f *fixture) resetStore(tb testing.TB) {
@@ -50,7 +113,7 @@ func (f *fixture) resetStore(tb testing.TB) {
 	for svc := range f.h.Config.Services {
 		h := f.heads(tb, svc)
 		for pos := h.Head; pos < h.Tail; pos++ {
-			f.putLap(tb, svc, pos, lapEmpty(pos)+2)
+			f.putLap(tb, svc, pos, lapEmpty(pos+uint64(storeRing)))
 		}
 		h.Head = h.Tail
 		if err := f.objs.StoreHeads.Put(uint32(svc), h); err != nil {
@@ -256,7 +319,7 @@ func TestStoreSplit(t *testing.T) {
 			Setup: func(tb testing.TB) {
 				// The cell a lap back is still held (filled, not released).
 				h := f.heads(tb, sSt4)
-				f.putLap(tb, sSt4, h.Tail, lapEmpty(h.Tail)+1)
+				f.putLap(tb, sSt4, h.Tail, lapWord(h.Tail, hedgeLapStateLAP_MOVED))
 				h.Tail += uint64(storeRing)
 				if err := f.objs.StoreHeads.Put(uint32(sSt4), h); err != nil {
 					tb.Fatal(err)
@@ -401,12 +464,8 @@ func TestStoreTick(t *testing.T) {
 			Setup: bpftest.Seq(f.armed, storeDue(req4), setState(k4, reqAnsweredHedge), due), WantRet: shot,
 			WantCounters: tick.With(bpftest.Counters{"st4.StoredAnswered": 1}),
 			Check:        f.leaves(map[hedgeHreqKey]uint32{k4: reqAnsweredHedge}, none)},
-		{Name: "evicted from the scoreboard: nothing sent (stored_orphaned)", In: tickIn, WantRet: shot,
-			Setup: bpftest.Seq(f.armed, storeDue(req4), func(tb testing.TB) {
-				if err := f.objs.Scoreboard.Delete(k4); err != nil {
-					tb.Fatal(err)
-				}
-			}, due),
+		{Name: "moved to the scoreboard, then evicted: nothing sent (stored_orphaned)", In: tickIn, WantRet: shot,
+			Setup: bpftest.Seq(f.armed, storeDue(req4), func(tb testing.TB) { f.evict(tb, k4) }, due),
 			WantCounters: tick.With(bpftest.Counters{"st4.StoredOrphaned": 1}), Check: f.leaves(nil, none)},
 		{Name: "replaced by a newer request with the same key: the old cell sends nothing", In: tickIn, WantRet: shot,
 			Setup: bpftest.Seq(f.armed, storeDue(req4), func(tb testing.TB) {
@@ -498,7 +557,7 @@ func TestStoreNoCarry(t *testing.T) {
 		{Name: "ring full: not cloned, not hedged (NOCLONE)", In: datagram(client4, svcSt4, idPayload(id, 64)),
 			Setup: func(tb testing.TB) {
 				h := f.heads(tb, sSt4)
-				f.putLap(tb, sSt4, h.Tail, lapEmpty(h.Tail)+1)
+				f.putLap(tb, sSt4, h.Tail, lapWord(h.Tail, hedgeLapStateLAP_MOVED))
 				h.Tail += uint64(storeRing)
 				if err := f.objs.StoreHeads.Put(uint32(sSt4), h); err != nil {
 					tb.Fatal(err)
