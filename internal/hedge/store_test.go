@@ -465,7 +465,7 @@ func TestStoreTick(t *testing.T) {
 			WantCounters: tick.With(bpftest.Counters{"st4.StoredAnswered": 1}),
 			Check:        f.leaves(map[hedgeHreqKey]uint32{k4: reqAnsweredHedge}, none)},
 		{Name: "moved to the scoreboard, then evicted: nothing sent (stored_orphaned)", In: tickIn, WantRet: shot,
-			Setup: bpftest.Seq(f.armed, storeDue(req4), func(tb testing.TB) { f.evict(tb, k4) }, due),
+			Setup:        bpftest.Seq(f.armed, storeDue(req4), func(tb testing.TB) { f.evict(tb, k4) }, due),
 			WantCounters: tick.With(bpftest.Counters{"st4.StoredOrphaned": 1}), Check: f.leaves(nil, none)},
 		{Name: "replaced by a newer request with the same key: the old cell sends nothing", In: tickIn, WantRet: shot,
 			Setup: bpftest.Seq(f.armed, storeDue(req4), func(tb testing.TB) {
