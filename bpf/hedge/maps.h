@@ -22,6 +22,7 @@ const volatile struct hedge_config cfg = {
 	.hedge_mark = KEDGE_MARK_HEDGE,
 	.ttl_ns = 5000000000ULL,
 	.tick_ns = 3000000000ULL,
+	.store_rings = SVC_MAX / 2, /* store_ring's default size: two rings each */
 };
 
 /* Enums referenced here so their BTF reaches bpf2go (-type); nothing reads these. */
@@ -75,9 +76,11 @@ struct {
 	__type(value, struct hreq);
 } scoreboard SEC(".maps");
 
-/* The stored path (store.h, tick.h): per service a ring of STORE_RING cells, index
- * svc * STORE_RING + position % STORE_RING, and its head and tail positions. User space sizes
- * store_ring to its services before load (a hedger of one service holds one ring). */
+/* The stored path (store.h, tick.h): per service two rings of STORE_RING cells, its store
+ * ring (ring id svc) and its park ring (ring id cfg.store_rings + svc), cell index
+ * ring * STORE_RING + position % STORE_RING, and their head and tail positions. User space
+ * sizes store_ring to its services before load (a hedger of one service holds two rings) and
+ * sets cfg.store_rings to match. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, SVC_MAX * STORE_RING);
@@ -114,7 +117,7 @@ struct store_pos {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, SVC_MAX);
+	__uint(max_entries, 2 * SVC_MAX);
 	__type(key, __u32);
 	__type(value, struct store_pos);
 } store_heads SEC(".maps");
@@ -126,7 +129,7 @@ struct {
  * chain above 512 bytes, each frame rounded up to 32. */
 struct tick_state {
 	__u64 next; /* earliest deadline still waiting (0: none) */
-	__u32 svc;  /* service whose ring is being popped */
+	__u32 ring; /* ring being popped (store.h: the store rings, then the park rings) */
 	__u32 sent; /* hedges sent in this tick */
 	__u32 held; /* the skb holds a hedge, sent when the tick ends (or flushed before the next) */
 	__u32 more; /* due cells left when the tick ended */

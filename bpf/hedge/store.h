@@ -39,7 +39,14 @@
  * (store_move), both before it pops the cell, so a response finds the request in the ring
  * or in the scoreboard at every moment; from LAP_MOVED on the entry decides, as on the clone
  * path (claims, hedges, duplicates). A re-queued further hedge is published LAP_MOVED. A
- * scoreboard entry is thus written per hedged (or refused) request, not per request. */
+ * scoreboard entry is thus written per hedged (or refused) request, not per request.
+ *
+ * A stalled request at the head. Popped in order, a ring would hold every request behind a
+ * pending head until its deadline, answered or not (rate x delay of them), and a response's
+ * search would run from that head. The first response behind a ring STORE_PARK_DEPTH deep
+ * whose head is still pending parks the head (store_park): into the scoreboard, as at its
+ * deadline, and its bytes into the service's park ring (LAP_MOVED, same deadline), which the
+ * tick pops like a store ring. */
 #ifndef KEDGE_HEDGE_STORE_H
 #define KEDGE_HEDGE_STORE_H
 
@@ -60,17 +67,24 @@ enum store_result {
 	STORE_UNSUPPORTED,
 };
 
-static __always_inline struct hstore *ring_cell(__u32 svc, __u64 pos)
+/* Ring ids: ring svc is service svc's store ring, ring cfg.store_rings + svc its park ring
+ * (store_park); the cells of ring r are r * STORE_RING .. r * STORE_RING + STORE_RING - 1. */
+static __always_inline __u32 park_ring(__u32 svc)
 {
-	__u32 idx = svc * STORE_RING + (__u32)(pos & (STORE_RING - 1));
+	return cfg.store_rings + svc;
+}
+
+static __always_inline struct hstore *ring_cell(__u32 ring, __u64 pos)
+{
+	__u32 idx = ring * STORE_RING + (__u32)(pos & (STORE_RING - 1));
 
 	return bpf_map_lookup_elem(&store_ring, &idx);
 }
 
-/* ring_lap: the lap of svc's cell at pos (an array lookup, inlined by the verifier). */
-static __always_inline struct store_lap *ring_lap(__u32 svc, __u64 pos)
+/* ring_lap: the lap of ring's cell at pos (an array lookup, inlined by the verifier). */
+static __always_inline struct store_lap *ring_lap(__u32 ring, __u64 pos)
 {
-	__u32 idx = svc * STORE_RING + (__u32)(pos & (STORE_RING - 1));
+	__u32 idx = ring * STORE_RING + (__u32)(pos & (STORE_RING - 1));
 
 	return bpf_map_lookup_elem(&store_laps, &idx);
 }
@@ -94,13 +108,13 @@ static __always_inline __u32 lap_state(__u64 w, __u64 pos)
 	return w & LAP_STATE_MASK;
 }
 
-/* ring_claim returns svc's tail cell, claimed for the caller at *pos, or NULL when the ring
+/* ring_claim returns ring's tail cell, claimed for the caller at *pos, or NULL when the ring
  * is full (or other CPUs kept claiming). The caller must ring_publish it. Only the lap is
  * read before the claim; the cell is looked up once, after it (store_ring and store_laps
  * have the same size, so the cell of a lap that exists exists: Hedger.load sizes both). */
-static __always_inline struct hstore *ring_claim(__u32 svc, __u64 *pos)
+static __always_inline struct hstore *ring_claim(__u32 ring, __u64 *pos)
 {
-	struct store_pos *sp = bpf_map_lookup_elem(&store_heads, &svc);
+	struct store_pos *sp = bpf_map_lookup_elem(&store_heads, &ring);
 	struct store_lap *lp;
 	__u64 t, lap;
 
@@ -108,7 +122,7 @@ static __always_inline struct hstore *ring_claim(__u32 svc, __u64 *pos)
 		return NULL;
 	for (int i = 0; i < 4; i++) {
 		t = READ_ONCE(sp->tail);
-		lp = ring_lap(svc, t);
+		lp = ring_lap(ring, t);
 		if (!lp)
 			return NULL;
 		lap = READ_ONCE(lp->lap);
@@ -116,7 +130,7 @@ static __always_inline struct hstore *ring_claim(__u32 svc, __u64 *pos)
 			return NULL; /* the rescuer still holds the cell a lap back: full */
 		if (lap == lap_empty(t) && __sync_val_compare_and_swap(&sp->tail, t, t + 1) == t) {
 			*pos = t;
-			return ring_cell(svc, t);
+			return ring_cell(ring, t);
 		}
 	}
 	return NULL;
@@ -124,9 +138,9 @@ static __always_inline struct hstore *ring_claim(__u32 svc, __u64 *pos)
 
 /* ring_publish publishes cell c at pos in state (enum lap_state): its owner (send time, key)
  * beside its lap word first. */
-static __always_inline void ring_publish(__u32 svc, __u64 pos, const struct hstore *c, __u32 state)
+static __always_inline void ring_publish(__u32 ring, __u64 pos, const struct hstore *c, __u32 state)
 {
-	struct store_lap *l = ring_lap(svc, pos);
+	struct store_lap *l = ring_lap(ring, pos);
 
 	if (!l)
 		return;
@@ -135,9 +149,9 @@ static __always_inline void ring_publish(__u32 svc, __u64 pos, const struct hsto
 	__sync_lock_test_and_set(&l->lap, lap_word(pos, state));
 }
 
-static __always_inline void ring_release(__u32 svc, __u64 pos)
+static __always_inline void ring_release(__u32 ring, __u64 pos)
 {
-	struct store_lap *l = ring_lap(svc, pos);
+	struct store_lap *l = ring_lap(ring, pos);
 
 	if (l)
 		__sync_lock_test_and_set(&l->lap, lap_empty(pos + STORE_RING));
@@ -147,7 +161,7 @@ static __always_inline void ring_release(__u32 svc, __u64 pos)
  * UDP checksum field (computed anew for each hedge), and publishes the cell in state. A cell
  * whose copy failed is published empty and LAP_MOVED: its request, if recorded, is the
  * scoreboard's (the clone path's), and its tick drops it. */
-static __always_inline void store_finish(struct hstore *c, __u32 svc, __u64 pos, __u32 len, __u32 l3, __u32 state)
+static __always_inline void store_finish(struct hstore *c, __u32 ring, __u64 pos, __u32 len, __u32 l3, __u32 state)
 {
 	if (len >= l3 + sizeof(struct udphdr) && len <= STORE_BYTES) {
 		barrier_var(len);
@@ -165,7 +179,7 @@ static __always_inline void store_finish(struct hstore *c, __u32 svc, __u64 pos,
 		state = LAP_MOVED;
 	}
 	c->len = len;
-	ring_publish(svc, pos, c, state);
+	ring_publish(ring, pos, c, state);
 }
 
 /* store_request (splitter): stores the request m matched (r: what its scoreboard entry would
@@ -306,34 +320,6 @@ static __always_inline int store_claim(struct match *m, __u64 *sent_ns)
 	return x.found;
 }
 
-/* Answered cells a response pops from its ring's head at most (its own and those answered
- * out of order behind it); the rest go at the next response or tick. */
-#define RESPONSE_POPS_MAX 8
-
-/* store_pop_answered (response path): pops the answered cells at the head of m's ring, so
- * that no tick is needed for them: ticks come only for requests still waiting at their
- * deadline (store_tick). Each gives its budget reservation back (stored_answered). */
-static __always_inline void store_pop_answered(struct match *m)
-{
-	struct store_pos *sp = bpf_map_lookup_elem(&store_heads, &m->svc);
-	struct store_lap *l;
-	__u64 h;
-
-	if (!sp)
-		return;
-	for (int i = 0; i < RESPONSE_POPS_MAX; i++) {
-		h = READ_ONCE(sp->head);
-		l = ring_lap(m->svc, h);
-		if (!l || READ_ONCE(l->lap) != lap_word(h, LAP_ANSWERED))
-			return;
-		if (__sync_val_compare_and_swap(&sp->head, h, h + 1) != h)
-			return; /* a tick or another response took it */
-		ring_release(m->svc, h);
-		budget_release(m->cfg, m->st);
-		COUNT(m->cnt, stored_answered);
-	}
-}
-
 /* cell_waits: the request of a cell that is not due yet may still need its hedge: pending in
  * the cell, or (LAP_MOVED) its scoreboard entry this request's, pending or hedged with more
  * to come. A cell that does not wait (answered, evicted, replaced) is popped at a tick before
@@ -390,24 +376,20 @@ __attribute__((noinline)) int store_move(__u32 svc, __u64 pos)
 	return 1;
 }
 
-/* store_requeue queues the request of cell c (popped, still held) again for a further hedge,
- * due at now + its delay: a new cell at its ring's tail with c's bytes. 0, or -1 when the
- * ring is full. */
-static __always_inline int store_requeue(__u32 svc, struct hstore *c, __u64 now)
+/* store_copy fills cell n, claimed at pos of ring, with the request of cell c, due at
+ * deadline, and publishes it in state. Returns the length copied (0: published empty). */
+static __always_inline __u32 store_copy(struct hstore *n, __u32 ring, __u64 pos, const struct hstore *c,
+					__u64 deadline, __u32 state)
 {
-	struct hstore *n;
 	__u32 len = c->len, words;
-	__u64 pos;
 
-	n = ring_claim(svc, &pos);
-	if (!n)
-		return -1;
 	n->key = c->key;
 	n->sent_ns = c->sent_ns;
 	n->delay_ns = c->delay_ns;
-	n->deadline_ns = now + c->delay_ns;
+	n->deadline_ns = deadline;
 	n->l3_len = c->l3_len;
 	n->ipv6 = c->ipv6;
+	n->orig_replica = c->orig_replica;
 	if (len > STORE_BYTES)
 		len = 0;
 	/* Whole words, the cell's data being 8-byte aligned (struct hstore). */
@@ -415,12 +397,112 @@ static __always_inline int store_requeue(__u32 svc, struct hstore *c, __u64 now)
 	for (__u32 i = 0; i < STORE_BYTES / 8; i++) {
 		if (i >= words)
 			break;
-		((__u64 *)n->data)[i] = ((__u64 *)c->data)[i];
+		((__u64 *)n->data)[i] = ((const __u64 *)c->data)[i];
 	}
-	n->orig_replica = c->orig_replica;
+	store_finish(n, ring, pos, len, c->l3_len, state);
+	return n->len;
+}
+
+/* store_requeue queues the request of cell c (popped, still held) again for a further hedge,
+ * due at now + its delay: a new cell at its ring's tail with c's bytes. 0, or -1 when the
+ * ring is full. */
+static __always_inline int store_requeue(__u32 svc, struct hstore *c, __u64 now)
+{
+	struct hstore *n;
+	__u64 pos;
+
+	n = ring_claim(svc, &pos);
+	if (!n)
+		return -1;
 	/* Its request is the scoreboard's (HEDGED): the entry decides. */
-	store_finish(n, svc, pos, len, c->l3_len, LAP_MOVED);
-	return len ? 0 : -1;
+	return store_copy(n, svc, pos, c, now + c->delay_ns, LAP_MOVED) ? 0 : -1;
+}
+
+/* store_park (response path): svc's store ring is deep (STORE_PARK_DEPTH) and its head, at
+ * pos, still pending - a stalled request, with the answered ones piling up behind it until
+ * its deadline. The request moves into the scoreboard (store_move) and its bytes into a cell
+ * of the service's park ring, due at the same deadline, and the head moves on: the answered
+ * cells behind it leave at once, so the ring holds the requests still waiting, not
+ * rate x delay of them, and a response's search of it stays short. The park ring is a FIFO
+ * of deadlines like the store ring (its requests leave the store ring's head in order, their
+ * deadlines unchanged) and the tick pops it as it pops the store ring (tick.h); its cells
+ * are LAP_MOVED: the scoreboard entry decides. store_park holds the store ring's tick flag
+ * (store_pos.ticking), so no tick pops the head meanwhile. 1: parked; 0: left where it was
+ * (a tick at the ring, the head moved on, the park ring full, or the request answered
+ * meanwhile: its copy is published empty, and its tick drops it). A global function:
+ * verified once, on its own. */
+__attribute__((noinline)) int store_park(__u32 svc, __u64 pos)
+{
+	struct store_pos *sp;
+	struct hstore *c, *n;
+	__u32 park;
+	__u64 ppos;
+	int ok = 0;
+
+	if (svc >= SVC_MAX)
+		return 0;
+	sp = bpf_map_lookup_elem(&store_heads, &svc);
+	if (!sp || __sync_val_compare_and_swap(&sp->ticking, 0, 1) != 0)
+		return 0;
+	park = park_ring(svc);
+	c = ring_cell(svc, pos);
+	if (!c || READ_ONCE(sp->head) != pos)
+		goto out;
+	n = ring_claim(park, &ppos);
+	if (!n)
+		goto out;
+	if (!store_move(svc, pos)) {
+		n->key = c->key;
+		n->sent_ns = c->sent_ns;
+		store_finish(n, park, ppos, 0, 0, LAP_MOVED);
+		goto out;
+	}
+	store_copy(n, park, ppos, c, c->deadline_ns, LAP_MOVED);
+	if (__sync_val_compare_and_swap(&sp->head, pos, pos + 1) == pos)
+		ring_release(svc, pos);
+	ok = 1;
+out:
+	__sync_lock_test_and_set(&sp->ticking, 0);
+	return ok;
+}
+
+/* Answered cells a response pops from its ring's head at most (its own and those answered
+ * out of order behind it); the rest go at the next response or tick. */
+#define RESPONSE_POPS_MAX 8
+
+/* store_pop_answered (response path): pops the answered cells at the head of m's ring, so
+ * that no tick is needed for them: ticks come only for requests still waiting at their
+ * deadline (store_tick). Each gives its budget reservation back (stored_answered). A
+ * pending head of a ring STORE_PARK_DEPTH deep is parked (store_park) and the pops go on
+ * behind it. */
+static __always_inline void store_pop_answered(struct match *m)
+{
+	struct store_pos *sp = bpf_map_lookup_elem(&store_heads, &m->svc);
+	struct store_lap *l;
+	__u64 h, w;
+
+	if (!sp)
+		return;
+	for (int i = 0; i < RESPONSE_POPS_MAX; i++) {
+		h = READ_ONCE(sp->head);
+		l = ring_lap(m->svc, h);
+		if (!l)
+			return;
+		w = READ_ONCE(l->lap);
+		if (w == lap_word(h, LAP_PENDING) && READ_ONCE(sp->tail) - h >= STORE_PARK_DEPTH) {
+			if (!store_park(m->svc, h))
+				return;
+			COUNT(m->cnt, stored_parked);
+			continue;
+		}
+		if (w != lap_word(h, LAP_ANSWERED))
+			return;
+		if (__sync_val_compare_and_swap(&sp->head, h, h + 1) != h)
+			return; /* a tick or another response took it */
+		ring_release(m->svc, h);
+		budget_release(m->cfg, m->st);
+		COUNT(m->cnt, stored_answered);
+	}
 }
 
 #endif /* KEDGE_HEDGE_STORE_H */

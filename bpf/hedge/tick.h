@@ -94,8 +94,10 @@ static __always_inline void hedge_flush(struct __sk_buff *skb)
 		COUNT(stats_global(), hedges_reinjected);
 }
 
-/* tick_cell: tick_one's work on service svc's ring, whose tick flag the caller holds. */
-static __always_inline long tick_cell(struct tick_ctx *c0, struct tick_state *t, struct store_pos *sp, __u32 svc)
+/* tick_cell: tick_one's work on ring (service svc's store or park ring), whose tick flag the
+ * caller holds. */
+static __always_inline long tick_cell(struct tick_ctx *c0, struct tick_state *t, struct store_pos *sp, __u32 ring,
+				      __u32 svc)
 {
 	struct store_lap *l;
 	struct hstore *c;
@@ -104,17 +106,17 @@ static __always_inline long tick_cell(struct tick_ctx *c0, struct tick_state *t,
 	int r;
 
 	h = READ_ONCE(sp->head);
-	c = ring_cell(svc, h);
-	l = ring_lap(svc, h);
+	c = ring_cell(ring, h);
+	l = ring_lap(ring, h);
 	s = l ? lap_state(READ_ONCE(l->lap), h) : LAP_EMPTY;
 	if (!c || s == LAP_EMPTY) {
-		t->svc++; /* empty (or a splitter is still filling the head: it asks for a tick) */
+		t->ring++; /* empty (or a splitter is still filling the head: it asks for a tick) */
 		return 0;
 	}
 	if (!pacer_due(c->deadline_ns, t->now, 0) && cell_waits(c, s)) {
 		if (!t->next || c->deadline_ns < t->next)
 			t->next = c->deadline_ns;
-		t->svc++;
+		t->ring++;
 		return 0;
 	}
 	/* Due, or done with before its deadline (answered out of order, evicted): popped now,
@@ -126,15 +128,15 @@ static __always_inline long tick_cell(struct tick_ctx *c0, struct tick_state *t,
 	/* A pending request enters the scoreboard while its cell is still the head, where a
 	 * response looks for it (store.h). */
 	if (s == LAP_PENDING)
-		store_move(svc, h);
+		store_move(svc, h); /* only a store ring holds pending cells */
 	if (__sync_val_compare_and_swap(&sp->head, h, h + 1) != h)
 		return 0; /* a response popped it: look again */
 	if (t->held) {
 		hedge_flush(c0->skb);
 		t->held = 0;
 	}
-	r = store_hedge(c0->skb, svc, svc * STORE_RING + (__u32)(h & (STORE_RING - 1)), t->now);
-	ring_release(svc, h);
+	r = store_hedge(c0->skb, svc, ring * STORE_RING + (__u32)(h & (STORE_RING - 1)), t->now);
+	ring_release(ring, h);
 	if (r == HEDGE_BUILT) {
 		t->held = 1;
 		t->sent++;
@@ -142,29 +144,38 @@ static __always_inline long tick_cell(struct tick_ctx *c0, struct tick_state *t,
 	return 0;
 }
 
-/* tick_one (bpf_loop callback): pops one due cell of service t->svc and handles it, or moves
- * on to the next service when its head is empty or not due. One tick at a time works on a
- * ring (store_pos.ticking): a tick that finds another at it leaves the ring to that one. */
+/* tick_one (bpf_loop callback): pops one due cell of ring t->ring (the store rings, then the
+ * park rings: store.h) and handles it, or moves on to the next ring when its head is empty
+ * or not due. One tick at a time works on a ring (store_pos.ticking): a tick that finds
+ * another at it leaves the ring to that one. */
 static long tick_one(__u32 i, struct tick_ctx *c0)
 {
 	struct tick_state *t = c0->st;
 	struct store_pos *sp;
-	__u32 svc;
+	__u32 ring, svc;
 	long ret;
 
 	if (!t)
 		return 1;
-	svc = t->svc;
-	if (svc >= SVC_MAX)
+	ring = t->ring;
+	if (ring >= 2 * cfg.store_rings || ring >= 2 * SVC_MAX)
 		return 1;
-	sp = bpf_map_lookup_elem(&store_heads, &svc);
+	svc = ring < cfg.store_rings ? ring : ring - cfg.store_rings;
+	sp = bpf_map_lookup_elem(&store_heads, &ring);
 	if (!sp)
 		return 1;
-	if (__sync_val_compare_and_swap(&sp->ticking, 0, 1) != 0) {
-		t->svc++;
+	if (READ_ONCE(sp->head) == READ_ONCE(sp->tail)) {
+		t->ring++; /* empty */
 		return 0;
 	}
-	ret = tick_cell(c0, t, sp, svc);
+	if (__sync_val_compare_and_swap(&sp->ticking, 0, 1) != 0) {
+		/* Another tick at it, or a response parking its head (store_park), which asks
+		 * for no tick: the next tick comes at once and looks again. */
+		t->more = 1;
+		t->ring++;
+		return 0;
+	}
+	ret = tick_cell(c0, t, sp, ring, svc);
 	__sync_lock_test_and_set(&sp->ticking, 0);
 	return ret;
 }
@@ -192,8 +203,8 @@ static __always_inline int store_tick(struct __sk_buff *skb)
 	__builtin_memset(t, 0, sizeof(*t));
 	c.st = t;
 	t->now = kedge_now();
-	bpf_loop(SVC_MAX + TICK_POPS_MAX, tick_one, &c, 0);
-	if (t->svc < SVC_MAX)
+	bpf_loop(2 * SVC_MAX + TICK_POPS_MAX, tick_one, &c, 0);
+	if (t->ring < 2 * cfg.store_rings)
 		t->more = 1; /* the loop ran out, or stopped at TICK_HEDGES_MAX */
 	if (t->more) {
 		COUNT(stats_global(), tick_more);

@@ -57,6 +57,12 @@ enum hedge_limits {
 	/* Cells of each service's store ring (a power of two): requests waiting for their hedge
 	 * deadline at once; more go the clone path (store_full). */
 	STORE_RING = 1024,
+	/* A store ring this deep (tail - head) with a pending request at its head: the first
+	 * response behind it moves that request into the service's park ring (store.h,
+	 * store_park), so the answered cells behind a stalled request leave the ring and a
+	 * response's search of it stays short. Above the 64 requests a closed-loop client of 64
+	 * loops keeps outstanding, so an unstalled service rarely parks. */
+	STORE_PARK_DEPTH = 64,
 	/* Hedges one pacer tick sends at most; more due ones wait for the next tick (at once). */
 	TICK_HEDGES_MAX = 64,
 	/* The hedgeable rule (bpf/hedge/hedgeable.h): alternatives per service, and the bytes
@@ -144,6 +150,10 @@ struct hedge_config {
 				* covers the interface's MTU): a request the store cannot
 				* take is not hedged instead of cloned */
 	__u32 events;          /* 1: hedges sent, won, lost and refused go to hedge_events */
+	__u32 store_rings;     /* store rings (service slots) user space sized store_ring for:
+				* ring svc is svc's store ring, ring store_rings + svc its park
+				* ring (store.h) */
+	__u32 _pad0;
 };
 
 enum delay_mode {
@@ -388,6 +398,9 @@ struct hedge_stats {
 				    * or a wrong request-id spec): passed untouched */
 	__u64 replicas_out;      /* hedges due but not sent: every replica without a copy of
 				  * the request is ejected (hedging to them paused) */
+	__u64 stored_parked;     /* pending stored requests moved off the head of a deep store
+				  * ring into the service's park ring (store.h, store_park), so the
+				  * answered cells behind them could go */
 };
 
 

@@ -35,6 +35,8 @@ type hedgeHedgeConfig struct {
 	TickNs     uint64
 	NoCarry    uint32
 	Events     uint32
+	StoreRings uint32
+	Pad0       uint32
 }
 
 type hedgeHedgeEvent struct {
@@ -84,6 +86,7 @@ const (
 	hedgeHedgeLimitsSTORE_BYTES       hedgeHedgeLimits = 2048
 	hedgeHedgeLimitsSTORE_PAYLOAD_MAX hedgeHedgeLimits = 2000
 	hedgeHedgeLimitsSTORE_RING        hedgeHedgeLimits = 1024
+	hedgeHedgeLimitsSTORE_PARK_DEPTH  hedgeHedgeLimits = 64
 	hedgeHedgeLimitsTICK_HEDGES_MAX   hedgeHedgeLimits = 64
 	hedgeHedgeLimitsHEDGE_RULES_MAX   hedgeHedgeLimits = 8
 	hedgeHedgeLimitsHEDGE_RULE_BYTES  hedgeHedgeLimits = 8
@@ -153,6 +156,7 @@ type hedgeHedgeStats struct {
 	NotHedgeable          uint64
 	UnmatchedResponses    uint64
 	ReplicasOut           uint64
+	StoredParked          uint64
 }
 
 type hedgeHreq struct {

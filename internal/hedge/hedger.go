@@ -185,14 +185,17 @@ func (h *Hedger) load() error {
 		return fmt.Errorf("load hedge spec: %w", err)
 	}
 	spec.Maps[hedgeMapScoreboard].MaxEntries = h.Config.ScoreboardSize
-	// One store ring per service slot (a cell holds a whole request: 2 KiB).
-	spec.Maps[hedgeMapStoreRing].MaxEntries = uint32(max(h.capacity, len(h.Config.Services)) * storeRing)
+	// Two store rings per service slot, its store ring and its park ring (a cell holds a
+	// whole request: 2 KiB); the programs find the park rings after the store rings.
+	rings := max(h.capacity, len(h.Config.Services))
+	spec.Maps[hedgeMapStoreRing].MaxEntries = uint32(2 * rings * storeRing)
 	spec.Maps[hedgeMapStoreLaps].MaxEntries = spec.Maps[hedgeMapStoreRing].MaxEntries
 	cfg := hedgeHedgeConfig{
 		OutIfindex: uint32(h.IfIndex),
 		HedgeMark:  h.Config.Mark,
 		TtlNs:      uint64(time.Duration(h.Config.TTL)),
 		TickNs:     uint64(time.Duration(h.Config.Tick)),
+		StoreRings: uint32(rings),
 	}
 	if h.noCarry {
 		cfg.NoCarry = 1

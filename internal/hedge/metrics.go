@@ -95,6 +95,7 @@ var counterHelp = map[string]string{
 	"tick_send_errors":        "Hedges of a tick that could not be cloned back in or redirected: lost.",
 	"not_hedgeable":           "Requests the service's hedgeable rule does not match (not safe to send twice): passed unrecorded, never hedged.",
 	"replicas_out":            "Hedges due but not sent because every replica without a copy of the request is ejected (hedging to them paused).",
+	"stored_parked":           "Pending stored requests moved off the head of a deep store ring into the service's park ring, so that the answered requests behind them could leave the ring.",
 	"unmatched_responses":     "Responses from a service or replica address matching no recorded request (not hedgeable, expired, or a wrong request-id spec): passed untouched.",
 }
 

@@ -14,31 +14,6 @@ import (
 func TestStorePops(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	const a, b, c = 0x5101, 0x5102, 0x5103
-	req := func(id uint32) []byte { return datagram(client4, svcSt4, idPayload(id, 64)) }
-	resp := func(id uint32) []byte { return datagram(svcSt4, client4, idPayload(id, 64)) }
-	respond := func(tb testing.TB, id uint32) {
-		tb.Helper()
-		r, err := f.run(f.objs.HedgeResp, resp(id), 0)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		if r.Ret != unspec {
-			tb.Fatalf("response verdict %s, want TC_ACT_UNSPEC", verdict(r.Ret))
-		}
-	}
-	delta := func(tb testing.TB, fn func()) bpftest.Counters {
-		tb.Helper()
-		before, err := f.counters()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		fn()
-		after, err := f.counters()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		return after.Sub(before)
-	}
 	armed := func(tb testing.TB) uint64 {
 		tb.Helper()
 		var st pacerState
@@ -62,9 +37,9 @@ func TestStorePops(t *testing.T) {
 
 	t.Run("in-order response pops its cell", func(t *testing.T) {
 		f.reset(t)
-		f.store(t, req(a))
+		f.store(t, stReq(a))
 		wantQueued(t, a)
-		d := delta(t, func() { respond(t, a) })
+		d := delta(t, f, func() { f.answer(t, a) })
 		wantQueued(t)
 		if _, ok := f.entry(t, key(sSt4, client4, a)); ok {
 			t.Error("scoreboard entry of the popped request left")
@@ -76,16 +51,16 @@ func TestStorePops(t *testing.T) {
 
 	t.Run("out-of-order response stays until the head's pops it", func(t *testing.T) {
 		f.reset(t)
-		f.store(t, req(a))
-		f.store(t, req(b))
-		f.store(t, req(c))
-		respond(t, b) // not the head: stays, answered in its cell
+		f.store(t, stReq(a))
+		f.store(t, stReq(b))
+		f.store(t, stReq(c))
+		f.answer(t, b) // not the head: stays, answered in its cell
 		wantQueued(t, a, b, c)
 		if e, ok := f.entry(t, key(sSt4, client4, b)); !ok || e.State != reqAnswered {
 			t.Errorf("b: %v (%v), want answered in its cell", stateNames[e.State], ok)
 		}
 		// The head's response pops its own cell and the answered one behind it.
-		d := delta(t, func() { respond(t, a) })
+		d := delta(t, f, func() { f.answer(t, a) })
 		wantQueued(t, c)
 		if d["st4.StoredAnswered"] != 2 || d["st4.Responses"] != 1 {
 			t.Errorf("counters %v: want two stored_answered, one response", nonZeroCounts(d))
@@ -97,8 +72,8 @@ func TestStorePops(t *testing.T) {
 
 	t.Run("answered head left to the tick", func(t *testing.T) {
 		f.reset(t)
-		f.store(t, req(a))
-		f.store(t, req(b))
+		f.store(t, stReq(a))
+		f.store(t, stReq(b))
 		// a answered in its cell, not popped (its response lost the head to a tick).
 		e, _ := f.entry(t, key(sSt4, client4, a))
 		e.State = reqAnswered
@@ -107,7 +82,7 @@ func TestStorePops(t *testing.T) {
 		// the tick's run): the tick pops a, answered, sends nothing, and asks for a tick at
 		// b's deadline, the first that still waits.
 		var r bpftest.Result
-		d := delta(t, func() {
+		d := delta(t, f, func() {
 			r = f.tickAt(t, func(now uint64) error { return f.dueAt(sSt4, now, -storeDelay) })
 		})
 		if r.Ret != bpftest.TCActShot {
@@ -132,10 +107,10 @@ func TestStorePops(t *testing.T) {
 		const n, deep = 40, 37
 		var ids []uint64
 		for i := uint32(0); i < n; i++ {
-			f.store(t, req(0x5200+i))
+			f.store(t, stReq(0x5200+i))
 			ids = append(ids, uint64(0x5200+i))
 		}
-		d := delta(t, func() { respond(t, 0x5200+deep) })
+		d := delta(t, f, func() { f.answer(t, 0x5200+deep) })
 		wantQueued(t, ids...)
 		if e, ok := f.entry(t, key(sSt4, client4, 0x5200+deep)); !ok || e.State != reqAnswered {
 			t.Errorf("request %d of %d: %v (%v), want answered in its cell", deep, n, stateNames[e.State], ok)
@@ -144,7 +119,7 @@ func TestStorePops(t *testing.T) {
 			t.Errorf("counters %v: want one response", nonZeroCounts(d))
 		}
 		// A second response of it is the application's own duplicate: passed, not counted.
-		d = delta(t, func() { respond(t, 0x5200+deep) })
+		d = delta(t, f, func() { f.answer(t, 0x5200+deep) })
 		if len(nonZeroCounts(d)) != 0 {
 			t.Errorf("counters %v: want none for a later response of an unhedged request", nonZeroCounts(d))
 		}
@@ -152,12 +127,12 @@ func TestStorePops(t *testing.T) {
 
 	t.Run("nothing waits: no tick asked for", func(t *testing.T) {
 		f.reset(t)
-		f.store(t, req(a))
-		f.store(t, req(b))
-		respond(t, b)
+		f.store(t, stReq(a))
+		f.store(t, stReq(b))
+		f.answer(t, b)
 		f.evict(t, key(sSt4, client4, a))
 		var r bpftest.Result
-		d := delta(t, func() { r = f.tick(t) })
+		d := delta(t, f, func() { r = f.tick(t) })
 		if r.Ret != bpftest.TCActShot {
 			t.Errorf("tick verdict %s, want TC_ACT_SHOT", verdict(r.Ret))
 		}

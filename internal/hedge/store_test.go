@@ -106,18 +106,25 @@ func (f *fixture) evict(tb testing.TB, k hedgeHreqKey) {
 	}
 }
 
-// resetStore empties every service's ring (releases the cells between head and tail) and
-// clears the pacer's armed deadline.
+// parkRing is the ring id of service svc's park ring (bpf/hedge/store.h): after the store rings.
+func (f *fixture) parkRing(svc int) int {
+	return int(f.objs.StoreRing.MaxEntries())/(2*storeRing) + svc
+}
+
+// resetStore empties every service's rings, store and park (releases the cells between head
+// and tail), and clears the pacer's armed deadline.
 func (f *fixture) resetStore(tb testing.TB) {
 	tb.Helper()
 	for svc := range f.h.Config.Services {
-		h := f.heads(tb, svc)
-		for pos := h.Head; pos < h.Tail; pos++ {
-			f.putLap(tb, svc, pos, lapEmpty(pos+uint64(storeRing)))
-		}
-		h.Head = h.Tail
-		if err := f.objs.StoreHeads.Put(uint32(svc), h); err != nil {
-			tb.Fatalf("write store_heads[%d]: %v", svc, err)
+		for _, ring := range []int{svc, f.parkRing(svc)} {
+			h := f.heads(tb, ring)
+			for pos := h.Head; pos < h.Tail; pos++ {
+				f.putLap(tb, ring, pos, lapEmpty(pos+uint64(storeRing)))
+			}
+			h.Head = h.Tail
+			if err := f.objs.StoreHeads.Put(uint32(ring), h); err != nil {
+				tb.Fatalf("write store_heads[%d]: %v", ring, err)
+			}
 		}
 	}
 	var st pacerState

@@ -211,20 +211,24 @@ func (h *Hedger) resetSlot(idx uint32) error {
 			return fmt.Errorf("reset precision histogram of slot %d: %w", idx, err)
 		}
 	}
-	if int(idx) >= int(h.objs.StoreRing.MaxEntries())/storeRing {
+	rings := h.objs.StoreRing.MaxEntries() / uint32(2*storeRing)
+	if idx >= rings {
 		return nil
 	}
-	var heads hedgeStorePos
-	if err := h.objs.StoreHeads.Put(idx, heads); err != nil {
-		return fmt.Errorf("reset store ring of slot %d: %w", idx, err)
-	}
-	var cell hedgeHstore
-	for k := range uint32(storeRing) {
-		if err := h.objs.StoreRing.Put(idx*uint32(storeRing)+k, &cell); err != nil {
+	// Its store ring and its park ring (bpf/hedge/store.h).
+	for _, ring := range []uint32{idx, rings + idx} {
+		var heads hedgeStorePos
+		if err := h.objs.StoreHeads.Put(ring, heads); err != nil {
 			return fmt.Errorf("reset store ring of slot %d: %w", idx, err)
 		}
-		if err := h.objs.StoreLaps.Put(idx*uint32(storeRing)+k, hedgeStoreLap{}); err != nil {
-			return fmt.Errorf("reset store ring of slot %d: %w", idx, err)
+		var cell hedgeHstore
+		for k := range uint32(storeRing) {
+			if err := h.objs.StoreRing.Put(ring*uint32(storeRing)+k, &cell); err != nil {
+				return fmt.Errorf("reset store ring of slot %d: %w", idx, err)
+			}
+			if err := h.objs.StoreLaps.Put(ring*uint32(storeRing)+k, hedgeStoreLap{}); err != nil {
+				return fmt.Errorf("reset store ring of slot %d: %w", idx, err)
+			}
 		}
 	}
 	return nil
