@@ -59,13 +59,8 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 			if scenario != "fanout" {
 				return usagef("--scenario %q: want fanout, loopback or tail", scenario)
 			}
-			if len(fanouts) == 0 {
-				return usagef("--fanouts: at least one")
-			}
-			for _, f := range fanouts {
-				if f < 1 || f > 1024 {
-					return usagef("--fanouts: %d is not in 1..1024", f)
-				}
+			if err := checkFanouts(fanouts); err != nil {
+				return err
 			}
 			for _, m := range o.Methods {
 				ok := false
@@ -208,10 +203,8 @@ func runBenchSgLoopback(cmd *cobra.Command, lo sgbench.LoopOptions, fanouts []in
 		o.Out = lo.Out
 	}
 	lo.Out = o.Out
-	for _, f := range lo.Fanouts {
-		if f < 1 || f > 1024 {
-			return usagef("--fanouts: %d is not in 1..1024", f)
-		}
+	if err := checkFanouts(lo.Fanouts); err != nil {
+		return err
 	}
 	for _, m := range lo.Methods {
 		if m == "kedge-before" && lo.Before == "" {
@@ -315,15 +308,24 @@ func runBenchSgTail(cmd *cobra.Command, to sgbench.TailOptions, rounds int, fano
 	return nil
 }
 
-// checkTailOptions rejects tail options that cannot run, saying which flag to change.
-func checkTailOptions(to sgbench.TailOptions) error {
-	if len(to.Fanouts) == 0 {
+// checkFanouts rejects an empty list of fan-outs or one outside 1..1024 (every scenario's
+// limit: a group has at most 1024 workers).
+func checkFanouts(fanouts []int) error {
+	if len(fanouts) == 0 {
 		return usagef("--fanouts: at least one")
 	}
-	for _, f := range to.Fanouts {
+	for _, f := range fanouts {
 		if f < 1 || f > 1024 {
 			return usagef("--fanouts: %d is not in 1..1024", f)
 		}
+	}
+	return nil
+}
+
+// checkTailOptions rejects tail options that cannot run, saying which flag to change.
+func checkTailOptions(to sgbench.TailOptions) error {
+	if err := checkFanouts(to.Fanouts); err != nil {
+		return err
 	}
 	if len(to.Modes) == 0 {
 		return usagef("--modes: at least one of straggle, loss")
