@@ -115,8 +115,8 @@ func TestBudgetRescuesPauses(t *testing.T) {
 			case <-time.After(time.Until(next)):
 			}
 			b := burst{before: counters()}
-			if err := syscall.Kill(server.pid(), syscall.SIGSTOP); err != nil {
-				t.Errorf("SIGSTOP %d: %v", server.pid(), err)
+			if err := lab.Pause(server.pid()); err != nil {
+				t.Error(err)
 				return
 			}
 			time.Sleep(pause) // the pause itself: nothing to poll

@@ -68,7 +68,7 @@ func TestDNSPresetLab(t *testing.T) {
 
 	// srv1 paused: queries are hedged to srv2, an UPDATE waits for srv1.
 	const queries = 10
-	if err := primary.Signal(syscall.SIGSTOP); err != nil {
+	if err := lab.Pause(primary.Pid); err != nil {
 		t.Fatal(err)
 	}
 	asked := map[uint16]bool{}
@@ -88,7 +88,7 @@ func TestDNSPresetLab(t *testing.T) {
 	if early := recv(1, 200*time.Millisecond); len(early) != 0 {
 		t.Errorf("responses while srv1 is paused: %v (the UPDATE went to srv2)", early)
 	}
-	if err := primary.Signal(syscall.SIGCONT); err != nil {
+	if err := lab.Resume(primary.Pid); err != nil {
 		t.Fatal(err)
 	}
 	got = recv(2, 2*time.Second)

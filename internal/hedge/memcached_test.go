@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"syscall"
 	"testing"
 	"time"
 
@@ -63,7 +62,7 @@ func TestMemcachedPresetLab(t *testing.T) {
 	}
 
 	// srv1 paused: gets are hedged to srv2 (which misses: END), sets wait for srv1.
-	if err := primary.Signal(syscall.SIGSTOP); err != nil {
+	if err := lab.Pause(primary.Pid); err != nil {
 		t.Fatal(err)
 	}
 	gets := map[uint16]bool{}
@@ -86,7 +85,7 @@ func TestMemcachedPresetLab(t *testing.T) {
 	if early := recv(1, 200*time.Millisecond); len(early) != 0 {
 		t.Errorf("sets answered while srv1 is paused: %v (a set went to srv2)", early)
 	}
-	if err := primary.Signal(syscall.SIGCONT); err != nil {
+	if err := lab.Resume(primary.Pid); err != nil {
 		t.Fatal(err)
 	}
 	// srv1 back: it stores the sets; its answers to the gets come second and are dropped.

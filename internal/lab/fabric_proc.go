@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,12 +19,63 @@ import (
 // kill -9 (the caller restarts what it started), and CPU starvation. They complement the
 // fabric's packet faults; none of them touches anything but the given process.
 
+// pauseWait bounds how long Pause waits for every thread of the process to stop.
+const pauseWait = 5 * time.Second
+
 // Pause stops pid (SIGSTOP): it keeps its sockets and state but runs no code until Resume.
+// It returns once every thread of pid is stopped: SIGSTOP is only sent by kill(2); the group
+// stop begins when one thread dequeues it and reaches the others after that, so on a busy
+// machine another thread of a multi-threaded server (memcached's workers) can go on
+// answering for milliseconds after kill returns.
 func Pause(pid int) error {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		return fmt.Errorf("pause pid %d: %w", pid, err)
 	}
-	return nil
+	deadline := time.Now().Add(pauseWait)
+	for {
+		running, err := runningThreads(pid)
+		if err != nil {
+			return fmt.Errorf("pause pid %d: %w", pid, err)
+		}
+		if running == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pause pid %d: %d threads still not stopped %v after SIGSTOP", pid, running, pauseWait)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// runningThreads counts the threads of pid that are not stopped (state T or t in
+// /proc/<pid>/task/<tid>/stat) and not exiting (Z, X).
+func runningThreads(pid int) (int, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tids, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	running := 0
+	for _, tid := range tids {
+		b, err := os.ReadFile(filepath.Join(dir, tid.Name(), "stat"))
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue // the thread exited
+			}
+			return 0, err
+		}
+		// The state follows the command name, which is in parentheses and may contain any byte.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) {
+			return 0, fmt.Errorf("%s/%s/stat: unexpected format %q", dir, tid.Name(), b)
+		}
+		switch b[i+2] {
+		case 'T', 't', 'Z', 'X':
+		default:
+			running++
+		}
+	}
+	return running, nil
 }
 
 // Resume continues a paused pid (SIGCONT).

@@ -76,7 +76,10 @@ func TestPauseResume(t *testing.T) {
 	if err := Pause(pid); err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, pid, 'T')
+	// Pause returns once the process is stopped, not merely signalled.
+	if st, err := procState(pid); err != nil || st != 'T' {
+		t.Fatalf("pid %d in state %c (%v) when Pause returned, want T", pid, st, err)
+	}
 	c0, _ := CPUTime(pid)
 	time.Sleep(100 * time.Millisecond) // a window in which a stopped process must use no CPU
 	c1, _ := CPUTime(pid)
@@ -87,6 +90,9 @@ func TestPauseResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, pid, 'R')
+	if err := Pause(1 << 30); err == nil {
+		t.Error("Pause of a missing process returned no error")
+	}
 }
 
 func waitState(t *testing.T, pid int, want byte) {
