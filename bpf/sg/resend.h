@@ -20,6 +20,8 @@
  *                           bpf_clone_redirect out of the group's interface (a loopback
  *                           group's: round through the pacer veth, then
  *                           bpf_redirect_neigh, resend_send)
+ *                           a worker's first re-send: a sample above the delay estimate
+ *                             when the round began at or after it (stored.h, quantile_up)
  *                     then the next tick is asked for the earliest round still to come
  * The first reply of a worker counts, whichever copy it answers; a second is dropped and
  * counted late_replies (the gather's bitmap, stored.h). So a worker may see a request twice
@@ -81,6 +83,8 @@ struct resend_ctx {
 	struct sg_budget *b;
 	struct resend_state *r;
 	__u64 now;
+	__u32 q_milli; /* the group's resend_quantile_milli */
+	int censors;   /* a first re-send is a sample above the estimate (stored.h) */
 };
 
 /* stored_sum is the one's-complement sum of the stored frame from off (the UDP header) to
@@ -236,6 +240,8 @@ static long resend_cb(__u64 i, void *ctx)
 		r->errors++;
 		return 0;
 	}
+	if (x->censors && !(x->st->resent[word] & mask))
+		quantile_up(x->b, x->q_milli);
 	x->st->resent[word] |= mask;
 	if (r->c.replicas)
 		rep_set(x->st->rep_last, widx, rep);
@@ -312,6 +318,8 @@ __attribute__((noinline)) int resend_slot(struct __sk_buff *skb, __u32 slot, __u
 	x.st = st;
 	x.r = r;
 	x.now = now;
+	x.q_milli = g->resend_quantile_milli;
+	x.censors = now > st->sent_ns && quantile_censors(g, x.b, now - st->sent_ns);
 	skb->mark = sg_cfg.copy_mark; /* the copies pass the scatter untouched */
 	bpf_loop(SG_WORKERS_MAX, resend_cb, &x, 0);
 	COUNT_N(cnt, retries, r->retries);

@@ -10,7 +10,10 @@
  *   stored_first_replica  the scatter, per copy (groups with replicas): its replica
  *   stored_reply          the gather, per reply to a re-sent worker: a second reply is a
  *                         late reply (dropped, late_replies), a first one from another
- *                         replica than the first copy's is a hedge won
+ *                         replica than the first copy's is a hedge won; per first reply of
+ *                         a worker that was not re-sent: a sample of the delay estimate
+ *   quantile_up           the tick, per worker re-sent for the first time in a round that
+ *                         began at or after the delay estimate: a sample above it
  * The entry belongs to the request whose id it holds; a newer request in the slot takes it
  * over, and nothing clears it when a request completes. */
 #ifndef KEDGE_SG_STORED_H
@@ -141,6 +144,33 @@ static __always_inline __u64 quantile_step(__u64 m, __u64 ns, __u32 q_milli)
 	if (ns < m)
 		return m > down ? m - down : 1;
 	return m;
+}
+
+/* Re-sent workers are censored samples of the estimate. stored_reply steps it only with
+ * workers that were not re-sent (a re-sent worker's first reply may answer either copy), but
+ * a worker re-sent elapsed ns after the scatter is known to take longer than elapsed. When
+ * elapsed had reached the estimate as the round began, that sample lies above it: the tick
+ * steps the estimate up once for each worker it re-sends for the first time (quantile_up),
+ * as a slower reply would. (Before the estimate, its side is unknown: no step.) Without
+ * this the estimate would see only the replies that beat their re-send and drift down to
+ * where the replies between a round's due time and the tick that sends it balance it: the
+ * quicker the ticks, the lower the delay and the more re-sends.
+ *
+ * quantile_censors: whether a round elapsed ns after the scatter censors above the estimate. */
+static __always_inline int quantile_censors(const struct sg_group *g, const struct sg_budget *b, __u64 elapsed)
+{
+	__u64 m = READ_ONCE(b->delay_ns);
+
+	return g->resend_quantile_milli && m && elapsed >= m;
+}
+
+/* quantile_up: the estimate after a sample above it. */
+static __always_inline void quantile_up(struct sg_budget *b, __u32 q_milli)
+{
+	__u64 m = READ_ONCE(b->delay_ns);
+
+	if (m)
+		b->delay_ns = quantile_step(m, m + 1, q_milli);
 }
 
 /* resend_delay: how long after the scatter (and after a round) the next round is due: the

@@ -503,7 +503,10 @@ func quantileStep(m, ns uint64, qMilli uint64) uint64 {
 // TestResendAdaptiveDelay: with resend_q_milli the delay is the group's estimated quantile
 // of reply times, stepped by each first reply of a worker that was not re-sent (the first
 // sample sets it; then up by q, down by 1 - q of 1/32 of itself), clamped to [resend_min_ns,
-// resend_ns]; a re-sent worker's reply does not step it; no estimate: resend_ns.
+// resend_ns]; no estimate: resend_ns. A re-sent worker's reply does not step it; its first
+// re-send does instead, as a sample known to lie above the time waited (censored): one step
+// up when that time has reached the estimate, none before it, none for a worker the budget
+// did not pay for (its own reply is sampled) and none at its second round.
 func TestResendAdaptiveDelay(t *testing.T) {
 	f, s := resendFixture(t, coord4, w4, resendOpts{rounds: 2})
 	const ms = uint64(time.Millisecond)
@@ -522,13 +525,14 @@ func TestResendAdaptiveDelay(t *testing.T) {
 		}
 		return b.DelayNs
 	}
-	setEstimate := func(v uint64) func(testing.TB) {
+	setEstimate := func(v uint64, tokens int64) func(testing.TB) {
 		return func(tb testing.TB) {
-			if err := f.o.Budgets.Put(uint32(1), &BudgetRec{TokensMilli: 1 << 30, DelayNs: v}); err != nil {
+			if err := f.o.Budgets.Put(uint32(1), &BudgetRec{TokensMilli: tokens, DelayNs: v}); err != nil {
 				tb.Fatal(err)
 			}
 		}
 	}
+	up := func(m uint64) uint64 { return quantileStep(m, m+1, 900) } // a sample above m
 	t0 := bpftest.ClockStart
 	slot := uint64(64)
 	r := bpftest.Runner{Counters: f.counters, Clock: f.o.Clock, Within: s.ns.Do}
@@ -537,7 +541,8 @@ func TestResendAdaptiveDelay(t *testing.T) {
 		name     string
 		estimate uint64 // before the case (0: none)
 		steps    func(id uint64) []step
-		wantDue  uint64 // the stored request's due time after the steps (from t0)
+		tokens   int64  // the budget's milli-copies (0: plenty)
+		wantDue  uint64 // the stored request's due time after the steps (from t0; 0: none)
 		wantEst  uint64
 	}{{
 		name:    "no estimate: resend_ns",
@@ -578,25 +583,59 @@ func TestResendAdaptiveDelay(t *testing.T) {
 		wantDue: 10 * ms,
 		wantEst: quantileStep(quantileStep(10*ms, 20*ms, 900), 5*ms, 900),
 	}, {
-		name:     "a re-sent worker's reply does not step it; the next round is due at the estimate",
+		name:     "each re-sent worker steps it up once (censored above it), its reply does not; the next round is due at the estimate before",
 		estimate: 3 * ms,
 		steps: func(id uint64) []step {
-			return []step{scatterStep(f, id, t0), {Name: "tick", Prog: f.o.Resend, Now: t0 + 3*ms, In: tick(t0 + 3*ms), WantRet: bpftest.TCActShot},
-				replyStep(f, id, 2, t0+9*ms)}
+			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms), replyStep(f, id, 2, t0+9*ms)}
 		},
 		wantDue: 6 * ms,
-		wantEst: 3 * ms,
+		wantEst: up(up(up(3 * ms))),
+	}, {
+		name:     "an answered worker is sampled, the two re-sent ones step it up",
+		estimate: 3 * ms,
+		steps: func(id uint64) []step {
+			return []step{scatterStep(f, id, t0), replyStep(f, id, 0, t0+1*ms), tickStep(f, t0+3*ms)}
+		},
+		wantDue: 3*ms + quantileStep(3*ms, 1*ms, 900),
+		wantEst: up(up(quantileStep(3*ms, 1*ms, 900))),
+	}, {
+		name:     "a second round does not step it again",
+		estimate: 3 * ms,
+		steps: func(id uint64) []step {
+			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms), tickStep(f, t0+6*ms)}
+		},
+		wantDue: 0, // the last round (resend_max 2)
+		wantEst: up(up(up(3 * ms))),
+	}, {
+		name:     "a worker the budget refuses does not step it",
+		estimate: 3 * ms,
+		tokens:   CopyMilli,
+		steps: func(id uint64) []step {
+			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms)}
+		},
+		wantDue: 6 * ms,
+		wantEst: up(3 * ms),
+	}, {
+		name:     "a re-send before the estimate (the delay clamped to resend_ns) does not step it",
+		estimate: 50 * ms,
+		steps: func(id uint64) []step {
+			return []step{scatterStep(f, id, t0), tickStep(f, t0+20*ms)}
+		},
+		wantDue: 40 * ms,
+		wantEst: 50 * ms,
 	}}
 	for k, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			slot++
 			id := uint64(k+1)<<10 | slot
 			f.resetResend(t, 1<<30)
-			setEstimate(c.estimate)(t)
+			setEstimate(c.estimate, cmpOr(c.tokens, 1<<30))(t)
 			r.RunCase(t, bpftest.Case{Name: c.name, Steps: c.steps(id)})
 			s.captureQuiet(t)
-			if st := f.stored(t, id); st.DueNs != t0+c.wantDue {
-				t.Errorf("due %d ms after the scatter, want %d", (st.DueNs-t0)/ms, c.wantDue/ms)
+			if st := f.stored(t, id); c.wantDue == 0 && st.DueNs != 0 {
+				t.Errorf("due %d ms after the scatter, want no round left", (st.DueNs-t0)/ms)
+			} else if c.wantDue != 0 && st.DueNs != t0+c.wantDue {
+				t.Errorf("due %d ns after the scatter, want %d", st.DueNs-t0, c.wantDue)
 			}
 			if e := estimate(t); e != c.wantEst {
 				t.Errorf("estimate %d ns, want %d", e, c.wantEst)
@@ -608,6 +647,10 @@ func TestResendAdaptiveDelay(t *testing.T) {
 func scatterStep(f *fixture, id, at uint64) bpftest.Case {
 	return bpftest.Case{Name: "scatter", Prog: f.o.Scatter, Now: at, In: request(coord4, w4[0], 1, id, []byte("payload")),
 		WantRet: bpftest.TCActShot}
+}
+
+func tickStep(f *fixture, at uint64) bpftest.Case {
+	return bpftest.Case{Name: "tick", Prog: f.o.Resend, Now: at, In: tick(at), WantRet: bpftest.TCActShot}
 }
 
 func replyStep(f *fixture, id uint64, w int, at uint64) bpftest.Case {

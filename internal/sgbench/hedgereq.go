@@ -93,6 +93,23 @@ func (p *resendPolicy) sample(ns uint64) {
 	}
 }
 
+// censors: a round elapsed ns after the scatter re-sends shards whose reply times lie above
+// the estimate (quantile_censors).
+func (p *resendPolicy) censors(elapsed uint64) bool {
+	m := p.est.Load()
+	return p.qMilli > 0 && m > 0 && elapsed >= m
+}
+
+// up steps the estimate by a sample above it (quantile_up).
+func (p *resendPolicy) up() {
+	for {
+		m := p.est.Load()
+		if m == 0 || p.est.CompareAndSwap(m, quantileStep(m, m+1, p.qMilli)) {
+			return
+		}
+	}
+}
+
 // quantileStep is bpf/sg/stored.h's quantile_step: the estimate moves by 1/32 of itself,
 // up by q of that for a larger sample and down by 1-q for a smaller one.
 func quantileStep(m, ns, qMilli uint64) uint64 {
@@ -305,7 +322,7 @@ func (h *hedgeReq) do(id uint64) (int64, uint64, bool, error) {
 				return h.acc[0], id, false, nil
 			}
 			if resend && rounds < h.p.rounds && !now.Before(due) {
-				if err := h.round(); err != nil {
+				if err := h.round(uint64(now.Sub(t0).Nanoseconds())); err != nil {
 					return 0, id, false, err
 				}
 				rounds++
@@ -319,9 +336,11 @@ func (h *hedgeReq) do(id uint64) (int64, uint64, bool, error) {
 	return h.acc[0], id, true, nil
 }
 
-// round re-sends every shard that has not answered, as far as the budget pays.
-func (h *hedgeReq) round() error {
-	k := 0
+// round re-sends every shard that has not answered, as far as the budget pays, elapsed ns
+// after the scatter; a shard's first re-send is a sample above the delay estimate when the
+// round began at or after it (bpf/sg/stored.h: re-sent workers are censored samples).
+func (h *hedgeReq) round(elapsed uint64) error {
+	k, censors := 0, h.p.censors(elapsed)
 	for i, seen := range h.seen {
 		if seen {
 			continue
@@ -336,6 +355,9 @@ func (h *hedgeReq) round() error {
 			h.p.c.hedges.Add(1)
 		} else {
 			h.p.c.retries.Add(1)
+		}
+		if censors && !h.resent[i] {
+			h.p.up()
 		}
 		h.resent[i] = true
 		h.queue(k, i, r)
