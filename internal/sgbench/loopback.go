@@ -20,9 +20,10 @@ const LoopSchema = "kedge.bench.sg-loopback/v1"
 // `kedge sg worker` process with a socket per worker pinned to CPU 0, the coordinator (the
 // client process) pinned to CPU 1, replies of 256 x int32, 1 and 32 requests outstanding.
 type LoopOptions struct {
-	Kedge string // the kedge binary (workers and the "kedge" client)
-	// Before, if set, is another kedge binary whose client runs as method "kedge-before",
-	// alternating with "kedge" in every round: the before/after ratio of one sitting.
+	Kedge string // the kedge binary (the "kedge" client and the workers of every method but kedge-before)
+	// Before, if set, is another kedge binary whose client and workers run as method
+	// "kedge-before", alternating with "kedge" in every round: the before/after ratio of
+	// one sitting.
 	Before      string
 	Methods     []string // "kedge", "kedge-before", and any baseline of AllMethods
 	Fanouts     []int
@@ -176,13 +177,26 @@ func RunLoopback(ctx context.Context, o LoopOptions, log io.Writer) (*LoopResult
 	if err := ns.LoopbackUp(); err != nil {
 		return nil, err
 	}
+	// Each build answers with its own `kedge sg worker` (kedge-before: the old binary's,
+	// on the next ports), so an arm is the whole of that build, workers included, as in the
+	// table the targets come from. Both worker processes are pinned to CPU 0; the one of
+	// the arm not running waits in epoll_wait.
 	const port = 20000
-	wpid, stop, err := startWorkers(o.Kedge, "0", ns.Path(), "--listen", fmt.Sprintf("127.0.0.1:%d+%d", port, maxF),
-		"--type", o.Type, "--elems", strconv.Itoa(o.Elems), "--threads", "1")
-	if err != nil {
-		return nil, err
+	type workers struct{ pid, port int }
+	arms := map[string]workers{}
+	for _, a := range []struct{ method, bin string }{{"kedge", o.Kedge}, {"kedge-before", o.Before}} {
+		if a.method == "kedge-before" && !slices.Contains(o.Methods, a.method) {
+			continue // the kedge workers answer every other method (baselines too)
+		}
+		p := port + len(arms)*maxF
+		wpid, stop, err := startWorkers(a.bin, "0", ns.Path(), "--listen", fmt.Sprintf("127.0.0.1:%d+%d", p, maxF),
+			"--type", o.Type, "--elems", strconv.Itoa(o.Elems), "--threads", "1")
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", a.method, err)
+		}
+		defer stop()
+		arms[a.method] = workers{wpid, p}
 	}
-	defer stop()
 	for round := range o.Rounds {
 		methods := slices.Clone(o.Methods)
 		if round%2 == 1 {
@@ -191,13 +205,13 @@ func RunLoopback(ctx context.Context, o LoopOptions, log io.Writer) (*LoopResult
 		for _, f := range o.Fanouts {
 			for _, n := range o.Outstanding {
 				for _, m := range methods {
-					bin, method := o.Kedge, m
+					bin, method, ws := o.Kedge, m, arms["kedge"]
 					if m == "kedge-before" {
-						bin, method = o.Before, "kedge"
+						bin, method, ws = o.Before, "kedge", arms["kedge-before"]
 					}
 					w, err := runClientProc(ctx, clientProc{bin: bin, cpu: "1", netns: ns.Path(), iface: "lo", method: method,
-						workers: fmt.Sprintf("127.0.0.1:%d+%d", port, f), typ: o.Type, elems: o.Elems, lat: o.Warmup,
-						outstanding: n, duration: o.Duration, timeout: o.Timeout, workerPID: wpid})
+						workers: fmt.Sprintf("127.0.0.1:%d+%d", ws.port, f), typ: o.Type, elems: o.Elems, lat: o.Warmup,
+						outstanding: n, duration: o.Duration, timeout: o.Timeout, workerPID: ws.pid})
 					if err != nil {
 						return nil, fmt.Errorf("round %d, fan-out %d, %d outstanding, %s: %w", round+1, f, n, m, err)
 					}
