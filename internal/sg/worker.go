@@ -76,7 +76,13 @@ func (cfg WorkerConfig) NParts() int {
 // ValueFor is the reference worker's default answer: element j of worker w for request id.
 // Tests recompute it to check aggregates against what each worker sent.
 func ValueFor(worker uint16, id uint64, j int) int64 {
-	return int64(worker)*1000 + int64(j) + int64(id%997)
+	return valueBase(worker, id) + int64(j)
+}
+
+// valueBase is ValueFor's element 0: a reply computes it once (a 64-bit division),
+// not once per element.
+func valueBase(worker uint16, id uint64) int64 {
+	return int64(worker)*1000 + int64(id%997)
 }
 
 // FloatValueFor is the reference worker's default float answer: ValueFor / 3 (not a
@@ -283,8 +289,9 @@ func AppendPart(b []byte, h Header, cfg WorkerConfig, p, nparts int) []byte {
 		return appendFloatPart(b, r, h, cfg, off, n)
 	}
 	b = r.Append(b)
+	base := valueBase(h.Worker, h.ReqID)
 	for j := off; j < off+n; j++ {
-		x := ValueFor(h.Worker, h.ReqID, j)
+		x := base + int64(j)
 		if cfg.Values != nil {
 			x = cfg.Values[j]
 		}
