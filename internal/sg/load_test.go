@@ -23,7 +23,7 @@ func TestLoadTiers(t *testing.T) {
 			}
 			t.Fatalf("%v: %+v", tier, err)
 		}
-		left, err := o.InitTimers()
+		left, err := o.InitTimers(Slots)
 		if err != nil {
 			t.Fatal(err)
 		}

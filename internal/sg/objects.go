@@ -289,26 +289,32 @@ func (o *Objects) fromMaps(m sgMaps) {
 	o.other = []*ebpf.Map{m.ScatterChain, m.ScatterState, m.PacerArming, m.PacerCounters, m.ResendState, m.SgUserProgs, m.SgUserCall}
 }
 
-// InitTimers gives every slot its bpf_timer (TierLoop), retrying slots whose
-// bpf_timer_init failed (-ENOMEM under bursts on 6.18, kernel-notes). It returns how many
-// slots are left without a timer: their requests must be expired by RunSweep.
-func (o *Objects) InitTimers() (int, error) {
+// InitTimers gives slots their bpf_timer (TierLoop), retrying while one of the first
+// inUse slots (the ones a group of that many requests in flight takes: slot_base 0) has
+// none; bpf_timer_init fails with -ENOMEM under bursts on 6.18 (kernel-notes), and on the
+// development VM it stops for good after about 540 of the 1024 slots. It returns how many
+// of those inUse slots are left without a timer: their requests must be expired by
+// RunSweep. sg_timers_init walks the slots in order and stops at the first failure, so
+// the slots below it all have their timer.
+func (o *Objects) InitTimers(inUse int) (int, error) {
 	if o.TimersInit == nil {
 		return 0, nil
 	}
-	var failed uint32
+	inUse = min(max(inUse, 0), Slots)
+	untimed := 0
 	const tries = 200
 	for try := 0; try < tries; try++ {
 		ret, err := o.TimersInit.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
 		if err != nil {
-			return Slots, fmt.Errorf("run sg_timers_init: %w", err)
+			return inUse, fmt.Errorf("run sg_timers_init: %w", err)
 		}
-		if failed = ret; failed == 0 {
+		// ret slots from the first failure on are without a timer.
+		if untimed = max(inUse-(Slots-int(ret)), 0); untimed == 0 {
 			return 0, nil
 		}
 		time.Sleep(500 * time.Microsecond) // the allocator's cache refills from irq_work
 	}
-	return int(failed), nil
+	return untimed, nil
 }
 
 // RunSweep runs sg_sweep once and returns how many requests it expired.

@@ -132,7 +132,7 @@ func scatterFixtureWith(t *testing.T, coord netip.AddrPort, workers []netip.Addr
 	bpftest.RequireRoot(t)
 	opts.Tier = DetectTier()
 	f := newFixtureWith(t, opts, 1, coord, workers, RedSum, TypeI64, 1, 0)
-	untimed, err := f.o.InitTimers()
+	untimed, err := f.o.InitTimers(Slots)
 	if err != nil {
 		t.Fatal(err)
 	}

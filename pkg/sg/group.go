@@ -148,7 +148,7 @@ func Open(cfg Config) (_ *Group, err error) {
 			return nil, err
 		}
 	}
-	untimed, err := g.objs.InitTimers()
+	untimed, err := g.objs.InitTimers(cfg.InFlight)
 	if err != nil {
 		return nil, err
 	}
