@@ -59,9 +59,11 @@ type Group struct {
 }
 
 type waiter struct {
-	id   uint64
-	sent time.Time
-	ch   chan Result
+	id    uint64
+	sent  time.Time
+	ch    chan Result
+	guard *time.Timer // the Scatter's guard (scatter.go)
+	buf   []byte      // the request datagram
 }
 
 // Open loads the data plane, attaches it to cfg.Interface and opens the coordinator

@@ -3,6 +3,7 @@ package sg
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	isg "github.com/kedge-dev/kedge/internal/sg"
@@ -49,31 +50,38 @@ func (g *Group) ScatterWith(ctx context.Context, payload []byte, o RequestOption
 		o.Need = g.cfg.Need // the group's policy (0: all)
 	}
 	id := g.seq.Add(1)<<10 | uint64(slot)
-	w := &waiter{id: id, sent: time.Now(), ch: make(chan Result, 1)}
+	w := waiters.Get().(*waiter)
+	w.id, w.sent = id, time.Now()
 	g.mu.Lock()
 	g.pending[slot] = w
 	g.mu.Unlock()
 
 	h := isg.Header{Version: isg.Version, Op: isg.OpRequest, Group: g.cfg.Group, ReqID: id,
 		Need: uint16(o.Need), TimeoutUS: uint32(o.Timeout / time.Microsecond), PayloadLen: uint32(len(payload))}
-	buf := append(h.Append(make([]byte, 0, isg.HdrLen+len(payload))), payload...)
-	if _, err := g.conn.WriteToUDPAddrPort(buf, g.target); err != nil {
+	w.buf = append(h.Append(w.buf[:0]), payload...)
+	if _, err := g.conn.WriteToUDPAddrPort(w.buf, g.target); err != nil {
 		g.forget(slot, id)
 		return Result{}, fmt.Errorf("send sg request: %w", err)
 	}
 	// The kernel completes every request by its deadline; this timer only guards against a
 	// result that never comes (ring buffer full, timer not armed).
-	guard := time.NewTimer(timeout + 50*time.Millisecond + timeout/2)
-	defer guard.Stop()
+	if d := timeout + 50*time.Millisecond + timeout/2; w.guard == nil {
+		w.guard = time.NewTimer(d)
+	} else {
+		w.guard.Reset(d)
+	}
 	for {
 		select {
 		case r := <-w.ch:
+			w.release()
 			return r, nil
 		case <-ctx.Done():
+			w.guard.Stop()             // w stays with its slot: the result is sent to it when it comes
 			return Result{}, ctx.Err() // the slot is freed when its result arrives
 		case <-g.done:
+			w.guard.Stop()
 			return Result{}, ErrClosed
-		case <-guard.C:
+		case <-w.guard.C:
 			r, owed, err := g.recover(slot, w)
 			if err != nil {
 				return Result{}, err
@@ -81,12 +89,26 @@ func (g *Group) ScatterWith(ctx context.Context, payload []byte, o RequestOption
 			if owed {
 				// The kernel still holds the request pending: its result is owed, not
 				// lost (a starved process can see its guard fire first). Look again.
-				guard.Reset(timeout/2 + 50*time.Millisecond)
+				w.guard.Reset(timeout/2 + 50*time.Millisecond)
 				continue
 			}
+			w.release()
 			return r, nil
 		}
 	}
+}
+
+// waiters are reused: a request's waiter, its channel, guard timer and request buffer
+// cost four allocations otherwise.
+var waiters = sync.Pool{New: func() any { return &waiter{ch: make(chan Result, 1)} }}
+
+// release returns w for reuse, once its result was received and no reader holds it:
+// deliver and recover clear pending[slot] before they hand the result over, and the
+// guard has fired or is stopped here. A waiter abandoned with its slot (a cancelled
+// context, Close) is never reused: its result may still be sent to it.
+func (w *waiter) release() {
+	w.guard.Stop()
+	waiters.Put(w)
 }
 
 // forget drops a waiter whose request never left; its slot is free again.
