@@ -113,6 +113,35 @@ func (r *Ring) Read(dst []byte) (n int, ok bool) {
 	}
 }
 
+// Next hands the next committed record to f where it lies in the ring (no copy; the
+// slice is valid only until f returns, when the record is consumed) and returns true;
+// false when no committed record is waiting. Discarded records are skipped. A record's
+// data starts 8-byte aligned. One reader at a time.
+func (r *Ring) Next(f func(rec []byte)) bool {
+	cons := atomic.LoadUintptr(r.consPos)
+	for {
+		prod := atomic.LoadUintptr(r.prodPos)
+		if prod-cons < ringHdrLen {
+			return false
+		}
+		hdr := atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.data[cons&r.mask])))
+		if hdr&ringBusyBit != 0 {
+			return false
+		}
+		n := uintptr(hdr & ringLenMask)
+		start := (cons + ringHdrLen) & r.mask
+		cons += ringHdrLen + (n+7)&^7
+		if hdr&ringDiscard == 0 {
+			f(r.data[start : start+n : start+n])
+		}
+		// The kernel reuses the record's space only once the consumer position passes it.
+		atomic.StoreUintptr(r.consPos, cons)
+		if hdr&ringDiscard == 0 {
+			return true
+		}
+	}
+}
+
 // ErrRingClosed is returned by Wait after Shutdown.
 var ErrRingClosed = errors.New("sg ring closed")
 
