@@ -231,6 +231,9 @@ func runBenchSgLoopback(cmd *cobra.Command, lo sgbench.LoopOptions, fanouts []in
 	if err := bench.WriteJSON(filepath.Join(lo.Out, "result.json"), res); err != nil {
 		return err
 	}
+	if err := sgbench.WriteLoopCharts(lo.Out, res); err != nil {
+		return err
+	}
 	w := cmd.OutOrStdout()
 	writeEnvelope(w, "kedge bench sg --scenario loopback", res.Envelope)
 	fmt.Fprintln(w, res.Placement)

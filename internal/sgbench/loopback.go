@@ -4,9 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
 
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/netnsx"
@@ -339,4 +344,52 @@ func WriteLoopMarkdown(w io.Writer, r *LoopResult) {
 		fmt.Fprintf(w, "| %d | %d | %s | %.0f (%.0f-%.0f) | %.1f (%.1f-%.1f) | %.0f | %s | %s | %.2fx, %.2fx |\n", s.Fanout, s.Outstanding, s.Method,
 			s.ReqPerSec, s.ReqPerSecLo, s.ReqPerSecHi, s.CPUUSPerReq, s.CPULo, s.CPUHi, s.P50US, vs, sg, s.RawRPS, s.RawCPU)
 	}
+}
+
+// WriteLoopCharts writes, per measure (requests/s, CPU per request), each method's median
+// against fan-out, one line per method and outstanding count (loopback-rps, loopback-cpu;
+// PNG and SVG).
+func WriteLoopCharts(dir string, r *LoopResult) error {
+	for _, c := range []struct {
+		name, title, y string
+		val            func(LoopSummary) float64
+	}{{"loopback-rps", "requests/s", "requests/s (median of the rounds, log)", func(s LoopSummary) float64 { return s.ReqPerSec }},
+		{"loopback-cpu", "CPU per request", "CPU us per request, both CPUs (median, log)", func(s LoopSummary) float64 { return s.CPUUSPerReq }}} {
+		p := plot.New()
+		p.Title.Text = "kedge bench sg --scenario loopback: " + c.title + " against fan-out"
+		p.X.Label.Text = "fan-out (log)"
+		p.Y.Label.Text = c.y
+		p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+		p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{}, plot.LogTicks{}
+		type line struct {
+			method string
+			out    int
+		}
+		var lines []line
+		for _, s := range r.Summary {
+			if l := (line{s.Method, s.Outstanding}); !slices.Contains(lines, l) {
+				lines = append(lines, l)
+			}
+		}
+		var args []any
+		for _, l := range lines {
+			var pts plotter.XYs
+			for _, s := range r.Summary {
+				if s.Method == l.method && s.Outstanding == l.out && c.val(s) > 0 {
+					pts = append(pts, plotter.XY{X: float64(s.Fanout), Y: c.val(s)})
+				}
+			}
+			args = append(args, fmt.Sprintf("%s, %d outstanding", l.method, l.out), pts)
+		}
+		if err := addLines(p, args...); err != nil {
+			return err
+		}
+		p.Legend.Top = true
+		for _, ext := range []string{"png", "svg"} {
+			if err := p.Save(7*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, c.name+"."+ext)); err != nil {
+				return fmt.Errorf("save chart: %w", err)
+			}
+		}
+	}
+	return nil
 }
