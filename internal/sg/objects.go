@@ -308,13 +308,18 @@ func (o *Objects) InitTimers(inUse int) (int, error) {
 		if err != nil {
 			return inUse, fmt.Errorf("run sg_timers_init: %w", err)
 		}
-		// ret slots from the first failure on are without a timer.
-		if untimed = max(inUse-(Slots-int(ret)), 0); untimed == 0 {
+		if untimed = untimedInUse(inUse, int(ret)); untimed == 0 {
 			return 0, nil
 		}
 		time.Sleep(500 * time.Microsecond) // the allocator's cache refills from irq_work
 	}
 	return untimed, nil
+}
+
+// untimedInUse is how many of the first inUse slots are without a timer when
+// sg_timers_init returned failed: the slots from its first failure (Slots - failed) on.
+func untimedInUse(inUse, failed int) int {
+	return min(max(inUse-(Slots-failed), 0), inUse)
 }
 
 // RunSweep runs sg_sweep once and returns how many requests it expired.
