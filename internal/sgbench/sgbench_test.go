@@ -240,4 +240,14 @@ func TestLoopSummary(t *testing.T) {
 	if b := s[1]; b.Method != "kedge-before" || b.VsBeforeRPS != 0 || b.Met != nil {
 		t.Fatalf("before %+v", b)
 	}
+	// The charts of that summary: both measures, PNG and SVG, not empty.
+	dir := t.TempDir()
+	if err := WriteLoopCharts(dir, &LoopResult{Rows: rows, Summary: s}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"loopback-rps.png", "loopback-rps.svg", "loopback-cpu.png", "loopback-cpu.svg"} {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Size() == 0 {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
 }
