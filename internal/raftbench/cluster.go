@@ -25,7 +25,7 @@ func (o *Options) cluster(ctx context.Context, name string, nodes, electionTicks
 	defer cancel()
 	spec := raftlab.Spec{Name: name, Nodes: nodes, Binary: o.Binary, Dir: dir,
 		Tick: o.Tick, ElectionTicks: electionTicks, HeartbeatTicks: o.HeartbeatTicks, Args: o.modeArgs(mode), ClusterKey: o.ClusterKey,
-		NodeDisks: o.nodeDisks()}
+		DiskNodes: o.diskNodes()}
 	if mode == ModeEtcd {
 		spec.Server, spec.ClusterKey, spec.HeartbeatTicks = raftlab.ServerEtcd, "", 0
 	}
@@ -76,12 +76,55 @@ func attachPass(c *raftlab.Cluster) error {
 	return nil
 }
 
-// nodeDisks reports whether the run's clusters put each node on a disk of its own: when the
-// disk-stall fault is among its phases, so that the stall is the stalled node's alone
-// (on one shared filesystem its throttled writes hold up the others' fsyncs). Both systems
-// get the same disks.
-func (o *Options) nodeDisks() bool {
-	return slices.Contains(o.Scenarios, "false-elections") && slices.Contains(o.FalsePhases, "stress-disk")
+// stallNode is the node a stress-disk run stalls: the last one, the only one on a disk of
+// its own (diskNodes); a run that finds it leading moves the leadership (moveLeader).
+func (o *Options) stallNode() int { return o.Nodes }
+
+// diskNodes are the nodes with a disk of their own: in a run with the disk-stall fault among
+// its phases, the node it stalls (ext4 on a loop device: its throttled writes hold up no
+// other node's fsyncs, as they would through a shared journal). The other nodes' data stay
+// on the lab directory's filesystem, each in its own directory, where a loop device's
+// kernel threads add no latency under the runs' CPU stress (raftlab.Spec.DiskNodes). Both
+// systems get the same placement.
+func (o *Options) diskNodes() []int {
+	if slices.Contains(o.Scenarios, "false-elections") && slices.Contains(o.FalsePhases, "stress-disk") {
+		return []int{o.stallNode()}
+	}
+	return nil
+}
+
+// moveLeader makes a node other than id lead: if id leads, it is killed until another node
+// leads and started again (neither system here has a leader transfer the harness can ask
+// for, so both get the same treatment). It returns the stable leader.
+func (o *Options) moveLeader(ctx context.Context, c *raftlab.Cluster, id int) (int, error) {
+	for try := 1; ; try++ {
+		leader, err := stableLeader(ctx, c)
+		if err != nil || leader != id {
+			return leader, err
+		}
+		if try > startTries {
+			return 0, fmt.Errorf("node %d still leads after %d restarts", id, startTries)
+		}
+		o.logf("node %d (the one to stall) leads: restarting it so that another node leads", id)
+		if err := c.Kill(id); err != nil {
+			return 0, err
+		}
+		others := make([]int, 0, len(c.Nodes)-1)
+		for _, n := range c.Nodes {
+			if n.ID != id {
+				others = append(others, n.ID)
+			}
+		}
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err = c.WaitLeader(wctx, others)
+		cancel()
+		if err != nil {
+			return 0, err
+		}
+		if err := o.restart(ctx, c, id); err != nil {
+			return 0, err
+		}
+	}
 }
 
 // clusters starts one cluster per mode; on error the ones already up are closed.

@@ -87,6 +87,9 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 		leaders, stalled := make([]int, len(o.Modes)), make([]int, len(o.Modes))
 		for i, mode := range o.Modes {
 			leader, err := stableLeader(ctx, cs[mode])
+			if err == nil && sc == "stress-disk" {
+				leader, err = o.moveLeader(ctx, cs[mode], o.stallNode())
+			}
 			if err != nil {
 				return out, errors.Join(err, stopAll())
 			}
@@ -106,13 +109,8 @@ func (o *Options) falseElections(ctx context.Context, electionTicks int) (out []
 			if sc != "stress-disk" {
 				continue
 			}
-			// The other follower's disk stalls.
-			for _, n := range cs[mode].Nodes {
-				if n.ID != leader && n.ID != follower {
-					stalled[i] = n.ID
-					break
-				}
-			}
+			// The other follower's disk stalls: the node with a disk of its own.
+			stalled[i] = o.stallNode()
 			d, err := cs[mode].StallDisk(stalled[i], o.StallIOPS)
 			if err != nil {
 				return out, errors.Join(err, stopAll())

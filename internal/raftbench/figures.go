@@ -258,8 +258,11 @@ func configuration(r *Result) string {
 	if slices.Contains(toStrings(p["scenarios"]), "false-elections") {
 		parts = append(parts, fmt.Sprintf("false elections under %s for %g s", strings.Join(toStrings(p["false_phases"]), ", "), num("false_election_s")))
 	}
-	if nd, _ := p["node_disks"].(bool); nd {
+	if nd, _ := p["node_disks"].(bool); nd { // a run of before disk_nodes: every node had one
 		parts = append(parts, "each node on a disk of its own (ext4 on a loop device, direct I/O)")
+	}
+	if dn, _ := p["disk_nodes"].([]any); len(dn) > 0 {
+		parts = append(parts, fmt.Sprintf("the stalled node (n%v) on a disk of its own (ext4 on a loop device, direct I/O), the others' data on the VM disk's ext4", dn[0]))
 	}
 	return strings.Join(parts, "; ")
 }

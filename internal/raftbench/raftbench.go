@@ -217,7 +217,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		"tick_ms": ms(o.Tick), "election_ticks": o.ElectionTicks, "nodes": o.Nodes, "trials": o.Trials,
 		"false_election_s": o.FalseElectionDuration.Seconds(), "throughput_nodes": o.ThroughputNodes,
 		"throughput_s": o.ThroughputDuration.Seconds(), "throughput_rounds": o.ThroughputRounds, "throughput_concurrent": o.Concurrent, "bpf_stats": o.BPFStats, "clients": o.Clients, "scenarios": o.Scenarios,
-		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "false_until_change": o.UntilChange, "stall_iops": o.StallIOPS, "node_disks": o.nodeDisks(), "failover_clients": o.failoverClients(), "failover_attempt_ms": ms(o.FailoverAttempt), "throughput_routings": o.routings(), "throughput_keys": throughputKeys, "throughput_value_bytes": throughputValueBytes,
+		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "false_until_change": o.UntilChange, "stall_iops": o.StallIOPS, "disk_nodes": o.diskNodes(), "failover_clients": o.failoverClients(), "failover_attempt_ms": ms(o.FailoverAttempt), "throughput_routings": o.routings(), "throughput_keys": throughputKeys, "throughput_value_bytes": throughputValueBytes,
 		"heartbeat_ticks": o.HeartbeatTicks, "heartbeat_lease_ms": ms(o.HeartbeatLease), "offload_alive_ms": ms(o.OffloadAlive), "heartbeat_s": o.HeartbeatDuration.Seconds(),
 		"authenticated": o.ClusterKey != "", "peer": peer,
 	})}
