@@ -62,6 +62,10 @@ func (r *Result) Pairs() []Pair {
 	var pending *RunResult // a run with statistics waiting for its partner
 	for i := range r.Runs {
 		run := &r.Runs[i]
+		if run.Program == ProgramStack {
+			pending = nil
+			continue
+		}
 		if !run.Stats {
 			if !run.Monitor {
 				round++

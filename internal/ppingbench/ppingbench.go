@@ -20,6 +20,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -61,12 +62,16 @@ type Options struct {
 	// Floor adds, beside each run with statistics, a run of empty reference programs on
 	// the same hooks (alternating which of the two goes first from round to round).
 	Floor bool
+	// Stack adds a run per round with four programs on each TC hook, run one after the
+	// other on every packet: an empty program, a minimal monitor, kedge's, an empty
+	// program again (stack.go).
+	Stack bool
 }
 
 // DefaultOptions are 5 s runs, 2 rounds, ePPing's 100 ms rate limit, offloads off, with the
 // XDP ingress run and the empty reference programs.
 func DefaultOptions() Options {
-	return Options{Duration: 5 * time.Second, Rounds: 2, RateLimit: 100 * time.Millisecond, Streams: 1, XDP: true, Floor: true}
+	return Options{Duration: 5 * time.Second, Rounds: 2, RateLimit: 100 * time.Millisecond, Streams: 1, XDP: true, Floor: true, Stack: true}
 }
 
 // sources names the packet sources the monitor tracks (the result's parameter).
@@ -105,6 +110,10 @@ type RunResult struct {
 	// the packets did, e.g. how many ACKs ended on their headers (match_none) and how many
 	// went the full way and found no identifier (match_miss).
 	Counters map[string]map[string]uint64 `json:"counters,omitempty"`
+	// The stacked run (Program ProgramStack): each program's figures, in the order the
+	// hooks ran them, and the empty program run back to back.
+	Stack     []StackCost `json:"stack,omitempty"`
+	WarmEmpty *WarmCost   `json:"warm_empty,omitempty"`
 }
 
 // ProgramEmpty names the reference programs' runs (RunResult.Program).
@@ -146,6 +155,8 @@ func (r *Result) Summarize() Summary {
 	f := &s.Floor
 	for _, run := range r.Runs {
 		switch {
+		case run.Program == ProgramStack:
+			continue
 		case run.Program == ProgramEmpty && run.IngressHook == "xdp":
 			fXDPNs, f.XDPIngressPackets = fXDPNs+run.Ingress.RunTimeNs, f.XDPIngressPackets+run.Ingress.Runs
 		case run.Program == ProgramEmpty:
@@ -201,6 +212,14 @@ func (r *Result) WriteTable(w io.Writer) {
 		if run.Monitor {
 			mon, sps = "on", strconv.FormatFloat(run.SamplesPerSec, 'f', 1, 64)
 		}
+		if run.Program == ProgramStack {
+			if i := slices.IndexFunc(run.Stack, func(c StackCost) bool { return c.Program == StackKedge }); i >= 0 {
+				k := run.Stack[i]
+				in, eg = strconv.FormatFloat(k.Ingress.NsPerPacket, 'f', 0, 64), strconv.FormatFloat(k.Egress.NsPerPacket, 'f', 0, 64)
+			}
+			fmt.Fprintf(w, "%-9s %8.1f %10.0f %8.2f %12s %12s %12s\n", "stack", run.Seconds, run.PPS, run.Gbps, in, eg, strconv.FormatFloat(run.SamplesPerSec, 'f', 1, 64))
+			continue
+		}
 		if run.Stats {
 			mon = "on+stats"
 			if run.IngressHook == "xdp" {
@@ -234,6 +253,7 @@ func (r *Result) WriteTable(w io.Writer) {
 		fmt.Fprintf(w, "egress packets of the runs with statistics: %.1f %% ended on their headers or found nothing outstanding (match_none), %.1f %% went the full way and found no identifier (match_miss); %d identifiers retired by a later echo (ts_retired)\n",
 			100*float64(egNone)/float64(egPkts), 100*float64(egMiss)/float64(egPkts), egRetired)
 	}
+	r.writeStack(w)
 	if f := s.Floor; f.IngressPackets > 0 {
 		fmt.Fprintf(w, "empty reference programs (the floor): ingress %.0f ns, egress %.0f ns", f.IngressNs, f.EgressNs)
 		if f.XDPIngressPackets > 0 {
@@ -279,6 +299,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			"sources":    o.sources(),
 		}),
 	}
+	if o.Stack {
+		res.Parameters["stack"] = "a run per round with, on each TC hook in this order: an empty program, a minimal monitor (headers at fixed offsets, the timestamp option's words, a per-CPU count), kedge's program, an empty program"
+	}
 	if o.Floor {
 		res.Parameters["floor"] = "empty TC programs (TCX_NEXT) at ingress and egress, an empty XDP program (XDP_PASS) in the XDP run"
 	}
@@ -315,7 +338,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 }
 
 // runKind is one run of a round.
-type runKind struct{ monitor, stats, xdp, empty bool }
+type runKind struct{ monitor, stats, xdp, empty, stack bool }
 
 // roundRuns is round i's runs: off, on, on with statistics, and with o.XDP the XDP ingress
 // program with statistics; with o.Floor each run with statistics has the empty programs'
@@ -337,6 +360,9 @@ func roundRuns(o Options, i int) []runKind {
 	pair(runKind{monitor: true, stats: true})
 	if o.XDP {
 		pair(runKind{monitor: true, stats: true, xdp: true})
+	}
+	if o.Stack {
+		runs = append(runs, runKind{monitor: true, stats: true, stack: true})
 	}
 	return runs
 }
@@ -403,7 +429,20 @@ func (s *setup) run(ctx context.Context, o Options, k runKind) (RunResult, strin
 		progs    [2]*ebpf.Program
 		before   [2]*ebpf.ProgramStats
 		attached string
+		stack    *stackRun
+		stack0   [][2]*ebpf.ProgramStats
 	)
+	if k.stack {
+		v1, err := s.routerIfIndex("v1")
+		if err != nil {
+			return run, "", err
+		}
+		if stack, err = attachStackFront(s.lab.Fabric.Handle, v1); err != nil {
+			return run, "", err
+		}
+		defer stack.Close()
+		run.Program = ProgramStack
+	}
 	if monitor {
 		cfg := pping.DefaultConfig()
 		cfg.RateLimit = o.RateLimit
@@ -427,6 +466,11 @@ func (s *setup) run(ctx context.Context, o Options, k runKind) (RunResult, strin
 		}
 		attached = mon.AttachMode()
 		progs[0], progs[1] = mon.Programs()
+		if stack != nil {
+			if err := stack.finish(s.lab.Fabric.Handle, v1, progs); err != nil {
+				return run, "", err
+			}
+		}
 		mctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- mon.Run(mctx, &sink) }()
@@ -456,6 +500,11 @@ func (s *setup) run(ctx context.Context, o Options, k runKind) (RunResult, strin
 		for i, p := range progs {
 			if before[i], err = p.Stats(); err != nil {
 				return run, "", fmt.Errorf("read program statistics: %w", err)
+			}
+		}
+		if stack != nil {
+			if stack0, err = stack.stats(); err != nil {
+				return run, "", err
 			}
 		}
 	}
@@ -499,6 +548,16 @@ func (s *setup) run(ctx context.Context, o Options, k runKind) (RunResult, strin
 				run.Ingress = cost
 			} else {
 				run.Egress = cost
+			}
+		}
+		if stack != nil {
+			stack1, err := stack.stats()
+			if err != nil {
+				return run, "", err
+			}
+			run.Stack = stack.costs(stack0, stack1)
+			if run.WarmEmpty, err = stack.warmEmpty(); err != nil {
+				return run, "", err
 			}
 		}
 	}
@@ -561,7 +620,7 @@ func attachEmpty(ns netns.NsHandle, ifindex int, xdp bool) (_ *emptyRef, err err
 		}
 		return p, nil
 	}
-	const tcxNext, xdpPass = -1, 2 // TC_ACT_UNSPEC (TCX_NEXT), XDP_PASS
+	const xdpPass = 2
 	var modes []string
 	for i, dir := range []bpfx.Direction{bpfx.Ingress, bpfx.Egress} {
 		var a bpfx.Attachment

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +18,8 @@ import (
 func TestMain(m *testing.M) { os.Exit(bpftest.CheckFDLeaks(m)) }
 
 // TestRunShort runs one short round (off, on, on with statistics, the empty programs, XDP
-// ingress with statistics, the empty XDP program): the figures exist and are plausible, and
-// the result file round-trips.
+// ingress with statistics, the empty XDP program, the stacked run): the figures exist and
+// are plausible, and the result file round-trips.
 func TestRunShort(t *testing.T) {
 	bpftest.RequireRoot(t)
 	for _, tool := range []string{"iperf3", "ethtool"} {
@@ -32,11 +33,28 @@ func TestRunShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Runs) != 6 || res.Runs[0].Monitor || !res.Runs[1].Monitor || res.Runs[1].Stats || !res.Runs[2].Stats ||
+	if len(res.Runs) != 7 || res.Runs[0].Monitor || !res.Runs[1].Monitor || res.Runs[1].Stats || !res.Runs[2].Stats ||
 		res.Runs[2].IngressHook != "" || res.Runs[2].Program != "" || res.Runs[3].Program != ProgramEmpty ||
 		res.Runs[3].Monitor || res.Runs[3].IngressHook != "" || !res.Runs[4].Stats || res.Runs[4].IngressHook != "xdp" ||
-		res.Runs[4].Program != "" || res.Runs[5].Program != ProgramEmpty || res.Runs[5].IngressHook != "xdp" {
-		t.Fatalf("runs %+v, want off, on, on with statistics, empty programs, XDP with statistics, empty XDP program", res.Runs)
+		res.Runs[4].Program != "" || res.Runs[5].Program != ProgramEmpty || res.Runs[5].IngressHook != "xdp" ||
+		res.Runs[6].Program != ProgramStack {
+		t.Fatalf("runs %+v, want off, on, on with statistics, empty programs, XDP with statistics, empty XDP program, stacked", res.Runs)
+	}
+	// The stacked run: the four programs in order, each ran on every packet of both hooks
+	// (they are on one hook's list), and the empty program back to back costs something.
+	st := res.Runs[6]
+	var names []string
+	for _, c := range st.Stack {
+		names = append(names, c.Program)
+		if c.Ingress.Runs != st.Stack[0].Ingress.Runs || c.Egress.Runs != st.Stack[0].Egress.Runs || c.Ingress.Runs == 0 || c.Egress.Runs == 0 || c.Ingress.NsPerPacket <= 0 {
+			t.Errorf("stacked program %s: %+v %+v, want the same packets as %s (%+v %+v)", c.Program, c.Ingress, c.Egress, st.Stack[0].Program, st.Stack[0].Ingress, st.Stack[0].Egress)
+		}
+	}
+	if want := []string{StackEmptyFirst, StackMinimal, StackKedge, StackEmptyLast}; !slices.Equal(names, want) {
+		t.Errorf("stacked programs %v, want %v", names, want)
+	}
+	if w := st.WarmEmpty; w == nil || w.StatsNs <= 0 || w.TestRunNsOp <= 0 {
+		t.Errorf("empty program back to back: %+v", w)
 	}
 	for _, i := range []int{4, 5} {
 		if x := res.Runs[i]; x.Ingress == nil || x.Ingress.Runs == 0 || x.Ingress.NsPerPacket <= 0 || !strings.HasPrefix(res.XDPMode, "xdp-") {
@@ -50,7 +68,7 @@ func TestRunShort(t *testing.T) {
 		t.Errorf("floor %+v: empty programs without statistics", f)
 	}
 	// The second round puts the empty programs first.
-	if got := roundRuns(o, 1); len(got) != 6 || !got[2].empty || got[3].empty || !got[4].empty || got[5].empty {
+	if got := roundRuns(o, 1); len(got) != 7 || !got[2].empty || got[3].empty || !got[4].empty || got[5].empty {
 		t.Errorf("second round %+v: want the empty programs' runs before kedge's", got)
 	}
 	on := res.Runs[2]
@@ -77,13 +95,13 @@ func TestRunShort(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(o.OutDir, "cost.svg")); err != nil {
 		t.Errorf("floor chart: %v", err)
 	}
-	if err := json.Unmarshal(b, &back); err != nil || back.Schema != Schema || len(back.Runs) != 6 {
+	if err := json.Unmarshal(b, &back); err != nil || back.Schema != Schema || len(back.Runs) != 7 {
 		t.Errorf("result.json: %v, %+v", err, back)
 	}
 	var tab bytes.Buffer
 	res.WriteTable(&tab)
 	if !strings.Contains(tab.String(), "BPF run time per packet: ingress") || !strings.Contains(tab.String(), "XDP ingress (xdp-") ||
-		!strings.Contains(tab.String(), "empty reference programs (the floor)") {
+		!strings.Contains(tab.String(), "empty reference programs (the floor)") || !strings.Contains(tab.String(), "stacked on the same packets") {
 		t.Errorf("table:\n%s", tab.String())
 	}
 	t.Logf("\n%s", tab.String())
