@@ -402,7 +402,11 @@ fourth run (--xdp, on by default) measures the XDP ingress program the same way.
 each run with statistics, a run of empty reference programs on the same hooks (--floor, on
 by default: TC programs returning TCX_NEXT, an XDP program returning XDP_PASS) measures
 what the hook and the statistics cost a program that does nothing; its turn alternates
-with kedge's from round to round. kedge's figure minus the floor is its code's cost.
+with kedge's from round to round. kedge's figure minus the floor is its code's cost. A
+last run per round (--stack, on by default) puts four programs on each TC hook, timed on
+the same packets: an empty one, a minimal monitor, kedge's, an empty one again; and runs
+an empty program and one that reads the clock back to back (BPF_PROG_TEST_RUN) to show
+what the statistics' own clock reads cost.
 With offloads off (the default) every packet is MTU-sized.`,
 		Example: `  # two rounds of 5 s runs, results in results/pping/result.json
   sudo kedge bench pping
@@ -436,6 +440,7 @@ With offloads off (the default) every packet is MTU-sized.`,
 	f.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds of three runs: off, on, on with statistics (and the XDP run)")
 	f.BoolVar(&o.XDP, "xdp", o.XDP, "add a run per round with the XDP ingress program (--ingress-hook xdp), statistics on")
 	f.BoolVar(&o.Floor, "floor", o.Floor, "add a run of empty reference programs on the same hooks beside each run with statistics (the floor)")
+	f.BoolVar(&o.Stack, "stack", o.Stack, "add a run per round with an empty program, a minimal monitor, kedge's program and an empty program again on each TC hook, timed on the same packets")
 	f.DurationVar(&o.RateLimit, "rate-limit", o.RateLimit, "the monitor's per-flow sampling interval (0: every identifier)")
 	f.BoolVar(&o.Offloads, "offloads", o.Offloads, "keep TSO/GSO/GRO on (per-packet figures then count super-packets)")
 	f.IntVar(&o.Streams, "streams", o.Streams, "parallel TCP streams")

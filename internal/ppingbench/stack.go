@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -52,11 +53,26 @@ type StackCost struct {
 
 // WarmCost is the empty TC program run back to back by BPF_PROG_TEST_RUN with the
 // statistics on: the statistics' figure per run (run_time_ns / run_cnt) and the test run's
-// own duration per repeat (which includes it).
+// own duration per repeat (which includes it). ClockReadNs is what one read of the
+// kernel's clock (bpf_ktime_get_ns()) costs a program here, from a program of clockReads
+// reads run the same way (its figure less the empty program's, per read): the statistics
+// read the clock twice around every program run.
 type WarmCost struct {
 	Repeat      int     `json:"repeat"`
 	StatsNs     float64 `json:"stats_ns_per_run"`
 	TestRunNsOp float64 `json:"test_run_ns_per_run"`
+	ClockReadNs float64 `json:"clock_read_ns,omitempty"`
+}
+
+// clockReads is the number of clock reads of the clock-read program.
+const clockReads = 8
+
+func clockInsns() asm.Instructions {
+	var insns asm.Instructions
+	for range clockReads {
+		insns = append(insns, asm.FnKtimeGetNs.Call())
+	}
+	return append(insns, asm.Mov.Imm(asm.R0, tcxNext), asm.Return())
 }
 
 // stackRun is the programs of a stacked run, attached.
@@ -239,21 +255,36 @@ func (r *stackRun) costs(before, after [][2]*ebpf.ProgramStats) []StackCost {
 // statistics on (the caller holds them on).
 func (r *stackRun) warmEmpty() (*WarmCost, error) {
 	const repeat = 200000
-	p := r.progs[len(r.progs)-1][0]
-	before, err := p.Stats()
-	if err != nil {
-		return nil, fmt.Errorf("read program statistics: %w", err)
+	bench := func(p *ebpf.Program) (*HookCost, time.Duration, error) {
+		before, err := p.Stats()
+		if err != nil {
+			return nil, 0, fmt.Errorf("read program statistics: %w", err)
+		}
+		_, per, err := p.Benchmark(make([]byte, 64), repeat, nil)
+		if err != nil {
+			return nil, 0, fmt.Errorf("run reference program back to back: %w", err)
+		}
+		after, err := p.Stats()
+		if err != nil {
+			return nil, 0, fmt.Errorf("read program statistics: %w", err)
+		}
+		return hookCost(before, after), per, nil
 	}
-	_, per, err := p.Benchmark(make([]byte, 64), repeat, nil)
+	c, per, err := bench(r.progs[len(r.progs)-1][0])
 	if err != nil {
-		return nil, fmt.Errorf("run empty program back to back: %w", err)
+		return nil, err
 	}
-	after, err := p.Stats()
+	clock, err := loadTC("kedge_stack", clockInsns())
 	if err != nil {
-		return nil, fmt.Errorf("read program statistics: %w", err)
+		return nil, err
 	}
-	c := hookCost(before, after)
-	return &WarmCost{Repeat: repeat, StatsNs: c.NsPerPacket, TestRunNsOp: float64(per.Nanoseconds())}, nil
+	defer clock.Close()
+	cc, _, err := bench(clock)
+	if err != nil {
+		return nil, err
+	}
+	return &WarmCost{Repeat: repeat, StatsNs: c.NsPerPacket, TestRunNsOp: float64(per.Nanoseconds()),
+		ClockReadNs: (cc.NsPerPacket - c.NsPerPacket) / clockReads}, nil
 }
 
 // Close detaches and unloads what the stacked run loaded.
@@ -303,6 +334,7 @@ func (r *Result) SummarizeStack() *StackSummary {
 		}
 		if w := run.WarmEmpty; w != nil {
 			s.Warm.StatsNs, s.Warm.TestRunNsOp, s.Warm.Repeat, warmN = s.Warm.StatsNs+w.StatsNs, s.Warm.TestRunNsOp+w.TestRunNsOp, w.Repeat, warmN+1
+			s.Warm.ClockReadNs += w.ClockReadNs
 		}
 	}
 	if s == nil {
@@ -321,7 +353,7 @@ func (r *Result) SummarizeStack() *StackSummary {
 		s.EgressPerACK = float64(in[0][1]) / float64(eg[0][1])
 	}
 	if warmN > 0 {
-		s.Warm.StatsNs, s.Warm.TestRunNsOp = s.Warm.StatsNs/warmN, s.Warm.TestRunNsOp/warmN
+		s.Warm.StatsNs, s.Warm.TestRunNsOp, s.Warm.ClockReadNs = s.Warm.StatsNs/warmN, s.Warm.TestRunNsOp/warmN, s.Warm.ClockReadNs/warmN
 	}
 	return s
 }
@@ -336,5 +368,5 @@ func (r *Result) writeStack(w io.Writer) {
 	for i, p := range s.Programs {
 		fmt.Fprintf(w, " %s %.0f / %.0f;", p, s.IngressNs[i], s.EgressNs[i])
 	}
-	fmt.Fprintf(w, " empty program back to back (BPF_PROG_TEST_RUN): %.0f ns per run in the statistics, %.0f ns per repeat\n", s.Warm.StatsNs, s.Warm.TestRunNsOp)
+	fmt.Fprintf(w, " empty program back to back (BPF_PROG_TEST_RUN): %.0f ns per run in the statistics, %.0f ns per repeat; one clock read %.0f ns\n", s.Warm.StatsNs, s.Warm.TestRunNsOp, s.Warm.ClockReadNs)
 }
