@@ -82,18 +82,22 @@ func TestNetnsSources(t *testing.T) {
 		{"upload", 7002, []string{"put", strconv.Itoa(2 << 20), strconv.Itoa(4 << 20)}},
 		{"request-response", 7003, []string{"rr", "200", "100"}},
 	}
-	for _, x := range exchanges {
+	paths := make([][]time.Duration, len(exchanges)) // the path probe's RTTs per exchange
+	for i, x := range exchanges {
 		srv := netip.AddrPortFrom(l.server.IPv4, x.port)
 		startPeerServer(t, l.server, cg, srv.String())
+		probe := startPathProbe(t, l, probePort)
 		out := runPeerClient(t, l.client, cg, srv.String(), x.args...)
+		paths[i] = probe.Stop()
 		t.Logf("%s: %s", x.name, out)
+		logPath(t, x.name, paths[i])
 	}
 	for _, end := range ends {
 		all := waitAllRead(t, end.m, end.col)
 		t.Logf("%s: sockets tracked %d (other namespaces %d), kernel samples %d (rate-limited %d)", end.name,
 			all[HookSockops].SkTracked, all[HookSockops].SkOtherNetns, all[HookSockops].MatchRtt, all[HookSockops].TsRateLimited)
 	}
-	for _, x := range exchanges {
+	for xi, x := range exchanges {
 		got := make([]map[IDType][]*RTTEvent, len(ends)) // per end, per source
 		for i, end := range ends {
 			got[i] = map[IDType][]*RTTEvent{}
@@ -113,20 +117,24 @@ func TestNetnsSources(t *testing.T) {
 					// sample includes the sender's own delay: docs/pping.md, Limits).
 					slack += pacingTick
 				}
-				// The other source's median on the same end of the same exchange (the
-				// other end's when this end has fewer than two of its samples: the
-				// upload's server has one kernel sample): what the path gave while the
-				// exchange ran. Under load the delay line releases late and every
-				// source sees it, the stack's own RTT too, so the median is held to the
-				// shaped RTT or to that reference, whichever is higher; a source that
-				// reads more than slack above the other (a bug in one of two
-				// independent code paths) still fails.
-				var ref time.Duration
+				// What the path gave while the exchange ran: under load the delay line
+				// releases late and processes wake late, and every source sees it, the
+				// stack's own RTT too. The references are the other source's median on
+				// the same end of the same exchange (the other end's when this end has
+				// fewer than two of its samples: the upload's server has one kernel
+				// sample) and the path probe's RTTs over the exchange (pathRef); the
+				// median is held to the shaped RTT or to the higher reference, plus
+				// slack. On an idle machine both references are the shaped RTT; a
+				// source that reads more than slack above both (a bug in one of the
+				// code paths) fails.
+				ref := pathRef(paths[xi])
 				for _, other := range sources {
 					if other != src {
-						if ref = median(got[i][other]); ref == 0 {
-							ref = median(got[1-i][other])
+						m := median(got[i][other])
+						if m == 0 {
+							m = median(got[1-i][other])
 						}
+						ref = max(ref, m)
 					}
 				}
 				checkShaped(t, name, got[i][src], 0, slack, ref)
@@ -150,8 +158,9 @@ func median(evs []*RTTEvent) time.Duration {
 }
 
 // checkShaped: at least one sample, at most short of them below the shaped RTT (less the
-// clocks' slack), the (lower) median within slack of it, or of ref (another source's median
-// from the same exchange, 0: none) when that is higher. The lower median: an exchange
+// clocks' slack), the (lower) median within slack of it, or of ref (what the path gave
+// during the same exchange: another source's median, the path probe's; 0: none) when that
+// is higher. The lower median: an exchange
 // with two kernel samples has its request's and its closing FIN's, which the peer may ACK
 // late. A lone sample has no median to speak of: the upload's server sends one reply
 // ("ok"), and the kernel's RTT of it includes however long the client takes to ACK it
@@ -176,7 +185,7 @@ func checkShaped(t *testing.T, name string, evs []*RTTEvent, short int, slack, r
 	slices.Sort(rtts)
 	md := rtts[(len(rtts)-1)/2]
 	if len(rtts) > 1 && md > max(shapedRTT, ref)+slack && !emulated {
-		t.Errorf("%s: median %v more than %v above the shaped RTT %v and the other source's median %v", name, md, slack, shapedRTT, ref)
+		t.Errorf("%s: median %v more than %v above the shaped RTT %v and the reference %v (what the path gave meanwhile)", name, md, slack, shapedRTT, ref)
 	}
-	t.Logf("%s: %d samples, min %v median %v max %v (shaped %v, other source's median %v)", name, len(rtts), slices.Min(rtts), md, slices.Max(rtts), shapedRTT, ref)
+	t.Logf("%s: %d samples, min %v median %v max %v (shaped %v, reference %v)", name, len(rtts), slices.Min(rtts), md, slices.Max(rtts), shapedRTT, ref)
 }
