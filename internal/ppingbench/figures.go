@@ -29,6 +29,7 @@ func FigureBlocks() map[string]docfigures.Block {
 	return map[string]docfigures.Block{
 		"pping":       {Results: "pping", Command: "kedge bench pping " + figureRuns[0].flags + " --out docs/results/pping/" + figureRuns[0].dir + " (and the other rows' flags)", Render: figures},
 		"pping-floor": {Results: "pping", Command: "kedge bench pping " + floorRun.flags + " --out docs/results/pping/" + floorRun.dir, Render: floorFigures},
+		"pping-stack": {Results: "pping", Command: "kedge bench pping " + floorRun.flags + " --out docs/results/pping/" + floorRun.dir, Render: stackFigures},
 	}
 }
 

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -369,4 +371,65 @@ func (r *Result) writeStack(w io.Writer) {
 		fmt.Fprintf(w, " %s %.0f / %.0f;", p, s.IngressNs[i], s.EgressNs[i])
 	}
 	fmt.Fprintf(w, " empty program back to back (BPF_PROG_TEST_RUN): %.0f ns per run in the statistics, %.0f ns per repeat; one clock read %.0f ns\n", s.Warm.StatsNs, s.Warm.TestRunNsOp, s.Warm.ClockReadNs)
+}
+
+// stackFigures is the table of the committed floor run's stacked runs (pping-stack): per
+// round and hook, each program's figure on the same packets, then the statistics' own cost
+// back to back.
+func stackFigures(dir string) (string, error) {
+	r, err := ReadResult(filepath.Join(dir, floorRun.dir))
+	if err != nil {
+		return "", err
+	}
+	s := r.SummarizeStack()
+	if s == nil {
+		return "", fmt.Errorf("%s: no stacked runs", floorRun.dir)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Run: [%s](results/pping/%s/result.json) (`kedge bench pping %s`): %s, commit %.12s, load %.1f at start. ns per packet (run_time_ns / run_cnt of each program; all four on every packet of the run).\n\n",
+		floorRun.dir, floorRun.dir, floorRun.flags, r.Timestamp.Format("2006-01-02 15:04 MST"), r.Commit, load1(r.Envelope))
+	b.WriteString("| Round | Hook | data segments per ACK | empty, first | minimal monitor | kedge | empty, last | minimal above empty, last | kedge above empty, last |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	round := 0
+	for _, run := range r.Runs {
+		if !run.Monitor && !run.Stats {
+			round++
+		}
+		if run.Program != ProgramStack {
+			continue
+		}
+		by := map[string]StackCost{}
+		for _, c := range run.Stack {
+			by[c.Program] = c
+		}
+		spacing := "-"
+		if e := by[StackEmptyFirst]; e.Egress != nil && e.Egress.Runs > 0 {
+			spacing = fmt.Sprintf("%.0f", float64(e.Ingress.Runs)/float64(e.Egress.Runs))
+		}
+		for _, h := range []struct {
+			name string
+			get  func(StackCost) *HookCost
+		}{{HookTCIngress, func(c StackCost) *HookCost { return c.Ingress }}, {HookTCEgress, func(c StackCost) *HookCost { return c.Egress }}} {
+			ns := func(p string) float64 {
+				if c, ok := by[p]; ok && h.get(c) != nil {
+					return h.get(c).NsPerPacket
+				}
+				return 0
+			}
+			sp := "-"
+			if h.name == HookTCEgress {
+				sp = spacing
+			}
+			last := ns(StackEmptyLast)
+			fmt.Fprintf(&b, "| %d | %s | %s | %.0f | %.0f | %.0f | %.0f | %+.0f | %+.0f |\n", round, h.name, sp,
+				ns(StackEmptyFirst), ns(StackMinimal), ns(StackKedge), last, ns(StackMinimal)-last, ns(StackKedge)-last)
+		}
+	}
+	idx := func(p string) int { return slices.Index(s.Programs, p) }
+	if f, m, k, l := idx(StackEmptyFirst), idx(StackMinimal), idx(StackKedge), idx(StackEmptyLast); f >= 0 && m >= 0 && k >= 0 && l >= 0 {
+		fmt.Fprintf(&b, "| all | %s | - | %.0f | %.0f | %.0f | %.0f | %+.0f | %+.0f |\n", HookTCIngress, s.IngressNs[f], s.IngressNs[m], s.IngressNs[k], s.IngressNs[l], s.IngressNs[m]-s.IngressNs[l], s.IngressNs[k]-s.IngressNs[l])
+		fmt.Fprintf(&b, "| all | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %+.0f | %+.0f |\n", HookTCEgress, s.EgressPerACK, s.EgressNs[f], s.EgressNs[m], s.EgressNs[k], s.EgressNs[l], s.EgressNs[m]-s.EgressNs[l], s.EgressNs[k]-s.EgressNs[l])
+	}
+	fmt.Fprintf(&b, "\nThe empty program run back to back by BPF_PROG_TEST_RUN (%d runs, nothing cold between them): %.0f ns per run in the statistics (of a %.0f ns repeat); one clock read (bpf_ktime_get_ns(), from a program of %d) %.0f ns.\n",
+		s.Warm.Repeat, s.Warm.StatsNs, s.Warm.TestRunNsOp, clockReads, s.Warm.ClockReadNs)
+	return b.String(), nil
 }
