@@ -51,7 +51,8 @@ Scenarios:
   rate      an unmodified UDP client (closed loops, connected sockets) against a server
             that answers at once, at low load (first of --levels) and at saturation (last),
             unhedged, with kedge's clone path (--store-limit 0) and with its stored path,
-            paired: --repeats rounds, each running every arm in a rotated order. Prints
+            paired: --repeats short rounds (15), each running every arm in a rotated order,
+            the client pinned to CPU 0 and the servers to CPU 1 in every arm. Prints
             req/s ratios, CPU per request added (processes and machine), paired P50 added,
             the targets (docs/hedging.md) beside them, the programs' run time per request
             (BPF_PROG_TEST_RUN) and a 2%-stall service at saturation (missed hedges, lost
@@ -71,8 +72,8 @@ Flags given explicitly override the scenario's defaults.`,
   # thesis and CPU-pressure scenarios, results under results/hedge/<scenario>/
   kedge bench hedge --scenario thesis,pressure --out results/hedge
 
-  # fast-path cost and throughput: 1 loop and saturation (64 loops), 5 paired rounds
-  kedge bench hedge --scenario rate --levels 1,64 --repeats 5
+  # fast-path cost and throughput: 1 loop and saturation (64 loops), 15 paired rounds
+  kedge bench hedge --scenario rate --levels 1,64 --repeats 15
 
   # real memcached replicas, one stopped 2% of the time, gets hedged by kedge
   kedge bench hedge --scenario memcached --repeats 3
@@ -171,7 +172,7 @@ Flags given explicitly override the scenario's defaults.`,
 	f := cmd.Flags()
 	f.StringVar(&scenarios, "scenario", hedgebench.Thesis, "comma-separated: "+strings.Join(hedgebench.Scenarios, ", ")+", or all")
 	addBenchOutFlag(cmd, &out, "hedge") // one subdirectory per scenario
-	f.IntVarP(&flagOpts.N, "requests", "n", d.N, "measured requests per client (outage: 1000, rate: 30000 per run, memcached: 30000 operations)")
+	f.IntVarP(&flagOpts.N, "requests", "n", d.N, "measured requests per client (outage: 1000, rate: 10000 per run, memcached: 30000 operations)")
 	f.IntVar(&flagOpts.Warmup, "warmup", d.Warmup, "warm-up requests per client, discarded (outage: 20, rate: 500, memcached: 200)")
 	f.DurationVar(&flagOpts.Delay, "delay", d.Delay, "hedge threshold (app and kernel; memcached: 2ms)")
 	f.DurationVar(&flagOpts.Timeout, "timeout", d.Timeout, "client timeout (outage: 100ms)")
@@ -183,8 +184,11 @@ Flags given explicitly override the scenario's defaults.`,
 	f.StringVar(&flagOpts.PyClient, "py-client", "", "path to clients/apphedge.py (default: ./clients/apphedge.py)")
 	f.IntSliceVar(&rateOpts.Levels, "levels", []int{1, 64}, "rate: concurrent loops per level: the first is the low load, the last saturation")
 	f.StringSliceVar(&rateOpts.Arms, "arms", hedgebench.DefaultArms, "rate: arms to run (unhedged always runs); attribution arms: "+strings.Join(hedgebench.AttributionArms, ", "))
-	f.IntVar(&rateOpts.SaturationN, "saturation-requests", 0, "rate: measured requests per run at the last level (default: 5 x --requests, 150000)")
-	f.IntVar(&rateOpts.Repeats, "repeats", 5, "rate, memcached: rounds, each running every arm (at every level) in an order rotated per round (memcached: 3)")
+	f.IntVar(&rateOpts.SaturationN, "saturation-requests", 0, "rate: measured requests per run at the last level (default: 4 x --requests, 40000)")
+	f.IntVar(&rateOpts.Repeats, "repeats", 0, "rate, memcached: rounds, each running every arm (at every level) in an order rotated per round (rate: 15, memcached: 3)")
+	f.StringVar(&rateOpts.ClientCPUs, "client-cpus", "", "rate: CPU list (taskset -c) of the client, every arm (default 0 on two CPUs or more)")
+	f.StringVar(&rateOpts.ServerCPUs, "server-cpus", "", "rate: CPU list (taskset -c) of the servers, every arm (default 1 on two CPUs or more)")
+	f.BoolVar(&rateOpts.NoPin, "no-pin", false, "rate: leave the client and servers where the scheduler puts them")
 	f.Uint64Var(&pauses.Seed, "pause-seed", pauses.Seed, "gc: seed of the client pause schedule")
 	f.Float64Var(&pauses.Coverage, "pause-coverage", pauses.Coverage, "gc: fraction of the time each client is stopped")
 	f.DurationVar(&pauses.Min, "pause-min", pauses.Min, "gc: shortest client pause")

@@ -107,7 +107,7 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "thesis,"}},
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "rate", "--levels", "0"}},
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "rate", "--repeats", "0"}},
-		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "rate", "--repeats", "11"}},
+		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "rate", "--repeats", "31"}},
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "rate", "--stall", "5ms"}},
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--scenario", "outage", "--concurrency", "0"}},
 		{exitUsage, []string{"bench", "hedge", "--out", "$TMP", "--delay", "2s"}},

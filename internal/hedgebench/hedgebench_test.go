@@ -49,7 +49,7 @@ func TestOptionsRejectBadParameters(t *testing.T) {
 	}
 	for _, o := range []RateOptions{
 		{Levels: []int{0}},
-		{Repeats: 11},
+		{Repeats: maxRounds + 1},
 		{N: 10},
 		{Stall: 5 * time.Millisecond},
 		{Stall: 2 * time.Second},

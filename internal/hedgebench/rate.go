@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -29,20 +30,31 @@ import (
 // "chaos" (port 9998) stalls StallPct of the ids for Stall: run with each kedge arm at
 // saturation, it shows whether the hedger still rescues every stalled request there (no
 // missed hedges) and loses nothing.
+//
+// The rounds are many and short (about a second per run) because the machine's speed drifts
+// by more than the margins measured here over tens of seconds (other work, the host): a
+// ratio taken between runs seconds apart cancels that drift, one taken over minutes does not.
+// The client and the servers are pinned to fixed CPUs (Pin), the same for every arm, so that
+// the scheduler's placement (client and server sharing a core or not, the softirq work on
+// the sender's CPU) is not a difference between runs.
 type RateOptions struct {
 	Levels   []int         // concurrent loops per level (1, 64): first = low load, last = saturation
-	N        int           // measured requests per run (30000)
+	N        int           // measured requests per run (10000)
 	Warmup   int           // per run, discarded (500)
-	Repeats  int           // rounds (5)
+	Repeats  int           // rounds (15)
 	Delay    time.Duration // hedge delay (10 ms)
 	Timeout  time.Duration // client timeout (1 s)
 	StallPct int           // chaos service: stalled ids (2)
 	Stall    time.Duration // chaos service: stall (50 ms)
 	// ProgRuns is the requests BPF_PROG_TEST_RUN times the programs on, per kedge arm (2000).
 	ProgRuns int
-	// SaturationN is the measured requests per run at the last level (default 5 x N): runs
-	// at saturation are several times faster, and a longer one evens out the machine's noise.
+	// SaturationN is the measured requests per run at the last level (default 4 x N): runs
+	// at saturation are several times faster; this keeps them about as long as the others.
 	SaturationN int
+	// Pin is the CPU lists (taskset -c) of the client and of the servers, the same for every
+	// arm; default "0" and "1" on a machine with two CPUs or more, none on one. NoPin: none.
+	ClientCPUs, ServerCPUs string
+	NoPin                  bool
 	// Arms are the arms to run, by name (default unhedged, clone, stored; unhedged always
 	// runs: every comparison is with it). AttributionArms lists the others.
 	Arms    []string
@@ -66,12 +78,17 @@ func (o *RateOptions) defaults() error {
 			*v = d
 		}
 	}
-	def(&o.N, 30000)
+	def(&o.N, 10000)
 	def(&o.Warmup, 500)
-	def(&o.Repeats, 5)
+	def(&o.Repeats, 15)
 	def(&o.StallPct, 2)
 	def(&o.ProgRuns, 2000)
-	def(&o.SaturationN, 5*o.N)
+	def(&o.SaturationN, 4*o.N)
+	if o.NoPin {
+		o.ClientCPUs, o.ServerCPUs = "", ""
+	} else if o.ClientCPUs == "" && o.ServerCPUs == "" && runtime.NumCPU() >= 2 {
+		o.ClientCPUs, o.ServerCPUs = "0", "1"
+	}
 	if len(o.Arms) == 0 {
 		o.Arms = DefaultArms
 	}
@@ -88,8 +105,8 @@ func (o *RateOptions) defaults() error {
 		o.Stall = 50 * time.Millisecond
 	}
 	switch {
-	case o.Repeats < 1 || o.Repeats > 10:
-		return paramErrorf("repeats %d out of range 1-10", o.Repeats)
+	case o.Repeats < 1 || o.Repeats > maxRounds:
+		return paramErrorf("repeats %d out of range 1-%d", o.Repeats, maxRounds)
 	case o.N < 100 || o.SaturationN < 100:
 		return paramErrorf("%d requests per run (%d at saturation): need at least 100", o.N, o.SaturationN)
 	case o.Stall <= o.Delay:
@@ -122,8 +139,9 @@ func (o *RateOptions) defaults() error {
 }
 
 const (
-	idSpan   = 20_000_000    // ids per run
-	readyIDs = 4_000_000_000 // waitReady's ids start here
+	maxRounds = 30
+	idSpan    = 10_000_000    // ids per run
+	readyIDs  = 4_000_000_000 // waitReady's ids start here
 )
 
 // The arms of the rate scenario.
@@ -362,7 +380,7 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 		"rounds": o.Repeats, "hedge_delay_ms": ms(o.Delay), "timeout_ms": ms(o.Timeout), "stall_pct": o.StallPct, "stall_ms": ms(o.Stall),
 		"fast_ms": 0, "budget_fast": "ratio 0.05, burst 10000", "budget_chaos": "ratio 0.1, burst 10000", "connected": true, "payload_len": 32,
 		"client": "kedge chaos client --mode baseline --connected (closed loops, one socket each)", "prog_runs": o.ProgRuns,
-		"n_saturation": o.SaturationN}),
+		"n_saturation": o.SaturationN, "client_cpus": o.ClientCPUs, "server_cpus": o.ServerCPUs}),
 		IdleCPU: map[string]float64{}}
 	for _, a := range arms {
 		res.Arms = append(res.Arms, a.name)

@@ -54,8 +54,9 @@ func startRateRig(ctx context.Context, o RateOptions) (_ *rateRig, err error) {
 		at  netip.AddrPort
 		pct int
 	}{{fast, 0}, {slow, o.StallPct}} {
-		pid, stop, err := bench.StartProcessPID(srv, o.Exe, serverArgs([]netip.AddrPort{s.at},
+		name, args := pinned(o.ServerCPUs, o.Exe, serverArgs([]netip.AddrPort{s.at},
 			chaos.Config{StallPct: s.pct, Stall: o.Stall, TTL: time.Second})...)
+		pid, stop, err := bench.StartProcessPID(srv, name, args...)
 		if err != nil {
 			return nil, fmt.Errorf("start chaos server: %w", err)
 		}
@@ -71,6 +72,15 @@ func startRateRig(ctx context.Context, o RateOptions) (_ *rateRig, err error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// pinned is the command that runs exe with args on cpus (taskset -c, which execs it: the
+// process and its CPU time stay the same), or exe itself when cpus is empty.
+func pinned(cpus, exe string, args ...string) (string, []string) {
+	if cpus == "" {
+		return exe, args
+	}
+	return "taskset", append([]string{"-c", cpus, exe}, args...)
 }
 
 // close stops the servers (last started first) and removes the lab.
@@ -182,10 +192,11 @@ func (r *rateRig) runClient(c, round, order int, arm, svc string, to netip.AddrP
 		n = o.SaturationN
 	}
 	o.Log.Info("rate run", "concurrency", c, "round", round, "arm", arm, "service", svc, "requests", n)
-	clientCPU, err := bench.RunProcessCPU(r.ctx, r.client, io.Discard, o.Exe, "chaos", "client", "--mode", "baseline", "--connected",
+	name, args := pinned(o.ClientCPUs, o.Exe, "chaos", "client", "--mode", "baseline", "--connected",
 		"--target", to.String(), "-n", fmt.Sprint(n), "--warmup", fmt.Sprint(o.Warmup),
 		"--concurrency", fmt.Sprint(c), "--timeout", o.Timeout.String(), "--base-id", fmt.Sprint(r.next*idSpan),
 		"--scenario", Rate, "--name", filepath.Base(path), "--out", path)
+	clientCPU, err := bench.RunProcessCPU(r.ctx, r.client, io.Discard, name, args...)
 	p1, perr := sample()
 	cpu1, cerr := bench.ReadCPU()
 	sirq1, serr := readSoftirqs()
