@@ -54,6 +54,10 @@ func TestOptionsRejectBadParameters(t *testing.T) {
 		{Stall: 5 * time.Millisecond},
 		{Stall: 2 * time.Second},
 		{N: idSpan},
+		{ClientCPUs: "0", ServerCPUs: "x"},
+		{ClientCPUs: "1-0", ServerCPUs: "0"},
+		{ClientCPUs: "0", ServerCPUs: "4096"},
+		{ClientCPUs: "0"},
 	} {
 		o.OutDir = t.TempDir()
 		var perr *ParamError

@@ -8,8 +8,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/hedge"
@@ -34,9 +37,12 @@ import (
 // The rounds are many and short (about a second per run) because the machine's speed drifts
 // by more than the margins measured here over tens of seconds (other work, the host): a
 // ratio taken between runs seconds apart cancels that drift, one taken over minutes does not.
-// The client and the servers are pinned to fixed CPUs (Pin), the same for every arm, so that
-// the scheduler's placement (client and server sharing a core or not, the softirq work on
-// the sender's CPU) is not a difference between runs.
+// The client and the servers are pinned to fixed CPUs, the same for every arm, so that the
+// scheduler's placement (client and server sharing a core or not, the softirq work on the
+// sender's CPU) is not a difference between runs: at saturation the client on ClientCPUs and
+// the servers on ServerCPUs; at the lower levels all of them on ClientCPUs (one request in
+// flight per loop: the scheduler wakes a server on its client's CPU, and a wake-up across
+// CPUs costs this VM more than the request itself).
 type RateOptions struct {
 	Levels   []int         // concurrent loops per level (1, 64): first = low load, last = saturation
 	N        int           // measured requests per run (10000)
@@ -51,10 +57,12 @@ type RateOptions struct {
 	// SaturationN is the measured requests per run at the last level (default 4 x N): runs
 	// at saturation are several times faster; this keeps them about as long as the others.
 	SaturationN int
-	// Pin is the CPU lists (taskset -c) of the client and of the servers, the same for every
-	// arm; default "0" and "1" on a machine with two CPUs or more, none on one. NoPin: none.
+	// ClientCPUs and ServerCPUs are the CPU lists (taskset -c syntax: 0,2-3) of the client
+	// and, at saturation, of the servers, the same for every arm; default "0" and "1" on a
+	// machine with two CPUs or more, none on one. NoPin: none.
 	ClientCPUs, ServerCPUs string
 	NoPin                  bool
+	clientSet, serverSet   *unix.CPUSet // parsed; nil: not pinned
 	// Arms are the arms to run, by name (default unhedged, clone, stored; unhedged always
 	// runs: every comparison is with it). AttributionArms lists the others.
 	Arms    []string
@@ -88,6 +96,18 @@ func (o *RateOptions) defaults() error {
 		o.ClientCPUs, o.ServerCPUs = "", ""
 	} else if o.ClientCPUs == "" && o.ServerCPUs == "" && runtime.NumCPU() >= 2 {
 		o.ClientCPUs, o.ServerCPUs = "0", "1"
+	}
+	if (o.ClientCPUs == "") != (o.ServerCPUs == "") {
+		return paramErrorf("client CPUs %q, server CPUs %q: give both or neither", o.ClientCPUs, o.ServerCPUs)
+	}
+	if o.ClientCPUs != "" {
+		var err error
+		if o.clientSet, err = parseCPUList(o.ClientCPUs); err != nil {
+			return err
+		}
+		if o.serverSet, err = parseCPUList(o.ServerCPUs); err != nil {
+			return err
+		}
 	}
 	if len(o.Arms) == 0 {
 		o.Arms = DefaultArms
@@ -400,4 +420,24 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 		return res, err
 	}
 	return res, writeRateCharts(o.OutDir, res)
+}
+
+// parseCPUList parses a CPU list (taskset -c syntax: 0,2-3) of CPUs this machine has.
+func parseCPUList(list string) (*unix.CPUSet, error) {
+	var set unix.CPUSet
+	for _, part := range strings.Split(list, ",") {
+		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := a, error(nil)
+		if isRange {
+			b, err2 = strconv.Atoi(hi)
+		}
+		if err1 != nil || err2 != nil || a < 0 || b < a || b >= runtime.NumCPU() {
+			return nil, paramErrorf("CPU list %q: want CPUs 0-%d as in 0,2-3", list, runtime.NumCPU()-1)
+		}
+		for c := a; c <= b; c++ {
+			set.Set(c)
+		}
+	}
+	return &set, nil
 }

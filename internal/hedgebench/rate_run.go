@@ -10,9 +10,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/chaos"
@@ -54,9 +56,8 @@ func startRateRig(ctx context.Context, o RateOptions) (_ *rateRig, err error) {
 		at  netip.AddrPort
 		pct int
 	}{{fast, 0}, {slow, o.StallPct}} {
-		name, args := pinned(o.ServerCPUs, o.Exe, serverArgs([]netip.AddrPort{s.at},
+		pid, stop, err := bench.StartProcessPID(srv, o.Exe, serverArgs([]netip.AddrPort{s.at},
 			chaos.Config{StallPct: s.pct, Stall: o.Stall, TTL: time.Second})...)
-		pid, stop, err := bench.StartProcessPID(srv, name, args...)
 		if err != nil {
 			return nil, fmt.Errorf("start chaos server: %w", err)
 		}
@@ -72,6 +73,34 @@ func startRateRig(ctx context.Context, o RateOptions) (_ *rateRig, err error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// place moves every thread of both servers to the CPUs of a run at concurrency c: the
+// servers' own at saturation, the client's below (RateOptions).
+func (r *rateRig) place(c int) error {
+	set := r.o.clientSet
+	if c == r.last {
+		set = r.o.serverSet
+	}
+	if set == nil {
+		return nil
+	}
+	for _, pid := range r.serverPIDs {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return fmt.Errorf("pin chaos server: %w", err)
+		}
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			if err := unix.SchedSetaffinity(tid, set); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("pin chaos server thread %d: %w", tid, err)
+			}
+		}
+	}
+	return nil
 }
 
 // pinned is the command that runs exe with args on cpus (taskset -c, which execs it: the
@@ -174,6 +203,9 @@ func (r *rateRig) runClient(c, round, order int, arm, svc string, to netip.AddrP
 		if before, err = h.Stats(); err != nil {
 			return run, err
 		}
+	}
+	if err := r.place(c); err != nil {
+		return run, err
 	}
 	cpu0, err := bench.ReadCPU()
 	if err != nil {
