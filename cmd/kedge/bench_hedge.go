@@ -52,8 +52,8 @@ Scenarios:
             that answers at once, at low load (first of --levels) and at saturation (last),
             unhedged, with kedge's clone path (--store-limit 0) and with its stored path,
             paired: --repeats short rounds (15), each running every arm in a rotated order,
-            the client pinned to CPU 0 and the servers to CPU 1 at saturation (to CPU 0
-            with the client below it), the same in every arm. Prints
+            at saturation the client pinned to CPU 0 and the servers to CPU 1 in every
+            arm. Prints
             req/s ratios, CPU per request added (processes and machine), paired P50 added,
             the targets (docs/hedging.md) beside them, the programs' run time per request
             (BPF_PROG_TEST_RUN) and a 2%-stall service at saturation (missed hedges, lost
@@ -187,9 +187,9 @@ Flags given explicitly override the scenario's defaults.`,
 	f.StringSliceVar(&rateOpts.Arms, "arms", hedgebench.DefaultArms, "rate: arms to run (unhedged always runs); attribution arms: "+strings.Join(hedgebench.AttributionArms, ", "))
 	f.IntVar(&rateOpts.SaturationN, "saturation-requests", 0, "rate: measured requests per run at the last level (default: 4 x --requests, 40000)")
 	f.IntVar(&rateOpts.Repeats, "repeats", 0, "rate, memcached: rounds, each running every arm (at every level) in an order rotated per round (rate: 15, memcached: 3)")
-	f.StringVar(&rateOpts.ClientCPUs, "client-cpus", "", "rate: CPU list (taskset -c) of the client, every arm (default 0 on two CPUs or more)")
-	f.StringVar(&rateOpts.ServerCPUs, "server-cpus", "", "rate: CPU list (taskset -c) of the servers at saturation, every arm (default 1 on two CPUs or more; below saturation they share the client's)")
-	f.BoolVar(&rateOpts.NoPin, "no-pin", false, "rate: leave the client and servers where the scheduler puts them")
+	f.StringVar(&rateOpts.ClientCPUs, "client-cpus", "", "rate: CPU list (taskset -c) of the client at saturation, every arm (default 0 on two CPUs or more)")
+	f.StringVar(&rateOpts.ServerCPUs, "server-cpus", "", "rate: CPU list (taskset -c) of the servers at saturation, every arm (default 1 on two CPUs or more)")
+	f.BoolVar(&rateOpts.NoPin, "no-pin", false, "rate: leave the client and servers where the scheduler puts them at saturation too")
 	f.Uint64Var(&pauses.Seed, "pause-seed", pauses.Seed, "gc: seed of the client pause schedule")
 	f.Float64Var(&pauses.Coverage, "pause-coverage", pauses.Coverage, "gc: fraction of the time each client is stopped")
 	f.DurationVar(&pauses.Min, "pause-min", pauses.Min, "gc: shortest client pause")

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"time"
@@ -75,20 +76,24 @@ func startRateRig(ctx context.Context, o RateOptions) (_ *rateRig, err error) {
 	return r, nil
 }
 
-// place moves every thread of both servers to the CPUs of a run at concurrency c: the
-// servers' own at saturation, the client's below (RateOptions).
-func (r *rateRig) place(c int) error {
-	set := r.o.clientSet
-	if c == r.last {
-		set = r.o.serverSet
+// place moves every thread of both servers to the CPUs of a run at concurrency c: their own
+// at saturation, every CPU below it (RateOptions), and returns the client's CPU list for the
+// run ("": unpinned).
+func (r *rateRig) place(c int) (string, error) {
+	if r.o.serverSet == nil {
+		return "", nil
 	}
-	if set == nil {
-		return nil
+	set, client := r.o.serverSet, r.o.ClientCPUs
+	if c != r.last {
+		set, client = &unix.CPUSet{}, ""
+		for i := range runtime.NumCPU() {
+			set.Set(i)
+		}
 	}
 	for _, pid := range r.serverPIDs {
 		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 		if err != nil {
-			return fmt.Errorf("pin chaos server: %w", err)
+			return "", fmt.Errorf("pin chaos server: %w", err)
 		}
 		for _, t := range tasks {
 			tid, err := strconv.Atoi(t.Name())
@@ -96,11 +101,11 @@ func (r *rateRig) place(c int) error {
 				continue
 			}
 			if err := unix.SchedSetaffinity(tid, set); err != nil && !errors.Is(err, unix.ESRCH) {
-				return fmt.Errorf("pin chaos server thread %d: %w", tid, err)
+				return "", fmt.Errorf("pin chaos server thread %d: %w", tid, err)
 			}
 		}
 	}
-	return nil
+	return client, nil
 }
 
 // pinned is the command that runs exe with args on cpus (taskset -c, which execs it: the
@@ -204,7 +209,8 @@ func (r *rateRig) runClient(c, round, order int, arm, svc string, to netip.AddrP
 			return run, err
 		}
 	}
-	if err := r.place(c); err != nil {
+	clientCPUs, err := r.place(c)
+	if err != nil {
 		return run, err
 	}
 	cpu0, err := bench.ReadCPU()
@@ -224,7 +230,7 @@ func (r *rateRig) runClient(c, round, order int, arm, svc string, to netip.AddrP
 		n = o.SaturationN
 	}
 	o.Log.Info("rate run", "concurrency", c, "round", round, "arm", arm, "service", svc, "requests", n)
-	name, args := pinned(o.ClientCPUs, o.Exe, "chaos", "client", "--mode", "baseline", "--connected",
+	name, args := pinned(clientCPUs, o.Exe, "chaos", "client", "--mode", "baseline", "--connected",
 		"--target", to.String(), "-n", fmt.Sprint(n), "--warmup", fmt.Sprint(o.Warmup),
 		"--concurrency", fmt.Sprint(c), "--timeout", o.Timeout.String(), "--base-id", fmt.Sprint(r.next*idSpan),
 		"--scenario", Rate, "--name", filepath.Base(path), "--out", path)
