@@ -319,7 +319,7 @@ __attribute__((noinline)) int resend_slot(struct __sk_buff *skb, __u32 slot, __u
 	x.r = r;
 	x.now = now;
 	x.q_milli = g->resend_quantile_milli;
-	x.censors = now > st->sent_ns && quantile_censors(g, x.b, now - st->sent_ns);
+	x.censors = quantile_censors(g, x.b, st->sent_ns, now);
 	skb->mark = sg_cfg.copy_mark; /* the copies pass the scatter untouched */
 	bpf_loop(SG_WORKERS_MAX, resend_cb, &x, 0);
 	COUNT_N(cnt, retries, r->retries);

@@ -156,12 +156,19 @@ static __always_inline __u64 quantile_step(__u64 m, __u64 ns, __u32 q_milli)
  * where the replies between a round's due time and the tick that sends it balance it: the
  * quicker the ticks, the lower the delay and the more re-sends.
  *
- * quantile_censors: whether a round elapsed ns after the scatter censors above the estimate. */
-static __always_inline int quantile_censors(const struct sg_group *g, const struct sg_budget *b, __u64 elapsed)
+ * quantile_censors: whether a round at now of a request scattered at sent censors above the
+ * estimate: whether the estimate's time after the scatter is due by the pacer's measure
+ * (pacer_due: its early margin, half a pass on the conveyor, counts as on time). A round
+ * the conveyor delivered early is a round at its due time; were it left out, the re-sends
+ * of every early tick would go unsampled and the estimate would drift down again (a model
+ * with ticks +-50 us about their due time: 4.1% of the copies re-sent at q 0.98 comparing
+ * with now, 1.95% comparing with the due time). */
+static __always_inline int quantile_censors(const struct sg_group *g, const struct sg_budget *b, __u64 sent,
+					    __u64 now)
 {
 	__u64 m = READ_ONCE(b->delay_ns);
 
-	return g->resend_quantile_milli && m && elapsed >= m;
+	return g->resend_quantile_milli && m && sent && pacer_due(sent + m, now, 0);
 }
 
 /* quantile_up: the estimate after a sample above it. */

@@ -24,6 +24,10 @@ import (
 
 const resendDelay = 5 * time.Millisecond
 
+// tickEarly is the fixtures' pacer early margin (pacer_due: a tick this much before its
+// deadline is on time; the conveyor's is half a pass).
+const tickEarly = 100 * time.Microsecond
+
 // resendOpts are what a fixture group re-sends with.
 type resendOpts struct {
 	rounds uint32 // resend_max
@@ -42,7 +46,7 @@ func resendFixture(t *testing.T, coord netip.AddrPort, workers []netip.AddrPort,
 		t.Skip("re-sends need the bpf_loop tier (5.17+): this kernel has no bpf_loop")
 	}
 	f, s, _ := scatterFixtureWith(t, coord, workers, LoadOptions{Resend: true, FixClock: true,
-		ReplicaEntries: uint32(len(ro.shards)), Pacer: &pacer.Client{Config: pacer.Config{TickIfindex: 1}}})
+		ReplicaEntries: uint32(len(ro.shards)), Pacer: &pacer.Client{Config: pacer.Config{TickIfindex: 1, EarlyNs: uint64(tickEarly)}}})
 	err := s.ns.Do(func() error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
@@ -605,6 +609,14 @@ func TestResendAdaptiveDelay(t *testing.T) {
 			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms), tickStep(f, t0+6*ms)}
 		},
 		wantDue: 0, // the last round (resend_max 2)
+		wantEst: up(up(up(3 * ms))),
+	}, {
+		name:     "a round the pacer delivered within its early margin of the estimate steps it up as one at it",
+		estimate: 3 * ms,
+		steps: func(id uint64) []step {
+			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms-uint64(tickEarly)/2)}
+		},
+		wantDue: 6*ms - uint64(tickEarly)/2,
 		wantEst: up(up(up(3 * ms))),
 	}, {
 		name:     "a worker the budget refuses does not step it",
