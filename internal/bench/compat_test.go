@@ -30,6 +30,7 @@ func TestCommittedResultsReadable(t *testing.T) {
 		raftbench.Schema:           func() any { return new(raftbench.Result) },
 		sgbench.Schema:             func() any { return new(sgbench.Result) },
 		sgbench.TailSchema:         func() any { return new(sgbench.TailResult) },
+		sgbench.LoopSchema:         func() any { return new(sgbench.LoopResult) },
 	}
 	var paths []string
 	err := filepath.WalkDir(filepath.Join("..", "..", "docs", "results"), func(p string, d os.DirEntry, err error) error {
