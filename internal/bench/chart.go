@@ -99,8 +99,13 @@ func WriteCDF(base string, series []Series, opt ChartOptions) error {
 		p.Add(l)
 		p.Legend.Add(m.Label, l)
 	}
+	return SavePlot(p, 8*vg.Inch, 5*vg.Inch, base)
+}
+
+// SavePlot writes p as base.png and base.svg, w by h.
+func SavePlot(p *plot.Plot, w, h vg.Length, base string) error {
 	for _, ext := range []string{".png", ".svg"} {
-		if err := p.Save(8*vg.Inch, 5*vg.Inch, base+ext); err != nil {
+		if err := p.Save(w, h, base+ext); err != nil {
 			return fmt.Errorf("write chart %s: %w", base+ext, err)
 		}
 	}

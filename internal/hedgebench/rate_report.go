@@ -1,7 +1,6 @@
 package hedgebench
 
 import (
-	"errors"
 	"fmt"
 	"image/color"
 	"io"
@@ -12,6 +11,8 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/kedge-dev/kedge/internal/bench"
 )
 
 // WriteRateReport prints the per-level table of r, the targets beside the paired
@@ -170,10 +171,8 @@ func writeRateCharts(dir string, r RateResult) error {
 			p.Add(ln, pts)
 			p.Legend.Add(arm, ln, pts)
 		}
-		for _, ext := range []string{".png", ".svg"} {
-			if err := p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, c.file+ext)); err != nil {
-				return errors.Join(fmt.Errorf("write chart %s%s", c.file, ext), err)
-			}
+		if err := bench.SavePlot(p, 8*vg.Inch, 5*vg.Inch, filepath.Join(dir, c.file)); err != nil {
+			return err
 		}
 	}
 	return nil

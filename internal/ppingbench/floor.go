@@ -11,6 +11,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+
+	"github.com/kedge-dev/kedge/internal/bench"
 )
 
 // EPPing is the anchor of the cost target: ePPing's per-packet run time on this setup
@@ -192,12 +194,7 @@ func (r *Result) WriteFloorChart(base string) error {
 			p.Legend.Add("target: half of ePPing's figure (lower end)", l)
 		}
 	}
-	for _, ext := range []string{".png", ".svg"} {
-		if err := p.Save(8*vg.Inch, 5*vg.Inch, base+ext); err != nil {
-			return fmt.Errorf("write floor chart %s: %w", base+ext, err)
-		}
-	}
-	return nil
+	return bench.SavePlot(p, 8*vg.Inch, 5*vg.Inch, base)
 }
 
 // floorFigures is the per-round table of the committed floor run: each hook's kedge figure,

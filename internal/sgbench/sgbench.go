@@ -433,10 +433,8 @@ func WriteCharts(dir string, r *Result) error {
 			return err
 		}
 		p.Legend.Top = true
-		for _, ext := range []string{"png", "svg"} {
-			if err := p.Save(7*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, c.name+"."+ext)); err != nil {
-				return fmt.Errorf("save chart: %w", err)
-			}
+		if err := bench.SavePlot(p, 7*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, c.name)); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -555,10 +555,8 @@ func WriteTailCharts(dir string, r *TailResult) error {
 		}
 		p.Legend.Top = true
 		p.Legend.Left = true
-		for _, ext := range []string{"png", "svg"} {
-			if err := p.Save(7*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, "tail-"+mode+"."+ext)); err != nil {
-				return fmt.Errorf("save chart: %w", err)
-			}
+		if err := bench.SavePlot(p, 7*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, "tail-"+mode)); err != nil {
+			return err
 		}
 	}
 	return nil
