@@ -9,9 +9,7 @@ import (
 	"strconv"
 	"time"
 
-	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/vg"
 
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/netnsx"
@@ -355,12 +353,6 @@ func WriteLoopCharts(dir string, r *LoopResult) error {
 		val            func(LoopSummary) float64
 	}{{"loopback-rps", "requests/s", "requests/s (median of the rounds, log)", func(s LoopSummary) float64 { return s.ReqPerSec }},
 		{"loopback-cpu", "CPU per request", "CPU us per request, both CPUs (median, log)", func(s LoopSummary) float64 { return s.CPUUSPerReq }}} {
-		p := plot.New()
-		p.Title.Text = "kedge bench sg --scenario loopback: " + c.title + " against fan-out"
-		p.X.Label.Text = "fan-out (log)"
-		p.Y.Label.Text = c.y
-		p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
-		p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{}, plot.LogTicks{}
 		type line struct {
 			method string
 			out    int
@@ -381,11 +373,8 @@ func WriteLoopCharts(dir string, r *LoopResult) error {
 			}
 			args = append(args, fmt.Sprintf("%s, %d outstanding", l.method, l.out), pts)
 		}
-		if err := addLines(p, args...); err != nil {
-			return err
-		}
-		p.Legend.Top = true
-		if err := bench.SavePlot(p, 7*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, c.name)); err != nil {
+		title := "kedge bench sg --scenario loopback: " + c.title + " against fan-out"
+		if err := saveFanoutChart(filepath.Join(dir, c.name), title, "fan-out (log)", c.y, args); err != nil {
 			return err
 		}
 	}

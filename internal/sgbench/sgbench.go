@@ -22,9 +22,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/lab"
-	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/vg"
 )
 
 // Schema of result.json.
@@ -407,12 +405,6 @@ func WriteCharts(dir string, r *Result) error {
 		val     func(Row) float64
 	}{{"latency", "p50 latency (us, log)", func(x Row) float64 { return x.P50US }},
 		{"throughput", "throughput (requests/s, log)", func(x Row) float64 { return x.Throughput }}} {
-		p := plot.New()
-		p.Title.Text = "kedge bench sg: " + c.name + " against fan-out"
-		p.X.Label.Text = "fan-out (workers, log)"
-		p.Y.Label.Text = c.y
-		p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
-		p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{}, plot.LogTicks{}
 		var args []any
 		methods := []string{}
 		for _, x := range r.Rows {
@@ -429,11 +421,8 @@ func WriteCharts(dir string, r *Result) error {
 			}
 			args = append(args, m, pts)
 		}
-		if err := addLines(p, args...); err != nil {
-			return err
-		}
-		p.Legend.Top = true
-		if err := bench.SavePlot(p, 7*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, c.name)); err != nil {
+		title := "kedge bench sg: " + c.name + " against fan-out"
+		if err := saveFanoutChart(filepath.Join(dir, c.name), title, "fan-out (workers, log)", c.y, args); err != nil {
 			return err
 		}
 	}
