@@ -57,6 +57,28 @@ func minutes(s float64) string {
 	return fmt.Sprintf("%.0f s", s)
 }
 
+// ladderKernels names the kernels of runs (in the order run) with the runs on each, "" when
+// they all ran on one: "kernels K1 (runs 1-5), K2 (runs 6-7)".
+func ladderKernels(runs []*Result) string {
+	var parts []string
+	start := 0
+	for i := 1; i <= len(runs); i++ {
+		if i < len(runs) && runs[i].Kernel == runs[start].Kernel {
+			continue
+		}
+		span := fmt.Sprintf("run %d", start+1)
+		if i-1 > start {
+			span = fmt.Sprintf("runs %d-%d", start+1, i)
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s)", runs[start].Kernel, span))
+		start = i
+	}
+	if len(parts) < 2 {
+		return ""
+	}
+	return "kernels " + strings.Join(parts, ", ")
+}
+
 // LadderFigures renders a ladder directory: every false-election run in the order run, the
 // shortest safe timeout of each system with its ratio to etcd's, and the failover runs.
 func LadderFigures(dir string) (string, error) {
@@ -91,8 +113,15 @@ func LadderFigures(dir string) (string, error) {
 	head := *first // the runs' common configuration: each run's timeout is in its row
 	head.Parameters = maps.Clone(first.Parameters)
 	delete(head.Parameters, "election_ticks")
-	fmt.Fprintf(&b, "%s to %s, %s; each run %s.\n", first.Timestamp.Format("2006-01-02 15:04"), last.Timestamp.Format("15:04 UTC"),
-		strings.Split(first.Describe(), ", load average")[0], configuration(&head))
+	end := last.Timestamp.Format("15:04 UTC")
+	if last.Timestamp.YearDay() != first.Timestamp.YearDay() || last.Timestamp.Year() != first.Timestamp.Year() {
+		end = last.Timestamp.Format("2006-01-02 15:04 UTC")
+	}
+	where := strings.Split(first.Describe(), ", load average")[0]
+	if k := ladderKernels(runs); k != "" {
+		where = strings.Replace(where, "kernel "+first.Kernel, k, 1)
+	}
+	fmt.Fprintf(&b, "%s to %s, %s; each run %s.\n", first.Timestamp.Format("2006-01-02 15:04"), end, where, configuration(&head))
 	b.WriteString("\n| Run | System | Election timeout | Ran | Leader changes (term +) | Load at start / end | Writes acknowledged / failed | Stalled node's slow saves, p50 / max | Other nodes' longest save | WAL fsyncs over 100 ms, stalled node / the others (longest, at most) | Stalled node stopped answering: saves judged, heard late at the earliest (latest) reading | Commit |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	safe := map[string]float64{}
 	var order []string

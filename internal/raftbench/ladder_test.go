@@ -3,6 +3,7 @@ package raftbench
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"path/filepath"
 	"strings"
@@ -75,7 +76,8 @@ func TestLadderFigures(t *testing.T) {
 		{Offload: ModeOn, Scenario: "stress-disk", ElectionTimeoutMs: 20, DurationS: 120, LeaderChanges: 1, UntilChange: true},
 	} {
 		r := Result{Envelope: bench.NewEnvelope(context.Background(), Schema, "", map[string]any{"false_election_s": 300}), FalseElections: []FalseElections{fe}}
-		r.Timestamp = t0.Add(time.Duration(i) * time.Minute)
+		r.Timestamp = t0.Add(time.Duration(i) * 10 * time.Hour) // the second run on the next day, on another kernel
+		r.Kernel = fmt.Sprint("6.18.", i+1)
 		if err := bench.WriteJSON(filepath.Join(short, fe.Offload, "result.json"), r); err != nil {
 			t.Fatal(err)
 		}
@@ -84,7 +86,8 @@ func TestLadderFigures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"(no leader or term change in a whole run of 5 minutes)", "| etcd | 100 ms | 100 ms: quiet | - |", "| on | none of those run | 20 ms: a change after 120 s | - |"} {
+	for _, want := range []string{"(no leader or term change in a whole run of 5 minutes)", "| etcd | 100 ms | 100 ms: quiet | - |", "| on | none of those run | 20 ms: a change after 120 s | - |",
+		"2026-11-29 17:00 to 2026-11-30 03:00 UTC, kernels 6.18.1 (run 1), 6.18.2 (run 2),"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("short ladder figures lack %q:\n%s", want, got)
 		}
