@@ -356,6 +356,13 @@ struct sg_stats {
 	__u64 resend_errors;   /* rebuilding the request or sending a copy failed */
 	__u64 resend_unstored; /* requests too long to store: never re-sent */
 	__u64 late_replies;    /* a re-sent worker's second reply (its other copy's): dropped */
+	__u64 resend_rounds;   /* rounds a tick sent (a due round of a request still pending) */
+	__u64 resend_late_ns;  /* the sum over those rounds of how late the tick came after the
+				* round's due time (0 for a tick inside the pacer's early margin) */
+	__u64 resend_again;    /* copies (in retries or hedges) to a worker re-sent in an earlier
+				* round already: its earlier re-send went unanswered too */
+	__u64 resend_censored; /* first re-sends counted as a sample above the delay estimate
+				* (stored.h, quantile_censors) */
 	/* gather (XDP ingress) */
 	__u64 replies;         /* replies aggregated */
 	__u64 completed;       /* requests completed by their policy */

@@ -65,6 +65,8 @@ struct resend_state {
 	__u32 hedges;
 	__u32 refused;
 	__u32 errors;
+	__u32 again;
+	__u32 censored;
 	__u32 _pad;
 };
 
@@ -240,8 +242,12 @@ static long resend_cb(__u64 i, void *ctx)
 		r->errors++;
 		return 0;
 	}
-	if (x->censors && !(x->st->resent[word] & mask))
+	if (x->st->resent[word] & mask) {
+		r->again++;
+	} else if (x->censors) {
 		quantile_up(x->b, x->q_milli);
+		r->censored++;
+	}
 	x->st->resent[word] |= mask;
 	if (r->c.replicas)
 		rep_set(x->st->rep_last, widx, rep);
@@ -292,6 +298,9 @@ __attribute__((noinline)) int resend_slot(struct __sk_buff *skb, __u32 slot, __u
 		return 0; /* another CPU's tick took the round */
 	st->rounds = rounds;
 	cnt = stats_for(gid);
+	COUNT(cnt, resend_rounds);
+	if (now > due)
+		COUNT_N(cnt, resend_late_ns, now - due);
 	if (resend_build(skb, st) < 0 || parse_request(skb, &r->c, &h) != 1 || r->c.gid != gid) {
 		COUNT(cnt, resend_errors);
 		return 0;
@@ -313,6 +322,8 @@ __attribute__((noinline)) int resend_slot(struct __sk_buff *skb, __u32 slot, __u
 	r->hedges = 0;
 	r->refused = 0;
 	r->errors = 0;
+	r->again = 0;
+	r->censored = 0;
 	x.skb = skb;
 	x.s = s;
 	x.st = st;
@@ -326,6 +337,8 @@ __attribute__((noinline)) int resend_slot(struct __sk_buff *skb, __u32 slot, __u
 	COUNT_N(cnt, hedges, r->hedges);
 	COUNT_N(cnt, resend_refused, r->refused);
 	COUNT_N(cnt, resend_errors, r->errors);
+	COUNT_N(cnt, resend_again, r->again);
+	COUNT_N(cnt, resend_censored, r->censored);
 	return 0;
 }
 

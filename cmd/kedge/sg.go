@@ -454,7 +454,7 @@ func newSgScatterCmd() *cobra.Command {
 				return err
 			}
 			defer g.Close()
-			metrics.Serve(nil, newSgCollector(g.Stats, g.InFlight))
+			metrics.Serve(nil, newSgCollector(g.Stats, g.InFlight, g.ResendState))
 			rep := scatterReport{Interface: iface, Local: g.Local().String(), Tier: g.Tier(), Workers: len(ws), Reduction: r.String()}
 			for range count {
 				res, err := g.Scatter(cmd.Context(), []byte(payload))
@@ -583,24 +583,38 @@ func newSgStatsCmd() *cobra.Command {
 	return cmd
 }
 
-// sgCollector serves a group's counters (sg.Stats, docs/sg.md) as kedge_sg_<name>_total
-// and its requests in flight as kedge_sg_requests_in_flight.
+// sgCollector serves a group's counters (sg.Stats, docs/sg.md) as kedge_sg_<name>_total,
+// its requests in flight as kedge_sg_requests_in_flight and its re-send state
+// (sg.ResendState: delay, estimate, budget) as gauges.
 type sgCollector struct {
 	stats    func() (sg.Stats, error)
 	inFlight func() int
+	resend   func() (sg.ResendState, error)
 	names    []string // json names of sg.Stats, in field order
 	counters []*prometheus.Desc
 	gauge    *prometheus.Desc
+	delay    *prometheus.Desc
+	estimate *prometheus.Desc
+	budget   *prometheus.Desc
 }
 
-func newSgCollector(stats func() (sg.Stats, error), inFlight func() int) *sgCollector {
-	c := &sgCollector{stats: stats, inFlight: inFlight,
-		gauge: prometheus.NewDesc("kedge_sg_requests_in_flight", "Requests whose slot is in use (Scatter called, result not read yet).", nil, nil)}
+func newSgCollector(stats func() (sg.Stats, error), inFlight func() int, resend func() (sg.ResendState, error)) *sgCollector {
+	c := &sgCollector{stats: stats, inFlight: inFlight, resend: resend,
+		gauge: prometheus.NewDesc("kedge_sg_requests_in_flight", "Requests whose slot is in use (Scatter called, result not read yet).", nil, nil),
+		delay: prometheus.NewDesc("kedge_sg_resend_delay_seconds",
+			"The delay a round of re-sends is due after: the estimate clamped to [resend-min, resend], or resend (docs/sg.md).", nil, nil),
+		estimate: prometheus.NewDesc("kedge_sg_resend_estimate_seconds",
+			"The kernel's estimate of the re-send quantile of reply times, unclamped (0: none yet or no quantile).", nil, nil),
+		budget: prometheus.NewDesc("kedge_sg_resend_budget_copies", "Re-sent copies the budget would pay for now.", nil, nil)}
 	t := reflect.TypeOf(sg.Stats{})
 	for i := range t.NumField() {
 		name := t.Field(i).Tag.Get("json")
 		c.names = append(c.names, name)
-		c.counters = append(c.counters, prometheus.NewDesc("kedge_sg_"+name+"_total",
+		metric := name
+		if base, ok := strings.CutSuffix(name, "_ns"); ok {
+			metric = base + "_seconds" // served in seconds (Prometheus' base unit)
+		}
+		c.counters = append(c.counters, prometheus.NewDesc("kedge_sg_"+metric+"_total",
 			"sg data-plane counter "+name+" (bpf/include/sg.h struct sg_stats, docs/sg.md).", nil, nil))
 	}
 	return c
@@ -611,10 +625,22 @@ func (c *sgCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- c.gauge
+	ch <- c.delay
+	ch <- c.estimate
+	ch <- c.budget
 }
 
 func (c *sgCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.gauge, prometheus.GaugeValue, float64(c.inFlight()))
+	if rs, err := c.resend(); err != nil {
+		for _, d := range []*prometheus.Desc{c.delay, c.estimate, c.budget} {
+			ch <- prometheus.NewInvalidMetric(d, err)
+		}
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.delay, prometheus.GaugeValue, rs.Delay.Seconds())
+		ch <- prometheus.MustNewConstMetric(c.estimate, prometheus.GaugeValue, rs.Estimate.Seconds())
+		ch <- prometheus.MustNewConstMetric(c.budget, prometheus.GaugeValue, rs.Budget)
+	}
 	st, err := c.stats()
 	if err != nil {
 		for _, d := range c.counters {
@@ -624,6 +650,10 @@ func (c *sgCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	v := reflect.ValueOf(st)
 	for i, d := range c.counters {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v.Field(i).Uint()))
+		x := float64(v.Field(i).Uint())
+		if strings.HasSuffix(c.names[i], "_ns") {
+			x /= 1e9
+		}
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, x)
 	}
 }

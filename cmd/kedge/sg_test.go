@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kedge-dev/kedge/internal/runstate"
 	isg "github.com/kedge-dev/kedge/internal/sg"
@@ -15,8 +16,10 @@ import (
 
 func TestSgCollector(t *testing.T) {
 	c := newSgCollector(func() (sg.Stats, error) {
-		return sg.Stats{Requests: 7, Completed: 5, Timeouts: 1, Duplicates: 2, Late: 3, Malformed: 4, SlotBusy: 6, Continued: 9}, nil
-	}, func() int { return 2 })
+		return sg.Stats{Requests: 7, Completed: 5, Timeouts: 1, Duplicates: 2, Late: 3, Malformed: 4, SlotBusy: 6, Continued: 9, ResendLateNs: 2500000}, nil
+	}, func() int { return 2 }, func() (sg.ResendState, error) {
+		return sg.ResendState{Delay: 1500 * time.Microsecond, Estimate: 1500 * time.Microsecond, Budget: 31.5}, nil
+	})
 	want := `
 # HELP kedge_sg_completed_total sg data-plane counter completed (bpf/include/sg.h struct sg_stats, docs/sg.md).
 # TYPE kedge_sg_completed_total counter
@@ -39,6 +42,15 @@ kedge_sg_requests_in_flight 2
 # HELP kedge_sg_requests_total sg data-plane counter requests (bpf/include/sg.h struct sg_stats, docs/sg.md).
 # TYPE kedge_sg_requests_total counter
 kedge_sg_requests_total 7
+# HELP kedge_sg_resend_budget_copies Re-sent copies the budget would pay for now.
+# TYPE kedge_sg_resend_budget_copies gauge
+kedge_sg_resend_budget_copies 31.5
+# HELP kedge_sg_resend_delay_seconds The delay a round of re-sends is due after: the estimate clamped to [resend-min, resend], or resend (docs/sg.md).
+# TYPE kedge_sg_resend_delay_seconds gauge
+kedge_sg_resend_delay_seconds 0.0015
+# HELP kedge_sg_resend_late_seconds_total sg data-plane counter resend_late_ns (bpf/include/sg.h struct sg_stats, docs/sg.md).
+# TYPE kedge_sg_resend_late_seconds_total counter
+kedge_sg_resend_late_seconds_total 0.0025
 # HELP kedge_sg_slot_busy_total sg data-plane counter slot_busy (bpf/include/sg.h struct sg_stats, docs/sg.md).
 # TYPE kedge_sg_slot_busy_total counter
 kedge_sg_slot_busy_total 6
@@ -47,17 +59,19 @@ kedge_sg_slot_busy_total 6
 kedge_sg_timeouts_total 1
 `
 	names := []string{"kedge_sg_completed_total", "kedge_sg_continued_total", "kedge_sg_duplicates_total", "kedge_sg_late_total",
-		"kedge_sg_malformed_total", "kedge_sg_requests_in_flight", "kedge_sg_requests_total", "kedge_sg_slot_busy_total", "kedge_sg_timeouts_total"}
+		"kedge_sg_malformed_total", "kedge_sg_requests_in_flight", "kedge_sg_requests_total", "kedge_sg_resend_budget_copies",
+		"kedge_sg_resend_delay_seconds", "kedge_sg_resend_late_seconds_total", "kedge_sg_slot_busy_total", "kedge_sg_timeouts_total"}
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)
 	}
-	if n := testutil.CollectAndCount(c); n != len(c.counters)+1 {
-		t.Errorf("%d metrics, want %d", n, len(c.counters)+1)
+	if n := testutil.CollectAndCount(c); n != len(c.counters)+4 {
+		t.Errorf("%d metrics, want %d", n, len(c.counters)+4)
 	}
 	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %v", err, problems)
 	}
-	failing := newSgCollector(func() (sg.Stats, error) { return sg.Stats{}, errors.New("map gone") }, func() int { return 0 })
+	failing := newSgCollector(func() (sg.Stats, error) { return sg.Stats{}, errors.New("map gone") }, func() int { return 0 },
+		func() (sg.ResendState, error) { return sg.ResendState{}, errors.New("budget gone") })
 	if err := testutil.CollectAndCompare(failing, strings.NewReader("")); err == nil || !strings.Contains(err.Error(), "map gone") {
 		t.Errorf("a failing read: %v, want its error", err)
 	}

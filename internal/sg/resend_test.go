@@ -211,7 +211,7 @@ func TestResendFixtures(t *testing.T) {
 	}{{
 		name:   "due: the workers that have not answered get their copy again",
 		steps:  func() []step { return []step{scatter(), answer(0, t0+ms, bpftest.XDPDrop), tickAt(due, due)} },
-		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Replies": 1, "1.Retries": 2},
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Replies": 1, "1.Retries": 2, "1.ResendRounds": 1},
 		resent: []sent{to(1), to(2)},
 		check: func(t testing.TB) {
 			st := f.stored(t, id)
@@ -254,15 +254,20 @@ func TestResendFixtures(t *testing.T) {
 		name:   "budget: one copy paid, the other two refused",
 		tokens: CopyMilli,
 		steps:  func() []step { return []step{scatter(), tickAt(due, due)} },
-		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.ResendRefused": 2},
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.ResendRefused": 2, "1.ResendRounds": 1},
 		resent: []sent{to(0)},
+	}, {
+		name:   "late tick: the round counts how late it came after its due time",
+		steps:  func() []step { return []step{scatter(), tickAt(due+ms/2, due+ms/2)} },
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 3, "1.ResendRounds": 1, "1.ResendLateNs": int64(ms / 2)},
+		resent: []sent{to(0), to(1), to(2)},
 	}, {
 		name: "rounds: the last round sets no next one; a later tick sends nothing",
 		steps: func() []step {
 			return []step{scatter(), tickAt(due, due), tickAt(due+uint64(resendDelay), due+uint64(resendDelay)),
 				tickAt(due+2*uint64(resendDelay), due+2*uint64(resendDelay))}
 		},
-		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 6},
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 6, "1.ResendRounds": 2, "1.ResendAgain": 3},
 		resent: []sent{to(0), to(1), to(2), to(0), to(1), to(2)},
 		check: func(t testing.TB) {
 			if st := f.stored(t, id); st.DueNs != 0 || st.Rounds != 2 {
@@ -274,7 +279,7 @@ func TestResendFixtures(t *testing.T) {
 		steps: func() []step {
 			return []step{scatter(), tickAt(due, due), answer(1, due+ms, bpftest.XDPDrop), answer(1, due+2*ms, bpftest.XDPDrop)}
 		},
-		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 3, "1.Replies": 1, "1.LateReplies": 1},
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 3, "1.Replies": 1, "1.LateReplies": 1, "1.ResendRounds": 1},
 		resent: []sent{to(0), to(1), to(2)},
 		check: func(t testing.TB) {
 			if s := f.slot(t, id); s.Res.Count != 1 || s.Res.Agg[0] != 1 {
@@ -352,7 +357,7 @@ func TestResendHedges(t *testing.T) {
 	}{{
 		name:   "retry the shard of one replica, hedge the others to their next replica",
 		steps:  func() []step { return []step{scatter(), tickStep} },
-		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2},
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2, "1.ResendRounds": 1},
 		resent: []sent{rep(0, 0), rep(1, 1), rep(2, 2)},
 	}, {
 		name: "the hedge's reply wins; the first copy's reply after it is late",
@@ -360,7 +365,7 @@ func TestResendHedges(t *testing.T) {
 			return []step{scatter(), tickStep, answer(1, 1, bpftest.XDPDrop), answer(1, 0, bpftest.XDPDrop),
 				answer(2, 1, bpftest.XDPDrop)}
 		},
-		want: bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2, "1.Replies": 2,
+		want: bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2, "1.Replies": 2, "1.ResendRounds": 1,
 			"1.HedgesWon": 1, "1.LateReplies": 1},
 		resent: []sent{rep(0, 0), rep(1, 1), rep(2, 2)},
 	}, {
@@ -373,7 +378,7 @@ func TestResendHedges(t *testing.T) {
 			}
 		},
 		steps:  func() []step { return []step{scatter(), tickStep} },
-		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2},
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2, "1.ResendRounds": 1},
 		resent: []sent{rep(0, 0), rep(1, 1), rep(2, 0)},
 	}}
 	r := bpftest.Runner{Counters: f.counters, Clock: f.o.Clock, Within: s.ns.Do}
@@ -434,7 +439,7 @@ func TestResendIPv6AndEdges(t *testing.T) {
 						tb.Errorf("after the round the tick's skb is %d bytes, want the IPv6 frame's %d less 20", len(res.Out), len(frame))
 					}
 				}},
-		}, WantCounters: bpftest.Counters{"1.Requests": 1, "1.Copies": 2, "1.Replies": 1, "1.Retries": 1}})
+		}, WantCounters: bpftest.Counters{"1.Requests": 1, "1.Copies": 2, "1.Replies": 1, "1.Retries": 1, "1.ResendRounds": 1}})
 		wantResent(t, s, 2, []sent{{to: w6[0], mac: workerMAC(0), worker: 0}})
 	})
 	t.Run("edges", func(t *testing.T) {
@@ -548,6 +553,7 @@ func TestResendAdaptiveDelay(t *testing.T) {
 		tokens   int64  // the budget's milli-copies (0: plenty)
 		wantDue  uint64 // the stored request's due time after the steps (from t0; 0: none)
 		wantEst  uint64
+		censored int64 // first re-sends counted above the estimate (resend_censored)
 	}{{
 		name:    "no estimate: resend_ns",
 		steps:   func(id uint64) []step { return []step{scatterStep(f, id, t0)} },
@@ -592,32 +598,36 @@ func TestResendAdaptiveDelay(t *testing.T) {
 		steps: func(id uint64) []step {
 			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms), replyStep(f, id, 2, t0+9*ms)}
 		},
-		wantDue: 6 * ms,
-		wantEst: up(up(up(3 * ms))),
+		wantDue:  6 * ms,
+		wantEst:  up(up(up(3 * ms))),
+		censored: 3,
 	}, {
 		name:     "an answered worker is sampled, the two re-sent ones step it up",
 		estimate: 3 * ms,
 		steps: func(id uint64) []step {
 			return []step{scatterStep(f, id, t0), replyStep(f, id, 0, t0+1*ms), tickStep(f, t0+3*ms)}
 		},
-		wantDue: 3*ms + quantileStep(3*ms, 1*ms, 900),
-		wantEst: up(up(quantileStep(3*ms, 1*ms, 900))),
+		wantDue:  3*ms + quantileStep(3*ms, 1*ms, 900),
+		wantEst:  up(up(quantileStep(3*ms, 1*ms, 900))),
+		censored: 2,
 	}, {
 		name:     "a second round does not step it again",
 		estimate: 3 * ms,
 		steps: func(id uint64) []step {
 			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms), tickStep(f, t0+6*ms)}
 		},
-		wantDue: 0, // the last round (resend_max 2)
-		wantEst: up(up(up(3 * ms))),
+		wantDue:  0, // the last round (resend_max 2)
+		wantEst:  up(up(up(3 * ms))),
+		censored: 3,
 	}, {
 		name:     "a round the pacer delivered within its early margin of the estimate steps it up as one at it",
 		estimate: 3 * ms,
 		steps: func(id uint64) []step {
 			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms-uint64(tickEarly)/2)}
 		},
-		wantDue: 6*ms - uint64(tickEarly)/2,
-		wantEst: up(up(up(3 * ms))),
+		wantDue:  6*ms - uint64(tickEarly)/2,
+		wantEst:  up(up(up(3 * ms))),
+		censored: 3,
 	}, {
 		name:     "a worker the budget refuses does not step it",
 		estimate: 3 * ms,
@@ -625,8 +635,9 @@ func TestResendAdaptiveDelay(t *testing.T) {
 		steps: func(id uint64) []step {
 			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms)}
 		},
-		wantDue: 6 * ms,
-		wantEst: up(3 * ms),
+		wantDue:  6 * ms,
+		wantEst:  up(3 * ms),
+		censored: 1,
 	}, {
 		name:     "a re-send before the estimate (the delay clamped to resend_ns) does not step it",
 		estimate: 50 * ms,
@@ -642,8 +653,17 @@ func TestResendAdaptiveDelay(t *testing.T) {
 			id := uint64(k+1)<<10 | slot
 			f.resetResend(t, 1<<30)
 			setEstimate(c.estimate, cmpOr(c.tokens, 1<<30))(t)
+			before, err := f.counters()
+			if err != nil {
+				t.Fatal(err)
+			}
 			r.RunCase(t, bpftest.Case{Name: c.name, Steps: c.steps(id)})
 			s.captureQuiet(t)
+			if after, err := f.counters(); err != nil {
+				t.Fatal(err)
+			} else if n := after["1.ResendCensored"] - before["1.ResendCensored"]; n != c.censored {
+				t.Errorf("resend_censored +%d, want +%d", n, c.censored)
+			}
 			if st := f.stored(t, id); c.wantDue == 0 && st.DueNs != 0 {
 				t.Errorf("due %d ms after the scatter, want no round left", (st.DueNs-t0)/ms)
 			} else if c.wantDue != 0 && st.DueNs != t0+c.wantDue {

@@ -84,16 +84,18 @@ type sgPacerStats struct {
 }
 
 type sgResendState struct {
-	_       structs.HostLayout
-	C       sgScatterCtx
-	Base    uint64
-	Saddr   [4]uint32
-	UdpLen  uint32
-	Retries uint32
-	Hedges  uint32
-	Refused uint32
-	Errors  uint32
-	Pad     uint32
+	_        structs.HostLayout
+	C        sgScatterCtx
+	Base     uint64
+	Saddr    [4]uint32
+	UdpLen   uint32
+	Retries  uint32
+	Hedges   uint32
+	Refused  uint32
+	Errors   uint32
+	Again    uint32
+	Censored uint32
+	Pad      uint32
 }
 
 type sgScatterCtx struct {
@@ -254,6 +256,10 @@ type sgSgStats struct {
 	ResendErrors   uint64
 	ResendUnstored uint64
 	LateReplies    uint64
+	ResendRounds   uint64
+	ResendLateNs   uint64
+	ResendAgain    uint64
+	ResendCensored uint64
 	Replies        uint64
 	Completed      uint64
 	Timeouts       uint64

@@ -84,6 +84,29 @@ type ClientResult struct {
 	// over the loaded phase (kedge: the group's Stats; the user-space baseline: its own).
 	LoadedLatenciesUS []float64     `json:"loaded_latencies_us,omitempty"`
 	Resends           *ResendCounts `json:"resends,omitempty"`
+	// The re-send delay (the estimate, clamped) sampled every DelaySample of the loaded
+	// phase: its 10th, 50th and 90th percentiles and its largest, in us.
+	Delay *DelayQuantiles `json:"delay,omitempty"`
+}
+
+// DelaySample is how often a tail client samples its re-send delay.
+const DelaySample = 5 * time.Millisecond
+
+// DelayQuantiles summarise a client's sampled re-send delays (us).
+type DelayQuantiles struct {
+	P10US float64 `json:"p10_us"`
+	P50US float64 `json:"p50_us"`
+	P90US float64 `json:"p90_us"`
+	MaxUS float64 `json:"max_us"`
+}
+
+// delayQuantiles of samples (us); nil without any.
+func delayQuantiles(us []float64) *DelayQuantiles {
+	if len(us) == 0 {
+		return nil
+	}
+	slices.Sort(us)
+	return &DelayQuantiles{P10US: bench.Percentile(us, 10), P50US: bench.Percentile(us, 50), P90US: bench.Percentile(us, 90), MaxUS: us[len(us)-1]}
 }
 
 // ResendCounts are a client's re-send counters over its loaded phase: copies scattered,
@@ -96,11 +119,23 @@ type ResendCounts struct {
 	HedgesWon   int64 `json:"hedges_won"`
 	Refused     int64 `json:"refused"`
 	LateReplies int64 `json:"late_replies"`
+	// Rounds sent, their summed lateness after the due time (ns), copies to a worker whose
+	// earlier re-send went unanswered, first re-sends counted above the estimate (kedge:
+	// the group's Stats; the user-space baseline: its own, the same way).
+	Rounds   int64 `json:"rounds,omitempty"`
+	LateNs   int64 `json:"late_ns,omitempty"`
+	Again    int64 `json:"again,omitempty"`
+	Censored int64 `json:"censored,omitempty"`
 }
 
 func (a ResendCounts) sub(b ResendCounts) ResendCounts {
 	return ResendCounts{Copies: a.Copies - b.Copies, Retries: a.Retries - b.Retries, Hedges: a.Hedges - b.Hedges,
-		HedgesWon: a.HedgesWon - b.HedgesWon, Refused: a.Refused - b.Refused, LateReplies: a.LateReplies - b.LateReplies}
+		HedgesWon: a.HedgesWon - b.HedgesWon, Refused: a.Refused - b.Refused, LateReplies: a.LateReplies - b.LateReplies,
+		Rounds: a.Rounds - b.Rounds, LateNs: a.LateNs - b.LateNs, Again: a.Again - b.Again, Censored: a.Censored - b.Censored}
+}
+
+func (a ResendCounts) add(b ResendCounts) ResendCounts {
+	return a.sub(ResendCounts{}.sub(b))
 }
 
 // requester sends one request and returns its aggregate (sum of element 0) or an error.
@@ -173,6 +208,25 @@ func RunClient(ctx context.Context, o ClientOptions, in io.Reader, out io.Writer
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	start := time.Now()
 	deadline := start.Add(o.Duration)
+	var delays []float64
+	delayDone := make(chan struct{})
+	if c.delay != nil {
+		go func() {
+			defer close(delayDone)
+			t := time.NewTicker(DelaySample)
+			defer t.Stop()
+			for now := range t.C {
+				if !now.Before(deadline) || ctx.Err() != nil {
+					return
+				}
+				if d, err := c.delay(); err == nil {
+					delays = append(delays, float64(d.Nanoseconds())/1e3)
+				}
+			}
+		}()
+	} else {
+		close(delayDone)
+	}
 	var completed, timeouts, mism atomic.Int64
 	var wg sync.WaitGroup
 	errc := make(chan error, len(reqs))
@@ -208,6 +262,8 @@ func RunClient(ctx context.Context, o ClientOptions, in io.Reader, out io.Writer
 	}
 	wg.Wait()
 	res.LoadedSec = time.Since(start).Seconds()
+	<-delayDone
+	res.Delay = delayQuantiles(delays)
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
 	close(errc)
 	if err := <-errc; err != nil {
@@ -266,7 +322,8 @@ func setup(o ClientOptions) (func() (requester, error), func(), error) {
 type client struct {
 	newReq  func() (requester, error)
 	cleanup func()
-	counts  func() (ResendCounts, error) // nil: not counted
+	counts  func() (ResendCounts, error)  // nil: not counted
+	delay   func() (time.Duration, error) // the re-send delay now; nil: not sampled
 }
 
 func setupClient(o ClientOptions) (*client, error) {
@@ -286,7 +343,14 @@ func setupClient(o ClientOptions) (*client, error) {
 			c.counts = func() (ResendCounts, error) {
 				st, err := g.Stats()
 				return ResendCounts{Copies: int64(st.Copies), Retries: int64(st.Retries), Hedges: int64(st.Hedges), HedgesWon: int64(st.HedgesWon),
-					Refused: int64(st.ResendRefused), LateReplies: int64(st.LateReplies)}, err
+					Refused: int64(st.ResendRefused), LateReplies: int64(st.LateReplies), Rounds: int64(st.ResendRounds),
+					LateNs: int64(st.ResendLateNs), Again: int64(st.ResendAgain), Censored: int64(st.ResendCensored)}, err
+			}
+			if o.Resend > 0 {
+				c.delay = func() (time.Duration, error) {
+					rs, err := g.ResendState()
+					return rs.Delay, err
+				}
 			}
 		}
 		return c, nil
@@ -294,7 +358,7 @@ func setupClient(o ClientOptions) (*client, error) {
 	if IsTailUser(o.Method) {
 		p := newResendPolicy(o)
 		return &client{newReq: func() (requester, error) { return newHedgeReq(o, p) }, cleanup: func() {},
-			counts: func() (ResendCounts, error) { return p.c.load(), nil }}, nil
+			counts: func() (ResendCounts, error) { return p.c.load(), nil }, delay: func() (time.Duration, error) { return p.next(), nil }}, nil
 	}
 	if !slices.Contains(AllMethods, o.Method) {
 		return nil, fmt.Errorf("unknown method %q (want one of %v or %v)", o.Method, AllMethods, TailMethods)

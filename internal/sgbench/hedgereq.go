@@ -42,6 +42,7 @@ type resendPolicy struct {
 // resendCounters are a client's re-send counters (kedge: the group's Stats).
 type resendCounters struct {
 	copies, retries, hedges, won, refused, late atomic.Int64
+	rounds, lateNs, again, censored             atomic.Int64
 }
 
 func newResendPolicy(o ClientOptions) *resendPolicy {
@@ -322,6 +323,8 @@ func (h *hedgeReq) do(id uint64) (int64, uint64, bool, error) {
 				return h.acc[0], id, false, nil
 			}
 			if resend && rounds < h.p.rounds && !now.Before(due) {
+				h.p.c.rounds.Add(1)
+				h.p.c.lateNs.Add(now.Sub(due).Nanoseconds())
 				if err := h.round(uint64(now.Sub(t0).Nanoseconds())); err != nil {
 					return 0, id, false, err
 				}
@@ -356,8 +359,11 @@ func (h *hedgeReq) round(elapsed uint64) error {
 		} else {
 			h.p.c.retries.Add(1)
 		}
-		if censors && !h.resent[i] {
+		if h.resent[i] {
+			h.p.c.again.Add(1)
+		} else if censors {
 			h.p.up()
+			h.p.c.censored.Add(1)
 		}
 		h.resent[i] = true
 		h.queue(k, i, r)
@@ -437,5 +443,6 @@ func sameAddr(a, b *unix.RawSockaddrInet6) bool {
 
 func (c *resendCounters) load() ResendCounts {
 	return ResendCounts{Copies: c.copies.Load(), Retries: c.retries.Load(), Hedges: c.hedges.Load(), HedgesWon: c.won.Load(),
-		Refused: c.refused.Load(), LateReplies: c.late.Load()}
+		Refused: c.refused.Load(), LateReplies: c.late.Load(), Rounds: c.rounds.Load(), LateNs: c.lateNs.Load(), Again: c.again.Load(),
+		Censored: c.censored.Load()}
 }

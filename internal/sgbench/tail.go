@@ -147,7 +147,24 @@ type TailRow struct {
 	// the same terms ((ratio x copies + burst) / copies).
 	ExtraLoad float64 `json:"extra_load"`
 	Budget    float64 `json:"budget"`
+	// The re-send delay as sampled over the loaded phase (every DelaySample).
+	Delay     *DelayQuantiles `json:"delay,omitempty"`
 	latencies []float64
+}
+
+// meanLateUS is how late a round came after its due time on average (us).
+func meanLateUS(c ResendCounts) float64 {
+	if c.Rounds == 0 {
+		return 0
+	}
+	return float64(c.LateNs) / float64(c.Rounds) / 1e3
+}
+
+func (d *DelayQuantiles) String() string {
+	if d == nil {
+		return "delay not sampled"
+	}
+	return fmt.Sprintf("delay p10 %.0f p50 %.0f p90 %.0f max %.0f us", d.P10US, d.P50US, d.P90US, d.MaxUS)
 }
 
 // TailSummary pools a (mode, fan-out, method)'s rounds.
@@ -261,6 +278,10 @@ func RunTail(ctx context.Context, o TailOptions, log io.Writer) (*TailResult, er
 					fmt.Fprintf(log, "%-8s round %d fan-out %4d %-12s p50 %8.0f  p99 %8.0f  p99.9 %8.0f  max %8.0f us  %6d requests  %d timeouts  extra %.4f (budget %.4f)  CPU %.0f us/req  (%.1fs)\n",
 						mode, row.Round, f, m.name, row.P50US, row.P99US, row.P999US, row.MaxUS, row.Requests, row.Timeouts, row.ExtraLoad, row.Budget, row.MachineCPUUS,
 						time.Since(t0).Seconds())
+					if row.Rounds > 0 || row.Delay != nil {
+						fmt.Fprintf(log, "%-8s   %d rounds, late %.0f us on average; %d refused, %d again, %d censored; %s\n", "", row.Rounds,
+							meanLateUS(row.ResendCounts), row.Refused, row.Again, row.Censored, row.Delay)
+					}
 					res.Rows = append(res.Rows, *row)
 				}
 			}
@@ -317,6 +338,7 @@ func runTailClient(ctx context.Context, o TailOptions, coord, w1, w2 *lab.Host, 
 		row.ClientCPUUS = (cr.CPUUserSec + cr.CPUSysSec) * 1e6 / float64(row.Requests)
 		row.MachineCPUUS = w.machine.Seconds() * 1e6 / float64(row.Requests)
 	}
+	row.Delay = cr.Delay
 	if cr.Resends != nil {
 		row.ResendCounts = *cr.Resends
 		row.ExtraLoad, row.Budget = extraLoad(row.ResendCounts, m.resend, o.BudgetRatio, burst)
@@ -374,9 +396,7 @@ func summarizeTail(rows []TailRow) []TailSummary {
 		lats[i] = append(lats[i], r.latencies...)
 		cpu[i] += r.MachineCPUUS * float64(r.Requests)
 		ccpu[i] += r.ClientCPUUS * float64(r.Requests)
-		c := &s.ResendCounts
-		c.Copies, c.Retries, c.Hedges = c.Copies+r.Copies, c.Retries+r.Retries, c.Hedges+r.Hedges
-		c.HedgesWon, c.Refused, c.LateReplies = c.HedgesWon+r.HedgesWon, c.Refused+r.Refused, c.LateReplies+r.LateReplies
+		s.ResendCounts = s.ResendCounts.add(r.ResendCounts)
 		if r.Copies > 0 && r.Budget > 0 {
 			s.Budget += r.Budget * float64(r.Copies) // the bound in copies, summed over rounds
 		}

@@ -259,6 +259,33 @@ func (g *Group) Stats() (Stats, error) {
 	return publicStats(&s), nil
 }
 
+// ResendState is a group's re-send state now (Config.Resend): the delay a round is due
+// after (the kernel's estimate of the Config.ResendQuantile quantile of reply times,
+// clamped to [ResendMin, Resend], or Resend itself; Estimate is the estimate unclamped,
+// 0 before the first reply or without a quantile) and the copies the budget holds.
+type ResendState struct {
+	Delay    time.Duration `json:"delay_ns"`
+	Estimate time.Duration `json:"estimate_ns"`
+	Budget   float64       `json:"budget_copies"`
+}
+
+// ResendState reads the group's delay estimate and budget (zero without Config.Resend).
+func (g *Group) ResendState() (ResendState, error) {
+	if g.cfg.Resend <= 0 {
+		return ResendState{}, nil
+	}
+	var b isg.BudgetRec
+	if err := g.objs.Budgets.Lookup(uint32(g.cfg.Group), &b); err != nil {
+		return ResendState{}, fmt.Errorf("read re-send budget: %w", err)
+	}
+	st := ResendState{Delay: g.cfg.Resend, Budget: float64(b.TokensMilli) / isg.CopyMilli}
+	if g.cfg.ResendQuantile > 0 && b.DelayNs > 0 {
+		st.Estimate = time.Duration(b.DelayNs)
+		st.Delay = min(max(st.Estimate, g.cfg.ResendMin), g.cfg.Resend)
+	}
+	return st, nil
+}
+
 // Close detaches the programs and releases the group. Outstanding Scatter calls return
 // ErrClosed.
 func (g *Group) Close() error {

@@ -457,6 +457,14 @@ type Stats struct {
 	ResendErrors   uint64 `json:"resend_errors"`
 	ResendUnstored uint64 `json:"resend_unstored"`
 	LateReplies    uint64 `json:"late_replies"`
+	// Rounds of re-sends a tick sent, the sum of how late those ticks came after their
+	// rounds' due times (ResendLateNs / ResendRounds: the pacer's mean lateness), copies
+	// to a worker whose earlier re-send went unanswered too, and first re-sends counted as
+	// a sample above the delay estimate (Config.ResendQuantile; docs/sg.md).
+	ResendRounds   uint64 `json:"resend_rounds"`
+	ResendLateNs   uint64 `json:"resend_late_ns"`
+	ResendAgain    uint64 `json:"resend_again"`
+	ResendCensored uint64 `json:"resend_censored"`
 	Replies        uint64 `json:"replies"`
 	Completed      uint64 `json:"completed"`
 	Timeouts       uint64 `json:"timeouts"`
