@@ -83,6 +83,7 @@ struct resend_ctx {
 	struct sg_slot *s;
 	struct sg_stored *st;
 	struct sg_budget *b;
+	const struct sg_group *g;
 	struct resend_state *r;
 	__u64 now;
 	__u32 q_milli; /* the group's resend_quantile_milli */
@@ -218,14 +219,15 @@ static long resend_cb(__u64 i, void *ctx)
 	__u32 widx = (__u32)i, word, key, last = 0, rep = 0;
 	struct sg_worker *w;
 	__u64 mask;
-	int picked;
+	int picked, again;
 
 	if (widx >= r->c.nworkers || widx >= SG_WORKERS_MAX)
 		return 1;
 	mask = worker_bit(widx, &word);
 	if (READ_ONCE(x->s->res.bitmap[word]) & mask)
 		return 0; /* answered */
-	if (!budget_take(x->b)) {
+	again = !!(x->st->resent[word] & mask);
+	if (!budget_take(x->b, budget_keep(x->g, again))) {
 		r->refused++;
 		return 0;
 	}
@@ -242,7 +244,7 @@ static long resend_cb(__u64 i, void *ctx)
 		r->errors++;
 		return 0;
 	}
-	if (x->st->resent[word] & mask) {
+	if (again) {
 		r->again++;
 	} else if (x->censors) {
 		quantile_up(x->b, x->q_milli);
@@ -329,6 +331,7 @@ __attribute__((noinline)) int resend_slot(struct __sk_buff *skb, __u32 slot, __u
 	x.st = st;
 	x.r = r;
 	x.now = now;
+	x.g = g;
 	x.q_milli = g->resend_quantile_milli;
 	x.censors = quantile_censors(g, x.b, st->sent_ns, now);
 	skb->mark = sg_cfg.copy_mark; /* the copies pass the scatter untouched */

@@ -107,14 +107,27 @@ static __always_inline void budget_deposit(const struct sg_group *g, struct sg_b
 		__sync_fetch_and_add(&b->tokens_milli, (__s64)g->budget_ratio_milli * g->nworkers);
 }
 
-/* budget_take: one re-sent copy, paid (1) or refused (0). Taken first and given back on
- * refusal, so two CPUs cannot both spend the last copy. */
-static __always_inline int budget_take(struct sg_budget *b)
+/* budget_take: one re-sent copy, paid (1) or refused (0), leaving at least keep milli-copies
+ * saved. Taken first and given back on refusal, so two CPUs cannot both spend the last
+ * copy. */
+static __always_inline int budget_take(struct sg_budget *b, __s64 keep)
 {
-	if (__sync_fetch_and_add(&b->tokens_milli, -SG_COPY_MILLI) >= SG_COPY_MILLI)
+	if (__sync_fetch_and_add(&b->tokens_milli, -SG_COPY_MILLI) >= SG_COPY_MILLI + keep)
 		return 1;
 	__sync_fetch_and_add(&b->tokens_milli, SG_COPY_MILLI);
 	return 0;
+}
+
+/* budget_keep: what a re-send leaves in the budget. A worker's first re-send may spend the
+ * last copy; a repeat (its earlier re-send unanswered too) only what lies above half the
+ * cap. A worker that answers no copy for rounds on end is most often a whole host stalled,
+ * where repeats buy nothing; without the reserve one such request's rounds (up to
+ * resend_max x nworkers copies) empty the budget, and with few requests in flight nothing
+ * refills it before the next request's lost copy is refused in every round and times out.
+ * The bound stays ratio x copies + cap: the reserve only orders who may spend. */
+static __always_inline __s64 budget_keep(const struct sg_group *g, int again)
+{
+	return again ? (__s64)(g->budget_cap_milli / 2) : 0;
 }
 
 static __always_inline void budget_refund(struct sg_budget *b)

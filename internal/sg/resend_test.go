@@ -68,7 +68,7 @@ func resendFixture(t *testing.T, coord netip.AddrPort, workers []netip.AddrPort,
 	g.ResendNs = uint64(resendDelay)
 	g.ResendMax = ro.rounds
 	g.BudgetRatioMilli = ro.ratio
-	g.BudgetCapMilli = 1 << 40
+	g.BudgetCapMilli = 8 * CopyMilli // a repeat leaves 4 copies (budget_keep); the cases' plenty lies above
 	if err := f.o.Groups.Put(uint32(1), &g); err != nil {
 		t.Fatal(err)
 	}
@@ -256,6 +256,12 @@ func TestResendFixtures(t *testing.T) {
 		steps:  func() []step { return []step{scatter(), tickAt(due, due)} },
 		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.ResendRefused": 2, "1.ResendRounds": 1},
 		resent: []sent{to(0)},
+	}, {
+		name:   "budget: a repeat leaves half the cap, a first re-send may spend the last copy",
+		tokens: 5 * CopyMilli,
+		steps:  func() []step { return []step{scatter(), tickAt(due, due), tickAt(due+uint64(resendDelay), due+uint64(resendDelay))} },
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 3, "1.ResendRefused": 3, "1.ResendRounds": 2},
+		resent: []sent{to(0), to(1), to(2)},
 	}, {
 		name:   "late tick: the round counts how late it came after its due time",
 		steps:  func() []step { return []step{scatter(), tickAt(due+ms/2, due+ms/2)} },

@@ -62,9 +62,14 @@ func (p *resendPolicy) deposit(n int) {
 	}
 }
 
-// take: one re-sent copy, paid or refused (budget_take).
-func (p *resendPolicy) take() bool {
-	if p.tokens.Add(-1000) >= 0 {
+// take: one re-sent copy, paid or refused (budget_take); a repeat (again) leaves half the
+// cap saved (budget_keep).
+func (p *resendPolicy) take(again bool) bool {
+	keep := int64(0)
+	if again {
+		keep = p.capMilli / 2
+	}
+	if p.tokens.Add(-1000) >= keep {
 		return true
 	}
 	p.tokens.Add(1000)
@@ -348,7 +353,7 @@ func (h *hedgeReq) round(elapsed uint64) error {
 		if seen {
 			continue
 		}
-		if !h.p.take() {
+		if !h.p.take(h.resent[i]) {
 			h.p.c.refused.Add(1)
 			continue
 		}

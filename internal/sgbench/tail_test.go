@@ -18,12 +18,12 @@ import (
 // sample, then the estimate clamped to [floor, ceiling].
 func TestResendPolicy(t *testing.T) {
 	p := newResendPolicy(ClientOptions{Resend: 10 * time.Millisecond, ResendQuantile: 0.9, ResendRatio: 0.5, ResendBurst: 2, MaxResends: 1})
-	if !p.take() || !p.take() || p.take() {
+	if !p.take(false) || !p.take(false) || p.take(false) {
 		t.Fatal("a burst of 2: want two copies paid, the third refused")
 	}
 	p.deposit(4) // 0.5 x 4 copies
-	if !p.take() || !p.take() || p.take() {
-		t.Fatal("after a deposit of 2 copies: want two paid, the third refused")
+	if !p.take(false) || p.take(true) || !p.take(false) || p.take(false) {
+		t.Fatal("after a deposit of 2 copies: want a first re-send paid, a repeat refused (it leaves half the cap, 1), the second first re-send paid, the third refused")
 	}
 	if d := p.next(); d != 10*time.Millisecond {
 		t.Fatalf("no sample: delay %v, want the fixed 10ms", d)
