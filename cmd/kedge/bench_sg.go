@@ -54,7 +54,7 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 				return runBenchSgLoopback(cmd, lo, fanouts, o)
 			}
 			if scenario == "tail" {
-				return runBenchSgTail(cmd, to, lo.Rounds, fanouts, o)
+				return runBenchSgTail(cmd, to, lo.Rounds, fanouts, o, lo.Before)
 			}
 			if scenario != "fanout" {
 				return usagef("--scenario %q: want fanout, loopback or tail", scenario)
@@ -103,7 +103,7 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 	f := cmd.Flags()
 	f.StringVar(&scenario, "scenario", "fanout", "fanout (kedge against user-space baselines in a two-host lab), loopback (the sgbpf comparison's setup) or tail (stragglers and loss: hedges and retries)")
 	f.IntSliceVar(&fanouts, "fanouts", o.Fanouts, "fan-outs (workers per request; loopback: 4,16,64)")
-	f.StringVar(&lo.Before, "before", "", "loopback: another kedge `BINARY` (one whose bench sg-client has --type) run as method kedge-before, alternating with this one")
+	f.StringVar(&lo.Before, "before", "", "loopback: another kedge `BINARY` (one whose bench sg-client has --type) run as method kedge-before, alternating with this one; tail: its client as kedge-hedged-before / kedge-retry-before, against the same workers")
 	f.IntVar(&lo.Rounds, "rounds", lo.Rounds, "loopback, tail: rounds (methods alternate within each)")
 	f.StringSliceVar(&to.Modes, "modes", to.Modes, "tail: straggle (1% of replies late) and/or loss (1% of requests lost)")
 	f.Float64Var(&to.Straggle, "straggle", to.Straggle, "tail: probability that a worker's reply straggles")
@@ -257,7 +257,7 @@ func sgBenchBinary(cmd *cobra.Command) (string, error) {
 
 // runBenchSgTail is kedge bench sg --scenario tail: the flags given override its defaults
 // (fan-outs, rounds, duration, outstanding, elements, warm-up, timeout, worker CPUs).
-func runBenchSgTail(cmd *cobra.Command, to sgbench.TailOptions, rounds int, fanouts []int, o sgbench.Options) error {
+func runBenchSgTail(cmd *cobra.Command, to sgbench.TailOptions, rounds int, fanouts []int, o sgbench.Options, before string) error {
 	fl := cmd.Flags()
 	if fl.Changed("fanouts") {
 		to.Fanouts = fanouts
@@ -289,6 +289,7 @@ func runBenchSgTail(cmd *cobra.Command, to sgbench.TailOptions, rounds int, fano
 	if err := checkTailOptions(to); err != nil {
 		return err
 	}
+	to.Before = before
 	var err error
 	if to.Kedge, err = sgBenchBinary(cmd); err != nil {
 		return err

@@ -99,6 +99,9 @@ type TailOptions struct {
 	BudgetBurst    int
 	WorkerCPUs     string
 	Out            string
+	// Before: another kedge binary whose client runs as kedge-hedged-before (straggle) and
+	// kedge-retry-before (loss), alternating with the others against the same workers.
+	Before string
 }
 
 // DefaultTailOptions: fan-outs 16, 64, 256, both modes, 3 rounds of 2 s per method.
@@ -110,19 +113,30 @@ func DefaultTailOptions() TailOptions {
 		BudgetRatio: 0.1, WorkerCPUs: "1", Out: "results/sg-tail"}
 }
 
-// tailMethod is one method of a mode: which client, on which workers, re-sending or not.
+// tailMethod is one method of a mode: which client, on which workers, re-sending or not,
+// from the Before binary or not.
 type tailMethod struct {
 	name, client string
 	workers      string // the worker set: straggle, clean or loss
 	resend       bool
+	before       bool
 }
 
-func tailMethods(mode string) []tailMethod {
+func tailMethods(mode string, before bool) []tailMethod {
+	var ms []tailMethod
 	if mode == ModeLoss {
-		return []tailMethod{{"kedge", tailKedge, "loss", false}, {"kedge-retry", tailKedge, "loss", true}, {"user-retry", tailUser, "loss", true}}
+		ms = []tailMethod{{"kedge", tailKedge, "loss", false, false}, {"kedge-retry", tailKedge, "loss", true, false},
+			{"user-retry", tailUser, "loss", true, false}}
+	} else {
+		ms = []tailMethod{{"kedge-clean", tailKedge, "clean", false, false}, {"kedge", tailKedge, "straggle", false, false},
+			{"kedge-hedged", tailKedge, "straggle", true, false}, {"user-hedged", tailUser, "straggle", true, false}}
 	}
-	return []tailMethod{{"kedge-clean", tailKedge, "clean", false}, {"kedge", tailKedge, "straggle", false},
-		{"kedge-hedged", tailKedge, "straggle", true}, {"user-hedged", tailUser, "straggle", true}}
+	if before {
+		m := ms[len(ms)-2] // kedge-retry, kedge-hedged
+		m.name, m.before = m.name+"-before", true
+		ms = append(ms, m)
+	}
+	return ms
 }
 
 // TailRow is one (mode, round, fan-out, method) run. Latencies count a request that timed
@@ -264,7 +278,7 @@ func RunTail(ctx context.Context, o TailOptions, log io.Writer) (*TailResult, er
 		}
 	}
 	for _, mode := range o.Modes {
-		ms := tailMethods(mode)
+		ms := tailMethods(mode, o.Before != "")
 		for round := range o.Rounds {
 			for _, f := range o.Fanouts {
 				for k := range ms {
@@ -321,7 +335,11 @@ func runTailClient(ctx context.Context, o TailOptions, coord, w1, w2 *lab.Host, 
 		extra = append(extra, "--resend", o.Resend.String(), "--max-resends", strconv.Itoa(rounds), "--resend-quantile", fmt.Sprint(o.ResendQuantile),
 			"--resend-min", o.ResendMin.String(), "--resend-ratio", fmt.Sprint(o.BudgetRatio), "--resend-burst", strconv.Itoa(burst))
 	}
-	w, err := runClientProc(ctx, clientProc{bin: o.Kedge, cpu: "0", netns: coord.Path(), iface: coord.Iface, method: m.client,
+	bin := o.Kedge
+	if m.before {
+		bin = o.Before
+	}
+	w, err := runClientProc(ctx, clientProc{bin: bin, cpu: "0", netns: coord.Path(), iface: coord.Iface, method: m.client,
 		workers: fmt.Sprintf("%s+%d", netip.AddrPortFrom(w1.IPv4, port), f), elems: o.Elems, lat: o.Warmup, outstanding: o.Outstanding,
 		duration: o.Duration, timeout: timeout, workerPID: -1, extra: extra})
 	if err != nil {
