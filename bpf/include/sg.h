@@ -275,6 +275,8 @@ struct sg_stored {
 	__u32 rounds;       /* rounds sent */
 	__u32 len;          /* frame bytes in data; 0: not stored */
 	__u64 sent_ns;      /* when it was scattered (kedge_now()): replies' times */
+	__u32 ups;          /* samples above the delay estimate this request counted */
+	__u32 _pad;
 	__u64 resent[SG_BITMAP_WORDS];   /* bit i: worker i was sent a copy again */
 	__u64 rep_first[SG_REP_WORDS];   /* SG_GF_REPLICAS: replica (2 bits) of the first copy */
 	__u64 rep_last[SG_REP_WORDS];    /* and of the last copy */

@@ -246,7 +246,7 @@ static long resend_cb(__u64 i, void *ctx)
 	}
 	if (again) {
 		r->again++;
-	} else if (x->censors) {
+	} else if (x->censors && quantile_claim_up(x->st, x->g)) {
 		quantile_up(x->b, x->q_milli);
 		r->censored++;
 	}

@@ -184,6 +184,24 @@ static __always_inline int quantile_censors(const struct sg_group *g, const stru
 	return g->resend_quantile_milli && m && sent && pacer_due(sent + m, now, 0);
 }
 
+/* One request's samples are not independent: its replies come from the same hosts at the
+ * same moment, so a request slow as a whole (a worker host descheduled, a queue behind
+ * another request) gives all its samples above the estimate at once, and at 3% of the
+ * estimate per step up (q 0.98) 64 of them multiply it by 6.9, where the steps down (0.06%
+ * each) take about 50 requests of 64 copies to bring it back: the delay wanders up, and
+ * every straggler meanwhile is hedged late. So a request counts at most
+ * quantile_ups_max samples above the estimate (replies and first re-sends together): one
+ * more than twice what it counts on average at the quantile, nworkers x (1 - q); the
+ * samples below it all count.
+ *
+ * quantile_claim_up: whether the request stored in st may count one more sample above. */
+static __always_inline int quantile_claim_up(struct sg_stored *st, const struct sg_group *g)
+{
+	__u32 max = 1 + g->nworkers * (1000 - g->resend_quantile_milli) / 500;
+
+	return __sync_fetch_and_add(&st->ups, 1) < max;
+}
+
 /* quantile_up: the estimate after a sample above it. */
 static __always_inline void quantile_up(struct sg_budget *b, __u32 q_milli)
 {
@@ -230,6 +248,7 @@ __attribute__((noinline)) int stored_request(struct __sk_buff *skb, __u32 gid, _
 	st->req_id = id;
 	st->sent_ns = now;
 	st->rounds = 0;
+	st->ups = 0;
 	__builtin_memset(st->resent, 0, sizeof(st->resent));
 	if (len < 1 || len > SG_STORE_BYTES || ck + 2 > len ||
 	    bpf_skb_load_bytes(skb, 0, st->data, stored_len(len)) < 0) {
@@ -274,7 +293,7 @@ __attribute__((noinline)) int stored_reply(__u32 slot, __u64 id, __u32 who, __u3
 	__u32 word = (widx / 64) & (SG_BITMAP_WORDS - 1);
 	struct sg_group *g;
 	struct sg_budget *b;
-	__u64 now, sent;
+	__u64 now, sent, m;
 
 	if (!st || READ_ONCE(st->req_id) != id)
 		return 0;
@@ -294,8 +313,12 @@ __attribute__((noinline)) int stored_reply(__u32 slot, __u64 id, __u32 who, __u3
 	b = bpf_map_lookup_elem(&budgets, &gid);
 	sent = READ_ONCE(st->sent_ns);
 	now = kedge_now();
-	if (g && b && g->resend_quantile_milli && sent && now > sent)
-		b->delay_ns = quantile_step(READ_ONCE(b->delay_ns), now - sent, g->resend_quantile_milli);
+	if (!g || !b || !g->resend_quantile_milli || !sent || now <= sent)
+		return 0;
+	m = READ_ONCE(b->delay_ns);
+	if (m && now - sent > m && !quantile_claim_up(st, g))
+		return 0;
+	b->delay_ns = quantile_step(m, now - sent, g->resend_quantile_milli);
 	return 0;
 }
 

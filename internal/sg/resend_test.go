@@ -259,7 +259,9 @@ func TestResendFixtures(t *testing.T) {
 	}, {
 		name:   "budget: a repeat leaves half the cap, a first re-send may spend the last copy",
 		tokens: 5 * CopyMilli,
-		steps:  func() []step { return []step{scatter(), tickAt(due, due), tickAt(due+uint64(resendDelay), due+uint64(resendDelay))} },
+		steps: func() []step {
+			return []step{scatter(), tickAt(due, due), tickAt(due+uint64(resendDelay), due+uint64(resendDelay))}
+		},
 		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 3, "1.ResendRefused": 3, "1.ResendRounds": 2},
 		resent: []sent{to(0), to(1), to(2)},
 	}, {
@@ -599,23 +601,31 @@ func TestResendAdaptiveDelay(t *testing.T) {
 		wantDue: 10 * ms,
 		wantEst: quantileStep(quantileStep(10*ms, 20*ms, 900), 5*ms, 900),
 	}, {
-		name:     "each re-sent worker steps it up once (censored above it), its reply does not; the next round is due at the estimate before",
+		name:     "a re-sent worker steps it up (censored above it), its reply does not; the request's other two do not (one sample above per request at 3 workers, q 0.9); the next round is due at the estimate before",
 		estimate: 3 * ms,
 		steps: func(id uint64) []step {
 			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms), replyStep(f, id, 2, t0+9*ms)}
 		},
 		wantDue:  6 * ms,
-		wantEst:  up(up(up(3 * ms))),
-		censored: 3,
+		wantEst:  up(3 * ms),
+		censored: 1,
 	}, {
-		name:     "an answered worker is sampled, the two re-sent ones step it up",
+		name:     "replies above it: the request's first steps it up, the others do not (quantile_claim_up); a reply below still steps it down",
+		estimate: 3 * ms,
+		steps: func(id uint64) []step {
+			return []step{scatterStep(f, id, t0), replyStep(f, id, 0, t0+1*ms), replyStep(f, id, 1, t0+4*ms), replyStep(f, id, 2, t0+5*ms)}
+		},
+		wantDue: 3 * ms,
+		wantEst: up(quantileStep(3*ms, 1*ms, 900)),
+	}, {
+		name:     "an answered worker is sampled, the first re-sent one steps it up, the second not",
 		estimate: 3 * ms,
 		steps: func(id uint64) []step {
 			return []step{scatterStep(f, id, t0), replyStep(f, id, 0, t0+1*ms), tickStep(f, t0+3*ms)}
 		},
 		wantDue:  3*ms + quantileStep(3*ms, 1*ms, 900),
-		wantEst:  up(up(quantileStep(3*ms, 1*ms, 900))),
-		censored: 2,
+		wantEst:  up(quantileStep(3*ms, 1*ms, 900)),
+		censored: 1,
 	}, {
 		name:     "a second round does not step it again",
 		estimate: 3 * ms,
@@ -623,8 +633,8 @@ func TestResendAdaptiveDelay(t *testing.T) {
 			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms), tickStep(f, t0+6*ms)}
 		},
 		wantDue:  0, // the last round (resend_max 2)
-		wantEst:  up(up(up(3 * ms))),
-		censored: 3,
+		wantEst:  up(3 * ms),
+		censored: 1,
 	}, {
 		name:     "a round the pacer delivered within its early margin of the estimate steps it up as one at it",
 		estimate: 3 * ms,
@@ -632,8 +642,8 @@ func TestResendAdaptiveDelay(t *testing.T) {
 			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms-uint64(tickEarly)/2)}
 		},
 		wantDue:  6*ms - uint64(tickEarly)/2,
-		wantEst:  up(up(up(3 * ms))),
-		censored: 3,
+		wantEst:  up(3 * ms),
+		censored: 1,
 	}, {
 		name:     "a worker the budget refuses does not step it",
 		estimate: 3 * ms,

@@ -292,6 +292,8 @@ type sgSgStored struct {
 	Rounds   uint32
 	Len      uint32
 	SentNs   uint64
+	Ups      uint32
+	Pad      uint32
 	Resent   [16]uint64
 	RepFirst [32]uint64
 	RepLast  [32]uint64

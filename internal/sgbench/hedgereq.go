@@ -156,6 +156,7 @@ type hedgeReq struct {
 	rbufs  [][]byte
 	seen   []bool
 	resent []bool
+	ups    uint32  // samples above the estimate this request counted (quantile_claim_up)
 	first  []uint8 // the replica each shard's first copy went to
 	last   []uint8 // the replica its last copy went to
 	acc    []int64
@@ -268,6 +269,7 @@ func (h *hedgeReq) do(id uint64) (int64, uint64, bool, error) {
 	n := len(h.o.Workers)
 	clear(h.seen)
 	clear(h.resent)
+	h.ups = 0
 	clear(h.acc)
 	for _, r := range h.reqs {
 		binary.BigEndian.PutUint64(r[8:], id)
@@ -344,6 +346,13 @@ func (h *hedgeReq) do(id uint64) (int64, uint64, bool, error) {
 	return h.acc[0], id, true, nil
 }
 
+// claimUp: whether this request may count one more sample above the estimate
+// (quantile_claim_up: at most 1 + 2 x shards x (1 - q)).
+func (h *hedgeReq) claimUp() bool {
+	h.ups++
+	return h.ups <= 1+uint32(uint64(len(h.seen))*(1000-h.p.qMilli)/500)
+}
+
 // round re-sends every shard that has not answered, as far as the budget pays, elapsed ns
 // after the scatter; a shard's first re-send is a sample above the delay estimate when the
 // round began at or after it (bpf/sg/stored.h: re-sent workers are censored samples).
@@ -366,7 +375,7 @@ func (h *hedgeReq) round(elapsed uint64) error {
 		}
 		if h.resent[i] {
 			h.p.c.again.Add(1)
-		} else if censors {
+		} else if censors && h.claimUp() {
 			h.p.up()
 			h.p.c.censored.Add(1)
 		}
@@ -420,7 +429,9 @@ func (h *hedgeReq) take(d []byte, from *unix.RawSockaddrInet6, id, since uint64,
 	h.seen[i] = true
 	*got++
 	if !h.resent[i] {
-		h.p.sample(since)
+		if m := h.p.est.Load(); m == 0 || since <= m || h.claimUp() {
+			h.p.sample(since)
+		}
 	} else if h.nrep > 1 && !sameAddr(from, &h.names[h.first[i]][i]) {
 		h.p.c.won.Add(1)
 	}
