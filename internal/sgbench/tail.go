@@ -183,20 +183,23 @@ func (d *DelayQuantiles) String() string {
 
 // TailSummary pools a (mode, fan-out, method)'s rounds.
 type TailSummary struct {
-	Mode         string    `json:"mode"`
-	Fanout       int       `json:"fanout"`
-	Method       string    `json:"method"`
-	Requests     int64     `json:"requests"`
-	Timeouts     int64     `json:"timeouts"`
-	P50US        float64   `json:"p50_us"`
-	P99US        float64   `json:"p99_us"`
-	P999US       float64   `json:"p999_us"`
-	MaxUS        float64   `json:"max_us"`
-	RoundP99US   []float64 `json:"round_p99_us"`
-	MachineCPUUS float64   `json:"machine_cpu_us_per_req"` // busy time of both CPUs over the rounds / requests
-	ClientCPUUS  float64   `json:"client_cpu_us_per_req"`
-	ExtraLoad    float64   `json:"extra_load"`
-	Budget       float64   `json:"budget"`
+	Mode       string    `json:"mode"`
+	Fanout     int       `json:"fanout"`
+	Method     string    `json:"method"`
+	Requests   int64     `json:"requests"`
+	Timeouts   int64     `json:"timeouts"`
+	P50US      float64   `json:"p50_us"`
+	P99US      float64   `json:"p99_us"`
+	P999US     float64   `json:"p999_us"`
+	MaxUS      float64   `json:"max_us"`
+	RoundP99US []float64 `json:"round_p99_us"`
+	// The re-send delay's median per round (rows that sampled it) and its 90th percentile.
+	RoundDelayP50US []float64 `json:"round_delay_p50_us,omitempty"`
+	RoundDelayP90US []float64 `json:"round_delay_p90_us,omitempty"`
+	MachineCPUUS    float64   `json:"machine_cpu_us_per_req"` // busy time of both CPUs over the rounds / requests
+	ClientCPUUS     float64   `json:"client_cpu_us_per_req"`
+	ExtraLoad       float64   `json:"extra_load"`
+	Budget          float64   `json:"budget"`
 	ResendCounts
 }
 
@@ -411,6 +414,9 @@ func summarizeTail(rows []TailRow) []TailSummary {
 		s.Requests += r.Requests
 		s.Timeouts += r.Timeouts
 		s.RoundP99US = append(s.RoundP99US, r.P99US)
+		if r.Delay != nil {
+			s.RoundDelayP50US, s.RoundDelayP90US = append(s.RoundDelayP50US, r.Delay.P50US), append(s.RoundDelayP90US, r.Delay.P90US)
+		}
 		lats[i] = append(lats[i], r.latencies...)
 		cpu[i] += r.MachineCPUUS * float64(r.Requests)
 		ccpu[i] += r.ClientCPUUS * float64(r.Requests)
@@ -529,23 +535,42 @@ func metWord(ok bool) string {
 // mode, fan-out and method, p99 per round, and the targets.
 func WriteTailMarkdown(w io.Writer, r *TailResult) {
 	fmt.Fprintf(w, "Run: %s.\n\n", r.Envelope.Describe())
-	fmt.Fprintln(w, "| mode | fan-out | method | requests | timeouts | p50 us | p99 us | p99.9 us | max us | p99 per round us | extra load | budget | hedges (won) / retries | refused | CPU us/req (client) |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	delays := false
 	for _, s := range r.Summary {
-		rounds := ""
-		for i, p := range s.RoundP99US {
-			if i > 0 {
-				rounds += ", "
-			}
-			rounds += fmt.Sprintf("%.0f", p)
-		}
+		delays = delays || len(s.RoundDelayP50US) > 0
+	}
+	head, rule := "", ""
+	if delays {
+		head, rule = " delay p50 (p90) per round us | tick late us | repeats |", "---|---|---|"
+	}
+	fmt.Fprintln(w, "| mode | fan-out | method | requests | timeouts | p50 us | p99 us | p99.9 us | max us | p99 per round us | extra load | budget | hedges (won) / retries | refused | CPU us/req (client) |"+head)
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"+rule)
+	for _, s := range r.Summary {
+		rounds := joinUS(s.RoundP99US)
 		extra, budget, resends := "-", "-", "-"
 		if s.Budget > 0 {
 			extra, budget = fmt.Sprintf("%.2f%%", 100*s.ExtraLoad), fmt.Sprintf("%.2f%%", 100*s.Budget)
 			resends = fmt.Sprintf("%d (%d) / %d", s.Hedges, s.HedgesWon, s.Retries)
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s | %d | %.0f (%.0f) |\n", s.Mode, s.Fanout, s.Method,
+		fmt.Fprintf(w, "| %s | %d | %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s | %d | %.0f (%.0f) |", s.Mode, s.Fanout, s.Method,
 			s.Requests, s.Timeouts, s.P50US, s.P99US, s.P999US, s.MaxUS, rounds, extra, budget, resends, s.Refused, s.MachineCPUUS, s.ClientCPUUS)
+		if delays {
+			d, late, again := "-", "-", "-"
+			if len(s.RoundDelayP50US) > 0 {
+				d = ""
+				for i := range s.RoundDelayP50US {
+					if i > 0 {
+						d += ", "
+					}
+					d += fmt.Sprintf("%.0f (%.0f)", s.RoundDelayP50US[i], s.RoundDelayP90US[i])
+				}
+			}
+			if s.Rounds > 0 {
+				late, again = fmt.Sprintf("%.0f", meanLateUS(s.ResendCounts)), strconv.FormatInt(s.Again, 10)
+			}
+			fmt.Fprintf(w, " %s | %s | %s |", d, late, again)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| target | measured | |")
@@ -553,6 +578,18 @@ func WriteTailMarkdown(w io.Writer, r *TailResult) {
 	for _, t := range r.Targets {
 		fmt.Fprintf(w, "| %s | %s | %s |\n", t.Target, t.Measured, metWord(t.Met))
 	}
+}
+
+// joinUS is figures in us, comma-separated.
+func joinUS(us []float64) string {
+	out := ""
+	for i, p := range us {
+		if i > 0 {
+			out += ", "
+		}
+		out += fmt.Sprintf("%.0f", p)
+	}
+	return out
 }
 
 // WriteTailCharts writes p99 and p99.9 against fan-out per method, one chart per mode
