@@ -194,12 +194,18 @@ static __always_inline int quantile_censors(const struct sg_group *g, const stru
  * more than twice what it counts on average at the quantile, nworkers x (1 - q); the
  * samples below it all count.
  *
- * quantile_claim_up: whether the request stored in st may count one more sample above. */
+ * quantile_claim_up: whether the request stored in st may count one more sample above.
+ * Read, then added to without fetching: the gather calls it on 5.10 too, whose verifier
+ * refuses an atomic that returns the old value ("BPF_STX uses reserved fields"; 5.12+).
+ * Two replies racing past the limit count one sample more. */
 static __always_inline int quantile_claim_up(struct sg_stored *st, const struct sg_group *g)
 {
 	__u32 max = 1 + g->nworkers * (1000 - g->resend_quantile_milli) / 500;
 
-	return __sync_fetch_and_add(&st->ups, 1) < max;
+	if (READ_ONCE(st->ups) >= max)
+		return 0;
+	__sync_fetch_and_add(&st->ups, 1);
+	return 1;
 }
 
 /* quantile_up: the estimate after a sample above it. */
