@@ -124,6 +124,39 @@ func TestManyGoroutinesResend(t *testing.T) {
 	if st.Completed != goroutines*each || st.Timeouts != 0 || st.Retries == 0 || st.Hedges != 0 || st.ResendErrors != 0 {
 		t.Errorf("stats %+v", st)
 	}
+	// Every retry went out in a round, at most 8 rounds per request; no sample above an
+	// estimate without a quantile.
+	if st.ResendRounds == 0 || st.ResendRounds > st.Retries || st.ResendRounds > 8*goroutines*each || st.ResendCensored != 0 {
+		t.Errorf("rounds %d censored %d for %d retries", st.ResendRounds, st.ResendCensored, st.Retries)
+	}
+	// No quantile: the delay is Resend; the bucket holds at most the burst plus one
+	// request's deposit (1 x 16 copies).
+	rs, err := g.ResendState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs.Delay != 5*time.Millisecond || rs.Estimate != 0 || rs.Budget < 0 || rs.Budget > 4*n+n {
+		t.Errorf("re-send state %+v, want delay 5ms, no estimate, 0..%d copies", rs, 5*n)
+	}
+}
+
+// TestResendStateEstimate: with a quantile the kernel's estimate follows the replies, and
+// ResendState's delay is it clamped to [ResendMin, Resend], as resend_delay computes it.
+func TestResendStateEstimate(t *testing.T) {
+	const n, elems = 8, 1
+	g := loopbackGroup(t, n, 0, Config{Reduction: Sum, Type: Int32, Elems: elems, Timeout: time.Second, InFlight: 8,
+		Resend: 50 * time.Millisecond, ResendQuantile: 0.9, ResendMin: 10 * time.Millisecond},
+		isg.WorkerConfig{Type: isg.TypeI32, Elems: elems, Seed: 3})
+	scatterConcurrently(t, g, n, elems, 4, 10)
+	rs, err := g.ResendState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("re-send state %+v", rs)
+	want := min(max(rs.Estimate, 10*time.Millisecond), 50*time.Millisecond)
+	if rs.Estimate <= 0 || rs.Estimate > time.Second || rs.Delay != want {
+		t.Errorf("re-send state %+v: want an estimate of the loopback replies and the delay %v", rs, want)
+	}
 }
 
 // TestWakePaths: with WakeSocket every completed result is delivered by the reader that the
