@@ -268,10 +268,13 @@ struct pp_dir_own {
 /* flows value. Index 0 is the direction whose source is the canonical key's saddr:sport
  * (the lower endpoint, see pp_src_sorts_first()), index 1 the other one. The gaps keep
  * each own part 64 bytes away from everything another CPU touches per packet (map values
- * are only 8-byte aligned, so distance is what can be guaranteed, not alignment). */
+ * are only 8-byte aligned, so distance is what can be guaranteed, not alignment). lock
+ * serialises the moves of the directions' conn (flow.h's pp_conn_move()), which change the
+ * hint slots: taken only for those moves, it sits in the first gap. */
 struct pp_flow_state {
 	struct pp_dir_shared shared[2];
-	__u8 _gap0[64];
+	struct bpf_spin_lock lock;
+	__u8 _gap0[60];
 	struct pp_dir_own own0;
 	__u8 _gap1[80];
 	struct pp_dir_own own1;

@@ -305,10 +305,32 @@ static __always_inline int pp_dst_is_local(void *ctx, const struct pp_pkt *pp)
 	return ret == BPF_FIB_LKUP_RET_NOT_FWDED || ret == BPF_FIB_LKUP_RET_FWD_DISABLED;
 }
 
-static __always_inline void pp_dir_open(struct pp_dir_shared *d, struct pp_dir_own *o,
-					struct pp_pkt *pp, __u8 local)
+#define PP_CONN_BIT(s) (1U << (s))
+
+/* Moves a direction's conn to 'to' if it is one of the states in 'from' (PP_CONN_BIT()s),
+ * under the flow's lock, and returns the state it found. Every move that changes a hint
+ * slot goes through it: two CPUs making the same move at once (a direction's first reply on
+ * both, its first request on both, a close beside an open) find different states, so the
+ * slot changes once. Only for those moves, never per packet. */
+static __always_inline __u8 pp_conn_move(struct pp_flow_state *fs, struct pp_dir_shared *d,
+					 __u32 from, __u8 to)
 {
-	d->conn = PP_CONN_WAITOPEN;
+	__u8 was;
+
+	bpf_spin_lock(&fs->lock);
+	was = d->conn;
+	if (from & PP_CONN_BIT(was & 7))
+		d->conn = to;
+	bpf_spin_unlock(&fs->lock);
+	return was;
+}
+
+/* A direction's first request: it waits to be opened by a reply. */
+static __always_inline void pp_dir_open(struct pp_flow_state *fs, struct pp_dir_shared *d,
+					struct pp_dir_own *o, struct pp_pkt *pp, __u8 local)
+{
+	if (pp_conn_move(fs, d, PP_CONN_BIT(PP_CONN_EMPTY), PP_CONN_WAITOPEN) != PP_CONN_EMPTY)
+		return; /* another CPU's packet opened it */
 	pp_hint_add(&pp->pid.flow, 1); /* replies must come the slow way until it opens */
 	d->open_reason = pp->f.event == PP_FLOW_OPENING ? pp->f.reason : PP_REASON_FIRST_PKT;
 	d->has_ts = 0;
@@ -731,30 +753,32 @@ static __always_inline void pp_match(struct pp_dir_shared *d, struct pp_dir_own 
 /* Applies FIN/RST: closes the packet's direction (and for RST the reverse one too), reports
  * directions that were open, and deletes the flow once neither direction is active. Flow
  * events name the flow reply-side first, like RTT events; "source" is relative to that. */
-static __always_inline void pp_close(struct pp_dir_shared *fwd, struct pp_dir_shared *rev,
-				     struct pp_pkt *pp, struct pp_counters *cnt)
+static __always_inline void pp_close(struct pp_flow_state *fs, struct pp_dir_shared *fwd,
+				     struct pp_dir_shared *rev, struct pp_pkt *pp,
+				     struct pp_counters *cnt)
 {
 	const struct pp_tuple *key = pp->fwd == 0 ? &pp->pid.flow : &pp->reply.flow;
+	__u8 was;
 
 	if (pp->f.event != PP_FLOW_CLOSING)
 		return;
-	if (fwd->conn == PP_CONN_OPEN && pp_cfg.push_events)
+	was = pp_conn_move(fs, fwd, 0xff, PP_CONN_CLOSED);
+	if (was == PP_CONN_OPEN && pp_cfg.push_events)
 		pp_send_flow(cnt, &pp->reply.flow, pp_now(pp), PP_FLOW_CLOSING, pp->f.reason,
 			     PP_SOURCE_PKT_DEST);
-	if (pp_active(fwd))
+	if (was == PP_CONN_WAITOPEN || was == PP_CONN_OPEN)
 		COUNT(cnt, flow_closed);
-	if (fwd->conn == PP_CONN_WAITOPEN)
+	if (was == PP_CONN_WAITOPEN)
 		pp_hint_add(&pp->pid.flow, -1);
-	fwd->conn = PP_CONN_CLOSED;
 	if (pp->f.close_both) {
-		if (rev->conn == PP_CONN_OPEN && pp_cfg.push_events)
+		was = pp_conn_move(fs, rev, 0xff, PP_CONN_CLOSED);
+		if (was == PP_CONN_OPEN && pp_cfg.push_events)
 			pp_send_flow(cnt, &pp->pid.flow, pp_now(pp), PP_FLOW_CLOSING, pp->f.reason,
 				     PP_SOURCE_PKT_SRC);
-		if (pp_active(rev))
+		if (was == PP_CONN_WAITOPEN || was == PP_CONN_OPEN)
 			COUNT(cnt, flow_closed);
-		if (rev->conn == PP_CONN_WAITOPEN)
+		if (was == PP_CONN_WAITOPEN)
 			pp_hint_add(&pp->reply.flow, -1);
-		rev->conn = PP_CONN_CLOSED;
 	}
 	if (!pp_active(fwd) && !pp_active(rev) && bpf_map_delete_elem(&flows, key) == 0) {
 		COUNT(cnt, flow_deleted);
@@ -893,7 +917,7 @@ static __always_inline void pp_process(void *ctx, struct pp_pkt *pp, struct pp_c
 
 	/* The packet's own direction: open it on its first request, count the packet. */
 	if (fwd->conn == PP_CONN_EMPTY && pp->f.pid_valid)
-		pp_dir_open(fwd, fo, pp,
+		pp_dir_open(fs, fwd, fo, pp,
 			    pp->is_ingress && pp_cfg.localfilt && pp_dst_is_local(ctx, pp));
 	fo->pkts++;
 	fo->bytes += pp->payload_len;
@@ -906,8 +930,9 @@ static __always_inline void pp_process(void *ctx, struct pp_pkt *pp, struct pp_c
 	}
 
 	/* The reverse direction answers: it is open from its first reply on. */
-	if (rev->conn == PP_CONN_WAITOPEN && !pp->f.close_both) {
-		rev->conn = PP_CONN_OPEN;
+	if (rev->conn == PP_CONN_WAITOPEN && !pp->f.close_both &&
+	    pp_conn_move(fs, rev, PP_CONN_BIT(PP_CONN_WAITOPEN), PP_CONN_OPEN) ==
+		    PP_CONN_WAITOPEN) {
 		pp_hint_add(&pp->reply.flow, -1);
 		COUNT(cnt, flow_opened);
 		if (pp_cfg.push_events)
@@ -923,7 +948,7 @@ static __always_inline void pp_process(void *ctx, struct pp_pkt *pp, struct pp_c
 	pp_match(rev, ro, fo, pp, cnt);      /* reply side */
 	if (!pp_cfg.no_fast_path)
 		pp_dc_fill(fwd, fo, pp);
-	pp_close(fwd, rev, pp, cnt);
+	pp_close(fs, fwd, rev, pp, cnt);
 }
 
 #endif /* KEDGE_PPING_FLOW_H */

@@ -174,8 +174,10 @@ struct pp_dc_slot {
 struct pp_dc_slot pp_dc[PP_HINT_SLOTS] = {};
 
 /* Zeroed templates for new entries (a map value may be the source of an update, and a
- * 370-byte or 900-byte struct does not belong on the 512-byte stack). */
-struct pp_flow_state pp_zero_flow = {};
+ * 370-byte or 900-byte struct does not belong on the 512-byte stack). The flow's is bytes:
+ * a global of a type that holds a bpf_spin_lock would give .bss a lock of its own on
+ * kernels that look for them in global data. */
+__u8 pp_zero_flow[sizeof(struct pp_flow_state)] = {};
 struct pp_agg_stats pp_zero_agg = {};
 
 /* Last map-full warning per map, so a full map costs one event per second, not one per

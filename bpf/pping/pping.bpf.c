@@ -288,16 +288,23 @@ __noinline int pp_gc_flow(struct __sk_buff *skb, __u32 i, __u64 now)
 	     !pp_dir_expired(&fs->shared[1], pp_dc_seen(&rev, fs->own1.last_seen, now), key.proto,
 			     now)))
 		return 0;
+	/* Both directions closed under the flow's lock before the delete: a packet of the flow
+	 * running meanwhile on another CPU can no longer open one (and take it off its hint
+	 * slot a second time), and the slots change here whether or not the delete is ours. */
+	bpf_spin_lock(&fs->lock);
 	wait0 = fs->shared[0].conn == PP_CONN_WAITOPEN;
 	wait1 = fs->shared[1].conn == PP_CONN_WAITOPEN;
-	if (bpf_map_delete_elem(&flows, &key) != 0)
-		return 0;
-	pp_dc_drop(&key);
-	pp_dc_drop(&rev);
+	fs->shared[0].conn = PP_CONN_CLOSED;
+	fs->shared[1].conn = PP_CONN_CLOSED;
+	bpf_spin_unlock(&fs->lock);
 	if (wait0)
 		pp_hint_add(&key, -1);
 	if (wait1)
 		pp_hint_add(&rev, -1);
+	if (bpf_map_delete_elem(&flows, &key) != 0)
+		return 0;
+	pp_dc_drop(&key);
+	pp_dc_drop(&rev);
 	COUNT(cnt, gc_flow_expired);
 	return 1;
 }

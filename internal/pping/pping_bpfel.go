@@ -234,10 +234,14 @@ type ppingPpFlowEvent struct {
 type ppingPpFlowState struct {
 	_      structs.HostLayout
 	Shared [2]ppingPpDirShared
-	Gap0   [64]uint8
-	Own0   ppingPpDirOwn
-	Gap1   [80]uint8
-	Own1   ppingPpDirOwn
+	Lock   struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Gap0 [60]uint8
+	Own0 ppingPpDirOwn
+	Gap1 [80]uint8
+	Own1 ppingPpDirOwn
 }
 
 type ppingPpMapFullEvent struct {
