@@ -16,7 +16,8 @@
 // The spec names the benchmarks (arguments after the binary; "{out}" is replaced by the
 // run's own directory) and the metrics read from their result.json. A metric's path is a
 // dot-separated walk through the JSON: a field name, or name[key=value,...] to select the
-// elements of a list whose fields match (numbers compare by value). A path must select one
+// elements of a list whose fields match (numbers compare by value; key= with no value
+// selects the elements that lack the field, as runs of older binaries do). A path must select one
 // value, unless the metric says "mean": true (then their mean): a filter that also matched
 // another run (the hedge benchmark's stall check at the same level, raft's second routing)
 // would otherwise blend two measurements into one figure without a word.
@@ -358,6 +359,10 @@ func matches(el any, filter map[string]string) bool {
 			}
 		case bool:
 			if strconv.FormatBool(got) != want {
+				return false
+			}
+		case nil: // the field is missing (or null)
+			if want != "" {
 				return false
 			}
 		default:
