@@ -104,29 +104,17 @@ __u32 pp_hint[PP_HINT_SLOTS] = {};
  * destination addresses (v4-mapped for IPv4), the XOR of their third words (0 for IPv4:
  * both are the v4-mapped prefix), its source and destination ports (network order), the
  * protocol. pp_fast_segment() hashes a packet's directions straight from its
- * headers with it. The two directions of a flow get the two halves of one even/odd pair of
- * slots: the endpoints are hashed in a fixed order (the lower address word and port first)
- * and the lowest bit says which one is the source. So the slot a packet reads for its
- * reverse direction sits in the same cache line as its own direction's, which the reverse
- * direction's packets read: an ACK of a bulk flow, rare and run cold, finds the line its
- * flow's data segments keep in cache. */
+ * headers with it. */
 static __always_inline __u32 pp_hint_hash(__u32 s3, __u32 d3, __u32 x2, __u16 sport, __u16 dport,
 					  __u8 proto)
 {
-	__u32 lo = s3, hi = d3, ports = (__u32)sport << 16 | dport, dir = 0, h;
+	__u32 h = s3 * 0x9e3779b1U;
 
-	if (s3 > d3 || (s3 == d3 && sport > dport)) {
-		lo = d3;
-		hi = s3;
-		ports = (__u32)dport << 16 | sport;
-		dir = 1;
-	}
-	h = lo * 0x9e3779b1U;
-	h ^= hi * 0x85ebca77U;
+	h ^= d3 * 0x85ebca77U;
 	h ^= x2 * 0xc2b2ae3dU;
-	h ^= ports * 0x27d4eb2fU;
+	h ^= ((__u32)sport << 16 | dport) * 0x27d4eb2fU;
 	h ^= proto;
-	return ((h ^ (h >> 15)) & (PP_HINT_SLOTS - 2)) | dir;
+	return (h ^ (h >> 15)) & (PP_HINT_SLOTS - 1);
 }
 
 /* The hint slot of a request direction: the addresses' last words, the ports, mixed. */

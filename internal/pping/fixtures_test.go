@@ -428,21 +428,16 @@ func (fx fixture) run(t *testing.T) {
 
 const hintSlots = int(ppingPpConstsPP_HINT_SLOTS)
 
-// hintSlot is pp_hint_slot() (maps.h): the two directions of a flow on the two halves of
-// an even/odd pair of slots.
+// hintSlot is pp_hint_slot() (maps.h).
 func hintSlot(t *ppingPpTuple) int {
 	w := func(a [16]uint8, i int) uint32 { return binary.LittleEndian.Uint32(a[4*i:]) }
 	s, d := t.Saddr.In6U.U6Addr8, t.Daddr.In6U.U6Addr8
-	lo, hi, ports, dir := w(s, 3), w(d, 3), uint32(t.Sport)<<16|uint32(t.Dport), uint32(0)
-	if lo > hi || (lo == hi && t.Sport > t.Dport) {
-		lo, hi, ports, dir = hi, lo, uint32(t.Dport)<<16|uint32(t.Sport), 1
-	}
-	h := lo * 0x9e3779b1
-	h ^= hi * 0x85ebca77
+	h := w(s, 3) * 0x9e3779b1
+	h ^= w(d, 3) * 0x85ebca77
 	h ^= (w(s, 2) ^ w(d, 2)) * 0xc2b2ae3d
-	h ^= ports * 0x27d4eb2f
+	h ^= (uint32(t.Sport)<<16 | uint32(t.Dport)) * 0x27d4eb2f
 	h ^= uint32(t.Proto)
-	return int((h^(h>>15))&uint32(hintSlots-2)) | int(dir)
+	return int((h ^ (h >> 15)) & uint32(hintSlots-1))
 }
 
 // checkHints checks the invariants behind the fast path for pure replies: each direction's
