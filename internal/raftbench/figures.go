@@ -249,6 +249,12 @@ func configuration(r *Result) string {
 		}
 		parts = append(parts, fmt.Sprintf("throughput at election timeout %g ms, %g rounds of %g s, %s", 10*tick, num("throughput_rounds"), num("throughput_s"), how))
 	}
+	if v := num("heartbeat_lease_ms"); v > 0 {
+		parts = append(parts, fmt.Sprintf("kernel heartbeats' lease %g ms", v))
+	}
+	if v := num("offload_alive_ms"); v > 0 {
+		parts = append(parts, fmt.Sprintf("alive bound %g ms", v))
+	}
 	if v, ok := p["peer"].(string); ok && v != "" {
 		parts = append(parts, "peer "+v)
 	}
