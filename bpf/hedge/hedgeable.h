@@ -12,23 +12,20 @@
 #include <bpf/bpf_helpers.h>
 #include "parse.h"
 #include "hedge.h"
+#include "pktword.h"
 
 /* rule_matches: the payload holds rule r's bytes at its offset (a payload too short for
  * them does not match). */
 static __always_inline int rule_matches(struct __sk_buff *skb, const struct pkt *p, const struct hedge_rule *r)
 {
-	__u64 buf = 0, mask, value;
-	__u32 len = r->len, n;
+	__u64 buf, mask, value;
+	__u32 len = r->len;
 
 	if (len == 0 || len > HEDGE_RULE_BYTES)
 		return 0;
 	if ((__u32)r->offset + len > p->payload_len)
 		return 0;
-	/* 1..8 to every verifier, as reqid_load does it. */
-	n = len - 1;
-	barrier_var(n);
-	n &= HEDGE_RULE_BYTES - 1;
-	if (bpf_skb_load_bytes(skb, p->payload_off + r->offset, &buf, n + 1) < 0)
+	if (pkt_word(skb, p->payload_off + r->offset, len, &buf) < 0)
 		return 0;
 	__builtin_memcpy(&mask, r->mask, sizeof(mask));
 	__builtin_memcpy(&value, r->value, sizeof(value));
