@@ -61,6 +61,8 @@ struct scatter_ctx {
 	__u64 id;
 	__u32 slot;
 	__u32 _pad;
+	__u32 cur_mac_lo;  /* destination MAC now in the packet: bytes 0-3, */
+	__u32 cur_mac_hi;  /* bytes 4-5 */
 };
 
 struct loop_ctx {
@@ -69,45 +71,68 @@ struct loop_ctx {
 };
 
 /* rewrite_to rewrites the request for worker w (index i); 0 or a negative error.
- * Every field is rewritten unconditionally: a replace with from == to changes nothing, and
- * a branch per field would multiply the states the verifier walks per worker. */
+ * The UDP port and the header's worker index change with every copy: both lie at even
+ * offsets of the datagram, so one 32-bit checksum replace covers the two (a one's-complement
+ * sum is the sum of its 16-bit words, in any order). The address and the MAC are rewritten
+ * only when they differ from what the packet holds (on loopback, and behind one router,
+ * they never do after the first copy). */
 static __always_inline int rewrite_to(struct __sk_buff *skb, struct scatter_ctx *c,
 				      const struct sg_worker *w, __u32 i)
 {
 	__u32 csum_off = c->l4_off + offsetof(struct udphdr, check);
 	__be16 worker = bpf_htons((__u16)i);
 	__be16 port = w->port;
+	__u16 from[2] = { c->cur_port, c->cur_worker };
+	__u16 to[2] = { port, worker };
+	__u32 mac_lo, mac_hi_w;
+	__u16 mac_hi;
 	int err = 0;
 
 	if (c->v6) {
-		err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[0], w->addr.in6_u.u6_addr32[0],
-					   L4_CSUM_ADDR_FLAGS(1) | 4);
-		err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[1], w->addr.in6_u.u6_addr32[1],
-					   L4_CSUM_ADDR_FLAGS(1) | 4);
-		err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[2], w->addr.in6_u.u6_addr32[2],
-					   L4_CSUM_ADDR_FLAGS(1) | 4);
-		err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[3], w->addr.in6_u.u6_addr32[3],
-					   L4_CSUM_ADDR_FLAGS(1) | 4);
-		__builtin_memcpy(c->cur_addr, &w->addr, sizeof(c->cur_addr));
-		err |= bpf_skb_store_bytes(skb, c->l3_off + offsetof(struct ipv6hdr, daddr),
-					   c->cur_addr, sizeof(c->cur_addr), 0);
+		if (c->cur_addr[0] != w->addr.in6_u.u6_addr32[0] ||
+		    c->cur_addr[1] != w->addr.in6_u.u6_addr32[1] ||
+		    c->cur_addr[2] != w->addr.in6_u.u6_addr32[2] ||
+		    c->cur_addr[3] != w->addr.in6_u.u6_addr32[3]) {
+			err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[0],
+						   w->addr.in6_u.u6_addr32[0], L4_CSUM_ADDR_FLAGS(1) | 4);
+			err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[1],
+						   w->addr.in6_u.u6_addr32[1], L4_CSUM_ADDR_FLAGS(1) | 4);
+			err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[2],
+						   w->addr.in6_u.u6_addr32[2], L4_CSUM_ADDR_FLAGS(1) | 4);
+			err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[3],
+						   w->addr.in6_u.u6_addr32[3], L4_CSUM_ADDR_FLAGS(1) | 4);
+			__builtin_memcpy(c->cur_addr, &w->addr, sizeof(c->cur_addr));
+			err |= bpf_skb_store_bytes(skb, c->l3_off + offsetof(struct ipv6hdr, daddr),
+						   c->cur_addr, sizeof(c->cur_addr), 0);
+		}
 	} else {
-		__be32 to = w->addr.in6_u.u6_addr32[3];
+		__be32 to4 = w->addr.in6_u.u6_addr32[3];
 
-		err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[0], to, L4_CSUM_ADDR_FLAGS(1) | 4);
-		err |= bpf_l3_csum_replace(skb, c->l3_off + offsetof(struct iphdr, check),
-					   c->cur_addr[0], to, 4);
-		c->cur_addr[0] = to;
-		err |= bpf_skb_store_bytes(skb, c->l3_off + offsetof(struct iphdr, daddr), &to, 4, 0);
+		if (c->cur_addr[0] != to4) {
+			err |= bpf_l4_csum_replace(skb, csum_off, c->cur_addr[0], to4,
+						   L4_CSUM_ADDR_FLAGS(1) | 4);
+			err |= bpf_l3_csum_replace(skb, c->l3_off + offsetof(struct iphdr, check),
+						   c->cur_addr[0], to4, 4);
+			c->cur_addr[0] = to4;
+			err |= bpf_skb_store_bytes(skb, c->l3_off + offsetof(struct iphdr, daddr),
+						   &to4, 4, 0);
+		}
 	}
-	err |= bpf_l4_csum_replace(skb, csum_off, c->cur_port, port, BPF_F_MARK_MANGLED_0 | 2);
+	err |= bpf_l4_csum_replace(skb, csum_off, *(__u32 *)from, *(__u32 *)to,
+				   BPF_F_MARK_MANGLED_0 | 4);
 	c->cur_port = port;
-	err |= bpf_skb_store_bytes(skb, c->l4_off + offsetof(struct udphdr, dest), &port, 2, 0);
-	err |= bpf_l4_csum_replace(skb, csum_off, c->cur_worker, worker, BPF_F_MARK_MANGLED_0 | 2);
 	c->cur_worker = worker;
+	err |= bpf_skb_store_bytes(skb, c->l4_off + offsetof(struct udphdr, dest), &port, 2, 0);
 	err |= bpf_skb_store_bytes(skb, c->hdr_off + offsetof(struct sg_hdr, worker), &worker, 2, 0);
 	/* MACs are not covered by any checksum. */
-	err |= bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), w->mac, ETH_ALEN, 0);
+	__builtin_memcpy(&mac_lo, w->mac, 4);
+	__builtin_memcpy(&mac_hi, w->mac + 4, 2);
+	mac_hi_w = mac_hi;
+	if (mac_lo != c->cur_mac_lo || mac_hi_w != c->cur_mac_hi) {
+		err |= bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), w->mac, ETH_ALEN, 0);
+		c->cur_mac_lo = mac_lo;
+		c->cur_mac_hi = mac_hi_w;
+	}
 	return err;
 }
 
@@ -218,6 +243,16 @@ static __always_inline int parse_request(struct __sk_buff *skb, struct scatter_c
 		c->cur_addr[0] = p.daddr.in6_u.u6_addr32[3];
 	c->cur_port = p.dport;
 	c->cur_worker = h->worker;
+	{
+		struct ethhdr *eth = data;
+		__u16 hi;
+
+		if ((void *)(eth + 1) > data_end)
+			return TC_ACT_UNSPEC;
+		__builtin_memcpy(&c->cur_mac_lo, eth->h_dest, 4);
+		__builtin_memcpy(&hi, eth->h_dest + 4, 2);
+		c->cur_mac_hi = hi;
+	}
 	c->copies = 0;
 	c->errors = 0;
 	/* Every field, replicas or not: the bounded tier keeps c in a map, the other on the

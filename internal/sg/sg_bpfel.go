@@ -129,6 +129,8 @@ type sgScatterCtx struct {
 	Id          uint64
 	Slot        uint32
 	Pad         uint32
+	CurMacLo    uint32
+	CurMacHi    uint32
 }
 
 type sgSgBudget struct {
