@@ -27,7 +27,7 @@ func TestLookup(t *testing.T) {
 		{path: "rows[method=kedge,fanout=64].rps", want: 40},
 		{path: "rows[method=kedge,fanout=16].rps", mean: true, want: 110}, // two match: their mean
 		{path: "rows[method=kedge,fanout=16].rps", err: true},             // two match, no mean asked for
-		{path: "rows[method=kedge,fanout=16,label=].rps", want: 100}, // the one without a label
+		{path: "rows[method=kedge,fanout=16,label=].rps", want: 100},      // the one without a label
 		{path: "rows[method=kedge,fanout=16,label=x].rps", want: 120},
 		{path: "rows[method=epoll].rps", want: 80},
 		{path: "rows[method=none].rps", err: true},
