@@ -308,14 +308,28 @@ func runKernel(ctx context.Context, o options, img *kernelImage, tests []guestTe
 	if o.shell {
 		timeout = 24 * time.Hour
 	}
-	slog.Info("booting", "kernel", img.Kernel.Name, "package", img.Package.String(), "modules", len(mods), "timeout", timeout)
-	r := runGuest(ctx, img, initrd, qemuConfig{
-		Timeout: timeout, Memory: guestMemory(st.Size()), CPUs: guestCPUs, Shell: o.shell,
-		Out: os.Stdout, Log: logf,
-	})
+	var panics []string
+	var r *kernelResult
+	for attempt := 1; ; attempt++ {
+		slog.Info("booting", "kernel", img.Kernel.Name, "package", img.Package.String(), "modules", len(mods), "timeout", timeout, "attempt", attempt)
+		r = runGuest(ctx, img, initrd, qemuConfig{
+			Timeout: timeout, Memory: guestMemory(st.Size()), CPUs: guestCPUs, Shell: o.shell,
+			Out: os.Stdout, Log: logf,
+		})
+		if o.shell || attempt >= bootAttempts || ctx.Err() != nil || !r.panickedBeforeTests() {
+			break
+		}
+		panics = append(panics, r.KernelBugs[0])
+		slog.Warn("guest kernel panicked before any test started; booting it again", "kernel", img.Kernel.Name, "bug", r.KernelBugs[0], "attempt", attempt, "of", bootAttempts)
+	}
+	r.BootPanics = panics
 	slog.Info("guest finished", "kernel", img.Kernel.Name, "status", r.Status(), "boot", seconds(r.BootTime), "total", seconds(r.Duration))
 	return r, nil
 }
+
+// bootAttempts bounds the boots of one kernel when each panics before any test starts
+// (kernelResult.panickedBeforeTests); the last attempt's result is the kernel's.
+const bootAttempts = 3
 
 // guestMemory sizes the guest for an initramfs of initrdBytes: the kernel keeps the archive
 // in memory while it unpacks it into rootfs (a tmpfs that may fill half the memory), and the

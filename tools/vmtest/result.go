@@ -21,7 +21,8 @@ type kernelResult struct {
 	KernelBugs  []string      // oops, BUG, panic lines
 	KernelWarns []string      // WARNING lines
 	TimedOut    bool
-	RunErr      error // qemu could not run, or exited abnormally
+	RunErr      error    // qemu could not run, or exited abnormally
+	BootPanics  []string // first bug line of each earlier boot that panicked before the tests started (retried)
 	Duration    time.Duration
 
 	start time.Time
@@ -200,6 +201,15 @@ func (r *kernelResult) finish(now time.Time, timedOut bool, runErr error) {
 		r.cur.Ended = false
 		r.cur = nil
 	}
+}
+
+// panickedBeforeTests reports a boot that died in the kernel before the guest's init
+// started any test (no VMTEST-BOOTED marker, a bug line on the console, qemu exited by
+// itself). Under TCG a stock kernel occasionally hits an int3 left by its own code patching
+// during SMP bring-up (seen: 6.12.117, "Oops: int3" in sched_clock_cpu on the secondary
+// CPU); no test ran, so the boot is worth repeating. A panic after boot is never retried.
+func (r *kernelResult) panickedBeforeTests() bool {
+	return !r.Booted && !r.TimedOut && r.RunErr == nil && len(r.KernelBugs) > 0 && len(r.Pkgs) == 0
 }
 
 // Status is a one-word verdict for the summary.

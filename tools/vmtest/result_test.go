@@ -164,3 +164,37 @@ func TestGuestMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestPanickedBeforeTests: only a kernel that died before the guest's init started is booted
+// again; a panic once tests ran, a timeout or a clean run never is. The first console is
+// the 6.12.117 boot that panicked under TCG (trimmed).
+func TestPanickedBeforeTests(t *testing.T) {
+	const bootPanic = `SeaBIOS (version 1.16.2-debian-1.16.2-1)
+Booting from ROM...
+[    2.288912] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI
+[    2.289741] RIP: 0010:sched_clock_cpu+0x9/0x1d0
+[    2.294828] Kernel panic - not syncing: Fatal exception in interrupt`
+	cases := []struct {
+		name     string
+		console  string
+		timedOut bool
+		want     bool
+	}{
+		{"panic during boot", bootPanic, false, true},
+		{"panic during a test", "VMTEST-BOOTED uptime=1.5\nVMTEST-BEGIN internal/x\n=== RUN   TestA\n" +
+			"[    9.000000] Kernel panic - not syncing: Fatal exception", false, false},
+		{"boot that hung", "Booting from ROM...", true, false},
+		{"boot panic then timeout", bootPanic, true, false},
+		{"clean run", "VMTEST-BOOTED uptime=1.5\nVMTEST-BEGIN internal/x\n" + goTestOutput +
+			"\nVMTEST-END internal/x rc=1\nVMTEST-DONE", false, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := transcript(t, c.console)
+			r.finish(time.Unix(10, 0), c.timedOut, nil)
+			if got := r.panickedBeforeTests(); got != c.want {
+				t.Fatalf("panickedBeforeTests = %v, want %v (booted=%v bugs=%q pkgs=%d)", got, c.want, r.Booted, r.KernelBugs, len(r.Pkgs))
+			}
+		})
+	}
+}

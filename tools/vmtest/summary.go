@@ -66,6 +66,9 @@ func printProblems(w io.Writer, results []*kernelResult) {
 		for _, s := range r.SetupFailed {
 			add("setup failed: %s", s)
 		}
+		for i, b := range r.BootPanics {
+			add("boot %d panicked before any test started and was repeated (not a failure): %s", i+1, b)
+		}
 		for _, b := range r.KernelBugs {
 			add("kernel: %s", b)
 		}
