@@ -12,7 +12,6 @@
 #include <bpf/bpf_helpers.h>
 #include "parse.h"
 #include "hedge.h"
-#include "pktword.h"
 
 /* rule_matches: the payload holds rule r's bytes at its offset (a payload too short for
  * them does not match). */

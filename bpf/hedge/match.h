@@ -13,7 +13,6 @@
 #include "reqid.h"
 #include "hedge.h"
 #include "maps.h"
-#include "pktword.h"
 
 /* Which side of an exchange a datagram is: a request goes to a service address (client ->
  * service), a response comes from a service or replica address (service -> client). */
@@ -69,26 +68,6 @@ static __always_inline void count_unparsed(int dir, int perr, const struct pkt *
 	}
 }
 
-/* match_id reads the request id (reqid.h: reqid_load's result) through pkt_word: no helper
- * call when the id lies in the skb's linear data. */
-static __always_inline int match_id(struct __sk_buff *skb, const struct pkt *p, const struct reqid_spec *spec,
-				    __u64 *id)
-{
-	__u32 len = spec->len;
-	__u64 w;
-
-	if (len == 0 || len > REQID_MAX_LEN)
-		return -1;
-	if ((__u32)spec->offset + len > p->payload_len)
-		return -1;
-	if (pkt_word(skb, p->payload_off + spec->offset, len, &w) < 0)
-		return -1;
-	if (spec->order != REQID_LITTLE_ENDIAN)
-		w = __builtin_bswap64(w) >> (8 * (REQID_MAX_LEN - len));
-	*id = w;
-	return 0;
-}
-
 /* match: the datagram is a request to a service address (dir MATCH_REQUEST) or a response
  * from a service or replica address (MATCH_RESPONSE) of an enabled service, with its
  * request id; fills m and the scoreboard key (client address and port, service, id).
@@ -139,7 +118,7 @@ static __always_inline int match(struct __sk_buff *skb, struct match *m, int dir
 	if (!m->cfg || !m->st || !m->cfg->enabled)
 		return 0;
 	__builtin_memset(&m->key, 0, sizeof(m->key));
-	if (match_id(skb, &m->p, &m->cfg->reqid, &m->key.id) < 0) {
+	if (reqid_load(skb, &m->p, &m->cfg->reqid, &m->key.id) < 0) {
 		if (dir == MATCH_REQUEST)
 			COUNT(m->cnt, short_requests);
 		else

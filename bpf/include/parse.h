@@ -487,4 +487,32 @@ static __always_inline int parse_pkt(void *data, void *data_end, struct pkt *p)
 	return PARSE_OK;
 }
 
+/* pkt_word reads the len (1..8) bytes at offset off of a TC packet (from skb->data, as
+ * bpf_skb_load_bytes counts) into *w as they lie in memory: byte i of the packet is byte i of
+ * the word (little-endian objects: its low bytes), the bytes past len zero. When a whole word
+ * at off lies in the skb's linear data (always on veth and loopback) it is one load; otherwise
+ * (a non-linear skb, or the bytes end less than 8 before data_end) bpf_skb_load_bytes, whose
+ * call costs more than the rest of the read. 0, or -1 when the packet is shorter. */
+static __always_inline int pkt_word(struct __sk_buff *skb, __u32 off, __u32 len, __u64 *w)
+{
+	__u64 v = 0, *b;
+	__u32 n = len - 1;
+
+	/* 1..8 to every verifier (5.10 and 6.1 lose the range of the callers' checks). */
+	barrier_var(n);
+	n &= 7;
+	b = pkt_hdr((void *)(long)skb->data, (void *)(long)skb->data_end, off, sizeof(v));
+	if (b) {
+		v = *b;
+		if (n < 7)
+			v &= (1ULL << (8 * (n + 1))) - 1;
+		*w = v;
+		return 0;
+	}
+	if (bpf_skb_load_bytes(skb, off, &v, n + 1) < 0)
+		return -1;
+	*w = v;
+	return 0;
+}
+
 #endif /* KEDGE_PARSE_H */

@@ -26,36 +26,26 @@ struct reqid_spec {
 };
 
 /* reqid_load reads the request id of a parsed UDP packet into *id (host order, zero
- * extended). Returns 0, or -1 when the datagram is shorter than offset+len or the spec is
+ * extended), through pkt_word (parse.h): no helper call when the id lies in the skb's linear
+ * data. Returns 0, or -1 when the datagram is shorter than offset+len or the spec is
  * invalid; callers count that as "short request" and leave the packet alone. */
 static __always_inline int reqid_load(struct __sk_buff *skb, const struct pkt *p,
 				      const struct reqid_spec *spec, __u64 *id)
 {
-	__u8 buf[REQID_MAX_LEN] = {};
-	__u32 len = spec->len, n;
-	__u64 v = 0;
+	__u32 len = spec->len;
+	__u64 w;
 
 	if (len == 0 || len > REQID_MAX_LEN)
 		return -1;
 	if ((__u32)spec->offset + len > p->payload_len)
 		return -1;
-	/* The length must be provably 1..8 to every verifier (5.10 and 6.1 lose the range of
-	 * the checks above): compute it as (len - 1) & 7, plus one, behind a barrier. */
-	n = len - 1;
-	barrier_var(n);
-	n &= REQID_MAX_LEN - 1;
-	if (bpf_skb_load_bytes(skb, p->payload_off + spec->offset, buf, n + 1) < 0)
+	if (pkt_word(skb, p->payload_off + spec->offset, len, &w) < 0)
 		return -1;
-#pragma unroll
-	for (int i = 0; i < REQID_MAX_LEN; i++) {
-		if (i >= len)
-			break;
-		if (spec->order == REQID_LITTLE_ENDIAN)
-			v |= (__u64)buf[i] << (8 * i);
-		else
-			v = (v << 8) | buf[i];
-	}
-	*id = v;
+	/* pkt_word keeps the packet's byte order: byte 0 in the low bits. Big-endian ids turn
+	 * it around and shift the bytes past len out. */
+	if (spec->order != REQID_LITTLE_ENDIAN)
+		w = __builtin_bswap64(w) >> (8 * (REQID_MAX_LEN - len));
+	*id = w;
 	return 0;
 }
 

@@ -216,9 +216,9 @@ static __always_inline int pp_load(const struct pp_ctx *c, __u32 off, void *buf,
 	return 0;
 }
 
-/* reqid_load() (reqid.h) for both hooks. reqid.h reads through bpf_skb_load_bytes, which
- * XDP programs do not have (bpf_xdp_load_bytes needs 5.18), so XDP reads the frame in place,
- * byte by byte: the id may end at the frame's last byte, so there is no fixed window to
+/* reqid_load() (reqid.h) for both hooks. reqid.h reads a TC packet's linear data, or through
+ * bpf_skb_load_bytes, which XDP programs do not have (bpf_xdp_load_bytes needs 5.18), so XDP
+ * reads the frame in place, byte by byte: the id may end at the frame's last byte, so there is no fixed window to
  * check. The checks and byte order are reqid_load()'s; the fixtures run both. */
 static __always_inline int pp_reqid(const struct pp_ctx *c, const struct pkt *p,
 				    const struct reqid_spec *spec, __u64 *id)
