@@ -24,6 +24,7 @@ func newBenchHedgeCmd() *cobra.Command {
 		scenarios string
 		out       string
 		repeat    int
+		merge     []string
 		pauses    = hedgebench.DefaultPauses()
 	)
 	flagOpts.Server = chaos.DefaultConfig()
@@ -76,6 +77,10 @@ Flags given explicitly override the scenario's defaults.`,
   # fast-path cost and throughput: 1 loop and saturation (64 loops), 15 paired rounds
   kedge bench hedge --scenario rate --levels 1,64 --repeats 15
 
+  # 21 rounds over three holds of the benchmark lock, merged into one result
+  kedge bench hedge --scenario rate --repeats 7 --out /tmp/hold1   # and /tmp/hold2, /tmp/hold3
+  kedge bench hedge --scenario rate --merge /tmp/hold1/rate,/tmp/hold2/rate,/tmp/hold3/rate
+
   # real memcached replicas, one stopped 2% of the time, gets hedged by kedge
   kedge bench hedge --scenario memcached --repeats 3
 
@@ -108,6 +113,21 @@ Flags given explicitly override the scenario's defaults.`,
 				}
 			}
 			w := cmd.OutOrStdout()
+			if len(merge) > 0 {
+				if len(list) != 1 || list[0] != hedgebench.Rate {
+					return usagef("--merge: only with --scenario rate")
+				}
+				res, err := hedgebench.MergeRate(merge, filepath.Join(out, hedgebench.Rate))
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(w, "\n== scenario rate (merged: %s) ==\n", strings.Join(merge, ", "))
+				if err := hedgebench.WriteRateReport(w, res); err != nil {
+					return err
+				}
+				fmt.Fprintf(w, "results and charts: %s\n", filepath.Join(out, hedgebench.Rate))
+				return nil
+			}
 			for _, s := range list {
 				start := time.Now()
 				if s == hedgebench.Rate {
@@ -194,6 +214,7 @@ Flags given explicitly override the scenario's defaults.`,
 	f.Float64Var(&pauses.Coverage, "pause-coverage", pauses.Coverage, "gc: fraction of the time each client is stopped")
 	f.DurationVar(&pauses.Min, "pause-min", pauses.Min, "gc: shortest client pause")
 	f.DurationVar(&pauses.Max, "pause-max", pauses.Max, "gc: longest client pause")
+	f.StringSliceVar(&merge, "merge", nil, "rate: merge these rate result directories (runs of one binary, split over holds of the lock) into one result, rounds numbered on; runs nothing")
 	f.IntVar(&repeat, "repeat", 1, "run each table scenario this many times (run-1/, run-2/, ...) and print the medians")
 	return cmd
 }

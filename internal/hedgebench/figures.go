@@ -123,6 +123,9 @@ func rateFigures(dir string) (string, error) {
 	}
 	fmt.Fprintf(&b, "%s, %s; %v requests per run%s, %v rounds, backend %s.\n\n", r.Timestamp.Format(time.DateOnly), r.Describe(),
 		r.Parameters["n"], sat, r.Parameters["rounds"], r.Backend)
+	if h := holdsNote(r); h != "" {
+		b.WriteString(h + ".\n\n")
+	}
 	fmt.Fprintf(&b, "| Loops | Arm | req/s | ratio to unhedged | P50 (µs) | ΔP50 (µs) | P99 (µs) | CPU/req processes (µs) | ΔCPU processes | CPU/req machine (µs) | ΔCPU machine |\n")
 	fmt.Fprintf(&b, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, l := range r.Levels {
@@ -185,6 +188,9 @@ func targetFigures(dir string) (string, error) {
 	low, sat := r.Levels[0], r.Levels[len(r.Levels)-1]
 	var b strings.Builder
 	fmt.Fprintf(&b, "From [results/hedge/rate](results/hedge/rate) (%s, commit %.12s, load average %v at start):\n\n", r.Timestamp.Format(time.DateOnly), r.Commit, r.LoadAvg)
+	if h := holdsNote(r); h != "" {
+		b.WriteString(h + ".\n\n")
+	}
 	fmt.Fprintf(&b, "| Path | req/s at %d loops / unhedged (>= %gx) | CPU/req added, processes (<= %.0f µs) | CPU/req added, machine | P50 added at %d loop(s) (<= %.0f µs) |\n",
 		sat.Concurrency, Targets.RPSRatio, Targets.CPUAddedUS, low.Concurrency, Targets.P50AddedUS)
 	b.WriteString("|---|---:|---:|---:|---:|\n")

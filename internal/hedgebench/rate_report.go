@@ -31,6 +31,9 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 	}
 	fmt.Fprintf(&b, "\nrate, %v requests per run, %v rounds (arms in rotated order per round), backend %s, %s\n",
 		r.Parameters["n"], r.Parameters["rounds"], r.Backend, r.Describe())
+	if h := holdsNote(r); h != "" {
+		b.WriteString(h + "\n")
+	}
 	b.WriteString("ratio and Δ: this arm against the unhedged run of the same round, median (min..max) over the rounds.\n" +
 		"CPU/req machine: busy time of all CPUs (/proc/stat, other work on the machine included) per request sent;\n" +
 		"CPU/req processes: user+system time of the client (rusage), both chaos servers, the ksoftirqd threads and the\n" +
