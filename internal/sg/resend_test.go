@@ -531,7 +531,10 @@ func TestResendAdaptiveDelay(t *testing.T) {
 	if err := f.o.Groups.Lookup(uint32(1), &g); err != nil {
 		t.Fatal(err)
 	}
-	g.ResendNs, g.ResendMinNs, g.ResendQuantileMilli = 20*ms, 1*ms, 900
+	// q 0.95: a request of 3 workers counts at most 2 samples above the estimate
+	// (quantile_claim_up: 2 + 4 x 3 x 0.05, rounded down).
+	const q = 950
+	g.ResendNs, g.ResendMinNs, g.ResendQuantileMilli = 20*ms, 1*ms, q
 	if err := f.o.Groups.Put(uint32(1), &g); err != nil {
 		t.Fatal(err)
 	}
@@ -549,7 +552,7 @@ func TestResendAdaptiveDelay(t *testing.T) {
 			}
 		}
 	}
-	up := func(m uint64) uint64 { return quantileStep(m, m+1, 900) } // a sample above m
+	up := func(m uint64) uint64 { return quantileStep(m, m+1, q) } // a sample above m
 	t0 := bpftest.ClockStart
 	slot := uint64(64)
 	r := bpftest.Runner{Counters: f.counters, Clock: f.o.Clock, Within: s.ns.Do}
@@ -599,33 +602,41 @@ func TestResendAdaptiveDelay(t *testing.T) {
 			return []step{scatterStep(f, id, t0), replyStep(f, id, 0, t0+20*ms), replyStep(f, id, 1, t0+5*ms)}
 		},
 		wantDue: 10 * ms,
-		wantEst: quantileStep(quantileStep(10*ms, 20*ms, 900), 5*ms, 900),
+		wantEst: quantileStep(quantileStep(10*ms, 20*ms, q), 5*ms, q),
 	}, {
-		name:     "a re-sent worker steps it up (censored above it), its reply does not; the request's other two do not (one sample above per request at 3 workers, q 0.9); the next round is due at the estimate before",
+		name:     "a re-sent worker steps it up (censored above it), its reply does not; the request's third does not (two samples above per request at 3 workers, q 0.95); the next round is due at the estimate before",
 		estimate: 3 * ms,
 		steps: func(id uint64) []step {
 			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms), replyStep(f, id, 2, t0+9*ms)}
 		},
 		wantDue:  6 * ms,
-		wantEst:  up(3 * ms),
-		censored: 1,
+		wantEst:  up(up(3 * ms)),
+		censored: 2,
 	}, {
-		name:     "replies above it: the request's first steps it up, the others do not (quantile_claim_up); a reply below still steps it down",
+		name:     "replies above it: the request's first two step it up, the third does not (quantile_claim_up)",
 		estimate: 3 * ms,
 		steps: func(id uint64) []step {
-			return []step{scatterStep(f, id, t0), replyStep(f, id, 0, t0+1*ms), replyStep(f, id, 1, t0+4*ms), replyStep(f, id, 2, t0+5*ms)}
+			return []step{scatterStep(f, id, t0), replyStep(f, id, 0, t0+4*ms), replyStep(f, id, 1, t0+5*ms), replyStep(f, id, 2, t0+6*ms)}
 		},
 		wantDue: 3 * ms,
-		wantEst: up(quantileStep(3*ms, 1*ms, 900)),
+		wantEst: up(up(3 * ms)),
 	}, {
-		name:     "an answered worker is sampled, the first re-sent one steps it up, the second not",
+		name:     "a reply below steps it down after the request's samples above ran out",
+		estimate: 3 * ms,
+		steps: func(id uint64) []step {
+			return []step{scatterStep(f, id, t0), replyStep(f, id, 0, t0+4*ms), replyStep(f, id, 1, t0+5*ms), replyStep(f, id, 2, t0+1*ms)}
+		},
+		wantDue: 3 * ms,
+		wantEst: quantileStep(up(up(3*ms)), 1*ms, q),
+	}, {
+		name:     "an answered worker is sampled (below: not one of the two above), both re-sent ones step it up",
 		estimate: 3 * ms,
 		steps: func(id uint64) []step {
 			return []step{scatterStep(f, id, t0), replyStep(f, id, 0, t0+1*ms), tickStep(f, t0+3*ms)}
 		},
-		wantDue:  3*ms + quantileStep(3*ms, 1*ms, 900),
-		wantEst:  up(quantileStep(3*ms, 1*ms, 900)),
-		censored: 1,
+		wantDue:  3*ms + quantileStep(3*ms, 1*ms, q),
+		wantEst:  up(up(quantileStep(3*ms, 1*ms, q))),
+		censored: 2,
 	}, {
 		name:     "a second round does not step it again",
 		estimate: 3 * ms,
@@ -633,8 +644,8 @@ func TestResendAdaptiveDelay(t *testing.T) {
 			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms), tickStep(f, t0+6*ms)}
 		},
 		wantDue:  0, // the last round (resend_max 2)
-		wantEst:  up(3 * ms),
-		censored: 1,
+		wantEst:  up(up(3 * ms)),
+		censored: 2,
 	}, {
 		name:     "a round the pacer delivered within its early margin of the estimate steps it up as one at it",
 		estimate: 3 * ms,
@@ -642,8 +653,8 @@ func TestResendAdaptiveDelay(t *testing.T) {
 			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms-uint64(tickEarly)/2)}
 		},
 		wantDue:  6*ms - uint64(tickEarly)/2,
-		wantEst:  up(3 * ms),
-		censored: 1,
+		wantEst:  up(up(3 * ms)),
+		censored: 2,
 	}, {
 		name:     "a worker the budget refuses does not step it",
 		estimate: 3 * ms,

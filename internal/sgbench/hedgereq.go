@@ -347,10 +347,10 @@ func (h *hedgeReq) do(id uint64) (int64, uint64, bool, error) {
 }
 
 // claimUp: whether this request may count one more sample above the estimate
-// (quantile_claim_up: at most 1 + 2 x shards x (1 - q)).
+// (quantile_claim_up: at most 2 + 4 x shards x (1 - q)).
 func (h *hedgeReq) claimUp() bool {
 	h.ups++
-	return h.ups <= 1+uint32(uint64(len(h.seen))*(1000-h.p.qMilli)/500)
+	return h.ups <= 2+uint32(uint64(len(h.seen))*(1000-h.p.qMilli)/250)
 }
 
 // round re-sends every shard that has not answered, as far as the budget pays, elapsed ns
