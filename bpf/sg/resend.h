@@ -12,6 +12,8 @@
  *                         round set (resend_max), the tick's skb rebuilt from the stored
  *                         frame, then for each worker that has not answered (resend_cb):
  *                           the budget pays for the copy ......... else resend_refused
+ *                             (a repeat, or a copy past the round's first few, only
+ *                             from above half its cap: budget_keep)
  *                           its target: groups with replicas, the next replica of the
  *                             shard after its last copy's that is not ejected (a hedge;
  *                             none: the same one, a retry); others, the same worker (a
@@ -227,7 +229,7 @@ static long resend_cb(__u64 i, void *ctx)
 	if (READ_ONCE(x->s->res.bitmap[word]) & mask)
 		return 0; /* answered */
 	again = !!(x->st->resent[word] & mask);
-	if (!budget_take(x->b, budget_keep(x->g, again))) {
+	if (!budget_take(x->b, budget_keep(x->g, again, r->retries + r->hedges))) {
 		r->refused++;
 		return 0;
 	}

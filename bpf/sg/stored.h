@@ -118,16 +118,30 @@ static __always_inline int budget_take(struct sg_budget *b, __s64 keep)
 	return 0;
 }
 
-/* budget_keep: what a re-send leaves in the budget. A worker's first re-send may spend the
- * last copy; a repeat (its earlier re-send unanswered too) only what lies above half the
- * cap. A worker that answers no copy for rounds on end is most often a whole host stalled,
- * where repeats buy nothing; without the reserve one such request's rounds (up to
- * resend_max x nworkers copies) empty the budget, and with few requests in flight nothing
- * refills it before the next request's lost copy is refused in every round and times out.
- * The bound stays ratio x copies + cap: the reserve only orders who may spend. */
-static __always_inline __s64 budget_keep(const struct sg_group *g, int again)
+/* quantile_late_max: how many of a request's workers lie above the q quantile of reply
+ * times in the ordinary case, at most: 2 + 4 x nworkers x (1 - q), rounded down (two more
+ * than four times the average; see quantile_claim_up). Without an estimate (q 0) more
+ * than nworkers. */
+static __always_inline __u32 quantile_late_max(const struct sg_group *g)
 {
-	return again ? (__s64)(g->budget_cap_milli / 2) : 0;
+	return 2 + g->nworkers * (1000 - g->resend_quantile_milli) / 250;
+}
+
+/* budget_keep: what a re-send leaves in the budget, the round's sent-th copy (from 0). A
+ * worker's first re-send among the round's first quantile_late_max may spend the last
+ * copy; a repeat (its earlier re-send unanswered too), or a copy past those, only what
+ * lies above half the cap. A worker that answers no copy for rounds on end is most often a
+ * whole host stalled, where repeats buy nothing; without the reserve one such request's
+ * rounds (up to resend_max x nworkers copies) empty the budget, and with few requests in
+ * flight nothing refills it before the next request's lost copy is refused in every round
+ * and times out. A round that finds more workers silent than a request lacks in the
+ * ordinary case is a request late as a whole (a worker host descheduled): its first round
+ * alone hedged every worker at once, and at fan-out 64 two such rounds spent the 128-copy
+ * burst, leaving the stragglers of the requests after them unhedged (docs/sg.md, Tail).
+ * The bound stays ratio x copies + cap: the reserve only orders who may spend. */
+static __always_inline __s64 budget_keep(const struct sg_group *g, int again, __u32 sent)
+{
+	return again || sent >= quantile_late_max(g) ? (__s64)(g->budget_cap_milli / 2) : 0;
 }
 
 static __always_inline void budget_refund(struct sg_budget *b)
@@ -205,9 +219,7 @@ static __always_inline int quantile_censors(const struct sg_group *g, const stru
  * Two replies racing past the limit count one sample more. */
 static __always_inline int quantile_claim_up(struct sg_stored *st, const struct sg_group *g)
 {
-	__u32 max = 2 + g->nworkers * (1000 - g->resend_quantile_milli) / 250;
-
-	if (READ_ONCE(st->ups) >= max)
+	if (READ_ONCE(st->ups) >= quantile_late_max(g))
 		return 0;
 	__sync_fetch_and_add(&st->ups, 1);
 	return 1;

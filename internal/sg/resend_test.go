@@ -523,7 +523,9 @@ func quantileStep(m, ns uint64, qMilli uint64) uint64 {
 // resend_ns]; no estimate: resend_ns. A re-sent worker's reply does not step it; its first
 // re-send does instead, as a sample known to lie above the time waited (censored): one step
 // up when that time has reached the estimate, none before it, none for a worker the budget
-// did not pay for (its own reply is sampled) and none at its second round.
+// did not pay for (its own reply is sampled) and none at its second round. A request counts
+// at most 2 + 4 x workers x (1 - q) samples above (quantile_claim_up), and a round's copies
+// past that many leave half the budget's cap (budget_keep).
 func TestResendAdaptiveDelay(t *testing.T) {
 	f, s := resendFixture(t, coord4, w4, resendOpts{rounds: 2})
 	const ms = uint64(time.Millisecond)
@@ -565,6 +567,7 @@ func TestResendAdaptiveDelay(t *testing.T) {
 		wantDue  uint64 // the stored request's due time after the steps (from t0; 0: none)
 		wantEst  uint64
 		censored int64 // first re-sends counted above the estimate (resend_censored)
+		refused  int64 // copies the budget refused (resend_refused)
 	}{{
 		name:    "no estimate: resend_ns",
 		steps:   func(id uint64) []step { return []step{scatterStep(f, id, t0)} },
@@ -665,6 +668,18 @@ func TestResendAdaptiveDelay(t *testing.T) {
 		wantDue:  6 * ms,
 		wantEst:  up(3 * ms),
 		censored: 1,
+		refused:  2,
+	}, {
+		name:     "a round's copies past the two a request of 3 lacks at most in the ordinary case (q 0.95) leave half the cap (budget_keep): of 6 copies saved the third copy is refused",
+		estimate: 3 * ms,
+		tokens:   6 * CopyMilli,
+		steps: func(id uint64) []step {
+			return []step{scatterStep(f, id, t0), tickStep(f, t0+3*ms)}
+		},
+		wantDue:  6 * ms,
+		wantEst:  up(up(3 * ms)),
+		censored: 2,
+		refused:  1,
 	}, {
 		name:     "a re-send before the estimate (the delay clamped to resend_ns) does not step it",
 		estimate: 50 * ms,
@@ -688,8 +703,13 @@ func TestResendAdaptiveDelay(t *testing.T) {
 			s.captureQuiet(t)
 			if after, err := f.counters(); err != nil {
 				t.Fatal(err)
-			} else if n := after["1.ResendCensored"] - before["1.ResendCensored"]; n != c.censored {
-				t.Errorf("resend_censored +%d, want +%d", n, c.censored)
+			} else {
+				if n := after["1.ResendCensored"] - before["1.ResendCensored"]; n != c.censored {
+					t.Errorf("resend_censored +%d, want +%d", n, c.censored)
+				}
+				if n := after["1.ResendRefused"] - before["1.ResendRefused"]; n != c.refused {
+					t.Errorf("resend_refused +%d, want +%d", n, c.refused)
+				}
 			}
 			if st := f.stored(t, id); c.wantDue == 0 && st.DueNs != 0 {
 				t.Errorf("due %d ms after the scatter, want no round left", (st.DueNs-t0)/ms)

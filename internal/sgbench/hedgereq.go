@@ -62,11 +62,12 @@ func (p *resendPolicy) deposit(n int) {
 	}
 }
 
-// take: one re-sent copy, paid or refused (budget_take); a repeat (again) leaves half the
-// cap saved (budget_keep).
-func (p *resendPolicy) take(again bool) bool {
+// take: one re-sent copy, paid or refused (budget_take); a repeat (again), or a round's
+// copy past its first lateMax (sent of them so far), leaves half the cap saved
+// (budget_keep).
+func (p *resendPolicy) take(again bool, sent, lateMax int) bool {
 	keep := int64(0)
-	if again {
+	if again || sent >= lateMax {
 		keep = p.capMilli / 2
 	}
 	if p.tokens.Add(-1000) >= keep {
@@ -346,23 +347,29 @@ func (h *hedgeReq) do(id uint64) (int64, uint64, bool, error) {
 	return h.acc[0], id, true, nil
 }
 
+// lateMax: how many of a request's shards lie above the estimate's quantile in the
+// ordinary case, at most (quantile_late_max: 2 + 4 x shards x (1 - q)).
+func (h *hedgeReq) lateMax() int {
+	return 2 + len(h.seen)*int(1000-h.p.qMilli)/250
+}
+
 // claimUp: whether this request may count one more sample above the estimate
-// (quantile_claim_up: at most 2 + 4 x shards x (1 - q)).
+// (quantile_claim_up: at most lateMax).
 func (h *hedgeReq) claimUp() bool {
 	h.ups++
-	return h.ups <= 2+uint32(uint64(len(h.seen))*(1000-h.p.qMilli)/250)
+	return int(h.ups) <= h.lateMax()
 }
 
 // round re-sends every shard that has not answered, as far as the budget pays, elapsed ns
 // after the scatter; a shard's first re-send is a sample above the delay estimate when the
 // round began at or after it (bpf/sg/stored.h: re-sent workers are censored samples).
 func (h *hedgeReq) round(elapsed uint64) error {
-	k, censors := 0, h.p.censors(elapsed)
+	k, censors, lateMax := 0, h.p.censors(elapsed), h.lateMax()
 	for i, seen := range h.seen {
 		if seen {
 			continue
 		}
-		if !h.p.take(h.resent[i]) {
+		if !h.p.take(h.resent[i], k, lateMax) {
 			h.p.c.refused.Add(1)
 			continue
 		}
