@@ -382,8 +382,8 @@ func stallTable(tw io.Writer, r *raftbench.Result) bool {
 			fmt.Fprintln(tw, "DISK STALL\tOFFLOAD\tELECTION TIMEOUT\tSTALLED NODE'S SLOW SAVES\tP50 / MAX\tOTHERS' SLOW SAVES\tOTHERS' MAX\tALIVE BOUND\tJUDGED\tHEARD LATE (MAYBE)\tLAST WORD MAX (LATEST READING)")
 			found = true
 		}
-		fmt.Fprintf(tw, "node %d\t%s\t%.0f ms\t%d\t%.0f / %.0f ms\t%d\t%.0f ms\t%.0f ms\t%d\t%d (%d)\t%.0f ms (%.0f ms)\n", f.Stalled, f.Offload, f.ElectionTimeoutMs,
-			s.SlowSaves, s.SaveP50Ms, s.SaveMaxMs, s.OtherSlowSaves, s.OtherSaveMaxMs, s.AliveBoundMs, s.Judged, s.Late, s.LateMaybe, s.LastWordMaxMs, s.LastWordMaxLateMs)
+		fmt.Fprintf(tw, "node %d\t%s\t%.0f ms\t%d\t%.0f / %.0f ms\t%d\t%.0f ms\t%s\t%d\t%d (%d)\t%.0f ms (%.0f ms)\n", f.Stalled, f.Offload, f.ElectionTimeoutMs,
+			s.SlowSaves, s.SaveP50Ms, s.SaveMaxMs, s.OtherSlowSaves, s.OtherSaveMaxMs, s.BoundText(), s.Judged, s.Late, s.LateMaybe, s.LastWordMaxMs, s.LastWordMaxLateMs)
 	}
 	return found
 }

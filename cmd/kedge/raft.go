@@ -113,10 +113,10 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 				mode = kernelpaths.Auto
 			}
 			if offloadAlive < 0 {
-				return usagef("--offload-alive %v: use a positive duration (0: the election timeout, at least 100ms)", offloadAlive)
+				return usagef("--offload-alive %v: use a positive duration (0: adaptive)", offloadAlive)
 			}
 			if hbLease < 0 {
-				return usagef("--heartbeat-lease %v: use a positive duration (0: the election timeout, at least 100ms)", hbLease)
+				return usagef("--heartbeat-lease %v: use a positive duration (0: adaptive)", hbLease)
 			}
 			hbMode := kernelpaths.Off
 			switch {
@@ -146,9 +146,9 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 	f.BoolVar(&unsafeReads, "unsafe-local-reads", false, "serve reads from local state without ReadIndex (NOT linearizable)")
 	f.MarkHidden("unsafe-local-reads")
 	f.BoolVar(&kernelHB, "kernel-heartbeats", true, "as leader, let the kernel send the heartbeats while a lease holds (default: where possible; --kernel-heartbeats=false to compare; an explicit --kernel-heartbeats fails where it cannot run; docs/raft.md: Kernel paths)")
-	f.DurationVar(&offloadAlive, "offload-alive", 0, "with --offload: how long one refresh of the node's persist/apply loop keeps its XDP program answering for it (0: the election timeout, at least 100ms)")
+	f.DurationVar(&offloadAlive, "offload-alive", 0, "with --offload: how long one refresh of the node's persist/apply loop keeps its XDP program answering for it (0: adaptive: the election timeout, at least 100ms, raised up to 1s while the process waits for a CPU)")
 	f.BoolVar(&quorumWait, "quorum-wait", true, "with --offload, as leader: absorb in XDP the followers' append acknowledgements that move neither their match nor the commit, stepped a tick later from the kernel's record (--quorum-wait=false to compare; docs/raft.md: Electrode)")
-	f.DurationVar(&hbLease, "heartbeat-lease", 0, "with --kernel-heartbeats: how long one renewal keeps the kernel sending (0: the election timeout, at least 100ms)")
+	f.DurationVar(&hbLease, "heartbeat-lease", 0, "with --kernel-heartbeats: how long one renewal keeps the kernel sending (0: adaptive, as --offload-alive)")
 	return cmd
 }
 

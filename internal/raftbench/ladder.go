@@ -140,9 +140,9 @@ func LadderFigures(dir string) (string, error) {
 			if s := f.Stall; s != nil {
 				stall = fmt.Sprintf("%d, %.0f / %.0f ms", s.SlowSaves, s.SaveP50Ms, s.SaveMaxMs)
 				others = fmt.Sprintf("%.0f ms", s.OtherSaveMaxMs)
-				judged = fmt.Sprintf("%d, %d (%d maybe); last word at most %.0f ms (%.0f ms) after a save began; bound %.0f ms", s.Judged, s.Late, s.LateMaybe, s.LastWordMaxMs, s.LastWordMaxLateMs, s.AliveBoundMs)
+				judged = fmt.Sprintf("%d, %d (%d maybe); last word at most %.0f ms (%.0f ms) after a save began; bound %s", s.Judged, s.Late, s.LateMaybe, s.LastWordMaxMs, s.LastWordMaxLateMs, s.BoundText())
 				if s.Judged > 0 && s.LastWordMaxLateMs == 0 { // a record of before the two readings: the latest only
-					judged = fmt.Sprintf("%d, - (%d maybe); last word at most - (%.0f ms) after a save began; bound %.0f ms", s.Judged, s.Late, s.LastWordMaxMs, s.AliveBoundMs)
+					judged = fmt.Sprintf("%d, - (%d maybe); last word at most - (%.0f ms) after a save began; bound %s", s.Judged, s.Late, s.LastWordMaxMs, s.BoundText())
 				}
 			}
 			load := LoadSpan(f)

@@ -29,9 +29,14 @@ import (
 // the leader changes) against the save's start plus the alive bound.
 type StallRecord struct {
 	AliveBoundMs float64 `json:"alive_bound_ms"`
-	SlowSaves    int     `json:"slow_saves"` // the stalled node's
-	SaveP50Ms    float64 `json:"save_p50_ms"`
-	SaveMaxMs    float64 `json:"save_max_ms"`
+	// With the adaptive bound (no --offload-alive, --heartbeat-lease: AliveBoundMs is its
+	// floor): AliveBoundMaxMs the largest in force at one of the stalled node's slow saves,
+	// OtherBoundMaxMs the largest any other node's reached (its "bound" events).
+	AliveBoundMaxMs float64 `json:"alive_bound_max_ms,omitempty"`
+	OtherBoundMaxMs float64 `json:"other_bound_max_ms,omitempty"`
+	SlowSaves       int     `json:"slow_saves"` // the stalled node's
+	SaveP50Ms       float64 `json:"save_p50_ms"`
+	SaveMaxMs       float64 `json:"save_max_ms"`
 	// OtherSlowSaves, OtherSaveMaxMs: the other nodes' slow saves (their disks are not
 	// throttled: what they show is the CPU stress, and the stalled node's hold on a shared
 	// filesystem where there is one).
@@ -52,6 +57,15 @@ type StallRecord struct {
 	LateMaybe         int     `json:"late_maybe"`
 	LastWordMaxMs     float64 `json:"last_word_max_ms"`
 	LastWordMaxLateMs float64 `json:"last_word_max_late_ms"`
+}
+
+// BoundText is the alive bound as the tables give it: fixed, or the adaptive bound's floor
+// and the largest in force at a stalled save and on the other nodes.
+func (s *StallRecord) BoundText() string {
+	if s.AliveBoundMaxMs == 0 && s.OtherBoundMaxMs == 0 {
+		return fmt.Sprintf("%.0f ms", s.AliveBoundMs)
+	}
+	return fmt.Sprintf("%.0f ms adaptive (at a stalled save up to %.0f ms, others' up to %.0f ms)", s.AliveBoundMs, s.AliveBoundMaxMs, s.OtherBoundMaxMs)
 }
 
 const (
@@ -81,13 +95,15 @@ type stallWatch struct {
 	mu      sync.Mutex
 	samples []heardSample
 	saves   map[int]map[int64]api.Event // node -> start -> slow save
+	bounds  map[int]time.Duration       // node -> largest adaptive bound it reported
 	last    map[int]int64               // node -> newest event read
 	next    time.Time                   // the next read of the records
 }
 
 func newStallWatch(c *raftlab.Cluster, stalled int, alive time.Duration) *stallWatch {
 	now := int64(offload.Monotonic())
-	return &stallWatch{c: c, stalled: stalled, alive: alive, since: now, saves: map[int]map[int64]api.Event{}, last: map[int]int64{}}
+	return &stallWatch{c: c, stalled: stalled, alive: alive, since: now, saves: map[int]map[int64]api.Event{},
+		bounds: map[int]time.Duration{}, last: map[int]int64{}}
 }
 
 // sample records node id's status st, asked at req and answered at resp.
@@ -120,6 +136,9 @@ func (w *stallWatch) readEvents(ctx context.Context, force bool) {
 		w.mu.Lock()
 		for _, e := range r.Events {
 			w.last[n.ID] = max(w.last[n.ID], e.AtNs)
+			if e.Kind == api.EventBound {
+				w.bounds[n.ID] = max(w.bounds[n.ID], time.Duration(e.BoundNs))
+			}
 			if e.Kind != api.EventSlowSave {
 				continue
 			}
@@ -137,6 +156,11 @@ func (w *stallWatch) record() *StallRecord {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	r := &StallRecord{AliveBoundMs: ms(w.alive)}
+	for id, b := range w.bounds {
+		if id != w.stalled {
+			r.OtherBoundMaxMs = max(r.OtherBoundMaxMs, ms(b))
+		}
+	}
 	var took []float64
 	for id, saves := range w.saves {
 		for _, e := range saves {
@@ -147,8 +171,13 @@ func (w *stallWatch) record() *StallRecord {
 				continue
 			}
 			took = append(took, d)
+			alive := w.alive
+			if e.BoundNs > 0 { // the bound in force when the save began (adaptive)
+				alive = time.Duration(e.BoundNs)
+				r.AliveBoundMaxMs = max(r.AliveBoundMaxMs, ms(alive))
+			}
 			start, end := time.Duration(e.AtNs), time.Duration(e.AtNs+e.SaveNs)
-			bound := start + w.alive + stallSlack
+			bound := start + alive + stallSlack
 			if end-bound < judgeMin {
 				continue
 			}

@@ -107,6 +107,9 @@ const (
 	// Detail: its entries); with the follower kernel path the program stopped answering for
 	// the node at most the alive bound after AtNs.
 	EventSlowSave = "slow-save"
+	// EventBound: the adaptive alive bound and lease moved by a tenth or more (BoundNs: the
+	// new bound).
+	EventBound = "bound"
 )
 
 // Event is one entry of a node's election record. Times are CLOCK_MONOTONIC ns: every
@@ -121,8 +124,11 @@ type Event struct {
 	HeardNs int64  `json:"heard_ns,omitempty"` // last message from the leader (0: never)
 	// SaveNs (candidate): how long saving the Ready that carried the new term and the own
 	// vote took (the fsync the candidate waits for before its vote requests go out).
-	SaveNs int64  `json:"save_ns,omitempty"`
-	Detail string `json:"detail,omitempty"`
+	SaveNs int64 `json:"save_ns,omitempty"`
+	// BoundNs (slow-save, bound): the alive bound in force when the save began, the new
+	// adaptive bound.
+	BoundNs int64  `json:"bound_ns,omitempty"`
+	Detail  string `json:"detail,omitempty"`
 }
 
 // Events answers GET /v1/events?since_ns=N: the node's election record after N (at most the

@@ -38,7 +38,7 @@ type Options struct {
 	// by a bpf_timer). Zero: off.
 	Offload kernelpaths.Mode
 	// OffloadAlive is how long one refresh of the persist/apply loop keeps the follower
-	// program answering for the node (0: the election timeout, at least 100 ms).
+	// program answering for the node (0: adaptive, kernelpaths.Config.AliveBound).
 	OffloadAlive time.Duration
 	// NoQuorumWait, with Offload: the program passes every follower's MsgAppResp up instead of
 	// absorbing the ones that move neither its match nor the commit (docs/raft.md "Electrode:
@@ -48,7 +48,7 @@ type Options struct {
 	// KernelHeartbeats: as leader, the kernel sends the heartbeats while a lease holds
 	// (docs/raft.md "Kernel paths: leader heartbeats"): off, auto (where the kernel allows,
 	// else a log line) or on (else New fails). HeartbeatLease is how long one renewal keeps it
-	// sending (0: the election timeout, at least 100 ms).
+	// sending (0: adaptive, as OffloadAlive).
 	KernelHeartbeats kernelpaths.Mode
 	HeartbeatLease   time.Duration
 }

@@ -350,6 +350,13 @@ func (f *Follower) Alive() error {
 	return f.write()
 }
 
+// SetAliveFor changes AliveFor from the next refresh on (the node's adaptive bound).
+func (f *Follower) SetAliveFor(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.opts.AliveFor = d
+}
+
 // Stop makes the program pass every heartbeat to user space (alive deadline in the past).
 func (f *Follower) Stop() error {
 	f.mu.Lock()

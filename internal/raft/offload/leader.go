@@ -382,6 +382,14 @@ func (l *Leader) setExpires(v uint64) {
 	}
 }
 
+// SetLease changes Lease from the next renewal on (the node's adaptive bound); a lease
+// shorter than two intervals is taken as two.
+func (l *Leader) SetLease(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.opts.Lease = max(d, 2*l.opts.Interval)
+}
+
 // Update is the node's hook, called by its Ready loop on every tick and whenever the
 // leadership changes: lead and term are this node's, committed its commit index, match
 // each follower's Progress.Match. As leader it renews the lease (now + Lease) and writes

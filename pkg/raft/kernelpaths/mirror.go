@@ -15,10 +15,19 @@ func (o *Offload) offloadAlive() {
 	if f == nil {
 		return
 	}
-	now := offload.Monotonic()
-	if now-f.lastAlive < f.aliveFor/4 {
+	if offload.Monotonic()-f.lastAlive < f.aliveFor/4 {
 		return
 	}
+	o.offloadAliveNow()
+}
+
+// offloadAliveNow refreshes the alive deadline now (to now + the alive bound in force).
+func (o *Offload) offloadAliveNow() {
+	f := o.fol
+	if f == nil {
+		return
+	}
+	now := offload.Monotonic()
 	if err := f.k.Alive(); err != nil {
 		o.log.Warn("raft offload: refresh alive deadline", "err", err)
 		return

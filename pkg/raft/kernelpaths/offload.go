@@ -73,14 +73,14 @@ type Config struct {
 	// packets authenticated before user space, and, as leader, the quorum wait.
 	Follower Mode
 	// AliveBound: how long one refresh of the Ready loop keeps the follower program
-	// answering for the node (0: the election timeout, at least 100 ms).
+	// answering for the node (0: adaptive, from the election timeout, at least 100 ms, up to
+	// MaxAdaptiveBound as the process's threads wait for a CPU: cpuwait.go).
 	AliveBound time.Duration
 	// NoQuorumWait passes every follower's append response up instead of absorbing the ones
 	// that move neither its match nor the commit (comparisons only).
 	NoQuorumWait bool
 	// LeaderHeartbeats, as leader, has the kernel send the heartbeats while a lease holds;
-	// HeartbeatLease is how long one renewal keeps it sending (0: the election timeout, at
-	// least 100 ms).
+	// HeartbeatLease is how long one renewal keeps it sending (0: adaptive, as AliveBound).
 	LeaderHeartbeats Mode
 	HeartbeatLease   time.Duration
 	// Log (nil: slog.Default()), Registry (nil: metrics not exported) and OnEvent (nil: no
@@ -106,6 +106,9 @@ const (
 	// it took, Detail: its entries); with the follower path the program stopped answering
 	// for the node at most the alive bound after AtNs.
 	EventSlowSave = "slow-save"
+	// EventBound: the adaptive alive bound and lease moved by a tenth or more (BoundNs: the
+	// new bound).
+	EventBound = "bound"
 )
 
 // Event is one entry of a node's election record. Times are CLOCK_MONOTONIC ns (Monotonic):
@@ -119,8 +122,11 @@ type Event struct {
 	HeardNs int64  `json:"heard_ns,omitempty"` // last message from the leader (0: never)
 	// SaveNs (candidate): how long saving the Ready that carried the new term and the own
 	// vote took.
-	SaveNs int64  `json:"save_ns,omitempty"`
-	Detail string `json:"detail,omitempty"`
+	SaveNs int64 `json:"save_ns,omitempty"`
+	// BoundNs (slow-save, bound): the alive bound in force when the save began, the new
+	// adaptive bound.
+	BoundNs int64  `json:"bound_ns,omitempty"`
+	Detail  string `json:"detail,omitempty"`
 }
 
 // Probe reports what the follower path needs from the kernel and this kernel lacks, as a
@@ -162,7 +168,15 @@ type Offload struct {
 	fol      *follower
 	hb       heartbeatSender
 	hbLeader interface{ Close() error }
+	hbLease  interface{ SetLease(time.Duration) }
 	hbKernel prometheus.Counter
+
+	// The adaptive bound (cpuwait.go; nil adaptive: both bounds set, or no kernel path):
+	// the estimator, the threads' CPU wait, when it was last read, the bound in force.
+	adaptive *adaptiveBound
+	waits    *cpuWait
+	waitAt   time.Duration
+	bound    time.Duration
 
 	wake   chan Wakeup
 	closed chan struct{}
@@ -211,6 +225,10 @@ func Open(cfg Config) (*Offload, error) {
 		o.cfg.Bind = selfAddr.String()
 	}
 	o.hbKernel = newHeartbeatCounter(o.reg, cfg.LeaderHeartbeats != Off)
+	o.bound = offload.DefaultBound(o.electionTimeout())
+	if (cfg.Follower != Off && cfg.AliveBound == 0) || (cfg.LeaderHeartbeats != Off && cfg.HeartbeatLease == 0) {
+		o.adaptive, o.waits = newAdaptiveBound(o.bound), newCPUWait()
+	}
 	var err error
 	o.tr, err = transport.New(transport.Options{ClusterID: cfg.ClusterID, Self: cfg.ID, Bind: o.cfg.Bind,
 		Peers: tps, Key: (*wire.Key)(cfg.Key), Log: o.log, Registry: o.reg})
@@ -305,6 +323,7 @@ func (o *Offload) Tick(ctx context.Context) {
 	o.offloadAcks(ctx)
 	o.offloadQuorum(ctx)
 	o.rn.Tick()
+	o.adapt()
 	o.offloadAlive()
 	o.renewHeartbeats()
 }
@@ -335,7 +354,7 @@ func (o *Offload) BeforeSave(rd *raft.Ready) (early []*pb.Message) {
 func (o *Offload) AfterSave(rd *raft.Ready) {
 	saved := time.Since(o.saveStart)
 	if saved > o.aliveBound() {
-		o.slowSave(saved, len(rd.Entries))
+		o.slowSave(saved, len(rd.Entries), o.aliveBound())
 	}
 	o.fol.saved(rd)
 	if rd.HardState != nil {
@@ -366,7 +385,10 @@ func (o *Offload) Send(msgs []*pb.Message) {
 }
 
 // Advanced is called after rn.Advance(): the Ready loop is alive.
-func (o *Offload) Advanced() { o.offloadAlive() }
+func (o *Offload) Advanced() {
+	o.adapt()
+	o.offloadAlive()
+}
 
 // SetConfState tells the offload the configuration etcd-raft applied (the result of
 // rn.ApplyConfChange, or a snapshot's): the quorum wait counts its voters.
@@ -435,6 +457,9 @@ func (o *Offload) Close() error {
 		err = fmt.Errorf("close kernel heartbeats: %w", cerr)
 	}
 	o.wg.Wait()
+	if o.waits != nil {
+		o.waits.close()
+	}
 	return err
 }
 

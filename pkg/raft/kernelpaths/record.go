@@ -24,23 +24,23 @@ func (o *Offload) heardNs(leader uint64) int64 {
 
 // aliveBound is how long one pass of the persist/apply loop vouches for the node: its
 // follower program answers for it that long after the loop's last refresh
-// (Config.AliveBound, else offload.DefaultBound of the election timeout).
+// (Config.AliveBound, else the adaptive bound, cpuwait.go).
 func (o *Offload) aliveBound() time.Duration {
 	if o.cfg.AliveBound > 0 {
 		return o.cfg.AliveBound
 	}
-	return offload.DefaultBound(o.electionTimeout())
+	return o.bound
 }
 
 // slowSave records a save that held the loop longer than the alive bound (a stalled disk:
 // the kernel stopped answering for the node meanwhile) and says so in the log, as etcd
 // warns of a slow fdatasync.
-func (o *Offload) slowSave(took time.Duration, entries int) {
+func (o *Offload) slowSave(took time.Duration, entries int, bound time.Duration) {
 	now := offload.Monotonic()
 	o.event(Event{AtNs: int64(now - took), Kind: EventSlowSave, Term: o.termDurable,
-		SaveNs: int64(took), Detail: strconv.Itoa(entries)})
+		SaveNs: int64(took), BoundNs: int64(bound), Detail: strconv.Itoa(entries)})
 	o.log.Warn("raft: saving a ready held the persist/apply loop longer than the alive bound (a slow disk): "+
-		"the node stopped answering heartbeats for itself meanwhile", "took", took, "alive_bound", o.aliveBound(), "entries", entries)
+		"the node stopped answering heartbeats for itself meanwhile", "took", took, "alive_bound", bound, "entries", entries)
 }
 
 // recordReady adds what a Ready says about the election to the record; called after the
