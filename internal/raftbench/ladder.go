@@ -32,10 +32,24 @@ func ladderLabel(r *Result, mode string) string {
 	if v := num("offload_alive_ms"); v > 0 && kernelPaths(mode) {
 		set = append(set, fmt.Sprintf("alive bound %g ms", v))
 	}
+	if len(set) == 0 && kernelPaths(mode) && adaptiveBound(r) {
+		set = append(set, "adaptive bound")
+	}
 	if len(set) == 0 {
 		return mode
 	}
 	return mode + " (" + strings.Join(set, ", ") + ")"
+}
+
+// adaptiveBound: the run's nodes reported the adaptive bound (its "bound" events, in the
+// stall record); builds before it had the fixed default.
+func adaptiveBound(r *Result) bool {
+	for _, f := range r.FalseElections {
+		if s := f.Stall; s != nil && (s.AliveBoundMaxMs > 0 || s.OtherBoundMaxMs > 0) {
+			return true
+		}
+	}
+	return false
 }
 
 // A timeout is safe when its run stayed quiet for the whole length asked for

@@ -44,6 +44,8 @@ func TestLadderFigures(t *testing.T) {
 	write("on-5", t0.Add(15*time.Minute), []FalseElections{{Offload: ModeOn, Scenario: "stress-disk", ElectionTimeoutMs: 5, DurationS: 600, Writes: 12000, Stalled: 3,
 		Stall: &StallRecord{AliveBoundMs: 100, SlowSaves: 1500, SaveP50Ms: 340, SaveMaxMs: 480, OtherSlowSaves: 4, OtherSaveMaxMs: 150, Judged: 1400, Late: 0, LateMaybe: 3, LastWordMaxMs: 101, LastWordMaxLateMs: 140}}}, nil)
 	write("on-5-lease", t0.Add(40*time.Minute), []FalseElections{{Offload: ModeOn, Scenario: "stress-disk", ElectionTimeoutMs: 5, DurationS: 4, LeaderChanges: 1, UntilChange: true}}, nil)
+	write("on-5-adaptive", t0.Add(42*time.Minute), []FalseElections{{Offload: ModeOn, Scenario: "stress-disk", ElectionTimeoutMs: 5, DurationS: 600, Writes: 11000, Stalled: 3,
+		Stall: &StallRecord{AliveBoundMs: 100, AliveBoundMaxMs: 640, OtherBoundMaxMs: 1000, SlowSaves: 10, SaveP50Ms: 700, SaveMaxMs: 1500, Judged: 3, LastWordMaxMs: 620, LastWordMaxLateMs: 650}}}, nil)
 	write("failover", t0.Add(45*time.Minute), nil, []Failover{{Offload: ModeOn, ElectionTimeoutMs: 5, Client: ClientUninformed, FailoverMs: []float64{9, 11}, P50Ms: 9, P99Ms: 11, MaxMs: 11}})
 	got, err := LadderFigures(dir)
 	if err != nil {
@@ -58,6 +60,8 @@ func TestLadderFigures(t *testing.T) {
 		"each run tick 1 ms, heartbeat every 1 ms; false elections under stress-disk for 600 s.",
 		"| 4 | on (lease 400 ms, alive bound 400 ms) | 5 ms | 4 s | 1 (0) |",
 		"| on (lease 400 ms, alive bound 400 ms) | none of those run | 5 ms: a change after 4 s | - |",
+		"| 5 | on (adaptive bound) | 5 ms | 600 s | 0 (0) | - | 11000 / 0 | 10, 700 / 1500 ms | 0 ms | - | 3, 0 (0 maybe); last word at most 620 ms (650 ms) after a save began; bound 100 ms adaptive (at a stalled save up to 640 ms, others' up to 1000 ms) | 0123456 |",
+		"| on (adaptive bound) | 5 ms | 5 ms: quiet | 0.10x |",
 		"Failover, 2026-11-29",
 		"| on | 5 ms | uninformed | 2 | 9.0 / 11.0 / 11.0 |",
 	} {

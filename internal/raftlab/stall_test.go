@@ -10,6 +10,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/raft/api"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
+	"github.com/kedge-dev/kedge/pkg/raft/kernelpaths"
 )
 
 // TestStalledFollowerStopsAnswering: a follower whose disk stalls (the lab's disk-stall
@@ -17,7 +18,9 @@ import (
 // in XDP within the alive bound of its persist/apply loop's last pass (docs/raft.md, Kernel
 // paths: follower): the leader, which keeps hearing it while the loop runs, hears nothing
 // from it from the alive bound after a stuck save began until the save returns. Each such
-// save is in the follower's election record (api.EventSlowSave: its start and length).
+// save is in the follower's election record (api.EventSlowSave: its start and length, and
+// the alive bound in force when it began: the default bound adapts to the CPU wait of the
+// node's threads, kernelpaths.MaxAdaptiveBound at most, and is judged as it stood).
 func TestStalledFollowerStopsAnswering(t *testing.T) {
 	if err := offload.Probe(); err != nil {
 		t.Skipf("the follower kernel path does not run on this kernel: %v", err)
@@ -29,7 +32,7 @@ func TestStalledFollowerStopsAnswering(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const (
-		alive = offload.MinBound // the lab's nodes: 10 ms ticks, 100 ms election timeout
+		alive = offload.MinBound // the lab's nodes: 10 ms ticks, 100 ms election timeout: the adaptive bound's floor
 		// slack covers the leader's receipt of the last answer and this test's reading of
 		// the leader's record (an HTTP round trip through the lab's fabric).
 		slack = 30 * time.Millisecond
@@ -67,9 +70,16 @@ func TestStalledFollowerStopsAnswering(t *testing.T) {
 	// the slack) until it returned, the leader's last word from the follower is no later
 	// than that point.
 	var stops []float64
+	var bounds []string
 	for _, e := range saves {
+		inForce := time.Duration(e.BoundNs)
+		if inForce < alive || inForce > kernelpaths.MaxAdaptiveBound {
+			t.Errorf("a slow save's alive bound in force %v, want from the floor %v to the ceiling %v", inForce, alive, kernelpaths.MaxAdaptiveBound)
+			continue
+		}
+		bounds = append(bounds, inForce.Round(time.Millisecond).String())
 		start, end := time.Duration(e.AtNs), time.Duration(e.AtNs+e.SaveNs)
-		bound := start + alive + slack
+		bound := start + inForce + slack
 		if end-bound < 20*time.Millisecond {
 			continue
 		}
@@ -85,15 +95,15 @@ func TestStalledFollowerStopsAnswering(t *testing.T) {
 		stops = append(stops, float64(last-start)/1e6)
 		if last > bound {
 			t.Errorf("follower %d's save took %v; %v after it began the leader had last heard from it %v after it began (the alive bound is %v)",
-				fol, time.Duration(e.SaveNs), at-start, last-start, alive)
+				fol, time.Duration(e.SaveNs), at-start, last-start, inForce)
 		}
 	}
 	var took []string
 	for _, e := range saves {
 		took = append(took, time.Duration(e.SaveNs).Round(time.Millisecond).String())
 	}
-	t.Logf("follower %d stalled at %d writes/s: %d slow saves (%v); the leader's last word from it, ms after a stuck save began: %v (alive bound %v)",
-		fol, iops, len(saves), took, stops, alive)
+	t.Logf("follower %d stalled at %d writes/s: %d slow saves (%v); the leader's last word from it, ms after a stuck save began: %v (alive bound in force %v)",
+		fol, iops, len(saves), took, stops, bounds)
 	if len(stops) < 2 {
 		t.Fatalf("%d stuck saves long enough to judge (want at least 2): the stall did not hold the follower's loop (slow saves %v)", len(stops), took)
 	}
