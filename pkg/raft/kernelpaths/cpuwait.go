@@ -15,10 +15,14 @@ import (
 // runnable, for a CPU) is healthy, and its kernel keeps speaking for it through that wait;
 // a node whose loop is held by its disk (asleep in the fsync, not waiting for a CPU) gains
 // nothing, and its kernel stops answering for it one floor after its loop's last pass.
-// The bound is floor + waitGain x the longest CPU wait of the last window (two buckets of
-// waitBucket), at most ceil: the rule "a node stuck on its disk stops answering for itself
-// within the alive bound" holds with a bound between floor and ceil, and on a machine
-// without CPU contention it is the floor (docs/raft.md section 14).
+// The estimator reads, per interval, the longest wait of any one thread of the process
+// (the loop's own thread is one of them; Go moves the loop between threads, so it is not
+// told apart). An interval in which a thread waited half of it or more is starvation: the
+// bound goes to its ceiling at once, before the loop's first long stall, not after it.
+// Otherwise the bound is floor + waitGain x the longest wait. Either holds for the rest of
+// the window (two buckets of waitBucket). The rule "a node stuck on its disk stops
+// answering for itself within the alive bound" holds with a bound between floor and ceil,
+// and on a machine without CPU contention it is the floor (docs/raft.md section 14).
 const (
 	waitGain   = 4
 	waitBucket = 30 * time.Second
@@ -41,9 +45,8 @@ func newAdaptiveBound(floor time.Duration) *adaptiveBound {
 	return &adaptiveBound{floor: floor, ceil: max(floor, MaxAdaptiveBound)}
 }
 
-// observe records that during the interval dt ending at now the node's threads waited wait
-// for a CPU in all (summed over threads: counted at most dt, the loop's own share is not
-// told apart).
+// observe records that during the interval dt ending at now one of the node's threads
+// waited wait for a CPU, the longest of them.
 func (a *adaptiveBound) observe(now, dt, wait time.Duration) {
 	for now >= a.rotateAt {
 		if a.rotateAt == 0 {
@@ -52,7 +55,11 @@ func (a *adaptiveBound) observe(now, dt, wait time.Duration) {
 		a.prev, a.cur = a.cur, 0
 		a.rotateAt += waitBucket
 	}
-	a.cur = max(a.cur, min(wait, dt))
+	w := min(wait, dt)
+	if dt >= waitSample && 2*w >= dt {
+		w = a.ceil // starved: the ceiling for the window
+	}
+	a.cur = max(a.cur, w)
 }
 
 // bound is the alive bound and lease now.
@@ -61,7 +68,7 @@ func (a *adaptiveBound) bound() time.Duration {
 }
 
 // cpuWait reads how long this process's threads waited for a CPU (schedstat's run delay),
-// per thread, and gives the sum of what each thread waited since the last read.
+// per thread, and gives the longest any one thread waited since the last read.
 type cpuWait struct {
 	files  map[int]*os.File      // tid -> its schedstat, kept open
 	last   map[int]time.Duration // tid -> run delay at the last read
@@ -73,8 +80,8 @@ func newCPUWait() *cpuWait {
 	return &cpuWait{files: map[int]*os.File{}, last: map[int]time.Duration{}, buf: make([]byte, 128)}
 }
 
-// read returns the threads' summed wait since the last read (a thread seen for the first
-// time adds nothing). The thread list is read again at most every second.
+// read returns the longest wait of one thread since the last read (a thread seen for the
+// first time has none). The thread list is read again at most every second.
 func (c *cpuWait) read(now time.Duration) (time.Duration, error) {
 	if c.listAt == 0 || now-c.listAt >= time.Second {
 		if err := c.list(); err != nil {
@@ -82,7 +89,7 @@ func (c *cpuWait) read(now time.Duration) (time.Duration, error) {
 		}
 		c.listAt = now
 	}
-	var sum time.Duration
+	var longest time.Duration
 	for tid, f := range c.files {
 		n, err := f.ReadAt(c.buf, 0)
 		if n == 0 && err != nil {
@@ -96,11 +103,11 @@ func (c *cpuWait) read(now time.Duration) (time.Duration, error) {
 			continue
 		}
 		if prev, seen := c.last[tid]; seen && d > prev {
-			sum += d - prev
+			longest = max(longest, d-prev)
 		}
 		c.last[tid] = d
 	}
-	return sum, nil
+	return longest, nil
 }
 
 func (c *cpuWait) list() error {

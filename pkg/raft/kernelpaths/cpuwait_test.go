@@ -26,22 +26,22 @@ func TestAdaptiveBound(t *testing.T) {
 	if b := step(800*time.Millisecond, 0); b != floor {
 		t.Errorf("after an 800 ms gap without CPU wait the bound is %v, want the floor %v", b, floor)
 	}
-	// A wait counts at most the interval it was read over (threads' waits are summed).
-	if b := step(20*time.Millisecond, 90*time.Millisecond); b != floor+waitGain*20*time.Millisecond {
-		t.Errorf("20 ms interval with 90 ms summed wait: bound %v, want %v", b, floor+waitGain*20*time.Millisecond)
+	// A wait counts at most the interval it was read over.
+	if b := step(200*time.Millisecond, 90*time.Millisecond); b != floor+waitGain*90*time.Millisecond {
+		t.Errorf("200 ms interval with a 90 ms wait: bound %v, want %v", b, floor+waitGain*90*time.Millisecond)
 	}
-	// A loop starved for 150 ms.
+	// A loop waiting 150 ms of a 400 ms gap.
 	want := floor + waitGain*150*time.Millisecond
-	if b := step(160*time.Millisecond, 150*time.Millisecond); b != want {
+	if b := step(400*time.Millisecond, 150*time.Millisecond); b != want {
 		t.Errorf("after a 150 ms wait the bound is %v, want %v", b, want)
 	}
 	// Shorter waits do not lower it within the window.
 	if b := step(20*time.Millisecond, 5*time.Millisecond); b != want {
 		t.Errorf("a shorter wait moved the bound to %v, want %v", b, want)
 	}
-	// The ceiling.
-	if b := step(time.Second, 900*time.Millisecond); b != MaxAdaptiveBound {
-		t.Errorf("after a 900 ms wait the bound is %v, want the ceiling %v", b, MaxAdaptiveBound)
+	// Starvation: a thread waited half an interval or more (here 12 of 20 ms): the ceiling.
+	if b := step(20*time.Millisecond, 12*time.Millisecond); b != MaxAdaptiveBound {
+		t.Errorf("after a 12 ms wait in 20 ms the bound is %v, want the ceiling %v", b, MaxAdaptiveBound)
 	}
 	// One bucket later the previous bucket's wait still holds; two later, the floor.
 	if b := step(waitBucket, 0); b != MaxAdaptiveBound {
@@ -68,7 +68,7 @@ func TestRunDelay(t *testing.T) {
 }
 
 // cpuWait sees the process's threads wait: more spinning threads than CPUs for 200 ms make
-// them wait, summed, at least a tenth of that.
+// one of them wait at least a tenth of that.
 func TestCPUWaitSeesContention(t *testing.T) {
 	c := newCPUWait()
 	defer c.close()
@@ -104,8 +104,21 @@ func TestCPUWaitSeesContention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d threads spinning 200 ms on %d CPUs waited %v in all", spinners, runtime.NumCPU(), w)
+	t.Logf("%d threads spinning 200 ms on %d CPUs: the longest wait of one %v", spinners, runtime.NumCPU(), w)
 	if w < 20*time.Millisecond {
-		t.Errorf("%d threads spinning 200 ms on %d CPUs waited %v in all, want at least 20ms", spinners, runtime.NumCPU(), w)
+		t.Errorf("%d threads spinning 200 ms on %d CPUs: the longest wait of one %v, want at least 20ms", spinners, runtime.NumCPU(), w)
 	}
+}
+
+// BenchmarkCPUWaitRead: one reading of every thread's wait (the adaptive bound takes one at
+// most every waitSample, 50 a second).
+func BenchmarkCPUWaitRead(b *testing.B) {
+	c := newCPUWait()
+	defer c.close()
+	for i := range b.N {
+		if _, err := c.read(time.Duration(i+1) * time.Millisecond); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(c.files)), "threads")
 }
