@@ -48,9 +48,9 @@ type pcluster struct {
 	args  []string // extra flags of every serve
 }
 
-func newProcCluster(t *testing.T, n int, l *lab.Lab, extra string) *pcluster {
+func newProcCluster(t *testing.T, n int, l *lab.Lab, extra string, args ...string) *pcluster {
 	t.Helper()
-	c := &pcluster{t: t, bin: bpftest.KedgeBinary(t), dir: t.TempDir(), procs: map[uint64]*proc{}}
+	c := &pcluster{t: t, bin: bpftest.KedgeBinary(t), dir: t.TempDir(), procs: map[uint64]*proc{}, args: args}
 	var b strings.Builder
 	// A 300 ms election timeout: the test machine is shared and often loaded, and a leader
 	// change in the middle of a test step only makes the test slower, not wrong.

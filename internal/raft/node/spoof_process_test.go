@@ -350,13 +350,13 @@ const labKey = "cluster_key: 00112233445566778899aabbccddeeff\n"
 
 // offloadCluster is a keyed 3-node cluster of real processes in a routed lab named name,
 // with the kernel paths on by default; the test skips where the kernel cannot run them.
-func offloadCluster(t *testing.T, name string) *pcluster {
+func offloadCluster(t *testing.T, name string, args ...string) *pcluster {
 	t.Helper()
 	bpftest.RequireRoot(t)
 	if err := offload.Probe(); err != nil {
 		t.Skipf("skipping: %v", err)
 	}
-	return newProcCluster(t, 3, routerLab(t, name, "n1", "n2", "n3"), labKey)
+	return newProcCluster(t, 3, routerLab(t, name, "n1", "n2", "n3"), labKey, args...)
 }
 
 // routerLab builds a lab of hosts behind a router, removed when the test ends.
