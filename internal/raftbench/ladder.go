@@ -45,7 +45,7 @@ func ladderLabel(r *Result, mode string) string {
 // stall record); builds before it had the fixed default.
 func adaptiveBound(r *Result) bool {
 	for _, f := range r.FalseElections {
-		if s := f.Stall; s != nil && (s.AliveBoundMaxMs > 0 || s.OtherBoundMaxMs > 0) {
+		if s := f.Stall; s != nil && s.Adaptive() {
 			return true
 		}
 	}

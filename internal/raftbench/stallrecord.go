@@ -59,10 +59,17 @@ type StallRecord struct {
 	LastWordMaxLateMs float64 `json:"last_word_max_late_ms"`
 }
 
+// Adaptive reports whether the nodes ran the adaptive bound: it moved (a node's "bound"
+// events, or a stalled save's bound above the floor). Without the kernel paths a slow save
+// carries the floor and no node reports a move.
+func (s *StallRecord) Adaptive() bool {
+	return s.OtherBoundMaxMs > 0 || s.AliveBoundMaxMs > s.AliveBoundMs
+}
+
 // BoundText is the alive bound as the tables give it: fixed, or the adaptive bound's floor
 // and the largest in force at a stalled save and on the other nodes.
 func (s *StallRecord) BoundText() string {
-	if s.AliveBoundMaxMs == 0 && s.OtherBoundMaxMs == 0 {
+	if !s.Adaptive() {
 		return fmt.Sprintf("%.0f ms", s.AliveBoundMs)
 	}
 	return fmt.Sprintf("%.0f ms adaptive (at a stalled save up to %.0f ms, others' up to %.0f ms)", s.AliveBoundMs, s.AliveBoundMaxMs, s.OtherBoundMaxMs)
