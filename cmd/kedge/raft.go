@@ -322,7 +322,10 @@ func newRaftStatusCmd() *cobra.Command {
 		Short: "Show every node: state, leader, term, commit and applied index, last heartbeat",
 		Long: `Asks every node for its status. LAST-HB is, on a follower, the time since it last heard
 from the leader and, on the leader, the oldest time since a follower answered (with the
-kernel paths on, the kernel's record where it answers for the node).
+kernel paths on, the kernel's record where it answers for the node). BOUND is the kernel
+paths' alive bound in force (how long the kernel answers for the node after its last pass;
+it rises toward 1s while the machine is short of CPU, docs/raft.md "The adaptive bound"),
+"-" when the follower path is off.
 Exit codes: 0 every node answered, 1 some did not, 2 bad usage.`,
 		Example: `  kedge raft status --config cluster.yaml
   kedge raft status --endpoints 10.77.0.1:8000,10.77.0.2:8000 -o json`,
@@ -371,22 +374,26 @@ Exit codes: 0 every node answered, 1 some did not, 2 bad usage.`,
 
 func raftStatusTable(w io.Writer, rows []raftNodeStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST-HB\tADDRESS")
+	fmt.Fprintln(tw, "ID\tSTATE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST-HB\tBOUND\tADDRESS")
 	for _, r := range rows {
 		s := r.Status
 		if s == nil {
-			fmt.Fprintf(tw, "-\t-\t-\t-\t-\t-\t-\t%s (unreachable: %s)\n", r.Endpoint, r.Error)
+			fmt.Fprintf(tw, "-\t-\t-\t-\t-\t-\t-\t-\t%s (unreachable: %s)\n", r.Endpoint, r.Error)
 			continue
 		}
 		hb := "-"
 		if s.LastHeartbeatMs != nil {
 			hb = fmt.Sprintf("%.1fms", *s.LastHeartbeatMs)
 		}
+		bound := "-"
+		if s.AliveBoundMs != nil {
+			bound = fmt.Sprintf("%.0fms", *s.AliveBoundMs)
+		}
 		state := s.State
 		if s.UnsafeLocalReads {
 			state += " (UNSAFE READS)"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", s.ID, state, s.Leader, s.Term, s.Commit, s.Applied, hb, r.Endpoint)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", s.ID, state, s.Leader, s.Term, s.Commit, s.Applied, hb, bound, r.Endpoint)
 	}
 	return tw.Flush()
 }

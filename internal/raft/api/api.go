@@ -88,8 +88,14 @@ type Status struct {
 	KernelHeartbeatMs    *float64 `json:"kernel_heartbeat_ms,omitempty"`
 	UnsafeLocalReads     bool     `json:"unsafe_local_reads"`
 	// Offload is the follower kernel path ("xdp-native on eth0"); empty when off.
-	Offload string       `json:"offload,omitempty"`
-	Peers   []PeerStatus `json:"peers,omitempty"`
+	Offload string `json:"offload,omitempty"`
+	// AliveBoundMs, HeartbeatLeaseMs: the kernel paths' bounds in force (docs/raft.md, "The
+	// adaptive bound"): how long the follower program answers for the node after its loop's
+	// last refresh, and how long one renewal keeps the kernel heartbeating for it as leader;
+	// absent when that path is off.
+	AliveBoundMs     *float64     `json:"alive_bound_ms,omitempty"`
+	HeartbeatLeaseMs *float64     `json:"heartbeat_lease_ms,omitempty"`
+	Peers            []PeerStatus `json:"peers,omitempty"`
 }
 
 // Event kinds of GET /v1/events: what a node saw of an election, in order.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/lab"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
+	"github.com/kedge-dev/kedge/pkg/raft/kernelpaths"
 )
 
 // metric sums the samples of the Prometheus metric name whose labels contain every label
@@ -152,6 +153,23 @@ func TestLabOffload(t *testing.T) {
 		}
 		t.Logf("follower %d: last heartbeat %s ms ago by its kernel, %s by its transport", fol, ptrString(fs.KernelHeartbeatMs), ptrString(fs.TransportHeartbeatMs))
 		time.Sleep(200 * time.Millisecond)
+	}
+
+	// The bounds in force, as status reports them: the alive bound fixed by the flag, the
+	// lease adaptive (between its floor, the election timeout, and kernelpaths.MaxAdaptiveBound).
+	fs, err := c.status(fol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fs.AliveBoundMs == nil || *fs.AliveBoundMs != float64(aliveFor.Milliseconds()) {
+		t.Errorf("follower %d: alive_bound_ms %v, want %d (--offload-alive)", fol, ptrString(fs.AliveBoundMs), aliveFor.Milliseconds())
+	}
+	ls, err := c.status(lead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := ls.HeartbeatLeaseMs; l == nil || *l < float64(offload.DefaultBound(aliveFor).Milliseconds()) || *l > float64(kernelpaths.MaxAdaptiveBound.Milliseconds()) {
+		t.Errorf("leader %d: heartbeat_lease_ms %v, want the adaptive lease within [%v, %v]", lead, ptrString(l), offload.DefaultBound(aliveFor), kernelpaths.MaxAdaptiveBound)
 	}
 
 	// kill -STOP: the loop cannot refresh alive-until any more.

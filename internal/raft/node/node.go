@@ -589,6 +589,9 @@ func (n *Node) Status() api.Status {
 	st := api.Status{ID: n.cfg.ID, ClusterID: n.cfg.ClusterID, State: stateName(s.RaftState), Leader: s.Lead,
 		Term: s.GetTerm(), Commit: s.GetCommit(), Applied: n.applied.Load(), LastIndex: last,
 		SnapshotIndex: n.snapIndex.Load(), UnsafeLocalReads: n.opts.UnsafeLocalReads, Offload: n.OffloadMode()}
+	if alive, lease := n.off.Bounds(); alive > 0 || lease > 0 {
+		st.AliveBoundMs, st.HeartbeatLeaseMs = positiveMs(alive), positiveMs(lease)
+	}
 	if s.RaftState == raft.StateLeader {
 		var oldest *float64
 		for id, pr := range s.Progress {
@@ -627,6 +630,14 @@ func (n *Node) heardMs(peer uint64, leading bool) *float64 {
 func (n *Node) heardByMs(peer uint64, leading bool) (transport, kernel *float64) {
 	h := n.off.HeardBy(peer, leading)
 	return durMs(h.Transport), durMs(h.Kernel)
+}
+
+// positiveMs is d in milliseconds, nil when d is not positive (a path that is off).
+func positiveMs(d time.Duration) *float64 {
+	if d <= 0 {
+		return nil
+	}
+	return durMs(&d)
 }
 
 func durMs(d *time.Duration) *float64 {

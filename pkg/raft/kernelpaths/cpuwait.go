@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/raft/offload"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // The adaptive bound: with neither Config.AliveBound nor Config.HeartbeatLease set, both
@@ -186,6 +187,7 @@ func (o *Offload) adapt() {
 func (o *Offload) setBound(b time.Duration) {
 	old := o.bound
 	o.bound = b
+	o.boundNs.Store(int64(b))
 	if f := o.fol; f != nil && o.cfg.AliveBound == 0 {
 		f.aliveFor = b
 		f.k.SetAliveFor(b)
@@ -199,4 +201,18 @@ func (o *Offload) setBound(b time.Duration) {
 	if d := b - old; d >= old/10 || -d >= old/10 {
 		o.event(Event{AtNs: int64(offload.Monotonic()), Kind: EventBound, Term: o.termDurable, BoundNs: int64(b)})
 	}
+}
+
+// registerBounds exports Bounds as two gauges (0: that path is off), so an operator sees
+// the bound in force move with the machine's CPU contention.
+func (o *Offload) registerBounds() {
+	gauge := func(name, help string, f func() time.Duration) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kedge", Subsystem: "raft", Name: name, Help: help},
+			func() float64 { return f().Seconds() })
+	}
+	o.reg.MustRegister(
+		gauge("kernel_alive_bound_seconds", "How long the follower program answers for this node after its loop's last refresh (fixed or adaptive; 0: path off).",
+			func() time.Duration { a, _ := o.Bounds(); return a }),
+		gauge("kernel_heartbeat_lease_seconds", "How long one renewal keeps the kernel heartbeating for this node as leader (fixed or adaptive; 0: path off).",
+			func() time.Duration { _, l := o.Bounds(); return l }))
 }

@@ -1,6 +1,7 @@
 package kernelpaths
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -177,6 +178,7 @@ type Offload struct {
 	waits    *cpuWait
 	waitAt   time.Duration
 	bound    time.Duration
+	boundNs  atomic.Int64 // bound, for readers outside the Ready loop (Bounds)
 
 	wake   chan Wakeup
 	closed chan struct{}
@@ -226,6 +228,7 @@ func Open(cfg Config) (*Offload, error) {
 	}
 	o.hbKernel = newHeartbeatCounter(o.reg, cfg.LeaderHeartbeats != Off)
 	o.bound = offload.DefaultBound(o.electionTimeout())
+	o.boundNs.Store(int64(o.bound))
 	if (cfg.Follower != Off && cfg.AliveBound == 0) || (cfg.LeaderHeartbeats != Off && cfg.HeartbeatLease == 0) {
 		o.adaptive, o.waits = newAdaptiveBound(o.bound), newCPUWait()
 	}
@@ -244,6 +247,7 @@ func Open(cfg Config) (*Offload, error) {
 		o.tr.Close()
 		return nil, err
 	}
+	o.registerBounds()
 	if et := o.electionTimeout(); followerOnlyShort(o.fol != nil, o.hb != nil, et) {
 		o.log.Warn("raft: the kernel's failure detector runs without kernel heartbeats at a short election timeout: "+
 			"it judges this cluster's leader by its user-space heartbeats in real time, so a leader whose process waits "+
@@ -437,6 +441,21 @@ func (o *Offload) Mode() string {
 		return ""
 	}
 	return o.fol.k.Mode() + " on " + o.fol.k.Interface()
+}
+
+// Bounds is what the kernel paths vouch for the node with now (0: that path is off): how
+// long the follower program answers for it after the loop's last refresh (the alive bound)
+// and how long one renewal keeps the kernel heartbeating for it as leader (the lease); each
+// is Config's fixed value, else the adaptive bound (cpuwait.go). Safe from any goroutine.
+func (o *Offload) Bounds() (alive, lease time.Duration) {
+	b := time.Duration(o.boundNs.Load())
+	if o.fol != nil {
+		alive = cmp.Or(o.cfg.AliveBound, b)
+	}
+	if o.hb != nil {
+		lease = cmp.Or(o.cfg.HeartbeatLease, b)
+	}
+	return alive, lease
 }
 
 // KernelHeartbeats reports whether the kernel sends this node's heartbeats as leader.
