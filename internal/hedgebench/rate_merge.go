@@ -35,6 +35,7 @@ func MergeRate(dirs []string, outDir string) (RateResult, error) {
 		return res, errors.New("merge: at least two rate results")
 	}
 	var holds []RateHold
+	next := 1 // the merged number of the next hold's first round
 	prog := map[string][]ProgTime{}
 	idle := map[string][]float64{}
 	for i, dir := range dirs {
@@ -56,12 +57,8 @@ func MergeRate(dirs []string, outDir string) (RateResult, error) {
 		} else if err := sameRateRun(res, r); err != nil {
 			return res, fmt.Errorf("merge: %s: %w", dir, err)
 		}
-		first := len(holds)
-		if first > 0 {
-			first = holds[first-1].FirstRound + holds[first-1].Rounds
-		} else {
-			first = 1
-		}
+		first := next
+		next += rounds
 		for _, run := range r.Runs {
 			run.Round += first - 1
 			res.Runs = append(res.Runs, run)
@@ -75,8 +72,7 @@ func MergeRate(dirs []string, outDir string) (RateResult, error) {
 		holds = append(holds, RateHold{Dir: filepath.Base(dir), Timestamp: r.Timestamp.UTC().Format("2006-01-02T15:04:05Z"),
 			LoadAvg: r.LoadAvg, Rounds: rounds, FirstRound: first})
 	}
-	last := holds[len(holds)-1]
-	res.Parameters["rounds"] = last.FirstRound + last.Rounds - 1
+	res.Parameters["rounds"] = next - 1
 	res.Parameters["holds"] = holds
 	for _, arm := range res.Arms {
 		if v := idle[arm]; len(v) > 0 {

@@ -390,6 +390,13 @@ func (l *Leader) SetLease(d time.Duration) {
 	l.opts.Lease = max(d, 2*l.opts.Interval)
 }
 
+// Lease is how long one renewal keeps the kernel sending now (Lease, or SetLease's).
+func (l *Leader) Lease() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.opts.Lease
+}
+
 // Update is the node's hook, called by its Ready loop on every tick and whenever the
 // leadership changes: lead and term are this node's, committed its commit index, match
 // each follower's Progress.Match. As leader it renews the lease (now + Lease) and writes

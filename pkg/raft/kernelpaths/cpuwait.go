@@ -176,7 +176,7 @@ func (o *Offload) adapt() {
 		a.observe(now, dt, wait)
 	}
 	o.waitAt = now
-	if b := a.bound(); b != o.bound {
+	if b := a.bound(); b != time.Duration(o.bound.Load()) {
 		o.setBound(b)
 	}
 }
@@ -185,9 +185,7 @@ func (o *Offload) adapt() {
 // (unless Config.AliveBound) and the leader's lease (unless Config.HeartbeatLease); the
 // change is recorded when it moves by a tenth or more.
 func (o *Offload) setBound(b time.Duration) {
-	old := o.bound
-	o.bound = b
-	o.boundNs.Store(int64(b))
+	old := time.Duration(o.bound.Swap(int64(b)))
 	if f := o.fol; f != nil && o.cfg.AliveBound == 0 {
 		f.aliveFor = b
 		f.k.SetAliveFor(b)

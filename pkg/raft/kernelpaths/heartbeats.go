@@ -44,7 +44,7 @@ func (o *Offload) startHeartbeats() error {
 	lo := offload.LeaderOptions{ClusterID: o.cfg.ClusterID, Self: o.self, Source: o.peers[o.self], Log: o.log,
 		Interval: time.Duration(o.cfg.HeartbeatTicks) * o.cfg.Tick, Lease: o.cfg.HeartbeatLease, Key: (*wire.Key)(o.cfg.Key)}
 	if lo.Lease == 0 {
-		lo.Lease = o.bound // adaptive (cpuwait.go): the floor until the first reading
+		lo.Lease = time.Duration(o.bound.Load()) // adaptive (cpuwait.go): the floor until the first reading
 	}
 	lo.Pacer.Netns = -1
 	for _, p := range o.cfg.Peers {

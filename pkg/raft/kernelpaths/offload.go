@@ -1,7 +1,6 @@
 package kernelpaths
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -169,16 +168,19 @@ type Offload struct {
 	fol      *follower
 	hb       heartbeatSender
 	hbLeader interface{ Close() error }
-	hbLease  interface{ SetLease(time.Duration) }
+	hbLease  interface {
+		SetLease(time.Duration)
+		Lease() time.Duration
+	}
 	hbKernel prometheus.Counter
 
 	// The adaptive bound (cpuwait.go; nil adaptive: both bounds set, or no kernel path):
-	// the estimator, the threads' CPU wait, when it was last read, the bound in force.
+	// the estimator, the threads' CPU wait, when it was last read, the bound in force
+	// (written by the Ready loop, read by Bounds from any goroutine).
 	adaptive *adaptiveBound
 	waits    *cpuWait
 	waitAt   time.Duration
-	bound    time.Duration
-	boundNs  atomic.Int64 // bound, for readers outside the Ready loop (Bounds)
+	bound    atomic.Int64
 
 	wake   chan Wakeup
 	closed chan struct{}
@@ -227,10 +229,10 @@ func Open(cfg Config) (*Offload, error) {
 		o.cfg.Bind = selfAddr.String()
 	}
 	o.hbKernel = newHeartbeatCounter(o.reg, cfg.LeaderHeartbeats != Off)
-	o.bound = offload.DefaultBound(o.electionTimeout())
-	o.boundNs.Store(int64(o.bound))
+	floor := offload.DefaultBound(o.electionTimeout())
+	o.bound.Store(int64(floor))
 	if (cfg.Follower != Off && cfg.AliveBound == 0) || (cfg.LeaderHeartbeats != Off && cfg.HeartbeatLease == 0) {
-		o.adaptive, o.waits = newAdaptiveBound(o.bound), newCPUWait()
+		o.adaptive, o.waits = newAdaptiveBound(floor), newCPUWait()
 	}
 	var err error
 	o.tr, err = transport.New(transport.Options{ClusterID: cfg.ClusterID, Self: cfg.ID, Bind: o.cfg.Bind,
@@ -444,16 +446,15 @@ func (o *Offload) Mode() string {
 }
 
 // Bounds is what the kernel paths vouch for the node with now (0: that path is off): how
-// long the follower program answers for it after the loop's last refresh (the alive bound)
-// and how long one renewal keeps the kernel heartbeating for it as leader (the lease); each
-// is Config's fixed value, else the adaptive bound (cpuwait.go). Safe from any goroutine.
+// long the follower program answers for it after the loop's last refresh (the alive bound:
+// Config.AliveBound, else the adaptive bound, cpuwait.go) and how long one renewal keeps
+// the kernel heartbeating for it as leader (the sender's lease). Safe from any goroutine.
 func (o *Offload) Bounds() (alive, lease time.Duration) {
-	b := time.Duration(o.boundNs.Load())
 	if o.fol != nil {
-		alive = cmp.Or(o.cfg.AliveBound, b)
+		alive = o.aliveBound()
 	}
-	if o.hb != nil {
-		lease = cmp.Or(o.cfg.HeartbeatLease, b)
+	if o.hbLease != nil {
+		lease = o.hbLease.Lease()
 	}
 	return alive, lease
 }

@@ -29,7 +29,7 @@ func (o *Offload) aliveBound() time.Duration {
 	if o.cfg.AliveBound > 0 {
 		return o.cfg.AliveBound
 	}
-	return o.bound
+	return time.Duration(o.bound.Load())
 }
 
 // slowSave records a save that held the loop longer than the alive bound (a stalled disk:
