@@ -34,6 +34,10 @@ func upLab(t *testing.T, name string, kernel bool) *raftlab.Cluster {
 	defer cancel()
 	spec := raftlab.Spec{Name: name, Nodes: 3, Binary: bpftest.KedgeBinary(t), Dir: t.TempDir(),
 		ElectionTicks: labElectionTicks}
+	// The control turns the kernel heartbeats off explicitly: they are on by default, with
+	// the adaptive lease, which on a loaded machine reaches 1 s and would hold the followers
+	// through the control's pause.
+	spec.Args = []string{"--kernel-heartbeats=false"}
 	if kernel {
 		spec.Args = []string{"--kernel-heartbeats", "--heartbeat-lease", labLease.String()}
 	}
