@@ -84,7 +84,7 @@ static __always_inline int rewrite_to(struct __sk_buff *skb, struct scatter_ctx 
 	__be16 port = w->port;
 	__u16 from[2] = { c->cur_port, c->cur_worker };
 	__u16 to[2] = { port, worker };
-	__u32 mac_lo, mac_hi_w;
+	__u32 from_w, to_w, mac_lo, mac_hi_w;
 	__u16 mac_hi;
 	int err = 0;
 
@@ -118,8 +118,9 @@ static __always_inline int rewrite_to(struct __sk_buff *skb, struct scatter_ctx 
 						   &to4, 4, 0);
 		}
 	}
-	err |= bpf_l4_csum_replace(skb, csum_off, *(__u32 *)from, *(__u32 *)to,
-				   BPF_F_MARK_MANGLED_0 | 4);
+	__builtin_memcpy(&from_w, from, 4);
+	__builtin_memcpy(&to_w, to, 4);
+	err |= bpf_l4_csum_replace(skb, csum_off, from_w, to_w, BPF_F_MARK_MANGLED_0 | 4);
 	c->cur_port = port;
 	c->cur_worker = worker;
 	err |= bpf_skb_store_bytes(skb, c->l4_off + offsetof(struct udphdr, dest), &port, 2, 0);
