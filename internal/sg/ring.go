@@ -34,6 +34,11 @@ type Ring struct {
 	mask       uintptr
 	file       *os.File // a non-blocking duplicate of the map's fd, in the runtime poller
 	raw        syscall.RawConn
+	// read is the reader's position: the consumer position once published. held (Hold)
+	// keeps the published position behind it, so the kernel, which wakes the reader only
+	// for a record at the published position, sends no wake-up while the reader polls.
+	read atomic.Uintptr
+	held bool
 }
 
 const (
@@ -64,6 +69,7 @@ func OpenRing(m *ebpf.Map) (_ *Ring, err error) {
 	}
 	r.consPos = (*uintptr)(unsafe.Pointer(&r.cons[0]))
 	r.prodPos = (*uintptr)(unsafe.Pointer(&r.prod[0]))
+	r.read.Store(atomic.LoadUintptr(r.consPos))
 	r.data = r.prod[page:]
 	fd, err := unix.FcntlInt(uintptr(m.FD()), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
@@ -85,11 +91,48 @@ func (r *Ring) Available() int {
 	return int(atomic.LoadUintptr(r.prodPos) - atomic.LoadUintptr(r.consPos))
 }
 
+// Pending reports whether the producer has reserved beyond what the reader has read (the
+// record may still be being written). Safe to call beside the reader.
+func (r *Ring) Pending() bool {
+	return atomic.LoadUintptr(r.prodPos) != r.read.Load()
+}
+
+// Hold makes Read and Next stop publishing the consumer position: the kernel wakes the
+// reader (irq_work, a self-interrupt on the producer's CPU, then an IPI to the reader's)
+// only for a record committed at the published position, so while the reader polls the
+// records after it wake nobody. The position is still published, one record behind the
+// reader, when a quarter of the ring lies between them, so the producer never runs out of
+// room. One reader at a time, as Next.
+func (r *Ring) Hold() { r.held = true }
+
+// Release publishes the reader's position and ends Hold. It returns true when the
+// producer had reserved beyond it already: that record's commit saw the old position and
+// will not wake anyone, so the caller must read on before it waits. The store is a full
+// barrier (XCHG) before the producer position's load, and the kernel reserves (advances
+// the producer position) before it commits and compares with the consumer position, so
+// either this load sees the reservation or the commit sees the new position and wakes.
+func (r *Ring) Release() bool {
+	r.held = false
+	pos := r.read.Load()
+	atomic.StoreUintptr(r.consPos, pos)
+	return atomic.LoadUintptr(r.prodPos) != pos
+}
+
+// consumed advances the reader past a record that started at start and ends at end.
+func (r *Ring) consumed(start, end uintptr) {
+	r.read.Store(end)
+	if !r.held {
+		atomic.StoreUintptr(r.consPos, end)
+	} else if end-atomic.LoadUintptr(r.consPos) > (r.mask+1)/4 {
+		atomic.StoreUintptr(r.consPos, start) // never a position a later record starts at
+	}
+}
+
 // Read copies the next committed record into dst (as much as fits) and returns the
 // record's length; ok is false when no committed record is waiting (empty, or the next
 // one is still being written). Discarded records are skipped. One reader at a time.
 func (r *Ring) Read(dst []byte) (n int, ok bool) {
-	cons := atomic.LoadUintptr(r.consPos)
+	cons := r.read.Load()
 	for {
 		prod := atomic.LoadUintptr(r.prodPos)
 		if prod-cons < ringHdrLen {
@@ -102,11 +145,12 @@ func (r *Ring) Read(dst []byte) (n int, ok bool) {
 		}
 		n = int(hdr & ringLenMask)
 		start := (cons + ringHdrLen) & r.mask
+		rec := cons
 		cons += ringHdrLen + uintptr((n+7)&^7)
 		if hdr&ringDiscard == 0 {
 			copy(dst, r.data[start:start+uintptr(n)])
 		}
-		atomic.StoreUintptr(r.consPos, cons)
+		r.consumed(rec, cons)
 		if hdr&ringDiscard == 0 {
 			return n, true
 		}
@@ -118,7 +162,7 @@ func (r *Ring) Read(dst []byte) (n int, ok bool) {
 // false when no committed record is waiting. Discarded records are skipped. A record's
 // data starts 8-byte aligned. One reader at a time.
 func (r *Ring) Next(f func(rec []byte)) bool {
-	cons := atomic.LoadUintptr(r.consPos)
+	cons := r.read.Load()
 	for {
 		prod := atomic.LoadUintptr(r.prodPos)
 		if prod-cons < ringHdrLen {
@@ -130,12 +174,13 @@ func (r *Ring) Next(f func(rec []byte)) bool {
 		}
 		n := uintptr(hdr & ringLenMask)
 		start := (cons + ringHdrLen) & r.mask
+		rec := cons
 		cons += ringHdrLen + (n+7)&^7
 		if hdr&ringDiscard == 0 {
 			f(r.data[start : start+n : start+n])
 		}
 		// The kernel reuses the record's space only once the consumer position passes it.
-		atomic.StoreUintptr(r.consPos, cons)
+		r.consumed(rec, cons)
 		if hdr&ringDiscard == 0 {
 			return true
 		}

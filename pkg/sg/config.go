@@ -13,6 +13,9 @@ import (
 
 // Validate checks c and fills its defaults (Open calls it).
 func (c *Config) Validate() error {
+	if c.PollSpin == 0 {
+		c.PollSpin = DefaultPollSpin
+	}
 	switch {
 	case c.Interface == "":
 		return errors.New("sg config: no interface (set Config.Interface)")

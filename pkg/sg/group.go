@@ -54,6 +54,7 @@ type Group struct {
 	// holdReads parks the ring's reader after what it read (tests: a reader that fell
 	// behind, so the ring fills and results stay in their slots).
 	holdReads atomic.Bool
+	polls     pollState       // the ring reader's (poll), under pumpMu
 	owner     *runstate.Owner // with a StatusDir: this process's run-state owner
 	pacer     *pacer.Pacer    // Config.Resend: the re-sends' ticks
 }
