@@ -235,6 +235,7 @@ func (r *rateRig) runClient(c, round, order int, arm, svc string, to netip.AddrP
 		"--concurrency", fmt.Sprint(c), "--timeout", o.Timeout.String(), "--base-id", fmt.Sprint(r.next*idSpan),
 		"--scenario", Rate, "--name", filepath.Base(path), "--out", path)
 	clientCPU, err := bench.RunProcessCPU(r.ctx, r.client, io.Discard, name, args...)
+	o.Log.Debug("rate run end", "concurrency", c, "round", round, "arm", arm, "service", svc) // with the start line, a run's window in a system-wide profile
 	p1, perr := sample()
 	cpu1, cerr := bench.ReadCPU()
 	sirq1, serr := readSoftirqs()
