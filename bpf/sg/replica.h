@@ -139,6 +139,15 @@ __attribute__((noinline)) int shard_pick(__u32 key, __u32 rr, __u64 now, __u32 g
 	return rep_picked(sh, pick);
 }
 
+/* shard_spare: whether shard key has more than one replica (a copy sent again goes to
+ * another, a hedge, unless every other one is ejected: shard_next). */
+static __always_inline int shard_spare(__u32 key)
+{
+	struct sg_shard *sh = bpf_map_lookup_elem(&replicas, &key);
+
+	return sh && READ_ONCE(sh->nreplicas) > 1;
+}
+
 /* shard_next returns the replica of shard key that gets a copy sent again
  * (resend.h) after the last one went to replica last: the next one after it that is not
  * ejected, or last itself when there is none (a shard of one replica: a retry). It notes

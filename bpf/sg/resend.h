@@ -12,7 +12,7 @@
  *                         round set (resend_max), the tick's skb rebuilt from the stored
  *                         frame, then for each worker that has not answered (resend_cb):
  *                           the budget pays for the copy ......... else resend_refused
- *                             (a repeat, or a copy past the round's first few, only
+ *                             (a repeat, or a retry past the round's first few, only
  *                             from above half its cap: budget_keep)
  *                           its target: groups with replicas, the next replica of the
  *                             shard after its last copy's that is not ejected (a hedge;
@@ -221,7 +221,7 @@ static long resend_cb(__u64 i, void *ctx)
 	__u32 widx = (__u32)i, word, key, last = 0, rep = 0;
 	struct sg_worker *w;
 	__u64 mask;
-	int picked, again;
+	int picked, again, hedge;
 
 	if (widx >= r->c.nworkers || widx >= SG_WORKERS_MAX)
 		return 1;
@@ -229,7 +229,8 @@ static long resend_cb(__u64 i, void *ctx)
 	if (READ_ONCE(x->s->res.bitmap[word]) & mask)
 		return 0; /* answered */
 	again = !!(x->st->resent[word] & mask);
-	if (!budget_take(x->b, budget_keep(x->g, again, r->retries + r->hedges))) {
+	hedge = r->c.replicas && shard_spare(r->c.replica_base + widx);
+	if (!budget_take(x->b, budget_keep(x->g, again, r->retries + r->hedges, hedge))) {
 		r->refused++;
 		return 0;
 	}

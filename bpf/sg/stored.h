@@ -127,21 +127,24 @@ static __always_inline __u32 quantile_late_max(const struct sg_group *g)
 	return 2 + g->nworkers * (1000 - g->resend_quantile_milli) / 250;
 }
 
-/* budget_keep: what a re-send leaves in the budget, the round's sent-th copy (from 0). A
- * worker's first re-send among the round's first quantile_late_max may spend the last
- * copy; a repeat (its earlier re-send unanswered too), or a copy past those, only what
- * lies above half the cap. A worker that answers no copy for rounds on end is most often a
+/* budget_keep: what a re-send leaves in the budget, the round's sent-th copy (from 0), a
+ * hedge (hedge: to another replica of its shard) or a retry (the same worker again). A
+ * worker's first re-send may spend the last copy, save two: a repeat (its earlier re-send
+ * unanswered too), and a retry past the round's first quantile_late_max, leave what lies
+ * below half the cap. A worker that answers no copy for rounds on end is most often a
  * whole host stalled, where repeats buy nothing; without the reserve one such request's
  * rounds (up to resend_max x nworkers copies) empty the budget, and with few requests in
  * flight nothing refills it before the next request's lost copy is refused in every round
  * and times out. A round that finds more workers silent than a request lacks in the
- * ordinary case is a request late as a whole (a worker host descheduled): its first round
- * alone hedged every worker at once, and at fan-out 64 two such rounds spent the 128-copy
- * burst, leaving the stragglers of the requests after them unhedged (docs/sg.md, Tail).
+ * ordinary case is a request late as a whole (a worker host descheduled): retried to the
+ * same host its copies buy nothing either, and at fan-out 64 a few such rounds emptied the
+ * budget for the lost copies after them (docs/sg.md, Tail). Hedged to another replica they
+ * do: a first hedge is held back by nothing but the budget itself (held back past the
+ * round's first quantile_late_max, the straggle p99 at fan-out 64 read 1.15x).
  * The bound stays ratio x copies + cap: the reserve only orders who may spend. */
-static __always_inline __s64 budget_keep(const struct sg_group *g, int again, __u32 sent)
+static __always_inline __s64 budget_keep(const struct sg_group *g, int again, __u32 sent, int hedge)
 {
-	return again || sent >= quantile_late_max(g) ? (__s64)(g->budget_cap_milli / 2) : 0;
+	return again || (!hedge && sent >= quantile_late_max(g)) ? (__s64)(g->budget_cap_milli / 2) : 0;
 }
 
 static __always_inline void budget_refund(struct sg_budget *b)

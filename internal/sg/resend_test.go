@@ -335,7 +335,8 @@ func cmpOr(v, def int64) int64 {
 // seq 5's first copies go to replica (5 + i) mod n: 0, 0 and 1; at the round, shard 0 (one
 // replica) gets a retry, shards 1 and 2 a hedge to their next replica (1 and 2); an ejected
 // replica is skipped. The hedged replica's reply wins (hedges_won) and the first replica's,
-// after it, is a late reply; a first reply from the first copy's replica is no win.
+// after it, is a late reply; a first reply from the first copy's replica is no win. A
+// round's hedges are not held back past its first quantile_late_max copies, as retries are.
 func TestResendHedges(t *testing.T) {
 	f, s := resendFixture(t, coord4, w4, resendOpts{rounds: 2, shards: shards4})
 	const ms = uint64(time.Millisecond)
@@ -388,6 +389,34 @@ func TestResendHedges(t *testing.T) {
 		steps:  func() []step { return []step{scatter(), tickStep} },
 		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2, "1.ResendRounds": 1},
 		resent: []sent{rep(0, 0), rep(1, 1), rep(2, 0)},
+	}, {
+		// q 0.95: a request of 3 lacks at most 2 in the ordinary case (quantile_late_max);
+		// TestResendAdaptiveDelay's round of 3 retries with the same 6 copies saved is
+		// refused its third.
+		name: "a hedge past the round's first quantile_late_max copies spends below half the cap (budget_keep)",
+		setup: func(tb testing.TB) {
+			var g GroupCfg
+			if err := f.o.Groups.Lookup(uint32(1), &g); err != nil {
+				tb.Fatal(err)
+			}
+			q := g.ResendQuantileMilli
+			g.ResendQuantileMilli = 950
+			if err := f.o.Groups.Put(uint32(1), &g); err != nil {
+				tb.Fatal(err)
+			}
+			tb.Cleanup(func() {
+				g.ResendQuantileMilli = q
+				if err := f.o.Groups.Put(uint32(1), &g); err != nil {
+					tb.Error(err)
+				}
+			})
+			if err := f.o.Budgets.Put(uint32(1), &BudgetRec{TokensMilli: 6 * CopyMilli}); err != nil {
+				tb.Fatal(err)
+			}
+		},
+		steps:  func() []step { return []step{scatter(), tickStep} },
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2, "1.ResendRounds": 1},
+		resent: []sent{rep(0, 0), rep(1, 1), rep(2, 2)},
 	}}
 	r := bpftest.Runner{Counters: f.counters, Clock: f.o.Clock, Within: s.ns.Do}
 	for _, c := range cases {

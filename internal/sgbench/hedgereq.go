@@ -62,12 +62,12 @@ func (p *resendPolicy) deposit(n int) {
 	}
 }
 
-// take: one re-sent copy, paid or refused (budget_take); a repeat (again), or a round's
-// copy past its first lateMax (sent of them so far), leaves half the cap saved
-// (budget_keep).
-func (p *resendPolicy) take(again bool, sent, lateMax int) bool {
+// take: one re-sent copy, paid or refused (budget_take); a repeat (again), or a retry
+// (not hedge: the same worker again) past the round's first lateMax copies (sent of them so
+// far), leaves half the cap saved (budget_keep).
+func (p *resendPolicy) take(again bool, sent, lateMax int, hedge bool) bool {
 	keep := int64(0)
-	if again || sent >= lateMax {
+	if again || (!hedge && sent >= lateMax) {
 		keep = p.capMilli / 2
 	}
 	if p.tokens.Add(-1000) >= keep {
@@ -369,7 +369,7 @@ func (h *hedgeReq) round(elapsed uint64) error {
 		if seen {
 			continue
 		}
-		if !h.p.take(h.resent[i], k, lateMax) {
+		if !h.p.take(h.resent[i], k, lateMax, h.nrep > 1) {
 			h.p.c.refused.Add(1)
 			continue
 		}

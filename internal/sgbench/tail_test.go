@@ -14,21 +14,25 @@ import (
 
 // TestResendPolicy: the user-space baseline's budget and delay follow the data plane's
 // rules: the bucket starts full at the burst, a request deposits ratio x copies while below
-// it, a copy takes one and is refused with none left, a repeat or a round's copy past its
-// first lateMax only from above half the burst; the delay is fixed until the first
-// sample, then the estimate clamped to [floor, ceiling].
+// it, a copy takes one and is refused with none left, a repeat or a round's retry past its
+// first lateMax only from above half the burst (a hedge there down to the last copy); the
+// delay is fixed until the first sample, then the estimate clamped to [floor, ceiling].
 func TestResendPolicy(t *testing.T) {
 	p := newResendPolicy(ClientOptions{Resend: 10 * time.Millisecond, ResendQuantile: 0.9, ResendRatio: 0.5, ResendBurst: 2, MaxResends: 1})
-	if !p.take(false, 0, 3) || !p.take(false, 1, 3) || p.take(false, 2, 3) {
+	if !p.take(false, 0, 3, false) || !p.take(false, 1, 3, false) || p.take(false, 2, 3, false) {
 		t.Fatal("a burst of 2: want two copies paid, the third refused")
 	}
 	p.deposit(4) // 0.5 x 4 copies
-	if !p.take(false, 0, 3) || p.take(true, 1, 3) || !p.take(false, 1, 3) || p.take(false, 2, 3) {
+	if !p.take(false, 0, 3, false) || p.take(true, 1, 3, true) || !p.take(false, 1, 3, false) || p.take(false, 2, 3, false) {
 		t.Fatal("after a deposit of 2 copies: want a first re-send paid, a repeat refused (it leaves half the cap, 1), the second first re-send paid, the third refused")
 	}
 	p.deposit(4)
-	if !p.take(false, 3, 3) || p.take(false, 3, 3) || !p.take(false, 2, 3) {
-		t.Fatal("after a deposit of 2 copies: want a round's copy past its first 3 paid from above half the cap, the next one refused, a copy among the first 3 paid")
+	if !p.take(false, 3, 3, false) || p.take(false, 3, 3, false) || !p.take(false, 2, 3, false) {
+		t.Fatal("after a deposit of 2 copies: want a round's retry past its first 3 paid from above half the cap, the next one refused, a copy among the first 3 paid")
+	}
+	p.deposit(4)
+	if !p.take(false, 3, 3, true) || !p.take(false, 4, 3, true) || p.take(false, 5, 3, true) {
+		t.Fatal("after a deposit of 2 copies: want a round's hedges past its first 3 paid down to the last copy, then refused")
 	}
 	if d := p.next(); d != 10*time.Millisecond {
 		t.Fatalf("no sample: delay %v, want the fixed 10ms", d)
