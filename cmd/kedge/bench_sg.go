@@ -113,7 +113,8 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 	f.Uint64Var(&to.Seed, "seed", to.Seed, "tail: seed of the workers' straggler and loss draws")
 	f.DurationVar(&to.LossTimeout, "loss-timeout", to.LossTimeout, "tail: request timeout in loss mode (--timeout: straggle mode, default 200ms there)")
 	f.DurationVar(&to.Resend, "resend", to.Resend, "tail: re-send delay, the adaptive delay's ceiling (kedge and user space alike)")
-	f.Float64Var(&to.ResendQuantile, "resend-quantile", to.ResendQuantile, "tail: re-send at this quantile of reply times (0: at --resend)")
+	f.Float64Var(&to.ResendQuantile, "resend-quantile", to.ResendQuantile, "tail: retry at this quantile of reply times (loss mode; 0: at --resend)")
+	f.Float64Var(&to.HedgeQuantile, "hedge-quantile", to.HedgeQuantile, "tail: hedge at this quantile of reply times (straggle mode; 0: at --resend)")
 	f.DurationVar(&to.ResendMin, "resend-min", to.ResendMin, "tail: the adaptive delay's floor")
 	f.IntVar(&to.MaxHedges, "max-hedges", to.MaxHedges, "tail: rounds of hedges per request (straggle mode)")
 	f.IntVar(&to.MaxRetries, "max-retries", to.MaxRetries, "tail: rounds of retries per request (loss mode)")
@@ -348,8 +349,9 @@ func checkTailOptions(to sgbench.TailOptions) error {
 		return usagef("--straggle-min %v, --straggle-max %v: want 0 < min <= max", to.StraggleMin, to.StraggleMax)
 	case to.Resend <= 0 || to.Resend >= min(to.Timeout, to.LossTimeout):
 		return usagef("--resend %v: want above 0 and below --timeout (%v) and --loss-timeout (%v)", to.Resend, to.Timeout, to.LossTimeout)
-	case to.ResendQuantile < 0 || to.ResendQuantile >= 1 || to.ResendMin < 0 || to.ResendMin > to.Resend:
-		return usagef("--resend-quantile %v, --resend-min %v: want a quantile in [0, 1) and a floor in [0, --resend]", to.ResendQuantile, to.ResendMin)
+	case to.ResendQuantile < 0 || to.ResendQuantile >= 1 || to.HedgeQuantile < 0 || to.HedgeQuantile >= 1 || to.ResendMin < 0 || to.ResendMin > to.Resend:
+		return usagef("--resend-quantile %v, --hedge-quantile %v, --resend-min %v: want quantiles in [0, 1) and a floor in [0, --resend]",
+			to.ResendQuantile, to.HedgeQuantile, to.ResendMin)
 	case to.MaxHedges < 1 || to.MaxHedges > 16 || to.MaxRetries < 1 || to.MaxRetries > 16:
 		return usagef("--max-hedges and --max-retries: want 1..16")
 	case to.BudgetRatio < 0 || to.BudgetRatio > 100 || to.BudgetBurst < 0:

@@ -180,7 +180,7 @@ func TestTailScenario(t *testing.T) {
 	o.Fanouts, o.Rounds, o.Duration, o.Warmup = []int{4}, 1, 300*time.Millisecond, 5
 	o.Straggle, o.Loss = 0.2, 0.2
 	o.Timeout, o.LossTimeout = 500*time.Millisecond, 500*time.Millisecond
-	o.ResendQuantile, o.Resend = 0, 5*time.Millisecond
+	o.ResendQuantile, o.HedgeQuantile, o.Resend = 0, 0, 5*time.Millisecond
 	o.BudgetRatio = 1
 	o.Out = t.TempDir()
 	var log strings.Builder
