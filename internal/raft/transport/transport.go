@@ -458,7 +458,12 @@ func remoteIP(c net.Conn) netip.Addr {
 	return netip.Addr{}
 }
 
-// sendLoop owns the outbound bulk connection to p.
+// sendLoop owns the outbound bulk connection to p. It keeps one open whether or not there
+// is anything to send: dialled at start and again as soon as the peer closes it, retried
+// with a back-off of its own while the peer refuses, so that a message - a new leader's
+// first append above all - does not wait for a dial and the keyed handshake (docs/raft.md
+// section 3). A message that finds no connection dials at once, as before, unless a
+// message's dial failed within the redial back-off.
 func (t *Transport) sendLoop(p *peer) {
 	defer t.wg.Done()
 	var (
@@ -466,9 +471,12 @@ func (t *Transport) sendLoop(p *peer) {
 		w        *bufio.Writer
 		auth     *wire.FrameAuth
 		broken   chan struct{} // closed when the peer closed or reset the connection
-		nextDial time.Time
-		backoff  = redialMin
+		nextDial time.Time     // a message's dial failed: the next message dials after this
+		backoff  = redialMin   // the messages' redial back-off
+		ahead    = redialMin   // the dials ahead of any message: their back-off
+		redial   = time.NewTimer(0)
 	)
+	defer redial.Stop()
 	closeConn := func() {
 		if c != nil {
 			t.track(c, false)
@@ -481,23 +489,67 @@ func (t *Transport) sendLoop(p *peer) {
 		t.m.sendErrors.WithLabelValues("tcp").Inc()
 		t.log.Debug("raft transport: tcp send", "to", p.ID, "err", err)
 		closeConn()
+		redial.Reset(0)
 		t.raft.ReportUnreachable(p.ID)
 		if m.GetType() == pb.MsgSnap {
 			t.raft.ReportSnapshot(p.ID, raft.SnapshotFailure)
 		}
 	}
+	// dial opens the connection; stop: the transport is closing.
+	dial := func() (stop bool, err error) {
+		d := net.Dialer{Timeout: dialTimeout}
+		conn, err := d.DialContext(t.ctx, "tcp", p.Addr.String())
+		if err == nil {
+			if auth, err = t.dialHandshake(conn); err != nil {
+				conn.Close()
+			}
+		}
+		if err != nil {
+			return false, err
+		}
+		if !t.track(conn, true) {
+			conn.Close()
+			return true, nil
+		}
+		c, w, backoff, ahead = conn, bufio.NewWriterSize(conn, 64<<10), redialMin, redialMin
+		broken = make(chan struct{})
+		t.wg.Add(1)
+		go t.watchConn(conn, broken, p.ID)
+		return false, nil
+	}
 	for {
 		var m *pb.Message
+		var gone <-chan struct{} // nil while there is no connection
+		if c != nil {
+			gone = broken
+		}
 		select {
 		case <-t.ctx.Done():
 			return
 		case m = <-p.queue:
+		case <-gone:
+			// The peer went away (a restarted process, a closed socket): a write would
+			// still succeed into the dead connection and the message be lost. Redial now.
+			closeConn()
+			redial.Reset(0)
+			continue
+		case <-redial.C:
+			if c == nil {
+				stop, err := dial()
+				if stop {
+					return
+				}
+				if err != nil {
+					t.log.Debug("raft transport: tcp dial ahead", "to", p.ID, "err", err)
+					redial.Reset(ahead)
+					ahead = min(2*ahead, redialMax)
+				}
+			}
+			continue
 		}
 		if c != nil {
 			select {
 			case <-broken:
-				// The peer went away (a restarted process, a closed socket): a write would
-				// still succeed into the dead connection and the message be lost. Redial now.
 				closeConn()
 			default:
 			}
@@ -507,12 +559,9 @@ func (t *Transport) sendLoop(p *peer) {
 				fail(m, errors.New("peer unreachable, waiting to redial"))
 				continue
 			}
-			d := net.Dialer{Timeout: dialTimeout}
-			conn, err := d.DialContext(t.ctx, "tcp", p.Addr.String())
-			if err == nil {
-				if auth, err = t.dialHandshake(conn); err != nil {
-					conn.Close()
-				}
+			stop, err := dial()
+			if stop {
+				return
 			}
 			if err != nil {
 				nextDial = time.Now().Add(backoff)
@@ -520,14 +569,6 @@ func (t *Transport) sendLoop(p *peer) {
 				fail(m, err)
 				continue
 			}
-			if !t.track(conn, true) {
-				conn.Close()
-				return
-			}
-			c, w, backoff = conn, bufio.NewWriterSize(conn, 64<<10), redialMin
-			broken = make(chan struct{})
-			t.wg.Add(1)
-			go t.watchConn(conn, broken, p.ID)
 		}
 		if err := t.writeFrame(c, w, m, auth); err != nil {
 			fail(m, err)
