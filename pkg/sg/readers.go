@@ -46,6 +46,9 @@ func (g *Group) wait() {
 // would only burn CPU, and the reader sleeps at once.
 func (g *Group) poll() {
 	spin := g.cfg.PollSpin
+	if g.cfg.WakeSocket {
+		spin = 0 // the completing reply wakes the socket's reader; this one waits for timeouts
+	}
 	ps := &g.polls
 	g.pumpMu.Lock()
 	defer g.pumpMu.Unlock()

@@ -291,7 +291,7 @@ type Config struct {
 	// are outstanding, before it sleeps until the ring wakes it; it polls only while the
 	// results' recent spacing is within it (docs/sg.md, "Fast path"). 0: DefaultPollSpin;
 	// negative: never (the reader sleeps as soon as it has read the ring). Ignored with
-	// BusyPoll.
+	// BusyPoll and with WakeSocket.
 	PollSpin time.Duration
 	// WakeSocket makes the reply that completes a request wake the reader: the data plane
 	// passes it to the coordinator socket (SG_GF_WAKE_SOCKET) and emits its result without
