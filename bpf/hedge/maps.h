@@ -55,6 +55,30 @@ struct {
 	__type(value, struct replica_ref);
 } replicas SEC(".maps");
 
+/* A per-CPU cache of the last address each direction matched (key MATCH_REQUEST: services,
+ * MATCH_RESPONSE: replicas; match.h, addr_lookup), in front of the hash lookups. An entry is
+ * valid while its gen equals lookup_gen[0], which user space raises after every change to
+ * services or replicas (Hedger.bumpLookupGen); gen 0 is never valid. */
+struct addr_cache {
+	struct svc_key k;
+	struct replica_ref ref;
+	__u32 gen;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct addr_cache);
+} addr_cache SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} lookup_gen SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, SVC_MAX);

@@ -68,6 +68,51 @@ static __always_inline void count_unparsed(int dir, int perr, const struct pkt *
 	}
 }
 
+/* addr_lookup: the service (MATCH_REQUEST: *ref's svc) or replica (MATCH_RESPONSE) of address
+ * k, through this CPU's cache of the direction's last match (maps.h, addr_cache), else the
+ * hash map; 0 on a match. Only matches are cached: an entry read under lookup_gen g holds
+ * what the map said at or after g was raised, so it is stale only once g moved on. */
+_Static_assert(sizeof(struct svc_key) == 20, "addr_lookup compares svc_key as five words");
+
+static __always_inline int addr_lookup(int dir, const struct svc_key *k, struct replica_ref *ref)
+{
+	__u32 zero = 0, d = dir == MATCH_RESPONSE ? MATCH_RESPONSE : MATCH_REQUEST, gen = 0;
+	__u32 *g = bpf_map_lookup_elem(&lookup_gen, &zero);
+	struct addr_cache *c = bpf_map_lookup_elem(&addr_cache, &d);
+	const __u32 *a = (const __u32 *)k, *b;
+
+	if (g)
+		gen = READ_ONCE(*g);
+	if (c && gen && c->gen == gen) {
+		b = (const __u32 *)&c->k;
+		if (a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4]) {
+			*ref = c->ref;
+			return 0;
+		}
+	}
+	if (dir == MATCH_REQUEST) {
+		__u32 *svc = bpf_map_lookup_elem(&services, k);
+
+		if (!svc)
+			return -1;
+		ref->svc = *svc;
+		ref->index = REPLICA_NONE;
+		ref->is_svc = 0;
+	} else {
+		struct replica_ref *r = bpf_map_lookup_elem(&replicas, k);
+
+		if (!r)
+			return -1;
+		*ref = *r;
+	}
+	if (c && gen) {
+		c->k = *k;
+		c->ref = *ref;
+		c->gen = gen;
+	}
+	return 0;
+}
+
 /* match: the datagram is a request to a service address (dir MATCH_REQUEST) or a response
  * from a service or replica address (MATCH_RESPONSE) of an enabled service, with its
  * request id; fills m and the scoreboard key (client address and port, service, id).
@@ -95,21 +140,9 @@ static __always_inline int match(struct __sk_buff *skb, struct match *m, int dir
 		cli_addr = &m->p.daddr, cli_port = m->p.dport;
 	}
 	addr_key(&k, svc_addr, svc_port);
-	if (dir == MATCH_REQUEST) {
-		__u32 *svc = bpf_map_lookup_elem(&services, &k);
-
-		if (!svc)
-			return 0;
-		m->svc = *svc;
-		m->ref.index = REPLICA_NONE;
-	} else {
-		struct replica_ref *r = bpf_map_lookup_elem(&replicas, &k);
-
-		if (!r)
-			return 0;
-		m->ref = *r;
-		m->svc = r->svc;
-	}
+	if (addr_lookup(dir, &k, &m->ref) < 0)
+		return 0;
+	m->svc = m->ref.svc;
 	if (m->svc >= SVC_MAX)
 		return 0;
 	m->cfg = bpf_map_lookup_elem(&svc_cfgs, &m->svc);

@@ -356,9 +356,11 @@ type hedgeSvcState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	hedgeMapAddrCache             = "addr_cache"
 	hedgeMapDlPrecision           = "dl_precision"
 	hedgeMapHedgeEvents           = "hedge_events"
 	hedgeMapLatHist               = "lat_hist"
+	hedgeMapLookupGen             = "lookup_gen"
 	hedgeMapPacerArming           = "pacer_arming"
 	hedgeMapPacerCounters         = "pacer_counters"
 	hedgeMapReplicas              = "replicas"
@@ -445,9 +447,11 @@ type hedgeProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hedgeMapSpecs struct {
+	AddrCache     *ebpf.MapSpec `ebpf:"addr_cache"`
 	DlPrecision   *ebpf.MapSpec `ebpf:"dl_precision"`
 	HedgeEvents   *ebpf.MapSpec `ebpf:"hedge_events"`
 	LatHist       *ebpf.MapSpec `ebpf:"lat_hist"`
+	LookupGen     *ebpf.MapSpec `ebpf:"lookup_gen"`
 	PacerArming   *ebpf.MapSpec `ebpf:"pacer_arming"`
 	PacerCounters *ebpf.MapSpec `ebpf:"pacer_counters"`
 	Replicas      *ebpf.MapSpec `ebpf:"replicas"`
@@ -504,9 +508,11 @@ func (o *hedgeObjects) Close() error {
 //
 // It can be passed to loadHedgeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hedgeMaps struct {
+	AddrCache     *ebpf.Map `ebpf:"addr_cache"`
 	DlPrecision   *ebpf.Map `ebpf:"dl_precision"`
 	HedgeEvents   *ebpf.Map `ebpf:"hedge_events"`
 	LatHist       *ebpf.Map `ebpf:"lat_hist"`
+	LookupGen     *ebpf.Map `ebpf:"lookup_gen"`
 	PacerArming   *ebpf.Map `ebpf:"pacer_arming"`
 	PacerCounters *ebpf.Map `ebpf:"pacer_counters"`
 	Replicas      *ebpf.Map `ebpf:"replicas"`
@@ -524,9 +530,11 @@ type hedgeMaps struct {
 
 func (m *hedgeMaps) Close() error {
 	return _HedgeClose(
+		m.AddrCache,
 		m.DlPrecision,
 		m.HedgeEvents,
 		m.LatHist,
+		m.LookupGen,
 		m.PacerArming,
 		m.PacerCounters,
 		m.Replicas,

@@ -313,6 +313,22 @@ func (h *Hedger) writeService(idx uint32, s *ServiceConfig, newState bool) error
 	if err := h.objs.Services.Put(hedgeSvcKey{A: svcAddr(s.addr)}, idx); err != nil {
 		return fmt.Errorf("write service %s: %w", s.Name, err)
 	}
+	return h.bumpLookupGen()
+}
+
+// bumpLookupGen raises lookup_gen, which invalidates every CPU's cached address matches
+// (addr_cache, bpf/hedge/match.h): called after every change to services or replicas.
+func (h *Hedger) bumpLookupGen() error {
+	var g uint32
+	if err := h.objs.LookupGen.Lookup(uint32(0), &g); err != nil {
+		return fmt.Errorf("read lookup generation: %w", err)
+	}
+	if g++; g == 0 {
+		g = 1 // 0 is never valid
+	}
+	if err := h.objs.LookupGen.Put(uint32(0), g); err != nil {
+		return fmt.Errorf("write lookup generation: %w", err)
+	}
 	return nil
 }
 

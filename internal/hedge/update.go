@@ -181,7 +181,7 @@ func (h *Hedger) unmapService(s *ServiceConfig) error {
 	if err := h.objs.Services.Delete(hedgeSvcKey{A: svcAddr(s.addr)}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("remove service %s: %w", s.Name, err)
 	}
-	return nil
+	return h.bumpLookupGen()
 }
 
 // disableSlot turns a removed service's slot off: its timer work and response matching stop.

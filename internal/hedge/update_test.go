@@ -135,6 +135,13 @@ func TestUpdate(t *testing.T) {
 	if got := counters("d")["requests"]; got != 0 {
 		t.Errorf("d in a's old slot starts at %d requests, want 0", got)
 	}
+	// a's address, last matched on the CPUs that ran a's traffic and so still in their
+	// address caches (addr_cache), is not d's now that d holds a's slot: every update
+	// raises lookup_gen.
+	runClient(t, client, addr(9001), true, ids(10, 7000), 2*time.Second)
+	if got := counters("d")["requests"]; got != 0 {
+		t.Errorf("d counted %d requests to a's old address, want 0 (a stale address cache)", got)
+	}
 	runClient(t, client, addr(9003), false, ids(20, 1), 2*time.Second)
 	if c := counters("c"); c["requests"] != 20 || c["hedges_sent"] < 2 {
 		t.Errorf("c: requests %d hedges_sent %d, want 20 and >= 2", c["requests"], c["hedges_sent"])
