@@ -129,7 +129,7 @@ static __always_inline __u32 quantile_late_max(const struct sg_group *g)
 
 /* budget_keep: what a re-send leaves in the budget, the round's sent-th copy (from 0), a
  * hedge (hedge: to another replica of its shard) or a retry (the same worker again). A
- * worker's first re-send may spend the last copy, save two: a repeat (its earlier re-send
+ * worker's first re-send may spend the last copy, except two kinds: a repeat (its earlier re-send
  * unanswered too), and a retry past the round's first quantile_late_max, leave what lies
  * below half the cap. A worker that answers no copy for rounds on end is most often a
  * whole host stalled, where repeats buy nothing; without the reserve one such request's
