@@ -245,7 +245,10 @@ func (h *Hedger) fillMaps() error {
 
 // writeService writes service s into slot idx: its config, its state (fresh when
 // newState), its replicas and, last, its address, so the splitter sees it only complete.
-func (h *Hedger) writeService(idx uint32, s *ServiceConfig, newState bool) error {
+func (h *Hedger) writeService(idx uint32, s *ServiceConfig, newState bool) (err error) {
+	// Raised whether or not every write below succeeds: a replica entry overwritten before
+	// a later write failed must not stay cached (addr_cache) under the old generation.
+	defer func() { err = errors.Join(err, h.bumpLookupGen()) }()
 	cfg := hedgeSvcCfg{Enabled: 1, Nreplicas: uint8(len(s.replicas)), OrigIndex: 0}
 	cfg.Reqid.Offset = uint16(s.RequestID.Offset)
 	cfg.Reqid.Len = uint8(s.RequestID.Length)
@@ -313,7 +316,7 @@ func (h *Hedger) writeService(idx uint32, s *ServiceConfig, newState bool) error
 	if err := h.objs.Services.Put(hedgeSvcKey{A: svcAddr(s.addr)}, idx); err != nil {
 		return fmt.Errorf("write service %s: %w", s.Name, err)
 	}
-	return h.bumpLookupGen()
+	return nil
 }
 
 // bumpLookupGen raises lookup_gen, which invalidates every CPU's cached address matches

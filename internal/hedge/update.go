@@ -172,7 +172,9 @@ func (h *Hedger) freeSlot(used map[uint32]bool, now time.Time, ttl time.Duration
 }
 
 // unmapService removes s's address and its replicas' from the lookup maps.
-func (h *Hedger) unmapService(s *ServiceConfig) error {
+func (h *Hedger) unmapService(s *ServiceConfig) (err error) {
+	// Raised even when a delete fails: the entries deleted before it must not stay cached.
+	defer func() { err = errors.Join(err, h.bumpLookupGen()) }()
 	for _, ap := range s.replicas {
 		if err := h.objs.Replicas.Delete(hedgeSvcKey{A: svcAddr(ap)}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("remove replica %s of %s: %w", ap, s.Name, err)
@@ -181,7 +183,7 @@ func (h *Hedger) unmapService(s *ServiceConfig) error {
 	if err := h.objs.Services.Delete(hedgeSvcKey{A: svcAddr(s.addr)}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("remove service %s: %w", s.Name, err)
 	}
-	return h.bumpLookupGen()
+	return nil
 }
 
 // disableSlot turns a removed service's slot off: its timer work and response matching stop.
