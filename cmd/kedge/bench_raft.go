@@ -92,7 +92,8 @@ explicitly, so a kernel that cannot run them fails the run) and "off" (--offload
 space only). With --peer etcd an etcd cluster (Debian's etcd-server, apt-get install
 etcd-server) runs in the same kind of lab beside them, written to by etcd's own Go client,
 and is the baseline of every ratio. The clusters run at the same time and the trials and
-rounds alternate, so every system sees the same machine.
+rounds alternate, so every system sees the same machine - except the failover, which with
+etcd among the modes runs in blocks (--failover-block): one system's cluster up at a time.
   failover         kill -9 of the leader, time until the first write acknowledged through a
                    surviving node, per --failover-client: told which node died (leader,
                    retry) or not told (uninformed: it writes to the leader it knew and finds
@@ -148,6 +149,12 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 				}
 			default:
 				return usagef("--peer %q: use etcd (or leave it out)", peer)
+			}
+			if !cmd.Flags().Changed("failover-block") && contains(o.Modes, raftbench.ModeEtcd) {
+				o.FailoverBlock = peerFailoverBlock
+			}
+			if o.FailoverBlock < 0 {
+				return usagef("--failover-block %d: use 0 (every cluster up at once) or a positive number of trials", o.FailoverBlock)
 			}
 			if o.FailoverClients, err = splitList("--failover-client", clients, raftbench.FailoverClients); err != nil {
 				return err
@@ -236,6 +243,7 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	f.StringVar(&scenarios, "scenarios", "failover,false-elections,throughput,heartbeat", "which runs (comma-separated)")
 	f.StringVar(&modes, "offload", "on,off", "kernel-path modes to compare (comma-separated: on = every kernel path, on-nowait = on without the quorum wait, follower = the follower path without kernel heartbeats, off; xdp-pass = off with an XDP program that passes everything on each node's interface, a control; etcd = the peer, as --peer etcd)")
 	f.StringVar(&clients, "failover-client", raftbench.ClientLeader, "failover writers, comma-separated, the trials alternating: leader (told which node died: asks every survivor for the new leader at once, writes to it), retry (told: tries the survivors in turn, 50 ms per attempt), uninformed (not told: writes to the leader it knew, finds out by a refused or reset connection or no answer within --failover-attempt, then asks every node for a newer leader); etcd's client has the survivors (told) or every node (uninformed) as endpoints")
+	f.IntVar(&o.FailoverBlock, "failover-block", 0, fmt.Sprintf("failover in blocks of this many trials per client: one mode's cluster up at a time, started for its block and stopped (processes gone, namespaces and data removed) after it, the modes alternating block by block; 0: every mode's cluster up at once, the trials alternating one by one (default 0, %d with etcd among the modes: a user runs one store or the other, so neither's failovers should carry the other's heartbeats and fsyncs)", peerFailoverBlock))
 	f.DurationVar(&o.FailoverAttempt, "failover-attempt", 0, "how long the uninformed failover clients wait for the leader they knew before they look for a new one; a write to the new leader is waited for up to 1s (0: the election timeout, at least 10ms)")
 	f.StringVar(&peer, "peer", "", "run a peer system side by side in the same lab, as the baseline of every ratio: etcd (Debian's etcd-server 3.4, written to by its Go client; heartbeat a tenth of the election timeout, pre-vote on)")
 	f.StringVar(&routings, "tp-routing", raftbench.RouteLeader, "throughput writers' routing, comma-separated: leader (every request to the leader) or spread (over every node in turn, as etcd's client balances; followers forward)")
@@ -263,6 +271,9 @@ result.json (envelope: machine, kernel, commit, load) and charts go to --out.`,
 	addBenchOutFlag(cmd, &out, "raft")
 	return cmd
 }
+
+// peerFailoverBlock is --failover-block when etcd is among the modes and the flag is not given.
+const peerFailoverBlock = 5
 
 func splitList(what, s string, allowed []string) ([]string, error) {
 	var out []string
@@ -296,6 +307,23 @@ func raftBenchTable(w io.Writer, r *raftbench.Result) error {
 			fmt.Fprintf(tw, "%d nodes\t%s\t%.0f ms\t%s\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\n", f.Nodes, f.Offload, f.ElectionTimeoutMs, f.Client, len(f.FailoverMs), f.Failed, f.P50Ms, f.P99Ms, f.MaxMs)
 		}
 		fmt.Fprintln(tw)
+		if len(r.FailoverCompare) > 0 {
+			fmt.Fprintln(tw, "FAILOVER RATIO\tMODE / ETCD\tELECTION TIMEOUT\tCLIENT\tP50\tP99")
+			for _, c := range r.FailoverCompare {
+				fmt.Fprintf(tw, "%d nodes\t%s / etcd\t%.0f ms\t%s\t%s\t%s\n", r.Failover[0].Nodes, c.Offload, c.ElectionTimeoutMs, c.Client, times(c.P50), times(c.P99))
+			}
+			fmt.Fprintln(tw)
+		}
+		if len(r.FailoverBlocks) > 0 {
+			fmt.Fprintln(tw, "FAILOVER BLOCKS\tOFFLOAD\tELECTION TIMEOUT\tCLIENT\tTRIALS\tFAILED\tP50\tP99\tMAX\tCLUSTER UP\tLOAD AT START / END")
+			for _, b := range r.FailoverBlocks {
+				for _, c := range b.Clients {
+					fmt.Fprintf(tw, "block %d\t%s\t%.0f ms\t%s\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\t%.0f ms\t%s\n", b.Block+1, b.Offload, b.ElectionTimeoutMs, c.Client,
+						len(c.FailoverMs), c.Failed, c.P50Ms, c.P99Ms, c.MaxMs, b.UpMs, raftbench.BlockLoad(b))
+				}
+			}
+			fmt.Fprintln(tw)
+		}
 		// The phases: each from the event before (p50 / p99 ms); heard-age is how old the
 		// survivors' last word from the leader was at the kill.
 		// etcd keeps no election record: its rows have no phases.

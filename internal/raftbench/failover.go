@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"time"
 
@@ -37,14 +38,10 @@ type Failover struct {
 }
 
 // failover runs o.Trials kill -9 trials with one election timeout in each mode and for each
-// failover client: the clusters of all modes are up together and the trials alternate
-// between them.
-func (o *Options) failover(ctx context.Context, electionTicks int) (out []Failover, err error) {
-	cs, closeAll, err := o.clusters(ctx, fmt.Sprintf("rbf%d", electionTicks), o.Nodes, electionTicks)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { err = errors.Join(err, closeAll()) }()
+// failover client. With o.FailoverBlock > 0 the modes run in blocks, one cluster up at a
+// time (failoverBlocks); else the clusters of all modes are up together and the trials
+// alternate between them.
+func (o *Options) failover(ctx context.Context, electionTicks int) (out []Failover, blocks []FailoverBlock, err error) {
 	type key struct{ mode, client string }
 	fs := map[key]*Failover{}
 	var order []*Failover
@@ -55,11 +52,20 @@ func (o *Options) failover(ctx context.Context, electionTicks int) (out []Failov
 			fs[key{mode, cli}], order = f, append(order, f)
 		}
 	}
+	if o.FailoverBlock > 0 {
+		blocks, err = o.failoverBlocks(ctx, electionTicks, func(mode, cli string) *Failover { return fs[key{mode, cli}] })
+		return collect(order), blocks, err
+	}
+	cs, closeAll, err := o.clusters(ctx, fmt.Sprintf("rbf%d", electionTicks), o.Nodes, electionTicks)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() { err = errors.Join(err, closeAll()) }()
 	for trial := 0; trial < o.Trials; trial++ {
 		for _, cli := range o.failoverClients() {
 			for _, mode := range o.Modes {
 				if err = o.failoverTrial(ctx, cs[mode], fs[key{mode, cli}], trial); err != nil {
-					return collect(order), fmt.Errorf("offload %s, client %s: %w", mode, cli, err)
+					return collect(order), nil, fmt.Errorf("offload %s, client %s: %w", mode, cli, err)
 				}
 			}
 		}
@@ -67,7 +73,102 @@ func (o *Options) failover(ctx context.Context, electionTicks int) (out []Failov
 			o.logf("failover, election %d ticks: %d/%d trials per mode", electionTicks, trial+1, o.Trials)
 		}
 	}
-	return collect(order), nil
+	return collect(order), nil, nil
+}
+
+// FailoverBlock is one block of a failover run in blocks (Options.FailoverBlock): one mode's
+// cluster started with no other cluster up, its trials run (the clients alternating), the
+// cluster stopped - its processes gone, its namespaces and data removed - before the next
+// block's starts.
+type FailoverBlock struct {
+	Block             int           `json:"block"` // in the order run, per election timeout, from 0
+	Offload           string        `json:"offload"`
+	ElectionTicks     int           `json:"election_ticks"`
+	ElectionTimeoutMs float64       `json:"election_timeout_ms"`
+	UpMs              float64       `json:"up_ms"`      // starting the cluster
+	LoadStart         []float64     `json:"load_start"` // /proc/loadavg (1, 5, 15 min) at the block's start and end
+	LoadEnd           []float64     `json:"load_end"`
+	Clients           []BlockClient `json:"clients"`
+}
+
+// BlockClient is one failover client's trials in a block.
+type BlockClient struct {
+	Client     string    `json:"client"`
+	FailoverMs []float64 `json:"failover_ms"` // per acknowledged trial, in order
+	Failed     int       `json:"failed"`
+	P50Ms      float64   `json:"p50_ms"`
+	P99Ms      float64   `json:"p99_ms"`
+	MaxMs      float64   `json:"max_ms"`
+}
+
+// blockRun is one block of the schedule: mode's cluster up for trials trials per client.
+type blockRun struct {
+	Mode   string
+	Trials int
+}
+
+// blockSchedule is the order of a failover run in blocks: the modes in turn, each block
+// size trials per client (the last ones fewer when size does not divide trials), until every
+// mode has had trials.
+func blockSchedule(modes []string, trials, size int) []blockRun {
+	var out []blockRun
+	for done := 0; done < trials && size > 0; done += size {
+		for _, m := range modes {
+			out = append(out, blockRun{Mode: m, Trials: min(size, trials-done)})
+		}
+	}
+	return out
+}
+
+// failoverBlocks runs the trials of one election timeout in blocks (blockSchedule): only the
+// measured mode's cluster is up, so no mode's failovers carry another cluster's heartbeats
+// and fsyncs. fs gives the Failover a mode's trials with a client go to.
+func (o *Options) failoverBlocks(ctx context.Context, electionTicks int, fs func(mode, client string) *Failover) ([]FailoverBlock, error) {
+	var blocks []FailoverBlock
+	trial := map[string]int{}
+	for i, b := range blockSchedule(o.Modes, o.Trials, o.FailoverBlock) {
+		fb := FailoverBlock{Block: i, Offload: b.Mode, ElectionTicks: electionTicks,
+			ElectionTimeoutMs: o.electionMs(b.Mode, electionTicks), LoadStart: bench.LoadAvg()}
+		start := time.Now()
+		name := fmt.Sprintf("rbf%d", electionTicks)
+		c, err := o.cluster(ctx, name, o.Nodes, electionTicks, b.Mode)
+		if err != nil {
+			return blocks, err
+		}
+		fb.UpMs = ms(time.Since(start))
+		before := map[string][2]int{}
+		for _, cli := range o.failoverClients() {
+			f := fs(b.Mode, cli)
+			before[cli] = [2]int{len(f.FailoverMs), f.Failed}
+		}
+		for n := 0; n < b.Trials && err == nil; n++ {
+			for _, cli := range o.failoverClients() {
+				if err = o.failoverTrial(ctx, c, fs(b.Mode, cli), trial[b.Mode]); err != nil {
+					err = fmt.Errorf("offload %s, client %s, block %d: %w", b.Mode, cli, i, err)
+					break
+				}
+			}
+			trial[b.Mode]++
+		}
+		// Stopped completely before the next block: Close waits for every node's exit and
+		// removes the lab's namespaces; the data go with the directory.
+		err = errors.Join(err, c.Close(), os.RemoveAll(c.Spec.Dir))
+		fb.LoadEnd = bench.LoadAvg()
+		for _, cli := range o.failoverClients() {
+			f := fs(b.Mode, cli)
+			bc := BlockClient{Client: cli, FailoverMs: slices.Clone(f.FailoverMs[before[cli][0]:]), Failed: f.Failed - before[cli][1]}
+			if s := slices.Sorted(slices.Values(bc.FailoverMs)); len(s) > 0 {
+				bc.P50Ms, bc.P99Ms, bc.MaxMs = bench.Percentile(s, 50), bench.Percentile(s, 99), s[len(s)-1]
+			}
+			fb.Clients = append(fb.Clients, bc)
+		}
+		blocks = append(blocks, fb)
+		o.logf("failover, election %d ticks: block %d (%s, %d trials per client) done, load %v", electionTicks, i, b.Mode, b.Trials, fb.LoadEnd)
+		if err != nil {
+			return blocks, err
+		}
+	}
+	return blocks, nil
 }
 
 func (o *Options) failoverClients() []string {

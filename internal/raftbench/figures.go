@@ -101,9 +101,8 @@ func renderResult(r *Result, throughput bool) (string, error) {
 			fmt.Fprintf(&b, "| %s | %.0f ms | %s | %d | %.1f / %.1f / %.1f | %s | %s |\n", f.Offload, f.ElectionTimeoutMs, clientName(f.Client), len(f.FailoverMs)-f.Failed,
 				f.P50Ms, f.P99Ms, f.MaxMs, elections, detected)
 		}
-		if ratios := failoverRatios(r.Failover); ratios != "" {
-			b.WriteString(ratios)
-		}
+		b.WriteString(failoverRatios(r.Failover))
+		b.WriteString(failoverBlocksTable(r.FailoverBlocks))
 		b.WriteString("\nFailover phases of kedge's nodes, p50 / p99 ms (each from the event before; `heard-age`: how old the detecting node's last word from the leader was at the kill):\n\n| Mode | Election timeout | Client |")
 		for _, n := range PhaseNames {
 			fmt.Fprintf(&b, " %s |", n)
@@ -161,9 +160,19 @@ func renderResult(r *Result, throughput bool) (string, error) {
 	return b.String(), nil
 }
 
-// failoverRatios is a table of each kedge mode's failover p50 and p99 over etcd's at the
-// same election timeout and client ("" without etcd in the run).
-func failoverRatios(fs []Failover) string {
+// FailoverRatio is a kedge mode's failover p50 and p99 over etcd's at the same election
+// timeout and client.
+type FailoverRatio struct {
+	Offload           string  `json:"offload"`
+	ElectionTimeoutMs float64 `json:"election_timeout_ms"`
+	Client            string  `json:"client"`
+	P50               float64 `json:"p50"`
+	P99               float64 `json:"p99"`
+}
+
+// CompareFailover is each kedge mode's failover over etcd's at the same election timeout and
+// client (nil without etcd in the run).
+func CompareFailover(fs []Failover) []FailoverRatio {
 	type key struct {
 		et     float64
 		client string
@@ -174,18 +183,55 @@ func failoverRatios(fs []Failover) string {
 			peer[key{f.ElectionTimeoutMs, clientName(f.Client)}] = f
 		}
 	}
-	var b strings.Builder
+	var out []FailoverRatio
 	for _, f := range fs {
 		e, ok := peer[key{f.ElectionTimeoutMs, clientName(f.Client)}]
 		if f.Offload == ModeEtcd || !ok || e.P50Ms == 0 || e.P99Ms == 0 {
 			continue
 		}
+		out = append(out, FailoverRatio{Offload: f.Offload, ElectionTimeoutMs: f.ElectionTimeoutMs, Client: clientName(f.Client),
+			P50: f.P50Ms / e.P50Ms, P99: f.P99Ms / e.P99Ms})
+	}
+	return out
+}
+
+// failoverRatios is a table of each kedge mode's failover p50 and p99 over etcd's at the
+// same election timeout and client ("" without etcd in the run).
+func failoverRatios(fs []Failover) string {
+	var b strings.Builder
+	for _, c := range CompareFailover(fs) {
 		if b.Len() == 0 {
 			b.WriteString("\n| Mode / etcd | Election timeout | Client | Failover p50 | Failover p99 |\n|---|---:|---|---:|---:|\n")
 		}
-		fmt.Fprintf(&b, "| %s / etcd | %.0f ms | %s | %.2fx | %.2fx |\n", f.Offload, f.ElectionTimeoutMs, clientName(f.Client), f.P50Ms/e.P50Ms, f.P99Ms/e.P99Ms)
+		fmt.Fprintf(&b, "| %s / etcd | %.0f ms | %s | %.2fx | %.2fx |\n", c.Offload, c.ElectionTimeoutMs, c.Client, c.P50, c.P99)
 	}
 	return b.String()
+}
+
+// failoverBlocksTable is a table of a blocked failover run's blocks, in the order run ("" for
+// a run without blocks).
+func failoverBlocksTable(bs []FailoverBlock) string {
+	if len(bs) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\nIn blocks, one system's cluster up at a time (started for its block, stopped after it), the systems alternating; per block and client p50 / p99 ms:\n\n| Block | Mode | Election timeout | Clients: p50 / p99 (ms) | Load at start / end |\n|---:|---|---:|---|---:|\n")
+	for _, bl := range bs {
+		var cells []string
+		for _, c := range bl.Clients {
+			cells = append(cells, fmt.Sprintf("%s %d: %.1f / %.1f", clientName(c.Client), len(c.FailoverMs), c.P50Ms, c.P99Ms))
+		}
+		fmt.Fprintf(&b, "| %d | %s | %.0f ms | %s | %s |\n", bl.Block+1, bl.Offload, bl.ElectionTimeoutMs, strings.Join(cells, "; "), BlockLoad(bl))
+	}
+	return b.String()
+}
+
+// BlockLoad is a failover block's load average (1 min) at its start and end.
+func BlockLoad(b FailoverBlock) string {
+	if len(b.LoadStart) == 0 || len(b.LoadEnd) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f / %.2f", b.LoadStart[0], b.LoadEnd[0])
 }
 
 // PhaseName is a false-election phase, with the writes of a stress-disk run.
@@ -254,6 +300,9 @@ func configuration(r *Result) string {
 	}
 	if v := num("offload_alive_ms"); v > 0 {
 		parts = append(parts, fmt.Sprintf("alive bound %g ms", v))
+	}
+	if v := num("failover_block"); v > 0 && len(r.Failover) > 0 {
+		parts = append(parts, fmt.Sprintf("failover in blocks of %g trials per client, one system's cluster up at a time", v))
 	}
 	if v, ok := p["peer"].(string); ok && v != "" {
 		parts = append(parts, "peer "+v)

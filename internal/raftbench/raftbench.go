@@ -144,6 +144,11 @@ type Options struct {
 	// FailoverClients: of FailoverClients (nil: ClientLeader); the trials alternate
 	// between them.
 	FailoverClients []string
+	// FailoverBlock > 0 runs the failover in blocks of that many trials per client: one
+	// mode's cluster up at a time, started for its block and stopped after it, the modes
+	// alternating block by block (failoverBlocks). 0: every mode's cluster up at once, the
+	// trials alternating one by one.
+	FailoverBlock int
 	// FailoverAttempt bounds the uninformed failover clients' write to the leader they
 	// knew, before they look for a new one (0: the election timeout, at least 10 ms).
 	FailoverAttempt time.Duration
@@ -187,9 +192,13 @@ type Options struct {
 // Result is result.json.
 type Result struct {
 	bench.Envelope
-	Failover       []Failover       `json:"failover,omitempty"`
-	FalseElections []FalseElections `json:"false_elections,omitempty"`
-	Throughput     []Throughput     `json:"throughput,omitempty"`
+	Failover []Failover `json:"failover,omitempty"`
+	// FailoverBlocks are the blocks of a failover run in blocks (Options.FailoverBlock), in
+	// the order run; FailoverCompare each kedge mode's failover against etcd's.
+	FailoverBlocks  []FailoverBlock  `json:"failover_blocks,omitempty"`
+	FailoverCompare []FailoverRatio  `json:"failover_compare,omitempty"`
+	FalseElections  []FalseElections `json:"false_elections,omitempty"`
+	Throughput      []Throughput     `json:"throughput,omitempty"`
 	// ThroughputRuns are the throughput scenario's runs, round by round; ThroughputCompare
 	// each mode against the baseline (off), paired by round (throughput.go).
 	ThroughputRuns    []ThroughputRun     `json:"throughput_runs,omitempty"`
@@ -217,7 +226,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		"tick_ms": ms(o.Tick), "election_ticks": o.ElectionTicks, "nodes": o.Nodes, "trials": o.Trials,
 		"false_election_s": o.FalseElectionDuration.Seconds(), "throughput_nodes": o.ThroughputNodes,
 		"throughput_s": o.ThroughputDuration.Seconds(), "throughput_rounds": o.ThroughputRounds, "throughput_concurrent": o.Concurrent, "bpf_stats": o.BPFStats, "clients": o.Clients, "scenarios": o.Scenarios,
-		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "false_until_change": o.UntilChange, "stall_iops": o.StallIOPS, "disk_nodes": o.diskNodes(), "failover_clients": o.failoverClients(), "failover_attempt_ms": ms(o.FailoverAttempt), "throughput_routings": o.routings(), "throughput_keys": throughputKeys, "throughput_value_bytes": throughputValueBytes,
+		"modes": o.Modes, "false_modes": o.FalseModes, "false_phases": o.FalsePhases, "false_until_change": o.UntilChange, "stall_iops": o.StallIOPS, "disk_nodes": o.diskNodes(), "failover_clients": o.failoverClients(), "failover_attempt_ms": ms(o.FailoverAttempt), "failover_block": o.FailoverBlock, "throughput_routings": o.routings(), "throughput_keys": throughputKeys, "throughput_value_bytes": throughputValueBytes,
 		"heartbeat_ticks": o.HeartbeatTicks, "heartbeat_lease_ms": ms(o.HeartbeatLease), "offload_alive_ms": ms(o.OffloadAlive), "heartbeat_s": o.HeartbeatDuration.Seconds(),
 		"authenticated": o.ClusterKey != "", "peer": peer,
 	})}
@@ -227,12 +236,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		case "failover":
 			for _, et := range o.ElectionTicks {
 				var f []Failover
-				f, err = o.failover(ctx, et)
+				var blocks []FailoverBlock
+				f, blocks, err = o.failover(ctx, et)
 				res.Failover = append(res.Failover, f...)
+				res.FailoverBlocks = append(res.FailoverBlocks, blocks...)
 				if err != nil {
 					break
 				}
 			}
+			res.FailoverCompare = CompareFailover(res.Failover)
 		case "false-elections":
 			for _, et := range o.ElectionTicks {
 				var fe []FalseElections
