@@ -346,7 +346,7 @@ func newSgScatterCmd() *cobra.Command {
 		resend                                         time.Duration
 		maxResends, resendBurst                        int
 		resendRatio, resendQuantile                    float64
-		resendMin                                      time.Duration
+		resendMin, pollSpin                            time.Duration
 		pacerBackend                                   string
 		userObject, userProg                           string
 	)
@@ -403,6 +403,10 @@ func newSgScatterCmd() *cobra.Command {
 			if busyPoll && wakeSocket {
 				return usagef("--wake-socket and --busy-poll: pick one (the busy-polling reader needs no wake-up)")
 			}
+			spin, err := pollSpinFlag(cmd, pollSpin, busyPoll, wakeSocket)
+			if err != nil {
+				return err
+			}
 			reps, err := parseReplicas(replicaSets, len(ws))
 			if err != nil {
 				return err
@@ -412,7 +416,7 @@ func newSgScatterCmd() *cobra.Command {
 				return usagef("--replica-choice: %w", err)
 			}
 			cfg := sg.Config{Interface: iface, Netns: nsArg, Workers: ws, Replicas: reps, ReplicaChoice: choice, EjectBackoff: ejectBackoff, EjectMaxBackoff: ejectMax, Reduction: r, Type: t, FracBits: fracBits,
-				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, WakeSocket: wakeSocket, MultiPacket: multiPacket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir,
+				Elems: elems, GatherK: gatherK, Need: need, Timeout: timeout, BusyPoll: busyPoll, PollSpin: spin, WakeSocket: wakeSocket, MultiPacket: multiPacket, ScatterBatch: batch, ScatterFirstBatch: firstBatch, StatusDir: runDir,
 				Resend: resend, MaxResends: maxResends, ResendQuantile: resendQuantile, ResendMin: resendMin, PacerBackend: pacerBackend,
 				UserReduction: sg.UserReduction{Object: userObject, Program: userProg}}
 			if cmd.Flags().Changed("resend-ratio") || cmd.Flags().Changed("resend-burst") {
@@ -522,6 +526,7 @@ func newSgScatterCmd() *cobra.Command {
 	f.IntVar(&batch, "scatter-batch", 0, "most copies one run of the scatter program sends before it hands the request on (default 64; docs/sg.md, \"Batches\")")
 	f.IntVar(&firstBatch, "scatter-first-batch", 0, "copies of the first run (default 8); later runs double it up to --scatter-batch")
 	f.BoolVar(&busyPoll, "busy-poll", false, "spin on the result ring instead of sleeping in epoll")
+	addPollSpinFlag(cmd, &pollSpin)
 	f.BoolVar(&multiPacket, "multi-packet", false, "take multi-packet replies (vectors larger than one datagram, up to 32 parts; not with gather; docs/sg.md)")
 	f.BoolVar(&wakeSocket, "wake-socket", false, "let the reply that completes a request wake the reader through the coordinator socket "+
 		"instead of the ring buffer's wake-up (docs/sg.md, \"Delivery\")")
@@ -531,6 +536,31 @@ func newSgScatterCmd() *cobra.Command {
 	addNetnsFlag(cmd, &nsArg, "the interface and the coordinator socket are")
 	addOutputFlag(cmd, &output)
 	return cmd
+}
+
+// addPollSpinFlag adds --poll-spin, Config.PollSpin of the commands that open a group.
+func addPollSpinFlag(cmd *cobra.Command, d *time.Duration) {
+	cmd.Flags().DurationVar(d, "poll-spin", sg.DefaultPollSpin, fmt.Sprintf("how long the result reader polls the ring for the next result while requests are outstanding "+
+		"before it sleeps (lower latency, more CPU); 0 or negative: off, the reader sleeps until the ring wakes it; at most %v (docs/sg.md, \"Delivery\")", sg.MaxPollSpin))
+}
+
+// pollSpinFlag is --poll-spin as Config.PollSpin: 0 or negative is off (-1); a spin is
+// refused beside the readers that ignore it.
+func pollSpinFlag(cmd *cobra.Command, d time.Duration, busyPoll, wakeSocket bool) (time.Duration, error) {
+	if cmd.Flags().Changed("poll-spin") && d > 0 {
+		switch {
+		case busyPoll:
+			return 0, usagef("--poll-spin with --busy-poll: the busy-polling reader always spins")
+		case wakeSocket:
+			return 0, usagef("--poll-spin with --wake-socket: the reader the socket wakes does not poll")
+		case d > sg.MaxPollSpin:
+			return 0, usagef("--poll-spin %v: want at most %v (longer: --busy-poll)", d, sg.MaxPollSpin)
+		}
+	}
+	if d <= 0 {
+		return -1, nil
+	}
+	return d, nil
 }
 
 func newSgStatsCmd() *cobra.Command {

@@ -118,3 +118,38 @@ func TestSgStatsTable(t *testing.T) {
 		t.Errorf("-o json: exit %d, %v: %s", code, err, stdout)
 	}
 }
+
+// TestPollSpinFlag: --poll-spin as Config.PollSpin. 0 must turn polling off, not pick
+// pkg/sg's default (Config.PollSpin 0), and the default is the library's.
+func TestPollSpinFlag(t *testing.T) {
+	for _, c := range []struct {
+		args    []string
+		want    time.Duration
+		wantErr string
+	}{
+		{nil, sg.DefaultPollSpin, ""},
+		{[]string{"--poll-spin", "0"}, -1, ""},
+		{[]string{"--poll-spin", "-5us"}, -1, ""},
+		{[]string{"--poll-spin", "50us"}, 50 * time.Microsecond, ""},
+		{[]string{"--poll-spin", "0", "--busy-poll"}, -1, ""},
+		{[]string{"--poll-spin", "50us", "--busy-poll"}, 0, "--busy-poll"},
+		{[]string{"--poll-spin", "11ms"}, 0, "want at most 10ms"},
+	} {
+		cmd := newSgScatterCmd()
+		if err := cmd.Flags().Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		d, _ := cmd.Flags().GetDuration("poll-spin")
+		busy, _ := cmd.Flags().GetBool("busy-poll")
+		got, err := pollSpinFlag(cmd, d, busy, false)
+		if c.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Errorf("%v: error %v, want one containing %q", c.args, err, c.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("%v: PollSpin %v (error %v), want %v", c.args, got, err, c.want)
+		}
+	}
+}

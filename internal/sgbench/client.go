@@ -26,7 +26,7 @@ import (
 var Methods = []string{"kedge", "kedge-flat", "kedge-bp", "naive", "mmsg", "epoll", "busypoll", "iouring"}
 
 // AllMethods are Methods and the ones run only when asked for (--methods).
-var AllMethods = append(slices.Clone(Methods), "kedge-sock")
+var AllMethods = append(slices.Clone(Methods), "kedge-sock", "kedge-nopoll")
 
 // IsKedge tells kedge's methods from the baselines. kedge: pkg/sg's default, the ring
 // buffer's wake-up (irq_work) wakes the reader, which waits in the Go runtime's poller,
@@ -34,9 +34,11 @@ var AllMethods = append(slices.Clone(Methods), "kedge-sock")
 // runs of 64 (ScatterFirstBatch 64, the scatter before session 6); kedge-bp: BusyPoll,
 // spinning on the ring; kedge-sock: WakeSocket, the reply that completes a request is
 // passed to the coordinator socket and wakes the reader (docs/sg.md, "Delivery"; the
-// quiet run of session 5 measured no gain, so it is no longer a default method).
+// quiet run of session 5 measured no gain, so it is no longer a default method);
+// kedge-nopoll: PollSpin off, the ring's reader sleeps as soon as it has read the ring
+// (the control for the polling reader, docs/sg.md, "Delivery").
 func IsKedge(method string) bool {
-	return method == "kedge" || method == "kedge-flat" || method == "kedge-sock" || method == "kedge-bp"
+	return method == "kedge" || method == "kedge-flat" || method == "kedge-sock" || method == "kedge-bp" || method == "kedge-nopoll"
 }
 
 // ClientOptions configure one client run (one method, one fan-out).
@@ -330,8 +332,11 @@ func setupClient(o ClientOptions) (*client, error) {
 	if IsKedge(o.Method) || IsTailKedge(o.Method) {
 		cfg := sg.Config{Interface: o.Interface, Workers: o.Workers, Reduction: sg.Sum, Type: o.elemType(),
 			Elems: o.Elems, Timeout: o.Timeout, InFlight: max(o.Outstanding, 1), BusyPoll: o.Method == "kedge-bp", WakeSocket: o.Method == "kedge-sock"}
-		if o.Method == "kedge-flat" {
+		switch o.Method {
+		case "kedge-flat":
 			cfg.ScatterFirstBatch = isg.DefaultBatch
+		case "kedge-nopoll":
+			cfg.PollSpin = -1
 		}
 		o.tailConfig(&cfg)
 		g, err := sg.Open(cfg)

@@ -29,6 +29,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("sg config: need %d of %d workers", c.Need, len(c.Workers))
 	case c.InFlight < 0 || c.InFlight > MaxInFlight:
 		return fmt.Errorf("sg config: in-flight limit %d, want 1..%d", c.InFlight, MaxInFlight)
+	case c.PollSpin > MaxPollSpin:
+		return fmt.Errorf("sg config: poll spin %v, want at most %v (negative: off; longer: BusyPoll)", c.PollSpin, MaxPollSpin)
 	case c.ScatterBatch < 0 || c.ScatterBatch > MaxScatterBatch:
 		return fmt.Errorf("sg config: scatter batch %d, want 1..%d", c.ScatterBatch, MaxScatterBatch)
 	case c.ScatterFirstBatch < 0 || c.ScatterFirstBatch > cmp.Or(c.ScatterBatch, isg.DefaultBatch):

@@ -289,9 +289,11 @@ type Config struct {
 	BusyPoll bool
 	// PollSpin is how long the ring's reader polls for the next result, while requests
 	// are outstanding, before it sleeps until the ring wakes it; it polls only while the
-	// results' recent spacing is within it (docs/sg.md, "Fast path"). 0: DefaultPollSpin;
-	// negative: never (the reader sleeps as soon as it has read the ring). Ignored with
-	// BusyPoll and with WakeSocket.
+	// results' recent spacing is within it (docs/sg.md, "Delivery"). 0: DefaultPollSpin;
+	// negative: never (the reader sleeps as soon as it has read the ring); at most
+	// MaxPollSpin. Polling spends the reader's CPU while it waits: a user who counts CPU
+	// rather than latency sets it negative (`kedge sg scatter --poll-spin 0`). Ignored
+	// with BusyPoll and with WakeSocket.
 	PollSpin time.Duration
 	// WakeSocket makes the reply that completes a request wake the reader: the data plane
 	// passes it to the coordinator socket (SG_GF_WAKE_SOCKET) and emits its result without
@@ -351,6 +353,10 @@ type ResendBudget struct {
 // outstanding a result follows the previous one within about 100 us on the development
 // VM, and at 32 outstanding within tens of microseconds.
 const DefaultPollSpin = 200 * time.Microsecond
+
+// MaxPollSpin is the longest Config.PollSpin: a reader that polls longer between results
+// is a busy-polling one (Config.BusyPoll).
+const MaxPollSpin = 10 * time.Millisecond
 
 // Status of a result.
 type Status int
