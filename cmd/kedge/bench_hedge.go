@@ -51,8 +51,10 @@ Scenarios:
             extra load (defaults: 1000 requests, 4 loops, 100 ms timeout, no stalls)
   rate      an unmodified UDP client (closed loops, connected sockets) against a server
             that answers at once, at low load (first of --levels) and at saturation (last),
-            unhedged, with kedge's clone path (--store-limit 0) and with its stored path,
-            paired: --repeats short rounds (15), each running every arm in a rotated order,
+            unhedged, the unhedged path again (control: the bench's own spread), with
+            kedge's clone path (--store-limit 0) and with its stored path, paired:
+            --repeats short rounds (16), each running every arm in a balanced order (over
+            four rounds every arm in every position and after every other arm once),
             at saturation the client pinned to CPU 0 and the servers to CPU 1 in every
             arm. Prints
             req/s ratios, CPU per request added (processes and machine), paired P50 added,
@@ -74,11 +76,11 @@ Flags given explicitly override the scenario's defaults.`,
   # thesis and CPU-pressure scenarios, results under results/hedge/<scenario>/
   kedge bench hedge --scenario thesis,pressure --out results/hedge
 
-  # fast-path cost and throughput: 1 loop and saturation (64 loops), 15 paired rounds
-  kedge bench hedge --scenario rate --levels 1,64 --repeats 15
+  # fast-path cost and throughput: 1 loop and saturation (64 loops), 16 paired rounds
+  kedge bench hedge --scenario rate --levels 1,64 --repeats 16
 
-  # 21 rounds over three holds of the benchmark lock, merged into one result
-  kedge bench hedge --scenario rate --repeats 7 --out /tmp/hold1   # and /tmp/hold2, /tmp/hold3
+  # 24 rounds over three holds of the benchmark lock, merged into one result
+  kedge bench hedge --scenario rate --repeats 8 --out /tmp/hold1   # and /tmp/hold2, /tmp/hold3
   kedge bench hedge --scenario rate --merge /tmp/hold1/rate,/tmp/hold2/rate,/tmp/hold3/rate
 
   # real memcached replicas, one stopped 2% of the time, gets hedged by kedge
@@ -206,7 +208,7 @@ Flags given explicitly override the scenario's defaults.`,
 	f.IntSliceVar(&rateOpts.Levels, "levels", []int{1, 64}, "rate: concurrent loops per level: the first is the low load, the last saturation")
 	f.StringSliceVar(&rateOpts.Arms, "arms", hedgebench.DefaultArms, "rate: arms to run (unhedged always runs); attribution arms: "+strings.Join(hedgebench.AttributionArms, ", "))
 	f.IntVar(&rateOpts.SaturationN, "saturation-requests", 0, "rate: measured requests per run at the last level (default: 4 x --requests, 40000)")
-	f.IntVar(&rateOpts.Repeats, "repeats", 0, "rate, memcached: rounds, each running every arm (at every level) in an order rotated per round (rate: 15, memcached: 3)")
+	f.IntVar(&rateOpts.Repeats, "repeats", 0, "rate, memcached: rounds, each running every arm (at every level) in a balanced order (rate: 16) or rotated (memcached: 3) per round")
 	f.StringVar(&rateOpts.ClientCPUs, "client-cpus", "", "rate: CPU list (taskset -c) of the client at saturation, every arm (default 0 on two CPUs or more)")
 	f.StringVar(&rateOpts.ServerCPUs, "server-cpus", "", "rate: CPU list (taskset -c) of the servers at saturation, every arm (default 1 on two CPUs or more)")
 	f.BoolVar(&rateOpts.NoPin, "no-pin", false, "rate: leave the client and servers where the scheduler puts them at saturation too")

@@ -136,6 +136,11 @@ func rateFigures(dir string) (string, error) {
 		}
 	}
 	b.WriteString("\n(ratio and Δ: against the unhedged run of the same round, median (min..max) over the rounds.)\n\n")
+	if p := positionNote(r); p != "" {
+		for _, line := range strings.Split(strings.TrimSpace(p), "\n") {
+			fmt.Fprintf(&b, "- %s.\n", strings.TrimSpace(line))
+		}
+	}
 	for _, p := range r.Prog {
 		fmt.Fprintf(&b, "- BPF run time per request, %s path (BPF_PROG_TEST_RUN, %d requests): hedge_split %.0f ns, hedge_resp %.0f ns (%s).\n",
 			p.Arm, p.Requests, p.SplitNS, p.RespNS, counterStr(p.Counters, "clones", "stored", "store_too_large", "store_full"))
@@ -194,6 +199,11 @@ func targetFigures(dir string) (string, error) {
 	fmt.Fprintf(&b, "| Path | req/s at %d loops / unhedged (>= %gx) | CPU/req added, processes (<= %.0f µs) | CPU/req added, machine | P50 added at %d loop(s) (<= %.0f µs) |\n",
 		sat.Concurrency, Targets.RPSRatio, Targets.CPUAddedUS, low.Concurrency, Targets.P50AddedUS)
 	b.WriteString("|---|---:|---:|---:|---:|\n")
+	if c, ok := armAt(sat, ArmControl); ok {
+		lo, _ := armAt(low, ArmControl)
+		fmt.Fprintf(&b, "| control (unhedged again: the bench's spread) | %s | %s | %s | %s |\n", pairedStr(c.RPSRatio, "%.2fx"),
+			pairedStr(c.ProcCPUAddedUS, "%+.1f"), pairedStr(c.CPUAddedUS, "%+.1f"), pairedStr(lo.DeltaP50US, "%+.1f"))
+	}
 	for _, arm := range []string{ArmStored, ArmClone} {
 		s, ok := armAt(sat, arm)
 		lo, _ := armAt(low, arm)

@@ -23,10 +23,13 @@ import (
 // load (the first level: one loop) and at saturation (the last level: many loops, many
 // requests outstanding, nothing stalls), run without kedge ("unhedged"), with kedge's
 // clone path (store limit 0: every request cloned into the delay line) and with its stored
-// path (the default: every request stored in the kernel, hedged from a pacer tick). The
-// arms are paired: every round runs each arm once, in an order rotated per round (round
-// robin), so that drift over the run (other work on the machine, caches) does not favour
-// one arm; ratios and differences are taken within a round and their median reported.
+// path (the default: every request stored in the kernel, hedged from a pacer tick), beside a
+// control arm that is the unhedged path again (an A/A pair: what the bench reads between two
+// identical arms is its own noise and bias). The arms are paired: every round runs each arm
+// once, in a balanced order (armOrder: over a cycle of rounds every arm runs in every
+// position, and right after every other arm, equally often), so that drift over the run
+// (other work on the machine, caches) and what an arm leaves behind for the next do not
+// favour one arm; ratios and differences are taken within a round and their median reported.
 //
 // Two chaos servers run on the server host. "fast" (port 9999) answers every request at
 // once and never stalls: the differences between the arms are kedge's fast-path cost.
@@ -47,7 +50,7 @@ type RateOptions struct {
 	Levels   []int         // concurrent loops per level (1, 64): first = low load, last = saturation
 	N        int           // measured requests per run (10000)
 	Warmup   int           // per run, discarded (500)
-	Repeats  int           // rounds (15)
+	Repeats  int           // rounds (16: a whole number of armOrder's cycles of four arms)
 	Delay    time.Duration // hedge delay (10 ms)
 	Timeout  time.Duration // client timeout (1 s)
 	StallPct int           // chaos service: stalled ids (2)
@@ -63,8 +66,8 @@ type RateOptions struct {
 	ClientCPUs, ServerCPUs string
 	NoPin                  bool
 	clientSet, serverSet   *unix.CPUSet // parsed; nil: not pinned
-	// Arms are the arms to run, by name (default unhedged, clone, stored; unhedged always
-	// runs: every comparison is with it). AttributionArms lists the others.
+	// Arms are the arms to run, by name (default unhedged, control, clone, stored; unhedged
+	// always runs: every comparison is with it). AttributionArms lists the others.
 	Arms    []string
 	Backend string
 	Exe     string
@@ -88,7 +91,7 @@ func (o *RateOptions) defaults() error {
 	}
 	def(&o.N, 10000)
 	def(&o.Warmup, 500)
-	def(&o.Repeats, 15)
+	def(&o.Repeats, 16)
 	def(&o.StallPct, 2)
 	def(&o.ProgRuns, 2000)
 	def(&o.SaturationN, 4*o.N)
@@ -167,8 +170,13 @@ const (
 // The arms of the rate scenario.
 const (
 	ArmUnhedged = "unhedged"
-	ArmClone    = "clone"  // kedge, store limit 0: every request cloned into the delay line
-	ArmStored   = "stored" // kedge, default store limit: every request stored in the kernel
+	// ArmControl is the unhedged path again, a second arm of the same runs: paired with
+	// unhedged it reads the bench's own spread and bias (an A/A comparison). It is not the
+	// hedger attached with no service matching (the idle arms below): that arm has kedge's
+	// background in it and so cannot read 1.00x by construction.
+	ArmControl = "control"
+	ArmClone   = "clone"  // kedge, store limit 0: every request cloned into the delay line
+	ArmStored  = "stored" // kedge, default store limit: every request stored in the kernel
 	// The attribution arms (--arms): where the stored path's cost goes.
 	ArmStoredCarry   = "stored-carry"   // store limit 512: a clone path remains, the pacer carries (conveyor: fillers)
 	ArmStoredNoCarry = "stored-nocarry" // store limit 2000, above the MTU's largest payload: no clone path, no carry
@@ -177,7 +185,7 @@ const (
 )
 
 // DefaultArms are the arms the rate scenario runs unless told otherwise.
-var DefaultArms = []string{ArmUnhedged, ArmClone, ArmStored}
+var DefaultArms = []string{ArmUnhedged, ArmControl, ArmClone, ArmStored}
 
 // AttributionArms are the arms that take the stored path's cost apart: the store limit
 // with and without a clone path (the conveyor's fillers), and the hedger attached with
@@ -199,7 +207,7 @@ func rateArms() []rateArm {
 	limit := func(n int) func(*hedge.ServiceConfig) {
 		return func(s *hedge.ServiceConfig) { setStoreLimit(s, n) }
 	}
-	arms := []rateArm{{name: ArmUnhedged}, {name: ArmClone, set: limit(0)}}
+	arms := []rateArm{{name: ArmUnhedged}, {name: ArmControl}, {name: ArmClone, set: limit(0)}}
 	if storedPathBuilt {
 		arms = append(arms, rateArm{name: ArmStored, set: func(*hedge.ServiceConfig) {}},
 			rateArm{name: ArmStoredCarry, set: limit(512)}, rateArm{name: ArmStoredNoCarry, set: limit(hedge.MaxStoreLimit)},
@@ -286,20 +294,24 @@ type RateRun struct {
 // ArmLevel is one arm at one level: medians over the rounds, and (for a kedge arm) the
 // medians of the per-round comparisons with the unhedged run of the same round.
 type ArmLevel struct {
-	Arm             string            `json:"arm"`
-	RPS             float64           `json:"requests_per_s"`
-	P50US           float64           `json:"p50_us"`
-	P99US           float64           `json:"p99_us"`
-	CPUPerReqUS     float64           `json:"cpu_per_request_us"`
-	ProcCPUPerReqUS float64           `json:"proc_cpu_per_request_us"`
-	RPSRatio        Paired            `json:"rps_ratio,omitzero"`         // this arm / unhedged
-	DeltaP50US      Paired            `json:"delta_p50_us,omitzero"`      // this arm - unhedged
-	DeltaP99US      Paired            `json:"delta_p99_us,omitzero"`      //
-	CPUAddedUS      Paired            `json:"cpu_added_us,omitzero"`      // machine CPU per request
-	ProcCPUAddedUS  Paired            `json:"proc_cpu_added_us,omitzero"` // processes' CPU per request
-	Timeouts        int               `json:"timeouts"`
-	LostClones      uint64            `json:"lost_clones"`
-	Counters        map[string]uint64 `json:"counters,omitempty"` // summed over the rounds
+	Arm             string  `json:"arm"`
+	RPS             float64 `json:"requests_per_s"`
+	P50US           float64 `json:"p50_us"`
+	P99US           float64 `json:"p99_us"`
+	CPUPerReqUS     float64 `json:"cpu_per_request_us"`
+	ProcCPUPerReqUS float64 `json:"proc_cpu_per_request_us"`
+	RPSRatio        Paired  `json:"rps_ratio,omitzero"` // this arm / unhedged
+	// RPSRatioBefore and RPSRatioAfter are RPSRatio split by where this arm ran in its round,
+	// before the unhedged run or after it: on the control arm, the bench's order effect.
+	RPSRatioBefore Paired            `json:"rps_ratio_before_unhedged,omitzero"`
+	RPSRatioAfter  Paired            `json:"rps_ratio_after_unhedged,omitzero"`
+	DeltaP50US     Paired            `json:"delta_p50_us,omitzero"`      // this arm - unhedged
+	DeltaP99US     Paired            `json:"delta_p99_us,omitzero"`      //
+	CPUAddedUS     Paired            `json:"cpu_added_us,omitzero"`      // machine CPU per request
+	ProcCPUAddedUS Paired            `json:"proc_cpu_added_us,omitzero"` // processes' CPU per request
+	Timeouts       int               `json:"timeouts"`
+	LostClones     uint64            `json:"lost_clones"`
+	Counters       map[string]uint64 `json:"counters,omitempty"` // summed over the rounds
 	// Per request sent, median over the rounds: /proc/softirqs by kind, and the pacer's
 	// counters (kedge arms).
 	SoftirqsPerReq map[string]float64 `json:"softirqs_per_request,omitempty"`
@@ -319,6 +331,11 @@ type Paired struct {
 type RateLevel struct {
 	Concurrency int        `json:"concurrency"`
 	Arms        []ArmLevel `json:"arms"`
+	// ByPosition is, per position in the round (0 first), a run's req/s over its arm's
+	// median at this level, median and range over the runs in that position; ByPositionP50
+	// the same of P50. 1.00x everywhere: the position does not matter.
+	ByPosition    []Paired `json:"rps_by_position,omitempty"`
+	ByPositionP50 []Paired `json:"p50_by_position,omitempty"`
 }
 
 // ChaosCheck is a kedge arm's runs of the stalling service at saturation, summed over
@@ -381,6 +398,42 @@ func rotate[T any](arms []T, k int) []T {
 	return append(slices.Clone(arms[k:]), arms[:k]...)
 }
 
+// armOrder is the order of n arms in round k (from 0): the rows of a Williams design. Over
+// orderCycle(n) rounds every arm runs in every position equally often, runs right after
+// every other arm equally often (what a run leaves behind, a warm cache or a busy CPU, falls
+// on each arm alike) and before every other arm in half the rounds. A plain rotation
+// balances the positions only: with three arms it runs each arm after the same one in
+// every round.
+func armOrder(n, k int) []int {
+	if n < 1 {
+		return nil
+	}
+	row := k % orderCycle(n)
+	rev := row >= n // odd n: the second half of the cycle is the first half reversed
+	row %= n
+	out := make([]int, n)
+	for j := range n {
+		b := (j + 1) / 2 // 0, 1, n-1, 2, n-2, ...
+		if j%2 == 0 && j > 0 {
+			b = n - j/2
+		}
+		out[j] = (b + row) % n
+	}
+	if rev {
+		slices.Reverse(out)
+	}
+	return out
+}
+
+// orderCycle is the rounds after which armOrder repeats: n for an even number of arms, 2n
+// for an odd one.
+func orderCycle(n int) int {
+	if n%2 == 1 && n > 1 {
+		return 2 * n
+	}
+	return max(n, 1)
+}
+
 // RunRate runs the rate scenario and writes result.json and charts into o.OutDir.
 func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 	var res RateResult
@@ -409,8 +462,8 @@ func RunRate(ctx context.Context, o RateOptions) (RateResult, error) {
 		res.StoredArm = "not run: this build of the hedger has no stored path (--store-limit)"
 	}
 	for round := 1; round <= o.Repeats; round++ {
-		for order, a := range rotate(arms, round-1) {
-			if err := r.runArm(&res, round, order, a); err != nil {
+		for order, i := range armOrder(len(arms), round-1) {
+			if err := r.runArm(&res, round, order, arms[i]); err != nil {
 				return res, err
 			}
 		}

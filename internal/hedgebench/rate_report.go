@@ -29,7 +29,7 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 				a.ProcCPUPerReqUS, pairedStr(a.ProcCPUAddedUS, "%+.1f"), a.Timeouts, a.LostClones)
 		}
 	}
-	fmt.Fprintf(&b, "\nrate, %v requests per run, %v rounds (arms in rotated order per round), backend %s, %s\n",
+	fmt.Fprintf(&b, "\nrate, %v requests per run, %v rounds (arms in a balanced order per round), backend %s, %s\n",
 		r.Parameters["n"], r.Parameters["rounds"], r.Backend, r.Describe())
 	if h := holdsNote(r); h != "" {
 		b.WriteString(h + "\n")
@@ -42,7 +42,13 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 
 	if len(r.Levels) > 0 {
 		low, sat := r.Levels[0], r.Levels[len(r.Levels)-1]
+		b.WriteString(positionNote(r))
 		fmt.Fprintf(&b, "\nTargets (docs/hedging.md), paired per round:\n")
+		if c, ok := armAt(sat, ArmControl); ok {
+			lo, _ := armAt(low, ArmControl)
+			fmt.Fprintf(&b, "  control (the unhedged path again, the bench's own spread): req/s at %d loops %s, CPU added %s µs (processes), P50 added at %d loop(s) %s µs\n",
+				sat.Concurrency, pairedStr(c.RPSRatio, "%.2fx"), pairedStr(c.ProcCPUAddedUS, "%+.1f"), low.Concurrency, pairedStr(lo.DeltaP50US, "%+.1f"))
+		}
 		for _, arm := range []string{ArmStored, ArmClone} {
 			s, ok := armAt(sat, arm)
 			lo, _ := armAt(low, arm)
@@ -82,6 +88,37 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 	fmt.Fprintf(&b, "idle (nothing sent), busy CPUs: %s\n", strings.Join(idle, ", "))
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// positionNote says, per level, whether the order of the arms in a round moves a run's
+// figures (RateLevel.ByPosition) and each arm's ratio to unhedged when it ran before and
+// after it.
+func positionNote(r RateResult) string {
+	var b strings.Builder
+	for _, l := range r.Levels {
+		if len(l.ByPosition) == 0 {
+			continue
+		}
+		var pos, ba []string
+		for i, p := range l.ByPosition {
+			s := fmt.Sprintf("%d: req/s %s", i+1, pairedStr(p, "%.2fx"))
+			if i < len(l.ByPositionP50) {
+				s += fmt.Sprintf(", P50 %.2fx", l.ByPositionP50[i].Median)
+			}
+			pos = append(pos, s)
+		}
+		for _, a := range l.Arms {
+			if a.RPSRatioBefore.N+a.RPSRatioAfter.N > 0 {
+				ba = append(ba, fmt.Sprintf("%s %s before, %s after (%d/%d rounds)", a.Arm, pairedStr(a.RPSRatioBefore, "%.2fx"),
+					pairedStr(a.RPSRatioAfter, "%.2fx"), a.RPSRatioBefore.N, a.RPSRatioAfter.N))
+			}
+		}
+		fmt.Fprintf(&b, "Position in the round at %d loop(s), a run over its arm's median (1.00x: no effect): %s\n", l.Concurrency, strings.Join(pos, "; "))
+		if len(ba) > 0 {
+			fmt.Fprintf(&b, "  ratio to unhedged by whether the arm ran before or after it: %s\n", strings.Join(ba, "; "))
+		}
+	}
+	return b.String()
 }
 
 // storeCounters are the stored path's counters (issue 14), shown where the hedger has them.
@@ -145,7 +182,7 @@ func writeRateCharts(dir string, r RateResult) error {
 		{"latency", "P50 latency (median over the rounds)", "P50 (µs)", func(a ArmLevel) float64 { return a.P50US }},
 		{"cpu", "CPU per request: client, servers, ksoftirqd, kedge", "CPU time per request (µs)", func(a ArmLevel) float64 { return a.ProcCPUPerReqUS }},
 	}
-	colors := map[string]color.Color{ArmUnhedged: color.Black, ArmClone: color.RGBA{R: 214, G: 39, B: 40, A: 255},
+	colors := map[string]color.Color{ArmUnhedged: color.Black, ArmControl: color.Gray{Y: 140}, ArmClone: color.RGBA{R: 214, G: 39, B: 40, A: 255},
 		ArmStored: color.RGBA{R: 31, G: 119, B: 180, A: 255}}
 	for _, c := range charts {
 		p := plot.New()

@@ -73,7 +73,7 @@ func rateLevels(runs []RateRun, levels []int, arms []string) []RateLevel {
 		}
 		for _, arm := range arms {
 			al := ArmLevel{Arm: arm}
-			var rps, p50, p99, cpu, pcpu, ratio, dp50, dp99, dcpu, dpcpu, sirq []float64
+			var rps, p50, p99, cpu, pcpu, ratio, before, after, dp50, dp99, dcpu, dpcpu, sirq []float64
 			sirqs, pacer := map[string][]float64{}, map[string][]float64{}
 			for round, r := range byRound[arm] {
 				rps, p50, p99 = append(rps, r.RPS), append(p50, r.P50US), append(p99, r.P99US)
@@ -97,17 +97,48 @@ func rateLevels(runs []RateRun, levels []int, arms []string) []RateLevel {
 				}
 				if u.RPS > 0 {
 					ratio = append(ratio, r.RPS/u.RPS)
+					if r.Order < u.Order {
+						before = append(before, r.RPS/u.RPS)
+					} else {
+						after = append(after, r.RPS/u.RPS)
+					}
 				}
 				dp50, dp99 = append(dp50, r.P50US-u.P50US), append(dp99, r.P99US-u.P99US)
 				dcpu, dpcpu = append(dcpu, r.CPUPerReqUS-u.CPUPerReqUS), append(dpcpu, r.ProcCPUPerReqUS-u.ProcCPUPerReqUS)
 			}
 			al.RPS, al.P50US, al.P99US, al.CPUPerReqUS, al.ProcCPUPerReqUS = median(rps), median(p50), median(p99), median(cpu), median(pcpu)
 			al.RPSRatio, al.DeltaP50US, al.DeltaP99US = paired(ratio), paired(dp50), paired(dp99)
+			al.RPSRatioBefore, al.RPSRatioAfter = paired(before), paired(after)
 			al.CPUAddedUS, al.ProcCPUAddedUS = paired(dcpu), paired(dpcpu)
 			al.SoftirqsPerReq, al.PacerPerReq, al.CPUSoftirq = medians(sirqs), medians(pacer), median(sirq)
 			lv.Arms = append(lv.Arms, al)
 		}
+		lv.ByPosition = byPosition(byRound, lv.Arms, func(r *RateRun) float64 { return r.RPS }, func(a ArmLevel) float64 { return a.RPS })
+		lv.ByPositionP50 = byPosition(byRound, lv.Arms, func(r *RateRun) float64 { return r.P50US }, func(a ArmLevel) float64 { return a.P50US })
 		out = append(out, lv)
+	}
+	return out
+}
+
+// byPosition is, per position in the round, each run's figure (of) over its arm's median
+// (med), median and range over the runs that ran in that position.
+func byPosition(byRound map[string]map[int]*RateRun, arms []ArmLevel, of func(*RateRun) float64, med func(ArmLevel) float64) []Paired {
+	var at [][]float64
+	for _, a := range arms {
+		m := med(a)
+		if m <= 0 {
+			continue
+		}
+		for _, r := range byRound[a.Arm] {
+			for len(at) <= r.Order {
+				at = append(at, nil)
+			}
+			at[r.Order] = append(at[r.Order], of(r)/m)
+		}
+	}
+	out := make([]Paired, len(at))
+	for i, v := range at {
+		out[i] = paired(v)
 	}
 	return out
 }
