@@ -201,7 +201,7 @@ func targetFigures(dir string) (string, error) {
 	b.WriteString("|---|---:|---:|---:|---:|\n")
 	if c, ok := armAt(sat, ArmControl); ok {
 		lo, _ := armAt(low, ArmControl)
-		fmt.Fprintf(&b, "| control (unhedged again: the bench's spread) | %s | %s | %s | %s |\n", pairedStr(c.RPSRatio, "%.2fx"),
+		fmt.Fprintf(&b, "| control (unhedged again: the bench's spread) | %s%s | %s | %s | %s |\n", pairedStr(c.RPSRatio, "%.2fx"), ciStr(c.RPSRatio, "%.2fx"),
 			pairedStr(c.ProcCPUAddedUS, "%+.1f"), pairedStr(c.CPUAddedUS, "%+.1f"), pairedStr(lo.DeltaP50US, "%+.1f"))
 	}
 	for _, arm := range []string{ArmStored, ArmClone} {
@@ -220,8 +220,8 @@ func targetFigures(dir string) (string, error) {
 			}
 			return " (missed by " + by + ")"
 		}
-		fmt.Fprintf(&b, "| %s | %s%s | %s%s | %s | %s%s |\n", arm,
-			pairedStr(s.RPSRatio, "%.2fx"), mark(s.RPSRatio.Median >= Targets.RPSRatio, s.RPSRatio.N, fmt.Sprintf("%.2fx", Targets.RPSRatio-s.RPSRatio.Median)),
+		fmt.Fprintf(&b, "| %s | %s%s%s | %s%s | %s | %s%s |\n", arm,
+			pairedStr(s.RPSRatio, "%.2fx"), ciStr(s.RPSRatio, "%.2fx"), mark(s.RPSRatio.Median >= Targets.RPSRatio, s.RPSRatio.N, fmt.Sprintf("%.2fx", Targets.RPSRatio-s.RPSRatio.Median)),
 			pairedStr(s.ProcCPUAddedUS, "%+.1f"), mark(s.ProcCPUAddedUS.Median <= Targets.CPUAddedUS, s.ProcCPUAddedUS.N, fmt.Sprintf("%.1f µs", s.ProcCPUAddedUS.Median-Targets.CPUAddedUS)),
 			pairedStr(s.CPUAddedUS, "%+.1f"),
 			pairedStr(lo.DeltaP50US, "%+.1f"), mark(lo.DeltaP50US.Median <= Targets.P50AddedUS, lo.DeltaP50US.N, fmt.Sprintf("%.1f µs", lo.DeltaP50US.Median-Targets.P50AddedUS)))

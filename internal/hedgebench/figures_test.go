@@ -18,8 +18,8 @@ func TestUpdateFiguresFromResults(t *testing.T) {
 	rate := RateResult{Envelope: bench.NewEnvelope(context.Background(), RateSchema, Rate, map[string]any{"n": 30000, "rounds": 5, "stall_pct": 2, "stall_ms": 50}),
 		Backend: "conveyor", Arms: []string{ArmUnhedged, ArmClone}, StoredArm: "not run: test", IdleCPU: map[string]float64{ArmUnhedged: 0, ArmClone: 0.02},
 		Levels: []RateLevel{
-			{Concurrency: 1, Arms: []ArmLevel{{Arm: ArmUnhedged, RPS: 9000}, {Arm: ArmClone, RPS: 8000, DeltaP50US: Paired{17, 15, 20, 5}}}},
-			{Concurrency: 64, Arms: []ArmLevel{{Arm: ArmUnhedged, RPS: 59000}, {Arm: ArmClone, RPS: 35000, RPSRatio: Paired{0.6, 0.55, 0.7, 5}, ProcCPUAddedUS: Paired{18, 16, 20, 5}}}},
+			{Concurrency: 1, Arms: []ArmLevel{{Arm: ArmUnhedged, RPS: 9000}, {Arm: ArmClone, RPS: 8000, DeltaP50US: Paired{17, 15, 20, 5, 0, 0, 0}}}},
+			{Concurrency: 64, Arms: []ArmLevel{{Arm: ArmUnhedged, RPS: 59000}, {Arm: ArmClone, RPS: 35000, RPSRatio: Paired{0.6, 0.55, 0.7, 5, 0, 0, 0}, ProcCPUAddedUS: Paired{18, 16, 20, 5, 0, 0, 0}}}},
 		},
 		Prog: []ProgTime{{Arm: ArmClone, Requests: 2000, SplitNS: 1500, RespNS: 330, Counters: map[string]uint64{"clones": 2000}}}}
 	if err := bench.WriteJSON(filepath.Join(dir, Rate, "result.json"), rate); err != nil {

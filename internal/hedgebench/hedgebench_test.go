@@ -185,9 +185,9 @@ func TestRateLevelsPairsRounds(t *testing.T) {
 func TestRateReportTargets(t *testing.T) {
 	r := RateResult{Arms: []string{ArmUnhedged, ArmClone}, StoredArm: "not run: test",
 		Levels: []RateLevel{
-			{Concurrency: 1, Arms: []ArmLevel{{Arm: ArmUnhedged}, {Arm: ArmClone, DeltaP50US: Paired{17, 15, 20, 3}}}},
-			{Concurrency: 64, Arms: []ArmLevel{{Arm: ArmUnhedged}, {Arm: ArmClone, RPSRatio: Paired{0.6, 0.55, 0.7, 3},
-				ProcCPUAddedUS: Paired{2, 1, 3, 3}, CPUAddedUS: Paired{20, 18, 30, 3}}}},
+			{Concurrency: 1, Arms: []ArmLevel{{Arm: ArmUnhedged}, {Arm: ArmClone, DeltaP50US: Paired{17, 15, 20, 3, 0, 0, 0}}}},
+			{Concurrency: 64, Arms: []ArmLevel{{Arm: ArmUnhedged}, {Arm: ArmClone, RPSRatio: Paired{0.6, 0.55, 0.7, 3, 0, 0, 0},
+				ProcCPUAddedUS: Paired{2, 1, 3, 3, 0, 0, 0}, CPUAddedUS: Paired{20, 18, 30, 3, 0, 0, 0}}}},
 		}}
 	var b strings.Builder
 	if err := WriteRateReport(&b, r); err != nil {

@@ -320,11 +320,16 @@ type ArmLevel struct {
 }
 
 // Paired is a per-round comparison: median and range over the rounds. N == 0: none.
+// CILo..CIHi is a distribution-free confidence interval for the median (the sign test's
+// order statistics, signInterval) at level CILevel (at least 0.95 where the rounds allow).
 type Paired struct {
-	Median float64 `json:"median"`
-	Min    float64 `json:"min"`
-	Max    float64 `json:"max"`
-	N      int     `json:"rounds"`
+	Median  float64 `json:"median"`
+	Min     float64 `json:"min"`
+	Max     float64 `json:"max"`
+	N       int     `json:"rounds"`
+	CILo    float64 `json:"ci_lo,omitempty"`
+	CIHi    float64 `json:"ci_hi,omitempty"`
+	CILevel float64 `json:"ci_level,omitempty"`
 }
 
 // RateLevel summarises one concurrency level.

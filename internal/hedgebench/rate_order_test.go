@@ -1,6 +1,7 @@
 package hedgebench
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -91,5 +92,24 @@ func TestPositionEffect(t *testing.T) {
 	b.WriteString(positionNote(RateResult{Levels: []RateLevel{l}}))
 	if !strings.Contains(b.String(), "1: req/s 1.20x") || !strings.Contains(b.String(), "control 1.") {
 		t.Errorf("position note:\n%s", b.String())
+	}
+}
+
+// TestSignInterval: the sign test's interval for the median takes the order statistics the
+// binomial tables give (28 values: the 9th and 20th, 96.4%; 12: the 3rd and 10th, 96.1%) and
+// none below six values.
+func TestSignInterval(t *testing.T) {
+	for _, c := range []struct {
+		n, k  int
+		level float64
+	}{{5, 0, 0}, {6, 1, 0.969}, {12, 3, 0.961}, {28, 9, 0.964}, {36, 12, 0.971}} {
+		k, level := signInterval(c.n)
+		if k != c.k || math.Abs(level-c.level) > 0.001 {
+			t.Errorf("n %d: k %d level %.4f, want %d %.3f", c.n, k, level, c.k, c.level)
+		}
+	}
+	v := []float64{9, 1, 8, 2, 7, 3, 6, 4, 5, 10, 11, 12}
+	if p := paired(v); p.CILo != 3 || p.CIHi != 10 || p.Median != 6.5 {
+		t.Errorf("paired %+v: want the interval 3..10 around 6.5", p)
 	}
 }

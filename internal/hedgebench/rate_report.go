@@ -46,8 +46,8 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 		fmt.Fprintf(&b, "\nTargets (docs/hedging.md), paired per round:\n")
 		if c, ok := armAt(sat, ArmControl); ok {
 			lo, _ := armAt(low, ArmControl)
-			fmt.Fprintf(&b, "  control (the unhedged path again, the bench's own spread): req/s at %d loops %s, CPU added %s µs (processes), P50 added at %d loop(s) %s µs\n",
-				sat.Concurrency, pairedStr(c.RPSRatio, "%.2fx"), pairedStr(c.ProcCPUAddedUS, "%+.1f"), low.Concurrency, pairedStr(lo.DeltaP50US, "%+.1f"))
+			fmt.Fprintf(&b, "  control (the unhedged path again, the bench's own spread): req/s at %d loops %s%s, CPU added %s µs (processes), P50 added at %d loop(s) %s µs\n",
+				sat.Concurrency, pairedStr(c.RPSRatio, "%.2fx"), ciStr(c.RPSRatio, "%.2fx"), pairedStr(c.ProcCPUAddedUS, "%+.1f"), low.Concurrency, pairedStr(lo.DeltaP50US, "%+.1f"))
 		}
 		for _, arm := range []string{ArmStored, ArmClone} {
 			s, ok := armAt(sat, arm)
@@ -56,8 +56,8 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 				fmt.Fprintf(&b, "  %s path: %s\n", arm, r.StoredArm)
 				continue
 			}
-			fmt.Fprintf(&b, "  %s path: req/s at %d loops %s of unhedged (target >= %gx: %s)\n", arm, sat.Concurrency,
-				pairedStr(s.RPSRatio, "%.2fx"), Targets.RPSRatio, verdict(s.RPSRatio.Median >= Targets.RPSRatio, s.RPSRatio.N,
+			fmt.Fprintf(&b, "  %s path: req/s at %d loops %s of unhedged%s (target >= %gx: %s)\n", arm, sat.Concurrency,
+				pairedStr(s.RPSRatio, "%.2fx"), ciStr(s.RPSRatio, "%.2fx"), Targets.RPSRatio, verdict(s.RPSRatio.Median >= Targets.RPSRatio, s.RPSRatio.N,
 					fmt.Sprintf("short by %.2fx", Targets.RPSRatio-s.RPSRatio.Median)))
 			fmt.Fprintf(&b, "    CPU per request added at %d loops: processes %s µs, machine %s µs (target <= %.0f µs: %s)\n", sat.Concurrency,
 				pairedStr(s.ProcCPUAddedUS, "%+.1f"), pairedStr(s.CPUAddedUS, "%+.1f"), Targets.CPUAddedUS,
@@ -140,6 +140,14 @@ func pairedStr(p Paired, f string) string {
 		return fmt.Sprintf(f, p.Median)
 	}
 	return fmt.Sprintf(f+" ("+f+".."+f+")", p.Median, p.Min, p.Max)
+}
+
+// ciStr is the median's sign-test interval of p (Paired.CILo), "" when it has none.
+func ciStr(p Paired, f string) string {
+	if p.CILevel == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", median within "+f+".."+f+" (%.0f%%)", p.CILo, p.CIHi, 100*p.CILevel)
 }
 
 func verdict(met bool, n int, missed string) string {

@@ -1,6 +1,7 @@
 package hedgebench
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -147,7 +148,29 @@ func paired(v []float64) Paired {
 	if len(v) == 0 {
 		return Paired{}
 	}
-	return Paired{Median: median(v), Min: slices.Min(v), Max: slices.Max(v), N: len(v)}
+	p := Paired{Median: median(v), Min: slices.Min(v), Max: slices.Max(v), N: len(v)}
+	if k, level := signInterval(len(v)); k > 0 {
+		s := slices.Sorted(slices.Values(v))
+		p.CILo, p.CIHi, p.CILevel = s[k-1], s[len(s)-k], level
+	}
+	return p
+}
+
+// signInterval is the sign test's confidence interval for a median of n values: the k-th
+// smallest and the k-th largest, k the largest for which the interval's level, 1 - 2 P(X < k)
+// with X ~ Binomial(n, 1/2), is at least 0.95; k 0 when no k reaches it (n < 6).
+func signInterval(n int) (k int, level float64) {
+	tail, c := 0.0, 1.0 // P(X <= i), C(n, i)
+	half := math.Pow(0.5, float64(n))
+	for i := 0; i < n/2; i++ {
+		tail += c * half
+		if 1-2*tail < 0.95 {
+			break
+		}
+		k, level = i+1, 1-2*tail
+		c = c * float64(n-i) / float64(i+1)
+	}
+	return k, level
 }
 
 // chaosChecks sums the stalling service's runs per kedge arm.
