@@ -263,7 +263,10 @@ type RateRun struct {
 	// CPU, machine: busy time of all CPUs during the run (/proc/stat: every process, the
 	// softirq work, and whatever else ran on the machine), in CPUs (2.0 = both cores busy),
 	// its softirq part, and busy CPU time per request sent in µs.
-	CPUBusy     float64 `json:"cpu_busy"`
+	CPUBusy float64 `json:"cpu_busy"`
+	// StealCPUs is the CPU time the hypervisor took from this VM during the run, in CPUs
+	// (/proc/stat's steal over the run's wall time; part of CPUBusy): the host's other work.
+	StealCPUs   float64 `json:"steal_cpus"`
 	CPUSoftirq  float64 `json:"cpu_softirq"`
 	CPUPerReqUS float64 `json:"cpu_per_request_us"`
 	// CPU, processes: the CPU time (user + system) of the processes involved, per request
@@ -317,6 +320,8 @@ type ArmLevel struct {
 	SoftirqsPerReq map[string]float64 `json:"softirqs_per_request,omitempty"`
 	PacerPerReq    map[string]float64 `json:"pacer_per_request,omitempty"`
 	CPUSoftirq     float64            `json:"cpu_softirq"` // softirq CPUs (/proc/stat), median
+	// Steal is the runs' StealCPUs, median and range over the rounds.
+	Steal Paired `json:"steal_cpus,omitzero"`
 }
 
 // Paired is a per-round comparison: median and range over the rounds. N == 0: none.

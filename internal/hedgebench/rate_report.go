@@ -114,6 +114,15 @@ func positionNote(r RateResult) string {
 			}
 		}
 		fmt.Fprintf(&b, "Position in the round at %d loop(s), a run over its arm's median (1.00x: no effect): %s\n", l.Concurrency, strings.Join(pos, "; "))
+		var st []string
+		for _, a := range l.Arms {
+			if a.Steal.N > 0 && a.Steal.Max > 0 {
+				st = append(st, fmt.Sprintf("%s %s", a.Arm, pairedStr(a.Steal, "%.3f")))
+			}
+		}
+		if len(st) > 0 {
+			fmt.Fprintf(&b, "  CPUs the hypervisor took during the runs (steal): %s\n", strings.Join(st, "; "))
+		}
 		if len(ba) > 0 {
 			fmt.Fprintf(&b, "  ratio to unhedged by whether the arm ran before or after it: %s\n", strings.Join(ba, "; "))
 		}

@@ -221,6 +221,10 @@ func (r *rateRig) runClient(c, round, order int, arm, svc string, to netip.AddrP
 	if err != nil {
 		return run, err
 	}
+	steal0, err := readSteal()
+	if err != nil {
+		return run, err
+	}
 	p0, err := sample()
 	if err != nil {
 		return run, err
@@ -239,8 +243,12 @@ func (r *rateRig) runClient(c, round, order int, arm, svc string, to netip.AddrP
 	p1, perr := sample()
 	cpu1, cerr := bench.ReadCPU()
 	sirq1, serr := readSoftirqs()
-	if err = errors.Join(err, perr, cerr, serr); err != nil {
+	steal1, terr := readSteal()
+	if err = errors.Join(err, perr, cerr, serr, terr); err != nil {
 		return run, err
+	}
+	if wall := cpu1.Sub(cpu0).Wall.Seconds(); wall > 0 {
+		run.StealCPUs = (steal1 - steal0).Seconds() / wall
 	}
 	run.Softirqs = diffCounters(sirq1, sirq0)
 	if h != nil { // the pacer's work during the run, before the settling below

@@ -74,11 +74,11 @@ func rateLevels(runs []RateRun, levels []int, arms []string) []RateLevel {
 		}
 		for _, arm := range arms {
 			al := ArmLevel{Arm: arm}
-			var rps, p50, p99, cpu, pcpu, ratio, before, after, dp50, dp99, dcpu, dpcpu, sirq []float64
+			var rps, p50, p99, cpu, pcpu, ratio, before, after, dp50, dp99, dcpu, dpcpu, sirq, steal []float64
 			sirqs, pacer := map[string][]float64{}, map[string][]float64{}
 			for round, r := range byRound[arm] {
 				rps, p50, p99 = append(rps, r.RPS), append(p50, r.P50US), append(p99, r.P99US)
-				sirq = append(sirq, r.CPUSoftirq)
+				sirq, steal = append(sirq, r.CPUSoftirq), append(steal, r.StealCPUs)
 				perReq(sirqs, r.Softirqs, r.Sent)
 				perReq(pacer, r.Pacer, r.Sent)
 				cpu, pcpu = append(cpu, r.CPUPerReqUS), append(pcpu, r.ProcCPUPerReqUS)
@@ -109,7 +109,7 @@ func rateLevels(runs []RateRun, levels []int, arms []string) []RateLevel {
 			}
 			al.RPS, al.P50US, al.P99US, al.CPUPerReqUS, al.ProcCPUPerReqUS = median(rps), median(p50), median(p99), median(cpu), median(pcpu)
 			al.RPSRatio, al.DeltaP50US, al.DeltaP99US = paired(ratio), paired(dp50), paired(dp99)
-			al.RPSRatioBefore, al.RPSRatioAfter = paired(before), paired(after)
+			al.RPSRatioBefore, al.RPSRatioAfter, al.Steal = paired(before), paired(after), paired(steal)
 			al.CPUAddedUS, al.ProcCPUAddedUS = paired(dcpu), paired(dpcpu)
 			al.SoftirqsPerReq, al.PacerPerReq, al.CPUSoftirq = medians(sirqs), medians(pacer), median(sirq)
 			lv.Arms = append(lv.Arms, al)
