@@ -226,6 +226,10 @@ func targetFigures(dir string) (string, error) {
 			pairedStr(s.CPUAddedUS, "%+.1f"),
 			pairedStr(lo.DeltaP50US, "%+.1f"), mark(lo.DeltaP50US.Median <= Targets.P50AddedUS, lo.DeltaP50US.N, fmt.Sprintf("%.1f µs", lo.DeltaP50US.Median-Targets.P50AddedUS)))
 	}
+	if s, ok := armAt(sat, ArmStored); ok && s.RPSRatioBoth.N > 0 {
+		fmt.Fprintf(&b, "\nThe stored path's req/s at %d loops against both unhedged runs of each round (unhedged and control, their geometric mean): %s%s.\n",
+			sat.Concurrency, pairedStr(s.RPSRatioBoth, "%.2fx"), ciStr(s.RPSRatioBoth, "%.2fx"))
+	}
 	if r.StoredArm != "" {
 		fmt.Fprintf(&b, "\nStored arm: %s.\n", r.StoredArm)
 	}

@@ -306,8 +306,11 @@ type ArmLevel struct {
 	RPSRatio        Paired  `json:"rps_ratio,omitzero"` // this arm / unhedged
 	// RPSRatioBefore and RPSRatioAfter are RPSRatio split by where this arm ran in its round,
 	// before the unhedged run or after it: on the control arm, the bench's order effect.
-	RPSRatioBefore Paired            `json:"rps_ratio_before_unhedged,omitzero"`
-	RPSRatioAfter  Paired            `json:"rps_ratio_after_unhedged,omitzero"`
+	RPSRatioBefore Paired `json:"rps_ratio_before_unhedged,omitzero"`
+	RPSRatioAfter  Paired `json:"rps_ratio_after_unhedged,omitzero"`
+	// RPSRatioBoth is this arm over both unhedged runs of its round, unhedged and control
+	// (their geometric mean): a baseline of two runs, less noisy than one.
+	RPSRatioBoth   Paired            `json:"rps_ratio_both_unhedged,omitzero"`
 	DeltaP50US     Paired            `json:"delta_p50_us,omitzero"`      // this arm - unhedged
 	DeltaP99US     Paired            `json:"delta_p99_us,omitzero"`      //
 	CPUAddedUS     Paired            `json:"cpu_added_us,omitzero"`      // machine CPU per request

@@ -88,6 +88,11 @@ func TestPositionEffect(t *testing.T) {
 		t.Errorf("control: before %+v, after %+v, all %+v: want 1.2x when first before unhedged, 0.83x when after an unhedged first, 1.00x overall",
 			c.RPSRatioBefore, c.RPSRatioAfter, c.RPSRatio)
 	}
+	// Against both unhedged runs (their geometric mean): 1.20x when stored ran first,
+	// 1/sqrt(1.2) = 0.91x when unhedged or control did; the control has no such figure.
+	if st, _ := armAt(l, ArmStored); st.RPSRatioBoth.N != 8 || c.RPSRatioBoth.N != 0 || st.RPSRatioBoth.Max != 1.2 || math.Abs(st.RPSRatioBoth.Min-1/math.Sqrt(1.2)) > 1e-9 {
+		t.Errorf("stored against both %+v (want 8 rounds, 0.91x..1.20x), control against both %+v (want none)", st.RPSRatioBoth, c.RPSRatioBoth)
+	}
 	var b strings.Builder
 	b.WriteString(positionNote(RateResult{Levels: []RateLevel{l}}))
 	if !strings.Contains(b.String(), "1: req/s 1.20x") || !strings.Contains(b.String(), "control 1.") {

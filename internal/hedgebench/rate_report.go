@@ -59,6 +59,9 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 			fmt.Fprintf(&b, "  %s path: req/s at %d loops %s of unhedged%s (target >= %gx: %s)\n", arm, sat.Concurrency,
 				pairedStr(s.RPSRatio, "%.2fx"), ciStr(s.RPSRatio, "%.2fx"), Targets.RPSRatio, verdict(s.RPSRatio.Median >= Targets.RPSRatio, s.RPSRatio.N,
 					fmt.Sprintf("short by %.2fx", Targets.RPSRatio-s.RPSRatio.Median)))
+			if s.RPSRatioBoth.N > 0 {
+				fmt.Fprintf(&b, "    against both unhedged runs of the round (unhedged and control): %s%s\n", pairedStr(s.RPSRatioBoth, "%.2fx"), ciStr(s.RPSRatioBoth, "%.2fx"))
+			}
 			fmt.Fprintf(&b, "    CPU per request added at %d loops: processes %s µs, machine %s µs (target <= %.0f µs: %s)\n", sat.Concurrency,
 				pairedStr(s.ProcCPUAddedUS, "%+.1f"), pairedStr(s.CPUAddedUS, "%+.1f"), Targets.CPUAddedUS,
 				verdict(s.ProcCPUAddedUS.Median <= Targets.CPUAddedUS, s.ProcCPUAddedUS.N,

@@ -74,7 +74,7 @@ func rateLevels(runs []RateRun, levels []int, arms []string) []RateLevel {
 		}
 		for _, arm := range arms {
 			al := ArmLevel{Arm: arm}
-			var rps, p50, p99, cpu, pcpu, ratio, before, after, dp50, dp99, dcpu, dpcpu, sirq, steal []float64
+			var rps, p50, p99, cpu, pcpu, ratio, both, before, after, dp50, dp99, dcpu, dpcpu, sirq, steal []float64
 			sirqs, pacer := map[string][]float64{}, map[string][]float64{}
 			for round, r := range byRound[arm] {
 				rps, p50, p99 = append(rps, r.RPS), append(p50, r.P50US), append(p99, r.P99US)
@@ -96,6 +96,9 @@ func rateLevels(runs []RateRun, levels []int, arms []string) []RateLevel {
 				if arm == ArmUnhedged || u == nil {
 					continue
 				}
+				if c := byRound[ArmControl][round]; arm != ArmControl && c != nil && u.RPS > 0 && c.RPS > 0 {
+					both = append(both, r.RPS/math.Sqrt(u.RPS*c.RPS))
+				}
 				if u.RPS > 0 {
 					ratio = append(ratio, r.RPS/u.RPS)
 					if r.Order < u.Order {
@@ -110,6 +113,7 @@ func rateLevels(runs []RateRun, levels []int, arms []string) []RateLevel {
 			al.RPS, al.P50US, al.P99US, al.CPUPerReqUS, al.ProcCPUPerReqUS = median(rps), median(p50), median(p99), median(cpu), median(pcpu)
 			al.RPSRatio, al.DeltaP50US, al.DeltaP99US = paired(ratio), paired(dp50), paired(dp99)
 			al.RPSRatioBefore, al.RPSRatioAfter, al.Steal = paired(before), paired(after), paired(steal)
+			al.RPSRatioBoth = paired(both)
 			al.CPUAddedUS, al.ProcCPUAddedUS = paired(dcpu), paired(dpcpu)
 			al.SoftirqsPerReq, al.PacerPerReq, al.CPUSoftirq = medians(sirqs), medians(pacer), median(sirq)
 			lv.Arms = append(lv.Arms, al)
