@@ -76,7 +76,7 @@ func WriteRateReport(w io.Writer, r RateResult) error {
 			p.Arm, p.Requests, p.SplitNS, p.RespNS, counterStr(p.Counters, "requests", "responses", "clones", "stored", "store_too_large", "store_full"))
 	}
 	for _, c := range r.Chaos {
-		fmt.Fprintf(&b, "%d%% stalls at %d loops, %s path: %.0f req/s, %d stalled, %d missed hedges, %d budget refusals, %d lost clones, %d timeouts, rescued in P50 %.1f ms, max %.1f ms\n",
+		fmt.Fprintf(&b, "%v%% stalls at %d loops, %s path: %.0f req/s, %d stalled, %d missed hedges, %d budget refusals, %d lost clones, %d timeouts, rescued in P50 %.1f ms, max %.1f ms\n",
 			r.Parameters["stall_pct"], c.Concurrency, c.Arm, c.RPS, c.Stalled, c.Missed, c.BudgetExhausted, c.LostClones, c.Timeouts,
 			c.RescueP50US/1000, c.RescueMaxUS/1000)
 		if cs := counterStr(c.Counters, storeCounters...); cs != "" {
