@@ -215,7 +215,8 @@ struct sg_group {
 	__u64 eject_base_ns;
 	__u64 eject_max_ns;
 	/* SG_GF_RESEND: a round of re-sends is due resend_ns after the scatter and after each
-	 * round, up to resend_max rounds per request. The budget (struct sg_budget): each
+	 * round (with SG_GF_REPLICAS and the adaptive delay, half of it after a round:
+	 * resend_again_delay), up to resend_max rounds per request. The budget (struct sg_budget): each
 	 * request deposits budget_ratio_milli x nworkers milli-copies while fewer than
 	 * budget_cap_milli are saved; a re-sent copy takes SG_COPY_MILLI, refused when there
 	 * are not that many. So re-sent copies <= ratio x copies scattered + cap / 1000. */

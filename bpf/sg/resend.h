@@ -298,7 +298,7 @@ __attribute__((noinline)) int resend_slot(struct __sk_buff *skb, __u32 slot, __u
 	if (!g || !x.b || !r)
 		return 0;
 	rounds = st->rounds + 1;
-	next = rounds < g->resend_max ? now + resend_delay(g, x.b) : 0;
+	next = rounds < g->resend_max ? now + resend_again_delay(g, x.b) : 0;
 	if (__sync_val_compare_and_swap(&st->due_ns, due, next) != due)
 		return 0; /* another CPU's tick took the round */
 	st->rounds = rounds;

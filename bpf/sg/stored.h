@@ -251,6 +251,24 @@ static __always_inline __u64 resend_delay(const struct sg_group *g, const struct
 	return d < g->resend_ns ? d : g->resend_ns;
 }
 
+/* resend_again_delay: how long after a round the next one is due. With replicas and the
+ * adaptive delay, half of resend_delay, at least resend_min_ns: the estimate is a quantile
+ * of reply times within a whole scatter, each worker answering its copy behind the
+ * request's others on its host, where a hedge travels alone to a replica the request left
+ * idle and is answered in a fraction of that, so waiting a whole delay again for it only
+ * lengthens the requests whose hedge was slow too (at fan-out 64 with 1% stragglers, 2% of
+ * the requests took a second round: most of the p99; docs/sg.md, Tail benchmark). Retries
+ * (no replicas) and the fixed delay keep their rounds resend_delay apart. */
+static __always_inline __u64 resend_again_delay(const struct sg_group *g, const struct sg_budget *b)
+{
+	__u64 d = resend_delay(g, b);
+
+	if (!(g->flags & SG_GF_REPLICAS) || !g->resend_quantile_milli)
+		return d;
+	d /= 2;
+	return d > g->resend_min_ns ? d : g->resend_min_ns;
+}
+
 /* stored_request (scatter, bpf_loop tier, before the first copy is rewritten) stores the
  * request id of slot slot: its frame from the Ethernet header, l4_off the UDP header's
  * offset. A frame longer than SG_STORE_BYTES is not stored (resend_unstored) and never

@@ -357,17 +357,56 @@ func TestResendHedges(t *testing.T) {
 		return sent{to: shards4[shard][r], mac: replicaMAC(shard, r), worker: uint16(shard)}
 	}
 	tickStep := step{Name: "tick", Prog: f.o.Resend, Now: due, In: tick(due), WantRet: bpftest.TCActShot}
+	// adaptive sets the group's quantile (0.95) and floor, and the estimate to the fixed
+	// delay, so that the scatter's round is due at the tick as with the fixed delay.
+	adaptive := func(floor uint64, tokens int64) func(tb testing.TB) {
+		return func(tb testing.TB) {
+			var g GroupCfg
+			if err := f.o.Groups.Lookup(uint32(1), &g); err != nil {
+				tb.Fatal(err)
+			}
+			old := g
+			g.ResendQuantileMilli, g.ResendMinNs = 950, floor
+			if err := f.o.Groups.Put(uint32(1), &g); err != nil {
+				tb.Fatal(err)
+			}
+			tb.Cleanup(func() {
+				if err := f.o.Groups.Put(uint32(1), &old); err != nil {
+					tb.Error(err)
+				}
+			})
+			if err := f.o.Budgets.Put(uint32(1), &BudgetRec{TokensMilli: tokens, DelayNs: uint64(resendDelay)}); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
 	cases := []struct {
 		name   string
 		setup  func(tb testing.TB)
 		steps  func() []step
 		want   bpftest.Counters
 		resent []sent
+		next   uint64 // the next round's due time after the tick (from due; 0: not checked)
 	}{{
-		name:   "retry the shard of one replica, hedge the others to their next replica",
+		name:   "retry the shard of one replica, hedge the others to their next replica; the fixed delay: the next round a whole delay on",
 		steps:  func() []step { return []step{scatter(), tickStep} },
 		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2, "1.ResendRounds": 1},
 		resent: []sent{rep(0, 0), rep(1, 1), rep(2, 2)},
+		next:   uint64(resendDelay),
+	}, {
+		name:   "the adaptive delay: the next round half the delay on (resend_again_delay)",
+		setup:  adaptive(uint64(resendDelay)/10, 1<<30),
+		steps:  func() []step { return []step{scatter(), tickStep} },
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2, "1.ResendRounds": 1, "1.ResendCensored": 2},
+		resent: []sent{rep(0, 0), rep(1, 1), rep(2, 2)},
+		next:   uint64(resendDelay) / 2,
+	}, {
+		name:   "the adaptive delay: the next round at least the floor on",
+		setup:  adaptive(uint64(resendDelay)*3/4, 1<<30),
+		steps:  func() []step { return []step{scatter(), tickStep} },
+		want:   bpftest.Counters{"1.Requests": 1, "1.Copies": 3, "1.Retries": 1, "1.Hedges": 2, "1.ResendRounds": 1, "1.ResendCensored": 2},
+		resent: []sent{rep(0, 0), rep(1, 1), rep(2, 2)},
+		next:   uint64(resendDelay) * 3 / 4,
 	}, {
 		name: "the hedge's reply wins; the first copy's reply after it is late",
 		steps: func() []step {
@@ -449,6 +488,9 @@ func TestResendHedges(t *testing.T) {
 				if g := sentOf(t, frame); g != c.resent[i] {
 					t.Errorf("re-sent copy %d: %+v, want %+v", i, g, c.resent[i])
 				}
+			}
+			if st := f.stored(t, id); c.next != 0 && st.DueNs != due+c.next {
+				t.Errorf("next round due %d ns after the tick, want %d", int64(st.DueNs-due), c.next)
 			}
 		})
 	}

@@ -86,6 +86,16 @@ func (p *resendPolicy) next() time.Duration {
 	return min(max(d, p.min), p.delay)
 }
 
+// again is the delay from a round to the next (resend_again_delay): with replicas and the
+// adaptive delay, half of next, at least the floor.
+func (p *resendPolicy) again(replicas bool) time.Duration {
+	d := p.next()
+	if !replicas || p.qMilli == 0 {
+		return d
+	}
+	return max(d/2, p.min)
+}
+
 // sample steps the estimate by one reply time (quantile_step); unlocked in the kernel, a
 // compare-and-swap here.
 func (p *resendPolicy) sample(ns uint64) {
@@ -337,7 +347,7 @@ func (h *hedgeReq) do(id uint64) (int64, uint64, bool, error) {
 					return 0, id, false, err
 				}
 				rounds++
-				due = now.Add(h.p.next())
+				due = now.Add(h.p.again(h.nrep > 1))
 			}
 			if err := h.arm(next()); err != nil {
 				return 0, id, false, err

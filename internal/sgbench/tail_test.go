@@ -16,7 +16,8 @@ import (
 // rules: the bucket starts full at the burst, a request deposits ratio x copies while below
 // it, a copy takes one and is refused with none left, a repeat or a round's retry past its
 // first lateMax only from above half the burst (a hedge there down to the last copy); the
-// delay is fixed until the first sample, then the estimate clamped to [floor, ceiling].
+// delay is fixed until the first sample, then the estimate clamped to [floor, ceiling]; a
+// round after a round is due at half of it with replicas (at least the floor).
 func TestResendPolicy(t *testing.T) {
 	p := newResendPolicy(ClientOptions{Resend: 10 * time.Millisecond, ResendQuantile: 0.9, ResendRatio: 0.5, ResendBurst: 2, MaxResends: 1})
 	if !p.take(false, 0, 3, false) || !p.take(false, 1, 3, false) || p.take(false, 2, 3, false) {
@@ -44,6 +45,19 @@ func TestResendPolicy(t *testing.T) {
 	p.est.Store(uint64(time.Second))
 	if d := p.next(); d != 10*time.Millisecond {
 		t.Fatalf("an estimate of 1s: delay %v, want the ceiling", d)
+	}
+	// After a round (resend_again_delay): with replicas half the delay, at least the floor;
+	// without (retries), or with the fixed delay, the whole delay.
+	p.est.Store(uint64(4 * time.Millisecond))
+	if d, r := p.again(true), p.again(false); d != 2*time.Millisecond || r != 4*time.Millisecond {
+		t.Fatalf("an estimate of 4ms: after a round %v with replicas, %v without; want 2ms and 4ms", d, r)
+	}
+	p.est.Store(uint64(1500 * time.Microsecond))
+	if d := p.again(true); d != time.Millisecond {
+		t.Fatalf("an estimate of 1.5ms: after a round %v with replicas, want the floor (1ms)", d)
+	}
+	if f := newResendPolicy(ClientOptions{Resend: 10 * time.Millisecond}); f.again(true) != 10*time.Millisecond {
+		t.Fatalf("the fixed delay: after a round %v with replicas, want 10ms", f.again(true))
 	}
 	// The estimate settles near the quantile: 90% of samples at 1 ms, 10% at 5 ms.
 	p.est.Store(0)
