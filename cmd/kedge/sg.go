@@ -505,7 +505,7 @@ func newSgScatterCmd() *cobra.Command {
 	f.DurationVar(&ejectBackoff, "eject-backoff", time.Second, "replicas: a replica that leaves a copy unanswered for --timeout gets no copies for this long, doubled per ejection in a row; negative: never eject")
 	f.DurationVar(&ejectMax, "eject-max-backoff", 30*time.Second, "replicas: the longest back-off")
 	f.DurationVar(&resend, "resend", 0, "send a worker that has not answered after this its copy again, from the kernel: to the next replica of its shard (a hedge) or the same worker (a retry); 0: off (docs/sg.md, \"Re-sends\")")
-	f.IntVar(&maxResends, "max-resends", 0, "rounds of re-sends per request, --resend apart (default 1)")
+	f.IntVar(&maxResends, "max-resends", 0, "rounds of re-sends per request, --resend apart (with replicas and an adaptive delay, half the delay after a round; default 1)")
 	f.Float64Var(&resendQuantile, "resend-quantile", 0, "re-sends: an adaptive delay, this quantile of the group's reply times (e.g. 0.95) estimated in the kernel, between --resend-min and --resend")
 	f.DurationVar(&resendMin, "resend-min", 0, "re-sends: the adaptive delay's floor (default --resend / 10)")
 	f.Float64Var(&resendRatio, "resend-ratio", 0.1, "re-send budget: copies re-sent per copy scattered")

@@ -319,8 +319,9 @@ type Config struct {
 	// Timeout; not with MultiPacket. Needs bpf_loop (5.17+) and starts a pacer: its own
 	// network namespace and a veth pair into the group's (internal/pacer).
 	Resend time.Duration
-	// MaxResends is how many rounds of re-sends a request may have, Resend apart
-	// (default 1, at most MaxResendRounds).
+	// MaxResends is how many rounds of re-sends a request may have, Resend apart (with
+	// Replicas and ResendQuantile: a round after a round half the delay on, at least
+	// ResendMin; default 1, at most MaxResendRounds).
 	MaxResends int
 	// ResendQuantile, if set (0 < q < 1), makes the delay adaptive: the group's q-quantile
 	// of reply times, estimated in the kernel from every first reply of a worker that was
