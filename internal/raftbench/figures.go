@@ -29,10 +29,11 @@ var figureRuns = map[string]string{
 	"raft-etcd-tp-spread":   "kedge bench raft --peer etcd --scenarios throughput --offload on --tp-routing spread --tp-rounds 6 --tp-duration 12s --out docs/results/raft-etcd-tp-spread",
 	"raft-etcd-tp-leader":   "kedge bench raft --peer etcd --scenarios throughput --offload on --tp-routing leader --tp-rounds 6 --tp-duration 12s --out docs/results/raft-etcd-tp-leader",
 	"raft-etcd-failover-10": "kedge bench raft --peer etcd --scenarios failover --offload on --tick 1ms --election-ticks 10 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-10",
-	// the failover in blocks (one system's cluster up at a time), three sittings
+	// the failover in blocks (one system's cluster up at a time), four sittings
 	"raft-etcd-failover-blocks":   "kedge bench raft --peer etcd --scenarios failover --offload on --tick 1ms --election-ticks 5,10 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-blocks",
 	"raft-etcd-failover-blocks-2": "kedge bench raft --peer etcd --scenarios failover --offload on --tick 1ms --election-ticks 5,10 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-blocks-2",
 	"raft-etcd-failover-blocks-3": "kedge bench raft --peer etcd --scenarios failover --offload on --tick 1ms --election-ticks 5,10 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-blocks-3",
+	"raft-etcd-failover-blocks-4": "kedge bench raft --peer etcd --scenarios failover --offload on --tick 1ms --election-ticks 5,10 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-blocks-4",
 	"raft-etcd-failover-50":       "kedge bench raft --peer etcd --scenarios failover --offload on --tick 1ms --election-ticks 50 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-50",
 }
 
