@@ -30,7 +30,11 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "fake run:", err)
 			os.Exit(1)
 		}
-		select {}
+		// Wait to be killed. Not select {}: with no timer or other goroutine pending, the
+		// runtime calls that a deadlock and exits (seen in CI); a sleep holds a timer.
+		for {
+			time.Sleep(time.Hour)
+		}
 	}
 	os.Exit(m.Run())
 }

@@ -28,7 +28,11 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 		os.Stdout.WriteString(o.ID + "\n")
-		select {}
+		// Wait to be killed. Not select {}: with no timer or other goroutine pending, the
+		// runtime calls that a deadlock and exits (seen in CI); a sleep holds a timer.
+		for {
+			time.Sleep(time.Hour)
+		}
 	}
 	os.Exit(m.Run())
 }
