@@ -197,6 +197,28 @@ func readCPUFrom(path string) (CPUTimes, error) {
 	return t, nil
 }
 
+// ReadSteal reads the time the hypervisor took from this machine's CPUs so far (/proc/stat's
+// cpu line, its eighth field, steal, in USER_HZ ticks), summed over the CPUs. On a VM whose
+// host runs other work, a run with steal in it ran on a slower machine than its neighbours.
+func ReadSteal() (time.Duration, error) { return readStealFrom("/proc/stat") }
+
+func readStealFrom(path string) (time.Duration, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("read steal: %w", err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, fmt.Errorf("read steal: %s: first line %q: want cpu and at least 8 fields", path, line)
+	}
+	ticks, err := strconv.ParseUint(f[8], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("read steal: %s: %q: %w", path, f[8], err)
+	}
+	return time.Duration(ticks) * time.Second / userHZ, nil
+}
+
 // ReadPerCPU reads each CPU's times now (index N: /proc/stat's cpuN line), for placements
 // that pin processes to CPUs.
 func ReadPerCPU() ([]CPUTimes, error) { return readPerCPUFrom("/proc/stat") }

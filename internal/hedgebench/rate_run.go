@@ -221,7 +221,7 @@ func (r *rateRig) runClient(c, round, order int, arm, svc string, to netip.AddrP
 	if err != nil {
 		return run, err
 	}
-	steal0, err := readSteal()
+	steal0, err := bench.ReadSteal()
 	if err != nil {
 		return run, err
 	}
@@ -243,7 +243,7 @@ func (r *rateRig) runClient(c, round, order int, arm, svc string, to netip.AddrP
 	p1, perr := sample()
 	cpu1, cerr := bench.ReadCPU()
 	sirq1, serr := readSoftirqs()
-	steal1, terr := readSteal()
+	steal1, terr := bench.ReadSteal()
 	if err = errors.Join(err, perr, cerr, serr, terr); err != nil {
 		return run, err
 	}

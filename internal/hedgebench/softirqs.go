@@ -6,7 +6,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // readSoftirqs reads /proc/softirqs: the softirqs raised so far per kind (NET_RX, TIMER,
@@ -44,26 +43,4 @@ func readSoftirqsFrom(path string) (map[string]uint64, error) {
 		return nil, fmt.Errorf("read softirqs: nothing in %s", path)
 	}
 	return out, nil
-}
-
-// readSteal reads the time the hypervisor took from this machine's CPUs so far (/proc/stat's
-// cpu line, its eighth field, steal, in USER_HZ ticks), summed over the CPUs. On a VM whose
-// host runs other work, a run with steal in it ran on a slower machine than its neighbours.
-func readSteal() (time.Duration, error) { return readStealFrom("/proc/stat") }
-
-func readStealFrom(path string) (time.Duration, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, fmt.Errorf("read steal: %w", err)
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
-		return 0, fmt.Errorf("read steal: %s: first line %q: want cpu and at least 8 fields", path, line)
-	}
-	ticks, err := strconv.ParseUint(f[8], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("read steal: %s: %q: %w", path, f[8], err)
-	}
-	return time.Duration(ticks) * time.Second / 100, nil // USER_HZ is 100
 }

@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 )
 
 func TestReadSoftirqs(t *testing.T) {
@@ -61,26 +60,5 @@ func TestSelectArms(t *testing.T) {
 		if _, err := selectArms(bad); err == nil {
 			t.Errorf("arms %v accepted", bad)
 		}
-	}
-}
-
-// TestReadSteal: steal is the cpu line's eighth field, in USER_HZ ticks; a line without it
-// is refused.
-func TestReadSteal(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "stat")
-	if err := os.WriteFile(path, []byte("cpu  2424309 641116 1354740 2355031 32182 0 299467 137936 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if d, err := readStealFrom(path); err != nil || d != 1379360*time.Millisecond {
-		t.Errorf("steal %v, %v: want 1379.36s", d, err)
-	}
-	if err := os.WriteFile(path, []byte("cpu  1 2 3 4 5 6 7\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := readStealFrom(path); err == nil {
-		t.Error("a cpu line of seven fields read")
-	}
-	if _, err := readSteal(); err != nil { // this machine's
-		t.Error(err)
 	}
 }

@@ -67,6 +67,9 @@ type LoopRow struct {
 	Timeouts     int64      `json:"timeouts"`
 	Mismatches   int64      `json:"mismatches"`
 	WindowSecond float64    `json:"window_s"`
+	// StealCPUs is the CPU time the hypervisor took from the VM over the window, in CPUs
+	// (/proc/stat's steal / wall; part of CPUBusy): above StealFlagCPUs the run is flagged.
+	StealCPUs float64 `json:"steal_cpus"`
 }
 
 // Reference is one row of the table kedge and sgbpf were measured in (the issue that set the
@@ -219,8 +222,9 @@ func RunLoopback(ctx context.Context, o LoopOptions, log io.Writer) (*LoopResult
 						return nil, fmt.Errorf("round %d, fan-out %d, %d outstanding, %s: %w", round+1, f, n, m, err)
 					}
 					row := loopRow(w, round+1, m, f, n)
-					fmt.Fprintf(log, "round %d fan-out %3d outstanding %2d %-13s %9.0f req/s  CPU %7.1f us/req (CPU0/1 busy %.2f/%.2f)  p50 %7.1f us  p99 %7.1f us  timeouts %d  mismatches %d\n",
-						row.Round, f, n, m, row.ReqPerSec, row.CPUUSPerReq, row.CPUBusy[0], row.CPUBusy[1], row.P50US, row.P99US, row.Timeouts, row.Mismatches)
+					fmt.Fprintf(log, "round %d fan-out %3d outstanding %2d %-13s %9.0f req/s  CPU %7.1f us/req (CPU0/1 busy %.2f/%.2f)  p50 %7.1f us  p99 %7.1f us  timeouts %d  mismatches %d  %s\n",
+						row.Round, f, n, m, row.ReqPerSec, row.CPUUSPerReq, row.CPUBusy[0], row.CPUBusy[1], row.P50US, row.P99US, row.Timeouts, row.Mismatches,
+						stealMark(row.StealCPUs))
 					res.Rows = append(res.Rows, row)
 				}
 			}
@@ -234,7 +238,7 @@ func loopRow(w *clientWindow, round int, m string, f, n int) LoopRow {
 	cr := &w.cr
 	row := LoopRow{Round: round, Method: m, Fanout: f, Outstanding: n, Completed: cr.Completed, Timeouts: cr.Timeouts,
 		Mismatches: cr.Mismatches, CPUBusy: w.busy, CPUSoftirq: w.softirq, P50US: cr.LoadedP50US, P99US: cr.LoadedP99US,
-		WindowSecond: w.wall.Seconds()}
+		WindowSecond: w.wall.Seconds(), StealCPUs: w.steal}
 	if w.wall > 0 {
 		row.ReqPerSec = float64(cr.Completed) / w.wall.Seconds()
 	}
@@ -322,6 +326,16 @@ func WriteLoopTable(w io.Writer, r *LoopResult) {
 		fmt.Fprintf(w, "%-7d %-4d %-13s %10.0f %14.1f %8.1f %9.2fx %9.2fx %11.2fx %11.2fx %s\n", s.Fanout, s.Outstanding, s.Method,
 			s.ReqPerSec, s.CPUUSPerReq, s.P50US, s.VsBeforeRPS, s.VsBeforeCPU, s.CalibratedRPS, s.CalibratedCPU, met)
 	}
+	writeStealRuns(w, r.stealRuns())
+}
+
+// stealRuns names every run with its steal.
+func (r *LoopResult) stealRuns() []stealRun {
+	out := make([]stealRun, len(r.Rows))
+	for i, x := range r.Rows {
+		out[i] = stealRun{fmt.Sprintf("round %d fan-out %d outstanding %d %s", x.Round, x.Fanout, x.Outstanding, x.Method), x.StealCPUs}
+	}
+	return out
 }
 
 // WriteLoopMarkdown renders r for docs/benchmarks.md: the envelope, the summary against

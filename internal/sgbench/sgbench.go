@@ -243,6 +243,7 @@ type clientWindow struct {
 	softirq  [2]float64
 	worker   time.Duration // the worker process's user+sys
 	syscalls float64       // -1: not counted
+	steal    float64       // CPUs the hypervisor took over the window (/proc/stat's steal / wall)
 }
 
 // runClientProc starts the client process, drives its phases over stdin/stdout (ready,
@@ -295,6 +296,7 @@ func runClientProc(ctx context.Context, c clientProc) (*clientWindow, error) {
 	cpu0, _ := bench.ReadCPU()
 	per0, _ := bench.ReadPerCPU()
 	wk0, _ := bench.ProcCPU(c.workerPID)
+	st0, sterr0 := bench.ReadSteal()
 	t0 := time.Now()
 	fmt.Fprintln(in)
 	if err := expect("done"); err != nil {
@@ -304,6 +306,7 @@ func runClientProc(ctx context.Context, c clientProc) (*clientWindow, error) {
 	cpu1, _ := bench.ReadCPU()
 	per1, _ := bench.ReadPerCPU()
 	wk1, _ := bench.ProcCPU(c.workerPID)
+	st1, sterr1 := bench.ReadSteal()
 	if perf != nil {
 		_ = perf.Process.Signal(syscall.SIGINT)
 		_ = perf.Wait()
@@ -315,6 +318,12 @@ func runClientProc(ctx context.Context, c clientProc) (*clientWindow, error) {
 	}
 	w.machine = cpu1.Sub(cpu0).Busy
 	w.worker = wk1 - wk0
+	if err := cmpErr(sterr0, sterr1); err != nil {
+		return nil, err
+	}
+	if w.wall > 0 {
+		w.steal = (st1 - st0).Seconds() / w.wall.Seconds()
+	}
 	for i := range w.busy {
 		if i < len(per0) && i < len(per1) && w.wall > 0 {
 			d := per1[i].Sub(per0[i])

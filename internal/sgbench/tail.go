@@ -160,6 +160,7 @@ type TailRow struct {
 	ClientCPUUS  float64 `json:"client_cpu_us_per_req"`
 	MachineCPUUS float64 `json:"machine_cpu_us_per_req"`
 	Mismatches   int64   `json:"mismatches"`
+	StealCPUs    float64 `json:"steal_cpus"` // CPUs the hypervisor took over the window (LoopRow.StealCPUs)
 	ResendCounts
 	// ExtraLoad is copies re-sent / copies scattered; Budget is what the budget allows in
 	// the same terms ((ratio x copies + burst) / copies).
@@ -296,9 +297,9 @@ func RunTail(ctx context.Context, o TailOptions, log io.Writer) (*TailResult, er
 						return nil, fmt.Errorf("%s, round %d, fan-out %d, %s: %w", mode, round+1, f, m.name, err)
 					}
 					row.Round = round + 1
-					fmt.Fprintf(log, "%-8s round %d fan-out %4d %-12s p50 %8.0f  p99 %8.0f  p99.9 %8.0f  max %8.0f us  %6d requests  %d timeouts  extra %.4f (budget %.4f)  CPU %.0f us/req  (%.1fs)\n",
+					fmt.Fprintf(log, "%-8s round %d fan-out %4d %-12s p50 %8.0f  p99 %8.0f  p99.9 %8.0f  max %8.0f us  %6d requests  %d timeouts  extra %.4f (budget %.4f)  CPU %.0f us/req  %s  (%.1fs)\n",
 						mode, row.Round, f, m.name, row.P50US, row.P99US, row.P999US, row.MaxUS, row.Requests, row.Timeouts, row.ExtraLoad, row.Budget, row.MachineCPUUS,
-						time.Since(t0).Seconds())
+						stealMark(row.StealCPUs), time.Since(t0).Seconds())
 					if row.Rounds > 0 || row.Delay != nil {
 						fmt.Fprintf(log, "%-8s   %d rounds, late %.0f us on average; %d refused, %d again, %d censored; %s\n", "", row.Rounds,
 							meanLateUS(row.ResendCounts), row.Refused, row.Again, row.Censored, row.Delay)
@@ -353,7 +354,8 @@ func runTailClient(ctx context.Context, o TailOptions, coord, w1, w2 *lab.Host, 
 		return nil, err
 	}
 	cr := &w.cr
-	row := &TailRow{Mode: mode, Fanout: f, Method: m.name, Requests: cr.Completed + cr.Timeouts, Timeouts: cr.Timeouts, Mismatches: cr.Mismatches}
+	row := &TailRow{Mode: mode, Fanout: f, Method: m.name, Requests: cr.Completed + cr.Timeouts, Timeouts: cr.Timeouts, Mismatches: cr.Mismatches,
+		StealCPUs: w.steal}
 	row.latencies = withTimeouts(cr.LoadedLatenciesUS, cr.Timeouts, timeout)
 	row.P50US, row.P99US, row.P999US, row.MaxUS = quantiles(row.latencies)
 	if cr.LoadedSec > 0 {
@@ -526,6 +528,11 @@ func WriteTailTable(w io.Writer, r *TailResult) {
 	for _, t := range r.Targets {
 		fmt.Fprintf(w, "%-6s %s: %s\n", metWord(t.Met), t.Target, t.Measured)
 	}
+	runs := make([]stealRun, len(r.Rows))
+	for i, x := range r.Rows {
+		runs[i] = stealRun{fmt.Sprintf("%s round %d fan-out %d %s", x.Mode, x.Round, x.Fanout, x.Method), x.StealCPUs}
+	}
+	writeStealRuns(w, runs)
 }
 
 func metWord(ok bool) string {
