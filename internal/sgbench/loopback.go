@@ -138,6 +138,11 @@ type LoopSummary struct {
 	// kedge-before, median of the rounds' ratios (0: no kedge-before in the run).
 	VsBeforeRPS float64 `json:"vs_before_rps"`
 	VsBeforeCPU float64 `json:"vs_before_cpu"`
+	// The same over the rounds in which neither arm's run had more than StealFlagCPUs of
+	// hypervisor steal (SteadyRounds of them; 0: none, and the ratios are not set).
+	SteadyRounds      int     `json:"steady_rounds"`
+	SteadyVsBeforeRPS float64 `json:"steady_vs_before_rps,omitempty"`
+	SteadyVsBeforeCPU float64 `json:"steady_vs_before_cpu,omitempty"`
 	// Against sgbpf (the reference): raw, this machine's figure over sgbpf's; calibrated,
 	// VsBefore x (reference kedge / reference sgbpf).
 	RawRPS        float64 `json:"sgbpf_rps_ratio_raw"`
@@ -278,15 +283,21 @@ func summarize(rows []LoopRow, o LoopOptions) []LoopSummary {
 				s.CPUUSPerReq, s.CPULo, s.CPUHi = bench.Median(cpu), slices.Min(cpu), slices.Max(cpu)
 				s.P50US = bench.Median(collect(rs, func(r LoopRow) float64 { return r.P50US }))
 				if len(before) == len(rs) && m != "kedge-before" {
-					var rr, cr []float64
+					var rr, cr, srr, scr []float64
 					for i := range rs {
 						if before[i].ReqPerSec > 0 && before[i].CPUUSPerReq > 0 {
-							rr = append(rr, rs[i].ReqPerSec/before[i].ReqPerSec)
-							cr = append(cr, rs[i].CPUUSPerReq/before[i].CPUUSPerReq)
+							r, c := rs[i].ReqPerSec/before[i].ReqPerSec, rs[i].CPUUSPerReq/before[i].CPUUSPerReq
+							rr, cr = append(rr, r), append(cr, c)
+							if rs[i].StealCPUs <= StealFlagCPUs && before[i].StealCPUs <= StealFlagCPUs {
+								srr, scr = append(srr, r), append(scr, c)
+							}
 						}
 					}
 					if len(rr) > 0 {
 						s.VsBeforeRPS, s.VsBeforeCPU = bench.Median(rr), bench.Median(cr)
+					}
+					if s.SteadyRounds = len(srr); len(srr) > 0 {
+						s.SteadyVsBeforeRPS, s.SteadyVsBeforeCPU = bench.Median(srr), bench.Median(scr)
 					}
 				}
 				if hasRef {
@@ -316,15 +327,18 @@ func collect(rs []LoopRow, f func(LoopRow) float64) []float64 {
 
 // WriteLoopTable prints the summary.
 func WriteLoopTable(w io.Writer, r *LoopResult) {
-	fmt.Fprintf(w, "%-7s %-4s %-13s %10s %14s %8s %10s %10s %12s %12s %s\n", "FANOUT", "OUT", "METHOD", "REQ/S", "CPU_US/REQ",
-		"P50_US", "VS_BEFORE", "CPU_VS_B", "SGBPF_REQ/S", "SGBPF_CPU", "TARGETS")
+	fmt.Fprintf(w, "%-7s %-4s %-13s %10s %14s %8s %10s %10s %12s %12s %-7s %s\n", "FANOUT", "OUT", "METHOD", "REQ/S", "CPU_US/REQ",
+		"P50_US", "VS_BEFORE", "CPU_VS_B", "SGBPF_REQ/S", "SGBPF_CPU", "TARGETS", "VS_BEFORE_WITHOUT_STEAL (ROUNDS)")
 	for _, s := range r.Summary {
-		met := "-"
+		met, steady := "-", "-"
 		if s.Met != nil {
 			met = map[bool]string{true: "met", false: "missed"}[*s.Met]
 		}
-		fmt.Fprintf(w, "%-7d %-4d %-13s %10.0f %14.1f %8.1f %9.2fx %9.2fx %11.2fx %11.2fx %s\n", s.Fanout, s.Outstanding, s.Method,
-			s.ReqPerSec, s.CPUUSPerReq, s.P50US, s.VsBeforeRPS, s.VsBeforeCPU, s.CalibratedRPS, s.CalibratedCPU, met)
+		if s.SteadyRounds > 0 {
+			steady = fmt.Sprintf("%.2fx, CPU %.2fx (%d)", s.SteadyVsBeforeRPS, s.SteadyVsBeforeCPU, s.SteadyRounds)
+		}
+		fmt.Fprintf(w, "%-7d %-4d %-13s %10.0f %14.1f %8.1f %9.2fx %9.2fx %11.2fx %11.2fx %-7s %s\n", s.Fanout, s.Outstanding, s.Method,
+			s.ReqPerSec, s.CPUUSPerReq, s.P50US, s.VsBeforeRPS, s.VsBeforeCPU, s.CalibratedRPS, s.CalibratedCPU, met, steady)
 	}
 	writeStealRuns(w, r.stealRuns())
 }

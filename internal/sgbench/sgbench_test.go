@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -237,8 +238,19 @@ func TestLoopSummary(t *testing.T) {
 	if k.RawRPS != 120/ref.SgbpfRPS {
 		t.Fatalf("raw %v", k.RawRPS)
 	}
-	if b := s[1]; b.Method != "kedge-before" || b.VsBeforeRPS != 0 || b.Met != nil {
+	if b := s[1]; b.Method != "kedge-before" || b.VsBeforeRPS != 0 || b.Met != nil || b.SteadyRounds != 0 {
 		t.Fatalf("before %+v", b)
+	}
+	if k.SteadyRounds != 3 || k.SteadyVsBeforeRPS != 2 || k.SteadyVsBeforeCPU != 0.5 {
+		t.Fatalf("no steal: steady %+v, want every round", k)
+	}
+	// Steal over StealFlagCPUs in round 1's kedge run and round 3's kedge-before run leaves
+	// round 2 alone (2.2x, 0.55x) for the steady ratios; the others stay as they were.
+	stolen := slices.Clone(rows)
+	stolen[0].StealCPUs, stolen[5].StealCPUs, stolen[3].StealCPUs = 0.3, StealFlagCPUs+0.01, StealFlagCPUs
+	sk := summarize(stolen, LoopOptions{Methods: []string{"kedge", "kedge-before"}, Fanouts: []int{4}, Outstanding: []int{32}})[0]
+	if sk.VsBeforeRPS != 2 || sk.SteadyRounds != 1 || math.Abs(sk.SteadyVsBeforeRPS-2.2) > 1e-9 || sk.SteadyVsBeforeCPU != 0.55 {
+		t.Fatalf("steal in rounds 1 and 3: %+v", sk)
 	}
 	// The charts of that summary: both measures, PNG and SVG, not empty.
 	dir := t.TempDir()
