@@ -105,6 +105,7 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 	f.IntSliceVar(&fanouts, "fanouts", o.Fanouts, "fan-outs (workers per request; loopback: 4,16,64)")
 	f.StringVar(&lo.Before, "before", "", "loopback: another kedge `BINARY` (one whose bench sg-client has --type) run as method kedge-before, alternating with this one; tail: its client as kedge-hedged-before / kedge-retry-before, against the same workers")
 	f.IntVar(&lo.Rounds, "rounds", lo.Rounds, "loopback, tail: rounds (methods alternate within each)")
+	f.IntVar(&lo.StealRetries, "steal-retries", lo.StealRetries, "loopback: run a point of a round again (every method) while one of its runs had over 0.1 CPUs of hypervisor steal, up to this many times")
 	f.StringSliceVar(&to.Modes, "modes", to.Modes, "tail: straggle (1% of replies late) and/or loss (1% of requests lost)")
 	f.Float64Var(&to.Straggle, "straggle", to.Straggle, "tail: probability that a worker's reply straggles")
 	f.DurationVar(&to.StraggleMin, "straggle-min", to.StraggleMin, "tail: shortest straggler delay")
@@ -220,6 +221,9 @@ func runBenchSgLoopback(cmd *cobra.Command, lo sgbench.LoopOptions, fanouts []in
 	}
 	if lo.Rounds < 1 || lo.Duration <= 0 || lo.Outstanding[0] < 1 {
 		return usagef("--rounds, --duration and --outstanding must be positive")
+	}
+	if lo.StealRetries < 0 {
+		return usagef("--steal-retries must not be negative")
 	}
 	var err error
 	if lo.Kedge, err = sgBenchBinary(cmd); err != nil {

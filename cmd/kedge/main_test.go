@@ -192,6 +192,7 @@ var errorCases = map[string][]errorCase{
 		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--scenario", "tail", "--resend", "300ms"}},
 		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--scenario", "tail", "--straggle-min", "0s"}},
 		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--scenario", "tail", "--max-hedges", "0"}},
+		{exitUsage, []string{"bench", "sg", "--out", "$TMP", "--scenario", "loopback", "--steal-retries", "-1"}},
 	},
 	"raftlab-errors.golden": {
 		{exitUsage, []string{"raft", "lab"}},

@@ -37,7 +37,11 @@ type LoopOptions struct {
 	Duration    time.Duration // the measured window of each run
 	Warmup      int           // requests before the window, one at a time
 	Timeout     time.Duration
-	Out         string
+	// StealRetries: a point (fan-out, outstanding) of a round any of whose runs had more
+	// than StealFlagCPUs of hypervisor steal is run again, every method, up to this many
+	// times; the runs set aside stay in the result (LoopResult.Discarded).
+	StealRetries int
+	Out          string
 }
 
 // DefaultLoopOptions: the issue's table (fan-outs 4, 16, 64; 1 and 32 outstanding; 3
@@ -45,7 +49,7 @@ type LoopOptions struct {
 func DefaultLoopOptions() LoopOptions {
 	return LoopOptions{Methods: []string{"kedge"}, Fanouts: []int{4, 16, 64}, Outstanding: []int{1, 32}, Rounds: 3,
 		Elems: 256, Type: "int32", Duration: 2 * time.Second, Warmup: 300, Timeout: 200 * time.Millisecond,
-		Out: "results/sg-loopback"}
+		StealRetries: 2, Out: "results/sg-loopback"}
 }
 
 // LoopRow is one run: one method at one fan-out and outstanding count, in one round.
@@ -159,6 +163,9 @@ type LoopResult struct {
 	Rows       []LoopRow     `json:"rows"`
 	Summary    []LoopSummary `json:"summary"`
 	References []Reference   `json:"references"`
+	// Discarded are the runs set aside for steal and run again (StealRetries); the summary
+	// is of Rows alone.
+	Discarded []LoopRow `json:"discarded,omitempty"`
 }
 
 // RunLoopback runs the scenario: one namespace, the workers started once (max fan-out
@@ -169,7 +176,7 @@ func RunLoopback(ctx context.Context, o LoopOptions, log io.Writer) (*LoopResult
 	res := &LoopResult{Envelope: bench.NewEnvelope(ctx, LoopSchema, "loopback", map[string]any{
 		"fanouts": o.Fanouts, "outstanding": o.Outstanding, "methods": o.Methods, "rounds": o.Rounds,
 		"elems": o.Elems, "type": o.Type, "window_s": o.Duration.Seconds(), "warmup": o.Warmup,
-		"timeout_ms": o.Timeout.Milliseconds(), "before": o.Before != ""}),
+		"timeout_ms": o.Timeout.Milliseconds(), "before": o.Before != "", "steal_retries": o.StealRetries}),
 		Placement: "one private network namespace's loopback; all workers in one `kedge sg worker` process " +
 			"(one epoll thread, recvmmsg/sendmmsg, a UDP socket per worker) pinned to CPU 0; the coordinator " +
 			"(client process) pinned to CPU 1; CPU per request = busy time of both CPUs over the window / requests"}
@@ -215,7 +222,7 @@ func RunLoopback(ctx context.Context, o LoopOptions, log io.Writer) (*LoopResult
 		}
 		for _, f := range o.Fanouts {
 			for _, n := range o.Outstanding {
-				for _, m := range methods {
+				kept, discarded, err := runPoint(methods, o.StealRetries, log, func(m string) (LoopRow, error) {
 					bin, method, ws := o.Kedge, m, arms["kedge"]
 					if m == "kedge-before" {
 						bin, method, ws = o.Before, "kedge", arms["kedge-before"]
@@ -224,19 +231,46 @@ func RunLoopback(ctx context.Context, o LoopOptions, log io.Writer) (*LoopResult
 						workers: fmt.Sprintf("127.0.0.1:%d+%d", ws.port, f), typ: o.Type, elems: o.Elems, lat: o.Warmup,
 						outstanding: n, duration: o.Duration, timeout: o.Timeout, workerPID: ws.pid})
 					if err != nil {
-						return nil, fmt.Errorf("round %d, fan-out %d, %d outstanding, %s: %w", round+1, f, n, m, err)
+						return LoopRow{}, fmt.Errorf("round %d, fan-out %d, %d outstanding, %s: %w", round+1, f, n, m, err)
 					}
 					row := loopRow(w, round+1, m, f, n)
 					fmt.Fprintf(log, "round %d fan-out %3d outstanding %2d %-13s %9.0f req/s  CPU %7.1f us/req (CPU0/1 busy %.2f/%.2f)  p50 %7.1f us  p99 %7.1f us  timeouts %d  mismatches %d  %s\n",
 						row.Round, f, n, m, row.ReqPerSec, row.CPUUSPerReq, row.CPUBusy[0], row.CPUBusy[1], row.P50US, row.P99US, row.Timeouts, row.Mismatches,
 						stealMark(row.StealCPUs))
-					res.Rows = append(res.Rows, row)
+					return row, nil
+				})
+				if err != nil {
+					return nil, err
 				}
+				res.Rows, res.Discarded = append(res.Rows, kept...), append(res.Discarded, discarded...)
 			}
 		}
 	}
 	res.Summary = summarize(res.Rows, o)
 	return res, nil
+}
+
+// runPoint runs every method of one point of a round (run), and runs them all again while
+// one of them had more than StealFlagCPUs of steal and retries are left: the methods of a
+// point stay paired within one try. It returns the last try's rows and those set aside.
+func runPoint(methods []string, retries int, log io.Writer, run func(m string) (LoopRow, error)) (kept, discarded []LoopRow, err error) {
+	for try := 0; ; try++ {
+		var rows []LoopRow
+		stolen := false
+		for _, m := range methods {
+			row, err := run(m)
+			if err != nil {
+				return nil, nil, err
+			}
+			rows = append(rows, row)
+			stolen = stolen || row.StealCPUs > StealFlagCPUs
+		}
+		if !stolen || try >= retries {
+			return rows, discarded, nil
+		}
+		fmt.Fprintf(log, "steal over %.2f CPUs: this point runs again (%d of %d)\n", StealFlagCPUs, try+1, retries)
+		discarded = append(discarded, rows...)
+	}
 }
 
 func loopRow(w *clientWindow, round int, m string, f, n int) LoopRow {
@@ -339,6 +373,9 @@ func WriteLoopTable(w io.Writer, r *LoopResult) {
 		}
 		fmt.Fprintf(w, "%-7d %-4d %-13s %10.0f %14.1f %8.1f %9.2fx %9.2fx %11.2fx %11.2fx %-7s %s\n", s.Fanout, s.Outstanding, s.Method,
 			s.ReqPerSec, s.CPUUSPerReq, s.P50US, s.VsBeforeRPS, s.VsBeforeCPU, s.CalibratedRPS, s.CalibratedCPU, met, steady)
+	}
+	if len(r.Discarded) > 0 {
+		fmt.Fprintf(w, "%d runs set aside for steal over %.2f CPUs and run again (result.json: discarded)\n", len(r.Discarded), StealFlagCPUs)
 	}
 	writeStealRuns(w, r.stealRuns())
 }

@@ -1,6 +1,7 @@
 package sgbench
 
 import (
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -44,5 +45,53 @@ func TestStealFlag(t *testing.T) {
 		!strings.Contains(out, "steal 0.20 CPUs: straggle round 3 fan-out 64 kedge") ||
 		strings.Contains(out, "loss round") {
 		t.Errorf("tail table:\n%s", out)
+	}
+}
+
+// TestRunPointSteal: a point runs again, every method, while one of its runs had steal over
+// StealFlagCPUs and retries are left; the last try's rows are kept, the others set aside.
+func TestRunPointSteal(t *testing.T) {
+	methods := []string{"kedge", "kedge-before"}
+	// steals[k] is the steal of the k-th run asked for.
+	point := func(steals ...float64) func(string) (LoopRow, error) {
+		k := 0
+		return func(m string) (LoopRow, error) {
+			if k >= len(steals) {
+				t.Fatalf("run %d (%s): more runs than the test planned", k, m)
+			}
+			row := LoopRow{Method: m, StealCPUs: steals[k], Completed: int64(k)}
+			k++
+			return row, nil
+		}
+	}
+	var log strings.Builder
+	// The before arm stolen in the first try, both clean in the second.
+	kept, set, err := runPoint(methods, 2, &log, point(0, 0.4, 0.02, StealFlagCPUs))
+	if err != nil || len(kept) != 2 || len(set) != 2 || kept[0].Completed != 2 || kept[1].Completed != 3 ||
+		set[1].StealCPUs != 0.4 || !strings.Contains(log.String(), "runs again (1 of 2)") {
+		t.Fatalf("stolen once: kept %+v, set aside %+v, %v, log %q", kept, set, err, log.String())
+	}
+	// No retries: the stolen try is kept.
+	if kept, set, _ := runPoint(methods, 0, io.Discard, point(0.5, 0)); len(kept) != 2 || len(set) != 0 || kept[0].StealCPUs != 0.5 {
+		t.Fatalf("no retries: kept %+v, set aside %+v", kept, set)
+	}
+	// Stolen in every try: three tries, the last kept (and flagged by the table).
+	if kept, set, _ := runPoint(methods, 2, io.Discard, point(0.3, 0, 0, 0.3, 0.2, 0.2)); len(kept) != 2 || len(set) != 4 || kept[0].Completed != 4 {
+		t.Fatalf("always stolen: kept %+v, set aside %+v", kept, set)
+	}
+	// A clean first try runs once.
+	if kept, set, _ := runPoint(methods, 2, io.Discard, point(0, 0)); len(kept) != 2 || len(set) != 0 {
+		t.Fatalf("clean: kept %+v, set aside %+v", kept, set)
+	}
+	// The table says how many runs were set aside.
+	var b strings.Builder
+	WriteLoopTable(&b, &LoopResult{Rows: kept})
+	if !strings.Contains(b.String(), "hypervisor steal: 0 of 2 runs") || strings.Contains(b.String(), "set aside") {
+		t.Errorf("table without discarded runs:\n%s", b.String())
+	}
+	b.Reset()
+	WriteLoopTable(&b, &LoopResult{Rows: kept, Discarded: make([]LoopRow, 4)})
+	if !strings.Contains(b.String(), "4 runs set aside for steal") {
+		t.Errorf("table with 4 discarded runs:\n%s", b.String())
 	}
 }
