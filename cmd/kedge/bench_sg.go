@@ -120,7 +120,7 @@ and the kedge/best-baseline ratios; writes result.json and charts under --out.`,
 	f.IntVar(&to.MaxHedges, "max-hedges", to.MaxHedges, "tail: rounds of hedges per request (straggle mode)")
 	f.IntVar(&to.MaxRetries, "max-retries", to.MaxRetries, "tail: rounds of retries per request (loss mode)")
 	f.Float64Var(&to.BudgetRatio, "budget-ratio", to.BudgetRatio, "tail: re-sent copies <= ratio x copies + burst")
-	f.IntVar(&to.BudgetBurst, "budget-burst", to.BudgetBurst, "tail: the budget's burst (0: max(16, 2 x fan-out))")
+	f.IntVar(&to.BudgetBurst, "budget-burst", to.BudgetBurst, "tail: the budget's burst (0: max(16, 8 x fan-out), pkg/sg's default)")
 	f.StringVar(&o.Type, "type", "int64", "element type of the workers' vectors (loopback: int32)")
 	f.IntVar(&o.Elems, "elems", o.Elems, "elements per reply vector (loopback: 256)")
 	f.StringSliceVar(&o.Methods, "methods", o.Methods, "methods to run")

@@ -421,7 +421,7 @@ func newSgScatterCmd() *cobra.Command {
 				UserReduction: sg.UserReduction{Object: userObject, Program: userProg}}
 			if cmd.Flags().Changed("resend-ratio") || cmd.Flags().Changed("resend-burst") {
 				if !cmd.Flags().Changed("resend-burst") {
-					resendBurst = max(16, 2*len(ws)) // the default burst (sg.Config.ResendBudget)
+					resendBurst = sg.DefaultResendBurst(len(ws))
 				}
 				cfg.ResendBudget = sg.ResendBudget{Ratio: resendRatio, Burst: resendBurst}
 			}
@@ -509,7 +509,7 @@ func newSgScatterCmd() *cobra.Command {
 	f.Float64Var(&resendQuantile, "resend-quantile", 0, "re-sends: an adaptive delay, this quantile of the group's reply times (e.g. 0.95) estimated in the kernel, between --resend-min and --resend")
 	f.DurationVar(&resendMin, "resend-min", 0, "re-sends: the adaptive delay's floor (default --resend / 10)")
 	f.Float64Var(&resendRatio, "resend-ratio", 0.1, "re-send budget: copies re-sent per copy scattered")
-	f.IntVar(&resendBurst, "resend-burst", 0, "re-send budget: copies that may be re-sent beyond the ratio (default max(16, 2 x workers))")
+	f.IntVar(&resendBurst, "resend-burst", 0, "re-send budget: copies that may be re-sent beyond the ratio (default max(16, 8 x workers))")
 	f.StringVar(&pacerBackend, "pacer-backend", "auto", "re-sends: the pacer's delay line: auto, edt, netem or conveyor (docs/pacer.md)")
 	f.StringVar(&local, "local", "", "coordinator socket ADDR:PORT (default: the route's source address, any port)")
 	f.StringVar(&red, "reduction", "sum", "sum, min, max, count, gather, mean or user (--user-object)")

@@ -86,7 +86,7 @@ type TailOptions struct {
 	// Re-sends, the same for kedge and the user-space baseline: the delay is the group's
 	// ResendQuantile of reply times clamped to [ResendMin, Resend] (ResendQuantile 0: Resend);
 	// MaxHedges rounds in straggle mode, MaxRetries in loss mode; the budget Ratio x copies
-	// + Burst (0: max(16, 2 x fan-out), pkg/sg's default). The quantile is HedgeQuantile in
+	// + Burst (0: sg.DefaultResendBurst(fan-out), 8 x fan-out). The quantile is HedgeQuantile in
 	// straggle mode (hedges to the other replica), ResendQuantile in loss mode (retries to
 	// the same worker). Both lie below the stragglers' 1%: at 0.99 every delay between the
 	// normal replies' slowest and the straggler delay is a 0.99 quantile, and the estimate
@@ -337,7 +337,7 @@ func runTailClient(ctx context.Context, o TailOptions, coord, w1, w2 *lab.Host, 
 	}
 	burst := o.BudgetBurst
 	if burst == 0 {
-		burst = max(16, 2*f)
+		burst = sg.DefaultResendBurst(f)
 	}
 	if m.resend {
 		extra = append(extra, "--resend", o.Resend.String(), "--max-resends", strconv.Itoa(rounds), "--resend-quantile", fmt.Sprint(q),

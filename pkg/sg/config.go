@@ -152,7 +152,7 @@ func (c *Config) validateResend() error {
 		c.MaxResends = 1
 	}
 	if c.ResendBudget == (ResendBudget{}) {
-		c.ResendBudget = ResendBudget{Ratio: 0.1, Burst: max(16, 2*len(c.Workers))}
+		c.ResendBudget = ResendBudget{Ratio: 0.1, Burst: DefaultResendBurst(len(c.Workers))}
 	}
 	return nil
 }

@@ -329,8 +329,8 @@ type Config struct {
 	ResendQuantile float64
 	// ResendMin is the adaptive delay's floor (default Resend / 10).
 	ResendMin time.Duration
-	// ResendBudget bounds the copies re-sent (default Ratio 0.1, Burst max(16, 2 x
-	// workers)).
+	// ResendBudget bounds the copies re-sent (default Ratio 0.1, Burst
+	// DefaultResendBurst).
 	ResendBudget ResendBudget
 	// PacerBackend is the pacer's delay line: auto (default), edt, netem or conveyor
 	// (docs/pacer.md).
@@ -348,6 +348,17 @@ type Config struct {
 type ResendBudget struct {
 	Ratio float64
 	Burst int
+}
+
+// DefaultResendBurst is the default ResendBudget.Burst of a group of n workers: 8 x n, at
+// least 16. A round of a request late as a whole (a worker host descheduled, host steal)
+// re-sends every worker, and such requests come several in a row; with a burst of 2 x n
+// two of them emptied the bucket, and the stragglers of the requests after them waited
+// unhedged (fan-out 64, 1% stragglers: 3,482 copies refused over 8 rounds against 76 with
+// 8 x n, the same extra load; docs/sg.md, Tail benchmark). The bound over a run stays
+// Ratio x copies + Burst.
+func DefaultResendBurst(n int) int {
+	return max(16, 8*n)
 }
 
 // DefaultPollSpin is Config.PollSpin's default: at a fan-out of 4 with one request
