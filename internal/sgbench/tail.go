@@ -543,16 +543,23 @@ func metWord(ok bool) string {
 }
 
 // WriteTailMarkdown renders r as the tables of the documents: the pooled figures per
-// mode, fan-out and method, p99 per round, and the targets.
+// mode, fan-out and method, p99 per round, and the targets; with steal readings (results
+// since they were recorded), the hypervisor's steal of each round's run in CPUs.
 func WriteTailMarkdown(w io.Writer, r *TailResult) {
 	fmt.Fprintf(w, "Run: %s.\n\n", r.Envelope.Describe())
-	delays := false
+	delays, steal := false, false
 	for _, s := range r.Summary {
 		delays = delays || len(s.RoundDelayP50US) > 0
+	}
+	for _, x := range r.Rows {
+		steal = steal || x.StealCPUs > 0
 	}
 	head, rule := "", ""
 	if delays {
 		head, rule = " delay p50 (p90) per round us | tick late us | repeats |", "---|---|---|"
+	}
+	if steal {
+		head, rule = head+" steal per round (CPUs) |", rule+"---|"
 	}
 	fmt.Fprintln(w, "| mode | fan-out | method | requests | timeouts | p50 us | p99 us | p99.9 us | max us | p99 per round us | extra load | budget | hedges (won) / retries | refused | CPU us/req (client) |"+head)
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"+rule)
@@ -581,6 +588,9 @@ func WriteTailMarkdown(w io.Writer, r *TailResult) {
 			}
 			fmt.Fprintf(w, " %s | %s | %s |", d, late, again)
 		}
+		if steal {
+			fmt.Fprintf(w, " %s |", roundSteal(r.Rows, s))
+		}
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w)
@@ -589,6 +599,21 @@ func WriteTailMarkdown(w io.Writer, r *TailResult) {
 	for _, t := range r.Targets {
 		fmt.Fprintf(w, "| %s | %s | %s |\n", t.Target, t.Measured, metWord(t.Met))
 	}
+}
+
+// roundSteal is the steal of s's runs in CPUs, by round, comma-separated.
+func roundSteal(rows []TailRow, s TailSummary) string {
+	out := ""
+	for _, x := range rows {
+		if x.Mode != s.Mode || x.Fanout != s.Fanout || x.Method != s.Method {
+			continue
+		}
+		if out != "" {
+			out += ", "
+		}
+		out += fmt.Sprintf("%.2f", x.StealCPUs)
+	}
+	return out
 }
 
 // joinUS is figures in us, comma-separated.

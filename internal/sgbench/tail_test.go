@@ -178,6 +178,15 @@ func TestTailTargets(t *testing.T) {
 	if !strings.Contains(b.String(), "| straggle | 64 | kedge-hedged | 200 | 0 |") || !strings.Contains(b.String(), "| missed |") {
 		t.Errorf("markdown:\n%s", b.String())
 	}
+	if strings.Contains(b.String(), "steal") {
+		t.Errorf("markdown of a result without steal readings has a steal column:\n%s", b.String())
+	}
+	r.Rows[1].StealCPUs, r.Rows[4].StealCPUs = 0.25, 0.02 // kedge-hedged, rounds 1 and 2
+	b.Reset()
+	WriteTailMarkdown(&b, r)
+	if !strings.Contains(b.String(), "steal per round (CPUs) |") || !strings.Contains(b.String(), " 0.25, 0.02 |\n") {
+		t.Errorf("markdown with steal readings:\n%s", b.String())
+	}
 }
 
 // TestTailScenario runs the tail scenario at a tiny size with real `kedge sg worker`
