@@ -51,6 +51,7 @@ func newRaftServeCmd() *cobra.Command {
 		offloadOn        bool
 		kernelHB         bool
 		quorumWait       bool
+		closeFailover    bool
 		hbLease          time.Duration
 		offloadAlive     time.Duration
 	)
@@ -126,7 +127,8 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 				hbMode = kernelpaths.Auto
 			}
 			n, err := node.New(cfg, node.Options{UnsafeLocalReads: unsafeReads, Offload: mode, OffloadAlive: offloadAlive, Log: slog.Default(),
-				KernelHeartbeats: hbMode, HeartbeatLease: hbLease, NoQuorumWait: !quorumWait})
+				KernelHeartbeats: hbMode, HeartbeatLease: hbLease, NoQuorumWait: !quorumWait,
+				NoCloseFailover: !closeFailover})
 			if err != nil {
 				return fmt.Errorf("start node %d: %w", cfg.ID, err)
 			}
@@ -148,6 +150,7 @@ Exit codes: 0 stopped by signal or --duration, 1 runtime error, 2 bad flags or c
 	f.BoolVar(&kernelHB, "kernel-heartbeats", true, "as leader, let the kernel send the heartbeats while a lease holds (default: where possible; --kernel-heartbeats=false to compare; an explicit --kernel-heartbeats fails where it cannot run; docs/raft.md: Kernel paths)")
 	f.DurationVar(&offloadAlive, "offload-alive", 0, "with --offload: how long one refresh of the node's persist/apply loop keeps its XDP program answering for it (0: adaptive: the election timeout, at least 100ms, raised up to 1s while the process waits for a CPU)")
 	f.BoolVar(&quorumWait, "quorum-wait", true, "with --offload, as leader: absorb in XDP the followers' append acknowledgements that move neither their match nor the commit, stepped a tick later from the kernel's record (--quorum-wait=false to compare; docs/raft.md: Electrode)")
+	f.BoolVar(&closeFailover, "close-failover", true, "with --offload, as follower: when every connection with the leader is closed or reset by it (its process killed), campaign at once, staggered among the survivors, instead of after the election timeout (--close-failover=false to compare; docs/raft.md: A leader whose connections closed)")
 	f.DurationVar(&hbLease, "heartbeat-lease", 0, "with --kernel-heartbeats: how long one renewal keeps the kernel sending (0: adaptive, as --offload-alive)")
 	return cmd
 }

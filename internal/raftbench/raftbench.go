@@ -36,9 +36,12 @@ const Schema = "kedge.bench.raft/v1"
 const (
 	ModeOn       = "on"
 	ModeOnNoWait = "on-nowait"
-	ModeFollower = "follower"
-	ModeOff      = "off"
-	ModeXDPPass  = "xdp-pass"
+	// ModeOnNoClose is on without the closed-connection failover (raft serve
+	// --close-failover=false): survivors wait for the election timeout as before.
+	ModeOnNoClose = "on-noclose"
+	ModeFollower  = "follower"
+	ModeOff       = "off"
+	ModeXDPPass   = "xdp-pass"
 	// ModeEtcd is the peer: the same lab running etcd (raftlab.ServerEtcd) instead of kedge,
 	// written to by etcd's own Go client. When it runs it is the baseline of every ratio.
 	ModeEtcd = "etcd"
@@ -46,7 +49,7 @@ const (
 
 // Modes lists every mode, in the order of the help text. ModeOnNoWait is on without the
 // quorum wait (raft serve --quorum-wait=false): what the wait changes.
-var Modes = []string{ModeOn, ModeOnNoWait, ModeFollower, ModeOff, ModeXDPPass, ModeEtcd}
+var Modes = []string{ModeOn, ModeOnNoWait, ModeOnNoClose, ModeFollower, ModeOff, ModeXDPPass, ModeEtcd}
 
 // Routings of the throughput writers: every request to the leader, or spread over every
 // node in turn (as etcd's client balances; a follower forwards the write to the leader).
@@ -59,7 +62,9 @@ const (
 func kernelPaths(mode string) bool { return kernelHeartbeats(mode) || mode == ModeFollower }
 
 // kernelHeartbeats says whether mode's leader sends its heartbeats from the kernel.
-func kernelHeartbeats(mode string) bool { return mode == ModeOn || mode == ModeOnNoWait }
+func kernelHeartbeats(mode string) bool {
+	return mode == ModeOn || mode == ModeOnNoWait || mode == ModeOnNoClose
+}
 
 // Failover clients: the one that asks every survivor for the new leader at once (the nodes
 // answer as soon as they know one: GET /v1/leader) and writes to it, and the one that
@@ -106,8 +111,9 @@ func (o *Options) aliveBound(electionTicks int) time.Duration {
 func (o *Options) modeArgs(mode string) []string {
 	var args []string
 	switch mode {
-	case ModeOn, ModeOnNoWait:
-		args = []string{"--offload", "--kernel-heartbeats", "--quorum-wait=" + strconv.FormatBool(mode == ModeOn)}
+	case ModeOn, ModeOnNoWait, ModeOnNoClose:
+		args = []string{"--offload", "--kernel-heartbeats", "--quorum-wait=" + strconv.FormatBool(mode != ModeOnNoWait),
+			"--close-failover=" + strconv.FormatBool(mode != ModeOnNoClose)}
 		if o.HeartbeatLease > 0 {
 			args = append(args, "--heartbeat-lease", o.HeartbeatLease.String())
 		}

@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kedge-dev/kedge/internal/bpftest"
 	"github.com/kedge-dev/kedge/internal/netnsx"
+	"github.com/kedge-dev/kedge/internal/raft/offload"
 )
 
 // killedSocketsBound is how soon after SIGKILL a client connected to the killed leader must
@@ -256,4 +258,68 @@ func links(files []string) int {
 		}
 	}
 	return n
+}
+
+// TestLabKilledLeaderFailsOverAtOnce: a SIGKILLed leader's sockets close at once, its
+// followers' transports see every connection with it end (pkg/raft/kernelpaths gone.go), and
+// a survivor campaigns without waiting for the election timeout. The timeout is long (1.5 s:
+// 30 ticks of 50 ms), so that "at once" needs no tight bound: a new leader must be agreed
+// within half the timeout of the kill - without the rule no survivor may even ask for a
+// pre-vote before a tick short of the timeout - and a survivor's log must say why.
+func TestLabKilledLeaderFailsOverAtOnce(t *testing.T) {
+	const et = 30 * 50 * time.Millisecond
+	bpftest.RequireRoot(t)
+	if err := offload.Probe(); err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	c := newProcCluster(t, 3, routerLab(t, "rgone", "n1", "n2", "n3"), labKey+"tick: 50ms\n")
+	lead := c.waitLeader(1, 2, 3)
+	c.put(c.client(lead), "x", "1")
+	var survivors []uint64
+	for id := uint64(1); id <= 3; id++ {
+		if id != lead {
+			survivors = append(survivors, id)
+		}
+	}
+	c.waitFor("the survivors following the leader", 10*time.Second, func() bool {
+		for _, id := range survivors {
+			if s, err := c.status(id); err != nil || s.Leader != lead {
+				return false
+			}
+		}
+		return true
+	})
+	killed := time.Now()
+	if err := c.procs[lead].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var next uint64
+	c.waitFor("a new leader among the survivors", 20*time.Second, func() bool {
+		next = 0
+		for _, id := range survivors {
+			s, err := c.status(id)
+			if err != nil || s.Leader == 0 || s.Leader == lead || (next != 0 && s.Leader != next) {
+				return false
+			}
+			next = s.Leader
+		}
+		return true
+	})
+	took := time.Since(killed)
+	c.kill(lead)
+	t.Logf("leader %d killed: survivors agree on leader %d after %v (election timeout %v)", lead, next, took, et)
+	if took > et/2 {
+		t.Errorf("new leader agreed %v after the kill, want within half the election timeout (%v): the closed connections were not acted on", took, et/2)
+	}
+	said := false
+	for _, id := range survivors {
+		b, _ := os.ReadFile(c.logPath(id))
+		said = said || strings.Contains(string(b), "every connection with the leader closed")
+		if os.Getenv("DEBUG_GONE") != "" {
+			t.Logf("node %d:\n%s", id, b[max(0, len(b)-6000):])
+		}
+	}
+	if !said {
+		t.Errorf("no survivor logged the leader's connections closing\n%s", c.logs())
+	}
 }

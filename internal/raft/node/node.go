@@ -44,7 +44,10 @@ type Options struct {
 	// absorbing the ones that move neither its match nor the commit (docs/raft.md "Electrode:
 	// broadcast and quorum wait"); for comparisons.
 	NoQuorumWait bool
-	Log          *slog.Logger
+	// NoCloseFailover, with Offload: a follower leaves a leader whose connections all closed
+	// to the election timeout (kernelpaths.Config.NoCloseFailover); for comparisons.
+	NoCloseFailover bool
+	Log             *slog.Logger
 	// KernelHeartbeats: as leader, the kernel sends the heartbeats while a lease holds
 	// (docs/raft.md "Kernel paths: leader heartbeats"): off, auto (where the kernel allows,
 	// else a log line) or on (else New fails). HeartbeatLease is how long one renewal keeps it
@@ -143,7 +146,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	n.off, err = kernelpaths.Open(kernelpaths.Config{ClusterID: cfg.ClusterID, ID: cfg.ID, Peers: peers,
 		Bind: cfg.RaftBind(), Key: (*[16]byte)(cfg.ClusterKey), Tick: cfg.Tick, ElectionTicks: cfg.ElectionTicks,
 		HeartbeatTicks: cfg.HeartbeatTicks, Follower: opts.Offload, AliveBound: opts.OffloadAlive,
-		NoQuorumWait: opts.NoQuorumWait, LeaderHeartbeats: opts.KernelHeartbeats, HeartbeatLease: opts.HeartbeatLease,
+		NoQuorumWait: opts.NoQuorumWait, NoCloseFailover: opts.NoCloseFailover, LeaderHeartbeats: opts.KernelHeartbeats, HeartbeatLease: opts.HeartbeatLease,
 		Log: n.log, Registry: n.reg, OnEvent: func(e kernelpaths.Event) { n.events.add(api.Event(e)) }})
 	if err != nil {
 		st.Close()

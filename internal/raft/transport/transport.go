@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/raft/wire"
@@ -81,6 +82,12 @@ type Options struct {
 	Key      *wire.Key
 	Log      *slog.Logger
 	Registry prometheus.Registerer // nil: metrics are not registered
+	// PeerClosed (nil: none) is called when the last open bulk connection with a peer -
+	// its inbound one and this node's outbound one - ends because the peer closed or reset
+	// it (EOF, RST), not because of a timeout or this node's own close: the peer's process
+	// is most likely gone (a killed process's sockets close at once). Called from the
+	// transport's goroutines; it must not block.
+	PeerClosed func(peer uint64)
 }
 
 // Transport is one node's endpoint.
@@ -109,6 +116,36 @@ type peer struct {
 	queue     chan *pb.Message
 	lastHeard atomic.Int64 // unix nanos of the last message received from this peer
 	lastBeat  atomic.Int64 // unix nanos of the last MsgHeartbeat received from this peer
+
+	liveMu sync.Mutex
+	live   int // open bulk connections with this peer, both directions (connUp, connDown)
+}
+
+// connUp counts an open bulk connection with p (inbound after its hello, outbound after
+// its handshake).
+func (t *Transport) connUp(p *peer) {
+	p.liveMu.Lock()
+	p.live++
+	p.liveMu.Unlock()
+}
+
+// connDown counts one of p's connections ended, byPeer when p closed or reset it; when that
+// was the last one open, Options.PeerClosed hears of it.
+func (t *Transport) connDown(p *peer, byPeer bool) {
+	p.liveMu.Lock()
+	p.live--
+	last := p.live == 0
+	p.liveMu.Unlock()
+	if last && byPeer && t.opts.PeerClosed != nil && t.ctx.Err() == nil {
+		t.m.peerGone.WithLabelValues(strconv.FormatUint(p.ID, 10)).Inc()
+		t.opts.PeerClosed(p.ID)
+	}
+}
+
+// endedByPeer reports whether a read error means the peer closed or reset the connection
+// (not this node's own close, nor a timeout).
+func endedByPeer(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // New binds the UDP socket and the TCP listener; Start begins delivering to r.
@@ -352,11 +389,15 @@ func (t *Transport) serveConn(c net.Conn) {
 		}
 	}
 	c.SetReadDeadline(time.Time{})
+	t.connUp(p)
+	byPeer := false
+	defer func() { t.connDown(p, byPeer) }()
 	r := bufio.NewReaderSize(c, 64<<10)
 	var hdr [frameHeader]byte
 	for {
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return // peer closed or we are closing
+			byPeer = endedByPeer(err) // or we are closing
+			return
 		}
 		n := int(binary.BigEndian.Uint32(hdr[:])) - 1
 		kind := hdr[4]
@@ -513,8 +554,9 @@ func (t *Transport) sendLoop(p *peer) {
 		}
 		c, w, backoff, ahead = conn, bufio.NewWriterSize(conn, 64<<10), redialMin, redialMin
 		broken = make(chan struct{})
+		t.connUp(p)
 		t.wg.Add(1)
-		go t.watchConn(conn, broken, p.ID)
+		go t.watchConn(conn, broken, p)
 		return false, nil
 	}
 	for {
@@ -594,15 +636,17 @@ func (t *Transport) sendLoop(p *peer) {
 // watchConn reads the outbound connection c (the peer sends nothing on it after the
 // handshake) until it ends: EOF or a reset means the peer is gone, and broken tells the
 // sender before its next write.
-func (t *Transport) watchConn(c net.Conn, broken chan struct{}, peer uint64) {
+func (t *Transport) watchConn(c net.Conn, broken chan struct{}, p *peer) {
 	defer t.wg.Done()
 	defer close(broken)
 	var b [64]byte
 	for {
 		if _, err := c.Read(b[:]); err != nil {
-			if !errors.Is(err, net.ErrClosed) { // not our own close
-				t.m.peerClosed.WithLabelValues(strconv.FormatUint(peer, 10)).Inc()
+			ours := errors.Is(err, net.ErrClosed)
+			if !ours {
+				t.m.peerClosed.WithLabelValues(strconv.FormatUint(p.ID, 10)).Inc()
 			}
+			t.connDown(p, !ours && endedByPeer(err))
 			return
 		}
 	}
@@ -663,8 +707,8 @@ func (d *dropLogger) note(reason, transport, src string, size int) {
 }
 
 type metrics struct {
-	sent, received, dropped, sendDropped, sendErrors, peerClosed *prometheus.CounterVec
-	coalesced                                                    prometheus.Counter
+	sent, received, dropped, sendDropped, sendErrors, peerClosed, peerGone *prometheus.CounterVec
+	coalesced                                                              prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -682,6 +726,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		sendDropped: cv("transport_send_dropped_total", "Bulk messages dropped because the peer's send queue was full.", "peer"),
 		sendErrors:  cv("transport_send_errors_total", "Send failures (unreachable peer, write error), by transport.", "transport"),
 		peerClosed:  cv("transport_bulk_peer_closed_total", "Outbound bulk connections the peer closed or reset (redialled at the next message, none lost into them).", "peer"),
+		peerGone:    cv("transport_peer_gone_total", "Times the last open bulk connection with a peer, inbound or outbound, ended by the peer's close or reset (its process most likely gone; Options.PeerClosed).", "peer"),
 	}
 	m.coalesced = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kedge", Subsystem: "raft", Name: "transport_coalesced_total",
 		Help: "Appends and append acknowledgements folded into another one to the same peer before sending (docs/raft.md section 3)."})

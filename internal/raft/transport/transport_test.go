@@ -451,3 +451,49 @@ func TestBulkDialsAhead(t *testing.T) {
 		t.Errorf("tcp send errors: %v, want 0 (dials ahead of a message count none)", v)
 	}
 }
+
+// TestPeerClosed: when a peer's process goes, its sockets close, and the transport reports
+// the peer once its last bulk connection (inbound and outbound) has ended by the peer's close
+// or reset (Options.PeerClosed) - not for one connection of two, not for its own close, not
+// for a peer that never answered. The failover's fast path (pkg/raft/kernelpaths gone.go)
+// starts from it.
+func TestPeerClosed(t *testing.T) {
+	peers := []Peer{{1, freeAddrPort(t)}, {2, freeAddrPort(t)}}
+	var mu sync.Mutex
+	var heard []uint64
+	tr, err := New(Options{ClusterID: cluster, Self: 1, Bind: peers[0].Addr.String(), Peers: peers[1:],
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry(),
+		PeerClosed: func(id uint64) { mu.Lock(); heard = append(heard, id); mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Start(&recorder{})
+	got := func() []uint64 { mu.Lock(); defer mu.Unlock(); return slices.Clone(heard) }
+	live := func() int { p := tr.peers[2]; p.liveMu.Lock(); defer p.liveMu.Unlock(); return p.live }
+
+	t2, _ := newNode(t, 2, peers)
+	waitUntil(t, "both connections with the peer open", func() bool { return live() == 2 })
+	t2.Close()
+	waitUntil(t, "the peer reported gone", func() bool { return len(got()) > 0 })
+	// A restarted peer is seen again; the dials that found it down in between reported nothing.
+	_, _ = newNode(t, 2, peers)
+	waitUntil(t, "both connections open again", func() bool { return live() == 2 })
+	if g := got(); !slices.Equal(g, []uint64{2}) {
+		t.Errorf("PeerClosed calls %v, want [2] (once, for the closed peer)", g)
+	}
+	// The rule itself: one connection of two ending reports nothing; the last one ending by
+	// this node's own close reports nothing.
+	p := tr.peers[2]
+	p.liveMu.Lock()
+	p.live += 2 // two more, as if open
+	p.liveMu.Unlock()
+	tr.connDown(p, true)
+	tr.connDown(p, false)
+	if g := got(); len(g) != 1 {
+		t.Errorf("PeerClosed calls %v after connections ended with others open: want none new", g)
+	}
+	tr.Close()
+	if g := got(); len(g) != 1 {
+		t.Errorf("PeerClosed calls %v after this node's own close: want none new", g)
+	}
+}

@@ -435,5 +435,10 @@ func TestDetectAfter(t *testing.T) {
 		if got, want := detectAfter(et, c.self, c.leader, peers), et+detectMargin+time.Duration(c.rank)*st; got != want {
 			t.Errorf("self %d, leader %d: %v, want %v (rank %d)", c.self, c.leader, got, want, c.rank)
 		}
+		// A leader whose connections closed: the survivors campaign in the same order, the
+		// first one goneMargin after the close.
+		if got, want := goneAfter(et, c.self, c.leader, peers), goneMargin+time.Duration(c.rank)*st; got != want {
+			t.Errorf("gone: self %d, leader %d: %v, want %v (rank %d)", c.self, c.leader, got, want, c.rank)
+		}
 	}
 }

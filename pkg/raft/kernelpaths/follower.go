@@ -3,6 +3,7 @@ package kernelpaths
 import (
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/raft/offload"
@@ -42,6 +43,12 @@ type follower struct {
 	// recheckTimer: a wake-up the leader's appends made stale is looked at again when the
 	// silence after them reaches the node's slot (Offload.recheck; Ready loop only).
 	recheckTimer *time.Timer
+
+	// gone: the leader whose connections all closed, while nothing was heard from it since
+	// (gone.go; written by the Ready loop, read by the transport's receivers); goneTimer: the
+	// campaign scheduled after it (Ready loop only).
+	gone      atomic.Pointer[gone]
+	goneTimer *time.Timer
 
 	// since: the last message since the last tick that restarted etcd-raft's lease
 	// (transportIn.Step); commit: the commit of the last saved HardState (Ready loop only).

@@ -26,14 +26,7 @@ func detectStagger(et time.Duration) time.Duration { return max(et/4, 5*time.Mil
 
 // detectAfter is self's detector timeout while leader leads, et the election timeout.
 func detectAfter(et time.Duration, self, leader uint64, peers map[uint64]netip.AddrPort) time.Duration {
-	rank := 0
-	for id := range peers {
-		// the followers before self, going up from the leader and wrapping (unsigned)
-		if id != leader && id != self && id-leader-1 < self-leader-1 {
-			rank++
-		}
-	}
-	return et + detectMargin + time.Duration(rank)*detectStagger(et)
+	return et + detectMargin + time.Duration(detectRank(self, leader, peers))*detectStagger(et)
 }
 
 // onLeaderSilent handles a failure-detector wake-up: if the node still follows that leader in
@@ -169,7 +162,11 @@ func (o *Offload) judgeLease(m *pb.Message) {
 		return
 	}
 	heard, now := o.heardNs(lead), offload.Monotonic()
-	if !forceIfLeaseOver(m, lead, o.self, heard, now, f.detect) {
+	lease := f.detect
+	if o.leaderGone(lead) != nil {
+		lease = 0 // every connection with the leader closed since it was last heard (gone.go)
+	}
+	if !forceIfLeaseOver(m, lead, o.self, heard, now, lease) {
 		return
 	}
 	f.leaseOver.Inc()
@@ -230,7 +227,8 @@ func silenceCalls(ev offload.Event, term, lead uint64, state raft.StateType) boo
 // campaigns again. Dropping a pre-vote is what a lossy network does: liveness only.
 func (o *Offload) holdEarlyPreVotes(msgs []*pb.Message, prevLead uint64) []*pb.Message {
 	f := o.fol
-	if f == nil || prevLead == 0 || prevLead == o.self || o.lastState != raft.StatePreCandidate {
+	if f == nil || prevLead == 0 || prevLead == o.self || o.lastState != raft.StatePreCandidate ||
+		o.leaderGone(prevLead) != nil {
 		return msgs
 	}
 	heard := o.heardNs(prevLead)

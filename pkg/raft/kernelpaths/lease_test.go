@@ -194,3 +194,70 @@ func TestDetectorSlot(t *testing.T) {
 		}
 	}
 }
+
+// A leader whose connections all closed (gone.go): its record calls it gone only for that
+// leader and only while nothing was heard from it since the close; while it holds, a vote
+// request is let past the lease at once (judgeLease's lease 0), and otherwise the lease is
+// judged by the election timeout as before - so a voter that did not see the close, or
+// heard the leader after it, still refuses.
+func TestLeaderGoneRule(t *testing.T) {
+	const et = 10 * time.Millisecond
+	const closedAt = 100 * time.Millisecond
+	g := &gone{leader: 1, term: 4, at: closedAt}
+	for _, c := range []struct {
+		leader uint64
+		heard  time.Duration
+		want   bool
+	}{
+		{1, closedAt - 3*time.Millisecond, true},  // last heard before the close
+		{1, closedAt, false},                      // heard at the close: not gone
+		{1, closedAt + time.Millisecond, false},   // heard again after it
+		{3, closedAt - 3*time.Millisecond, false}, // another leader
+		{0, closedAt - 3*time.Millisecond, false}, // no leader
+	} {
+		if got := g.holds(c.leader, int64(c.heard)); got != c.want {
+			t.Errorf("leader %d heard at %v (closed at %v): gone %v, want %v", c.leader, c.heard, closedAt, got, c.want)
+		}
+	}
+	if (*gone)(nil).holds(1, 1) {
+		t.Error("no record holds")
+	}
+	vote := func() *pb.Message {
+		return &pb.Message{Type: pb.MsgVote.Enum(), From: proto.Uint64(2), To: proto.Uint64(3), Term: proto.Uint64(5)}
+	}
+	heard := int64(closedAt - 3*time.Millisecond)
+	now := closedAt + 2*time.Millisecond // 5 ms of silence at a 10 ms timeout: the lease holds
+	if forceIfLeaseOver(vote(), 1, 3, heard, now, et) {
+		t.Error("vote forced past a lease that holds, without a gone leader")
+	}
+	lease := et
+	if g.holds(1, heard) {
+		lease = 0 // judgeLease
+	}
+	if m := vote(); !forceIfLeaseOver(m, 1, 3, heard, now, lease) || string(m.GetContext()) != string(campaignTransfer) {
+		t.Error("vote not let past the lease of a gone leader")
+	}
+}
+
+// The first survivor asks again while its retry stays a retry interval before the next
+// survivor's slot; the others never do.
+func TestGoneRetry(t *testing.T) {
+	st := detectStagger(10 * time.Millisecond) // 5 ms
+	for _, c := range []struct {
+		since         time.Duration
+		retries, rank int
+		want          bool
+	}{
+		{goneMargin, 0, 0, true},              // the first campaign: once more at 3 ms
+		{goneMargin + goneRetry, 1, 0, false}, // at 3 ms: a retry at 5 ms would be 1 ms before the next slot
+		{goneMargin, 0, 1, false},             // the next survivor never
+		{goneMargin, goneRetries, 0, false},
+	} {
+		if got := againBefore(c.since, c.retries, c.rank, st); got != c.want {
+			t.Errorf("since %v, retries %d, rank %d: again %v, want %v", c.since, c.retries, c.rank, got, c.want)
+		}
+	}
+	if !againBefore(goneMargin+2*goneRetry, 2, 0, detectStagger(time.Second)) {
+		t.Error("a long timeout's first survivor does not ask a third time")
+	}
+}

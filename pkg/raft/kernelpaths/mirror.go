@@ -50,6 +50,7 @@ func (o *Offload) offloadMirror(term, lead uint64, tick bool) {
 	// before), its XDP granted a follower's pre-vote for a higher term: with the
 	// candidate's own, a quorum of a 3-node cluster, and the real election that followed
 	// deposed the live leader (the false elections under stress, docs/raft.md section 12).
+	o.clearGone(term, lead) // a gone leader heard again (gone.go)
 	d := offload.Durable{Term: term, Leader: lead}
 	if lead != 0 {
 		d.LeaderAddr = f.peers[lead]

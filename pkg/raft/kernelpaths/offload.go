@@ -79,6 +79,10 @@ type Config struct {
 	// NoQuorumWait passes every follower's append response up instead of absorbing the ones
 	// that move neither its match nor the commit (comparisons only).
 	NoQuorumWait bool
+	// NoCloseFailover: a follower whose connections with its leader all closed waits for the
+	// election timeout as before, instead of campaigning at once (comparisons only;
+	// docs/raft.md, "A leader whose connections closed").
+	NoCloseFailover bool
 	// LeaderHeartbeats, as leader, has the kernel send the heartbeats while a lease holds;
 	// HeartbeatLease is how long one renewal keeps it sending (0: adaptive, as AliveBound).
 	LeaderHeartbeats Mode
@@ -148,6 +152,12 @@ func Monotonic() time.Duration { return offload.Monotonic() }
 type Wakeup struct {
 	ev      offload.Event
 	recheck bool // a second look the node scheduled itself (onLeaderSilent)
+	// A peer whose connections all closed (gone.go): its id, when, and whether this is the
+	// campaign the node scheduled after it (retry: how many times it asked again).
+	gone     uint64
+	at       time.Duration
+	campaign bool
+	retry    int
 }
 
 // Offload is one node's transport and kernel paths. Open it, Start it once etcd-raft's
@@ -236,7 +246,7 @@ func Open(cfg Config) (*Offload, error) {
 	}
 	var err error
 	o.tr, err = transport.New(transport.Options{ClusterID: cfg.ClusterID, Self: cfg.ID, Bind: o.cfg.Bind,
-		Peers: tps, Key: (*wire.Key)(cfg.Key), Log: o.log, Registry: o.reg})
+		Peers: tps, Key: (*wire.Key)(cfg.Key), Log: o.log, Registry: o.reg, PeerClosed: o.peerClosed})
 	if err != nil {
 		return nil, err
 	}
@@ -313,6 +323,10 @@ func (o *Offload) Wakeups() <-chan Wakeup { return o.wake }
 // Wake handles a failure-detector wake-up: if the leader is still silent for this node, it
 // campaigns (a pre-vote first) instead of waiting for etcd-raft's own timer.
 func (o *Offload) Wake(ctx context.Context, w Wakeup) {
+	if w.gone != 0 {
+		o.onLeaderGone(ctx, w)
+		return
+	}
 	if w.recheck {
 		// The second look happens now: its record says when the node decided, not when the
 		// kernel's timer first fired.
@@ -379,6 +393,7 @@ func (o *Offload) AfterSave(rd *raft.Ready) {
 	}
 	o.recordReady(rd, o.prevLead, saved)
 	rd.Messages = o.holdEarlyPreVotes(rd.Messages, o.prevLead)
+	o.refusedBehind(rd.Messages)
 }
 
 // Send hands messages to the transport (small ones as UDP packets, the rest over TCP);
@@ -469,6 +484,9 @@ func (o *Offload) Close() error {
 	err := o.tr.Close()
 	if o.fol != nil && o.fol.recheckTimer != nil {
 		o.fol.recheckTimer.Stop()
+	}
+	if o.fol != nil && o.fol.goneTimer != nil {
+		o.fol.goneTimer.Stop()
 	}
 	if cerr := o.closeOffload(); err == nil && cerr != nil {
 		err = fmt.Errorf("close offload: %w", cerr)
