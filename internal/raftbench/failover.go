@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kedge-dev/kedge/internal/bench"
@@ -496,8 +497,9 @@ func firstWriteRetry(ctx context.Context, c *raftlab.Cluster, cl *client.Client,
 
 // Phase is one failover trial split at the events of the survivors' election records, in
 // ms after the kill (-1: not seen). Detect is the first survivor that noticed the silence:
-// the kernel's detector waking it (Source "kernel") or etcd-raft's own timer starting a
-// pre-vote ("etcd-raft").
+// the kernel's detector waking it (Source "kernel"), its transport seeing every connection
+// with the leader closed ("close", pkg/raft/kernelpaths gone.go) or etcd-raft's own timer
+// starting a pre-vote ("etcd-raft").
 type Phase struct {
 	TotalMs    float64 `json:"total_ms"`
 	HeardAgeMs float64 `json:"heard_age_ms"` // how old the first detector's last message from the leader was at the kill
@@ -515,6 +517,10 @@ type Phase struct {
 	Terms          uint64  `json:"terms"`        // term increase (> 1: more than one election)
 	Attempts       int     `json:"attempts"`     // client writes sent
 }
+
+// goneDetail begins the detector event of a survivor that saw every connection with the
+// leader close (pkg/raft/kernelpaths gone.go; its time is when the transport saw it).
+const goneDetail = "gone: every connection closed"
 
 // phases reads the survivors' election records since the kill and places the trial's events.
 func phases(ctx context.Context, c *raftlab.Cluster, cl *client.Client, survivors []int, oldTerm uint64, killNs int64, w written) (Phase, error) {
@@ -537,10 +543,14 @@ func phases(ctx context.Context, c *raftlab.Cluster, cl *client.Client, survivor
 		}
 		evs[id] = r.Events
 		for _, e := range r.Events {
-			if (e.Kind == api.EventDetector && e.Detail == "campaign") || e.Kind == api.EventPreCandidate {
+			closed := e.Kind == api.EventDetector && strings.HasPrefix(e.Detail, goneDetail)
+			if (e.Kind == api.EventDetector && e.Detail == "campaign") || closed || e.Kind == api.EventPreCandidate {
 				if detect == 0 || e.AtNs < detect {
 					detect, source, heard, detector = e.AtNs, "etcd-raft", e.HeardNs, id
-					if e.Kind == api.EventDetector {
+					switch {
+					case closed:
+						source = "close"
+					case e.Kind == api.EventDetector:
 						source = "kernel"
 					}
 				}

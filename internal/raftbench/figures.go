@@ -85,18 +85,21 @@ func renderResult(r *Result, throughput bool) (string, error) {
 	}
 	fmt.Fprintf(&b, "%s, %s. %s.\n", r.Timestamp.Format(time.DateOnly), r.Describe(), configuration(r))
 	if len(r.Failover) > 0 {
-		b.WriteString("\n| Mode | Election timeout | Client | Trials | Failover p50 / p99 / max (ms) | More than one election | Detected by the kernel |\n|---|---:|---|---:|---:|---:|---:|\n")
+		b.WriteString("\n| Mode | Election timeout | Client | Trials | Failover p50 / p99 / max (ms) | More than one election | Detected by the kernel / by closed connections |\n|---|---:|---|---:|---:|---:|---:|\n")
 		for _, f := range r.Failover {
-			kernel, multi := 0, 0
+			kernel, closed, multi := 0, 0, 0
 			for _, p := range f.Phases {
-				if p.Source == "kernel" {
+				switch p.Source {
+				case "kernel":
 					kernel++
+				case "close":
+					closed++
 				}
 				if p.Terms > 1 {
 					multi++
 				}
 			}
-			detected, elections := fmt.Sprintf("%d of %d", kernel, len(f.Phases)), fmt.Sprintf("%d of %d", multi, len(f.Phases))
+			detected, elections := fmt.Sprintf("%d / %d of %d", kernel, closed, len(f.Phases)), fmt.Sprintf("%d of %d", multi, len(f.Phases))
 			if !kernelPaths(f.Offload) {
 				detected = "-"
 			}

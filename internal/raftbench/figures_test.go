@@ -17,7 +17,7 @@ func TestFigures(t *testing.T) {
 		"throughput_rounds": 2, "throughput_s": 20, "peer": "etcd 3.4.23",
 	})}
 	r.Failover = []Failover{{Offload: ModeOn, ElectionTimeoutMs: 7, FailoverMs: []float64{10, 12}, P50Ms: 11, P99Ms: 12, MaxMs: 12,
-		Phases:     []Phase{{Source: "kernel", Terms: 1}, {Source: "raft", Terms: 2}},
+		Phases:     []Phase{{Source: "kernel", Terms: 1}, {Source: "raft", Terms: 2}, {Source: "close", Terms: 1}},
 		PhaseStats: []PhaseStats{{Name: "detect", P50Ms: 8, P99Ms: 9}}},
 		// etcd keeps no election record: no phases, no elections counted
 		{Offload: ModeEtcd, ElectionTimeoutMs: 7, Client: ClientUninformed, FailoverMs: []float64{20}, P50Ms: 20, P99Ms: 20, MaxMs: 20,
@@ -36,7 +36,7 @@ func TestFigures(t *testing.T) {
 	}
 	for _, want := range []string{
 		"tick 1 ms, heartbeat every 3 ms; election timeout 7 ms; throughput at election timeout 10 ms, 2 rounds of 20 s, every mode's writers at once; peer etcd 3.4.23; cluster key on; false elections under stress for 600 s.",
-		"| on | 7 ms | leader | 2 | 11.0 / 12.0 / 12.0 | 1 of 2 | 1 of 2 |",
+		"| on | 7 ms | leader | 2 | 11.0 / 12.0 / 12.0 | 1 of 3 | 1 / 1 of 3 |",
 		"| etcd | 7 ms | uninformed | 1 | 20.0 / 20.0 / 20.0 | - | - |",
 		"| on | 7 ms | leader | 8.0 / 9.0 |",
 		"| on / etcd | 7 ms | uninformed | 0.60x | 0.70x |",
