@@ -34,11 +34,18 @@ const (
 )
 
 // gone is a leader whose connections all closed at (CLOCK_MONOTONIC) while this node
-// followed it in term. Written by the Ready loop, read by the transport's receivers too.
+// followed it in term; from slot on the node may campaign (its rank's time after the close,
+// or at once after refusing a survivor whose log is behind). Written by the Ready loop, read
+// by the transport's receivers too.
 type gone struct {
 	leader, term uint64
-	at           time.Duration
+	at, slot     time.Duration
 }
+
+// holdsBack reports whether a campaign at now comes before the record's slot: etcd-raft's
+// own randomized timer firing early, which would race the survivor ranked before this one
+// and split the vote (holdEarlyPreVotes holds its pre-votes).
+func (g *gone) holdsBack(now time.Duration) bool { return now < g.slot }
 
 // holds reports whether g still calls leader gone: g is about leader, and nothing was heard
 // from it (heardNs, the leader's last word) since its connections closed.
@@ -131,12 +138,12 @@ func (o *Offload) onLeaderGone(ctx context.Context, w Wakeup) {
 			stale("the leader was heard after its connections closed")
 			return
 		}
-		f.gone.Store(&gone{leader: lead, term: o.termDurable, at: w.at})
+		after := goneAfter(f.detect, o.self, lead, f.peers)
+		f.gone.Store(&gone{leader: lead, term: o.termDurable, at: w.at, slot: w.at + after})
 		// The kernel passes the pre-votes of the next term up from now on (prevote.h
 		// RAFT_PV_PASS_PENDING), where judgeLease finds the lease over and etcd-raft
 		// decides by the log; a refusal there is seen (refusedBehind).
 		o.offloadPending(o.termDurable + 1)
-		after := goneAfter(f.detect, o.self, lead, f.peers)
 		o.event(Event{AtNs: int64(w.at), Kind: EventDetector, Term: o.termDurable, Leader: lead, HeardNs: heard,
 			Detail: "gone: every connection closed, campaign in " + after.String()})
 		o.log.Info("raft offload: every connection with the leader closed, campaigning", "leader", lead,
@@ -199,6 +206,9 @@ func (o *Offload) refusedBehind(msgs []*pb.Message) {
 				Detail: "gone: refused a pre-vote of a candidate behind, campaign now"})
 			o.log.Info("raft offload: refused the pre-vote of a survivor whose log is behind, campaigning now",
 				"leader", lead, "candidate", m.GetTo())
+			now := *g
+			now.slot = offload.Monotonic()
+			f.gone.Store(&now)
 			o.goneLater(Wakeup{gone: lead, at: g.at, retry: goneRetries}, 0)
 			return
 		}

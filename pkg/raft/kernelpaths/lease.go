@@ -227,12 +227,15 @@ func silenceCalls(ev offload.Event, term, lead uint64, state raft.StateType) boo
 // campaigns again. Dropping a pre-vote is what a lossy network does: liveness only.
 func (o *Offload) holdEarlyPreVotes(msgs []*pb.Message, prevLead uint64) []*pb.Message {
 	f := o.fol
-	if f == nil || prevLead == 0 || prevLead == o.self || o.lastState != raft.StatePreCandidate ||
-		o.leaderGone(prevLead) != nil {
+	if f == nil || prevLead == 0 || prevLead == o.self || o.lastState != raft.StatePreCandidate {
 		return msgs
 	}
-	heard := o.heardNs(prevLead)
-	if heard == 0 || slotWait(time.Duration(int64(offload.Monotonic())-heard), detectAfter(f.detect, o.self, prevLead, f.peers)) <= 0 {
+	heard, now := o.heardNs(prevLead), offload.Monotonic()
+	if heard == 0 || slotWait(time.Duration(int64(now)-heard), detectAfter(f.detect, o.self, prevLead, f.peers)) <= 0 {
+		return msgs
+	}
+	// The leader's connections closed (gone.go): its slot after the close passed too.
+	if g := o.leaderGone(prevLead); g != nil && !g.holdsBack(now) {
 		return msgs
 	}
 	out := msgs[:0]
