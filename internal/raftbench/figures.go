@@ -37,7 +37,10 @@ var figureRuns = map[string]string{
 	// the closed-connection failover (on) against the build without it (on-noclose) and etcd, in blocks
 	"raft-etcd-failover-close-3": "kedge bench raft --peer etcd --scenarios failover --offload on,on-noclose --tick 1ms --election-ticks 5,10 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-close-3",
 	"raft-etcd-failover-close-4": "kedge bench raft --peer etcd --scenarios failover --offload on,on-noclose --tick 1ms --election-ticks 5,10 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-close-4",
-	"raft-etcd-failover-50":      "kedge bench raft --peer etcd --scenarios failover --offload on --tick 1ms --election-ticks 50 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-50",
+	// the same, two sittings with no other job on the machine
+	"raft-etcd-failover-close-quiet":   "kedge bench raft --peer etcd --scenarios failover --offload on,on-noclose --tick 1ms --election-ticks 5,10 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-close-quiet",
+	"raft-etcd-failover-close-quiet-2": "kedge bench raft --peer etcd --scenarios failover --offload on,on-noclose --tick 1ms --election-ticks 5,10 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-close-quiet-2",
+	"raft-etcd-failover-50":            "kedge bench raft --peer etcd --scenarios failover --offload on --tick 1ms --election-ticks 50 --failover-client leader,uninformed --trials 20 --out docs/results/raft-etcd-failover-50",
 }
 
 // figureNoThroughput are the blocks whose throughput rows stay out: raft-default's are
