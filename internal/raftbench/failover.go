@@ -14,6 +14,7 @@ import (
 	"github.com/kedge-dev/kedge/internal/raft/client"
 	"github.com/kedge-dev/kedge/internal/raft/offload"
 	"github.com/kedge-dev/kedge/internal/raftlab"
+	"github.com/kedge-dev/kedge/pkg/raft/kernelpaths"
 )
 
 // Failover: kill the leader under writes, time the first write a new leader takes, by phase.
@@ -518,10 +519,6 @@ type Phase struct {
 	Attempts       int     `json:"attempts"`     // client writes sent
 }
 
-// goneDetail begins the detector event of a survivor that saw every connection with the
-// leader close (pkg/raft/kernelpaths gone.go; its time is when the transport saw it).
-const goneDetail = "gone: every connection closed"
-
 // phases reads the survivors' election records since the kill and places the trial's events.
 func phases(ctx context.Context, c *raftlab.Cluster, cl *client.Client, survivors []int, oldTerm uint64, killNs int64, w written) (Phase, error) {
 	at := func(ns int64) float64 {
@@ -543,8 +540,8 @@ func phases(ctx context.Context, c *raftlab.Cluster, cl *client.Client, survivor
 		}
 		evs[id] = r.Events
 		for _, e := range r.Events {
-			closed := e.Kind == api.EventDetector && strings.HasPrefix(e.Detail, goneDetail)
-			if (e.Kind == api.EventDetector && e.Detail == "campaign") || closed || e.Kind == api.EventPreCandidate {
+			closed := e.Kind == api.EventDetector && strings.HasPrefix(e.Detail, kernelpaths.DetailGone)
+			if (e.Kind == api.EventDetector && e.Detail == kernelpaths.DetailCampaign) || closed || e.Kind == api.EventPreCandidate {
 				if detect == 0 || e.AtNs < detect {
 					detect, source, heard, detector = e.AtNs, "etcd-raft", e.HeardNs, id
 					switch {

@@ -145,7 +145,7 @@ func (o *Offload) onLeaderGone(ctx context.Context, w Wakeup) {
 		// decides by the log; a refusal there is seen (refusedBehind).
 		o.offloadPending(o.termDurable + 1)
 		o.event(Event{AtNs: int64(w.at), Kind: EventDetector, Term: o.termDurable, Leader: lead, HeardNs: heard,
-			Detail: "gone: every connection closed, campaign in " + after.String()})
+			Detail: DetailGone + ", campaign in " + after.String()})
 		o.log.Info("raft offload: every connection with the leader closed, campaigning", "leader", lead,
 			"term", o.termDurable, "after", after)
 		o.goneLater(w, after-(offload.Monotonic()-w.at))

@@ -74,8 +74,8 @@ func (o *Offload) onLeaderSilent(ctx context.Context, ev offload.Event) {
 		}
 	}
 	o.event(Event{AtNs: int64(ev.Fired), Kind: EventDetector, Term: ev.Term, Leader: ev.Leader,
-		HeardNs: int64(ev.LastArrival), Detail: "campaign"})
-	f.wakeups.WithLabelValues("campaign").Inc()
+		HeardNs: int64(ev.LastArrival), Detail: DetailCampaign})
+	f.wakeups.WithLabelValues(DetailCampaign).Inc()
 	o.log.Info("raft offload: leader silent, starting a pre-vote", "leader", ev.Leader, "term", ev.Term,
 		"silent_for", ev.Fired-ev.LastArrival)
 	if err := o.rn.Campaign(ctx); err != nil && ctx.Err() == nil {

@@ -115,6 +115,15 @@ const (
 	EventBound = "bound"
 )
 
+// Details of an EventDetector: the kernel's detector found the leader silent and the node
+// campaigns (DetailCampaign), or every bulk connection with the leader ended by its close
+// or reset and the node campaigns after its slot (the Detail begins with DetailGone and
+// names the wait). Anything else is why the detector's wake-up was not acted on.
+const (
+	DetailCampaign = "campaign"
+	DetailGone     = "gone: every connection closed"
+)
+
 // Event is one entry of a node's election record. Times are CLOCK_MONOTONIC ns (Monotonic):
 // every process on the machine shares the clock.
 type Event struct {
