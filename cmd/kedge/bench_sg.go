@@ -212,8 +212,8 @@ func runBenchSgLoopback(cmd *cobra.Command, lo sgbench.LoopOptions, fanouts []in
 		if m == "kedge-before" && lo.Before == "" {
 			return usagef("--methods: kedge-before needs --before BINARY")
 		}
-		if m != "kedge-before" && !slices.Contains(sgbench.AllMethods, m) {
-			return usagef("--methods: unknown method %q (want kedge-before or one of %v)", m, sgbench.AllMethods)
+		if m != "kedge-before" && !slices.Contains(sgbench.LoopMethods, m) {
+			return usagef("--methods: unknown method %q (want kedge-before or one of %v)", m, sgbench.LoopMethods)
 		}
 	}
 	if lo.Type != "int32" && lo.Type != "int64" {

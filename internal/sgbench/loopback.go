@@ -13,6 +13,7 @@ import (
 
 	"github.com/kedge-dev/kedge/internal/bench"
 	"github.com/kedge-dev/kedge/internal/netnsx"
+	"github.com/kedge-dev/kedge/internal/sgbench/floor"
 )
 
 // LoopSchema is the schema of the loopback scenario's result.json.
@@ -28,7 +29,7 @@ type LoopOptions struct {
 	// "kedge-before", alternating with "kedge" in every round: the before/after ratio of
 	// one sitting.
 	Before      string
-	Methods     []string // "kedge", "kedge-before", and any baseline of AllMethods
+	Methods     []string // "kedge", "kedge-before", and any of LoopMethods
 	Fanouts     []int
 	Outstanding []int
 	Rounds      int
@@ -43,6 +44,39 @@ type LoopOptions struct {
 	StealRetries int
 	Out          string
 }
+
+// FloorMethod is the loopback scenario's floor (internal/sgbench/floor): the cheapest
+// in-kernel scatter-gather that moves the same packets, with kedge's client structure and
+// ring reader; it reduces and checks nothing, so it bounds any implementation from below.
+const FloorMethod = "floor"
+
+// LoopMethods are the methods the loopback scenario takes besides kedge-before.
+var LoopMethods = append(slices.Clone(AllMethods), FloorMethod)
+
+// floorClient is the floor's client: one floor.Floor, its requesters waiting on it as
+// kedge's wait on their group. Workers must be on consecutive ports.
+func floorClient(o ClientOptions) (*client, error) {
+	for i, w := range o.Workers {
+		if w.Addr() != o.Workers[0].Addr() || int(w.Port()) != int(o.Workers[0].Port())+i {
+			return nil, fmt.Errorf("floor: worker %d is %v, want consecutive ports from %v", i, w, o.Workers[0])
+		}
+	}
+	f, err := floor.Open(floor.Config{Interface: o.Interface, Worker0: o.Workers[0], Fanout: len(o.Workers),
+		InFlight: max(o.Outstanding, 1), Timeout: o.Timeout})
+	if err != nil {
+		return nil, err
+	}
+	return &client{newReq: func() (requester, error) { return floorReq{f}, nil }, cleanup: func() { f.Close() }, unchecked: true}, nil
+}
+
+type floorReq struct{ f *floor.Floor }
+
+func (r floorReq) do(uint64) (int64, uint64, bool, error) {
+	id, ok, err := r.f.Do(context.Background())
+	return 0, id, ok, err
+}
+
+func (floorReq) close() {}
 
 // DefaultLoopOptions: the table (fan-outs 4, 16, 64; 1 and 32 outstanding; 3
 // rounds; 2 s windows; 256 x int32).
