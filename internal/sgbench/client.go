@@ -362,7 +362,7 @@ func setupClient(o ClientOptions) (*client, error) {
 		}
 		return c, nil
 	}
-	if o.Method == FloorMethod {
+	if IsFloor(o.Method) {
 		return floorClient(o)
 	}
 	if IsTailUser(o.Method) {

@@ -45,13 +45,20 @@ type LoopOptions struct {
 	Out          string
 }
 
-// FloorMethod is the loopback scenario's floor (internal/sgbench/floor): the cheapest
-// in-kernel scatter-gather that moves the same packets, with kedge's client structure and
-// ring reader; it reduces and checks nothing, so it bounds any implementation from below.
-const FloorMethod = "floor"
+// The loopback scenario's floor (internal/sgbench/floor): the cheapest in-kernel
+// scatter-gather that moves the same packets, with kedge's client structure and ring
+// reader (floor-nopoll: the reader of kedge-nopoll, PollSpin off); it reduces and checks
+// nothing, so it bounds any implementation from below.
+const (
+	FloorMethod       = "floor"
+	FloorNoPollMethod = "floor-nopoll"
+)
+
+// IsFloor tells the floor's methods.
+func IsFloor(method string) bool { return method == FloorMethod || method == FloorNoPollMethod }
 
 // LoopMethods are the methods the loopback scenario takes besides kedge-before.
-var LoopMethods = append(slices.Clone(AllMethods), FloorMethod)
+var LoopMethods = append(slices.Clone(AllMethods), FloorMethod, FloorNoPollMethod)
 
 // floorClient is the floor's client: one floor.Floor, its requesters waiting on it as
 // kedge's wait on their group. Workers must be on consecutive ports.
@@ -61,8 +68,11 @@ func floorClient(o ClientOptions) (*client, error) {
 			return nil, fmt.Errorf("floor: worker %d is %v, want consecutive ports from %v", i, w, o.Workers[0])
 		}
 	}
-	f, err := floor.Open(floor.Config{Interface: o.Interface, Worker0: o.Workers[0], Fanout: len(o.Workers),
-		InFlight: max(o.Outstanding, 1), Timeout: o.Timeout})
+	cfg := floor.Config{Interface: o.Interface, Worker0: o.Workers[0], Fanout: len(o.Workers), InFlight: max(o.Outstanding, 1), Timeout: o.Timeout}
+	if o.Method == FloorNoPollMethod {
+		cfg.PollSpin = -1
+	}
+	f, err := floor.Open(cfg)
 	if err != nil {
 		return nil, err
 	}
