@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	isg "github.com/kedge-dev/kedge/internal/sg"
+	"golang.org/x/sys/unix"
 )
 
 // The readers: four ways a completed slot reaches its request (wakeKinds): the coordinator
@@ -66,6 +67,9 @@ func (g *Group) poll() {
 			for !g.ring.Pending() && !g.closed.Load() {
 				g.pumpMu.Unlock()
 				runtime.Gosched()
+				if g.InFlight() >= napDepth && !g.ring.Pending() {
+					nap()
+				}
 				g.pumpMu.Lock()
 				if g.InFlight() == 0 || time.Since(from) > spin {
 					break
@@ -81,6 +85,26 @@ func (g *Group) poll() {
 			return
 		}
 	}
+}
+
+// napDepth is the number of requests in flight from which the polling reader naps between
+// its looks at the ring instead of spinning through its wait (nap). At one request in
+// flight the wait is one request's round trip, and a nap's timer would end it late; with
+// many in flight results come close together and a nap that ends late finds several.
+const napDepth = 4
+
+// napFor is how long nap asks the kernel to sleep. The thread's timer slack (50 us by
+// default for a normal thread) comes on top: the timer fires at most that much later.
+const napFor = 20 * time.Microsecond
+
+// nap sleeps napFor in nanosleep without telling the Go runtime: the thread keeps its P
+// (no hand-off to another thread, and sysmon has no system call to retake), the ring stays
+// held (the producer raises no wake-up), and the CPU halts while it sleeps instead of
+// spinning. Go's own timers cannot wait this short (the runtime's poller waits in whole
+// milliseconds). A signal (the runtime's preemption) ends it early, which is harmless.
+func nap() {
+	ts := unix.NsecToTimespec(int64(napFor))
+	_, _, _ = unix.RawSyscall(unix.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
 // pollState is the ring reader's estimate of the wait for the next result.
