@@ -11,8 +11,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	isg "github.com/kedge-dev/kedge/internal/sg"
@@ -242,7 +244,8 @@ func (f *Floor) deliver(id uint64) {
 
 // wait is pkg/sg's ring reader (Group.wait and Group.poll): it waits for the ring in the
 // Go runtime's poller and, while requests are outstanding and the next completion is
-// expected within PollSpin, polls the ring with it held (no wake-ups) before it sleeps.
+// expected within PollSpin, polls the ring with it held (no wake-ups), napping between
+// looks from napDepth requests in flight, before it sleeps.
 func (f *Floor) wait(listening chan struct{}) {
 	defer f.wg.Done()
 	first := true
@@ -278,6 +281,9 @@ func (f *Floor) poll() {
 			for !f.ring.Pending() && !f.closed.Load() {
 				f.pumpMu.Unlock()
 				runtime.Gosched()
+				if f.InFlight() >= napDepth && !f.ring.Pending() {
+					nap()
+				}
 				f.pumpMu.Lock()
 				if f.InFlight() == 0 || time.Since(from) > spin {
 					break
@@ -293,6 +299,20 @@ func (f *Floor) poll() {
 			return
 		}
 	}
+}
+
+// napDepth, napFor and nap are pkg/sg's (readers.go), kept the same so that the floor's
+// reader is kedge's: from napDepth requests in flight the polling reader sleeps napFor in
+// nanosleep between its looks at the ring (the ring held, the thread keeping its P) instead
+// of spinning through the wait.
+const (
+	napDepth = 4
+	napFor   = 20 * time.Microsecond
+)
+
+func nap() {
+	ts := unix.NsecToTimespec(int64(napFor))
+	_, _, _ = unix.RawSyscall(unix.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
 // observe is pkg/sg's pollState.observe: a moving average (1/8 per sample) of the waits,
