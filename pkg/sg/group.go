@@ -54,7 +54,7 @@ type Group struct {
 	// holdReads parks the ring's reader after what it read (tests: a reader that fell
 	// behind, so the ring fills and results stay in their slots).
 	holdReads atomic.Bool
-	polls     pollState       // the ring reader's (poll), under pumpMu
+	polls     isg.Poller      // the ring reader's policy (poll), under pumpMu
 	owner     *runstate.Owner // with a StatusDir: this process's run-state owner
 	pacer     *pacer.Pacer    // Config.Resend: the re-sends' ticks
 }
@@ -161,6 +161,7 @@ func Open(cfg Config) (_ *Group, err error) {
 	if g.ring, err = isg.OpenRing(g.objs.Results); err != nil {
 		return nil, fmt.Errorf("open result ring buffer: %w", err)
 	}
+	g.polls = isg.Poller{Ring: g.ring, Mu: &g.pumpMu, Pump: func() { g.pumpLocked(byRing) }, InFlight: g.InFlight, Closed: &g.closed}
 	tc, err := bpfx.AttachTC(g.objs.Scatter, bpfx.TCTarget{Netns: ns, IfIndex: routes.ifindex, Dir: bpfx.Egress, Name: "sg-scatter"})
 	if err != nil {
 		return nil, fmt.Errorf("attach sg scatter to %s egress: %w", cfg.Interface, err)

@@ -8,7 +8,6 @@ import (
 	"unsafe"
 
 	isg "github.com/kedge-dev/kedge/internal/sg"
-	"golang.org/x/sys/unix"
 )
 
 // The readers: four ways a completed slot reaches its request (wakeKinds): the coordinator
@@ -37,84 +36,14 @@ func (g *Group) wait() {
 	}
 }
 
-// poll reads the ring after a wake-up and, while requests are outstanding and the next
-// result is expected within Config.PollSpin, polls the ring for it before it lets the ring
-// wake it again. The ring is held meanwhile (isg.Ring.Hold): a result committed while the
-// reader polls sends no wake-up, so it costs neither the producer CPU's irq_work (a
-// self-interrupt, a hypervisor exit on a VM) nor a sleep and wake-up of the reader. The
-// expected wait is a moving average of the waits seen (pollState): where results come
-// further apart than PollSpin (a fan-out of 16 with one request outstanding), polling
-// would only burn CPU, and the reader sleeps at once.
+// poll reads the ring after a wake-up and polls it while Config.PollSpin allows
+// (isg.Poller: the ring held, napping between looks from isg.NapDepth requests in flight).
 func (g *Group) poll() {
 	spin := g.cfg.PollSpin
 	if g.cfg.WakeSocket {
 		spin = 0 // the completing reply wakes the socket's reader; this one waits for timeouts
 	}
-	ps := &g.polls
-	g.pumpMu.Lock()
-	defer g.pumpMu.Unlock()
-	if !ps.parked.IsZero() {
-		ps.observe(time.Since(ps.parked), spin)
-		ps.parked = time.Time{}
-	}
-	for {
-		g.ring.Hold()
-		g.pumpLocked(byRing)
-		from := time.Now()
-		if spin > 0 && ps.gap <= spin && !g.closed.Load() {
-			// The waiters run first: a request sent in reply to the result just read
-			// counts as outstanding.
-			for !g.ring.Pending() && !g.closed.Load() {
-				g.pumpMu.Unlock()
-				runtime.Gosched()
-				if g.InFlight() >= napDepth && !g.ring.Pending() {
-					nap()
-				}
-				g.pumpMu.Lock()
-				if g.InFlight() == 0 || time.Since(from) > spin {
-					break
-				}
-			}
-			if g.ring.Pending() && !g.closed.Load() {
-				ps.observe(time.Since(from), spin)
-				continue
-			}
-		}
-		if !g.ring.Release() || g.closed.Load() {
-			ps.parked = from
-			return
-		}
-	}
-}
-
-// napDepth is the number of requests in flight from which the polling reader naps between
-// its looks at the ring instead of spinning through its wait (nap). At one request in
-// flight the wait is one request's round trip, and a nap's timer would end it late; with
-// many in flight results come close together and a nap that ends late finds several.
-const napDepth = 4
-
-// napFor is how long nap asks the kernel to sleep. The thread's timer slack (50 us by
-// default for a normal thread) comes on top: the timer fires at most that much later.
-const napFor = 20 * time.Microsecond
-
-// nap sleeps napFor in nanosleep without telling the Go runtime: the thread keeps its P
-// (no hand-off to another thread, and sysmon has no system call to retake), the ring stays
-// held (the producer raises no wake-up), and the CPU halts while it sleeps instead of
-// spinning. Go's own timers cannot wait this short (the runtime's poller waits in whole
-// milliseconds). A signal (the runtime's preemption) ends it early, which is harmless.
-func nap() {
-	ts := unix.NsecToTimespec(int64(napFor))
-	_, _, _ = unix.RawSyscall(unix.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
-}
-
-// pollState is the ring reader's estimate of the wait for the next result.
-type pollState struct {
-	gap    time.Duration // moving average (1/8 per sample) of the waits, each at most 4 x PollSpin
-	parked time.Time     // when the wait that ended in the reader's last sleep began
-}
-
-func (p *pollState) observe(d, spin time.Duration) {
-	p.gap += (min(d, 4*spin) - p.gap) / 8
+	g.polls.Poll(spin)
 }
 
 // spin is the BusyPoll reader: it spins on the ring's positions, no system call while

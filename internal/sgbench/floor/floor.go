@@ -7,14 +7,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/kedge-dev/kedge/internal/bpfx"
 	isg "github.com/kedge-dev/kedge/internal/sg"
@@ -104,8 +101,7 @@ type Floor struct {
 	mu      sync.Mutex
 	pending [Slots]*waiter
 	pumpMu  sync.Mutex
-	gap     time.Duration // the reader's moving average of waits (pkg/sg's pollState)
-	parked  time.Time
+	polls   isg.Poller // pkg/sg's ring reader policy, so that only the kernel programs differ
 	closed  atomic.Bool
 	wg      sync.WaitGroup
 	strays  atomic.Uint64
@@ -148,6 +144,7 @@ func Open(cfg Config) (_ *Floor, err error) {
 	if f.ring, err = isg.OpenRing(f.objs.FloorRing); err != nil {
 		return nil, fmt.Errorf("floor: %w", err)
 	}
+	f.polls = isg.Poller{Ring: f.ring, Mu: &f.pumpMu, Pump: f.pump, InFlight: f.InFlight, Closed: &f.closed}
 	tc, err := bpfx.AttachTC(f.objs.FloorScatter, bpfx.TCTarget{Netns: -1, IfIndex: ifc.Index, Dir: bpfx.Egress, Name: "sg-floor"})
 	if err != nil {
 		return nil, fmt.Errorf("floor: attach scatter: %w", err)
@@ -245,7 +242,7 @@ func (f *Floor) deliver(id uint64) {
 // wait is pkg/sg's ring reader (Group.wait and Group.poll): it waits for the ring in the
 // Go runtime's poller and, while requests are outstanding and the next completion is
 // expected within PollSpin, polls the ring with it held (no wake-ups), napping between
-// looks from napDepth requests in flight, before it sleeps.
+// looks from isg.NapDepth requests in flight (isg.Poller, the same as kedge's), before it sleeps.
 func (f *Floor) wait(listening chan struct{}) {
 	defer f.wg.Done()
 	first := true
@@ -253,7 +250,7 @@ func (f *Floor) wait(listening chan struct{}) {
 		if f.closed.Load() {
 			return true
 		}
-		f.poll()
+		f.polls.Poll(f.cfg.PollSpin)
 		if first {
 			first = false
 			close(listening)
@@ -264,60 +261,6 @@ func (f *Floor) wait(listening chan struct{}) {
 		close(listening)
 	}
 }
-
-func (f *Floor) poll() {
-	spin := f.cfg.PollSpin
-	f.pumpMu.Lock()
-	defer f.pumpMu.Unlock()
-	if !f.parked.IsZero() {
-		f.observe(time.Since(f.parked), spin)
-		f.parked = time.Time{}
-	}
-	for {
-		f.ring.Hold()
-		f.pump()
-		from := time.Now()
-		if spin > 0 && f.gap <= spin && !f.closed.Load() {
-			for !f.ring.Pending() && !f.closed.Load() {
-				f.pumpMu.Unlock()
-				runtime.Gosched()
-				if f.InFlight() >= napDepth && !f.ring.Pending() {
-					nap()
-				}
-				f.pumpMu.Lock()
-				if f.InFlight() == 0 || time.Since(from) > spin {
-					break
-				}
-			}
-			if f.ring.Pending() && !f.closed.Load() {
-				f.observe(time.Since(from), spin)
-				continue
-			}
-		}
-		if !f.ring.Release() || f.closed.Load() {
-			f.parked = from
-			return
-		}
-	}
-}
-
-// napDepth, napFor and nap are pkg/sg's (readers.go), kept the same so that the floor's
-// reader is kedge's: from napDepth requests in flight the polling reader sleeps napFor in
-// nanosleep between its looks at the ring (the ring held, the thread keeping its P) instead
-// of spinning through the wait.
-const (
-	napDepth = 4
-	napFor   = 20 * time.Microsecond
-)
-
-func nap() {
-	ts := unix.NsecToTimespec(int64(napFor))
-	_, _, _ = unix.RawSyscall(unix.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
-}
-
-// observe is pkg/sg's pollState.observe: a moving average (1/8 per sample) of the waits,
-// each at most 4 x spin.
-func (f *Floor) observe(d, spin time.Duration) { f.gap += (min(d, 4*spin) - f.gap) / 8 }
 
 func (f *Floor) pump() {
 	for f.ring.Next(func(rec []byte) {
